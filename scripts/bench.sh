@@ -1,0 +1,228 @@
+#!/usr/bin/env bash
+# The side-by-side benchmark (`make bench`): starts its own redis-server with
+# the module on a free loopback port, measures throughput of the RL commands,
+# INCR and the Lua token bucket with redis-benchmark, interleaved in rounds,
+# then memory per key (bench/memory.sh), and prints a table of ratios.
+# A benchmark reports; it exits 0 whatever the ratios are.
+#
+#   RL_MODULE=/abs/libredis_ratelimit.so scripts/bench.sh
+#
+# Knobs: BENCH_ROUNDS (5), BENCH_N (requests per native run, 2000000),
+# BENCH_N_LUA (per Lua run, 300000), BENCH_KEYS (memory keys, 100000),
+# REDIS_CELL (path to a redis-cell .so: adds CL.THROTTLE rows).
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+ROOT="$PWD"
+MODULE="${RL_MODULE:-$ROOT/target/release/libredis_ratelimit.so}"
+ROUNDS="${BENCH_ROUNDS:-5}"
+N_NATIVE="${BENCH_N:-2000000}"
+N_LUA="${BENCH_N_LUA:-300000}"
+CELL="${REDIS_CELL:-}"
+PIPELINE=16
+CLIENTS=50
+KEYSPACE=100000
+
+[ -f "$MODULE" ] || { echo "bench: module $MODULE is missing; run 'make build'" >&2; exit 1; }
+for tool in redis-server redis-cli redis-benchmark awk; do
+  command -v "$tool" >/dev/null || { echo "bench: $tool not found" >&2; exit 1; }
+done
+[ -n "$CELL" ] && [ ! -f "$CELL" ] && { echo "bench: REDIS_CELL=$CELL not found, skipping it" >&2; CELL=""; }
+
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/rl-bench.XXXXXX")"
+SERVER_PID=""
+# shellcheck disable=SC2317  # invoked by the EXIT trap
+cleanup() {
+  if [ -n "$SERVER_PID" ]; then
+    kill "$SERVER_PID" 2>/dev/null || true
+    wait "$SERVER_PID" 2>/dev/null || true
+  fi
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+log() { echo "bench: $*" >&2; }
+
+# --- server -----------------------------------------------------------------
+port_in_use() { (: <>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+start_server() {
+  local attempt port tries
+  local modules=(--loadmodule "$MODULE")
+  [ -n "$CELL" ] && modules+=(--loadmodule "$CELL")
+  for attempt in 1 2 3 4 5; do
+    port=$((20000 + RANDOM % 40000))
+    port_in_use "$port" && continue
+    redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
+      --dir "$WORK" --logfile "$WORK/redis.log" "${modules[@]}" &
+    SERVER_PID=$!
+    for tries in $(seq 50); do
+      if redis-cli -h 127.0.0.1 -p "$port" PING 2>/dev/null | grep -q PONG; then
+        PORT="$port"
+        return 0
+      fi
+      kill -0 "$SERVER_PID" 2>/dev/null || break
+      sleep 0.1
+    done
+    kill "$SERVER_PID" 2>/dev/null || true
+    wait "$SERVER_PID" 2>/dev/null || true
+    SERVER_PID=""
+    # Only a port taken in the meantime is worth another try.
+    grep -q "Address already in use" "$WORK/redis.log" 2>/dev/null || break
+    log "port $port was taken (attempt $attempt, waited $tries x 0.1 s); another one"
+    rm -f "$WORK/redis.log"
+  done
+  echo "bench: could not start redis-server; the end of its log:" >&2
+  tail -n 5 "$WORK/redis.log" >&2 2>/dev/null || true
+  exit 1
+}
+
+cli() { redis-cli -h 127.0.0.1 -p "$PORT" "$@"; }
+
+server_cpu_seconds() {
+  cli INFO cpu | tr -d '\r' | awk -F: '$1 == "used_cpu_user" || $1 == "used_cpu_sys" { s += $2 } END { printf "%.6f", s }'
+}
+
+# --- throughput -------------------------------------------------------------
+# One workload per line: id|label|requests per run|command (with __rand_int__)
+WORKLOADS="$WORK/workloads"
+RESULTS="$WORK/results" # round id ops_per_s server_us_per_op
+
+add_workload() { echo "$1|$2|$3|$4" >>"$WORKLOADS"; }
+
+# A command that answers an error once would answer it N times: leave it out.
+answers_ok() { # command words...
+  local reply
+  reply="$(cli "${@//__rand_int__/smoke}" 2>&1)" || return 1
+  case "$reply" in ERR* | WRONGTYPE* | NOSCRIPT* | *"(error)"*) log "'$*' answers: $reply"; return 1 ;; esac
+}
+
+run_once() { # round id requests command...
+  local round="$1" id="$2" requests="$3" cpu_before cpu_after csv ops
+  shift 3
+  cpu_before="$(server_cpu_seconds)"
+  csv="$(redis-benchmark -h 127.0.0.1 -p "$PORT" -P "$PIPELINE" -c "$CLIENTS" -r "$KEYSPACE" \
+    -n "$requests" --csv "$@")"
+  cpu_after="$(server_cpu_seconds)"
+  ops="$(echo "$csv" | awk -F'","' 'NR == 2 { print $2 }')"
+  [ -n "$ops" ] || { log "no result for '$*'"; return 0; }
+  awk -v r="$round" -v id="$id" -v ops="$ops" -v a="$cpu_after" -v b="$cpu_before" -v n="$requests" \
+    'BEGIN { printf "%s %s %s %.3f\n", r, id, ops, (a - b) * 1e6 / n }' >>"$RESULTS"
+  log "round $round: $(printf '%-16s' "$id") $ops ops/s"
+}
+
+run_workloads() {
+  local count round shift_by i line id label requests cmd
+  local lines=()
+  mapfile -t lines <"$WORKLOADS"
+  count="${#lines[@]}"
+  # Warm-up (not recorded): creates the keys, warms Lua and the allocator.
+  for line in "${lines[@]}"; do
+    IFS='|' read -r id label requests cmd <<<"$line"
+    read -ra words <<<"$cmd"
+    redis-benchmark -h 127.0.0.1 -p "$PORT" -P "$PIPELINE" -c "$CLIENTS" -r "$KEYSPACE" \
+      -n $((requests / 5)) --csv "${words[@]}" >/dev/null
+  done
+  # Interleaved rounds, each starting at another workload, so that drift in
+  # machine speed hits every workload alike.
+  for round in $(seq "$ROUNDS"); do
+    shift_by=$(((round - 1) % count))
+    for i in $(seq 0 $((count - 1))); do
+      line="${lines[$(((i + shift_by) % count))]}"
+      IFS='|' read -r id label requests cmd <<<"$line"
+      read -ra words <<<"$cmd"
+      run_once "$round" "$id" "$requests" "${words[@]}"
+    done
+  done
+}
+
+# Medians over rounds; ratios are medians of the per-round ratios (both sides
+# measured minutes apart at most, in the same server).
+throughput_table() {
+  awk -v workloads="$WORKLOADS" '
+    function median(list,    n, v, i, j, t) {
+      n = split(list, v, " ")
+      for (i = 2; i <= n; i++) { t = v[i]; for (j = i - 1; j >= 1 && v[j] > t; j--) v[j + 1] = v[j]; v[j + 1] = t }
+      if (n == 0) return ""
+      return (n % 2) ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
+    }
+    function ratio(a, b,    r, list) {
+      list = ""
+      for (r in rounds) if ((r, a) in ops && (r, b) in ops) list = list " " ops[r, a] / ops[r, b]
+      return median(list)
+    }
+    function ratio_row(label, a, b, target, unit,    m, verdict) {
+      m = ratio(a, b)
+      if (m == "") { printf "%-46s %12s\n", label, "n/a"; return }
+      verdict = ""
+      if (target != "") verdict = sprintf(">= %s%s %s", target, unit, (m >= target) ? "PASS" : "below")
+      printf "%-46s %11.2fx  %s\n", label, m, verdict
+    }
+    BEGIN { FS = "|"; while ((getline line < workloads) > 0) { split(line, f, "|"); order[++k] = f[1]; label[f[1]] = f[2] }; FS = " " }
+    { rounds[$1] = 1; ops[$1, $2] = $3; list_ops[$2] = list_ops[$2] " " $3; list_us[$2] = list_us[$2] " " $4 }
+    END {
+      printf "%-46s %12s %14s\n", "command (median over rounds)", "ops/s", "server us/op"
+      for (i = 1; i <= k; i++) {
+        id = order[i]
+        if (!(id in list_ops)) { printf "%-46s %12s\n", label[id], "skipped"; continue }
+        printf "%-46s %12.0f %14.2f\n", label[id], median(list_ops[id]), median(list_us[id])
+      }
+      printf "\n%-46s %12s  %s\n", "ratio (median of per-round ratios)", "", "target"
+      ratio_row("RL.TOKENBUCKET / INCR", "tokenbucket", "incr", "0.8", "x")
+      ratio_row("RL.FIXEDWINDOW / INCR", "fixedwindow", "incr", "0.8", "x")
+      ratio_row("Lua token bucket / INCR", "lua", "incr", "", "")
+      ratio_row("RL.TOKENBUCKET / Lua token bucket", "tokenbucket", "lua", "5", "x")
+      if ("cell" in list_ops) {
+        ratio_row("redis-cell CL.THROTTLE / INCR", "cell", "incr", "", "")
+        ratio_row("RL.TOKENBUCKET / CL.THROTTLE", "tokenbucket", "cell", "", "")
+      }
+    }' "$RESULTS"
+}
+
+# --- main -------------------------------------------------------------------
+started_at="$(date +%s)"
+start_server
+log "redis-server pid $SERVER_PID on 127.0.0.1:$PORT"
+
+LUA_SHA="$(cli SCRIPT LOAD "$(cat bench/lua/token_bucket.lua)")"
+: >"$WORKLOADS"
+: >"$RESULTS"
+add_workload incr "INCR key:r" "$N_NATIVE" "INCR key:__rand_int__"
+add_workload tokenbucket "RL.TOKENBUCKET tb:r 100 10 1000" "$N_NATIVE" "RL.TOKENBUCKET tb:__rand_int__ 100 10 1000"
+add_workload fixedwindow "RL.FIXEDWINDOW fw:r 100 60000" "$N_NATIVE" "RL.FIXEDWINDOW fw:__rand_int__ 100 60000"
+add_workload lua "Lua token bucket (EVALSHA) lua:r 100 10 1000" "$N_LUA" "EVALSHA $LUA_SHA 1 lua:__rand_int__ 100 10 1000"
+[ -n "$CELL" ] && add_workload cell "redis-cell CL.THROTTLE cell:r 99 10 1" "$N_NATIVE" "CL.THROTTLE cell:__rand_int__ 99 10 1"
+
+# Keep only the workloads whose command works here.
+mapfile -t candidates <"$WORKLOADS"
+: >"$WORKLOADS"
+: >"$WORK/skipped"
+for line in "${candidates[@]}"; do
+  IFS='|' read -r id label requests cmd <<<"$line"
+  read -ra words <<<"$cmd"
+  if answers_ok "${words[@]}"; then echo "$line" >>"$WORKLOADS"; else echo "$label" >>"$WORK/skipped"; fi
+done
+cli FLUSHALL SYNC >/dev/null
+
+run_workloads
+cli FLUSHALL SYNC >/dev/null
+log "measuring memory per key"
+memory_table="$(bench/memory.sh "$PORT")" || memory_table="memory: bench/memory.sh failed"
+
+server_version="$(redis-server --version | awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^v=|^malloc=/) printf "%s ", $i }')"
+echo
+echo "redis-ratelimit benchmark, $(date -u '+%Y-%m-%d %H:%M UTC')"
+echo "server: redis-server ${server_version}(module $(basename "$MODULE")${CELL:+, redis-cell}); nproc $(nproc)"
+echo "load: redis-benchmark -P $PIPELINE -c $CLIENTS -r $KEYSPACE; $ROUNDS interleaved rounds;" \
+  "-n $N_NATIVE per native run, $N_LUA per Lua run"
+echo
+throughput_table
+if [ -s "$WORK/skipped" ]; then
+  echo "skipped (command failed its smoke test): $(paste -sd, "$WORK/skipped")"
+fi
+echo
+echo "$memory_table"
+echo
+echo "bench took $(($(date +%s) - started_at)) s"
+exit 0

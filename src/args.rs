@@ -1,0 +1,215 @@
+//! One argument parser for every command: integers, limiter parameters and
+//! the trailing options, each refused with an error that names it.
+//!
+//! Parsing works on byte slices, so it runs without Redis in unit tests and
+//! allocates nothing unless it has an error to report.
+
+use crate::error::Error;
+use crate::limiter::fixed_window::FixedWindowParams;
+use crate::limiter::token_bucket::TokenBucketParams;
+use crate::limiter::{Micros, MAX_PARAM, MAX_SPAN_MS};
+
+/// The trailing options of a limiter call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Options {
+    /// `COST n`: units this request takes (default 1; 0 peeks).
+    pub cost: u64,
+    /// `AT unix_us`: the master's clock, on the replication link and in the AOF.
+    pub at: Option<Micros>,
+}
+
+/// Latest `AT` accepted: 2^62 microseconds, year 148,000.
+const MAX_AT_US: u64 = 1 << 62;
+
+/// Parses a non-negative decimal integer in `min..=max`: digits only, no sign,
+/// no spaces, nothing silently clamped.
+pub fn parse_int(arg: &[u8], name: &'static str, min: u64, max: u64) -> Result<u64, Error> {
+    let range = Error::Range { arg: name, min, max };
+    if arg.is_empty() || arg.len() > 20 || !arg.iter().all(u8::is_ascii_digit) {
+        return Err(range);
+    }
+    let mut value: u64 = 0;
+    for &digit in arg {
+        value = value
+            .checked_mul(10)
+            .and_then(|v| v.checked_add(u64::from(digit - b'0')))
+            .ok_or(range.clone())?;
+    }
+    if (min..=max).contains(&value) {
+        Ok(value)
+    } else {
+        Err(range)
+    }
+}
+
+/// Parses `[COST n]` (and the internal `[AT us]`), case-insensitively.
+pub fn parse_options(rest: &[&[u8]]) -> Result<Options, Error> {
+    let mut cost = None;
+    let mut at = None;
+    let mut i = 0;
+    while i < rest.len() {
+        let name = rest[i];
+        let value = rest.get(i + 1).copied();
+        if name.eq_ignore_ascii_case(b"COST") {
+            let value = value.ok_or(Error::MissingValue("COST"))?;
+            if cost.is_some() {
+                return Err(Error::DuplicateOption("COST"));
+            }
+            cost = Some(parse_int(value, "COST", 0, MAX_PARAM)?);
+        } else if name.eq_ignore_ascii_case(b"AT") {
+            let value = value.ok_or(Error::MissingValue("AT"))?;
+            if at.is_some() {
+                return Err(Error::DuplicateOption("AT"));
+            }
+            at = Some(Micros(parse_int(value, "AT", 0, MAX_AT_US)?));
+        } else {
+            return Err(Error::UnknownOption(Error::quote(name)));
+        }
+        i += 2;
+    }
+    Ok(Options {
+        cost: cost.unwrap_or(1),
+        at,
+    })
+}
+
+/// The parameters of one algorithm, as they follow the key.
+pub trait Params: Sized {
+    /// How many integer parameters follow the key.
+    const COUNT: usize;
+    fn parse(args: &[&[u8]]) -> Result<Self, Error>;
+}
+
+impl Params for TokenBucketParams {
+    const COUNT: usize = 3;
+    fn parse(args: &[&[u8]]) -> Result<Self, Error> {
+        let params = TokenBucketParams {
+            capacity: parse_int(args[0], "capacity", 1, MAX_PARAM)?,
+            refill_count: parse_int(args[1], "refill_count", 1, MAX_PARAM)?,
+            refill_ms: parse_int(args[2], "refill_ms", 1, MAX_PARAM)?,
+        };
+        if params.fill_ms() > MAX_SPAN_MS as u128 {
+            return Err(Error::SpanTooLong {
+                what: "capacity * refill_ms / refill_count (the time to fill the bucket)",
+            });
+        }
+        Ok(params)
+    }
+}
+
+impl Params for FixedWindowParams {
+    const COUNT: usize = 2;
+    fn parse(args: &[&[u8]]) -> Result<Self, Error> {
+        Ok(FixedWindowParams {
+            limit: parse_int(args[0], "limit", 1, MAX_PARAM)?,
+            window_ms: parse_int(args[1], "window_ms", 1, MAX_PARAM)?,
+        })
+    }
+}
+
+/// A limiter call after its key: parameters, then options.
+pub fn parse_call<P: Params>(args: &[&[u8]]) -> Result<(P, Options), Error> {
+    if args.len() < P::COUNT {
+        return Err(Error::Arity);
+    }
+    let params = P::parse(&args[..P::COUNT])?;
+    let options = parse_options(&args[P::COUNT..])?;
+    Ok((params, options))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn integers_are_plain_decimal_digits_in_range() {
+        assert_eq!(parse_int(b"42", "x", 1, 100), Ok(42));
+        assert_eq!(parse_int(b"0", "COST", 0, 5), Ok(0));
+        for bad in [
+            &b""[..],
+            b"-1",
+            b"+1",
+            b" 1",
+            b"1 ",
+            b"1.0",
+            b"1e3",
+            b"0x10",
+            b"abc",
+            b"18446744073709551616",
+            b"99999999999999999999999",
+        ] {
+            assert_eq!(
+                parse_int(bad, "capacity", 1, MAX_PARAM),
+                Err(Error::param("capacity")),
+                "{bad:?}"
+            );
+        }
+        assert!(parse_int(b"0", "capacity", 1, 10).is_err());
+        assert!(parse_int(b"1099511627777", "capacity", 1, MAX_PARAM).is_err());
+        assert_eq!(parse_int(b"1099511627776", "c", 1, MAX_PARAM), Ok(MAX_PARAM));
+    }
+
+    #[test]
+    fn options_default_to_cost_one_and_no_pinned_time() {
+        assert_eq!(parse_options(&[]), Ok(Options { cost: 1, at: None }));
+        let o = parse_options(&[b"cost", b"0", b"At", b"17"]).unwrap();
+        assert_eq!(o, Options { cost: 0, at: Some(Micros(17)) });
+    }
+
+    #[test]
+    fn bad_options_are_named() {
+        assert_eq!(parse_options(&[b"COST"]), Err(Error::MissingValue("COST")));
+        assert_eq!(
+            parse_options(&[b"COST", b"1", b"cost", b"2"]),
+            Err(Error::DuplicateOption("COST"))
+        );
+        assert_eq!(
+            parse_options(&[b"COSTS", b"1"]),
+            Err(Error::UnknownOption("COSTS".into()))
+        );
+        assert!(matches!(
+            parse_options(&[b"COST", b"-1"]),
+            Err(Error::Range { arg: "COST", .. })
+        ));
+    }
+
+    #[test]
+    fn token_bucket_parameters_are_named_in_errors() {
+        let e = |a: [&[u8]; 3]| parse_call::<TokenBucketParams>(&a).unwrap_err();
+        assert_eq!(e([b"0", b"1", b"1"]), Error::param("capacity"));
+        assert_eq!(e([b"1", b"x", b"1"]), Error::param("refill_count"));
+        assert_eq!(e([b"1", b"1", b""]), Error::param("refill_ms"));
+        // 2^40 tokens at one per 2^40 ms would take 2^80 ms to fill
+        assert!(matches!(
+            e([b"1099511627776", b"1", b"1099511627776"]),
+            Error::SpanTooLong { .. }
+        ));
+    }
+
+    #[test]
+    fn fixed_window_parameters_are_named_in_errors() {
+        let e = |a: [&[u8]; 2]| parse_call::<FixedWindowParams>(&a).unwrap_err();
+        assert_eq!(e([b"0", b"1"]), Error::param("limit"));
+        assert_eq!(e([b"1", b"-5"]), Error::param("window_ms"));
+        assert_eq!(
+            parse_call::<FixedWindowParams>(&[b"1"]).unwrap_err(),
+            Error::Arity
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn any_u64_in_range_round_trips(v in 0u64..=u64::MAX) {
+            let text = v.to_string();
+            prop_assert_eq!(parse_int(text.as_bytes(), "x", 0, u64::MAX), Ok(v));
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(args in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..24), 0..8)) {
+            let slices: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+            let _ = parse_call::<TokenBucketParams>(&slices);
+            let _ = parse_call::<FixedWindowParams>(&slices);
+        }
+    }
+}

@@ -1,0 +1,18 @@
+//! The only place the module reads the clock.
+//!
+//! Limiters run on the server's wall clock (`CLOCK_REALTIME`, the clock Redis
+//! uses for expiry), read once per command, in microseconds. Replicas and the
+//! AOF never read it: they replay the master's reading (see `replicate.rs`).
+
+use crate::limiter::Micros;
+
+/// The current wall-clock time.
+pub fn now() -> Micros {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-pointer; CLOCK_REALTIME always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    Micros(ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1000)
+}

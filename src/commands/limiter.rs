@@ -1,0 +1,98 @@
+//! The limiter commands (`RL.TOKENBUCKET`, `RL.FIXEDWINDOW`, ...): one generic
+//! handler, instantiated per algorithm.
+//!
+//! Hot path: arguments are read in place, the state is mutated in place in
+//! the module value (a new key is boxed only when its first request is
+//! admitted), and a call that changes nothing writes, expires and propagates
+//! nothing.
+
+use std::ffi::CStr;
+use std::os::raw::c_int;
+
+use redis_module::raw;
+
+use super::{from_replication_or_loading, out_of_memory, reply_decision, signal_modified, Args, Key, Slot};
+use crate::args::{parse_call, Params};
+use crate::clock;
+use crate::datatype::NativeState;
+use crate::error::Error;
+use crate::guard;
+use crate::limiter::{Algorithm, FixedWindow, Micros, TokenBucket};
+use crate::replicate;
+
+/// An algorithm served as a command.
+pub trait LimiterCommand: Algorithm<State: NativeState, Params: Params> {
+    /// The command name, as propagated.
+    const NAME: &'static CStr;
+}
+
+impl LimiterCommand for TokenBucket {
+    const NAME: &'static CStr = c"RL.TOKENBUCKET";
+}
+
+impl LimiterCommand for FixedWindow {
+    const NAME: &'static CStr = c"RL.FIXEDWINDOW";
+}
+
+/// `RL.<ALGORITHM> key <params...> [COST n]`.
+pub unsafe extern "C" fn handler<L: LimiterCommand>(
+    ctx: *mut raw::RedisModuleCtx,
+    argv: *mut *mut raw::RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    guard::command(ctx, || unsafe { run::<L>(ctx, argv, argc) })
+}
+
+unsafe fn run<L: LimiterCommand>(
+    ctx: *mut raw::RedisModuleCtx,
+    argv: *mut *mut raw::RedisModuleString,
+    argc: c_int,
+) -> Result<(), Error> {
+    if (argc as usize) < 2 + L::Params::COUNT {
+        return Err(Error::Arity);
+    }
+    let args = unsafe { Args::new(argv, argc) }?;
+    let (params, options) = parse_call::<L::Params>(&args.all()[2..])?;
+    let replicated = match options.at {
+        Some(_) if !from_replication_or_loading(ctx) => {
+            return Err(Error::ReservedForReplication("AT"))
+        }
+        Some(_) => true,
+        None => false,
+    };
+    let now: Micros = options.at.unwrap_or_else(clock::now);
+    let cost = options.cost;
+    let key_name = unsafe { *argv.add(1) };
+    let key = Key::open_rw(ctx, key_name);
+
+    let decision = match key.slot::<L::State>()? {
+        Slot::Ours(state) => {
+            let state = unsafe { &mut *state };
+            let decision = L::apply(state, &params, cost, now);
+            if decision.allowed && cost > 0 {
+                key.expire_at(L::idle_at_ms(state, &params));
+            }
+            decision
+        }
+        Slot::Empty => {
+            let mut state = L::idle(&params, now);
+            let decision = L::apply(&mut state, &params, cost, now);
+            if decision.allowed && cost > 0 {
+                if !replicated && out_of_memory(ctx) {
+                    return Err(Error::OutOfMemory);
+                }
+                let idle_at = L::idle_at_ms(&state, &params);
+                key.set(state);
+                key.expire_at(idle_at);
+            }
+            decision
+        }
+    };
+    if decision.allowed && cost > 0 {
+        replicate::limiter_call(ctx, L::NAME, argv, 1 + L::Params::COUNT, cost, now);
+        signal_modified(ctx, key_name);
+    }
+    drop(key);
+    reply_decision(ctx, &decision);
+    Ok(())
+}

@@ -1,0 +1,141 @@
+//! Command handlers: parse, load state, decide, store, propagate, reply.
+//! No arithmetic lives here; the decisions come from `crate::limiter`.
+
+pub mod limiter;
+pub mod setstate;
+
+use std::os::raw::{c_int, c_void};
+use std::slice;
+
+use redis_module::raw;
+
+use crate::api;
+use crate::datatype::NativeState;
+use crate::error::Error;
+use crate::limiter::Decision;
+
+/// Most arguments any command accepts; more is an error before any parsing,
+/// so argument slices live on the stack.
+pub const MAX_ARGS: usize = 24;
+
+/// The command's arguments as byte slices, borrowed from Redis's strings.
+pub struct Args<'a> {
+    items: [&'a [u8]; MAX_ARGS],
+    len: usize,
+}
+
+impl<'a> Args<'a> {
+    /// # Safety
+    /// `argv` must hold `argc` valid strings that outlive `'a`.
+    pub unsafe fn new(argv: *mut *mut raw::RedisModuleString, argc: c_int) -> Result<Self, Error> {
+        let len = usize::try_from(argc).map_err(|_| Error::Arity)?;
+        let mut items: [&[u8]; MAX_ARGS] = [&[]; MAX_ARGS];
+        if len > MAX_ARGS {
+            let extra = unsafe { bytes(*argv.add(MAX_ARGS)) };
+            return Err(Error::UnknownOption(Error::quote(extra)));
+        }
+        for (i, item) in items.iter_mut().enumerate().take(len) {
+            *item = unsafe { bytes(*argv.add(i)) };
+        }
+        Ok(Args { items, len })
+    }
+
+    pub fn all(&self) -> &[&'a [u8]] {
+        &self.items[..self.len]
+    }
+}
+
+unsafe fn bytes<'a>(s: *mut raw::RedisModuleString) -> &'a [u8] {
+    let mut len = 0usize;
+    let ptr = unsafe { api!(RedisModule_StringPtrLen)(s, &mut len) };
+    if ptr.is_null() {
+        return &[];
+    }
+    unsafe { slice::from_raw_parts(ptr.cast::<u8>(), len) }
+}
+
+/// Whether this call comes from the master link or the AOF being loaded:
+/// the only callers allowed to pin the clock or set raw state.
+pub fn from_replication_or_loading(ctx: *mut raw::RedisModuleCtx) -> bool {
+    let flags = unsafe { api!(RedisModule_GetContextFlags)(ctx) } as u32;
+    flags & (raw::REDISMODULE_CTX_FLAGS_REPLICATED | raw::REDISMODULE_CTX_FLAGS_LOADING) != 0
+}
+
+/// Whether used memory is above `maxmemory` (a new key must not be created).
+pub fn out_of_memory(ctx: *mut raw::RedisModuleCtx) -> bool {
+    let flags = unsafe { api!(RedisModule_GetContextFlags)(ctx) } as u32;
+    flags & raw::REDISMODULE_CTX_FLAGS_OOM != 0
+}
+
+/// An open key, closed when dropped.
+pub struct Key {
+    ptr: *mut raw::RedisModuleKey,
+}
+
+/// What a key holds, seen from one algorithm.
+pub enum Slot<S> {
+    Empty,
+    Ours(*mut S),
+}
+
+impl Key {
+    pub fn open_rw(ctx: *mut raw::RedisModuleCtx, name: *mut raw::RedisModuleString) -> Key {
+        let mode = (raw::REDISMODULE_READ | raw::REDISMODULE_WRITE) as c_int;
+        let ptr = unsafe { api!(RedisModule_OpenKey)(ctx, name, mode) };
+        Key { ptr: ptr.cast() }
+    }
+
+    /// The state of algorithm `S`, nothing, or `WRONGTYPE`.
+    pub fn slot<S: NativeState>(&self) -> Result<Slot<S>, Error> {
+        let kind = unsafe { api!(RedisModule_KeyType)(self.ptr) } as isize;
+        if kind == raw::REDISMODULE_KEYTYPE_EMPTY {
+            return Ok(Slot::Empty);
+        }
+        if kind == raw::REDISMODULE_KEYTYPE_MODULE {
+            let ours = S::registered().load(std::sync::atomic::Ordering::Relaxed);
+            if unsafe { api!(RedisModule_ModuleTypeGetType)(self.ptr) } == ours {
+                let value = unsafe { api!(RedisModule_ModuleTypeGetValue)(self.ptr) };
+                return Ok(Slot::Ours(value.cast()));
+            }
+        }
+        Err(Error::WrongType)
+    }
+
+    /// Stores a new state, replacing whatever the key held.
+    pub fn set<S: NativeState>(&self, state: S) {
+        let kind = S::registered().load(std::sync::atomic::Ordering::Relaxed);
+        let value: *mut c_void = crate::datatype::into_value(state);
+        unsafe { api!(RedisModule_ModuleTypeSetValue)(self.ptr, kind, value) };
+    }
+
+    /// Sets the key's absolute expiry, in Unix milliseconds.
+    pub fn expire_at(&self, unix_ms: u64) {
+        unsafe { api!(RedisModule_SetAbsExpire)(self.ptr, unix_ms as i64) };
+    }
+}
+
+impl Drop for Key {
+    fn drop(&mut self) {
+        if !self.ptr.is_null() {
+            unsafe { api!(RedisModule_CloseKey)(self.ptr) };
+        }
+    }
+}
+
+/// Tells WATCH and client-side caching that the key changed.
+pub fn signal_modified(ctx: *mut raw::RedisModuleCtx, name: *mut raw::RedisModuleString) {
+    unsafe { api!(RedisModule_SignalModifiedKey)(ctx, name) };
+}
+
+/// The five-integer reply of every limiter command.
+pub fn reply_decision(ctx: *mut raw::RedisModuleCtx, decision: &Decision) {
+    let reply = api!(RedisModule_ReplyWithLongLong);
+    unsafe {
+        api!(RedisModule_ReplyWithArray)(ctx, 5);
+        reply(ctx, decision.allowed as i64);
+        reply(ctx, decision.limit as i64);
+        reply(ctx, decision.remaining as i64);
+        reply(ctx, decision.wait.as_reply());
+        reply(ctx, decision.reset_ms as i64);
+    }
+}

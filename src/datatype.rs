@@ -1,0 +1,336 @@
+//! The native data types: one Redis module type per algorithm, and the
+//! callbacks Redis calls on them (RDB load/save, AOF rewrite, digest, memory,
+//! copy, free).
+//!
+//! Encoding 1 of every state is a fixed list of unsigned integers, written
+//! with `RedisModule_SaveUnsigned` (RDB) and as decimal arguments of
+//! `RL.SETSTATE` (AOF rewrite). Loading validates every invariant the
+//! algorithms rely on and refuses anything else: a short, corrupt or hostile
+//! payload is an error, never a crash and never a state the algorithms could
+//! overflow on. A future encoding 2 keeps a loader for encoding 1 here.
+
+use std::ffi::CStr;
+use std::os::raw::{c_int, c_void};
+use std::ptr;
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+use redis_module::raw;
+
+use crate::api;
+use crate::guard;
+use crate::limiter::fixed_window::FixedWindowState;
+use crate::limiter::token_bucket::TokenBucketState;
+
+/// Where a state's fields are written: RDB, AOF arguments, digest, tests.
+pub trait Encoder {
+    fn put(&mut self, value: u64);
+}
+
+/// Where a state's fields are read from; `None` when the input is exhausted
+/// or broken.
+pub trait Decoder {
+    fn take(&mut self) -> Option<u64>;
+}
+
+/// A limiter state kept in its own module type.
+pub trait NativeState: Clone + Sized + 'static {
+    /// The module type name, exactly 9 characters (what `TYPE key` shows).
+    const TYPE_NAME: &'static CStr;
+    /// The algorithm's name in `RL.SETSTATE`.
+    const ALGORITHM: &'static str;
+    /// The current encoding version.
+    const ENCODING: c_int = 1;
+
+    /// The registered module type (null before the module is loaded).
+    fn registered() -> &'static AtomicPtr<raw::RedisModuleType>;
+    fn encode(&self, out: &mut impl Encoder);
+    /// Reads a state written with `encoding`; `None` if it is not valid.
+    fn decode(input: &mut impl Decoder, encoding: c_int) -> Option<Self>;
+}
+
+static TOKEN_BUCKET_TYPE: AtomicPtr<raw::RedisModuleType> = AtomicPtr::new(ptr::null_mut());
+static FIXED_WINDOW_TYPE: AtomicPtr<raw::RedisModuleType> = AtomicPtr::new(ptr::null_mut());
+
+impl NativeState for TokenBucketState {
+    const TYPE_NAME: &'static CStr = c"rl-tokbkt";
+    const ALGORITHM: &'static str = "TOKENBUCKET";
+
+    fn registered() -> &'static AtomicPtr<raw::RedisModuleType> {
+        &TOKEN_BUCKET_TYPE
+    }
+    fn encode(&self, out: &mut impl Encoder) {
+        out.put(self.tat_us);
+        out.put(self.tat_frac);
+        out.put(self.refill_count);
+        out.put(self.refill_ms);
+    }
+    fn decode(input: &mut impl Decoder, encoding: c_int) -> Option<Self> {
+        if encoding != 1 {
+            return None;
+        }
+        let state = TokenBucketState {
+            tat_us: input.take()?,
+            tat_frac: input.take()?,
+            refill_count: input.take()?,
+            refill_ms: input.take()?,
+        };
+        state.is_valid().then_some(state)
+    }
+}
+
+impl NativeState for FixedWindowState {
+    const TYPE_NAME: &'static CStr = c"rl-fixwin";
+    const ALGORITHM: &'static str = "FIXEDWINDOW";
+
+    fn registered() -> &'static AtomicPtr<raw::RedisModuleType> {
+        &FIXED_WINDOW_TYPE
+    }
+    fn encode(&self, out: &mut impl Encoder) {
+        out.put(self.last_us);
+        out.put(self.count);
+    }
+    fn decode(input: &mut impl Decoder, encoding: c_int) -> Option<Self> {
+        if encoding != 1 {
+            return None;
+        }
+        let state = FixedWindowState {
+            last_us: input.take()?,
+            count: input.take()?,
+        };
+        state.is_valid().then_some(state)
+    }
+}
+
+/// Decodes a state from decimal arguments (the AOF form, `RL.SETSTATE`).
+pub fn decode_args<S: NativeState>(fields: &[&[u8]], encoding: c_int) -> Option<S> {
+    struct Args<'a, 'b>(std::slice::Iter<'a, &'b [u8]>);
+    impl Decoder for Args<'_, '_> {
+        fn take(&mut self) -> Option<u64> {
+            let field = self.0.next()?;
+            crate::args::parse_int(field, "field", 0, u64::MAX).ok()
+        }
+    }
+    let mut input = Args(fields.iter());
+    let state = S::decode(&mut input, encoding)?;
+    input.0.next().is_none().then_some(state)
+}
+
+/// Registers the module type of `S` with the server.
+///
+/// # Safety
+/// `ctx` must be the context passed to `RedisModule_OnLoad`.
+pub unsafe fn register<S: NativeState>(ctx: *mut raw::RedisModuleCtx) -> Result<(), ()> {
+    let mut methods = raw::RedisModuleTypeMethods {
+        // Version 3 carries the copy callback (Redis 6.2+); no later field is used.
+        version: 3,
+        rdb_load: Some(rdb_load::<S>),
+        rdb_save: Some(rdb_save::<S>),
+        aof_rewrite: Some(aof_rewrite::<S>),
+        mem_usage: Some(mem_usage::<S>),
+        digest: Some(digest::<S>),
+        free: Some(free::<S>),
+        aux_load: None,
+        aux_save: None,
+        aux_save_triggers: 0,
+        free_effort: None,
+        unlink: None,
+        copy: Some(copy::<S>),
+        defrag: None,
+        mem_usage2: None,
+        free_effort2: None,
+        unlink2: None,
+        copy2: None,
+        aux_save2: None,
+    };
+    let created = api!(RedisModule_CreateDataType)(
+        ctx,
+        S::TYPE_NAME.as_ptr(),
+        S::ENCODING,
+        &mut methods,
+    );
+    if created.is_null() {
+        return Err(());
+    }
+    S::registered().store(created, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Moves a new state to the heap, as the module value of a key.
+pub fn into_value<S: NativeState>(state: S) -> *mut c_void {
+    Box::into_raw(Box::new(state)).cast()
+}
+
+struct RdbIo(*mut raw::RedisModuleIO);
+
+impl Encoder for RdbIo {
+    fn put(&mut self, value: u64) {
+        unsafe { api!(RedisModule_SaveUnsigned)(self.0, value) };
+    }
+}
+
+impl Decoder for RdbIo {
+    fn take(&mut self) -> Option<u64> {
+        let value = unsafe { api!(RedisModule_LoadUnsigned)(self.0) };
+        let failed = unsafe { api!(RedisModule_IsIOError)(self.0) } != 0;
+        (!failed).then_some(value)
+    }
+}
+
+unsafe extern "C" fn rdb_load<S: NativeState>(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
+    guard::callback(ptr::null_mut(), || match S::decode(&mut RdbIo(rdb), encver) {
+        Some(state) => into_value(state),
+        None => ptr::null_mut(),
+    })
+}
+
+unsafe extern "C" fn rdb_save<S: NativeState>(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
+    guard::callback((), || unsafe { &*value.cast::<S>() }.encode(&mut RdbIo(rdb)))
+}
+
+unsafe extern "C" fn aof_rewrite<S: NativeState>(
+    aof: *mut raw::RedisModuleIO,
+    key: *mut raw::RedisModuleString,
+    value: *mut c_void,
+) {
+    guard::callback((), || {
+        struct Fields(Vec<*mut raw::RedisModuleString>);
+        impl Encoder for Fields {
+            fn put(&mut self, value: u64) {
+                let text = value.to_string();
+                let s = unsafe {
+                    api!(RedisModule_CreateString)(ptr::null_mut(), text.as_ptr().cast(), text.len())
+                };
+                self.0.push(s);
+            }
+        }
+        let mut fields = Fields(Vec::new());
+        unsafe { &*value.cast::<S>() }.encode(&mut fields);
+        let algorithm = std::ffi::CString::new(S::ALGORITHM).expect("no NUL in a name");
+        unsafe {
+            api!(RedisModule_EmitAOF)(
+                aof,
+                c"RL.SETSTATE".as_ptr(),
+                c"sclv".as_ptr(),
+                key,
+                algorithm.as_ptr(),
+                S::ENCODING as std::os::raw::c_longlong,
+                fields.0.as_ptr(),
+                fields.0.len(),
+            );
+            for s in fields.0 {
+                api!(RedisModule_FreeString)(ptr::null_mut(), s);
+            }
+        }
+    })
+}
+
+/// Size of the `robj` and `moduleValue` Redis allocates around every module
+/// value; counted so that `MEMORY USAGE` tells the whole cost of a key.
+const REDIS_WRAPPERS: usize = 16 + 16;
+
+unsafe extern "C" fn mem_usage<S: NativeState>(value: *const c_void) -> usize {
+    guard::callback(std::mem::size_of::<S>() + REDIS_WRAPPERS, || {
+        let allocated = match unsafe { raw::RedisModule_MallocSize } {
+            Some(size_of) => unsafe { size_of(value as *mut c_void) },
+            None => std::mem::size_of::<S>(),
+        };
+        allocated + REDIS_WRAPPERS
+    })
+}
+
+unsafe extern "C" fn digest<S: NativeState>(md: *mut raw::RedisModuleDigest, value: *mut c_void) {
+    struct Digest(*mut raw::RedisModuleDigest);
+    impl Encoder for Digest {
+        fn put(&mut self, value: u64) {
+            unsafe { api!(RedisModule_DigestAddLongLong)(self.0, value as i64) };
+        }
+    }
+    guard::callback((), || {
+        unsafe { &*value.cast::<S>() }.encode(&mut Digest(md));
+        unsafe { api!(RedisModule_DigestEndSequence)(md) };
+    })
+}
+
+unsafe extern "C" fn free<S: NativeState>(value: *mut c_void) {
+    guard::callback((), || drop(unsafe { Box::from_raw(value.cast::<S>()) }))
+}
+
+unsafe extern "C" fn copy<S: NativeState>(
+    _from: *mut raw::RedisModuleString,
+    _to: *mut raw::RedisModuleString,
+    value: *const c_void,
+) -> *mut c_void {
+    guard::callback(ptr::null_mut(), || {
+        into_value(unsafe { &*value.cast::<S>() }.clone())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Fields(Vec<u64>);
+    impl Encoder for Fields {
+        fn put(&mut self, value: u64) {
+            self.0.push(value);
+        }
+    }
+    impl Decoder for std::vec::IntoIter<u64> {
+        fn take(&mut self) -> Option<u64> {
+            self.next()
+        }
+    }
+
+    fn round_trip<S: NativeState + PartialEq + std::fmt::Debug>(state: S) {
+        let mut out = Fields(Vec::new());
+        state.encode(&mut out);
+        let decoded = S::decode(&mut out.0.clone().into_iter(), 1);
+        assert_eq!(decoded.as_ref(), Some(&state));
+        // every truncation is refused
+        for len in 0..out.0.len() {
+            assert!(S::decode(&mut out.0[..len].to_vec().into_iter(), 1).is_none());
+        }
+        // an unknown encoding is refused
+        assert!(S::decode(&mut out.0.clone().into_iter(), 2).is_none());
+        let text: Vec<String> = out.0.iter().map(u64::to_string).collect();
+        let args: Vec<&[u8]> = text.iter().map(|s| s.as_bytes()).collect();
+        assert_eq!(decode_args::<S>(&args, 1).as_ref(), Some(&state));
+        let mut longer = args.clone();
+        longer.push(b"0");
+        assert!(decode_args::<S>(&longer, 1).is_none());
+    }
+
+    #[test]
+    fn states_round_trip_and_refuse_short_input() {
+        round_trip(TokenBucketState {
+            tat_us: 1_700_000_000_000_123,
+            tat_frac: 2,
+            refill_count: 3,
+            refill_ms: 1000,
+        });
+        round_trip(FixedWindowState {
+            last_us: 1_700_000_040_000_123,
+            count: 7,
+        });
+    }
+
+    #[test]
+    fn invalid_states_are_refused() {
+        let bad_tb = [
+            vec![1, 5, 5, 1000],                 // frac >= refill_count
+            vec![1, 0, 0, 1000],                 // zero rate
+            vec![1, 0, 1, 0],                    // zero period
+            vec![1, 0, 1, (1 << 40) + 1],        // period above 2^40
+        ];
+        for fields in bad_tb {
+            assert!(TokenBucketState::decode(&mut fields.into_iter(), 1).is_none());
+        }
+        let bad_fw = [
+            vec![0, (1 << 40) + 1],   // count above 2^40
+            vec![u64::MAX - 999, 1], // time too far
+        ];
+        for fields in bad_fw {
+            assert!(FixedWindowState::decode(&mut fields.into_iter(), 1).is_none());
+        }
+    }
+}

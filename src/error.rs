@@ -1,0 +1,138 @@
+//! The one error type of the module, and its wording as a Redis error reply.
+
+use std::fmt;
+
+use crate::limiter::{MAX_PARAM, MAX_SPAN_MS};
+
+/// Everything a command can refuse. Rendered to a reply in [`Error::message`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Error {
+    /// Wrong number of arguments: answered with Redis's own arity error.
+    Arity,
+    /// The key holds another Redis type or another algorithm's state.
+    WrongType,
+    /// An argument is not an integer in `min..=max`.
+    Range {
+        arg: &'static str,
+        min: u64,
+        max: u64,
+    },
+    /// Parameters that would need more than [`MAX_SPAN_MS`] to get back to idle.
+    SpanTooLong { what: &'static str },
+    /// An option we do not know (its text, escaped and shortened).
+    UnknownOption(String),
+    /// An option given twice.
+    DuplicateOption(&'static str),
+    /// An option without its value.
+    MissingValue(&'static str),
+    /// `AT` or `RL.SETSTATE` from a normal client.
+    ReservedForReplication(&'static str),
+    /// An algorithm name we do not know.
+    UnknownAlgorithm(String),
+    /// A state payload that fails validation.
+    BadState,
+    /// Creating a key while used memory is above `maxmemory`.
+    OutOfMemory,
+    /// A panic caught at the FFI boundary: a bug, reported instead of aborting.
+    Internal,
+}
+
+impl Error {
+    /// The error reply, starting with its Redis error code.
+    pub fn message(&self) -> String {
+        match self {
+            Error::Arity => "ERR wrong number of arguments".to_string(),
+            Error::WrongType => {
+                "WRONGTYPE Operation against a key holding the wrong kind of value".to_string()
+            }
+            Error::Range { arg, min, max } => {
+                format!("ERR {arg} must be an integer from {min} to {max}")
+            }
+            Error::SpanTooLong { what } => format!(
+                "ERR {what} is too long: a limiter may take at most {MAX_SPAN_MS} ms to get back to idle"
+            ),
+            Error::UnknownOption(text) => format!("ERR unknown option '{text}' (expected COST)"),
+            Error::DuplicateOption(name) => format!("ERR {name} given more than once"),
+            Error::MissingValue(name) => format!("ERR {name} needs a value"),
+            Error::ReservedForReplication(what) => {
+                format!("ERR {what} is reserved for replication and AOF loading")
+            }
+            Error::UnknownAlgorithm(text) => format!("ERR unknown algorithm '{text}'"),
+            Error::BadState => "ERR invalid limiter state".to_string(),
+            Error::OutOfMemory => {
+                "OOM command not allowed when used memory > 'maxmemory'.".to_string()
+            }
+            Error::Internal => {
+                "ERR internal error in the ratelimit module (a bug, please report it); nothing was changed"
+                    .to_string()
+            }
+        }
+    }
+
+    /// Shows at most 64 bytes of client input, escaping anything unprintable,
+    /// so an error reply stays one clean line.
+    pub fn quote(text: &[u8]) -> String {
+        let mut out = String::new();
+        for &b in text.iter().take(64) {
+            match b {
+                b' '..=b'~' if b != b'\'' && b != b'\\' => out.push(b as char),
+                _ => out.push_str(&format!("\\x{b:02x}")),
+            }
+        }
+        if text.len() > 64 {
+            out.push_str("...");
+        }
+        out
+    }
+
+    /// The range error of a limiter parameter (1 to 2^40).
+    pub const fn param(arg: &'static str) -> Error {
+        Error::Range {
+            arg,
+            min: 1,
+            max: MAX_PARAM,
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_message_is_one_line_with_an_error_code() {
+        let all = [
+            Error::Arity,
+            Error::WrongType,
+            Error::param("capacity"),
+            Error::SpanTooLong { what: "x" },
+            Error::UnknownOption(Error::quote(b"a\r\nb")),
+            Error::DuplicateOption("COST"),
+            Error::MissingValue("COST"),
+            Error::ReservedForReplication("AT"),
+            Error::UnknownAlgorithm("x".into()),
+            Error::BadState,
+            Error::OutOfMemory,
+            Error::Internal,
+        ];
+        for e in all {
+            let m = e.message();
+            assert!(!m.contains('\r') && !m.contains('\n'), "{m}");
+            let code = m.split(' ').next().unwrap();
+            assert!(["ERR", "WRONGTYPE", "OOM"].contains(&code), "{m}");
+        }
+    }
+
+    #[test]
+    fn quoting_escapes_and_shortens_client_input() {
+        assert_eq!(Error::quote(b"FOO"), "FOO");
+        assert_eq!(Error::quote(b"a'\x00"), "a\\x27\\x00");
+        assert!(Error::quote(&[b'x'; 100]).ends_with("..."));
+    }
+}

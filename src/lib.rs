@@ -1,0 +1,174 @@
+//! redis-ratelimit: rate limiting as native, atomic Redis commands.
+//!
+//! This file only registers the module: its name, data types, commands with
+//! their flags and key positions. See `docs/design.md` for the layout.
+
+pub mod alloc;
+pub mod args;
+pub mod clock;
+pub mod commands;
+pub mod datatype;
+pub mod error;
+pub mod guard;
+pub mod limiter;
+pub mod replicate;
+
+use std::ffi::CStr;
+use std::os::raw::c_int;
+
+use redis_module::raw;
+
+use crate::commands::limiter::handler as limiter;
+use crate::limiter::fixed_window::FixedWindowState;
+use crate::limiter::token_bucket::TokenBucketState;
+use crate::limiter::{FixedWindow, TokenBucket};
+
+#[global_allocator]
+static ALLOCATOR: alloc::ModuleAlloc = alloc::ModuleAlloc;
+
+/// The name `MODULE LIST` shows.
+const MODULE_NAME: &CStr = c"ratelimit";
+/// `MODULE LIST` version: major * 10000 + minor * 100 + patch.
+const MODULE_VERSION: c_int = 100;
+
+const OK: c_int = raw::REDISMODULE_OK as c_int;
+const ERR: c_int = raw::REDISMODULE_ERR as c_int;
+
+type Handler = unsafe extern "C" fn(
+    *mut raw::RedisModuleCtx,
+    *mut *mut raw::RedisModuleString,
+    c_int,
+) -> c_int;
+
+/// One command: name, handler, Redis flags, key positions (first, last,
+/// step), and the ACL categories where the server supports them.
+struct Command {
+    name: &'static CStr,
+    handler: Handler,
+    flags: &'static CStr,
+    keys: (c_int, c_int, c_int),
+    acl: &'static CStr,
+}
+
+const COMMANDS: &[Command] = &[
+    Command {
+        name: c"RL.TOKENBUCKET",
+        handler: limiter::<TokenBucket>,
+        flags: c"write fast",
+        keys: (1, 1, 1),
+        acl: c"write fast",
+    },
+    Command {
+        name: c"RL.FIXEDWINDOW",
+        handler: limiter::<FixedWindow>,
+        flags: c"write fast",
+        keys: (1, 1, 1),
+        acl: c"write fast",
+    },
+    Command {
+        name: c"RL.SETSTATE",
+        handler: commands::setstate::handler,
+        flags: c"write",
+        keys: (1, 1, 1),
+        acl: c"write",
+    },
+];
+
+/// The ACL category of every command, where the server lets modules add one.
+const ACL_CATEGORY: &CStr = c"ratelimit";
+
+/// Entry point called by redis-server on `--loadmodule` / `MODULE LOAD`.
+///
+/// # Safety
+/// Called by Redis with a valid context and `argc` arguments.
+#[no_mangle]
+pub unsafe extern "C" fn RedisModule_OnLoad(
+    ctx: *mut raw::RedisModuleCtx,
+    _argv: *mut *mut raw::RedisModuleString,
+    _argc: c_int,
+) -> c_int {
+    let init = unsafe {
+        raw::Export_RedisModule_Init(
+            ctx,
+            MODULE_NAME.as_ptr(),
+            MODULE_VERSION,
+            raw::REDISMODULE_APIVER_1 as c_int,
+        )
+    };
+    if init != OK {
+        return ERR;
+    }
+    guard::callback(ERR, || match unsafe { load(ctx) } {
+        Ok(()) => OK,
+        Err(message) => {
+            log_warning(ctx, message);
+            ERR
+        }
+    })
+}
+
+unsafe fn load(ctx: *mut raw::RedisModuleCtx) -> Result<(), &'static CStr> {
+    unsafe {
+        api!(RedisModule_SetModuleOptions)(
+            ctx,
+            (raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS
+                | raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED) as c_int,
+        );
+        datatype::register::<TokenBucketState>(ctx)
+            .map_err(|_| c"could not create data type rl-tokbkt")?;
+        datatype::register::<FixedWindowState>(ctx)
+            .map_err(|_| c"could not create data type rl-fixwin")?;
+    }
+    // Module-defined ACL categories exist from Redis 7.4; older servers and
+    // Valkey load without it.
+    let custom_category = match unsafe { raw::RedisModule_AddACLCategory } {
+        Some(add) => (unsafe { add(ctx, ACL_CATEGORY.as_ptr()) }) == OK,
+        None => false,
+    };
+    for command in COMMANDS {
+        let (first, last, step) = command.keys;
+        let created = unsafe {
+            api!(RedisModule_CreateCommand)(
+                ctx,
+                command.name.as_ptr(),
+                Some(command.handler),
+                command.flags.as_ptr(),
+                first,
+                last,
+                step,
+            )
+        };
+        if created != OK {
+            return Err(c"could not create a command");
+        }
+        set_acl_categories(ctx, command, custom_category);
+    }
+    Ok(())
+}
+
+/// Command ACL categories exist from Redis 7.2 (and in Valkey); on older
+/// servers the commands carry only the categories their flags imply.
+fn set_acl_categories(ctx: *mut raw::RedisModuleCtx, command: &Command, custom: bool) {
+    let Some(set) = (unsafe { raw::RedisModule_SetCommandACLCategories }) else {
+        return;
+    };
+    let cmd = unsafe { api!(RedisModule_GetCommand)(ctx, command.name.as_ptr()) };
+    if cmd.is_null() {
+        return;
+    }
+    let mut categories = command.acl.to_bytes().to_vec();
+    if custom {
+        categories.push(b' ');
+        categories.extend_from_slice(ACL_CATEGORY.to_bytes());
+    }
+    categories.push(0);
+    if unsafe { set(cmd, categories.as_ptr().cast()) } != OK {
+        log_warning(ctx, c"could not set ACL categories");
+    }
+}
+
+fn log_warning(ctx: *mut raw::RedisModuleCtx, message: &CStr) {
+    if let Some(log) = unsafe { raw::RedisModule_Log } {
+        unsafe { log(ctx, c"warning".as_ptr(), c"%s".as_ptr(), message.as_ptr()) };
+    }
+}

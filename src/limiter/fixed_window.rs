@@ -1,0 +1,285 @@
+//! Fixed window counter, with windows aligned on the Unix epoch.
+//!
+//! Time is cut into windows `[k * window_ms, (k + 1) * window_ms)` since the
+//! epoch, so every node and every client agrees on the boundaries. A window
+//! admits requests while its count plus the cost stays within `limit`; the
+//! count starts again at zero in the next window.
+//!
+//! ```text
+//! window(now) = [now - now % W, now - now % W + W)
+//! admit c     iff count + c <= limit, then count' = count + c
+//! wait        = window end - now    (never, if c > limit)
+//! reset       = window end - now
+//! ```
+//!
+//! The guarantee is the algorithm's own: at most `limit` units per aligned
+//! window, hence at most `2 * limit` in any span of `window_ms` that straddles
+//! a boundary. Use the sliding log when that burst matters.
+//!
+//! The state is the count and the time of the last admitted request: the
+//! count belongs to the window that contains that instant.
+//!
+//! Clock steps backwards: time is taken as `max(now, last)`, so the stored
+//! window stays current until the clock passes its end again; a step back
+//! never reopens a window.
+//!
+//! Parameter changes: the count carries over. A new `limit` applies to it at
+//! once; under a new `window_ms` the count belongs to the new window that
+//! contains the last admitted request, which is where the new setting would
+//! have counted that request (earlier ones are counted there too, which is
+//! conservative). Shrinking a day window to a second thus frees the counter
+//! at the next second boundary, not at midnight.
+
+use super::{Algorithm, Decision, Micros, Wait};
+
+/// Validated parameters of `RL.FIXEDWINDOW`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FixedWindowParams {
+    pub limit: u64,
+    pub window_ms: u64,
+}
+
+/// The state of one counter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FixedWindowState {
+    /// When the last admitted request was counted (Unix microseconds).
+    pub last_us: u64,
+    /// Units admitted in the window that contains `last_us`.
+    pub count: u64,
+}
+
+/// The fixed window algorithm.
+pub struct FixedWindow;
+
+/// Latest instant a state may hold: 2^62 us, far beyond any real clock.
+const MAX_TIME_US: u64 = 1 << 62;
+
+impl FixedWindowParams {
+    /// End of the window containing `t`, in Unix microseconds.
+    fn window_end_us(&self, t: Micros) -> u64 {
+        let window_us = self.window_ms * 1000;
+        t.0 - t.0 % window_us + window_us
+    }
+}
+
+impl FixedWindowState {
+    /// Checks the invariants a loaded state must hold.
+    pub fn is_valid(&self) -> bool {
+        self.last_us <= MAX_TIME_US && self.count <= super::MAX_PARAM
+    }
+}
+
+impl Algorithm for FixedWindow {
+    type Params = FixedWindowParams;
+    type State = FixedWindowState;
+
+    fn idle(_params: &FixedWindowParams, now: Micros) -> FixedWindowState {
+        FixedWindowState {
+            last_us: now.0,
+            count: 0,
+        }
+    }
+
+    fn apply(
+        state: &mut FixedWindowState,
+        params: &FixedWindowParams,
+        cost: u64,
+        now: Micros,
+    ) -> Decision {
+        // Never before the last counted request: a step back reopens nothing.
+        let now_eff = Micros(now.0.max(state.last_us));
+        let end_us = params.window_end_us(now_eff);
+        let same_window = params.window_end_us(Micros(state.last_us)) == end_us;
+        let count = if same_window { state.count } else { 0 };
+        let to_end_ms = (end_us - now.0.min(end_us)).div_ceil(1000);
+        let remaining = params.limit.saturating_sub(count);
+        if cost > 0 && cost <= remaining {
+            *state = FixedWindowState {
+                last_us: now_eff.0,
+                count: count + cost,
+            };
+            return Decision {
+                allowed: true,
+                limit: params.limit,
+                remaining: remaining - cost,
+                wait: Wait::Ms(0),
+                reset_ms: to_end_ms,
+            };
+        }
+        Decision {
+            allowed: cost == 0,
+            limit: params.limit,
+            remaining,
+            wait: if cost == 0 {
+                Wait::Ms(0)
+            } else if cost > params.limit {
+                Wait::Never
+            } else {
+                Wait::Ms(to_end_ms)
+            },
+            reset_ms: if count == 0 { 0 } else { to_end_ms },
+        }
+    }
+
+    fn idle_at_ms(state: &FixedWindowState, params: &FixedWindowParams) -> u64 {
+        params.window_end_us(Micros(state.last_us)) / 1000
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testkit::apply_checked;
+    use super::super::MAX_PARAM;
+    use super::*;
+    use proptest::prelude::*;
+
+    // A multiple of every window used below, so windows start at T0.
+    const T0_MS: u64 = 1_700_000_000_000 - 1_700_000_000_000 % 3_600_000;
+    const T0: Micros = Micros::from_ms(T0_MS);
+
+    fn params(limit: u64, window_ms: u64) -> FixedWindowParams {
+        FixedWindowParams { limit, window_ms }
+    }
+    fn at(ms: u64) -> Micros {
+        Micros::from_ms(T0_MS + ms)
+    }
+    fn hit(s: &mut FixedWindowState, p: &FixedWindowParams, cost: u64, now: Micros) -> Decision {
+        apply_checked::<FixedWindow>(s, p, cost, now)
+    }
+
+    #[test]
+    fn admits_limit_per_window_then_denies_until_the_boundary() {
+        let p = params(3, 1000);
+        let mut s = FixedWindow::idle(&p, at(250));
+        for left in (0..3).rev() {
+            let d = hit(&mut s, &p, 1, at(250));
+            assert!(d.allowed);
+            assert_eq!((d.remaining, d.reset_ms), (left, 750));
+        }
+        let d = hit(&mut s, &p, 1, Micros(at(250).0 + 1));
+        assert!(!d.allowed);
+        assert_eq!(d.wait, Wait::Ms(750)); // 749.999 ms rounded up
+        assert!(!hit(&mut s, &p, 1, Micros(at(1000).0 - 1)).allowed);
+        let d = hit(&mut s, &p, 1, at(1000));
+        assert!(d.allowed);
+        assert_eq!((d.remaining, d.reset_ms), (2, 1000));
+    }
+
+    #[test]
+    fn windows_are_aligned_on_the_epoch() {
+        let p = params(1, 60_000);
+        let mut s = FixedWindow::idle(&p, at(123_456));
+        let d = hit(&mut s, &p, 1, at(123_456));
+        assert_eq!(d.reset_ms, 180_000 - 123_456);
+        assert_eq!(FixedWindow::idle_at_ms(&s, &p), T0_MS + 180_000);
+    }
+
+    #[test]
+    fn cost_above_limit_never_fits_and_cost_zero_peeks() {
+        let p = params(5, 1000);
+        let mut s = FixedWindow::idle(&p, T0);
+        assert_eq!(hit(&mut s, &p, 6, T0).wait, Wait::Never);
+        hit(&mut s, &p, 2, T0);
+        let d = hit(&mut s, &p, 0, at(400));
+        assert_eq!((d.allowed, d.remaining, d.reset_ms), (true, 3, 600));
+    }
+
+    #[test]
+    fn a_backwards_clock_never_reopens_the_window() {
+        let p = params(2, 1000);
+        let mut s = FixedWindow::idle(&p, at(5000));
+        hit(&mut s, &p, 2, at(5000));
+        assert!(!hit(&mut s, &p, 1, at(3500)).allowed);
+        assert!(!hit(&mut s, &p, 1, at(5999)).allowed);
+        assert!(hit(&mut s, &p, 1, at(6000)).allowed);
+    }
+
+    #[test]
+    fn lowering_the_limit_applies_to_the_count_so_far() {
+        let mut s = FixedWindow::idle(&params(10, 1000), T0);
+        hit(&mut s, &params(10, 1000), 8, T0);
+        let d = hit(&mut s, &params(5, 1000), 1, at(10));
+        assert!(!d.allowed);
+        assert_eq!(d.remaining, 0);
+        let d = hit(&mut s, &params(20, 1000), 1, at(10));
+        assert_eq!((d.allowed, d.remaining), (true, 11));
+    }
+
+    #[test]
+    fn a_new_window_length_keeps_the_count() {
+        let mut s = FixedWindow::idle(&params(10, 60_000), T0);
+        hit(&mut s, &params(10, 60_000), 10, at(30_500));
+        let d = hit(&mut s, &params(10, 1000), 1, at(30_700));
+        assert!(!d.allowed);
+        assert_eq!(d.wait, Wait::Ms(300));
+        assert!(hit(&mut s, &params(10, 1000), 1, at(31_000)).allowed);
+        // and back to a minute: the count of the last second is in this minute
+        let d = hit(&mut s, &params(10, 60_000), 0, at(31_500));
+        assert_eq!(d.remaining, 9);
+    }
+
+    #[test]
+    fn huge_parameters_do_not_overflow() {
+        let p = params(MAX_PARAM, MAX_PARAM);
+        let now = Micros(u64::MAX / 4);
+        let mut s = FixedWindow::idle(&p, now);
+        let d = hit(&mut s, &p, MAX_PARAM, now);
+        assert!(d.allowed);
+        assert!(!hit(&mut s, &p, 1, now).allowed);
+    }
+
+    proptest! {
+        /// Reference: a plain list of admitted (time, cost), summed per window.
+        #[test]
+        fn agrees_with_recounting_the_log(
+            limit in 1u64..20,
+            window_ms in prop_oneof![1u64..10, 1u64..5000, Just(60_000u64)],
+            steps in prop::collection::vec((0u64..400_000, 0u64..6), 1..300),
+        ) {
+            let p = params(limit, window_ms);
+            let mut now = T0.0 + 7;
+            let mut s = FixedWindow::idle(&p, Micros(now));
+            let mut log: Vec<(u64, u64)> = Vec::new();
+            for (dt, cost) in steps {
+                now += dt;
+                let w = (now / 1000) / window_ms;
+                let used: u64 = log.iter().filter(|e| e.0 / 1000 / window_ms == w).map(|e| e.1).sum();
+                let d = hit(&mut s, &p, cost, Micros(now));
+                prop_assert_eq!(d.allowed, cost == 0 || used + cost <= limit);
+                prop_assert_eq!(d.remaining, limit - used - if d.allowed { cost } else { 0 });
+                if d.allowed && cost > 0 {
+                    log.push((now, cost));
+                }
+                let window_end_us = (w + 1) * window_ms * 1000;
+                if !d.allowed && cost <= limit {
+                    prop_assert_eq!(d.wait, Wait::Ms((window_end_us - now).div_ceil(1000)));
+                }
+            }
+        }
+
+        #[test]
+        fn parameter_changes_never_drop_the_count(
+            a in (1u64..100, 1u64..100_000),
+            b in (1u64..100, 1u64..100_000),
+            used in 0u64..100,
+            dt in 0u64..100_000_000,
+        ) {
+            let (pa, pb) = (params(a.0, a.1), params(b.0, b.1));
+            let mut s = FixedWindow::idle(&pa, T0);
+            let used = used.min(pa.limit);
+            hit(&mut s, &pa, used, T0);
+            let now = Micros(T0.0 + dt);
+            let old = hit(&mut s.clone(), &pa, 0, now).remaining;
+            let new = hit(&mut s, &pb, 0, now).remaining;
+            // the last request's window under the new setting still runs:
+            // the count is kept under the new limit
+            let last_window_end = (T0.0 / 1000 / pb.window_ms + 1) * pb.window_ms * 1000;
+            if now.0 < last_window_end && used > 0 {
+                prop_assert_eq!(new, pb.limit.saturating_sub(used));
+            }
+            if dt < pa.window_ms * 1000 && now.0 < last_window_end {
+                prop_assert!(new <= old.saturating_add(pb.limit.saturating_sub(pa.limit)));
+            }
+        }
+    }
+}

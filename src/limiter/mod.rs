@@ -1,0 +1,127 @@
+//! Pure rate-limiting algorithms: `(state, parameters, cost, now) -> (decision, state')`.
+//!
+//! Nothing here touches Redis. Every algorithm works in integer arithmetic on
+//! [`Micros`] read once per command by [`crate::clock`], and obeys one
+//! contract, checked by each file's tests:
+//!
+//! - a denied request or a `COST 0` request leaves the state bit-for-bit
+//!   unchanged (the caller then writes and propagates nothing);
+//! - an admitted request with `cost > 0` changes the state;
+//! - a clock that steps backwards never gives units back.
+
+pub mod fixed_window;
+pub mod token_bucket;
+
+pub use fixed_window::FixedWindow;
+pub use token_bucket::TokenBucket;
+
+/// The largest value any integer parameter (and `COST`) may take: 2^40.
+pub const MAX_PARAM: u64 = 1 << 40;
+
+/// The longest span a limiter may need to get back to idle, in milliseconds
+/// (2^50 ms, about 35,700 years). Parameters whose idle time would exceed it
+/// are refused, so every reply and TTL fits comfortably in an `i64`.
+pub const MAX_SPAN_MS: u64 = 1 << 50;
+
+/// A point in time: microseconds since the Unix epoch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Micros(pub u64);
+
+impl Micros {
+    pub const fn from_ms(ms: u64) -> Self {
+        Micros(ms * 1000)
+    }
+    /// Whole milliseconds, rounded down.
+    pub const fn as_ms_floor(self) -> u64 {
+        self.0 / 1000
+    }
+}
+
+/// What a limiter answers for one request: the five integers of the reply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Decision {
+    /// The units were admitted (and consumed, when `cost > 0`).
+    pub allowed: bool,
+    /// Capacity of the bucket, or requests per window.
+    pub limit: u64,
+    /// Units still available right after this call.
+    pub remaining: u64,
+    /// Denied: milliseconds until the same request would be admitted, rounded
+    /// up, or [`Wait::Never`]. Admitted: zero, except for shaping limiters.
+    pub wait: Wait,
+    /// Milliseconds until the limiter is idle again, rounded up.
+    pub reset_ms: u64,
+}
+
+/// `wait_ms` of the reply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wait {
+    Ms(u64),
+    /// The request can never be admitted: its cost exceeds the limit.
+    Never,
+}
+
+impl Wait {
+    /// The reply's integer: milliseconds, or -1 for never.
+    pub fn as_reply(self) -> i64 {
+        match self {
+            // Bounded by MAX_SPAN_MS, far below i64::MAX.
+            Wait::Ms(ms) => ms as i64,
+            Wait::Never => -1,
+        }
+    }
+}
+
+/// One rate-limiting algorithm, as a pure state machine.
+///
+/// `apply` must leave `state` untouched unless it returns an admitted decision
+/// for a request with `cost > 0`.
+pub trait Algorithm {
+    /// Validated parameters of one call.
+    type Params: Copy + std::fmt::Debug;
+    /// The state kept in one Redis key.
+    type State: Clone + std::fmt::Debug + PartialEq;
+
+    /// The state of a limiter that has seen no traffic (what a missing key means).
+    fn idle(params: &Self::Params, now: Micros) -> Self::State;
+
+    /// Decides one request of `cost` units at `now`, updating `state` only
+    /// when the request is admitted with `cost > 0`.
+    fn apply(state: &mut Self::State, params: &Self::Params, cost: u64, now: Micros) -> Decision;
+
+    /// The Unix time in milliseconds from which the state, just updated by an
+    /// admitted call with `params`, is idle again and the key may vanish (the
+    /// key's absolute expiry).
+    fn idle_at_ms(state: &Self::State, params: &Self::Params) -> u64;
+}
+
+/// `ceil(n / d)` for `d > 0`.
+pub(crate) const fn div_ceil_u128(n: u128, d: u128) -> u128 {
+    n / d + (n % d != 0) as u128
+}
+
+#[cfg(test)]
+pub(crate) mod testkit {
+    //! Helpers shared by the algorithm tests.
+    use super::*;
+
+    /// Runs `apply` on a copy and checks the universal contract: denials and
+    /// `COST 0` change nothing, admissions with cost change something.
+    pub fn apply_checked<A: Algorithm>(
+        state: &mut A::State,
+        params: &A::Params,
+        cost: u64,
+        now: Micros,
+    ) -> Decision {
+        let before = state.clone();
+        let d = A::apply(state, params, cost, now);
+        if !d.allowed || cost == 0 {
+            assert_eq!(*state, before, "denied or COST 0 call changed the state");
+        }
+        if d.allowed {
+            assert_eq!(d.wait, Wait::Ms(0));
+        }
+        assert!(d.remaining <= d.limit);
+        d
+    }
+}

@@ -1,0 +1,521 @@
+//! Token bucket with continuous refill, computed exactly as GCRA.
+//!
+//! A bucket holds at most `capacity` tokens and gains `refill_count` tokens
+//! every `refill_ms`, continuously. A request of `cost` tokens is admitted when
+//! the bucket holds at least `cost` tokens, which it then takes.
+//!
+//! Instead of a token count and a timestamp, the state keeps one instant, the
+//! GCRA *theoretical arrival time* `tat`: the moment the bucket will be full
+//! again. With `T = refill_ms / refill_count` the time one token takes to come
+//! back and `tau = capacity * T` the time an empty bucket takes to fill:
+//!
+//! ```text
+//! deficit(now)   = max(tat - now, 0)                 time still to refill
+//! tokens(now)    = floor(max(tau - deficit, 0) / T)
+//! admit cost c   iff deficit + c*T <= tau,  then tat' = now + deficit + c*T
+//! wait (denied)  = deficit + c*T - tau               (never, if c*T > tau)
+//! reset          = deficit                           (time until full)
+//! ```
+//!
+//! Exactness: `T` is a fraction of microseconds, so time is counted in
+//! *ticks* of `1 / refill_count` microsecond, in which one token is exactly
+//! `P = refill_ms * 1000` ticks. Everything is then integer arithmetic in
+//! `u128`, without rounding or drift, from one token a year to 2^40 tokens per
+//! millisecond. The guarantee: from a full bucket, tokens admitted in any span
+//! `t` never exceed `capacity + refill_count * t / refill_ms`, and a request is
+//! always admitted once the bucket holds its cost.
+//!
+//! Clock steps backwards: `deficit` grows by the step, so tokens go and never
+//! come back; the bucket refills again as the clock moves forward.
+//!
+//! Parameter changes: what was consumed carries over. The deficit, as a number
+//! of tokens, is converted from the old token period to the new one (rounding
+//! up), so no change refills anything: raising the capacity gives only the
+//! added room, and lowering it below what was consumed leaves the bucket empty
+//! until the excess has drained at the new rate. The key's expiry stays as
+//! the last admitted call set it, which is never earlier than the old settings
+//! would have refilled the bucket.
+
+use super::{div_ceil_u128, Algorithm, Decision, Micros, Wait};
+
+/// Validated parameters of `RL.TOKENBUCKET`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TokenBucketParams {
+    pub capacity: u64,
+    pub refill_count: u64,
+    pub refill_ms: u64,
+}
+
+/// The state of one bucket: its TAT and the refill rate it was computed with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TokenBucketState {
+    /// Whole microseconds of the theoretical arrival time (when full again).
+    pub tat_us: u64,
+    /// Sub-microsecond part of the TAT in ticks: `0 <= tat_frac < refill_count`.
+    pub tat_frac: u64,
+    /// The refill rate `tat` is expressed in.
+    pub refill_count: u64,
+    pub refill_ms: u64,
+}
+
+/// The token bucket algorithm.
+pub struct TokenBucket;
+
+impl TokenBucketParams {
+    /// Ticks one token takes to refill.
+    fn period(&self) -> u128 {
+        self.refill_ms as u128 * 1000
+    }
+    /// Ticks an empty bucket takes to fill.
+    fn tau(&self) -> u128 {
+        self.capacity as u128 * self.period()
+    }
+    /// Ticks in one millisecond.
+    fn ticks_per_ms(&self) -> u128 {
+        self.refill_count as u128 * 1000
+    }
+    /// Milliseconds an empty bucket takes to fill, rounded up.
+    pub fn fill_ms(&self) -> u128 {
+        div_ceil_u128(
+            self.capacity as u128 * self.refill_ms as u128,
+            self.refill_count as u128,
+        )
+    }
+}
+
+impl TokenBucketState {
+    fn tat_ticks(&self) -> u128 {
+        self.tat_us as u128 * self.refill_count as u128 + self.tat_frac as u128
+    }
+
+    /// Checks the invariants a loaded state must hold.
+    pub fn is_valid(&self) -> bool {
+        (1..=super::MAX_PARAM).contains(&self.refill_count)
+            && (1..=super::MAX_PARAM).contains(&self.refill_ms)
+            && self.tat_frac < self.refill_count
+    }
+
+    /// Time still to refill at `now`, in ticks of `params`, after converting a
+    /// state kept at another rate. Bounded by MAX_SPAN_MS, so that every reply
+    /// and expiry fits an `i64` whatever the parameters were.
+    fn deficit(&self, params: &TokenBucketParams, now: Micros) -> u128 {
+        let old_deficit = self
+            .tat_ticks()
+            .saturating_sub(now.0 as u128 * self.refill_count as u128);
+        let old_period = self.refill_ms as u128 * 1000;
+        let new_period = params.period();
+        let deficit = if old_period == new_period {
+            old_deficit
+        } else {
+            // tokens = old_deficit / old_period; rescale without overflow,
+            // rounding the fractional token up (never a free refill).
+            let whole = old_deficit / old_period;
+            let frac = old_deficit % old_period;
+            whole
+                .saturating_mul(new_period)
+                .saturating_add(div_ceil_u128(frac * new_period, old_period))
+        };
+        deficit.min(super::MAX_SPAN_MS as u128 * params.ticks_per_ms())
+    }
+
+    fn set_tat(&mut self, params: &TokenBucketParams, tat_ticks: u128) {
+        let rc = params.refill_count as u128;
+        // tat <= now + tau: at most 2^60 us by MAX_SPAN_MS, fits u64.
+        self.tat_us = (tat_ticks / rc) as u64;
+        self.tat_frac = (tat_ticks % rc) as u64;
+        self.refill_count = params.refill_count;
+        self.refill_ms = params.refill_ms;
+    }
+}
+
+impl Algorithm for TokenBucket {
+    type Params = TokenBucketParams;
+    type State = TokenBucketState;
+
+    fn idle(params: &TokenBucketParams, now: Micros) -> TokenBucketState {
+        TokenBucketState {
+            tat_us: now.0,
+            tat_frac: 0,
+            refill_count: params.refill_count,
+            refill_ms: params.refill_ms,
+        }
+    }
+
+    fn apply(
+        state: &mut TokenBucketState,
+        params: &TokenBucketParams,
+        cost: u64,
+        now: Micros,
+    ) -> Decision {
+        let period = params.period();
+        let tau = params.tau();
+        let ticks_per_ms = params.ticks_per_ms();
+        let deficit = state.deficit(params, now);
+        let need = cost as u128 * period;
+        let remaining_for = |deficit: u128| (tau.saturating_sub(deficit) / period) as u64;
+
+        if cost > 0 && deficit + need <= tau {
+            let deficit = deficit + need;
+            let now_ticks = now.0 as u128 * params.refill_count as u128;
+            state.set_tat(params, now_ticks + deficit);
+            return Decision {
+                allowed: true,
+                limit: params.capacity,
+                remaining: remaining_for(deficit),
+                wait: Wait::Ms(0),
+                reset_ms: div_ceil_u128(deficit, ticks_per_ms) as u64,
+            };
+        }
+        let wait = if need > tau {
+            Wait::Never
+        } else {
+            let short = (deficit + need).saturating_sub(tau);
+            Wait::Ms(div_ceil_u128(short, ticks_per_ms) as u64)
+        };
+        Decision {
+            allowed: cost == 0,
+            limit: params.capacity,
+            remaining: remaining_for(deficit),
+            wait: if cost == 0 { Wait::Ms(0) } else { wait },
+            reset_ms: div_ceil_u128(deficit, ticks_per_ms) as u64,
+        }
+    }
+
+    fn idle_at_ms(state: &TokenBucketState, _params: &TokenBucketParams) -> u64 {
+        div_ceil_u128(state.tat_ticks(), state.refill_count as u128 * 1000) as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testkit::apply_checked;
+    use super::super::MAX_PARAM;
+    use super::*;
+    use proptest::prelude::*;
+
+    const T0: Micros = Micros(1_700_000_000_000_000);
+
+    fn params(capacity: u64, refill_count: u64, refill_ms: u64) -> TokenBucketParams {
+        TokenBucketParams {
+            capacity,
+            refill_count,
+            refill_ms,
+        }
+    }
+
+    fn at(ms: u64) -> Micros {
+        Micros(T0.0 + ms * 1000)
+    }
+
+    fn hit(s: &mut TokenBucketState, p: &TokenBucketParams, cost: u64, now: Micros) -> Decision {
+        apply_checked::<TokenBucket>(s, p, cost, now)
+    }
+
+    #[test]
+    fn a_new_bucket_is_full_and_admits_its_capacity_at_once() {
+        let p = params(5, 1, 1000);
+        let mut s = TokenBucket::idle(&p, T0);
+        for left in (0..5).rev() {
+            let d = hit(&mut s, &p, 1, T0);
+            assert!(d.allowed);
+            assert_eq!(d.remaining, left);
+        }
+        let d = hit(&mut s, &p, 1, T0);
+        assert!(!d.allowed);
+        assert_eq!(d.wait, Wait::Ms(1000));
+        assert_eq!(d.reset_ms, 5000);
+    }
+
+    #[test]
+    fn refill_is_continuous_not_stepped() {
+        // 10 tokens per second: one token every 100 ms exactly.
+        let p = params(10, 10, 1000);
+        let mut s = TokenBucket::idle(&p, T0);
+        assert!(hit(&mut s, &p, 10, T0).allowed);
+        let d = hit(&mut s, &p, 1, at(99));
+        assert!(!d.allowed);
+        assert_eq!(d.wait, Wait::Ms(1));
+        assert!(hit(&mut s, &p, 1, at(100)).allowed);
+        assert!(!hit(&mut s, &p, 1, at(199)).allowed);
+        assert!(hit(&mut s, &p, 1, at(200)).allowed);
+    }
+
+    #[test]
+    fn wait_ms_is_rounded_up_and_then_sufficient() {
+        // 3 tokens per 1000 ms: one every 333.33 ms.
+        let p = params(1, 3, 1000);
+        let mut s = TokenBucket::idle(&p, T0);
+        assert!(hit(&mut s, &p, 1, T0).allowed);
+        let d = hit(&mut s, &p, 1, T0);
+        assert_eq!(d.wait, Wait::Ms(334));
+        assert!(!hit(&mut s, &p, 1, Micros(T0.0 + 333_333)).allowed);
+        assert!(hit(&mut s, &p, 1, Micros(T0.0 + 333_334)).allowed);
+    }
+
+    #[test]
+    fn cost_above_capacity_never_fits() {
+        let p = params(3, 1, 1000);
+        let mut s = TokenBucket::idle(&p, T0);
+        let d = hit(&mut s, &p, 4, T0);
+        assert!(!d.allowed);
+        assert_eq!(d.wait, Wait::Never);
+        assert_eq!(d.remaining, 3);
+    }
+
+    #[test]
+    fn cost_zero_peeks() {
+        let p = params(3, 1, 1000);
+        let mut s = TokenBucket::idle(&p, T0);
+        hit(&mut s, &p, 2, T0);
+        let d = hit(&mut s, &p, 0, at(500));
+        assert_eq!(
+            d,
+            Decision {
+                allowed: true,
+                limit: 3,
+                remaining: 1,
+                wait: Wait::Ms(0),
+                reset_ms: 1500
+            }
+        );
+    }
+
+    #[test]
+    fn idle_at_is_when_the_bucket_is_full() {
+        let p = params(4, 1, 250);
+        let mut s = TokenBucket::idle(&p, T0);
+        let d = hit(&mut s, &p, 3, T0);
+        assert_eq!(d.reset_ms, 750);
+        assert_eq!(TokenBucket::idle_at_ms(&s, &p), T0.as_ms_floor() + 750);
+        let d = hit(&mut s, &p, 0, at(750));
+        assert_eq!((d.remaining, d.reset_ms), (4, 0));
+    }
+
+    #[test]
+    fn a_million_per_second_is_exact() {
+        let p = params(1_000_000, 1_000_000, 1000);
+        let mut s = TokenBucket::idle(&p, T0);
+        assert!(hit(&mut s, &p, 1_000_000, T0).allowed);
+        // one token per microsecond
+        for us in 1..=1000u64 {
+            assert!(hit(&mut s, &p, 1, Micros(T0.0 + us)).allowed);
+            assert!(!hit(&mut s, &p, 1, Micros(T0.0 + us)).allowed);
+        }
+    }
+
+    #[test]
+    fn one_per_year_is_exact() {
+        let year_ms = 365 * 24 * 3600 * 1000;
+        let p = params(1, 1, year_ms);
+        let mut s = TokenBucket::idle(&p, T0);
+        assert!(hit(&mut s, &p, 1, T0).allowed);
+        let d = hit(&mut s, &p, 1, T0);
+        assert_eq!(d.wait, Wait::Ms(year_ms));
+        assert!(!hit(&mut s, &p, 1, Micros(at(year_ms).0 - 1)).allowed);
+        assert!(hit(&mut s, &p, 1, at(year_ms)).allowed);
+    }
+
+    #[test]
+    fn huge_parameters_do_not_overflow() {
+        let p = params(MAX_PARAM, MAX_PARAM, 1);
+        let mut s = TokenBucket::idle(&p, Micros(u64::MAX / 2));
+        let d = hit(&mut s, &p, MAX_PARAM, Micros(u64::MAX / 2));
+        assert!(d.allowed);
+        assert_eq!(d.remaining, 0);
+        assert_eq!(d.reset_ms, 1);
+        // a rate of 2^40 per ms refills 2^37 tokens in 125 us
+        let d = hit(&mut s, &p, 0, Micros(u64::MAX / 2 + 125));
+        assert_eq!(d.remaining, MAX_PARAM / 8);
+    }
+
+    #[test]
+    fn clock_step_backwards_never_refills() {
+        let p = params(10, 1, 100);
+        let mut s = TokenBucket::idle(&p, T0);
+        hit(&mut s, &p, 5, at(1000));
+        let before = hit(&mut s, &p, 0, at(1000)).remaining;
+        let after = hit(&mut s, &p, 0, at(900)).remaining;
+        assert!(after <= before);
+        // a step far back: nothing until the clock has caught up again
+        let d = hit(&mut s, &p, 1, at(0));
+        assert!(!d.allowed);
+        assert_eq!(d.wait, Wait::Ms(600));
+    }
+
+    #[test]
+    fn raising_capacity_adds_room_and_keeps_consumption() {
+        let small = params(5, 1, 1000);
+        let big = params(50, 1, 1000);
+        let mut s = TokenBucket::idle(&small, T0);
+        hit(&mut s, &small, 5, T0);
+        let d = hit(&mut s, &big, 0, T0);
+        assert_eq!(d.remaining, 45);
+    }
+
+    #[test]
+    fn lowering_capacity_keeps_what_was_consumed() {
+        let big = params(100, 1, 1000);
+        let small = params(10, 1, 1000);
+        let mut s = TokenBucket::idle(&big, T0);
+        hit(&mut s, &big, 95, T0);
+        let d = hit(&mut s, &small, 1, T0);
+        assert_eq!((d.allowed, d.remaining), (false, 0));
+        // 95 consumed against a capacity of 10: 86 s until one token is back
+        assert_eq!(d.wait, Wait::Ms(86_000));
+        assert!(!hit(&mut s, &small, 1, Micros(at(86_000).0 - 1)).allowed);
+        assert!(hit(&mut s, &small, 1, at(86_000)).allowed);
+    }
+
+    #[test]
+    fn a_faster_rate_does_not_refill_the_past() {
+        let slow = params(10, 1, 1000);
+        let fast = params(10, 1000, 1000);
+        let mut s = TokenBucket::idle(&slow, T0);
+        hit(&mut s, &slow, 10, T0);
+        // 500 ms at the slow rate refilled half a token: still none whole
+        let d = hit(&mut s, &fast, 0, at(500));
+        assert_eq!(d.remaining, 0);
+        // from now on the fast rate applies: 9.5 tokens short, 1 per ms
+        assert_eq!(d.reset_ms, 10);
+    }
+
+    /// Reference model: a token level counted in "drops" (1 token = P drops,
+    /// 1 us adds refill_count drops), advanced step by step.
+    #[derive(Debug)]
+    struct Reference {
+        level: u128,
+        last_us: u64,
+    }
+
+    impl Reference {
+        fn new(p: &TokenBucketParams, now: Micros) -> Self {
+            Reference {
+                level: p.capacity as u128 * p.refill_ms as u128 * 1000,
+                last_us: now.0,
+            }
+        }
+        fn hit(&mut self, p: &TokenBucketParams, cost: u64, now: Micros) -> bool {
+            let cap = p.capacity as u128 * p.refill_ms as u128 * 1000;
+            let elapsed = now.0.saturating_sub(self.last_us) as u128;
+            self.level = (self.level + elapsed * p.refill_count as u128).min(cap);
+            self.last_us = self.last_us.max(now.0);
+            let need = cost as u128 * p.refill_ms as u128 * 1000;
+            if self.level >= need {
+                self.level -= need;
+                true
+            } else {
+                false
+            }
+        }
+    }
+
+    fn arb_params() -> impl Strategy<Value = TokenBucketParams> {
+        prop_oneof![
+            (1u64..20, 1u64..20, 1u64..2000),
+            (1u64..MAX_PARAM, 1u64..MAX_PARAM, 1u64..1000),
+            (1u64..5, 1u64..3, 1u64..40_000_000_000),
+        ]
+        .prop_map(|(c, rc, ms)| params(c, rc, ms))
+        .prop_filter("fits the span limit", |p| {
+            p.fill_ms() <= super::super::MAX_SPAN_MS as u128
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn agrees_with_the_reference_model(
+            p in arb_params(),
+            steps in prop::collection::vec((0u64..3_000_000, 0u64..25), 1..200),
+        ) {
+            let mut now = T0;
+            let mut s = TokenBucket::idle(&p, now);
+            let mut r = Reference::new(&p, now);
+            for (dt, cost) in steps {
+                now = Micros(now.0 + dt);
+                let cost = cost.min(p.capacity + 1);
+                let d = hit(&mut s, &p, cost, now);
+                let admitted = r.hit(&p, cost, now);
+                prop_assert_eq!(d.allowed, admitted || cost == 0);
+                let period = p.refill_ms as u128 * 1000;
+                prop_assert_eq!(d.remaining as u128, r.level / period);
+                if !d.allowed {
+                    // the same request is admitted after wait_ms, not 1 ms before
+                    let wait = match d.wait { Wait::Ms(w) => w, Wait::Never => {
+                        prop_assert!(cost > p.capacity); continue } };
+                    let mut later = s;
+                    prop_assert!(hit(&mut later, &p, cost, Micros(now.0 + wait * 1000)).allowed);
+                    if wait > 0 {
+                        let mut early = s;
+                        prop_assert!(!hit(&mut early, &p, cost, Micros(now.0 + wait * 1000 - 1000)).allowed);
+                    }
+                }
+            }
+        }
+
+        #[test]
+        fn admitted_units_never_exceed_capacity_plus_refill(
+            p in arb_params(),
+            steps in prop::collection::vec((0u64..500_000, 1u64..8), 1..300),
+        ) {
+            let mut now = T0;
+            let mut s = TokenBucket::idle(&p, now);
+            let mut admitted: Vec<(u64, u64)> = Vec::new();
+            for (dt, cost) in steps {
+                now = Micros(now.0 + dt);
+                if hit(&mut s, &p, cost, now).allowed {
+                    admitted.push((now.0, cost));
+                }
+            }
+            // every span [a.0, b.0]: sum <= capacity + rc * span / refill_ms
+            for i in 0..admitted.len() {
+                let mut sum = 0u128;
+                for b in &admitted[i..] {
+                    sum += b.1 as u128;
+                    let span_us = (b.0 - admitted[i].0) as u128;
+                    let bound = p.capacity as u128 * p.refill_ms as u128 * 1000
+                        + p.refill_count as u128 * span_us;
+                    prop_assert!(sum * p.refill_ms as u128 * 1000 <= bound);
+                }
+            }
+        }
+
+        #[test]
+        fn a_backwards_clock_never_gives_tokens(
+            p in arb_params(),
+            used in 0u64..50,
+            elapsed in 0u64..5_000_000,
+            back in 0u64..50_000_000,
+            cost in 1u64..50,
+        ) {
+            let mut s = TokenBucket::idle(&p, T0);
+            hit(&mut s, &p, used.min(p.capacity), T0);
+            let now = Micros(T0.0 + elapsed);
+            let before = hit(&mut s, &p, 0, now).remaining;
+            let earlier = Micros(now.0 - back);
+            prop_assert!(hit(&mut s, &p, 0, earlier).remaining <= before);
+            if hit(&mut s, &p, cost, earlier).allowed {
+                prop_assert!(cost <= before);
+            }
+        }
+
+        #[test]
+        fn parameter_changes_never_open_a_burst(
+            a in arb_params(),
+            b in arb_params(),
+            used in 0u64..50,
+            dt in 0u64..10_000_000,
+        ) {
+            let mut s = TokenBucket::idle(&a, T0);
+            let used = used.min(a.capacity);
+            hit(&mut s, &a, used, T0);
+            let now = Micros(T0.0 + dt);
+            let under_old = hit(&mut s.clone(), &a, 0, now).remaining;
+            let under_new = hit(&mut s, &b, 0, now).remaining;
+            // neither more than the new capacity, nor more than the old
+            // bucket would hold plus the new room
+            prop_assert!(under_new <= b.capacity);
+            let room = b.capacity.saturating_sub(a.capacity);
+            prop_assert!(under_new <= under_old.saturating_add(room));
+        }
+    }
+}
