@@ -7,8 +7,8 @@
 #
 #   RL_MODULE=/abs/libredis_ratelimit.so scripts/bench.sh
 #
-# Knobs: BENCH_ROUNDS (5), BENCH_N (requests per native run, 2000000),
-# BENCH_N_LUA (per Lua run, 300000), BENCH_KEYS (memory keys, 100000),
+# Knobs: BENCH_ROUNDS (5), BENCH_N (requests per native run, 1500000),
+# BENCH_N_LUA (per Lua run, 250000), BENCH_KEYS (memory keys, 100000),
 # REDIS_CELL (path to a redis-cell .so: adds CL.THROTTLE rows).
 set -euo pipefail
 
@@ -16,8 +16,8 @@ cd "$(dirname "$0")/.."
 ROOT="$PWD"
 MODULE="${RL_MODULE:-$ROOT/target/release/libredis_ratelimit.so}"
 ROUNDS="${BENCH_ROUNDS:-5}"
-N_NATIVE="${BENCH_N:-2000000}"
-N_LUA="${BENCH_N_LUA:-300000}"
+N_NATIVE="${BENCH_N:-1500000}"
+N_LUA="${BENCH_N_LUA:-250000}"
 CELL="${REDIS_CELL:-}"
 PIPELINE=16
 CLIENTS=50
@@ -152,15 +152,23 @@ throughput_table() {
       for (r in rounds) if ((r, a) in ops && (r, b) in ops) list = list " " ops[r, a] / ops[r, b]
       return median(list)
     }
-    function ratio_row(label, a, b, target, unit,    m, verdict) {
+    # The same ratio from server CPU per call (b costs / a costs): what the
+    # server alone would sustain, less sensitive to a busy client or machine.
+    function cpu_ratio(a, b,    r, list) {
+      list = ""
+      for (r in rounds) if ((r, a) in us && (r, b) in us && us[r, a] > 0) list = list " " us[r, b] / us[r, a]
+      return median(list)
+    }
+    function ratio_row(label, a, b, target, unit,    m, c, verdict) {
       m = ratio(a, b)
       if (m == "") { printf "%-46s %12s\n", label, "n/a"; return }
+      c = cpu_ratio(a, b)
       verdict = ""
       if (target != "") verdict = sprintf(">= %s%s %s", target, unit, (m >= target) ? "PASS" : "below")
-      printf "%-46s %11.2fx  %s\n", label, m, verdict
+      printf "%-46s %11.2fx %13.2fx  %s\n", label, m, c, verdict
     }
     BEGIN { FS = "|"; while ((getline line < workloads) > 0) { split(line, f, "|"); order[++k] = f[1]; label[f[1]] = f[2] }; FS = " " }
-    { rounds[$1] = 1; ops[$1, $2] = $3; list_ops[$2] = list_ops[$2] " " $3; list_us[$2] = list_us[$2] " " $4 }
+    { rounds[$1] = 1; ops[$1, $2] = $3; us[$1, $2] = $4; list_ops[$2] = list_ops[$2] " " $3; list_us[$2] = list_us[$2] " " $4 }
     END {
       printf "%-46s %12s %14s\n", "command (median over rounds)", "ops/s", "server us/op"
       for (i = 1; i <= k; i++) {
@@ -168,7 +176,7 @@ throughput_table() {
         if (!(id in list_ops)) { printf "%-46s %12s\n", label[id], "skipped"; continue }
         printf "%-46s %12.0f %14.2f\n", label[id], median(list_ops[id]), median(list_us[id])
       }
-      printf "\n%-46s %12s  %s\n", "ratio (median of per-round ratios)", "", "target"
+      printf "\n%-46s %12s %14s  %s\n", "ratio (median of per-round ratios)", "by ops/s", "by server CPU", "target (ops/s)"
       ratio_row("RL.TOKENBUCKET / INCR", "tokenbucket", "incr", "0.8", "x")
       ratio_row("RL.FIXEDWINDOW / INCR", "fixedwindow", "incr", "0.8", "x")
       ratio_row("Lua token bucket / INCR", "lua", "incr", "", "")
@@ -181,6 +189,10 @@ throughput_table() {
 }
 
 # --- main -------------------------------------------------------------------
+# What is measured, read before the server loads the module.
+head="$(git rev-parse --short HEAD 2>/dev/null || echo "none")"
+built="$(date -u -r "$MODULE" '+%Y-%m-%d %H:%M UTC')"
+server_version="$(redis-server --version | awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^v=|^malloc=/) { printf "%s%s", sep, $i; sep = " " } }')"
 started_at="$(date +%s)"
 start_server
 log "redis-server pid $SERVER_PID on 127.0.0.1:$PORT"
@@ -210,11 +222,11 @@ cli FLUSHALL SYNC >/dev/null
 log "measuring memory per key"
 memory_table="$(bench/memory.sh "$PORT")" || memory_table="memory: bench/memory.sh failed"
 
-server_version="$(redis-server --version | awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^v=|^malloc=/) printf "%s ", $i }')"
 echo
 echo "redis-ratelimit benchmark, $(date -u '+%Y-%m-%d %H:%M UTC')"
-echo "server: redis-server ${server_version}(module $(basename "$MODULE")${CELL:+, redis-cell}); nproc $(nproc)"
-echo "load: redis-benchmark -P $PIPELINE -c $CLIENTS -r $KEYSPACE; $ROUNDS interleaved rounds;" \
+echo "server: redis-server ${server_version}; nproc $(nproc)"
+echo "module: $(basename "$MODULE") built $built (HEAD $head)${CELL:+; redis-cell $(basename "$CELL")}"
+echo "load:   redis-benchmark -P $PIPELINE -c $CLIENTS -r $KEYSPACE; $ROUNDS interleaved rounds;" \
   "-n $N_NATIVE per native run, $N_LUA per Lua run"
 echo
 throughput_table

@@ -24,21 +24,35 @@ const MAX_AT_US: u64 = 1 << 62;
 /// Parses a non-negative decimal integer in `min..=max`: digits only, no sign,
 /// no spaces, nothing silently clamped.
 pub fn parse_int(arg: &[u8], name: &'static str, min: u64, max: u64) -> Result<u64, Error> {
-    let range = Error::Range { arg: name, min, max };
-    if arg.is_empty() || arg.len() > 20 || !arg.iter().all(u8::is_ascii_digit) {
-        return Err(range);
-    }
+    let range = || Error::Range { arg: name, min, max };
+    // Up to 19 digits cannot overflow a u64; the 20th needs checking.
+    let (fast, slow) = match arg.len() {
+        1..=19 => (arg, &[][..]),
+        20 => arg.split_at(19),
+        _ => return Err(range()),
+    };
     let mut value: u64 = 0;
-    for &digit in arg {
+    for &byte in fast {
+        let digit = byte.wrapping_sub(b'0');
+        if digit > 9 {
+            return Err(range());
+        }
+        value = value * 10 + u64::from(digit);
+    }
+    for &byte in slow {
+        let digit = byte.wrapping_sub(b'0');
+        if digit > 9 {
+            return Err(range());
+        }
         value = value
             .checked_mul(10)
-            .and_then(|v| v.checked_add(u64::from(digit - b'0')))
-            .ok_or(range.clone())?;
+            .and_then(|v| v.checked_add(u64::from(digit)))
+            .ok_or_else(range)?;
     }
     if (min..=max).contains(&value) {
         Ok(value)
     } else {
-        Err(range)
+        Err(range())
     }
 }
 
@@ -88,7 +102,7 @@ impl Params for TokenBucketParams {
             refill_count: parse_int(args[1], "refill_count", 1, MAX_PARAM)?,
             refill_ms: parse_int(args[2], "refill_ms", 1, MAX_PARAM)?,
         };
-        if params.fill_ms() > MAX_SPAN_MS as u128 {
+        if !params.fills_within(MAX_SPAN_MS) {
             return Err(Error::SpanTooLong {
                 what: "capacity * refill_ms / refill_count (the time to fill the bucket)",
             });

@@ -118,6 +118,7 @@ unsafe fn load(ctx: *mut raw::RedisModuleCtx) -> Result<(), &'static CStr> {
             .map_err(|_| c"could not create data type rl-tokbkt")?;
         datatype::register::<FixedWindowState>(ctx)
             .map_err(|_| c"could not create data type rl-fixwin")?;
+        replicate::init(ctx);
     }
     // Module-defined ACL categories exist from Redis 7.4; older servers and
     // Valkey load without it.
@@ -168,7 +169,15 @@ fn set_acl_categories(ctx: *mut raw::RedisModuleCtx, command: &Command, custom: 
 }
 
 fn log_warning(ctx: *mut raw::RedisModuleCtx, message: &CStr) {
+    log(ctx, c"warning", message);
+}
+
+pub(crate) fn log_notice(ctx: *mut raw::RedisModuleCtx, message: &CStr) {
+    log(ctx, c"notice", message);
+}
+
+fn log(ctx: *mut raw::RedisModuleCtx, level: &CStr, message: &CStr) {
     if let Some(log) = unsafe { raw::RedisModule_Log } {
-        unsafe { log(ctx, c"warning".as_ptr(), c"%s".as_ptr(), message.as_ptr()) };
+        unsafe { log(ctx, level.as_ptr(), c"%s".as_ptr(), message.as_ptr()) };
     }
 }

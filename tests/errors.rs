@@ -68,7 +68,14 @@ fn bad_cost_is_named_and_writes_nothing() {
     for_each_server(|kind| {
         let server = Server::start(kind, &[]);
         let mut con = server.conn();
-        for bad in ["-1", "1099511627777", "x", "1.0", "", "18446744073709551616"] {
+        for bad in [
+            "-1",
+            "1099511627777",
+            "x",
+            "1.0",
+            "",
+            "18446744073709551616",
+        ] {
             for words in [
                 ["RL.TOKENBUCKET", "tb", "5", "1", "1000", "COST", bad].as_slice(),
                 ["RL.FIXEDWINDOW", "fw", "5", "1000", "COST", bad].as_slice(),
@@ -87,9 +94,15 @@ fn largest_cost_is_accepted() {
         let server = Server::start(kind, &[]);
         let mut con = server.conn();
         let max = MAX_PARAM.to_string();
-        let r = rl(&mut con, &["RL.TOKENBUCKET", "tb", "5", "1", "1000", "COST", &max]);
+        let r = rl(
+            &mut con,
+            &["RL.TOKENBUCKET", "tb", "5", "1", "1000", "COST", &max],
+        );
         assert_eq!((r.allowed, r.wait_ms), (false, -1));
-        let r = rl(&mut con, &["RL.FIXEDWINDOW", "fw", "5", "1000", "COST", &max]);
+        let r = rl(
+            &mut con,
+            &["RL.FIXEDWINDOW", "fw", "5", "1000", "COST", &max],
+        );
         assert_eq!((r.allowed, r.wait_ms), (false, -1));
         assert_eq!(dbsize(&mut con), 0);
     });
@@ -104,7 +117,18 @@ fn unknown_option_is_named_and_writes_nothing() {
             for words in [
                 ["RL.TOKENBUCKET", "tb", "5", "1", "1000", option, "1"].as_slice(),
                 ["RL.FIXEDWINDOW", "fw", "5", "1000", option, "1"].as_slice(),
-                ["RL.TOKENBUCKET", "tb", "5", "1", "1000", "COST", "1", option, "1"].as_slice(),
+                [
+                    "RL.TOKENBUCKET",
+                    "tb",
+                    "5",
+                    "1",
+                    "1000",
+                    "COST",
+                    "1",
+                    option,
+                    "1",
+                ]
+                .as_slice(),
             ] {
                 let err = query_err(&mut con, words);
                 assert_err_naming(&err, option, words);
@@ -136,9 +160,15 @@ fn option_names_are_case_insensitive() {
     for_each_server(|kind| {
         let server = Server::start(kind, &[]);
         let mut con = server.conn();
-        let r = rl(&mut con, &["RL.TOKENBUCKET", "tb", "5", "1", "1000000", "cost", "2"]);
+        let r = rl(
+            &mut con,
+            &["RL.TOKENBUCKET", "tb", "5", "1", "1000000", "cost", "2"],
+        );
         assert_eq!((r.allowed, r.remaining), (true, 3));
-        let r = rl(&mut con, &["rl.fixedwindow", "fw", "5", "1000000", "Cost", "2"]);
+        let r = rl(
+            &mut con,
+            &["rl.fixedwindow", "fw", "5", "1000000", "Cost", "2"],
+        );
         assert_eq!((r.allowed, r.remaining), (true, 3));
     });
 }
@@ -200,7 +230,17 @@ fn errors_leave_an_existing_limiter_untouched() {
             ["RL.TOKENBUCKET", "tb", "0", "1", "1000000"].as_slice(),
             ["RL.TOKENBUCKET", "tb", "5", "1", "1000000", "COST", "-1"].as_slice(),
             ["RL.TOKENBUCKET", "tb", "5", "1", "1000000", "FOO", "1"].as_slice(),
-            ["RL.TOKENBUCKET", "tb", "5", "1", "1000000", "COST", "1", "COST"].as_slice(),
+            [
+                "RL.TOKENBUCKET",
+                "tb",
+                "5",
+                "1",
+                "1000000",
+                "COST",
+                "1",
+                "COST",
+            ]
+            .as_slice(),
             ["RL.FIXEDWINDOW", "fw", "5", "0"].as_slice(),
             ["RL.FIXEDWINDOW", "fw", "5", "1000000", "COST", "x"].as_slice(),
             ["RL.FIXEDWINDOW", "fw", "5", "1000000", "AT", "1"].as_slice(),
@@ -223,9 +263,41 @@ fn at_option_is_reserved_for_replication_and_aof_loading() {
         let now_us = server_time_us(&mut con).to_string();
         for words in [
             ["RL.TOKENBUCKET", "tb", "5", "1", "1000", "AT", &now_us].as_slice(),
-            ["RL.TOKENBUCKET", "tb", "5", "1", "1000", "COST", "1", "AT", &now_us].as_slice(),
-            ["RL.TOKENBUCKET", "tb", "5", "1", "1000", "COST", "0", "at", &now_us].as_slice(),
-            ["RL.FIXEDWINDOW", "fw", "5", "1000", "COST", "1", "AT", &now_us].as_slice(),
+            [
+                "RL.TOKENBUCKET",
+                "tb",
+                "5",
+                "1",
+                "1000",
+                "COST",
+                "1",
+                "AT",
+                &now_us,
+            ]
+            .as_slice(),
+            [
+                "RL.TOKENBUCKET",
+                "tb",
+                "5",
+                "1",
+                "1000",
+                "COST",
+                "0",
+                "at",
+                &now_us,
+            ]
+            .as_slice(),
+            [
+                "RL.FIXEDWINDOW",
+                "fw",
+                "5",
+                "1000",
+                "COST",
+                "1",
+                "AT",
+                &now_us,
+            ]
+            .as_slice(),
         ] {
             let err = query_err(&mut con, words);
             assert_eq!(
@@ -243,7 +315,17 @@ fn setstate_is_refused_from_clients() {
         let server = Server::start(kind, &[]);
         let mut con = server.conn();
         for words in [
-            ["RL.SETSTATE", "tb", "TOKENBUCKET", "1", "1", "0", "1", "1000"].as_slice(),
+            [
+                "RL.SETSTATE",
+                "tb",
+                "TOKENBUCKET",
+                "1",
+                "1",
+                "0",
+                "1",
+                "1000",
+            ]
+            .as_slice(),
             ["RL.SETSTATE", "fw", "FIXEDWINDOW", "1", "0", "1000", "1"].as_slice(),
         ] {
             let err = query_err(&mut con, words);

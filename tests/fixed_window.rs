@@ -58,11 +58,19 @@ fn windows_are_aligned_to_multiples_of_window_ms() {
     for_each_server(|kind| {
         let server = Server::start(kind, &[]);
         let mut con = server.conn();
-        for (window_ms, margin_ms) in [(1_000u64, 300u64), (7_000, 1_000), (60_000, 5_000), (SLOW_MS as u64, MARGIN_MS)] {
+        for (window_ms, margin_ms) in [
+            (1_000u64, 300u64),
+            (7_000, 1_000),
+            (60_000, 5_000),
+            (SLOW_MS as u64, MARGIN_MS),
+        ] {
             away_from_window_end(&mut con, window_ms, margin_ms);
             let key = format!("fw:{window_ms}");
             let before_us = server_time_us(&mut con);
-            let r = rl(&mut con, &["RL.FIXEDWINDOW", &key, "10", &window_ms.to_string()]);
+            let r = rl(
+                &mut con,
+                &["RL.FIXEDWINDOW", &key, "10", &window_ms.to_string()],
+            );
             let after_us = server_time_us(&mut con);
             let window_us = window_ms * 1000;
             let end_us = (before_us / window_us + 1) * window_us;
@@ -91,7 +99,11 @@ fn denied_request_changes_nothing() {
                 assert!(!slow_window(&mut con, "fw", "3", cost).allowed);
             }
         }
-        assert_eq!(dump(&mut con, "fw"), state_before, "a denial changed the state");
+        assert_eq!(
+            dump(&mut con, "fw"),
+            state_before,
+            "a denial changed the state"
+        );
         let pttl_after = pttl(&mut con, "fw");
         assert!(
             pttl_after <= pttl_before,
@@ -120,7 +132,11 @@ fn count_starts_again_in_the_next_window() {
             r.allowed
         });
         let next = next.unwrap();
-        assert_eq!((next.limit, next.remaining), (2, 1), "a fresh window: {next:?}");
+        assert_eq!(
+            (next.limit, next.remaining),
+            (2, 1),
+            "a fresh window: {next:?}"
+        );
     });
 }
 
@@ -137,7 +153,11 @@ fn request_is_admitted_after_waiting_wait_ms() {
         assert_between("wait_ms", denied.wait_ms, 0, 300);
         sleep(Duration::from_millis(denied.wait_ms as u64));
         let r = call(&mut con);
-        assert!(r.allowed, "denied again after waiting {}: {r:?}", denied.wait_ms);
+        assert!(
+            r.allowed,
+            "denied again after waiting {}: {r:?}",
+            denied.wait_ms
+        );
     });
 }
 
@@ -270,8 +290,14 @@ fn largest_parameters_are_accepted() {
         let max = MAX_PARAM.to_string();
         let r = rl(&mut con, &["RL.FIXEDWINDOW", "fw", &max, &max]);
         assert!(r.allowed);
-        assert_eq!((r.limit, r.remaining), (MAX_PARAM as i64, MAX_PARAM as i64 - 1));
-        let r = rl(&mut con, &["RL.FIXEDWINDOW", "all", &max, &max, "COST", &max]);
+        assert_eq!(
+            (r.limit, r.remaining),
+            (MAX_PARAM as i64, MAX_PARAM as i64 - 1)
+        );
+        let r = rl(
+            &mut con,
+            &["RL.FIXEDWINDOW", "all", &max, &max, "COST", &max],
+        );
         assert!(r.allowed);
         assert_eq!(r.remaining, 0);
         assert!(pttl(&mut con, "all") > 0);

@@ -10,7 +10,12 @@ use common::*;
 
 /// Master options: no periodic PING in the replication stream, so its offset
 /// moves only when a command is propagated.
-const QUIET_MASTER: &[&str] = &["--repl-ping-replica-period", "3600", "--repl-timeout", "7200"];
+const QUIET_MASTER: &[&str] = &[
+    "--repl-ping-replica-period",
+    "3600",
+    "--repl-timeout",
+    "7200",
+];
 
 /// Asserts `key` is the same limiter on master and replica: same `DUMP`, same
 /// type and digest, and an expiry at the same instant.
@@ -25,7 +30,10 @@ fn assert_same_state(master: &mut Connection, replica: &mut Connection, key: &st
     assert_eq!(key_type(replica, key), key_type(master, key));
     let digest_master: Value = query(master, &["DEBUG", "DIGEST-VALUE", key]);
     let digest_replica: Value = query(replica, &["DEBUG", "DIGEST-VALUE", key]);
-    assert_eq!(digest_replica, digest_master, "DEBUG DIGEST-VALUE {key} differs");
+    assert_eq!(
+        digest_replica, digest_master,
+        "DEBUG DIGEST-VALUE {key} differs"
+    );
     let (ttl_master, ttl_replica) = (pttl(master, key), pttl(replica, key));
     assert!(
         ttl_master > 0 && ttl_replica > 0 && (ttl_master - ttl_replica).abs() <= 1000,
@@ -41,10 +49,16 @@ fn replica_state_equals_master_after_burst() {
         let (mut m, mut r) = (master.conn(), replica.conn());
         for _ in 0..12 {
             rl(&mut m, &["RL.TOKENBUCKET", "tb", "10", "3", "1000"]);
-            rl(&mut m, &["RL.TOKENBUCKET", "tb:cost", "10", "1", "60000", "COST", "3"]);
+            rl(
+                &mut m,
+                &["RL.TOKENBUCKET", "tb:cost", "10", "1", "60000", "COST", "3"],
+            );
             rl(&mut m, &["RL.TOKENBUCKET", "tb:odd", "7", "3", "1001"]);
             rl(&mut m, &["RL.FIXEDWINDOW", "fw", "10", "60000"]);
-            rl(&mut m, &["RL.FIXEDWINDOW", "fw:cost", "10", "60000", "COST", "4"]);
+            rl(
+                &mut m,
+                &["RL.FIXEDWINDOW", "fw:cost", "10", "60000", "COST", "4"],
+            );
         }
         // Parameter changes on existing keys.
         rl(&mut m, &["RL.TOKENBUCKET", "tb", "20", "7", "3000"]);
@@ -83,7 +97,7 @@ fn replica_state_equals_master_after_mixed_traffic() {
             let n = random.next() % 16;
             let key = format!("k{n}");
             let cost = random.pick(&["0", "1", "1", "1", "2", "5", "11"]);
-            let reply: Value = if n % 2 == 0 {
+            let reply: Value = if n.is_multiple_of(2) {
                 let capacity = random.pick(&["3", "10", "10", "1000"]);
                 let refill_count = random.pick(&["1", "3", "7"]);
                 let refill_ms = random.pick(&["1", "997", "1000", "86400000"]);
@@ -102,7 +116,10 @@ fn replica_state_equals_master_after_mixed_traffic() {
             } else {
                 let limit = random.pick(&["2", "10", "10", "100"]);
                 let window_ms = random.pick(&["1000", "60000", "60000", "3600000"]);
-                query(&mut m, &["RL.FIXEDWINDOW", &key, limit, window_ms, "COST", cost])
+                query(
+                    &mut m,
+                    &["RL.FIXEDWINDOW", &key, limit, window_ms, "COST", cost],
+                )
             };
             Reply::from_value(&reply);
         }
@@ -145,18 +162,36 @@ fn denials_and_cost_zero_propagate_nothing() {
         let master = Server::start(kind, QUIET_MASTER);
         let replica = replica_of(&master);
         let mut m = master.conn();
-        rl(&mut m, &["RL.TOKENBUCKET", "tb", "2", "1", "1000000", "COST", "2"]);
-        rl(&mut m, &["RL.FIXEDWINDOW", "fw", "2", "1000000", "COST", "2"]);
+        rl(
+            &mut m,
+            &["RL.TOKENBUCKET", "tb", "2", "1", "1000000", "COST", "2"],
+        );
+        rl(
+            &mut m,
+            &["RL.FIXEDWINDOW", "fw", "2", "1000000", "COST", "2"],
+        );
         wait_for_sync(&master, &replica);
 
         let offset_before = master_offset(&master);
         for _ in 0..50 {
             assert!(!rl(&mut m, &["RL.TOKENBUCKET", "tb", "2", "1", "1000000"]).allowed);
             assert!(!rl(&mut m, &["RL.FIXEDWINDOW", "fw", "2", "1000000"]).allowed);
-            rl(&mut m, &["RL.TOKENBUCKET", "tb", "2", "1", "1000000", "COST", "0"]);
-            rl(&mut m, &["RL.FIXEDWINDOW", "fw", "2", "1000000", "COST", "0"]);
-            rl(&mut m, &["RL.TOKENBUCKET", "new", "2", "1", "1000000", "COST", "0"]);
-            rl(&mut m, &["RL.TOKENBUCKET", "new", "2", "1", "1000000", "COST", "3"]);
+            rl(
+                &mut m,
+                &["RL.TOKENBUCKET", "tb", "2", "1", "1000000", "COST", "0"],
+            );
+            rl(
+                &mut m,
+                &["RL.FIXEDWINDOW", "fw", "2", "1000000", "COST", "0"],
+            );
+            rl(
+                &mut m,
+                &["RL.TOKENBUCKET", "new", "2", "1", "1000000", "COST", "0"],
+            );
+            rl(
+                &mut m,
+                &["RL.TOKENBUCKET", "new", "2", "1", "1000000", "COST", "3"],
+            );
             query_err(&mut m, &["RL.TOKENBUCKET", "tb", "0", "1", "1000000"]);
             query_err(&mut m, &["RL.FIXEDWINDOW", "tb", "2", "1000000"]);
         }
@@ -214,7 +249,10 @@ fn aof_commands(bytes: &[u8]) -> Vec<Vec<String>> {
         for _ in 0..n {
             let len_line = line(bytes, &mut pos);
             assert_eq!(len_line[0], b'$');
-            let len: usize = std::str::from_utf8(&len_line[1..]).unwrap().parse().unwrap();
+            let len: usize = std::str::from_utf8(&len_line[1..])
+                .unwrap()
+                .parse()
+                .unwrap();
             words.push(String::from_utf8_lossy(&bytes[pos..pos + len]).into_owned());
             pos += len + 2;
         }
@@ -254,14 +292,32 @@ fn admitted_calls_propagate_with_the_masters_time_pinned() {
         let mut m = master.conn();
         let before_us = server_time_us(&mut m);
         rl(&mut m, &["RL.TOKENBUCKET", "tb", "5", "1", "1000000"]);
-        rl(&mut m, &["RL.TOKENBUCKET", "tb", "5", "1", "1000000", "COST", "3"]);
-        rl(&mut m, &["RL.FIXEDWINDOW", "fw", "5", "1000000", "COST", "2"]);
+        rl(
+            &mut m,
+            &["RL.TOKENBUCKET", "tb", "5", "1", "1000000", "COST", "3"],
+        );
+        rl(
+            &mut m,
+            &["RL.FIXEDWINDOW", "fw", "5", "1000000", "COST", "2"],
+        );
         let after_us = server_time_us(&mut m);
         // Neither denials nor peeks reach the AOF.
-        rl(&mut m, &["RL.TOKENBUCKET", "tb", "5", "1", "1000000", "COST", "2"]);
-        rl(&mut m, &["RL.TOKENBUCKET", "tb", "5", "1", "1000000", "COST", "0"]);
-        rl(&mut m, &["RL.FIXEDWINDOW", "fw", "5", "1000000", "COST", "4"]);
-        rl(&mut m, &["RL.FIXEDWINDOW", "fw", "5", "1000000", "COST", "0"]);
+        rl(
+            &mut m,
+            &["RL.TOKENBUCKET", "tb", "5", "1", "1000000", "COST", "2"],
+        );
+        rl(
+            &mut m,
+            &["RL.TOKENBUCKET", "tb", "5", "1", "1000000", "COST", "0"],
+        );
+        rl(
+            &mut m,
+            &["RL.FIXEDWINDOW", "fw", "5", "1000000", "COST", "4"],
+        );
+        rl(
+            &mut m,
+            &["RL.FIXEDWINDOW", "fw", "5", "1000000", "COST", "0"],
+        );
 
         let logged = limiter_commands(&incremental_aof(&master));
         let shapes: Vec<Vec<String>> = logged
@@ -276,9 +332,38 @@ fn admitted_calls_propagate_with_the_masters_time_pinned() {
             })
             .collect();
         let expected: Vec<Vec<String>> = [
-            vec!["RL.TOKENBUCKET", "tb", "5", "1", "1000000", "COST", "1", "AT", "<us>"],
-            vec!["RL.TOKENBUCKET", "tb", "5", "1", "1000000", "COST", "3", "AT", "<us>"],
-            vec!["RL.FIXEDWINDOW", "fw", "5", "1000000", "COST", "2", "AT", "<us>"],
+            vec![
+                "RL.TOKENBUCKET",
+                "tb",
+                "5",
+                "1",
+                "1000000",
+                "COST",
+                "1",
+                "AT",
+                "<us>",
+            ],
+            vec![
+                "RL.TOKENBUCKET",
+                "tb",
+                "5",
+                "1",
+                "1000000",
+                "COST",
+                "3",
+                "AT",
+                "<us>",
+            ],
+            vec![
+                "RL.FIXEDWINDOW",
+                "fw",
+                "5",
+                "1000000",
+                "COST",
+                "2",
+                "AT",
+                "<us>",
+            ],
         ]
         .iter()
         .map(|words| words.iter().map(|w| w.to_string()).collect())

@@ -45,7 +45,12 @@ fn new_bucket_starts_full_and_counts_down() {
             assert!(r.allowed, "call {used} of a full bucket of 5: {r:?}");
             assert_eq!((r.limit, r.remaining, r.wait_ms), (5, 5 - used, 0));
             // reset: the time to refill the `used` tokens taken.
-            assert_between("reset_ms", r.reset_ms, used * SLOW_MS - SLACK_MS, used * SLOW_MS);
+            assert_between(
+                "reset_ms",
+                r.reset_ms,
+                used * SLOW_MS - SLACK_MS,
+                used * SLOW_MS,
+            );
         }
     });
 }
@@ -80,7 +85,11 @@ fn denied_request_changes_nothing() {
             assert!(!slow_bucket(&mut con, "tb").allowed);
             assert!(!slow_bucket_cost(&mut con, "tb", "3").allowed);
         }
-        assert_eq!(dump(&mut con, "tb"), state_before, "a denial changed the state");
+        assert_eq!(
+            dump(&mut con, "tb"),
+            state_before,
+            "a denial changed the state"
+        );
         let pttl_after = pttl(&mut con, "tb");
         assert!(
             pttl_after <= pttl_before,
@@ -173,7 +182,11 @@ fn cost_zero_reports_the_state_and_changes_nothing() {
         slow_bucket_cost(&mut con, "tb", "3");
         let state = dump(&mut con, "tb");
         let r = slow_bucket_cost(&mut con, "tb", "0");
-        assert_eq!((r.remaining, r.wait_ms), (0, 0), "peek at an empty bucket: {r:?}");
+        assert_eq!(
+            (r.remaining, r.wait_ms),
+            (0, 0),
+            "peek at an empty bucket: {r:?}"
+        );
         assert_eq!(dump(&mut con, "tb"), state, "COST 0 changed the state");
     });
 }
@@ -225,7 +238,11 @@ fn request_is_admitted_after_waiting_wait_ms() {
         assert_between("wait_ms", denied.wait_ms, 0, 600);
         sleep(Duration::from_millis(denied.wait_ms as u64));
         let r = call(&mut con);
-        assert!(r.allowed, "denied again after waiting {}: {r:?}", denied.wait_ms);
+        assert!(
+            r.allowed,
+            "denied again after waiting {}: {r:?}",
+            denied.wait_ms
+        );
     });
 }
 
@@ -304,22 +321,43 @@ fn extreme_rates_are_exact() {
         let max = max.as_str();
 
         // 2^40 tokens, 2^40 per 2^40 ms: takes them all at once.
-        let r = rl(&mut con, &["RL.TOKENBUCKET", "huge", max, max, max, "COST", max]);
+        let r = rl(
+            &mut con,
+            &["RL.TOKENBUCKET", "huge", max, max, max, "COST", max],
+        );
         assert!(r.allowed, "{r:?}");
         assert_eq!((r.limit, r.remaining), (MAX_PARAM as i64, 0));
-        assert_between("reset_ms", r.reset_ms, MAX_PARAM as i64 - SLACK_MS, MAX_PARAM as i64);
+        assert_between(
+            "reset_ms",
+            r.reset_ms,
+            MAX_PARAM as i64 - SLACK_MS,
+            MAX_PARAM as i64,
+        );
 
         // One token per 2^40 ms (about 35 years).
         let r = rl(&mut con, &["RL.TOKENBUCKET", "slow", "1", "1", max]);
         assert!(r.allowed);
         let r = rl(&mut con, &["RL.TOKENBUCKET", "slow", "1", "1", max]);
         assert!(!r.allowed);
-        assert_between("wait_ms", r.wait_ms, MAX_PARAM as i64 - SLACK_MS, MAX_PARAM as i64);
+        assert_between(
+            "wait_ms",
+            r.wait_ms,
+            MAX_PARAM as i64 - SLACK_MS,
+            MAX_PARAM as i64,
+        );
 
         // A million tokens per millisecond: a full bucket refills within 1 ms.
         let r = rl(
             &mut con,
-            &["RL.TOKENBUCKET", "fast", "1000000", "1000000", "1", "COST", "1000000"],
+            &[
+                "RL.TOKENBUCKET",
+                "fast",
+                "1000000",
+                "1000000",
+                "1",
+                "COST",
+                "1000000",
+            ],
         );
         assert!(r.allowed);
         assert_eq!(r.remaining, 0);

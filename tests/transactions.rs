@@ -32,7 +32,9 @@ fn calls_inside_multi_exec_apply_in_order() {
         let fw: &[&str] = &["RL.FIXEDWINDOW", "fw", "2", "1000000"];
         let replies = items(transaction(
             &mut con,
-            &[TB_SLOW, TB_SLOW, TB_SLOW, TB_SLOW, TB_SLOW, TB_SLOW, fw, fw, fw],
+            &[
+                TB_SLOW, TB_SLOW, TB_SLOW, TB_SLOW, TB_SLOW, TB_SLOW, fw, fw, fw,
+            ],
         ));
         let replies: Vec<Reply> = replies.iter().map(Reply::from_value).collect();
         let allowed: Vec<bool> = replies.iter().map(|r| r.allowed).collect();
@@ -55,7 +57,10 @@ fn failing_call_inside_multi_changes_nothing_and_the_rest_applies() {
         let _: String = query(&mut con, TB_SLOW);
         let _: String = query(&mut con, &["RL.TOKENBUCKET", "tb", "0", "1", "1000000"]);
         let _: String = query(&mut con, &["RL.FIXEDWINDOW", "string", "5", "1000"]);
-        let _: String = query(&mut con, &["RL.TOKENBUCKET", "bad", "5", "1", "1000", "COST", "-1"]);
+        let _: String = query(
+            &mut con,
+            &["RL.TOKENBUCKET", "bad", "5", "1", "1000", "COST", "-1"],
+        );
         let _: String = query(&mut con, TB_SLOW);
         // EXEC's reply holds the errors in place; read it raw.
         let exec = command(&["EXEC"]).query::<Value>(&mut con);
@@ -68,7 +73,10 @@ fn failing_call_inside_multi_changes_nothing_and_the_rest_applies() {
             assert_eq!(Reply::from_value(&replies[4]).remaining, 3);
         }
         // Whatever the client made of the reply, the server state is exact.
-        let r = rl(&mut con, &["RL.TOKENBUCKET", "tb", "5", "1", "1000000", "COST", "0"]);
+        let r = rl(
+            &mut con,
+            &["RL.TOKENBUCKET", "tb", "5", "1", "1000000", "COST", "0"],
+        );
         assert_eq!(r.remaining, 3, "EXEC reply: {exec:?}");
         assert!(!exists(&mut con, "bad"));
         let value: String = query(&mut con, &["GET", "string"]);
@@ -100,7 +108,10 @@ fn calls_inside_eval_reply_as_outside() {
         let mut con = server.conn();
         for remaining in [4, 3, 2, 1, 0] {
             let r = Reply::from_value(&query(&mut con, &["EVAL", HIT_SCRIPT, "1", "tb"]));
-            assert_eq!((r.allowed, r.limit, r.remaining, r.wait_ms), (true, 5, remaining, 0));
+            assert_eq!(
+                (r.allowed, r.limit, r.remaining, r.wait_ms),
+                (true, 5, remaining, 0)
+            );
         }
         let r = Reply::from_value(&query(&mut con, &["EVAL", HIT_SCRIPT, "1", "tb"]));
         assert!(!r.allowed);
@@ -142,7 +153,12 @@ fn errors_inside_eval_are_catchable_and_write_nothing() {
         assert!(err.contains("AT is reserved"), "AT inside a script: {err}");
         let err = query_err(
             &mut con,
-            &["EVAL", "return redis.call('RL.FIXEDWINDOW', KEYS[1], 5, 0)", "1", "fw"],
+            &[
+                "EVAL",
+                "return redis.call('RL.FIXEDWINDOW', KEYS[1], 5, 0)",
+                "1",
+                "fw",
+            ],
         );
         assert!(err.contains("window_ms"), "{err}");
         assert_eq!(dbsize(&mut con), 0);

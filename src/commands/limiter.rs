@@ -68,9 +68,12 @@ unsafe fn run<L: LimiterCommand>(
     let decision = match key.slot::<L::State>()? {
         Slot::Ours(state) => {
             let state = unsafe { &mut *state };
+            let idle_before = L::idle_at_ms(state, &params);
             let decision = L::apply(state, &params, cost, now);
-            if decision.allowed && cost > 0 {
-                key.expire_at(L::idle_at_ms(state, &params));
+            let idle_after = L::idle_at_ms(state, &params);
+            // A fixed window's expiry moves once per window, not per call.
+            if decision.allowed && cost > 0 && idle_after != idle_before {
+                key.expire_at(idle_after);
             }
             decision
         }

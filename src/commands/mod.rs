@@ -16,7 +16,7 @@ use crate::limiter::Decision;
 
 /// Most arguments any command accepts; more is an error before any parsing,
 /// so argument slices live on the stack.
-pub const MAX_ARGS: usize = 24;
+pub const MAX_ARGS: usize = 16;
 
 /// The command's arguments as byte slices, borrowed from Redis's strings.
 pub struct Args<'a> {

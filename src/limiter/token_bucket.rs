@@ -81,6 +81,12 @@ impl TokenBucketParams {
             self.refill_count as u128,
         )
     }
+    /// Whether an empty bucket fills within `span_ms` (`fill_ms() <= span_ms`,
+    /// without a division).
+    pub fn fills_within(&self, span_ms: u64) -> bool {
+        self.capacity as u128 * self.refill_ms as u128
+            <= span_ms as u128 * self.refill_count as u128
+    }
 }
 
 impl TokenBucketState {
@@ -313,6 +319,16 @@ mod tests {
         assert_eq!(d.wait, Wait::Ms(year_ms));
         assert!(!hit(&mut s, &p, 1, Micros(at(year_ms).0 - 1)).allowed);
         assert!(hit(&mut s, &p, 1, at(year_ms)).allowed);
+    }
+
+    #[test]
+    fn fills_within_agrees_with_fill_ms() {
+        for (c, rc, ms) in [(1, 1, 1), (7, 3, 5), (1 << 40, 1, 1 << 10), (1 << 40, 3, 1 << 11)] {
+            let p = params(c, rc, ms);
+            for span in [0, 1, 1 << 50, (1 << 50) + 1] {
+                assert_eq!(p.fills_within(span), p.fill_ms() <= span as u128);
+            }
+        }
     }
 
     #[test]

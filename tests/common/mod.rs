@@ -276,8 +276,15 @@ impl Server {
                     self.kind, self.port
                 )));
             }
-            if self.answers_pong() {
-                return Ok(());
+            match self.answering_pid() {
+                Some(pid) if pid == self.child_pid() => return Ok(()),
+                Some(_) => {
+                    // Another test's server answers on this port: ours lost
+                    // the race for it and is about to exit.
+                    self.kill_child();
+                    return Err(StartError::PortInUse);
+                }
+                None => {}
             }
             if Instant::now() > deadline {
                 return Err(StartError::Failed(format!(
@@ -292,18 +299,31 @@ impl Server {
         }
     }
 
-    /// True once the server answers `PING` (not `-LOADING`).
-    fn answers_pong(&self) -> bool {
-        let Ok(client) = redis::Client::open(self.url()) else {
-            return false;
-        };
-        let Ok(mut con) = client.get_connection_with_timeout(Duration::from_millis(500)) else {
-            return false;
-        };
-        matches!(
-            redis::cmd("PING").query::<String>(&mut con),
-            Ok(pong) if pong == "PONG"
-        )
+    /// The pid of the server answering on our port, once it answers `PING`
+    /// (not `-LOADING`). Parallel tests may race for a port; the pid tells
+    /// whether the server that answers is ours.
+    fn answering_pid(&self) -> Option<u32> {
+        let client = redis::Client::open(self.url()).ok()?;
+        let mut con = client
+            .get_connection_with_timeout(Duration::from_millis(500))
+            .ok()?;
+        let pong: String = redis::cmd("PING").query(&mut con).ok()?;
+        if pong != "PONG" {
+            return None;
+        }
+        let info: String = redis::cmd("INFO").arg("server").query(&mut con).ok()?;
+        info_field(&info, "process_id")?.parse().ok()
+    }
+
+    fn child_pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    fn kill_child(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 
     pub fn url(&self) -> String {
@@ -334,12 +354,18 @@ impl Server {
     /// by an explicit `SAVE`; the AOF, if on, is flushed), killing it if it
     /// does not exit within 5 s.
     pub fn stop(&mut self) {
-        let Some(mut child) = self.child.take() else {
+        if !self.is_running() {
+            self.child = None;
             return;
-        };
-        if let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.port)) {
-            let _ = stream.write_all(b"SHUTDOWN NOSAVE NOW\r\n");
         }
+        // Only if the server on our port is ours: never shut down another
+        // test's server.
+        if self.answering_pid() == Some(self.child_pid()) {
+            if let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.port)) {
+                let _ = stream.write_all(b"SHUTDOWN NOSAVE NOW\r\n");
+            }
+        }
+        let mut child = self.child.take().unwrap();
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {
             if let Ok(Some(_)) = child.try_wait() {
@@ -418,11 +444,15 @@ pub fn replica_of_with(master: &Server, extra_args: &[&str]) -> Server {
         .arg(master.port)
         .query(&mut con)
         .expect("REPLICAOF");
-    poll_until("replica link up and initial sync done", SYNC_TIMEOUT, || {
-        let info = replica.info("replication");
-        info_field(&info, "master_link_status").as_deref() == Some("up")
-            && info_field(&info, "master_sync_in_progress").as_deref() == Some("0")
-    });
+    poll_until(
+        "replica link up and initial sync done",
+        SYNC_TIMEOUT,
+        || {
+            let info = replica.info("replication");
+            info_field(&info, "master_link_status").as_deref() == Some("up")
+                && info_field(&info, "master_sync_in_progress").as_deref() == Some("0")
+        },
+    );
     replica
 }
 
@@ -437,10 +467,14 @@ pub fn master_offset(master: &Server) -> u64 {
 /// The offset of the master stream the replica has processed.
 fn replica_processed_offset(replica: &Server) -> Option<u64> {
     let info = replica.info("replication");
-    ["slave_repl_offset", "replica_repl_offset", "master_repl_offset"]
-        .iter()
-        .find_map(|field| info_field(&info, field))
-        .and_then(|v| v.parse().ok())
+    [
+        "slave_repl_offset",
+        "replica_repl_offset",
+        "master_repl_offset",
+    ]
+    .iter()
+    .find_map(|field| info_field(&info, field))
+    .and_then(|v| v.parse().ok())
 }
 
 /// Waits until the replica has processed everything the master has sent.

@@ -187,7 +187,16 @@ mod tests {
 
     #[test]
     fn lengths_round_trip() {
-        for len in [0, 63, 64, 16383, 16384, u32::MAX as u64, u32::MAX as u64 + 1, u64::MAX] {
+        for len in [
+            0,
+            63,
+            64,
+            16383,
+            16384,
+            u32::MAX as u64,
+            u32::MAX as u64 + 1,
+            u64::MAX,
+        ] {
             let mut out = Vec::new();
             write_len(&mut out, len);
             let mut pos = 0;
