@@ -79,7 +79,7 @@ load_keys() { # template; fails unless every reply was a success
 # would expire while being measured, so start early in a window.
 wait_for_fresh_window() { # window_ms
   local now_ms into_window_ms
-  now_ms="$(cli TIME | awk 'NR == 1 { s = $1 } NR == 2 { printf "%d", s * 1000 + int($1 / 1000) }')"
+  now_ms="$(cli TIME | awk 'NR == 1 { s = $1 } NR == 2 { printf "%.0f", s * 1000 + int($1 / 1000) }')"
   into_window_ms=$((now_ms % $1))
   if [ $(($1 - into_window_ms)) -lt 20000 ]; then
     sleep "$(awk -v ms=$(($1 - into_window_ms + 200)) 'BEGIN { printf "%.3f", ms / 1000 }')"
@@ -88,16 +88,17 @@ wait_for_fresh_window() { # window_ms
 
 # Prints "bytes_after_1_call bytes_after_2_calls memory_usage_of_one_key".
 measure() { # template [window_ms]
-  local attempt before first second sample
+  local attempt before first first_keys second sample
   for attempt in 1 2 3; do
     flush_and_settle
     [ -n "${2:-}" ] && wait_for_fresh_window "$2"
     before="$(settled_used_memory)"
     load_keys "$1" || return 1
     first="$(settled_used_memory)"
+    first_keys="$(cli DBSIZE)"
     load_keys "$1" || return 1
     second="$(settled_used_memory)"
-    if [ "$(cli DBSIZE)" = "$KEYS" ]; then
+    if [ "$first_keys" = "$KEYS" ] && [ "$(cli DBSIZE)" = "$KEYS" ]; then
       sample="$(cli MEMORY USAGE k:00000000)"
       echo "$((first - before)) $((second - before)) $sample"
       return 0
@@ -139,7 +140,9 @@ for variant in "${variants[@]}"; do
       ratio = worst / base
       verdict = ""
       if (target != "") verdict = sprintf("<= %.1fx %s", target, (ratio <= target) ? "PASS" : "above")
-      printf "%-36s %12.1f %12.1f %12s %9.2fx  %s\n", name, first / keys, second / keys, sample, ratio, verdict
+      line = sprintf("%-36s %12.1f %12.1f %12s %9.2fx  %s", name, first / keys, second / keys, sample, ratio, verdict)
+      sub(/ +$/, "", line)
+      print line
     }'
 done
 flush_and_settle

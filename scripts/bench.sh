@@ -159,13 +159,15 @@ throughput_table() {
       for (r in rounds) if ((r, a) in us && (r, b) in us && us[r, a] > 0) list = list " " us[r, b] / us[r, a]
       return median(list)
     }
-    function ratio_row(label, a, b, target, unit,    m, c, verdict) {
+    function ratio_row(label, a, b, target, unit,    m, c, verdict, line) {
       m = ratio(a, b)
       if (m == "") { printf "%-46s %12s\n", label, "n/a"; return }
       c = cpu_ratio(a, b)
       verdict = ""
       if (target != "") verdict = sprintf(">= %s%s %s", target, unit, (m >= target) ? "PASS" : "below")
-      printf "%-46s %11.2fx %13.2fx  %s\n", label, m, c, verdict
+      line = sprintf("%-46s %11.2fx %13.2fx  %s", label, m, c, verdict)
+      sub(/ +$/, "", line)
+      print line
     }
     BEGIN { FS = "|"; while ((getline line < workloads) > 0) { split(line, f, "|"); order[++k] = f[1]; label[f[1]] = f[2] }; FS = " " }
     { rounds[$1] = 1; ops[$1, $2] = $3; us[$1, $2] = $4; list_ops[$2] = list_ops[$2] " " $3; list_us[$2] = list_us[$2] " " $4 }

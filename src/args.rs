@@ -24,7 +24,11 @@ const MAX_AT_US: u64 = 1 << 62;
 /// Parses a non-negative decimal integer in `min..=max`: digits only, no sign,
 /// no spaces, nothing silently clamped.
 pub fn parse_int(arg: &[u8], name: &'static str, min: u64, max: u64) -> Result<u64, Error> {
-    let range = || Error::Range { arg: name, min, max };
+    let range = || Error::Range {
+        arg: name,
+        min,
+        max,
+    };
     // Up to 19 digits cannot overflow a u64; the 20th needs checking.
     let (fast, slow) = match arg.len() {
         1..=19 => (arg, &[][..]),
@@ -161,14 +165,23 @@ mod tests {
         }
         assert!(parse_int(b"0", "capacity", 1, 10).is_err());
         assert!(parse_int(b"1099511627777", "capacity", 1, MAX_PARAM).is_err());
-        assert_eq!(parse_int(b"1099511627776", "c", 1, MAX_PARAM), Ok(MAX_PARAM));
+        assert_eq!(
+            parse_int(b"1099511627776", "c", 1, MAX_PARAM),
+            Ok(MAX_PARAM)
+        );
     }
 
     #[test]
     fn options_default_to_cost_one_and_no_pinned_time() {
         assert_eq!(parse_options(&[]), Ok(Options { cost: 1, at: None }));
         let o = parse_options(&[b"cost", b"0", b"At", b"17"]).unwrap();
-        assert_eq!(o, Options { cost: 0, at: Some(Micros(17)) });
+        assert_eq!(
+            o,
+            Options {
+                cost: 0,
+                at: Some(Micros(17))
+            }
+        );
     }
 
     #[test]

@@ -119,7 +119,7 @@ pub fn decode_args<S: NativeState>(fields: &[&[u8]], encoding: c_int) -> Option<
 ///
 /// # Safety
 /// `ctx` must be the context passed to `RedisModule_OnLoad`.
-pub unsafe fn register<S: NativeState>(ctx: *mut raw::RedisModuleCtx) -> Result<(), ()> {
+pub unsafe fn register<S: NativeState>(ctx: *mut raw::RedisModuleCtx) -> Result<(), &'static CStr> {
     let mut methods = raw::RedisModuleTypeMethods {
         // Version 3 carries the copy callback (Redis 6.2+); no later field is used.
         version: 3,
@@ -142,14 +142,10 @@ pub unsafe fn register<S: NativeState>(ctx: *mut raw::RedisModuleCtx) -> Result<
         copy2: None,
         aux_save2: None,
     };
-    let created = api!(RedisModule_CreateDataType)(
-        ctx,
-        S::TYPE_NAME.as_ptr(),
-        S::ENCODING,
-        &mut methods,
-    );
+    let created =
+        api!(RedisModule_CreateDataType)(ctx, S::TYPE_NAME.as_ptr(), S::ENCODING, &mut methods);
     if created.is_null() {
-        return Err(());
+        return Err(c"could not create a data type");
     }
     S::registered().store(created, Ordering::Relaxed);
     Ok(())
@@ -176,15 +172,22 @@ impl Decoder for RdbIo {
     }
 }
 
-unsafe extern "C" fn rdb_load<S: NativeState>(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
-    guard::callback(ptr::null_mut(), || match S::decode(&mut RdbIo(rdb), encver) {
-        Some(state) => into_value(state),
-        None => ptr::null_mut(),
+unsafe extern "C" fn rdb_load<S: NativeState>(
+    rdb: *mut raw::RedisModuleIO,
+    encver: c_int,
+) -> *mut c_void {
+    guard::callback(ptr::null_mut(), || {
+        match S::decode(&mut RdbIo(rdb), encver) {
+            Some(state) => into_value(state),
+            None => ptr::null_mut(),
+        }
     })
 }
 
 unsafe extern "C" fn rdb_save<S: NativeState>(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
-    guard::callback((), || unsafe { &*value.cast::<S>() }.encode(&mut RdbIo(rdb)))
+    guard::callback((), || {
+        unsafe { &*value.cast::<S>() }.encode(&mut RdbIo(rdb))
+    })
 }
 
 unsafe extern "C" fn aof_rewrite<S: NativeState>(
@@ -198,7 +201,11 @@ unsafe extern "C" fn aof_rewrite<S: NativeState>(
             fn put(&mut self, value: u64) {
                 let text = value.to_string();
                 let s = unsafe {
-                    api!(RedisModule_CreateString)(ptr::null_mut(), text.as_ptr().cast(), text.len())
+                    api!(RedisModule_CreateString)(
+                        ptr::null_mut(),
+                        text.as_ptr().cast(),
+                        text.len(),
+                    )
                 };
                 self.0.push(s);
             }
@@ -275,7 +282,7 @@ mod tests {
             self.0.push(value);
         }
     }
-    impl Decoder for std::vec::IntoIter<u64> {
+    impl<I: Iterator<Item = u64>> Decoder for I {
         fn take(&mut self) -> Option<u64> {
             self.next()
         }
@@ -288,7 +295,7 @@ mod tests {
         assert_eq!(decoded.as_ref(), Some(&state));
         // every truncation is refused
         for len in 0..out.0.len() {
-            assert!(S::decode(&mut out.0[..len].to_vec().into_iter(), 1).is_none());
+            assert!(S::decode(&mut out.0[..len].iter().copied(), 1).is_none());
         }
         // an unknown encoding is refused
         assert!(S::decode(&mut out.0.clone().into_iter(), 2).is_none());
@@ -317,16 +324,16 @@ mod tests {
     #[test]
     fn invalid_states_are_refused() {
         let bad_tb = [
-            vec![1, 5, 5, 1000],                 // frac >= refill_count
-            vec![1, 0, 0, 1000],                 // zero rate
-            vec![1, 0, 1, 0],                    // zero period
-            vec![1, 0, 1, (1 << 40) + 1],        // period above 2^40
+            vec![1, 5, 5, 1000],          // frac >= refill_count
+            vec![1, 0, 0, 1000],          // zero rate
+            vec![1, 0, 1, 0],             // zero period
+            vec![1, 0, 1, (1 << 40) + 1], // period above 2^40
         ];
         for fields in bad_tb {
             assert!(TokenBucketState::decode(&mut fields.into_iter(), 1).is_none());
         }
         let bad_fw = [
-            vec![0, (1 << 40) + 1],   // count above 2^40
+            vec![0, (1 << 40) + 1],  // count above 2^40
             vec![u64::MAX - 999, 1], // time too far
         ];
         for fields in bad_fw {

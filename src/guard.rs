@@ -23,7 +23,10 @@ macro_rules! api {
         let function = unsafe { redis_module::raw::$name };
         match function {
             Some(f) => f,
-            None => panic!(concat!(stringify!($name), " is not provided by this server")),
+            None => panic!(concat!(
+                stringify!($name),
+                " is not provided by this server"
+            )),
         }
     }};
 }

@@ -3,15 +3,15 @@
 //! This file only registers the module: its name, data types, commands with
 //! their flags and key positions. See `docs/design.md` for the layout.
 
-pub mod alloc;
+mod alloc;
 pub mod args;
 pub mod clock;
-pub mod commands;
-pub mod datatype;
+mod commands;
+mod datatype;
 pub mod error;
-pub mod guard;
+mod guard;
 pub mod limiter;
-pub mod replicate;
+mod replicate;
 
 use std::ffi::CStr;
 use std::os::raw::c_int;
@@ -41,12 +41,17 @@ type Handler = unsafe extern "C" fn(
 ) -> c_int;
 
 /// One command: name, handler, Redis flags, key positions (first, last,
-/// step), and the ACL categories where the server supports them.
+/// step), arity (negative: at least that many words, command name included),
+/// what `COMMAND DOCS` shows, and the ACL categories where the server
+/// supports them.
 struct Command {
     name: &'static CStr,
     handler: Handler,
     flags: &'static CStr,
     keys: (c_int, c_int, c_int),
+    arity: c_int,
+    summary: &'static CStr,
+    complexity: &'static CStr,
     acl: &'static CStr,
 }
 
@@ -56,6 +61,9 @@ const COMMANDS: &[Command] = &[
         handler: limiter::<TokenBucket>,
         flags: c"write fast",
         keys: (1, 1, 1),
+        arity: -5,
+        summary: c"Token bucket with continuous refill: admits a request of COST units (default 1) if the bucket holds them",
+        complexity: c"O(1)",
         acl: c"write fast",
     },
     Command {
@@ -63,6 +71,9 @@ const COMMANDS: &[Command] = &[
         handler: limiter::<FixedWindow>,
         flags: c"write fast",
         keys: (1, 1, 1),
+        arity: -4,
+        summary: c"Fixed window counter aligned on the Unix epoch: admits a request of COST units (default 1) if the window has room",
+        complexity: c"O(1)",
         acl: c"write fast",
     },
     Command {
@@ -70,6 +81,9 @@ const COMMANDS: &[Command] = &[
         handler: commands::setstate::handler,
         flags: c"write",
         keys: (1, 1, 1),
+        arity: -5,
+        summary: c"Internal: sets a limiter's raw state (AOF rewrite); accepted only while loading or from the master",
+        complexity: c"O(1)",
         acl: c"write",
     },
 ];
@@ -114,10 +128,8 @@ unsafe fn load(ctx: *mut raw::RedisModuleCtx) -> Result<(), &'static CStr> {
             (raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS
                 | raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED) as c_int,
         );
-        datatype::register::<TokenBucketState>(ctx)
-            .map_err(|_| c"could not create data type rl-tokbkt")?;
-        datatype::register::<FixedWindowState>(ctx)
-            .map_err(|_| c"could not create data type rl-fixwin")?;
+        datatype::register::<TokenBucketState>(ctx)?;
+        datatype::register::<FixedWindowState>(ctx)?;
         replicate::init(ctx);
     }
     // Module-defined ACL categories exist from Redis 7.4; older servers and
@@ -142,21 +154,57 @@ unsafe fn load(ctx: *mut raw::RedisModuleCtx) -> Result<(), &'static CStr> {
         if created != OK {
             return Err(c"could not create a command");
         }
-        set_acl_categories(ctx, command, custom_category);
+        let cmd = unsafe { api!(RedisModule_GetCommand)(ctx, command.name.as_ptr()) };
+        if cmd.is_null() {
+            return Err(c"could not find a command just created");
+        }
+        set_command_info(cmd, command)?;
+        set_acl_categories(ctx, cmd, command, custom_category);
+    }
+    Ok(())
+}
+
+/// Arity (so that a wrong argument count inside `MULTI` aborts the
+/// transaction at once, like Redis's own commands) and `COMMAND DOCS` text.
+/// The key positions stay those given to `CreateCommand`.
+fn set_command_info(
+    cmd: *mut raw::RedisModuleCommand,
+    command: &Command,
+) -> Result<(), &'static CStr> {
+    static VERSION: raw::RedisModuleCommandInfoVersion = raw::RedisModuleCommandInfoVersion {
+        version: 1,
+        sizeof_historyentry: std::mem::size_of::<raw::RedisModuleCommandHistoryEntry>(),
+        sizeof_keyspec: std::mem::size_of::<raw::RedisModuleCommandKeySpec>(),
+        sizeof_arg: std::mem::size_of::<raw::RedisModuleCommandArg>(),
+    };
+    let mut info = raw::RedisModuleCommandInfo {
+        version: &VERSION,
+        summary: command.summary.as_ptr(),
+        complexity: command.complexity.as_ptr(),
+        since: c"0.1.0".as_ptr(),
+        history: std::ptr::null_mut(),
+        tips: std::ptr::null(),
+        arity: command.arity,
+        key_specs: std::ptr::null_mut(),
+        args: std::ptr::null_mut(),
+    };
+    if unsafe { api!(RedisModule_SetCommandInfo)(cmd, &mut info) } != OK {
+        return Err(c"could not set command info");
     }
     Ok(())
 }
 
 /// Command ACL categories exist from Redis 7.2 (and in Valkey); on older
 /// servers the commands carry only the categories their flags imply.
-fn set_acl_categories(ctx: *mut raw::RedisModuleCtx, command: &Command, custom: bool) {
+fn set_acl_categories(
+    ctx: *mut raw::RedisModuleCtx,
+    cmd: *mut raw::RedisModuleCommand,
+    command: &Command,
+    custom: bool,
+) {
     let Some(set) = (unsafe { raw::RedisModule_SetCommandACLCategories }) else {
         return;
     };
-    let cmd = unsafe { api!(RedisModule_GetCommand)(ctx, command.name.as_ptr()) };
-    if cmd.is_null() {
-        return;
-    }
     let mut categories = command.acl.to_bytes().to_vec();
     if custom {
         categories.push(b' ');

@@ -58,7 +58,9 @@ pub fn pinned() -> bool {
 /// `ctx` must be the context passed to `RedisModule_OnLoad`.
 pub unsafe fn init(ctx: *mut raw::RedisModuleCtx) {
     for (slot, text) in [(&COST_WORD, "COST"), (&AT_WORD, "AT"), (&ONE, "1")] {
-        let s = unsafe { api!(RedisModule_CreateString)(ptr::null_mut(), text.as_ptr().cast(), text.len()) };
+        let s = unsafe {
+            api!(RedisModule_CreateString)(ptr::null_mut(), text.as_ptr().cast(), text.len())
+        };
         slot.store(s, Ordering::Relaxed);
     }
     let events = [
@@ -70,7 +72,8 @@ pub unsafe fn init(ctx: *mut raw::RedisModuleCtx) {
     let mut subscribed = true;
     for id in events {
         let event = raw::RedisModuleEvent { id, dataver: 1 };
-        let status = unsafe { api!(RedisModule_SubscribeToServerEvent)(ctx, event, Some(on_event)) };
+        let status =
+            unsafe { api!(RedisModule_SubscribeToServerEvent)(ctx, event, Some(on_event)) };
         subscribed &= status == raw::REDISMODULE_OK as c_int;
     }
     let quiet = subscribed && unsafe { nothing_consumes_the_stream(ctx) };
@@ -89,8 +92,13 @@ unsafe fn nothing_consumes_the_stream(ctx: *mut raw::RedisModuleCtx) -> bool {
     }
     let field = |name: &CStr| {
         let mut err: c_int = 0;
-        let value = unsafe { api!(RedisModule_ServerInfoGetFieldSigned)(info, name.as_ptr(), &mut err) };
-        if err != 0 { None } else { Some(value) }
+        let value =
+            unsafe { api!(RedisModule_ServerInfoGetFieldSigned)(info, name.as_ptr(), &mut err) };
+        if err != 0 {
+            None
+        } else {
+            Some(value)
+        }
     };
     let quiet = field(c"repl_backlog_active") == Some(0) && field(c"connected_slaves") == Some(0);
     unsafe { api!(RedisModule_FreeServerInfo)(ctx, info) };

@@ -33,7 +33,10 @@ fn above_maxmemory_existing_limiters_work_and_new_ones_get_oom() {
         let r = rl(&mut con, &["RL.FIXEDWINDOW", "fw:old", "100", "60000"]);
         assert!(r.allowed);
         // Peeking never allocates, so it works on a new key too.
-        let r = rl(&mut con, &["RL.TOKENBUCKET", "tb:new", "100", "1", "60000", "COST", "0"]);
+        let r = rl(
+            &mut con,
+            &["RL.TOKENBUCKET", "tb:new", "100", "1", "60000", "COST", "0"],
+        );
         assert_eq!((r.allowed, r.remaining), (true, 100));
         let _: () = query(&mut con, &["CONFIG", "SET", "maxmemory", "0"]);
         assert!(rl(&mut con, &["RL.TOKENBUCKET", "tb:new", "100", "1", "60000"]).allowed);

@@ -16,7 +16,10 @@ fn traffic(con: &mut Connection, round: usize) {
         let key = format!("k:{}", i % KEYS);
         let cost = ((i + round) % 4).to_string();
         if i % KEYS < KEYS / 2 {
-            rl(con, &["RL.TOKENBUCKET", &key, "5", "3", "1000", "COST", &cost]);
+            rl(
+                con,
+                &["RL.TOKENBUCKET", &key, "5", "3", "1000", "COST", &cost],
+            );
         } else {
             rl(con, &["RL.FIXEDWINDOW", &key, "6", "60000", "COST", &cost]);
         }
@@ -30,7 +33,11 @@ fn dumps(con: &mut Connection) -> Vec<Option<Vec<u8>>> {
 fn assert_same_state(master: &Server, replica: &Server) {
     wait_for_sync(master, replica);
     let (mut m, mut r) = (master.conn(), replica.conn());
-    assert_eq!(dumps(&mut m), dumps(&mut r), "replica state differs from master");
+    assert_eq!(
+        dumps(&mut m),
+        dumps(&mut r),
+        "replica state differs from master"
+    );
 }
 
 #[test]
@@ -43,7 +50,9 @@ fn a_replica_attached_after_traffic_reaches_the_master_state() {
         assert_same_state(&master, &replica);
         traffic(&mut con, 1);
         assert_same_state(&master, &replica);
-        assert!(master.log().contains("propagated with the master's time pinned"));
+        assert!(master
+            .log()
+            .contains("propagated with the master's time pinned"));
     });
 }
 
@@ -54,12 +63,16 @@ fn aof_switched_on_at_runtime_replays_to_the_same_state() {
         let mut con = master.conn();
         traffic(&mut con, 0);
         let _: () = query(&mut con, &["CONFIG", "SET", "appendonly", "yes"]);
-        poll_until("AOF rewrite done", std::time::Duration::from_secs(20), || {
-            let info = master.info("persistence");
-            info_field(&info, "aof_enabled").as_deref() == Some("1")
-                && info_field(&info, "aof_rewrite_in_progress").as_deref() == Some("0")
-                && info_field(&info, "aof_rewrite_scheduled").as_deref() == Some("0")
-        });
+        poll_until(
+            "AOF rewrite done",
+            std::time::Duration::from_secs(20),
+            || {
+                let info = master.info("persistence");
+                info_field(&info, "aof_enabled").as_deref() == Some("1")
+                    && info_field(&info, "aof_rewrite_in_progress").as_deref() == Some("0")
+                    && info_field(&info, "aof_rewrite_scheduled").as_deref() == Some("0")
+            },
+        );
         traffic(&mut con, 1);
         traffic(&mut con, 2);
         let before = dumps(&mut con);
@@ -88,10 +101,14 @@ fn a_master_restarted_from_rdb_keeps_its_replica_exact() {
         traffic(&mut con, 1);
         traffic(&mut con, 2);
         sleeper.join().unwrap();
-        poll_until("replica link up again", std::time::Duration::from_secs(20), || {
-            let info = replica.info("replication");
-            info_field(&info, "master_link_status").as_deref() == Some("up")
-        });
+        poll_until(
+            "replica link up again",
+            std::time::Duration::from_secs(20),
+            || {
+                let info = replica.info("replication");
+                info_field(&info, "master_link_status").as_deref() == Some("up")
+            },
+        );
         assert_same_state(&master, &replica);
         assert!(
             master.log().contains("Partial resynchronization request"),

@@ -11,7 +11,9 @@ use std::os::raw::c_int;
 
 use redis_module::raw;
 
-use super::{from_replication_or_loading, out_of_memory, reply_decision, signal_modified, Args, Key, Slot};
+use super::{
+    from_replication_or_loading, out_of_memory, reply_decision, signal_modified, Args, Key, Slot,
+};
 use crate::args::{parse_call, Params};
 use crate::clock;
 use crate::datatype::NativeState;

@@ -95,11 +95,6 @@ pub trait Algorithm {
     fn idle_at_ms(state: &Self::State, params: &Self::Params) -> u64;
 }
 
-/// `ceil(n / d)` for `d > 0`.
-pub(crate) const fn div_ceil_u128(n: u128, d: u128) -> u128 {
-    n / d + (n % d != 0) as u128
-}
-
 #[cfg(test)]
 pub(crate) mod testkit {
     //! Helpers shared by the algorithm tests.

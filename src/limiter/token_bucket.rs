@@ -36,7 +36,7 @@
 //! the last admitted call set it, which is never earlier than the old settings
 //! would have refilled the bucket.
 
-use super::{div_ceil_u128, Algorithm, Decision, Micros, Wait};
+use super::{Algorithm, Decision, Micros, Wait};
 
 /// Validated parameters of `RL.TOKENBUCKET`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,10 +76,7 @@ impl TokenBucketParams {
     }
     /// Milliseconds an empty bucket takes to fill, rounded up.
     pub fn fill_ms(&self) -> u128 {
-        div_ceil_u128(
-            self.capacity as u128 * self.refill_ms as u128,
-            self.refill_count as u128,
-        )
+        (self.capacity as u128 * self.refill_ms as u128).div_ceil(self.refill_count as u128)
     }
     /// Whether an empty bucket fills within `span_ms` (`fill_ms() <= span_ms`,
     /// without a division).
@@ -119,7 +116,7 @@ impl TokenBucketState {
             let frac = old_deficit % old_period;
             whole
                 .saturating_mul(new_period)
-                .saturating_add(div_ceil_u128(frac * new_period, old_period))
+                .saturating_add((frac * new_period).div_ceil(old_period))
         };
         deficit.min(super::MAX_SPAN_MS as u128 * params.ticks_per_ms())
     }
@@ -169,26 +166,28 @@ impl Algorithm for TokenBucket {
                 limit: params.capacity,
                 remaining: remaining_for(deficit),
                 wait: Wait::Ms(0),
-                reset_ms: div_ceil_u128(deficit, ticks_per_ms) as u64,
+                reset_ms: deficit.div_ceil(ticks_per_ms) as u64,
             };
         }
         let wait = if need > tau {
             Wait::Never
         } else {
             let short = (deficit + need).saturating_sub(tau);
-            Wait::Ms(div_ceil_u128(short, ticks_per_ms) as u64)
+            Wait::Ms(short.div_ceil(ticks_per_ms) as u64)
         };
         Decision {
             allowed: cost == 0,
             limit: params.capacity,
             remaining: remaining_for(deficit),
             wait: if cost == 0 { Wait::Ms(0) } else { wait },
-            reset_ms: div_ceil_u128(deficit, ticks_per_ms) as u64,
+            reset_ms: deficit.div_ceil(ticks_per_ms) as u64,
         }
     }
 
     fn idle_at_ms(state: &TokenBucketState, _params: &TokenBucketParams) -> u64 {
-        div_ceil_u128(state.tat_ticks(), state.refill_count as u128 * 1000) as u64
+        state
+            .tat_ticks()
+            .div_ceil(state.refill_count as u128 * 1000) as u64
     }
 }
 
@@ -323,7 +322,12 @@ mod tests {
 
     #[test]
     fn fills_within_agrees_with_fill_ms() {
-        for (c, rc, ms) in [(1, 1, 1), (7, 3, 5), (1 << 40, 1, 1 << 10), (1 << 40, 3, 1 << 11)] {
+        for (c, rc, ms) in [
+            (1, 1, 1),
+            (7, 3, 5),
+            (1 << 40, 1, 1 << 10),
+            (1 << 40, 3, 1 << 11),
+        ] {
             let p = params(c, rc, ms);
             for span in [0, 1, 1 << 50, (1 << 50) + 1] {
                 assert_eq!(p.fills_within(span), p.fill_ms() <= span as u128);

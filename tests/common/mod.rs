@@ -127,6 +127,7 @@ pub fn for_each_server(test: impl Fn(ServerKind)) {
                 continue;
             }
         }
+        eprintln!("=== on {kind}");
         if catch_unwind(AssertUnwindSafe(|| test(kind))).is_err() {
             failed.push(kind.name());
         }
