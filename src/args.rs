@@ -6,6 +6,9 @@
 
 use crate::error::Error;
 use crate::limiter::fixed_window::FixedWindowParams;
+use crate::limiter::hash_window::HashWindowParams;
+use crate::limiter::leaky_bucket::LeakyBucketParams;
+use crate::limiter::sliding_log::{self, SlidingLogParams};
 use crate::limiter::token_bucket::TokenBucketParams;
 use crate::limiter::{Micros, MAX_PARAM, MAX_SPAN_MS};
 
@@ -125,6 +128,59 @@ impl Params for FixedWindowParams {
     }
 }
 
+impl Params for LeakyBucketParams {
+    const COUNT: usize = 3;
+    fn parse(args: &[&[u8]]) -> Result<Self, Error> {
+        let params = LeakyBucketParams {
+            capacity: parse_int(args[0], "capacity", 1, MAX_PARAM)?,
+            leak_count: parse_int(args[1], "leak_count", 1, MAX_PARAM)?,
+            leak_ms: parse_int(args[2], "leak_ms", 1, MAX_PARAM)?,
+        };
+        if !params.as_gcra().fills_within(MAX_SPAN_MS) {
+            return Err(Error::SpanTooLong {
+                what: "capacity * leak_ms / leak_count (the time to drain a full queue)",
+            });
+        }
+        Ok(params)
+    }
+}
+
+impl Params for SlidingLogParams {
+    const COUNT: usize = 2;
+    fn parse(args: &[&[u8]]) -> Result<Self, Error> {
+        Ok(SlidingLogParams {
+            limit: parse_int(args[0], "limit", 1, sliding_log::MAX_LIMIT)?,
+            window_ms: parse_int(args[1], "window_ms", 1, MAX_PARAM)?,
+        })
+    }
+}
+
+/// Most buckets a hash window may have, whatever the config says: its ring
+/// is allocated at once.
+pub const MAX_BUCKETS: u64 = 1_000_000;
+
+impl Params for HashWindowParams {
+    const COUNT: usize = 3;
+    fn parse(args: &[&[u8]]) -> Result<Self, Error> {
+        let params = HashWindowParams {
+            limit: parse_int(args[0], "limit", 1, MAX_PARAM)?,
+            window_ms: parse_int(args[1], "window_ms", 1, MAX_PARAM)?,
+            bucket_ms: parse_int(args[2], "bucket_ms", 1, MAX_PARAM)?,
+        };
+        if params.window_ms % params.bucket_ms != 0 {
+            return Err(Error::BucketDoesNotDivide);
+        }
+        if params.buckets() > MAX_BUCKETS {
+            return Err(Error::Range {
+                arg: "window_ms / bucket_ms",
+                min: 1,
+                max: MAX_BUCKETS,
+            });
+        }
+        Ok(params)
+    }
+}
+
 /// A limiter call after its key: parameters, then options.
 pub fn parse_call<P: Params>(args: &[&[u8]]) -> Result<(P, Options), Error> {
     if args.len() < P::COUNT {
@@ -225,6 +281,34 @@ mod tests {
         );
     }
 
+    #[test]
+    fn hash_window_buckets_must_divide_the_window() {
+        let e = |a: [&[u8]; 3]| parse_call::<HashWindowParams>(&a).unwrap_err();
+        assert_eq!(e([b"10", b"1000", b"300"]), Error::BucketDoesNotDivide);
+        assert_eq!(e([b"10", b"0", b"1"]), Error::param("window_ms"));
+        assert_eq!(e([b"10", b"1000", b"0"]), Error::param("bucket_ms"));
+        assert!(matches!(e([b"10", b"2000000", b"1"]), Error::Range { .. }));
+        let (p, _) = parse_call::<HashWindowParams>(&[b"10", b"60000", b"1000"]).unwrap();
+        assert_eq!(p.buckets(), 60);
+    }
+
+    #[test]
+    fn sliding_and_leaky_parameters_are_named_in_errors() {
+        let e = parse_call::<SlidingLogParams>(&[b"16777216", b"1000"]).unwrap_err();
+        assert_eq!(
+            e,
+            Error::Range {
+                arg: "limit",
+                min: 1,
+                max: sliding_log::MAX_LIMIT
+            }
+        );
+        let e = parse_call::<LeakyBucketParams>(&[b"5", b"0", b"1000"]).unwrap_err();
+        assert_eq!(e, Error::param("leak_count"));
+        let e = parse_call::<LeakyBucketParams>(&[b"5", b"1", b"x"]).unwrap_err();
+        assert_eq!(e, Error::param("leak_ms"));
+    }
+
     proptest! {
         #[test]
         fn any_u64_in_range_round_trips(v in 0u64..=u64::MAX) {
@@ -237,6 +321,9 @@ mod tests {
             let slices: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
             let _ = parse_call::<TokenBucketParams>(&slices);
             let _ = parse_call::<FixedWindowParams>(&slices);
+            let _ = parse_call::<LeakyBucketParams>(&slices);
+            let _ = parse_call::<SlidingLogParams>(&slices);
+            let _ = parse_call::<HashWindowParams>(&slices);
         }
     }
 }

@@ -19,6 +19,9 @@ use redis_module::raw;
 use crate::api;
 use crate::guard;
 use crate::limiter::fixed_window::FixedWindowState;
+use crate::limiter::hash_window::HashWindowState;
+use crate::limiter::leaky_bucket::LeakyBucketState;
+use crate::limiter::sliding_log::SlidingLogState;
 use crate::limiter::token_bucket::TokenBucketState;
 
 /// Where a state's fields are written: RDB, AOF arguments, digest, tests.
@@ -46,10 +49,21 @@ pub trait NativeState: Clone + Sized + 'static {
     fn encode(&self, out: &mut impl Encoder);
     /// Reads a state written with `encoding`; `None` if it is not valid.
     fn decode(input: &mut impl Decoder, encoding: c_int) -> Option<Self>;
+    /// Bytes the state owns outside its own allocation (for `MEMORY USAGE`).
+    fn heap_bytes(&self) -> usize {
+        0
+    }
 }
 
 static TOKEN_BUCKET_TYPE: AtomicPtr<raw::RedisModuleType> = AtomicPtr::new(ptr::null_mut());
 static FIXED_WINDOW_TYPE: AtomicPtr<raw::RedisModuleType> = AtomicPtr::new(ptr::null_mut());
+static LEAKY_BUCKET_TYPE: AtomicPtr<raw::RedisModuleType> = AtomicPtr::new(ptr::null_mut());
+static SLIDING_LOG_TYPE: AtomicPtr<raw::RedisModuleType> = AtomicPtr::new(ptr::null_mut());
+static HASH_WINDOW_TYPE: AtomicPtr<raw::RedisModuleType> = AtomicPtr::new(ptr::null_mut());
+
+/// Most entries or buckets a variable-size state may declare: a loader never
+/// allocates more than this for a hostile length.
+const MAX_LOADED_LEN: u64 = 1 << 24;
 
 impl NativeState for TokenBucketState {
     const TYPE_NAME: &'static CStr = c"rl-tokbkt";
@@ -98,6 +112,109 @@ impl NativeState for FixedWindowState {
             count: input.take()?,
         };
         state.is_valid().then_some(state)
+    }
+}
+
+impl NativeState for LeakyBucketState {
+    const TYPE_NAME: &'static CStr = c"rl-leakbk";
+    const ALGORITHM: &'static str = "LEAKYBUCKET";
+
+    fn registered() -> &'static AtomicPtr<raw::RedisModuleType> {
+        &LEAKY_BUCKET_TYPE
+    }
+    fn encode(&self, out: &mut impl Encoder) {
+        self.0.encode(out);
+    }
+    fn decode(input: &mut impl Decoder, encoding: c_int) -> Option<Self> {
+        TokenBucketState::decode(input, encoding).map(LeakyBucketState)
+    }
+}
+
+impl NativeState for SlidingLogState {
+    const TYPE_NAME: &'static CStr = c"rl-slilog";
+    const ALGORITHM: &'static str = "SLIDING";
+
+    fn registered() -> &'static AtomicPtr<raw::RedisModuleType> {
+        &SLIDING_LOG_TYPE
+    }
+    fn encode(&self, out: &mut impl Encoder) {
+        out.put(self.epoch_ms);
+        out.put(self.admitted);
+        out.put(self.held);
+        out.put(self.entries.len() as u64);
+        for &entry in &self.entries {
+            out.put(entry);
+        }
+    }
+    fn decode(input: &mut impl Decoder, encoding: c_int) -> Option<Self> {
+        if encoding != 1 {
+            return None;
+        }
+        let epoch_ms = input.take()?;
+        let admitted = input.take()?;
+        let held = input.take()?;
+        let len = input.take()?;
+        if len > MAX_LOADED_LEN {
+            return None;
+        }
+        let mut entries = std::collections::VecDeque::new();
+        for _ in 0..len {
+            entries.push_back(input.take()?);
+        }
+        let state = SlidingLogState {
+            epoch_ms,
+            admitted,
+            held,
+            entries,
+        };
+        state.is_valid().then_some(state)
+    }
+    fn heap_bytes(&self) -> usize {
+        self.entries.capacity() * std::mem::size_of::<u64>()
+    }
+}
+
+impl NativeState for HashWindowState {
+    const TYPE_NAME: &'static CStr = c"rl-hashwn";
+    const ALGORITHM: &'static str = "HASHWINDOW";
+
+    fn registered() -> &'static AtomicPtr<raw::RedisModuleType> {
+        &HASH_WINDOW_TYPE
+    }
+    fn encode(&self, out: &mut impl Encoder) {
+        out.put(self.bucket_ms);
+        out.put(self.newest);
+        out.put(self.sum);
+        out.put(self.counts.len() as u64);
+        for &count in self.counts.iter() {
+            out.put(count);
+        }
+    }
+    fn decode(input: &mut impl Decoder, encoding: c_int) -> Option<Self> {
+        if encoding != 1 {
+            return None;
+        }
+        let bucket_ms = input.take()?;
+        let newest = input.take()?;
+        let sum = input.take()?;
+        let len = input.take()?;
+        if len > crate::args::MAX_BUCKETS {
+            return None;
+        }
+        let mut counts = Vec::new();
+        for _ in 0..len {
+            counts.push(input.take()?);
+        }
+        let state = HashWindowState {
+            bucket_ms,
+            newest,
+            sum,
+            counts: counts.into_boxed_slice(),
+        };
+        state.is_valid().then_some(state)
+    }
+    fn heap_bytes(&self) -> usize {
+        self.counts.len() * std::mem::size_of::<u64>()
     }
 }
 
@@ -241,7 +358,7 @@ unsafe extern "C" fn mem_usage<S: NativeState>(value: *const c_void) -> usize {
             Some(size_of) => unsafe { size_of(value as *mut c_void) },
             None => std::mem::size_of::<S>(),
         };
-        allocated + REDIS_WRAPPERS
+        allocated + unsafe { &*value.cast::<S>() }.heap_bytes() + REDIS_WRAPPERS
     })
 }
 
@@ -319,6 +436,47 @@ mod tests {
             last_us: 1_700_000_040_000_123,
             count: 7,
         });
+    }
+
+    #[test]
+    fn variable_size_states_round_trip() {
+        use crate::limiter::{Algorithm, HashWindow, Micros, SlidingLog};
+        let now = Micros(1_700_000_000_123_456);
+        let p = crate::limiter::sliding_log::SlidingLogParams {
+            limit: 100,
+            window_ms: 1000,
+        };
+        let mut log = SlidingLog::idle(&p, now);
+        for i in 0..5 {
+            SlidingLog::apply(&mut log, &p, 1 + i % 2, Micros(now.0 + i * 700));
+        }
+        round_trip(log);
+        let p = crate::limiter::hash_window::HashWindowParams {
+            limit: 100,
+            window_ms: 6000,
+            bucket_ms: 1000,
+        };
+        let mut ring = HashWindow::idle(&p, now);
+        for i in 0..5 {
+            HashWindow::apply(&mut ring, &p, 2, Micros(now.0 + i * 900_000));
+        }
+        round_trip(ring);
+        round_trip(LeakyBucketState(TokenBucketState {
+            tat_us: 5,
+            tat_frac: 0,
+            refill_count: 1,
+            refill_ms: 1,
+        }));
+    }
+
+    #[test]
+    fn hostile_lengths_are_refused_without_allocating() {
+        let huge = vec![0, 0, 0, u64::MAX];
+        assert!(SlidingLogState::decode(&mut huge.clone().into_iter(), 1).is_none());
+        assert!(HashWindowState::decode(&mut huge.into_iter(), 1).is_none());
+        // a length the payload does not hold
+        let short = vec![1000, 5, 0, 1000, 0, 0];
+        assert!(HashWindowState::decode(&mut short.into_iter(), 1).is_none());
     }
 
     #[test]

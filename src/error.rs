@@ -19,6 +19,14 @@ pub enum Error {
     },
     /// Parameters that would need more than [`MAX_SPAN_MS`] to get back to idle.
     SpanTooLong { what: &'static str },
+    /// `bucket_ms` does not divide `window_ms`.
+    BucketDoesNotDivide,
+    /// A parameter above the bound a module config sets.
+    AboveConfig {
+        what: &'static str,
+        config: &'static str,
+        max: u64,
+    },
     /// An option we do not know (its text, escaped and shortened).
     UnknownOption(String),
     /// An option given twice.
@@ -51,6 +59,10 @@ impl Error {
             Error::SpanTooLong { what } => format!(
                 "ERR {what} is too long: a limiter may take at most {MAX_SPAN_MS} ms to get back to idle"
             ),
+            Error::BucketDoesNotDivide => "ERR bucket_ms must divide window_ms".to_string(),
+            Error::AboveConfig { what, config, max } => {
+                format!("ERR {what} is above ratelimit.{config} ({max})")
+            }
             Error::UnknownOption(text) => format!("ERR unknown option '{text}' (expected COST)"),
             Error::DuplicateOption(name) => format!("ERR {name} given more than once"),
             Error::MissingValue(name) => format!("ERR {name} needs a value"),
@@ -114,6 +126,12 @@ mod tests {
             Error::SpanTooLong { what: "x" },
             Error::UnknownOption(Error::quote(b"a\r\nb")),
             Error::DuplicateOption("COST"),
+            Error::BucketDoesNotDivide,
+            Error::AboveConfig {
+                what: "limit",
+                config: "sliding-max-limit",
+                max: 5,
+            },
             Error::MissingValue("COST"),
             Error::ReservedForReplication("AT"),
             Error::UnknownAlgorithm("x".into()),

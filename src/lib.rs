@@ -7,6 +7,7 @@ mod alloc;
 pub mod args;
 pub mod clock;
 mod commands;
+mod config;
 mod datatype;
 pub mod error;
 mod guard;
@@ -20,8 +21,11 @@ use redis_module::raw;
 
 use crate::commands::limiter::handler as limiter;
 use crate::limiter::fixed_window::FixedWindowState;
+use crate::limiter::hash_window::HashWindowState;
+use crate::limiter::leaky_bucket::LeakyBucketState;
+use crate::limiter::sliding_log::SlidingLogState;
 use crate::limiter::token_bucket::TokenBucketState;
-use crate::limiter::{FixedWindow, TokenBucket};
+use crate::limiter::{FixedWindow, HashWindow, LeakyBucket, SlidingLog, TokenBucket};
 
 #[global_allocator]
 static ALLOCATOR: alloc::ModuleAlloc = alloc::ModuleAlloc;
@@ -77,6 +81,36 @@ const COMMANDS: &[Command] = &[
         acl: c"write fast",
     },
     Command {
+        name: c"RL.LEAKYBUCKET",
+        handler: limiter::<LeakyBucket>,
+        flags: c"write fast",
+        keys: (1, 1, 1),
+        arity: -5,
+        summary: c"Leaky bucket as a shaping queue: admits a request of COST units if the queue has room, and tells in wait_ms when its turn comes",
+        complexity: c"O(1)",
+        acl: c"write fast",
+    },
+    Command {
+        name: c"RL.SLIDING",
+        handler: limiter::<SlidingLog>,
+        flags: c"write fast",
+        keys: (1, 1, 1),
+        arity: -4,
+        summary: c"Exact sliding log: admits a request of COST units if no window_ms interval would hold more than limit units",
+        complexity: c"O(1) amortised for admissions, O(log N) for denials, N the entries in the window",
+        acl: c"write fast",
+    },
+    Command {
+        name: c"RL.HASHWINDOW",
+        handler: limiter::<HashWindow>,
+        flags: c"write fast",
+        keys: (1, 1, 1),
+        arity: -5,
+        summary: c"Sliding window approximated by fixed buckets: admits a request of COST units if the buckets covering window_ms have room",
+        complexity: c"O(1) amortised for admissions, O(B) for denials, B = window_ms / bucket_ms",
+        acl: c"write fast",
+    },
+    Command {
         name: c"RL.SETSTATE",
         handler: commands::setstate::handler,
         flags: c"write",
@@ -98,8 +132,8 @@ const ACL_CATEGORY: &CStr = c"ratelimit";
 #[no_mangle]
 pub unsafe extern "C" fn RedisModule_OnLoad(
     ctx: *mut raw::RedisModuleCtx,
-    _argv: *mut *mut raw::RedisModuleString,
-    _argc: c_int,
+    argv: *mut *mut raw::RedisModuleString,
+    argc: c_int,
 ) -> c_int {
     let init = unsafe {
         raw::Export_RedisModule_Init(
@@ -110,6 +144,16 @@ pub unsafe extern "C" fn RedisModule_OnLoad(
         )
     };
     if init != OK {
+        return ERR;
+    }
+    let arguments = unsafe { commands::all_args(argv, argc) };
+    if let Err(message) = config::apply_load_arguments(&arguments) {
+        let mut message = format!("ratelimit: {message}").into_bytes();
+        message.retain(|&b| b != 0);
+        message.push(0);
+        if let Ok(message) = CStr::from_bytes_with_nul(&message) {
+            log_warning(ctx, message);
+        }
         return ERR;
     }
     guard::callback(ERR, || match unsafe { load(ctx) } {
@@ -130,7 +174,11 @@ unsafe fn load(ctx: *mut raw::RedisModuleCtx) -> Result<(), &'static CStr> {
         );
         datatype::register::<TokenBucketState>(ctx)?;
         datatype::register::<FixedWindowState>(ctx)?;
+        datatype::register::<LeakyBucketState>(ctx)?;
+        datatype::register::<SlidingLogState>(ctx)?;
+        datatype::register::<HashWindowState>(ctx)?;
         replicate::init(ctx);
+        config::register(ctx)?;
     }
     // Module-defined ACL categories exist from Redis 7.4; older servers and
     // Valkey load without it.

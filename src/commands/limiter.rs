@@ -16,16 +16,27 @@ use super::{
 };
 use crate::args::{parse_call, Params};
 use crate::clock;
+use crate::config;
 use crate::datatype::NativeState;
 use crate::error::Error;
 use crate::guard;
-use crate::limiter::{Algorithm, FixedWindow, Micros, TokenBucket};
+use crate::limiter::hash_window::HashWindowParams;
+use crate::limiter::sliding_log::SlidingLogParams;
+use crate::limiter::{
+    Algorithm, FixedWindow, HashWindow, LeakyBucket, Micros, SlidingLog, TokenBucket,
+};
 use crate::replicate;
 
 /// An algorithm served as a command.
 pub trait LimiterCommand: Algorithm<State: NativeState, Params: Params> {
     /// The command name, as propagated.
     const NAME: &'static CStr;
+
+    /// Bounds the module configs put on client calls (never on replicated
+    /// ones: the master accepted them).
+    fn within_configured_bounds(_params: &Self::Params) -> Result<(), Error> {
+        Ok(())
+    }
 }
 
 impl LimiterCommand for TokenBucket {
@@ -34,6 +45,42 @@ impl LimiterCommand for TokenBucket {
 
 impl LimiterCommand for FixedWindow {
     const NAME: &'static CStr = c"RL.FIXEDWINDOW";
+}
+
+impl LimiterCommand for LeakyBucket {
+    const NAME: &'static CStr = c"RL.LEAKYBUCKET";
+}
+
+impl LimiterCommand for SlidingLog {
+    const NAME: &'static CStr = c"RL.SLIDING";
+
+    fn within_configured_bounds(params: &SlidingLogParams) -> Result<(), Error> {
+        let max = config::get(&config::SLIDING_MAX_LIMIT);
+        if params.limit > max {
+            return Err(Error::AboveConfig {
+                what: "limit",
+                config: "sliding-max-limit",
+                max,
+            });
+        }
+        Ok(())
+    }
+}
+
+impl LimiterCommand for HashWindow {
+    const NAME: &'static CStr = c"RL.HASHWINDOW";
+
+    fn within_configured_bounds(params: &HashWindowParams) -> Result<(), Error> {
+        let max = config::get(&config::HASHWINDOW_MAX_BUCKETS);
+        if params.buckets() > max {
+            return Err(Error::AboveConfig {
+                what: "window_ms / bucket_ms",
+                config: "hashwindow-max-buckets",
+                max,
+            });
+        }
+        Ok(())
+    }
 }
 
 /// `RL.<ALGORITHM> key <params...> [COST n]`.
@@ -60,7 +107,10 @@ unsafe fn run<L: LimiterCommand>(
             return Err(Error::ReservedForReplication("AT"))
         }
         Some(_) => true,
-        None => false,
+        None => {
+            L::within_configured_bounds(&params)?;
+            false
+        }
     };
     let now: Micros = options.at.unwrap_or_else(clock::now);
     let cost = options.cost;

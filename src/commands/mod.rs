@@ -45,6 +45,16 @@ impl<'a> Args<'a> {
     }
 }
 
+/// All arguments, however many (for commands off the hot path).
+///
+/// # Safety
+/// `argv` must hold `argc` valid strings that outlive `'a`.
+pub unsafe fn all_args<'a>(argv: *mut *mut raw::RedisModuleString, argc: c_int) -> Vec<&'a [u8]> {
+    (0..argc.max(0) as usize)
+        .map(|i| unsafe { bytes(*argv.add(i)) })
+        .collect()
+}
+
 unsafe fn bytes<'a>(s: *mut raw::RedisModuleString) -> &'a [u8] {
     let mut len = 0usize;
     let ptr = unsafe { api!(RedisModule_StringPtrLen)(s, &mut len) };

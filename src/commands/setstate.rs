@@ -8,13 +8,16 @@ use std::os::raw::c_int;
 
 use redis_module::raw;
 
-use super::{from_replication_or_loading, Args, Key};
+use super::{all_args, from_replication_or_loading, Key};
 use crate::api;
 use crate::args::parse_int;
 use crate::datatype::{decode_args, NativeState};
 use crate::error::Error;
 use crate::guard;
 use crate::limiter::fixed_window::FixedWindowState;
+use crate::limiter::hash_window::HashWindowState;
+use crate::limiter::leaky_bucket::LeakyBucketState;
+use crate::limiter::sliding_log::SlidingLogState;
 use crate::limiter::token_bucket::TokenBucketState;
 
 pub unsafe extern "C" fn handler(
@@ -36,15 +39,21 @@ unsafe fn run(
     if !from_replication_or_loading(ctx) {
         return Err(Error::ReservedForReplication("RL.SETSTATE"));
     }
-    let args = unsafe { Args::new(argv, argc) }?;
-    let all = args.all();
+    let all = unsafe { all_args(argv, argc) };
     let encoding = parse_int(all[3], "encoding", 1, 1)? as c_int;
     let key = Key::open_rw(ctx, unsafe { *argv.add(1) });
-    let algorithm = all[2];
-    if algorithm.eq_ignore_ascii_case(TokenBucketState::ALGORITHM.as_bytes()) {
-        set::<TokenBucketState>(&key, &all[4..], encoding)?;
-    } else if algorithm.eq_ignore_ascii_case(FixedWindowState::ALGORITHM.as_bytes()) {
-        set::<FixedWindowState>(&key, &all[4..], encoding)?;
+    let (algorithm, fields) = (all[2], &all[4..]);
+    let is = |name: &str| algorithm.eq_ignore_ascii_case(name.as_bytes());
+    if is(TokenBucketState::ALGORITHM) {
+        set::<TokenBucketState>(&key, fields, encoding)?;
+    } else if is(FixedWindowState::ALGORITHM) {
+        set::<FixedWindowState>(&key, fields, encoding)?;
+    } else if is(LeakyBucketState::ALGORITHM) {
+        set::<LeakyBucketState>(&key, fields, encoding)?;
+    } else if is(SlidingLogState::ALGORITHM) {
+        set::<SlidingLogState>(&key, fields, encoding)?;
+    } else if is(HashWindowState::ALGORITHM) {
+        set::<HashWindowState>(&key, fields, encoding)?;
     } else {
         return Err(Error::UnknownAlgorithm(Error::quote(algorithm)));
     }

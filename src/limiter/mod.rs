@@ -10,9 +10,15 @@
 //! - a clock that steps backwards never gives units back.
 
 pub mod fixed_window;
+pub mod hash_window;
+pub mod leaky_bucket;
+pub mod sliding_log;
 pub mod token_bucket;
 
 pub use fixed_window::FixedWindow;
+pub use hash_window::HashWindow;
+pub use leaky_bucket::LeakyBucket;
+pub use sliding_log::SlidingLog;
 pub use token_bucket::TokenBucket;
 
 /// The largest value any integer parameter (and `COST`) may take: 2^40.
@@ -81,6 +87,8 @@ pub trait Algorithm {
     type Params: Copy + std::fmt::Debug;
     /// The state kept in one Redis key.
     type State: Clone + std::fmt::Debug + PartialEq;
+    /// Whether admitted requests get a queueing delay in `wait_ms`.
+    const SHAPES: bool = false;
 
     /// The state of a limiter that has seen no traffic (what a missing key means).
     fn idle(params: &Self::Params, now: Micros) -> Self::State;
@@ -113,7 +121,7 @@ pub(crate) mod testkit {
         if !d.allowed || cost == 0 {
             assert_eq!(*state, before, "denied or COST 0 call changed the state");
         }
-        if d.allowed {
+        if d.allowed && !A::SHAPES {
             assert_eq!(d.wait, Wait::Ms(0));
         }
         assert!(d.remaining <= d.limit);

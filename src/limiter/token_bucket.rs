@@ -71,7 +71,7 @@ impl TokenBucketParams {
         self.capacity as u128 * self.period()
     }
     /// Ticks in one millisecond.
-    fn ticks_per_ms(&self) -> u128 {
+    pub(super) fn ticks_per_ms(&self) -> u128 {
         self.refill_count as u128 * 1000
     }
     /// Milliseconds an empty bucket takes to fill, rounded up.
@@ -131,6 +131,63 @@ impl TokenBucketState {
     }
 }
 
+/// One GCRA step, shared with the leaky bucket (the same admission rule; the
+/// leaky bucket also tells when the admitted request's turn comes).
+pub(super) struct Step {
+    pub decision: Decision,
+    /// Ticks of `params` still to refill before this call: for a queue, the
+    /// time until the units ahead of an admitted request have left.
+    pub ahead_ticks: u128,
+}
+
+pub(super) fn gcra(
+    state: &mut TokenBucketState,
+    params: &TokenBucketParams,
+    cost: u64,
+    now: Micros,
+) -> Step {
+    let period = params.period();
+    let tau = params.tau();
+    let ticks_per_ms = params.ticks_per_ms();
+    let deficit = state.deficit(params, now);
+    let need = cost as u128 * period;
+    let remaining_for = |deficit: u128| (tau.saturating_sub(deficit) / period) as u64;
+
+    if cost > 0 && deficit + need <= tau {
+        let after = deficit + need;
+        let now_ticks = now.0 as u128 * params.refill_count as u128;
+        state.set_tat(params, now_ticks + after);
+        return Step {
+            decision: Decision {
+                allowed: true,
+                limit: params.capacity,
+                remaining: remaining_for(after),
+                wait: Wait::Ms(0),
+                reset_ms: after.div_ceil(ticks_per_ms) as u64,
+            },
+            ahead_ticks: deficit,
+        };
+    }
+    let wait = if cost == 0 {
+        Wait::Ms(0)
+    } else if need > tau {
+        Wait::Never
+    } else {
+        let short = (deficit + need).saturating_sub(tau);
+        Wait::Ms(short.div_ceil(ticks_per_ms) as u64)
+    };
+    Step {
+        decision: Decision {
+            allowed: cost == 0,
+            limit: params.capacity,
+            remaining: remaining_for(deficit),
+            wait,
+            reset_ms: deficit.div_ceil(ticks_per_ms) as u64,
+        },
+        ahead_ticks: deficit,
+    }
+}
+
 impl Algorithm for TokenBucket {
     type Params = TokenBucketParams;
     type State = TokenBucketState;
@@ -150,38 +207,7 @@ impl Algorithm for TokenBucket {
         cost: u64,
         now: Micros,
     ) -> Decision {
-        let period = params.period();
-        let tau = params.tau();
-        let ticks_per_ms = params.ticks_per_ms();
-        let deficit = state.deficit(params, now);
-        let need = cost as u128 * period;
-        let remaining_for = |deficit: u128| (tau.saturating_sub(deficit) / period) as u64;
-
-        if cost > 0 && deficit + need <= tau {
-            let deficit = deficit + need;
-            let now_ticks = now.0 as u128 * params.refill_count as u128;
-            state.set_tat(params, now_ticks + deficit);
-            return Decision {
-                allowed: true,
-                limit: params.capacity,
-                remaining: remaining_for(deficit),
-                wait: Wait::Ms(0),
-                reset_ms: deficit.div_ceil(ticks_per_ms) as u64,
-            };
-        }
-        let wait = if need > tau {
-            Wait::Never
-        } else {
-            let short = (deficit + need).saturating_sub(tau);
-            Wait::Ms(short.div_ceil(ticks_per_ms) as u64)
-        };
-        Decision {
-            allowed: cost == 0,
-            limit: params.capacity,
-            remaining: remaining_for(deficit),
-            wait: if cost == 0 { Wait::Ms(0) } else { wait },
-            reset_ms: deficit.div_ceil(ticks_per_ms) as u64,
-        }
+        gcra(state, params, cost, now).decision
     }
 
     fn idle_at_ms(state: &TokenBucketState, _params: &TokenBucketParams) -> u64 {

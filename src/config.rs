@@ -1,0 +1,133 @@
+//! Module configs: `ratelimit.*`, readable and settable with `CONFIG GET/SET`,
+//! in redis.conf or on the command line (`--ratelimit.sliding-max-limit 5000`),
+//! and as load arguments (`loadmodule /path/lib.so sliding-max-limit 5000`;
+//! a value in redis.conf or on the command line wins over a load argument).
+//!
+//! They bound what clients may ask of one key. A replicated or AOF call is
+//! never refused by them: the master already accepted it.
+
+use std::ffi::CStr;
+use std::os::raw::{c_char, c_int, c_longlong, c_void};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use redis_module::raw;
+
+use crate::limiter::sliding_log;
+
+/// Largest `limit` of `RL.SLIDING` (each held unit costs up to 8 bytes).
+pub static SLIDING_MAX_LIMIT: AtomicU64 = AtomicU64::new(100_000);
+/// Largest `window_ms / bucket_ms` of `RL.HASHWINDOW` (8 bytes per bucket).
+pub static HASHWINDOW_MAX_BUCKETS: AtomicU64 = AtomicU64::new(3600);
+
+/// One numeric config.
+pub struct Numeric {
+    /// Name without the `ratelimit.` prefix.
+    pub name: &'static CStr,
+    pub value: &'static AtomicU64,
+    pub min: u64,
+    pub max: u64,
+}
+
+/// Every config the module registers.
+pub const NUMERIC: [Numeric; 2] = [
+    Numeric {
+        name: c"sliding-max-limit",
+        value: &SLIDING_MAX_LIMIT,
+        min: 1,
+        max: sliding_log::MAX_LIMIT,
+    },
+    Numeric {
+        name: c"hashwindow-max-buckets",
+        value: &HASHWINDOW_MAX_BUCKETS,
+        min: 1,
+        max: 1_000_000,
+    },
+];
+
+/// Current value of a config.
+pub fn get(value: &AtomicU64) -> u64 {
+    value.load(Ordering::Relaxed)
+}
+
+/// Applies `name value` pairs given as load arguments (before registration,
+/// so they become the defaults).
+pub fn apply_load_arguments(args: &[&[u8]]) -> Result<(), String> {
+    if args.len() % 2 != 0 {
+        return Err("load arguments come in pairs: <config> <value>".into());
+    }
+    for pair in args.chunks(2) {
+        let name = pair[0].strip_prefix(b"ratelimit.").unwrap_or(pair[0]);
+        let config = NUMERIC
+            .iter()
+            .find(|c| c.name.to_bytes().eq_ignore_ascii_case(name))
+            .ok_or_else(|| format!("unknown config '{}'", String::from_utf8_lossy(pair[0])))?;
+        let value =
+            crate::args::parse_int(pair[1], "value", config.min, config.max).map_err(|e| {
+                format!(
+                    "ratelimit.{}: {}",
+                    config.name.to_string_lossy(),
+                    e.message()
+                )
+            })?;
+        config.value.store(value, Ordering::Relaxed);
+    }
+    Ok(())
+}
+
+/// Registers the configs with the server and loads their values from the
+/// server's configuration.
+///
+/// # Safety
+/// `ctx` must be the context passed to `RedisModule_OnLoad`.
+pub unsafe fn register(ctx: *mut raw::RedisModuleCtx) -> Result<(), &'static CStr> {
+    let (Some(register), Some(load)) =
+        (unsafe { raw::RedisModule_RegisterNumericConfig }, unsafe {
+            raw::RedisModule_LoadConfigs
+        })
+    else {
+        // Servers before 7.0: the bounds keep their defaults.
+        return Ok(());
+    };
+    for config in &NUMERIC {
+        let status = unsafe {
+            register(
+                ctx,
+                config.name.as_ptr(),
+                get(config.value) as c_longlong,
+                raw::REDISMODULE_CONFIG_DEFAULT,
+                config.min as c_longlong,
+                config.max as c_longlong,
+                Some(get_numeric),
+                Some(set_numeric),
+                None,
+                config.value as *const AtomicU64 as *mut c_void,
+            )
+        };
+        if status != raw::REDISMODULE_OK as c_int {
+            return Err(c"could not register a config");
+        }
+    }
+    if unsafe { load(ctx) } != raw::REDISMODULE_OK as c_int {
+        return Err(c"could not load the configs");
+    }
+    Ok(())
+}
+
+unsafe extern "C" fn get_numeric(_name: *const c_char, privdata: *mut c_void) -> c_longlong {
+    crate::guard::callback(0, || {
+        get(unsafe { &*(privdata as *const AtomicU64) }) as c_longlong
+    })
+}
+
+unsafe extern "C" fn set_numeric(
+    _name: *const c_char,
+    value: c_longlong,
+    privdata: *mut c_void,
+    _err: *mut *mut raw::RedisModuleString,
+) -> c_int {
+    // Redis has checked the range given at registration.
+    crate::guard::callback(raw::REDISMODULE_ERR as c_int, || {
+        unsafe { &*(privdata as *const AtomicU64) }.store(value as u64, Ordering::Relaxed);
+        raw::REDISMODULE_OK as c_int
+    })
+}

@@ -1,0 +1,380 @@
+//! Hash window: the sliding window approximated by fixed sub-buckets (the
+//! "hash buckets" design of the Lua world), in fixed memory and O(1).
+//!
+//! Time is cut into buckets of `bucket_ms` aligned on the Unix epoch; the
+//! window is the current bucket and the `n - 1` before it, with
+//! `n = window_ms / bucket_ms`. A request is admitted when the units of those
+//! `n` buckets plus its cost stay within `limit`. A running sum makes a call
+//! O(1): buckets are zeroed as time moves past them (each once per turn of
+//! the ring), never summed.
+//!
+//! ```text
+//! b(now)       = floor(now / bucket_ms)
+//! held(now)    = sum of count[j] for b(now) - n < j <= b(now)
+//! admit c      iff held + c <= limit, then count[b(now)] += c
+//! wait         = until enough of the oldest buckets have left (bucket j
+//!                leaves at (j + n) * bucket_ms); computed only on denial
+//! reset        = (newest bucket + n) * bucket_ms - now
+//! ```
+//!
+//! It is an approximation of the sliding window, in the conservative
+//! direction: a unit counts until its whole bucket has left the window, up
+//! to `bucket_ms` longer than the exact log would keep it; it never leaves
+//! early. So in any span of `window_ms` at most `limit` units are admitted.
+//!
+//! Clock steps backwards: the newest bucket stays current until the clock
+//! passes it again. Parameter changes: each old bucket's units move to the
+//! new bucket holding that old bucket's last millisecond (the latest moment
+//! they can have been admitted), and are kept while that bucket is in the
+//! new window.
+
+use super::{Algorithm, Decision, Micros, Wait};
+
+/// Validated parameters of `RL.HASHWINDOW`: `bucket_ms` divides `window_ms`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HashWindowParams {
+    pub limit: u64,
+    pub window_ms: u64,
+    pub bucket_ms: u64,
+}
+
+impl HashWindowParams {
+    pub fn buckets(&self) -> u64 {
+        self.window_ms / self.bucket_ms
+    }
+}
+
+/// The ring of bucket counts of one limiter.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HashWindowState {
+    pub bucket_ms: u64,
+    /// Index (Unix ms / bucket_ms) of the newest bucket in the ring.
+    pub newest: u64,
+    /// Units in the ring.
+    pub sum: u64,
+    /// Bucket `j` is `counts[j % n]`, for `newest - n < j <= newest`.
+    pub counts: Box<[u64]>,
+}
+
+/// The hash window algorithm.
+pub struct HashWindow;
+
+impl HashWindowState {
+    fn n(&self) -> u64 {
+        self.counts.len() as u64
+    }
+
+    fn count(&self, bucket: u64) -> u64 {
+        self.counts[(bucket % self.n()) as usize]
+    }
+
+    /// Units of the buckets still in the window when bucket `current` is
+    /// the newest (`current >= newest`).
+    fn held_at(&self, current: u64) -> u64 {
+        let n = self.n();
+        if current >= self.newest + n {
+            return 0;
+        }
+        // buckets newest-n+1 ..= current-n have left
+        let gone: u64 = (self.newest + 1..=current)
+            .map(|j| self.count(j.wrapping_sub(n)))
+            .sum();
+        self.sum - gone
+    }
+
+    /// Moves the ring so that `current` is the newest bucket.
+    fn advance(&mut self, current: u64) {
+        let n = self.n();
+        if current >= self.newest + n {
+            self.counts.fill(0);
+            self.sum = 0;
+        } else {
+            for j in self.newest + 1..=current {
+                let slot = (j % n) as usize;
+                self.sum -= self.counts[slot];
+                self.counts[slot] = 0;
+            }
+        }
+        self.newest = self.newest.max(current);
+    }
+
+    /// The same units in the ring of other parameters, at bucket time `now`.
+    fn converted(&self, params: &HashWindowParams, now: Micros) -> HashWindowState {
+        let mut new = HashWindow::idle(params, now);
+        let n_new = new.n();
+        let current = new.newest;
+        let oldest_live = (current + 1).saturating_sub(n_new);
+        for j in (self.newest + 1).saturating_sub(self.n())..=self.newest {
+            let units = self.count(j);
+            if units == 0 {
+                continue;
+            }
+            let last_ms = (j + 1) * self.bucket_ms - 1;
+            let target = last_ms / params.bucket_ms;
+            if target < oldest_live {
+                continue;
+            }
+            if target > new.newest {
+                new.advance(target);
+            }
+            new.counts[(target % n_new) as usize] += units;
+            new.sum += units;
+        }
+        new
+    }
+
+    /// Checks the invariants a loaded state must hold.
+    pub fn is_valid(&self) -> bool {
+        let n = self.counts.len() as u64;
+        n >= 1
+            && (1..=super::MAX_PARAM).contains(&self.bucket_ms)
+            && n.checked_mul(self.bucket_ms)
+                .is_some_and(|w| w <= super::MAX_PARAM)
+            && self
+                .newest
+                .checked_mul(self.bucket_ms)
+                .is_some_and(|ms| ms < 1 << 52)
+            && self.counts.iter().try_fold(0u64, |a, &c| a.checked_add(c)) == Some(self.sum)
+            && self.sum <= super::MAX_PARAM
+    }
+}
+
+impl Algorithm for HashWindow {
+    type Params = HashWindowParams;
+    type State = HashWindowState;
+
+    fn idle(params: &HashWindowParams, now: Micros) -> HashWindowState {
+        HashWindowState {
+            bucket_ms: params.bucket_ms,
+            newest: now.0 / 1000 / params.bucket_ms,
+            sum: 0,
+            counts: vec![0; params.buckets() as usize].into_boxed_slice(),
+        }
+    }
+
+    fn apply(
+        state: &mut HashWindowState,
+        params: &HashWindowParams,
+        cost: u64,
+        now: Micros,
+    ) -> Decision {
+        let same_layout = state.bucket_ms == params.bucket_ms && state.n() == params.buckets();
+        if !same_layout {
+            let mut converted = state.converted(params, now);
+            let decision = Self::apply(&mut converted, params, cost, now);
+            if decision.allowed && cost > 0 {
+                *state = converted;
+            }
+            return decision;
+        }
+        let n = state.n();
+        let bucket_us = params.bucket_ms * 1000;
+        // Never before the newest bucket: a step back reopens nothing.
+        let current = (now.0 / bucket_us).max(state.newest);
+        let held = state.held_at(current);
+        let leaves_after = |bucket: u64| {
+            ((bucket + n) * bucket_us)
+                .saturating_sub(now.0)
+                .div_ceil(1000)
+        };
+        let remaining = params.limit.saturating_sub(held);
+        if cost > 0 && cost <= remaining {
+            state.advance(current);
+            state.counts[(current % n) as usize] += cost;
+            state.sum += cost;
+            return Decision {
+                allowed: true,
+                limit: params.limit,
+                remaining: remaining - cost,
+                wait: Wait::Ms(0),
+                reset_ms: leaves_after(current),
+            };
+        }
+        let wait = if cost == 0 {
+            Wait::Ms(0)
+        } else if cost > params.limit {
+            Wait::Never
+        } else {
+            // Oldest first, until enough units have left (only on denial).
+            let excess = held + cost - params.limit;
+            let mut freed = 0;
+            let mut bucket = current + 1 - n;
+            loop {
+                if bucket <= state.newest {
+                    freed += state.count(bucket);
+                }
+                if freed >= excess {
+                    break;
+                }
+                bucket += 1;
+            }
+            Wait::Ms(leaves_after(bucket))
+        };
+        Decision {
+            allowed: cost == 0,
+            limit: params.limit,
+            remaining,
+            wait,
+            reset_ms: if held == 0 {
+                0
+            } else {
+                leaves_after(state.newest)
+            },
+        }
+    }
+
+    fn idle_at_ms(state: &HashWindowState, _params: &HashWindowParams) -> u64 {
+        (state.newest + state.n()) * state.bucket_ms
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testkit::apply_checked;
+    use super::*;
+    use proptest::prelude::*;
+
+    // A multiple of every bucket used below.
+    const T0_MS: u64 = 1_700_000_000_000 - 1_700_000_000_000 % 3_600_000;
+
+    fn params(limit: u64, window_ms: u64, bucket_ms: u64) -> HashWindowParams {
+        HashWindowParams {
+            limit,
+            window_ms,
+            bucket_ms,
+        }
+    }
+    fn at(ms: u64) -> Micros {
+        Micros((T0_MS + ms) * 1000)
+    }
+    fn hit(s: &mut HashWindowState, p: &HashWindowParams, cost: u64, now: Micros) -> Decision {
+        apply_checked::<HashWindow>(s, p, cost, now)
+    }
+
+    #[test]
+    fn sixty_one_second_buckets() {
+        let p = params(10, 60_000, 1000);
+        let mut s = HashWindow::idle(&p, at(0));
+        assert!(hit(&mut s, &p, 6, at(500)).allowed);
+        assert!(hit(&mut s, &p, 4, at(30_500)).allowed);
+        let d = hit(&mut s, &p, 1, at(59_999));
+        assert!(!d.allowed);
+        // bucket 0 leaves at 60 s: 1 ms later
+        assert_eq!((d.wait, d.reset_ms), (Wait::Ms(1), 30_001));
+        let d = hit(&mut s, &p, 6, at(60_000));
+        assert_eq!((d.allowed, d.remaining), (true, 0));
+        let d = hit(&mut s, &p, 1, at(60_000));
+        assert_eq!(d.wait, Wait::Ms(30_000));
+    }
+
+    #[test]
+    fn a_long_idle_empties_the_ring() {
+        let p = params(3, 1000, 100);
+        let mut s = HashWindow::idle(&p, at(0));
+        hit(&mut s, &p, 3, at(0));
+        let d = hit(&mut s, &p, 3, at(5000));
+        assert!(d.allowed);
+        assert_eq!(s.sum, 3);
+    }
+
+    #[test]
+    fn a_backwards_clock_never_frees_units() {
+        let p = params(2, 1000, 100);
+        let mut s = HashWindow::idle(&p, at(5000));
+        hit(&mut s, &p, 2, at(5050));
+        assert!(!hit(&mut s, &p, 1, at(3000)).allowed);
+        assert!(!hit(&mut s, &p, 1, at(5999)).allowed);
+        assert!(hit(&mut s, &p, 1, at(6000)).allowed);
+    }
+
+    #[test]
+    fn new_bucket_sizes_keep_the_units() {
+        let a = params(10, 60_000, 1000);
+        let b = params(10, 60_000, 10_000);
+        let mut s = HashWindow::idle(&a, at(0));
+        hit(&mut s, &a, 7, at(12_300));
+        // the 7 units now sit in the 10 s bucket [10 s, 20 s)
+        let d = hit(&mut s, &b, 4, at(12_400));
+        assert!(!d.allowed);
+        assert_eq!(d.remaining, 3);
+        assert_eq!(d.wait, Wait::Ms(70_000 - 12_400));
+        // shrinking the window to 1 s: the units may date from 12.999 s, so
+        // they sit in the 100 ms bucket [12.9 s, 13 s), which leaves at 13.9 s
+        let c = params(10, 1000, 100);
+        assert!(!hit(&mut s, &c, 10, at(13_899)).allowed);
+        assert!(hit(&mut s, &c, 10, at(13_900)).allowed);
+    }
+
+    #[test]
+    fn huge_parameters_do_not_overflow() {
+        let p = params(super::super::MAX_PARAM, 1 << 40, 1 << 40);
+        let mut s = HashWindow::idle(&p, at(0));
+        assert!(hit(&mut s, &p, super::super::MAX_PARAM, at(0)).allowed);
+        assert_eq!(
+            hit(&mut s, &p, 1, at(0)).wait,
+            Wait::Ms((1u64 << 40) - T0_MS % (1 << 40))
+        );
+    }
+
+    proptest! {
+        /// Reference: recompute every bucket's sum from a log of admissions.
+        #[test]
+        fn agrees_with_recomputed_sums(
+            limit in 1u64..20,
+            (bucket_ms, n) in (1u64..300, 1u64..12),
+            steps in prop::collection::vec((0u64..200_000, 0u64..5), 1..300),
+        ) {
+            let p = params(limit, bucket_ms * n, bucket_ms);
+            let mut now = at(0).0 + 3;
+            let mut s = HashWindow::idle(&p, Micros(now));
+            let mut log: Vec<(u64, u64)> = Vec::new(); // (bucket, cost)
+            for (dt, cost) in steps {
+                now += dt;
+                let current = now / 1000 / bucket_ms;
+                let held = |cur: u64| -> u64 {
+                    log.iter().filter(|e| e.0 + n > cur).map(|e| e.1).sum()
+                };
+                let used = held(current);
+                let d = hit(&mut s, &p, cost, Micros(now));
+                prop_assert_eq!(d.allowed, cost == 0 || used + cost <= limit);
+                prop_assert_eq!(d.remaining, limit.saturating_sub(used) - if d.allowed { cost } else { 0 });
+                if d.allowed && cost > 0 {
+                    log.push((current, cost));
+                } else if !d.allowed && cost <= limit {
+                    let Wait::Ms(w) = d.wait else { panic!("finite wait expected") };
+                    let later = (now + w * 1000) / 1000 / bucket_ms;
+                    prop_assert!(held(later) + cost <= limit);
+                    if w > 0 {
+                        let earlier = (now + w * 1000 - 1000) / 1000 / bucket_ms;
+                        prop_assert!(held(earlier) + cost > limit);
+                    }
+                }
+                prop_assert!(s.is_valid());
+            }
+        }
+
+        #[test]
+        fn parameter_changes_never_lose_recent_units(
+            a in (1u64..50, 1u64..10),
+            b in (1u64..50, 1u64..10),
+            used in 1u64..20,
+            dt in 0u64..2_000_000,
+        ) {
+            let pa = params(100, a.0 * a.1, a.0);
+            let pb = params(100, b.0 * b.1, b.0);
+            let mut s = HashWindow::idle(&pa, at(0));
+            hit(&mut s, &pa, used, at(0));
+            let now = Micros(at(0).0 + dt);
+            let d = hit(&mut s, &pb, 0, now);
+            // the units were admitted in the old bucket holding T0: under the
+            // new layout they must still count while the new bucket holding
+            // that bucket's last millisecond is live
+            let last_ms = (T0_MS / a.0 + 1) * a.0 - 1;
+            let target = last_ms / b.0;
+            let current = (now.0 / 1000 / b.0).max(target);
+            if target + b.1 > current {
+                prop_assert_eq!(d.remaining, 100 - used);
+            }
+        }
+    }
+}

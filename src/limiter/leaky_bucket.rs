@@ -1,0 +1,182 @@
+//! Leaky bucket as a shaping queue: requests wait their turn instead of
+//! bursting.
+//!
+//! The bucket is a queue of at most `capacity` units that drains at a
+//! constant `leak_count` units every `leak_ms`. An admitted request joins the
+//! queue and gets, in `wait_ms`, the delay after which its turn comes: the
+//! time for the units ahead of it to leave. Callers that sleep `wait_ms`
+//! before acting therefore act evenly spaced, `leak_ms / leak_count` apart
+//! per unit, with no burst at all. A request that would overfill the queue is
+//! denied (and its `wait_ms` says when it would fit).
+//!
+//! With `T = leak_ms / leak_count` per unit and `tau = capacity * T`, the
+//! queue is the GCRA of the token bucket (see `token_bucket.rs`), with the
+//! same exact integer arithmetic; `tat` is the instant the queue is empty:
+//!
+//! ```text
+//! ahead(now)   = max(tat - now, 0)                  queue delay
+//! admit cost c iff ahead + c*T <= tau, then tat' = now + ahead + c*T
+//! wait         = ahead (admitted), ahead + c*T - tau (denied), never if c*T > tau
+//! remaining    = floor((tau - ahead') / T)          free room in the queue
+//! reset        = ahead'                             until the queue is empty
+//! ```
+//!
+//! `COST 0` looks without queueing: `wait_ms` is then the delay a request
+//! sent now would get. Clock steps and parameter changes behave as in the
+//! token bucket: the queued time carries over and a step back never shortens
+//! the queue.
+
+use super::token_bucket::{gcra, TokenBucketParams, TokenBucketState};
+use super::{Algorithm, Decision, Micros, Wait};
+
+/// Validated parameters of `RL.LEAKYBUCKET`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeakyBucketParams {
+    pub capacity: u64,
+    pub leak_count: u64,
+    pub leak_ms: u64,
+}
+
+impl LeakyBucketParams {
+    /// The same rate, as the GCRA shared with the token bucket sees it.
+    pub fn as_gcra(&self) -> TokenBucketParams {
+        TokenBucketParams {
+            capacity: self.capacity,
+            refill_count: self.leak_count,
+            refill_ms: self.leak_ms,
+        }
+    }
+}
+
+/// The queue's state: the instant it is empty, and its leak rate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeakyBucketState(pub TokenBucketState);
+
+/// The leaky bucket algorithm.
+pub struct LeakyBucket;
+
+impl Algorithm for LeakyBucket {
+    type Params = LeakyBucketParams;
+    type State = LeakyBucketState;
+    const SHAPES: bool = true;
+
+    fn idle(params: &LeakyBucketParams, now: Micros) -> LeakyBucketState {
+        LeakyBucketState(super::TokenBucket::idle(&params.as_gcra(), now))
+    }
+
+    fn apply(
+        state: &mut LeakyBucketState,
+        params: &LeakyBucketParams,
+        cost: u64,
+        now: Micros,
+    ) -> Decision {
+        let gcra_params = params.as_gcra();
+        let step = gcra(&mut state.0, &gcra_params, cost, now);
+        let mut decision = step.decision;
+        if decision.allowed {
+            let ahead_ms = step.ahead_ticks.div_ceil(gcra_params.ticks_per_ms());
+            decision.wait = Wait::Ms(ahead_ms as u64);
+        }
+        decision
+    }
+
+    fn idle_at_ms(state: &LeakyBucketState, params: &LeakyBucketParams) -> u64 {
+        super::TokenBucket::idle_at_ms(&state.0, &params.as_gcra())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testkit::apply_checked;
+    use super::*;
+    use proptest::prelude::*;
+
+    const T0: Micros = Micros(1_700_000_000_000_000);
+
+    fn params(capacity: u64, leak_count: u64, leak_ms: u64) -> LeakyBucketParams {
+        LeakyBucketParams {
+            capacity,
+            leak_count,
+            leak_ms,
+        }
+    }
+    fn at(ms: u64) -> Micros {
+        Micros(T0.0 + ms * 1000)
+    }
+    fn hit(s: &mut LeakyBucketState, p: &LeakyBucketParams, cost: u64, now: Micros) -> Decision {
+        apply_checked::<LeakyBucket>(s, p, cost, now)
+    }
+
+    #[test]
+    fn a_burst_is_spread_evenly_and_the_overflow_denied() {
+        let p = params(3, 1, 100);
+        let mut s = LeakyBucket::idle(&p, T0);
+        let waits: Vec<Wait> = (0..3).map(|_| hit(&mut s, &p, 1, T0).wait).collect();
+        assert_eq!(waits, [Wait::Ms(0), Wait::Ms(100), Wait::Ms(200)]);
+        let d = hit(&mut s, &p, 1, T0);
+        assert!(!d.allowed);
+        assert_eq!((d.remaining, d.wait, d.reset_ms), (0, Wait::Ms(100), 300));
+        // 150 ms later one and a half units have left: the next acts at 300
+        let d = hit(&mut s, &p, 1, at(150));
+        assert!(d.allowed);
+        assert_eq!(d.wait, Wait::Ms(150));
+    }
+
+    #[test]
+    fn fractional_spacing_is_exact() {
+        // 3 per second: 333.33 ms apart, the delays rounded up
+        let p = params(10, 3, 1000);
+        let mut s = LeakyBucket::idle(&p, T0);
+        let waits: Vec<Wait> = (0..4).map(|_| hit(&mut s, &p, 1, T0).wait).collect();
+        assert_eq!(
+            waits,
+            [Wait::Ms(0), Wait::Ms(334), Wait::Ms(667), Wait::Ms(1000)]
+        );
+    }
+
+    #[test]
+    fn a_cost_takes_its_room_and_peeks_show_the_delay() {
+        let p = params(10, 1, 10);
+        let mut s = LeakyBucket::idle(&p, T0);
+        assert_eq!(hit(&mut s, &p, 4, T0).wait, Wait::Ms(0));
+        let d = hit(&mut s, &p, 0, at(5));
+        assert_eq!((d.allowed, d.remaining, d.wait), (true, 6, Wait::Ms(35)));
+        assert_eq!(hit(&mut s, &p, 11, at(5)).wait, Wait::Never);
+    }
+
+    // Reference: an explicit queue of unit departure times.
+    proptest! {
+        #[test]
+        fn agrees_with_an_explicit_queue(
+            capacity in 1u64..12,
+            leak_ms in 1u64..500,
+            steps in prop::collection::vec((0u64..300_000, 1u64..4), 1..200),
+        ) {
+            let p = params(capacity, 1, leak_ms);
+            let period_us = leak_ms * 1000;
+            let mut now = T0.0;
+            let mut s = LeakyBucket::idle(&p, T0);
+            // departure time of each queued unit: a unit occupies the queue
+            // until it has leaked, one period after the one before it
+            let mut leaves: std::collections::VecDeque<u64> = Default::default();
+            for (dt, cost) in steps {
+                now += dt;
+                while leaves.front().is_some_and(|&t| t <= now) {
+                    leaves.pop_front();
+                }
+                let fits = leaves.len() as u64 + cost <= capacity;
+                let d = hit(&mut s, &p, cost, Micros(now));
+                prop_assert_eq!(d.allowed, fits);
+                if fits {
+                    let start = leaves.back().copied().unwrap_or(now).max(now);
+                    // the request acts when the units ahead have left
+                    prop_assert_eq!(d.wait, Wait::Ms((start - now).div_ceil(1000)));
+                    for i in 1..=cost {
+                        leaves.push_back(start + i * period_us);
+                    }
+                }
+                prop_assert_eq!(d.remaining, capacity - leaves.len() as u64);
+            }
+        }
+    }
+}

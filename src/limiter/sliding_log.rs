@@ -1,0 +1,424 @@
+//! Exact sliding log: never more than `limit` units admitted in any interval
+//! of `window_ms`.
+//!
+//! The log keeps one entry per millisecond that admitted something: the
+//! millisecond, rounded *up* from the request's microsecond (so an entry may
+//! leave the window up to 1 ms late, never early), and the running count of
+//! units admitted. A request at `now` is admitted when the units of the
+//! entries still inside `(now - window_ms, now]` plus its cost stay within
+//! `limit`.
+//!
+//! ```text
+//! held(now)  = sum of counts of entries e with e.ms + window_ms > now
+//! admit c    iff held + c <= limit, then append (ceil_ms(now), c)
+//! wait       = time until the oldest entries holding held + c - limit units
+//!              have left, found by binary search on the running counts
+//! reset      = newest entry's ms + window_ms - now
+//! ```
+//!
+//! Memory: an entry is one `u64` (40 bits of milliseconds from the log's
+//! epoch, 24 bits of running count), so a log holds 8 bytes per millisecond
+//! with traffic, plus its ring buffer's spare room, and nothing for
+//! milliseconds without. Entries leave from the front in amortised O(1)
+//! per call; the ring shrinks when it is mostly empty.
+//!
+//! Clock steps backwards: a new entry is never stamped before the newest
+//! one, and entries leave by the clock, so a step back only keeps them
+//! longer. Parameter changes: the log is kept as it is; a new limit applies
+//! to what it holds, a new window to its entries' times.
+
+use std::collections::VecDeque;
+
+use super::{Algorithm, Decision, Micros, Wait};
+
+/// Largest `limit` a sliding log can take: the running count in an entry has
+/// 24 bits, and the units held never exceed the limit.
+pub const MAX_LIMIT: u64 = (1 << 24) - 1;
+
+/// Validated parameters of `RL.SLIDING`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlidingLogParams {
+    pub limit: u64,
+    pub window_ms: u64,
+}
+
+/// The log of one limiter.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlidingLogState {
+    /// Entries' milliseconds are offsets from this Unix millisecond.
+    pub epoch_ms: u64,
+    /// Units ever admitted into this log; entries keep its low 24 bits.
+    pub admitted: u64,
+    /// Units held by the entries.
+    pub held: u64,
+    /// `offset_ms << 24 | running_count`, oldest first.
+    pub entries: VecDeque<u64>,
+}
+
+const COUNT_BITS: u32 = 24;
+const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
+/// Largest offset an entry can hold (2^40 ms, about 35 years).
+const MAX_OFFSET_MS: u64 = (1 << 40) - 1;
+
+fn entry(offset_ms: u64, running: u64) -> u64 {
+    offset_ms << COUNT_BITS | (running & COUNT_MASK)
+}
+fn offset_of(entry: u64) -> u64 {
+    entry >> COUNT_BITS
+}
+
+/// The sliding log algorithm.
+pub struct SlidingLog;
+
+impl SlidingLogState {
+    /// Units admitted before the oldest entry, modulo 2^24.
+    fn base(&self) -> u64 {
+        self.admitted.wrapping_sub(self.held)
+    }
+
+    /// Units in entries `0..=i` (exact: they never exceed `held` < 2^24).
+    fn units_through(&self, i: usize) -> u64 {
+        (self.entries[i].wrapping_sub(self.base())) & COUNT_MASK
+    }
+
+    fn newest_ms(&self) -> Option<u64> {
+        self.entries.back().map(|&e| self.epoch_ms + offset_of(e))
+    }
+
+    /// The first index in `from..len` where the monotone `reached` holds
+    /// (`len` if nowhere), by binary search.
+    fn search(&self, from: usize, reached: impl Fn(usize) -> bool) -> usize {
+        let (mut lo, mut hi) = (from, self.entries.len());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if reached(mid) {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        lo
+    }
+
+    /// Index of the oldest entry still inside the window at `now`.
+    fn first_live(&self, window_ms: u64, now: Micros) -> usize {
+        self.search(0, |i| {
+            (self.epoch_ms + offset_of(self.entries[i]) + window_ms) * 1000 > now.0
+        })
+    }
+
+    /// Drops the entries before `first`: amortised O(1), each entry leaves once.
+    fn expire(&mut self, first: usize) {
+        if first > 0 {
+            self.held -= self.units_through(first - 1);
+            self.entries.drain(..first);
+        }
+        // Give memory back once the ring is mostly empty.
+        let capacity = self.entries.capacity();
+        if capacity > 16 && self.entries.len() < capacity / 4 {
+            self.entries.shrink_to(capacity / 2);
+        }
+    }
+
+    /// Appends `cost` units at millisecond `ms` (never before the newest).
+    fn push(&mut self, ms: u64, cost: u64) {
+        if self.entries.is_empty() {
+            self.epoch_ms = ms;
+        } else if ms - self.epoch_ms > MAX_OFFSET_MS {
+            self.rebase();
+        }
+        self.admitted = self.admitted.wrapping_add(cost);
+        self.held += cost;
+        let offset = ms - self.epoch_ms;
+        match self.entries.back_mut() {
+            Some(last) if offset_of(*last) == offset => *last = entry(offset, self.admitted),
+            _ => self.entries.push_back(entry(offset, self.admitted)),
+        }
+    }
+
+    /// Moves the epoch to the oldest entry (once in decades of traffic).
+    fn rebase(&mut self) {
+        let shift = self.entries.front().map_or(0, |&e| offset_of(e));
+        for e in self.entries.iter_mut() {
+            *e = entry(offset_of(*e) - shift, *e);
+        }
+        self.epoch_ms += shift;
+    }
+
+    /// Checks the invariants a loaded state must hold.
+    pub fn is_valid(&self) -> bool {
+        if self.held > MAX_LIMIT || self.epoch_ms > 1 << 52 {
+            return false;
+        }
+        if self.entries.is_empty() {
+            return self.held == 0;
+        }
+        let mut previous_offset = 0;
+        let mut previous_units = 0;
+        for i in 0..self.entries.len() {
+            let offset = offset_of(self.entries[i]);
+            let units = self.units_through(i);
+            if offset < previous_offset || units <= previous_units {
+                return false;
+            }
+            previous_offset = offset;
+            previous_units = units;
+        }
+        previous_units == self.held
+            && self.admitted & COUNT_MASK == self.entries[self.entries.len() - 1] & COUNT_MASK
+    }
+}
+
+impl Algorithm for SlidingLog {
+    type Params = SlidingLogParams;
+    type State = SlidingLogState;
+
+    fn idle(_params: &SlidingLogParams, now: Micros) -> SlidingLogState {
+        SlidingLogState {
+            epoch_ms: now.0 / 1000,
+            admitted: 0,
+            held: 0,
+            entries: VecDeque::new(),
+        }
+    }
+
+    fn apply(
+        state: &mut SlidingLogState,
+        params: &SlidingLogParams,
+        cost: u64,
+        now: Micros,
+    ) -> Decision {
+        let window_ms = params.window_ms;
+        let leaves_after = |ms: u64| {
+            ((ms + window_ms) * 1000)
+                .saturating_sub(now.0)
+                .div_ceil(1000)
+        };
+        // Entries that have left the window count for nothing. They are
+        // removed only when a call is admitted, so that a denial leaves the
+        // state bit for bit; until then they are skipped by binary search.
+        let first = state.first_live(window_ms, now);
+        let before = if first > 0 {
+            state.units_through(first - 1)
+        } else {
+            0
+        };
+        let held = state.held - before;
+        let remaining = params.limit.saturating_sub(held);
+        if cost > 0 && cost <= remaining {
+            state.expire(first);
+            let ms = now.0.div_ceil(1000).max(state.newest_ms().unwrap_or(0));
+            state.push(ms, cost);
+            return Decision {
+                allowed: true,
+                limit: params.limit,
+                remaining: remaining - cost,
+                wait: Wait::Ms(0),
+                reset_ms: leaves_after(ms),
+            };
+        }
+        let reset_ms = match state.newest_ms() {
+            Some(ms) if held > 0 => leaves_after(ms),
+            _ => 0,
+        };
+        let wait = if cost == 0 {
+            Wait::Ms(0)
+        } else if cost > params.limit {
+            Wait::Never
+        } else {
+            // The oldest live entries must leave until `excess` units have:
+            // the first entry whose running count reaches it.
+            let excess = held + cost - params.limit;
+            let k = state.search(first, |i| state.units_through(i) - before >= excess);
+            Wait::Ms(leaves_after(state.epoch_ms + offset_of(state.entries[k])))
+        };
+        Decision {
+            allowed: cost == 0,
+            limit: params.limit,
+            remaining,
+            wait,
+            reset_ms,
+        }
+    }
+
+    fn idle_at_ms(state: &SlidingLogState, params: &SlidingLogParams) -> u64 {
+        state.newest_ms().map_or(0, |ms| ms + params.window_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testkit::apply_checked;
+    use super::*;
+    use proptest::prelude::*;
+
+    const T0: Micros = Micros(1_700_000_000_000_000);
+
+    fn params(limit: u64, window_ms: u64) -> SlidingLogParams {
+        SlidingLogParams { limit, window_ms }
+    }
+    fn at(ms: u64) -> Micros {
+        Micros(T0.0 + ms * 1000)
+    }
+    fn hit(s: &mut SlidingLogState, p: &SlidingLogParams, cost: u64, now: Micros) -> Decision {
+        apply_checked::<SlidingLog>(s, p, cost, now)
+    }
+
+    #[test]
+    fn no_double_burst_at_a_window_edge() {
+        let p = params(3, 1000);
+        let mut s = SlidingLog::idle(&p, T0);
+        assert!(hit(&mut s, &p, 3, at(999)).allowed);
+        // a fixed window would reopen at 1000; the log waits for 1999
+        assert!(!hit(&mut s, &p, 1, at(1000)).allowed);
+        let d = hit(&mut s, &p, 1, at(1500));
+        assert_eq!(d.wait, Wait::Ms(499));
+        assert!(!hit(&mut s, &p, 1, Micros(at(1999).0 - 1)).allowed);
+        assert!(hit(&mut s, &p, 1, at(1999)).allowed);
+    }
+
+    #[test]
+    fn wait_is_until_enough_of_the_oldest_units_leave() {
+        let p = params(5, 100);
+        let mut s = SlidingLog::idle(&p, T0);
+        hit(&mut s, &p, 2, at(0));
+        hit(&mut s, &p, 1, at(10));
+        hit(&mut s, &p, 2, at(20));
+        let d = hit(&mut s, &p, 3, at(30));
+        // 3 must leave: the 2 at 0 and the 1 at 10, gone at 110
+        assert_eq!((d.allowed, d.wait, d.reset_ms), (false, Wait::Ms(80), 90));
+        assert!(hit(&mut s, &p, 3, at(110)).allowed);
+    }
+
+    #[test]
+    fn entries_are_stamped_up_to_the_next_millisecond() {
+        let p = params(1, 10);
+        let mut s = SlidingLog::idle(&p, T0);
+        assert!(hit(&mut s, &p, 1, Micros(T0.0 + 200)).allowed);
+        // stamped at 1 ms: it leaves at 11 ms, not 10.2
+        assert!(!hit(&mut s, &p, 1, Micros(T0.0 + 10_500)).allowed);
+        assert!(hit(&mut s, &p, 1, at(11)).allowed);
+    }
+
+    #[test]
+    fn requests_in_one_millisecond_share_an_entry() {
+        let p = params(100, 1000);
+        let mut s = SlidingLog::idle(&p, T0);
+        for i in 0..10 {
+            hit(&mut s, &p, 1, Micros(T0.0 + 1 + i * 90));
+        }
+        assert_eq!(s.entries.len(), 1);
+        assert_eq!(s.held, 10);
+    }
+
+    #[test]
+    fn a_thousand_held_units_take_about_eight_bytes_each() {
+        let p = params(10_000, 60_000);
+        let mut s = SlidingLog::idle(&p, T0);
+        for i in 0..1000 {
+            assert!(hit(&mut s, &p, 1, at(i)).allowed);
+        }
+        let bytes = s.entries.capacity() * 8;
+        assert!(bytes <= 10 * 1000, "{bytes} bytes for 1000 units");
+    }
+
+    #[test]
+    fn the_ring_shrinks_once_traffic_drops() {
+        let p = params(100_000, 1000);
+        let mut s = SlidingLog::idle(&p, T0);
+        for i in 0..5000 {
+            hit(&mut s, &p, 1, Micros(T0.0 + i * 1000 + 1));
+        }
+        let big = s.entries.capacity();
+        for i in 0..50 {
+            hit(&mut s, &p, 1, at(10_000 + i * 100));
+        }
+        assert!(s.entries.capacity() < big / 4);
+    }
+
+    #[test]
+    fn a_backwards_clock_never_frees_units() {
+        let p = params(2, 1000);
+        let mut s = SlidingLog::idle(&p, T0);
+        hit(&mut s, &p, 2, at(5000));
+        assert!(!hit(&mut s, &p, 1, at(4000)).allowed);
+        assert!(!hit(&mut s, &p, 1, at(5999)).allowed);
+        assert!(hit(&mut s, &p, 1, at(6000)).allowed);
+    }
+
+    #[test]
+    fn epoch_rebases_after_decades() {
+        let p = params(3, 1 << 41);
+        let mut s = SlidingLog::idle(&p, T0);
+        hit(&mut s, &p, 1, T0);
+        hit(&mut s, &p, 1, at(MAX_OFFSET_MS + 5));
+        assert!(s.is_valid());
+        assert!(!hit(&mut s, &p, 2, at(MAX_OFFSET_MS + 6)).allowed);
+        assert_eq!(s.held, 2);
+    }
+
+    proptest! {
+        /// Reference: a plain list of (microsecond, cost) of admitted requests.
+        #[test]
+        fn agrees_with_a_list_of_timestamps(
+            limit in 1u64..20,
+            window_ms in prop_oneof![1u64..5, 1u64..2000],
+            steps in prop::collection::vec((0u64..300_000, 0u64..5, prop::bool::weighted(0.1)), 1..300),
+        ) {
+            let p = params(limit, window_ms);
+            let mut now = T0.0;
+            let mut s = SlidingLog::idle(&p, T0);
+            let mut log: Vec<(u64, u64)> = Vec::new();
+            for (dt, cost, back) in steps {
+                now = if back { now - dt.min(now - T0.0) } else { now + dt };
+                // entries are stamped at the ms at or after the request, and
+                // never before the newest one
+                let held = |t: u64| -> u64 {
+                    log.iter().filter(|e| (e.0 + window_ms) * 1000 > t).map(|e| e.1).sum()
+                };
+                let used = held(now);
+                let d = hit(&mut s, &p, cost, Micros(now));
+                prop_assert_eq!(d.allowed, cost == 0 || used + cost <= limit);
+                prop_assert_eq!(d.remaining, limit.saturating_sub(used) - if d.allowed { cost } else { 0 });
+                if d.allowed && cost > 0 {
+                    // gone is gone: what left the window does not come back
+                    // if the clock later steps back
+                    log.retain(|e| (e.0 + window_ms) * 1000 > now);
+                    let newest = log.last().map_or(0, |e| e.0);
+                    log.push((now.div_ceil(1000).max(newest), cost));
+                } else if !d.allowed && cost <= limit {
+                    let Wait::Ms(w) = d.wait else { panic!("finite wait expected") };
+                    prop_assert!(held(now + w * 1000) + cost <= limit);
+                    if w > 0 {
+                        prop_assert!(held(now + w * 1000 - 1000) + cost > limit);
+                    }
+                }
+                prop_assert!(s.is_valid());
+            }
+        }
+
+        #[test]
+        fn no_window_ever_holds_more_than_the_limit(
+            limit in 1u64..10,
+            window_ms in 1u64..50,
+            steps in prop::collection::vec((0u64..20_000, 1u64..4), 1..300),
+        ) {
+            let p = params(limit, window_ms);
+            let mut now = T0.0;
+            let mut s = SlidingLog::idle(&p, T0);
+            let mut admitted: Vec<(u64, u64)> = Vec::new();
+            for (dt, cost) in steps {
+                now += dt;
+                if hit(&mut s, &p, cost, Micros(now)).allowed {
+                    admitted.push((now, cost));
+                }
+            }
+            for (i, a) in admitted.iter().enumerate() {
+                let in_window: u64 = admitted[i..].iter()
+                    .take_while(|b| b.0 < a.0 + window_ms * 1000)
+                    .map(|b| b.1).sum();
+                prop_assert!(in_window <= limit);
+            }
+        }
+    }
+}
