@@ -167,7 +167,7 @@ impl Params for HashWindowParams {
             window_ms: parse_int(args[1], "window_ms", 1, MAX_PARAM)?,
             bucket_ms: parse_int(args[2], "bucket_ms", 1, MAX_PARAM)?,
         };
-        if params.window_ms % params.bucket_ms != 0 {
+        if !params.window_ms.is_multiple_of(params.bucket_ms) {
             return Err(Error::BucketDoesNotDivide);
         }
         if params.buckets() > MAX_BUCKETS {

@@ -52,7 +52,7 @@ pub fn get(value: &AtomicU64) -> u64 {
 /// Applies `name value` pairs given as load arguments (before registration,
 /// so they become the defaults).
 pub fn apply_load_arguments(args: &[&[u8]]) -> Result<(), String> {
-    if args.len() % 2 != 0 {
+    if !args.len().is_multiple_of(2) {
         return Err("load arguments come in pairs: <config> <value>".into());
     }
     for pair in args.chunks(2) {
