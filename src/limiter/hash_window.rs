@@ -59,9 +59,75 @@ pub struct HashWindowState {
 /// The hash window algorithm.
 pub struct HashWindow;
 
+/// The decision on a ring of the right layout, and the current bucket.
+fn evaluate(
+    state: &HashWindowState,
+    params: &HashWindowParams,
+    cost: u64,
+    now: Micros,
+) -> (Decision, u64) {
+    let n = state.n();
+    let bucket_us = params.bucket_ms * 1000;
+    // Never before the newest bucket: a step back reopens nothing.
+    let current = (now.0 / bucket_us).max(state.newest);
+    let held = state.held_at(current);
+    let leaves_after = |bucket: u64| {
+        ((bucket + n) * bucket_us)
+            .saturating_sub(now.0)
+            .div_ceil(1000)
+    };
+    let remaining = params.limit.saturating_sub(held);
+    if cost > 0 && cost <= remaining {
+        let decision = Decision {
+            allowed: true,
+            limit: params.limit,
+            remaining: remaining - cost,
+            wait: Wait::Ms(0),
+            reset_ms: leaves_after(current),
+        };
+        return (decision, current);
+    }
+    let wait = if cost == 0 {
+        Wait::Ms(0)
+    } else if cost > params.limit {
+        Wait::Never
+    } else {
+        // Oldest first, until enough units have left (only on denial).
+        let excess = held + cost - params.limit;
+        let mut freed = 0;
+        let mut bucket = current + 1 - n;
+        loop {
+            if bucket <= state.newest {
+                freed += state.count(bucket);
+            }
+            if freed >= excess {
+                break;
+            }
+            bucket += 1;
+        }
+        Wait::Ms(leaves_after(bucket))
+    };
+    let decision = Decision {
+        allowed: cost == 0,
+        limit: params.limit,
+        remaining,
+        wait,
+        reset_ms: if held == 0 {
+            0
+        } else {
+            leaves_after(state.newest)
+        },
+    };
+    (decision, current)
+}
+
 impl HashWindowState {
     fn n(&self) -> u64 {
         self.counts.len() as u64
+    }
+
+    fn same_layout(&self, params: &HashWindowParams) -> bool {
+        self.bucket_ms == params.bucket_ms && self.n() == params.buckets()
     }
 
     fn count(&self, bucket: u64) -> u64 {
@@ -158,8 +224,7 @@ impl Algorithm for HashWindow {
         cost: u64,
         now: Micros,
     ) -> Decision {
-        let same_layout = state.bucket_ms == params.bucket_ms && state.n() == params.buckets();
-        if !same_layout {
+        if !state.same_layout(params) {
             let mut converted = state.converted(params, now);
             let decision = Self::apply(&mut converted, params, cost, now);
             if decision.allowed && cost > 0 {
@@ -167,60 +232,26 @@ impl Algorithm for HashWindow {
             }
             return decision;
         }
-        let n = state.n();
-        let bucket_us = params.bucket_ms * 1000;
-        // Never before the newest bucket: a step back reopens nothing.
-        let current = (now.0 / bucket_us).max(state.newest);
-        let held = state.held_at(current);
-        let leaves_after = |bucket: u64| {
-            ((bucket + n) * bucket_us)
-                .saturating_sub(now.0)
-                .div_ceil(1000)
-        };
-        let remaining = params.limit.saturating_sub(held);
-        if cost > 0 && cost <= remaining {
+        let (decision, current) = evaluate(state, params, cost, now);
+        if decision.allowed && cost > 0 {
+            let n = state.n();
             state.advance(current);
             state.counts[(current % n) as usize] += cost;
             state.sum += cost;
-            return Decision {
-                allowed: true,
-                limit: params.limit,
-                remaining: remaining - cost,
-                wait: Wait::Ms(0),
-                reset_ms: leaves_after(current),
-            };
         }
-        let wait = if cost == 0 {
-            Wait::Ms(0)
-        } else if cost > params.limit {
-            Wait::Never
-        } else {
-            // Oldest first, until enough units have left (only on denial).
-            let excess = held + cost - params.limit;
-            let mut freed = 0;
-            let mut bucket = current + 1 - n;
-            loop {
-                if bucket <= state.newest {
-                    freed += state.count(bucket);
-                }
-                if freed >= excess {
-                    break;
-                }
-                bucket += 1;
-            }
-            Wait::Ms(leaves_after(bucket))
-        };
-        Decision {
-            allowed: cost == 0,
-            limit: params.limit,
-            remaining,
-            wait,
-            reset_ms: if held == 0 {
-                0
-            } else {
-                leaves_after(state.newest)
-            },
+        decision
+    }
+
+    fn decide(
+        state: &HashWindowState,
+        params: &HashWindowParams,
+        cost: u64,
+        now: Micros,
+    ) -> Decision {
+        if !state.same_layout(params) {
+            return evaluate(&state.converted(params, now), params, cost, now).0;
         }
+        evaluate(state, params, cost, now).0
     }
 
     fn idle_at_ms(state: &HashWindowState, _params: &HashWindowParams) -> u64 {

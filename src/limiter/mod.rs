@@ -97,6 +97,12 @@ pub trait Algorithm {
     /// when the request is admitted with `cost > 0`.
     fn apply(state: &mut Self::State, params: &Self::Params, cost: u64, now: Micros) -> Decision;
 
+    /// The decision `apply` would take, without changing anything (for
+    /// all-or-nothing calls over several limiters).
+    fn decide(state: &Self::State, params: &Self::Params, cost: u64, now: Micros) -> Decision {
+        Self::apply(&mut state.clone(), params, cost, now)
+    }
+
     /// The Unix time in milliseconds from which the state, just updated by an
     /// admitted call with `params`, is idle again and the key may vanish (the
     /// key's absolute expiry).
@@ -117,7 +123,9 @@ pub(crate) mod testkit {
         now: Micros,
     ) -> Decision {
         let before = state.clone();
+        let predicted = A::decide(state, params, cost, now);
         let d = A::apply(state, params, cost, now);
+        assert_eq!(predicted, d, "decide and apply disagree");
         if !d.allowed || cost == 0 {
             assert_eq!(*state, before, "denied or COST 0 call changed the state");
         }

@@ -70,6 +70,71 @@ fn offset_of(entry: u64) -> u64 {
 /// The sliding log algorithm.
 pub struct SlidingLog;
 
+/// The millisecond a request admitted at `now` is stamped with: rounded up,
+/// and never before the newest entry.
+fn stamp(state: &SlidingLogState, now: Micros) -> u64 {
+    now.0.div_ceil(1000).max(state.newest_ms().unwrap_or(0))
+}
+
+/// The decision, and the index of the oldest entry still in the window.
+fn evaluate(
+    state: &SlidingLogState,
+    params: &SlidingLogParams,
+    cost: u64,
+    now: Micros,
+) -> (Decision, usize) {
+    let window_ms = params.window_ms;
+    let leaves_after = |ms: u64| {
+        ((ms + window_ms) * 1000)
+            .saturating_sub(now.0)
+            .div_ceil(1000)
+    };
+    // Entries that have left the window count for nothing. They are removed
+    // only when a call is admitted, so that a denial leaves the state bit for
+    // bit; until then they are skipped by binary search.
+    let first = state.first_live(window_ms, now);
+    let before = if first > 0 {
+        state.units_through(first - 1)
+    } else {
+        0
+    };
+    let held = state.held - before;
+    let remaining = params.limit.saturating_sub(held);
+    if cost > 0 && cost <= remaining {
+        let decision = Decision {
+            allowed: true,
+            limit: params.limit,
+            remaining: remaining - cost,
+            wait: Wait::Ms(0),
+            reset_ms: leaves_after(stamp(state, now)),
+        };
+        return (decision, first);
+    }
+    let reset_ms = match state.newest_ms() {
+        Some(ms) if held > 0 => leaves_after(ms),
+        _ => 0,
+    };
+    let wait = if cost == 0 {
+        Wait::Ms(0)
+    } else if cost > params.limit {
+        Wait::Never
+    } else {
+        // The oldest live entries must leave until `excess` units have: the
+        // first entry whose running count reaches it.
+        let excess = held + cost - params.limit;
+        let k = state.search(first, |i| state.units_through(i) - before >= excess);
+        Wait::Ms(leaves_after(state.epoch_ms + offset_of(state.entries[k])))
+    };
+    let decision = Decision {
+        allowed: cost == 0,
+        limit: params.limit,
+        remaining,
+        wait,
+        reset_ms,
+    };
+    (decision, first)
+}
+
 impl SlidingLogState {
     /// Units admitted before the oldest entry, modulo 2^24.
     fn base(&self) -> u64 {
@@ -188,57 +253,21 @@ impl Algorithm for SlidingLog {
         cost: u64,
         now: Micros,
     ) -> Decision {
-        let window_ms = params.window_ms;
-        let leaves_after = |ms: u64| {
-            ((ms + window_ms) * 1000)
-                .saturating_sub(now.0)
-                .div_ceil(1000)
-        };
-        // Entries that have left the window count for nothing. They are
-        // removed only when a call is admitted, so that a denial leaves the
-        // state bit for bit; until then they are skipped by binary search.
-        let first = state.first_live(window_ms, now);
-        let before = if first > 0 {
-            state.units_through(first - 1)
-        } else {
-            0
-        };
-        let held = state.held - before;
-        let remaining = params.limit.saturating_sub(held);
-        if cost > 0 && cost <= remaining {
+        let (decision, first) = evaluate(state, params, cost, now);
+        if decision.allowed && cost > 0 {
             state.expire(first);
-            let ms = now.0.div_ceil(1000).max(state.newest_ms().unwrap_or(0));
-            state.push(ms, cost);
-            return Decision {
-                allowed: true,
-                limit: params.limit,
-                remaining: remaining - cost,
-                wait: Wait::Ms(0),
-                reset_ms: leaves_after(ms),
-            };
+            state.push(stamp(state, now), cost);
         }
-        let reset_ms = match state.newest_ms() {
-            Some(ms) if held > 0 => leaves_after(ms),
-            _ => 0,
-        };
-        let wait = if cost == 0 {
-            Wait::Ms(0)
-        } else if cost > params.limit {
-            Wait::Never
-        } else {
-            // The oldest live entries must leave until `excess` units have:
-            // the first entry whose running count reaches it.
-            let excess = held + cost - params.limit;
-            let k = state.search(first, |i| state.units_through(i) - before >= excess);
-            Wait::Ms(leaves_after(state.epoch_ms + offset_of(state.entries[k])))
-        };
-        Decision {
-            allowed: cost == 0,
-            limit: params.limit,
-            remaining,
-            wait,
-            reset_ms,
-        }
+        decision
+    }
+
+    fn decide(
+        state: &SlidingLogState,
+        params: &SlidingLogParams,
+        cost: u64,
+        now: Micros,
+    ) -> Decision {
+        evaluate(state, params, cost, now).0
     }
 
     fn idle_at_ms(state: &SlidingLogState, params: &SlidingLogParams) -> u64 {
