@@ -35,6 +35,10 @@ pub enum Error {
     MissingValue(&'static str),
     /// `AT` or `RL.SETSTATE` from a normal client.
     ReservedForReplication(&'static str),
+    /// A malformed command, said in words.
+    Syntax(String),
+    /// `POLICY name` naming no policy.
+    UnknownPolicy(String),
     /// An algorithm name we do not know.
     UnknownAlgorithm(String),
     /// A state payload that fails validation.
@@ -70,6 +74,8 @@ impl Error {
                 format!("ERR {what} is reserved for replication and AOF loading")
             }
             Error::UnknownAlgorithm(text) => format!("ERR unknown algorithm '{text}'"),
+            Error::Syntax(text) => format!("ERR {text}"),
+            Error::UnknownPolicy(name) => format!("ERR unknown policy '{name}'"),
             Error::BadState => "ERR invalid limiter state".to_string(),
             Error::OutOfMemory => {
                 "OOM command not allowed when used memory > 'maxmemory'.".to_string()
@@ -135,6 +141,8 @@ mod tests {
             Error::MissingValue("COST"),
             Error::ReservedForReplication("AT"),
             Error::UnknownAlgorithm("x".into()),
+            Error::Syntax("x".into()),
+            Error::UnknownPolicy("x".into()),
             Error::BadState,
             Error::OutOfMemory,
             Error::Internal,

@@ -111,6 +111,16 @@ const COMMANDS: &[Command] = &[
         acl: c"write fast",
     },
     Command {
+        name: c"RL.ALL",
+        handler: commands::all::handler,
+        flags: c"write",
+        keys: (0, 0, 0),
+        arity: -5,
+        summary: c"Several limiters at once, all or nothing: units are taken from every limiter only if every one admits",
+        complexity: c"O(K) for K limiters, each as its own command",
+        acl: c"write",
+    },
+    Command {
         name: c"RL.SETSTATE",
         handler: commands::setstate::handler,
         flags: c"write",
@@ -225,6 +235,32 @@ fn set_command_info(
         sizeof_keyspec: std::mem::size_of::<raw::RedisModuleCommandKeySpec>(),
         sizeof_arg: std::mem::size_of::<raw::RedisModuleCommandArg>(),
     };
+    // RL.ALL: `numkeys` at argv[1], then the keys.
+    let mut numkeys_spec = [
+        raw::RedisModuleCommandKeySpec {
+            notes: std::ptr::null(),
+            flags: (raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_UPDATE) as u64,
+            begin_search_type: raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX,
+            bs: raw::RedisModuleCommandKeySpec__bindgen_ty_1 {
+                index: raw::RedisModuleCommandKeySpec__bindgen_ty_1__bindgen_ty_1 { pos: 1 },
+            },
+            find_keys_type: raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_KEYNUM,
+            fk: raw::RedisModuleCommandKeySpec__bindgen_ty_2 {
+                keynum: raw::RedisModuleCommandKeySpec__bindgen_ty_2__bindgen_ty_2 {
+                    keynumidx: 0,
+                    firstkey: 1,
+                    keystep: 1,
+                },
+            },
+        },
+        // terminator
+        unsafe { std::mem::zeroed() },
+    ];
+    let key_specs = if command.keys == (0, 0, 0) {
+        numkeys_spec.as_mut_ptr()
+    } else {
+        std::ptr::null_mut()
+    };
     let mut info = raw::RedisModuleCommandInfo {
         version: &VERSION,
         summary: command.summary.as_ptr(),
@@ -233,7 +269,7 @@ fn set_command_info(
         history: std::ptr::null_mut(),
         tips: std::ptr::null(),
         arity: command.arity,
-        key_specs: std::ptr::null_mut(),
+        key_specs,
         args: std::ptr::null_mut(),
     };
     if unsafe { api!(RedisModule_SetCommandInfo)(cmd, &mut info) } != OK {

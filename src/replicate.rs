@@ -121,15 +121,15 @@ unsafe extern "C" fn on_event(
     })
 }
 
-/// Propagates an admitted limiter call.
+/// Propagates an admitted limiter call as
+/// `<command> key <params...> COST <cost> AT <now_us>`.
 ///
-/// `argv[1..1 + key_and_params]` are the client's own key and (validated)
-/// parameter strings, passed on without copying.
+/// `key_and_params` are the client's own (validated) strings, passed on
+/// without copying.
 pub fn limiter_call(
     ctx: *mut raw::RedisModuleCtx,
     command: &CStr,
-    argv: *mut *mut raw::RedisModuleString,
-    key_and_params: usize,
+    key_and_params: &[*mut raw::RedisModuleString],
     cost: u64,
     now: Micros,
 ) {
@@ -145,8 +145,8 @@ pub fn limiter_call(
                 ctx,
                 command.as_ptr(),
                 c"vsssl".as_ptr(),
-                argv.add(1),
-                key_and_params,
+                key_and_params.as_ptr(),
+                key_and_params.len(),
                 word(&COST_WORD),
                 word(&ONE),
                 word(&AT_WORD),
@@ -157,8 +157,8 @@ pub fn limiter_call(
                 ctx,
                 command.as_ptr(),
                 c"vslsl".as_ptr(),
-                argv.add(1),
-                key_and_params,
+                key_and_params.as_ptr(),
+                key_and_params.len(),
                 word(&COST_WORD),
                 cost as c_longlong,
                 word(&AT_WORD),

@@ -13,6 +13,7 @@ use redis_module::raw;
 
 use super::{
     from_replication_or_loading, out_of_memory, reply_decision, signal_modified, Args, Key, Slot,
+    MAX_ARGS,
 };
 use crate::args::{parse_call, Params};
 use crate::clock;
@@ -100,7 +101,7 @@ unsafe fn run<L: LimiterCommand>(
     if (argc as usize) < 2 + L::Params::COUNT {
         return Err(Error::Arity);
     }
-    let args = unsafe { Args::new(argv, argc) }?;
+    let args = unsafe { Args::<MAX_ARGS>::new(argv, argc) }?;
     let (params, options) = parse_call::<L::Params>(&args.all()[2..])?;
     let replicated = match options.at {
         Some(_) if !from_replication_or_loading(ctx) => {
@@ -116,13 +117,36 @@ unsafe fn run<L: LimiterCommand>(
     let cost = options.cost;
     let key_name = unsafe { *argv.add(1) };
     let key = Key::open_rw(ctx, key_name);
+    let decision = apply_to_key::<L>(ctx, &key, &params, cost, now, replicated)?;
+    if decision.allowed && cost > 0 {
+        // The client's own key and parameter strings, passed on as they are.
+        let key_and_params =
+            unsafe { std::slice::from_raw_parts(argv.add(1), 1 + L::Params::COUNT) };
+        replicate::limiter_call(ctx, L::NAME, key_and_params, cost, now);
+        signal_modified(ctx, key_name);
+    }
+    drop(key);
+    reply_decision(ctx, &decision);
+    Ok(())
+}
 
-    let decision = match key.slot::<L::State>()? {
+/// Decides a request on the limiter in `key` and, when it is admitted with a
+/// cost, stores the new state and its expiry: the one place where a
+/// limiter's state changes.
+pub(super) fn apply_to_key<L: LimiterCommand>(
+    ctx: *mut raw::RedisModuleCtx,
+    key: &Key,
+    params: &L::Params,
+    cost: u64,
+    now: Micros,
+    replicated: bool,
+) -> Result<crate::limiter::Decision, Error> {
+    Ok(match key.slot::<L::State>()? {
         Slot::Ours(state) => {
             let state = unsafe { &mut *state };
-            let idle_before = L::idle_at_ms(state, &params);
-            let decision = L::apply(state, &params, cost, now);
-            let idle_after = L::idle_at_ms(state, &params);
+            let idle_before = L::idle_at_ms(state, params);
+            let decision = L::apply(state, params, cost, now);
+            let idle_after = L::idle_at_ms(state, params);
             // A fixed window's expiry moves once per window, not per call.
             if decision.allowed && cost > 0 && idle_after != idle_before {
                 key.expire_at(idle_after);
@@ -130,24 +154,30 @@ unsafe fn run<L: LimiterCommand>(
             decision
         }
         Slot::Empty => {
-            let mut state = L::idle(&params, now);
-            let decision = L::apply(&mut state, &params, cost, now);
+            let mut state = L::idle(params, now);
+            let decision = L::apply(&mut state, params, cost, now);
             if decision.allowed && cost > 0 {
                 if !replicated && out_of_memory(ctx) {
                     return Err(Error::OutOfMemory);
                 }
-                let idle_at = L::idle_at_ms(&state, &params);
+                let idle_at = L::idle_at_ms(&state, params);
                 key.set(state);
                 key.expire_at(idle_at);
             }
             decision
         }
-    };
-    if decision.allowed && cost > 0 {
-        replicate::limiter_call(ctx, L::NAME, argv, 1 + L::Params::COUNT, cost, now);
-        signal_modified(ctx, key_name);
-    }
-    drop(key);
-    reply_decision(ctx, &decision);
-    Ok(())
+    })
+}
+
+/// The decision a request would get on the limiter in `key`, changing nothing.
+pub(super) fn decide_on_key<L: LimiterCommand>(
+    key: &Key,
+    params: &L::Params,
+    cost: u64,
+    now: Micros,
+) -> Result<crate::limiter::Decision, Error> {
+    Ok(match key.slot::<L::State>()? {
+        Slot::Ours(state) => L::decide(unsafe { &*state }, params, cost, now),
+        Slot::Empty => L::decide(&L::idle(params, now), params, cost, now),
+    })
 }

@@ -1,6 +1,7 @@
 //! Command handlers: parse, load state, decide, store, propagate, reply.
 //! No arithmetic lives here; the decisions come from `crate::limiter`.
 
+pub mod all;
 pub mod limiter;
 pub mod setstate;
 
@@ -14,24 +15,25 @@ use crate::datatype::NativeState;
 use crate::error::Error;
 use crate::limiter::Decision;
 
-/// Most arguments any command accepts; more is an error before any parsing,
-/// so argument slices live on the stack.
+/// Most arguments a single-limiter command accepts; more is an error before
+/// any parsing, so argument slices live on the stack.
 pub const MAX_ARGS: usize = 16;
 
-/// The command's arguments as byte slices, borrowed from Redis's strings.
-pub struct Args<'a> {
-    items: [&'a [u8]; MAX_ARGS],
+/// The command's arguments as byte slices, borrowed from Redis's strings;
+/// at most `N`, on the stack.
+pub struct Args<'a, const N: usize> {
+    items: [&'a [u8]; N],
     len: usize,
 }
 
-impl<'a> Args<'a> {
+impl<'a, const N: usize> Args<'a, N> {
     /// # Safety
     /// `argv` must hold `argc` valid strings that outlive `'a`.
     pub unsafe fn new(argv: *mut *mut raw::RedisModuleString, argc: c_int) -> Result<Self, Error> {
         let len = usize::try_from(argc).map_err(|_| Error::Arity)?;
-        let mut items: [&[u8]; MAX_ARGS] = [&[]; MAX_ARGS];
-        if len > MAX_ARGS {
-            let extra = unsafe { bytes(*argv.add(MAX_ARGS)) };
+        let mut items: [&[u8]; N] = [&[]; N];
+        if len > N {
+            let extra = unsafe { bytes(*argv.add(N)) };
             return Err(Error::UnknownOption(Error::quote(extra)));
         }
         for (i, item) in items.iter_mut().enumerate().take(len) {
