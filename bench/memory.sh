@@ -6,15 +6,20 @@
 #
 #   bench/memory.sh PORT
 #
-# Prints one table row per variant. Each variant is measured twice: after one
-# call per key, then after a second call per key (the state a limiter hit
+# Prints two tables. Per key: one row per variant, each measured twice: after
+# one call per key, then after a second call per key (the state a limiter hit
 # repeatedly keeps: the Lua bucket then stores a fractional token count).
 # Refill and window parameters are chosen so that no key expires while it is
 # measured; the size of the state does not depend on them.
+# Per held unit of a sliding log: BENCH_LOG_KEYS keys each fed 1,000 calls,
+# paced so that a key's calls are at least 1 ms apart and no two of them can
+# share a millisecond (the module keeps one entry per millisecond).
 set -euo pipefail
 
 PORT="${1:?usage: bench/memory.sh PORT}"
 KEYS="${BENCH_KEYS:-100000}"
+LOG_KEYS="${BENCH_LOG_KEYS:-200}"
+LOG_UNITS=1000
 BENCH_DIR="$(cd "$(dirname "$0")" && pwd)"
 
 cli() { redis-cli -h 127.0.0.1 -p "$PORT" "$@"; }
@@ -50,29 +55,42 @@ flush_and_settle() {
 }
 
 # RESP for one command per key; "{key}" in the template becomes k:NNNNNNNN,
-# so every variant uses key names of the same length.
-resp_stream() { # template
-  awk -v n="$KEYS" -v template="$1" 'BEGIN {
-    argc = split(template, word, " ")
+# so every variant uses key names of the same length. A template may hold
+# several commands separated by " ; ", all sent for each key.
+resp_stream() { # template [key count]
+  awk -v n="${2:-$KEYS}" -v template="$1" 'BEGIN {
+    ncmd = split(template, cmds, " ; ")
     for (i = 0; i < n; i++) {
       key = sprintf("k:%08d", i)
-      out = "*" argc "\r\n"
-      for (j = 1; j <= argc; j++) {
-        arg = (word[j] == "{key}") ? key : word[j]
-        out = out "$" length(arg) "\r\n" arg "\r\n"
+      for (c = 1; c <= ncmd; c++) {
+        argc = split(cmds[c], word, " ")
+        out = "*" argc "\r\n"
+        for (j = 1; j <= argc; j++) {
+          arg = (word[j] == "{key}") ? key : word[j]
+          out = out "$" length(arg) "\r\n" arg "\r\n"
+        }
+        printf "%s", out
       }
-      printf "%s", out
     }
   }'
 }
 
-load_keys() { # template; fails unless every reply was a success
+commands_in() { # template
+  awk -v t="$1" 'BEGIN { print split(t, c, " ; ") }'
+}
+
+# Sends a RESP stream from stdin; fails unless every reply was a success.
+pipe_checked() { # expected_replies label
   local report
-  report="$(resp_stream "$1" | cli --pipe 2>&1 | tail -n 1)"
+  report="$(cli --pipe 2>&1 | tail -n 1)"
   case "$report" in
-    "errors: 0, replies: $KEYS") return 0 ;;
-    *) echo "memory: '$1': $report" >&2; return 1 ;;
+    "errors: 0, replies: $1") return 0 ;;
+    *) echo "memory: '$2': $report" >&2; return 1 ;;
   esac
+}
+
+load_keys() { # template
+  resp_stream "$1" | pipe_checked $((KEYS * $(commands_in "$1"))) "$1"
 }
 
 # Fixed windows are aligned to the epoch: keys created just before a boundary
@@ -110,7 +128,24 @@ measure() { # template [window_ms]
 
 has_command() { cli COMMAND INFO "$1" | grep -qi "$1"; }
 
-lua_sha="$(cli SCRIPT LOAD "$(cat "$BENCH_DIR/lua/token_bucket.lua")")"
+load_script() { cli SCRIPT LOAD "$(cat "$BENCH_DIR/lua/$1")"; }
+lua_sha="$(load_script token_bucket.lua)"
+hash_sha="$(load_script hash_window.lua)"
+log_sha="$(load_script sliding_log.lua)"
+
+# A Lua hash window in full use: one field per bucket for all 60 buckets of
+# the window (what hash_window.lua leaves after a window of steady traffic;
+# it never holds more), written directly since the script would need the
+# whole window's time to fill it.
+full_hash_window() { # limit window_ms bucket_ms
+  local current
+  current="$(cli TIME | awk -v b="$3" 'NR == 1 { s = $1 } NR == 2 { printf "%d", (s * 1000 + int($1 / 1000)) / b }')"
+  awk -v current="$current" -v n=$(($2 / $3)) -v each=$(($1 / ($2 / $3))) -v ttl="$2" 'BEGIN {
+    printf "HSET {key}"
+    for (b = current - n + 1; b <= current; b++) printf " %d %d", b, each
+    printf " ; PEXPIRE {key} %d\n", ttl
+  }'
+}
 
 # name|template|window_ms (for windows aligned to the epoch)|target ratio vs (a)
 variants=(
@@ -123,11 +158,20 @@ if has_command CL.THROTTLE; then
   # max_burst 99 = capacity 100; 1 per 60 s, like (b).
   variants+=("(e) redis-cell CL.THROTTLE k 99 1 60|CL.THROTTLE {key} 99 1 60||")
 fi
+# 60 buckets of 1 s, as in the throughput run. The two passes over the keys
+# are seconds apart, so the Lua hash holds one bucket after the first and two
+# after the second; (h) is the same hash with the whole window in use.
+variants+=(
+  "(f) RL.HASHWINDOW k 1000 60000 1000|RL.HASHWINDOW {key} 1000 60000 1000||"
+  "(g) Lua hash window (HGET loop)|EVALSHA $hash_sha 1 {key} 1000 60000 1000||"
+  "(h) Lua hash window, 60 buckets used|FULL_HASH_WINDOW||"
+)
 
 printf '%-36s %12s %12s %12s %10s  %s\n' "variant ($KEYS keys)" "B/key 1call" "B/key 2calls" "MEMORY USAGE" "vs (a)" "target"
 baseline=""
 for variant in "${variants[@]}"; do
   IFS='|' read -r name template window target <<<"$variant"
+  [ "$template" = FULL_HASH_WINDOW ] && template="$(full_hash_window 1000 60000 1000)"
   if ! result="$(measure "$template" "$window")"; then
     printf '%-36s %12s\n' "$name" "failed"
     continue
@@ -141,6 +185,63 @@ for variant in "${variants[@]}"; do
       verdict = ""
       if (target != "") verdict = sprintf("<= %.1fx %s", target, (ratio <= target) ? "PASS" : "above")
       line = sprintf("%-36s %12.1f %12.1f %12s %9.2fx  %s", name, first / keys, second / keys, sample, ratio, verdict)
+      sub(/ +$/, "", line)
+      print line
+    }'
+done
+
+# --- sliding log: bytes per held unit ----------------------------------------
+# LOG_KEYS keys each get LOG_UNITS calls of one unit, in rounds: a round sends
+# one call per key (pipelined), and the next round starts only after the last
+# reply of this one and a pause of at least 1 ms, so a key's calls are at
+# least 1 ms apart on the server's clock and every unit has its own
+# millisecond: nothing can be coalesced. The limit (100,000) and the window
+# (10 minutes) admit every call and keep every unit while it is measured.
+ROUND="$(mktemp "${TMPDIR:-/tmp}/rl-memory.XXXXXX")"
+trap 'rm -f "$ROUND"' EXIT
+
+# Prints "bytes_delta memory_usage_of_one_key ms_per_round".
+measure_log() { # template held_check_command expected_reply_line
+  local before after started round elapsed_ms held
+  flush_and_settle
+  resp_stream "$1" "$LOG_KEYS" >"$ROUND"
+  before="$(settled_used_memory)"
+  started="$(date +%s%N)"
+  for round in $(seq "$LOG_UNITS"); do
+    pipe_checked "$LOG_KEYS" "$1" <"$ROUND" || return 1
+    sleep 0.001
+  done
+  elapsed_ms=$((($(date +%s%N) - started) / 1000000))
+  after="$(settled_used_memory)"
+  [ "$(cli DBSIZE)" = "$LOG_KEYS" ] || { echo "memory: '$1': DBSIZE $(cli DBSIZE), expected $LOG_KEYS" >&2; return 1; }
+  # shellcheck disable=SC2086  # the check command is split into words
+  held="$(cli ${2//\{key\}/k:$(printf '%08d' $((LOG_KEYS - 1)))} | paste -sd' ')"
+  # shellcheck disable=SC2254  # the expected reply is a glob pattern
+  case "$held" in $3) ;; *) echo "memory: '$1': '$2' answers '$held', expected '$3'" >&2; return 1 ;; esac
+  echo "$((after - before)) $(cli MEMORY USAGE k:00000000) $((elapsed_ms / LOG_UNITS))"
+}
+
+# name|template|held check|its expected reply (one line, a glob)|target B/unit
+log_variants=(
+  "(i) RL.SLIDING k 100000 600000|RL.SLIDING {key} 100000 600000|RL.SLIDING {key} 100000 600000 COST 0|1 100000 $((100000 - LOG_UNITS)) 0 *|10"
+  "(j) Lua sliding log (sorted set)|EVALSHA $log_sha 1 {key} 100000 600000|ZCARD {key}|$LOG_UNITS|"
+)
+
+echo
+printf '%-36s %12s %12s %10s  %s\n' "sliding log ($LOG_KEYS keys x $LOG_UNITS units)" "B/unit" "MEM USAGE/u" "ms/round" "target"
+for variant in "${log_variants[@]}"; do
+  IFS='|' read -r name template check expected target <<<"$variant"
+  if ! result="$(measure_log "$template" "$check" "$expected")"; then
+    printf '%-36s %12s\n' "$name" "failed"
+    continue
+  fi
+  read -r bytes sample ms_per_round <<<"$result"
+  awk -v name="$name" -v units=$((LOG_KEYS * LOG_UNITS)) -v per_key="$LOG_UNITS" -v bytes="$bytes" \
+    -v sample="$sample" -v ms="$ms_per_round" -v target="$target" 'BEGIN {
+      per_unit = bytes / units
+      verdict = ""
+      if (target != "") verdict = sprintf("<= %d B %s", target, (per_unit <= target) ? "PASS" : "above")
+      line = sprintf("%-36s %12.1f %12.1f %10s  %s", name, per_unit, sample / per_key, ms, verdict)
       sub(/ +$/, "", line)
       print line
     }'
