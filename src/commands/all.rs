@@ -15,101 +15,20 @@ use std::os::raw::c_int;
 use redis_module::raw;
 
 use super::limiter::{apply_to_key, decide_on_key, LimiterCommand};
+use super::spec::{with_algorithm, Spec};
 use super::{from_replication_or_loading, signal_modified, Args, Key};
 use crate::api;
-use crate::args::{parse_int, parse_options, Params};
+use crate::args::{parse_int, parse_options};
 use crate::clock;
 use crate::error::Error;
 use crate::guard;
-use crate::limiter::fixed_window::FixedWindowParams;
-use crate::limiter::hash_window::HashWindowParams;
-use crate::limiter::leaky_bucket::LeakyBucketParams;
-use crate::limiter::sliding_log::SlidingLogParams;
-use crate::limiter::token_bucket::TokenBucketParams;
-use crate::limiter::{
-    Decision, FixedWindow, HashWindow, LeakyBucket, Micros, SlidingLog, TokenBucket, Wait,
-};
+use crate::limiter::{Decision, Micros, Wait};
 use crate::replicate;
 
 /// Most limiters in one call.
 pub const MAX_KEYS: usize = 16;
 /// Most arguments of one call.
 const MAX_ARGS: usize = 96;
-
-/// One limiter of the call: its parameters, and where they start in argv.
-#[derive(Clone, Copy)]
-enum Spec {
-    TokenBucket(TokenBucketParams),
-    FixedWindow(FixedWindowParams),
-    LeakyBucket(LeakyBucketParams),
-    Sliding(SlidingLogParams),
-    HashWindow(HashWindowParams),
-}
-
-/// Runs `$body` with `$L` the algorithm of `$spec` and `$p` its parameters.
-macro_rules! with_algorithm {
-    ($spec:expr, $L:ident, $p:ident => $body:expr) => {
-        match $spec {
-            Spec::TokenBucket($p) => {
-                type $L = TokenBucket;
-                $body
-            }
-            Spec::FixedWindow($p) => {
-                type $L = FixedWindow;
-                $body
-            }
-            Spec::LeakyBucket($p) => {
-                type $L = LeakyBucket;
-                $body
-            }
-            Spec::Sliding($p) => {
-                type $L = SlidingLog;
-                $body
-            }
-            Spec::HashWindow($p) => {
-                type $L = HashWindow;
-                $body
-            }
-        }
-    };
-}
-
-/// Parses the spec starting at `args[0]`; returns it and its length in words.
-fn parse_spec(args: &[&[u8]], position: usize) -> Result<(Spec, usize), Error> {
-    fn params<P: Params>(args: &[&[u8]], name: &str, position: usize) -> Result<P, Error> {
-        if args.len() < 1 + P::COUNT {
-            return Err(Error::Syntax(format!(
-                "spec {position} ({name}) needs {} parameters",
-                P::COUNT
-            )));
-        }
-        P::parse(&args[1..1 + P::COUNT])
-    }
-    let name = args[0];
-    let is = |word: &str| name.eq_ignore_ascii_case(word.as_bytes());
-    let spec = if is("TOKENBUCKET") {
-        Spec::TokenBucket(params(args, "TOKENBUCKET", position)?)
-    } else if is("FIXEDWINDOW") {
-        Spec::FixedWindow(params(args, "FIXEDWINDOW", position)?)
-    } else if is("LEAKYBUCKET") {
-        Spec::LeakyBucket(params(args, "LEAKYBUCKET", position)?)
-    } else if is("SLIDING") {
-        Spec::Sliding(params(args, "SLIDING", position)?)
-    } else if is("HASHWINDOW") {
-        Spec::HashWindow(params(args, "HASHWINDOW", position)?)
-    } else if is("POLICY") {
-        let policy = args.get(1).copied().unwrap_or_default();
-        return Err(Error::UnknownPolicy(Error::quote(policy)));
-    } else {
-        return Err(Error::Syntax(format!(
-            "spec {position}: unknown algorithm '{}' (expected TOKENBUCKET, FIXEDWINDOW, LEAKYBUCKET, SLIDING, HASHWINDOW or POLICY)",
-            Error::quote(name)
-        )));
-    };
-    let words = 1
-        + with_algorithm!(spec, L, _p => <<L as crate::limiter::Algorithm>::Params as Params>::COUNT);
-    Ok((spec, words))
-}
 
 /// `RL.ALL`.
 ///
@@ -155,7 +74,11 @@ unsafe fn run(
                 "{numkeys} keys need {numkeys} specs, got {i}"
             )));
         }
-        let (spec, words) = parse_spec(&all[cursor..], i + 1)?;
+        if all[cursor].eq_ignore_ascii_case(b"POLICY") {
+            let name = all.get(cursor + 1).copied().unwrap_or_default();
+            return Err(Error::UnknownPolicy(Error::quote(name)));
+        }
+        let (spec, words) = Spec::parse_in_call(&all[cursor..], i + 1)?;
         *slot = Some((spec, cursor));
         cursor += words;
     }
@@ -196,7 +119,7 @@ unsafe fn run(
             let (spec, start) = specs[i].expect("parsed");
             let applied = with_algorithm!(spec, L, p => apply_to_key::<L>(ctx, &opened[i], &p, cost, now, replicated))?;
             debug_assert_eq!(applied, decisions[i]);
-            let words = with_algorithm!(spec, L, _p => <<L as crate::limiter::Algorithm>::Params as Params>::COUNT);
+            let words = spec.param_count();
             let mut key_and_params = [std::ptr::null_mut(); 5];
             key_and_params[0] = key_name(i);
             for w in 0..words {

@@ -4,6 +4,7 @@
 pub mod all;
 pub mod limiter;
 pub mod setstate;
+pub mod spec;
 
 use std::os::raw::{c_int, c_void};
 use std::slice;
