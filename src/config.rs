@@ -19,6 +19,9 @@ pub static SLIDING_MAX_LIMIT: AtomicU64 = AtomicU64::new(100_000);
 /// Largest `window_ms / bucket_ms` of `RL.HASHWINDOW` (8 bytes per bucket).
 pub static HASHWINDOW_MAX_BUCKETS: AtomicU64 = AtomicU64::new(3600);
 
+/// Size of the deny log (`RL.LOG`); 0 turns it off.
+pub static LOG_MAX_LEN: AtomicU64 = AtomicU64::new(128);
+
 /// One numeric config.
 pub struct Numeric {
     /// Name without the `ratelimit.` prefix.
@@ -29,7 +32,7 @@ pub struct Numeric {
 }
 
 /// Every config the module registers.
-pub const NUMERIC: [Numeric; 2] = [
+pub const NUMERIC: [Numeric; 3] = [
     Numeric {
         name: c"sliding-max-limit",
         value: &SLIDING_MAX_LIMIT,
@@ -40,6 +43,12 @@ pub const NUMERIC: [Numeric; 2] = [
         name: c"hashwindow-max-buckets",
         value: &HASHWINDOW_MAX_BUCKETS,
         min: 1,
+        max: 1_000_000,
+    },
+    Numeric {
+        name: c"log-max-len",
+        value: &LOG_MAX_LEN,
+        min: 0,
         max: 1_000_000,
     },
 ];

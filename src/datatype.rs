@@ -236,7 +236,12 @@ pub fn decode_args<S: NativeState>(fields: &[&[u8]], encoding: c_int) -> Option<
 ///
 /// # Safety
 /// `ctx` must be the context passed to `RedisModule_OnLoad`.
-pub unsafe fn register<S: NativeState>(ctx: *mut raw::RedisModuleCtx) -> Result<(), &'static CStr> {
+/// With `policies`, the type also carries the node's policies as RDB aux
+/// data (one type does; which one does not matter).
+pub unsafe fn register<S: NativeState>(
+    ctx: *mut raw::RedisModuleCtx,
+    policies: bool,
+) -> Result<(), &'static CStr> {
     let mut methods = raw::RedisModuleTypeMethods {
         // Version 3 carries the copy callback (Redis 6.2+); no later field is used.
         version: 3,
@@ -246,9 +251,21 @@ pub unsafe fn register<S: NativeState>(ctx: *mut raw::RedisModuleCtx) -> Result<
         mem_usage: Some(mem_usage::<S>),
         digest: Some(digest::<S>),
         free: Some(free::<S>),
-        aux_load: None,
-        aux_save: None,
-        aux_save_triggers: 0,
+        aux_load: if policies {
+            Some(aux_load_policies)
+        } else {
+            None
+        },
+        aux_save: if policies {
+            Some(aux_save_policies)
+        } else {
+            None
+        },
+        aux_save_triggers: if policies {
+            raw::REDISMODULE_AUX_BEFORE_RDB as c_int
+        } else {
+            0
+        },
         free_effort: None,
         unlink: None,
         copy: Some(copy::<S>),
@@ -344,6 +361,57 @@ unsafe extern "C" fn aof_rewrite<S: NativeState>(
             for s in fields.0 {
                 api!(RedisModule_FreeString)(ptr::null_mut(), s);
             }
+        }
+    })
+}
+
+/// Saves the node's policies before the keys of an RDB (or AOF preamble).
+unsafe extern "C" fn aux_save_policies(rdb: *mut raw::RedisModuleIO, _when: c_int) {
+    guard::callback((), || {
+        crate::policy::encode(&mut |field| match field {
+            crate::policy::Field::Unsigned(v) => unsafe { api!(RedisModule_SaveUnsigned)(rdb, v) },
+            crate::policy::Field::Bytes(b) => unsafe {
+                api!(RedisModule_SaveStringBuffer)(rdb, b.as_ptr().cast(), b.len())
+            },
+        })
+    })
+}
+
+/// Loads the policies saved by [`aux_save_policies`], replacing the node's.
+unsafe extern "C" fn aux_load_policies(
+    rdb: *mut raw::RedisModuleIO,
+    encver: c_int,
+    _when: c_int,
+) -> c_int {
+    let failed = raw::REDISMODULE_ERR as c_int;
+    guard::callback(failed, || {
+        if encver != 1 {
+            return failed;
+        }
+        let broken = || unsafe { api!(RedisModule_IsIOError)(rdb) } != 0;
+        let mut unsigned = || {
+            let v = unsafe { api!(RedisModule_LoadUnsigned)(rdb) };
+            (!broken()).then_some(v)
+        };
+        let mut bytes = || {
+            let mut len = 0usize;
+            let buf = unsafe { api!(RedisModule_LoadStringBuffer)(rdb, &mut len) };
+            if buf.is_null() || broken() {
+                return None;
+            }
+            let out = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) }.to_vec();
+            unsafe { api!(RedisModule_Free)(buf.cast()) };
+            Some(out)
+        };
+        match crate::policy::decode(&mut unsigned, &mut bytes) {
+            Some(rules) => {
+                crate::policy::clear();
+                for (name, rule) in rules {
+                    crate::policy::set(&name, rule);
+                }
+                raw::REDISMODULE_OK as c_int
+            }
+            None => failed,
         }
     })
 }

@@ -9,10 +9,13 @@ pub mod clock;
 mod commands;
 mod config;
 mod datatype;
+mod deny_log;
 pub mod error;
 mod guard;
 pub mod limiter;
+mod policy;
 mod replicate;
+mod stats;
 
 use std::ffi::CStr;
 use std::os::raw::c_int;
@@ -121,6 +124,16 @@ const COMMANDS: &[Command] = &[
         acl: c"write",
     },
     Command {
+        name: c"RL.HIT",
+        handler: commands::policy::hit_handler,
+        flags: c"write fast",
+        keys: (2, 2, 1),
+        arity: -3,
+        summary: c"Applies policy `name` to limiter key `key`: the policy's algorithm, mode and roll-out",
+        complexity: c"As the policy's algorithm",
+        acl: c"write fast",
+    },
+    Command {
         name: c"RL.SETSTATE",
         handler: commands::setstate::handler,
         flags: c"write",
@@ -182,13 +195,16 @@ unsafe fn load(ctx: *mut raw::RedisModuleCtx) -> Result<(), &'static CStr> {
             (raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS
                 | raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED) as c_int,
         );
-        datatype::register::<TokenBucketState>(ctx)?;
-        datatype::register::<FixedWindowState>(ctx)?;
-        datatype::register::<LeakyBucketState>(ctx)?;
-        datatype::register::<SlidingLogState>(ctx)?;
-        datatype::register::<HashWindowState>(ctx)?;
+        datatype::register::<TokenBucketState>(ctx, true)?;
+        datatype::register::<FixedWindowState>(ctx, false)?;
+        datatype::register::<LeakyBucketState>(ctx, false)?;
+        datatype::register::<SlidingLogState>(ctx, false)?;
+        datatype::register::<HashWindowState>(ctx, false)?;
         replicate::init(ctx);
         config::register(ctx)?;
+        if api!(RedisModule_RegisterInfoFunc)(ctx, Some(stats::info)) != OK {
+            return Err(c"could not register the INFO section");
+        }
     }
     // Module-defined ACL categories exist from Redis 7.4; older servers and
     // Valkey load without it.
@@ -196,6 +212,20 @@ unsafe fn load(ctx: *mut raw::RedisModuleCtx) -> Result<(), &'static CStr> {
         Some(add) => (unsafe { add(ctx, ACL_CATEGORY.as_ptr()) }) == OK,
         None => false,
     };
+    register_container(
+        ctx,
+        c"RL.POLICY",
+        c"Manages policies: SET, GET, DEL, LIST",
+        &commands::policy::SUBCOMMANDS,
+        custom_category,
+    )?;
+    register_container(
+        ctx,
+        c"RL.LOG",
+        c"Reads the deny log: GET, LEN, RESET",
+        &commands::log::SUBCOMMANDS,
+        custom_category,
+    )?;
     for command in COMMANDS {
         let (first, last, step) = command.keys;
         let created = unsafe {
@@ -216,8 +246,76 @@ unsafe fn load(ctx: *mut raw::RedisModuleCtx) -> Result<(), &'static CStr> {
         if cmd.is_null() {
             return Err(c"could not find a command just created");
         }
-        set_command_info(cmd, command)?;
+        set_command_info(cmd, command, command.keys == (0, 0, 0))?;
         set_acl_categories(ctx, cmd, command, custom_category);
+    }
+    Ok(())
+}
+
+/// A command made of subcommands (`RL.POLICY SET ...`), each with its own
+/// flags and arity.
+fn register_container(
+    ctx: *mut raw::RedisModuleCtx,
+    name: &'static CStr,
+    summary: &'static CStr,
+    subcommands: &[(
+        &'static CStr,
+        commands::policy::HandlerFn,
+        &'static CStr,
+        c_int,
+    )],
+    custom_category: bool,
+) -> Result<(), &'static CStr> {
+    let created =
+        unsafe { api!(RedisModule_CreateCommand)(ctx, name.as_ptr(), None, c"".as_ptr(), 0, 0, 0) };
+    if created != OK {
+        return Err(c"could not create a command");
+    }
+    let parent = unsafe { api!(RedisModule_GetCommand)(ctx, name.as_ptr()) };
+    if parent.is_null() {
+        return Err(c"could not find a command just created");
+    }
+    for &(sub, handler, flags, arity) in subcommands {
+        let created = unsafe {
+            api!(RedisModule_CreateSubcommand)(
+                parent,
+                sub.as_ptr(),
+                Some(handler),
+                flags.as_ptr(),
+                0,
+                0,
+                0,
+            )
+        };
+        if created != OK {
+            return Err(c"could not create a subcommand");
+        }
+        let full = format!(
+            "{}|{}",
+            name.to_string_lossy(),
+            sub.to_string_lossy().to_lowercase()
+        );
+        let full = std::ffi::CString::new(full).expect("no NUL in a name");
+        let cmd = unsafe { api!(RedisModule_GetCommand)(ctx, full.as_ptr()) };
+        if cmd.is_null() {
+            return Err(c"could not find a subcommand just created");
+        }
+        let spec = Command {
+            name,
+            handler,
+            flags,
+            keys: (0, 0, 0),
+            arity,
+            summary,
+            complexity: c"O(1)",
+            acl: if flags.to_bytes().starts_with(b"write") {
+                c"write"
+            } else {
+                c"read"
+            },
+        };
+        set_command_info(cmd, &spec, false)?;
+        set_acl_categories(ctx, cmd, &spec, custom_category);
     }
     Ok(())
 }
@@ -228,6 +326,7 @@ unsafe fn load(ctx: *mut raw::RedisModuleCtx) -> Result<(), &'static CStr> {
 fn set_command_info(
     cmd: *mut raw::RedisModuleCommand,
     command: &Command,
+    keys_by_numkeys: bool,
 ) -> Result<(), &'static CStr> {
     static VERSION: raw::RedisModuleCommandInfoVersion = raw::RedisModuleCommandInfoVersion {
         version: 1,
@@ -256,7 +355,7 @@ fn set_command_info(
         // terminator
         unsafe { std::mem::zeroed() },
     ];
-    let key_specs = if command.keys == (0, 0, 0) {
+    let key_specs = if keys_by_numkeys {
         numkeys_spec.as_mut_ptr()
     } else {
         std::ptr::null_mut()
@@ -312,4 +411,26 @@ fn log(ctx: *mut raw::RedisModuleCtx, level: &CStr, message: &CStr) {
     if let Some(log) = unsafe { raw::RedisModule_Log } {
         unsafe { log(ctx, level.as_ptr(), c"%s".as_ptr(), message.as_ptr()) };
     }
+}
+
+/// Server events the module follows: any of them may bring a consumer of the
+/// replication stream (see `replicate.rs`); a dataset being loaded also
+/// brings its own policies.
+pub(crate) unsafe extern "C" fn on_server_event(
+    ctx: *mut raw::RedisModuleCtx,
+    event: raw::RedisModuleEvent,
+    subevent: u64,
+    _data: *mut std::os::raw::c_void,
+) {
+    guard::callback((), || {
+        replicate::consumer_may_appear(ctx);
+        let loading_starts = [
+            raw::REDISMODULE_SUBEVENT_LOADING_RDB_START,
+            raw::REDISMODULE_SUBEVENT_LOADING_AOF_START,
+            raw::REDISMODULE_SUBEVENT_LOADING_REPL_START,
+        ];
+        if event.id == raw::REDISMODULE_EVENT_LOADING && loading_starts.contains(&subevent) {
+            policy::clear();
+        }
+    })
 }

@@ -29,7 +29,7 @@
 //! write for `save` points and `rdb_changes_since_last_save`.
 
 use std::ffi::CStr;
-use std::os::raw::{c_int, c_longlong, c_void};
+use std::os::raw::{c_int, c_longlong};
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 
@@ -72,8 +72,9 @@ pub unsafe fn init(ctx: *mut raw::RedisModuleCtx) {
     let mut subscribed = true;
     for id in events {
         let event = raw::RedisModuleEvent { id, dataver: 1 };
-        let status =
-            unsafe { api!(RedisModule_SubscribeToServerEvent)(ctx, event, Some(on_event)) };
+        let status = unsafe {
+            api!(RedisModule_SubscribeToServerEvent)(ctx, event, Some(crate::on_server_event))
+        };
         subscribed &= status == raw::REDISMODULE_OK as c_int;
     }
     let quiet = subscribed && unsafe { nothing_consumes_the_stream(ctx) };
@@ -105,20 +106,14 @@ unsafe fn nothing_consumes_the_stream(ctx: *mut raw::RedisModuleCtx) -> bool {
     quiet
 }
 
-unsafe extern "C" fn on_event(
-    ctx: *mut raw::RedisModuleCtx,
-    _event: raw::RedisModuleEvent,
-    _subevent: u64,
-    _data: *mut c_void,
-) {
-    crate::guard::callback((), || {
-        if !PINNED.swap(true, Ordering::Relaxed) {
-            crate::log_notice(
-                ctx,
-                c"a fork, replica, role change or data load was seen: admitted calls are now propagated with the master's time pinned",
-            );
-        }
-    })
+/// Any of the events [`init`] subscribes to: from now on, pin.
+pub fn consumer_may_appear(ctx: *mut raw::RedisModuleCtx) {
+    if !PINNED.swap(true, Ordering::Relaxed) {
+        crate::log_notice(
+            ctx,
+            c"a fork, replica, role change or data load was seen: admitted calls are now propagated with the master's time pinned",
+        );
+    }
 }
 
 /// Propagates an admitted limiter call as
@@ -165,5 +160,30 @@ pub fn limiter_call(
                 now.0 as c_longlong,
             );
         }
+    }
+}
+
+/// Propagates an admitted call made through a policy or `RL.ALL`'s parsed
+/// parameters: like [`limiter_call`], with the parameters given as numbers.
+pub fn limiter_call_with_params(
+    ctx: *mut raw::RedisModuleCtx,
+    command: &CStr,
+    key: *mut raw::RedisModuleString,
+    params: &[u64],
+    cost: u64,
+    now: Micros,
+) {
+    if !pinned() {
+        unsafe { api!(RedisModule_ReplicateVerbatim)(ctx) };
+        return;
+    }
+    let mut strings = [ptr::null_mut(); 8];
+    strings[0] = key;
+    for (slot, &value) in strings[1..].iter_mut().zip(params) {
+        *slot = unsafe { api!(RedisModule_CreateStringFromLongLong)(ctx, value as c_longlong) };
+    }
+    limiter_call(ctx, command, &strings[..1 + params.len()], cost, now);
+    for &s in &strings[1..1 + params.len()] {
+        unsafe { api!(RedisModule_FreeString)(ctx, s) };
     }
 }

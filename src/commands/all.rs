@@ -15,14 +15,17 @@ use std::os::raw::c_int;
 use redis_module::raw;
 
 use super::limiter::{apply_to_key, decide_on_key, LimiterCommand};
+use super::policy::{off_decision, shadowed, Through};
 use super::spec::{with_algorithm, Spec};
 use super::{from_replication_or_loading, signal_modified, Args, Key};
 use crate::api;
 use crate::args::{parse_int, parse_options};
 use crate::clock;
+use crate::deny_log;
 use crate::error::Error;
 use crate::guard;
 use crate::limiter::{Decision, Micros, Wait};
+use crate::policy::{self, PolicyStats};
 use crate::replicate;
 
 /// Most limiters in one call.
@@ -66,9 +69,9 @@ unsafe fn run(
         }
     }
     // Specs, then options.
-    let mut specs: [Option<(Spec, usize)>; MAX_KEYS] = [None; MAX_KEYS];
+    let mut limits: [Option<Limit>; MAX_KEYS] = [None; MAX_KEYS];
     let mut cursor = 2 + numkeys;
-    for (i, slot) in specs.iter_mut().enumerate().take(numkeys) {
+    for (i, slot) in limits.iter_mut().enumerate().take(numkeys) {
         if cursor >= all.len() {
             return Err(Error::Syntax(format!(
                 "{numkeys} keys need {numkeys} specs, got {i}"
@@ -76,12 +79,31 @@ unsafe fn run(
         }
         if all[cursor].eq_ignore_ascii_case(b"POLICY") {
             let name = all.get(cursor + 1).copied().unwrap_or_default();
-            return Err(Error::UnknownPolicy(Error::quote(name)));
+            let (rule, stats) =
+                policy::get(name).ok_or_else(|| Error::UnknownPolicy(Error::quote(name)))?;
+            *slot = Some(Limit {
+                spec: rule.spec,
+                source: Source::Policy {
+                    name,
+                    through: Through::of(&rule, keys[i]),
+                    stats,
+                },
+            });
+            cursor += 2;
+        } else {
+            let (spec, words) = Spec::parse_in_call(&all[cursor..], i + 1)?;
+            *slot = Some(Limit {
+                spec,
+                source: Source::Inline { start: cursor },
+            });
+            cursor += words;
         }
-        let (spec, words) = Spec::parse_in_call(&all[cursor..], i + 1)?;
-        *slot = Some((spec, cursor));
-        cursor += words;
     }
+    let limits: Vec<Limit> = limits
+        .iter()
+        .take(numkeys)
+        .map(|l| l.expect("parsed"))
+        .collect();
     let options = parse_options(&all[cursor..])?;
     if options.at.is_some() {
         // RL.ALL is never propagated as such: each limiter goes out on its own.
@@ -89,50 +111,174 @@ unsafe fn run(
     }
     let replicated = from_replication_or_loading(ctx);
     if !replicated {
-        for (spec, _) in specs.iter().flatten() {
-            with_algorithm!(*spec, L, p => L::within_configured_bounds(&p))?;
+        for limit in limits
+            .iter()
+            .filter(|l| matches!(l.source, Source::Inline { .. }))
+        {
+            with_algorithm!(limit.spec, L, p => L::within_configured_bounds(&p))?;
         }
     }
     let now: Micros = clock::now();
     let cost = options.cost;
 
-    // Decide everywhere first; nothing changes yet.
+    // Decide everywhere first; nothing changes yet. A limiter that is off is
+    // not even looked at; a shadowed one never denies the call.
     let key_name = |i: usize| unsafe { *argv.add(2 + i) };
-    let opened: Vec<Key> = (0..numkeys)
-        .map(|i| Key::open_rw(ctx, key_name(i)))
-        .collect();
-    let mut decisions = [None; MAX_KEYS];
-    for i in 0..numkeys {
-        let (spec, _) = specs[i].expect("parsed");
-        decisions[i] =
-            Some(with_algorithm!(spec, L, p => decide_on_key::<L>(&opened[i], &p, cost, now))?);
-    }
-    let decisions: Vec<Decision> = decisions
+    let opened: Vec<Option<Key>> = limits
         .iter()
-        .take(numkeys)
-        .map(|d| d.expect("decided"))
+        .enumerate()
+        .map(|(i, l)| (!l.is_off()).then(|| Key::open_rw(ctx, key_name(i))))
         .collect();
-    let denied_by = decisions.iter().position(|d| !d.allowed);
+    let mut actual = Vec::with_capacity(numkeys);
+    for (limit, key) in limits.iter().zip(&opened) {
+        actual.push(match (key, limit.source) {
+            (Some(key), _) => {
+                with_algorithm!(limit.spec, L, p => decide_on_key::<L>(key, &p, cost, now))?
+            }
+            (None, Source::Policy { .. }) => off_decision_of(limit),
+            (None, Source::Inline { .. }) => unreachable!("inline limiters are never off"),
+        });
+    }
+    let answered: Vec<Decision> = limits
+        .iter()
+        .zip(&actual)
+        .map(|(l, d)| {
+            if !d.allowed && l.is_shadow() {
+                shadowed(*d)
+            } else {
+                *d
+            }
+        })
+        .collect();
+    let denied_by = answered.iter().position(|d| !d.allowed);
 
-    if denied_by.is_none() && cost > 0 {
-        for i in 0..numkeys {
-            let (spec, start) = specs[i].expect("parsed");
-            let applied = with_algorithm!(spec, L, p => apply_to_key::<L>(ctx, &opened[i], &p, cost, now, replicated))?;
-            debug_assert_eq!(applied, decisions[i]);
-            let words = spec.param_count();
+    for (i, (limit, decision)) in limits.iter().zip(&actual).enumerate() {
+        if limit.is_off() {
+            if let Source::Policy { stats, .. } = limit.source {
+                stats.outcomes.calls.bump();
+            }
+            continue;
+        }
+        let key = opened[i].as_ref().expect("opened");
+        // All admitted: each limiter that admits takes its units (a shadowed
+        // one that would deny takes nothing).
+        let take = denied_by.is_none() && cost > 0 && decision.allowed;
+        if take {
+            let applied = with_algorithm!(limit.spec, L, p => apply_to_key::<L>(ctx, key, &p, cost, now, replicated))?;
+            debug_assert_eq!(applied, *decision);
+            propagate(ctx, argv, limit, key_name(i), cost, now);
+            signal_modified(ctx, key_name(i));
+        }
+        // What this limiter did: its own decision if the call went through
+        // or it denied; a peek if another limiter denied the call.
+        let outcome = if take || !decision.allowed || cost == 0 {
+            cost
+        } else {
+            0
+        };
+        with_algorithm!(limit.spec, L, _p => L::stats().record(decision, outcome));
+        if let Source::Policy { stats, .. } = limit.source {
+            stats.outcomes.record(decision, outcome);
+            if !decision.allowed && limit.is_shadow() {
+                stats.shadow_denied.bump();
+            }
+        }
+    }
+    let overall = Decision {
+        allowed: denied_by.is_none(),
+        ..answered[0]
+    };
+    crate::stats::ALL.record(&overall, cost);
+    if let Some(i) = denied_by {
+        let source: [&[u8]; 2] = match limits[i].source {
+            Source::Policy { name, .. } => [b"RL.ALL policy:", name],
+            Source::Inline { .. } => [b"RL.ALL ", limits[i].spec.name().as_bytes()],
+        };
+        deny_log::record(
+            now.as_ms_floor(),
+            keys[i],
+            &source,
+            cost,
+            answered[i].wait.as_reply(),
+        );
+    }
+    drop(opened);
+    reply(ctx, &answered, denied_by);
+    Ok(())
+}
+
+/// One limiter of the call.
+#[derive(Clone, Copy)]
+struct Limit<'a> {
+    spec: Spec,
+    source: Source<'a>,
+}
+
+#[derive(Clone, Copy)]
+enum Source<'a> {
+    /// Given in the call; its parameters start after argv[start].
+    Inline { start: usize },
+    /// `POLICY name`.
+    Policy {
+        name: &'a [u8],
+        through: Through,
+        stats: &'static PolicyStats,
+    },
+}
+
+impl Limit<'_> {
+    fn is_off(&self) -> bool {
+        matches!(
+            self.source,
+            Source::Policy {
+                through: Through::Off,
+                ..
+            }
+        )
+    }
+    fn is_shadow(&self) -> bool {
+        matches!(
+            self.source,
+            Source::Policy {
+                through: Through::Shadow,
+                ..
+            }
+        )
+    }
+}
+
+fn off_decision_of(limit: &Limit) -> Decision {
+    off_decision(&crate::policy::Rule {
+        spec: limit.spec,
+        mode: crate::policy::Mode::Off,
+        rollout: 0,
+    })
+}
+
+/// Propagates one limiter's admitted units as its own pinned call.
+fn propagate(
+    ctx: *mut raw::RedisModuleCtx,
+    argv: *mut *mut raw::RedisModuleString,
+    limit: &Limit,
+    key: *mut raw::RedisModuleString,
+    cost: u64,
+    now: Micros,
+) {
+    let command = with_algorithm!(limit.spec, L, _p => L::NAME);
+    match limit.source {
+        Source::Inline { start } => {
+            let words = limit.spec.param_count();
             let mut key_and_params = [std::ptr::null_mut(); 5];
-            key_and_params[0] = key_name(i);
+            key_and_params[0] = key;
             for w in 0..words {
                 key_and_params[1 + w] = unsafe { *argv.add(start + 1 + w) };
             }
-            let command = with_algorithm!(spec, L, _p => L::NAME);
             replicate::limiter_call(ctx, command, &key_and_params[..1 + words], cost, now);
-            signal_modified(ctx, key_name(i));
+        }
+        Source::Policy { .. } => {
+            replicate::limiter_call_with_params(ctx, command, key, &limit.spec.params(), cost, now);
         }
     }
-    drop(opened);
-    reply(ctx, &decisions, denied_by);
-    Ok(())
 }
 
 /// The five integers of the most restrictive limiter, then `denied_by`.

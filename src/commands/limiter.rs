@@ -19,6 +19,7 @@ use crate::args::{parse_call, Params};
 use crate::clock;
 use crate::config;
 use crate::datatype::NativeState;
+use crate::deny_log;
 use crate::error::Error;
 use crate::guard;
 use crate::limiter::hash_window::HashWindowParams;
@@ -27,11 +28,19 @@ use crate::limiter::{
     Algorithm, FixedWindow, HashWindow, LeakyBucket, Micros, SlidingLog, TokenBucket,
 };
 use crate::replicate;
+use crate::stats::Outcomes;
 
 /// An algorithm served as a command.
 pub trait LimiterCommand: Algorithm<State: NativeState, Params: Params> {
     /// The command name, as propagated.
     const NAME: &'static CStr;
+    /// Index in `stats::ALGORITHMS`.
+    const INDEX: usize;
+
+    /// This algorithm's counters for `INFO ratelimit`.
+    fn stats() -> &'static Outcomes {
+        &crate::stats::ALGORITHMS[Self::INDEX]
+    }
 
     /// Bounds the module configs put on client calls (never on replicated
     /// ones: the master accepted them).
@@ -42,18 +51,22 @@ pub trait LimiterCommand: Algorithm<State: NativeState, Params: Params> {
 
 impl LimiterCommand for TokenBucket {
     const NAME: &'static CStr = c"RL.TOKENBUCKET";
+    const INDEX: usize = 0;
 }
 
 impl LimiterCommand for FixedWindow {
     const NAME: &'static CStr = c"RL.FIXEDWINDOW";
+    const INDEX: usize = 1;
 }
 
 impl LimiterCommand for LeakyBucket {
     const NAME: &'static CStr = c"RL.LEAKYBUCKET";
+    const INDEX: usize = 2;
 }
 
 impl LimiterCommand for SlidingLog {
     const NAME: &'static CStr = c"RL.SLIDING";
+    const INDEX: usize = 3;
 
     fn within_configured_bounds(params: &SlidingLogParams) -> Result<(), Error> {
         let max = config::get(&config::SLIDING_MAX_LIMIT);
@@ -70,6 +83,7 @@ impl LimiterCommand for SlidingLog {
 
 impl LimiterCommand for HashWindow {
     const NAME: &'static CStr = c"RL.HASHWINDOW";
+    const INDEX: usize = 4;
 
     fn within_configured_bounds(params: &HashWindowParams) -> Result<(), Error> {
         let max = config::get(&config::HASHWINDOW_MAX_BUCKETS);
@@ -118,6 +132,17 @@ unsafe fn run<L: LimiterCommand>(
     let key_name = unsafe { *argv.add(1) };
     let key = Key::open_rw(ctx, key_name);
     let decision = apply_to_key::<L>(ctx, &key, &params, cost, now, replicated)?;
+    L::stats().record(&decision, cost);
+    if !decision.allowed {
+        let name = args.all()[1];
+        deny_log::record(
+            now.as_ms_floor(),
+            name,
+            &[L::NAME.to_bytes()],
+            cost,
+            decision.wait.as_reply(),
+        );
+    }
     if decision.allowed && cost > 0 {
         // The client's own key and parameter strings, passed on as they are.
         let key_and_params =

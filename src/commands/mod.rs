@@ -3,6 +3,8 @@
 
 pub mod all;
 pub mod limiter;
+pub mod log;
+pub mod policy;
 pub mod setstate;
 pub mod spec;
 

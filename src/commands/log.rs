@@ -1,0 +1,103 @@
+//! `RL.LOG GET [count]`, `RL.LOG LEN`, `RL.LOG RESET`: the deny log, read
+//! like SLOWLOG.
+
+use std::os::raw::c_int;
+
+use redis_module::raw;
+
+use super::all_args;
+use crate::api;
+use crate::args::parse_int;
+use crate::deny_log;
+use crate::error::Error;
+use crate::guard;
+
+/// Entries `RL.LOG GET` returns without a count (like SLOWLOG GET).
+const DEFAULT_COUNT: u64 = 10;
+
+/// The subcommands of `RL.LOG`: name, handler, flags, arity. Like SLOWLOG,
+/// they read module state, not keys, and work on replicas and while loading.
+pub const SUBCOMMANDS: [(
+    &std::ffi::CStr,
+    super::policy::HandlerFn,
+    &std::ffi::CStr,
+    c_int,
+); 3] = [
+    (c"GET", get_handler, c"admin allow-loading allow-stale", -2),
+    (
+        c"LEN",
+        len_handler,
+        c"admin allow-loading allow-stale fast",
+        2,
+    ),
+    (
+        c"RESET",
+        reset_handler,
+        c"admin allow-loading allow-stale",
+        2,
+    ),
+];
+
+/// # Safety
+/// Called by Redis with a valid context and `argc` arguments.
+pub unsafe extern "C" fn get_handler(
+    ctx: *mut raw::RedisModuleCtx,
+    argv: *mut *mut raw::RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    guard::command(ctx, || {
+        let args = unsafe { all_args(argv, argc) };
+        let count = match args.get(2) {
+            Some(text) => parse_int(text, "count", 0, u64::from(u32::MAX))?,
+            None => DEFAULT_COUNT,
+        };
+        if args.len() > 3 {
+            return Err(Error::Arity);
+        }
+        let entries = deny_log::recent(count as usize);
+        unsafe {
+            api!(RedisModule_ReplyWithArray)(ctx, entries.len() as i64);
+            for e in entries {
+                api!(RedisModule_ReplyWithArray)(ctx, 6);
+                api!(RedisModule_ReplyWithLongLong)(ctx, e.id as i64);
+                api!(RedisModule_ReplyWithLongLong)(ctx, e.unix_ms as i64);
+                api!(RedisModule_ReplyWithStringBuffer)(ctx, e.key.as_ptr().cast(), e.key.len());
+                api!(RedisModule_ReplyWithStringBuffer)(
+                    ctx,
+                    e.source.as_ptr().cast(),
+                    e.source.len(),
+                );
+                api!(RedisModule_ReplyWithLongLong)(ctx, e.cost as i64);
+                api!(RedisModule_ReplyWithLongLong)(ctx, e.wait_ms);
+            }
+        }
+        Ok(())
+    })
+}
+
+/// # Safety
+/// Called by Redis with a valid context and `argc` arguments.
+pub unsafe extern "C" fn len_handler(
+    ctx: *mut raw::RedisModuleCtx,
+    _argv: *mut *mut raw::RedisModuleString,
+    _argc: c_int,
+) -> c_int {
+    guard::command(ctx, || {
+        unsafe { api!(RedisModule_ReplyWithLongLong)(ctx, deny_log::len() as i64) };
+        Ok(())
+    })
+}
+
+/// # Safety
+/// Called by Redis with a valid context and `argc` arguments.
+pub unsafe extern "C" fn reset_handler(
+    ctx: *mut raw::RedisModuleCtx,
+    _argv: *mut *mut raw::RedisModuleString,
+    _argc: c_int,
+) -> c_int {
+    guard::command(ctx, || {
+        deny_log::reset();
+        unsafe { api!(RedisModule_ReplyWithSimpleString)(ctx, c"OK".as_ptr()) };
+        Ok(())
+    })
+}

@@ -1,0 +1,368 @@
+//! Policies: named limiter rules kept in the server, so operators change
+//! them while the system runs, with the staged roll-out a limiter needs.
+//!
+//! A policy is a spec (`TOKENBUCKET 5 5 1000`) with a mode and a roll-out:
+//!
+//! - `ENFORCE` (default) denies what the limiter denies;
+//! - `SHADOW` evaluates and counts, takes only what the limiter admits, and
+//!   always answers allowed: the dry run before a rule goes live;
+//! - `OFF` answers allowed at once and touches no state: the kill switch.
+//! - `ROLLOUT p` (0 to 100, default 100): only keys whose stable hash falls in
+//!   the first `p` percent are enforced, the others run in shadow. The hash
+//!   of a key never changes, so raising `p` keeps enforced keys enforced.
+//!
+//! Policies are node state, like Redis Functions: `RL.POLICY SET` and `DEL`
+//! are deterministic and propagate as they are, and the set of policies is
+//! saved in the RDB (module aux data, so also in the AOF's RDB preamble) and
+//! replaced by the one in the RDB when a server loads a dataset. Limiter
+//! calls made through a policy propagate as the plain limiter call, with the
+//! master's time pinned: replicas never need the policy to replay them.
+
+use std::collections::BTreeMap;
+use std::sync::{Mutex, MutexGuard};
+
+use crate::commands::spec::Spec;
+use crate::error::Error;
+use crate::stats::{Counter, Outcomes};
+
+/// How a policy acts on what its limiter decides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Enforce,
+    Shadow,
+    Off,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Enforce => "ENFORCE",
+            Mode::Shadow => "SHADOW",
+            Mode::Off => "OFF",
+        }
+    }
+    fn code(self) -> u64 {
+        self as u64
+    }
+    fn from_code(code: u64) -> Option<Mode> {
+        [Mode::Enforce, Mode::Shadow, Mode::Off]
+            .get(code as usize)
+            .copied()
+    }
+}
+
+/// One rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rule {
+    pub spec: Spec,
+    pub mode: Mode,
+    /// Percent of keys enforced (the rest in shadow), 0 to 100.
+    pub rollout: u8,
+}
+
+impl Rule {
+    /// Whether calls on `key` are enforced (as opposed to shadowed or off).
+    pub fn enforces(&self, key: &[u8]) -> bool {
+        self.mode == Mode::Enforce && rollout_bucket(key) < u64::from(self.rollout)
+    }
+}
+
+/// The percentile (0 to 99) of a key in roll-outs: FNV-1a, stable across
+/// nodes, restarts and versions.
+pub fn rollout_bucket(key: &[u8]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for &byte in key {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    hash % 100
+}
+
+/// A policy's counters for `INFO ratelimit`; kept when the rule changes.
+#[derive(Default)]
+pub struct PolicyStats {
+    pub outcomes: Outcomes,
+    /// Denials a shadowed call answered as allowed.
+    pub shadow_denied: Counter,
+}
+
+struct Entry {
+    rule: Rule,
+    stats: &'static PolicyStats,
+}
+
+/// Every policy of this node, by name.
+static POLICIES: Mutex<BTreeMap<Vec<u8>, Entry>> = Mutex::new(BTreeMap::new());
+
+/// Counters of every name ever used, so that they survive `DEL` + `SET`.
+/// (A handful of bytes per name, bounded by what operators create.)
+static STATS: Mutex<BTreeMap<Vec<u8>, &'static PolicyStats>> = Mutex::new(BTreeMap::new());
+
+fn policies() -> MutexGuard<'static, BTreeMap<Vec<u8>, Entry>> {
+    POLICIES.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn stats_for(name: &[u8]) -> &'static PolicyStats {
+    let mut all = STATS.lock().unwrap_or_else(|p| p.into_inner());
+    all.entry(name.to_vec())
+        .or_insert_with(|| Box::leak(Box::default()))
+}
+
+/// Longest policy name.
+pub const MAX_NAME: usize = 64;
+
+/// Checks a policy name: 1 to 64 of `A-Z a-z 0-9 _ - . :`, so that it reads
+/// cleanly as part of an INFO field.
+pub fn check_name(name: &[u8]) -> Result<(), Error> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_NAME
+        && name
+            .iter()
+            .all(|&b| b.is_ascii_alphanumeric() || b"_-.:".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Syntax(format!(
+            "policy name must be 1 to {MAX_NAME} characters of A-Z a-z 0-9 _ - . :, got '{}'",
+            Error::quote(name)
+        )))
+    }
+}
+
+/// Parses `<ALGORITHM> <params...> [MODE m] [ROLLOUT p]`.
+pub fn parse_rule(args: &[&[u8]]) -> Result<Rule, Error> {
+    let (spec, words) = Spec::parse(args, "policy")?;
+    let mut mode = None;
+    let mut rollout = None;
+    let mut rest = &args[words..];
+    while let [option, tail @ ..] = rest {
+        let value = tail.first().copied();
+        if option.eq_ignore_ascii_case(b"MODE") {
+            let value = value.ok_or(Error::MissingValue("MODE"))?;
+            if mode.is_some() {
+                return Err(Error::DuplicateOption("MODE"));
+            }
+            mode = Some(
+                [Mode::Enforce, Mode::Shadow, Mode::Off]
+                    .into_iter()
+                    .find(|m| value.eq_ignore_ascii_case(m.name().as_bytes()))
+                    .ok_or_else(|| {
+                        Error::Syntax(format!(
+                            "MODE must be ENFORCE, SHADOW or OFF, got '{}'",
+                            Error::quote(value)
+                        ))
+                    })?,
+            );
+        } else if option.eq_ignore_ascii_case(b"ROLLOUT") {
+            let value = value.ok_or(Error::MissingValue("ROLLOUT"))?;
+            if rollout.is_some() {
+                return Err(Error::DuplicateOption("ROLLOUT"));
+            }
+            rollout = Some(crate::args::parse_int(value, "ROLLOUT", 0, 100)? as u8);
+        } else {
+            return Err(Error::Syntax(format!(
+                "unknown option '{}' (expected MODE or ROLLOUT)",
+                Error::quote(option)
+            )));
+        }
+        rest = &tail[1..];
+    }
+    Ok(Rule {
+        spec,
+        mode: mode.unwrap_or(Mode::Enforce),
+        rollout: rollout.unwrap_or(100),
+    })
+}
+
+/// Creates or replaces a policy.
+pub fn set(name: &[u8], rule: Rule) {
+    let stats = stats_for(name);
+    policies().insert(name.to_vec(), Entry { rule, stats });
+}
+
+/// The rule of a policy and its counters.
+pub fn get(name: &[u8]) -> Option<(Rule, &'static PolicyStats)> {
+    policies().get(name).map(|e| (e.rule, e.stats))
+}
+
+/// Deletes a policy; whether it existed.
+pub fn delete(name: &[u8]) -> bool {
+    policies().remove(name).is_some()
+}
+
+/// Every policy, by name.
+pub fn list() -> Vec<(Vec<u8>, Rule, &'static PolicyStats)> {
+    policies()
+        .iter()
+        .map(|(name, e)| (name.clone(), e.rule, e.stats))
+        .collect()
+}
+
+/// Forgets every policy: a dataset is about to be loaded, with its own.
+pub fn clear() {
+    policies().clear();
+}
+
+/// The set of policies as unsigned fields and byte strings, for the RDB.
+pub fn encode(out: &mut impl FnMut(Field)) {
+    let rules: Vec<(Vec<u8>, Rule)> = list().into_iter().map(|(n, r, _)| (n, r)).collect();
+    encode_rules(&rules, out);
+}
+
+fn encode_rules(all: &[(Vec<u8>, Rule)], out: &mut impl FnMut(Field)) {
+    out(Field::Unsigned(all.len() as u64));
+    for (name, rule) in all {
+        out(Field::Bytes(name));
+        out(Field::Bytes(rule.spec.name().as_bytes()));
+        let params = rule.spec.params();
+        out(Field::Unsigned(params.len() as u64));
+        for p in params {
+            out(Field::Unsigned(p));
+        }
+        out(Field::Unsigned(rule.mode.code()));
+        out(Field::Unsigned(u64::from(rule.rollout)));
+    }
+}
+
+/// One field of the RDB form.
+pub enum Field<'a> {
+    Unsigned(u64),
+    Bytes(&'a [u8]),
+}
+
+/// Reads the RDB form back; `None` if anything is off.
+pub fn decode(
+    unsigned: &mut impl FnMut() -> Option<u64>,
+    bytes: &mut impl FnMut() -> Option<Vec<u8>>,
+) -> Option<Vec<(Vec<u8>, Rule)>> {
+    let count = unsigned()?;
+    if count > 1 << 20 {
+        return None;
+    }
+    let mut out = Vec::new();
+    for _ in 0..count {
+        let name = bytes()?;
+        check_name(&name).ok()?;
+        let algorithm = bytes()?;
+        let n = unsigned()?;
+        if n > 8 {
+            return None;
+        }
+        let params: Vec<String> = (0..n)
+            .map(|_| unsigned().map(|v| v.to_string()))
+            .collect::<Option<_>>()?;
+        let mut words: Vec<&[u8]> = vec![&algorithm];
+        words.extend(params.iter().map(|p| p.as_bytes()));
+        let (spec, used) = Spec::parse(&words, "policy").ok()?;
+        if used != words.len() {
+            return None;
+        }
+        let mode = Mode::from_code(unsigned()?)?;
+        let rollout = unsigned()?;
+        if rollout > 100 {
+            return None;
+        }
+        out.push((
+            name,
+            Rule {
+                spec,
+                mode,
+                rollout: rollout as u8,
+            },
+        ));
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rules_parse_with_defaults_and_named_errors() {
+        let r = parse_rule(&[b"TOKENBUCKET", b"5", b"5", b"1000"]).unwrap();
+        assert_eq!((r.mode, r.rollout), (Mode::Enforce, 100));
+        let r = parse_rule(&[
+            b"fixedwindow",
+            b"10",
+            b"1000",
+            b"mode",
+            b"shadow",
+            b"ROLLOUT",
+            b"30",
+        ])
+        .unwrap();
+        assert_eq!((r.mode, r.rollout), (Mode::Shadow, 30));
+        assert!(parse_rule(&[b"TOKENBUCKET", b"5", b"5"]).is_err());
+        assert_eq!(
+            parse_rule(&[b"FIXEDWINDOW", b"1", b"1", b"ROLLOUT", b"101"]).unwrap_err(),
+            Error::Range {
+                arg: "ROLLOUT",
+                min: 0,
+                max: 100
+            }
+        );
+        assert!(parse_rule(&[b"FIXEDWINDOW", b"1", b"1", b"MODE", b"LOUD"]).is_err());
+        assert_eq!(
+            parse_rule(&[b"FIXEDWINDOW", b"1", b"1", b"MODE"]).unwrap_err(),
+            Error::MissingValue("MODE")
+        );
+    }
+
+    #[test]
+    fn names_are_checked() {
+        assert!(check_name(b"orders:create-v2.1_a").is_ok());
+        for bad in [&b""[..], b"a b", b"a\nb", &[b'x'; 65]] {
+            assert!(check_name(bad).is_err());
+        }
+    }
+
+    #[test]
+    fn rollout_is_monotone_and_roughly_uniform() {
+        let keys: Vec<String> = (0..10_000).map(|i| format!("user:{i}")).collect();
+        let rule = |p| Rule {
+            spec: parse_rule(&[b"FIXEDWINDOW", b"1", b"1"]).unwrap().spec,
+            mode: Mode::Enforce,
+            rollout: p,
+        };
+        let mut previous: Vec<bool> = vec![false; keys.len()];
+        for p in [0, 10, 30, 50, 100] {
+            let now: Vec<bool> = keys
+                .iter()
+                .map(|k| rule(p).enforces(k.as_bytes()))
+                .collect();
+            for (was, is) in previous.iter().zip(&now) {
+                assert!(!was || *is, "raising the roll-out un-enforced a key");
+            }
+            let share = now.iter().filter(|&&e| e).count() as f64 / keys.len() as f64;
+            assert!((share - p as f64 / 100.0).abs() < 0.03, "{p}%: {share}");
+            previous = now;
+        }
+    }
+
+    #[test]
+    fn the_rdb_form_round_trips() {
+        let rule = parse_rule(&[
+            b"HASHWINDOW",
+            b"10",
+            b"60000",
+            b"1000",
+            b"MODE",
+            b"OFF",
+            b"ROLLOUT",
+            b"7",
+        ])
+        .unwrap();
+        let mut unsigned = Vec::new();
+        let mut bytes = Vec::new();
+        let all = [(b"p1".to_vec(), rule)];
+        encode_rules(&all, &mut |f: Field| match f {
+            Field::Unsigned(v) => unsigned.push(v),
+            Field::Bytes(b) => bytes.push(b.to_vec()),
+        });
+        let mut u = unsigned.into_iter();
+        let mut b = bytes.into_iter();
+        let decoded = decode(&mut || u.next(), &mut || b.next()).unwrap();
+        assert_eq!(decoded, all.to_vec());
+    }
+}
