@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 MODULE := target/release/libredis_ratelimit.so
 
-.PHONY: all setup build run test test-unit test-integration test-cli lint bench clean
+.PHONY: all setup build run test test-unit test-integration test-cli lint bench cluster cluster-stop clean
 
 all: build
 
@@ -36,6 +36,14 @@ lint:
 
 bench: build
 	RL_MODULE=$(CURDIR)/$(MODULE) scripts/bench.sh
+
+# A 3-master, 3-replica cluster on loopback with the module on every node
+# (KIND=valkey for Valkey); see docs/cluster.md.
+cluster: build
+	RL_MODULE=$(CURDIR)/$(MODULE) scripts/cluster.sh start $(KIND)
+
+cluster-stop:
+	scripts/cluster.sh stop $(KIND)
 
 clean:
 	cargo clean
