@@ -17,8 +17,7 @@ use redis_module::raw;
 use super::limiter::{apply_to_key, decide_on_key, LimiterCommand};
 use super::policy::{off_decision, shadowed, Through};
 use super::spec::{with_algorithm, Spec};
-use super::{from_replication_or_loading, signal_modified, Args, Key};
-use crate::api;
+use super::{from_replication_or_loading, reply_decision_and, signal_modified, Args, Key};
 use crate::args::{parse_int, parse_options};
 use crate::clock;
 use crate::deny_log;
@@ -309,14 +308,5 @@ fn reply(ctx: *mut raw::RedisModuleCtx, decisions: &[Decision], denied_by: Optio
             .max_by_key(|&w| wait_rank(w))
             .unwrap_or(Wait::Ms(0));
     }
-    let reply = api!(RedisModule_ReplyWithLongLong);
-    unsafe {
-        api!(RedisModule_ReplyWithArray)(ctx, 6);
-        reply(ctx, chosen.allowed as i64);
-        reply(ctx, chosen.limit as i64);
-        reply(ctx, chosen.remaining as i64);
-        reply(ctx, chosen.wait.as_reply());
-        reply(ctx, chosen.reset_ms as i64);
-        reply(ctx, denied_by.map_or(0, |i| i as i64 + 1));
-    }
+    reply_decision_and(ctx, &chosen, Some(denied_by.map_or(0, |i| i as i64 + 1)));
 }

@@ -144,13 +144,21 @@ pub fn signal_modified(ctx: *mut raw::RedisModuleCtx, name: *mut raw::RedisModul
 
 /// The five-integer reply of every limiter command.
 pub fn reply_decision(ctx: *mut raw::RedisModuleCtx, decision: &Decision) {
+    reply_decision_and(ctx, decision, None);
+}
+
+/// The five integers, and a sixth (`RL.ALL`'s `denied_by`).
+pub fn reply_decision_and(ctx: *mut raw::RedisModuleCtx, decision: &Decision, sixth: Option<i64>) {
     let reply = api!(RedisModule_ReplyWithLongLong);
     unsafe {
-        api!(RedisModule_ReplyWithArray)(ctx, 5);
+        api!(RedisModule_ReplyWithArray)(ctx, if sixth.is_some() { 6 } else { 5 });
         reply(ctx, decision.allowed as i64);
         reply(ctx, decision.limit as i64);
         reply(ctx, decision.remaining as i64);
         reply(ctx, decision.wait.as_reply());
         reply(ctx, decision.reset_ms as i64);
+        if let Some(value) = sixth {
+            reply(ctx, value);
+        }
     }
 }
