@@ -136,7 +136,11 @@ unsafe extern "C" fn set_numeric(
 ) -> c_int {
     // Redis has checked the range given at registration.
     crate::guard::callback(raw::REDISMODULE_ERR as c_int, || {
-        unsafe { &*(privdata as *const AtomicU64) }.store(value as u64, Ordering::Relaxed);
+        let config = unsafe { &*(privdata as *const AtomicU64) };
+        config.store(value as u64, Ordering::Relaxed);
+        if std::ptr::eq(config, &LOG_MAX_LEN) {
+            crate::deny_log::trim(value as usize);
+        }
         raw::REDISMODULE_OK as c_int
     })
 }

@@ -89,6 +89,13 @@ pub fn len() -> usize {
     log().entries.len().min(max_len)
 }
 
+/// Drops the oldest entries beyond `max_len` (the bound just changed).
+pub fn trim(max_len: usize) {
+    let mut log = log();
+    log.entries.truncate(max_len);
+    log.entries.shrink_to(max_len);
+}
+
 /// Empties the log (ids keep growing).
 pub fn reset() {
     log().entries.clear();
@@ -122,10 +129,14 @@ mod tests {
         assert_eq!(recent(1)[0].source, b"policy:p");
         // shrinking the bound applies at once, and 0 turns the log off
         config::LOG_MAX_LEN.store(1, Ordering::Relaxed);
+        trim(1);
         assert_eq!(len(), 1);
         config::LOG_MAX_LEN.store(0, Ordering::Relaxed);
+        trim(0);
         record(9, b"off", &[b"RL.SLIDING"], 1, 1);
         assert_eq!(len(), 0);
+        // turned on again, it starts empty
         config::LOG_MAX_LEN.store(128, Ordering::Relaxed);
+        assert_eq!(len(), 0);
     }
 }

@@ -116,7 +116,7 @@ const COMMANDS: &[Command] = &[
     Command {
         name: c"RL.ALL",
         handler: commands::all::handler,
-        flags: c"write",
+        flags: c"write getkeys-api",
         keys: (0, 0, 0),
         arity: -5,
         summary: c"Several limiters at once, all or nothing: units are taken from every limiter only if every one admits",

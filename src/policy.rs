@@ -174,6 +174,37 @@ pub fn parse_rule(args: &[&[u8]]) -> Result<Rule, Error> {
     })
 }
 
+/// Most policies a node holds.
+pub const MAX_POLICIES: usize = 10_000;
+
+/// The name a policy's counters have in INFO (`:` is INFO's separator).
+pub fn info_name(name: &[u8]) -> String {
+    String::from_utf8_lossy(name).replace(':', "_")
+}
+
+/// Checks that `name` may be set: room for one more policy, and no other
+/// policy whose INFO fields would have the same names.
+pub fn check_room_for(name: &[u8]) -> Result<(), Error> {
+    let all = policies();
+    if all.contains_key(name) {
+        return Ok(());
+    }
+    if all.len() >= MAX_POLICIES {
+        return Err(Error::Syntax(format!(
+            "a node holds at most {MAX_POLICIES} policies"
+        )));
+    }
+    let wanted = info_name(name);
+    if let Some(other) = all.keys().find(|other| info_name(other) == wanted) {
+        return Err(Error::Syntax(format!(
+            "policy '{}' would share its INFO fields with policy '{}' (':' is written '_')",
+            Error::quote(name),
+            Error::quote(other)
+        )));
+    }
+    Ok(())
+}
+
 /// Creates or replaces a policy.
 pub fn set(name: &[u8], rule: Rule) {
     let stats = stats_for(name);

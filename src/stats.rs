@@ -110,10 +110,7 @@ pub unsafe extern "C" fn info(
         let policies = crate::policy::list();
         field("policies", policies.len() as u64);
         for (name, _, stats) in &policies {
-            // Names are A-Z a-z 0-9 _ - . : ; INFO fields take them as they are
-            // but for ':' (the field separator), written as '_'.
-            let name: String = String::from_utf8_lossy(name).replace(':', "_");
-            let prefix = format!("policy_{name}");
+            let prefix = format!("policy_{}", crate::policy::info_name(name));
             outcomes(&prefix, &stats.outcomes);
             field(
                 &format!("{prefix}_shadow_denied"),

@@ -18,6 +18,7 @@ use super::limiter::{apply_to_key, decide_on_key, LimiterCommand};
 use super::policy::{off_decision, shadowed, Through};
 use super::spec::{with_algorithm, Spec};
 use super::{from_replication_or_loading, reply_decision_and, signal_modified, Args, Key};
+use crate::api;
 use crate::args::{parse_int, parse_options};
 use crate::clock;
 use crate::deny_log;
@@ -41,7 +42,30 @@ pub unsafe extern "C" fn handler(
     argv: *mut *mut raw::RedisModuleString,
     argc: c_int,
 ) -> c_int {
+    if unsafe { api!(RedisModule_IsKeysPositionRequest)(ctx) } != 0 {
+        // Cluster routing and ACLs ask where the keys are: after numkeys.
+        guard::callback((), || unsafe { key_positions(ctx, argv, argc) });
+        return raw::REDISMODULE_OK as c_int;
+    }
     guard::command(ctx, || unsafe { run(ctx, argv, argc) })
+}
+
+/// Declares the keys of a call: `numkeys` at argv[1], the keys after it.
+unsafe fn key_positions(
+    ctx: *mut raw::RedisModuleCtx,
+    argv: *mut *mut raw::RedisModuleString,
+    argc: c_int,
+) {
+    if argc < 3 {
+        return;
+    }
+    let args = unsafe { super::all_args(argv, 2) };
+    let Ok(numkeys) = parse_int(args[1], "numkeys", 1, MAX_KEYS as u64) else {
+        return;
+    };
+    for position in 2..(2 + numkeys as c_int).min(argc) {
+        unsafe { api!(RedisModule_KeyAtPos)(ctx, position) };
+    }
 }
 
 unsafe fn run(
@@ -202,7 +226,19 @@ unsafe fn run(
         );
     }
     drop(opened);
-    reply(ctx, &answered, denied_by);
+    // A limiter that is off answers nothing about the call: it never shapes
+    // the reply, unless every limiter is off.
+    let live: Vec<Decision> = limits
+        .iter()
+        .zip(&answered)
+        .filter(|(l, _)| !l.is_off())
+        .map(|(_, d)| *d)
+        .collect();
+    reply(
+        ctx,
+        if live.is_empty() { &answered } else { &live },
+        denied_by,
+    );
     Ok(())
 }
 
@@ -298,8 +334,9 @@ fn reply(ctx: *mut raw::RedisModuleCtx, decisions: &[Decision], denied_by: Optio
             .expect("at least one limiter"),
         Some(_) => *decisions
             .iter()
+            .filter(|d| !d.allowed)
             .max_by_key(|d| wait_rank(d.wait))
-            .expect("at least one limiter"),
+            .expect("a limiter denied"),
     };
     if denied_by.is_none() {
         chosen.wait = decisions

@@ -22,7 +22,8 @@ pub const SUBCOMMANDS: [(
     super::policy::HandlerFn,
     &std::ffi::CStr,
     c_int,
-); 3] = [
+); 4] = [
+    (c"HELP", help_handler, c"allow-loading allow-stale fast", 2),
     (c"GET", get_handler, c"admin allow-loading allow-stale", -2),
     (
         c"LEN",
@@ -98,6 +99,29 @@ pub unsafe extern "C" fn reset_handler(
     guard::command(ctx, || {
         deny_log::reset();
         unsafe { api!(RedisModule_ReplyWithSimpleString)(ctx, c"OK".as_ptr()) };
+        Ok(())
+    })
+}
+
+/// # Safety
+/// Called by Redis with a valid context and `argc` arguments.
+pub unsafe extern "C" fn help_handler(
+    ctx: *mut raw::RedisModuleCtx,
+    _argv: *mut *mut raw::RedisModuleString,
+    _argc: c_int,
+) -> c_int {
+    guard::command(ctx, || {
+        super::reply_lines(
+            ctx,
+            &[
+                "RL.LOG GET [<count>]",
+                "    The most recent denials, newest first (default 10): id, unix time in ms, key, command or policy, cost, wait_ms.",
+                "RL.LOG LEN",
+                "    How many denials the log holds (at most ratelimit.log-max-len).",
+                "RL.LOG RESET",
+                "    Empty the log (ids keep growing).",
+            ],
+        );
         Ok(())
     })
 }

@@ -162,3 +162,11 @@ pub fn reply_decision_and(ctx: *mut raw::RedisModuleCtx, decision: &Decision, si
         }
     }
 }
+
+/// A HELP reply: one status line per entry.
+pub fn reply_lines(ctx: *mut raw::RedisModuleCtx, lines: &[&str]) {
+    unsafe { api!(RedisModule_ReplyWithArray)(ctx, lines.len() as i64) };
+    for line in lines {
+        unsafe { api!(RedisModule_ReplyWithStringBuffer)(ctx, line.as_ptr().cast(), line.len()) };
+    }
+}

@@ -44,10 +44,41 @@ handler!(get_handler, get);
 handler!(del_handler, del);
 handler!(list_handler, list);
 handler!(hit_handler, hit);
+handler!(help_handler, help);
+
+/// `RL.POLICY HELP`
+unsafe fn help(
+    ctx: *mut raw::RedisModuleCtx,
+    _args: &Args,
+    _argv: *mut *mut raw::RedisModuleString,
+) -> Result<(), Error> {
+    super::reply_lines(
+        ctx,
+        &[
+            "RL.POLICY SET <name> <ALGORITHM> <params...> [MODE ENFORCE|SHADOW|OFF] [ROLLOUT <percent>]",
+            "    Create or replace a policy. ALGORITHM is TOKENBUCKET, FIXEDWINDOW, LEAKYBUCKET, SLIDING or HASHWINDOW.",
+            "RL.POLICY GET <name>",
+            "    The policy's rule and counters, or nil.",
+            "RL.POLICY DEL <name>",
+            "    Delete a policy (its limiter keys stay and expire by themselves).",
+            "RL.POLICY LIST",
+            "    The names of all policies.",
+            "RL.HIT <name> <key> [COST <n>]",
+            "    Apply a policy to a limiter key.",
+        ],
+    );
+    Ok(())
+}
 
 /// The subcommands of `RL.POLICY`: name, handler, flags, arity.
-pub const SUBCOMMANDS: [(&std::ffi::CStr, HandlerFn, &std::ffi::CStr, c_int); 4] = [
+pub const SUBCOMMANDS: [(&std::ffi::CStr, HandlerFn, &std::ffi::CStr, c_int); 5] = [
     (c"SET", set_handler, c"write deny-oom", -5),
+    (
+        c"HELP",
+        help_handler,
+        c"readonly fast allow-loading allow-stale",
+        2,
+    ),
     (c"GET", get_handler, c"readonly fast", 3),
     (c"DEL", del_handler, c"write fast", 3),
     (c"LIST", list_handler, c"readonly", 2),
@@ -67,6 +98,7 @@ unsafe fn set(
     let name = args[2];
     policy::check_name(name)?;
     let rule = policy::parse_rule(&args[3..])?;
+    policy::check_room_for(name)?;
     if !super::from_replication_or_loading(ctx) {
         with_algorithm!(rule.spec, L, p => L::within_configured_bounds(&p))?;
     }
@@ -183,7 +215,7 @@ pub fn off_decision(rule: &Rule) -> Decision {
     }
 }
 
-/// A shadowed denial as the caller sees it: allowed.
+/// A shadowed decision as the caller sees it: allowed, with no wait.
 pub fn shadowed(mut decision: Decision) -> Decision {
     decision.allowed = true;
     decision.wait = Wait::Ms(0);

@@ -1,20 +1,23 @@
 //! Hash window: the sliding window approximated by fixed sub-buckets (the
 //! "hash buckets" design of the Lua world), in fixed memory and O(1).
 //!
-//! Time is cut into buckets of `bucket_ms` aligned on the Unix epoch; the
-//! window is the current bucket and the `n - 1` before it, with
-//! `n = window_ms / bucket_ms`. A request is admitted when the units of those
-//! `n` buckets plus its cost stay within `limit`. A running sum makes a call
+//! Time is cut into buckets of `bucket_ms` aligned on the Unix epoch, with
+//! `n = window_ms / bucket_ms`. The window `(now - window_ms, now]` reaches
+//! into `n + 1` buckets: the current one, `n - 1` whole ones, and the oldest,
+//! of which it covers a part. A request is admitted when the units of those
+//! `n + 1` buckets plus its cost stay within `limit`. (Counting only `n`
+//! buckets, as many Lua scripts do, lets a unit leave up to one bucket early,
+//! so `limit` could be exceeded within a window.) A running sum makes a call
 //! O(1): buckets are zeroed as time moves past them (each once per turn of
 //! the ring), never summed.
 //!
 //! ```text
 //! b(now)       = floor(now / bucket_ms)
-//! held(now)    = sum of count[j] for b(now) - n < j <= b(now)
+//! held(now)    = sum of count[j] for b(now) - n <= j <= b(now)
 //! admit c      iff held + c <= limit, then count[b(now)] += c
 //! wait         = until enough of the oldest buckets have left (bucket j
-//!                leaves at (j + n) * bucket_ms); computed only on denial
-//! reset        = (newest bucket + n) * bucket_ms - now
+//!                leaves at (j + n + 1) * bucket_ms); computed only on denial
+//! reset        = (newest bucket + n + 1) * bucket_ms - now
 //! ```
 //!
 //! It is an approximation of the sliding window, in the conservative
@@ -39,8 +42,14 @@ pub struct HashWindowParams {
 }
 
 impl HashWindowParams {
+    /// Buckets in a window, `window_ms / bucket_ms` (what the config bounds).
     pub fn buckets(&self) -> u64 {
         self.window_ms / self.bucket_ms
+    }
+    /// Buckets the ring keeps: one more than a window, since a window is
+    /// rarely aligned on bucket edges.
+    pub fn ring_len(&self) -> u64 {
+        self.buckets() + 1
     }
 }
 
@@ -52,7 +61,7 @@ pub struct HashWindowState {
     pub newest: u64,
     /// Units in the ring.
     pub sum: u64,
-    /// Bucket `j` is `counts[j % n]`, for `newest - n < j <= newest`.
+    /// Bucket `j` is `counts[j % len]`, for `newest - len < j <= newest`.
     pub counts: Box<[u64]>,
 }
 
@@ -127,7 +136,7 @@ impl HashWindowState {
     }
 
     fn same_layout(&self, params: &HashWindowParams) -> bool {
-        self.bucket_ms == params.bucket_ms && self.n() == params.buckets()
+        self.bucket_ms == params.bucket_ms && self.n() == params.ring_len()
     }
 
     fn count(&self, bucket: u64) -> u64 {
@@ -214,7 +223,7 @@ impl Algorithm for HashWindow {
             bucket_ms: params.bucket_ms,
             newest: now.0 / 1000 / params.bucket_ms,
             sum: 0,
-            counts: vec![0; params.buckets() as usize].into_boxed_slice(),
+            counts: vec![0; params.ring_len() as usize].into_boxed_slice(),
         }
     }
 
@@ -290,11 +299,13 @@ mod tests {
         assert!(hit(&mut s, &p, 4, at(30_500)).allowed);
         let d = hit(&mut s, &p, 1, at(59_999));
         assert!(!d.allowed);
-        // bucket 0 leaves at 60 s: 1 ms later
-        assert_eq!((d.wait, d.reset_ms), (Wait::Ms(1), 30_001));
-        let d = hit(&mut s, &p, 6, at(60_000));
+        // bucket 0 leaves the window at 61 s: the window (0.5 s, 60.5 s]
+        // still reaches into it
+        assert_eq!((d.wait, d.reset_ms), (Wait::Ms(1001), 31_001));
+        assert!(!hit(&mut s, &p, 1, at(60_999)).allowed);
+        let d = hit(&mut s, &p, 6, at(61_000));
         assert_eq!((d.allowed, d.remaining), (true, 0));
-        let d = hit(&mut s, &p, 1, at(60_000));
+        let d = hit(&mut s, &p, 1, at(61_000));
         assert_eq!(d.wait, Wait::Ms(30_000));
     }
 
@@ -314,8 +325,8 @@ mod tests {
         let mut s = HashWindow::idle(&p, at(5000));
         hit(&mut s, &p, 2, at(5050));
         assert!(!hit(&mut s, &p, 1, at(3000)).allowed);
-        assert!(!hit(&mut s, &p, 1, at(5999)).allowed);
-        assert!(hit(&mut s, &p, 1, at(6000)).allowed);
+        assert!(!hit(&mut s, &p, 1, at(6099)).allowed);
+        assert!(hit(&mut s, &p, 1, at(6100)).allowed);
     }
 
     #[test]
@@ -324,16 +335,17 @@ mod tests {
         let b = params(10, 60_000, 10_000);
         let mut s = HashWindow::idle(&a, at(0));
         hit(&mut s, &a, 7, at(12_300));
-        // the 7 units now sit in the 10 s bucket [10 s, 20 s)
+        // the 7 units now sit in the 10 s bucket [10 s, 20 s), which
+        // leaves the 60 s window at 80 s
         let d = hit(&mut s, &b, 4, at(12_400));
         assert!(!d.allowed);
         assert_eq!(d.remaining, 3);
-        assert_eq!(d.wait, Wait::Ms(70_000 - 12_400));
+        assert_eq!(d.wait, Wait::Ms(80_000 - 12_400));
         // shrinking the window to 1 s: the units may date from 12.999 s, so
-        // they sit in the 100 ms bucket [12.9 s, 13 s), which leaves at 13.9 s
+        // they sit in the 100 ms bucket [12.9 s, 13 s), which leaves at 14 s
         let c = params(10, 1000, 100);
-        assert!(!hit(&mut s, &c, 10, at(13_899)).allowed);
-        assert!(hit(&mut s, &c, 10, at(13_900)).allowed);
+        assert!(!hit(&mut s, &c, 10, at(13_999)).allowed);
+        assert!(hit(&mut s, &c, 10, at(14_000)).allowed);
     }
 
     #[test]
@@ -341,10 +353,10 @@ mod tests {
         let p = params(super::super::MAX_PARAM, 1 << 40, 1 << 40);
         let mut s = HashWindow::idle(&p, at(0));
         assert!(hit(&mut s, &p, super::super::MAX_PARAM, at(0)).allowed);
-        assert_eq!(
-            hit(&mut s, &p, 1, at(0)).wait,
-            Wait::Ms((1u64 << 40) - T0_MS % (1 << 40))
-        );
+        // the unit's bucket leaves the window one bucket after it ends
+        let bucket_end = (T0_MS / (1 << 40) + 1) * (1 << 40);
+        let d = hit(&mut s, &p, 1, at(0));
+        assert_eq!(d.wait, Wait::Ms(bucket_end + (1 << 40) - T0_MS));
     }
 
     proptest! {
@@ -362,8 +374,9 @@ mod tests {
             for (dt, cost) in steps {
                 now += dt;
                 let current = now / 1000 / bucket_ms;
+                // a unit counts while the window (t - W, t] reaches its bucket
                 let held = |cur: u64| -> u64 {
-                    log.iter().filter(|e| e.0 + n > cur).map(|e| e.1).sum()
+                    log.iter().filter(|e| e.0 + n >= cur).map(|e| e.1).sum()
                 };
                 let used = held(current);
                 let d = hit(&mut s, &p, cost, Micros(now));
@@ -403,7 +416,7 @@ mod tests {
             let last_ms = (T0_MS / a.0 + 1) * a.0 - 1;
             let target = last_ms / b.0;
             let current = (now.0 / 1000 / b.0).max(target);
-            if target + b.1 > current {
+            if target + b.1 >= current {
                 prop_assert_eq!(d.remaining, 100 - used);
             }
         }

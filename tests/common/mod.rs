@@ -12,6 +12,7 @@
 //! sleeping for a fixed time.
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod payload;
 
 use std::collections::HashSet;

@@ -1,0 +1,1006 @@
+//! Observability: the `INFO ratelimit` counters (per algorithm, for `RL.ALL`,
+//! per policy with shadow denials apart), and the deny log (`RL.LOG GET|LEN|
+//! RESET`, bounded by `ratelimit.log-max-len`).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::Path;
+
+use common::*;
+
+/// 2^40 ms: nothing refills, leaks or leaves a window while a test runs (a
+/// fixed window aligned on it that holds "now" ends in 2039).
+const LONG: &str = "1099511627776";
+
+const ALGORITHMS: [&str; 5] = [
+    "tokenbucket",
+    "fixedwindow",
+    "leakybucket",
+    "sliding",
+    "hashwindow",
+];
+
+// ---------------------------------------------------------------------------
+// Helpers
+
+/// The `ratelimit_*` fields of `INFO ratelimit`, in the order given.
+fn info_fields(con: &mut Connection) -> Vec<(String, u64)> {
+    let info: String = query(con, &["INFO", "ratelimit"]);
+    assert!(
+        info.lines().next() == Some("# ratelimit"),
+        "INFO ratelimit starts with its header: {info}"
+    );
+    info.lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|line| {
+            let (name, value) = line
+                .trim_end()
+                .split_once(':')
+                .unwrap_or_else(|| panic!("INFO line without ':': {line}"));
+            assert!(name.starts_with("ratelimit_"), "{line}");
+            let value = value
+                .parse()
+                .unwrap_or_else(|_| panic!("INFO value not a count: {line}"));
+            (name.to_string(), value)
+        })
+        .collect()
+}
+
+fn counters(con: &mut Connection) -> BTreeMap<String, u64> {
+    let fields = info_fields(con);
+    let map: BTreeMap<String, u64> = fields.iter().cloned().collect();
+    assert_eq!(
+        map.len(),
+        fields.len(),
+        "an INFO field appears twice: {fields:?}"
+    );
+    map
+}
+
+fn counter(con: &mut Connection, name: &str) -> u64 {
+    *counters(con)
+        .get(name)
+        .unwrap_or_else(|| panic!("no {name} in INFO ratelimit"))
+}
+
+/// Runs `action` and asserts that exactly the counters in `expected` moved,
+/// by exactly those amounts (fields without the `ratelimit_` prefix).
+fn assert_moves(
+    con: &mut Connection,
+    what: &str,
+    expected: &[(&str, i64)],
+    action: impl FnOnce(&mut Connection),
+) {
+    let before = counters(con);
+    action(con);
+    let after = counters(con);
+    let mut moved = BTreeMap::new();
+    for name in before.keys().chain(after.keys()) {
+        let b = before.get(name).copied().unwrap_or(0) as i64;
+        let a = after.get(name).copied().unwrap_or(0) as i64;
+        if a != b {
+            moved.insert(name.clone(), a - b);
+        }
+    }
+    let expected: BTreeMap<String, i64> = expected
+        .iter()
+        .filter(|(_, d)| *d != 0)
+        .map(|(n, d)| (format!("ratelimit_{n}"), *d))
+        .collect();
+    assert_eq!(moved, expected, "counters moved by {what}");
+}
+
+/// For every algorithm, and for RL.ALL: calls = admitted + denied + peeks.
+fn assert_calls_add_up(con: &mut Connection) {
+    let c = counters(con);
+    for prefix in ALGORITHMS.iter().chain(&["all"]) {
+        let get = |f: &str| c[&format!("ratelimit_{prefix}_{f}")];
+        assert_eq!(
+            get("calls"),
+            get("admitted") + get("denied") + get("peeks"),
+            "{prefix}: {c:?}"
+        );
+    }
+}
+
+fn set_policy(con: &mut Connection, words: &[&str]) {
+    let reply: String = query(con, &[&["RL.POLICY", "SET"][..], words].concat());
+    assert_eq!(reply, "OK");
+}
+
+/// One deny-log entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Entry {
+    id: i64,
+    unix_ms: i64,
+    key: Vec<u8>,
+    source: String,
+    cost: i64,
+    wait_ms: i64,
+}
+
+fn log_get(con: &mut Connection, count: Option<&str>) -> Vec<Entry> {
+    let mut words = vec!["RL.LOG", "GET"];
+    words.extend(count);
+    let value: Value = query(con, &words);
+    let Value::Array(entries) = value else {
+        panic!("RL.LOG GET: not an array: {value:?}")
+    };
+    entries
+        .into_iter()
+        .map(|entry| {
+            let Value::Array(f) = entry else {
+                panic!("RL.LOG GET: an entry is not an array: {entry:?}")
+            };
+            assert_eq!(f.len(), 6, "an entry has 6 fields: {f:?}");
+            let int = |v: &Value| match v {
+                Value::Int(i) => *i,
+                other => panic!("expected an integer: {other:?}"),
+            };
+            let bytes = |v: &Value| match v {
+                Value::BulkString(b) => b.clone(),
+                other => panic!("expected a string: {other:?}"),
+            };
+            Entry {
+                id: int(&f[0]),
+                unix_ms: int(&f[1]),
+                key: bytes(&f[2]),
+                source: String::from_utf8(bytes(&f[3])).expect("utf-8 source"),
+                cost: int(&f[4]),
+                wait_ms: int(&f[5]),
+            }
+        })
+        .collect()
+}
+
+fn log_len(con: &mut Connection) -> i64 {
+    query(con, &["RL.LOG", "LEN"])
+}
+
+fn config_set(con: &mut Connection, name: &str, value: &str) {
+    let _: () = query(con, &["CONFIG", "SET", name, value]);
+}
+
+fn config_get(con: &mut Connection, name: &str) -> String {
+    let pair: Vec<String> = query(con, &["CONFIG", "GET", name]);
+    assert_eq!(pair.len(), 2, "CONFIG GET {name}: {pair:?}");
+    pair[1].clone()
+}
+
+/// A call that must be denied; returns its reply.
+fn denied(con: &mut Connection, words: &[&str]) -> Vec<i64> {
+    let ints: Vec<i64> = query(con, words);
+    assert_eq!(ints[0], 0, "{words:?} was not denied: {ints:?}");
+    ints
+}
+
+/// The roll-out percentile of a key: FNV-1a 64 of its bytes, mod 100.
+fn rollout_bucket(key: &str) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for &byte in key.as_bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash % 100
+}
+
+/// A denial and what the deny log must say about it: the call that fills
+/// the limiter, the denied call, then the entry's key, source and cost.
+type DenialCase<'a> = (Vec<&'a str>, Vec<&'a str>, &'a str, &'a str, i64);
+
+fn now_ms(con: &mut Connection) -> i64 {
+    (server_time_us(con) / 1000) as i64
+}
+
+// ---------------------------------------------------------------------------
+// INFO ratelimit
+
+#[test]
+fn info_ratelimit_shows_every_counter_from_the_start() {
+    for_each_server(|kind| {
+        let server = Server::start(kind, &[]);
+        let mut con = server.conn();
+        let names: Vec<String> = info_fields(&mut con).into_iter().map(|(n, _)| n).collect();
+        let mut expected = Vec::new();
+        for prefix in ALGORITHMS.iter().chain(&["all"]) {
+            for field in ["calls", "admitted", "denied", "peeks"] {
+                expected.push(format!("ratelimit_{prefix}_{field}"));
+            }
+        }
+        for field in [
+            "policies",
+            "deny_log_len",
+            "deny_log_max_len",
+            "propagation_pinned",
+        ] {
+            expected.push(format!("ratelimit_{field}"));
+        }
+        assert_eq!(names, expected);
+        let c = counters(&mut con);
+        for name in &expected {
+            let value = c[name];
+            match name.as_str() {
+                "ratelimit_deny_log_max_len" => assert_eq!(value, 128, "the default"),
+                "ratelimit_propagation_pinned" => assert!(value <= 1),
+                _ => assert_eq!(value, 0, "{name}"),
+            }
+        }
+        // The section is part of INFO everything / INFO modules, not INFO all.
+        let everything: String = query(&mut con, &["INFO", "everything"]);
+        assert!(everything.contains("ratelimit_tokenbucket_calls:"));
+        let modules: String = query(&mut con, &["INFO", "modules"]);
+        assert!(modules.contains("ratelimit_tokenbucket_calls:"));
+    });
+}
+
+#[test]
+fn each_algorithm_counts_admitted_denied_and_peeks_and_nothing_else_moves() {
+    for_each_server(|kind| {
+        let server = Server::start(kind, &[]);
+        let mut con = server.conn();
+        // Limit 1 everywhere: the second call is denied.
+        let calls: [(&str, &[&str]); 5] = [
+            ("tokenbucket", &["RL.TOKENBUCKET", "k:tb", "1", "1", LONG]),
+            ("fixedwindow", &["RL.FIXEDWINDOW", "k:fw", "1", LONG]),
+            ("leakybucket", &["RL.LEAKYBUCKET", "k:lb", "1", "1", LONG]),
+            ("sliding", &["RL.SLIDING", "k:sl", "1", LONG]),
+            ("hashwindow", &["RL.HASHWINDOW", "k:hw", "1", LONG, LONG]),
+        ];
+        for (alg, words) in calls {
+            let f = |field: &str| format!("{alg}_{field}");
+            assert_moves(
+                &mut con,
+                &format!("{words:?} admitted"),
+                &[(&f("calls"), 1), (&f("admitted"), 1)],
+                |con| assert!(rl(con, words).allowed),
+            );
+            assert_moves(
+                &mut con,
+                &format!("{words:?} denied"),
+                &[(&f("calls"), 1), (&f("denied"), 1), ("deny_log_len", 1)],
+                |con| assert!(!rl(con, words).allowed),
+            );
+            assert_moves(
+                &mut con,
+                &format!("{words:?} COST 0"),
+                &[(&f("calls"), 1), (&f("peeks"), 1)],
+                |con| {
+                    rl(con, &[words, &["COST", "0"]].concat());
+                },
+            );
+            assert_moves(
+                &mut con,
+                &format!("{words:?} COST 0 on a missing key"),
+                &[(&f("calls"), 1), (&f("peeks"), 1)],
+                |con| {
+                    let mut peek = words.to_vec();
+                    peek[1] = "absent";
+                    peek.extend(["COST", "0"]);
+                    rl(con, &peek);
+                },
+            );
+            assert_moves(
+                &mut con,
+                &format!("{words:?} COST 2 (never fits)"),
+                &[(&f("calls"), 1), (&f("denied"), 1), ("deny_log_len", 1)],
+                |con| {
+                    let r = rl(con, &[words, &["COST", "2"]].concat());
+                    assert_eq!((r.allowed, r.wait_ms), (false, -1));
+                },
+            );
+        }
+        assert_calls_add_up(&mut con);
+        let c = counters(&mut con);
+        for alg in ALGORITHMS {
+            assert_eq!(c[&format!("ratelimit_{alg}_calls")], 5, "{alg}");
+        }
+    });
+}
+
+#[test]
+fn calls_that_fail_with_an_error_count_nothing() {
+    for_each_server(|kind| {
+        let server = Server::start(kind, &[]);
+        let mut con = server.conn();
+        let _: () = query(&mut con, &["SET", "str", "x"]);
+        set_policy(&mut con, &["p", "TOKENBUCKET", "1", "1", LONG]);
+        for words in [
+            &["RL.TOKENBUCKET", "str", "1", "1", LONG][..],
+            &["RL.TOKENBUCKET", "k", "0", "1", LONG][..],
+            &["RL.FIXEDWINDOW", "k", "1", LONG, "COST", "-1"][..],
+            &["RL.SLIDING", "k", "100001", "1000"][..],
+            &["RL.HIT", "p", "str"][..],
+            &["RL.HIT", "nope", "k"][..],
+            &[
+                "RL.ALL",
+                "2",
+                "a",
+                "str",
+                "FIXEDWINDOW",
+                "1",
+                LONG,
+                "TOKENBUCKET",
+                "1",
+                "1",
+                LONG,
+            ][..],
+            &["RL.ALL", "1", "a", "POLICY", "nope"][..],
+        ] {
+            assert_moves(&mut con, &format!("{words:?}"), &[], |con| {
+                query_err(con, words);
+            });
+        }
+    });
+}
+
+#[test]
+fn rl_all_counts_the_call_once_and_each_limiter_for_its_algorithm() {
+    for_each_server(|kind| {
+        let server = Server::start(kind, &[]);
+        let mut con = server.conn();
+        let call = [
+            "RL.ALL",
+            "2",
+            "{u}tb",
+            "{u}fw",
+            "TOKENBUCKET",
+            "1",
+            "1",
+            LONG,
+            "FIXEDWINDOW",
+            "5",
+            LONG,
+        ];
+        assert_moves(
+            &mut con,
+            "RL.ALL admitted",
+            &[
+                ("all_calls", 1),
+                ("all_admitted", 1),
+                ("tokenbucket_calls", 1),
+                ("tokenbucket_admitted", 1),
+                ("fixedwindow_calls", 1),
+                ("fixedwindow_admitted", 1),
+            ],
+            |con| {
+                let ints: Vec<i64> = query(con, &call);
+                assert_eq!(ints[0], 1);
+            },
+        );
+        // Denied by the bucket: the window, which would have admitted, took
+        // nothing; it counts as a look (a peek).
+        assert_moves(
+            &mut con,
+            "RL.ALL denied",
+            &[
+                ("all_calls", 1),
+                ("all_denied", 1),
+                ("tokenbucket_calls", 1),
+                ("tokenbucket_denied", 1),
+                ("fixedwindow_calls", 1),
+                ("fixedwindow_peeks", 1),
+                ("deny_log_len", 1),
+            ],
+            |con| {
+                denied(con, &call);
+            },
+        );
+        assert_moves(
+            &mut con,
+            "RL.ALL COST 0",
+            &[
+                ("all_calls", 1),
+                ("all_peeks", 1),
+                ("tokenbucket_calls", 1),
+                ("tokenbucket_peeks", 1),
+                ("fixedwindow_calls", 1),
+                ("fixedwindow_peeks", 1),
+            ],
+            |con| {
+                let _: Vec<i64> = query(con, &[&call[..], &["COST", "0"]].concat());
+            },
+        );
+        assert_calls_add_up(&mut con);
+    });
+}
+
+#[test]
+fn policy_counters_count_each_mode_with_shadow_denials_apart() {
+    for_each_server(|kind| {
+        let server = Server::start(kind, &[]);
+        let mut con = server.conn();
+        assert_moves(&mut con, "RL.POLICY SET", &[("policies", 1)], |con| {
+            set_policy(con, &["p", "TOKENBUCKET", "1", "1", LONG])
+        });
+        for field in ["calls", "admitted", "denied", "peeks", "shadow_denied"] {
+            assert_eq!(counter(&mut con, &format!("ratelimit_policy_p_{field}")), 0);
+        }
+        let hit = |con: &mut Connection| rl(con, &["RL.HIT", "p", "k"]);
+
+        // ENFORCE
+        assert_moves(
+            &mut con,
+            "RL.HIT admitted",
+            &[
+                ("policy_p_calls", 1),
+                ("policy_p_admitted", 1),
+                ("tokenbucket_calls", 1),
+                ("tokenbucket_admitted", 1),
+            ],
+            |con| assert!(hit(con).allowed),
+        );
+        assert_moves(
+            &mut con,
+            "RL.HIT denied",
+            &[
+                ("policy_p_calls", 1),
+                ("policy_p_denied", 1),
+                ("tokenbucket_calls", 1),
+                ("tokenbucket_denied", 1),
+                ("deny_log_len", 1),
+            ],
+            |con| assert!(!hit(con).allowed),
+        );
+        assert_moves(
+            &mut con,
+            "RL.HIT COST 0",
+            &[
+                ("policy_p_calls", 1),
+                ("policy_p_peeks", 1),
+                ("tokenbucket_calls", 1),
+                ("tokenbucket_peeks", 1),
+            ],
+            |con| {
+                rl(con, &["RL.HIT", "p", "k", "COST", "0"]);
+            },
+        );
+
+        // SHADOW: a denial answered allowed counts as denied and as
+        // shadow_denied, and is not logged.
+        assert_moves(&mut con, "RL.POLICY SET again", &[], |con| {
+            set_policy(con, &["p", "TOKENBUCKET", "1", "1", LONG, "MODE", "SHADOW"])
+        });
+        assert_moves(
+            &mut con,
+            "RL.HIT shadow-denied",
+            &[
+                ("policy_p_calls", 1),
+                ("policy_p_denied", 1),
+                ("policy_p_shadow_denied", 1),
+                ("tokenbucket_calls", 1),
+                ("tokenbucket_denied", 1),
+            ],
+            |con| assert!(hit(con).allowed),
+        );
+        assert_moves(
+            &mut con,
+            "RL.HIT shadow, admitted",
+            &[
+                ("policy_p_calls", 1),
+                ("policy_p_admitted", 1),
+                ("tokenbucket_calls", 1),
+                ("tokenbucket_admitted", 1),
+            ],
+            |con| assert!(rl(con, &["RL.HIT", "p", "other"]).allowed),
+        );
+        assert_moves(
+            &mut con,
+            "RL.ALL POLICY shadow-denied",
+            &[
+                ("all_calls", 1),
+                ("all_admitted", 1),
+                ("policy_p_calls", 1),
+                ("policy_p_denied", 1),
+                ("policy_p_shadow_denied", 1),
+                ("tokenbucket_calls", 1),
+                ("tokenbucket_denied", 1),
+            ],
+            |con| {
+                let ints: Vec<i64> = query(con, &["RL.ALL", "1", "k", "POLICY", "p"]);
+                assert_eq!(ints[0], 1);
+            },
+        );
+
+        // OFF: a call, nothing else, and no algorithm counter.
+        set_policy(
+            &mut con,
+            &["p", "TOKENBUCKET", "1", "1", LONG, "MODE", "OFF"],
+        );
+        assert_moves(&mut con, "RL.HIT off", &[("policy_p_calls", 1)], |con| {
+            assert!(hit(con).allowed)
+        });
+        assert_moves(
+            &mut con,
+            "RL.ALL POLICY off",
+            &[("all_calls", 1), ("all_admitted", 1), ("policy_p_calls", 1)],
+            |con| {
+                let ints: Vec<i64> = query(con, &["RL.ALL", "1", "k", "POLICY", "p"]);
+                assert_eq!(ints[0], 1);
+            },
+        );
+
+        // ENFORCE inside RL.ALL.
+        set_policy(&mut con, &["p", "TOKENBUCKET", "1", "1", LONG]);
+        assert_moves(
+            &mut con,
+            "RL.ALL POLICY denied",
+            &[
+                ("all_calls", 1),
+                ("all_denied", 1),
+                ("policy_p_calls", 1),
+                ("policy_p_denied", 1),
+                ("tokenbucket_calls", 1),
+                ("tokenbucket_denied", 1),
+                ("deny_log_len", 1),
+            ],
+            |con| {
+                denied(con, &["RL.ALL", "1", "k", "POLICY", "p"]);
+            },
+        );
+
+        // INFO and RL.POLICY GET agree.
+        let c = counters(&mut con);
+        let get: Vec<Value> = query(&mut con, &["RL.POLICY", "GET", "p"]);
+        let from_get = |field: &str| {
+            let i = get
+                .iter()
+                .position(|v| matches!(v, Value::BulkString(b) if b == field.as_bytes()))
+                .unwrap();
+            match &get[i + 1] {
+                Value::Int(n) => *n as u64,
+                other => panic!("{other:?}"),
+            }
+        };
+        for field in ["calls", "admitted", "denied", "shadow_denied"] {
+            assert_eq!(
+                c[&format!("ratelimit_policy_p_{field}")],
+                from_get(field),
+                "{field}"
+            );
+        }
+        let get = |f: &str| c[&format!("ratelimit_policy_p_{f}")];
+        assert_eq!(
+            (
+                get("calls"),
+                get("admitted"),
+                get("denied"),
+                get("peeks"),
+                get("shadow_denied")
+            ),
+            (9, 2, 4, 1, 2)
+        );
+        // calls = admitted + denied + peeks + the calls made while OFF (2).
+        assert_eq!(
+            get("calls"),
+            get("admitted") + get("denied") + get("peeks") + 2
+        );
+        assert_calls_add_up(&mut con);
+    });
+}
+
+#[test]
+fn policy_counters_outlive_rule_changes_and_a_del_then_set() {
+    for_each_server(|kind| {
+        let server = Server::start(kind, &[]);
+        let mut con = server.conn();
+        set_policy(&mut con, &["p", "FIXEDWINDOW", "10", LONG]);
+        for _ in 0..3 {
+            rl(&mut con, &["RL.HIT", "p", "k"]);
+        }
+        set_policy(
+            &mut con,
+            &["p", "FIXEDWINDOW", "20", LONG, "MODE", "SHADOW"],
+        );
+        assert_eq!(
+            counter(&mut con, "ratelimit_policy_p_calls"),
+            3,
+            "kept across SET"
+        );
+
+        let _: i64 = query(&mut con, &["RL.POLICY", "DEL", "p"]);
+        let c = counters(&mut con);
+        assert!(
+            !c.keys().any(|k| k.starts_with("ratelimit_policy_p_")),
+            "a deleted policy leaves INFO: {c:?}"
+        );
+        assert_eq!(c["ratelimit_policies"], 0);
+        // Counters only grow: the name's counts come back with it, so rates
+        // computed from them never see a reset.
+        set_policy(&mut con, &["p", "FIXEDWINDOW", "10", LONG]);
+        assert_eq!(counter(&mut con, "ratelimit_policy_p_calls"), 3);
+        assert_eq!(counter(&mut con, "ratelimit_policies"), 1);
+    });
+}
+
+#[test]
+fn info_writes_a_colon_in_a_policy_name_as_an_underscore() {
+    for_each_server(|kind| {
+        let server = Server::start(kind, &[]);
+        let mut con = server.conn();
+        set_policy(
+            &mut con,
+            &["api:orders.create-v2", "FIXEDWINDOW", "1", LONG],
+        );
+        set_policy(&mut con, &["b", "FIXEDWINDOW", "1", LONG]);
+        rl(&mut con, &["RL.HIT", "api:orders.create-v2", "k"]);
+        let c = counters(&mut con);
+        assert_eq!(c["ratelimit_policies"], 2);
+        assert_eq!(c["ratelimit_policy_api_orders.create-v2_calls"], 1);
+        assert_eq!(c["ratelimit_policy_b_calls"], 0);
+        // Every policy field line has one ':' only, between name and value.
+        let info: String = query(&mut con, &["INFO", "ratelimit"]);
+        for line in info.lines().filter(|l| l.starts_with("ratelimit_policy_")) {
+            assert_eq!(line.matches(':').count(), 1, "{line}");
+        }
+    });
+}
+
+// ---------------------------------------------------------------------------
+// RL.LOG
+
+#[test]
+fn the_deny_log_records_each_enforced_denial_with_its_source_newest_first() {
+    for_each_server(|kind| {
+        let server = Server::start(kind, &[]);
+        let mut con = server.conn();
+        set_policy(&mut con, &["en", "TOKENBUCKET", "1", "1", LONG]);
+        set_policy(
+            &mut con,
+            &["sh", "TOKENBUCKET", "1", "1", LONG, "MODE", "SHADOW"],
+        );
+        set_policy(
+            &mut con,
+            &["half", "TOKENBUCKET", "1", "1", LONG, "ROLLOUT", "50"],
+        );
+        let start_ms = now_ms(&mut con);
+
+        // (call that fills, the denied call, key, source, cost)
+        let long_key = format!("long:{}", "x".repeat(300));
+        let cases: Vec<DenialCase> = vec![
+            (
+                vec!["RL.TOKENBUCKET", "tb", "1", "1", LONG],
+                vec!["RL.TOKENBUCKET", "tb", "1", "1", LONG],
+                "tb",
+                "RL.TOKENBUCKET",
+                1,
+            ),
+            (
+                vec!["RL.FIXEDWINDOW", "fw", "5", LONG, "COST", "4"],
+                vec!["RL.FIXEDWINDOW", "fw", "5", LONG, "COST", "3"],
+                "fw",
+                "RL.FIXEDWINDOW",
+                3,
+            ),
+            (
+                vec!["RL.LEAKYBUCKET", "lb", "1", "1", LONG],
+                vec!["RL.LEAKYBUCKET", "lb", "1", "1", LONG],
+                "lb",
+                "RL.LEAKYBUCKET",
+                1,
+            ),
+            (
+                vec!["RL.SLIDING", "sl", "1", LONG],
+                vec!["RL.SLIDING", "sl", "1", LONG, "COST", "2"],
+                "sl",
+                "RL.SLIDING",
+                2,
+            ),
+            (
+                vec!["RL.HASHWINDOW", "hw", "1", LONG, LONG],
+                vec!["RL.HASHWINDOW", "hw", "1", LONG, LONG],
+                "hw",
+                "RL.HASHWINDOW",
+                1,
+            ),
+            (
+                vec!["RL.HIT", "en", "user:1"],
+                vec!["RL.HIT", "en", "user:1"],
+                "user:1",
+                "policy:en",
+                1,
+            ),
+            (
+                vec!["RL.TOKENBUCKET", "{a}1", "1", "1", LONG],
+                vec![
+                    "RL.ALL",
+                    "2",
+                    "{a}2",
+                    "{a}1",
+                    "FIXEDWINDOW",
+                    "9",
+                    LONG,
+                    "TOKENBUCKET",
+                    "1",
+                    "1",
+                    LONG,
+                ],
+                "{a}1",
+                "RL.ALL TOKENBUCKET",
+                1,
+            ),
+            (
+                vec!["RL.HIT", "en", "{a}3"],
+                vec![
+                    "RL.ALL",
+                    "2",
+                    "{a}4",
+                    "{a}3",
+                    "FIXEDWINDOW",
+                    "9",
+                    LONG,
+                    "POLICY",
+                    "en",
+                ],
+                "{a}3",
+                "RL.ALL policy:en",
+                1,
+            ),
+            (
+                vec!["RL.TOKENBUCKET", &long_key, "1", "1", LONG],
+                vec!["RL.TOKENBUCKET", &long_key, "1", "1", LONG],
+                &long_key[..128],
+                "RL.TOKENBUCKET",
+                1,
+            ),
+        ];
+        let mut replies = Vec::new();
+        for (fill, deny, ..) in &cases {
+            let _: Vec<i64> = query(&mut con, fill);
+            replies.push(denied(&mut con, deny));
+        }
+        let end_ms = now_ms(&mut con);
+
+        // Not logged: admitted calls, peeks, shadow denials, and denials of
+        // keys a roll-out leaves in shadow.
+        let shadowed = (0..)
+            .map(|i| format!("s{i}"))
+            .find(|k| rollout_bucket(k) >= 50)
+            .unwrap();
+        assert!(rl(&mut con, &["RL.HIT", "half", &shadowed]).allowed);
+        let r = rl(&mut con, &["RL.HIT", "half", &shadowed]);
+        assert_eq!((r.allowed, r.remaining, r.wait_ms), (true, 0, 0));
+        assert_eq!(counter(&mut con, "ratelimit_policy_half_shadow_denied"), 1);
+        rl(&mut con, &["RL.HIT", "sh", "user:2"]);
+        assert!(rl(&mut con, &["RL.HIT", "sh", "user:2"]).allowed);
+        rl(
+            &mut con,
+            &["RL.TOKENBUCKET", "tb", "1", "1", LONG, "COST", "0"],
+        );
+
+        let entries = log_get(&mut con, Some("100"));
+        assert_eq!(entries.len(), cases.len(), "{entries:#?}");
+        assert_eq!(log_len(&mut con), cases.len() as i64);
+        // Newest first; ids grow by one per denial.
+        let oldest_first: Vec<&Entry> = entries.iter().rev().collect();
+        for (i, ((entry, (_, deny, key, source, cost)), reply)) in
+            oldest_first.iter().zip(&cases).zip(&replies).enumerate()
+        {
+            assert_eq!(entry.id, oldest_first[0].id + i as i64, "{deny:?}");
+            assert_eq!(entry.key, key.as_bytes(), "{deny:?}");
+            assert_eq!(entry.source, *source, "{deny:?}");
+            assert_eq!(entry.cost, *cost, "{deny:?}");
+            assert_eq!(entry.wait_ms, reply[3], "{deny:?}: wait_ms as replied");
+            assert!(
+                start_ms <= entry.unix_ms && entry.unix_ms <= end_ms,
+                "{deny:?}: unix_ms {} outside [{start_ms}, {end_ms}]",
+                entry.unix_ms
+            );
+        }
+        assert_eq!(entries[0].key.len(), 128, "long keys are cut");
+        let never = entries.iter().find(|e| e.source == "RL.SLIDING").unwrap();
+        assert_eq!(never.wait_ms, -1, "COST 2 on a limit of 1 never fits");
+    });
+}
+
+#[test]
+fn rl_log_get_takes_a_count_len_counts_and_reset_empties_without_reusing_ids() {
+    for_each_server(|kind| {
+        let server = Server::start(kind, &[]);
+        let mut con = server.conn();
+        assert_eq!(log_get(&mut con, None), []);
+        assert_eq!(log_len(&mut con), 0);
+        rl(&mut con, &["RL.FIXEDWINDOW", "k", "1", LONG]);
+        for _ in 0..12 {
+            denied(&mut con, &["RL.FIXEDWINDOW", "k", "1", LONG]);
+        }
+        assert_eq!(log_len(&mut con), 12);
+        let ten = log_get(&mut con, None);
+        assert_eq!(ten.len(), 10, "GET without a count: 10, like SLOWLOG");
+        let all = log_get(&mut con, Some("12"));
+        assert_eq!(&all[..10], &ten[..]);
+        assert!(
+            all.windows(2).all(|w| w[0].id == w[1].id + 1),
+            "newest first"
+        );
+        assert_eq!(log_get(&mut con, Some("1000")), all);
+        assert_eq!(log_get(&mut con, Some("3")), all[..3]);
+        assert_eq!(log_get(&mut con, Some("0")), []);
+        let last_id = all[0].id;
+
+        let ok: String = query(&mut con, &["RL.LOG", "RESET"]);
+        assert_eq!(ok, "OK");
+        assert_eq!(log_len(&mut con), 0);
+        assert_eq!(log_get(&mut con, None), []);
+        assert_eq!(counter(&mut con, "ratelimit_deny_log_len"), 0);
+        denied(&mut con, &["RL.FIXEDWINDOW", "k", "1", LONG]);
+        assert_eq!(
+            log_get(&mut con, None)[0].id,
+            last_id + 1,
+            "ids keep growing"
+        );
+
+        for (words, expected) in [
+            (&["RL.LOG"][..], "ERR wrong number of arguments"),
+            (&["RL.LOG", "GET", "-1"][..], "ERR count must be an integer"),
+            (
+                &["RL.LOG", "GET", "ten"][..],
+                "ERR count must be an integer",
+            ),
+            (
+                &["RL.LOG", "GET", "1", "2"][..],
+                "ERR wrong number of arguments",
+            ),
+            (&["RL.LOG", "LEN", "1"][..], "ERR wrong number of arguments"),
+            (
+                &["RL.LOG", "RESET", "1"][..],
+                "ERR wrong number of arguments",
+            ),
+            (&["RL.LOG", "TRIM"][..], "ERR unknown subcommand"),
+        ] {
+            let err = query_err(&mut con, words);
+            assert!(err.starts_with(expected), "{words:?}: {err}");
+        }
+    });
+}
+
+#[test]
+fn the_deny_log_keeps_the_newest_log_max_len_entries_and_0_turns_it_off() {
+    for_each_server(|kind| {
+        let server = Server::start(kind, &[]);
+        let mut con = server.conn();
+        assert_eq!(config_get(&mut con, "ratelimit.log-max-len"), "128");
+        config_set(&mut con, "ratelimit.log-max-len", "3");
+        assert_eq!(config_get(&mut con, "ratelimit.log-max-len"), "3");
+        assert_eq!(counter(&mut con, "ratelimit_deny_log_max_len"), 3);
+        rl(&mut con, &["RL.FIXEDWINDOW", "k", "1", LONG]);
+        for _ in 0..5 {
+            denied(&mut con, &["RL.FIXEDWINDOW", "k", "1", LONG]);
+        }
+        let kept = log_get(&mut con, Some("100"));
+        assert_eq!(kept.len(), 3);
+        assert_eq!(log_len(&mut con), 3);
+        assert_eq!(counter(&mut con, "ratelimit_deny_log_len"), 3);
+        let newest = kept[0].id;
+        assert_eq!(
+            kept.iter().map(|e| e.id).collect::<Vec<_>>(),
+            [newest, newest - 1, newest - 2]
+        );
+
+        // Shrinking applies at once: the newest stay.
+        config_set(&mut con, "ratelimit.log-max-len", "1");
+        assert_eq!(log_len(&mut con), 1);
+        assert_eq!(log_get(&mut con, None)[0].id, newest);
+
+        // 0: nothing is recorded.
+        config_set(&mut con, "ratelimit.log-max-len", "0");
+        denied(&mut con, &["RL.FIXEDWINDOW", "k", "1", LONG]);
+        assert_eq!(log_len(&mut con), 0);
+        assert_eq!(log_get(&mut con, None), []);
+        assert_eq!(counter(&mut con, "ratelimit_deny_log_max_len"), 0);
+
+        for bad in ["-1", "1000001", "many"] {
+            let err = query_err(&mut con, &["CONFIG", "SET", "ratelimit.log-max-len", bad]);
+            assert!(err.starts_with("ERR"), "{bad}: {err}");
+        }
+        config_set(&mut con, "ratelimit.log-max-len", "1000000");
+        assert_eq!(config_get(&mut con, "ratelimit.log-max-len"), "1000000");
+    });
+}
+
+#[test]
+fn turning_the_deny_log_off_and_on_again_starts_it_empty() {
+    for_each_server(|kind| {
+        let server = Server::start(kind, &[]);
+        let mut con = server.conn();
+        rl(&mut con, &["RL.FIXEDWINDOW", "k", "1", LONG]);
+        for _ in 0..4 {
+            denied(&mut con, &["RL.FIXEDWINDOW", "k", "1", LONG]);
+        }
+        config_set(&mut con, "ratelimit.log-max-len", "0");
+        config_set(&mut con, "ratelimit.log-max-len", "128");
+        assert_eq!(
+            log_len(&mut con),
+            0,
+            "entries from before the log was off came back"
+        );
+        // Likewise, entries dropped by a smaller bound stay dropped.
+        for _ in 0..4 {
+            denied(&mut con, &["RL.FIXEDWINDOW", "k", "1", LONG]);
+        }
+        config_set(&mut con, "ratelimit.log-max-len", "2");
+        config_set(&mut con, "ratelimit.log-max-len", "128");
+        assert_eq!(
+            log_len(&mut con),
+            2,
+            "entries beyond the old bound came back"
+        );
+    });
+}
+
+#[test]
+fn log_max_len_is_taken_as_a_load_argument_and_on_the_command_line() {
+    for_each_server(|kind| {
+        // The harness puts these right after the module path.
+        let server = Server::start(kind, &["log-max-len", "2"]);
+        let mut con = server.conn();
+        assert_eq!(config_get(&mut con, "ratelimit.log-max-len"), "2");
+        rl(&mut con, &["RL.FIXEDWINDOW", "k", "1", LONG]);
+        for _ in 0..3 {
+            denied(&mut con, &["RL.FIXEDWINDOW", "k", "1", LONG]);
+        }
+        assert_eq!(log_len(&mut con), 2);
+        drop(con);
+        drop(server);
+
+        let server = Server::start(kind, &["--ratelimit.log-max-len", "0"]);
+        let mut con = server.conn();
+        assert_eq!(config_get(&mut con, "ratelimit.log-max-len"), "0");
+        rl(&mut con, &["RL.FIXEDWINDOW", "k", "1", LONG]);
+        denied(&mut con, &["RL.FIXEDWINDOW", "k", "1", LONG]);
+        assert_eq!(log_len(&mut con), 0);
+    });
+}
+
+#[test]
+fn a_bad_log_max_len_load_argument_fails_the_load_naming_it() {
+    for_each_server(|kind| {
+        let result = std::panic::catch_unwind(|| Server::start(kind, &["log-max-len", "-5"]));
+        let message = match result {
+            Ok(_) => panic!("the server started with log-max-len -5"),
+            Err(panic) => panic.downcast_ref::<String>().cloned().unwrap_or_default(),
+        };
+        assert!(
+            message.contains("ratelimit.log-max-len"),
+            "the log names the config: {message}"
+        );
+    });
+}
+
+// ---------------------------------------------------------------------------
+// The collector script of docs/operations.md
+
+/// The ```lua block of docs/operations.md.
+fn collector_script() -> String {
+    let doc = fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/operations.md"))
+        .expect("docs/operations.md");
+    let start = doc
+        .find("```lua\n")
+        .expect("a ```lua block in docs/operations.md")
+        + 7;
+    let len = doc[start..]
+        .find("```")
+        .expect("the end of the ```lua block");
+    doc[start..start + len].to_string()
+}
+
+#[test]
+fn the_collector_script_of_the_operations_guide_returns_every_info_counter() {
+    for_each_server(|kind| {
+        let server = Server::start(kind, &[]);
+        let mut con = server.conn();
+        set_policy(&mut con, &["api:login", "FIXEDWINDOW", "1", LONG]);
+        rl(&mut con, &["RL.HIT", "api:login", "u"]);
+        rl(&mut con, &["RL.HIT", "api:login", "u"]);
+        // As redis_exporter runs it: EVAL <script> 0 0.
+        let pairs: Vec<String> = query(&mut con, &["EVAL", &collector_script(), "0", "0"]);
+        assert_eq!(pairs.len() % 2, 0);
+        let from_script: Vec<(String, u64)> = pairs
+            .chunks(2)
+            .map(|kv| (kv[0].clone(), kv[1].parse().expect("a number")))
+            .collect();
+        assert_eq!(from_script, info_fields(&mut con));
+        assert!(from_script.contains(&("ratelimit_policy_api_login_denied".into(), 1)));
+    });
+}
