@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 MODULE := target/release/libredis_ratelimit.so
 
-.PHONY: all setup build run test test-unit test-integration test-cli lint bench cluster cluster-stop clean
+.PHONY: all setup build run test test-unit test-integration test-cli lint bench trace cluster cluster-stop clean
 
 all: build
 
@@ -36,6 +36,10 @@ lint:
 
 bench: build
 	RL_MODULE=$(CURDIR)/$(MODULE) scripts/bench.sh
+
+# The pictures of docs/algorithms.md, from a real run against the module.
+trace: build
+	python3 bench/trace.py --json docs/img/trace.json
 
 # A 3-master, 3-replica cluster on loopback with the module on every node
 # (KIND=valkey for Valkey); see docs/cluster.md.

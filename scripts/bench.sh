@@ -1,23 +1,26 @@
 #!/usr/bin/env bash
 # The side-by-side benchmark (`make bench`): starts its own redis-server with
 # the module on a free loopback port, measures throughput of the RL commands,
-# INCR and the Lua token bucket with redis-benchmark, interleaved in rounds,
-# then memory per key (bench/memory.sh), and prints a table of ratios.
+# INCR and the Lua scripts they replace (bench/lua/) with redis-benchmark,
+# interleaved in rounds, then memory per key and per sliding-log unit
+# (bench/memory.sh), and prints a table of ratios.
 # A benchmark reports; it exits 0 whatever the ratios are.
 #
 #   RL_MODULE=/abs/libredis_ratelimit.so scripts/bench.sh
 #
-# Knobs: BENCH_ROUNDS (5), BENCH_N (requests per native run, 1500000),
-# BENCH_N_LUA (per Lua run, 250000), BENCH_KEYS (memory keys, 100000),
-# REDIS_CELL (path to a redis-cell .so: adds CL.THROTTLE rows).
+# Knobs: BENCH_ROUNDS (5), BENCH_N (requests per native run, 800000),
+# BENCH_N_LUA (per Lua run, 120000; a quarter of it for the hash window, whose
+# script is 4x slower), BENCH_KEYS (memory keys, 100000), BENCH_LOG_KEYS
+# (sliding-log memory keys, 200), REDIS_CELL (path to a redis-cell .so: adds
+# CL.THROTTLE rows).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
 MODULE="${RL_MODULE:-$ROOT/target/release/libredis_ratelimit.so}"
 ROUNDS="${BENCH_ROUNDS:-5}"
-N_NATIVE="${BENCH_N:-1500000}"
-N_LUA="${BENCH_N_LUA:-250000}"
+N_NATIVE="${BENCH_N:-800000}"
+N_LUA="${BENCH_N_LUA:-120000}"
 CELL="${REDIS_CELL:-}"
 PIPELINE=16
 CLIENTS=50
@@ -164,7 +167,7 @@ throughput_table() {
       if (m == "") { printf "%-46s %12s\n", label, "n/a"; return }
       c = cpu_ratio(a, b)
       verdict = ""
-      if (target != "") verdict = sprintf(">= %s%s %s", target, unit, (m >= target) ? "PASS" : "below")
+      if (target != "") verdict = sprintf(">= %s%s %s", target, unit, (m + 0 >= target + 0) ? "PASS" : "below")
       line = sprintf("%-46s %11.2fx %13.2fx  %s", label, m, c, verdict)
       sub(/ +$/, "", line)
       print line
@@ -182,9 +185,13 @@ throughput_table() {
       ratio_row("RL.TOKENBUCKET (live) / INCR", "tokenbucket", "incr", "0.8", "x")
       ratio_row("RL.TOKENBUCKET (churn) / INCR", "tokenchurn", "incr", "0.8", "x")
       ratio_row("RL.FIXEDWINDOW / INCR", "fixedwindow", "incr", "0.8", "x")
-      ratio_row("Lua token bucket (live) / INCR", "lua", "incr", "", "")
+      ratio_row("RL.LEAKYBUCKET / INCR", "leakybucket", "incr", "0.8", "x")
+      ratio_row("RL.SLIDING / INCR", "sliding", "incr", "0.8", "x")
+      ratio_row("RL.HASHWINDOW / INCR", "hashwindow", "incr", "0.8", "x")
       ratio_row("RL.TOKENBUCKET / Lua, live keys", "tokenbucket", "lua", "5", "x")
       ratio_row("RL.TOKENBUCKET / Lua, churning keys", "tokenchurn", "luachurn", "5", "x")
+      ratio_row("RL.SLIDING / Lua sorted-set log", "sliding", "lualog", "5", "x")
+      ratio_row("RL.HASHWINDOW / Lua hash window", "hashwindow", "luahash", "5", "x")
       if ("cell" in list_ops) {
         ratio_row("redis-cell CL.THROTTLE / INCR", "cell", "incr", "", "")
         ratio_row("RL.TOKENBUCKET / CL.THROTTLE", "tokenbucket", "cell", "", "")
@@ -198,10 +205,13 @@ head="$(git rev-parse --short HEAD 2>/dev/null || echo "none")"
 built="$(date -u -r "$MODULE" '+%Y-%m-%d %H:%M UTC')"
 server_version="$(redis-server --version | awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^v=|^malloc=/) { printf "%s%s", sep, $i; sep = " " } }')"
 started_at="$(date +%s)"
+loadavg_at_start="$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo "?")"
 start_server
 log "redis-server pid $SERVER_PID on 127.0.0.1:$PORT"
 
 LUA_SHA="$(cli SCRIPT LOAD "$(cat bench/lua/token_bucket.lua)")"
+LOG_SHA="$(cli SCRIPT LOAD "$(cat bench/lua/sliding_log.lua)")"
+HASH_SHA="$(cli SCRIPT LOAD "$(cat bench/lua/hash_window.lua)")"
 : >"$WORKLOADS"
 : >"$RESULTS"
 add_workload incr "INCR key:r" "$N_NATIVE" "INCR key:__rand_int__"
@@ -212,8 +222,16 @@ add_workload incr "INCR key:r" "$N_NATIVE" "INCR key:__rand_int__"
 add_workload tokenbucket "RL.TOKENBUCKET tb:r 1000 1 1000 (live)" "$N_NATIVE" "RL.TOKENBUCKET tb:__rand_int__ 1000 1 1000"
 add_workload tokenchurn "RL.TOKENBUCKET tc:r 100 10 1000 (churn)" "$N_NATIVE" "RL.TOKENBUCKET tc:__rand_int__ 100 10 1000"
 add_workload fixedwindow "RL.FIXEDWINDOW fw:r 100 60000" "$N_NATIVE" "RL.FIXEDWINDOW fw:__rand_int__ 100 60000"
+# A queue of 1000 leaking 1 a second: every call is admitted and waits.
+add_workload leakybucket "RL.LEAKYBUCKET lb:r 1000 1 1000" "$N_NATIVE" "RL.LEAKYBUCKET lb:__rand_int__ 1000 1 1000"
+# 1000 a minute: every call is admitted, and a key's log holds its calls of
+# the last minute (about 8 to 16 with the default request counts).
+add_workload sliding "RL.SLIDING sl:r 1000 60000" "$N_NATIVE" "RL.SLIDING sl:__rand_int__ 1000 60000"
+add_workload hashwindow "RL.HASHWINDOW hw:r 1000 60000 1000" "$N_NATIVE" "RL.HASHWINDOW hw:__rand_int__ 1000 60000 1000"
 add_workload lua "Lua token bucket lua:r 1000 1 1000 (live)" "$N_LUA" "EVALSHA $LUA_SHA 1 lua:__rand_int__ 1000 1 1000"
 add_workload luachurn "Lua token bucket lc:r 100 10 1000 (churn)" "$N_LUA" "EVALSHA $LUA_SHA 1 lc:__rand_int__ 100 10 1000"
+add_workload lualog "Lua sorted-set log ls:r 1000 60000" "$N_LUA" "EVALSHA $LOG_SHA 1 ls:__rand_int__ 1000 60000"
+add_workload luahash "Lua hash window lh:r 1000 60000 1000" $((N_LUA / 4)) "EVALSHA $HASH_SHA 1 lh:__rand_int__ 1000 60000 1000"
 [ -n "$CELL" ] && add_workload cell "redis-cell CL.THROTTLE cell:r 99 10 1" "$N_NATIVE" "CL.THROTTLE cell:__rand_int__ 99 10 1"
 
 # Keep only the workloads whose command works here.
@@ -234,10 +252,11 @@ memory_table="$(bench/memory.sh "$PORT")" || memory_table="memory: bench/memory.
 
 echo
 echo "redis-ratelimit benchmark, $(date -u '+%Y-%m-%d %H:%M UTC')"
-echo "server: redis-server ${server_version}; nproc $(nproc)"
+echo "server: redis-server ${server_version}; nproc $(nproc);" \
+  "load average $loadavg_at_start at start, $(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo "?") at end"
 echo "module: $(basename "$MODULE") built $built (HEAD $head)${CELL:+; redis-cell $(basename "$CELL")}"
 echo "load:   redis-benchmark -P $PIPELINE -c $CLIENTS -r $KEYSPACE; $ROUNDS interleaved rounds;" \
-  "-n $N_NATIVE per native run, $N_LUA per Lua run"
+  "-n $N_NATIVE per native run, $N_LUA per Lua run ($((N_LUA / 4)) for the hash window)"
 echo
 throughput_table
 if [ -s "$WORK/skipped" ]; then
