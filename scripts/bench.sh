@@ -188,6 +188,7 @@ throughput_table() {
       ratio_row("RL.LEAKYBUCKET / INCR", "leakybucket", "incr", "0.8", "x")
       ratio_row("RL.SLIDING / INCR", "sliding", "incr", "0.8", "x")
       ratio_row("RL.HASHWINDOW / INCR", "hashwindow", "incr", "0.8", "x")
+      ratio_row("RL.ALL, two limiters / INCR", "all2", "incr", "0.6", "x")
       ratio_row("RL.TOKENBUCKET / Lua, live keys", "tokenbucket", "lua", "5", "x")
       ratio_row("RL.TOKENBUCKET / Lua, churning keys", "tokenchurn", "luachurn", "5", "x")
       ratio_row("RL.SLIDING / Lua sorted-set log", "sliding", "lualog", "5", "x")
@@ -228,6 +229,8 @@ add_workload leakybucket "RL.LEAKYBUCKET lb:r 1000 1 1000" "$N_NATIVE" "RL.LEAKY
 # the last minute (about 8 to 16 with the default request counts).
 add_workload sliding "RL.SLIDING sl:r 1000 60000" "$N_NATIVE" "RL.SLIDING sl:__rand_int__ 1000 60000"
 add_workload hashwindow "RL.HASHWINDOW hw:r 1000 60000 1000" "$N_NATIVE" "RL.HASHWINDOW hw:__rand_int__ 1000 60000 1000"
+# Two limits in one call: a per-user token bucket and a shared window.
+add_workload all2 "RL.ALL 2 (token bucket + fixed window)" "$N_NATIVE" "RL.ALL 2 au:__rand_int__ ag:__rand_int__ TOKENBUCKET 1000 1 1000 FIXEDWINDOW 100000 60000"
 add_workload lua "Lua token bucket lua:r 1000 1 1000 (live)" "$N_LUA" "EVALSHA $LUA_SHA 1 lua:__rand_int__ 1000 1 1000"
 add_workload luachurn "Lua token bucket lc:r 100 10 1000 (churn)" "$N_LUA" "EVALSHA $LUA_SHA 1 lc:__rand_int__ 100 10 1000"
 add_workload lualog "Lua sorted-set log ls:r 1000 60000" "$N_LUA" "EVALSHA $LOG_SHA 1 ls:__rand_int__ 1000 60000"
