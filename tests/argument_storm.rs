@@ -103,10 +103,10 @@ const TEMPLATES: &[&str] = &[
 ];
 
 fn random_call(rng: &mut Rng, key: &str) -> Vec<Vec<u8>> {
-    if rng.next() % 2 == 0 {
+    if rng.next().is_multiple_of(2) {
         let template = rng.pick(TEMPLATES).replace("{k}", key);
         let mut argv: Vec<Vec<u8>> = template.split(' ').map(|w| w.as_bytes().to_vec()).collect();
-        if rng.next() % 3 == 0 {
+        if rng.next().is_multiple_of(3) {
             let at = 1 + (rng.next() as usize) % (argv.len() - 1);
             argv[at] = rng.pick(WORDS).as_bytes().to_vec();
         }
@@ -114,7 +114,7 @@ fn random_call(rng: &mut Rng, key: &str) -> Vec<Vec<u8>> {
     }
     let mut argv: Vec<Vec<u8>> = vec![rng.pick(COMMANDS).as_bytes().to_vec()];
     // Most calls carry the call's own key where a key usually goes.
-    if rng.next() % 4 != 0 {
+    if !rng.next().is_multiple_of(4) {
         argv.push(key.as_bytes().to_vec());
     }
     let extra = rng.next() % 9;
