@@ -135,7 +135,10 @@ run_workloads() {
       line="${lines[$(((i + shift_by) % count))]}"
       IFS='|' read -r id label requests cmd <<<"$line"
       read -ra words <<<"$cmd"
+      # The deny-log pair: the same denials with the log off, then on.
+      if [ "$id" = "denied_nolog" ]; then cli CONFIG SET ratelimit.log-max-len 0 >/dev/null; fi
       run_once "$round" "$id" "$requests" "${words[@]}"
+      if [ "$id" = "denied_nolog" ]; then cli CONFIG SET ratelimit.log-max-len 128 >/dev/null; fi
     done
   done
 }
@@ -189,6 +192,7 @@ throughput_table() {
       ratio_row("RL.SLIDING / INCR", "sliding", "incr", "0.8", "x")
       ratio_row("RL.HASHWINDOW / INCR", "hashwindow", "incr", "0.8", "x")
       ratio_row("RL.ALL, two limiters / INCR", "all2", "incr", "0.6", "x")
+      ratio_row("denials, deny log on / off", "denied_log", "denied_nolog", "", "")
       ratio_row("RL.TOKENBUCKET / Lua, live keys", "tokenbucket", "lua", "5", "x")
       ratio_row("RL.TOKENBUCKET / Lua, churning keys", "tokenchurn", "luachurn", "5", "x")
       ratio_row("RL.SLIDING / Lua sorted-set log", "sliding", "lualog", "5", "x")
@@ -229,6 +233,10 @@ add_workload leakybucket "RL.LEAKYBUCKET lb:r 1000 1 1000" "$N_NATIVE" "RL.LEAKY
 # the last minute (about 8 to 16 with the default request counts).
 add_workload sliding "RL.SLIDING sl:r 1000 60000" "$N_NATIVE" "RL.SLIDING sl:__rand_int__ 1000 60000"
 add_workload hashwindow "RL.HASHWINDOW hw:r 1000 60000 1000" "$N_NATIVE" "RL.HASHWINDOW hw:__rand_int__ 1000 60000 1000"
+# Denials (COST above the capacity, so every call is denied and nothing is
+# written), with the deny log off and on: what recording a denial costs.
+add_workload denied_nolog "RL.TOKENBUCKET denied, deny log off" "$N_NATIVE" "RL.TOKENBUCKET dn:__rand_int__ 5 1 1000 COST 6"
+add_workload denied_log "RL.TOKENBUCKET denied, deny log on" "$N_NATIVE" "RL.TOKENBUCKET dl:__rand_int__ 5 1 1000 COST 6"
 # Two limits in one call: a per-user token bucket and a shared window.
 add_workload all2 "RL.ALL 2 (token bucket + fixed window)" "$N_NATIVE" "RL.ALL 2 au:__rand_int__ ag:__rand_int__ TOKENBUCKET 1000 1 1000 FIXEDWINDOW 100000 60000"
 add_workload lua "Lua token bucket lua:r 1000 1 1000 (live)" "$N_LUA" "EVALSHA $LUA_SHA 1 lua:__rand_int__ 1000 1 1000"
