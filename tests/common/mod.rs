@@ -379,6 +379,15 @@ impl Server {
         let _ = child.wait();
     }
 
+    /// Kills the process with SIGKILL, as a crash would, leaving its files as
+    /// they are.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
     /// Stops and starts the server again on the same port and directory, so
     /// it reloads whatever RDB or AOF is there.
     pub fn restart(&mut self) {
