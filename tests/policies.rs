@@ -1451,3 +1451,49 @@ fn re_setting_the_policies_after_a_rewrite_without_preamble_keeps_them() {
         assert_eq!(all_rules(&mut con), sorted(every_kind_rules()));
     });
 }
+
+#[test]
+fn a_shadowed_leaky_bucket_in_rl_all_never_makes_the_caller_wait() {
+    for_each_server(|kind| {
+        let server = Server::start(kind, &[]);
+        let mut con = server.conn();
+        let _: () = query(
+            &mut con,
+            &[
+                "RL.POLICY",
+                "SET",
+                "lbs",
+                "LEAKYBUCKET",
+                "5",
+                "1",
+                "60000",
+                "MODE",
+                "SHADOW",
+            ],
+        );
+        for _ in 0..3 {
+            let reply: Vec<i64> = query(
+                &mut con,
+                &[
+                    "RL.ALL",
+                    "2",
+                    "{s}q",
+                    "{s}t",
+                    "POLICY",
+                    "lbs",
+                    "TOKENBUCKET",
+                    "10",
+                    "1",
+                    "1000",
+                ],
+            );
+            assert_eq!((reply[0], reply[3], reply[5]), (1, 0, 0), "{reply:?}");
+        }
+        // the queue itself did fill: the same policy enforced would now wait
+        let peek = rl(
+            &mut con,
+            &["RL.LEAKYBUCKET", "{s}q", "5", "1", "60000", "COST", "0"],
+        );
+        assert!(peek.wait_ms > 100_000, "{peek:?}");
+    });
+}

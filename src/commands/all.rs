@@ -165,13 +165,8 @@ unsafe fn run(
     let answered: Vec<Decision> = limits
         .iter()
         .zip(&actual)
-        .map(|(l, d)| {
-            if !d.allowed && l.is_shadow() {
-                shadowed(*d)
-            } else {
-                *d
-            }
-        })
+        // A dry run answers allowed and never makes the caller wait.
+        .map(|(l, d)| if l.is_shadow() { shadowed(*d) } else { *d })
         .collect();
     let denied_by = answered.iter().position(|d| !d.allowed);
 
