@@ -76,10 +76,42 @@ pub fn from_replication_or_loading(ctx: *mut raw::RedisModuleCtx) -> bool {
     flags & (raw::REDISMODULE_CTX_FLAGS_REPLICATED | raw::REDISMODULE_CTX_FLAGS_LOADING) != 0
 }
 
-/// Whether used memory is above `maxmemory` (a new key must not be created).
+/// Whether a new key must not be created: used memory is above `maxmemory`
+/// and the server may not evict (`noeviction`). With an eviction policy,
+/// Redis has just evicted before running the command, as it does for its own
+/// `deny-oom` commands, and what is left above the limit is transient.
 pub fn out_of_memory(ctx: *mut raw::RedisModuleCtx) -> bool {
     let flags = unsafe { api!(RedisModule_GetContextFlags)(ctx) } as u32;
-    flags & raw::REDISMODULE_CTX_FLAGS_OOM != 0
+    flags & raw::REDISMODULE_CTX_FLAGS_OOM != 0 && !may_evict(ctx)
+}
+
+/// `maxmemory-policy` is not `noeviction` (asked only when over the limit).
+fn may_evict(ctx: *mut raw::RedisModuleCtx) -> bool {
+    let reply = unsafe {
+        api!(RedisModule_Call)(
+            ctx,
+            c"CONFIG".as_ptr(),
+            c"cc".as_ptr(),
+            c"GET".as_ptr(),
+            c"maxmemory-policy".as_ptr(),
+        )
+    };
+    if reply.is_null() {
+        return false;
+    }
+    let mut may = false;
+    unsafe {
+        if api!(RedisModule_CallReplyLength)(reply) == 2 {
+            let value = api!(RedisModule_CallReplyArrayElement)(reply, 1);
+            let mut len = 0usize;
+            let ptr = api!(RedisModule_CallReplyStringPtr)(value, &mut len);
+            if !ptr.is_null() {
+                may = slice::from_raw_parts(ptr.cast::<u8>(), len) != b"noeviction";
+            }
+        }
+        api!(RedisModule_FreeCallReply)(reply);
+    }
+    may
 }
 
 /// An open key, closed when dropped.
