@@ -21,7 +21,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 
-use crate::commands::spec::Spec;
+use crate::commands::spec::{Site, Spec};
 use crate::error::Error;
 use crate::stats::{Counter, Outcomes};
 
@@ -131,7 +131,7 @@ pub fn check_name(name: &[u8]) -> Result<(), Error> {
 
 /// Parses `<ALGORITHM> <params...> [MODE m] [ROLLOUT p]`.
 pub fn parse_rule(args: &[&[u8]]) -> Result<Rule, Error> {
-    let (spec, words) = Spec::parse(args, "policy")?;
+    let (spec, words) = Spec::parse(args, Site::Policy)?;
     let mut mode = None;
     let mut rollout = None;
     let mut rest = &args[words..];
@@ -246,8 +246,8 @@ fn encode_rules(all: &[(Vec<u8>, Rule)], out: &mut impl FnMut(Field)) {
         out(Field::Bytes(name));
         out(Field::Bytes(rule.spec.name().as_bytes()));
         let params = rule.spec.params();
-        out(Field::Unsigned(params.len() as u64));
-        for p in params {
+        out(Field::Unsigned(params.as_slice().len() as u64));
+        for &p in params.as_slice() {
             out(Field::Unsigned(p));
         }
         out(Field::Unsigned(rule.mode.code()));
@@ -284,7 +284,7 @@ pub fn decode(
             .collect::<Option<_>>()?;
         let mut words: Vec<&[u8]> = vec![&algorithm];
         words.extend(params.iter().map(|p| p.as_bytes()));
-        let (spec, used) = Spec::parse(&words, "policy").ok()?;
+        let (spec, used) = Spec::parse(&words, Site::Policy).ok()?;
         if used != words.len() {
             return None;
         }

@@ -13,13 +13,14 @@
 use std::os::raw::c_int;
 
 use redis_module::raw;
+use smallvec::SmallVec;
 
 use super::limiter::{apply_to_key, decide_on_key, LimiterCommand};
 use super::policy::{off_decision, shadowed, Through};
-use super::spec::{with_algorithm, Spec};
+use super::spec::{with_algorithm, Site, Spec};
 use super::{from_replication_or_loading, reply_decision_and, signal_modified, Args, Key};
 use crate::api;
-use crate::args::{parse_int, parse_options};
+use crate::args::{parse_int, parse_options, Options};
 use crate::clock;
 use crate::deny_log;
 use crate::error::Error;
@@ -68,13 +69,20 @@ unsafe fn key_positions(
     }
 }
 
-unsafe fn run(
-    ctx: *mut raw::RedisModuleCtx,
-    argv: *mut *mut raw::RedisModuleString,
-    argc: c_int,
-) -> Result<(), Error> {
-    let args = unsafe { Args::<MAX_ARGS>::new(argv, argc) }?;
-    let all = args.all();
+/// A parsed call, before any key is opened.
+pub(crate) struct Call<'a> {
+    pub keys: &'a [&'a [u8]],
+    /// One per key, in order.
+    pub limits: Limits<'a>,
+    pub options: Options,
+}
+
+/// Room for every limiter of a call without touching the heap.
+pub(crate) type Limits<'a> = SmallVec<[Limit<'a>; MAX_KEYS]>;
+
+/// Parses the words of a call (`all[0]` is the command name): pure, but for
+/// looking up named policies.
+pub(crate) fn parse<'a>(all: &'a [&'a [u8]]) -> Result<Call<'a>, Error> {
     if all.len() < 4 {
         return Err(Error::Arity);
     }
@@ -92,9 +100,9 @@ unsafe fn run(
         }
     }
     // Specs, then options.
-    let mut limits: [Option<Limit>; MAX_KEYS] = [None; MAX_KEYS];
+    let mut limits = Limits::new();
     let mut cursor = 2 + numkeys;
-    for (i, slot) in limits.iter_mut().enumerate().take(numkeys) {
+    for (i, &key) in keys.iter().enumerate() {
         if cursor >= all.len() {
             return Err(Error::Syntax(format!(
                 "{numkeys} keys need {numkeys} specs, got {i}"
@@ -104,34 +112,47 @@ unsafe fn run(
             let name = all.get(cursor + 1).copied().unwrap_or_default();
             let (rule, stats) =
                 policy::get(name).ok_or_else(|| Error::UnknownPolicy(Error::quote(name)))?;
-            *slot = Some(Limit {
+            limits.push(Limit {
                 spec: rule.spec,
                 source: Source::Policy {
                     name,
-                    through: Through::of(&rule, keys[i]),
+                    through: Through::of(&rule, key),
                     stats,
                 },
             });
             cursor += 2;
         } else {
-            let (spec, words) = Spec::parse_in_call(&all[cursor..], i + 1)?;
-            *slot = Some(Limit {
+            let (spec, words) = Spec::parse(&all[cursor..], Site::InCall(i + 1))?;
+            limits.push(Limit {
                 spec,
                 source: Source::Inline { start: cursor },
             });
             cursor += words;
         }
     }
-    let limits: Vec<Limit> = limits
-        .iter()
-        .take(numkeys)
-        .map(|l| l.expect("parsed"))
-        .collect();
     let options = parse_options(&all[cursor..])?;
     if options.at.is_some() {
         // RL.ALL is never propagated as such: each limiter goes out on its own.
         return Err(Error::ReservedForReplication("AT"));
     }
+    Ok(Call {
+        keys,
+        limits,
+        options,
+    })
+}
+
+unsafe fn run(
+    ctx: *mut raw::RedisModuleCtx,
+    argv: *mut *mut raw::RedisModuleString,
+    argc: c_int,
+) -> Result<(), Error> {
+    let args = unsafe { Args::<MAX_ARGS>::new(argv, argc) }?;
+    let Call {
+        keys,
+        limits,
+        options,
+    } = parse(args.all())?;
     let replicated = from_replication_or_loading(ctx);
     if !replicated {
         for limit in limits
@@ -147,22 +168,22 @@ unsafe fn run(
     // Decide everywhere first; nothing changes yet. A limiter that is off is
     // not even looked at; a shadowed one never denies the call.
     let key_name = |i: usize| unsafe { *argv.add(2 + i) };
-    let opened: Vec<Option<Key>> = limits
+    let opened: SmallVec<[Option<Key>; MAX_KEYS]> = limits
         .iter()
         .enumerate()
         .map(|(i, l)| (!l.is_off()).then(|| Key::open_rw(ctx, key_name(i))))
         .collect();
-    let mut actual = Vec::with_capacity(numkeys);
+    let mut actual = Decisions::new();
     for (limit, key) in limits.iter().zip(&opened) {
         actual.push(match (key, limit.source) {
             (Some(key), _) => {
                 with_algorithm!(limit.spec, L, p => decide_on_key::<L>(key, &p, cost, now))?
             }
-            (None, Source::Policy { .. }) => off_decision_of(limit),
+            (None, Source::Policy { .. }) => off_decision(limit.spec),
             (None, Source::Inline { .. }) => unreachable!("inline limiters are never off"),
         });
     }
-    let answered: Vec<Decision> = limits
+    let answered: Decisions = limits
         .iter()
         .zip(&actual)
         // A dry run answers allowed and never makes the caller wait.
@@ -223,7 +244,7 @@ unsafe fn run(
     drop(opened);
     // A limiter that is off answers nothing about the call: it never shapes
     // the reply, unless every limiter is off.
-    let live: Vec<Decision> = limits
+    let live: Decisions = limits
         .iter()
         .zip(&answered)
         .filter(|(l, _)| !l.is_off())
@@ -237,15 +258,17 @@ unsafe fn run(
     Ok(())
 }
 
+type Decisions = SmallVec<[Decision; MAX_KEYS]>;
+
 /// One limiter of the call.
 #[derive(Clone, Copy)]
-struct Limit<'a> {
-    spec: Spec,
-    source: Source<'a>,
+pub(crate) struct Limit<'a> {
+    pub spec: Spec,
+    pub source: Source<'a>,
 }
 
 #[derive(Clone, Copy)]
-enum Source<'a> {
+pub(crate) enum Source<'a> {
     /// Given in the call; its parameters start after argv[start].
     Inline { start: usize },
     /// `POLICY name`.
@@ -277,14 +300,6 @@ impl Limit<'_> {
     }
 }
 
-fn off_decision_of(limit: &Limit) -> Decision {
-    off_decision(&crate::policy::Rule {
-        spec: limit.spec,
-        mode: crate::policy::Mode::Off,
-        rollout: 0,
-    })
-}
-
 /// Propagates one limiter's admitted units as its own pinned call.
 fn propagate(
     ctx: *mut raw::RedisModuleCtx,
@@ -306,7 +321,14 @@ fn propagate(
             replicate::limiter_call(ctx, command, &key_and_params[..1 + words], cost, now);
         }
         Source::Policy { .. } => {
-            replicate::limiter_call_with_params(ctx, command, key, &limit.spec.params(), cost, now);
+            replicate::limiter_call_with_params(
+                ctx,
+                command,
+                key,
+                limit.spec.params().as_slice(),
+                cost,
+                now,
+            );
         }
     }
 }

@@ -6,7 +6,7 @@ use std::os::raw::c_int;
 use redis_module::raw;
 
 use super::limiter::{apply_to_key, LimiterCommand};
-use super::spec::with_algorithm;
+use super::spec::{with_algorithm, Spec};
 use super::{all_args, reply_decision, signal_modified, Key};
 use crate::api;
 use crate::args::parse_options;
@@ -134,8 +134,8 @@ unsafe fn get(
     text(b"algorithm");
     text(rule.spec.name().as_bytes());
     text(b"params");
-    unsafe { api!(RedisModule_ReplyWithArray)(ctx, params.len() as i64) };
-    for p in params {
+    unsafe { api!(RedisModule_ReplyWithArray)(ctx, params.as_slice().len() as i64) };
+    for &p in params.as_slice() {
         int(p as i64);
     }
     text(b"mode");
@@ -204,8 +204,8 @@ impl Through {
 }
 
 /// The answer of a limiter that is off: allowed, nothing looked at.
-pub fn off_decision(rule: &Rule) -> Decision {
-    let limit = rule.spec.params()[0];
+pub fn off_decision(spec: Spec) -> Decision {
+    let limit = spec.limit();
     Decision {
         allowed: true,
         limit,
@@ -243,7 +243,7 @@ unsafe fn hit(
     let through = Through::of(&rule, key);
     if through == Through::Off {
         stats.outcomes.calls.bump();
-        reply_decision(ctx, &off_decision(&rule));
+        reply_decision(ctx, &off_decision(rule.spec));
         return Ok(());
     }
     let now = clock::now();
@@ -253,7 +253,7 @@ unsafe fn hit(
         let decision = apply_to_key::<L>(ctx, &open, &p, cost, now, false)?;
         L::stats().record(&decision, cost);
         if decision.allowed && cost > 0 {
-            replicate::limiter_call_with_params(ctx, L::NAME, key_name, &rule.spec.params(), cost, now);
+            replicate::limiter_call_with_params(ctx, L::NAME, key_name, rule.spec.params().as_slice(), cost, now);
             signal_modified(ctx, key_name);
         }
         decision

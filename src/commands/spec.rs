@@ -49,14 +49,46 @@ macro_rules! with_algorithm {
 }
 pub(crate) use with_algorithm;
 
+/// Where a spec was given, to name it in an error.
+#[derive(Clone, Copy, Debug)]
+pub enum Site {
+    /// `RL.POLICY SET` (and a policy loaded from RDB).
+    Policy,
+    /// The n-th spec of `RL.ALL`, from 1.
+    InCall(usize),
+}
+
+impl std::fmt::Display for Site {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Site::Policy => f.write_str("policy"),
+            Site::InCall(n) => write!(f, "spec {n}"),
+        }
+    }
+}
+
+/// A spec's parameters in command order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ParamList {
+    values: [u64; 3],
+    len: usize,
+}
+
+impl ParamList {
+    pub fn as_slice(&self) -> &[u64] {
+        &self.values[..self.len]
+    }
+}
+
 /// The algorithm names a spec may start with.
 pub const ALGORITHMS: &str = "TOKENBUCKET, FIXEDWINDOW, LEAKYBUCKET, SLIDING, HASHWINDOW";
 
 impl Spec {
     /// Parses `<ALGORITHM> <params...>` at the start of `args`; returns the
-    /// spec and how many words it took. `what` names it in errors.
-    pub fn parse(args: &[&[u8]], what: &str) -> Result<(Spec, usize), Error> {
-        fn params<P: Params>(args: &[&[u8]], what: &str) -> Result<P, Error> {
+    /// spec and how many words it took. `what` names it in errors (and is
+    /// only formatted for one, so a good call builds no string).
+    pub fn parse(args: &[&[u8]], what: Site) -> Result<(Spec, usize), Error> {
+        fn params<P: Params>(args: &[&[u8]], what: Site) -> Result<P, Error> {
             if args.len() < 1 + P::COUNT {
                 return Err(Error::Syntax(format!(
                     "{what} needs {} parameters",
@@ -86,11 +118,6 @@ impl Spec {
         Ok((spec, 1 + spec.param_count()))
     }
 
-    /// Like [`Spec::parse`], for the `position`-th spec of `RL.ALL`.
-    pub fn parse_in_call(args: &[&[u8]], position: usize) -> Result<(Spec, usize), Error> {
-        Spec::parse(args, &format!("spec {position}"))
-    }
-
     /// The algorithm's name, as in a spec.
     pub fn name(&self) -> &'static str {
         match self {
@@ -102,15 +129,21 @@ impl Spec {
         }
     }
 
-    /// The parameters, in command order.
-    pub fn params(&self) -> Vec<u64> {
-        match *self {
-            Spec::TokenBucket(p) => vec![p.capacity, p.refill_count, p.refill_ms],
-            Spec::FixedWindow(p) => vec![p.limit, p.window_ms],
-            Spec::LeakyBucket(p) => vec![p.capacity, p.leak_count, p.leak_ms],
-            Spec::Sliding(p) => vec![p.limit, p.window_ms],
-            Spec::HashWindow(p) => vec![p.limit, p.window_ms, p.bucket_ms],
-        }
+    /// The parameters, in command order (at most three; no allocation).
+    pub fn params(&self) -> ParamList {
+        let (values, len) = match *self {
+            Spec::TokenBucket(p) => ([p.capacity, p.refill_count, p.refill_ms], 3),
+            Spec::FixedWindow(p) => ([p.limit, p.window_ms, 0], 2),
+            Spec::LeakyBucket(p) => ([p.capacity, p.leak_count, p.leak_ms], 3),
+            Spec::Sliding(p) => ([p.limit, p.window_ms, 0], 2),
+            Spec::HashWindow(p) => ([p.limit, p.window_ms, p.bucket_ms], 3),
+        };
+        ParamList { values, len }
+    }
+
+    /// The limit a caller is told about: the capacity, or requests per window.
+    pub fn limit(&self) -> u64 {
+        self.params().as_slice()[0]
     }
 
     pub fn param_count(&self) -> usize {
