@@ -3,7 +3,9 @@
 # the module on a free loopback port, measures throughput of the RL commands,
 # INCR and the Lua scripts they replace (bench/lua/) with redis-benchmark,
 # interleaved in rounds, then memory per key and per sliding-log unit
-# (bench/memory.sh), and prints a table of ratios.
+# (bench/memory.sh), then sustained load on a master with a replica attached,
+# with latency percentiles and a replica-versus-master check (bench/load.sh,
+# its own two servers), and prints the tables.
 # A benchmark reports; it exits 0 whatever the ratios are.
 #
 #   RL_MODULE=/abs/libredis_ratelimit.so scripts/bench.sh
@@ -12,7 +14,9 @@
 # BENCH_N_LUA (per Lua run, 120000; a quarter of it for the hash window, whose
 # script is 4x slower), BENCH_KEYS (memory keys, 100000), BENCH_LOG_KEYS
 # (sliding-log memory keys, 200), REDIS_CELL (path to a redis-cell .so: adds
-# CL.THROTTLE rows).
+# CL.THROTTLE rows), BENCH_LOAD (1; 0 skips the load with a replica), and
+# bench/load.sh's own: BENCH_LOAD_N, BENCH_LOAD_N1, BENCH_LOAD_CLIENTS,
+# BENCH_LOAD_PIPELINE, BENCH_LOAD_KEYS.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -22,6 +26,7 @@ ROUNDS="${BENCH_ROUNDS:-5}"
 N_NATIVE="${BENCH_N:-800000}"
 N_LUA="${BENCH_N_LUA:-120000}"
 CELL="${REDIS_CELL:-}"
+LOAD="${BENCH_LOAD:-1}"
 PIPELINE=16
 CLIENTS=50
 KEYSPACE=100000
@@ -261,6 +266,17 @@ cli FLUSHALL SYNC >/dev/null
 log "measuring memory per key"
 memory_table="$(bench/memory.sh "$PORT")" || memory_table="memory: bench/memory.sh failed"
 
+load_table=""
+if [ "$LOAD" != "0" ]; then
+  # The load section starts its own master and replica: stop this server
+  # first, so that it takes no CPU or memory from them.
+  kill "$SERVER_PID" 2>/dev/null || true
+  wait "$SERVER_PID" 2>/dev/null || true
+  SERVER_PID=""
+  log "sustained load with a replica (bench/load.sh; BENCH_LOAD=0 skips it)"
+  load_table="$(RL_MODULE="$MODULE" bench/load.sh)" || load_table="load: bench/load.sh failed"
+fi
+
 echo
 echo "redis-ratelimit benchmark, $(date -u '+%Y-%m-%d %H:%M UTC')"
 echo "server: redis-server ${server_version}; nproc $(nproc);" \
@@ -276,5 +292,9 @@ fi
 echo
 echo "$memory_table"
 echo
+if [ -n "$load_table" ]; then
+  echo "$load_table"
+  echo
+fi
 echo "bench took $(($(date +%s) - started_at)) s"
 exit 0
