@@ -22,7 +22,7 @@ pub struct Options {
 }
 
 /// Latest `AT` accepted: 2^62 microseconds, year 148,000.
-const MAX_AT_US: u64 = 1 << 62;
+pub const MAX_AT_US: u64 = crate::limiter::MAX_TIME_US;
 
 /// Parses a non-negative decimal integer in `min..=max`: digits only, no sign,
 /// no spaces, nothing silently clamped.

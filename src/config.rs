@@ -59,17 +59,27 @@ pub fn get(value: &AtomicU64) -> u64 {
 }
 
 /// Applies `name value` pairs given as load arguments (before registration,
-/// so they become the defaults).
+/// so they become the defaults). Nothing is applied if any pair is wrong.
 pub fn apply_load_arguments(args: &[&[u8]]) -> Result<(), String> {
+    for (value, parsed) in parse_load_arguments(args)? {
+        value.store(parsed, Ordering::Relaxed);
+    }
+    Ok(())
+}
+
+/// Checks load arguments and says which config takes which value, without
+/// changing anything (pure, so that it can be tested and fuzzed alone).
+pub fn parse_load_arguments(args: &[&[u8]]) -> Result<Vec<(&'static AtomicU64, u64)>, String> {
     if !args.len().is_multiple_of(2) {
         return Err("load arguments come in pairs: <config> <value>".into());
     }
+    let mut parsed = Vec::with_capacity(args.len() / 2);
     for pair in args.chunks(2) {
         let name = pair[0].strip_prefix(b"ratelimit.").unwrap_or(pair[0]);
         let config = NUMERIC
             .iter()
             .find(|c| c.name.to_bytes().eq_ignore_ascii_case(name))
-            .ok_or_else(|| format!("unknown config '{}'", String::from_utf8_lossy(pair[0])))?;
+            .ok_or_else(|| format!("unknown config '{}'", crate::error::Error::quote(pair[0])))?;
         let value =
             crate::args::parse_int(pair[1], "value", config.min, config.max).map_err(|e| {
                 format!(
@@ -78,9 +88,9 @@ pub fn apply_load_arguments(args: &[&[u8]]) -> Result<(), String> {
                     e.message()
                 )
             })?;
-        config.value.store(value, Ordering::Relaxed);
+        parsed.push((config.value, value));
     }
-    Ok(())
+    Ok(parsed)
 }
 
 /// Registers the configs with the server and loads their values from the

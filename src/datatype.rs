@@ -198,7 +198,8 @@ impl NativeState for HashWindowState {
         let newest = input.take()?;
         let sum = input.take()?;
         let len = input.take()?;
-        if len > crate::args::MAX_BUCKETS {
+        // A ring holds one bucket more than its window.
+        if len > crate::args::MAX_BUCKETS + 1 {
             return None;
         }
         let mut counts = Vec::new();
@@ -535,6 +536,58 @@ mod tests {
             refill_count: 1,
             refill_ms: 1,
         }));
+    }
+
+    /// Found by fuzzing: a sliding log or hash window admitted at the
+    /// latest `AT` (2^62 us) was refused by its own loader, so an RDB the
+    /// server wrote could not be loaded back.
+    #[test]
+    fn states_built_at_the_latest_time_load_back() {
+        use crate::limiter::{Algorithm, HashWindow, Micros, SlidingLog, MAX_TIME_US};
+        let latest = Micros(MAX_TIME_US);
+        let p = crate::limiter::sliding_log::SlidingLogParams {
+            limit: 3,
+            window_ms: 1 << 40,
+        };
+        let mut log = SlidingLog::idle(&p, latest);
+        assert!(SlidingLog::apply(&mut log, &p, 1, latest).allowed);
+        round_trip(log);
+        let p = crate::limiter::hash_window::HashWindowParams {
+            limit: 10,
+            window_ms: 6000,
+            bucket_ms: 1000,
+        };
+        let mut ring = HashWindow::idle(&p, latest);
+        assert!(HashWindow::apply(&mut ring, &p, 1, latest).allowed);
+        round_trip(ring);
+    }
+
+    /// Found by fuzzing: the ring of a hash window has one bucket more than
+    /// its window, and the loader bounded the ring as if it were the
+    /// window: a window of 2^40 ms in one bucket, or of 1,000,000 buckets
+    /// (the config's maximum), could be saved but not loaded back.
+    #[test]
+    fn the_largest_hash_windows_load_back() {
+        use crate::limiter::hash_window::HashWindowParams;
+        use crate::limiter::{Algorithm, HashWindow, Micros, MAX_PARAM};
+        let now = Micros(1_700_000_000_123_456);
+        for (window_ms, bucket_ms) in [
+            (MAX_PARAM, MAX_PARAM),
+            (914_103_784_660, 914_103_784_660),
+            (crate::args::MAX_BUCKETS, 1),
+        ] {
+            let p = HashWindowParams {
+                limit: 10,
+                window_ms,
+                bucket_ms,
+            };
+            let mut ring = HashWindow::idle(&p, now);
+            assert!(HashWindow::apply(&mut ring, &p, 1, now).allowed);
+            let mut out = Fields(Vec::new());
+            ring.encode(&mut out);
+            let decoded = HashWindowState::decode(&mut out.0.into_iter(), 1);
+            assert_eq!(decoded.as_ref(), Some(&ring), "{window_ms} / {bucket_ms}");
+        }
     }
 
     #[test]

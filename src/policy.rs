@@ -240,7 +240,8 @@ pub fn encode(out: &mut impl FnMut(Field)) {
     encode_rules(&rules, out);
 }
 
-fn encode_rules(all: &[(Vec<u8>, Rule)], out: &mut impl FnMut(Field)) {
+/// The RDB form of `all` (also used by the fuzz targets).
+pub(crate) fn encode_rules(all: &[(Vec<u8>, Rule)], out: &mut impl FnMut(Field)) {
     out(Field::Unsigned(all.len() as u64));
     for (name, rule) in all {
         out(Field::Bytes(name));
@@ -267,13 +268,21 @@ pub fn decode(
     bytes: &mut impl FnMut() -> Option<Vec<u8>>,
 ) -> Option<Vec<(Vec<u8>, Rule)>> {
     let count = unsigned()?;
-    if count > 1 << 20 {
+    // No more than RL.POLICY SET lets a node hold: each name's counters are
+    // kept for the life of the process.
+    if count > MAX_POLICIES as u64 {
         return None;
     }
-    let mut out = Vec::new();
+    let mut out: Vec<(Vec<u8>, Rule)> = Vec::new();
+    let mut info_names = std::collections::BTreeSet::new();
     for _ in 0..count {
         let name = bytes()?;
         check_name(&name).ok()?;
+        // A name twice, or two names with the same INFO fields: never
+        // written by a server (RL.POLICY SET refuses them), so corrupt.
+        if !info_names.insert(info_name(&name)) {
+            return None;
+        }
         let algorithm = bytes()?;
         let n = unsigned()?;
         if n > 8 {
@@ -369,6 +378,35 @@ mod tests {
             assert!((share - p as f64 / 100.0).abs() < 0.03, "{p}%: {share}");
             previous = now;
         }
+    }
+
+    /// Found while writing the RDB fuzz target: a payload could declare up to
+    /// 2^20 policies, each name's counters kept for good, and names
+    /// `RL.POLICY SET` refuses (the same INFO fields twice).
+    #[test]
+    fn the_rdb_form_refuses_what_policy_set_refuses() {
+        let rule = parse_rule(&[b"FIXEDWINDOW", b"1", b"1"]).unwrap();
+        let decode_all = |all: &[(Vec<u8>, Rule)]| {
+            let mut unsigned = Vec::new();
+            let mut bytes = Vec::new();
+            encode_rules(all, &mut |f: Field| match f {
+                Field::Unsigned(v) => unsigned.push(v),
+                Field::Bytes(b) => bytes.push(b.to_vec()),
+            });
+            let mut u = unsigned.into_iter();
+            let mut b = bytes.into_iter();
+            decode(&mut || u.next(), &mut || b.next())
+        };
+        let many: Vec<(Vec<u8>, Rule)> = (0..=MAX_POLICIES)
+            .map(|i| (format!("p{i}").into_bytes(), rule))
+            .collect();
+        assert_eq!(
+            decode_all(&many[..MAX_POLICIES]).unwrap().len(),
+            MAX_POLICIES
+        );
+        assert!(decode_all(&many).is_none());
+        assert!(decode_all(&[(b"a:b".to_vec(), rule), (b"a_b".to_vec(), rule)]).is_none());
+        assert!(decode_all(&[(b"a".to_vec(), rule), (b"a".to_vec(), rule)]).is_none());
     }
 
     #[test]

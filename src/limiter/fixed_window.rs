@@ -51,9 +51,6 @@ pub struct FixedWindowState {
 /// The fixed window algorithm.
 pub struct FixedWindow;
 
-/// Latest instant a state may hold: 2^62 us, far beyond any real clock.
-const MAX_TIME_US: u64 = 1 << 62;
-
 impl FixedWindowParams {
     /// End of the window containing `t`, in Unix microseconds.
     fn window_end_us(&self, t: Micros) -> u64 {
@@ -65,7 +62,7 @@ impl FixedWindowParams {
 impl FixedWindowState {
     /// Checks the invariants a loaded state must hold.
     pub fn is_valid(&self) -> bool {
-        self.last_us <= MAX_TIME_US && self.count <= super::MAX_PARAM
+        self.last_us <= super::MAX_TIME_US && self.count <= super::MAX_PARAM
     }
 }
 

@@ -104,7 +104,8 @@ fn evaluate(
         // Oldest first, until enough units have left (only on denial).
         let excess = held + cost - params.limit;
         let mut freed = 0;
-        let mut bucket = current + 1 - n;
+        // (no bucket before the epoch: a window may reach back past it)
+        let mut bucket = (current + 1).saturating_sub(n);
         loop {
             if bucket <= state.newest {
                 freed += state.count(bucket);
@@ -150,10 +151,10 @@ impl HashWindowState {
         if current >= self.newest + n {
             return 0;
         }
-        // buckets newest-n+1 ..= current-n have left
-        let gone: u64 = (self.newest + 1..=current)
-            .map(|j| self.count(j.wrapping_sub(n)))
-            .sum();
+        // buckets newest-n+1 ..= current-n have left; bucket j - n has the
+        // slot of j (counted directly: j - n is below zero in the first n
+        // buckets since the epoch, which a clock or AT before 2004 reaches)
+        let gone: u64 = (self.newest + 1..=current).map(|j| self.count(j)).sum();
         self.sum - gone
     }
 
@@ -201,14 +202,17 @@ impl HashWindowState {
     /// Checks the invariants a loaded state must hold.
     pub fn is_valid(&self) -> bool {
         let n = self.counts.len() as u64;
+        // The ring has one bucket more than the window (`ring_len`): the
+        // window, `(n - 1) * bucket_ms`, is what the parser bounds.
         n >= 1
             && (1..=super::MAX_PARAM).contains(&self.bucket_ms)
-            && n.checked_mul(self.bucket_ms)
+            && (n - 1)
+                .checked_mul(self.bucket_ms)
                 .is_some_and(|w| w <= super::MAX_PARAM)
             && self
                 .newest
                 .checked_mul(self.bucket_ms)
-                .is_some_and(|ms| ms < 1 << 52)
+                .is_some_and(|ms| ms <= super::MAX_STATE_MS)
             && self.counts.iter().try_fold(0u64, |a, &c| a.checked_add(c)) == Some(self.sum)
             && self.sum <= super::MAX_PARAM
     }
@@ -346,6 +350,24 @@ mod tests {
         let c = params(10, 1000, 100);
         assert!(!hit(&mut s, &c, 10, at(13_999)).allowed);
         assert!(hit(&mut s, &c, 10, at(14_000)).allowed);
+    }
+
+    /// Found by fuzzing: in the first `n` buckets since the epoch (a clock
+    /// or `AT` before `window_ms` after 1970), moving the ring forward read
+    /// the wrong slots, freeing units still in the window; and a denial's
+    /// wait started its search before bucket 0 (an overflow).
+    #[test]
+    fn a_window_reaching_back_past_the_epoch_keeps_its_units() {
+        let p = params(90, 1000, 10);
+        let mut s = HashWindow::idle(&p, Micros(10_000));
+        assert!(hit(&mut s, &p, 2, Micros(10_000)).allowed);
+        let d = hit(&mut s, &p, 32, Micros(250_000));
+        assert_eq!((d.allowed, d.remaining), (true, 56));
+        let d = hit(&mut s, &p, 57, Micros(250_000));
+        assert!(!d.allowed);
+        // the 2 units of bucket 1 leave the window at 1020 ms
+        assert_eq!(d.wait, Wait::Ms(1020 - 250));
+        assert!(hit(&mut s, &p, 57, Micros(1_020_000)).allowed);
     }
 
     #[test]

@@ -29,6 +29,16 @@ pub const MAX_PARAM: u64 = 1 << 40;
 /// are refused, so every reply and TTL fits comfortably in an `i64`.
 pub const MAX_SPAN_MS: u64 = 1 << 50;
 
+/// The latest instant a call can run at: 2^62 microseconds (year 148,000),
+/// the bound of `AT` (a real clock is far below it).
+pub const MAX_TIME_US: u64 = 1 << 62;
+
+/// The latest millisecond a loaded state may refer to: twice [`MAX_TIME_US`],
+/// so that every state the algorithms build at any allowed time loads back
+/// (an RDB the server wrote always loads), while `(ms + 2^41) * 1000` still
+/// fits a `u64`.
+pub const MAX_STATE_MS: u64 = 1 << 53;
+
 /// A point in time: microseconds since the Unix epoch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Micros(pub u64);

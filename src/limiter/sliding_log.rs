@@ -212,7 +212,7 @@ impl SlidingLogState {
 
     /// Checks the invariants a loaded state must hold.
     pub fn is_valid(&self) -> bool {
-        if self.held > MAX_LIMIT || self.epoch_ms > 1 << 52 {
+        if self.held > MAX_LIMIT || self.epoch_ms > super::MAX_STATE_MS {
             return false;
         }
         if self.entries.is_empty() {

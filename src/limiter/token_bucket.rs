@@ -32,9 +32,13 @@
 //! of tokens, is converted from the old token period to the new one (rounding
 //! up), so no change refills anything: raising the capacity gives only the
 //! added room, and lowering it below what was consumed leaves the bucket empty
-//! until the excess has drained at the new rate. The key's expiry stays as
-//! the last admitted call set it, which is never earlier than the old settings
-//! would have refilled the bucket.
+//! until the excess has drained. The new rate takes over at the first call
+//! admitted under it, which stores the bucket at that rate; until then (a
+//! denial or a peek writes nothing) the bucket keeps refilling at the rate it
+//! was stored with, and `wait_ms` and `reset_ms` are computed at that rate,
+//! so that the request is admitted when `wait_ms` says. The key's expiry
+//! stays as the last admitted call set it, which is never earlier than the
+//! old settings would have refilled the bucket.
 
 use super::{Algorithm, Decision, Micros, Wait};
 
@@ -98,13 +102,22 @@ impl TokenBucketState {
             && self.tat_frac < self.refill_count
     }
 
+    /// Whether the state is kept at the rate of `params`.
+    fn same_rate(&self, params: &TokenBucketParams) -> bool {
+        self.refill_count == params.refill_count && self.refill_ms == params.refill_ms
+    }
+
+    /// Time still to refill at `now`, in ticks of the state's own rate.
+    fn own_deficit(&self, now: Micros) -> u128 {
+        self.tat_ticks()
+            .saturating_sub(now.0 as u128 * self.refill_count as u128)
+    }
+
     /// Time still to refill at `now`, in ticks of `params`, after converting a
     /// state kept at another rate. Bounded by MAX_SPAN_MS, so that every reply
     /// and expiry fits an `i64` whatever the parameters were.
     fn deficit(&self, params: &TokenBucketParams, now: Micros) -> u128 {
-        let old_deficit = self
-            .tat_ticks()
-            .saturating_sub(now.0 as u128 * self.refill_count as u128);
+        let old_deficit = self.own_deficit(now);
         let old_period = self.refill_ms as u128 * 1000;
         let new_period = params.period();
         let deficit = if old_period == new_period {
@@ -168,13 +181,30 @@ pub(super) fn gcra(
             ahead_ticks: deficit,
         };
     }
+    let (short_ms, reset_ms) = if state.same_rate(params) {
+        let short = (deficit + need).saturating_sub(tau);
+        (short.div_ceil(ticks_per_ms), deficit.div_ceil(ticks_per_ms))
+    } else {
+        // New parameters on a state kept at another rate: nothing is written
+        // on this call, so the state keeps draining at its own rate until an
+        // admission stores it at the new one. The request fits once at most
+        // `capacity - cost` tokens are owed (the conversion rounds tokens up),
+        // and the bucket is full once none is.
+        let own = state.own_deficit(now);
+        let own_per_ms = state.refill_count as u128 * 1000;
+        let fits = params.capacity.saturating_sub(cost) as u128 * (state.refill_ms as u128 * 1000);
+        let cap = super::MAX_SPAN_MS as u128;
+        (
+            own.saturating_sub(fits).div_ceil(own_per_ms).min(cap),
+            own.div_ceil(own_per_ms).min(cap),
+        )
+    };
     let wait = if cost == 0 {
         Wait::Ms(0)
     } else if need > tau {
         Wait::Never
     } else {
-        let short = (deficit + need).saturating_sub(tau);
-        Wait::Ms(short.div_ceil(ticks_per_ms) as u64)
+        Wait::Ms(short_ms as u64)
     };
     Step {
         decision: Decision {
@@ -182,7 +212,7 @@ pub(super) fn gcra(
             limit: params.capacity,
             remaining: remaining_for(deficit),
             wait,
-            reset_ms: deficit.div_ceil(ticks_per_ms) as u64,
+            reset_ms: reset_ms as u64,
         },
         ahead_ticks: deficit,
     }
@@ -421,8 +451,40 @@ mod tests {
         // 500 ms at the slow rate refilled half a token: still none whole
         let d = hit(&mut s, &fast, 0, at(500));
         assert_eq!(d.remaining, 0);
-        // from now on the fast rate applies: 9.5 tokens short, 1 per ms
-        assert_eq!(d.reset_ms, 10);
+        // nothing was stored: the bucket still refills at the slow rate
+        assert_eq!(d.reset_ms, 9500);
+        assert_eq!(hit(&mut s, &fast, 1, at(500)).wait, Wait::Ms(500));
+        // the first admission stores it at the fast rate: 9 tokens short,
+        // then 1 more taken, 1 per ms
+        let d = hit(&mut s, &fast, 1, at(1000));
+        assert_eq!((d.allowed, d.reset_ms), (true, 10));
+    }
+
+    /// Found by fuzzing: on a state kept at another rate, a denial's
+    /// `wait_ms` and `reset_ms` assumed the new rate, though nothing is
+    /// written and the state keeps refilling at its own: a bucket moved from
+    /// 1 token a second to 1 a millisecond said "wait 1 ms" for a whole
+    /// second.
+    #[test]
+    fn after_a_rate_change_wait_ms_is_when_the_request_fits() {
+        let slow = params(10, 1, 1000);
+        let fast = params(10, 1, 1);
+        let mut s = TokenBucket::idle(&slow, T0);
+        hit(&mut s, &slow, 10, T0);
+        let d = hit(&mut s, &fast, 1, T0);
+        assert_eq!(
+            (d.allowed, d.wait, d.reset_ms),
+            (false, Wait::Ms(1000), 10_000)
+        );
+        assert!(!hit(&mut s, &fast, 1, at(999)).allowed);
+        assert!(hit(&mut s, &fast, 1, at(1000)).allowed);
+        // a slower rate: the fast state is due sooner than the new one says
+        let mut s = TokenBucket::idle(&fast, T0);
+        hit(&mut s, &fast, 10, T0);
+        let d = hit(&mut s, &slow, 3, T0);
+        assert_eq!((d.allowed, d.wait), (false, Wait::Ms(3)));
+        assert!(!hit(&mut s, &slow, 3, at(2)).allowed);
+        assert!(hit(&mut s, &slow, 3, at(3)).allowed);
     }
 
     /// Reference model: a token level counted in "drops" (1 token = P drops,
