@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 MODULE := target/release/libredis_ratelimit.so
 
-.PHONY: all setup build run test test-unit test-integration test-cli lint bench trace cluster cluster-stop clean
+.PHONY: all setup build run test test-unit test-integration test-cli lint bench trace cluster cluster-stop clean fuzz
 
 all: build
 
@@ -48,6 +48,34 @@ cluster: build
 
 cluster-stop:
 	scripts/cluster.sh stop $(KIND)
+
+# Fuzzing (docs/fuzzing.md): each cargo-fuzz target for FUZZ_SECONDS, seeded
+# from fuzz/corpus and fuzz/regressions, which stay untouched: new inputs go to
+# fuzz/scratch/<target>, crashes to fuzz/artifacts/<target>. Fails if any
+# target crashed. Nightly if rustup has it, else stable with RUSTC_BOOTSTRAP=1
+# (or say which: FUZZ_CARGO="env RUSTC_BOOTSTRAP=1 cargo").
+# Not part of `make test`: the corpus is replayed there by `cargo test --lib`.
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?= command rdb
+FUZZ_ARGS ?= -rss_limit_mb=2048 -malloc_limit_mb=256 -timeout=10 -print_final_stats=1
+FUZZ_CARGO ?= $(shell cargo +nightly --version >/dev/null 2>&1 && echo "cargo +nightly" || echo "env RUSTC_BOOTSTRAP=1 cargo")
+
+fuzz:
+	@command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
+	@echo "fuzz: $(FUZZ_CARGO) fuzz, $(FUZZ_SECONDS) s per target: $(FUZZ_TARGETS)"
+	@failed=""; \
+	for target in $(FUZZ_TARGETS); do \
+		mkdir -p fuzz/scratch/$$target; \
+		seeds="fuzz/corpus/$$target"; \
+		if [ -d fuzz/regressions/$$target ]; then seeds="$$seeds fuzz/regressions/$$target"; fi; \
+		$(FUZZ_CARGO) fuzz run -O -a $$target fuzz/scratch/$$target $$seeds -- \
+			-max_total_time=$(FUZZ_SECONDS) $(FUZZ_ARGS) \
+			|| failed="$$failed $$target"; \
+	done; \
+	if [ -n "$$failed" ]; then \
+		echo "fuzz: crashed:$$failed (inputs in fuzz/artifacts/, see docs/fuzzing.md)"; exit 1; \
+	fi; \
+	echo "fuzz: no crash; new inputs in fuzz/scratch/ (docs/fuzzing.md says how to merge them)"
 
 clean:
 	cargo clean

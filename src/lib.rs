@@ -11,6 +11,10 @@ mod config;
 mod datatype;
 mod deny_log;
 pub mod error;
+/// Fuzz entry points (`fuzz/`, `docs/fuzzing.md`); not part of the module.
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzzing;
 mod guard;
 pub mod limiter;
 mod policy;

@@ -1,0 +1,1243 @@
+//! Fuzz entry points: plain functions over bytes, called by the cargo-fuzz
+//! targets in `fuzz/` and, in `cargo test`, by a test that replays the whole
+//! seed corpus and every saved regression (see `docs/fuzzing.md`).
+//!
+//! - [`command`] turns bytes into the argv of one command and runs the real
+//!   parser of that command on it, then the algorithm of every limiter call
+//!   that parses, on a fresh state and on a state decoded from the same
+//!   bytes, at fuzzed times (backwards too), asserting the algorithms'
+//!   contract at every step.
+//! - [`rdb`] feeds bytes to the RDB loaders of the five native types (and of
+//!   the policies), at encodings 0, 1 and 2: whatever they accept must
+//!   re-encode to the very same state and be safe to run.
+//!
+//! A broken invariant is a panic, which libFuzzer reports as a crash.
+
+use std::cell::RefCell;
+
+use crate::args::{parse_call, parse_int, parse_options, Params, MAX_AT_US};
+use crate::commands::limiter::LimiterCommand;
+use crate::commands::spec::{with_algorithm, Site, Spec};
+use crate::datatype::{decode_args, Decoder, Encoder, NativeState};
+use crate::error::Error;
+use crate::limiter::fixed_window::{FixedWindowParams, FixedWindowState};
+use crate::limiter::hash_window::{HashWindowParams, HashWindowState};
+use crate::limiter::leaky_bucket::{LeakyBucketParams, LeakyBucketState};
+use crate::limiter::sliding_log::{SlidingLogParams, SlidingLogState};
+use crate::limiter::token_bucket::{TokenBucketParams, TokenBucketState};
+use crate::limiter::{
+    Algorithm, Decision, FixedWindow, HashWindow, LeakyBucket, Micros, SlidingLog, TokenBucket,
+    Wait, MAX_PARAM, MAX_SPAN_MS,
+};
+use crate::policy;
+
+/// A realistic "now" (November 2023) for calls without `AT`.
+pub const T0_US: u64 = 1_700_000_000_123_456;
+
+/// Steps of one fuzzed run: enough to fill, drain and step back.
+const MAX_STEPS: usize = 32;
+
+/// Most arguments a single-limiter command takes (`commands::MAX_ARGS`).
+const LIMITER_MAX_ARGS: usize = crate::commands::MAX_ARGS;
+
+// ---------------------------------------------------------------------------
+// The byte decoder: small and edge values are one byte away.
+
+/// Values one tag byte away: the edges of every bound in the module.
+const SPECIAL: [u64; 32] = [
+    u64::MAX,
+    u64::MAX - 1,
+    i64::MAX as u64,
+    1 << 63,
+    (1 << 62) + 1,
+    1 << 62,
+    (1 << 61) + 1,
+    (1 << 52) + 1,
+    1 << 52,
+    (1 << 52) - 1,
+    1 << 50,
+    (1 << 50) + 1,
+    (1 << 40) + 1,
+    1 << 40,
+    (1 << 40) - 1,
+    (1 << 24) + 1,
+    1 << 24,
+    (1 << 24) - 1,
+    u32::MAX as u64,
+    1_000_001,
+    1_000_000,
+    100_000,
+    3600,
+    3601,
+    1000,
+    999,
+    64,
+    T0_US,
+    T0_US / 1000,
+    T0_US / 1000 / 1000,
+    60_000,
+    86_400_000,
+];
+
+/// Reads fuzz bytes as a stream of `u64` (the RDB loaders' view) and byte
+/// strings. A tag byte picks the form of each value:
+///
+/// - `0x00..=0x3f`: the value itself, 0 to 63;
+/// - `0x40..=0x7f`: one of [`SPECIAL`];
+/// - `0x80..=0xbf`: the next 8 bytes, little-endian;
+/// - `0xc0..=0xff`: the next `(tag & 7) + 1` bytes, little-endian.
+///
+/// Running out of bytes is what a truncated RDB is: `None`.
+pub struct Bytes<'a> {
+    data: &'a [u8],
+}
+
+impl<'a> Bytes<'a> {
+    pub fn new(data: &'a [u8]) -> Self {
+        Bytes { data }
+    }
+
+    fn raw(&mut self, len: usize) -> Option<&'a [u8]> {
+        if self.data.len() < len {
+            self.data = &[];
+            return None;
+        }
+        let (head, tail) = self.data.split_at(len);
+        self.data = tail;
+        Some(head)
+    }
+
+    fn little_endian(&mut self, len: usize) -> Option<u64> {
+        let bytes = self.raw(len)?;
+        Some(
+            bytes
+                .iter()
+                .rev()
+                .fold(0u64, |v, &b| (v << 8) | u64::from(b)),
+        )
+    }
+
+    /// A byte string: a length (a value as above), then that many bytes.
+    pub fn bytes(&mut self) -> Option<Vec<u8>> {
+        let len = self.take()?;
+        let len = usize::try_from(len).ok()?;
+        self.raw(len).map(<[u8]>::to_vec)
+    }
+}
+
+impl Decoder for Bytes<'_> {
+    fn take(&mut self) -> Option<u64> {
+        let tag = self.raw(1)?[0];
+        match tag {
+            0x00..=0x3f => Some(u64::from(tag)),
+            0x40..=0x7f => Some(SPECIAL[usize::from(tag & 0x3f) % SPECIAL.len()]),
+            0x80..=0xbf => self.little_endian(8),
+            _ => self.little_endian(usize::from(tag & 7) + 1),
+        }
+    }
+}
+
+/// Writes `value` in the form [`Bytes`] reads, as short as it goes (for
+/// seeds and regression tests).
+pub fn put_value(out: &mut Vec<u8>, value: u64) {
+    if value < 0x40 {
+        out.push(value as u8);
+    } else if let Some(i) = SPECIAL.iter().position(|&s| s == value) {
+        out.push(0x40 | i as u8);
+    } else {
+        let len = (8 - value.leading_zeros() as usize / 8).max(1);
+        out.push(0xc0 | (len as u8 - 1));
+        out.extend_from_slice(&value.to_le_bytes()[..len]);
+    }
+}
+
+/// Writes a byte string in the form [`Bytes::bytes`] reads.
+pub fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+    put_value(out, bytes.len() as u64);
+    out.extend_from_slice(bytes);
+}
+
+struct Fields(Vec<u64>);
+
+impl Encoder for Fields {
+    fn put(&mut self, value: u64) {
+        self.0.push(value);
+    }
+}
+
+struct Replay<'a>(std::slice::Iter<'a, u64>);
+
+impl Decoder for Replay<'_> {
+    fn take(&mut self) -> Option<u64> {
+        self.0.next().copied()
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The commands.
+
+/// The commands of the module, as the first byte of a `command` input picks
+/// them (its low four bits; bit 0x10 says the call comes from the master or
+/// the AOF, where `AT` and `RL.SETSTATE` are allowed).
+pub const COMMANDS: [&str; 16] = [
+    "RL.TOKENBUCKET",
+    "RL.FIXEDWINDOW",
+    "RL.LEAKYBUCKET",
+    "RL.SLIDING",
+    "RL.HASHWINDOW",
+    "RL.ALL",
+    "RL.HIT",
+    "RL.POLICY SET",
+    "RL.POLICY GET",
+    "RL.POLICY DEL",
+    "RL.POLICY LIST",
+    "RL.LOG GET",
+    "RL.LOG LEN",
+    "RL.SETSTATE",
+    "loadmodule arguments",
+    "RL.LOG RESET",
+];
+
+/// Bit of the selector byte: the call comes from the master link or the AOF.
+pub const REPLICATED: u8 = 0x10;
+
+/// One command: `data[0]` picks it (see [`COMMANDS`]), then its arguments
+/// after the command name, separated by spaces, up to a NUL byte; what
+/// follows the NUL is read by [`Bytes`]: a limiter state (as its RDB
+/// fields), then up to 32 steps of (time move, cost).
+///
+/// Every argv either gets an error that is one clean line, or parses; a
+/// parsed limiter call is then run as described in [`run_steps`].
+pub fn command(data: &[u8]) {
+    install_policies();
+    let Some((&selector, rest)) = data.split_first() else {
+        return;
+    };
+    let (text, tail) = match rest.iter().position(|&b| b == 0) {
+        Some(nul) => (&rest[..nul], &rest[nul + 1..]),
+        None => (rest, &[][..]),
+    };
+    let words: Vec<&[u8]> = if text.is_empty() {
+        Vec::new()
+    } else {
+        text.split(|&b| b == b' ').collect()
+    };
+    let replicated = selector & REPLICATED != 0;
+    let mut input = Bytes::new(tail);
+    let outcome = match selector & 0x0f {
+        0 => limiter::<TokenBucket>(&words, replicated, &mut input),
+        1 => limiter::<FixedWindow>(&words, replicated, &mut input),
+        2 => limiter::<LeakyBucket>(&words, replicated, &mut input),
+        3 => limiter::<SlidingLog>(&words, replicated, &mut input),
+        4 => limiter::<HashWindow>(&words, replicated, &mut input),
+        5 => all(&words, replicated, &mut input),
+        6 => hit(&words, &mut input),
+        7 => policy_set(&words, replicated, &mut input),
+        8 | 9 => {
+            // RL.POLICY GET/DEL name (arity 3): a lookup by any bytes.
+            if let [name] = words.as_slice() {
+                let _ = policy::get(name);
+            }
+            Ok(())
+        }
+        10 | 12 | 15 => Ok(()),
+        11 => log_get(&words),
+        13 => setstate(&words, replicated, &mut input),
+        _ => crate::config::parse_load_arguments(&words)
+            .map(|parsed| assert!(parsed.len() * 2 == words.len()))
+            .map_err(|message| {
+                assert_one_line(&message);
+                Error::Syntax(message)
+            }),
+    };
+    if let Err(error) = outcome {
+        check_error(&error);
+    }
+}
+
+/// An error reply is one line with a Redis error code, never a panic.
+fn check_error(error: &Error) {
+    let message = error.message();
+    assert_one_line(&message);
+    let code = message.split(' ').next().unwrap_or_default();
+    assert!(
+        ["ERR", "WRONGTYPE", "OOM"].contains(&code),
+        "error without a code: {message}"
+    );
+}
+
+fn assert_one_line(message: &str) {
+    assert!(
+        !message.bytes().any(|b| b == b'\r' || b == b'\n' || b == 0),
+        "error reply not one clean line: {message:?}"
+    );
+}
+
+/// The policies `RL.ALL ... POLICY name` and `RL.HIT name` can name: one per
+/// algorithm and mode (set once; nothing else ever changes them here).
+pub const POLICIES: [(&str, &str); 5] = [
+    ("tb", "TOKENBUCKET 5 5 1000"),
+    ("fw", "FIXEDWINDOW 3 1000 MODE SHADOW"),
+    ("lb", "LEAKYBUCKET 4 1 250 ROLLOUT 50"),
+    ("sl", "SLIDING 10 1000 MODE OFF"),
+    ("hw", "HASHWINDOW 10 6000 1000"),
+];
+
+fn install_policies() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        for (name, rule) in POLICIES {
+            let words: Vec<&[u8]> = rule.split(' ').map(str::as_bytes).collect();
+            let rule = policy::parse_rule(&words).expect("a valid policy");
+            policy::set(name.as_bytes(), rule);
+        }
+    });
+}
+
+/// `RL.<ALGORITHM> key <params...> [COST n] [AT us]`, as its handler parses
+/// it (`commands/limiter.rs`), then run.
+fn limiter<L: LimiterCommand + Fuzzed>(
+    words: &[&[u8]],
+    replicated: bool,
+    input: &mut Bytes,
+) -> Result<(), Error> {
+    // Redis's arity check, then the handler's.
+    if words.len() < 1 + L::Params::COUNT {
+        return Err(Error::Arity);
+    }
+    if words.len() + 1 > LIMITER_MAX_ARGS {
+        return Err(Error::UnknownOption(Error::quote(
+            words[LIMITER_MAX_ARGS - 1],
+        )));
+    }
+    let (params, options) = parse_call::<L::Params>(&words[1..])?;
+    match options.at {
+        Some(_) if !replicated => return Err(Error::ReservedForReplication("AT")),
+        Some(_) => {}
+        None => L::within_configured_bounds(&params)?,
+    }
+    let now = options.at.unwrap_or(Micros(T0_US));
+    let loaded = decode_checked::<L::State>(input, 1);
+    let steps = read_steps(input, now, options.cost);
+    run_fresh::<L>(&params, &steps);
+    if let Some(mut state) = loaded {
+        run_steps::<L>(&mut state, &params, &steps);
+    }
+    Ok(())
+}
+
+/// `RL.ALL numkeys key... spec... [COST n]`: the real parser
+/// (`commands::all::parse`), the configured bounds the handler applies, and
+/// every limiter run from a fresh state.
+fn all(words: &[&[u8]], replicated: bool, input: &mut Bytes) -> Result<(), Error> {
+    let mut argv: Vec<&[u8]> = vec![b"RL.ALL"];
+    argv.extend_from_slice(words);
+    // Redis's arity check (-5), then the handler's parser.
+    if argv.len() < 5 {
+        return Err(Error::Arity);
+    }
+    let call = crate::commands::all::parse(&argv)?;
+    assert_eq!(call.keys.len(), call.limits.len());
+    if !replicated {
+        for limit in call.limits.iter() {
+            if matches!(limit.source, crate::commands::all::Source::Inline { .. }) {
+                with_algorithm!(limit.spec, L, p => L::within_configured_bounds(&p))?;
+            }
+        }
+    }
+    let steps = read_steps(input, Micros(T0_US), call.options.cost);
+    for limit in call.limits.iter() {
+        run_spec(&limit.spec, &steps);
+    }
+    Ok(())
+}
+
+/// `RL.HIT name key [COST n]`.
+fn hit(words: &[&[u8]], input: &mut Bytes) -> Result<(), Error> {
+    if words.len() < 2 {
+        return Err(Error::Arity);
+    }
+    let options = parse_options(&words[2..])?;
+    if options.at.is_some() {
+        return Err(Error::ReservedForReplication("AT"));
+    }
+    let name = words[0];
+    let (rule, _) = policy::get(name).ok_or_else(|| Error::UnknownPolicy(Error::quote(name)))?;
+    let steps = read_steps(input, Micros(T0_US), options.cost);
+    run_spec(&rule.spec, &steps);
+    Ok(())
+}
+
+/// `RL.POLICY SET name <ALGORITHM> <params...> [MODE m] [ROLLOUT p]`, as its
+/// handler checks it (without storing it); a rule that parses must survive
+/// the RDB form.
+fn policy_set(words: &[&[u8]], replicated: bool, input: &mut Bytes) -> Result<(), Error> {
+    if words.len() < 3 {
+        return Err(Error::Arity);
+    }
+    let name = words[0];
+    policy::check_name(name)?;
+    let rule = policy::parse_rule(&words[1..])?;
+    policy::check_room_for(name)?;
+    if !replicated {
+        with_algorithm!(rule.spec, L, p => L::within_configured_bounds(&p))?;
+    }
+    let rules = vec![(name.to_vec(), rule)];
+    assert_eq!(policies_round_trip(&rules), rules);
+    let steps = read_steps(input, Micros(T0_US), 1);
+    run_spec(&rule.spec, &steps);
+    Ok(())
+}
+
+/// `RL.LOG GET [count]`.
+fn log_get(words: &[&[u8]]) -> Result<(), Error> {
+    if let Some(text) = words.first() {
+        parse_int(text, "count", 0, u64::from(u32::MAX))?;
+    }
+    if words.len() > 1 {
+        return Err(Error::Arity);
+    }
+    Ok(())
+}
+
+/// `RL.SETSTATE key <ALGORITHM> <encoding> <fields...>`, as its handler
+/// checks it; a state it accepts is checked and run like a loaded one.
+fn setstate(words: &[&[u8]], replicated: bool, input: &mut Bytes) -> Result<(), Error> {
+    // Redis's arity (-5) counts the command name.
+    if words.len() < 4 {
+        return Err(Error::Arity);
+    }
+    if !replicated {
+        return Err(Error::ReservedForReplication("RL.SETSTATE"));
+    }
+    let encoding = parse_int(words[2], "encoding", 1, 1)? as i32;
+    let (algorithm, fields) = (words[1], &words[3..]);
+    let is = |name: &str| algorithm.eq_ignore_ascii_case(name.as_bytes());
+    fn set<L: LimiterCommand + Fuzzed>(
+        fields: &[&[u8]],
+        encoding: i32,
+        input: &mut Bytes,
+    ) -> Result<(), Error> {
+        let state = decode_args::<L::State>(fields, encoding).ok_or(Error::BadState)?;
+        check_round_trip(&state);
+        run_loaded::<L>(state, input);
+        Ok(())
+    }
+    if is(TokenBucketState::ALGORITHM) {
+        set::<TokenBucket>(fields, encoding, input)
+    } else if is(FixedWindowState::ALGORITHM) {
+        set::<FixedWindow>(fields, encoding, input)
+    } else if is(LeakyBucketState::ALGORITHM) {
+        set::<LeakyBucket>(fields, encoding, input)
+    } else if is(SlidingLogState::ALGORITHM) {
+        set::<SlidingLog>(fields, encoding, input)
+    } else if is(HashWindowState::ALGORITHM) {
+        set::<HashWindow>(fields, encoding, input)
+    } else {
+        Err(Error::UnknownAlgorithm(Error::quote(algorithm)))
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The RDB loaders.
+
+/// One RDB payload: `data[0] % 6` picks the type (the five limiter states in
+/// [`COMMANDS`] order, then the policies' aux data), `data[0] / 6 % 3` the
+/// encoding version (0, 1 or 2; only 1 exists); the rest is read by
+/// [`Bytes`]. What a loader accepts must re-encode to the very same fields,
+/// refuse every truncation of them, and run safely.
+pub fn rdb(data: &[u8]) {
+    let Some((&selector, rest)) = data.split_first() else {
+        return;
+    };
+    let encoding = i32::from(selector / 6 % 3);
+    let mut input = Bytes::new(rest);
+    match selector % 6 {
+        0 => rdb_state::<TokenBucket>(&mut input, encoding),
+        1 => rdb_state::<FixedWindow>(&mut input, encoding),
+        2 => rdb_state::<LeakyBucket>(&mut input, encoding),
+        3 => rdb_state::<SlidingLog>(&mut input, encoding),
+        4 => rdb_state::<HashWindow>(&mut input, encoding),
+        _ => rdb_policies(input, encoding),
+    }
+}
+
+fn rdb_state<L: LimiterCommand + Fuzzed>(input: &mut Bytes, encoding: i32) {
+    let Some(state) = decode_checked::<L::State>(input, encoding) else {
+        return;
+    };
+    run_loaded::<L>(state, input);
+}
+
+/// Runs a loaded state under parameters read from `input` (checked by the
+/// real parser, so only parameters a call could carry).
+fn run_loaded<L: LimiterCommand + Fuzzed>(mut state: L::State, input: &mut Bytes) {
+    let mut texts = Vec::with_capacity(L::Params::COUNT);
+    for _ in 0..L::Params::COUNT {
+        let Some(value) = input.take() else { return };
+        texts.push(value.to_string());
+    }
+    let words: Vec<&[u8]> = texts.iter().map(String::as_bytes).collect();
+    let Ok(params) = L::Params::parse(&words) else {
+        return;
+    };
+    let steps = read_steps(input, Micros(T0_US), 1);
+    run_steps::<L>(&mut state, &params, &steps);
+}
+
+/// The policies' aux data (`aux_load_policies`): accepted sets survive a
+/// round trip and their rules run.
+fn rdb_policies(input: Bytes, encoding: i32) {
+    if encoding != 1 {
+        // aux_load_policies refuses other versions before reading anything.
+        return;
+    }
+    let input = RefCell::new(input);
+    let decoded = policy::decode(&mut || input.borrow_mut().take(), &mut || {
+        input.borrow_mut().bytes()
+    });
+    let Some(rules) = decoded else { return };
+    assert!(rules.len() <= policy::MAX_POLICIES);
+    assert_eq!(policies_round_trip(&rules), rules);
+    let steps = read_steps(&mut input.borrow_mut(), Micros(T0_US), 1);
+    for (_, rule) in rules.iter().take(4) {
+        run_spec(&rule.spec, &steps);
+    }
+}
+
+/// Encodes a set of rules as the RDB does, and decodes it back.
+fn policies_round_trip(rules: &[(Vec<u8>, policy::Rule)]) -> Vec<(Vec<u8>, policy::Rule)> {
+    let mut unsigned = Vec::new();
+    let mut bytes = Vec::new();
+    policy::encode_rules(rules, &mut |field| match field {
+        policy::Field::Unsigned(v) => unsigned.push(v),
+        policy::Field::Bytes(b) => bytes.push(b.to_vec()),
+    });
+    let mut unsigned = unsigned.into_iter();
+    let mut bytes = bytes.into_iter();
+    let decoded = policy::decode(&mut || unsigned.next(), &mut || bytes.next())
+        .expect("encoded policies decode");
+    assert!(unsigned.next().is_none() && bytes.next().is_none());
+    decoded
+}
+
+// ---------------------------------------------------------------------------
+// Loading and running states, with the invariants.
+
+/// Decodes a state; one that is accepted must be at the current encoding,
+/// re-encode to the same state (RDB and AOF forms), and refuse every
+/// truncation of its fields.
+fn decode_checked<S: NativeState + PartialEq + std::fmt::Debug>(
+    input: &mut Bytes,
+    encoding: i32,
+) -> Option<S> {
+    let state = S::decode(input, encoding)?;
+    assert_eq!(
+        encoding,
+        S::ENCODING,
+        "a state loaded at an unknown encoding"
+    );
+    check_round_trip(&state);
+    Some(state)
+}
+
+/// Encode, then decode: the same state, from the RDB fields and from the
+/// AOF's decimal arguments; and no prefix of the fields loads.
+fn check_round_trip<S: NativeState + PartialEq + std::fmt::Debug>(state: &S) {
+    let mut fields = Fields(Vec::new());
+    state.encode(&mut fields);
+    let fields = fields.0;
+    let again = S::decode(&mut Replay(fields.iter()), S::ENCODING);
+    assert_eq!(
+        again.as_ref(),
+        Some(state),
+        "RDB round trip changed the state"
+    );
+    if fields.len() <= 64 {
+        for len in 0..fields.len() {
+            assert!(
+                S::decode(&mut Replay(fields[..len].iter()), S::ENCODING).is_none(),
+                "a truncated state loaded ({len} of {} fields)",
+                fields.len()
+            );
+        }
+        let text: Vec<String> = fields.iter().map(u64::to_string).collect();
+        let args: Vec<&[u8]> = text.iter().map(String::as_bytes).collect();
+        let again = decode_args::<S>(&args, S::ENCODING);
+        assert_eq!(
+            again.as_ref(),
+            Some(state),
+            "AOF round trip changed the state"
+        );
+    }
+}
+
+/// Reads up to [`MAX_STEPS`] steps of (time, cost) from `input`; the first
+/// is the call itself, at `now` with `cost`. Times stay within what the
+/// server can see (`AT` is at most 2^62 us) but may go backwards.
+fn read_steps(input: &mut Bytes, now: Micros, cost: u64) -> Vec<(Micros, u64)> {
+    let mut steps = vec![(now, cost)];
+    let mut now = now.0;
+    while steps.len() < MAX_STEPS {
+        let (Some(moved), Some(cost)) = (input.take(), input.take()) else {
+            break;
+        };
+        let amount = moved >> 2;
+        now = match moved & 3 {
+            0 => now.saturating_add(amount),
+            1 => now.saturating_sub(amount),
+            2 => now.saturating_add(amount.saturating_mul(1000)),
+            _ => amount,
+        }
+        .min(MAX_AT_US);
+        steps.push((Micros(now), cost % (MAX_PARAM + 1)));
+    }
+    steps
+}
+
+/// Runs the steps of one spec, from a fresh state.
+fn run_spec(spec: &Spec, steps: &[(Micros, u64)]) {
+    with_algorithm!(*spec, L, p => run_fresh::<L>(&p, steps));
+    // A spec survives being written as words and parsed back (policy GET,
+    // RL.ALL propagation).
+    let texts: Vec<String> = spec
+        .params()
+        .as_slice()
+        .iter()
+        .map(u64::to_string)
+        .collect();
+    let mut words: Vec<&[u8]> = vec![spec.name().as_bytes()];
+    words.extend(texts.iter().map(String::as_bytes));
+    assert_eq!(Spec::parse(&words, Site::Policy), Ok((*spec, words.len())));
+}
+
+/// Runs `steps` on `state`, asserting the contract of `limiter/mod.rs` and
+/// the reply rules of the spec at every one:
+///
+/// - `decide` predicts `apply`; a denial or `COST 0` changes nothing;
+///   an admission with a cost changes the state;
+/// - `remaining <= limit`, `limit` is the parameters' limit, `wait_ms` is
+///   -1 exactly when the cost is above the limit, every reply integer fits
+///   an `i64`, an admitted call waits only on a shaping limiter;
+/// - after an admission the state re-encodes to itself (what RDB, AOF and
+///   replicas get), a peek at the same instant agrees with the reply, and the
+///   key's expiry is in the future (the admission is not lost at once);
+/// - a denial's `remaining` is what a peek says, and the same request is
+///   admitted after `wait_ms` and not one millisecond before (unless the
+///   state is more than MAX_SPAN_MS away from now, see below);
+/// - from idle, with a clock that only goes forward, the algorithm's own
+///   guarantee holds on what it admitted ([`Fuzzed::check_admissions`]).
+fn run_steps<L: LimiterCommand + Fuzzed>(
+    state: &mut L::State,
+    params: &L::Params,
+    steps: &[(Micros, u64)],
+) -> Vec<(u64, u64)> {
+    let mut admitted = Vec::new();
+    for &(now, cost) in steps {
+        let before = state.clone();
+        let decided = L::decide(state, params, cost, now);
+        let d = L::apply(state, params, cost, now);
+        if tracing() {
+            eprintln!(
+                "{params:?} cost {cost} at {now:?}\n  {before:?}\n  -> {d:?}\n  -> {state:?}"
+            );
+        }
+        assert_eq!(decided, d, "decide and apply disagree");
+        check_decision::<L>(&d, params, cost);
+        if !d.allowed || cost == 0 {
+            assert_eq!(*state, before, "a denial or COST 0 changed the state");
+            let peek = L::decide(state, params, 0, now);
+            assert_eq!(peek.remaining, d.remaining, "a denial and a peek disagree");
+            if let (false, Wait::Ms(wait_ms)) = (d.allowed, d.wait) {
+                // Beyond MAX_SPAN_MS of debt (a clock stepped back by
+                // millennia) the buckets cap it so that replies fit an i64,
+                // and wait_ms is a bound no longer exact.
+                if d.reset_ms < MAX_SPAN_MS {
+                    check_wait::<L>(state, params, cost, now, wait_ms);
+                }
+            }
+        } else {
+            admitted.push((now.0, cost));
+            assert_ne!(*state, before, "an admission changed nothing");
+            check_round_trip(state);
+            let peek = L::decide(state, params, 0, now);
+            assert_eq!(
+                peek.remaining, d.remaining,
+                "an admission and a peek disagree"
+            );
+            let idle_at_ms = L::idle_at_ms(state, params);
+            assert!(
+                idle_at_ms < i64::MAX as u64 && u128::from(idle_at_ms) * 1000 > u128::from(now.0),
+                "expiry {idle_at_ms} ms not after an admission at {} us",
+                now.0
+            );
+        }
+    }
+    admitted
+}
+
+/// Runs `steps` from an idle limiter and, when the clock only went forward,
+/// checks the algorithm's own guarantee on what it admitted.
+fn run_fresh<L: LimiterCommand + Fuzzed>(params: &L::Params, steps: &[(Micros, u64)]) {
+    let now = steps.first().map_or(Micros(T0_US), |s| s.0);
+    let admitted = run_steps::<L>(&mut L::idle(params, now), params, steps);
+    if steps.windows(2).all(|w| w[0].0 <= w[1].0) {
+        L::check_admissions(params, &admitted);
+    }
+}
+
+/// `FUZZ_TRACE=1` prints every step (to read a crash: `FUZZ_TRACE=1 cargo
+/// fuzz run ... <artifact>` or the replay test).
+fn tracing() -> bool {
+    static TRACE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *TRACE.get_or_init(|| std::env::var_os("FUZZ_TRACE").is_some())
+}
+
+fn check_decision<L: Fuzzed>(d: &Decision, params: &L::Params, cost: u64) {
+    let limit = L::limit(params);
+    assert_eq!(d.limit, limit, "limit is not the parameters' limit");
+    assert!(d.remaining <= d.limit, "remaining above the limit: {d:?}");
+    assert!(d.reset_ms <= i64::MAX as u64, "reset_ms overflows: {d:?}");
+    let never = d.wait == Wait::Never;
+    assert_eq!(
+        never,
+        !d.allowed && cost > limit,
+        "wait_ms -1 must mean exactly a cost above the limit: {d:?}"
+    );
+    if cost > limit {
+        assert!(!d.allowed, "a cost above the limit was admitted");
+    }
+    match d.wait {
+        Wait::Ms(ms) => assert!(ms <= i64::MAX as u64, "wait_ms overflows: {d:?}"),
+        Wait::Never => {}
+    }
+    if d.allowed && !L::SHAPES {
+        assert_eq!(d.wait, Wait::Ms(0), "an admission that waits");
+    }
+    if cost == 0 {
+        assert!(d.allowed, "COST 0 denied");
+    }
+}
+
+/// The same request, `wait_ms` later, is admitted; one millisecond earlier
+/// it is not.
+fn check_wait<L: LimiterCommand + Fuzzed>(
+    state: &L::State,
+    params: &L::Params,
+    cost: u64,
+    now: Micros,
+    wait_ms: u64,
+) {
+    let at = |ms: u64| Micros(now.0.saturating_add(ms.saturating_mul(1000)));
+    if at(wait_ms).0 > MAX_AT_US {
+        return;
+    }
+    let later = L::decide(state, params, cost, at(wait_ms));
+    assert!(
+        later.allowed,
+        "denied again {wait_ms} ms later, as wait_ms said: {later:?}"
+    );
+    if wait_ms > 0 {
+        let early = L::decide(state, params, cost, at(wait_ms - 1));
+        assert!(!early.allowed, "admitted before wait_ms ({wait_ms} ms)");
+    }
+}
+
+/// What the checks need to know of each algorithm.
+pub trait Fuzzed: Algorithm<State: NativeState> {
+    fn limit(params: &Self::Params) -> u64;
+    /// Checks the algorithm's guarantee on the (Unix us, cost) it admitted
+    /// from idle, with a clock that only went forward.
+    fn check_admissions(params: &Self::Params, admitted: &[(u64, u64)]);
+}
+
+/// From a full bucket, units admitted in any span `t` never exceed
+/// `capacity + count * t / ms` (in ticks: a unit is `ms * 1000` ticks, a
+/// microsecond `count`).
+fn check_bucket_bound(capacity: u64, count: u64, ms: u64, admitted: &[(u64, u64)]) {
+    let period = u128::from(ms) * 1000;
+    for (i, &(first_us, _)) in admitted.iter().enumerate() {
+        let mut units = 0u128;
+        for &(us, cost) in &admitted[i..] {
+            units += u128::from(cost);
+            let bound =
+                u128::from(capacity) * period + u128::from(count) * u128::from(us - first_us);
+            assert!(
+                units * period <= bound,
+                "{units} units admitted from {first_us} to {us} us"
+            );
+        }
+    }
+}
+
+/// Units admitted in any interval of `window_ms` never exceed `limit`.
+fn check_window_bound(limit: u64, window_ms: u64, admitted: &[(u64, u64)]) {
+    for (i, &(first_us, _)) in admitted.iter().enumerate() {
+        let end_us = first_us.saturating_add(window_ms.saturating_mul(1000));
+        let units: u64 = admitted[i..]
+            .iter()
+            .take_while(|a| a.0 < end_us)
+            .map(|a| a.1)
+            .sum();
+        assert!(
+            units <= limit,
+            "{units} units admitted in {window_ms} ms from {first_us} us"
+        );
+    }
+}
+
+impl Fuzzed for TokenBucket {
+    fn limit(params: &TokenBucketParams) -> u64 {
+        params.capacity
+    }
+    fn check_admissions(p: &TokenBucketParams, admitted: &[(u64, u64)]) {
+        check_bucket_bound(p.capacity, p.refill_count, p.refill_ms, admitted);
+    }
+}
+
+impl Fuzzed for FixedWindow {
+    fn limit(params: &FixedWindowParams) -> u64 {
+        params.limit
+    }
+    fn check_admissions(p: &FixedWindowParams, admitted: &[(u64, u64)]) {
+        // at most `limit` in each window aligned on the epoch
+        let window_us = p.window_ms * 1000;
+        for (i, &(first_us, _)) in admitted.iter().enumerate() {
+            let window = first_us / window_us;
+            let units: u64 = admitted[i..]
+                .iter()
+                .take_while(|a| a.0 / window_us == window)
+                .map(|a| a.1)
+                .sum();
+            assert!(
+                units <= p.limit,
+                "{units} units in the window of {first_us} us"
+            );
+        }
+    }
+}
+
+impl Fuzzed for LeakyBucket {
+    fn limit(params: &LeakyBucketParams) -> u64 {
+        params.capacity
+    }
+    fn check_admissions(p: &LeakyBucketParams, admitted: &[(u64, u64)]) {
+        check_bucket_bound(p.capacity, p.leak_count, p.leak_ms, admitted);
+    }
+}
+
+impl Fuzzed for SlidingLog {
+    fn limit(params: &SlidingLogParams) -> u64 {
+        params.limit
+    }
+    fn check_admissions(p: &SlidingLogParams, admitted: &[(u64, u64)]) {
+        check_window_bound(p.limit, p.window_ms, admitted);
+    }
+}
+
+impl Fuzzed for HashWindow {
+    fn limit(params: &HashWindowParams) -> u64 {
+        params.limit
+    }
+    fn check_admissions(p: &HashWindowParams, admitted: &[(u64, u64)]) {
+        check_window_bound(p.limit, p.window_ms, admitted);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::{Path, PathBuf};
+
+    fn fuzz_dir() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz")
+    }
+
+    /// The entry point of a corpus directory (named after its target).
+    fn entry_point(target: &str) -> fn(&[u8]) {
+        match target {
+            "command" => command,
+            "rdb" => rdb,
+            other => panic!("no fuzz entry point for fuzz/*/{other}"),
+        }
+    }
+
+    /// Every file of `fuzz/corpus/<target>/` and `fuzz/regressions/<target>/`
+    /// goes through its entry point: the corpus is a regression suite.
+    #[test]
+    fn the_fuzz_corpus_and_regressions_replay_cleanly() {
+        let mut replayed = 0;
+        let mut failed = Vec::new();
+        for kind in ["corpus", "regressions"] {
+            let Ok(targets) = std::fs::read_dir(fuzz_dir().join(kind)) else {
+                assert_ne!(kind, "corpus", "fuzz/corpus is missing");
+                continue;
+            };
+            for target in targets {
+                let target = target.unwrap().path();
+                let run = entry_point(target.file_name().unwrap().to_str().unwrap());
+                for file in std::fs::read_dir(&target).unwrap() {
+                    let file = file.unwrap().path();
+                    let data = std::fs::read(&file).unwrap();
+                    if std::panic::catch_unwind(|| run(&data)).is_err() {
+                        failed.push(file.display().to_string());
+                    }
+                    replayed += 1;
+                }
+            }
+        }
+        assert!(failed.is_empty(), "these inputs fail: {failed:#?}");
+        assert!(replayed >= 50, "only {replayed} corpus files");
+    }
+
+    /// A `command` input: selector, argument text, then the [`Bytes`] tail.
+    fn cmd(selector: u8, text: &str, tail: &[u8]) -> Vec<u8> {
+        let mut out = vec![selector];
+        out.extend_from_slice(text.as_bytes());
+        if !tail.is_empty() {
+            out.push(0);
+            out.extend_from_slice(tail);
+        }
+        out
+    }
+
+    /// Fields of a state, as [`Bytes`] values.
+    fn state_bytes<S: NativeState>(state: &S) -> Vec<u8> {
+        let mut fields = Fields(Vec::new());
+        state.encode(&mut fields);
+        let mut out = Vec::new();
+        for v in fields.0 {
+            put_value(&mut out, v);
+        }
+        out
+    }
+
+    /// Steps as [`read_steps`] reads them: (milliseconds forward, or back
+    /// when negative; cost).
+    fn steps_bytes(steps: &[(i64, u64)]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for &(ms, cost) in steps {
+            let moved = if ms >= 0 {
+                (ms as u64) << 2 | 2
+            } else {
+                (ms.unsigned_abs() * 1000) << 2 | 1
+            };
+            put_value(&mut out, moved);
+            put_value(&mut out, cost);
+        }
+        out
+    }
+
+    /// A state the algorithm built: `params` run over `steps` from idle.
+    fn built<L: Algorithm>(params: &L::Params, steps: &[(i64, u64)]) -> L::State {
+        let mut now = T0_US;
+        let mut state = L::idle(params, Micros(now));
+        for &(ms, cost) in steps {
+            now = now.saturating_add_signed(ms * 1000);
+            L::apply(&mut state, params, cost, Micros(now));
+        }
+        state
+    }
+
+    const TRAFFIC: [(i64, u64); 8] = [
+        (0, 2),
+        (0, 1),
+        (1, 1),
+        (150, 2),
+        (-40, 1),
+        (999, 3),
+        (1, 1),
+        (2500, 1),
+    ];
+
+    fn limiter_seeds<L: LimiterCommand + Fuzzed>(
+        seeds: &mut Vec<Vec<u8>>,
+        rdb_seeds: &mut Vec<Vec<u8>>,
+        selector: u8,
+        params_text: &str,
+        other_params_text: &str,
+        near_valid: &[&str],
+    ) {
+        let parse = |text: &str| {
+            let words: Vec<&[u8]> = text.split(' ').map(str::as_bytes).collect();
+            L::Params::parse(&words).expect("seed parameters parse")
+        };
+        let params = parse(params_text);
+        let other = parse(other_params_text);
+        let replicated = selector | REPLICATED;
+        for options in [
+            "",
+            " COST 0",
+            " COST 3",
+            " cost 1099511627776",
+            " COST 2 AT 0",
+        ] {
+            seeds.push(cmd(selector, &format!("k {params_text}{options}"), &[]));
+        }
+        seeds.push(cmd(
+            replicated,
+            &format!("k {params_text} AT {T0_US} COST 1"),
+            &[],
+        ));
+        seeds.push(cmd(
+            replicated,
+            &format!("k {params_text} AT 4611686018427387904"),
+            &[],
+        ));
+        for bad in near_valid {
+            seeds.push(cmd(selector, &format!("k {bad}"), &[]));
+        }
+        for bad in [
+            " COST",
+            " COST -1",
+            " COST 1 COST 1",
+            " LIMIT 5",
+            " COST 1099511627777",
+        ] {
+            seeds.push(cmd(selector, &format!("k {params_text}{bad}"), &[]));
+        }
+        // Loaded states: built under the same parameters, and under others
+        // (a rule change), then driven back and forth in time.
+        let drive = steps_bytes(&[
+            (0, 1),
+            (0, 5),
+            (10, 1),
+            (-2000, 1),
+            (3000, 0),
+            (86_400_000, 2),
+            (1, 1_000_000),
+        ]);
+        for state in [
+            built::<L>(&params, &TRAFFIC),
+            built::<L>(&other, &TRAFFIC),
+            L::idle(&params, Micros(T0_US)),
+        ] {
+            let mut tail = state_bytes(&state);
+            tail.extend_from_slice(&drive);
+            seeds.push(cmd(selector, &format!("k {params_text}"), &tail));
+            seeds.push(cmd(
+                selector,
+                &format!("k {other_params_text} COST 2"),
+                &tail,
+            ));
+            // RL.SETSTATE's AOF form of the same state
+            let mut fields = Fields(Vec::new());
+            state.encode(&mut fields);
+            let text: Vec<String> = fields.0.iter().map(u64::to_string).collect();
+            seeds.push(cmd(
+                13 | REPLICATED,
+                &format!(
+                    "k {} 1 {}",
+                    <L::State as NativeState>::ALGORITHM,
+                    text.join(" ")
+                ),
+                &[],
+            ));
+            // and its RDB form, with parameters and steps to run it on
+            for encoding in 0..3u8 {
+                let mut rdb = vec![selector + 6 * encoding];
+                rdb.extend_from_slice(&state_bytes(&state));
+                for word in params_text.split(' ') {
+                    put_value(&mut rdb, word.parse().unwrap());
+                }
+                rdb.extend_from_slice(&drive);
+                rdb_seeds.push(rdb);
+            }
+        }
+    }
+
+    fn policy_rdb(rules: &[(&str, &str)]) -> Vec<u8> {
+        let mut out = vec![5 + 6];
+        put_value(&mut out, rules.len() as u64);
+        for (name, rule) in rules {
+            let words: Vec<&[u8]> = rule.split(' ').map(str::as_bytes).collect();
+            let rule = policy::parse_rule(&words).unwrap();
+            put_bytes(&mut out, name.as_bytes());
+            put_bytes(&mut out, rule.spec.name().as_bytes());
+            let params = rule.spec.params();
+            put_value(&mut out, params.as_slice().len() as u64);
+            for &p in params.as_slice() {
+                put_value(&mut out, p);
+            }
+            put_value(&mut out, rule.mode as u64);
+            put_value(&mut out, u64::from(rule.rollout));
+        }
+        out
+    }
+
+    /// Writes the hand-made seeds of `fuzz/corpus/` (valid and near-valid
+    /// inputs for every command and state type), named by content:
+    /// `cargo test --lib write_fuzz_seeds -- --ignored`.
+    #[test]
+    #[ignore = "writes fuzz/corpus; run by hand"]
+    fn write_fuzz_seeds() {
+        let mut command_seeds = Vec::new();
+        let mut rdb_seeds = Vec::new();
+        let (c, r) = (&mut command_seeds, &mut rdb_seeds);
+        let tb_bad = [
+            "0 5 1000",
+            "5 0 1000",
+            "5 5 0",
+            "5 5",
+            "1099511627776 1 1099511627776",
+            "-1 1 1",
+            "5 5 1e3",
+        ];
+        limiter_seeds::<TokenBucket>(c, r, 0, "5 5 1000", "50 1 10", &tb_bad);
+        let fw_bad = [
+            "0 1000",
+            "3 0",
+            "3",
+            "1099511627777 1000",
+            "3 18446744073709551616",
+        ];
+        limiter_seeds::<FixedWindow>(c, r, 1, "3 1000", "10 60000", &fw_bad);
+        let lb_bad = ["3 0 100", "3 1 0", "1099511627776 1 1099511627776", "3 1"];
+        limiter_seeds::<LeakyBucket>(c, r, 2, "3 1 100", "10 3 1000", &lb_bad);
+        let sl_bad = [
+            "100000 1000",
+            "100001 1000",
+            "16777215 1000",
+            "16777216 1000",
+            "0 1000",
+            "3 1099511627776",
+        ];
+        limiter_seeds::<SlidingLog>(c, r, 3, "3 1000", "100 10", &sl_bad);
+        let hw_bad = [
+            "10 1000 300",
+            "10 3600000 1000",
+            "10 3601000 1000",
+            "10 1000000 1",
+            "10 1000001 1",
+            "10 0 1",
+            "10 1099511627776 1048576",
+        ];
+        limiter_seeds::<HashWindow>(c, r, 4, "10 6000 1000", "10 1000 100", &hw_bad);
+        let traffic = steps_bytes(&TRAFFIC);
+        for text in [
+            "2 a b TOKENBUCKET 5 5 1000 FIXEDWINDOW 3 1000",
+            "1 a POLICY tb COST 2",
+            "3 a b c SLIDING 3 1000 POLICY hw LEAKYBUCKET 3 1 100 COST 0",
+            "5 a b c d e POLICY tb POLICY fw POLICY lb POLICY sl POLICY hw",
+            "2 a b HASHWINDOW 10 60000 1000 sliding 5 100 cost 4",
+            "2 a a FIXEDWINDOW 1 1 FIXEDWINDOW 1 1",
+            "1 a POLICY nope",
+            "2 a b POLICY tb",
+            "17 a",
+            "0 a FIXEDWINDOW 1 1",
+            "1 a TOKENBUCKET 5 5 1000 AT 5",
+            "1 a TOKENBUCKET 5 5",
+            "1 a GCRA 5 5 1000",
+            "1 a SLIDING 100001 1000",
+        ] {
+            command_seeds.push(cmd(5, text, &traffic));
+        }
+        command_seeds.push(cmd(5 | REPLICATED, "1 a SLIDING 100001 1000", &traffic));
+        for text in [
+            "tb k",
+            "fw k COST 4",
+            "lb k COST 0",
+            "sl k",
+            "hw k COST 11",
+            "nope k",
+            "tb k AT 1",
+            "tb",
+        ] {
+            command_seeds.push(cmd(6, text, &traffic));
+        }
+        for text in [
+            "p1 TOKENBUCKET 5 5 1000",
+            "p2 FIXEDWINDOW 10 1000 MODE SHADOW ROLLOUT 30",
+            "p:3 HASHWINDOW 10 60000 1000 MODE off",
+            "p.4 LEAKYBUCKET 5 1 100 rollout 0 mode enforce",
+            "p_5 SLIDING 3 1000",
+            "bad\x00name SLIDING 1 1",
+            "p LEAKYBUCKET 5 1 100 ROLLOUT 101",
+            "p SLIDING 100001 1000",
+            "p TOKENBUCKET 5 5",
+            "p FOO 1 2 3",
+            "p FIXEDWINDOW 1 1 MODE",
+            "p FIXEDWINDOW 1 1 MODE LOUD",
+            "p FIXEDWINDOW 1 1 MODE OFF MODE OFF",
+        ] {
+            command_seeds.push(cmd(7, text, &traffic));
+        }
+        command_seeds.push(cmd(7 | REPLICATED, "p SLIDING 16777215 1000", &traffic));
+        command_seeds.push(cmd(8, "tb", &[]));
+        command_seeds.push(cmd(9, "zz", &[]));
+        command_seeds.push(cmd(10, "", &[]));
+        for text in ["", "10", "0", "4294967295", "4294967296", "1 2"] {
+            command_seeds.push(cmd(11, text, &[]));
+        }
+        command_seeds.push(cmd(12, "", &[]));
+        for text in [
+            "k TOKENBUCKET 1 1700000000000000 0 5 1000",
+            "k FOO 1 1 2",
+            "k SLIDING 2 0 0 0 0",
+            "k HASHWINDOW 1 1000 5 0 2 0 0",
+            "k fixedwindow 1 1 2 3",
+        ] {
+            command_seeds.push(cmd(13 | REPLICATED, text, &traffic));
+            command_seeds.push(cmd(13, text, &[]));
+        }
+        for text in [
+            "sliding-max-limit 5000",
+            "ratelimit.hashwindow-max-buckets 60 log-max-len 0",
+            "foo 1",
+            "log-max-len",
+            "sliding-max-limit 0",
+            "hashwindow-max-buckets 1000001",
+        ] {
+            command_seeds.push(cmd(14, text, &[]));
+        }
+        rdb_seeds.push(policy_rdb(&[]));
+        rdb_seeds.push(policy_rdb(&POLICIES));
+        rdb_seeds.push(policy_rdb(&[("a", "TOKENBUCKET 1 1 1 MODE OFF ROLLOUT 0")]));
+        let mut truncated = policy_rdb(&POLICIES);
+        truncated.truncate(truncated.len() / 2);
+        rdb_seeds.push(truncated);
+        for (target, seeds) in [("command", command_seeds), ("rdb", rdb_seeds)] {
+            let dir = fuzz_dir().join("corpus").join(target);
+            std::fs::create_dir_all(&dir).unwrap();
+            for seed in seeds {
+                let name = format!("seed-{:016x}", fnv(&seed));
+                std::fs::write(dir.join(name), seed).unwrap();
+            }
+        }
+    }
+
+    fn fnv(data: &[u8]) -> u64 {
+        data.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
+    }
+
+    #[test]
+    fn the_byte_decoder_reads_what_put_value_writes() {
+        let values = [
+            0,
+            1,
+            63,
+            64,
+            255,
+            256,
+            1 << 24,
+            u64::MAX,
+            T0_US,
+            0x1234_5678_9abc,
+        ];
+        let mut out = Vec::new();
+        for v in values {
+            put_value(&mut out, v);
+        }
+        put_bytes(&mut out, b"name");
+        let mut input = Bytes::new(&out);
+        for v in values {
+            assert_eq!(input.take(), Some(v));
+        }
+        assert_eq!(input.bytes(), Some(b"name".to_vec()));
+        assert_eq!(input.take(), None);
+        // a value cut short is the end of the input
+        assert_eq!(Bytes::new(&[0x80, 1, 2]).take(), None);
+    }
+}
