@@ -57,7 +57,7 @@ cluster-stop:
 # Not part of `make test`: the corpus is replayed there by `cargo test --lib`.
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS ?= command rdb
-FUZZ_ARGS ?= -rss_limit_mb=2048 -malloc_limit_mb=256 -timeout=10 -print_final_stats=1
+FUZZ_ARGS ?= -rss_limit_mb=2048 -malloc_limit_mb=64 -timeout=10 -print_final_stats=1
 FUZZ_CARGO ?= $(shell cargo +nightly --version >/dev/null 2>&1 && echo "cargo +nightly" || echo "env RUSTC_BOOTSTRAP=1 cargo")
 
 fuzz:
