@@ -460,7 +460,8 @@ mod tests {
         assert_eq!((d.allowed, d.reset_ms), (true, 10));
     }
 
-    /// Found by fuzzing: on a state kept at another rate, a denial's
+    /// Found while writing the fuzz targets' `wait_ms` check (which now
+    /// holds it on loaded states too): on a state kept at another rate, a denial's
     /// `wait_ms` and `reset_ms` assumed the new rate, though nothing is
     /// written and the state keeps refilling at its own: a bucket moved from
     /// 1 token a second to 1 a millisecond said "wait 1 ms" for a whole
