@@ -1,8 +1,13 @@
-//! Bad input: every refusal is an error reply that names what is wrong, and
-//! writes nothing (the key stays absent or untouched, `DBSIZE` unchanged).
+//! Bad input, for every limiter command: each refusal is an error reply that
+//! names what is wrong, and writes nothing (the key stays absent or
+//! untouched, `DBSIZE` unchanged). The algorithms are described in
+//! `common/contract.rs`; a refusal only one of them has is in its `refusals`.
+//!
+//! One server per server kind serves every algorithm in turn.
 
 mod common;
 
+use common::contract::*;
 use common::*;
 
 /// Values no integer parameter accepts.
@@ -18,6 +23,16 @@ const NOT_A_PARAMETER: &[&str] = &[
     "",
 ];
 
+/// Values `COST` does not accept.
+const NOT_A_COST: &[&str] = &[
+    "-1",
+    "1099511627777",
+    "x",
+    "1.0",
+    "",
+    "18446744073709551616",
+];
+
 fn assert_err_naming(err: &str, name: &str, words: &[&str]) {
     assert!(
         err.starts_with("ERR") && err.contains(name),
@@ -26,371 +41,281 @@ fn assert_err_naming(err: &str, name: &str, words: &[&str]) {
 }
 
 #[test]
-fn bad_token_bucket_parameters_are_named_and_write_nothing() {
-    for_each_server(|kind| {
-        let server = Server::start(kind, &[]);
-        let mut con = server.conn();
-        let good = ["5", "1", "1000"];
-        for (position, name) in ["capacity", "refill_count", "refill_ms"].iter().enumerate() {
-            for bad in NOT_A_PARAMETER {
-                let mut params = good;
+fn bad_parameters_are_named_and_write_nothing() {
+    for_each_algorithm_on_each_server(|alg, con| {
+        let valid = alg.valid();
+        for (position, &(name, max)) in alg.params.iter().enumerate() {
+            let out_of_range = (max + 1).to_string();
+            for bad in NOT_A_PARAMETER.iter().chain([&out_of_range.as_str()]) {
+                let mut params = valid.clone();
                 params[position] = bad;
-                let words = ["RL.TOKENBUCKET", "tb", params[0], params[1], params[2]];
-                let err = query_err(&mut con, &words);
+                let words = alg.words(alg.key, &params);
+                let err = query_err(con, &words);
                 assert_err_naming(&err, name, &words);
+                if *bad == "0" || *bad == out_of_range {
+                    assert_eq!(
+                        err,
+                        format!("ERR {name} must be an integer from 1 to {max}"),
+                        "{words:?}"
+                    );
+                }
             }
         }
-        assert_eq!(dbsize(&mut con), 0, "an error wrote a key");
-    });
-}
-
-#[test]
-fn bad_fixed_window_parameters_are_named_and_write_nothing() {
-    for_each_server(|kind| {
-        let server = Server::start(kind, &[]);
-        let mut con = server.conn();
-        let good = ["5", "1000"];
-        for (position, name) in ["limit", "window_ms"].iter().enumerate() {
-            for bad in NOT_A_PARAMETER {
-                let mut params = good;
-                params[position] = bad;
-                let words = ["RL.FIXEDWINDOW", "fw", params[0], params[1]];
-                let err = query_err(&mut con, &words);
-                assert_err_naming(&err, name, &words);
-            }
+        for (args, expected) in alg.refusals {
+            let words = alg.words(alg.key, args);
+            assert_eq!(query_err(con, &words), *expected, "{words:?}");
         }
-        assert_eq!(dbsize(&mut con), 0, "an error wrote a key");
+        assert_eq!(dbsize(con), 0, "{alg}: an error wrote a key");
     });
 }
 
 #[test]
 fn bad_cost_is_named_and_writes_nothing() {
-    for_each_server(|kind| {
-        let server = Server::start(kind, &[]);
-        let mut con = server.conn();
-        for bad in [
-            "-1",
-            "1099511627777",
-            "x",
-            "1.0",
-            "",
-            "18446744073709551616",
-        ] {
-            for words in [
-                ["RL.TOKENBUCKET", "tb", "5", "1", "1000", "COST", bad].as_slice(),
-                ["RL.FIXEDWINDOW", "fw", "5", "1000", "COST", bad].as_slice(),
-            ] {
-                let err = query_err(&mut con, words);
-                assert_err_naming(&err, "COST", words);
-            }
+    for_each_algorithm_on_each_server(|alg, con| {
+        for bad in NOT_A_COST {
+            let mut args = alg.valid();
+            args.extend(["COST", bad]);
+            let words = alg.words(alg.key, &args);
+            let err = query_err(con, &words);
+            assert_err_naming(&err, "COST", &words);
         }
-        assert_eq!(dbsize(&mut con), 0, "an error wrote a key");
+        assert_eq!(dbsize(con), 0, "{alg}: an error wrote a key");
     });
 }
 
 #[test]
 fn largest_cost_is_accepted() {
-    for_each_server(|kind| {
-        let server = Server::start(kind, &[]);
-        let mut con = server.conn();
-        let max = MAX_PARAM.to_string();
-        let r = rl(
-            &mut con,
-            &["RL.TOKENBUCKET", "tb", "5", "1", "1000", "COST", &max],
-        );
-        assert_eq!((r.allowed, r.wait_ms), (false, -1));
-        let r = rl(
-            &mut con,
-            &["RL.FIXEDWINDOW", "fw", "5", "1000", "COST", &max],
-        );
-        assert_eq!((r.allowed, r.wait_ms), (false, -1));
-        assert_eq!(dbsize(&mut con), 0);
+    for_each_algorithm_on_each_server(|alg, con| {
+        let r = alg.slow(con, alg.key, "5", MAX);
+        assert_eq!((r.allowed, r.wait_ms), (false, -1), "{alg}: {r:?}");
+        assert_eq!(dbsize(con), 0, "{alg}");
     });
 }
 
 #[test]
 fn unknown_option_is_named_and_writes_nothing() {
-    for_each_server(|kind| {
-        let server = Server::start(kind, &[]);
-        let mut con = server.conn();
-        for option in ["FOO", "COSTS", "EX"] {
-            for words in [
-                ["RL.TOKENBUCKET", "tb", "5", "1", "1000", option, "1"].as_slice(),
-                ["RL.FIXEDWINDOW", "fw", "5", "1000", option, "1"].as_slice(),
-                [
-                    "RL.TOKENBUCKET",
-                    "tb",
-                    "5",
-                    "1",
-                    "1000",
-                    "COST",
-                    "1",
-                    option,
-                    "1",
-                ]
-                .as_slice(),
-            ] {
-                let err = query_err(&mut con, words);
-                assert_err_naming(&err, option, words);
+    for_each_algorithm_on_each_server(|alg, con| {
+        // Options other commands or other limiters might have.
+        for option in ["FOO", "COSTS", "EX", "BURST", "WINDOW", "BUCKETS"] {
+            for options in [&[option, "1"][..], &["COST", "1", option, "1"]] {
+                let mut args = alg.valid();
+                args.extend_from_slice(options);
+                let words = alg.words(alg.key, &args);
+                assert_eq!(
+                    query_err(con, &words),
+                    format!("ERR unknown option '{option}' (expected COST)"),
+                    "{words:?}"
+                );
             }
         }
-        assert_eq!(dbsize(&mut con), 0, "an error wrote a key");
+        assert_eq!(dbsize(con), 0, "{alg}: an error wrote a key");
     });
 }
 
 #[test]
-fn option_without_value_is_an_error() {
-    for_each_server(|kind| {
-        let server = Server::start(kind, &[]);
-        let mut con = server.conn();
-        for words in [
-            ["RL.TOKENBUCKET", "tb", "5", "1", "1000", "COST"].as_slice(),
-            ["RL.FIXEDWINDOW", "fw", "5", "1000", "COST"].as_slice(),
-            ["RL.FIXEDWINDOW", "fw", "5", "1000", "COST", "1", "COST"].as_slice(),
+fn option_without_value_or_given_twice_is_named() {
+    for_each_algorithm_on_each_server(|alg, con| {
+        for (options, expected) in [
+            (&["COST"][..], "ERR COST needs a value"),
+            (&["COST", "1", "COST"], "ERR COST needs a value"),
+            (&["COST", "1", "COST", "1"], "ERR COST given more than once"),
+            (&["COST", "1", "cost", "1"], "ERR COST given more than once"),
         ] {
-            let err = query_err(&mut con, words);
-            assert!(err.starts_with("ERR"), "{words:?}: {err}");
+            let mut args = alg.valid();
+            args.extend_from_slice(options);
+            let words = alg.words(alg.key, &args);
+            assert_eq!(query_err(con, &words), expected, "{words:?}");
         }
-        assert_eq!(dbsize(&mut con), 0, "an error wrote a key");
+        assert_eq!(dbsize(con), 0, "{alg}: an error wrote a key");
     });
 }
 
 #[test]
-fn option_names_are_case_insensitive() {
-    for_each_server(|kind| {
-        let server = Server::start(kind, &[]);
-        let mut con = server.conn();
-        let r = rl(
-            &mut con,
-            &["RL.TOKENBUCKET", "tb", "5", "1", "1000000", "cost", "2"],
-        );
-        assert_eq!((r.allowed, r.remaining), (true, 3));
-        let r = rl(
-            &mut con,
-            &["rl.fixedwindow", "fw", "5", "1000000", "Cost", "2"],
-        );
-        assert_eq!((r.allowed, r.remaining), (true, 3));
+fn command_and_option_names_are_case_insensitive() {
+    for_each_algorithm_on_each_server(|alg, con| {
+        let lower = alg.command.to_lowercase();
+        for (command, cost) in [(alg.command, "cost"), (lower.as_str(), "Cost")] {
+            let mut words = vec![command, alg.key];
+            words.extend(alg.valid());
+            words.extend([cost, "2"]);
+            let r = rl(con, &words);
+            assert_eq!((r.allowed, r.remaining), (true, 3), "{words:?}: {r:?}");
+            let _: i64 = query(con, &["DEL", alg.key]);
+        }
     });
 }
 
 #[test]
 fn wrong_argument_count_is_the_usual_arity_error() {
-    for_each_server(|kind| {
-        let server = Server::start(kind, &[]);
-        let mut con = server.conn();
-        for words in [
-            ["RL.TOKENBUCKET"].as_slice(),
-            ["RL.TOKENBUCKET", "tb"].as_slice(),
-            ["RL.TOKENBUCKET", "tb", "5"].as_slice(),
-            ["RL.TOKENBUCKET", "tb", "5", "1"].as_slice(),
-            ["RL.FIXEDWINDOW"].as_slice(),
-            ["RL.FIXEDWINDOW", "fw"].as_slice(),
-            ["RL.FIXEDWINDOW", "fw", "5"].as_slice(),
-        ] {
-            let err = query_err(&mut con, words);
+    for_each_algorithm_on_each_server(|alg, con| {
+        let valid = alg.valid();
+        let mut words = vec![alg.command];
+        let mut too_few = vec![words.clone()];
+        words.push(alg.key);
+        for param in &valid {
+            too_few.push(words.clone());
+            words.push(param);
+        }
+        for words in too_few {
+            let err = query_err(con, &words);
             assert!(
                 err.starts_with("ERR") && err.contains("wrong number of arguments"),
                 "{words:?}: {err}"
             );
         }
-        assert_eq!(dbsize(&mut con), 0, "an error wrote a key");
-    });
-}
-
-#[test]
-fn idle_span_above_2_pow_50_ms_is_refused() {
-    for_each_server(|kind| {
-        let server = Server::start(kind, &[]);
-        let mut con = server.conn();
-        let max = MAX_PARAM.to_string();
-        for words in [
-            // 1025 tokens at one per 2^40 ms: 2^50 + 2^40 ms to fill.
-            ["RL.TOKENBUCKET", "tb", "1025", "1", &max].as_slice(),
-            ["RL.TOKENBUCKET", "tb", &max, "1", &max].as_slice(),
-            ["RL.TOKENBUCKET", "tb", &max, "1", &max, "COST", "0"].as_slice(),
-        ] {
-            let err = query_err(&mut con, words);
-            assert!(err.starts_with("ERR"), "{words:?}: {err}");
-        }
-        assert_eq!(dbsize(&mut con), 0, "an error wrote a key");
+        assert_eq!(dbsize(con), 0, "{alg}: an error wrote a key");
     });
 }
 
 #[test]
 fn errors_leave_an_existing_limiter_untouched() {
-    for_each_server(|kind| {
-        let server = Server::start(kind, &[]);
-        let mut con = server.conn();
-        rl(&mut con, &["RL.TOKENBUCKET", "tb", "5", "1", "1000000"]);
-        rl(&mut con, &["RL.FIXEDWINDOW", "fw", "5", "1000000"]);
-        let tb = dump(&mut con, "tb");
-        let fw = dump(&mut con, "fw");
-        let (tb_ttl, fw_ttl) = (pttl(&mut con, "tb"), pttl(&mut con, "fw"));
-        for words in [
-            ["RL.TOKENBUCKET", "tb", "0", "1", "1000000"].as_slice(),
-            ["RL.TOKENBUCKET", "tb", "5", "1", "1000000", "COST", "-1"].as_slice(),
-            ["RL.TOKENBUCKET", "tb", "5", "1", "1000000", "FOO", "1"].as_slice(),
-            [
-                "RL.TOKENBUCKET",
-                "tb",
-                "5",
-                "1",
-                "1000000",
-                "COST",
-                "1",
-                "COST",
-            ]
-            .as_slice(),
-            ["RL.FIXEDWINDOW", "fw", "5", "0"].as_slice(),
-            ["RL.FIXEDWINDOW", "fw", "5", "1000000", "COST", "x"].as_slice(),
-            ["RL.FIXEDWINDOW", "fw", "5", "1000000", "AT", "1"].as_slice(),
-        ] {
-            query_err(&mut con, words);
+    for_each_algorithm_on_each_server(|alg, con| {
+        let key = alg.key;
+        alg.slow(con, key, "5", "2");
+        let (state, ttl) = (dump(con, key), pttl(con, key));
+        let valid = alg.valid();
+        let with = |options: &[&'static str]| {
+            let mut args = valid.clone();
+            args.extend_from_slice(options);
+            args
+        };
+        let mut calls: Vec<Vec<&str>> = vec![
+            with(&["COST", "-1"]),
+            with(&["COST", "x"]),
+            with(&["FOO", "1"]),
+            with(&["COST", "1", "COST"]),
+            with(&["AT", "1"]),
+        ];
+        for position in 0..valid.len() {
+            let mut params = valid.clone();
+            params[position] = "0";
+            calls.push(params);
         }
-        assert_eq!(dump(&mut con, "tb"), tb);
-        assert_eq!(dump(&mut con, "fw"), fw);
-        assert!(pttl(&mut con, "tb") <= tb_ttl);
-        assert!(pttl(&mut con, "fw") <= fw_ttl);
-        assert_eq!(dbsize(&mut con), 2);
+        calls.extend(alg.refusals.iter().map(|(args, _)| args.to_vec()));
+        for args in calls {
+            alg.call_err(con, key, &args);
+        }
+        assert_eq!(dump(con, key), state, "{alg}: an error changed the state");
+        assert!(pttl(con, key) <= ttl, "{alg}: an error extended the TTL");
+        assert_eq!(dbsize(con), 1, "{alg}: an error wrote a key");
     });
 }
 
 #[test]
 fn at_option_is_reserved_for_replication_and_aof_loading() {
-    for_each_server(|kind| {
-        let server = Server::start(kind, &[]);
-        let mut con = server.conn();
-        let now_us = server_time_us(&mut con).to_string();
-        for words in [
-            ["RL.TOKENBUCKET", "tb", "5", "1", "1000", "AT", &now_us].as_slice(),
-            [
-                "RL.TOKENBUCKET",
-                "tb",
-                "5",
-                "1",
-                "1000",
-                "COST",
-                "1",
-                "AT",
-                &now_us,
-            ]
-            .as_slice(),
-            [
-                "RL.TOKENBUCKET",
-                "tb",
-                "5",
-                "1",
-                "1000",
-                "COST",
-                "0",
-                "at",
-                &now_us,
-            ]
-            .as_slice(),
-            [
-                "RL.FIXEDWINDOW",
-                "fw",
-                "5",
-                "1000",
-                "COST",
-                "1",
-                "AT",
-                &now_us,
-            ]
-            .as_slice(),
+    for_each_algorithm_on_each_server(|alg, con| {
+        let now_us = server_time_us(con).to_string();
+        for options in [
+            &["AT", &now_us][..],
+            &["at", &now_us],
+            &["COST", "1", "AT", &now_us],
+            &["COST", "1", "at", &now_us],
+            &["COST", "0", "AT", &now_us],
+            &["COST", "0", "at", &now_us],
         ] {
-            let err = query_err(&mut con, words);
+            let mut args = alg.valid();
+            args.extend_from_slice(options);
+            let words = alg.words(alg.key, &args);
             assert_eq!(
-                err, "ERR AT is reserved for replication and AOF loading",
+                query_err(con, &words),
+                "ERR AT is reserved for replication and AOF loading",
                 "{words:?}"
             );
         }
-        assert_eq!(dbsize(&mut con), 0, "an AT call wrote a key");
+        assert_eq!(dbsize(con), 0, "{alg}: an AT call wrote a key");
     });
 }
 
 #[test]
 fn setstate_is_refused_from_clients() {
-    for_each_server(|kind| {
-        let server = Server::start(kind, &[]);
-        let mut con = server.conn();
-        for words in [
-            [
-                "RL.SETSTATE",
-                "tb",
-                "TOKENBUCKET",
-                "1",
-                "1",
-                "0",
-                "1",
-                "1000",
-            ]
-            .as_slice(),
-            ["RL.SETSTATE", "fw", "FIXEDWINDOW", "1", "0", "1000", "1"].as_slice(),
-        ] {
-            let err = query_err(&mut con, words);
-            assert!(err.starts_with("ERR"), "{words:?}: {err}");
-        }
-        assert_eq!(dbsize(&mut con), 0, "RL.SETSTATE from a client wrote a key");
+    for_each_algorithm_on_each_server(|alg, con| {
+        let mut words = vec!["RL.SETSTATE", alg.key, alg.setstate_name];
+        words.extend_from_slice(alg.setstate_fields);
+        assert_eq!(
+            query_err(con, &words),
+            "ERR RL.SETSTATE is reserved for replication and AOF loading",
+            "{words:?}"
+        );
+        assert_eq!(
+            dbsize(con),
+            0,
+            "{alg}: RL.SETSTATE from a client wrote a key"
+        );
     });
+}
+
+/// `DUMP` and `PTTL` of each key.
+fn snapshot(con: &mut Connection, keys: &[&str]) -> Vec<(Option<Vec<u8>>, i64)> {
+    keys.iter()
+        .map(|key| (dump(con, key), pttl(con, key)))
+        .collect()
+}
+
+fn assert_untouched(
+    what: &str,
+    con: &mut Connection,
+    keys: &[&str],
+    before: &[(Option<Vec<u8>>, i64)],
+) {
+    for ((key, b), a) in keys.iter().zip(before).zip(snapshot(con, keys)) {
+        assert_eq!(a.0, b.0, "{what} changed {key}");
+        assert!(a.1 <= b.1, "{what} changed the TTL of {key}");
+    }
 }
 
 #[test]
 fn key_of_another_type_is_wrongtype_and_untouched() {
-    for_each_server(|kind| {
-        let server = Server::start(kind, &[]);
-        let mut con = server.conn();
-        let _: () = query(&mut con, &["SET", "string", "hello", "PX", "1000000"]);
-        let _: i64 = query(&mut con, &["RPUSH", "list", "a", "b"]);
-        let _: i64 = query(&mut con, &["HSET", "hash", "tokens", "5"]);
-        let before: Vec<_> = ["string", "list", "hash"]
-            .iter()
-            .map(|key| (dump(&mut con, key), pttl(&mut con, key)))
-            .collect();
-        for key in ["string", "list", "hash"] {
-            for words in [
-                ["RL.TOKENBUCKET", key, "5", "1", "1000"].as_slice(),
-                ["RL.TOKENBUCKET", key, "5", "1", "1000", "COST", "0"].as_slice(),
-                ["RL.FIXEDWINDOW", key, "5", "1000"].as_slice(),
-                ["RL.FIXEDWINDOW", key, "5", "1000", "COST", "0"].as_slice(),
-            ] {
-                let err = query_err(&mut con, words);
-                assert!(err.starts_with("WRONGTYPE"), "{words:?}: {err}");
+    for_each_algorithm_on_each_server(|alg, con| {
+        let _: () = query(con, &["SET", "string", "hello", "PX", "1000000"]);
+        let _: i64 = query(con, &["RPUSH", "list", "a", "b"]);
+        let _: i64 = query(con, &["HSET", "hash", "tokens", "5"]);
+        let _: i64 = query(con, &["ZADD", "zset", "1", "a"]);
+        let keys = ["string", "list", "hash", "zset"];
+        let before = snapshot(con, &keys);
+        for key in keys {
+            for cost in ["1", "0"] {
+                let mut args = alg.valid();
+                args.extend(["COST", cost]);
+                let err = alg.call_err(con, key, &args);
+                assert!(err.starts_with("WRONGTYPE"), "{alg} on a {key}: {err}");
             }
         }
-        let after: Vec<_> = ["string", "list", "hash"]
-            .iter()
-            .map(|key| (dump(&mut con, key), pttl(&mut con, key)))
-            .collect();
-        for (b, a) in before.iter().zip(&after) {
-            assert_eq!(a.0, b.0, "a WRONGTYPE call changed the value");
-            assert!(a.1 <= b.1, "a WRONGTYPE call changed the TTL");
-        }
-        let value: String = query(&mut con, &["GET", "string"]);
-        assert_eq!(value, "hello");
+        assert_untouched(&format!("{alg} (WRONGTYPE)"), con, &keys, &before);
+        let value: String = query(con, &["GET", "string"]);
+        assert_eq!(value, "hello", "{alg}");
     });
 }
 
 #[test]
-fn key_of_the_other_algorithm_is_wrongtype_and_untouched() {
-    for_each_server(|kind| {
-        let server = Server::start(kind, &[]);
-        let mut con = server.conn();
-        rl(&mut con, &["RL.TOKENBUCKET", "tb", "5", "1", "1000000"]);
-        rl(&mut con, &["RL.FIXEDWINDOW", "fw", "5", "1000000"]);
-        let (tb, fw) = (dump(&mut con, "tb"), dump(&mut con, "fw"));
-        for words in [
-            ["RL.FIXEDWINDOW", "tb", "5", "1000000"].as_slice(),
-            ["RL.FIXEDWINDOW", "tb", "5", "1000000", "COST", "0"].as_slice(),
-            ["RL.TOKENBUCKET", "fw", "5", "1", "1000000"].as_slice(),
-            ["RL.TOKENBUCKET", "fw", "5", "1", "1000000", "COST", "0"].as_slice(),
-        ] {
-            let err = query_err(&mut con, words);
-            assert!(err.starts_with("WRONGTYPE"), "{words:?}: {err}");
+fn key_of_another_algorithm_is_wrongtype_and_untouched() {
+    for_each_algorithm_on_each_server(|alg, con| {
+        let others: Vec<&Algorithm> = ALGORITHMS
+            .iter()
+            .filter(|other| other.command != alg.command)
+            .collect();
+        for other in &others {
+            assert!(other.slow(con, other.key, "5", "1").allowed, "{other}");
         }
-        assert_eq!(dump(&mut con, "tb"), tb);
-        assert_eq!(dump(&mut con, "fw"), fw);
-        assert_eq!(key_type(&mut con, "tb"), "rl-tokbkt");
-        assert_eq!(key_type(&mut con, "fw"), "rl-fixwin");
+        let keys: Vec<&str> = others.iter().map(|other| other.key).collect();
+        let before = snapshot(con, &keys);
+        for other in &others {
+            for cost in ["1", "0"] {
+                let mut args = alg.valid();
+                args.extend(["COST", cost]);
+                let err = alg.call_err(con, other.key, &args);
+                assert!(
+                    err.starts_with("WRONGTYPE"),
+                    "{alg} on a {other} key: {err}"
+                );
+            }
+        }
+        assert_untouched(&format!("{alg} (WRONGTYPE)"), con, &keys, &before);
+        for other in &others {
+            assert_eq!(
+                key_type(con, other.key),
+                other.type_name,
+                "{alg}: TYPE of the {other} key"
+            );
+        }
     });
 }

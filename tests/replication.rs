@@ -1,21 +1,17 @@
-//! Replication: the master propagates admitted calls with its clock pinned
-//! (`RL.<ALG> key params COST n AT <unix_us>`), so the replica reaches the very
-//! same state (`DUMP` byte-identical); denials and `COST 0` propagate nothing.
+//! Replication, for every limiter command: the master propagates admitted
+//! calls with its clock pinned (`RL.<ALG> key params COST n AT <unix_us>`),
+//! so the replica reaches the very same state (`DUMP` byte-identical);
+//! denials, `COST 0` and refused calls propagate nothing. The algorithms are
+//! described in `common/contract.rs`.
+//!
+//! One master (and replica) per server kind serves every algorithm in turn.
 
 mod common;
 
 use std::fs;
 
+use common::contract::*;
 use common::*;
-
-/// Master options: no periodic PING in the replication stream, so its offset
-/// moves only when a command is propagated.
-const QUIET_MASTER: &[&str] = &[
-    "--repl-ping-replica-period",
-    "3600",
-    "--repl-timeout",
-    "7200",
-];
 
 /// Asserts `key` is the same limiter on master and replica: same `DUMP`, same
 /// type and digest, and an expiry at the same instant.
@@ -47,44 +43,20 @@ fn replica_state_equals_master_after_burst() {
         let master = Server::start(kind, &[]);
         let replica = replica_of(&master);
         let (mut m, mut r) = (master.conn(), replica.conn());
-        for _ in 0..12 {
-            rl(&mut m, &["RL.TOKENBUCKET", "tb", "10", "3", "1000"]);
-            rl(
-                &mut m,
-                &["RL.TOKENBUCKET", "tb:cost", "10", "1", "60000", "COST", "3"],
-            );
-            rl(&mut m, &["RL.TOKENBUCKET", "tb:odd", "7", "3", "1001"]);
-            rl(&mut m, &["RL.FIXEDWINDOW", "fw", "10", "60000"]);
-            rl(
-                &mut m,
-                &["RL.FIXEDWINDOW", "fw:cost", "10", "60000", "COST", "4"],
-            );
-        }
-        // Parameter changes on existing keys.
-        rl(&mut m, &["RL.TOKENBUCKET", "tb", "20", "7", "3000"]);
-        rl(&mut m, &["RL.FIXEDWINDOW", "fw", "30", "120000"]);
-        wait_for_sync(&master, &replica);
-        for key in ["tb", "tb:cost", "tb:odd", "fw", "fw:cost"] {
-            assert_same_state(&mut m, &mut r, key);
-        }
+        for_each_algorithm(kind, |alg| {
+            // Admitted, denied and peeked calls, and a parameter change.
+            let built = (alg.build)(&mut m, alg.key);
+            wait_for_sync(&master, &replica);
+            for built in &built {
+                assert_same_state(&mut m, &mut r, &built.key);
+            }
+        });
         assert_eq!(dbsize(&mut r), dbsize(&mut m));
     });
 }
 
-/// A small deterministic generator (xorshift64), so a failure replays.
-struct Xorshift(u64);
-
-impl Xorshift {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn pick<'a>(&mut self, choices: &[&'a str]) -> &'a str {
-        choices[(self.next() % choices.len() as u64) as usize]
-    }
-}
+/// Any call, from a Lua script.
+const SCRIPT: &str = "return redis.call(ARGV[1], KEYS[1], unpack(ARGV, 2))";
 
 #[test]
 fn replica_state_equals_master_after_mixed_traffic() {
@@ -92,46 +64,43 @@ fn replica_state_equals_master_after_mixed_traffic() {
         let master = Server::start(kind, &[]);
         let replica = replica_of(&master);
         let (mut m, mut r) = (master.conn(), replica.conn());
-        let mut random = Xorshift(0x5eed_1234_abcd_0001);
-        for _ in 0..600 {
-            let n = random.next() % 16;
-            let key = format!("k{n}");
-            let cost = random.pick(&["0", "1", "1", "1", "2", "5", "11"]);
-            let reply: Value = if n.is_multiple_of(2) {
-                let capacity = random.pick(&["3", "10", "10", "1000"]);
-                let refill_count = random.pick(&["1", "3", "7"]);
-                let refill_ms = random.pick(&["1", "997", "1000", "86400000"]);
-                query(
-                    &mut m,
-                    &[
-                        "RL.TOKENBUCKET",
-                        &key,
-                        capacity,
-                        refill_count,
-                        refill_ms,
-                        "COST",
-                        cost,
-                    ],
-                )
-            } else {
-                let limit = random.pick(&["2", "10", "10", "100"]);
-                let window_ms = random.pick(&["1000", "60000", "60000", "3600000"]);
-                query(
-                    &mut m,
-                    &["RL.FIXEDWINDOW", &key, limit, window_ms, "COST", cost],
-                )
-            };
-            Reply::from_value(&reply);
-        }
-        wait_for_sync(&master, &replica);
-        let keys: Vec<String> = query(&mut m, &["KEYS", "*"]);
-        assert!(!keys.is_empty());
-        for key in &keys {
-            // Keys of the fastest buckets may just have expired; compare the rest.
-            if pttl(&mut m, key) > 1000 {
-                assert_same_state(&mut m, &mut r, key);
+        for_each_algorithm(kind, |alg| {
+            let mut random = Xorshift(0x5eed_1234_abcd_0001 + alg.index() as u64);
+            for i in 0..1500 {
+                let key = format!("{}:traffic:{}", alg.key, random.next() % 12);
+                let mut args = (alg.random_params)(&mut random);
+                args.extend(["COST", random.pick(&["0", "1", "1", "1", "2", "5", "11"])]);
+                let words = alg.words(&key, &args);
+                let reply: Value = match i % 10 {
+                    // Inside a transaction and a script too.
+                    3 => {
+                        let _: () = query(&mut m, &["MULTI"]);
+                        let _: String = query(&mut m, &words);
+                        let exec: Vec<Value> = query(&mut m, &["EXEC"]);
+                        exec.into_iter().next().unwrap()
+                    }
+                    7 => {
+                        let mut eval = vec!["EVAL", SCRIPT, "1", &key, alg.command];
+                        eval.extend_from_slice(&args);
+                        query(&mut m, &eval)
+                    }
+                    _ => query(&mut m, &words),
+                };
+                Reply::from_value(&reply);
             }
-        }
+            wait_for_sync(&master, &replica);
+            let keys: Vec<String> = query(&mut m, &["KEYS", &format!("{}:traffic:*", alg.key)]);
+            let mut compared = 0;
+            for key in &keys {
+                // Keys of the fastest limiters may just have expired; compare
+                // the rest.
+                if pttl(&mut m, key) > 1000 {
+                    assert_same_state(&mut m, &mut r, key);
+                    compared += 1;
+                }
+            }
+            assert!(compared > 0, "{alg}: no long-lived limiter to compare");
+        });
     });
 }
 
@@ -140,19 +109,21 @@ fn replica_gets_existing_limiters_through_full_sync() {
     for_each_server(|kind| {
         let master = Server::start(kind, &[]);
         let mut m = master.conn();
-        for _ in 0..3 {
-            rl(&mut m, &["RL.TOKENBUCKET", "tb", "5", "1", "1000000"]);
-            rl(&mut m, &["RL.FIXEDWINDOW", "fw", "5", "1000000"]);
-        }
+        let mut built = Vec::new();
+        for_each_algorithm(kind, |alg| built.push((alg.build)(&mut m, alg.key)));
         let replica = replica_of(&master);
         let mut r = replica.conn();
         wait_for_sync(&master, &replica);
-        assert_same_state(&mut m, &mut r, "tb");
-        assert_same_state(&mut m, &mut r, "fw");
-        // And it keeps up with calls after the sync.
-        rl(&mut m, &["RL.TOKENBUCKET", "tb", "5", "1", "1000000"]);
-        wait_for_sync(&master, &replica);
-        assert_same_state(&mut m, &mut r, "tb");
+        for_each_algorithm(kind, |alg| {
+            let built = &built[alg.index()];
+            for built in built {
+                assert_same_state(&mut m, &mut r, &built.key);
+            }
+            // And it keeps up with calls after the sync.
+            built[0].take(alg, &mut m);
+            wait_for_sync(&master, &replica);
+            assert_same_state(&mut m, &mut r, &built[0].key);
+        });
     });
 }
 
@@ -162,48 +133,52 @@ fn denials_and_cost_zero_propagate_nothing() {
         let master = Server::start(kind, QUIET_MASTER);
         let replica = replica_of(&master);
         let mut m = master.conn();
-        rl(
-            &mut m,
-            &["RL.TOKENBUCKET", "tb", "2", "1", "1000000", "COST", "2"],
-        );
-        rl(
-            &mut m,
-            &["RL.FIXEDWINDOW", "fw", "2", "1000000", "COST", "2"],
-        );
-        wait_for_sync(&master, &replica);
+        for_each_algorithm(kind, |alg| {
+            let key = alg.key;
+            let new = format!("{key}:new");
+            let another = alg.another();
+            let mut refused: Vec<Vec<&str>> = (0..alg.params.len())
+                .map(|position| {
+                    let mut params = alg.valid();
+                    params[position] = "0";
+                    params
+                })
+                .collect();
+            refused.extend(alg.refusals.iter().map(|(args, _)| args.to_vec()));
+            let mut other = vec!["2"];
+            other.extend_from_slice(alg.other);
+            other.extend(["COST", "0"]);
 
-        let offset_before = master_offset(&master);
-        for _ in 0..50 {
-            assert!(!rl(&mut m, &["RL.TOKENBUCKET", "tb", "2", "1", "1000000"]).allowed);
-            assert!(!rl(&mut m, &["RL.FIXEDWINDOW", "fw", "2", "1000000"]).allowed);
-            rl(
-                &mut m,
-                &["RL.TOKENBUCKET", "tb", "2", "1", "1000000", "COST", "0"],
+            alg.away_from_window_end(&mut m, &alg.valid());
+            assert!(alg.slow(&mut m, key, "2", "2").allowed);
+            wait_for_sync(&master, &replica);
+            let offset_before = master_offset(&master);
+            for _ in 0..50 {
+                assert!(!alg.slow(&mut m, key, "2", "1").allowed);
+                assert!(!alg.slow(&mut m, key, "2", "3").allowed);
+                alg.slow(&mut m, key, "2", "0");
+                alg.call(&mut m, key, &other);
+                alg.slow(&mut m, &new, "2", "0");
+                alg.slow(&mut m, &new, "2", "3");
+                for args in &refused {
+                    alg.call_err(&mut m, key, args);
+                }
+                another.call_err(&mut m, key, &another.valid());
+            }
+            assert_eq!(
+                master_offset(&master),
+                offset_before,
+                "{alg}: denied, COST 0 or failed calls were propagated"
             );
-            rl(
-                &mut m,
-                &["RL.FIXEDWINDOW", "fw", "2", "1000000", "COST", "0"],
+            assert!(
+                !exists(&mut m, &new),
+                "{alg}: a call that took nothing wrote"
             );
-            rl(
-                &mut m,
-                &["RL.TOKENBUCKET", "new", "2", "1", "1000000", "COST", "0"],
-            );
-            rl(
-                &mut m,
-                &["RL.TOKENBUCKET", "new", "2", "1", "1000000", "COST", "3"],
-            );
-            query_err(&mut m, &["RL.TOKENBUCKET", "tb", "0", "1", "1000000"]);
-            query_err(&mut m, &["RL.FIXEDWINDOW", "tb", "2", "1000000"]);
-        }
-        assert_eq!(
-            master_offset(&master),
-            offset_before,
-            "denied, COST 0 or failed calls were propagated"
-        );
 
-        // The offset does move for a call that changes something.
-        assert!(rl(&mut m, &["RL.TOKENBUCKET", "other", "2", "1", "1000000"]).allowed);
-        assert!(master_offset(&master) > offset_before);
+            // The offset does move for a call that changes something.
+            assert!(alg.slow(&mut m, &format!("{key}:other"), "2", "1").allowed);
+            assert!(master_offset(&master) > offset_before, "{alg}");
+        });
     });
 }
 
@@ -213,14 +188,11 @@ fn replica_refuses_limiter_calls_from_clients() {
         let master = Server::start(kind, &[]);
         let replica = replica_of(&master);
         let mut r = replica.conn();
-        for words in [
-            ["RL.TOKENBUCKET", "tb", "5", "1", "1000"].as_slice(),
-            ["RL.FIXEDWINDOW", "fw", "5", "1000"].as_slice(),
-        ] {
-            let err = query_err(&mut r, words);
-            assert!(err.starts_with("READONLY"), "{words:?} on a replica: {err}");
-        }
-        assert_eq!(dbsize(&mut r), 0);
+        for_each_algorithm(kind, |alg| {
+            let err = alg.call_err(&mut r, alg.key, &alg.valid());
+            assert!(err.starts_with("READONLY"), "{alg} on a replica: {err}");
+            assert_eq!(dbsize(&mut r), 0, "{alg}");
+        });
     });
 }
 
@@ -277,11 +249,17 @@ fn incremental_aof(server: &Server) -> Vec<Vec<String>> {
     commands
 }
 
-fn limiter_commands(commands: &[Vec<String>]) -> Vec<Vec<String>> {
-    commands
+/// The AOF's commands of `alg` (its key), the time pinned by `AT` left out.
+fn logged_calls(logged: &[Vec<String>], alg: &Algorithm) -> Vec<(Vec<String>, u64)> {
+    logged
         .iter()
-        .filter(|words| words[0].to_ascii_uppercase().starts_with("RL."))
-        .cloned()
+        .filter(|words| words[0].eq_ignore_ascii_case(alg.command) && words[1] == alg.key)
+        .map(|words| {
+            let (at_us, shape) = words.split_last().unwrap();
+            let mut shape = shape.to_vec();
+            shape[0] = shape[0].to_ascii_uppercase();
+            (shape, at_us.parse().expect("AT is an integer"))
+        })
         .collect()
 }
 
@@ -290,91 +268,44 @@ fn admitted_calls_propagate_with_the_masters_time_pinned() {
     for_each_server(|kind| {
         let master = Server::start(kind, &["--appendonly", "yes", "--appendfsync", "always"]);
         let mut m = master.conn();
-        let before_us = server_time_us(&mut m);
-        rl(&mut m, &["RL.TOKENBUCKET", "tb", "5", "1", "1000000"]);
-        rl(
-            &mut m,
-            &["RL.TOKENBUCKET", "tb", "5", "1", "1000000", "COST", "3"],
-        );
-        rl(
-            &mut m,
-            &["RL.FIXEDWINDOW", "fw", "5", "1000000", "COST", "2"],
-        );
-        let after_us = server_time_us(&mut m);
-        // Neither denials nor peeks reach the AOF.
-        rl(
-            &mut m,
-            &["RL.TOKENBUCKET", "tb", "5", "1", "1000000", "COST", "2"],
-        );
-        rl(
-            &mut m,
-            &["RL.TOKENBUCKET", "tb", "5", "1", "1000000", "COST", "0"],
-        );
-        rl(
-            &mut m,
-            &["RL.FIXEDWINDOW", "fw", "5", "1000000", "COST", "4"],
-        );
-        rl(
-            &mut m,
-            &["RL.FIXEDWINDOW", "fw", "5", "1000000", "COST", "0"],
-        );
-
-        let logged = limiter_commands(&incremental_aof(&master));
-        let shapes: Vec<Vec<String>> = logged
-            .iter()
-            .map(|words| {
-                let mut shape: Vec<String> = words.clone();
-                shape[0] = shape[0].to_ascii_uppercase();
-                if let Some(at) = shape.len().checked_sub(1) {
-                    shape[at] = "<us>".to_string();
-                }
-                shape
-            })
-            .collect();
-        let expected: Vec<Vec<String>> = [
-            vec![
-                "RL.TOKENBUCKET",
-                "tb",
-                "5",
-                "1",
-                "1000000",
-                "COST",
-                "1",
-                "AT",
-                "<us>",
-            ],
-            vec![
-                "RL.TOKENBUCKET",
-                "tb",
-                "5",
-                "1",
-                "1000000",
-                "COST",
-                "3",
-                "AT",
-                "<us>",
-            ],
-            vec![
-                "RL.FIXEDWINDOW",
-                "fw",
-                "5",
-                "1000000",
-                "COST",
-                "2",
-                "AT",
-                "<us>",
-            ],
-        ]
-        .iter()
-        .map(|words| words.iter().map(|w| w.to_string()).collect())
-        .collect();
-        assert_eq!(shapes, expected, "limiter commands in the AOF: {logged:?}");
-        for words in &logged {
-            let at_us: u64 = words.last().unwrap().parse().expect("AT is an integer");
-            assert!(
-                (before_us..=after_us).contains(&at_us),
-                "AT {at_us} is not the master's time of the call ({before_us}..={after_us})"
-            );
+        let mut call_times = Vec::new();
+        for alg in &ALGORITHMS {
+            alg.away_from_window_end(&mut m, &alg.valid());
+            let before_us = server_time_us(&mut m);
+            alg.call(&mut m, alg.key, &alg.valid());
+            alg.slow(&mut m, alg.key, "5", "3");
+            let after_us = server_time_us(&mut m);
+            // Neither denials nor peeks reach the AOF.
+            assert!(!alg.slow(&mut m, alg.key, "5", "2").allowed, "{alg}");
+            alg.slow(&mut m, alg.key, "5", "0");
+            call_times.push((before_us, after_us));
         }
+
+        let logged = incremental_aof(&master);
+        for_each_algorithm(kind, |alg| {
+            let (before_us, after_us) = call_times[alg.index()];
+            let calls = logged_calls(&logged, alg);
+            let shapes: Vec<&Vec<String>> = calls.iter().map(|(shape, _)| shape).collect();
+            let expected: Vec<Vec<String>> = ["1", "3"]
+                .iter()
+                .map(|cost| {
+                    let mut words = alg.words(alg.key, &alg.valid());
+                    words.extend(["COST", cost, "AT"]);
+                    words.iter().map(|w| w.to_string()).collect()
+                })
+                .collect();
+            assert_eq!(
+                shapes,
+                expected.iter().collect::<Vec<_>>(),
+                "{alg}: limiter commands in the AOF: {calls:?}"
+            );
+            for (_, at_us) in &calls {
+                assert!(
+                    (before_us..=after_us).contains(at_us),
+                    "{alg}: AT {at_us} is not the master's time of the call \
+                     ({before_us}..={after_us})"
+                );
+            }
+        });
     });
 }

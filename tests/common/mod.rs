@@ -13,6 +13,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod contract;
 pub mod payload;
 
 use std::collections::HashSet;

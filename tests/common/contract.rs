@@ -1,0 +1,576 @@
+//! The five limiter commands described as data, so that a contract every one
+//! of them keeps (denials change nothing, replicas converge, state survives a
+//! restart, bad input is refused, ...) is written once and checked for all
+//! of them: see `tests/contract.rs`, `tests/errors.rs`,
+//! `tests/persistence.rs` and `tests/replication.rs`. What only one
+//! algorithm promises stays in its own file (`tests/token_bucket.rs`, ...).
+//!
+//! Every algorithm's first parameter is its limit (a capacity or a count per
+//! window), so a test states the limit and the table the rest.
+
+use std::fmt;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::Duration;
+
+use super::*;
+
+/// Long periods: nothing refills, drains or leaves a window during a test.
+pub const SLOW_MS: i64 = 1_000_000;
+pub const SLOW: &str = "1000000";
+/// Slack for the time a test itself takes, far above any real run.
+pub const SLACK_MS: i64 = 10_000;
+/// `MAX_PARAM` as an argument.
+pub const MAX: &str = "1099511627776";
+
+/// Master options: no periodic PING in the replication stream, so its offset
+/// moves only when a command is propagated.
+pub const QUIET_MASTER: &[&str] = &[
+    "--repl-ping-replica-period",
+    "3600",
+    "--repl-timeout",
+    "7200",
+];
+
+/// One limiter command and what the shared contracts need to know of it.
+pub struct Algorithm {
+    /// The command, e.g. `RL.TOKENBUCKET`.
+    pub command: &'static str,
+    /// Its name in `RL.SETSTATE`, what an AOF rewrite writes for its keys.
+    pub setstate_name: &'static str,
+    /// What `TYPE` shows for its keys.
+    pub type_name: &'static str,
+    /// The key a test uses for it (other keys start with it).
+    pub key: &'static str,
+    /// Its parameters in order, as errors name them, each with the largest
+    /// value it accepts (the smallest is 1).
+    pub params: &'static [(&'static str, u64)],
+    /// The parameters after the limit under which nothing leaves, drains or
+    /// refills during a test.
+    pub slow: &'static [&'static str],
+    /// Other valid parameters after the limit, as a caller may switch to.
+    pub other: &'static [&'static str],
+    /// Parameters (limit first) under which a key is idle again within a
+    /// fraction of a second, and the bounds `(above, at_most)` of the
+    /// `reset_ms` a first call there reports.
+    pub fast: &'static [&'static str],
+    pub fast_reset_ms: (i64, i64),
+    /// Parameters with a limit of 3 under which units come back within a
+    /// second, and the longest `wait_ms` a denial there may report.
+    pub short: &'static [&'static str],
+    pub short_wait_max_ms: i64,
+    /// Windows aligned on the epoch (the second parameter is the window):
+    /// calls that must land in one window first move away from its end.
+    pub aligned: bool,
+    /// An admitted request may be told to wait for its turn (`wait_ms` > 0).
+    pub shapes: bool,
+    /// How far the key's expiry may lie beyond the `reset_ms` of the call
+    /// that set it: 1 where the expiry is an instant rounded up to the
+    /// millisecond and `reset_ms` is counted from a clock reading inside one.
+    pub expiry_beyond_reset_ms: i64,
+    /// Builds limiters worth keeping (admitted, denied and peeked traffic, a
+    /// parameter change) under keys starting with its argument.
+    pub build: fn(&mut Connection, &str) -> Vec<Built>,
+    /// Random parameters for mixed traffic.
+    pub random_params: fn(&mut Xorshift) -> Vec<&'static str>,
+    /// Arguments after the key a key of doubtful content is exercised with.
+    pub exercise: &'static [&'static [&'static str]],
+    /// Arguments of an `RL.SETSTATE` after the algorithm's name.
+    pub setstate_fields: &'static [&'static str],
+    /// Refusals of its own beyond a parameter out of range: arguments after
+    /// the key, and the exact error.
+    pub refusals: &'static [(&'static [&'static str], &'static str)],
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.command)
+    }
+}
+
+/// A limiter key a builder left: the parameters it was last called with, and
+/// whether its `DUMP` is small enough to corrupt byte by byte in a test.
+pub struct Built {
+    pub key: String,
+    pub params: Vec<&'static str>,
+    pub fuzz: bool,
+}
+
+impl Algorithm {
+    /// Its place in `ALGORITHMS`.
+    pub fn index(&self) -> usize {
+        ALGORITHMS
+            .iter()
+            .position(|alg| alg.command == self.command)
+            .expect("an algorithm of the table")
+    }
+
+    /// The next algorithm in the table: one whose keys are of another type.
+    pub fn another(&self) -> &'static Algorithm {
+        &ALGORITHMS[(self.index() + 1) % ALGORITHMS.len()]
+    }
+
+    /// `command key args...`.
+    pub fn words<'a>(&'a self, key: &'a str, args: &[&'a str]) -> Vec<&'a str> {
+        let mut words = vec![self.command, key];
+        words.extend_from_slice(args);
+        words
+    }
+
+    /// A call that must succeed.
+    pub fn call(&self, con: &mut Connection, key: &str, args: &[&str]) -> Reply {
+        rl(con, &self.words(key, args))
+    }
+
+    /// A call that must fail; its error.
+    pub fn call_err(&self, con: &mut Connection, key: &str, args: &[&str]) -> String {
+        query_err(con, &self.words(key, args))
+    }
+
+    /// The slow parameters under `limit`.
+    pub fn slow_params<'a>(&'a self, limit: &'a str) -> Vec<&'a str> {
+        let mut params = vec![limit];
+        params.extend_from_slice(self.slow);
+        params
+    }
+
+    /// A valid parameter list: the slow one with a limit of 5.
+    pub fn valid(&self) -> Vec<&str> {
+        self.slow_params("5")
+    }
+
+    /// A call of `cost` under the slow parameters and `limit`.
+    pub fn slow(&self, con: &mut Connection, key: &str, limit: &str, cost: &str) -> Reply {
+        let mut args = self.slow_params(limit);
+        args.extend(["COST", cost]);
+        self.call(con, key, &args)
+    }
+
+    /// For windows aligned on the epoch: waits, if needed, until the window
+    /// of `params` has at least half of it (at most `SLACK_MS`) left.
+    pub fn away_from_window_end(&self, con: &mut Connection, params: &[&str]) {
+        if self.aligned {
+            let window_ms: u64 = params[1].parse().expect("a window in ms");
+            away_from_window_end(con, window_ms, (window_ms / 2).min(SLACK_MS as u64));
+        }
+    }
+}
+
+impl Built {
+    fn new(key: String, params: &[&'static str], fuzz: bool) -> Built {
+        Built {
+            key,
+            params: params.to_vec(),
+            fuzz,
+        }
+    }
+
+    /// The reply of a `COST 0` call with its parameters.
+    pub fn peek(&self, alg: &Algorithm, con: &mut Connection) -> Reply {
+        let mut args = self.params.clone();
+        args.extend(["COST", "0"]);
+        alg.call(con, &self.key, &args)
+    }
+
+    /// An admitted (or not) call of one unit with its parameters.
+    pub fn take(&self, alg: &Algorithm, con: &mut Connection) -> Reply {
+        alg.call(con, &self.key, &self.params)
+    }
+}
+
+/// Runs `test` once per algorithm, even when one fails, and fails naming
+/// every algorithm (and the server) it failed for.
+pub fn for_each_algorithm(kind: ServerKind, mut test: impl FnMut(&'static Algorithm)) {
+    let mut failed = Vec::new();
+    for alg in &ALGORITHMS {
+        eprintln!("--- {alg} on {kind}");
+        if catch_unwind(AssertUnwindSafe(|| test(alg))).is_err() {
+            failed.push(alg.command);
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "on {kind}, failed for: {} (see the panic messages above)",
+        failed.join(", ")
+    );
+}
+
+/// A new connection to a server emptied by `FLUSHALL`, so that what one
+/// algorithm's check leaves never meets the next.
+pub fn flushed(server: &Server) -> Connection {
+    let mut con = server.conn();
+    let _: () = query(&mut con, &["FLUSHALL"]);
+    con
+}
+
+/// Runs `test` for every algorithm on every server kind: one server per
+/// kind, emptied before each algorithm, and a new connection each time.
+pub fn for_each_algorithm_on_each_server(test: impl Fn(&'static Algorithm, &mut Connection)) {
+    for_each_server(|kind| {
+        let server = Server::start(kind, &[]);
+        for_each_algorithm(kind, |alg| test(alg, &mut flushed(&server)));
+    });
+}
+
+pub fn assert_between(what: &str, value: i64, above: i64, at_most: i64) {
+    assert!(
+        value > above && value <= at_most,
+        "{what} = {value}, expected in ({above}, {at_most}]"
+    );
+}
+
+/// A limiter call with the server's clock read just before and just after
+/// it (microseconds): the call's own reading lies in between.
+pub fn timed(con: &mut Connection, words: &[&str]) -> (Reply, u64, u64) {
+    let before = server_time_us(con);
+    let reply = rl(con, words);
+    let after = server_time_us(con);
+    (reply, before, after)
+}
+
+/// Waits until the server's clock is at least `us`.
+pub fn until_server_time(con: &mut Connection, us: u64) {
+    poll_until(
+        "the server clock to move on",
+        Duration::from_secs(10),
+        || server_time_us(con) >= us,
+    );
+}
+
+/// A small deterministic generator (xorshift64), so a failure replays.
+pub struct Xorshift(pub u64);
+
+impl Xorshift {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    pub fn pick<'a>(&mut self, choices: &[&'a str]) -> &'a str {
+        choices[(self.next() % choices.len() as u64) as usize]
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The table
+
+pub const TOKEN_BUCKET: Algorithm = Algorithm {
+    command: "RL.TOKENBUCKET",
+    setstate_name: "TOKENBUCKET",
+    type_name: "rl-tokbkt",
+    key: "tb",
+    params: &[
+        ("capacity", MAX_PARAM),
+        ("refill_count", MAX_PARAM),
+        ("refill_ms", MAX_PARAM),
+    ],
+    slow: &["1", SLOW],
+    other: &["3", "999999"],
+    fast: &["3", "1", "100"],
+    fast_reset_ms: (0, 100),
+    short: &["3", "1", "300"],
+    short_wait_max_ms: 600,
+    aligned: false,
+    shapes: false,
+    expiry_beyond_reset_ms: 1,
+    build: build_token_buckets,
+    random_params: random_bucket_params,
+    exercise: BUCKET_EXERCISE,
+    setstate_fields: &["1", "1", "0", "1", "1000"],
+    refusals: &[
+        // 1025 tokens at one per 2^40 ms: 2^50 + 2^40 ms to fill.
+        (&["1025", "1", MAX], TOKEN_BUCKET_TOO_SLOW),
+        (&[MAX, "1", MAX], TOKEN_BUCKET_TOO_SLOW),
+        (&[MAX, "1", MAX, "COST", "0"], TOKEN_BUCKET_TOO_SLOW),
+    ],
+};
+
+/// Parameters of a token or leaky bucket for mixed traffic.
+fn random_bucket_params(random: &mut Xorshift) -> Vec<&'static str> {
+    vec![
+        random.pick(&["3", "10", "10", "1000"]),
+        random.pick(&["1", "3", "7"]),
+        random.pick(&["1", "997", "1000", "86400000"]),
+    ]
+}
+
+const BUCKET_EXERCISE: &[&[&str]] = &[
+    &["10", "1", SLOW, "COST", "0"],
+    &["10", "1", SLOW],
+    &["3", "7", "10"],
+    &["1000", "1", "1", "COST", "5"],
+];
+
+const TOKEN_BUCKET_TOO_SLOW: &str = "ERR capacity * refill_ms / refill_count (the time to \
+    fill the bucket) is too long: a limiter may take at most 1125899906842624 ms to get \
+    back to idle";
+
+pub const FIXED_WINDOW: Algorithm = Algorithm {
+    command: "RL.FIXEDWINDOW",
+    setstate_name: "FIXEDWINDOW",
+    type_name: "rl-fixwin",
+    key: "fw",
+    params: &[("limit", MAX_PARAM), ("window_ms", MAX_PARAM)],
+    slow: &[SLOW],
+    other: &["60000"],
+    fast: &["5", "200"],
+    fast_reset_ms: (0, 200),
+    short: &["3", "300"],
+    short_wait_max_ms: 300,
+    aligned: true,
+    shapes: false,
+    expiry_beyond_reset_ms: 1,
+    build: build_fixed_windows,
+    random_params: |random| {
+        vec![
+            random.pick(&["2", "10", "10", "100"]),
+            random.pick(&["1000", "60000", "60000", "3600000"]),
+        ]
+    },
+    exercise: &[&["10", SLOW, "COST", "0"], &["10", SLOW], &["3", "10"]],
+    setstate_fields: &["1", "0", "1000", "1"],
+    refusals: &[],
+};
+
+pub const LEAKY_BUCKET: Algorithm = Algorithm {
+    command: "RL.LEAKYBUCKET",
+    setstate_name: "LEAKYBUCKET",
+    type_name: "rl-leakbk",
+    key: "lb",
+    params: &[
+        ("capacity", MAX_PARAM),
+        ("leak_count", MAX_PARAM),
+        ("leak_ms", MAX_PARAM),
+    ],
+    slow: &["1", SLOW],
+    other: &["7", "999999"],
+    fast: &["3", "1", "100"],
+    fast_reset_ms: (0, 100),
+    short: &["3", "1", "300"],
+    short_wait_max_ms: 600,
+    aligned: false,
+    shapes: true,
+    expiry_beyond_reset_ms: 1,
+    build: build_leaky_buckets,
+    random_params: random_bucket_params,
+    exercise: BUCKET_EXERCISE,
+    setstate_fields: &["1", "1700000000000000", "0", "1", "1000"],
+    refusals: &[
+        // 1025 units at one per 2^40 ms: 2^50 + 2^40 ms to drain.
+        (&["1025", "1", MAX], LEAKY_BUCKET_TOO_SLOW),
+        (&[MAX, "1", MAX, "COST", "0"], LEAKY_BUCKET_TOO_SLOW),
+    ],
+};
+
+const LEAKY_BUCKET_TOO_SLOW: &str = "ERR capacity * leak_ms / leak_count (the time to drain \
+    a full queue) is too long: a limiter may take at most 1125899906842624 ms to get back \
+    to idle";
+
+pub const SLIDING_LOG: Algorithm = Algorithm {
+    command: "RL.SLIDING",
+    setstate_name: "SLIDING",
+    type_name: "rl-slilog",
+    key: "sl",
+    params: &[("limit", 16_777_215), ("window_ms", MAX_PARAM)],
+    slow: &[SLOW],
+    other: &["60000"],
+    fast: &["5", "200"],
+    // The entry is stamped at the next whole millisecond: 200 or 201.
+    fast_reset_ms: (199, 201),
+    short: &["3", "300"],
+    short_wait_max_ms: 301,
+    aligned: false,
+    shapes: false,
+    expiry_beyond_reset_ms: 0,
+    build: build_sliding_logs,
+    random_params: |random| {
+        vec![
+            random.pick(&["2", "10", "10", "1000"]),
+            random.pick(&["1", "50", "1000", "60000", "3600000"]),
+        ]
+    },
+    exercise: &[
+        &["10", SLOW, "COST", "0"],
+        &["10", SLOW, "COST", "3"],
+        &["10", SLOW],
+        &["3", "10"],
+        &["100000", "1", "COST", "7"],
+    ],
+    setstate_fields: &["1", "0", "0", "0", "0"],
+    refusals: &[(
+        &["100001", "1000"],
+        "ERR limit is above ratelimit.sliding-max-limit (100000)",
+    )],
+};
+
+pub const HASH_WINDOW: Algorithm = Algorithm {
+    command: "RL.HASHWINDOW",
+    setstate_name: "HASHWINDOW",
+    type_name: "rl-hashwn",
+    key: "hw",
+    params: &[
+        ("limit", MAX_PARAM),
+        ("window_ms", MAX_PARAM),
+        ("bucket_ms", MAX_PARAM),
+    ],
+    // Ten buckets of 100 s.
+    slow: &[SLOW, "100000"],
+    other: &["60000", "1000"],
+    fast: &["5", "300", "100"],
+    fast_reset_ms: (100, 400),
+    short: &["3", "300", "100"],
+    short_wait_max_ms: 400,
+    aligned: false,
+    shapes: false,
+    expiry_beyond_reset_ms: 0,
+    build: build_hash_windows,
+    random_params: |random| {
+        let (window_ms, bucket_ms) = [
+            ("10", "1"),
+            ("1000", "100"),
+            ("3000", "1"),
+            ("60000", "1000"),
+            ("60000", "60000"),
+            ("3600000", "60000"),
+        ][(random.next() % 6) as usize];
+        vec![
+            random.pick(&["2", "10", "10", "1000"]),
+            window_ms,
+            bucket_ms,
+        ]
+    },
+    exercise: &[
+        &["100", "40000", "4000", "COST", "0"],
+        &["100", "40000", "4000", "COST", "200"],
+        &["100", "40000", "4000"],
+        &["100", "60000", "1000", "COST", "0"],
+        &["3", "10", "1"],
+    ],
+    setstate_fields: &["1", "1000", "1", "0", "1", "0"],
+    refusals: &[
+        (&["5", "1000", "300"], "ERR bucket_ms must divide window_ms"),
+        (
+            &["5", "1000", "2000"],
+            "ERR bucket_ms must divide window_ms",
+        ),
+        (
+            &["5", "3601", "1"],
+            "ERR window_ms / bucket_ms is above ratelimit.hashwindow-max-buckets (3600)",
+        ),
+        (
+            &["5", "1000001", "1"],
+            "ERR window_ms / bucket_ms must be an integer from 1 to 1000000",
+        ),
+        (
+            &["5", MAX, "1"],
+            "ERR window_ms / bucket_ms must be an integer from 1 to 1000000",
+        ),
+    ],
+};
+
+pub static ALGORITHMS: [Algorithm; 5] = [
+    TOKEN_BUCKET,
+    FIXED_WINDOW,
+    LEAKY_BUCKET,
+    SLIDING_LOG,
+    HASH_WINDOW,
+];
+
+// ---------------------------------------------------------------------------
+// Builders: limiters whose states outlive a test, after traffic of every kind.
+
+/// Costs admitted, denied (20) and peeked (0).
+const COSTS: [&str; 5] = ["1", "3", "0", "20", "2"];
+
+fn build_token_buckets(con: &mut Connection, key: &str) -> Vec<Built> {
+    build_buckets(con, "RL.TOKENBUCKET", key)
+}
+
+/// A token bucket or a leaky bucket (same parameters: capacity, then a rate
+/// as a count per period).
+fn build_buckets(con: &mut Connection, command: &str, key: &str) -> Vec<Built> {
+    let frac = format!("{key}:frac");
+    for cost in COSTS {
+        rl(con, &[command, key, "10", "1", SLOW, "COST", cost]);
+        rl(con, &[command, &frac, "10", "3", "7001", "COST", cost]);
+    }
+    // A parameter change.
+    rl(con, &[command, &frac, "12", "7", "9999999"]);
+    vec![
+        Built::new(key.to_string(), &["10", "1", SLOW], true),
+        Built::new(frac, &["12", "7", "9999999"], true),
+    ]
+}
+
+fn build_fixed_windows(con: &mut Connection, key: &str) -> Vec<Built> {
+    let long = format!("{key}:long");
+    away_from_window_end(con, 9_999_999, SLACK_MS as u64);
+    away_from_window_end(con, SLOW_MS as u64, SLACK_MS as u64);
+    for cost in COSTS {
+        rl(con, &["RL.FIXEDWINDOW", key, "10", SLOW, "COST", cost]);
+        rl(
+            con,
+            &["RL.FIXEDWINDOW", &long, "10", "9999999", "COST", cost],
+        );
+    }
+    // A parameter change.
+    rl(con, &["RL.FIXEDWINDOW", &long, "12", "9999999"]);
+    vec![
+        Built::new(key.to_string(), &["10", SLOW], true),
+        Built::new(long, &["12", "9999999"], true),
+    ]
+}
+
+fn build_leaky_buckets(con: &mut Connection, key: &str) -> Vec<Built> {
+    build_buckets(con, "RL.LEAKYBUCKET", key)
+}
+
+/// Spread over a few milliseconds, so that the logs hold several entries.
+fn build_sliding_logs(con: &mut Connection, key: &str) -> Vec<Built> {
+    let big = format!("{key}:big");
+    for cost in COSTS.iter().chain(&["1", "1"]) {
+        let start = server_time_us(con);
+        rl(con, &["RL.SLIDING", key, "10", SLOW, "COST", cost]);
+        rl(con, &["RL.SLIDING", &big, "1000", "9999999", "COST", cost]);
+        until_server_time(con, start + 2000);
+    }
+    // A parameter change.
+    rl(con, &["RL.SLIDING", &big, "999", "8888888", "COST", "4"]);
+    vec![
+        Built::new(key.to_string(), &["10", SLOW], true),
+        Built::new(big, &["999", "8888888"], false),
+    ]
+}
+
+/// Spread over a few milliseconds, so that the fine window fills several
+/// buckets.
+fn build_hash_windows(con: &mut Connection, key: &str) -> Vec<Built> {
+    let (fine, ring) = (format!("{key}:fine"), format!("{key}:ring"));
+    for cost in COSTS.iter().chain(&["1", "1"]) {
+        let start = server_time_us(con);
+        rl(
+            con,
+            &["RL.HASHWINDOW", key, "10", SLOW, "100000", "COST", cost],
+        );
+        rl(
+            con,
+            &["RL.HASHWINDOW", &fine, "1000", "7200", "2", "COST", cost],
+        );
+        rl(
+            con,
+            &["RL.HASHWINDOW", &ring, "100", "40000", "4000", "COST", cost],
+        );
+        until_server_time(con, start + 2000);
+    }
+    // A parameter change.
+    rl(
+        con,
+        &["RL.HASHWINDOW", &ring, "90", "80000", "4000", "COST", "4"],
+    );
+    vec![
+        Built::new(key.to_string(), &["10", SLOW, "100000"], false),
+        Built::new(fine, &["1000", "7200", "2"], false),
+        Built::new(ring, &["90", "80000", "4000"], true),
+    ]
+}
