@@ -172,8 +172,15 @@ pub(super) fn apply_to_key<L: LimiterCommand>(
             let idle_before = L::idle_at_ms(state, params);
             let decision = L::apply(state, params, cost, now);
             let idle_after = L::idle_at_ms(state, params);
-            // A fixed window's expiry moves once per window, not per call.
-            if decision.allowed && cost > 0 && idle_after != idle_before {
+            // The expiry follows the idle instant. When that did not move (a
+            // fixed window's moves once per window, not per call), the key
+            // usually has it already: it is read, which is cheaper than
+            // setting it, and set only if it differs (a PERSIST, a RESTORE
+            // without TTL, or new parameters).
+            if decision.allowed
+                && cost > 0
+                && (idle_after != idle_before || key.expires_at() != Some(idle_after))
+            {
                 key.expire_at(idle_after);
             }
             decision

@@ -159,6 +159,12 @@ impl Key {
     pub fn expire_at(&self, unix_ms: u64) {
         unsafe { api!(RedisModule_SetAbsExpire)(self.ptr, unix_ms as i64) };
     }
+
+    /// The key's expiry in Unix milliseconds, if it has one.
+    pub fn expires_at(&self) -> Option<u64> {
+        let ms = unsafe { api!(RedisModule_GetAbsExpire)(self.ptr) };
+        u64::try_from(ms).ok()
+    }
 }
 
 impl Drop for Key {
