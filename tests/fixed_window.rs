@@ -140,3 +140,32 @@ fn largest_parameters_are_accepted() {
         assert!(pttl(&mut con, "all") > 0);
     });
 }
+
+/// A call under a longer window lands in the same (new) window as the
+/// previous call, so the idle instant computed under the new parameters does
+/// not move; the key's expiry, set at the old window's end, must still move
+/// to the new one.
+#[test]
+fn a_longer_window_moves_the_expiry_to_its_end() {
+    for_each_server(|kind| {
+        let server = Server::start(kind, &[]);
+        let mut con = server.conn();
+        // Not in the last seconds of a minute: the 1 s window then ends
+        // before the 60 s window.
+        away_from_window_end(&mut con, 60_000, 2_000);
+        let _: () = query(&mut con, &["MULTI"]);
+        let _: String = query(&mut con, &["RL.FIXEDWINDOW", "fw", "5", "1000"]);
+        let _: String = query(&mut con, &["RL.FIXEDWINDOW", "fw", "5", "60000"]);
+        let replies: Vec<redis::Value> = query(&mut con, &["EXEC"]);
+        let short = Reply::from_value(&replies[0]);
+        let long = Reply::from_value(&replies[1]);
+        assert!(short.allowed && long.allowed, "{short:?} {long:?}");
+        assert!(long.reset_ms > 1000, "{long:?}");
+        let ttl = pttl(&mut con, "fw");
+        assert!(
+            ttl > 1000 && ttl <= long.reset_ms,
+            "PTTL {ttl} after the 60 s call (reset_ms {}): still the 1 s window's",
+            long.reset_ms
+        );
+    });
+}
