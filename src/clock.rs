@@ -14,5 +14,8 @@ pub fn now() -> Micros {
     };
     // SAFETY: `ts` is a valid out-pointer; CLOCK_REALTIME always exists.
     unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
-    Micros(ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1000)
+    // A clock set before 1970 reads as the epoch, not as a wrapped negative.
+    let secs = u64::try_from(ts.tv_sec).unwrap_or(0);
+    let micros = u64::try_from(ts.tv_nsec / 1000).unwrap_or(0);
+    Micros(secs.saturating_mul(1_000_000).saturating_add(micros))
 }
