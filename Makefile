@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 MODULE := target/release/libredis_ratelimit.so
 
-.PHONY: all setup build run test test-unit test-integration test-cli lint bench trace cluster cluster-stop clean fuzz
+.PHONY: all setup build run test test-setup test-unit test-integration test-cli lint bench trace cluster cluster-stop clean fuzz
 
 all: build
 
@@ -17,9 +17,14 @@ $(MODULE): build
 run: build
 	scripts/run.sh
 
-# Everything: unit and property tests, integration tests against real
-# redis-server and valkey-server, the redis-cli example scripts, fmt and clippy.
-test: build test-unit test-integration test-cli lint
+# Everything: the install checks of scripts/setup.sh, unit and property
+# tests, integration tests against real redis-server and valkey-server, the
+# redis-cli example scripts, fmt and clippy.
+test: build test-setup test-unit test-integration test-cli lint
+
+# scripts/setup.sh's package detection, against fake package managers.
+test-setup:
+	tests/setup/detect.sh
 
 test-unit:
 	cargo test --release --lib

