@@ -10,15 +10,22 @@ use crate::limiter::hash_window::HashWindowParams;
 use crate::limiter::leaky_bucket::LeakyBucketParams;
 use crate::limiter::sliding_log::{self, SlidingLogParams};
 use crate::limiter::token_bucket::TokenBucketParams;
-use crate::limiter::{Micros, MAX_PARAM, MAX_SPAN_MS};
+use crate::limiter::{Micros, Request, MAX_PARAM, MAX_SPAN_MS};
 
 /// The trailing options of a limiter call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Options {
-    /// `COST n`: units this request takes (default 1; 0 peeks).
-    pub cost: u64,
+    /// `COST n [FORCE]` (default `COST 1`; `COST 0` peeks) or `REFUND n`.
+    pub request: Request,
     /// `AT unix_us`: the master's clock, on the replication link and in the AOF.
     pub at: Option<Micros>,
+}
+
+impl Options {
+    /// Units the call would take (0 for a refund).
+    pub fn cost(&self) -> u64 {
+        self.request.cost()
+    }
 }
 
 /// Latest `AT` accepted: 2^62 microseconds, year 148,000.
@@ -63,20 +70,37 @@ pub fn parse_int(arg: &[u8], name: &'static str, min: u64, max: u64) -> Result<u
     }
 }
 
-/// Parses `[COST n]` (and the internal `[AT us]`), case-insensitively.
+/// Parses `[COST n [FORCE] | REFUND n]` (and the internal `[AT us]`), in any
+/// order and case, each at most once.
 pub fn parse_options(rest: &[&[u8]]) -> Result<Options, Error> {
     let mut cost = None;
+    let mut refund = None;
+    let mut force = false;
     let mut at = None;
     let mut i = 0;
     while i < rest.len() {
         let name = rest[i];
         let value = rest.get(i + 1).copied();
+        if name.eq_ignore_ascii_case(b"FORCE") {
+            if force {
+                return Err(Error::DuplicateOption("FORCE"));
+            }
+            force = true;
+            i += 1;
+            continue;
+        }
         if name.eq_ignore_ascii_case(b"COST") {
             let value = value.ok_or(Error::MissingValue("COST"))?;
             if cost.is_some() {
                 return Err(Error::DuplicateOption("COST"));
             }
             cost = Some(parse_int(value, "COST", 0, MAX_PARAM)?);
+        } else if name.eq_ignore_ascii_case(b"REFUND") {
+            let value = value.ok_or(Error::MissingValue("REFUND"))?;
+            if refund.is_some() {
+                return Err(Error::DuplicateOption("REFUND"));
+            }
+            refund = Some(parse_int(value, "REFUND", 0, MAX_PARAM)?);
         } else if name.eq_ignore_ascii_case(b"AT") {
             let value = value.ok_or(Error::MissingValue("AT"))?;
             if at.is_some() {
@@ -88,10 +112,14 @@ pub fn parse_options(rest: &[&[u8]]) -> Result<Options, Error> {
         }
         i += 2;
     }
-    Ok(Options {
-        cost: cost.unwrap_or(1),
-        at,
-    })
+    let request = match (refund, force) {
+        (Some(_), _) if cost.is_some() => return Err(Error::Exclusive("REFUND", "COST")),
+        (Some(_), true) => return Err(Error::Exclusive("REFUND", "FORCE")),
+        (Some(units), false) => Request::Refund(units),
+        (None, true) => Request::Force(cost.unwrap_or(1)),
+        (None, false) => Request::Cost(cost.unwrap_or(1)),
+    };
+    Ok(Options { request, at })
 }
 
 /// The parameters of one algorithm, as they follow the key.
@@ -229,15 +257,60 @@ mod tests {
 
     #[test]
     fn options_default_to_cost_one_and_no_pinned_time() {
-        assert_eq!(parse_options(&[]), Ok(Options { cost: 1, at: None }));
+        assert_eq!(
+            parse_options(&[]),
+            Ok(Options {
+                request: Request::Cost(1),
+                at: None
+            })
+        );
         let o = parse_options(&[b"cost", b"0", b"At", b"17"]).unwrap();
         assert_eq!(
             o,
             Options {
-                cost: 0,
+                request: Request::Cost(0),
                 at: Some(Micros(17))
             }
         );
+    }
+
+    #[test]
+    fn force_goes_with_cost_and_refund_alone_in_any_order_and_case() {
+        let request = |words: &[&[u8]]| parse_options(words).map(|o| o.request);
+        assert_eq!(request(&[b"COST", b"3", b"FORCE"]), Ok(Request::Force(3)));
+        assert_eq!(request(&[b"force", b"Cost", b"3"]), Ok(Request::Force(3)));
+        assert_eq!(request(&[b"FORCE"]), Ok(Request::Force(1)));
+        assert_eq!(request(&[b"refund", b"2"]), Ok(Request::Refund(2)));
+        assert_eq!(
+            request(&[b"REFUND", b"2", b"AT", b"5"]),
+            Ok(Request::Refund(2))
+        );
+        assert_eq!(
+            request(&[b"REFUND", b"1", b"COST", b"1"]),
+            Err(Error::Exclusive("REFUND", "COST"))
+        );
+        assert_eq!(
+            request(&[b"COST", b"1", b"REFUND", b"1"]),
+            Err(Error::Exclusive("REFUND", "COST"))
+        );
+        assert_eq!(
+            request(&[b"REFUND", b"1", b"FORCE"]),
+            Err(Error::Exclusive("REFUND", "FORCE"))
+        );
+        assert_eq!(
+            request(&[b"FORCE", b"COST", b"1", b"FORCE"]),
+            Err(Error::DuplicateOption("FORCE"))
+        );
+        assert_eq!(request(&[b"REFUND"]), Err(Error::MissingValue("REFUND")));
+        for bad in [&b"-1"[..], b"1.5", b"x", b"1099511627777"] {
+            assert!(
+                matches!(
+                    request(&[b"REFUND", bad]),
+                    Err(Error::Range { arg: "REFUND", .. })
+                ),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

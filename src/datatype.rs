@@ -612,7 +612,7 @@ mod tests {
             assert!(TokenBucketState::decode(&mut fields.into_iter(), 1).is_none());
         }
         let bad_fw = [
-            vec![0, (1 << 40) + 1],  // count above 2^40
+            vec![0, (1 << 41) + 1], // count above twice 2^40 (the most a forced call leaves)
             vec![u64::MAX - 999, 1], // time too far
         ];
         for fields in bad_fw {

@@ -33,6 +33,8 @@ pub enum Error {
     DuplicateOption(&'static str),
     /// An option without its value.
     MissingValue(&'static str),
+    /// Two options that cannot be given together.
+    Exclusive(&'static str, &'static str),
     /// `AT` or `RL.SETSTATE` from a normal client.
     ReservedForReplication(&'static str),
     /// A malformed command, said in words.
@@ -67,9 +69,12 @@ impl Error {
             Error::AboveConfig { what, config, max } => {
                 format!("ERR {what} is above ratelimit.{config} ({max})")
             }
-            Error::UnknownOption(text) => format!("ERR unknown option '{text}' (expected COST)"),
+            Error::UnknownOption(text) => {
+                format!("ERR unknown option '{text}' (expected COST, FORCE or REFUND)")
+            }
             Error::DuplicateOption(name) => format!("ERR {name} given more than once"),
             Error::MissingValue(name) => format!("ERR {name} needs a value"),
+            Error::Exclusive(a, b) => format!("ERR {a} cannot be given with {b}"),
             Error::ReservedForReplication(what) => {
                 format!("ERR {what} is reserved for replication and AOF loading")
             }
@@ -139,6 +144,7 @@ mod tests {
                 max: 5,
             },
             Error::MissingValue("COST"),
+            Error::Exclusive("REFUND", "COST"),
             Error::ReservedForReplication("AT"),
             Error::UnknownAlgorithm("x".into()),
             Error::Syntax("x".into()),

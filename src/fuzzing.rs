@@ -318,7 +318,7 @@ fn limiter<L: LimiterCommand + Fuzzed>(
     }
     let now = options.at.unwrap_or(Micros(T0_US));
     let loaded = decode_checked::<L::State>(input, 1);
-    let steps = read_steps(input, now, options.cost);
+    let steps = read_steps(input, now, options.cost());
     run_fresh::<L>(&params, &steps);
     if let Some(mut state) = loaded {
         run_steps::<L>(&mut state, &params, &steps);
@@ -345,7 +345,7 @@ fn all(words: &[&[u8]], replicated: bool, input: &mut Bytes) -> Result<(), Error
             }
         }
     }
-    let steps = read_steps(input, Micros(T0_US), call.options.cost);
+    let steps = read_steps(input, Micros(T0_US), call.options.cost());
     for limit in call.limits.iter() {
         run_spec(&limit.spec, &steps);
     }
@@ -363,7 +363,7 @@ fn hit(words: &[&[u8]], input: &mut Bytes) -> Result<(), Error> {
     }
     let name = words[0];
     let (rule, _) = policy::get(name).ok_or_else(|| Error::UnknownPolicy(Error::quote(name)))?;
-    let steps = read_steps(input, Micros(T0_US), options.cost);
+    let steps = read_steps(input, Micros(T0_US), options.cost());
     run_spec(&rule.spec, &steps);
     Ok(())
 }

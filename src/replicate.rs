@@ -2,7 +2,8 @@
 //!
 //! A limiter call reads the master's clock, so it is never propagated as the
 //! client sent it: it goes out with the master's time pinned,
-//! `<command> key <params...> COST n AT <unix_us>`, like Redis turns
+//! `<command> key <params...> COST n [FORCE] AT <unix_us>` (or `REFUND n AT
+//! <unix_us>`), like Redis turns
 //! `SET ... EX` into `PXAT`. The algorithms are pure functions of
 //! `(state, params, cost, now)`, so replaying the pinned call reaches the
 //! master's state bit for bit, live on a replica or hours later from an AOF.
@@ -31,12 +32,12 @@
 use std::ffi::CStr;
 use std::os::raw::{c_int, c_longlong};
 use std::ptr;
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
 use redis_module::raw;
 
 use crate::api;
-use crate::limiter::Micros;
+use crate::limiter::{Micros, Request};
 
 /// Whether a replica, an AOF or a replication backlog may consume the stream.
 static PINNED: AtomicBool = AtomicBool::new(true);
@@ -45,6 +46,8 @@ static PINNED: AtomicBool = AtomicBool::new(true);
 static COST_WORD: AtomicPtr<raw::RedisModuleString> = AtomicPtr::new(ptr::null_mut());
 static AT_WORD: AtomicPtr<raw::RedisModuleString> = AtomicPtr::new(ptr::null_mut());
 static ONE: AtomicPtr<raw::RedisModuleString> = AtomicPtr::new(ptr::null_mut());
+static FORCE_WORD: AtomicPtr<raw::RedisModuleString> = AtomicPtr::new(ptr::null_mut());
+static REFUND_WORD: AtomicPtr<raw::RedisModuleString> = AtomicPtr::new(ptr::null_mut());
 
 /// Whether admitted calls are currently propagated in their pinned form.
 pub fn pinned() -> bool {
@@ -57,7 +60,13 @@ pub fn pinned() -> bool {
 /// # Safety
 /// `ctx` must be the context passed to `RedisModule_OnLoad`.
 pub unsafe fn init(ctx: *mut raw::RedisModuleCtx) {
-    for (slot, text) in [(&COST_WORD, "COST"), (&AT_WORD, "AT"), (&ONE, "1")] {
+    for (slot, text) in [
+        (&COST_WORD, "COST"),
+        (&AT_WORD, "AT"),
+        (&ONE, "1"),
+        (&FORCE_WORD, "FORCE"),
+        (&REFUND_WORD, "REFUND"),
+    ] {
         let s = unsafe {
             api!(RedisModule_CreateString)(ptr::null_mut(), text.as_ptr().cast(), text.len())
         };
@@ -116,8 +125,9 @@ pub fn consumer_may_appear(ctx: *mut raw::RedisModuleCtx) {
     }
 }
 
-/// Propagates an admitted limiter call as
-/// `<command> key <params...> COST <cost> AT <now_us>`.
+/// Propagates a limiter call that changed the state as
+/// `<command> key <params...> COST <n> [FORCE] AT <now_us>` or
+/// `<command> key <params...> REFUND <n> AT <now_us>`.
 ///
 /// `key_and_params` are the client's own (validated) strings, passed on
 /// without copying.
@@ -125,7 +135,7 @@ pub fn limiter_call(
     ctx: *mut raw::RedisModuleCtx,
     command: &CStr,
     key_and_params: &[*mut raw::RedisModuleString],
-    cost: u64,
+    request: Request,
     now: Micros,
 ) {
     if !pinned() {
@@ -134,56 +144,108 @@ pub fn limiter_call(
         return;
     }
     let word = |slot: &AtomicPtr<raw::RedisModuleString>| slot.load(Ordering::Relaxed);
+    let replicate = api!(RedisModule_Replicate);
+    let (name, args) = (command.as_ptr(), key_and_params.as_ptr());
+    let (len, at) = (key_and_params.len(), now.0 as c_longlong);
     unsafe {
-        if cost == 1 {
-            api!(RedisModule_Replicate)(
+        match request {
+            Request::Cost(1) => replicate(
                 ctx,
-                command.as_ptr(),
+                name,
                 c"vsssl".as_ptr(),
-                key_and_params.as_ptr(),
-                key_and_params.len(),
+                args,
+                len,
                 word(&COST_WORD),
                 word(&ONE),
                 word(&AT_WORD),
-                now.0 as c_longlong,
-            );
-        } else {
-            api!(RedisModule_Replicate)(
+                at,
+            ),
+            Request::Cost(n) => replicate(
                 ctx,
-                command.as_ptr(),
+                name,
                 c"vslsl".as_ptr(),
-                key_and_params.as_ptr(),
-                key_and_params.len(),
+                args,
+                len,
                 word(&COST_WORD),
-                cost as c_longlong,
+                n as c_longlong,
                 word(&AT_WORD),
-                now.0 as c_longlong,
-            );
-        }
+                at,
+            ),
+            Request::Force(n) => replicate(
+                ctx,
+                name,
+                c"vslssl".as_ptr(),
+                args,
+                len,
+                word(&COST_WORD),
+                n as c_longlong,
+                word(&FORCE_WORD),
+                word(&AT_WORD),
+                at,
+            ),
+            Request::Refund(n) => replicate(
+                ctx,
+                name,
+                c"vslsl".as_ptr(),
+                args,
+                len,
+                word(&REFUND_WORD),
+                n as c_longlong,
+                word(&AT_WORD),
+                at,
+            ),
+        };
     }
 }
 
-/// Propagates an admitted call made through a policy or `RL.ALL`'s parsed
-/// parameters: like [`limiter_call`], with the parameters given as numbers.
+/// Propagates a call made through a policy or `RL.ALL`'s parsed parameters:
+/// like [`limiter_call`], with the parameters given as numbers. Their
+/// strings come from [`param_string`]'s cache, so the hot path allocates
+/// nothing.
 pub fn limiter_call_with_params(
     ctx: *mut raw::RedisModuleCtx,
     command: &CStr,
     key: *mut raw::RedisModuleString,
     params: &[u64],
-    cost: u64,
+    request: Request,
     now: Micros,
 ) {
     if !pinned() {
         unsafe { api!(RedisModule_ReplicateVerbatim)(ctx) };
         return;
     }
-    let mut strings = [ptr::null_mut(); 8];
+    let mut strings = [ptr::null_mut(); 4];
     strings[0] = key;
     for (slot, &value) in strings[1..].iter_mut().zip(params) {
-        *slot = unsafe { api!(RedisModule_CreateStringFromLongLong)(ctx, value as c_longlong) };
+        *slot = param_string(value);
     }
-    limiter_call(ctx, command, &strings[..1 + params.len()], cost, now);
-    for &s in &strings[1..1 + params.len()] {
-        unsafe { api!(RedisModule_FreeString)(ctx, s) };
+    limiter_call(ctx, command, &strings[..1 + params.len()], request, now);
+}
+
+/// Slots of the parameter string cache.
+const PARAM_SLOTS: usize = 64;
+
+/// Strings of recently propagated parameter values, direct-mapped by value:
+/// policies and `RL.ALL` specs use a handful of values over and over, so
+/// their strings are made once (Redis only takes a reference to a string it
+/// propagates). Touched only on the main thread.
+static PARAM_CACHE: [(AtomicU64, AtomicPtr<raw::RedisModuleString>); PARAM_SLOTS] =
+    [const { (AtomicU64::new(0), AtomicPtr::new(ptr::null_mut())) }; PARAM_SLOTS];
+
+/// The decimal string of `value`, from the cache (made, and the slot's
+/// previous string released, on a miss).
+fn param_string(value: u64) -> *mut raw::RedisModuleString {
+    let (cached_value, cached) = &PARAM_CACHE[(value % PARAM_SLOTS as u64) as usize];
+    let string = cached.load(Ordering::Relaxed);
+    if !string.is_null() && cached_value.load(Ordering::Relaxed) == value {
+        return string;
     }
+    let made =
+        unsafe { api!(RedisModule_CreateStringFromLongLong)(ptr::null_mut(), value as c_longlong) };
+    if !string.is_null() {
+        unsafe { api!(RedisModule_FreeString)(ptr::null_mut(), string) };
+    }
+    cached_value.store(value, Ordering::Relaxed);
+    cached.store(made, Ordering::Relaxed);
+    made
 }

@@ -1,5 +1,5 @@
-//! `RL.ALL numkeys key [key ...] <spec> [<spec> ...] [COST n]`: several
-//! limiters, all or nothing.
+//! `RL.ALL numkeys key [key ...] <spec> [<spec> ...] [COST n [FORCE]]`:
+//! several limiters, all or nothing.
 //!
 //! Every limiter first decides without changing anything; only if all of them
 //! admit are the units taken from each (and each change propagated, as its
@@ -18,14 +18,14 @@ use smallvec::SmallVec;
 use super::limiter::{apply_to_key, decide_on_key, LimiterCommand};
 use super::policy::{off_decision, shadowed, Through};
 use super::spec::{with_algorithm, Site, Spec};
-use super::{from_replication_or_loading, reply_decision_and, signal_modified, Args, Key};
+use super::{from_replication_or_loading, out_of_memory, reply_decision_and, Args, Key};
 use crate::api;
 use crate::args::{parse_int, parse_options, Options};
 use crate::clock;
 use crate::deny_log;
 use crate::error::Error;
 use crate::guard;
-use crate::limiter::{Decision, Micros, Wait};
+use crate::limiter::{Decision, Micros, Outcome, Request, Wait};
 use crate::policy::{self, PolicyStats};
 use crate::replicate;
 
@@ -135,6 +135,14 @@ pub(crate) fn parse<'a>(all: &'a [&'a [u8]]) -> Result<Call<'a>, Error> {
         // RL.ALL is never propagated as such: each limiter goes out on its own.
         return Err(Error::ReservedForReplication("AT"));
     }
+    if let Request::Refund(_) = options.request {
+        // A refund gives back what one limiter took: RL.HIT or the limiter's
+        // own command says which.
+        return Err(Error::Syntax(
+            "REFUND is not an option of RL.ALL: refund each limiter with its own command"
+                .to_string(),
+        ));
+    }
     Ok(Call {
         keys,
         limits,
@@ -163,7 +171,8 @@ unsafe fn run(
         }
     }
     let now: Micros = clock::now();
-    let cost = options.cost;
+    let request = options.request;
+    let cost = request.cost();
 
     // Decide everywhere first; nothing changes yet. A limiter that is off is
     // not even looked at; a shadowed one never denies the call.
@@ -173,13 +182,19 @@ unsafe fn run(
         .enumerate()
         .map(|(i, l)| (!l.is_off()).then(|| Key::open_rw(ctx, key_name(i))))
         .collect();
-    let mut actual = Decisions::new();
+    let mut actual: SmallVec<[(Outcome, bool); MAX_KEYS]> = SmallVec::new();
     for (limit, key) in limits.iter().zip(&opened) {
         actual.push(match (key, limit.source) {
             (Some(key), _) => {
-                with_algorithm!(limit.spec, L, p => decide_on_key::<L>(key, &p, cost, now))?
+                with_algorithm!(limit.spec, L, p => decide_on_key::<L>(key, &p, request, now))?
             }
-            (None, Source::Policy { .. }) => off_decision(limit.spec),
+            (None, Source::Policy { .. }) => (
+                Outcome {
+                    decision: off_decision(limit.spec),
+                    changed: false,
+                },
+                false,
+            ),
             (None, Source::Inline { .. }) => unreachable!("inline limiters are never off"),
         });
     }
@@ -187,11 +202,26 @@ unsafe fn run(
         .iter()
         .zip(&actual)
         // A dry run answers allowed and never makes the caller wait.
-        .map(|(l, d)| if l.is_shadow() { shadowed(*d) } else { *d })
+        .map(|(l, (o, _))| {
+            if l.is_shadow() {
+                shadowed(o.decision)
+            } else {
+                o.decision
+            }
+        })
         .collect();
     let denied_by = answered.iter().position(|d| !d.allowed);
+    // All admitted: each limiter whose state the request changes takes its
+    // units (a shadowed one that would deny takes nothing).
+    let takes = |(outcome, _): &(Outcome, bool)| denied_by.is_none() && outcome.changed;
+    // Out of memory is decided once, before any limiter changes: a key the
+    // call would create fails the whole call, all or nothing.
+    if !replicated && actual.iter().any(|a| takes(a) && a.1) && out_of_memory(ctx) {
+        return Err(Error::OutOfMemory);
+    }
 
-    for (i, (limit, decision)) in limits.iter().zip(&actual).enumerate() {
+    for (i, (limit, planned)) in limits.iter().zip(&actual).enumerate() {
+        let decision = &planned.0.decision;
         if limit.is_off() {
             if let Source::Policy { stats, .. } = limit.source {
                 stats.outcomes.calls.bump();
@@ -199,14 +229,12 @@ unsafe fn run(
             continue;
         }
         let key = opened[i].as_ref().expect("opened");
-        // All admitted: each limiter that admits takes its units (a shadowed
-        // one that would deny takes nothing).
-        let take = denied_by.is_none() && cost > 0 && decision.allowed;
+        let take = takes(planned);
         if take {
-            let applied = with_algorithm!(limit.spec, L, p => apply_to_key::<L>(ctx, key, &p, cost, now, replicated))?;
-            debug_assert_eq!(applied, *decision);
-            propagate(ctx, argv, limit, key_name(i), cost, now);
-            signal_modified(ctx, key_name(i));
+            let applied = with_algorithm!(limit.spec, L, p => apply_to_key::<L>(ctx, key, &p, request, now, false))?;
+            debug_assert_eq!(applied.outcome, planned.0);
+            propagate(ctx, argv, limit, key_name(i), request, now);
+            key.written(c"rl.all", applied.expiry_written);
         }
         // What this limiter did: its own decision if the call went through
         // or it denied; a peek if another limiter denied the call.
@@ -300,13 +328,13 @@ impl Limit<'_> {
     }
 }
 
-/// Propagates one limiter's admitted units as its own pinned call.
+/// Propagates one limiter's change as its own pinned call.
 fn propagate(
     ctx: *mut raw::RedisModuleCtx,
     argv: *mut *mut raw::RedisModuleString,
     limit: &Limit,
     key: *mut raw::RedisModuleString,
-    cost: u64,
+    request: Request,
     now: Micros,
 ) {
     let command = with_algorithm!(limit.spec, L, _p => L::NAME);
@@ -318,7 +346,7 @@ fn propagate(
             for w in 0..words {
                 key_and_params[1 + w] = unsafe { *argv.add(start + 1 + w) };
             }
-            replicate::limiter_call(ctx, command, &key_and_params[..1 + words], cost, now);
+            replicate::limiter_call(ctx, command, &key_and_params[..1 + words], request, now);
         }
         Source::Policy { .. } => {
             replicate::limiter_call_with_params(
@@ -326,7 +354,7 @@ fn propagate(
                 command,
                 key,
                 limit.spec.params().as_slice(),
-                cost,
+                request,
                 now,
             );
         }

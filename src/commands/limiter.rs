@@ -12,8 +12,7 @@ use std::os::raw::c_int;
 use redis_module::raw;
 
 use super::{
-    from_replication_or_loading, out_of_memory, reply_decision, signal_modified, Args, Key, Slot,
-    MAX_ARGS,
+    from_replication_or_loading, out_of_memory, reply_decision, Args, Key, Slot, MAX_ARGS,
 };
 use crate::args::{parse_call, Params};
 use crate::clock;
@@ -25,7 +24,8 @@ use crate::guard;
 use crate::limiter::hash_window::HashWindowParams;
 use crate::limiter::sliding_log::SlidingLogParams;
 use crate::limiter::{
-    Algorithm, FixedWindow, HashWindow, LeakyBucket, Micros, SlidingLog, TokenBucket,
+    self, Algorithm, FixedWindow, HashWindow, LeakyBucket, Micros, Outcome, Request, SlidingLog,
+    TokenBucket,
 };
 use crate::replicate;
 use crate::stats::Outcomes;
@@ -34,6 +34,8 @@ use crate::stats::Outcomes;
 pub trait LimiterCommand: Algorithm<State: NativeState, Params: Params> {
     /// The command name, as propagated.
     const NAME: &'static CStr;
+    /// The keyspace event of a call that changed the limiter.
+    const EVENT: &'static CStr;
     /// Index in `stats::ALGORITHMS`.
     const INDEX: usize;
 
@@ -51,21 +53,25 @@ pub trait LimiterCommand: Algorithm<State: NativeState, Params: Params> {
 
 impl LimiterCommand for TokenBucket {
     const NAME: &'static CStr = c"RL.TOKENBUCKET";
+    const EVENT: &'static CStr = c"rl.tokenbucket";
     const INDEX: usize = 0;
 }
 
 impl LimiterCommand for FixedWindow {
     const NAME: &'static CStr = c"RL.FIXEDWINDOW";
+    const EVENT: &'static CStr = c"rl.fixedwindow";
     const INDEX: usize = 1;
 }
 
 impl LimiterCommand for LeakyBucket {
     const NAME: &'static CStr = c"RL.LEAKYBUCKET";
+    const EVENT: &'static CStr = c"rl.leakybucket";
     const INDEX: usize = 2;
 }
 
 impl LimiterCommand for SlidingLog {
     const NAME: &'static CStr = c"RL.SLIDING";
+    const EVENT: &'static CStr = c"rl.sliding";
     const INDEX: usize = 3;
 
     fn within_configured_bounds(params: &SlidingLogParams) -> Result<(), Error> {
@@ -83,6 +89,7 @@ impl LimiterCommand for SlidingLog {
 
 impl LimiterCommand for HashWindow {
     const NAME: &'static CStr = c"RL.HASHWINDOW";
+    const EVENT: &'static CStr = c"rl.hashwindow";
     const INDEX: usize = 4;
 
     fn within_configured_bounds(params: &HashWindowParams) -> Result<(), Error> {
@@ -98,7 +105,7 @@ impl LimiterCommand for HashWindow {
     }
 }
 
-/// `RL.<ALGORITHM> key <params...> [COST n]`.
+/// `RL.<ALGORITHM> key <params...> [COST n [FORCE] | REFUND n]`.
 pub unsafe extern "C" fn handler<L: LimiterCommand>(
     ctx: *mut raw::RedisModuleCtx,
     argv: *mut *mut raw::RedisModuleString,
@@ -128,88 +135,111 @@ unsafe fn run<L: LimiterCommand>(
         }
     };
     let now: Micros = options.at.unwrap_or_else(clock::now);
-    let cost = options.cost;
+    let request = options.request;
     let key_name = unsafe { *argv.add(1) };
     let key = Key::open_rw(ctx, key_name);
-    let decision = apply_to_key::<L>(ctx, &key, &params, cost, now, replicated)?;
-    L::stats().record(&decision, cost);
+    let applied = apply_to_key::<L>(ctx, &key, &params, request, now, !replicated)?;
+    let decision = applied.outcome.decision;
+    L::stats().record(&decision, request.cost());
     if !decision.allowed {
         let name = args.all()[1];
         deny_log::record(
             now.as_ms_floor(),
             name,
             &[L::NAME.to_bytes()],
-            cost,
+            request.cost(),
             decision.wait.as_reply(),
         );
     }
-    if decision.allowed && cost > 0 {
+    if applied.outcome.changed {
         // The client's own key and parameter strings, passed on as they are.
         let key_and_params =
             unsafe { std::slice::from_raw_parts(argv.add(1), 1 + L::Params::COUNT) };
-        replicate::limiter_call(ctx, L::NAME, key_and_params, cost, now);
-        signal_modified(ctx, key_name);
+        replicate::limiter_call(ctx, L::NAME, key_and_params, request, now);
+        key.written(L::EVENT, applied.expiry_written);
     }
     drop(key);
     reply_decision(ctx, &decision);
     Ok(())
 }
 
-/// Decides a request on the limiter in `key` and, when it is admitted with a
-/// cost, stores the new state and its expiry: the one place where a
-/// limiter's state changes.
+/// What [`apply_to_key`] did.
+pub(super) struct Applied {
+    pub outcome: Outcome,
+    /// The key's expiry was set (the `expire` keyspace event).
+    pub expiry_written: bool,
+}
+
+/// Runs a request on the limiter in `key` and, when the state changed,
+/// stores it and its expiry: the one place where a limiter's state changes.
+/// With `check_memory`, a request that would create the key fails with OOM
+/// when the server is out of memory (see [`out_of_memory`]); replicated calls
+/// and `RL.ALL` (which checks once for all its keys before changing any)
+/// pass `false`.
 pub(super) fn apply_to_key<L: LimiterCommand>(
     ctx: *mut raw::RedisModuleCtx,
     key: &Key,
     params: &L::Params,
-    cost: u64,
+    request: Request,
     now: Micros,
-    replicated: bool,
-) -> Result<crate::limiter::Decision, Error> {
+    check_memory: bool,
+) -> Result<Applied, Error> {
     Ok(match key.slot::<L::State>()? {
         Slot::Ours(state) => {
             let state = unsafe { &mut *state };
             let idle_before = L::idle_at_ms(state, params);
-            let decision = L::apply(state, params, cost, now);
+            let outcome = limiter::run::<L>(state, params, request, now);
             let idle_after = L::idle_at_ms(state, params);
             // The expiry follows the idle instant. When that did not move (a
             // fixed window's moves once per window, not per call), the key
             // usually has it already: it is read, which is cheaper than
             // setting it, and set only if it differs (a PERSIST, a RESTORE
             // without TTL, or new parameters).
-            if decision.allowed
-                && cost > 0
-                && (idle_after != idle_before || key.expires_at() != Some(idle_after))
-            {
+            let expiry_written = outcome.changed
+                && (idle_after != idle_before || key.expires_at() != Some(idle_after));
+            if expiry_written {
                 key.expire_at(idle_after);
             }
-            decision
+            Applied {
+                outcome,
+                expiry_written,
+            }
         }
         Slot::Empty => {
             let mut state = L::idle(params, now);
-            let decision = L::apply(&mut state, params, cost, now);
-            if decision.allowed && cost > 0 {
-                if !replicated && out_of_memory(ctx) {
+            let outcome = limiter::run::<L>(&mut state, params, request, now);
+            if outcome.changed {
+                if check_memory && out_of_memory(ctx) {
                     return Err(Error::OutOfMemory);
                 }
                 let idle_at = L::idle_at_ms(&state, params);
                 key.set(state);
                 key.expire_at(idle_at);
             }
-            decision
+            Applied {
+                outcome,
+                expiry_written: outcome.changed,
+            }
         }
     })
 }
 
-/// The decision a request would get on the limiter in `key`, changing nothing.
+/// What a request would get on the limiter in `key`, changing nothing, and
+/// whether the key holds nothing yet.
 pub(super) fn decide_on_key<L: LimiterCommand>(
     key: &Key,
     params: &L::Params,
-    cost: u64,
+    request: Request,
     now: Micros,
-) -> Result<crate::limiter::Decision, Error> {
+) -> Result<(Outcome, bool), Error> {
     Ok(match key.slot::<L::State>()? {
-        Slot::Ours(state) => L::decide(unsafe { &*state }, params, cost, now),
-        Slot::Empty => L::decide(&L::idle(params, now), params, cost, now),
+        Slot::Ours(state) => (
+            limiter::decide::<L>(unsafe { &*state }, params, request, now),
+            false,
+        ),
+        Slot::Empty => (
+            limiter::decide::<L>(&L::idle(params, now), params, request, now),
+            true,
+        ),
     })
 }

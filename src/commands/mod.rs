@@ -8,6 +8,7 @@ pub mod policy;
 pub mod setstate;
 pub mod spec;
 
+use std::ffi::CStr;
 use std::os::raw::{c_int, c_void};
 use std::slice;
 
@@ -117,6 +118,8 @@ fn may_evict(ctx: *mut raw::RedisModuleCtx) -> bool {
 /// An open key, closed when dropped.
 pub struct Key {
     ptr: *mut raw::RedisModuleKey,
+    ctx: *mut raw::RedisModuleCtx,
+    name: *mut raw::RedisModuleString,
 }
 
 /// What a key holds, seen from one algorithm.
@@ -129,7 +132,11 @@ impl Key {
     pub fn open_rw(ctx: *mut raw::RedisModuleCtx, name: *mut raw::RedisModuleString) -> Key {
         let mode = (raw::REDISMODULE_READ | raw::REDISMODULE_WRITE) as c_int;
         let ptr = unsafe { api!(RedisModule_OpenKey)(ctx, name, mode) };
-        Key { ptr: ptr.cast() }
+        Key {
+            ptr: ptr.cast(),
+            ctx,
+            name,
+        }
     }
 
     /// The state of algorithm `S`, nothing, or `WRONGTYPE`.
@@ -165,6 +172,32 @@ impl Key {
         let ms = unsafe { api!(RedisModule_GetAbsExpire)(self.ptr) };
         u64::try_from(ms).ok()
     }
+
+    /// Tells the server the key was written by `event` (a module-class
+    /// keyspace event such as `rl.tokenbucket`), and that its expiry was set
+    /// when `expiry_written`, as native write commands do: `WATCH` and
+    /// client-side caching learn of the change, keyspace notifications get
+    /// the command's event, then `expire`.
+    pub fn written(&self, event: &CStr, expiry_written: bool) {
+        let notify = api!(RedisModule_NotifyKeyspaceEvent);
+        unsafe {
+            api!(RedisModule_SignalModifiedKey)(self.ctx, self.name);
+            notify(
+                self.ctx,
+                raw::REDISMODULE_NOTIFY_MODULE as c_int,
+                event.as_ptr(),
+                self.name,
+            );
+            if expiry_written {
+                notify(
+                    self.ctx,
+                    raw::REDISMODULE_NOTIFY_GENERIC as c_int,
+                    c"expire".as_ptr(),
+                    self.name,
+                );
+            }
+        }
+    }
 }
 
 impl Drop for Key {
@@ -173,11 +206,6 @@ impl Drop for Key {
             unsafe { api!(RedisModule_CloseKey)(self.ptr) };
         }
     }
-}
-
-/// Tells WATCH and client-side caching that the key changed.
-pub fn signal_modified(ctx: *mut raw::RedisModuleCtx, name: *mut raw::RedisModuleString) {
-    unsafe { api!(RedisModule_SignalModifiedKey)(ctx, name) };
 }
 
 /// The five-integer reply of every limiter command.

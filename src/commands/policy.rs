@@ -7,7 +7,7 @@ use redis_module::raw;
 
 use super::limiter::{apply_to_key, LimiterCommand};
 use super::spec::{with_algorithm, Spec};
-use super::{all_args, reply_decision, signal_modified, Key};
+use super::{all_args, reply_decision, Key, MAX_ARGS};
 use crate::api;
 use crate::args::parse_options;
 use crate::clock;
@@ -43,7 +43,6 @@ handler!(set_handler, set);
 handler!(get_handler, get);
 handler!(del_handler, del);
 handler!(list_handler, list);
-handler!(hit_handler, hit);
 handler!(help_handler, help);
 
 /// `RL.POLICY HELP`
@@ -63,7 +62,7 @@ unsafe fn help(
             "    Delete a policy (its limiter keys stay and expire by themselves).",
             "RL.POLICY LIST",
             "    The names of all policies.",
-            "RL.HIT <name> <key> [COST <n>]",
+            "RL.HIT <name> <key> [COST <n> [FORCE] | REFUND <n>]",
             "    Apply a policy to a limiter key.",
         ],
     );
@@ -222,12 +221,26 @@ pub fn shadowed(mut decision: Decision) -> Decision {
     decision
 }
 
-/// `RL.HIT name key [COST n]`
+/// `RL.HIT name key [COST n [FORCE] | REFUND n]`
+///
+/// # Safety
+/// Called by Redis with a valid context and `argc` arguments.
+pub unsafe extern "C" fn hit_handler(
+    ctx: *mut raw::RedisModuleCtx,
+    argv: *mut *mut raw::RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    guard::command(ctx, || unsafe { hit(ctx, argv, argc) })
+}
+
 unsafe fn hit(
     ctx: *mut raw::RedisModuleCtx,
-    args: &Args,
     argv: *mut *mut raw::RedisModuleString,
+    argc: c_int,
 ) -> Result<(), Error> {
+    // On the stack: the hot path allocates nothing.
+    let args = unsafe { super::Args::<MAX_ARGS>::new(argv, argc) }?;
+    let args = args.all();
     if args.len() < 3 {
         return Err(Error::Arity);
     }
@@ -239,7 +252,8 @@ unsafe fn hit(
     }
     let (rule, stats) =
         policy::get(name).ok_or_else(|| Error::UnknownPolicy(Error::quote(name)))?;
-    let cost = options.cost;
+    let request = options.request;
+    let cost = request.cost();
     let through = Through::of(&rule, key);
     if through == Through::Off {
         stats.outcomes.calls.bump();
@@ -250,11 +264,12 @@ unsafe fn hit(
     let key_name = unsafe { *argv.add(2) };
     let open = Key::open_rw(ctx, key_name);
     let decision = with_algorithm!(rule.spec, L, p => {
-        let decision = apply_to_key::<L>(ctx, &open, &p, cost, now, false)?;
+        let applied = apply_to_key::<L>(ctx, &open, &p, request, now, true)?;
+        let decision = applied.outcome.decision;
         L::stats().record(&decision, cost);
-        if decision.allowed && cost > 0 {
-            replicate::limiter_call_with_params(ctx, L::NAME, key_name, rule.spec.params().as_slice(), cost, now);
-            signal_modified(ctx, key_name);
+        if applied.outcome.changed {
+            replicate::limiter_call_with_params(ctx, L::NAME, key_name, rule.spec.params().as_slice(), request, now);
+            open.written(c"rl.hit", applied.expiry_written);
         }
         decision
     });

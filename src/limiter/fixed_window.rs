@@ -60,9 +60,19 @@ impl FixedWindowParams {
 }
 
 impl FixedWindowState {
-    /// Checks the invariants a loaded state must hold.
+    /// Checks the invariants a loaded state must hold (a forced call may
+    /// leave up to twice the limit counted).
     pub fn is_valid(&self) -> bool {
-        self.last_us <= super::MAX_TIME_US && self.count <= super::MAX_PARAM
+        self.last_us <= super::MAX_TIME_US && self.count <= 2 * super::MAX_PARAM
+    }
+
+    /// The instant a call at `now` counts at (never before the last counted
+    /// request: a step back reopens nothing), and the units its window holds.
+    fn current(&self, params: &FixedWindowParams, now: Micros) -> (Micros, u64) {
+        let now_eff = Micros(now.0.max(self.last_us));
+        let same_window =
+            params.window_end_us(Micros(self.last_us)) == params.window_end_us(now_eff);
+        (now_eff, if same_window { self.count } else { 0 })
     }
 }
 
@@ -83,11 +93,8 @@ impl Algorithm for FixedWindow {
         cost: u64,
         now: Micros,
     ) -> Decision {
-        // Never before the last counted request: a step back reopens nothing.
-        let now_eff = Micros(now.0.max(state.last_us));
+        let (now_eff, count) = state.current(params, now);
         let end_us = params.window_end_us(now_eff);
-        let same_window = params.window_end_us(Micros(state.last_us)) == end_us;
-        let count = if same_window { state.count } else { 0 };
         let to_end_ms = (end_us - now.0.min(end_us)).div_ceil(1000);
         let remaining = params.limit.saturating_sub(count);
         if cost > 0 && cost <= remaining {
@@ -116,6 +123,44 @@ impl Algorithm for FixedWindow {
             },
             reset_ms: if count == 0 { 0 } else { to_end_ms },
         }
+    }
+
+    fn force(
+        state: &mut FixedWindowState,
+        params: &FixedWindowParams,
+        cost: u64,
+        now: Micros,
+    ) -> (Decision, bool) {
+        let decision = Self::apply(state, params, cost, now);
+        if decision.allowed || cost == 0 {
+            return (decision, decision.allowed && cost > 0);
+        }
+        let (now_eff, count) = state.current(params, now);
+        let forced = (count + cost).min(params.limit.saturating_mul(2));
+        if forced <= count {
+            return (decision, false);
+        }
+        *state = FixedWindowState {
+            last_us: now_eff.0,
+            count: forced,
+        };
+        (decision, true)
+    }
+
+    fn refund(
+        state: &mut FixedWindowState,
+        params: &FixedWindowParams,
+        units: u64,
+        now: Micros,
+    ) -> bool {
+        let (_, count) = state.current(params, now);
+        let back = units.min(count);
+        if back == 0 {
+            return false;
+        }
+        // Still the window of `last_us`: the expiry does not move.
+        state.count = count - back;
+        true
     }
 
     fn idle_at_ms(state: &FixedWindowState, params: &FixedWindowParams) -> u64 {

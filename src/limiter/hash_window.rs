@@ -214,7 +214,8 @@ impl HashWindowState {
                 .checked_mul(self.bucket_ms)
                 .is_some_and(|ms| ms <= super::MAX_STATE_MS)
             && self.counts.iter().try_fold(0u64, |a, &c| a.checked_add(c)) == Some(self.sum)
-            && self.sum <= super::MAX_PARAM
+            // a forced call may leave up to twice the limit counted
+            && self.sum <= 2 * super::MAX_PARAM
     }
 }
 
@@ -265,6 +266,77 @@ impl Algorithm for HashWindow {
             return evaluate(&state.converted(params, now), params, cost, now).0;
         }
         evaluate(state, params, cost, now).0
+    }
+
+    fn force(
+        state: &mut HashWindowState,
+        params: &HashWindowParams,
+        cost: u64,
+        now: Micros,
+    ) -> (Decision, bool) {
+        if !state.same_layout(params) {
+            let mut converted = state.converted(params, now);
+            let (decision, changed) = Self::force(&mut converted, params, cost, now);
+            if changed {
+                *state = converted;
+            }
+            return (decision, changed);
+        }
+        let (decision, current) = evaluate(state, params, cost, now);
+        if cost == 0 {
+            return (decision, false);
+        }
+        let held = state.held_at(current);
+        // At most a limit's worth of debt beyond empty.
+        let take = if decision.allowed {
+            cost
+        } else {
+            cost.min(params.limit.saturating_mul(2).saturating_sub(held))
+        };
+        if take == 0 {
+            return (decision, false);
+        }
+        state.advance(current);
+        let n = state.n();
+        state.counts[(current % n) as usize] += take;
+        state.sum += take;
+        (decision, true)
+    }
+
+    fn refund(
+        state: &mut HashWindowState,
+        params: &HashWindowParams,
+        units: u64,
+        now: Micros,
+    ) -> bool {
+        if !state.same_layout(params) {
+            let mut converted = state.converted(params, now);
+            let changed = Self::refund(&mut converted, params, units, now);
+            if changed {
+                *state = converted;
+            }
+            return changed;
+        }
+        let bucket_us = params.bucket_ms * 1000;
+        let current = (now.0 / bucket_us).max(state.newest);
+        let mut left = units.min(state.held_at(current));
+        if left == 0 {
+            return false;
+        }
+        state.advance(current);
+        // The current bucket first, then back in time.
+        let n = state.n();
+        for bucket in ((current + 1).saturating_sub(n)..=current).rev() {
+            let slot = (bucket % n) as usize;
+            let back = left.min(state.counts[slot]);
+            state.counts[slot] -= back;
+            state.sum -= back;
+            left -= back;
+            if left == 0 {
+                break;
+            }
+        }
+        true
     }
 
     fn idle_at_ms(state: &HashWindowState, _params: &HashWindowParams) -> u64 {

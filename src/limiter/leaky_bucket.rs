@@ -26,7 +26,9 @@
 //! token bucket: the queued time carries over and a step back never shortens
 //! the queue.
 
-use super::token_bucket::{gcra, TokenBucketParams, TokenBucketState};
+use super::token_bucket::{
+    gcra, gcra_force, gcra_refund, Step, TokenBucketParams, TokenBucketState,
+};
 use super::{Algorithm, Decision, Micros, Wait};
 
 /// Validated parameters of `RL.LEAKYBUCKET`.
@@ -55,6 +57,17 @@ pub struct LeakyBucketState(pub TokenBucketState);
 /// The leaky bucket algorithm.
 pub struct LeakyBucket;
 
+/// A GCRA step as the queue answers it: an admitted request learns in
+/// `wait_ms` when its turn comes (the units ahead of it have left).
+fn shaped(step: Step, gcra_params: &TokenBucketParams) -> Decision {
+    let mut decision = step.decision;
+    if decision.allowed {
+        let ahead_ms = step.ahead_ticks.div_ceil(gcra_params.ticks_per_ms());
+        decision.wait = Wait::Ms(ahead_ms as u64);
+    }
+    decision
+}
+
 impl Algorithm for LeakyBucket {
     type Params = LeakyBucketParams;
     type State = LeakyBucketState;
@@ -71,13 +84,27 @@ impl Algorithm for LeakyBucket {
         now: Micros,
     ) -> Decision {
         let gcra_params = params.as_gcra();
-        let step = gcra(&mut state.0, &gcra_params, cost, now);
-        let mut decision = step.decision;
-        if decision.allowed {
-            let ahead_ms = step.ahead_ticks.div_ceil(gcra_params.ticks_per_ms());
-            decision.wait = Wait::Ms(ahead_ms as u64);
-        }
-        decision
+        shaped(gcra(&mut state.0, &gcra_params, cost, now), &gcra_params)
+    }
+
+    fn force(
+        state: &mut LeakyBucketState,
+        params: &LeakyBucketParams,
+        cost: u64,
+        now: Micros,
+    ) -> (Decision, bool) {
+        let gcra_params = params.as_gcra();
+        let (step, changed) = gcra_force(&mut state.0, &gcra_params, cost, now);
+        (shaped(step, &gcra_params), changed)
+    }
+
+    fn refund(
+        state: &mut LeakyBucketState,
+        params: &LeakyBucketParams,
+        units: u64,
+        now: Micros,
+    ) -> bool {
+        gcra_refund(&mut state.0, &params.as_gcra(), units, now)
     }
 
     fn idle_at_ms(state: &LeakyBucketState, params: &LeakyBucketParams) -> u64 {

@@ -88,6 +88,91 @@ impl Wait {
     }
 }
 
+/// What one call asks of a limiter: the `COST n [FORCE] | REFUND n` options.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Request {
+    /// `COST n` (default 1): take `n` units if the limiter admits them; `COST 0`
+    /// peeks.
+    Cost(u64),
+    /// `COST n FORCE`: take `n` units even if the limiter would deny them,
+    /// leaving it in debt (at most `limit` units beyond empty).
+    Force(u64),
+    /// `REFUND n`: give back up to `n` of the units the limiter holds consumed.
+    Refund(u64),
+}
+
+impl Request {
+    /// Units the request would take (0 for a refund).
+    pub fn cost(self) -> u64 {
+        match self {
+            Request::Cost(n) | Request::Force(n) => n,
+            Request::Refund(_) => 0,
+        }
+    }
+}
+
+/// What a request did: the reply, and whether the state changed (so the key
+/// must be written, expired, propagated and notified).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    pub decision: Decision,
+    pub changed: bool,
+}
+
+/// Runs one request on a limiter: the one entry point of the command layer.
+///
+/// - `Cost(n)`: [`Algorithm::apply`]; changed when admitted with `n > 0`.
+/// - `Force(n)`: [`Algorithm::force`]; answers what `Cost(n)` would have
+///   answered, with `allowed` set.
+/// - `Refund(n)`: [`Algorithm::refund`]; answers as a `COST 0` call after it.
+pub fn run<A: Algorithm>(
+    state: &mut A::State,
+    params: &A::Params,
+    request: Request,
+    now: Micros,
+) -> Outcome {
+    match request {
+        Request::Cost(cost) => {
+            let decision = A::apply(state, params, cost, now);
+            Outcome {
+                decision,
+                changed: decision.allowed && cost > 0,
+            }
+        }
+        Request::Force(cost) => {
+            let (mut decision, changed) = A::force(state, params, cost, now);
+            decision.allowed = true;
+            Outcome { decision, changed }
+        }
+        Request::Refund(units) => {
+            let changed = A::refund(state, params, units, now);
+            Outcome {
+                decision: A::decide(state, params, 0, now),
+                changed,
+            }
+        }
+    }
+}
+
+/// What [`run`] would answer, changing nothing (for all-or-nothing calls).
+pub fn decide<A: Algorithm>(
+    state: &A::State,
+    params: &A::Params,
+    request: Request,
+    now: Micros,
+) -> Outcome {
+    match request {
+        Request::Cost(cost) => {
+            let decision = A::decide(state, params, cost, now);
+            Outcome {
+                decision,
+                changed: decision.allowed && cost > 0,
+            }
+        }
+        _ => run::<A>(&mut state.clone(), params, request, now),
+    }
+}
+
 /// One rate-limiting algorithm, as a pure state machine.
 ///
 /// `apply` must leave `state` untouched unless it returns an admitted decision
@@ -112,6 +197,22 @@ pub trait Algorithm {
     fn decide(state: &Self::State, params: &Self::Params, cost: u64, now: Micros) -> Decision {
         Self::apply(&mut state.clone(), params, cost, now)
     }
+
+    /// `COST n FORCE`: takes `cost` units even when `apply` would deny them,
+    /// but never leaves more than `limit` units of debt beyond empty (what
+    /// would go further is dropped). Returns what `apply` would have answered
+    /// (the caller sets `allowed`) and whether the state changed.
+    fn force(
+        state: &mut Self::State,
+        params: &Self::Params,
+        cost: u64,
+        now: Micros,
+    ) -> (Decision, bool);
+
+    /// `REFUND n`: gives back up to `units` of the units the limiter holds
+    /// consumed at `now`, never lifting it above its idle state. Returns
+    /// whether the state changed (nothing held consumed: nothing changes).
+    fn refund(state: &mut Self::State, params: &Self::Params, units: u64, now: Micros) -> bool;
 
     /// The Unix time in milliseconds from which the state, just updated by an
     /// admitted call with `params`, is idle again and the key may vanish (the
@@ -144,5 +245,206 @@ pub(crate) mod testkit {
         }
         assert!(d.remaining <= d.limit);
         d
+    }
+}
+
+/// `REFUND` and `FORCE`, one contract for all five algorithms, at a single
+/// instant (so nothing refills or leaves the window between the steps) and
+/// against a brute-force model: a plain count of units held.
+#[cfg(test)]
+mod refund_and_force {
+    use super::fixed_window::FixedWindowParams;
+    use super::hash_window::HashWindowParams;
+    use super::leaky_bucket::LeakyBucketParams;
+    use super::sliding_log::SlidingLogParams;
+    use super::token_bucket::TokenBucketParams;
+    use super::*;
+    use proptest::prelude::*;
+
+    /// An instant on every window and bucket edge used here.
+    const T0: Micros = Micros::from_ms(1_699_999_200_000);
+
+    /// One request on a limiter under test.
+    type Call<'a> = dyn FnMut(Request) -> Outcome + 'a;
+
+    /// The five algorithms with `limit` units and no refill for a year.
+    fn for_each_algorithm(limit: u64, check: &mut dyn FnMut(&str, &mut Call)) {
+        const YEAR_MS: u64 = 365 * 24 * 3600 * 1000;
+        fn runner<A: Algorithm>(params: A::Params) -> impl FnMut(Request) -> Outcome {
+            let mut state = A::idle(&params, T0);
+            move |request| {
+                let before = state.clone();
+                let predicted = decide::<A>(&state, &params, request, T0);
+                let outcome = run::<A>(&mut state, &params, request, T0);
+                assert_eq!(predicted, outcome, "decide and run disagree on {request:?}");
+                assert_eq!(
+                    outcome.changed,
+                    state != before,
+                    "changed is wrong for {request:?}"
+                );
+                outcome
+            }
+        }
+        check(
+            "token bucket",
+            &mut runner::<TokenBucket>(TokenBucketParams {
+                capacity: limit,
+                refill_count: 1,
+                refill_ms: YEAR_MS,
+            }),
+        );
+        check(
+            "leaky bucket",
+            &mut runner::<LeakyBucket>(LeakyBucketParams {
+                capacity: limit,
+                leak_count: 1,
+                leak_ms: YEAR_MS,
+            }),
+        );
+        check(
+            "fixed window",
+            &mut runner::<FixedWindow>(FixedWindowParams {
+                limit,
+                window_ms: 3_600_000,
+            }),
+        );
+        check(
+            "sliding log",
+            &mut runner::<SlidingLog>(SlidingLogParams {
+                limit,
+                window_ms: YEAR_MS,
+            }),
+        );
+        check(
+            "hash window",
+            &mut runner::<HashWindow>(HashWindowParams {
+                limit,
+                window_ms: 3_600_000,
+                bucket_ms: 60_000,
+            }),
+        );
+    }
+
+    #[test]
+    fn refunded_units_are_usable_at_once_and_never_above_idle() {
+        for_each_algorithm(10, &mut |name, call| {
+            assert_eq!(call(Request::Cost(6)).decision.remaining, 4, "{name}");
+            let back = call(Request::Refund(2));
+            assert!(back.changed, "{name}");
+            assert_eq!(
+                (back.decision.allowed, back.decision.remaining),
+                (true, 6),
+                "{name}"
+            );
+            assert!(
+                call(Request::Cost(6)).decision.allowed,
+                "{name}: refunded units usable"
+            );
+            // 10 consumed: a refund of 25 gives back 10, no more.
+            let back = call(Request::Refund(25));
+            assert_eq!(back.decision.remaining, 10, "{name}");
+            let nothing = call(Request::Refund(1));
+            assert!(
+                !nothing.changed,
+                "{name}: a refund of nothing changes nothing"
+            );
+            assert_eq!(nothing.decision.remaining, 10, "{name}");
+            assert!(!call(Request::Refund(0)).changed, "{name}");
+        });
+    }
+
+    #[test]
+    fn a_forced_call_answers_as_unforced_but_allowed_and_takes_the_units() {
+        for_each_algorithm(10, &mut |name, call| {
+            call(Request::Cost(8));
+            let unforced = call(Request::Cost(5)).decision;
+            assert!(!unforced.allowed, "{name}");
+            let forced = call(Request::Force(5));
+            assert!(forced.changed, "{name}");
+            assert_eq!(
+                forced.decision,
+                Decision {
+                    allowed: true,
+                    ..unforced
+                },
+                "{name}"
+            );
+            // 13 of 10 consumed: 3 units of debt.
+            assert_eq!(call(Request::Cost(0)).decision.remaining, 0, "{name}");
+            call(Request::Refund(3));
+            assert_eq!(
+                call(Request::Cost(0)).decision.remaining,
+                0,
+                "{name}: debt repaid first"
+            );
+            call(Request::Refund(1));
+            assert_eq!(call(Request::Cost(0)).decision.remaining, 1, "{name}");
+        });
+    }
+
+    #[test]
+    fn debt_stops_at_one_limit_beyond_empty() {
+        for_each_algorithm(10, &mut |name, call| {
+            assert!(call(Request::Force(1_000)).changed, "{name}");
+            assert!(
+                !call(Request::Force(1)).changed,
+                "{name}: no debt beyond the limit"
+            );
+            // 20 held: a refund of 10 reaches empty, one more gives one back.
+            call(Request::Refund(10));
+            assert_eq!(call(Request::Cost(0)).decision.remaining, 0, "{name}");
+            call(Request::Refund(1));
+            assert_eq!(call(Request::Cost(0)).decision.remaining, 1, "{name}");
+        });
+    }
+
+    #[test]
+    fn a_forced_call_that_fits_is_an_ordinary_admission() {
+        for_each_algorithm(10, &mut |name, call| {
+            let forced = call(Request::Force(4));
+            assert!(forced.changed && forced.decision.allowed, "{name}");
+            assert_eq!(forced.decision.remaining, 6, "{name}");
+            assert!(
+                !call(Request::Force(0)).changed,
+                "{name}: FORCE with COST 0 peeks"
+            );
+        });
+    }
+
+    proptest! {
+        /// Any sequence of COST, FORCE and REFUND at one instant holds what a
+        /// plain counter says: held = min(held + cost, 2 * limit) when
+        /// forced, held + cost when admitted (held + cost <= limit),
+        /// held - min(n, held) on refund.
+        #[test]
+        fn every_algorithm_counts_like_the_model(
+            limit in 1u64..40,
+            steps in prop::collection::vec((0u8..3, 0u64..50), 1..40),
+        ) {
+            for_each_algorithm(limit, &mut |name, call| {
+                let mut held = 0u64;
+                for &(kind, n) in &steps {
+                    let request = match kind {
+                        0 => Request::Cost(n),
+                        1 => Request::Force(n),
+                        _ => Request::Refund(n),
+                    };
+                    let outcome = call(request);
+                    let expected_allowed = match request {
+                        Request::Cost(c) => c == 0 || held + c <= limit,
+                        _ => true,
+                    };
+                    assert_eq!(outcome.decision.allowed, expected_allowed, "{name} {request:?} held {held}");
+                    held = match request {
+                        Request::Cost(c) if held + c <= limit => held + c,
+                        Request::Cost(_) => held,
+                        Request::Force(c) => (held + c).min(2 * limit).max(held),
+                        Request::Refund(r) => held - r.min(held),
+                    };
+                    let peek = call(Request::Cost(0)).decision;
+                    assert_eq!(peek.remaining, limit.saturating_sub(held), "{name} after {request:?}");
+                }
+            });
+        }
     }
 }

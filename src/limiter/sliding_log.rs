@@ -201,6 +201,42 @@ impl SlidingLogState {
         }
     }
 
+    /// Units held by the entries from `first` on (the live ones).
+    fn live_units(&self, first: usize) -> u64 {
+        if first == 0 {
+            self.held
+        } else {
+            self.held - self.units_through(first - 1)
+        }
+    }
+
+    /// Takes `units` (at most `held`) off the newest entries: a refund gives
+    /// back the units admitted last.
+    fn pop_newest(&mut self, mut units: u64) {
+        while units > 0 {
+            let Some(&last) = self.entries.back() else {
+                return;
+            };
+            let len = self.entries.len();
+            let below = if len >= 2 {
+                self.units_through(len - 2)
+            } else {
+                0
+            };
+            let in_last = self.units_through(len - 1) - below;
+            let back = units.min(in_last);
+            self.held -= back;
+            self.admitted = self.admitted.wrapping_sub(back);
+            units -= back;
+            if back == in_last {
+                self.entries.pop_back();
+            } else {
+                *self.entries.back_mut().expect("not empty") =
+                    entry(offset_of(last), self.admitted);
+            }
+        }
+    }
+
     /// Moves the epoch to the oldest entry (once in decades of traffic).
     fn rebase(&mut self) {
         let shift = self.entries.front().map_or(0, |&e| offset_of(e));
@@ -268,6 +304,50 @@ impl Algorithm for SlidingLog {
         now: Micros,
     ) -> Decision {
         evaluate(state, params, cost, now).0
+    }
+
+    fn force(
+        state: &mut SlidingLogState,
+        params: &SlidingLogParams,
+        cost: u64,
+        now: Micros,
+    ) -> (Decision, bool) {
+        let (decision, first) = evaluate(state, params, cost, now);
+        if decision.allowed || cost == 0 {
+            let changed = decision.allowed && cost > 0;
+            if changed {
+                state.expire(first);
+                state.push(stamp(state, now), cost);
+            }
+            return (decision, changed);
+        }
+        // At most a limit's worth of debt, and within what an entry's
+        // running count can tell apart.
+        let held = state.live_units(first);
+        let cap = params.limit.saturating_mul(2).min(MAX_LIMIT);
+        let take = cost.min(cap.saturating_sub(held));
+        if take == 0 {
+            return (decision, false);
+        }
+        state.expire(first);
+        state.push(stamp(state, now), take);
+        (decision, true)
+    }
+
+    fn refund(
+        state: &mut SlidingLogState,
+        params: &SlidingLogParams,
+        units: u64,
+        now: Micros,
+    ) -> bool {
+        let first = state.first_live(params.window_ms, now);
+        let back = units.min(state.live_units(first));
+        if back == 0 {
+            return false;
+        }
+        state.expire(first);
+        state.pop_newest(back);
+        true
     }
 
     fn idle_at_ms(state: &SlidingLogState, params: &SlidingLogParams) -> u64 {

@@ -218,6 +218,52 @@ pub(super) fn gcra(
     }
 }
 
+/// `COST n FORCE` on the GCRA: a denied request's units are taken anyway,
+/// the deficit growing up to twice `tau` (a full bucket's worth of debt) and
+/// no further. Shared with the leaky bucket.
+pub(super) fn gcra_force(
+    state: &mut TokenBucketState,
+    params: &TokenBucketParams,
+    cost: u64,
+    now: Micros,
+) -> (Step, bool) {
+    let step = gcra(state, params, cost, now);
+    if step.decision.allowed || cost == 0 {
+        let changed = step.decision.allowed && cost > 0;
+        return (step, changed);
+    }
+    let deficit = state.deficit(params, now);
+    let debt_cap = params
+        .tau()
+        .saturating_mul(2)
+        .min(super::MAX_SPAN_MS as u128 * params.ticks_per_ms());
+    let after = (deficit + cost as u128 * params.period()).min(debt_cap);
+    if after <= deficit {
+        return (step, false);
+    }
+    let now_ticks = now.0 as u128 * params.refill_count as u128;
+    state.set_tat(params, now_ticks + after);
+    (step, true)
+}
+
+/// `REFUND n` on the GCRA: the deficit shrinks by `n` tokens' time, to zero
+/// at most (a full bucket). Shared with the leaky bucket.
+pub(super) fn gcra_refund(
+    state: &mut TokenBucketState,
+    params: &TokenBucketParams,
+    units: u64,
+    now: Micros,
+) -> bool {
+    let deficit = state.deficit(params, now);
+    if deficit == 0 || units == 0 {
+        return false;
+    }
+    let after = deficit.saturating_sub(units as u128 * params.period());
+    let now_ticks = now.0 as u128 * params.refill_count as u128;
+    state.set_tat(params, now_ticks + after);
+    true
+}
+
 impl Algorithm for TokenBucket {
     type Params = TokenBucketParams;
     type State = TokenBucketState;
@@ -238,6 +284,25 @@ impl Algorithm for TokenBucket {
         now: Micros,
     ) -> Decision {
         gcra(state, params, cost, now).decision
+    }
+
+    fn force(
+        state: &mut TokenBucketState,
+        params: &TokenBucketParams,
+        cost: u64,
+        now: Micros,
+    ) -> (Decision, bool) {
+        let (step, changed) = gcra_force(state, params, cost, now);
+        (step.decision, changed)
+    }
+
+    fn refund(
+        state: &mut TokenBucketState,
+        params: &TokenBucketParams,
+        units: u64,
+        now: Micros,
+    ) -> bool {
+        gcra_refund(state, params, units, now)
     }
 
     fn idle_at_ms(state: &TokenBucketState, _params: &TokenBucketParams) -> u64 {
