@@ -237,6 +237,37 @@ fn raising_the_limit_gives_room_for_the_difference_only() {
     });
 }
 
+/// The SPEC's reading of a parameter change: what was consumed carries over.
+/// 10 consumed of 10, raised to 100: 90 left at once; 10 consumed of 100,
+/// lowered to 20: 10 left. Either way exactly that many more are admitted,
+/// so nothing was refilled. (For the leaky bucket the limit is the queue's
+/// capacity and `remaining` its free room.)
+#[test]
+fn consumed_units_carry_over_a_raised_or_lowered_limit() {
+    // (case, old limit, new limit, left after the change)
+    const CHANGES: [(&str, &str, &str, i64); 2] =
+        [("raised", "10", "100", 90), ("lowered", "100", "20", 10)];
+    for_each_algorithm_on_each_server(|alg, con| {
+        for (case, old, new, left) in CHANGES {
+            let key = format!("{}:{case}", alg.key);
+            alg.away_from_window_end(con, &alg.slow_params(old));
+            let r = alg.slow(con, &key, old, "10");
+            assert!(r.allowed, "{alg}: 10 of {old}: {r:?}");
+            let r = alg.slow(con, &key, new, "0");
+            assert_eq!(
+                (r.limit, r.remaining),
+                (new.parse().unwrap(), left),
+                "{alg}: 10 consumed of {old}, {case} to {new}: {r:?}"
+            );
+            let r = alg.slow(con, &key, new, &left.to_string());
+            assert!(r.allowed, "{alg}: the {left} left under {new}: {r:?}");
+            assert_eq!(r.remaining, 0, "{alg}: {r:?}");
+            let r = alg.slow(con, &key, new, "1");
+            assert!(!r.allowed, "{alg}: one more than the {left} left: {r:?}");
+        }
+    });
+}
+
 #[test]
 fn request_is_admitted_after_waiting_wait_ms() {
     for_each_algorithm_on_each_server(|alg, con| {

@@ -937,6 +937,50 @@ fn a_changed_policy_applies_to_the_next_call_and_the_state_carries_over() {
     });
 }
 
+/// The SPEC's reading of a parameter change, through a policy: after
+/// `RL.POLICY SET` with a new limit, `RL.HIT` on the same key keeps what was
+/// consumed. 10 consumed of 10, raised to 100: 90 left at once; 10 consumed
+/// of 100, lowered to 20: 10 left; either way exactly that many more are
+/// admitted (nothing was refilled). For the leaky bucket the limit is the
+/// queue's capacity and `remaining` its free room.
+#[test]
+fn a_policys_raised_or_lowered_limit_keeps_what_was_consumed() {
+    // Periods under which nothing refills, leaks or leaves a window while
+    // the test runs.
+    let rules: &[(&str, &[&str])] = &[
+        ("TOKENBUCKET", &["1", LONG]),
+        ("LEAKYBUCKET", &["1", LONG]),
+        ("FIXEDWINDOW", &[LONG]),
+        ("SLIDING", &[LONG]),
+        ("HASHWINDOW", &[LONG, LONG]),
+    ];
+    for_each_server(|kind| {
+        let server = Server::start(kind, &[]);
+        let mut con = server.conn();
+        for &(algorithm, rest) in rules {
+            for (case, old, new, left) in
+                [("raised", "10", "100", 90), ("lowered", "100", "20", 10)]
+            {
+                let key = format!("{algorithm}:{case}");
+                let what = format!("{algorithm}: 10 consumed of {old}, {case} to {new}");
+                set_policy(&mut con, &[&["p", algorithm, old][..], rest].concat());
+                assert!(hit_cost(&mut con, "p", &key, "10").allowed, "{what}");
+                set_policy(&mut con, &[&["p", algorithm, new][..], rest].concat());
+                let r = hit_cost(&mut con, "p", &key, "0");
+                assert_eq!(
+                    (r.limit, r.remaining),
+                    (new.parse().unwrap(), left),
+                    "{what}: {r:?}"
+                );
+                let r = hit_cost(&mut con, "p", &key, &left.to_string());
+                assert_eq!((r.allowed, r.remaining), (true, 0), "{what}: {r:?}");
+                let r = hit_cost(&mut con, "p", &key, "1");
+                assert!(!r.allowed, "{what}: one more admitted: {r:?}");
+            }
+        }
+    });
+}
+
 #[test]
 fn a_deleted_policy_is_unknown_to_the_next_call_and_its_keys_stay() {
     for_each_server(|kind| {

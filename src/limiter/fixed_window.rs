@@ -170,7 +170,7 @@ impl Algorithm for FixedWindow {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testkit::apply_checked;
+    use super::super::testkit::{apply_checked, remaining_after_change};
     use super::super::MAX_PARAM;
     use super::*;
     use proptest::prelude::*;
@@ -260,6 +260,32 @@ mod tests {
         assert_eq!(d.remaining, 9);
     }
 
+    /// The SPEC's reading of a parameter change: the count carries over, so
+    /// a raised limit is room at once (10 counted of 10, raised to 100: 90
+    /// left, and 90 more are admitted in this window).
+    #[test]
+    fn a_raised_limit_adds_room_at_once() {
+        let left = remaining_after_change::<FixedWindow>(
+            &params(10, 60_000),
+            &params(100, 60_000),
+            10,
+            at(30_000),
+        );
+        assert_eq!(left, 90);
+    }
+
+    /// 10 counted of 100, lowered to 20: 10 left, not 20.
+    #[test]
+    fn a_lowered_limit_applies_at_once() {
+        let left = remaining_after_change::<FixedWindow>(
+            &params(100, 60_000),
+            &params(20, 60_000),
+            10,
+            at(30_000),
+        );
+        assert_eq!(left, 10);
+    }
+
     #[test]
     fn huge_parameters_do_not_overflow() {
         let p = params(MAX_PARAM, MAX_PARAM);
@@ -322,6 +348,23 @@ mod tests {
             if dt < pa.window_ms * 1000 && now.0 < last_window_end {
                 prop_assert!(new <= old.saturating_add(pb.limit.saturating_sub(pa.limit)));
             }
+        }
+
+        /// At the instant of any change (limit, window or both), what is
+        /// left is the new limit minus the count, at least 0: the window
+        /// the count moves to holds that instant.
+        #[test]
+        fn a_change_keeps_what_was_counted(
+            a in (1u64..MAX_PARAM, 1u64..MAX_PARAM),
+            b in (1u64..MAX_PARAM, 1u64..MAX_PARAM),
+            used in any::<u64>(),
+            dt in 0u64..100_000_000_000,
+        ) {
+            let (pa, pb) = (params(a.0, a.1), params(b.0, b.1));
+            let used = used % (pa.limit + 1);
+            let now = Micros(T0.0 + dt);
+            let left = remaining_after_change::<FixedWindow>(&pa, &pb, used, now);
+            prop_assert_eq!(left, pb.limit.saturating_sub(used));
         }
     }
 }

@@ -346,7 +346,8 @@ impl Algorithm for HashWindow {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testkit::apply_checked;
+    use super::super::testkit::{apply_checked, remaining_after_change};
+    use super::super::MAX_PARAM;
     use super::*;
     use proptest::prelude::*;
 
@@ -424,6 +425,32 @@ mod tests {
         assert!(hit(&mut s, &c, 10, at(14_000)).allowed);
     }
 
+    /// The SPEC's reading of a parameter change: the buckets are kept, so a
+    /// raised limit is room at once (10 held of 10, raised to 100: 90 left,
+    /// and 90 more are admitted).
+    #[test]
+    fn a_raised_limit_adds_room_at_once() {
+        let left = remaining_after_change::<HashWindow>(
+            &params(10, 60_000, 1000),
+            &params(100, 60_000, 1000),
+            10,
+            at(30_500),
+        );
+        assert_eq!(left, 90);
+    }
+
+    /// 10 held of 100, lowered to 20: 10 left, not 20.
+    #[test]
+    fn a_lowered_limit_applies_at_once() {
+        let left = remaining_after_change::<HashWindow>(
+            &params(100, 60_000, 1000),
+            &params(20, 60_000, 1000),
+            10,
+            at(30_500),
+        );
+        assert_eq!(left, 10);
+    }
+
     /// Found by fuzzing: in the first `n` buckets since the epoch (a clock
     /// or `AT` before `window_ms` after 1970), moving the ring forward read
     /// the wrong slots, freeing units still in the window; and a denial's
@@ -444,9 +471,9 @@ mod tests {
 
     #[test]
     fn huge_parameters_do_not_overflow() {
-        let p = params(super::super::MAX_PARAM, 1 << 40, 1 << 40);
+        let p = params(MAX_PARAM, 1 << 40, 1 << 40);
         let mut s = HashWindow::idle(&p, at(0));
-        assert!(hit(&mut s, &p, super::super::MAX_PARAM, at(0)).allowed);
+        assert!(hit(&mut s, &p, MAX_PARAM, at(0)).allowed);
         // the unit's bucket leaves the window one bucket after it ends
         let bucket_end = (T0_MS / (1 << 40) + 1) * (1 << 40);
         let d = hit(&mut s, &p, 1, at(0));
@@ -489,6 +516,25 @@ mod tests {
                 }
                 prop_assert!(s.is_valid());
             }
+        }
+
+        /// At the instant of any change (limit, window, buckets or all), what
+        /// is left is the new limit minus the units held, at least 0: the
+        /// units move to the new bucket holding their old bucket's end,
+        /// which is not yet out of the new window.
+        #[test]
+        fn a_change_keeps_what_is_held(
+            a in (1u64..MAX_PARAM, 1u64..1_000_000, 1u64..50),
+            b in (1u64..MAX_PARAM, 1u64..1_000_000, 1u64..50),
+            used in any::<u64>(),
+            dt in 0u64..100_000_000_000,
+        ) {
+            let pa = params(a.0, a.1 * a.2, a.1);
+            let pb = params(b.0, b.1 * b.2, b.1);
+            let used = used % (pa.limit + 1);
+            let now = Micros(at(0).0 + dt);
+            let left = remaining_after_change::<HashWindow>(&pa, &pb, used, now);
+            prop_assert_eq!(left, pb.limit.saturating_sub(used));
         }
 
         #[test]

@@ -114,7 +114,8 @@ impl Algorithm for LeakyBucket {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testkit::apply_checked;
+    use super::super::testkit::{apply_checked, remaining_after_change};
+    use super::super::MAX_PARAM;
     use super::*;
     use proptest::prelude::*;
 
@@ -171,8 +172,73 @@ mod tests {
         assert_eq!(hit(&mut s, &p, 11, at(5)).wait, Wait::Never);
     }
 
-    // Reference: an explicit queue of unit departure times.
+    /// The SPEC's reading of a parameter change, for a queue: its limit is
+    /// the capacity, and what is queued stays queued. 10 queued of 10,
+    /// raised to 100: room for 90 more at once.
+    #[test]
+    fn a_raised_capacity_adds_room_at_once() {
+        let left = remaining_after_change::<LeakyBucket>(
+            &params(10, 1, 1000),
+            &params(100, 1, 1000),
+            10,
+            T0,
+        );
+        assert_eq!(left, 90);
+    }
+
+    /// 10 queued of 100, lowered to 20: room for 10, not 20.
+    #[test]
+    fn a_lowered_capacity_applies_at_once() {
+        let left = remaining_after_change::<LeakyBucket>(
+            &params(100, 1, 1000),
+            &params(20, 1, 1000),
+            10,
+            T0,
+        );
+        assert_eq!(left, 10);
+    }
+
+    /// A faster leak does not empty the queue in the past: at the instant
+    /// of the change, the 10 queued units still fill it.
+    #[test]
+    fn a_new_leak_rate_frees_nothing_at_once() {
+        let left = remaining_after_change::<LeakyBucket>(
+            &params(10, 1, 1000),
+            &params(10, 1000, 1),
+            10,
+            T0,
+        );
+        assert_eq!(left, 0);
+    }
+
+    fn arb_params() -> impl Strategy<Value = LeakyBucketParams> {
+        prop_oneof![
+            (1u64..20, 1u64..20, 1u64..2000),
+            (1u64..MAX_PARAM, 1u64..MAX_PARAM, 1u64..1000),
+        ]
+        .prop_map(|(c, lc, ms)| params(c, lc, ms))
+        .prop_filter("fits the span limit", |p| {
+            p.as_gcra().fill_ms() <= super::super::MAX_SPAN_MS as u128
+        })
+    }
+
     proptest! {
+        /// At the instant of any change (capacity, rate or both), the room
+        /// left is the new capacity minus what is queued, at least 0.
+        #[test]
+        fn a_change_keeps_what_is_queued(
+            a in arb_params(),
+            b in arb_params(),
+            used in any::<u64>(),
+            dt in 0u64..10_000_000,
+        ) {
+            let used = used % (a.capacity + 1);
+            let now = Micros(T0.0 + dt);
+            let left = remaining_after_change::<LeakyBucket>(&a, &b, used, now);
+            prop_assert_eq!(left, b.capacity.saturating_sub(used));
+        }
+
+        /// Reference: an explicit queue of unit departure times.
         #[test]
         fn agrees_with_an_explicit_queue(
             capacity in 1u64..12,

@@ -7,7 +7,12 @@
 //! - a denied request or a `COST 0` request leaves the state bit-for-bit
 //!   unchanged (the caller then writes and propagates nothing);
 //! - an admitted request with `cost > 0` changes the state;
-//! - a clock that steps backwards never gives units back.
+//! - a clock that steps backwards never gives units back;
+//! - a change of parameters keeps what was consumed: at the instant of the
+//!   change, `remaining` is the new limit minus the units consumed (0 if
+//!   they exceed it), and exactly that many more units are admitted. A
+//!   raised limit adds room at once, a lowered one applies at once, and no
+//!   change refills anything.
 
 pub mod fixed_window;
 pub mod hash_window;
@@ -245,6 +250,40 @@ pub(crate) mod testkit {
         }
         assert!(d.remaining <= d.limit);
         d
+    }
+
+    /// Consumes `consumed` units of a new limiter under `old` at `now`, then
+    /// switches to `new` at the same instant (so that no time can refill or
+    /// drain anything), and returns the `remaining` a `COST 0` call then
+    /// shows, after checking that exactly that many units are admitted
+    /// before the next one is denied: the room a change shows is real, and
+    /// nothing consumed was given back.
+    pub fn remaining_after_change<A: Algorithm>(
+        old: &A::Params,
+        new: &A::Params,
+        consumed: u64,
+        now: Micros,
+    ) -> u64 {
+        let mut state = A::idle(old, now);
+        if consumed > 0 {
+            let d = apply_checked::<A>(&mut state, old, consumed, now);
+            assert!(d.allowed, "{consumed} units under {old:?}: {d:?}");
+        }
+        let peek = apply_checked::<A>(&mut state, new, 0, now);
+        let left = peek.remaining;
+        if left > 0 {
+            let d = apply_checked::<A>(&mut state, new, left, now);
+            assert!(
+                d.allowed && d.remaining == 0,
+                "the {left} units shown under {new:?}: {d:?}"
+            );
+        }
+        let d = apply_checked::<A>(&mut state, new, 1, now);
+        assert!(
+            !d.allowed,
+            "a unit beyond the {left} shown under {new:?}: {d:?}"
+        );
+        left
     }
 }
 

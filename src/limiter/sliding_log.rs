@@ -357,7 +357,8 @@ impl Algorithm for SlidingLog {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testkit::apply_checked;
+    use super::super::testkit::{apply_checked, remaining_after_change};
+    use super::super::MAX_PARAM;
     use super::*;
     use proptest::prelude::*;
 
@@ -455,6 +456,24 @@ mod tests {
         assert!(hit(&mut s, &p, 1, at(6000)).allowed);
     }
 
+    /// The SPEC's reading of a parameter change: the log is kept, so a
+    /// raised limit is room at once (10 held of 10, raised to 100: 90 left,
+    /// and 90 more are admitted).
+    #[test]
+    fn a_raised_limit_adds_room_at_once() {
+        let left =
+            remaining_after_change::<SlidingLog>(&params(10, 60_000), &params(100, 60_000), 10, T0);
+        assert_eq!(left, 90);
+    }
+
+    /// 10 held of 100, lowered to 20: 10 left, not 20.
+    #[test]
+    fn a_lowered_limit_applies_at_once() {
+        let left =
+            remaining_after_change::<SlidingLog>(&params(100, 60_000), &params(20, 60_000), 10, T0);
+        assert_eq!(left, 10);
+    }
+
     #[test]
     fn epoch_rebases_after_decades() {
         let p = params(3, 1 << 41);
@@ -504,6 +523,24 @@ mod tests {
                 }
                 prop_assert!(s.is_valid());
             }
+        }
+
+        /// At the instant of any change (limit, window or both), what is
+        /// left is the new limit minus the units held, at least 0: entries
+        /// are stamped at or after the instant, so even a 1 ms window holds
+        /// them then.
+        #[test]
+        fn a_change_keeps_what_is_held(
+            a in (1u64..=MAX_LIMIT, 1u64..MAX_PARAM),
+            b in (1u64..=MAX_LIMIT, 1u64..MAX_PARAM),
+            used in any::<u64>(),
+            dt in 0u64..10_000_000,
+        ) {
+            let (pa, pb) = (params(a.0, a.1), params(b.0, b.1));
+            let used = used % (pa.limit + 1);
+            let now = Micros(T0.0 + dt);
+            let left = remaining_after_change::<SlidingLog>(&pa, &pb, used, now);
+            prop_assert_eq!(left, pb.limit.saturating_sub(used));
         }
 
         #[test]

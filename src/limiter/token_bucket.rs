@@ -314,7 +314,7 @@ impl Algorithm for TokenBucket {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testkit::apply_checked;
+    use super::super::testkit::{apply_checked, remaining_after_change};
     use super::super::MAX_PARAM;
     use super::*;
     use proptest::prelude::*;
@@ -553,6 +553,52 @@ mod tests {
         assert!(hit(&mut s, &slow, 3, at(3)).allowed);
     }
 
+    /// The SPEC's reading of a parameter change: what was consumed carries
+    /// over, so a raised capacity is room at once (10 taken of 10, raised to
+    /// 100: 90 left, and 90 more are admitted).
+    #[test]
+    fn a_raised_capacity_adds_room_at_once() {
+        let left = remaining_after_change::<TokenBucket>(
+            &params(10, 1, 1000),
+            &params(100, 1, 1000),
+            10,
+            T0,
+        );
+        assert_eq!(left, 90);
+    }
+
+    /// 10 taken of 100, lowered to 20: 10 left, not 20 (nothing refilled).
+    #[test]
+    fn a_lowered_capacity_applies_at_once() {
+        let left = remaining_after_change::<TokenBucket>(
+            &params(100, 1, 1000),
+            &params(20, 1, 1000),
+            10,
+            T0,
+        );
+        assert_eq!(left, 10);
+    }
+
+    /// A new refill rate converts what is owed, token for token: at the
+    /// instant of the change nothing comes back, however fast the new rate.
+    #[test]
+    fn a_new_refill_rate_refills_nothing_at_once() {
+        let slow = params(10, 1, 1000);
+        for new in [
+            params(10, 1000, 1),
+            params(10, 1, 3_600_000),
+            params(100, 7, 3),
+        ] {
+            let left = remaining_after_change::<TokenBucket>(&slow, &new, 10, T0);
+            assert_eq!(left, new.capacity - 10, "{new:?}");
+        }
+        // a part of a token refilled before the change stays a part
+        let mut s = TokenBucket::idle(&slow, T0);
+        hit(&mut s, &slow, 10, T0);
+        let d = hit(&mut s, &params(10, 1000, 1), 0, at(999));
+        assert_eq!(d.remaining, 0);
+    }
+
     /// Reference model: a token level counted in "drops" (1 token = P drops,
     /// 1 us adds refill_count drops), advanced step by step.
     #[derive(Debug)]
@@ -690,6 +736,21 @@ mod tests {
             prop_assert!(under_new <= b.capacity);
             let room = b.capacity.saturating_sub(a.capacity);
             prop_assert!(under_new <= under_old.saturating_add(room));
+        }
+
+        /// At the instant of any change (capacity, rate or both), what is
+        /// left is the new capacity minus what was consumed, at least 0.
+        #[test]
+        fn a_change_keeps_what_was_consumed(
+            a in arb_params(),
+            b in arb_params(),
+            used in any::<u64>(),
+            dt in 0u64..10_000_000,
+        ) {
+            let used = used % (a.capacity + 1);
+            let now = Micros(T0.0 + dt);
+            let left = remaining_after_change::<TokenBucket>(&a, &b, used, now);
+            prop_assert_eq!(left, b.capacity.saturating_sub(used));
         }
     }
 }
