@@ -495,6 +495,9 @@ fn build_buckets(con: &mut Connection, command: &str, key: &str) -> Vec<Built> {
         rl(con, &[command, key, "10", "1", SLOW, "COST", cost]);
         rl(con, &[command, &frac, "10", "3", "7001", "COST", cost]);
     }
+    // In debt, then refunded to below the limit again.
+    rl(con, &[command, key, "10", "1", SLOW, "COST", "12", "FORCE"]);
+    rl(con, &[command, key, "10", "1", SLOW, "REFUND", "11"]);
     // A parameter change.
     rl(con, &[command, &frac, "12", "7", "9999999"]);
     vec![
@@ -514,6 +517,11 @@ fn build_fixed_windows(con: &mut Connection, key: &str) -> Vec<Built> {
             &["RL.FIXEDWINDOW", &long, "10", "9999999", "COST", cost],
         );
     }
+    rl(
+        con,
+        &["RL.FIXEDWINDOW", key, "10", SLOW, "COST", "12", "FORCE"],
+    );
+    rl(con, &["RL.FIXEDWINDOW", key, "10", SLOW, "REFUND", "11"]);
     // A parameter change.
     rl(con, &["RL.FIXEDWINDOW", &long, "12", "9999999"]);
     vec![
@@ -535,6 +543,8 @@ fn build_sliding_logs(con: &mut Connection, key: &str) -> Vec<Built> {
         rl(con, &["RL.SLIDING", &big, "1000", "9999999", "COST", cost]);
         until_server_time(con, start + 2000);
     }
+    rl(con, &["RL.SLIDING", key, "10", SLOW, "COST", "12", "FORCE"]);
+    rl(con, &["RL.SLIDING", key, "10", SLOW, "REFUND", "13"]);
     // A parameter change.
     rl(con, &["RL.SLIDING", &big, "999", "8888888", "COST", "4"]);
     vec![
@@ -563,6 +573,23 @@ fn build_hash_windows(con: &mut Connection, key: &str) -> Vec<Built> {
         );
         until_server_time(con, start + 2000);
     }
+    rl(
+        con,
+        &[
+            "RL.HASHWINDOW",
+            &fine,
+            "1000",
+            "7200",
+            "2",
+            "COST",
+            "1500",
+            "FORCE",
+        ],
+    );
+    rl(
+        con,
+        &["RL.HASHWINDOW", &fine, "1000", "7200", "2", "REFUND", "3"],
+    );
     // A parameter change.
     rl(
         con,
