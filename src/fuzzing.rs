@@ -26,8 +26,8 @@ use crate::limiter::leaky_bucket::{LeakyBucketParams, LeakyBucketState};
 use crate::limiter::sliding_log::{SlidingLogParams, SlidingLogState};
 use crate::limiter::token_bucket::{TokenBucketParams, TokenBucketState};
 use crate::limiter::{
-    Algorithm, Decision, FixedWindow, HashWindow, LeakyBucket, Micros, SlidingLog, TokenBucket,
-    Wait, MAX_PARAM, MAX_SPAN_MS,
+    self, Algorithm, Decision, FixedWindow, HashWindow, LeakyBucket, Micros, Request, SlidingLog,
+    TokenBucket, Wait, MAX_PARAM, MAX_SPAN_MS,
 };
 use crate::policy;
 
@@ -318,7 +318,7 @@ fn limiter<L: LimiterCommand + Fuzzed>(
     }
     let now = options.at.unwrap_or(Micros(T0_US));
     let loaded = decode_checked::<L::State>(input, 1);
-    let steps = read_steps(input, now, options.cost());
+    let steps = read_steps(input, now, options.request);
     run_fresh::<L>(&params, &steps);
     if let Some(mut state) = loaded {
         run_steps::<L>(&mut state, &params, &steps);
@@ -345,7 +345,7 @@ fn all(words: &[&[u8]], replicated: bool, input: &mut Bytes) -> Result<(), Error
             }
         }
     }
-    let steps = read_steps(input, Micros(T0_US), call.options.cost());
+    let steps = read_steps(input, Micros(T0_US), call.options.request);
     for limit in call.limits.iter() {
         run_spec(&limit.spec, &steps);
     }
@@ -363,7 +363,7 @@ fn hit(words: &[&[u8]], input: &mut Bytes) -> Result<(), Error> {
     }
     let name = words[0];
     let (rule, _) = policy::get(name).ok_or_else(|| Error::UnknownPolicy(Error::quote(name)))?;
-    let steps = read_steps(input, Micros(T0_US), options.cost());
+    let steps = read_steps(input, Micros(T0_US), options.request);
     run_spec(&rule.spec, &steps);
     Ok(())
 }
@@ -384,7 +384,7 @@ fn policy_set(words: &[&[u8]], replicated: bool, input: &mut Bytes) -> Result<()
     }
     let rules = vec![(name.to_vec(), rule)];
     assert_eq!(policies_round_trip(&rules), rules);
-    let steps = read_steps(input, Micros(T0_US), 1);
+    let steps = read_steps(input, Micros(T0_US), Request::Cost(1));
     run_spec(&rule.spec, &steps);
     Ok(())
 }
@@ -481,7 +481,7 @@ fn run_loaded<L: LimiterCommand + Fuzzed>(mut state: L::State, input: &mut Bytes
     let Ok(params) = L::Params::parse(&words) else {
         return;
     };
-    let steps = read_steps(input, Micros(T0_US), 1);
+    let steps = read_steps(input, Micros(T0_US), Request::Cost(1));
     run_steps::<L>(&mut state, &params, &steps);
 }
 
@@ -499,7 +499,7 @@ fn rdb_policies(input: Bytes, encoding: i32) {
     let Some(rules) = decoded else { return };
     assert!(rules.len() <= policy::MAX_POLICIES);
     assert_eq!(policies_round_trip(&rules), rules);
-    let steps = read_steps(&mut input.borrow_mut(), Micros(T0_US), 1);
+    let steps = read_steps(&mut input.borrow_mut(), Micros(T0_US), Request::Cost(1));
     for (_, rule) in rules.iter().take(4) {
         run_spec(&rule.spec, &steps);
     }
@@ -572,14 +572,16 @@ fn check_round_trip<S: NativeState + PartialEq + std::fmt::Debug>(state: &S) {
     }
 }
 
-/// Reads up to [`MAX_STEPS`] steps of (time, cost) from `input`; the first
-/// is the call itself, at `now` with `cost`. Times stay within what the
-/// server can see (`AT` is at most 2^62 us) but may go backwards.
-fn read_steps(input: &mut Bytes, now: Micros, cost: u64) -> Vec<(Micros, u64)> {
-    let mut steps = vec![(now, cost)];
+/// Reads up to [`MAX_STEPS`] steps of (time, request) from `input`; the
+/// first is the call itself, at `now`. Times stay within what the server can
+/// see (`AT` is at most 2^62 us) but may go backwards. A step's request word
+/// holds the kind in its top two bits (`COST`, `COST`, `COST n FORCE`,
+/// `REFUND n`) and the units below them.
+fn read_steps(input: &mut Bytes, now: Micros, first: Request) -> Vec<(Micros, Request)> {
+    let mut steps = vec![(now, first)];
     let mut now = now.0;
     while steps.len() < MAX_STEPS {
-        let (Some(moved), Some(cost)) = (input.take(), input.take()) else {
+        let (Some(moved), Some(word)) = (input.take(), input.take()) else {
             break;
         };
         let amount = moved >> 2;
@@ -590,13 +592,19 @@ fn read_steps(input: &mut Bytes, now: Micros, cost: u64) -> Vec<(Micros, u64)> {
             _ => amount,
         }
         .min(MAX_AT_US);
-        steps.push((Micros(now), cost % (MAX_PARAM + 1)));
+        let units = (word & ((1 << 62) - 1)) % (MAX_PARAM + 1);
+        let request = match word >> 62 {
+            2 => Request::Force(units),
+            3 => Request::Refund(units),
+            _ => Request::Cost(units),
+        };
+        steps.push((Micros(now), request));
     }
     steps
 }
 
 /// Runs the steps of one spec, from a fresh state.
-fn run_spec(spec: &Spec, steps: &[(Micros, u64)]) {
+fn run_spec(spec: &Spec, steps: &[(Micros, Request)]) {
     with_algorithm!(*spec, L, p => run_fresh::<L>(&p, steps));
     // A spec survives being written as words and parsed back (policy GET,
     // RL.ALL propagation).
@@ -630,11 +638,18 @@ fn run_spec(spec: &Spec, steps: &[(Micros, u64)]) {
 fn run_steps<L: LimiterCommand + Fuzzed>(
     state: &mut L::State,
     params: &L::Params,
-    steps: &[(Micros, u64)],
+    steps: &[(Micros, Request)],
 ) -> Vec<(u64, u64)> {
     let mut admitted = Vec::new();
-    for &(now, cost) in steps {
+    for &(now, request) in steps {
         let before = state.clone();
+        let cost = match request {
+            Request::Cost(cost) => cost,
+            _ => {
+                run_forced_or_refunded::<L>(state, params, request, now);
+                continue;
+            }
+        };
         let decided = L::decide(state, params, cost, now);
         let d = L::apply(state, params, cost, now);
         if tracing() {
@@ -676,12 +691,79 @@ fn run_steps<L: LimiterCommand + Fuzzed>(
     admitted
 }
 
+/// One `COST n FORCE` or `REFUND n` step: `decide` predicts `run`, the call
+/// is answered allowed with `remaining <= limit`, `changed` says whether the
+/// state changed, and a changed state re-encodes to itself and expires after
+/// now. A forced call answers what the unforced one would have; a refund
+/// answers as a peek after it and never takes room.
+fn run_forced_or_refunded<L: LimiterCommand + Fuzzed>(
+    state: &mut L::State,
+    params: &L::Params,
+    request: Request,
+    now: Micros,
+) {
+    let before = state.clone();
+    let predicted = limiter::decide::<L>(state, params, request, now);
+    let outcome = limiter::run::<L>(state, params, request, now);
+    if tracing() {
+        eprintln!(
+            "{params:?} {request:?} at {now:?}\n  {before:?}\n  -> {outcome:?}\n  -> {state:?}"
+        );
+    }
+    assert_eq!(predicted, outcome, "decide and run disagree");
+    assert_eq!(outcome.changed, *state != before, "changed is wrong");
+    let d = outcome.decision;
+    assert!(d.allowed, "{request:?} answered denied");
+    assert_eq!(
+        d.limit,
+        L::limit(params),
+        "limit is not the parameters' limit"
+    );
+    assert!(d.remaining <= d.limit, "remaining above the limit: {d:?}");
+    match request {
+        Request::Force(cost) => {
+            let unforced = L::decide(&before, params, cost, now);
+            assert_eq!(
+                d,
+                Decision {
+                    allowed: true,
+                    ..unforced
+                },
+                "FORCE answers unlike the call without it"
+            );
+        }
+        Request::Refund(_) => {
+            assert_eq!(
+                d,
+                L::decide(state, params, 0, now),
+                "a refund answers unlike a peek after it"
+            );
+            let peek_before = L::decide(&before, params, 0, now);
+            assert!(
+                d.remaining >= peek_before.remaining,
+                "a refund took room: {peek_before:?} -> {d:?}"
+            );
+        }
+        Request::Cost(_) => unreachable!("plain calls run in run_steps"),
+    }
+    if outcome.changed {
+        check_round_trip(state);
+        let idle_at_ms = L::idle_at_ms(state, params);
+        assert!(
+            idle_at_ms < i64::MAX as u64,
+            "expiry {idle_at_ms} ms overflows"
+        );
+    }
+}
+
 /// Runs `steps` from an idle limiter and, when the clock only went forward,
 /// checks the algorithm's own guarantee on what it admitted.
-fn run_fresh<L: LimiterCommand + Fuzzed>(params: &L::Params, steps: &[(Micros, u64)]) {
+fn run_fresh<L: LimiterCommand + Fuzzed>(params: &L::Params, steps: &[(Micros, Request)]) {
     let now = steps.first().map_or(Micros(T0_US), |s| s.0);
     let admitted = run_steps::<L>(&mut L::idle(params, now), params, steps);
-    if steps.windows(2).all(|w| w[0].0 <= w[1].0) {
+    // (A forced or refunded unit is outside the algorithm's guarantee.)
+    let plain = steps.iter().all(|(_, r)| matches!(r, Request::Cost(_)));
+    if plain && steps.windows(2).all(|w| w[0].0 <= w[1].0) {
         L::check_admissions(params, &admitted);
     }
 }
