@@ -450,6 +450,92 @@ mod refund_and_force {
         });
     }
 
+    fn ms(n: u64) -> Micros {
+        Micros(T0.0 + n * 1000)
+    }
+
+    /// A forced call's debt, as the instant the next unit is admitted: the
+    /// request is denied one microsecond before, admitted at it, and the
+    /// denial's `wait_ms` said so.
+    fn assert_repaid_at<A: Algorithm>(
+        state: &A::State,
+        params: &A::Params,
+        cost: u64,
+        from: Micros,
+        at: Micros,
+    ) {
+        let denied = A::decide(state, params, cost, from);
+        assert_eq!(
+            denied.wait,
+            Wait::Ms((at.0 - from.0).div_ceil(1000)),
+            "{denied:?}"
+        );
+        assert!(!A::decide(state, params, cost, Micros(at.0 - 1)).allowed);
+        assert!(A::decide(state, params, cost, at).allowed);
+    }
+
+    #[test]
+    fn a_buckets_debt_is_repaid_by_its_refill_exactly() {
+        // 10 tokens, one back every 100 ms: 10 taken and 5 forced leave 15
+        // owed; one more fits once 6 have come back, 600 ms later.
+        let p = TokenBucketParams {
+            capacity: 10,
+            refill_count: 1,
+            refill_ms: 100,
+        };
+        let mut s = TokenBucket::idle(&p, T0);
+        run::<TokenBucket>(&mut s, &p, Request::Cost(10), T0);
+        run::<TokenBucket>(&mut s, &p, Request::Force(5), T0);
+        assert_repaid_at::<TokenBucket>(&s, &p, 1, T0, ms(600));
+        assert_eq!(TokenBucket::idle_at_ms(&s, &p), ms(1500).as_ms_floor());
+        // The queue drains its debt the same way.
+        let p = LeakyBucketParams {
+            capacity: 10,
+            leak_count: 1,
+            leak_ms: 100,
+        };
+        let mut s = LeakyBucket::idle(&p, T0);
+        run::<LeakyBucket>(&mut s, &p, Request::Cost(10), T0);
+        run::<LeakyBucket>(&mut s, &p, Request::Force(5), T0);
+        assert_repaid_at::<LeakyBucket>(&s, &p, 1, T0, ms(600));
+    }
+
+    #[test]
+    fn a_windows_debt_leaves_with_its_units() {
+        // The fixed window forgets it at the window's end.
+        let p = FixedWindowParams {
+            limit: 10,
+            window_ms: 1000,
+        };
+        let mut s = FixedWindow::idle(&p, T0);
+        run::<FixedWindow>(&mut s, &p, Request::Cost(10), T0);
+        run::<FixedWindow>(&mut s, &p, Request::Force(5), ms(100));
+        assert_repaid_at::<FixedWindow>(&s, &p, 10, ms(100), ms(1000));
+        // The log: the 10 units of T0 leave at 1000 ms, the 5 forced at 100
+        // ms leave at 1100 ms.
+        let p = SlidingLogParams {
+            limit: 10,
+            window_ms: 1000,
+        };
+        let mut s = SlidingLog::idle(&p, T0);
+        run::<SlidingLog>(&mut s, &p, Request::Cost(10), T0);
+        run::<SlidingLog>(&mut s, &p, Request::Force(5), ms(100));
+        assert_repaid_at::<SlidingLog>(&s, &p, 5, ms(100), ms(1000));
+        assert_repaid_at::<SlidingLog>(&s, &p, 6, ms(100), ms(1100));
+        // Buckets of 100 ms: a unit counts until its whole bucket has left
+        // the window, 1100 ms after the bucket began.
+        let p = HashWindowParams {
+            limit: 10,
+            window_ms: 1000,
+            bucket_ms: 100,
+        };
+        let mut s = HashWindow::idle(&p, T0);
+        run::<HashWindow>(&mut s, &p, Request::Cost(10), T0);
+        run::<HashWindow>(&mut s, &p, Request::Force(5), ms(100));
+        assert_repaid_at::<HashWindow>(&s, &p, 5, ms(100), ms(1100));
+        assert_repaid_at::<HashWindow>(&s, &p, 6, ms(100), ms(1200));
+    }
+
     proptest! {
         /// Any sequence of COST, FORCE and REFUND at one instant holds what a
         /// plain counter says: held = min(held + cost, 2 * limit) when
