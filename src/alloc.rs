@@ -7,11 +7,21 @@
 //! allocator that made it.
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use redis_module::alloc::RedisAlloc;
 use redis_module::raw;
 
 pub struct ModuleAlloc;
+
+/// Blocks the module has allocated inside the server (`INFO ratelimit`'s
+/// `module_allocations`): a test holds the hot paths to allocating nothing.
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+/// Blocks allocated so far inside the server.
+pub fn allocations() -> u64 {
+    ALLOCATIONS.load(Ordering::Relaxed)
+}
 
 fn in_server() -> bool {
     // SAFETY: a plain read of a function pointer set once at module load.
@@ -22,6 +32,7 @@ fn in_server() -> bool {
 unsafe impl GlobalAlloc for ModuleAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         if in_server() {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
             RedisAlloc.alloc(layout)
         } else {
             System.alloc(layout)

@@ -215,37 +215,42 @@ pub fn limiter_call_with_params(
         return;
     }
     let mut strings = [ptr::null_mut(); 4];
+    // A string the cache lets go of may be one this call uses: it is
+    // released only once the call is propagated (Redis keeps a reference).
+    let mut evicted = [ptr::null_mut(); 3];
     strings[0] = key;
-    for (slot, &value) in strings[1..].iter_mut().zip(params) {
-        *slot = param_string(value);
+    for ((slot, old), &value) in strings[1..].iter_mut().zip(&mut evicted).zip(params) {
+        (*slot, *old) = param_string(value);
     }
     limiter_call(ctx, command, &strings[..1 + params.len()], request, now);
+    for old in evicted.into_iter().filter(|s| !s.is_null()) {
+        unsafe { api!(RedisModule_FreeString)(ptr::null_mut(), old) };
+    }
 }
 
 /// Slots of the parameter string cache.
-const PARAM_SLOTS: usize = 64;
+const PARAM_SLOTS: usize = 128;
 
-/// Strings of recently propagated parameter values, direct-mapped by value:
-/// policies and `RL.ALL` specs use a handful of values over and over, so
-/// their strings are made once (Redis only takes a reference to a string it
-/// propagates). Touched only on the main thread.
+/// Strings of recently propagated parameter values, direct-mapped by a hash
+/// of the value: policies and `RL.ALL` specs use a handful of values over and
+/// over, so their strings are made once (Redis only takes a reference to a
+/// string it propagates). Touched only on the main thread.
 static PARAM_CACHE: [(AtomicU64, AtomicPtr<raw::RedisModuleString>); PARAM_SLOTS] =
     [const { (AtomicU64::new(0), AtomicPtr::new(ptr::null_mut())) }; PARAM_SLOTS];
 
-/// The decimal string of `value`, from the cache (made, and the slot's
-/// previous string released, on a miss).
-fn param_string(value: u64) -> *mut raw::RedisModuleString {
-    let (cached_value, cached) = &PARAM_CACHE[(value % PARAM_SLOTS as u64) as usize];
+/// The decimal string of `value`, from the cache, and the string the cache
+/// let go of to make room for it (null on a hit), which the caller releases.
+fn param_string(value: u64) -> (*mut raw::RedisModuleString, *mut raw::RedisModuleString) {
+    // Fibonacci hashing: round numbers (1000, 60000, 86400000) spread out.
+    let slot = (value.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 57) as usize % PARAM_SLOTS;
+    let (cached_value, cached) = &PARAM_CACHE[slot];
     let string = cached.load(Ordering::Relaxed);
     if !string.is_null() && cached_value.load(Ordering::Relaxed) == value {
-        return string;
+        return (string, ptr::null_mut());
     }
     let made =
         unsafe { api!(RedisModule_CreateStringFromLongLong)(ptr::null_mut(), value as c_longlong) };
-    if !string.is_null() {
-        unsafe { api!(RedisModule_FreeString)(ptr::null_mut(), string) };
-    }
     cached_value.store(value, Ordering::Relaxed);
     cached.store(made, Ordering::Relaxed);
-    made
+    (made, string)
 }

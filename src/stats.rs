@@ -123,5 +123,6 @@ pub unsafe extern "C" fn info(
             crate::config::get(&crate::config::LOG_MAX_LEN),
         );
         field("propagation_pinned", crate::replicate::pinned() as u64);
+        field("module_allocations", crate::alloc::allocations());
     })
 }

@@ -309,3 +309,51 @@ fn admitted_calls_propagate_with_the_masters_time_pinned() {
         });
     });
 }
+
+/// Calls through policies and `RL.ALL` propagate their parameters from a
+/// small cache of strings: hundreds of distinct values (round ones, which
+/// collide in a naive cache) evict each other within single calls, and the
+/// replica still ends byte-identical (an evicted string in use by the call
+/// being propagated once crashed the master).
+#[test]
+fn policy_and_rl_all_parameters_replicate_exactly_however_many_there_are() {
+    for_each_server(|kind| {
+        let master = Server::start(kind, QUIET_MASTER);
+        let replica = replica_of(&master);
+        let mut con = master.conn();
+        let mut pipe = redis::pipe();
+        let mut keys = Vec::new();
+        for i in 1..=300u64 {
+            let (limit, window) = ((i * 64).to_string(), (i * 128 + 64_000).to_string());
+            let name = format!("p{i}");
+            pipe.add_command(command(&[
+                "RL.POLICY",
+                "SET",
+                &name,
+                "FIXEDWINDOW",
+                &limit,
+                &window,
+            ]))
+            .ignore();
+            let (key, a, b) = (format!("k{i}"), format!("{{x{i}}}a"), format!("{{x{i}}}b"));
+            pipe.add_command(command(&["RL.HIT", &name, &key])).ignore();
+            let (limit2, window2) = ((i * 7 + 1).to_string(), (i * 64 + 5000).to_string());
+            pipe.add_command(command(&[
+                "RL.ALL",
+                "2",
+                &a,
+                &b,
+                "POLICY",
+                &name,
+                "FIXEDWINDOW",
+                &limit2,
+                &window2,
+            ]))
+            .ignore();
+            keys.extend([key, a, b]);
+        }
+        let _: () = pipe.query(&mut con).expect("the calls");
+        wait_for_sync(&master, &replica);
+        assert_same_dataset(&master, &replica, &keys);
+    });
+}

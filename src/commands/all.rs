@@ -60,8 +60,9 @@ unsafe fn key_positions(
     if argc < 3 {
         return;
     }
-    let args = unsafe { super::all_args(argv, 2) };
-    let Ok(numkeys) = parse_int(args[1], "numkeys", 1, MAX_KEYS as u64) else {
+    // Asked on every call by some servers (Valkey): nothing allocated.
+    let numkeys = unsafe { super::bytes(*argv.add(1)) };
+    let Ok(numkeys) = parse_int(numkeys, "numkeys", 1, MAX_KEYS as u64) else {
         return;
     };
     for position in 2..(2 + numkeys as c_int).min(argc) {

@@ -61,7 +61,7 @@ pub unsafe fn all_args<'a>(argv: *mut *mut raw::RedisModuleString, argc: c_int) 
         .collect()
 }
 
-unsafe fn bytes<'a>(s: *mut raw::RedisModuleString) -> &'a [u8] {
+pub(crate) unsafe fn bytes<'a>(s: *mut raw::RedisModuleString) -> &'a [u8] {
     let mut len = 0usize;
     let ptr = unsafe { api!(RedisModule_StringPtrLen)(s, &mut len) };
     if ptr.is_null() {
