@@ -212,32 +212,36 @@ pub unsafe extern "C" fn RedisModule_OnLoad(
     argv: *mut *mut raw::RedisModuleString,
     argc: c_int,
 ) -> c_int {
-    let init = unsafe {
-        raw::Export_RedisModule_Init(
-            ctx,
-            MODULE_NAME.as_ptr(),
-            MODULE_VERSION,
-            raw::REDISMODULE_APIVER_1 as c_int,
-        )
-    };
-    if init != OK {
-        return ERR;
-    }
-    let arguments = unsafe { commands::all_args(argv, argc) };
-    if let Err(message) = config::apply_load_arguments(&arguments) {
-        let mut message = format!("ratelimit: {message}").into_bytes();
-        message.retain(|&b| b != 0);
-        message.push(0);
-        if let Ok(message) = CStr::from_bytes_with_nul(&message) {
-            log_warning(ctx, message);
+    // Everything, from Init on, inside the guard: a panic while reading the
+    // load arguments fails the load instead of aborting the server.
+    guard::callback(ERR, || {
+        let init = unsafe {
+            raw::Export_RedisModule_Init(
+                ctx,
+                MODULE_NAME.as_ptr(),
+                MODULE_VERSION,
+                raw::REDISMODULE_APIVER_1 as c_int,
+            )
+        };
+        if init != OK {
+            return ERR;
         }
-        return ERR;
-    }
-    guard::callback(ERR, || match unsafe { load(ctx) } {
-        Ok(()) => OK,
-        Err(message) => {
-            log_warning(ctx, message);
-            ERR
+        let arguments = unsafe { commands::all_args(argv, argc) };
+        if let Err(message) = config::apply_load_arguments(&arguments) {
+            let mut message = format!("ratelimit: {message}").into_bytes();
+            message.retain(|&b| b != 0);
+            message.push(0);
+            if let Ok(message) = CStr::from_bytes_with_nul(&message) {
+                log_warning(ctx, message);
+            }
+            return ERR;
+        }
+        match unsafe { load(ctx) } {
+            Ok(()) => OK,
+            Err(message) => {
+                log_warning(ctx, message);
+                ERR
+            }
         }
     })
 }
