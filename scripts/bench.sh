@@ -196,6 +196,8 @@ throughput_table() {
       ratio_row("RL.LEAKYBUCKET / INCR", "leakybucket", "incr", "0.8", "x")
       ratio_row("RL.SLIDING / INCR", "sliding", "incr", "0.8", "x")
       ratio_row("RL.HASHWINDOW / INCR", "hashwindow", "incr", "0.8", "x")
+      ratio_row("RL.HIT, policy TOKENBUCKET / INCR", "hit", "incr", "", "")
+      ratio_row("RL.HIT / RL.TOKENBUCKET (live)", "hit", "tokenbucket", "", "")
       ratio_row("RL.ALL, two limiters / INCR", "all2", "incr", "0.6", "x")
       ratio_row("denials, deny log on / off", "denied_log", "denied_nolog", "", "")
       ratio_row("RL.TOKENBUCKET / Lua, live keys", "tokenbucket", "lua", "5", "x")
@@ -222,6 +224,8 @@ log "redis-server pid $SERVER_PID on 127.0.0.1:$PORT"
 LUA_SHA="$(cli SCRIPT LOAD "$(cat bench/lua/token_bucket.lua)")"
 LOG_SHA="$(cli SCRIPT LOAD "$(cat bench/lua/sliding_log.lua)")"
 HASH_SHA="$(cli SCRIPT LOAD "$(cat bench/lua/hash_window.lua)")"
+# RL.HIT's policy: the live token bucket's parameters.
+cli RL.POLICY SET bench-tb TOKENBUCKET 1000 1 1000 >/dev/null
 : >"$WORKLOADS"
 : >"$RESULTS"
 add_workload incr "INCR key:r" "$N_NATIVE" "INCR key:__rand_int__"
@@ -242,6 +246,9 @@ add_workload hashwindow "RL.HASHWINDOW hw:r 1000 60000 1000" "$N_NATIVE" "RL.HAS
 # written), with the deny log off and on: what recording a denial costs.
 add_workload denied_nolog "RL.TOKENBUCKET denied, deny log off" "$N_NATIVE" "RL.TOKENBUCKET dn:__rand_int__ 5 1 1000 COST 6"
 add_workload denied_log "RL.TOKENBUCKET denied, deny log on" "$N_NATIVE" "RL.TOKENBUCKET dl:__rand_int__ 5 1 1000 COST 6"
+# The live token bucket through a policy, set before the workloads (FLUSHALL
+# keeps policies): what looking up the rule, its mode and roll-out adds.
+add_workload hit "RL.HIT bench-tb ht:r (policy 1000 1 1000)" "$N_NATIVE" "RL.HIT bench-tb ht:__rand_int__"
 # Two limits in one call: a per-user token bucket and a shared window.
 add_workload all2 "RL.ALL 2 (token bucket + fixed window)" "$N_NATIVE" "RL.ALL 2 au:__rand_int__ ag:__rand_int__ TOKENBUCKET 1000 1 1000 FIXEDWINDOW 100000 60000"
 add_workload lua "Lua token bucket lua:r 1000 1 1000 (live)" "$N_LUA" "EVALSHA $LUA_SHA 1 lua:__rand_int__ 1000 1 1000"

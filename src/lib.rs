@@ -26,6 +26,7 @@ use std::os::raw::c_int;
 
 use redis_module::raw;
 
+use crate::commands::docs::{raw_args, Arg, Subcommand, COST, COST_OR_REFUND};
 use crate::commands::limiter::handler as limiter;
 use crate::limiter::fixed_window::FixedWindowState;
 use crate::limiter::hash_window::HashWindowState;
@@ -53,8 +54,8 @@ type Handler = unsafe extern "C" fn(
 
 /// One command: name, handler, Redis flags, key positions (first, last,
 /// step), arity (negative: at least that many words, command name included),
-/// what `COMMAND DOCS` shows, and the ACL categories where the server
-/// supports them.
+/// what `COMMAND DOCS` shows (summary, complexity, arguments), and the ACL
+/// categories where the server supports them.
 struct Command {
     name: &'static CStr,
     handler: Handler,
@@ -63,6 +64,7 @@ struct Command {
     arity: c_int,
     summary: &'static CStr,
     complexity: &'static CStr,
+    args: &'static [Arg],
     acl: &'static CStr,
 }
 
@@ -75,6 +77,13 @@ const COMMANDS: &[Command] = &[
         arity: -5,
         summary: c"Token bucket with continuous refill: admits a request of COST units (default 1) if the bucket holds them",
         complexity: c"O(1)",
+        args: &[
+            Arg::key(c"key"),
+            Arg::integer(c"capacity"),
+            Arg::integer(c"refill_count"),
+            Arg::integer(c"refill_ms"),
+            COST_OR_REFUND,
+        ],
         acl: c"write fast",
     },
     Command {
@@ -85,6 +94,12 @@ const COMMANDS: &[Command] = &[
         arity: -4,
         summary: c"Fixed window counter aligned on the Unix epoch: admits a request of COST units (default 1) if the window has room",
         complexity: c"O(1)",
+        args: &[
+            Arg::key(c"key"),
+            Arg::integer(c"limit"),
+            Arg::integer(c"window_ms"),
+            COST_OR_REFUND,
+        ],
         acl: c"write fast",
     },
     Command {
@@ -95,6 +110,13 @@ const COMMANDS: &[Command] = &[
         arity: -5,
         summary: c"Leaky bucket as a shaping queue: admits a request of COST units if the queue has room, and tells in wait_ms when its turn comes",
         complexity: c"O(1)",
+        args: &[
+            Arg::key(c"key"),
+            Arg::integer(c"capacity"),
+            Arg::integer(c"leak_count"),
+            Arg::integer(c"leak_ms"),
+            COST_OR_REFUND,
+        ],
         acl: c"write fast",
     },
     Command {
@@ -105,6 +127,12 @@ const COMMANDS: &[Command] = &[
         arity: -4,
         summary: c"Exact sliding log: admits a request of COST units if no window_ms interval would hold more than limit units",
         complexity: c"O(1) amortised for admissions, O(log N) for denials, N the entries in the window",
+        args: &[
+            Arg::key(c"key"),
+            Arg::integer(c"limit"),
+            Arg::integer(c"window_ms"),
+            COST_OR_REFUND,
+        ],
         acl: c"write fast",
     },
     Command {
@@ -115,6 +143,13 @@ const COMMANDS: &[Command] = &[
         arity: -5,
         summary: c"Sliding window approximated by fixed buckets: admits a request of COST units if the buckets covering window_ms have room",
         complexity: c"O(1) amortised for admissions, O(B) for denials, B = window_ms / bucket_ms",
+        args: &[
+            Arg::key(c"key"),
+            Arg::integer(c"limit"),
+            Arg::integer(c"window_ms"),
+            Arg::integer(c"bucket_ms"),
+            COST_OR_REFUND,
+        ],
         acl: c"write fast",
     },
     Command {
@@ -125,6 +160,14 @@ const COMMANDS: &[Command] = &[
         arity: -5,
         summary: c"Several limiters at once, all or nothing: units are taken from every limiter only if every one admits",
         complexity: c"O(K) for K limiters, each as its own command",
+        args: &[
+            Arg::integer(c"numkeys"),
+            Arg::key(c"key").multiple(),
+            Arg::string(c"spec")
+                .multiple()
+                .summary(c"an algorithm and its parameters, or POLICY name"),
+            COST.optional(),
+        ],
         acl: c"write",
     },
     Command {
@@ -135,6 +178,7 @@ const COMMANDS: &[Command] = &[
         arity: -3,
         summary: c"Applies policy `name` to limiter key `key`: the policy's algorithm, mode and roll-out",
         complexity: c"As the policy's algorithm",
+        args: &[Arg::string(c"name"), Arg::key(c"key"), COST_OR_REFUND],
         acl: c"write fast",
     },
     Command {
@@ -145,6 +189,12 @@ const COMMANDS: &[Command] = &[
         arity: -5,
         summary: c"Internal: sets a limiter's raw state (AOF rewrite); accepted only while loading or from the master",
         complexity: c"O(1)",
+        args: &[
+            Arg::key(c"key"),
+            Arg::string(c"algorithm"),
+            Arg::integer(c"encoding"),
+            Arg::integer(c"fields").multiple(),
+        ],
         acl: c"write",
     },
 ];
@@ -162,32 +212,36 @@ pub unsafe extern "C" fn RedisModule_OnLoad(
     argv: *mut *mut raw::RedisModuleString,
     argc: c_int,
 ) -> c_int {
-    let init = unsafe {
-        raw::Export_RedisModule_Init(
-            ctx,
-            MODULE_NAME.as_ptr(),
-            MODULE_VERSION,
-            raw::REDISMODULE_APIVER_1 as c_int,
-        )
-    };
-    if init != OK {
-        return ERR;
-    }
-    let arguments = unsafe { commands::all_args(argv, argc) };
-    if let Err(message) = config::apply_load_arguments(&arguments) {
-        let mut message = format!("ratelimit: {message}").into_bytes();
-        message.retain(|&b| b != 0);
-        message.push(0);
-        if let Ok(message) = CStr::from_bytes_with_nul(&message) {
-            log_warning(ctx, message);
+    // Everything, from Init on, inside the guard: a panic while reading the
+    // load arguments fails the load instead of aborting the server.
+    guard::callback(ERR, || {
+        let init = unsafe {
+            raw::Export_RedisModule_Init(
+                ctx,
+                MODULE_NAME.as_ptr(),
+                MODULE_VERSION,
+                raw::REDISMODULE_APIVER_1 as c_int,
+            )
+        };
+        if init != OK {
+            return ERR;
         }
-        return ERR;
-    }
-    guard::callback(ERR, || match unsafe { load(ctx) } {
-        Ok(()) => OK,
-        Err(message) => {
-            log_warning(ctx, message);
-            ERR
+        let arguments = unsafe { commands::all_args(argv, argc) };
+        if let Err(message) = config::apply_load_arguments(&arguments) {
+            let mut message = format!("ratelimit: {message}").into_bytes();
+            message.retain(|&b| b != 0);
+            message.push(0);
+            if let Ok(message) = CStr::from_bytes_with_nul(&message) {
+                log_warning(ctx, message);
+            }
+            return ERR;
+        }
+        match unsafe { load(ctx) } {
+            Ok(()) => OK,
+            Err(message) => {
+                log_warning(ctx, message);
+                ERR
+            }
         }
     })
 }
@@ -219,14 +273,14 @@ unsafe fn load(ctx: *mut raw::RedisModuleCtx) -> Result<(), &'static CStr> {
     register_container(
         ctx,
         c"RL.POLICY",
-        c"Manages policies: SET, GET, DEL, LIST",
+        c"Manages policies: SET, GET, DEL, LIST, HELP",
         &commands::policy::SUBCOMMANDS,
         custom_category,
     )?;
     register_container(
         ctx,
         c"RL.LOG",
-        c"Reads the deny log: GET, LEN, RESET",
+        c"Reads the deny log: GET, LEN, RESET, HELP",
         &commands::log::SUBCOMMANDS,
         custom_category,
     )?;
@@ -250,24 +304,26 @@ unsafe fn load(ctx: *mut raw::RedisModuleCtx) -> Result<(), &'static CStr> {
         if cmd.is_null() {
             return Err(c"could not find a command just created");
         }
-        set_command_info(cmd, command, command.keys == (0, 0, 0))?;
-        set_acl_categories(ctx, cmd, command, custom_category);
+        let info = Info {
+            summary: command.summary,
+            complexity: command.complexity,
+            arity: command.arity,
+            args: command.args,
+            keys_by_numkeys: command.keys == (0, 0, 0),
+        };
+        set_command_info(cmd, &info)?;
+        set_acl_categories(ctx, cmd, command.acl, custom_category);
     }
     Ok(())
 }
 
 /// A command made of subcommands (`RL.POLICY SET ...`), each with its own
-/// flags and arity.
+/// flags, arity and `COMMAND DOCS`.
 fn register_container(
     ctx: *mut raw::RedisModuleCtx,
     name: &'static CStr,
     summary: &'static CStr,
-    subcommands: &[(
-        &'static CStr,
-        commands::policy::HandlerFn,
-        &'static CStr,
-        c_int,
-    )],
+    subcommands: &'static [Subcommand],
     custom_category: bool,
 ) -> Result<(), &'static CStr> {
     let created =
@@ -279,13 +335,22 @@ fn register_container(
     if parent.is_null() {
         return Err(c"could not find a command just created");
     }
-    for &(sub, handler, flags, arity) in subcommands {
+    let container = Info {
+        summary,
+        // Redis's own words for its containers (CONFIG, CLIENT, ...).
+        complexity: c"Depends on subcommand.",
+        arity: -2,
+        args: &[],
+        keys_by_numkeys: false,
+    };
+    set_command_info(parent, &container)?;
+    for sub in subcommands {
         let created = unsafe {
             api!(RedisModule_CreateSubcommand)(
                 parent,
-                sub.as_ptr(),
-                Some(handler),
-                flags.as_ptr(),
+                sub.name.as_ptr(),
+                Some(sub.handler),
+                sub.flags.as_ptr(),
                 0,
                 0,
                 0,
@@ -297,40 +362,49 @@ fn register_container(
         let full = format!(
             "{}|{}",
             name.to_string_lossy(),
-            sub.to_string_lossy().to_lowercase()
+            sub.name.to_string_lossy().to_lowercase()
         );
         let full = std::ffi::CString::new(full).expect("no NUL in a name");
         let cmd = unsafe { api!(RedisModule_GetCommand)(ctx, full.as_ptr()) };
         if cmd.is_null() {
             return Err(c"could not find a subcommand just created");
         }
-        let spec = Command {
-            name,
-            handler,
-            flags,
-            keys: (0, 0, 0),
-            arity,
-            summary,
-            complexity: c"O(1)",
-            acl: if flags.to_bytes().starts_with(b"write") {
-                c"write"
-            } else {
-                c"read"
-            },
+        let info = Info {
+            summary: sub.summary,
+            complexity: sub.complexity,
+            arity: sub.arity,
+            args: sub.args,
+            keys_by_numkeys: false,
         };
-        set_command_info(cmd, &spec, false)?;
-        set_acl_categories(ctx, cmd, &spec, custom_category);
+        set_command_info(cmd, &info)?;
+        let acl = if sub.flags.to_bytes().starts_with(b"write") {
+            c"write"
+        } else {
+            c"read"
+        };
+        set_acl_categories(ctx, cmd, acl, custom_category);
     }
     Ok(())
 }
 
+/// What `COMMAND INFO` and `COMMAND DOCS` say of a command beyond its flags
+/// and key positions.
+struct Info {
+    summary: &'static CStr,
+    complexity: &'static CStr,
+    arity: c_int,
+    args: &'static [Arg],
+    /// RL.ALL: the keys follow `numkeys`, declared as a key spec.
+    keys_by_numkeys: bool,
+}
+
 /// Arity (so that a wrong argument count inside `MULTI` aborts the
-/// transaction at once, like Redis's own commands) and `COMMAND DOCS` text.
-/// The key positions stay those given to `CreateCommand`.
+/// transaction at once, like Redis's own commands) and `COMMAND DOCS`:
+/// summary, complexity, arguments. The key positions stay those given to
+/// `CreateCommand`.
 fn set_command_info(
     cmd: *mut raw::RedisModuleCommand,
-    command: &Command,
-    keys_by_numkeys: bool,
+    command: &Info,
 ) -> Result<(), &'static CStr> {
     static VERSION: raw::RedisModuleCommandInfoVersion = raw::RedisModuleCommandInfoVersion {
         version: 1,
@@ -359,7 +433,7 @@ fn set_command_info(
         // terminator
         unsafe { std::mem::zeroed() },
     ];
-    let key_specs = if keys_by_numkeys {
+    let key_specs = if command.keys_by_numkeys {
         numkeys_spec.as_mut_ptr()
     } else {
         std::ptr::null_mut()
@@ -373,7 +447,7 @@ fn set_command_info(
         tips: std::ptr::null(),
         arity: command.arity,
         key_specs,
-        args: std::ptr::null_mut(),
+        args: raw_args(command.args),
     };
     if unsafe { api!(RedisModule_SetCommandInfo)(cmd, &mut info) } != OK {
         return Err(c"could not set command info");
@@ -386,13 +460,13 @@ fn set_command_info(
 fn set_acl_categories(
     ctx: *mut raw::RedisModuleCtx,
     cmd: *mut raw::RedisModuleCommand,
-    command: &Command,
+    acl: &CStr,
     custom: bool,
 ) {
     let Some(set) = (unsafe { raw::RedisModule_SetCommandACLCategories }) else {
         return;
     };
-    let mut categories = command.acl.to_bytes().to_vec();
+    let mut categories = acl.to_bytes().to_vec();
     if custom {
         categories.push(b' ');
         categories.extend_from_slice(ACL_CATEGORY.to_bytes());
@@ -437,4 +511,53 @@ pub(crate) unsafe extern "C" fn on_server_event(
             policy::clear();
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::commands::docs::words;
+
+    /// Every command and subcommand with its arity and the words before its
+    /// arguments.
+    fn every_command() -> Vec<(String, c_int, &'static [Arg], usize)> {
+        let subcommands = |container: &str, table: &'static [Subcommand]| {
+            table
+                .iter()
+                .map(|s| {
+                    let name = format!("{container} {}", s.name.to_string_lossy());
+                    (name, s.arity, s.args, 2)
+                })
+                .collect::<Vec<_>>()
+        };
+        let mut all: Vec<_> = COMMANDS
+            .iter()
+            .map(|c| (c.name.to_string_lossy().into_owned(), c.arity, c.args, 1))
+            .collect();
+        all.extend(subcommands("RL.POLICY", &commands::policy::SUBCOMMANDS));
+        all.extend(subcommands("RL.LOG", &commands::log::SUBCOMMANDS));
+        all
+    }
+
+    /// The arguments `COMMAND DOCS` shows fit the arity the server checks: a
+    /// call with only the required ones has the arity's words, and a fixed
+    /// arity has no optional or repeated argument.
+    #[test]
+    fn documented_arguments_agree_with_the_arity() {
+        for (name, arity, args, before) in every_command() {
+            let (min, max) = words(args);
+            if arity > 0 {
+                let arity = arity as usize;
+                assert_eq!((min, max), (arity - before, Some(arity - before)), "{name}");
+            } else {
+                // RL.ALL: a spec is at least two words (`POLICY name`).
+                let spec_words = usize::from(name == "RL.ALL");
+                assert_eq!(
+                    min + spec_words,
+                    arity.unsigned_abs() as usize - before,
+                    "{name}"
+                );
+            }
+        }
+    }
 }

@@ -1,6 +1,7 @@
-//! What the server reports about the module: its name, its key types, and
-//! each command's key positions and flags (what cluster clients and ACLs
-//! rely on).
+//! What the server reports about the module: its name, its key types, each
+//! command's key positions and flags (what cluster clients and ACLs rely
+//! on), and each command's `COMMAND DOCS` (what `redis-cli` hints and client
+//! generators read).
 
 mod common;
 
@@ -154,5 +155,328 @@ fn limiter_commands_are_case_insensitive() {
         assert_eq!((r.allowed, r.remaining), (true, 4));
         let r = rl(&mut con, &["Rl.FixedWindow", "fw", "5", "1000"]);
         assert_eq!((r.allowed, r.remaining), (true, 4));
+    });
+}
+
+/// The value after `name` in a flat `[name, value, ...]` reply (or a map),
+/// the name compared without case: servers show command names as registered.
+fn entry<'a>(reply: &'a Value, name: &str) -> Option<&'a Value> {
+    let matches = |k: &Value| text(k).is_some_and(|k| k.eq_ignore_ascii_case(name));
+    match reply {
+        Value::Array(items) => items
+            .chunks(2)
+            .find(|pair| pair.len() == 2 && matches(&pair[0]))
+            .map(|pair| &pair[1]),
+        Value::Map(pairs) => pairs.iter().find(|(k, _)| matches(k)).map(|(_, v)| v),
+        _ => None,
+    }
+}
+
+fn items(value: &Value) -> &[Value] {
+    match value {
+        Value::Array(items) | Value::Set(items) => items,
+        other => panic!("expected an array, got {other:?}"),
+    }
+}
+
+/// What `COMMAND DOCS` says of one command: `RL.POLICY SET` is looked up in
+/// the container's `subcommands`, where the servers nest it.
+fn docs(con: &mut Connection, name: &str) -> Value {
+    let (container, sub) = match name.split_once(' ') {
+        Some((container, sub)) => (container, Some(sub)),
+        None => (name, None),
+    };
+    let reply: Value = query(con, &["COMMAND", "DOCS", container]);
+    let doc =
+        entry(&reply, container).unwrap_or_else(|| panic!("COMMAND DOCS {container}: {reply:?}"));
+    match sub {
+        None => doc.clone(),
+        Some(sub) => {
+            let subcommands = field(doc, "subcommands")
+                .unwrap_or_else(|| panic!("{container} has no subcommands: {doc:?}"));
+            entry(subcommands, &format!("{container}|{sub}"))
+                .unwrap_or_else(|| panic!("{container} lacks {sub}: {subcommands:?}"))
+                .clone()
+        }
+    }
+}
+
+/// A documented field's text, `""` when absent.
+fn doc_text(doc: &Value, name: &str) -> String {
+    field(doc, name).and_then(text).unwrap_or_default()
+}
+
+/// The arguments as syntax, the way `redis-cli` hints show them:
+/// `key capacity ... [COST units [FORCE]|REFUND units]`.
+fn syntax(args: &[Value]) -> String {
+    let words: Vec<String> = args.iter().map(syntax_of).collect();
+    words.join(" ")
+}
+
+fn syntax_of(arg: &Value) -> String {
+    let kind = doc_text(arg, "type");
+    let token = doc_text(arg, "token");
+    let members = || items(field(arg, "arguments").expect("members of a oneof or block"));
+    let flags: Vec<String> = field(arg, "flags")
+        .map(|f| items(f).iter().filter_map(text).collect())
+        .unwrap_or_default();
+    let mut shown = match kind.as_str() {
+        "pure-token" => token.clone(),
+        "oneof" => {
+            let each: Vec<String> = members().iter().map(syntax_of).collect();
+            each.join("|")
+        }
+        "block" => syntax(members()),
+        _ => doc_text(arg, "name"),
+    };
+    if !token.is_empty() && kind != "pure-token" {
+        shown = format!("{token} {shown}");
+    }
+    if flags.iter().any(|f| f == "multiple") {
+        shown = format!("{shown} [{shown} ...]");
+    }
+    if flags.iter().any(|f| f == "optional") {
+        shown = format!("[{shown}]");
+    }
+    shown
+}
+
+/// Every argument, depth first, as `name:type`; a key must name the
+/// command's key spec.
+fn names_and_types(args: &[Value], out: &mut Vec<String>) {
+    for arg in args {
+        let kind = doc_text(arg, "type");
+        if kind == "key" {
+            assert_eq!(
+                field(arg, "key_spec_index"),
+                Some(&Value::Int(0)),
+                "key {arg:?}"
+            );
+        }
+        out.push(format!("{}:{kind}", doc_text(arg, "name")));
+        if let Some(members) = field(arg, "arguments") {
+            names_and_types(items(members), out);
+        }
+    }
+}
+
+/// `[COST n [FORCE] | REFUND n]`, the options of every limiter and RL.HIT.
+const COST_OR_REFUND: &str = "[COST units [FORCE]|REFUND units]";
+const COST_OR_REFUND_ARGS: [&str; 6] = [
+    "cost-or-refund:oneof",
+    "cost:block",
+    "units:integer",
+    "force:pure-token",
+    "refund:block",
+    "units:integer",
+];
+
+/// What `COMMAND DOCS` must say of a command or subcommand.
+struct Documented {
+    name: &'static str,
+    /// The complexity, or how it starts.
+    complexity: &'static str,
+    syntax: String,
+    /// Every argument, depth first, as `name:type`.
+    args: Vec<String>,
+}
+
+fn documented(
+    name: &'static str,
+    complexity: &'static str,
+    syntax: &str,
+    args: &[&str],
+) -> Documented {
+    Documented {
+        name,
+        complexity,
+        syntax: syntax.to_string(),
+        args: args.iter().map(|a| a.to_string()).collect(),
+    }
+}
+
+/// A limiter command: the key, integer parameters, then the options.
+fn limiter(name: &'static str, complexity: &'static str, params: &[&str]) -> Documented {
+    let mut args = vec!["key:key".to_string()];
+    args.extend(params.iter().map(|p| format!("{p}:integer")));
+    args.extend(COST_OR_REFUND_ARGS.map(String::from));
+    Documented {
+        name,
+        complexity,
+        syntax: format!("key {} {COST_OR_REFUND}", params.join(" ")),
+        args,
+    }
+}
+
+/// Every command and subcommand.
+fn every_command() -> Vec<Documented> {
+    let mut hit_args = vec!["name:string", "key:key"];
+    hit_args.extend(COST_OR_REFUND_ARGS);
+    vec![
+        limiter(
+            "RL.TOKENBUCKET",
+            "O(1)",
+            &["capacity", "refill_count", "refill_ms"],
+        ),
+        limiter(
+            "RL.LEAKYBUCKET",
+            "O(1)",
+            &["capacity", "leak_count", "leak_ms"],
+        ),
+        limiter("RL.SLIDING", "O(1) amortised", &["limit", "window_ms"]),
+        limiter(
+            "RL.HASHWINDOW",
+            "O(1) amortised",
+            &["limit", "window_ms", "bucket_ms"],
+        ),
+        limiter("RL.FIXEDWINDOW", "O(1)", &["limit", "window_ms"]),
+        documented(
+            "RL.ALL",
+            "O(K)",
+            "numkeys key [key ...] spec [spec ...] [COST units [FORCE]]",
+            &[
+                "numkeys:integer",
+                "key:key",
+                "spec:string",
+                "cost:block",
+                "units:integer",
+                "force:pure-token",
+            ],
+        ),
+        documented(
+            "RL.HIT",
+            "As the policy's algorithm",
+            &format!("name key {COST_OR_REFUND}"),
+            &hit_args,
+        ),
+        documented(
+            "RL.SETSTATE",
+            "O(1)",
+            "key algorithm encoding fields [fields ...]",
+            &[
+                "key:key",
+                "algorithm:string",
+                "encoding:integer",
+                "fields:integer",
+            ],
+        ),
+        documented(
+            "RL.POLICY SET",
+            "O(1)",
+            "name TOKENBUCKET|FIXEDWINDOW|LEAKYBUCKET|SLIDING|HASHWINDOW params [params ...] \
+             [MODE ENFORCE|SHADOW|OFF] [ROLLOUT percent]",
+            &[
+                "name:string",
+                "algorithm:oneof",
+                "tokenbucket:pure-token",
+                "fixedwindow:pure-token",
+                "leakybucket:pure-token",
+                "sliding:pure-token",
+                "hashwindow:pure-token",
+                "params:integer",
+                "mode:oneof",
+                "enforce:pure-token",
+                "shadow:pure-token",
+                "off:pure-token",
+                "percent:integer",
+            ],
+        ),
+        documented("RL.POLICY GET", "O(1)", "name", &["name:string"]),
+        documented("RL.POLICY DEL", "O(1)", "name", &["name:string"]),
+        documented(
+            "RL.POLICY LIST",
+            "O(N) where N is the number of policies",
+            "",
+            &[],
+        ),
+        documented("RL.POLICY HELP", "O(1)", "", &[]),
+        documented(
+            "RL.LOG GET",
+            "O(N) where N is the number of entries returned",
+            "[count]",
+            &["count:integer"],
+        ),
+        documented("RL.LOG LEN", "O(1)", "", &[]),
+        documented("RL.LOG RESET", "O(N)", "", &[]),
+        documented("RL.LOG HELP", "O(1)", "", &[]),
+    ]
+}
+
+#[test]
+fn command_docs_give_every_command_its_complexity_and_arguments() {
+    for_each_server(|kind| {
+        let server = Server::start(kind, &[]);
+        let mut con = server.conn();
+        for expected in every_command() {
+            let name = expected.name;
+            let doc = docs(&mut con, name);
+            let complexity = doc_text(&doc, "complexity");
+            assert!(
+                complexity.starts_with(expected.complexity),
+                "{name} complexity {complexity:?}"
+            );
+            let args = field(&doc, "arguments").map(items).unwrap_or_default();
+            assert_eq!(syntax(args), expected.syntax, "{name} syntax");
+            let mut got = Vec::new();
+            names_and_types(args, &mut got);
+            assert_eq!(got, expected.args, "{name} arguments");
+        }
+    });
+}
+
+#[test]
+fn command_docs_give_every_command_its_own_summary() {
+    for_each_server(|kind| {
+        let server = Server::start(kind, &[]);
+        let mut con = server.conn();
+        let containers = ["RL.POLICY", "RL.LOG"].map(|c| doc_text(&docs(&mut con, c), "summary"));
+        for container in &containers {
+            assert!(!container.is_empty(), "containers {containers:?}");
+        }
+        let mut seen: Vec<(&str, String)> = Vec::new();
+        for Documented { name, .. } in every_command() {
+            let summary = doc_text(&docs(&mut con, name), "summary");
+            assert!(!summary.is_empty(), "{name} has no summary");
+            assert!(
+                !containers.contains(&summary),
+                "{name} shows its container's summary"
+            );
+            // The two HELPs say the same, as Redis's own HELP subcommands do.
+            if !name.ends_with(" HELP") {
+                if let Some((other, _)) = seen.iter().find(|(_, s)| *s == summary) {
+                    panic!("{name} has the summary of {other}: {summary:?}");
+                }
+            }
+            seen.push((name, summary));
+        }
+    });
+}
+
+#[test]
+fn command_docs_nest_every_subcommand_in_its_container() {
+    for_each_server(|kind| {
+        let server = Server::start(kind, &[]);
+        let mut con = server.conn();
+        for (container, subs) in [
+            (
+                "RL.POLICY",
+                ["SET", "GET", "DEL", "LIST", "HELP"].as_slice(),
+            ),
+            ("RL.LOG", ["GET", "LEN", "RESET", "HELP"].as_slice()),
+        ] {
+            let doc = docs(&mut con, container);
+            assert_eq!(
+                doc_text(&doc, "complexity"),
+                "Depends on subcommand.",
+                "{container}"
+            );
+            let subcommands = field(&doc, "subcommands").expect("subcommands");
+            let count = match subcommands {
+                Value::Array(items) => items.len() / 2,
+                Value::Map(pairs) => pairs.len(),
+                other => panic!("{container} subcommands {other:?}"),
+            };
+            assert_eq!(count, subs.len(), "{container}: {subcommands:?}");
+        }
     });
 }

@@ -43,12 +43,16 @@ pub unsafe extern "C" fn handler(
     argv: *mut *mut raw::RedisModuleString,
     argc: c_int,
 ) -> c_int {
-    if unsafe { api!(RedisModule_IsKeysPositionRequest)(ctx) } != 0 {
-        // Cluster routing and ACLs ask where the keys are: after numkeys.
-        guard::callback((), || unsafe { key_positions(ctx, argv, argc) });
-        return raw::REDISMODULE_OK as c_int;
-    }
-    guard::command(ctx, || unsafe { run(ctx, argv, argc) })
+    guard::command(ctx, || {
+        if unsafe { api!(RedisModule_IsKeysPositionRequest)(ctx) } != 0 {
+            // Cluster routing and ACLs ask where the keys are: after numkeys.
+            // Such a call has no client, so the guard's error reply after a
+            // panic goes nowhere.
+            unsafe { key_positions(ctx, argv, argc) };
+            return Ok(());
+        }
+        unsafe { run(ctx, argv, argc) }
+    })
 }
 
 /// Declares the keys of a call: `numkeys` at argv[1], the keys after it.

@@ -6,6 +6,7 @@ use std::os::raw::c_int;
 use redis_module::raw;
 
 use super::all_args;
+use super::docs::{Arg, Subcommand};
 use crate::api;
 use crate::args::parse_int;
 use crate::deny_log;
@@ -15,28 +16,48 @@ use crate::guard;
 /// Entries `RL.LOG GET` returns without a count (like SLOWLOG GET).
 const DEFAULT_COUNT: u64 = 10;
 
-/// The subcommands of `RL.LOG`: name, handler, flags, arity. Like SLOWLOG,
-/// they read module state, not keys, and work on replicas and while loading.
-pub const SUBCOMMANDS: [(
-    &std::ffi::CStr,
-    super::policy::HandlerFn,
-    &std::ffi::CStr,
-    c_int,
-); 4] = [
-    (c"HELP", help_handler, c"allow-loading allow-stale fast", 2),
-    (c"GET", get_handler, c"admin allow-loading allow-stale", -2),
-    (
-        c"LEN",
-        len_handler,
-        c"admin allow-loading allow-stale fast",
-        2,
-    ),
-    (
-        c"RESET",
-        reset_handler,
-        c"admin allow-loading allow-stale",
-        2,
-    ),
+/// The subcommands of `RL.LOG`, with what `COMMAND DOCS` says of each.
+/// Like SLOWLOG, they read module state, not keys, and work on replicas and
+/// while loading.
+pub const SUBCOMMANDS: [Subcommand; 4] = [
+    Subcommand {
+        name: c"HELP",
+        handler: help_handler,
+        flags: c"allow-loading allow-stale fast",
+        arity: 2,
+        summary: c"Shows helpful text about the different subcommands",
+        complexity: c"O(1)",
+        args: &[],
+    },
+    Subcommand {
+        name: c"GET",
+        handler: get_handler,
+        flags: c"admin allow-loading allow-stale",
+        arity: -2,
+        summary: c"Returns the most recent denials, newest first",
+        complexity: c"O(N) where N is the number of entries returned",
+        args: &[Arg::integer(c"count")
+            .optional()
+            .summary(c"how many entries at most (default 10)")],
+    },
+    Subcommand {
+        name: c"LEN",
+        handler: len_handler,
+        flags: c"admin allow-loading allow-stale fast",
+        arity: 2,
+        summary: c"Returns the number of entries in the deny log",
+        complexity: c"O(1)",
+        args: &[],
+    },
+    Subcommand {
+        name: c"RESET",
+        handler: reset_handler,
+        flags: c"admin allow-loading allow-stale",
+        arity: 2,
+        summary: c"Empties the deny log",
+        complexity: c"O(N) where N is the number of entries in the deny log",
+        args: &[],
+    },
 ];
 
 /// # Safety

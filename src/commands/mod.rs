@@ -2,6 +2,7 @@
 //! No arithmetic lives here; the decisions come from `crate::limiter`.
 
 pub mod all;
+pub mod docs;
 pub mod limiter;
 pub mod log;
 pub mod policy;

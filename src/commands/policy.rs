@@ -5,6 +5,7 @@ use std::os::raw::c_int;
 
 use redis_module::raw;
 
+use super::docs::{Arg, Subcommand};
 use super::limiter::{apply_to_key, LimiterCommand};
 use super::spec::{with_algorithm, Spec};
 use super::{all_args, reply_decision, Key, MAX_ARGS};
@@ -69,18 +70,83 @@ unsafe fn help(
     Ok(())
 }
 
-/// The subcommands of `RL.POLICY`: name, handler, flags, arity.
-pub const SUBCOMMANDS: [(&std::ffi::CStr, HandlerFn, &std::ffi::CStr, c_int); 5] = [
-    (c"SET", set_handler, c"write deny-oom", -5),
-    (
-        c"HELP",
-        help_handler,
-        c"readonly fast allow-loading allow-stale",
-        2,
-    ),
-    (c"GET", get_handler, c"readonly fast", 3),
-    (c"DEL", del_handler, c"write fast", 3),
-    (c"LIST", list_handler, c"readonly", 2),
+/// The subcommands of `RL.POLICY`, with what `COMMAND DOCS` says of each.
+pub const SUBCOMMANDS: [Subcommand; 5] = [
+    Subcommand {
+        name: c"SET",
+        handler: set_handler,
+        flags: c"write deny-oom",
+        arity: -5,
+        summary:
+            c"Creates or replaces a policy: an algorithm with its parameters, a mode and a roll-out",
+        complexity: c"O(1)",
+        args: &[
+            Arg::string(c"name"),
+            Arg::one_of(
+                c"algorithm",
+                &[
+                    Arg::keyword(c"tokenbucket", c"TOKENBUCKET"),
+                    Arg::keyword(c"fixedwindow", c"FIXEDWINDOW"),
+                    Arg::keyword(c"leakybucket", c"LEAKYBUCKET"),
+                    Arg::keyword(c"sliding", c"SLIDING"),
+                    Arg::keyword(c"hashwindow", c"HASHWINDOW"),
+                ],
+            ),
+            Arg::integer(c"params")
+                .multiple()
+                .summary(c"the algorithm's parameters, as after the key of its command"),
+            Arg::one_of(
+                c"mode",
+                &[
+                    Arg::keyword(c"enforce", c"ENFORCE"),
+                    Arg::keyword(c"shadow", c"SHADOW"),
+                    Arg::keyword(c"off", c"OFF"),
+                ],
+            )
+            .token(c"MODE")
+            .optional(),
+            Arg::integer(c"percent")
+                .token(c"ROLLOUT")
+                .optional()
+                .summary(c"the percentage of keys enforced (0 to 100); the others run in shadow"),
+        ],
+    },
+    Subcommand {
+        name: c"HELP",
+        handler: help_handler,
+        flags: c"readonly fast allow-loading allow-stale",
+        arity: 2,
+        summary: c"Shows helpful text about the different subcommands",
+        complexity: c"O(1)",
+        args: &[],
+    },
+    Subcommand {
+        name: c"GET",
+        handler: get_handler,
+        flags: c"readonly fast",
+        arity: 3,
+        summary: c"Returns a policy's rule and counters, or nil",
+        complexity: c"O(1)",
+        args: &[Arg::string(c"name")],
+    },
+    Subcommand {
+        name: c"DEL",
+        handler: del_handler,
+        flags: c"write fast",
+        arity: 3,
+        summary: c"Deletes a policy (its limiter keys stay and expire by themselves)",
+        complexity: c"O(1)",
+        args: &[Arg::string(c"name")],
+    },
+    Subcommand {
+        name: c"LIST",
+        handler: list_handler,
+        flags: c"readonly",
+        arity: 2,
+        summary: c"Returns the names of all policies",
+        complexity: c"O(N) where N is the number of policies",
+        args: &[],
+    },
 ];
 
 type Args<'a> = [&'a [u8]];
