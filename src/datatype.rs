@@ -2,12 +2,20 @@
 //! callbacks Redis calls on them (RDB load/save, AOF rewrite, digest, memory,
 //! copy, free).
 //!
-//! Encoding 1 of every state is a fixed list of unsigned integers, written
-//! with `RedisModule_SaveUnsigned` (RDB) and as decimal arguments of
+//! Every type has its own encoding version (`NativeState::ENCODING`, given by
+//! each type, no shared default), which Redis stores with each value: bumping
+//! one type's encoding never changes what another type writes or accepts.
+//! Each loader keeps a branch for every version its type ever wrote (only 1
+//! so far). Encoding 1 of every state is a fixed list of unsigned integers,
+//! written with `RedisModule_SaveUnsigned` (RDB) and as decimal arguments of
 //! `RL.SETSTATE` (AOF rewrite). Loading validates every invariant the
 //! algorithms rely on and refuses anything else: a short, corrupt or hostile
 //! payload is an error, never a crash and never a state the algorithms could
-//! overflow on. A future encoding 2 keeps a loader for encoding 1 here.
+//! overflow on.
+//!
+//! The policies' aux data rides on the token bucket type, whose encoding
+//! version Redis hands to `aux_load`; that number says nothing about the aux
+//! data, which carries its own version inside its payload (`crate::policy`).
 
 use std::ffi::CStr;
 use std::os::raw::{c_int, c_void};
@@ -41,8 +49,9 @@ pub trait NativeState: Clone + Sized + 'static {
     const TYPE_NAME: &'static CStr;
     /// The algorithm's name in `RL.SETSTATE`.
     const ALGORITHM: &'static str;
-    /// The current encoding version.
-    const ENCODING: c_int = 1;
+    /// The encoding version this type writes: its own, never another
+    /// type's (no default, so a new type must choose).
+    const ENCODING: c_int;
 
     /// The registered module type (null before the module is loaded).
     fn registered() -> &'static AtomicPtr<raw::RedisModuleType>;
@@ -65,36 +74,48 @@ static HASH_WINDOW_TYPE: AtomicPtr<raw::RedisModuleType> = AtomicPtr::new(ptr::n
 /// allocates more than this for a hostile length.
 const MAX_LOADED_LEN: u64 = 1 << 24;
 
+/// The fields of a GCRA bucket in encoding 1 of the token bucket and of the
+/// leaky bucket (the same state; each type still has its own version).
+fn put_bucket_v1(state: &TokenBucketState, out: &mut impl Encoder) {
+    out.put(state.tat_us);
+    out.put(state.tat_frac);
+    out.put(state.refill_count);
+    out.put(state.refill_ms);
+}
+
+fn take_bucket_v1(input: &mut impl Decoder) -> Option<TokenBucketState> {
+    let state = TokenBucketState {
+        tat_us: input.take()?,
+        tat_frac: input.take()?,
+        refill_count: input.take()?,
+        refill_ms: input.take()?,
+    };
+    state.is_valid().then_some(state)
+}
+
 impl NativeState for TokenBucketState {
     const TYPE_NAME: &'static CStr = c"rl-tokbkt";
     const ALGORITHM: &'static str = "TOKENBUCKET";
+    const ENCODING: c_int = 1;
 
     fn registered() -> &'static AtomicPtr<raw::RedisModuleType> {
         &TOKEN_BUCKET_TYPE
     }
     fn encode(&self, out: &mut impl Encoder) {
-        out.put(self.tat_us);
-        out.put(self.tat_frac);
-        out.put(self.refill_count);
-        out.put(self.refill_ms);
+        put_bucket_v1(self, out);
     }
     fn decode(input: &mut impl Decoder, encoding: c_int) -> Option<Self> {
-        if encoding != 1 {
-            return None;
+        match encoding {
+            1 => take_bucket_v1(input),
+            _ => None,
         }
-        let state = TokenBucketState {
-            tat_us: input.take()?,
-            tat_frac: input.take()?,
-            refill_count: input.take()?,
-            refill_ms: input.take()?,
-        };
-        state.is_valid().then_some(state)
     }
 }
 
 impl NativeState for FixedWindowState {
     const TYPE_NAME: &'static CStr = c"rl-fixwin";
     const ALGORITHM: &'static str = "FIXEDWINDOW";
+    const ENCODING: c_int = 1;
 
     fn registered() -> &'static AtomicPtr<raw::RedisModuleType> {
         &FIXED_WINDOW_TYPE
@@ -105,6 +126,7 @@ impl NativeState for FixedWindowState {
     }
     fn decode(input: &mut impl Decoder, encoding: c_int) -> Option<Self> {
         if encoding != 1 {
+            // Encoding 1 is the only one written so far.
             return None;
         }
         let state = FixedWindowState {
@@ -118,21 +140,26 @@ impl NativeState for FixedWindowState {
 impl NativeState for LeakyBucketState {
     const TYPE_NAME: &'static CStr = c"rl-leakbk";
     const ALGORITHM: &'static str = "LEAKYBUCKET";
+    const ENCODING: c_int = 1;
 
     fn registered() -> &'static AtomicPtr<raw::RedisModuleType> {
         &LEAKY_BUCKET_TYPE
     }
     fn encode(&self, out: &mut impl Encoder) {
-        self.0.encode(out);
+        put_bucket_v1(&self.0, out);
     }
     fn decode(input: &mut impl Decoder, encoding: c_int) -> Option<Self> {
-        TokenBucketState::decode(input, encoding).map(LeakyBucketState)
+        match encoding {
+            1 => take_bucket_v1(input).map(LeakyBucketState),
+            _ => None,
+        }
     }
 }
 
 impl NativeState for SlidingLogState {
     const TYPE_NAME: &'static CStr = c"rl-slilog";
     const ALGORITHM: &'static str = "SLIDING";
+    const ENCODING: c_int = 1;
 
     fn registered() -> &'static AtomicPtr<raw::RedisModuleType> {
         &SLIDING_LOG_TYPE
@@ -148,6 +175,7 @@ impl NativeState for SlidingLogState {
     }
     fn decode(input: &mut impl Decoder, encoding: c_int) -> Option<Self> {
         if encoding != 1 {
+            // Encoding 1 is the only one written so far.
             return None;
         }
         let epoch_ms = input.take()?;
@@ -177,6 +205,7 @@ impl NativeState for SlidingLogState {
 impl NativeState for HashWindowState {
     const TYPE_NAME: &'static CStr = c"rl-hashwn";
     const ALGORITHM: &'static str = "HASHWINDOW";
+    const ENCODING: c_int = 1;
 
     fn registered() -> &'static AtomicPtr<raw::RedisModuleType> {
         &HASH_WINDOW_TYPE
@@ -192,6 +221,7 @@ impl NativeState for HashWindowState {
     }
     fn decode(input: &mut impl Decoder, encoding: c_int) -> Option<Self> {
         if encoding != 1 {
+            // Encoding 1 is the only one written so far.
             return None;
         }
         let bucket_ms = input.take()?;
@@ -379,16 +409,15 @@ unsafe extern "C" fn aux_save_policies(rdb: *mut raw::RedisModuleIO, _when: c_in
 }
 
 /// Loads the policies saved by [`aux_save_policies`], replacing the node's.
+/// `_encver` is the token bucket's encoding version, not the aux data's:
+/// the payload carries its own (`policy::decode` reads it).
 unsafe extern "C" fn aux_load_policies(
     rdb: *mut raw::RedisModuleIO,
-    encver: c_int,
+    _encver: c_int,
     _when: c_int,
 ) -> c_int {
     let failed = raw::REDISMODULE_ERR as c_int;
     guard::callback(failed, || {
-        if encver != 1 {
-            return failed;
-        }
         let broken = || unsafe { api!(RedisModule_IsIOError)(rdb) } != 0;
         let mut unsigned = || {
             let v = unsafe { api!(RedisModule_LoadUnsigned)(rdb) };
@@ -477,20 +506,73 @@ mod tests {
     fn round_trip<S: NativeState + PartialEq + std::fmt::Debug>(state: S) {
         let mut out = Fields(Vec::new());
         state.encode(&mut out);
-        let decoded = S::decode(&mut out.0.clone().into_iter(), 1);
+        let decoded = S::decode(&mut out.0.clone().into_iter(), S::ENCODING);
         assert_eq!(decoded.as_ref(), Some(&state));
         // every truncation is refused
         for len in 0..out.0.len() {
-            assert!(S::decode(&mut out.0[..len].iter().copied(), 1).is_none());
+            assert!(S::decode(&mut out.0[..len].iter().copied(), S::ENCODING).is_none());
         }
         // an unknown encoding is refused
-        assert!(S::decode(&mut out.0.clone().into_iter(), 2).is_none());
+        for unknown in [0, S::ENCODING + 1] {
+            assert!(S::decode(&mut out.0.clone().into_iter(), unknown).is_none());
+        }
         let text: Vec<String> = out.0.iter().map(u64::to_string).collect();
         let args: Vec<&[u8]> = text.iter().map(|s| s.as_bytes()).collect();
-        assert_eq!(decode_args::<S>(&args, 1).as_ref(), Some(&state));
+        assert_eq!(decode_args::<S>(&args, S::ENCODING).as_ref(), Some(&state));
         let mut longer = args.clone();
         longer.push(b"0");
-        assert!(decode_args::<S>(&longer, 1).is_none());
+        assert!(decode_args::<S>(&longer, S::ENCODING).is_none());
+    }
+
+    /// Encoding 1 of each type, as every build so far wrote it (the fields of
+    /// the `DUMP` payloads in `tests/fixtures/encoding-v1/`): each type's
+    /// loader keeps reading it, whatever version it or another type writes
+    /// later.
+    #[test]
+    fn encoding_1_of_every_type_loads() {
+        fn load<S: NativeState>(fields: &[u64]) -> Option<S> {
+            S::decode(&mut fields.iter().copied(), 1)
+        }
+        let long = 1 << 40;
+        let bucket = TokenBucketState {
+            tat_us: 0x0012_198e_408e_4030,
+            tat_frac: 0,
+            refill_count: 1,
+            refill_ms: long,
+        };
+        let fields = [0x0012_198e_408e_4030, 0, 1, long];
+        assert_eq!(load::<TokenBucketState>(&fields), Some(bucket));
+        assert_eq!(
+            load::<LeakyBucketState>(&fields),
+            Some(LeakyBucketState(bucket))
+        );
+        assert_eq!(
+            load::<FixedWindowState>(&[0x0006_618e_408e_d5c4, 3]),
+            Some(FixedWindowState {
+                last_us: 0x0006_618e_408e_d5c4,
+                count: 3
+            })
+        );
+        let entries = [1, 0x1200_0002, 0x2300_0003, 0x2a00_0005];
+        let log = load::<SlidingLogState>(&[&[0x01a2_30b4_5dcd, 5, 5, 4][..], &entries].concat());
+        assert_eq!(
+            log,
+            Some(SlidingLogState {
+                epoch_ms: 0x01a2_30b4_5dcd,
+                admitted: 5,
+                held: 5,
+                entries: entries.into_iter().collect(),
+            })
+        );
+        assert_eq!(
+            load::<HashWindowState>(&[long, 1, 5, 2, 0, 5]),
+            Some(HashWindowState {
+                bucket_ms: long,
+                newest: 1,
+                sum: 5,
+                counts: vec![0, 5].into_boxed_slice(),
+            })
+        );
     }
 
     #[test]

@@ -443,7 +443,8 @@ fn setstate(words: &[&[u8]], replicated: bool, input: &mut Bytes) -> Result<(), 
 
 /// One RDB payload: `data[0] % 6` picks the type (the five limiter states in
 /// [`COMMANDS`] order, then the policies' aux data), `data[0] / 6 % 3` the
-/// encoding version (0, 1 or 2; only 1 exists); the rest is read by
+/// encoding version Redis passes (0, 1 or 2; only 1 exists; the aux loader
+/// ignores it, its payload carries its own version); the rest is read by
 /// [`Bytes`]. What a loader accepts must re-encode to the very same fields,
 /// refuse every truncation of them, and run safely.
 pub fn rdb(data: &[u8]) {
@@ -458,7 +459,7 @@ pub fn rdb(data: &[u8]) {
         2 => rdb_state::<LeakyBucket>(&mut input, encoding),
         3 => rdb_state::<SlidingLog>(&mut input, encoding),
         4 => rdb_state::<HashWindow>(&mut input, encoding),
-        _ => rdb_policies(input, encoding),
+        _ => rdb_policies(input),
     }
 }
 
@@ -487,11 +488,7 @@ fn run_loaded<L: LimiterCommand + Fuzzed>(mut state: L::State, input: &mut Bytes
 
 /// The policies' aux data (`aux_load_policies`): accepted sets survive a
 /// round trip and their rules run.
-fn rdb_policies(input: Bytes, encoding: i32) {
-    if encoding != 1 {
-        // aux_load_policies refuses other versions before reading anything.
-        return;
-    }
+fn rdb_policies(input: Bytes) {
     let input = RefCell::new(input);
     let decoded = policy::decode(&mut || input.borrow_mut().take(), &mut || {
         input.borrow_mut().bytes()

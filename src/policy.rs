@@ -240,8 +240,24 @@ pub fn encode(out: &mut impl FnMut(Field)) {
     encode_rules(&rules, out);
 }
 
+/// The version of the policies' RDB aux data, written inside the payload.
+///
+/// Redis hands `aux_load` the encoding version of the type the aux data is
+/// registered on (the token bucket's), which moves with that type's state,
+/// not with this payload; so the payload carries its own version, in its
+/// first unsigned field, marked by the top bit: `AUX_VERSIONED | version`.
+/// Version 1 was written before that, without the field: its first field is
+/// the policy count, at most [`MAX_POLICIES`], so never has the top bit set.
+/// - version 1: count, then per policy name, algorithm, parameter count,
+///   parameters, mode code, roll-out (read, no longer written);
+/// - version 2: the marked version field, then the fields of version 1.
+pub const AUX_VERSION: u64 = 2;
+/// The top bit: the first field is a version, not a version-1 count.
+const AUX_VERSIONED: u64 = 1 << 63;
+
 /// The RDB form of `all` (also used by the fuzz targets).
 pub(crate) fn encode_rules(all: &[(Vec<u8>, Rule)], out: &mut impl FnMut(Field)) {
+    out(Field::Unsigned(AUX_VERSIONED | AUX_VERSION));
     out(Field::Unsigned(all.len() as u64));
     for (name, rule) in all {
         out(Field::Bytes(name));
@@ -262,12 +278,21 @@ pub enum Field<'a> {
     Bytes(&'a [u8]),
 }
 
-/// Reads the RDB form back; `None` if anything is off.
+/// Reads the RDB form back, of any version written (see [`AUX_VERSION`]);
+/// `None` if anything is off.
 pub fn decode(
     unsigned: &mut impl FnMut() -> Option<u64>,
     bytes: &mut impl FnMut() -> Option<Vec<u8>>,
 ) -> Option<Vec<(Vec<u8>, Rule)>> {
-    let count = unsigned()?;
+    let first = unsigned()?;
+    let count = if first & AUX_VERSIONED == 0 {
+        first // version 1: no version field, the count comes first
+    } else {
+        match first & !AUX_VERSIONED {
+            2 => unsigned()?,
+            _ => return None,
+        }
+    };
     // No more than RL.POLICY SET lets a node hold: each name's counters are
     // kept for the life of the process.
     if count > MAX_POLICIES as u64 {
@@ -407,6 +432,61 @@ mod tests {
         assert!(decode_all(&many).is_none());
         assert!(decode_all(&[(b"a:b".to_vec(), rule), (b"a_b".to_vec(), rule)]).is_none());
         assert!(decode_all(&[(b"a".to_vec(), rule), (b"a".to_vec(), rule)]).is_none());
+    }
+
+    /// What `aux_load_policies` hands to `decode`: the unsigned fields and
+    /// the byte strings of a payload, each in order.
+    fn decode_fields(unsigned: &[u64], bytes: &[&[u8]]) -> Option<Vec<(Vec<u8>, Rule)>> {
+        let mut u = unsigned.iter().copied();
+        let mut b = bytes.iter().map(|b| b.to_vec());
+        decode(&mut || u.next(), &mut || b.next())
+    }
+
+    /// The aux loader reads version 1 (no version field: the count first),
+    /// as builds before version 2 wrote it, and the versioned payload; it
+    /// refuses a version it does not know.
+    #[test]
+    fn the_aux_loader_reads_the_legacy_and_the_versioned_payload() {
+        let rule = |words: &[&[u8]]| parse_rule(words).unwrap();
+        let expected = vec![
+            (
+                b"api:login".to_vec(),
+                rule(&[
+                    b"TOKENBUCKET",
+                    b"20",
+                    b"10",
+                    b"1000",
+                    b"MODE",
+                    b"SHADOW",
+                    b"ROLLOUT",
+                    b"30",
+                ]),
+            ),
+            (
+                b"orders".to_vec(),
+                rule(&[b"FIXEDWINDOW", b"100", b"60000"]),
+            ),
+        ];
+        // Version 1, field by field as the old encoder wrote it.
+        let body = [2, 3, 20, 10, 1000, 1, 30, 2, 100, 60000, 0, 100];
+        let bytes: [&[u8]; 4] = [b"api:login", b"TOKENBUCKET", b"orders", b"FIXEDWINDOW"];
+        assert_eq!(decode_fields(&body, &bytes), Some(expected.clone()));
+        // Version 2: the marked version, then the same fields.
+        let versioned = [&[AUX_VERSIONED | 2][..], &body].concat();
+        assert_eq!(decode_fields(&versioned, &bytes), Some(expected.clone()));
+        // What the encoder writes today is version 2.
+        let mut unsigned = Vec::new();
+        encode_rules(&expected, &mut |f: Field| {
+            if let Field::Unsigned(v) = f {
+                unsigned.push(v)
+            }
+        });
+        assert_eq!(unsigned, versioned);
+        // Versions never written are refused, and so is a marked version 1.
+        for version in [0, 1, 3, AUX_VERSIONED - 1] {
+            let other = [&[AUX_VERSIONED | version][..], &body].concat();
+            assert_eq!(decode_fields(&other, &bytes), None, "version {version}");
+        }
     }
 
     #[test]
