@@ -19,7 +19,7 @@
 //! master's time pinned: replicas never need the policy to replay them.
 
 use std::collections::BTreeMap;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::commands::spec::{Site, Spec};
 use crate::error::Error;
@@ -78,7 +78,10 @@ pub fn rollout_bucket(key: &[u8]) -> u64 {
     hash % 100
 }
 
-/// A policy's counters for `INFO ratelimit`; kept when the rule changes.
+/// A policy's counters for `INFO ratelimit`: they live with the policy, kept
+/// when its rule changes, freed with it by `DEL` (a policy set again starts
+/// from zero). A call holds its own handle, so counting stays sound even if
+/// the policy goes meanwhile.
 #[derive(Default)]
 pub struct PolicyStats {
     pub outcomes: Outcomes,
@@ -88,24 +91,15 @@ pub struct PolicyStats {
 
 struct Entry {
     rule: Rule,
-    stats: &'static PolicyStats,
+    stats: Arc<PolicyStats>,
 }
 
-/// Every policy of this node, by name.
+/// Every policy of this node, by name, with everything it holds: memory is
+/// bounded by the live policies.
 static POLICIES: Mutex<BTreeMap<Vec<u8>, Entry>> = Mutex::new(BTreeMap::new());
-
-/// Counters of every name ever used, so that they survive `DEL` + `SET`.
-/// (A handful of bytes per name, bounded by what operators create.)
-static STATS: Mutex<BTreeMap<Vec<u8>, &'static PolicyStats>> = Mutex::new(BTreeMap::new());
 
 fn policies() -> MutexGuard<'static, BTreeMap<Vec<u8>, Entry>> {
     POLICIES.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn stats_for(name: &[u8]) -> &'static PolicyStats {
-    let mut all = STATS.lock().unwrap_or_else(|p| p.into_inner());
-    all.entry(name.to_vec())
-        .or_insert_with(|| Box::leak(Box::default()))
 }
 
 /// Longest policy name.
@@ -205,27 +199,38 @@ pub fn check_room_for(name: &[u8]) -> Result<(), Error> {
     Ok(())
 }
 
-/// Creates or replaces a policy.
+/// Creates a policy, or changes its rule (keeping its counters).
 pub fn set(name: &[u8], rule: Rule) {
-    let stats = stats_for(name);
-    policies().insert(name.to_vec(), Entry { rule, stats });
+    let mut all = policies();
+    match all.get_mut(name) {
+        Some(entry) => entry.rule = rule,
+        None => {
+            all.insert(
+                name.to_vec(),
+                Entry {
+                    rule,
+                    stats: Arc::default(),
+                },
+            );
+        }
+    }
 }
 
-/// The rule of a policy and its counters.
-pub fn get(name: &[u8]) -> Option<(Rule, &'static PolicyStats)> {
-    policies().get(name).map(|e| (e.rule, e.stats))
+/// The rule of a policy and a handle on its counters, for one call.
+pub fn get(name: &[u8]) -> Option<(Rule, Arc<PolicyStats>)> {
+    policies().get(name).map(|e| (e.rule, Arc::clone(&e.stats)))
 }
 
-/// Deletes a policy; whether it existed.
+/// Deletes a policy and frees what it held; whether it existed.
 pub fn delete(name: &[u8]) -> bool {
     policies().remove(name).is_some()
 }
 
 /// Every policy, by name.
-pub fn list() -> Vec<(Vec<u8>, Rule, &'static PolicyStats)> {
+pub fn list() -> Vec<(Vec<u8>, Rule, Arc<PolicyStats>)> {
     policies()
         .iter()
-        .map(|(name, e)| (name.clone(), e.rule, e.stats))
+        .map(|(name, e)| (name.clone(), e.rule, Arc::clone(&e.stats)))
         .collect()
 }
 
@@ -293,8 +298,7 @@ pub fn decode(
             _ => return None,
         }
     };
-    // No more than RL.POLICY SET lets a node hold: each name's counters are
-    // kept for the life of the process.
+    // No more than RL.POLICY SET lets a node hold.
     if count > MAX_POLICIES as u64 {
         return None;
     }

@@ -581,7 +581,7 @@ fn policy_counters_count_each_mode_with_shadow_denials_apart() {
 }
 
 #[test]
-fn policy_counters_outlive_rule_changes_and_a_del_then_set() {
+fn policy_counters_outlive_rule_changes_and_start_at_0_after_a_del() {
     for_each_server(|kind| {
         let server = Server::start(kind, &[]);
         let mut con = server.conn();
@@ -606,10 +606,17 @@ fn policy_counters_outlive_rule_changes_and_a_del_then_set() {
             "a deleted policy leaves INFO: {c:?}"
         );
         assert_eq!(c["ratelimit_policies"], 0);
-        // Counters only grow: the name's counts come back with it, so rates
-        // computed from them never see a reset.
+        // DEL frees the counters with the policy: set again, it starts at 0
+        // (Prometheus's rate() reads that as a counter reset).
         set_policy(&mut con, &["p", "FIXEDWINDOW", "10", LONG]);
-        assert_eq!(counter(&mut con, "ratelimit_policy_p_calls"), 3);
+        for field in ["calls", "admitted", "denied", "peeks", "shadow_denied"] {
+            let name = format!("ratelimit_policy_p_{field}");
+            assert_eq!(counter(&mut con, &name), 0, "{name}");
+        }
+        let get: Vec<Value> = query(&mut con, &["RL.POLICY", "GET", "p"]);
+        assert_eq!(get[11], Value::Int(0), "RL.POLICY GET calls: {get:?}");
+        rl(&mut con, &["RL.HIT", "p", "k"]);
+        assert_eq!(counter(&mut con, "ratelimit_policy_p_calls"), 1);
         assert_eq!(counter(&mut con, "ratelimit_policies"), 1);
     });
 }

@@ -1006,6 +1006,73 @@ fn a_deleted_policy_is_unknown_to_the_next_call_and_its_keys_stay() {
     });
 }
 
+/// `used_memory`, once `con` is the only client left (a closed client's
+/// buffers are freed when the server notices the close).
+fn used_memory_alone(con: &mut Connection) -> i64 {
+    poll_for(
+        "every other client gone",
+        Duration::from_secs(10),
+        || info_field(&info_via(con, "clients"), "connected_clients"),
+        |n| n.as_deref() == Some("1"),
+    );
+    info_field(&info_via(con, "memory"), "used_memory")
+        .and_then(|v| v.parse().ok())
+        .expect("used_memory in INFO memory")
+}
+
+/// `rounds` times, with a fresh name each: `RL.POLICY SET`, a call through
+/// the policy (a peek, which creates no key) and `RL.POLICY DEL`; pipelined,
+/// on a connection of its own, closed at the end with its buffers.
+fn set_call_and_delete(server: &Server, prefix: &str, rounds: usize) {
+    let mut con = server.conn();
+    let names: Vec<String> = (0..rounds).map(|i| format!("{prefix}{i}")).collect();
+    for chunk in names.chunks(1000) {
+        let mut pipe = redis::pipe();
+        for name in chunk {
+            pipe.add_command(command(&[
+                "RL.POLICY",
+                "SET",
+                name,
+                "TOKENBUCKET",
+                "5",
+                "1",
+                "1000",
+            ]));
+            pipe.add_command(command(&["RL.HIT", name, "k", "COST", "0"]));
+            pipe.add_command(command(&["RL.POLICY", "DEL", name]));
+        }
+        let replies: Vec<Value> = pipe
+            .query(&mut con)
+            .unwrap_or_else(|e| panic!("SET/HIT/DEL pipeline: {}", error_text(&e)));
+        for round in replies.chunks(3) {
+            assert!(matches!(round[0], Value::Okay), "SET: {:?}", round[0]);
+            assert_eq!(Reply::from_value(&round[1]).remaining, 5);
+            assert_eq!(int(&round[2]), 1);
+        }
+    }
+}
+
+/// Automation that creates and deletes policies all day does not grow the
+/// server: a deleted policy frees what it held, its counters too.
+#[test]
+fn deleting_policies_gives_their_memory_back() {
+    for_each_server(|kind| {
+        let server = Server::start(kind, &[]);
+        let mut con = server.conn();
+        set_call_and_delete(&server, "warm-up:", 2_000);
+        let before = used_memory_alone(&mut con);
+        set_call_and_delete(&server, "tenant:", 20_000);
+        let after = used_memory_alone(&mut con);
+        assert_eq!(list(&mut con), Vec::<String>::new());
+        assert!(
+            after - before < 64 * 1024,
+            "20,000 policies set and deleted left {} bytes behind ({before} -> {after})",
+            after - before
+        );
+        assert_eq!(dbsize(&mut con), 0, "the peeks created no key");
+    });
+}
+
 // ---------------------------------------------------------------------------
 // POLICY specs in RL.ALL
 

@@ -11,6 +11,7 @@
 //! single-limiter command (`TOKENBUCKET 5 5 1000`), or `POLICY name`.
 
 use std::os::raw::c_int;
+use std::sync::Arc;
 
 use redis_module::raw;
 use smallvec::SmallVec;
@@ -189,7 +190,7 @@ unsafe fn run(
         .collect();
     let mut actual: SmallVec<[(Outcome, bool); MAX_KEYS]> = SmallVec::new();
     for (limit, key) in limits.iter().zip(&opened) {
-        actual.push(match (key, limit.source) {
+        actual.push(match (key, &limit.source) {
             (Some(key), _) => {
                 with_algorithm!(limit.spec, L, p => decide_on_key::<L>(key, &p, request, now))?
             }
@@ -228,7 +229,7 @@ unsafe fn run(
     for (i, (limit, planned)) in limits.iter().zip(&actual).enumerate() {
         let decision = &planned.0.decision;
         if limit.is_off() {
-            if let Source::Policy { stats, .. } = limit.source {
+            if let Source::Policy { stats, .. } = &limit.source {
                 stats.outcomes.calls.bump();
             }
             continue;
@@ -249,7 +250,7 @@ unsafe fn run(
             0
         };
         with_algorithm!(limit.spec, L, _p => L::stats().record(decision, outcome));
-        if let Source::Policy { stats, .. } = limit.source {
+        if let Source::Policy { stats, .. } = &limit.source {
             stats.outcomes.record(decision, outcome);
             if !decision.allowed && limit.is_shadow() {
                 stats.shadow_denied.bump();
@@ -294,13 +295,13 @@ unsafe fn run(
 type Decisions = SmallVec<[Decision; MAX_KEYS]>;
 
 /// One limiter of the call.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub(crate) struct Limit<'a> {
     pub spec: Spec,
     pub source: Source<'a>,
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub(crate) enum Source<'a> {
     /// Given in the call; its parameters start after argv[start].
     Inline { start: usize },
@@ -308,7 +309,8 @@ pub(crate) enum Source<'a> {
     Policy {
         name: &'a [u8],
         through: Through,
-        stats: &'static PolicyStats,
+        /// Held for the call: the policy may go, its counters stay sound.
+        stats: Arc<PolicyStats>,
     },
 }
 
