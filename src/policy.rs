@@ -102,22 +102,20 @@ fn policies() -> MutexGuard<'static, BTreeMap<Vec<u8>, Entry>> {
     POLICIES.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Longest policy name.
-pub const MAX_NAME: usize = 64;
+/// Longest policy name, in bytes.
+pub const MAX_NAME: usize = 256;
 
-/// Checks a policy name: 1 to 64 of `A-Z a-z 0-9 _ - . :`, so that it reads
-/// cleanly as part of an INFO field.
+/// Checks a policy name: 1 to 256 bytes of printable ASCII without spaces
+/// (`!` to `~`), so that rules can be named after the routes they protect
+/// (`POST:/api/order/create`), and a name is one word in `redis-cli`, logs
+/// and replies. INFO escapes what its format cannot hold ([`info_escaped`]).
 pub fn check_name(name: &[u8]) -> Result<(), Error> {
-    let ok = !name.is_empty()
-        && name.len() <= MAX_NAME
-        && name
-            .iter()
-            .all(|&b| b.is_ascii_alphanumeric() || b"_-.:".contains(&b));
+    let ok = (1..=MAX_NAME).contains(&name.len()) && name.iter().all(|b| (b'!'..=b'~').contains(b));
     if ok {
         Ok(())
     } else {
         Err(Error::Syntax(format!(
-            "policy name must be 1 to {MAX_NAME} characters of A-Z a-z 0-9 _ - . :, got '{}'",
+            "policy name must be 1 to {MAX_NAME} bytes of printable ASCII without spaces, got '{}'",
             Error::quote(name)
         )))
     }
@@ -171,32 +169,34 @@ pub fn parse_rule(args: &[&[u8]]) -> Result<Rule, Error> {
 /// Most policies a node holds.
 pub const MAX_POLICIES: usize = 10_000;
 
-/// The name a policy's counters have in INFO (`:` is INFO's separator).
-pub fn info_name(name: &[u8]) -> String {
-    String::from_utf8_lossy(name).replace(':', "_")
+/// Appends `name` as INFO shows it (`ratelimit_policy_<escaped>:...`): every
+/// byte other than `A-Z a-z 0-9 _` written `%XX`, upper-case hex. INFO
+/// parsers split a line at its first `:`, a value at `,` and `=`, and some
+/// servers rewrite `#` or `:` in field names: none of these survive, and the
+/// escaping is injective, so two policies never share a line and an
+/// exporter gets the name back by percent-decoding.
+pub fn info_escaped(name: &[u8], out: &mut String) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    for &b in name {
+        if b.is_ascii_alphanumeric() || b == b'_' {
+            out.push(char::from(b));
+        } else {
+            out.push('%');
+            out.push(char::from(HEX[usize::from(b >> 4)]));
+            out.push(char::from(HEX[usize::from(b & 0xf)]));
+        }
+    }
 }
 
-/// Checks that `name` may be set: room for one more policy, and no other
-/// policy whose INFO fields would have the same names.
+/// Checks that `name` may be set: an existing policy, or room for one more.
 pub fn check_room_for(name: &[u8]) -> Result<(), Error> {
     let all = policies();
-    if all.contains_key(name) {
+    if all.contains_key(name) || all.len() < MAX_POLICIES {
         return Ok(());
     }
-    if all.len() >= MAX_POLICIES {
-        return Err(Error::Syntax(format!(
-            "a node holds at most {MAX_POLICIES} policies"
-        )));
-    }
-    let wanted = info_name(name);
-    if let Some(other) = all.keys().find(|other| info_name(other) == wanted) {
-        return Err(Error::Syntax(format!(
-            "policy '{}' would share its INFO fields with policy '{}' (':' is written '_')",
-            Error::quote(name),
-            Error::quote(other)
-        )));
-    }
-    Ok(())
+    Err(Error::Syntax(format!(
+        "a node holds at most {MAX_POLICIES} policies"
+    )))
 }
 
 /// Creates a policy, or changes its rule (keeping its counters).
@@ -303,13 +303,12 @@ pub fn decode(
         return None;
     }
     let mut out: Vec<(Vec<u8>, Rule)> = Vec::new();
-    let mut info_names = std::collections::BTreeSet::new();
+    let mut names = std::collections::BTreeSet::new();
     for _ in 0..count {
         let name = bytes()?;
         check_name(&name).ok()?;
-        // A name twice, or two names with the same INFO fields: never
-        // written by a server (RL.POLICY SET refuses them), so corrupt.
-        if !info_names.insert(info_name(&name)) {
+        // A name twice: never written by a server, so corrupt.
+        if !names.insert(name.clone()) {
             return None;
         }
         let algorithm = bytes()?;
@@ -379,11 +378,80 @@ mod tests {
     }
 
     #[test]
-    fn names_are_checked() {
-        assert!(check_name(b"orders:create-v2.1_a").is_ok());
-        for bad in [&b""[..], b"a b", b"a\nb", &[b'x'; 65]] {
-            assert!(check_name(bad).is_err());
+    fn names_are_1_to_256_bytes_of_printable_ascii_without_spaces() {
+        let longest = [b'~'; MAX_NAME];
+        for good in [
+            &b"orders:create-v2.1_a"[..],
+            b"POST:/api/order/create",
+            b"GET:/v2/{org}/items",
+            b"tenant=acme;tier=free",
+            b"!\"#$%&'()*+,-./:;<=>?@[\\]^`{|}~",
+            &longest,
+        ] {
+            assert_eq!(check_name(good), Ok(()), "{good:?}");
         }
+        for bad in [
+            &b""[..],
+            b"a b",
+            b"a\tb",
+            b"a\nb",
+            b"a\x00b",
+            b"a\x7fb",
+            "naïve".as_bytes(),
+            &[b'x'; MAX_NAME + 1],
+        ] {
+            let err = check_name(bad).unwrap_err().message();
+            assert!(
+                err.starts_with(
+                    "ERR policy name must be 1 to 256 bytes of printable ASCII without spaces, got '"
+                ),
+                "{bad:?}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn info_escapes_every_byte_but_letters_digits_and_underscore() {
+        let escaped = |name: &[u8]| {
+            let mut out = String::new();
+            info_escaped(name, &mut out);
+            out
+        };
+        assert_eq!(
+            escaped(b"POST:/api/order/create"),
+            "POST%3A%2Fapi%2Forder%2Fcreate"
+        );
+        assert_eq!(
+            escaped(b"GET:/v2/{org}/items"),
+            "GET%3A%2Fv2%2F%7Borg%7D%2Fitems"
+        );
+        assert_eq!(
+            escaped(b"tenant=acme;tier=free"),
+            "tenant%3Dacme%3Btier%3Dfree"
+        );
+        assert_eq!(escaped(b"a_Z9"), "a_Z9");
+        assert_eq!(escaped(b"%~!"), "%25%7E%21");
+        // Injective: a:b and a_b, which shared INFO fields before, differ.
+        assert_ne!(escaped(b"a:b"), escaped(b"a_b"));
+        // Every printable byte round-trips through percent-decoding.
+        let all: Vec<u8> = (b'!'..=b'~').collect();
+        let text = escaped(&all);
+        assert!(text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'%'));
+        let mut decoded = Vec::new();
+        let mut rest = text.as_bytes();
+        while let [first, tail @ ..] = rest {
+            if *first == b'%' {
+                let hex = std::str::from_utf8(&tail[..2]).unwrap();
+                decoded.push(u8::from_str_radix(hex, 16).unwrap());
+                rest = &tail[2..];
+            } else {
+                decoded.push(*first);
+                rest = tail;
+            }
+        }
+        assert_eq!(decoded, all);
     }
 
     #[test]
@@ -410,8 +478,8 @@ mod tests {
     }
 
     /// Found while writing the RDB fuzz target: a payload could declare up to
-    /// 2^20 policies, each name's counters kept for good, and names
-    /// `RL.POLICY SET` refuses (the same INFO fields twice).
+    /// 2^20 policies, more than `RL.POLICY SET` lets a node hold; and a name
+    /// twice, which no server writes.
     #[test]
     fn the_rdb_form_refuses_what_policy_set_refuses() {
         let rule = parse_rule(&[b"FIXEDWINDOW", b"1", b"1"]).unwrap();
@@ -434,8 +502,16 @@ mod tests {
             MAX_POLICIES
         );
         assert!(decode_all(&many).is_none());
-        assert!(decode_all(&[(b"a:b".to_vec(), rule), (b"a_b".to_vec(), rule)]).is_none());
         assert!(decode_all(&[(b"a".to_vec(), rule), (b"a".to_vec(), rule)]).is_none());
+        assert!(decode_all(&[(b"a b".to_vec(), rule)]).is_none());
+        // Names of any kind RL.POLICY SET takes load back.
+        let routes = [
+            (b"POST:/api/order/create".to_vec(), rule),
+            (b"a:b".to_vec(), rule),
+            (b"a_b".to_vec(), rule),
+            (vec![b'~'; MAX_NAME], rule),
+        ];
+        assert_eq!(decode_all(&routes).unwrap(), routes.to_vec());
     }
 
     /// What `aux_load_policies` hands to `decode`: the unsigned fields and

@@ -109,13 +109,24 @@ pub unsafe extern "C" fn info(
         outcomes("all", &ALL);
         let policies = crate::policy::list();
         field("policies", policies.len() as u64);
+        // One line per policy, as the server writes a dict field:
+        // `ratelimit_policy_<escaped>:calls=N,admitted=N,...`.
+        let mut dict = String::new();
         for (name, _, stats) in &policies {
-            let prefix = format!("policy_{}", crate::policy::info_name(name));
-            outcomes(&prefix, &stats.outcomes);
-            field(
-                &format!("{prefix}_shadow_denied"),
-                stats.shadow_denied.get(),
-            );
+            dict.clear();
+            dict.push_str("policy_");
+            crate::policy::info_escaped(name, &mut dict);
+            dict.push('\0');
+            // SAFETY: `ctx` is the info context Redis passed; `dict` ends in
+            // NUL and the server copies it before this returns.
+            unsafe { api!(RedisModule_InfoBeginDictField)(ctx, dict.as_ptr().cast()) };
+            let o = &stats.outcomes;
+            field("calls", o.calls.get());
+            field("admitted", o.admitted.get());
+            field("denied", o.denied.get());
+            field("shadow_denied", stats.shadow_denied.get());
+            field("peeks", o.peeks.get());
+            unsafe { api!(RedisModule_InfoEndDictField)(ctx) };
         }
         field("deny_log_len", crate::deny_log::len() as u64);
         field(

@@ -25,8 +25,8 @@ const ALGORITHMS: [&str; 5] = [
 // ---------------------------------------------------------------------------
 // Helpers
 
-/// The `ratelimit_*` fields of `INFO ratelimit`, in the order given.
-fn info_fields(con: &mut Connection) -> Vec<(String, u64)> {
+/// The lines of `INFO ratelimit` after its header, as (field, value).
+fn info_lines(con: &mut Connection) -> Vec<(String, String)> {
     let info: String = query(con, &["INFO", "ratelimit"]);
     assert!(
         info.lines().next() == Some("# ratelimit"),
@@ -40,10 +40,60 @@ fn info_fields(con: &mut Connection) -> Vec<(String, u64)> {
                 .split_once(':')
                 .unwrap_or_else(|| panic!("INFO line without ':': {line}"));
             assert!(name.starts_with("ratelimit_"), "{line}");
-            let value = value
-                .parse()
-                .unwrap_or_else(|_| panic!("INFO value not a count: {line}"));
-            (name.to_string(), value)
+            (name.to_string(), value.to_string())
+        })
+        .collect()
+}
+
+/// The counters of `INFO ratelimit`, in the order given. A policy's line,
+/// `ratelimit_policy_<escaped>:calls=N,admitted=N,...`, counts as the fields
+/// `ratelimit_policy_<escaped>_calls`, `..._admitted` and so on.
+fn info_fields(con: &mut Connection) -> Vec<(String, u64)> {
+    let count = |line: &str, value: &str| -> u64 {
+        value
+            .parse()
+            .unwrap_or_else(|_| panic!("INFO value not a count: {line}"))
+    };
+    let mut fields = Vec::new();
+    for (name, value) in info_lines(con) {
+        if name.starts_with("ratelimit_policy_") {
+            for pair in value.split(',') {
+                let (counter, n) = pair
+                    .split_once('=')
+                    .unwrap_or_else(|| panic!("{name}: not counter=N: {pair}"));
+                fields.push((format!("{name}_{counter}"), count(&name, n)));
+            }
+        } else {
+            fields.push((name.clone(), count(&name, &value)));
+        }
+    }
+    fields
+}
+
+/// Percent-decoding, as an exporter does it to get a policy's name back
+/// from its INFO line.
+fn percent_decode(escaped: &str) -> String {
+    let mut out = Vec::new();
+    let mut bytes = escaped.bytes();
+    while let Some(b) = bytes.next() {
+        if b == b'%' {
+            let hex: Vec<u8> = bytes.by_ref().take(2).collect();
+            let hex = std::str::from_utf8(&hex).expect("ASCII");
+            out.push(u8::from_str_radix(hex, 16).unwrap_or_else(|_| panic!("%{hex}")));
+        } else {
+            out.push(b);
+        }
+    }
+    String::from_utf8(out).expect("an ASCII name")
+}
+
+/// The policies of INFO's lines: (decoded name, counters line), as given.
+fn info_policies(con: &mut Connection) -> Vec<(String, String)> {
+    info_lines(con)
+        .into_iter()
+        .filter_map(|(name, value)| {
+            let escaped = name.strip_prefix("ratelimit_policy_")?;
+            Some((percent_decode(escaped), value))
         })
         .collect()
 }
@@ -621,26 +671,204 @@ fn policy_counters_outlive_rule_changes_and_start_at_0_after_a_del() {
     });
 }
 
+/// Names of resources, as operators write them: INFO escapes them.
+const ROUTE_NAMES: [(&str, &str); 5] = [
+    ("POST:/api/order/create", "POST%3A%2Fapi%2Forder%2Fcreate"),
+    ("GET:/v2/{org}/items", "GET%3A%2Fv2%2F%7Borg%7D%2Fitems"),
+    ("tenant=acme;tier=free", "tenant%3Dacme%3Btier%3Dfree"),
+    ("a:b", "a%3Ab"),
+    ("a_b", "a_b"),
+];
+
 #[test]
-fn info_writes_a_colon_in_a_policy_name_as_an_underscore() {
+fn info_has_one_line_per_policy_with_its_name_percent_escaped() {
     for_each_server(|kind| {
         let server = Server::start(kind, &[]);
         let mut con = server.conn();
+        for (name, _) in ROUTE_NAMES {
+            set_policy(&mut con, &[name, "FIXEDWINDOW", "1", LONG]);
+        }
+        // Every byte a name may hold, and the longest name.
+        let every_byte: String = ('!'..='~').collect();
+        let longest = "%".repeat(256);
+        set_policy(&mut con, &[&every_byte, "FIXEDWINDOW", "1", LONG]);
+        set_policy(&mut con, &[&longest, "FIXEDWINDOW", "1", LONG]);
+        let route = ROUTE_NAMES[0].0;
+        rl(&mut con, &["RL.HIT", route, "k"]);
+        rl(&mut con, &["RL.HIT", route, "k"]);
+        rl(&mut con, &["RL.HIT", route, "k", "COST", "0"]);
+
+        let lines = info_lines(&mut con);
+        let line_of = |escaped: &str| {
+            let field = format!("ratelimit_policy_{escaped}");
+            lines
+                .iter()
+                .find(|(name, _)| *name == field)
+                .map(|(_, value)| value.clone())
+                .unwrap_or_else(|| panic!("no INFO line {field}: {lines:?}"))
+        };
+        assert_eq!(
+            line_of(ROUTE_NAMES[0].1),
+            "calls=3,admitted=1,denied=1,shadow_denied=0,peeks=1"
+        );
+        for (_, escaped) in &ROUTE_NAMES[1..] {
+            assert_eq!(
+                line_of(escaped),
+                "calls=0,admitted=0,denied=0,shadow_denied=0,peeks=0"
+            );
+        }
+        line_of(&"%25".repeat(256));
+        let info: String = query(&mut con, &["INFO", "ratelimit"]);
+        let policy_lines: Vec<&str> = info
+            .lines()
+            .filter(|l| l.starts_with("ratelimit_policy_"))
+            .collect();
+        assert_eq!(policy_lines.len(), ROUTE_NAMES.len() + 2);
+        for line in policy_lines {
+            let (field, _) = line.split_once(':').unwrap();
+            assert!(
+                field
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"_%".contains(&b)),
+                "only letters, digits, _ and %XX in the field: {line}"
+            );
+        }
+        let mut names: Vec<String> = info_policies(&mut con).into_iter().map(|p| p.0).collect();
+        names.sort();
+        let listed: Vec<String> = query(&mut con, &["RL.POLICY", "LIST"]);
+        assert_eq!(names, listed, "INFO's names, decoded, are LIST's");
+        assert!(listed.contains(&every_byte) && listed.contains(&longest));
+    });
+}
+
+#[test]
+fn info_shows_exactly_the_policies_of_rl_policy_list_after_sets_and_deletes() {
+    for_each_server(|kind| {
+        let server = Server::start(kind, &[]);
+        let mut con = server.conn();
+        let assert_info_is_list = |con: &mut Connection, what: &str| {
+            let listed: Vec<String> = query(con, &["RL.POLICY", "LIST"]);
+            let mut from_info: Vec<String> = info_policies(con).into_iter().map(|p| p.0).collect();
+            from_info.sort();
+            assert_eq!(from_info, listed, "after {what}");
+            assert_eq!(
+                counter(con, "ratelimit_policies"),
+                listed.len() as u64,
+                "after {what}"
+            );
+        };
+        let del = |con: &mut Connection, name: &str| {
+            let _: i64 = query(con, &["RL.POLICY", "DEL", name]);
+        };
+        assert_info_is_list(&mut con, "start");
+        for (name, _) in ROUTE_NAMES {
+            set_policy(&mut con, &[name, "TOKENBUCKET", "5", "1", LONG]);
+            rl(&mut con, &["RL.HIT", name, "k"]);
+        }
+        assert_info_is_list(&mut con, "SETs");
+        del(&mut con, "a:b");
+        del(&mut con, "POST:/api/order/create");
+        del(&mut con, "never-set");
+        assert_info_is_list(&mut con, "DELs");
+        assert!(
+            !info_lines(&mut con)
+                .iter()
+                .any(|(f, _)| f.contains("a%3Ab") || f.contains("POST")),
+            "a deleted policy left its INFO line"
+        );
         set_policy(
             &mut con,
-            &["api:orders.create-v2", "FIXEDWINDOW", "1", LONG],
+            &["a:b", "FIXEDWINDOW", "9", LONG, "MODE", "SHADOW"],
         );
-        set_policy(&mut con, &["b", "FIXEDWINDOW", "1", LONG]);
-        rl(&mut con, &["RL.HIT", "api:orders.create-v2", "k"]);
-        let c = counters(&mut con);
-        assert_eq!(c["ratelimit_policies"], 2);
-        assert_eq!(c["ratelimit_policy_api_orders.create-v2_calls"], 1);
-        assert_eq!(c["ratelimit_policy_b_calls"], 0);
-        // Every policy field line has one ':' only, between name and value.
-        let info: String = query(&mut con, &["INFO", "ratelimit"]);
-        for line in info.lines().filter(|l| l.starts_with("ratelimit_policy_")) {
-            assert_eq!(line.matches(':').count(), 1, "{line}");
+        set_policy(&mut con, &["a_b", "FIXEDWINDOW", "9", LONG]);
+        assert_info_is_list(&mut con, "SET again and a rule changed");
+        let lines = info_policies(&mut con);
+        let line = |name: &str| lines.iter().find(|p| p.0 == name).unwrap().1.clone();
+        assert_eq!(
+            line("a:b"),
+            "calls=0,admitted=0,denied=0,shadow_denied=0,peeks=0",
+            "set again after DEL: from 0"
+        );
+        assert_eq!(
+            line("a_b"),
+            "calls=1,admitted=1,denied=0,shadow_denied=0,peeks=0",
+            "rule changed: counters kept"
+        );
+        for (name, _) in ROUTE_NAMES {
+            del(&mut con, name);
         }
+        assert_info_is_list(&mut con, "deleting all");
+        assert!(info_policies(&mut con).is_empty());
+    });
+}
+
+/// The Python script that reads INFO with redis-py's `parse_info`.
+fn parse_info_with_redis_py(info: &str) -> Vec<String> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/policy_counters.py");
+    let mut child = std::process::Command::new("python3")
+        .arg(&script)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 (scripts/setup.sh installs it, with redis-py)");
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(info.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}: {}",
+        script.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect()
+}
+
+#[test]
+fn redis_py_parse_info_reads_each_policy_line_and_its_counters() {
+    for_each_server(|kind| {
+        let server = Server::start(kind, &[]);
+        let mut con = server.conn();
+        for (name, _) in ROUTE_NAMES {
+            set_policy(&mut con, &[name, "TOKENBUCKET", "1", "1", LONG]);
+        }
+        let longest = "=".repeat(256);
+        set_policy(
+            &mut con,
+            &[&longest, "TOKENBUCKET", "1", "1", LONG, "MODE", "SHADOW"],
+        );
+        // Each on a key of its own: admitted, then denied.
+        for name in ["POST:/api/order/create", "tenant=acme;tier=free", &longest] {
+            rl(&mut con, &["RL.HIT", name, name]);
+            rl(&mut con, &["RL.HIT", name, name]);
+        }
+        rl(
+            &mut con,
+            &["RL.HIT", "GET:/v2/{org}/items", "k", "COST", "0"],
+        );
+        let info: String = query(&mut con, &["INFO", "ratelimit"]);
+        // Per policy, sorted by name: the name, percent-decoded, then calls,
+        // admitted, denied, shadow_denied, peeks.
+        assert_eq!(
+            parse_info_with_redis_py(&info),
+            [
+                format!("{longest} 2 1 1 1 0"),
+                "GET:/v2/{org}/items 1 0 0 0 1".to_string(),
+                "POST:/api/order/create 2 1 1 0 0".to_string(),
+                "a:b 0 0 0 0 0".to_string(),
+                "a_b 0 0 0 0 0".to_string(),
+                "tenant=acme;tier=free 2 1 1 0 0".to_string(),
+            ]
+        );
     });
 }
 
@@ -976,20 +1204,39 @@ fn a_bad_log_max_len_load_argument_fails_the_load_naming_it() {
 }
 
 // ---------------------------------------------------------------------------
-// The collector script of docs/operations.md
+// The exporter scripts of docs/operations.md
 
-/// The ```lua block of docs/operations.md.
-fn collector_script() -> String {
+/// The first ```<lang> block of docs/operations.md.
+fn operations_block(lang: &str) -> String {
     let doc = fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/operations.md"))
         .expect("docs/operations.md");
+    let fence = format!("```{lang}\n");
     let start = doc
-        .find("```lua\n")
-        .expect("a ```lua block in docs/operations.md")
-        + 7;
+        .find(&fence)
+        .unwrap_or_else(|| panic!("a {fence} block in docs/operations.md"))
+        + fence.len();
     let len = doc[start..]
         .find("```")
-        .expect("the end of the ```lua block");
+        .unwrap_or_else(|| panic!("the end of the {fence} block"));
     doc[start..start + len].to_string()
+}
+
+/// Policies whose names need every kind of escape, with counters that
+/// differ: `"` and `\` also need escaping in a Prometheus label.
+fn set_exported_policies(con: &mut Connection) -> Vec<&'static str> {
+    let names = vec![
+        "api:login",
+        "POST:/api/order/create",
+        r#"say"hi"\now"#,
+        "50%",
+    ];
+    for name in &names {
+        set_policy(con, &[name, "FIXEDWINDOW", "1", LONG]);
+    }
+    rl(con, &["RL.HIT", "api:login", "u"]);
+    rl(con, &["RL.HIT", "api:login", "u"]);
+    rl(con, &["RL.HIT", "POST:/api/order/create", "u", "COST", "0"]);
+    names
 }
 
 #[test]
@@ -997,17 +1244,92 @@ fn the_collector_script_of_the_operations_guide_returns_every_info_counter() {
     for_each_server(|kind| {
         let server = Server::start(kind, &[]);
         let mut con = server.conn();
-        set_policy(&mut con, &["api:login", "FIXEDWINDOW", "1", LONG]);
-        rl(&mut con, &["RL.HIT", "api:login", "u"]);
-        rl(&mut con, &["RL.HIT", "api:login", "u"]);
+        set_exported_policies(&mut con);
         // As redis_exporter runs it: EVAL <script> 0 0.
-        let pairs: Vec<String> = query(&mut con, &["EVAL", &collector_script(), "0", "0"]);
+        let pairs: Vec<String> = query(&mut con, &["EVAL", &operations_block("lua"), "0", "0"]);
         assert_eq!(pairs.len() % 2, 0);
         let from_script: Vec<(String, u64)> = pairs
             .chunks(2)
             .map(|kv| (kv[0].clone(), kv[1].parse().expect("a number")))
             .collect();
-        assert_eq!(from_script, info_fields(&mut con));
-        assert!(from_script.contains(&("ratelimit_policy_api_login_denied".into(), 1)));
+        // Every plain field as it is; each policy counter keyed
+        // ratelimit_policy_<counter>:<name>, the name decoded.
+        let mut expected = Vec::new();
+        for (field, value) in info_lines(&mut con) {
+            match field.strip_prefix("ratelimit_policy_") {
+                Some(escaped) => {
+                    for pair in value.split(',') {
+                        let (counter, n) = pair.split_once('=').unwrap();
+                        expected.push((
+                            format!("ratelimit_policy_{counter}:{}", percent_decode(escaped)),
+                            n.parse().unwrap(),
+                        ));
+                    }
+                }
+                None => expected.push((field, value.parse().unwrap())),
+            }
+        }
+        assert_eq!(from_script, expected);
+        for (key, value) in [
+            ("ratelimit_policy_denied:api:login", 1),
+            ("ratelimit_policy_admitted:api:login", 1),
+            ("ratelimit_policy_peeks:POST:/api/order/create", 1),
+            (r#"ratelimit_policy_calls:say"hi"\now"#, 0),
+            ("ratelimit_policy_shadow_denied:50%", 0),
+            ("ratelimit_policies", 4),
+            ("ratelimit_fixedwindow_calls", 3),
+        ] {
+            assert!(
+                from_script.contains(&(key.to_string(), value)),
+                "{key} {value} in {from_script:?}"
+            );
+        }
+    });
+}
+
+#[test]
+fn the_textfile_collector_of_the_operations_guide_writes_prometheus_text() {
+    for_each_server(|kind| {
+        let server = Server::start(kind, &[]);
+        let mut con = server.conn();
+        set_exported_policies(&mut con);
+        let program = server.dir.join("ratelimit.awk");
+        fs::write(&program, operations_block("awk")).unwrap();
+        // As the guide runs it: INFO ratelimit | tr -d '\r' | awk -f ...
+        let info: String = query(&mut con, &["INFO", "ratelimit"]);
+        let mut child = std::process::Command::new("awk")
+            .arg("-f")
+            .arg(&program)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("awk");
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(info.replace('\r', "").as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success());
+        let text = String::from_utf8(out.stdout).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        for expected in [
+            r#"ratelimit_policy_calls_total{policy="api:login"} 2"#,
+            r#"ratelimit_policy_denied_total{policy="api:login"} 1"#,
+            r#"ratelimit_policy_shadow_denied_total{policy="api:login"} 0"#,
+            r#"ratelimit_policy_peeks_total{policy="POST:/api/order/create"} 1"#,
+            r#"ratelimit_policy_admitted_total{policy="say\"hi\"\\now"} 0"#,
+            r#"ratelimit_policy_calls_total{policy="50%"} 0"#,
+            r#"ratelimit_calls_total{algorithm="fixedwindow"} 3"#,
+            r#"ratelimit_denied_total{algorithm="fixedwindow"} 1"#,
+            "ratelimit_policies 4",
+            "ratelimit_deny_log_len 1",
+        ] {
+            assert!(lines.contains(&expected), "{expected} in:\n{text}");
+        }
+        let policy_samples = lines.iter().filter(|l| l.starts_with("ratelimit_policy_"));
+        assert_eq!(policy_samples.count(), 4 * 5, "5 per policy: {text}");
     });
 }
