@@ -27,7 +27,7 @@ test-setup:
 	tests/setup/detect.sh
 
 test-unit:
-	cargo test --release --lib
+	cargo test --release --workspace --lib
 
 test-integration:
 	RL_MODULE=$(CURDIR)/$(MODULE) VALKEY_SERVER=$$(scripts/valkey-path.sh) cargo test --release --test '*'
@@ -37,7 +37,7 @@ test-cli:
 
 lint:
 	cargo fmt --all -- --check
-	cargo clippy --release --all-targets -- -D warnings
+	cargo clippy --release --all-targets --workspace -- -D warnings
 
 bench: build
 	RL_MODULE=$(CURDIR)/$(MODULE) scripts/bench.sh

@@ -16,7 +16,9 @@ pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 mod guard;
-pub mod limiter;
+/// The algorithms live in the core crate (`core/`, `redis-ratelimit-core`):
+/// pure state machines without Redis. `crate::limiter` is its name here.
+pub use redis_ratelimit_core as limiter;
 mod policy;
 mod replicate;
 mod stats;

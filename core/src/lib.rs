@@ -1,7 +1,7 @@
 //! Pure rate-limiting algorithms: `(state, parameters, cost, now) -> (decision, state')`.
 //!
 //! Nothing here touches Redis. Every algorithm works in integer arithmetic on
-//! [`Micros`] read once per command by [`crate::clock`], and obeys one
+//! [`Micros`] the caller reads once per call (the module: `src/clock.rs`), and obeys one
 //! contract, checked by each file's tests:
 //!
 //! - a denied request or a `COST 0` request leaves the state bit-for-bit
@@ -13,6 +13,8 @@
 //!   they exceed it), and exactly that many more units are admitted. A
 //!   raised limit adds room at once, a lowered one applies at once, and no
 //!   change refills anything.
+
+#![forbid(unsafe_code)]
 
 pub mod fixed_window;
 pub mod hash_window;
