@@ -106,7 +106,7 @@ pub fn parse_options(rest: &[&[u8]]) -> Result<Options, Error> {
             if at.is_some() {
                 return Err(Error::DuplicateOption("AT"));
             }
-            at = Some(Micros(parse_int(value, "AT", 0, MAX_AT_US)?));
+            at = Some(Micros::from_us(parse_int(value, "AT", 0, MAX_AT_US)?));
         } else {
             return Err(Error::UnknownOption(Error::quote(name)));
         }
@@ -269,7 +269,7 @@ mod tests {
             o,
             Options {
                 request: Request::Cost(0),
-                at: Some(Micros(17))
+                at: Some(Micros::from_us(17))
             }
         );
     }

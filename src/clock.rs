@@ -17,5 +17,5 @@ pub fn now() -> Micros {
     // A clock set before 1970 reads as the epoch, not as a wrapped negative.
     let secs = u64::try_from(ts.tv_sec).unwrap_or(0);
     let micros = u64::try_from(ts.tv_nsec / 1000).unwrap_or(0);
-    Micros(secs.saturating_mul(1_000_000).saturating_add(micros))
+    Micros::from_us(secs.saturating_mul(1_000_000).saturating_add(micros))
 }

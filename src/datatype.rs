@@ -592,14 +592,14 @@ mod tests {
     #[test]
     fn variable_size_states_round_trip() {
         use crate::limiter::{Algorithm, HashWindow, Micros, SlidingLog};
-        let now = Micros(1_700_000_000_123_456);
+        let now = Micros::from_us(1_700_000_000_123_456);
         let p = crate::limiter::sliding_log::SlidingLogParams {
             limit: 100,
             window_ms: 1000,
         };
         let mut log = SlidingLog::idle(&p, now);
         for i in 0..5 {
-            SlidingLog::apply(&mut log, &p, 1 + i % 2, Micros(now.0 + i * 700));
+            SlidingLog::apply(&mut log, &p, 1 + i % 2, now.saturating_add_us(i * 700));
         }
         round_trip(log);
         let p = crate::limiter::hash_window::HashWindowParams {
@@ -609,7 +609,7 @@ mod tests {
         };
         let mut ring = HashWindow::idle(&p, now);
         for i in 0..5 {
-            HashWindow::apply(&mut ring, &p, 2, Micros(now.0 + i * 900_000));
+            HashWindow::apply(&mut ring, &p, 2, now.saturating_add_us(i * 900_000));
         }
         round_trip(ring);
         round_trip(LeakyBucketState(TokenBucketState {
@@ -626,7 +626,7 @@ mod tests {
     #[test]
     fn states_built_at_the_latest_time_load_back() {
         use crate::limiter::{Algorithm, HashWindow, Micros, SlidingLog, MAX_TIME_US};
-        let latest = Micros(MAX_TIME_US);
+        let latest = Micros::from_us(MAX_TIME_US);
         let p = crate::limiter::sliding_log::SlidingLogParams {
             limit: 3,
             window_ms: 1 << 40,
@@ -652,7 +652,7 @@ mod tests {
     fn the_largest_hash_windows_load_back() {
         use crate::limiter::hash_window::HashWindowParams;
         use crate::limiter::{Algorithm, HashWindow, Micros, MAX_PARAM};
-        let now = Micros(1_700_000_000_123_456);
+        let now = Micros::from_us(1_700_000_000_123_456);
         for (window_ms, bucket_ms) in [
             (MAX_PARAM, MAX_PARAM),
             (914_103_784_660, 914_103_784_660),

@@ -316,7 +316,7 @@ fn limiter<L: LimiterCommand + Fuzzed>(
         Some(_) => {}
         None => L::within_configured_bounds(&params)?,
     }
-    let now = options.at.unwrap_or(Micros(T0_US));
+    let now = options.at.unwrap_or(Micros::from_us(T0_US));
     let loaded = decode_checked::<L::State>(input, 1);
     let steps = read_steps(input, now, options.request);
     run_fresh::<L>(&params, &steps);
@@ -345,7 +345,7 @@ fn all(words: &[&[u8]], replicated: bool, input: &mut Bytes) -> Result<(), Error
             }
         }
     }
-    let steps = read_steps(input, Micros(T0_US), call.options.request);
+    let steps = read_steps(input, Micros::from_us(T0_US), call.options.request);
     for limit in call.limits.iter() {
         run_spec(&limit.spec, &steps);
     }
@@ -363,7 +363,7 @@ fn hit(words: &[&[u8]], input: &mut Bytes) -> Result<(), Error> {
     }
     let name = words[0];
     let (rule, _) = policy::get(name).ok_or_else(|| Error::UnknownPolicy(Error::quote(name)))?;
-    let steps = read_steps(input, Micros(T0_US), options.request);
+    let steps = read_steps(input, Micros::from_us(T0_US), options.request);
     run_spec(&rule.spec, &steps);
     Ok(())
 }
@@ -384,7 +384,7 @@ fn policy_set(words: &[&[u8]], replicated: bool, input: &mut Bytes) -> Result<()
     }
     let rules = vec![(name.to_vec(), rule)];
     assert_eq!(policies_round_trip(&rules), rules);
-    let steps = read_steps(input, Micros(T0_US), Request::Cost(1));
+    let steps = read_steps(input, Micros::from_us(T0_US), Request::Cost(1));
     run_spec(&rule.spec, &steps);
     Ok(())
 }
@@ -482,7 +482,7 @@ fn run_loaded<L: LimiterCommand + Fuzzed>(mut state: L::State, input: &mut Bytes
     let Ok(params) = L::Params::parse(&words) else {
         return;
     };
-    let steps = read_steps(input, Micros(T0_US), Request::Cost(1));
+    let steps = read_steps(input, Micros::from_us(T0_US), Request::Cost(1));
     run_steps::<L>(&mut state, &params, &steps);
 }
 
@@ -496,7 +496,11 @@ fn rdb_policies(input: Bytes) {
     let Some(rules) = decoded else { return };
     assert!(rules.len() <= policy::MAX_POLICIES);
     assert_eq!(policies_round_trip(&rules), rules);
-    let steps = read_steps(&mut input.borrow_mut(), Micros(T0_US), Request::Cost(1));
+    let steps = read_steps(
+        &mut input.borrow_mut(),
+        Micros::from_us(T0_US),
+        Request::Cost(1),
+    );
     for (_, rule) in rules.iter().take(4) {
         run_spec(&rule.spec, &steps);
     }
@@ -576,7 +580,7 @@ fn check_round_trip<S: NativeState + PartialEq + std::fmt::Debug>(state: &S) {
 /// `REFUND n`) and the units below them.
 fn read_steps(input: &mut Bytes, now: Micros, first: Request) -> Vec<(Micros, Request)> {
     let mut steps = vec![(now, first)];
-    let mut now = now.0;
+    let mut now = now.as_us();
     while steps.len() < MAX_STEPS {
         let (Some(moved), Some(word)) = (input.take(), input.take()) else {
             break;
@@ -595,7 +599,7 @@ fn read_steps(input: &mut Bytes, now: Micros, first: Request) -> Vec<(Micros, Re
             3 => Request::Refund(units),
             _ => Request::Cost(units),
         };
-        steps.push((Micros(now), request));
+        steps.push((Micros::from_us(now), request));
     }
     steps
 }
@@ -669,7 +673,7 @@ fn run_steps<L: LimiterCommand + Fuzzed>(
                 }
             }
         } else {
-            admitted.push((now.0, cost));
+            admitted.push((now.as_us(), cost));
             assert_ne!(*state, before, "an admission changed nothing");
             check_round_trip(state);
             let peek = L::decide(state, params, 0, now);
@@ -679,9 +683,10 @@ fn run_steps<L: LimiterCommand + Fuzzed>(
             );
             let idle_at_ms = L::idle_at_ms(state, params);
             assert!(
-                idle_at_ms < i64::MAX as u64 && u128::from(idle_at_ms) * 1000 > u128::from(now.0),
+                idle_at_ms < i64::MAX as u64
+                    && u128::from(idle_at_ms) * 1000 > u128::from(now.as_us()),
                 "expiry {idle_at_ms} ms not after an admission at {} us",
-                now.0
+                now.as_us()
             );
         }
     }
@@ -756,7 +761,7 @@ fn run_forced_or_refunded<L: LimiterCommand + Fuzzed>(
 /// Runs `steps` from an idle limiter and, when the clock only went forward,
 /// checks the algorithm's own guarantee on what it admitted.
 fn run_fresh<L: LimiterCommand + Fuzzed>(params: &L::Params, steps: &[(Micros, Request)]) {
-    let now = steps.first().map_or(Micros(T0_US), |s| s.0);
+    let now = steps.first().map_or(Micros::from_us(T0_US), |s| s.0);
     let admitted = run_steps::<L>(&mut L::idle(params, now), params, steps);
     // (A forced or refunded unit is outside the algorithm's guarantee.)
     let plain = steps.iter().all(|(_, r)| matches!(r, Request::Cost(_)));
@@ -807,8 +812,8 @@ fn check_wait<L: LimiterCommand + Fuzzed>(
     now: Micros,
     wait_ms: u64,
 ) {
-    let at = |ms: u64| Micros(now.0.saturating_add(ms.saturating_mul(1000)));
-    if at(wait_ms).0 > MAX_AT_US {
+    let at = |ms: u64| now.saturating_add_ms(ms);
+    if at(wait_ms).as_us() > MAX_AT_US {
         return;
     }
     let later = L::decide(state, params, cost, at(wait_ms));
@@ -1010,10 +1015,10 @@ mod tests {
     /// A state the algorithm built: `params` run over `steps` from idle.
     fn built<L: Algorithm>(params: &L::Params, steps: &[(i64, u64)]) -> L::State {
         let mut now = T0_US;
-        let mut state = L::idle(params, Micros(now));
+        let mut state = L::idle(params, Micros::from_us(now));
         for &(ms, cost) in steps {
             now = now.saturating_add_signed(ms * 1000);
-            L::apply(&mut state, params, cost, Micros(now));
+            L::apply(&mut state, params, cost, Micros::from_us(now));
         }
         state
     }
@@ -1089,7 +1094,7 @@ mod tests {
         for state in [
             built::<L>(&params, &TRAFFIC),
             built::<L>(&other, &TRAFFIC),
-            L::idle(&params, Micros(T0_US)),
+            L::idle(&params, Micros::from_us(T0_US)),
         ] {
             let mut tail = state_bytes(&state);
             tail.extend_from_slice(&drive);

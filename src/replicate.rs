@@ -146,7 +146,7 @@ pub fn limiter_call(
     let word = |slot: &AtomicPtr<raw::RedisModuleString>| slot.load(Ordering::Relaxed);
     let replicate = api!(RedisModule_Replicate);
     let (name, args) = (command.as_ptr(), key_and_params.as_ptr());
-    let (len, at) = (key_and_params.len(), now.0 as c_longlong);
+    let (len, at) = (key_and_params.len(), now.as_us() as c_longlong);
     unsafe {
         match request {
             Request::Cost(1) => replicate(

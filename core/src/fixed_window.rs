@@ -55,7 +55,8 @@ impl FixedWindowParams {
     /// End of the window containing `t`, in Unix microseconds.
     fn window_end_us(&self, t: Micros) -> u64 {
         let window_us = self.window_ms * 1000;
-        t.0 - t.0 % window_us + window_us
+        let t = t.as_us();
+        t - t % window_us + window_us
     }
 }
 
@@ -69,9 +70,9 @@ impl FixedWindowState {
     /// The instant a call at `now` counts at (never before the last counted
     /// request: a step back reopens nothing), and the units its window holds.
     fn current(&self, params: &FixedWindowParams, now: Micros) -> (Micros, u64) {
-        let now_eff = Micros(now.0.max(self.last_us));
+        let now_eff = now.max(Micros::from_us(self.last_us));
         let same_window =
-            params.window_end_us(Micros(self.last_us)) == params.window_end_us(now_eff);
+            params.window_end_us(Micros::from_us(self.last_us)) == params.window_end_us(now_eff);
         (now_eff, if same_window { self.count } else { 0 })
     }
 }
@@ -82,7 +83,7 @@ impl Algorithm for FixedWindow {
 
     fn idle(_params: &FixedWindowParams, now: Micros) -> FixedWindowState {
         FixedWindowState {
-            last_us: now.0,
+            last_us: now.as_us(),
             count: 0,
         }
     }
@@ -95,11 +96,11 @@ impl Algorithm for FixedWindow {
     ) -> Decision {
         let (now_eff, count) = state.current(params, now);
         let end_us = params.window_end_us(now_eff);
-        let to_end_ms = (end_us - now.0.min(end_us)).div_ceil(1000);
+        let to_end_ms = (end_us - now.as_us().min(end_us)).div_ceil(1000);
         let remaining = params.limit.saturating_sub(count);
         if cost > 0 && cost <= remaining {
             *state = FixedWindowState {
-                last_us: now_eff.0,
+                last_us: now_eff.as_us(),
                 count: count + cost,
             };
             return Decision {
@@ -141,7 +142,7 @@ impl Algorithm for FixedWindow {
             return (decision, false);
         }
         *state = FixedWindowState {
-            last_us: now_eff.0,
+            last_us: now_eff.as_us(),
             count: forced,
         };
         (decision, true)
@@ -164,7 +165,7 @@ impl Algorithm for FixedWindow {
     }
 
     fn idle_at_ms(state: &FixedWindowState, params: &FixedWindowParams) -> u64 {
-        params.window_end_us(Micros(state.last_us)) / 1000
+        params.window_end_us(Micros::from_us(state.last_us)) / 1000
     }
 }
 
@@ -198,10 +199,10 @@ mod tests {
             assert!(d.allowed);
             assert_eq!((d.remaining, d.reset_ms), (left, 750));
         }
-        let d = hit(&mut s, &p, 1, Micros(at(250).0 + 1));
+        let d = hit(&mut s, &p, 1, at(250).saturating_add_us(1));
         assert!(!d.allowed);
         assert_eq!(d.wait, Wait::Ms(750)); // 749.999 ms rounded up
-        assert!(!hit(&mut s, &p, 1, Micros(at(1000).0 - 1)).allowed);
+        assert!(!hit(&mut s, &p, 1, at(1000).saturating_sub_us(1)).allowed);
         let d = hit(&mut s, &p, 1, at(1000));
         assert!(d.allowed);
         assert_eq!((d.remaining, d.reset_ms), (2, 1000));
@@ -289,7 +290,7 @@ mod tests {
     #[test]
     fn huge_parameters_do_not_overflow() {
         let p = params(MAX_PARAM, MAX_PARAM);
-        let now = Micros(u64::MAX / 4);
+        let now = Micros::from_us(u64::MAX / 4);
         let mut s = FixedWindow::idle(&p, now);
         let d = hit(&mut s, &p, MAX_PARAM, now);
         assert!(d.allowed);
@@ -305,14 +306,14 @@ mod tests {
             steps in prop::collection::vec((0u64..400_000, 0u64..6), 1..300),
         ) {
             let p = params(limit, window_ms);
-            let mut now = T0.0 + 7;
-            let mut s = FixedWindow::idle(&p, Micros(now));
+            let mut now = T0.as_us() + 7;
+            let mut s = FixedWindow::idle(&p, Micros::from_us(now));
             let mut log: Vec<(u64, u64)> = Vec::new();
             for (dt, cost) in steps {
                 now += dt;
                 let w = (now / 1000) / window_ms;
                 let used: u64 = log.iter().filter(|e| e.0 / 1000 / window_ms == w).map(|e| e.1).sum();
-                let d = hit(&mut s, &p, cost, Micros(now));
+                let d = hit(&mut s, &p, cost, Micros::from_us(now));
                 prop_assert_eq!(d.allowed, cost == 0 || used + cost <= limit);
                 prop_assert_eq!(d.remaining, limit - used - if d.allowed { cost } else { 0 });
                 if d.allowed && cost > 0 {
@@ -336,16 +337,16 @@ mod tests {
             let mut s = FixedWindow::idle(&pa, T0);
             let used = used.min(pa.limit);
             hit(&mut s, &pa, used, T0);
-            let now = Micros(T0.0 + dt);
+            let now = T0.saturating_add_us(dt);
             let old = hit(&mut s.clone(), &pa, 0, now).remaining;
             let new = hit(&mut s, &pb, 0, now).remaining;
             // the last request's window under the new setting still runs:
             // the count is kept under the new limit
-            let last_window_end = (T0.0 / 1000 / pb.window_ms + 1) * pb.window_ms * 1000;
-            if now.0 < last_window_end && used > 0 {
+            let last_window_end = (T0.as_us() / 1000 / pb.window_ms + 1) * pb.window_ms * 1000;
+            if now.as_us() < last_window_end && used > 0 {
                 prop_assert_eq!(new, pb.limit.saturating_sub(used));
             }
-            if dt < pa.window_ms * 1000 && now.0 < last_window_end {
+            if dt < pa.window_ms * 1000 && now.as_us() < last_window_end {
                 prop_assert!(new <= old.saturating_add(pb.limit.saturating_sub(pa.limit)));
             }
         }
@@ -362,7 +363,7 @@ mod tests {
         ) {
             let (pa, pb) = (params(a.0, a.1), params(b.0, b.1));
             let used = used % (pa.limit + 1);
-            let now = Micros(T0.0 + dt);
+            let now = T0.saturating_add_us(dt);
             let left = remaining_after_change::<FixedWindow>(&pa, &pb, used, now);
             prop_assert_eq!(left, pb.limit.saturating_sub(used));
         }

@@ -78,11 +78,11 @@ fn evaluate(
     let n = state.n();
     let bucket_us = params.bucket_ms * 1000;
     // Never before the newest bucket: a step back reopens nothing.
-    let current = (now.0 / bucket_us).max(state.newest);
+    let current = (now.as_us() / bucket_us).max(state.newest);
     let held = state.held_at(current);
     let leaves_after = |bucket: u64| {
         ((bucket + n) * bucket_us)
-            .saturating_sub(now.0)
+            .saturating_sub(now.as_us())
             .div_ceil(1000)
     };
     let remaining = params.limit.saturating_sub(held);
@@ -226,7 +226,7 @@ impl Algorithm for HashWindow {
     fn idle(params: &HashWindowParams, now: Micros) -> HashWindowState {
         HashWindowState {
             bucket_ms: params.bucket_ms,
-            newest: now.0 / 1000 / params.bucket_ms,
+            newest: now.as_ms_floor() / params.bucket_ms,
             sum: 0,
             counts: vec![0; params.ring_len() as usize].into_boxed_slice(),
         }
@@ -318,7 +318,7 @@ impl Algorithm for HashWindow {
             return changed;
         }
         let bucket_us = params.bucket_ms * 1000;
-        let current = (now.0 / bucket_us).max(state.newest);
+        let current = (now.as_us() / bucket_us).max(state.newest);
         let mut left = units.min(state.held_at(current));
         if left == 0 {
             return false;
@@ -362,7 +362,7 @@ mod tests {
         }
     }
     fn at(ms: u64) -> Micros {
-        Micros((T0_MS + ms) * 1000)
+        Micros::from_ms(T0_MS + ms)
     }
     fn hit(s: &mut HashWindowState, p: &HashWindowParams, cost: u64, now: Micros) -> Decision {
         apply_checked::<HashWindow>(s, p, cost, now)
@@ -458,15 +458,15 @@ mod tests {
     #[test]
     fn a_window_reaching_back_past_the_epoch_keeps_its_units() {
         let p = params(90, 1000, 10);
-        let mut s = HashWindow::idle(&p, Micros(10_000));
-        assert!(hit(&mut s, &p, 2, Micros(10_000)).allowed);
-        let d = hit(&mut s, &p, 32, Micros(250_000));
+        let mut s = HashWindow::idle(&p, Micros::from_us(10_000));
+        assert!(hit(&mut s, &p, 2, Micros::from_us(10_000)).allowed);
+        let d = hit(&mut s, &p, 32, Micros::from_us(250_000));
         assert_eq!((d.allowed, d.remaining), (true, 56));
-        let d = hit(&mut s, &p, 57, Micros(250_000));
+        let d = hit(&mut s, &p, 57, Micros::from_us(250_000));
         assert!(!d.allowed);
         // the 2 units of bucket 1 leave the window at 1020 ms
         assert_eq!(d.wait, Wait::Ms(1020 - 250));
-        assert!(hit(&mut s, &p, 57, Micros(1_020_000)).allowed);
+        assert!(hit(&mut s, &p, 57, Micros::from_us(1_020_000)).allowed);
     }
 
     #[test]
@@ -489,8 +489,8 @@ mod tests {
             steps in prop::collection::vec((0u64..200_000, 0u64..5), 1..300),
         ) {
             let p = params(limit, bucket_ms * n, bucket_ms);
-            let mut now = at(0).0 + 3;
-            let mut s = HashWindow::idle(&p, Micros(now));
+            let mut now = at(0).as_us() + 3;
+            let mut s = HashWindow::idle(&p, Micros::from_us(now));
             let mut log: Vec<(u64, u64)> = Vec::new(); // (bucket, cost)
             for (dt, cost) in steps {
                 now += dt;
@@ -500,7 +500,7 @@ mod tests {
                     log.iter().filter(|e| e.0 + n >= cur).map(|e| e.1).sum()
                 };
                 let used = held(current);
-                let d = hit(&mut s, &p, cost, Micros(now));
+                let d = hit(&mut s, &p, cost, Micros::from_us(now));
                 prop_assert_eq!(d.allowed, cost == 0 || used + cost <= limit);
                 prop_assert_eq!(d.remaining, limit.saturating_sub(used) - if d.allowed { cost } else { 0 });
                 if d.allowed && cost > 0 {
@@ -532,7 +532,7 @@ mod tests {
             let pa = params(a.0, a.1 * a.2, a.1);
             let pb = params(b.0, b.1 * b.2, b.1);
             let used = used % (pa.limit + 1);
-            let now = Micros(at(0).0 + dt);
+            let now = at(0).saturating_add_us(dt);
             let left = remaining_after_change::<HashWindow>(&pa, &pb, used, now);
             prop_assert_eq!(left, pb.limit.saturating_sub(used));
         }
@@ -548,14 +548,14 @@ mod tests {
             let pb = params(100, b.0 * b.1, b.0);
             let mut s = HashWindow::idle(&pa, at(0));
             hit(&mut s, &pa, used, at(0));
-            let now = Micros(at(0).0 + dt);
+            let now = at(0).saturating_add_us(dt);
             let d = hit(&mut s, &pb, 0, now);
             // the units were admitted in the old bucket holding T0: under the
             // new layout they must still count while the new bucket holding
             // that bucket's last millisecond is live
             let last_ms = (T0_MS / a.0 + 1) * a.0 - 1;
             let target = last_ms / b.0;
-            let current = (now.0 / 1000 / b.0).max(target);
+            let current = (now.as_us() / 1000 / b.0).max(target);
             if target + b.1 >= current {
                 prop_assert_eq!(d.remaining, 100 - used);
             }

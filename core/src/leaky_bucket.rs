@@ -119,7 +119,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    const T0: Micros = Micros(1_700_000_000_000_000);
+    const T0: Micros = Micros::from_us(1_700_000_000_000_000);
 
     fn params(capacity: u64, leak_count: u64, leak_ms: u64) -> LeakyBucketParams {
         LeakyBucketParams {
@@ -129,7 +129,7 @@ mod tests {
         }
     }
     fn at(ms: u64) -> Micros {
-        Micros(T0.0 + ms * 1000)
+        T0.saturating_add_ms(ms)
     }
     fn hit(s: &mut LeakyBucketState, p: &LeakyBucketParams, cost: u64, now: Micros) -> Decision {
         apply_checked::<LeakyBucket>(s, p, cost, now)
@@ -233,7 +233,7 @@ mod tests {
             dt in 0u64..10_000_000,
         ) {
             let used = used % (a.capacity + 1);
-            let now = Micros(T0.0 + dt);
+            let now = T0.saturating_add_us(dt);
             let left = remaining_after_change::<LeakyBucket>(&a, &b, used, now);
             prop_assert_eq!(left, b.capacity.saturating_sub(used));
         }
@@ -247,7 +247,7 @@ mod tests {
         ) {
             let p = params(capacity, 1, leak_ms);
             let period_us = leak_ms * 1000;
-            let mut now = T0.0;
+            let mut now = T0.as_us();
             let mut s = LeakyBucket::idle(&p, T0);
             // departure time of each queued unit: a unit occupies the queue
             // until it has leaked, one period after the one before it
@@ -258,7 +258,7 @@ mod tests {
                     leaves.pop_front();
                 }
                 let fits = leaves.len() as u64 + cost <= capacity;
-                let d = hit(&mut s, &p, cost, Micros(now));
+                let d = hit(&mut s, &p, cost, Micros::from_us(now));
                 prop_assert_eq!(d.allowed, fits);
                 if fits {
                     let start = leaves.back().copied().unwrap_or(now).max(now);

@@ -20,12 +20,14 @@ pub mod fixed_window;
 pub mod hash_window;
 pub mod leaky_bucket;
 pub mod sliding_log;
+mod time;
 pub mod token_bucket;
 
 pub use fixed_window::FixedWindow;
 pub use hash_window::HashWindow;
 pub use leaky_bucket::LeakyBucket;
 pub use sliding_log::SlidingLog;
+pub use time::Micros;
 pub use token_bucket::TokenBucket;
 
 /// The largest value any integer parameter (and `COST`) may take: 2^40.
@@ -45,20 +47,6 @@ pub const MAX_TIME_US: u64 = 1 << 62;
 /// (an RDB the server wrote always loads), while `(ms + 2^41) * 1000` still
 /// fits a `u64`.
 pub const MAX_STATE_MS: u64 = 1 << 53;
-
-/// A point in time: microseconds since the Unix epoch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Micros(pub u64);
-
-impl Micros {
-    pub const fn from_ms(ms: u64) -> Self {
-        Micros(ms * 1000)
-    }
-    /// Whole milliseconds, rounded down.
-    pub const fn as_ms_floor(self) -> u64 {
-        self.0 / 1000
-    }
-}
 
 /// What a limiter answers for one request: the five integers of the reply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -453,7 +441,7 @@ mod refund_and_force {
     }
 
     fn ms(n: u64) -> Micros {
-        Micros(T0.0 + n * 1000)
+        T0.saturating_add_ms(n)
     }
 
     /// A forced call's debt, as the instant the next unit is admitted: the
@@ -469,10 +457,10 @@ mod refund_and_force {
         let denied = A::decide(state, params, cost, from);
         assert_eq!(
             denied.wait,
-            Wait::Ms((at.0 - from.0).div_ceil(1000)),
+            Wait::Ms(at.us_since(from).div_ceil(1000)),
             "{denied:?}"
         );
-        assert!(!A::decide(state, params, cost, Micros(at.0 - 1)).allowed);
+        assert!(!A::decide(state, params, cost, at.saturating_sub_us(1)).allowed);
         assert!(A::decide(state, params, cost, at).allowed);
     }
 

@@ -73,7 +73,7 @@ pub struct SlidingLog;
 /// The millisecond a request admitted at `now` is stamped with: rounded up,
 /// and never before the newest entry.
 fn stamp(state: &SlidingLogState, now: Micros) -> u64 {
-    now.0.div_ceil(1000).max(state.newest_ms().unwrap_or(0))
+    now.as_ms_ceil().max(state.newest_ms().unwrap_or(0))
 }
 
 /// The decision, and the index of the oldest entry still in the window.
@@ -86,7 +86,7 @@ fn evaluate(
     let window_ms = params.window_ms;
     let leaves_after = |ms: u64| {
         ((ms + window_ms) * 1000)
-            .saturating_sub(now.0)
+            .saturating_sub(now.as_us())
             .div_ceil(1000)
     };
     // Entries that have left the window count for nothing. They are removed
@@ -168,7 +168,7 @@ impl SlidingLogState {
     /// Index of the oldest entry still inside the window at `now`.
     fn first_live(&self, window_ms: u64, now: Micros) -> usize {
         self.search(0, |i| {
-            (self.epoch_ms + offset_of(self.entries[i]) + window_ms) * 1000 > now.0
+            (self.epoch_ms + offset_of(self.entries[i]) + window_ms) * 1000 > now.as_us()
         })
     }
 
@@ -276,7 +276,7 @@ impl Algorithm for SlidingLog {
 
     fn idle(_params: &SlidingLogParams, now: Micros) -> SlidingLogState {
         SlidingLogState {
-            epoch_ms: now.0 / 1000,
+            epoch_ms: now.as_ms_floor(),
             admitted: 0,
             held: 0,
             entries: VecDeque::new(),
@@ -362,13 +362,13 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    const T0: Micros = Micros(1_700_000_000_000_000);
+    const T0: Micros = Micros::from_us(1_700_000_000_000_000);
 
     fn params(limit: u64, window_ms: u64) -> SlidingLogParams {
         SlidingLogParams { limit, window_ms }
     }
     fn at(ms: u64) -> Micros {
-        Micros(T0.0 + ms * 1000)
+        T0.saturating_add_ms(ms)
     }
     fn hit(s: &mut SlidingLogState, p: &SlidingLogParams, cost: u64, now: Micros) -> Decision {
         apply_checked::<SlidingLog>(s, p, cost, now)
@@ -383,7 +383,7 @@ mod tests {
         assert!(!hit(&mut s, &p, 1, at(1000)).allowed);
         let d = hit(&mut s, &p, 1, at(1500));
         assert_eq!(d.wait, Wait::Ms(499));
-        assert!(!hit(&mut s, &p, 1, Micros(at(1999).0 - 1)).allowed);
+        assert!(!hit(&mut s, &p, 1, at(1999).saturating_sub_us(1)).allowed);
         assert!(hit(&mut s, &p, 1, at(1999)).allowed);
     }
 
@@ -404,9 +404,9 @@ mod tests {
     fn entries_are_stamped_up_to_the_next_millisecond() {
         let p = params(1, 10);
         let mut s = SlidingLog::idle(&p, T0);
-        assert!(hit(&mut s, &p, 1, Micros(T0.0 + 200)).allowed);
+        assert!(hit(&mut s, &p, 1, T0.saturating_add_us(200)).allowed);
         // stamped at 1 ms: it leaves at 11 ms, not 10.2
-        assert!(!hit(&mut s, &p, 1, Micros(T0.0 + 10_500)).allowed);
+        assert!(!hit(&mut s, &p, 1, T0.saturating_add_us(10_500)).allowed);
         assert!(hit(&mut s, &p, 1, at(11)).allowed);
     }
 
@@ -415,7 +415,7 @@ mod tests {
         let p = params(100, 1000);
         let mut s = SlidingLog::idle(&p, T0);
         for i in 0..10 {
-            hit(&mut s, &p, 1, Micros(T0.0 + 1 + i * 90));
+            hit(&mut s, &p, 1, T0.saturating_add_us(1 + i * 90));
         }
         assert_eq!(s.entries.len(), 1);
         assert_eq!(s.held, 10);
@@ -437,7 +437,7 @@ mod tests {
         let p = params(100_000, 1000);
         let mut s = SlidingLog::idle(&p, T0);
         for i in 0..5000 {
-            hit(&mut s, &p, 1, Micros(T0.0 + i * 1000 + 1));
+            hit(&mut s, &p, 1, T0.saturating_add_us(i * 1000 + 1));
         }
         let big = s.entries.capacity();
         for i in 0..50 {
@@ -494,18 +494,18 @@ mod tests {
             steps in prop::collection::vec((0u64..300_000, 0u64..5, prop::bool::weighted(0.1)), 1..300),
         ) {
             let p = params(limit, window_ms);
-            let mut now = T0.0;
+            let mut now = T0.as_us();
             let mut s = SlidingLog::idle(&p, T0);
             let mut log: Vec<(u64, u64)> = Vec::new();
             for (dt, cost, back) in steps {
-                now = if back { now - dt.min(now - T0.0) } else { now + dt };
+                now = if back { now - dt.min(now - T0.as_us()) } else { now + dt };
                 // entries are stamped at the ms at or after the request, and
                 // never before the newest one
                 let held = |t: u64| -> u64 {
                     log.iter().filter(|e| (e.0 + window_ms) * 1000 > t).map(|e| e.1).sum()
                 };
                 let used = held(now);
-                let d = hit(&mut s, &p, cost, Micros(now));
+                let d = hit(&mut s, &p, cost, Micros::from_us(now));
                 prop_assert_eq!(d.allowed, cost == 0 || used + cost <= limit);
                 prop_assert_eq!(d.remaining, limit.saturating_sub(used) - if d.allowed { cost } else { 0 });
                 if d.allowed && cost > 0 {
@@ -538,7 +538,7 @@ mod tests {
         ) {
             let (pa, pb) = (params(a.0, a.1), params(b.0, b.1));
             let used = used % (pa.limit + 1);
-            let now = Micros(T0.0 + dt);
+            let now = T0.saturating_add_us(dt);
             let left = remaining_after_change::<SlidingLog>(&pa, &pb, used, now);
             prop_assert_eq!(left, pb.limit.saturating_sub(used));
         }
@@ -550,12 +550,12 @@ mod tests {
             steps in prop::collection::vec((0u64..20_000, 1u64..4), 1..300),
         ) {
             let p = params(limit, window_ms);
-            let mut now = T0.0;
+            let mut now = T0.as_us();
             let mut s = SlidingLog::idle(&p, T0);
             let mut admitted: Vec<(u64, u64)> = Vec::new();
             for (dt, cost) in steps {
                 now += dt;
-                if hit(&mut s, &p, cost, Micros(now)).allowed {
+                if hit(&mut s, &p, cost, Micros::from_us(now)).allowed {
                     admitted.push((now, cost));
                 }
             }

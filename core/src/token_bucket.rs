@@ -110,7 +110,7 @@ impl TokenBucketState {
     /// Time still to refill at `now`, in ticks of the state's own rate.
     fn own_deficit(&self, now: Micros) -> u128 {
         self.tat_ticks()
-            .saturating_sub(now.0 as u128 * self.refill_count as u128)
+            .saturating_sub(now.as_us() as u128 * self.refill_count as u128)
     }
 
     /// Time still to refill at `now`, in ticks of `params`, after converting a
@@ -168,7 +168,7 @@ pub(super) fn gcra(
 
     if cost > 0 && deficit + need <= tau {
         let after = deficit + need;
-        let now_ticks = now.0 as u128 * params.refill_count as u128;
+        let now_ticks = now.as_us() as u128 * params.refill_count as u128;
         state.set_tat(params, now_ticks + after);
         return Step {
             decision: Decision {
@@ -241,7 +241,7 @@ pub(super) fn gcra_force(
     if after <= deficit {
         return (step, false);
     }
-    let now_ticks = now.0 as u128 * params.refill_count as u128;
+    let now_ticks = now.as_us() as u128 * params.refill_count as u128;
     state.set_tat(params, now_ticks + after);
     (step, true)
 }
@@ -259,7 +259,7 @@ pub(super) fn gcra_refund(
         return false;
     }
     let after = deficit.saturating_sub(units as u128 * params.period());
-    let now_ticks = now.0 as u128 * params.refill_count as u128;
+    let now_ticks = now.as_us() as u128 * params.refill_count as u128;
     state.set_tat(params, now_ticks + after);
     true
 }
@@ -270,7 +270,7 @@ impl Algorithm for TokenBucket {
 
     fn idle(params: &TokenBucketParams, now: Micros) -> TokenBucketState {
         TokenBucketState {
-            tat_us: now.0,
+            tat_us: now.as_us(),
             tat_frac: 0,
             refill_count: params.refill_count,
             refill_ms: params.refill_ms,
@@ -319,7 +319,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    const T0: Micros = Micros(1_700_000_000_000_000);
+    const T0: Micros = Micros::from_us(1_700_000_000_000_000);
 
     fn params(capacity: u64, refill_count: u64, refill_ms: u64) -> TokenBucketParams {
         TokenBucketParams {
@@ -330,7 +330,7 @@ mod tests {
     }
 
     fn at(ms: u64) -> Micros {
-        Micros(T0.0 + ms * 1000)
+        T0.saturating_add_ms(ms)
     }
 
     fn hit(s: &mut TokenBucketState, p: &TokenBucketParams, cost: u64, now: Micros) -> Decision {
@@ -374,8 +374,8 @@ mod tests {
         assert!(hit(&mut s, &p, 1, T0).allowed);
         let d = hit(&mut s, &p, 1, T0);
         assert_eq!(d.wait, Wait::Ms(334));
-        assert!(!hit(&mut s, &p, 1, Micros(T0.0 + 333_333)).allowed);
-        assert!(hit(&mut s, &p, 1, Micros(T0.0 + 333_334)).allowed);
+        assert!(!hit(&mut s, &p, 1, T0.saturating_add_us(333_333)).allowed);
+        assert!(hit(&mut s, &p, 1, T0.saturating_add_us(333_334)).allowed);
     }
 
     #[test]
@@ -424,8 +424,8 @@ mod tests {
         assert!(hit(&mut s, &p, 1_000_000, T0).allowed);
         // one token per microsecond
         for us in 1..=1000u64 {
-            assert!(hit(&mut s, &p, 1, Micros(T0.0 + us)).allowed);
-            assert!(!hit(&mut s, &p, 1, Micros(T0.0 + us)).allowed);
+            assert!(hit(&mut s, &p, 1, T0.saturating_add_us(us)).allowed);
+            assert!(!hit(&mut s, &p, 1, T0.saturating_add_us(us)).allowed);
         }
     }
 
@@ -437,7 +437,7 @@ mod tests {
         assert!(hit(&mut s, &p, 1, T0).allowed);
         let d = hit(&mut s, &p, 1, T0);
         assert_eq!(d.wait, Wait::Ms(year_ms));
-        assert!(!hit(&mut s, &p, 1, Micros(at(year_ms).0 - 1)).allowed);
+        assert!(!hit(&mut s, &p, 1, at(year_ms).saturating_sub_us(1)).allowed);
         assert!(hit(&mut s, &p, 1, at(year_ms)).allowed);
     }
 
@@ -459,13 +459,13 @@ mod tests {
     #[test]
     fn huge_parameters_do_not_overflow() {
         let p = params(MAX_PARAM, MAX_PARAM, 1);
-        let mut s = TokenBucket::idle(&p, Micros(u64::MAX / 2));
-        let d = hit(&mut s, &p, MAX_PARAM, Micros(u64::MAX / 2));
+        let mut s = TokenBucket::idle(&p, Micros::from_us(u64::MAX / 2));
+        let d = hit(&mut s, &p, MAX_PARAM, Micros::from_us(u64::MAX / 2));
         assert!(d.allowed);
         assert_eq!(d.remaining, 0);
         assert_eq!(d.reset_ms, 1);
         // a rate of 2^40 per ms refills 2^37 tokens in 125 us
-        let d = hit(&mut s, &p, 0, Micros(u64::MAX / 2 + 125));
+        let d = hit(&mut s, &p, 0, Micros::from_us(u64::MAX / 2 + 125));
         assert_eq!(d.remaining, MAX_PARAM / 8);
     }
 
@@ -503,7 +503,7 @@ mod tests {
         assert_eq!((d.allowed, d.remaining), (false, 0));
         // 95 consumed against a capacity of 10: 86 s until one token is back
         assert_eq!(d.wait, Wait::Ms(86_000));
-        assert!(!hit(&mut s, &small, 1, Micros(at(86_000).0 - 1)).allowed);
+        assert!(!hit(&mut s, &small, 1, at(86_000).saturating_sub_us(1)).allowed);
         assert!(hit(&mut s, &small, 1, at(86_000)).allowed);
     }
 
@@ -611,14 +611,14 @@ mod tests {
         fn new(p: &TokenBucketParams, now: Micros) -> Self {
             Reference {
                 level: p.capacity as u128 * p.refill_ms as u128 * 1000,
-                last_us: now.0,
+                last_us: now.as_us(),
             }
         }
         fn hit(&mut self, p: &TokenBucketParams, cost: u64, now: Micros) -> bool {
             let cap = p.capacity as u128 * p.refill_ms as u128 * 1000;
-            let elapsed = now.0.saturating_sub(self.last_us) as u128;
+            let elapsed = now.as_us().saturating_sub(self.last_us) as u128;
             self.level = (self.level + elapsed * p.refill_count as u128).min(cap);
-            self.last_us = self.last_us.max(now.0);
+            self.last_us = self.last_us.max(now.as_us());
             let need = cost as u128 * p.refill_ms as u128 * 1000;
             if self.level >= need {
                 self.level -= need;
@@ -651,7 +651,7 @@ mod tests {
             let mut s = TokenBucket::idle(&p, now);
             let mut r = Reference::new(&p, now);
             for (dt, cost) in steps {
-                now = Micros(now.0 + dt);
+                now = now.saturating_add_us(dt);
                 let cost = cost.min(p.capacity + 1);
                 let d = hit(&mut s, &p, cost, now);
                 let admitted = r.hit(&p, cost, now);
@@ -663,10 +663,10 @@ mod tests {
                     let wait = match d.wait { Wait::Ms(w) => w, Wait::Never => {
                         prop_assert!(cost > p.capacity); continue } };
                     let mut later = s;
-                    prop_assert!(hit(&mut later, &p, cost, Micros(now.0 + wait * 1000)).allowed);
+                    prop_assert!(hit(&mut later, &p, cost, now.saturating_add_ms(wait)).allowed);
                     if wait > 0 {
                         let mut early = s;
-                        prop_assert!(!hit(&mut early, &p, cost, Micros(now.0 + wait * 1000 - 1000)).allowed);
+                        prop_assert!(!hit(&mut early, &p, cost, now.saturating_add_ms(wait - 1)).allowed);
                     }
                 }
             }
@@ -681,9 +681,9 @@ mod tests {
             let mut s = TokenBucket::idle(&p, now);
             let mut admitted: Vec<(u64, u64)> = Vec::new();
             for (dt, cost) in steps {
-                now = Micros(now.0 + dt);
+                now = now.saturating_add_us(dt);
                 if hit(&mut s, &p, cost, now).allowed {
-                    admitted.push((now.0, cost));
+                    admitted.push((now.as_us(), cost));
                 }
             }
             // every span [a.0, b.0]: sum <= capacity + rc * span / refill_ms
@@ -709,9 +709,9 @@ mod tests {
         ) {
             let mut s = TokenBucket::idle(&p, T0);
             hit(&mut s, &p, used.min(p.capacity), T0);
-            let now = Micros(T0.0 + elapsed);
+            let now = T0.saturating_add_us(elapsed);
             let before = hit(&mut s, &p, 0, now).remaining;
-            let earlier = Micros(now.0 - back);
+            let earlier = now.saturating_sub_us(back);
             prop_assert!(hit(&mut s, &p, 0, earlier).remaining <= before);
             if hit(&mut s, &p, cost, earlier).allowed {
                 prop_assert!(cost <= before);
@@ -728,7 +728,7 @@ mod tests {
             let mut s = TokenBucket::idle(&a, T0);
             let used = used.min(a.capacity);
             hit(&mut s, &a, used, T0);
-            let now = Micros(T0.0 + dt);
+            let now = T0.saturating_add_us(dt);
             let under_old = hit(&mut s.clone(), &a, 0, now).remaining;
             let under_new = hit(&mut s, &b, 0, now).remaining;
             // neither more than the new capacity, nor more than the old
@@ -748,7 +748,7 @@ mod tests {
             dt in 0u64..10_000_000,
         ) {
             let used = used % (a.capacity + 1);
-            let now = Micros(T0.0 + dt);
+            let now = T0.saturating_add_us(dt);
             let left = remaining_after_change::<TokenBucket>(&a, &b, used, now);
             prop_assert_eq!(left, b.capacity.saturating_sub(used));
         }
