@@ -10,7 +10,7 @@ use crate::limiter::hash_window::HashWindowParams;
 use crate::limiter::leaky_bucket::LeakyBucketParams;
 use crate::limiter::sliding_log::{self, SlidingLogParams};
 use crate::limiter::token_bucket::TokenBucketParams;
-use crate::limiter::{Micros, Request, MAX_PARAM, MAX_SPAN_MS};
+use crate::limiter::{Micros, Request, MAX_PARAM};
 
 /// The trailing options of a limiter call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -123,6 +123,11 @@ pub fn parse_options(rest: &[&[u8]]) -> Result<Options, Error> {
 }
 
 /// The parameters of one algorithm, as they follow the key.
+///
+/// Each word is read as an integer in the range its constructor accepts, in
+/// order, so that an error names the first bad word even when it is no
+/// integer at all; the constructor then checks everything again, with the
+/// rules between parameters, and is what makes them valid.
 pub trait Params: Sized {
     /// How many integer parameters follow the key.
     const COUNT: usize;
@@ -132,80 +137,53 @@ pub trait Params: Sized {
 impl Params for TokenBucketParams {
     const COUNT: usize = 3;
     fn parse(args: &[&[u8]]) -> Result<Self, Error> {
-        let params = TokenBucketParams {
-            capacity: parse_int(args[0], "capacity", 1, MAX_PARAM)?,
-            refill_count: parse_int(args[1], "refill_count", 1, MAX_PARAM)?,
-            refill_ms: parse_int(args[2], "refill_ms", 1, MAX_PARAM)?,
-        };
-        if !params.fills_within(MAX_SPAN_MS) {
-            return Err(Error::SpanTooLong {
-                what: "capacity * refill_ms / refill_count (the time to fill the bucket)",
-            });
-        }
-        Ok(params)
+        Ok(TokenBucketParams::new(
+            parse_int(args[0], "capacity", 1, MAX_PARAM)?,
+            parse_int(args[1], "refill_count", 1, MAX_PARAM)?,
+            parse_int(args[2], "refill_ms", 1, MAX_PARAM)?,
+        )?)
     }
 }
 
 impl Params for FixedWindowParams {
     const COUNT: usize = 2;
     fn parse(args: &[&[u8]]) -> Result<Self, Error> {
-        Ok(FixedWindowParams {
-            limit: parse_int(args[0], "limit", 1, MAX_PARAM)?,
-            window_ms: parse_int(args[1], "window_ms", 1, MAX_PARAM)?,
-        })
+        Ok(FixedWindowParams::new(
+            parse_int(args[0], "limit", 1, MAX_PARAM)?,
+            parse_int(args[1], "window_ms", 1, MAX_PARAM)?,
+        )?)
     }
 }
 
 impl Params for LeakyBucketParams {
     const COUNT: usize = 3;
     fn parse(args: &[&[u8]]) -> Result<Self, Error> {
-        let params = LeakyBucketParams {
-            capacity: parse_int(args[0], "capacity", 1, MAX_PARAM)?,
-            leak_count: parse_int(args[1], "leak_count", 1, MAX_PARAM)?,
-            leak_ms: parse_int(args[2], "leak_ms", 1, MAX_PARAM)?,
-        };
-        if !params.as_gcra().fills_within(MAX_SPAN_MS) {
-            return Err(Error::SpanTooLong {
-                what: "capacity * leak_ms / leak_count (the time to drain a full queue)",
-            });
-        }
-        Ok(params)
+        Ok(LeakyBucketParams::new(
+            parse_int(args[0], "capacity", 1, MAX_PARAM)?,
+            parse_int(args[1], "leak_count", 1, MAX_PARAM)?,
+            parse_int(args[2], "leak_ms", 1, MAX_PARAM)?,
+        )?)
     }
 }
 
 impl Params for SlidingLogParams {
     const COUNT: usize = 2;
     fn parse(args: &[&[u8]]) -> Result<Self, Error> {
-        Ok(SlidingLogParams {
-            limit: parse_int(args[0], "limit", 1, sliding_log::MAX_LIMIT)?,
-            window_ms: parse_int(args[1], "window_ms", 1, MAX_PARAM)?,
-        })
+        Ok(SlidingLogParams::new(
+            parse_int(args[0], "limit", 1, sliding_log::MAX_LIMIT)?,
+            parse_int(args[1], "window_ms", 1, MAX_PARAM)?,
+        )?)
     }
 }
-
-/// Most buckets a hash window may have, whatever the config says: its ring
-/// is allocated at once.
-pub const MAX_BUCKETS: u64 = 1_000_000;
 
 impl Params for HashWindowParams {
     const COUNT: usize = 3;
     fn parse(args: &[&[u8]]) -> Result<Self, Error> {
-        let params = HashWindowParams {
-            limit: parse_int(args[0], "limit", 1, MAX_PARAM)?,
-            window_ms: parse_int(args[1], "window_ms", 1, MAX_PARAM)?,
-            bucket_ms: parse_int(args[2], "bucket_ms", 1, MAX_PARAM)?,
-        };
-        if !params.window_ms.is_multiple_of(params.bucket_ms) {
-            return Err(Error::BucketDoesNotDivide);
-        }
-        if params.buckets() > MAX_BUCKETS {
-            return Err(Error::Range {
-                arg: "window_ms / bucket_ms",
-                min: 1,
-                max: MAX_BUCKETS,
-            });
-        }
-        Ok(params)
+        Ok(HashWindowParams::new(
+            parse_int(args[0], "limit", 1, MAX_PARAM)?,
+            parse_int(args[1], "window_ms", 1, MAX_PARAM)?,
+            parse_int(args[2], "bucket_ms", 1, MAX_PARAM)?,
+        )?)
     }
 }
 

@@ -229,7 +229,7 @@ impl NativeState for HashWindowState {
         let sum = input.take()?;
         let len = input.take()?;
         // A ring holds one bucket more than its window.
-        if len > crate::args::MAX_BUCKETS + 1 {
+        if len > crate::limiter::hash_window::MAX_BUCKETS + 1 {
             return None;
         }
         let mut counts = Vec::new();
@@ -593,20 +593,13 @@ mod tests {
     fn variable_size_states_round_trip() {
         use crate::limiter::{Algorithm, HashWindow, Micros, SlidingLog};
         let now = Micros::from_us(1_700_000_000_123_456);
-        let p = crate::limiter::sliding_log::SlidingLogParams {
-            limit: 100,
-            window_ms: 1000,
-        };
+        let p = crate::limiter::sliding_log::SlidingLogParams::new(100, 1000).unwrap();
         let mut log = SlidingLog::idle(&p, now);
         for i in 0..5 {
             SlidingLog::apply(&mut log, &p, 1 + i % 2, now.saturating_add_us(i * 700));
         }
         round_trip(log);
-        let p = crate::limiter::hash_window::HashWindowParams {
-            limit: 100,
-            window_ms: 6000,
-            bucket_ms: 1000,
-        };
+        let p = crate::limiter::hash_window::HashWindowParams::new(100, 6000, 1000).unwrap();
         let mut ring = HashWindow::idle(&p, now);
         for i in 0..5 {
             HashWindow::apply(&mut ring, &p, 2, now.saturating_add_us(i * 900_000));
@@ -627,18 +620,11 @@ mod tests {
     fn states_built_at_the_latest_time_load_back() {
         use crate::limiter::{Algorithm, HashWindow, Micros, SlidingLog, MAX_TIME_US};
         let latest = Micros::from_us(MAX_TIME_US);
-        let p = crate::limiter::sliding_log::SlidingLogParams {
-            limit: 3,
-            window_ms: 1 << 40,
-        };
+        let p = crate::limiter::sliding_log::SlidingLogParams::new(3, 1 << 40).unwrap();
         let mut log = SlidingLog::idle(&p, latest);
         assert!(SlidingLog::apply(&mut log, &p, 1, latest).allowed);
         round_trip(log);
-        let p = crate::limiter::hash_window::HashWindowParams {
-            limit: 10,
-            window_ms: 6000,
-            bucket_ms: 1000,
-        };
+        let p = crate::limiter::hash_window::HashWindowParams::new(10, 6000, 1000).unwrap();
         let mut ring = HashWindow::idle(&p, latest);
         assert!(HashWindow::apply(&mut ring, &p, 1, latest).allowed);
         round_trip(ring);
@@ -656,13 +642,9 @@ mod tests {
         for (window_ms, bucket_ms) in [
             (MAX_PARAM, MAX_PARAM),
             (914_103_784_660, 914_103_784_660),
-            (crate::args::MAX_BUCKETS, 1),
+            (crate::limiter::hash_window::MAX_BUCKETS, 1),
         ] {
-            let p = HashWindowParams {
-                limit: 10,
-                window_ms,
-                bucket_ms,
-            };
+            let p = HashWindowParams::new(10, window_ms, bucket_ms).unwrap();
             let mut ring = HashWindow::idle(&p, now);
             assert!(HashWindow::apply(&mut ring, &p, 1, now).allowed);
             let mut out = Fields(Vec::new());

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::limiter::{MAX_PARAM, MAX_SPAN_MS};
+use crate::limiter::{ParamError, MAX_PARAM, MAX_SPAN_MS};
 
 /// Everything a command can refuse. Rendered to a reply in [`Error::message`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -118,6 +118,18 @@ impl Error {
     }
 }
 
+/// Parameters the core crate refused, as the argument error of the command
+/// that carried them.
+impl From<ParamError> for Error {
+    fn from(error: ParamError) -> Self {
+        match error {
+            ParamError::Range { arg, min, max } => Error::Range { arg, min, max },
+            ParamError::SpanTooLong { what } => Error::SpanTooLong { what },
+            ParamError::BucketDoesNotDivide => Error::BucketDoesNotDivide,
+        }
+    }
+}
+
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.message())
@@ -158,6 +170,23 @@ mod tests {
             assert!(!m.contains('\r') && !m.contains('\n'), "{m}");
             let code = m.split(' ').next().unwrap();
             assert!(["ERR", "WRONGTYPE", "OOM"].contains(&code), "{m}");
+        }
+    }
+
+    /// The core crate words its errors as the replies do, so that a client
+    /// running the algorithms in process tells its users the same.
+    #[test]
+    fn parameter_errors_read_as_the_core_crate_words_them() {
+        for e in [
+            ParamError::Range {
+                arg: "capacity",
+                min: 1,
+                max: MAX_PARAM,
+            },
+            ParamError::SpanTooLong { what: "x" },
+            ParamError::BucketDoesNotDivide,
+        ] {
+            assert_eq!(Error::from(e).message(), format!("ERR {e}"));
         }
     }
 

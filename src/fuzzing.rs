@@ -872,20 +872,20 @@ fn check_window_bound(limit: u64, window_ms: u64, admitted: &[(u64, u64)]) {
 
 impl Fuzzed for TokenBucket {
     fn limit(params: &TokenBucketParams) -> u64 {
-        params.capacity
+        params.capacity()
     }
     fn check_admissions(p: &TokenBucketParams, admitted: &[(u64, u64)]) {
-        check_bucket_bound(p.capacity, p.refill_count, p.refill_ms, admitted);
+        check_bucket_bound(p.capacity(), p.refill_count(), p.refill_ms(), admitted);
     }
 }
 
 impl Fuzzed for FixedWindow {
     fn limit(params: &FixedWindowParams) -> u64 {
-        params.limit
+        params.limit()
     }
     fn check_admissions(p: &FixedWindowParams, admitted: &[(u64, u64)]) {
         // at most `limit` in each window aligned on the epoch
-        let window_us = p.window_ms * 1000;
+        let window_us = p.window_ms() * 1000;
         for (i, &(first_us, _)) in admitted.iter().enumerate() {
             let window = first_us / window_us;
             let units: u64 = admitted[i..]
@@ -894,7 +894,7 @@ impl Fuzzed for FixedWindow {
                 .map(|a| a.1)
                 .sum();
             assert!(
-                units <= p.limit,
+                units <= p.limit(),
                 "{units} units in the window of {first_us} us"
             );
         }
@@ -903,28 +903,28 @@ impl Fuzzed for FixedWindow {
 
 impl Fuzzed for LeakyBucket {
     fn limit(params: &LeakyBucketParams) -> u64 {
-        params.capacity
+        params.capacity()
     }
     fn check_admissions(p: &LeakyBucketParams, admitted: &[(u64, u64)]) {
-        check_bucket_bound(p.capacity, p.leak_count, p.leak_ms, admitted);
+        check_bucket_bound(p.capacity(), p.leak_count(), p.leak_ms(), admitted);
     }
 }
 
 impl Fuzzed for SlidingLog {
     fn limit(params: &SlidingLogParams) -> u64 {
-        params.limit
+        params.limit()
     }
     fn check_admissions(p: &SlidingLogParams, admitted: &[(u64, u64)]) {
-        check_window_bound(p.limit, p.window_ms, admitted);
+        check_window_bound(p.limit(), p.window_ms(), admitted);
     }
 }
 
 impl Fuzzed for HashWindow {
     fn limit(params: &HashWindowParams) -> u64 {
-        params.limit
+        params.limit()
     }
     fn check_admissions(p: &HashWindowParams, admitted: &[(u64, u64)]) {
-        check_window_bound(p.limit, p.window_ms, admitted);
+        check_window_bound(p.limit(), p.window_ms(), admitted);
     }
 }
 

@@ -31,12 +31,14 @@
 //! at the next second boundary, not at midnight.
 
 use super::{Algorithm, Decision, Micros, Wait};
+use crate::error::{param, ParamError};
 
-/// Validated parameters of `RL.FIXEDWINDOW`.
+/// The parameters of a fixed window (`RL.FIXEDWINDOW`), valid by
+/// construction: see [`FixedWindowParams::new`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FixedWindowParams {
-    pub limit: u64,
-    pub window_ms: u64,
+    limit: u64,
+    window_ms: u64,
 }
 
 /// The state of one counter.
@@ -52,6 +54,24 @@ pub struct FixedWindowState {
 pub struct FixedWindow;
 
 impl FixedWindowParams {
+    /// `limit` units per window of `window_ms` milliseconds, each 1 to
+    /// [`crate::MAX_PARAM`].
+    pub fn new(limit: u64, window_ms: u64) -> Result<Self, ParamError> {
+        Ok(FixedWindowParams {
+            limit: param("limit", limit)?,
+            window_ms: param("window_ms", window_ms)?,
+        })
+    }
+
+    /// Units admitted per window.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+    /// The length of a window, in milliseconds.
+    pub fn window_ms(&self) -> u64 {
+        self.window_ms
+    }
+
     /// End of the window containing `t`, in Unix microseconds.
     fn window_end_us(&self, t: Micros) -> u64 {
         let window_us = self.window_ms * 1000;
@@ -181,13 +201,29 @@ mod tests {
     const T0: Micros = Micros::from_ms(T0_MS);
 
     fn params(limit: u64, window_ms: u64) -> FixedWindowParams {
-        FixedWindowParams { limit, window_ms }
+        FixedWindowParams::new(limit, window_ms).expect("valid parameters")
     }
     fn at(ms: u64) -> Micros {
         Micros::from_ms(T0_MS + ms)
     }
     fn hit(s: &mut FixedWindowState, p: &FixedWindowParams, cost: u64, now: Micros) -> Decision {
         apply_checked::<FixedWindow>(s, p, cost, now)
+    }
+
+    #[test]
+    fn parameters_are_checked_in_argument_order() {
+        let range = |arg| ParamError::Range {
+            arg,
+            min: 1,
+            max: MAX_PARAM,
+        };
+        assert_eq!(FixedWindowParams::new(0, 0), Err(range("limit")));
+        assert_eq!(
+            FixedWindowParams::new(MAX_PARAM, MAX_PARAM + 1),
+            Err(range("window_ms"))
+        );
+        let p = params(MAX_PARAM, MAX_PARAM);
+        assert_eq!((p.limit(), p.window_ms()), (MAX_PARAM, MAX_PARAM));
     }
 
     #[test]

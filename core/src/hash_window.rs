@@ -32,16 +32,55 @@
 //! new window.
 
 use super::{Algorithm, Decision, Micros, Wait};
+use crate::error::{param, ParamError};
 
-/// Validated parameters of `RL.HASHWINDOW`: `bucket_ms` divides `window_ms`.
+/// Most buckets a hash window may have: its ring is allocated at once.
+pub const MAX_BUCKETS: u64 = 1_000_000;
+
+/// The parameters of a hash window (`RL.HASHWINDOW`), valid by
+/// construction: see [`HashWindowParams::new`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HashWindowParams {
-    pub limit: u64,
-    pub window_ms: u64,
-    pub bucket_ms: u64,
+    limit: u64,
+    window_ms: u64,
+    bucket_ms: u64,
 }
 
 impl HashWindowParams {
+    /// At most `limit` units in any window of `window_ms` milliseconds,
+    /// counted in buckets of `bucket_ms`. Each is 1 to [`crate::MAX_PARAM`];
+    /// `bucket_ms` divides `window_ms`, into at most [`MAX_BUCKETS`] buckets.
+    pub fn new(limit: u64, window_ms: u64, bucket_ms: u64) -> Result<Self, ParamError> {
+        let params = HashWindowParams {
+            limit: param("limit", limit)?,
+            window_ms: param("window_ms", window_ms)?,
+            bucket_ms: param("bucket_ms", bucket_ms)?,
+        };
+        if !window_ms.is_multiple_of(bucket_ms) {
+            return Err(ParamError::BucketDoesNotDivide);
+        }
+        if params.buckets() > MAX_BUCKETS {
+            return Err(ParamError::Range {
+                arg: "window_ms / bucket_ms",
+                min: 1,
+                max: MAX_BUCKETS,
+            });
+        }
+        Ok(params)
+    }
+
+    /// Units admitted in any window.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+    /// The length of the window, in milliseconds.
+    pub fn window_ms(&self) -> u64 {
+        self.window_ms
+    }
+    /// The length of a bucket, in milliseconds.
+    pub fn bucket_ms(&self) -> u64 {
+        self.bucket_ms
+    }
     /// Buckets in a window, `window_ms / bucket_ms` (what the config bounds).
     pub fn buckets(&self) -> u64 {
         self.window_ms / self.bucket_ms
@@ -355,17 +394,53 @@ mod tests {
     const T0_MS: u64 = 1_700_000_000_000 - 1_700_000_000_000 % 3_600_000;
 
     fn params(limit: u64, window_ms: u64, bucket_ms: u64) -> HashWindowParams {
-        HashWindowParams {
-            limit,
-            window_ms,
-            bucket_ms,
-        }
+        HashWindowParams::new(limit, window_ms, bucket_ms).expect("valid parameters")
     }
     fn at(ms: u64) -> Micros {
         Micros::from_ms(T0_MS + ms)
     }
     fn hit(s: &mut HashWindowState, p: &HashWindowParams, cost: u64, now: Micros) -> Decision {
         apply_checked::<HashWindow>(s, p, cost, now)
+    }
+
+    #[test]
+    fn parameters_are_checked_in_argument_order() {
+        let range = |arg| ParamError::Range {
+            arg,
+            min: 1,
+            max: MAX_PARAM,
+        };
+        assert_eq!(HashWindowParams::new(0, 0, 0), Err(range("limit")));
+        assert_eq!(HashWindowParams::new(10, 0, 0), Err(range("window_ms")));
+        assert_eq!(HashWindowParams::new(10, 1000, 0), Err(range("bucket_ms")));
+        let p = params(10, 60_000, 1000);
+        assert_eq!(
+            (p.limit(), p.window_ms(), p.bucket_ms()),
+            (10, 60_000, 1000)
+        );
+        assert_eq!(p.buckets(), 60);
+    }
+
+    #[test]
+    fn buckets_divide_the_window_into_at_most_max_buckets() {
+        assert_eq!(
+            HashWindowParams::new(10, 1000, 300),
+            Err(ParamError::BucketDoesNotDivide)
+        );
+        assert!(HashWindowParams::new(10, MAX_BUCKETS, 1).is_ok());
+        assert_eq!(
+            HashWindowParams::new(10, MAX_BUCKETS + 1, 1),
+            Err(ParamError::Range {
+                arg: "window_ms / bucket_ms",
+                min: 1,
+                max: MAX_BUCKETS
+            })
+        );
+        // divisibility is checked first
+        assert_eq!(
+            HashWindowParams::new(10, 2_000_001, 2),
+            Err(ParamError::BucketDoesNotDivide)
+        );
     }
 
     #[test]

@@ -29,24 +29,52 @@
 use super::token_bucket::{
     gcra, gcra_force, gcra_refund, Step, TokenBucketParams, TokenBucketState,
 };
-use super::{Algorithm, Decision, Micros, Wait};
+use crate::error::{param, ParamError};
+use crate::{Algorithm, Decision, Micros, Wait, MAX_SPAN_MS};
 
-/// Validated parameters of `RL.LEAKYBUCKET`.
+/// The parameters of a leaky bucket (`RL.LEAKYBUCKET`), valid by
+/// construction: see [`LeakyBucketParams::new`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LeakyBucketParams {
-    pub capacity: u64,
-    pub leak_count: u64,
-    pub leak_ms: u64,
+    capacity: u64,
+    leak_count: u64,
+    leak_ms: u64,
 }
 
 impl LeakyBucketParams {
-    /// The same rate, as the GCRA shared with the token bucket sees it.
-    pub fn as_gcra(&self) -> TokenBucketParams {
-        TokenBucketParams {
-            capacity: self.capacity,
-            refill_count: self.leak_count,
-            refill_ms: self.leak_ms,
+    /// A queue of at most `capacity` units that drains `leak_count` units
+    /// every `leak_ms` milliseconds. Each is 1 to [`crate::MAX_PARAM`], and
+    /// a full queue must drain within [`MAX_SPAN_MS`].
+    pub fn new(capacity: u64, leak_count: u64, leak_ms: u64) -> Result<Self, ParamError> {
+        let params = LeakyBucketParams {
+            capacity: param("capacity", capacity)?,
+            leak_count: param("leak_count", leak_count)?,
+            leak_ms: param("leak_ms", leak_ms)?,
+        };
+        if !params.as_gcra().fills_within(MAX_SPAN_MS) {
+            return Err(ParamError::SpanTooLong {
+                what: "capacity * leak_ms / leak_count (the time to drain a full queue)",
+            });
         }
+        Ok(params)
+    }
+
+    /// Units the queue holds at most.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+    /// Units that leave every [`Self::leak_ms`].
+    pub fn leak_count(&self) -> u64 {
+        self.leak_count
+    }
+    /// Milliseconds in which [`Self::leak_count`] units leave.
+    pub fn leak_ms(&self) -> u64 {
+        self.leak_ms
+    }
+
+    /// The same rate, as the GCRA shared with the token bucket sees it.
+    pub(crate) fn as_gcra(&self) -> TokenBucketParams {
+        TokenBucketParams::from_checked(self.capacity, self.leak_count, self.leak_ms)
     }
 }
 
@@ -122,17 +150,37 @@ mod tests {
     const T0: Micros = Micros::from_us(1_700_000_000_000_000);
 
     fn params(capacity: u64, leak_count: u64, leak_ms: u64) -> LeakyBucketParams {
-        LeakyBucketParams {
-            capacity,
-            leak_count,
-            leak_ms,
-        }
+        LeakyBucketParams::new(capacity, leak_count, leak_ms).expect("valid parameters")
     }
     fn at(ms: u64) -> Micros {
         T0.saturating_add_ms(ms)
     }
     fn hit(s: &mut LeakyBucketState, p: &LeakyBucketParams, cost: u64, now: Micros) -> Decision {
         apply_checked::<LeakyBucket>(s, p, cost, now)
+    }
+
+    #[test]
+    fn parameters_are_checked_in_argument_order() {
+        let range = |arg| ParamError::Range {
+            arg,
+            min: 1,
+            max: MAX_PARAM,
+        };
+        assert_eq!(LeakyBucketParams::new(0, 1, 1), Err(range("capacity")));
+        assert_eq!(LeakyBucketParams::new(5, 0, 0), Err(range("leak_count")));
+        assert_eq!(
+            LeakyBucketParams::new(5, 1, MAX_PARAM + 1),
+            Err(range("leak_ms"))
+        );
+        // a full queue of 2^40 units, one every 2^40 ms, would take 2^80 ms
+        assert_eq!(
+            LeakyBucketParams::new(MAX_PARAM, 1, MAX_PARAM),
+            Err(ParamError::SpanTooLong {
+                what: "capacity * leak_ms / leak_count (the time to drain a full queue)"
+            })
+        );
+        let p = params(3, 2, 100);
+        assert_eq!((p.capacity(), p.leak_count(), p.leak_ms()), (3, 2, 100));
     }
 
     #[test]
@@ -216,9 +264,8 @@ mod tests {
             (1u64..20, 1u64..20, 1u64..2000),
             (1u64..MAX_PARAM, 1u64..MAX_PARAM, 1u64..1000),
         ]
-        .prop_map(|(c, lc, ms)| params(c, lc, ms))
-        .prop_filter("fits the span limit", |p| {
-            p.as_gcra().fill_ms() <= super::super::MAX_SPAN_MS as u128
+        .prop_filter_map("fits the span limit", |(c, lc, ms)| {
+            LeakyBucketParams::new(c, lc, ms).ok()
         })
     }
 

@@ -16,6 +16,7 @@
 
 #![forbid(unsafe_code)]
 
+mod error;
 pub mod fixed_window;
 pub mod hash_window;
 pub mod leaky_bucket;
@@ -23,6 +24,7 @@ pub mod sliding_log;
 mod time;
 pub mod token_bucket;
 
+pub use error::ParamError;
 pub use fixed_window::FixedWindow;
 pub use hash_window::HashWindow;
 pub use leaky_bucket::LeakyBucket;
@@ -316,41 +318,23 @@ mod refund_and_force {
         }
         check(
             "token bucket",
-            &mut runner::<TokenBucket>(TokenBucketParams {
-                capacity: limit,
-                refill_count: 1,
-                refill_ms: YEAR_MS,
-            }),
+            &mut runner::<TokenBucket>(TokenBucketParams::new(limit, 1, YEAR_MS).unwrap()),
         );
         check(
             "leaky bucket",
-            &mut runner::<LeakyBucket>(LeakyBucketParams {
-                capacity: limit,
-                leak_count: 1,
-                leak_ms: YEAR_MS,
-            }),
+            &mut runner::<LeakyBucket>(LeakyBucketParams::new(limit, 1, YEAR_MS).unwrap()),
         );
         check(
             "fixed window",
-            &mut runner::<FixedWindow>(FixedWindowParams {
-                limit,
-                window_ms: 3_600_000,
-            }),
+            &mut runner::<FixedWindow>(FixedWindowParams::new(limit, 3_600_000).unwrap()),
         );
         check(
             "sliding log",
-            &mut runner::<SlidingLog>(SlidingLogParams {
-                limit,
-                window_ms: YEAR_MS,
-            }),
+            &mut runner::<SlidingLog>(SlidingLogParams::new(limit, YEAR_MS).unwrap()),
         );
         check(
             "hash window",
-            &mut runner::<HashWindow>(HashWindowParams {
-                limit,
-                window_ms: 3_600_000,
-                bucket_ms: 60_000,
-            }),
+            &mut runner::<HashWindow>(HashWindowParams::new(limit, 3_600_000, 60_000).unwrap()),
         );
     }
 
@@ -468,22 +452,14 @@ mod refund_and_force {
     fn a_buckets_debt_is_repaid_by_its_refill_exactly() {
         // 10 tokens, one back every 100 ms: 10 taken and 5 forced leave 15
         // owed; one more fits once 6 have come back, 600 ms later.
-        let p = TokenBucketParams {
-            capacity: 10,
-            refill_count: 1,
-            refill_ms: 100,
-        };
+        let p = TokenBucketParams::new(10, 1, 100).unwrap();
         let mut s = TokenBucket::idle(&p, T0);
         run::<TokenBucket>(&mut s, &p, Request::Cost(10), T0);
         run::<TokenBucket>(&mut s, &p, Request::Force(5), T0);
         assert_repaid_at::<TokenBucket>(&s, &p, 1, T0, ms(600));
         assert_eq!(TokenBucket::idle_at_ms(&s, &p), ms(1500).as_ms_floor());
         // The queue drains its debt the same way.
-        let p = LeakyBucketParams {
-            capacity: 10,
-            leak_count: 1,
-            leak_ms: 100,
-        };
+        let p = LeakyBucketParams::new(10, 1, 100).unwrap();
         let mut s = LeakyBucket::idle(&p, T0);
         run::<LeakyBucket>(&mut s, &p, Request::Cost(10), T0);
         run::<LeakyBucket>(&mut s, &p, Request::Force(5), T0);
@@ -493,20 +469,14 @@ mod refund_and_force {
     #[test]
     fn a_windows_debt_leaves_with_its_units() {
         // The fixed window forgets it at the window's end.
-        let p = FixedWindowParams {
-            limit: 10,
-            window_ms: 1000,
-        };
+        let p = FixedWindowParams::new(10, 1000).unwrap();
         let mut s = FixedWindow::idle(&p, T0);
         run::<FixedWindow>(&mut s, &p, Request::Cost(10), T0);
         run::<FixedWindow>(&mut s, &p, Request::Force(5), ms(100));
         assert_repaid_at::<FixedWindow>(&s, &p, 10, ms(100), ms(1000));
         // The log: the 10 units of T0 leave at 1000 ms, the 5 forced at 100
         // ms leave at 1100 ms.
-        let p = SlidingLogParams {
-            limit: 10,
-            window_ms: 1000,
-        };
+        let p = SlidingLogParams::new(10, 1000).unwrap();
         let mut s = SlidingLog::idle(&p, T0);
         run::<SlidingLog>(&mut s, &p, Request::Cost(10), T0);
         run::<SlidingLog>(&mut s, &p, Request::Force(5), ms(100));
@@ -514,11 +484,7 @@ mod refund_and_force {
         assert_repaid_at::<SlidingLog>(&s, &p, 6, ms(100), ms(1100));
         // Buckets of 100 ms: a unit counts until its whole bucket has left
         // the window, 1100 ms after the bucket began.
-        let p = HashWindowParams {
-            limit: 10,
-            window_ms: 1000,
-            bucket_ms: 100,
-        };
+        let p = HashWindowParams::new(10, 1000, 100).unwrap();
         let mut s = HashWindow::idle(&p, T0);
         run::<HashWindow>(&mut s, &p, Request::Cost(10), T0);
         run::<HashWindow>(&mut s, &p, Request::Force(5), ms(100));

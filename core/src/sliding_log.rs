@@ -30,16 +30,38 @@
 use std::collections::VecDeque;
 
 use super::{Algorithm, Decision, Micros, Wait};
+use crate::error::{in_range, param, ParamError};
 
 /// Largest `limit` a sliding log can take: the running count in an entry has
 /// 24 bits, and the units held never exceed the limit.
 pub const MAX_LIMIT: u64 = (1 << 24) - 1;
 
-/// Validated parameters of `RL.SLIDING`.
+/// The parameters of a sliding log (`RL.SLIDING`), valid by construction:
+/// see [`SlidingLogParams::new`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SlidingLogParams {
-    pub limit: u64,
-    pub window_ms: u64,
+    limit: u64,
+    window_ms: u64,
+}
+
+impl SlidingLogParams {
+    /// At most `limit` units (1 to [`MAX_LIMIT`]) in any interval of
+    /// `window_ms` milliseconds (1 to [`crate::MAX_PARAM`]).
+    pub fn new(limit: u64, window_ms: u64) -> Result<Self, ParamError> {
+        Ok(SlidingLogParams {
+            limit: in_range("limit", limit, 1, MAX_LIMIT)?,
+            window_ms: param("window_ms", window_ms)?,
+        })
+    }
+
+    /// Units admitted in any window.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+    /// The length of the window, in milliseconds.
+    pub fn window_ms(&self) -> u64 {
+        self.window_ms
+    }
 }
 
 /// The log of one limiter.
@@ -365,13 +387,35 @@ mod tests {
     const T0: Micros = Micros::from_us(1_700_000_000_000_000);
 
     fn params(limit: u64, window_ms: u64) -> SlidingLogParams {
-        SlidingLogParams { limit, window_ms }
+        SlidingLogParams::new(limit, window_ms).expect("valid parameters")
     }
     fn at(ms: u64) -> Micros {
         T0.saturating_add_ms(ms)
     }
     fn hit(s: &mut SlidingLogState, p: &SlidingLogParams, cost: u64, now: Micros) -> Decision {
         apply_checked::<SlidingLog>(s, p, cost, now)
+    }
+
+    #[test]
+    fn parameters_are_checked_in_argument_order() {
+        assert_eq!(
+            SlidingLogParams::new(MAX_LIMIT + 1, 0),
+            Err(ParamError::Range {
+                arg: "limit",
+                min: 1,
+                max: MAX_LIMIT
+            })
+        );
+        assert_eq!(
+            SlidingLogParams::new(MAX_LIMIT, 0),
+            Err(ParamError::Range {
+                arg: "window_ms",
+                min: 1,
+                max: MAX_PARAM
+            })
+        );
+        let p = params(MAX_LIMIT, MAX_PARAM);
+        assert_eq!((p.limit(), p.window_ms()), (MAX_LIMIT, MAX_PARAM));
     }
 
     #[test]
@@ -476,7 +520,12 @@ mod tests {
 
     #[test]
     fn epoch_rebases_after_decades() {
-        let p = params(3, 1 << 41);
+        // A window longer than any call may ask for (2^40 ms), so that both
+        // entries, 2^40 ms apart, stay in it.
+        let p = SlidingLogParams {
+            limit: 3,
+            window_ms: 1 << 41,
+        };
         let mut s = SlidingLog::idle(&p, T0);
         hit(&mut s, &p, 1, T0);
         hit(&mut s, &p, 1, at(MAX_OFFSET_MS + 5));

@@ -40,14 +40,16 @@
 //! stays as the last admitted call set it, which is never earlier than the
 //! old settings would have refilled the bucket.
 
-use super::{Algorithm, Decision, Micros, Wait};
+use crate::error::{param, ParamError};
+use crate::{Algorithm, Decision, Micros, Wait, MAX_SPAN_MS};
 
-/// Validated parameters of `RL.TOKENBUCKET`.
+/// The parameters of a token bucket (`RL.TOKENBUCKET`), valid by
+/// construction: see [`TokenBucketParams::new`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TokenBucketParams {
-    pub capacity: u64,
-    pub refill_count: u64,
-    pub refill_ms: u64,
+    capacity: u64,
+    refill_count: u64,
+    refill_ms: u64,
 }
 
 /// The state of one bucket: its TAT and the refill rate it was computed with.
@@ -66,6 +68,46 @@ pub struct TokenBucketState {
 pub struct TokenBucket;
 
 impl TokenBucketParams {
+    /// A bucket of `capacity` tokens that gains `refill_count` tokens every
+    /// `refill_ms` milliseconds. Each is 1 to [`crate::MAX_PARAM`], and an
+    /// empty bucket must fill within [`MAX_SPAN_MS`].
+    pub fn new(capacity: u64, refill_count: u64, refill_ms: u64) -> Result<Self, ParamError> {
+        let params = TokenBucketParams {
+            capacity: param("capacity", capacity)?,
+            refill_count: param("refill_count", refill_count)?,
+            refill_ms: param("refill_ms", refill_ms)?,
+        };
+        if !params.fills_within(MAX_SPAN_MS) {
+            return Err(ParamError::SpanTooLong {
+                what: "capacity * refill_ms / refill_count (the time to fill the bucket)",
+            });
+        }
+        Ok(params)
+    }
+
+    /// Tokens a full bucket holds.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+    /// Tokens that come back every [`Self::refill_ms`].
+    pub fn refill_count(&self) -> u64 {
+        self.refill_count
+    }
+    /// Milliseconds in which [`Self::refill_count`] tokens come back.
+    pub fn refill_ms(&self) -> u64 {
+        self.refill_ms
+    }
+
+    /// Parameters checked by another constructor with the same rules (the
+    /// leaky bucket's, whose queue is this GCRA).
+    pub(crate) const fn from_checked(capacity: u64, refill_count: u64, refill_ms: u64) -> Self {
+        TokenBucketParams {
+            capacity,
+            refill_count,
+            refill_ms,
+        }
+    }
+
     /// Ticks one token takes to refill.
     fn period(&self) -> u128 {
         self.refill_ms as u128 * 1000
@@ -97,8 +139,8 @@ impl TokenBucketState {
 
     /// Checks the invariants a loaded state must hold.
     pub fn is_valid(&self) -> bool {
-        (1..=super::MAX_PARAM).contains(&self.refill_count)
-            && (1..=super::MAX_PARAM).contains(&self.refill_ms)
+        (1..=crate::MAX_PARAM).contains(&self.refill_count)
+            && (1..=crate::MAX_PARAM).contains(&self.refill_ms)
             && self.tat_frac < self.refill_count
     }
 
@@ -131,7 +173,7 @@ impl TokenBucketState {
                 .saturating_mul(new_period)
                 .saturating_add((frac * new_period).div_ceil(old_period))
         };
-        deficit.min(super::MAX_SPAN_MS as u128 * params.ticks_per_ms())
+        deficit.min(MAX_SPAN_MS as u128 * params.ticks_per_ms())
     }
 
     fn set_tat(&mut self, params: &TokenBucketParams, tat_ticks: u128) {
@@ -193,7 +235,7 @@ pub(super) fn gcra(
         let own = state.own_deficit(now);
         let own_per_ms = state.refill_count as u128 * 1000;
         let fits = params.capacity.saturating_sub(cost) as u128 * (state.refill_ms as u128 * 1000);
-        let cap = super::MAX_SPAN_MS as u128;
+        let cap = MAX_SPAN_MS as u128;
         (
             own.saturating_sub(fits).div_ceil(own_per_ms).min(cap),
             own.div_ceil(own_per_ms).min(cap),
@@ -236,7 +278,7 @@ pub(super) fn gcra_force(
     let debt_cap = params
         .tau()
         .saturating_mul(2)
-        .min(super::MAX_SPAN_MS as u128 * params.ticks_per_ms());
+        .min(MAX_SPAN_MS as u128 * params.ticks_per_ms());
     let after = (deficit + cost as u128 * params.period()).min(debt_cap);
     if after <= deficit {
         return (step, false);
@@ -322,11 +364,7 @@ mod tests {
     const T0: Micros = Micros::from_us(1_700_000_000_000_000);
 
     fn params(capacity: u64, refill_count: u64, refill_ms: u64) -> TokenBucketParams {
-        TokenBucketParams {
-            capacity,
-            refill_count,
-            refill_ms,
-        }
+        TokenBucketParams::new(capacity, refill_count, refill_ms).expect("valid parameters")
     }
 
     fn at(ms: u64) -> Micros {
@@ -335,6 +373,37 @@ mod tests {
 
     fn hit(s: &mut TokenBucketState, p: &TokenBucketParams, cost: u64, now: Micros) -> Decision {
         apply_checked::<TokenBucket>(s, p, cost, now)
+    }
+
+    #[test]
+    fn parameters_are_checked_in_argument_order() {
+        let range = |arg| ParamError::Range {
+            arg,
+            min: 1,
+            max: MAX_PARAM,
+        };
+        assert_eq!(TokenBucketParams::new(0, 0, 0), Err(range("capacity")));
+        assert_eq!(
+            TokenBucketParams::new(1, MAX_PARAM + 1, 0),
+            Err(range("refill_count"))
+        );
+        assert_eq!(TokenBucketParams::new(1, 1, 0), Err(range("refill_ms")));
+        let p = params(MAX_PARAM, MAX_PARAM, MAX_PARAM);
+        assert_eq!(
+            (p.capacity(), p.refill_count(), p.refill_ms()),
+            (MAX_PARAM, MAX_PARAM, MAX_PARAM)
+        );
+    }
+
+    #[test]
+    fn an_empty_bucket_must_fill_within_the_longest_span() {
+        // 2^40 tokens, one every 2^10 ms: 2^50 ms to fill, the most allowed
+        assert!(TokenBucketParams::new(1 << 40, 1, 1 << 10).is_ok());
+        assert!(matches!(
+            TokenBucketParams::new(1 << 40, 1, (1 << 10) + 1),
+            Err(ParamError::SpanTooLong { .. })
+        ));
+        assert!(TokenBucketParams::new(1 << 40, 3, 3 << 10).is_ok());
     }
 
     #[test]
@@ -635,9 +704,8 @@ mod tests {
             (1u64..MAX_PARAM, 1u64..MAX_PARAM, 1u64..1000),
             (1u64..5, 1u64..3, 1u64..40_000_000_000),
         ]
-        .prop_map(|(c, rc, ms)| params(c, rc, ms))
-        .prop_filter("fits the span limit", |p| {
-            p.fill_ms() <= super::super::MAX_SPAN_MS as u128
+        .prop_filter_map("fits the span limit", |(c, rc, ms)| {
+            TokenBucketParams::new(c, rc, ms).ok()
         })
     }
 

@@ -76,7 +76,7 @@ impl LimiterCommand for SlidingLog {
 
     fn within_configured_bounds(params: &SlidingLogParams) -> Result<(), Error> {
         let max = config::get(&config::SLIDING_MAX_LIMIT);
-        if params.limit > max {
+        if params.limit() > max {
             return Err(Error::AboveConfig {
                 what: "limit",
                 config: "sliding-max-limit",

@@ -132,11 +132,11 @@ impl Spec {
     /// The parameters, in command order (at most three; no allocation).
     pub fn params(&self) -> ParamList {
         let (values, len) = match *self {
-            Spec::TokenBucket(p) => ([p.capacity, p.refill_count, p.refill_ms], 3),
-            Spec::FixedWindow(p) => ([p.limit, p.window_ms, 0], 2),
-            Spec::LeakyBucket(p) => ([p.capacity, p.leak_count, p.leak_ms], 3),
-            Spec::Sliding(p) => ([p.limit, p.window_ms, 0], 2),
-            Spec::HashWindow(p) => ([p.limit, p.window_ms, p.bucket_ms], 3),
+            Spec::TokenBucket(p) => ([p.capacity(), p.refill_count(), p.refill_ms()], 3),
+            Spec::FixedWindow(p) => ([p.limit(), p.window_ms(), 0], 2),
+            Spec::LeakyBucket(p) => ([p.capacity(), p.leak_count(), p.leak_ms()], 3),
+            Spec::Sliding(p) => ([p.limit(), p.window_ms(), 0], 2),
+            Spec::HashWindow(p) => ([p.limit(), p.window_ms(), p.bucket_ms()], 3),
         };
         ParamList { values, len }
     }

@@ -1,0 +1,59 @@
+//! Why a set of parameters was refused: the one error of the crate.
+
+use std::fmt;
+
+use crate::MAX_SPAN_MS;
+
+/// Parameters that no limiter can be built from. Each variant names what is
+/// wrong in the words of the commands' arguments, so that a caller can tell
+/// its user which argument to fix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParamError {
+    /// The argument `arg` is outside `min..=max`.
+    Range {
+        arg: &'static str,
+        min: u64,
+        max: u64,
+    },
+    /// The limiter would take more than [`MAX_SPAN_MS`] to get back to idle;
+    /// `what` says which span, as a formula of the arguments.
+    SpanTooLong { what: &'static str },
+    /// A hash window's `bucket_ms` does not divide its `window_ms`.
+    BucketDoesNotDivide,
+}
+
+impl fmt::Display for ParamError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ParamError::Range { arg, min, max } => {
+                write!(f, "{arg} must be an integer from {min} to {max}")
+            }
+            ParamError::SpanTooLong { what } => write!(
+                f,
+                "{what} is too long: a limiter may take at most {MAX_SPAN_MS} ms to get back to idle"
+            ),
+            ParamError::BucketDoesNotDivide => f.write_str("bucket_ms must divide window_ms"),
+        }
+    }
+}
+
+impl std::error::Error for ParamError {}
+
+/// `value` if it is in `min..=max`, else the range error naming `arg`.
+pub(crate) fn in_range(
+    arg: &'static str,
+    value: u64,
+    min: u64,
+    max: u64,
+) -> Result<u64, ParamError> {
+    if (min..=max).contains(&value) {
+        Ok(value)
+    } else {
+        Err(ParamError::Range { arg, min, max })
+    }
+}
+
+/// An integer parameter: 1 to [`crate::MAX_PARAM`].
+pub(crate) fn param(arg: &'static str, value: u64) -> Result<u64, ParamError> {
+    in_range(arg, value, 1, crate::MAX_PARAM)
+}
