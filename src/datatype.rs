@@ -6,12 +6,13 @@
 //! each type, no shared default), which Redis stores with each value: bumping
 //! one type's encoding never changes what another type writes or accepts.
 //! Each loader keeps a branch for every version its type ever wrote (only 1
-//! so far). Encoding 1 of every state is a fixed list of unsigned integers,
-//! written with `RedisModule_SaveUnsigned` (RDB) and as decimal arguments of
+//! so far). Encoding 1 of every state is its list of unsigned integers as
+//! the core crate gives it (`StateFields`), written with
+//! `RedisModule_SaveUnsigned` (RDB) and as decimal arguments of
 //! `RL.SETSTATE` (AOF rewrite). Loading validates every invariant the
-//! algorithms rely on and refuses anything else: a short, corrupt or hostile
-//! payload is an error, never a crash and never a state the algorithms could
-//! overflow on.
+//! algorithms rely on (the core's `from_fields`) and refuses anything else: a
+//! short, corrupt or hostile payload is an error, never a crash and never a
+//! state the algorithms could overflow on.
 //!
 //! The policies' aux data rides on the token bucket type, whose encoding
 //! version Redis hands to `aux_load`; that number says nothing about the aux
@@ -31,6 +32,7 @@ use crate::limiter::hash_window::HashWindowState;
 use crate::limiter::leaky_bucket::LeakyBucketState;
 use crate::limiter::sliding_log::SlidingLogState;
 use crate::limiter::token_bucket::TokenBucketState;
+use crate::limiter::StateFields;
 
 /// Where a state's fields are written: RDB, AOF arguments, digest, tests.
 pub trait Encoder {
@@ -70,27 +72,15 @@ static LEAKY_BUCKET_TYPE: AtomicPtr<raw::RedisModuleType> = AtomicPtr::new(ptr::
 static SLIDING_LOG_TYPE: AtomicPtr<raw::RedisModuleType> = AtomicPtr::new(ptr::null_mut());
 static HASH_WINDOW_TYPE: AtomicPtr<raw::RedisModuleType> = AtomicPtr::new(ptr::null_mut());
 
-/// Most entries or buckets a variable-size state may declare: a loader never
-/// allocates more than this for a hostile length.
-const MAX_LOADED_LEN: u64 = 1 << 24;
-
-/// The fields of a GCRA bucket in encoding 1 of the token bucket and of the
-/// leaky bucket (the same state; each type still has its own version).
-fn put_bucket_v1(state: &TokenBucketState, out: &mut impl Encoder) {
-    out.put(state.tat_us);
-    out.put(state.tat_frac);
-    out.put(state.refill_count);
-    out.put(state.refill_ms);
+/// Encoding 1 of every type: the state's fields, as the core crate lists
+/// them ([`StateFields`]).
+fn put_v1(state: &impl StateFields, out: &mut impl Encoder) {
+    state.to_fields(&mut |field| out.put(field));
 }
 
-fn take_bucket_v1(input: &mut impl Decoder) -> Option<TokenBucketState> {
-    let state = TokenBucketState {
-        tat_us: input.take()?,
-        tat_frac: input.take()?,
-        refill_count: input.take()?,
-        refill_ms: input.take()?,
-    };
-    state.is_valid().then_some(state)
+/// Reads encoding 1: the fields, validated by the core crate.
+fn take_v1<S: StateFields>(input: &mut impl Decoder) -> Option<S> {
+    S::from_fields(&mut || input.take())
 }
 
 impl NativeState for TokenBucketState {
@@ -102,11 +92,11 @@ impl NativeState for TokenBucketState {
         &TOKEN_BUCKET_TYPE
     }
     fn encode(&self, out: &mut impl Encoder) {
-        put_bucket_v1(self, out);
+        put_v1(self, out);
     }
     fn decode(input: &mut impl Decoder, encoding: c_int) -> Option<Self> {
         match encoding {
-            1 => take_bucket_v1(input),
+            1 => take_v1(input),
             _ => None,
         }
     }
@@ -121,19 +111,13 @@ impl NativeState for FixedWindowState {
         &FIXED_WINDOW_TYPE
     }
     fn encode(&self, out: &mut impl Encoder) {
-        out.put(self.last_us);
-        out.put(self.count);
+        put_v1(self, out);
     }
     fn decode(input: &mut impl Decoder, encoding: c_int) -> Option<Self> {
-        if encoding != 1 {
-            // Encoding 1 is the only one written so far.
-            return None;
+        match encoding {
+            1 => take_v1(input),
+            _ => None,
         }
-        let state = FixedWindowState {
-            last_us: input.take()?,
-            count: input.take()?,
-        };
-        state.is_valid().then_some(state)
     }
 }
 
@@ -146,11 +130,11 @@ impl NativeState for LeakyBucketState {
         &LEAKY_BUCKET_TYPE
     }
     fn encode(&self, out: &mut impl Encoder) {
-        put_bucket_v1(&self.0, out);
+        put_v1(self, out);
     }
     fn decode(input: &mut impl Decoder, encoding: c_int) -> Option<Self> {
         match encoding {
-            1 => take_bucket_v1(input).map(LeakyBucketState),
+            1 => take_v1(input),
             _ => None,
         }
     }
@@ -165,40 +149,16 @@ impl NativeState for SlidingLogState {
         &SLIDING_LOG_TYPE
     }
     fn encode(&self, out: &mut impl Encoder) {
-        out.put(self.epoch_ms);
-        out.put(self.admitted);
-        out.put(self.held);
-        out.put(self.entries.len() as u64);
-        for &entry in &self.entries {
-            out.put(entry);
-        }
+        put_v1(self, out);
     }
     fn decode(input: &mut impl Decoder, encoding: c_int) -> Option<Self> {
-        if encoding != 1 {
-            // Encoding 1 is the only one written so far.
-            return None;
+        match encoding {
+            1 => take_v1(input),
+            _ => None,
         }
-        let epoch_ms = input.take()?;
-        let admitted = input.take()?;
-        let held = input.take()?;
-        let len = input.take()?;
-        if len > MAX_LOADED_LEN {
-            return None;
-        }
-        let mut entries = std::collections::VecDeque::new();
-        for _ in 0..len {
-            entries.push_back(input.take()?);
-        }
-        let state = SlidingLogState {
-            epoch_ms,
-            admitted,
-            held,
-            entries,
-        };
-        state.is_valid().then_some(state)
     }
     fn heap_bytes(&self) -> usize {
-        self.entries.capacity() * std::mem::size_of::<u64>()
+        SlidingLogState::heap_bytes(self)
     }
 }
 
@@ -211,41 +171,16 @@ impl NativeState for HashWindowState {
         &HASH_WINDOW_TYPE
     }
     fn encode(&self, out: &mut impl Encoder) {
-        out.put(self.bucket_ms);
-        out.put(self.newest);
-        out.put(self.sum);
-        out.put(self.counts.len() as u64);
-        for &count in self.counts.iter() {
-            out.put(count);
-        }
+        put_v1(self, out);
     }
     fn decode(input: &mut impl Decoder, encoding: c_int) -> Option<Self> {
-        if encoding != 1 {
-            // Encoding 1 is the only one written so far.
-            return None;
+        match encoding {
+            1 => take_v1(input),
+            _ => None,
         }
-        let bucket_ms = input.take()?;
-        let newest = input.take()?;
-        let sum = input.take()?;
-        let len = input.take()?;
-        // A ring holds one bucket more than its window.
-        if len > crate::limiter::hash_window::MAX_BUCKETS + 1 {
-            return None;
-        }
-        let mut counts = Vec::new();
-        for _ in 0..len {
-            counts.push(input.take()?);
-        }
-        let state = HashWindowState {
-            bucket_ms,
-            newest,
-            sum,
-            counts: counts.into_boxed_slice(),
-        };
-        state.is_valid().then_some(state)
     }
     fn heap_bytes(&self) -> usize {
-        self.counts.len() * std::mem::size_of::<u64>()
+        HashWindowState::heap_bytes(self)
     }
 }
 
@@ -524,69 +459,42 @@ mod tests {
         assert!(decode_args::<S>(&longer, S::ENCODING).is_none());
     }
 
+    /// A state from its encoding-1 fields.
+    fn state<S: NativeState>(fields: &[u64]) -> S {
+        S::decode(&mut fields.iter().copied(), 1).expect("valid fields")
+    }
+
     /// Encoding 1 of each type, as every build so far wrote it (the fields of
     /// the `DUMP` payloads in `tests/fixtures/encoding-v1/`): each type's
     /// loader keeps reading it, whatever version it or another type writes
-    /// later.
+    /// later, and writes it back field for field (the core crate's own tests
+    /// pin what each field means).
     #[test]
     fn encoding_1_of_every_type_loads() {
-        fn load<S: NativeState>(fields: &[u64]) -> Option<S> {
-            S::decode(&mut fields.iter().copied(), 1)
+        fn loads_back<S: NativeState>(fields: &[u64]) {
+            let mut out = Fields(Vec::new());
+            state::<S>(fields).encode(&mut out);
+            assert_eq!(out.0, fields, "{}", S::ALGORITHM);
         }
         let long = 1 << 40;
-        let bucket = TokenBucketState {
-            tat_us: 0x0012_198e_408e_4030,
-            tat_frac: 0,
-            refill_count: 1,
-            refill_ms: long,
-        };
-        let fields = [0x0012_198e_408e_4030, 0, 1, long];
-        assert_eq!(load::<TokenBucketState>(&fields), Some(bucket));
-        assert_eq!(
-            load::<LeakyBucketState>(&fields),
-            Some(LeakyBucketState(bucket))
-        );
-        assert_eq!(
-            load::<FixedWindowState>(&[0x0006_618e_408e_d5c4, 3]),
-            Some(FixedWindowState {
-                last_us: 0x0006_618e_408e_d5c4,
-                count: 3
-            })
-        );
+        let bucket = [0x0012_198e_408e_4030, 0, 1, long];
+        loads_back::<TokenBucketState>(&bucket);
+        loads_back::<LeakyBucketState>(&bucket);
+        loads_back::<FixedWindowState>(&[0x0006_618e_408e_d5c4, 3]);
         let entries = [1, 0x1200_0002, 0x2300_0003, 0x2a00_0005];
-        let log = load::<SlidingLogState>(&[&[0x01a2_30b4_5dcd, 5, 5, 4][..], &entries].concat());
-        assert_eq!(
-            log,
-            Some(SlidingLogState {
-                epoch_ms: 0x01a2_30b4_5dcd,
-                admitted: 5,
-                held: 5,
-                entries: entries.into_iter().collect(),
-            })
-        );
-        assert_eq!(
-            load::<HashWindowState>(&[long, 1, 5, 2, 0, 5]),
-            Some(HashWindowState {
-                bucket_ms: long,
-                newest: 1,
-                sum: 5,
-                counts: vec![0, 5].into_boxed_slice(),
-            })
-        );
+        loads_back::<SlidingLogState>(&[&[0x01a2_30b4_5dcd, 5, 5, 4][..], &entries].concat());
+        loads_back::<HashWindowState>(&[long, 1, 5, 2, 0, 5]);
     }
 
     #[test]
     fn states_round_trip_and_refuse_short_input() {
-        round_trip(TokenBucketState {
-            tat_us: 1_700_000_000_000_123,
-            tat_frac: 2,
-            refill_count: 3,
-            refill_ms: 1000,
-        });
-        round_trip(FixedWindowState {
-            last_us: 1_700_000_040_000_123,
-            count: 7,
-        });
+        round_trip(state::<TokenBucketState>(&[
+            1_700_000_000_000_123,
+            2,
+            3,
+            1000,
+        ]));
+        round_trip(state::<FixedWindowState>(&[1_700_000_040_000_123, 7]));
     }
 
     #[test]
@@ -605,12 +513,7 @@ mod tests {
             HashWindow::apply(&mut ring, &p, 2, now.saturating_add_us(i * 900_000));
         }
         round_trip(ring);
-        round_trip(LeakyBucketState(TokenBucketState {
-            tat_us: 5,
-            tat_frac: 0,
-            refill_count: 1,
-            refill_ms: 1,
-        }));
+        round_trip(state::<LeakyBucketState>(&[5, 0, 1, 1]));
     }
 
     /// Found by fuzzing: a sliding log or hash window admitted at the

@@ -30,7 +30,7 @@
 //! conservative). Shrinking a day window to a second thus frees the counter
 //! at the next second boundary, not at midnight.
 
-use super::{Algorithm, Decision, Micros, Wait};
+use super::{Algorithm, Decision, Micros, StateFields, Wait};
 use crate::error::{param, ParamError};
 
 /// The parameters of a fixed window (`RL.FIXEDWINDOW`), valid by
@@ -45,9 +45,9 @@ pub struct FixedWindowParams {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FixedWindowState {
     /// When the last admitted request was counted (Unix microseconds).
-    pub last_us: u64,
+    pub(crate) last_us: u64,
     /// Units admitted in the window that contains `last_us`.
-    pub count: u64,
+    pub(crate) count: u64,
 }
 
 /// The fixed window algorithm.
@@ -83,7 +83,7 @@ impl FixedWindowParams {
 impl FixedWindowState {
     /// Checks the invariants a loaded state must hold (a forced call may
     /// leave up to twice the limit counted).
-    pub fn is_valid(&self) -> bool {
+    pub(crate) fn is_valid(&self) -> bool {
         self.last_us <= super::MAX_TIME_US && self.count <= 2 * super::MAX_PARAM
     }
 
@@ -94,6 +94,22 @@ impl FixedWindowState {
         let same_window =
             params.window_end_us(Micros::from_us(self.last_us)) == params.window_end_us(now_eff);
         (now_eff, if same_window { self.count } else { 0 })
+    }
+}
+
+/// `last_us, count`.
+impl StateFields for FixedWindowState {
+    fn to_fields(&self, out: &mut impl FnMut(u64)) {
+        out(self.last_us);
+        out(self.count);
+    }
+
+    fn from_fields(next: &mut impl FnMut() -> Option<u64>) -> Option<Self> {
+        let state = FixedWindowState {
+            last_us: next()?,
+            count: next()?,
+        };
+        state.is_valid().then_some(state)
     }
 }
 

@@ -31,7 +31,7 @@
 //! they can have been admitted), and are kept while that bucket is in the
 //! new window.
 
-use super::{Algorithm, Decision, Micros, Wait};
+use super::{Algorithm, Decision, Micros, StateFields, Wait};
 use crate::error::{param, ParamError};
 
 /// Most buckets a hash window may have: its ring is allocated at once.
@@ -95,13 +95,13 @@ impl HashWindowParams {
 /// The ring of bucket counts of one limiter.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HashWindowState {
-    pub bucket_ms: u64,
+    pub(crate) bucket_ms: u64,
     /// Index (Unix ms / bucket_ms) of the newest bucket in the ring.
-    pub newest: u64,
+    pub(crate) newest: u64,
     /// Units in the ring.
-    pub sum: u64,
+    pub(crate) sum: u64,
     /// Bucket `j` is `counts[j % len]`, for `newest - len < j <= newest`.
-    pub counts: Box<[u64]>,
+    pub(crate) counts: Box<[u64]>,
 }
 
 /// The hash window algorithm.
@@ -239,7 +239,7 @@ impl HashWindowState {
     }
 
     /// Checks the invariants a loaded state must hold.
-    pub fn is_valid(&self) -> bool {
+    pub(crate) fn is_valid(&self) -> bool {
         let n = self.counts.len() as u64;
         // The ring has one bucket more than the window (`ring_len`): the
         // window, `(n - 1) * bucket_ms`, is what the parser bounds.
@@ -255,6 +255,49 @@ impl HashWindowState {
             && self.counts.iter().try_fold(0u64, |a, &c| a.checked_add(c)) == Some(self.sum)
             // a forced call may leave up to twice the limit counted
             && self.sum <= 2 * super::MAX_PARAM
+    }
+}
+
+impl HashWindowState {
+    /// Bytes the ring owns on the heap (its bucket counts).
+    pub fn heap_bytes(&self) -> usize {
+        self.counts.len() * std::mem::size_of::<u64>()
+    }
+}
+
+/// `bucket_ms, newest, sum`, the number of buckets in the ring, then their
+/// counts.
+impl StateFields for HashWindowState {
+    fn to_fields(&self, out: &mut impl FnMut(u64)) {
+        out(self.bucket_ms);
+        out(self.newest);
+        out(self.sum);
+        out(self.counts.len() as u64);
+        for &count in self.counts.iter() {
+            out(count);
+        }
+    }
+
+    fn from_fields(next: &mut impl FnMut() -> Option<u64>) -> Option<Self> {
+        let bucket_ms = next()?;
+        let newest = next()?;
+        let sum = next()?;
+        let len = next()?;
+        // A ring holds one bucket more than its window.
+        if len > MAX_BUCKETS + 1 {
+            return None;
+        }
+        let mut counts = Vec::new();
+        for _ in 0..len {
+            counts.push(next()?);
+        }
+        let state = HashWindowState {
+            bucket_ms,
+            newest,
+            sum,
+            counts: counts.into_boxed_slice(),
+        };
+        state.is_valid().then_some(state)
     }
 }
 

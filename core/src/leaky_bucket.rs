@@ -30,7 +30,7 @@ use super::token_bucket::{
     gcra, gcra_force, gcra_refund, Step, TokenBucketParams, TokenBucketState,
 };
 use crate::error::{param, ParamError};
-use crate::{Algorithm, Decision, Micros, Wait, MAX_SPAN_MS};
+use crate::{Algorithm, Decision, Micros, StateFields, Wait, MAX_SPAN_MS};
 
 /// The parameters of a leaky bucket (`RL.LEAKYBUCKET`), valid by
 /// construction: see [`LeakyBucketParams::new`].
@@ -80,7 +80,18 @@ impl LeakyBucketParams {
 
 /// The queue's state: the instant it is empty, and its leak rate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LeakyBucketState(pub TokenBucketState);
+pub struct LeakyBucketState(pub(crate) TokenBucketState);
+
+/// The fields of the GCRA, as the token bucket's.
+impl StateFields for LeakyBucketState {
+    fn to_fields(&self, out: &mut impl FnMut(u64)) {
+        self.0.to_fields(out);
+    }
+
+    fn from_fields(next: &mut impl FnMut() -> Option<u64>) -> Option<Self> {
+        TokenBucketState::from_fields(next).map(LeakyBucketState)
+    }
+}
 
 /// The leaky bucket algorithm.
 pub struct LeakyBucket;

@@ -170,6 +170,26 @@ pub fn decide<A: Algorithm>(
     }
 }
 
+/// A state as a flat list of `u64` fields, and back: how the module stores a
+/// limiter in the RDB and the AOF (encoding 1 of each of its types), and how
+/// any other caller can keep one.
+///
+/// The list is a stored format: changing a state's fields is a new encoding
+/// in the module, which must still load the old one.
+pub trait StateFields: Sized {
+    /// Writes the state's fields to `out`, in the order
+    /// [`StateFields::from_fields`] reads them.
+    fn to_fields(&self, out: &mut impl FnMut(u64));
+
+    /// Rebuilds a state from the fields [`StateFields::to_fields`] wrote,
+    /// taking them one by one from `next`. `None` if `next` runs out first,
+    /// or if the fields break an invariant the algorithm relies on: a
+    /// corrupt or hostile list never gives a state the algorithm could
+    /// overflow on, and a declared length is bounded before anything is
+    /// allocated for it. Fields after the state are left unread.
+    fn from_fields(next: &mut impl FnMut() -> Option<u64>) -> Option<Self>;
+}
+
 /// One rate-limiting algorithm, as a pure state machine.
 ///
 /// `apply` must leave `state` untouched unless it returns an admitted decision
@@ -177,8 +197,8 @@ pub fn decide<A: Algorithm>(
 pub trait Algorithm {
     /// Validated parameters of one call.
     type Params: Copy + std::fmt::Debug;
-    /// The state kept in one Redis key.
-    type State: Clone + std::fmt::Debug + PartialEq;
+    /// The state of one limiter (what the module keeps in one Redis key).
+    type State: Clone + std::fmt::Debug + PartialEq + StateFields;
     /// Whether admitted requests get a queueing delay in `wait_ms`.
     const SHAPES: bool = false;
 
@@ -241,7 +261,19 @@ pub(crate) mod testkit {
             assert_eq!(d.wait, Wait::Ms(0));
         }
         assert!(d.remaining <= d.limit);
+        assert_fields_round_trip(state);
         d
+    }
+
+    /// The state survives its fields: what the module writes to the RDB
+    /// loads back as the very same state, and reads no field more.
+    pub fn assert_fields_round_trip<S: StateFields + PartialEq + std::fmt::Debug>(state: &S) {
+        let mut fields = Vec::new();
+        state.to_fields(&mut |field| fields.push(field));
+        let mut next = fields.iter().copied();
+        let back = S::from_fields(&mut || next.next());
+        assert_eq!(back.as_ref(), Some(state), "from its fields {fields:?}");
+        assert!(next.next().is_none(), "fields left over: {fields:?}");
     }
 
     /// Consumes `consumed` units of a new limiter under `old` at `now`, then
@@ -527,5 +559,104 @@ mod refund_and_force {
                 }
             });
         }
+    }
+}
+
+/// Each state's fields: their order is the module's encoding 1 (the
+/// payloads of `tests/fixtures/encoding-v1/`), and what breaks an invariant
+/// is refused.
+#[cfg(test)]
+mod state_fields {
+    use super::fixed_window::FixedWindowState;
+    use super::hash_window::{HashWindowState, MAX_BUCKETS};
+    use super::leaky_bucket::LeakyBucketState;
+    use super::sliding_log::SlidingLogState;
+    use super::token_bucket::TokenBucketState;
+    use super::*;
+
+    fn fields<S: StateFields>(state: &S) -> Vec<u64> {
+        let mut fields = Vec::new();
+        state.to_fields(&mut |field| fields.push(field));
+        fields
+    }
+
+    fn load<S: StateFields>(fields: &[u64]) -> Option<S> {
+        let mut next = fields.iter().copied();
+        S::from_fields(&mut || next.next())
+    }
+
+    /// Writes `state`, checks the fields are `expected`, that they load
+    /// back as `state`, and that no prefix of them loads.
+    fn pin<S: StateFields + PartialEq + std::fmt::Debug>(state: S, expected: &[u64]) {
+        assert_eq!(fields(&state), expected);
+        assert_eq!(load::<S>(expected), Some(state));
+        for len in 0..expected.len() {
+            assert_eq!(load::<S>(&expected[..len]), None, "{len} fields");
+        }
+    }
+
+    #[test]
+    fn every_state_writes_its_fields_in_encoding_order() {
+        let bucket = TokenBucketState {
+            tat_us: 0x0012_198e_408e_4030,
+            tat_frac: 2,
+            refill_count: 3,
+            refill_ms: 1 << 40,
+        };
+        let bucket_fields = [0x0012_198e_408e_4030, 2, 3, 1 << 40];
+        pin(bucket, &bucket_fields);
+        pin(LeakyBucketState(bucket), &bucket_fields);
+        pin(
+            FixedWindowState {
+                last_us: 0x0006_618e_408e_d5c4,
+                count: 3,
+            },
+            &[0x0006_618e_408e_d5c4, 3],
+        );
+        let entries = [1, 0x1200_0002, 0x2300_0003, 0x2a00_0005];
+        pin(
+            SlidingLogState {
+                epoch_ms: 0x01a2_30b4_5dcd,
+                admitted: 5,
+                held: 5,
+                entries: entries.into_iter().collect(),
+            },
+            &[&[0x01a2_30b4_5dcd, 5, 5, 4][..], &entries].concat(),
+        );
+        pin(
+            HashWindowState {
+                bucket_ms: 1 << 40,
+                newest: 1,
+                sum: 5,
+                counts: vec![0, 5].into_boxed_slice(),
+            },
+            &[1 << 40, 1, 5, 2, 0, 5],
+        );
+    }
+
+    #[test]
+    fn fields_that_break_an_invariant_are_refused() {
+        // the sub-microsecond part of a TAT below the rate; a rate in range
+        for bad in [[1, 5, 5, 1000], [1, 0, 0, 1000], [1, 0, 1, (1 << 40) + 1]] {
+            assert_eq!(load::<TokenBucketState>(&bad), None, "{bad:?}");
+            assert_eq!(load::<LeakyBucketState>(&bad), None, "{bad:?}");
+        }
+        // more than a forced call can leave counted; a time beyond MAX_TIME_US
+        assert_eq!(load::<FixedWindowState>(&[0, 2 * MAX_PARAM + 1]), None);
+        assert_eq!(load::<FixedWindowState>(&[MAX_TIME_US + 1, 1]), None);
+        // units held that the entries do not add up to
+        assert_eq!(load::<SlidingLogState>(&[0, 6, 5, 1, 5]), None);
+        assert_eq!(load::<SlidingLogState>(&[0, 3, 3, 0]), None);
+        // a sum that is not the buckets'
+        assert_eq!(load::<HashWindowState>(&[1000, 1, 6, 2, 0, 5]), None);
+    }
+
+    #[test]
+    fn a_declared_length_is_bounded_before_anything_is_allocated() {
+        assert_eq!(load::<SlidingLogState>(&[0, 0, 0, u64::MAX]), None);
+        assert_eq!(load::<SlidingLogState>(&[0, 0, 0, (1 << 24) + 1]), None);
+        assert_eq!(load::<HashWindowState>(&[1, 0, 0, MAX_BUCKETS + 2]), None);
+        // a length the fields do not hold
+        assert_eq!(load::<HashWindowState>(&[1000, 5, 0, 1000, 0, 0]), None);
     }
 }

@@ -29,7 +29,7 @@
 
 use std::collections::VecDeque;
 
-use super::{Algorithm, Decision, Micros, Wait};
+use super::{Algorithm, Decision, Micros, StateFields, Wait};
 use crate::error::{in_range, param, ParamError};
 
 /// Largest `limit` a sliding log can take: the running count in an entry has
@@ -68,13 +68,13 @@ impl SlidingLogParams {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SlidingLogState {
     /// Entries' milliseconds are offsets from this Unix millisecond.
-    pub epoch_ms: u64,
+    pub(crate) epoch_ms: u64,
     /// Units ever admitted into this log; entries keep its low 24 bits.
-    pub admitted: u64,
+    pub(crate) admitted: u64,
     /// Units held by the entries.
-    pub held: u64,
+    pub(crate) held: u64,
     /// `offset_ms << 24 | running_count`, oldest first.
-    pub entries: VecDeque<u64>,
+    pub(crate) entries: VecDeque<u64>,
 }
 
 const COUNT_BITS: u32 = 24;
@@ -269,7 +269,7 @@ impl SlidingLogState {
     }
 
     /// Checks the invariants a loaded state must hold.
-    pub fn is_valid(&self) -> bool {
+    pub(crate) fn is_valid(&self) -> bool {
         if self.held > MAX_LIMIT || self.epoch_ms > super::MAX_STATE_MS {
             return false;
         }
@@ -289,6 +289,51 @@ impl SlidingLogState {
         }
         previous_units == self.held
             && self.admitted & COUNT_MASK == self.entries[self.entries.len() - 1] & COUNT_MASK
+    }
+}
+
+/// Most entries a loaded log may declare: a valid one holds fewer, each
+/// entry holding at least one of its at most [`MAX_LIMIT`] units.
+const MAX_LOADED_ENTRIES: u64 = 1 << 24;
+
+impl SlidingLogState {
+    /// Bytes the log owns on the heap (its ring of entries).
+    pub fn heap_bytes(&self) -> usize {
+        self.entries.capacity() * std::mem::size_of::<u64>()
+    }
+}
+
+/// `epoch_ms, admitted, held`, the number of entries, then the entries.
+impl StateFields for SlidingLogState {
+    fn to_fields(&self, out: &mut impl FnMut(u64)) {
+        out(self.epoch_ms);
+        out(self.admitted);
+        out(self.held);
+        out(self.entries.len() as u64);
+        for &entry in &self.entries {
+            out(entry);
+        }
+    }
+
+    fn from_fields(next: &mut impl FnMut() -> Option<u64>) -> Option<Self> {
+        let epoch_ms = next()?;
+        let admitted = next()?;
+        let held = next()?;
+        let len = next()?;
+        if len > MAX_LOADED_ENTRIES {
+            return None;
+        }
+        let mut entries = VecDeque::new();
+        for _ in 0..len {
+            entries.push_back(next()?);
+        }
+        let state = SlidingLogState {
+            epoch_ms,
+            admitted,
+            held,
+            entries,
+        };
+        state.is_valid().then_some(state)
     }
 }
 

@@ -41,7 +41,7 @@
 //! old settings would have refilled the bucket.
 
 use crate::error::{param, ParamError};
-use crate::{Algorithm, Decision, Micros, Wait, MAX_SPAN_MS};
+use crate::{Algorithm, Decision, Micros, StateFields, Wait, MAX_SPAN_MS};
 
 /// The parameters of a token bucket (`RL.TOKENBUCKET`), valid by
 /// construction: see [`TokenBucketParams::new`].
@@ -56,12 +56,12 @@ pub struct TokenBucketParams {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TokenBucketState {
     /// Whole microseconds of the theoretical arrival time (when full again).
-    pub tat_us: u64,
+    pub(crate) tat_us: u64,
     /// Sub-microsecond part of the TAT in ticks: `0 <= tat_frac < refill_count`.
-    pub tat_frac: u64,
+    pub(crate) tat_frac: u64,
     /// The refill rate `tat` is expressed in.
-    pub refill_count: u64,
-    pub refill_ms: u64,
+    pub(crate) refill_count: u64,
+    pub(crate) refill_ms: u64,
 }
 
 /// The token bucket algorithm.
@@ -138,7 +138,7 @@ impl TokenBucketState {
     }
 
     /// Checks the invariants a loaded state must hold.
-    pub fn is_valid(&self) -> bool {
+    pub(crate) fn is_valid(&self) -> bool {
         (1..=crate::MAX_PARAM).contains(&self.refill_count)
             && (1..=crate::MAX_PARAM).contains(&self.refill_ms)
             && self.tat_frac < self.refill_count
@@ -183,6 +183,26 @@ impl TokenBucketState {
         self.tat_frac = (tat_ticks % rc) as u64;
         self.refill_count = params.refill_count;
         self.refill_ms = params.refill_ms;
+    }
+}
+
+/// `tat_us, tat_frac, refill_count, refill_ms`.
+impl StateFields for TokenBucketState {
+    fn to_fields(&self, out: &mut impl FnMut(u64)) {
+        out(self.tat_us);
+        out(self.tat_frac);
+        out(self.refill_count);
+        out(self.refill_ms);
+    }
+
+    fn from_fields(next: &mut impl FnMut() -> Option<u64>) -> Option<Self> {
+        let state = TokenBucketState {
+            tat_us: next()?,
+            tat_frac: next()?,
+            refill_count: next()?,
+            refill_ms: next()?,
+        };
+        state.is_valid().then_some(state)
     }
 }
 
