@@ -620,7 +620,7 @@ fn run_spec(spec: &Spec, steps: &[(Micros, Request)]) {
     assert_eq!(Spec::parse(&words, Site::Policy), Ok((*spec, words.len())));
 }
 
-/// Runs `steps` on `state`, asserting the contract of `limiter/mod.rs` and
+/// Runs `steps` on `state`, asserting the contract of the core crate and
 /// the reply rules of the spec at every one:
 ///
 /// - `decide` predicts `apply`; a denial or `COST 0` changes nothing;

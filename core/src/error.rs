@@ -11,13 +11,19 @@ use crate::MAX_SPAN_MS;
 pub enum ParamError {
     /// The argument `arg` is outside `min..=max`.
     Range {
+        /// The argument, as the commands name it (`capacity`, `window_ms`).
         arg: &'static str,
+        /// The smallest value it may take.
         min: u64,
+        /// The largest value it may take.
         max: u64,
     },
     /// The limiter would take more than [`MAX_SPAN_MS`] to get back to idle;
     /// `what` says which span, as a formula of the arguments.
-    SpanTooLong { what: &'static str },
+    SpanTooLong {
+        /// The span, as a formula of the arguments.
+        what: &'static str,
+    },
     /// A hash window's `bucket_ms` does not divide its `window_ms`.
     BucketDoesNotDivide,
 }

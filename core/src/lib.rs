@@ -1,8 +1,60 @@
-//! Pure rate-limiting algorithms: `(state, parameters, cost, now) -> (decision, state')`.
+//! The rate-limiting algorithms of redis-ratelimit, as pure state machines:
+//! `(state, parameters, request, now) -> (decision, state')`.
 //!
-//! Nothing here touches Redis. Every algorithm works in integer arithmetic on
-//! [`Micros`] the caller reads once per call (the module: `src/clock.rs`), and obeys one
-//! contract, checked by each file's tests:
+//! The Redis module (the `RL.*` commands) runs this crate inside the server,
+//! and a client can run it in its own process: the same five algorithms, in
+//! integer arithmetic, with no Redis, no I/O, no clock and no `unsafe`. The
+//! caller owns each limiter's state, reads the clock once per call, and
+//! chooses where the state lives (a Redis key, a map in memory).
+//!
+//! - [`TokenBucket`], [`LeakyBucket`] (a shaping queue), [`FixedWindow`],
+//!   [`SlidingLog`] (exact) and [`HashWindow`] (sliding, in fixed memory):
+//!   each an [`Algorithm`], with its parameters and state types.
+//! - Parameters can only be built valid: [`TokenBucketParams::new`] and its
+//!   siblings check every rule and return a [`ParamError`] that names the
+//!   argument at fault.
+//! - Time is [`Micros`], whose integer is private: instants are built and
+//!   read with their unit in the name.
+//! - [`run`] applies a [`Request`] (`COST n`, `COST n FORCE`, `REFUND n`)
+//!   and answers an [`Outcome`]: the [`Decision`] (the five integers of the
+//!   module's reply) and whether the state changed. [`decide`] answers the
+//!   same and changes nothing; [`Algorithm::idle_at_ms`] says when a state
+//!   is idle again and may be dropped.
+//! - A state is stored and rebuilt, validated, as a list of integers
+//!   ([`StateFields`]).
+//!
+//! ```
+//! use redis_ratelimit_core::{
+//!     run, Algorithm, Micros, Request, TokenBucket, TokenBucketParams, Wait,
+//! };
+//!
+//! // 10 tokens, one back every 100 ms.
+//! let params = TokenBucketParams::new(10, 1, 100)?;
+//! let now = Micros::from_ms(1_700_000_000_000);
+//! let mut state = TokenBucket::idle(&params, now);
+//!
+//! let taken = run::<TokenBucket>(&mut state, &params, Request::Cost(10), now);
+//! assert!(taken.decision.allowed && taken.changed);
+//! assert_eq!(taken.decision.remaining, 0);
+//!
+//! // Empty: the next token is 100 ms away, and a denial changes nothing.
+//! let denied = run::<TokenBucket>(&mut state, &params, Request::Cost(1), now);
+//! assert!(!denied.decision.allowed && !denied.changed);
+//! assert_eq!(denied.decision.wait, Wait::Ms(100));
+//!
+//! let later = now.saturating_add_ms(100);
+//! let again = run::<TokenBucket>(&mut state, &params, Request::Cost(1), later);
+//! assert!(again.decision.allowed);
+//!
+//! // Refused parameters name their argument.
+//! assert_eq!(
+//!     TokenBucketParams::new(0, 1, 100).unwrap_err().to_string(),
+//!     "capacity must be an integer from 1 to 1099511627776"
+//! );
+//! # Ok::<(), redis_ratelimit_core::ParamError>(())
+//! ```
+//!
+//! Every algorithm obeys one contract, checked by each file's tests:
 //!
 //! - a denied request or a `COST 0` request leaves the state bit-for-bit
 //!   unchanged (the caller then writes and propagates nothing);
@@ -15,6 +67,7 @@
 //!   change refills anything.
 
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 mod error;
 pub mod fixed_window;
@@ -25,12 +78,12 @@ mod time;
 pub mod token_bucket;
 
 pub use error::ParamError;
-pub use fixed_window::FixedWindow;
-pub use hash_window::HashWindow;
-pub use leaky_bucket::LeakyBucket;
-pub use sliding_log::SlidingLog;
+pub use fixed_window::{FixedWindow, FixedWindowParams, FixedWindowState};
+pub use hash_window::{HashWindow, HashWindowParams, HashWindowState};
+pub use leaky_bucket::{LeakyBucket, LeakyBucketParams, LeakyBucketState};
+pub use sliding_log::{SlidingLog, SlidingLogParams, SlidingLogState};
 pub use time::Micros;
-pub use token_bucket::TokenBucket;
+pub use token_bucket::{TokenBucket, TokenBucketParams, TokenBucketState};
 
 /// The largest value any integer parameter (and `COST`) may take: 2^40.
 pub const MAX_PARAM: u64 = 1 << 40;
@@ -69,6 +122,7 @@ pub struct Decision {
 /// `wait_ms` of the reply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Wait {
+    /// This many milliseconds, rounded up.
     Ms(u64),
     /// The request can never be admitted: its cost exceeds the limit.
     Never,
@@ -112,7 +166,9 @@ impl Request {
 /// must be written, expired, propagated and notified).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Outcome {
+    /// The answer to the request.
     pub decision: Decision,
+    /// The state changed: it must be stored again.
     pub changed: bool,
 }
 
