@@ -172,7 +172,8 @@ pub struct Outcome {
     pub changed: bool,
 }
 
-/// Runs one request on a limiter: the one entry point of the command layer.
+/// Runs one request on a limiter: the one entry point for its callers (the
+/// module's commands, a client's in-process limiter).
 ///
 /// - `Cost(n)`: [`Algorithm::apply`]; changed when admitted with `n > 0`.
 /// - `Force(n)`: [`Algorithm::force`]; answers what `Cost(n)` would have

@@ -3,6 +3,8 @@
 //! for a microsecond: every instant is built with a unit in its name
 //! ([`Micros::from_us`], [`Micros::from_ms`]) and read the same way.
 
+use std::time::Duration;
+
 /// A point in time: microseconds since the Unix epoch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Micros(u64);
@@ -20,6 +22,13 @@ impl Micros {
     /// beyond any time a limiter accepts).
     pub const fn from_ms(ms: u64) -> Self {
         Micros(ms.saturating_mul(1000))
+    }
+
+    /// The instant `since_epoch` after the epoch, in whole microseconds
+    /// (saturating): how a caller turns its clock's reading into an instant,
+    /// e.g. `SystemTime::now().duration_since(UNIX_EPOCH)`.
+    pub fn from_duration(since_epoch: Duration) -> Self {
+        Micros(u64::try_from(since_epoch.as_micros()).unwrap_or(u64::MAX))
     }
 
     /// Microseconds since the epoch.
@@ -74,6 +83,13 @@ mod tests {
         assert_eq!(t.saturating_add_ms(2), Micros::from_us(t.as_us() + 2000));
         assert_eq!(later.us_since(t), 1);
         assert_eq!(t.us_since(later), 0);
+    }
+
+    #[test]
+    fn a_duration_since_the_epoch_counts_whole_microseconds() {
+        let d = Duration::new(1_700_000_000, 123_456_789);
+        assert_eq!(Micros::from_duration(d).as_us(), 1_700_000_000_123_456);
+        assert_eq!(Micros::from_duration(Duration::MAX).as_us(), u64::MAX);
     }
 
     #[test]
