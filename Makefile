@@ -30,7 +30,7 @@ test-unit:
 	cargo test --release --workspace --lib
 
 test-integration:
-	RL_MODULE=$(CURDIR)/$(MODULE) VALKEY_SERVER=$$(scripts/valkey-path.sh) cargo test --release --test '*'
+	RL_MODULE=$(CURDIR)/$(MODULE) VALKEY_SERVER=$$(scripts/valkey-path.sh) cargo test --release --test integration
 
 test-cli:
 	RL_MODULE=$(CURDIR)/$(MODULE) scripts/cli-tests.sh

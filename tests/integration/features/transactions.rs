@@ -1,9 +1,7 @@
 //! Limiter commands inside `MULTI`/`EXEC`, Lua scripts (`EVAL`) and functions
 //! (`FCALL`): same replies, same atomicity, and exact replication.
 
-mod common;
-
-use common::*;
+use crate::harness::*;
 
 const TB_SLOW: &[&str] = &["RL.TOKENBUCKET", "tb", "5", "1", "1000000"];
 

@@ -2,16 +2,14 @@
 //! calls with its clock pinned (`RL.<ALG> key params COST n AT <unix_us>`),
 //! so the replica reaches the very same state (`DUMP` byte-identical);
 //! denials, `COST 0` and refused calls propagate nothing. The algorithms are
-//! described in `common/contract.rs`.
+//! described in `harness/contract.rs`.
 //!
 //! One master (and replica) per server kind serves every algorithm in turn.
 
-mod common;
-
 use std::fs;
 
-use common::contract::*;
-use common::*;
+use crate::harness::contract::*;
+use crate::harness::*;
 
 /// Asserts `key` is the same limiter on master and replica: same `DUMP`, same
 /// type and digest, and an expiry at the same instant.

@@ -4,12 +4,10 @@
 //! expiry, as native write commands do; a call that changes nothing (a
 //! denial, `COST 0`, a refund of nothing, an `OFF` policy) emits nothing.
 
-mod common;
-
 use std::time::Duration;
 
-use common::contract::*;
-use common::*;
+use crate::harness::contract::*;
+use crate::harness::*;
 
 /// The `(event, key)` pairs the server publishes on `__keyevent@0__:*`
 /// while `calls` run, up to a marker `SET` sent after them.

@@ -2,13 +2,11 @@
 //! live server (a tenth of it is binary junk): every reply is an error or a well-formed reply, the server
 //! keeps answering, and a call that failed created no key.
 
-mod common;
-
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use common::*;
+use crate::harness::*;
 
 /// A small deterministic generator (xorshift64*), so a failure replays.
 struct Rng(u64);

@@ -6,12 +6,10 @@
 //! one million keys of every algorithm, each idle again within about two
 //! seconds, all expire, and `used_memory` falls back to what it was before.
 
-mod common;
-
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::harness::*;
 
 /// The issue asks for one million; keep it.
 const LIMITERS: usize = 1_000_000;

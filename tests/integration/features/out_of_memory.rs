@@ -2,9 +2,7 @@
 //! fails with Redis's OOM error and writes nothing, while limiters that
 //! already exist keep working: they are updated in place.
 
-mod common;
-
-use common::*;
+use crate::harness::*;
 
 #[test]
 fn above_maxmemory_existing_limiters_work_and_new_ones_get_oom() {

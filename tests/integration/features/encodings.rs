@@ -4,12 +4,10 @@
 //! `tests/fixtures/encoding-v1/`, from Redis 7.0.15), are read back by this
 //! build on every server, with the state they were saved with.
 
-mod common;
-
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use common::*;
+use crate::harness::*;
 
 /// 2^40 ms: the fixtures' refill period and window (nothing of what they
 /// consumed comes back before 2039).

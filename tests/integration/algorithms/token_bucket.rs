@@ -8,12 +8,10 @@
 //! Time-dependent checks use slow buckets with generous bounds, or poll with a
 //! deadline; none asserts how long anything took.
 
-mod common;
-
 use std::time::Duration;
 
-use common::contract::{assert_between, SLACK_MS, SLOW_MS};
-use common::*;
+use crate::harness::contract::{assert_between, SLACK_MS, SLOW_MS};
+use crate::harness::*;
 
 /// A bucket of 5, one token back per 1000 s: nothing refills during a test.
 fn slow_bucket(con: &mut Connection, key: &str) -> Reply {
@@ -173,7 +171,7 @@ fn idle_span_of_exactly_2_pow_50_ms_is_accepted() {
         let server = Server::start(kind, &[]);
         let mut con = server.conn();
         // 1024 tokens, one per 2^40 ms: 2^50 ms to fill. (1025 are refused:
-        // see the refusals of TOKEN_BUCKET in common/contract.rs.)
+        // see the refusals of TOKEN_BUCKET in harness/contract.rs.)
         let max = MAX_PARAM.to_string();
         let r = rl(&mut con, &["RL.TOKENBUCKET", "tb", "1024", "1", &max]);
         assert!(r.allowed);

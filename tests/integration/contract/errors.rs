@@ -1,14 +1,12 @@
 //! Bad input, for every limiter command: each refusal is an error reply that
 //! names what is wrong, and writes nothing (the key stays absent or
 //! untouched, `DBSIZE` unchanged). The algorithms are described in
-//! `common/contract.rs`; a refusal only one of them has is in its `refusals`.
+//! `harness/contract.rs`; a refusal only one of them has is in its `refusals`.
 //!
 //! One server per server kind serves every algorithm in turn.
 
-mod common;
-
-use common::contract::*;
-use common::*;
+use crate::harness::contract::*;
+use crate::harness::*;
 
 /// Values no integer parameter accepts.
 const NOT_A_PARAMETER: &[&str] = &[

@@ -13,13 +13,11 @@
 //! deadline, or bound the server's clock reading between two `TIME` calls;
 //! none asserts how long anything took.
 
-mod common;
-
 use std::thread::sleep;
 use std::time::Duration;
 
-use common::contract::{assert_between, timed, until_server_time, SLACK_MS, SLOW, SLOW_MS};
-use common::*;
+use crate::harness::contract::{assert_between, timed, until_server_time, SLACK_MS, SLOW, SLOW_MS};
+use crate::harness::*;
 
 /// A call under a 1000 s window: nothing leaves it during a test.
 fn slow_log(con: &mut Connection, key: &str, limit: &str, cost: &str) -> Reply {

@@ -4,13 +4,11 @@
 //! and under `maxmemory` with an eviction policy, limiter keys are evicted
 //! like any other key while the server keeps serving.
 
-mod common;
-
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
 use std::time::Duration;
 
-use common::*;
+use crate::harness::*;
 
 const KEYS: usize = 40;
 

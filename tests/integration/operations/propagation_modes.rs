@@ -4,9 +4,7 @@
 //! after traffic, AOF switched on at runtime, and a master restarted from its
 //! RDB whose replica resumes with a partial resync.
 
-mod common;
-
-use common::*;
+use crate::harness::*;
 
 const KEYS: usize = 24;
 

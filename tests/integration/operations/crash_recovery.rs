@@ -2,9 +2,7 @@
 //! `appendonly yes` and `appendfsync always`: after the restart every limiter
 //! (and every policy) is exactly as the last acknowledged call left it.
 
-mod common;
-
-use common::*;
+use crate::harness::*;
 
 const KEYS: usize = 30;
 

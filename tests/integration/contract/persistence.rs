@@ -2,16 +2,14 @@
 //! AOF rewrites, `DUMP`/`RESTORE` and `COPY` exactly (byte-identical
 //! `DUMP`), and corrupt payloads are refused without harming the server.
 //! The algorithms, and the limiters worth persisting each one builds, are in
-//! `common/contract.rs`.
-
-mod common;
+//! `harness/contract.rs`.
 
 use std::fs;
 use std::time::Duration;
 
-use common::contract::*;
-use common::payload::{self, Field};
-use common::*;
+use crate::harness::contract::*;
+use crate::harness::payload::{self, Field};
+use crate::harness::*;
 
 /// `DUMP` and `PTTL` of every key given.
 fn snapshot(con: &mut Connection, keys: &[&str]) -> Vec<(Option<Vec<u8>>, i64)> {

@@ -4,14 +4,12 @@
 //! error; resharding (`MIGRATE`) and a replica failover carry every limiter's
 //! state over byte for byte, and the limiters continue where they were.
 //!
-//! Each test starts its own 3-master, 3-replica cluster (tests/common/cluster.rs)
+//! Each test starts its own 3-master, 3-replica cluster (`harness/cluster.rs`)
 //! on free loopback ports, once on Redis and once on Valkey, and drives it
 //! with redis-rs's `ClusterClient`.
 
-mod common;
-
-use common::cluster::*;
-use common::*;
+use crate::harness::cluster::*;
+use crate::harness::*;
 
 /// One limiter of each algorithm, with rates slow enough (one unit back per
 /// hour) that nothing refills while a test runs: a count is exact from one

@@ -1,6 +1,6 @@
 //! What every limiter command promises its caller, checked for each of
 //! `RL.TOKENBUCKET`, `RL.FIXEDWINDOW`, `RL.LEAKYBUCKET`, `RL.SLIDING` and
-//! `RL.HASHWINDOW` (the table in `common/contract.rs`): a denial changes
+//! `RL.HASHWINDOW` (the table in `harness/contract.rs`): a denial changes
 //! nothing, `COST` counts units, `COST 0` only looks, the key's TTL is its
 //! `reset_ms` and an idle key goes away, a changed limit applies to what is
 //! held, `wait_ms` is enough to wait.
@@ -9,13 +9,11 @@
 //! between. Time-dependent checks use slow limiters with generous bounds or
 //! poll with a deadline; none asserts how long anything took.
 
-mod common;
-
 use std::thread::sleep;
 use std::time::Duration;
 
-use common::contract::*;
-use common::*;
+use crate::harness::contract::*;
+use crate::harness::*;
 
 #[test]
 fn denied_request_changes_nothing() {

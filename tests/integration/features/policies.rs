@@ -4,12 +4,10 @@
 //! node state: replicated, saved in the RDB (and the AOF's RDB preamble),
 //! replaced when a dataset is loaded.
 
-mod common;
-
 use std::fs;
 use std::time::Duration;
 
-use common::*;
+use crate::harness::*;
 
 /// 2^40 ms as a duration: long enough that nothing refills, leaks or leaves
 /// a window while a test runs, and a fixed window aligned on it that holds

@@ -6,14 +6,12 @@
 //! 50`, which wins over a load argument). They bound what clients may ask;
 //! calls from the master and the AOF are never refused by them.
 
-mod common;
-
 use std::fs;
 use std::process::{Command, ExitStatus, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::harness::*;
 
 /// `CONFIG GET name` for one config: its value.
 fn config_get(con: &mut Connection, name: &str) -> String {

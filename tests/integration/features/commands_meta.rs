@@ -3,9 +3,7 @@
 //! on), and each command's `COMMAND DOCS` (what `redis-cli` hints and client
 //! generators read).
 
-mod common;
-
-use common::*;
+use crate::harness::*;
 
 /// The text of a bulk or simple string reply.
 fn text(value: &Value) -> Option<String> {

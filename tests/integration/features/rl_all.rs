@@ -7,9 +7,7 @@
 //! Also here, as tests: the two production set-ups that motivated RL.ALL (the
 //! same scenarios are spelt out for redis-cli in tests/cli/scenarios.sh).
 
-mod common;
-
-use common::*;
+use crate::harness::*;
 
 /// `RL.ALL`'s six integers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,17 +1,15 @@
 //! `REFUND n` and `COST n FORCE` on every limiter command (the table in
-//! `common/contract.rs`) and through `RL.HIT`: refunded units are usable at
+//! `harness/contract.rs`) and through `RL.HIT`: refunded units are usable at
 //! once, a refund never gives back more than is consumed, a forced call
 //! leaves at most a limit of debt that time repays, replicas end
 //! byte-identical, a call that changes nothing propagates nothing, and bad
 //! options are refused without writing anything.
 
-mod common;
-
 use std::thread::sleep;
 use std::time::Duration;
 
-use common::contract::*;
-use common::*;
+use crate::harness::contract::*;
+use crate::harness::*;
 
 /// `args...` after the slow parameters under `limit`.
 fn slow_with(

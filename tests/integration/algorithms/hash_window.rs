@@ -14,13 +14,11 @@
 //! deadline, or bound the server's clock reading between two `TIME` calls;
 //! none asserts how long anything took.
 
-mod common;
-
 use std::thread::sleep;
 use std::time::Duration;
 
-use common::contract::{assert_between, timed, until_server_time, SLACK_MS, SLOW, SLOW_MS};
-use common::*;
+use crate::harness::contract::{assert_between, timed, until_server_time, SLACK_MS, SLOW, SLOW_MS};
+use crate::harness::*;
 
 /// A 1000 s window of ten 100 s buckets: nothing leaves it during a test.
 const SLOW_BUCKET_MS: i64 = 100_000;

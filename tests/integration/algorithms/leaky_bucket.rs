@@ -13,12 +13,10 @@
 //! deadline, or bound the server's clock reading between two `TIME` calls;
 //! none asserts how long anything took.
 
-mod common;
-
 use std::time::Duration;
 
-use common::contract::{assert_between, timed, SLACK_MS, SLOW, SLOW_MS};
-use common::*;
+use crate::harness::contract::{assert_between, timed, SLACK_MS, SLOW, SLOW_MS};
+use crate::harness::*;
 
 /// A queue of 5 that lets one unit through every 1000 s: nothing drains
 /// during a test.
@@ -322,7 +320,7 @@ fn drain_time_of_exactly_2_pow_50_ms_is_accepted() {
         let mut con = server.conn();
         let max = MAX_PARAM.to_string();
         // 1024 units at one per 2^40 ms: exactly 2^50 ms to drain. (1025 are
-        // refused: see the refusals of LEAKY_BUCKET in common/contract.rs.)
+        // refused: see the refusals of LEAKY_BUCKET in harness/contract.rs.)
         let r = rl(&mut con, &["RL.LEAKYBUCKET", "lb", "1024", "1", &max]);
         assert!(r.allowed);
         assert!(pttl(&mut con, "lb") > 0);

@@ -5,12 +5,10 @@
 //! (denials and `COST 0` propagate nothing) and ends with the master's
 //! dataset, byte for byte.
 
-mod common;
-
 use std::thread;
 use std::time::Instant;
 
-use common::*;
+use crate::harness::*;
 
 /// Client connections sending at once.
 const CLIENTS: usize = 16;

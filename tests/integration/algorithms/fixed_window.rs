@@ -9,12 +9,10 @@
 //! Tests that need all their calls in one window first move away from the
 //! window's end (`away_from_window_end`); none asserts how long anything took.
 
-mod common;
-
 use std::time::Duration;
 
-use common::contract::{assert_between, SLOW, SLOW_MS};
-use common::*;
+use crate::harness::contract::{assert_between, SLOW, SLOW_MS};
+use crate::harness::*;
 
 /// Margin kept before the end of a slow (1000 s) window.
 const MARGIN_MS: u64 = 10_000;

@@ -4,10 +4,8 @@
 //! module's own count of the blocks it allocates (`INFO ratelimit`'s
 //! `module_allocations`), against what two `INFO` calls alone cost.
 
-mod common;
-
-use common::contract::QUIET_MASTER;
-use common::*;
+use crate::harness::contract::QUIET_MASTER;
+use crate::harness::*;
 
 fn allocations(con: &mut Connection) -> u64 {
     info_field(&info_via(con, "ratelimit"), "ratelimit_module_allocations")

@@ -2,13 +2,11 @@
 //! per policy with shadow denials apart), and the deny log (`RL.LOG GET|LEN|
 //! RESET`, bounded by `ratelimit.log-max-len`).
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::Path;
 
-use common::*;
+use crate::harness::*;
 
 /// 2^40 ms: nothing refills, leaks or leaves a window while a test runs (a
 /// fixed window aligned on it that holds "now" ends in 2039).

@@ -1,0 +1,8 @@
+//! What only one algorithm promises: its formulas seen from a client. What
+//! they all promise is in `contract`.
+
+mod fixed_window;
+mod hash_window;
+mod leaky_bucket;
+mod sliding_log;
+mod token_bucket;
