@@ -63,7 +63,7 @@ fn replica_state_equals_master_after_mixed_traffic() {
         let replica = replica_of(&master);
         let (mut m, mut r) = (master.conn(), replica.conn());
         for_each_algorithm(kind, |alg| {
-            let mut random = Xorshift(0x5eed_1234_abcd_0001 + alg.index() as u64);
+            let mut random = Xorshift64(0x5eed_1234_abcd_0001 + alg.index() as u64);
             for i in 0..1500 {
                 let key = format!("{}:traffic:{}", alg.key, random.next() % 12);
                 let mut args = (alg.random_params)(&mut random);

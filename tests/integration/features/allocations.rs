@@ -4,7 +4,6 @@
 //! module's own count of the blocks it allocates (`INFO ratelimit`'s
 //! `module_allocations`), against what two `INFO` calls alone cost.
 
-use crate::harness::contract::QUIET_MASTER;
 use crate::harness::*;
 
 fn allocations(con: &mut Connection) -> u64 {

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::path::Path;
 
+use super::policies::rollout_bucket;
 use crate::harness::*;
 
 /// 2^40 ms: nothing refills, leaks or leaves a window while a test runs (a
@@ -229,16 +230,6 @@ fn denied(con: &mut Connection, words: &[&str]) -> Vec<i64> {
     let ints: Vec<i64> = query(con, words);
     assert_eq!(ints[0], 0, "{words:?} was not denied: {ints:?}");
     ints
-}
-
-/// The roll-out percentile of a key: FNV-1a 64 of its bytes, mod 100.
-fn rollout_bucket(key: &str) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for &byte in key.as_bytes() {
-        hash ^= u64::from(byte);
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    hash % 100
 }
 
 /// A denial and what the deny log must say about it: the call that fills

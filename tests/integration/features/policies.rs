@@ -14,15 +14,6 @@ use crate::harness::*;
 /// "now" ends in 2039.
 const LONG: &str = "1099511627776";
 
-/// Master options: no periodic PING in the replication stream, so its offset
-/// moves only when a command is propagated.
-const QUIET_MASTER: &[&str] = &[
-    "--repl-ping-replica-period",
-    "3600",
-    "--repl-timeout",
-    "7200",
-];
-
 // ---------------------------------------------------------------------------
 // Helpers
 
@@ -148,7 +139,7 @@ fn all(con: &mut Connection, words: &[&str]) -> (Reply, i64) {
 
 /// The roll-out percentile of a key, computed here independently of the
 /// module: FNV-1a 64 of the key bytes, mod 100.
-fn rollout_bucket(key: &str) -> u64 {
+pub(super) fn rollout_bucket(key: &str) -> u64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for &byte in key.as_bytes() {
         hash ^= u64::from(byte);

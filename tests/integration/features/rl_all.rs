@@ -725,34 +725,10 @@ fn inside_multi_and_scripts_rl_all_behaves_the_same() {
 // ---------------------------------------------------------------------------
 // Replication
 
-/// Master options: no periodic PING in the replication stream, so its offset
-/// moves only when something is propagated.
-const QUIET_MASTER: &[&str] = &[
-    "--repl-ping-replica-period",
-    "3600",
-    "--repl-timeout",
-    "7200",
-];
-
-/// A small deterministic generator (xorshift64), so a failure replays.
-struct Xorshift(u64);
-
-impl Xorshift {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
-
 /// Keys and the spec each is always called with (a key keeps its algorithm;
 /// parameters vary within it).
-fn traffic_spec(random: &mut Xorshift, key_index: usize) -> Vec<&'static str> {
-    let choose = |random: &mut Xorshift, options: &[&'static [&'static str]]| {
+fn traffic_spec(random: &mut Xorshift64, key_index: usize) -> Vec<&'static str> {
+    let choose = |random: &mut Xorshift64, options: &[&'static [&'static str]]| {
         options[random.below(options.len())].to_vec()
     };
     match key_index % 5 {
@@ -818,7 +794,7 @@ fn replica_is_byte_identical_after_mixed_rl_all_traffic() {
         let master = Server::start(kind, QUIET_MASTER);
         let replica = replica_of(&master);
         let (mut m, mut r) = (master.conn(), replica.conn());
-        let mut random = Xorshift(0x0a11_0f0e_5eed);
+        let mut random = Xorshift64(0x0a11_0f0e_5eed);
         let keys: Vec<String> = (0..20).map(|i| format!("k{i}")).collect();
         let (mut admitted, mut denied) = (0, 0);
         for round in 0..500 {

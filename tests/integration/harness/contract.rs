@@ -22,15 +22,6 @@ pub const SLACK_MS: i64 = 10_000;
 /// `MAX_PARAM` as an argument.
 pub const MAX: &str = "1099511627776";
 
-/// Master options: no periodic PING in the replication stream, so its offset
-/// moves only when a command is propagated.
-pub const QUIET_MASTER: &[&str] = &[
-    "--repl-ping-replica-period",
-    "3600",
-    "--repl-timeout",
-    "7200",
-];
-
 /// One limiter command and what the shared contracts need to know of it.
 pub struct Algorithm {
     /// The command, e.g. `RL.TOKENBUCKET`.
@@ -71,7 +62,7 @@ pub struct Algorithm {
     /// parameter change) under keys starting with its argument.
     pub build: fn(&mut Connection, &str) -> Vec<Built>,
     /// Random parameters for mixed traffic.
-    pub random_params: fn(&mut Xorshift) -> Vec<&'static str>,
+    pub random_params: fn(&mut Xorshift64) -> Vec<&'static str>,
     /// Arguments after the key a key of doubtful content is exercised with.
     pub exercise: &'static [&'static [&'static str]],
     /// Arguments of an `RL.SETSTATE` after the algorithm's name.
@@ -236,22 +227,6 @@ pub fn until_server_time(con: &mut Connection, us: u64) {
     );
 }
 
-/// A small deterministic generator (xorshift64), so a failure replays.
-pub struct Xorshift(pub u64);
-
-impl Xorshift {
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    pub fn pick<'a>(&mut self, choices: &[&'a str]) -> &'a str {
-        choices[(self.next() % choices.len() as u64) as usize]
-    }
-}
-
 // ---------------------------------------------------------------------------
 // The table
 
@@ -287,7 +262,7 @@ pub const TOKEN_BUCKET: Algorithm = Algorithm {
 };
 
 /// Parameters of a token or leaky bucket for mixed traffic.
-fn random_bucket_params(random: &mut Xorshift) -> Vec<&'static str> {
+fn random_bucket_params(random: &mut Xorshift64) -> Vec<&'static str> {
     vec![
         random.pick(&["3", "10", "10", "1000"]),
         random.pick(&["1", "3", "7"]),

@@ -28,6 +28,15 @@ const START_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a replica may take to catch up with its master.
 const SYNC_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// Master options: no periodic PING in the replication stream, so its offset
+/// moves only when a command is propagated.
+pub const QUIET_MASTER: &[&str] = &[
+    "--repl-ping-replica-period",
+    "3600",
+    "--repl-timeout",
+    "7200",
+];
+
 // ---------------------------------------------------------------------------
 // Server kinds
 

@@ -19,6 +19,11 @@ impl Xorshift64 {
     pub fn below(&mut self, n: usize) -> usize {
         (self.next() % n as u64) as usize
     }
+
+    /// One of `choices`.
+    pub fn pick<'a>(&mut self, choices: &[&'a str]) -> &'a str {
+        choices[self.below(choices.len())]
+    }
 }
 
 /// Policies [`MixedTraffic`] calls through `RL.HIT` and `RL.ALL`:
