@@ -3,7 +3,7 @@
 (`parse_info`, what `redis.Redis.info()` returns) and prints, per policy and
 sorted by name: the name, percent-decoded, then its calls, admitted, denied,
 shadow_denied and peeks. Fails if a policy line does not parse into exactly
-those counters. Run by tests/observability.rs."""
+those counters. Run by tests/integration/features/observability.rs."""
 import sys
 import urllib.parse
 

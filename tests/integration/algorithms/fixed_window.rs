@@ -3,8 +3,7 @@
 //! epoch, a denial waits for the window's end, and the key expires then.
 //! What every limiter command promises (denials change nothing, `COST`,
 //! `COST 0`, the TTL, errors, replication, persistence) is checked for it
-//! with the others, in `contract.rs`, `errors.rs`, `replication.rs` and
-//! `persistence.rs`.
+//! with the others, in `contract/`.
 //!
 //! Tests that need all their calls in one window first move away from the
 //! window's end (`away_from_window_end`); none asserts how long anything took.

@@ -7,8 +7,7 @@
 //! keeps it, never shorter), so no span of `window_ms` ever holds more than
 //! `limit` units. What every limiter command promises (denials change
 //! nothing, `COST`, `COST 0`, the TTL, errors, replication, persistence) is
-//! checked for it with the others, in `contract.rs`, `errors.rs`,
-//! `replication.rs` and `persistence.rs`.
+//! checked for it with the others, in `contract/`.
 //!
 //! Time-dependent checks use slow windows with generous bounds, poll with a
 //! deadline, or bound the server's clock reading between two `TIME` calls;
@@ -248,7 +247,7 @@ fn cost_beyond_what_is_left_waits_until_the_window_is_empty() {
 
 // ---------------------------------------------------------------------------
 // Parameter changes: the units carry over, none leaves early (a lower limit
-// applies to the units held: see `contract.rs`).
+// applies to the units held: see `contract/decisions.rs`).
 
 #[test]
 fn new_bucket_sizes_and_windows_keep_the_units() {

@@ -6,8 +6,7 @@
 //! room, `reset_ms` (and the key's TTL) the time until the queue is empty.
 //! What every limiter command promises (denials change nothing, `COST`,
 //! `COST 0`, the TTL, errors, replication, persistence) is checked for it
-//! with the others, in `contract.rs`, `errors.rs`, `replication.rs` and
-//! `persistence.rs`.
+//! with the others, in `contract/`.
 //!
 //! Time-dependent checks use slow queues with generous bounds, poll with a
 //! deadline, or bound the server's clock reading between two `TIME` calls;

@@ -6,8 +6,7 @@
 //! millisecond that holds units, in a ring that grows and shrinks. What
 //! every limiter command promises (denials change nothing, `COST`,
 //! `COST 0`, the TTL, errors, replication, persistence) is checked for it
-//! with the others, in `contract.rs`, `errors.rs`, `replication.rs` and
-//! `persistence.rs`.
+//! with the others, in `contract/`.
 //!
 //! Time-dependent checks use slow windows with generous bounds, poll with a
 //! deadline, or bound the server's clock reading between two `TIME` calls;
@@ -256,7 +255,7 @@ fn cost_beyond_what_is_left_waits_one_window() {
 
 // ---------------------------------------------------------------------------
 // Parameter changes: the log is kept as it is (a lower limit applies to the
-// units held: see `contract.rs`).
+// units held: see `contract/decisions.rs`).
 
 #[test]
 fn widening_the_window_keeps_the_units_already_admitted() {

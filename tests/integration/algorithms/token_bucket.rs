@@ -2,8 +2,7 @@
 //! servers: starts full, refills continuously, one token at a time, and
 //! `wait_ms` and `reset_ms` are exact to the millisecond. What every limiter
 //! command promises (denials change nothing, `COST`, `COST 0`, the TTL,
-//! errors, replication, persistence) is checked for it with the others, in
-//! `contract.rs`, `errors.rs`, `replication.rs` and `persistence.rs`.
+//! errors, replication, persistence) is checked for it with the others, in `contract/`.
 //!
 //! Time-dependent checks use slow buckets with generous bounds, or poll with a
 //! deadline; none asserts how long anything took.

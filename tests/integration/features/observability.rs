@@ -98,7 +98,7 @@ fn info_policies(con: &mut Connection) -> Vec<(String, String)> {
 }
 
 /// Not a count of calls: it moves with every block the module allocates,
-/// INFO's own included (`tests/allocations.rs` reads it).
+/// INFO's own included (`features/allocations.rs` reads it).
 const ALLOCATIONS: &str = "ratelimit_module_allocations";
 
 /// The counters of calls, by name (every field but [`ALLOCATIONS`]).

@@ -1,9 +1,8 @@
 //! The five limiter commands described as data, so that a contract every one
 //! of them keeps (denials change nothing, replicas converge, state survives a
 //! restart, bad input is refused, ...) is written once and checked for all
-//! of them: see `tests/contract.rs`, `tests/errors.rs`,
-//! `tests/persistence.rs` and `tests/replication.rs`. What only one
-//! algorithm promises stays in its own file (`tests/token_bucket.rs`, ...).
+//! of them: see the tests in `contract/`. What only one algorithm promises
+//! stays in its own file in `algorithms/` (`token_bucket.rs`, ...).
 //!
 //! Every algorithm's first parameter is its limit (a capacity or a count per
 //! window), so a test states the limit and the table the rest.
