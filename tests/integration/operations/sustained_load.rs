@@ -2,8 +2,9 @@
 //! pipelines, every algorithm, `RL.HIT` and `RL.ALL` over one shared
 //! keyspace. Every reply is a well-formed decision, the server counts no
 //! failed or rejected call, the replica receives exactly the admitted calls
-//! (denials and `COST 0` propagate nothing) and ends with the master's
-//! dataset, byte for byte.
+//! (denials and `COST 0` propagate nothing) over a link that never drops or
+//! resynchronises, sends no error back to its master, and ends with the
+//! master's dataset, byte for byte.
 
 use std::thread;
 use std::time::Instant;
@@ -28,6 +29,13 @@ fn limiter_calls(stats: &[(String, String, u64)]) -> u64 {
         .filter(|(command, field, _)| field == "calls" && !command.starts_with("rl.policy"))
         .map(|(_, _, calls)| calls)
         .sum()
+}
+
+/// `sync_full` from the master's `INFO stats`: the full syncs it has served.
+fn full_syncs_via(master: &mut Connection) -> u64 {
+    info_field(&info_via(master, "stats"), "sync_full")
+        .and_then(|v| v.parse().ok())
+        .expect("sync_full in INFO stats")
 }
 
 /// Asserts no `rl.*` command failed or was rejected on `server`.
@@ -64,6 +72,7 @@ fn sustained_pipelined_load_with_a_replica_has_no_errors_and_no_divergence() {
         let mut r = replica.conn();
         let master_errors = error_replies_via(&mut con);
         let replica_errors = error_replies_via(&mut r);
+        let full_syncs = full_syncs_via(&mut con);
 
         let started = Instant::now();
         thread::scope(|scope| {
@@ -123,6 +132,25 @@ fn sustained_pipelined_load_with_a_replica_has_no_errors_and_no_divergence() {
             info_via(&mut r, "errorstats")
         );
         assert_no_failed_calls(&replica, "replica");
+        // "This replica is sending an error to its master" (Valkey: "... its
+        // primary"), logged when a propagated command fails on the replica.
+        assert!(
+            !replica.log().contains("is sending an error to its"),
+            "the replica refused a command of its master; its log:\n{}",
+            replica.log()
+        );
+        // The link held: still up, and no full resync (after an output
+        // buffer overflow, for one) sent the dataset again.
+        assert_eq!(
+            info_field(&info_via(&mut r, "replication"), "master_link_status").as_deref(),
+            Some("up"),
+            "the replica's link to its master after the load"
+        );
+        assert_eq!(
+            full_syncs_via(&mut con),
+            full_syncs,
+            "full syncs the master served during the load"
+        );
         let keys = traffic.keys();
         assert_eq!(dbsize(&mut con), keys.len() as i64, "every limiter exists");
         assert_same_dataset(&master, &replica, &keys);
