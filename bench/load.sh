@@ -21,8 +21,6 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
-ROOT="$PWD"
-MODULE="${RL_MODULE:-$ROOT/target/release/libredis_ratelimit.so}"
 N_PIPELINED="${BENCH_LOAD_N:-1500000}"
 N_SINGLE="${BENCH_LOAD_N1:-200000}"
 CLIENTS="${BENCH_LOAD_CLIENTS:-100}"
@@ -32,24 +30,13 @@ RUN_TIMEOUT_S=300 # a run that takes longer than this is stopped and reported
 SAMPLE_KEYS=2000  # keys whose DUMP and PEXPIRETIME are compared
 CATCH_UP_S=120    # how long the replica may take to catch up after a run
 
-[ -f "$MODULE" ] || { echo "load: module $MODULE is missing; run 'make build'" >&2; exit 1; }
-for tool in redis-server redis-cli redis-benchmark awk timeout cmp; do
-  command -v "$tool" >/dev/null || { echo "load: $tool not found" >&2; exit 1; }
-done
-
-WORK="$(mktemp -d "${TMPDIR:-/tmp}/rl-load.XXXXXX")"
-PIDS=()
-# shellcheck disable=SC2317  # invoked by the EXIT trap
-cleanup() {
-  local pid
-  for pid in "${PIDS[@]}"; do
-    kill "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-  done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+RL_NAME=load
+# shellcheck source=../scripts/lib/server.sh
+. scripts/lib/server.sh
+rl_module
+rl_require redis-server redis-cli redis-benchmark awk timeout cmp
+rl_workdir
+WORK="$RL_WORK"
 
 log() { echo "load: $*" >&2; }
 
@@ -58,40 +45,13 @@ PROBLEMS="$WORK/problems" # one line per failed check
 problem() { echo "$*" >>"$PROBLEMS"; log "PROBLEM: $*"; }
 
 # --- servers ----------------------------------------------------------------
-port_in_use() { (: <>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-
 # start_server name [redis-server options...]: sets STARTED_PORT.
 start_server() {
-  local name="$1" attempt port tries pid
+  local name="$1"
   shift
-  local dir="$WORK/$name"
-  mkdir -p "$dir"
-  for attempt in 1 2 3 4 5; do
-    port=$((20000 + RANDOM % 40000))
-    port_in_use "$port" && continue
-    # DEBUG DIGEST needs the debug command, from loopback only.
-    redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
-      --enable-debug-command local --dir "$dir" --logfile "$dir/redis.log" \
-      --loadmodule "$MODULE" "$@" &
-    pid=$!
-    for tries in $(seq 50); do
-      if redis-cli -h 127.0.0.1 -p "$port" PING 2>/dev/null | grep -q PONG; then
-        PIDS+=("$pid")
-        STARTED_PORT="$port"
-        return 0
-      fi
-      kill -0 "$pid" 2>/dev/null || break
-      sleep 0.1
-    done
-    kill "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-    grep -q "Address already in use" "$dir/redis.log" 2>/dev/null || break
-    log "port $port was taken (attempt $attempt, waited $tries x 0.1 s); another one"
-    rm -f "$dir/redis.log"
-  done
-  echo "load: could not start the $name; the end of its log:" >&2
-  tail -n 5 "$dir/redis.log" >&2 2>/dev/null || true
-  exit 1
+  # DEBUG DIGEST needs the debug command, from loopback only.
+  rl_start "$WORK/$name" --enable-debug-command local "$@"
+  STARTED_PORT="$RL_PORT"
 }
 
 cli() { # port words...
@@ -139,7 +99,7 @@ wait_for_link() {
     sleep 0.1
   done
   echo "load: the replica did not link to the master in 30 s; the end of its log:" >&2
-  tail -n 5 "$WORK/replica/redis.log" >&2 2>/dev/null || true
+  tail -n 5 "$WORK/replica/server.log" >&2 2>/dev/null || true
   exit 1
 }
 
@@ -380,8 +340,8 @@ esac
 [ "$link_status" = "up" ] || problem "replica link is $link_status after the load"
 [ "$full_syncs_before" = "$full_syncs_after" ] ||
   problem "the replica resynchronised during the load (full syncs $full_syncs_before -> $full_syncs_after)"
-if grep -q "sending an error to its master" "$WORK/replica/redis.log" 2>/dev/null; then
-  problem "the replica's log reports errors sent to its master: $(grep -m1 "sending an error" "$WORK/replica/redis.log")"
+if grep -q "sending an error to its master" "$WORK/replica/server.log" 2>/dev/null; then
+  problem "the replica's log reports errors sent to its master: $(grep -m1 "sending an error" "$WORK/replica/server.log")"
 fi
 
 echo "sustained load with a replica: master + 1 replica, both with the module, on this machine;" \

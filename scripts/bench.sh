@@ -20,8 +20,6 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
-ROOT="$PWD"
-MODULE="${RL_MODULE:-$ROOT/target/release/libredis_ratelimit.so}"
 ROUNDS="${BENCH_ROUNDS:-5}"
 N_NATIVE="${BENCH_N:-800000}"
 N_LUA="${BENCH_N_LUA:-120000}"
@@ -31,59 +29,26 @@ PIPELINE=16
 CLIENTS=50
 KEYSPACE=100000
 
-[ -f "$MODULE" ] || { echo "bench: module $MODULE is missing; run 'make build'" >&2; exit 1; }
-for tool in redis-server redis-cli redis-benchmark awk; do
-  command -v "$tool" >/dev/null || { echo "bench: $tool not found" >&2; exit 1; }
-done
+RL_NAME=bench
+# shellcheck source=lib/server.sh
+. scripts/lib/server.sh
+rl_module
+MODULE="$RL_MODULE_PATH"
+rl_require redis-server redis-cli redis-benchmark awk
 [ -n "$CELL" ] && [ ! -f "$CELL" ] && { echo "bench: REDIS_CELL=$CELL not found, skipping it" >&2; CELL=""; }
 
-WORK="$(mktemp -d "${TMPDIR:-/tmp}/rl-bench.XXXXXX")"
-SERVER_PID=""
-# shellcheck disable=SC2317  # invoked by the EXIT trap
-cleanup() {
-  if [ -n "$SERVER_PID" ]; then
-    kill "$SERVER_PID" 2>/dev/null || true
-    wait "$SERVER_PID" 2>/dev/null || true
-  fi
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+rl_workdir
+WORK="$RL_WORK"
 
 log() { echo "bench: $*" >&2; }
 
 # --- server -----------------------------------------------------------------
-port_in_use() { (: <>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-
 start_server() {
-  local attempt port tries
-  local modules=(--loadmodule "$MODULE")
+  local modules=()
   [ -n "$CELL" ] && modules+=(--loadmodule "$CELL")
-  for attempt in 1 2 3 4 5; do
-    port=$((20000 + RANDOM % 40000))
-    port_in_use "$port" && continue
-    redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
-      --dir "$WORK" --logfile "$WORK/redis.log" "${modules[@]}" &
-    SERVER_PID=$!
-    for tries in $(seq 50); do
-      if redis-cli -h 127.0.0.1 -p "$port" PING 2>/dev/null | grep -q PONG; then
-        PORT="$port"
-        return 0
-      fi
-      kill -0 "$SERVER_PID" 2>/dev/null || break
-      sleep 0.1
-    done
-    kill "$SERVER_PID" 2>/dev/null || true
-    wait "$SERVER_PID" 2>/dev/null || true
-    SERVER_PID=""
-    # Only a port taken in the meantime is worth another try.
-    grep -q "Address already in use" "$WORK/redis.log" 2>/dev/null || break
-    log "port $port was taken (attempt $attempt, waited $tries x 0.1 s); another one"
-    rm -f "$WORK/redis.log"
-  done
-  echo "bench: could not start redis-server; the end of its log:" >&2
-  tail -n 5 "$WORK/redis.log" >&2 2>/dev/null || true
-  exit 1
+  rl_start "$WORK/server" "${modules[@]}"
+  PORT="$RL_PORT"
+  SERVER_PID="$RL_PID"
 }
 
 cli() { redis-cli -h 127.0.0.1 -p "$PORT" "$@"; }
@@ -277,9 +242,7 @@ load_table=""
 if [ "$LOAD" != "0" ]; then
   # The load section starts its own master and replica: stop this server
   # first, so that it takes no CPU or memory from them.
-  kill "$SERVER_PID" 2>/dev/null || true
-  wait "$SERVER_PID" 2>/dev/null || true
-  SERVER_PID=""
+  rl_stop "$SERVER_PID"
   log "sustained load with a replica (bench/load.sh; BENCH_LOAD=0 skips it)"
   load_table="$(RL_MODULE="$MODULE" bench/load.sh)" || load_table="load: bench/load.sh failed"
 fi

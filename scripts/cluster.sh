@@ -20,6 +20,9 @@
 # is; leftovers of a cluster that is no longer running are cleared first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+RL_NAME=cluster
+# shellcheck source=lib/server.sh
+. scripts/lib/server.sh
 
 usage() {
   sed -n '4,6p' "$0" | sed 's/^# \{0,1\}//' >&2
@@ -44,7 +47,6 @@ case "$kind" in
   *) usage ;;
 esac
 cli="${REDIS_CLI:-redis-cli}"
-module="${RL_MODULE:-$PWD/target/release/libredis_ratelimit.so}"
 state_dir="${CLUSTER_DIR:-$PWD/tmp/cluster-$kind}"
 timeout_s="${CLUSTER_TIMEOUT:-60}"
 ports=()
@@ -166,10 +168,7 @@ start() {
       exit 1
     fi
   done
-  [ -f "$module" ] || {
-    echo "cluster: module $module not found; run 'cargo build --release' or set RL_MODULE" >&2
-    exit 1
-  }
+  rl_module
   command -v "$server" >/dev/null 2>&1 || {
     echo "cluster: $server not found" >&2
     exit 1
@@ -189,12 +188,11 @@ start() {
   for port in "${ports[@]}"; do
     local dir="$state_dir/$port"
     mkdir -p "$dir"
-    "$server" --port "$port" --bind 127.0.0.1 --dir "$dir" \
+    rl_options "$port" "$dir"
+    "$server" "${RL_OPTIONS[@]}" \
       --cluster-enabled yes --cluster-config-file nodes.conf \
       --cluster-node-timeout 5000 --repl-diskless-sync-delay 0 \
-      --save "" --appendonly no \
-      --daemonize yes --pidfile "$dir/server.pid" --logfile "$dir/server.log" \
-      --loadmodule "$module"
+      --daemonize yes --pidfile "$dir/server.pid" --logfile "$dir/server.log"
   done
   wait_for "every node to answer PING" all_answer || {
     echo "cluster: see the logs in $state_dir/*/server.log" >&2

@@ -3,10 +3,12 @@
 # foreground. Extra arguments go to redis-server (e.g. --appendonly yes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-MODULE="$PWD/target/release/libredis_ratelimit.so"
+RL_NAME=run
+# shellcheck source=lib/server.sh
+. scripts/lib/server.sh
 PORT="${PORT:-6379}"
-[ -f "$MODULE" ] || { echo "run: $MODULE is missing; run 'make build' first" >&2; exit 1; }
-if redis-cli -p "$PORT" ping >/dev/null 2>&1; then
+rl_module
+if rl_answers "$PORT"; then
   echo "run: something already answers on 127.0.0.1:$PORT; stop it or use PORT=6380 make run" >&2
   exit 1
 fi
@@ -16,5 +18,5 @@ redis-server on 127.0.0.1:$PORT with the ratelimit module. Try, in another termi
   redis-cli RL.FIXEDWINDOW api:global 100 60000  # 100 requests per minute
 Reply: allowed, limit, remaining, wait_ms (Retry-After), reset_ms. Ctrl-C stops the server.
 MSG
-exec redis-server --port "$PORT" --bind 127.0.0.1 --save "" --appendonly no \
-  --dir "${TMPDIR:-/tmp}" --loadmodule "$MODULE" "$@"
+rl_options "$PORT" "${TMPDIR:-/tmp}"
+exec redis-server "${RL_OPTIONS[@]}" "$@"
