@@ -4,8 +4,8 @@
 # INCR and the Lua scripts they replace (bench/lua/) with redis-benchmark,
 # interleaved in rounds, then memory per key and per sliding-log unit
 # (bench/memory.sh), then sustained load on a master with a replica attached,
-# with latency percentiles and a replica-versus-master check (bench/load.sh,
-# its own two servers), and prints the tables.
+# with latency percentiles and the replica's lag (bench/load.sh, its own two
+# servers), and prints the tables.
 # A benchmark reports; it exits 0 whatever the ratios are.
 #
 #   RL_MODULE=/abs/libredis_ratelimit.so scripts/bench.sh
