@@ -308,6 +308,17 @@ fn admitted_calls_propagate_with_the_masters_time_pinned() {
     });
 }
 
+/// A fixed window of at least `from_ms`, in steps of `step_ms`, whose current
+/// window has more than ten minutes left on a clock reading `now_ms`: keys
+/// under it outlive the test, so master and replica can be compared key by
+/// key.
+fn window_with_time_left(now_ms: u64, from_ms: u64, step_ms: u64) -> u64 {
+    (from_ms..)
+        .step_by(step_ms as usize)
+        .find(|window_ms| window_ms - now_ms % window_ms > 600_000)
+        .expect("some window")
+}
+
 /// Calls through policies and `RL.ALL` propagate their parameters from a
 /// small cache of strings: hundreds of distinct values (round ones, which
 /// collide in a naive cache) evict each other within single calls, and the
@@ -319,10 +330,16 @@ fn policy_and_rl_all_parameters_replicate_exactly_however_many_there_are() {
         let master = Server::start(kind, QUIET_MASTER);
         let replica = replica_of(&master);
         let mut con = master.conn();
+        let now_ms = server_time_us(&mut con) / 1000;
+        // Windows of about a day, 300 distinct ones of each series: a
+        // window ending while the keys are compared would make one side
+        // see a key the other sees expired.
+        let day_window =
+            |from_ms: u64| window_with_time_left(now_ms, from_ms, 300 * 128).to_string();
         let mut pipe = redis::pipe();
         let mut keys = Vec::new();
         for i in 1..=300u64 {
-            let (limit, window) = ((i * 64).to_string(), (i * 128 + 64_000).to_string());
+            let (limit, window) = ((i * 64).to_string(), day_window(i * 128 + 86_400_000));
             let name = format!("p{i}");
             pipe.add_command(command(&[
                 "RL.POLICY",
@@ -335,7 +352,7 @@ fn policy_and_rl_all_parameters_replicate_exactly_however_many_there_are() {
             .ignore();
             let (key, a, b) = (format!("k{i}"), format!("{{x{i}}}a"), format!("{{x{i}}}b"));
             pipe.add_command(command(&["RL.HIT", &name, &key])).ignore();
-            let (limit2, window2) = ((i * 7 + 1).to_string(), (i * 64 + 5000).to_string());
+            let (limit2, window2) = ((i * 7 + 1).to_string(), day_window(i * 64 + 86_405_000));
             pipe.add_command(command(&[
                 "RL.ALL",
                 "2",
