@@ -8,7 +8,11 @@ use crate::harness::*;
 
 const KEYS: usize = 24;
 
-/// Mixed traffic over token buckets and fixed windows, with denials.
+/// Mixed traffic over token buckets and fixed windows of 12 units: each
+/// round a key asks for 0 to 12 of them, so every round has admissions and
+/// the second and third have denials. Nothing refills or expires for
+/// minutes, so that master and replica, or a server before and after a
+/// reload, can be compared key by key.
 fn traffic(con: &mut Connection, round: usize) {
     for i in 0..KEYS * 4 {
         let key = format!("k:{}", i % KEYS);
@@ -16,10 +20,13 @@ fn traffic(con: &mut Connection, round: usize) {
         if i % KEYS < KEYS / 2 {
             rl(
                 con,
-                &["RL.TOKENBUCKET", &key, "5", "3", "1000", "COST", &cost],
+                &["RL.TOKENBUCKET", &key, "12", "3", "600000", "COST", &cost],
             );
         } else {
-            rl(con, &["RL.FIXEDWINDOW", &key, "6", "60000", "COST", &cost]);
+            rl(
+                con,
+                &["RL.FIXEDWINDOW", &key, "12", "3600000", "COST", &cost],
+            );
         }
     }
 }
