@@ -132,6 +132,30 @@ pub trait Params: Sized {
     /// How many integer parameters follow the key.
     const COUNT: usize;
     fn parse(args: &[&[u8]]) -> Result<Self, Error>;
+    /// The parameters in command order, as `parse` reads them back.
+    fn values(&self) -> ParamList;
+}
+
+/// A limiter's parameters in command order (at most three; no allocation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ParamList {
+    values: [u64; 3],
+    len: usize,
+}
+
+impl ParamList {
+    fn of<const N: usize>(values: [u64; N]) -> ParamList {
+        let mut all = [0; 3];
+        all[..N].copy_from_slice(&values);
+        ParamList {
+            values: all,
+            len: N,
+        }
+    }
+
+    pub fn as_slice(&self) -> &[u64] {
+        &self.values[..self.len]
+    }
 }
 
 impl Params for TokenBucketParams {
@@ -143,6 +167,9 @@ impl Params for TokenBucketParams {
             parse_int(args[2], "refill_ms", 1, MAX_PARAM)?,
         )?)
     }
+    fn values(&self) -> ParamList {
+        ParamList::of([self.capacity(), self.refill_count(), self.refill_ms()])
+    }
 }
 
 impl Params for FixedWindowParams {
@@ -152,6 +179,9 @@ impl Params for FixedWindowParams {
             parse_int(args[0], "limit", 1, MAX_PARAM)?,
             parse_int(args[1], "window_ms", 1, MAX_PARAM)?,
         )?)
+    }
+    fn values(&self) -> ParamList {
+        ParamList::of([self.limit(), self.window_ms()])
     }
 }
 
@@ -164,6 +194,9 @@ impl Params for LeakyBucketParams {
             parse_int(args[2], "leak_ms", 1, MAX_PARAM)?,
         )?)
     }
+    fn values(&self) -> ParamList {
+        ParamList::of([self.capacity(), self.leak_count(), self.leak_ms()])
+    }
 }
 
 impl Params for SlidingLogParams {
@@ -173,6 +206,9 @@ impl Params for SlidingLogParams {
             parse_int(args[0], "limit", 1, sliding_log::MAX_LIMIT)?,
             parse_int(args[1], "window_ms", 1, MAX_PARAM)?,
         )?)
+    }
+    fn values(&self) -> ParamList {
+        ParamList::of([self.limit(), self.window_ms()])
     }
 }
 
@@ -184,6 +220,9 @@ impl Params for HashWindowParams {
             parse_int(args[1], "window_ms", 1, MAX_PARAM)?,
             parse_int(args[2], "bucket_ms", 1, MAX_PARAM)?,
         )?)
+    }
+    fn values(&self) -> ParamList {
+        ParamList::of([self.limit(), self.window_ms(), self.bucket_ms()])
     }
 }
 

@@ -6,13 +6,12 @@
 //! They bound what clients may ask of one key. A replicated or AOF call is
 //! never refused by them: the master already accepted it.
 
-use std::ffi::CStr;
-use std::os::raw::{c_char, c_int, c_longlong, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use redis_module::raw;
-
-use crate::limiter::sliding_log;
+use crate::error::Error;
+use crate::ffi::NumericConfig;
+use crate::limiter::hash_window::HashWindowParams;
+use crate::limiter::sliding_log::{self, SlidingLogParams};
 
 /// Largest `limit` of `RL.SLIDING` (each held unit costs up to 8 bytes).
 pub static SLIDING_MAX_LIMIT: AtomicU64 = AtomicU64::new(100_000);
@@ -22,34 +21,29 @@ pub static HASHWINDOW_MAX_BUCKETS: AtomicU64 = AtomicU64::new(3600);
 /// Size of the deny log (`RL.LOG`); 0 turns it off.
 pub static LOG_MAX_LEN: AtomicU64 = AtomicU64::new(128);
 
-/// One numeric config.
-pub struct Numeric {
-    /// Name without the `ratelimit.` prefix.
-    pub name: &'static CStr,
-    pub value: &'static AtomicU64,
-    pub min: u64,
-    pub max: u64,
-}
-
-/// Every config the module registers.
-pub const NUMERIC: [Numeric; 3] = [
-    Numeric {
+/// Every config the module registers (names without the `ratelimit.`
+/// prefix).
+pub static NUMERIC: [NumericConfig; 3] = [
+    NumericConfig {
         name: c"sliding-max-limit",
         value: &SLIDING_MAX_LIMIT,
         min: 1,
         max: sliding_log::MAX_LIMIT,
+        changed: None,
     },
-    Numeric {
+    NumericConfig {
         name: c"hashwindow-max-buckets",
         value: &HASHWINDOW_MAX_BUCKETS,
         min: 1,
         max: 1_000_000,
+        changed: None,
     },
-    Numeric {
+    NumericConfig {
         name: c"log-max-len",
         value: &LOG_MAX_LEN,
         min: 0,
         max: 1_000_000,
+        changed: Some(|max_len| crate::deny_log::trim(max_len as usize)),
     },
 ];
 
@@ -93,64 +87,29 @@ pub fn parse_load_arguments(args: &[&[u8]]) -> Result<Vec<(&'static AtomicU64, u
     Ok(parsed)
 }
 
-/// Registers the configs with the server and loads their values from the
-/// server's configuration.
-///
-/// # Safety
-/// `ctx` must be the context passed to `RedisModule_OnLoad`.
-pub unsafe fn register(ctx: *mut raw::RedisModuleCtx) -> Result<(), &'static CStr> {
-    let (Some(register), Some(load)) =
-        (unsafe { raw::RedisModule_RegisterNumericConfig }, unsafe {
-            raw::RedisModule_LoadConfigs
-        })
-    else {
-        // Servers before 7.0: the bounds keep their defaults.
-        return Ok(());
-    };
-    for config in &NUMERIC {
-        let status = unsafe {
-            register(
-                ctx,
-                config.name.as_ptr(),
-                get(config.value) as c_longlong,
-                raw::REDISMODULE_CONFIG_DEFAULT,
-                config.min as c_longlong,
-                config.max as c_longlong,
-                Some(get_numeric),
-                Some(set_numeric),
-                None,
-                config.value as *const AtomicU64 as *mut c_void,
-            )
-        };
-        if status != raw::REDISMODULE_OK as c_int {
-            return Err(c"could not register a config");
-        }
-    }
-    if unsafe { load(ctx) } != raw::REDISMODULE_OK as c_int {
-        return Err(c"could not load the configs");
+/// `RL.SLIDING`'s bound: `limit` at most `ratelimit.sliding-max-limit`.
+pub fn sliding_bounds(params: &SlidingLogParams) -> Result<(), Error> {
+    let max = get(&SLIDING_MAX_LIMIT);
+    if params.limit() > max {
+        return Err(Error::AboveConfig {
+            what: "limit",
+            config: "sliding-max-limit",
+            max,
+        });
     }
     Ok(())
 }
 
-unsafe extern "C" fn get_numeric(_name: *const c_char, privdata: *mut c_void) -> c_longlong {
-    crate::guard::callback(0, || {
-        get(unsafe { &*(privdata as *const AtomicU64) }) as c_longlong
-    })
-}
-
-unsafe extern "C" fn set_numeric(
-    _name: *const c_char,
-    value: c_longlong,
-    privdata: *mut c_void,
-    _err: *mut *mut raw::RedisModuleString,
-) -> c_int {
-    // Redis has checked the range given at registration.
-    crate::guard::callback(raw::REDISMODULE_ERR as c_int, || {
-        let config = unsafe { &*(privdata as *const AtomicU64) };
-        config.store(value as u64, Ordering::Relaxed);
-        if std::ptr::eq(config, &LOG_MAX_LEN) {
-            crate::deny_log::trim(value as usize);
-        }
-        raw::REDISMODULE_OK as c_int
-    })
+/// `RL.HASHWINDOW`'s bound: at most `ratelimit.hashwindow-max-buckets`
+/// buckets.
+pub fn hash_window_bounds(params: &HashWindowParams) -> Result<(), Error> {
+    let max = get(&HASHWINDOW_MAX_BUCKETS);
+    if params.buckets() > max {
+        return Err(Error::AboveConfig {
+            what: "window_ms / bucket_ms",
+            config: "hashwindow-max-buckets",
+            max,
+        });
+    }
+    Ok(())
 }

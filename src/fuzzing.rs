@@ -15,16 +15,15 @@
 
 use std::cell::RefCell;
 
+use crate::algorithms::{for_each_algorithm, with_algorithm, word, Listed, Site, Spec, COUNT};
 use crate::args::{parse_call, parse_int, parse_options, Params, MAX_AT_US};
-use crate::commands::limiter::LimiterCommand;
-use crate::commands::spec::{with_algorithm, Site, Spec};
 use crate::datatype::{decode_args, Decoder, Encoder, NativeState};
 use crate::error::Error;
-use crate::limiter::fixed_window::{FixedWindowParams, FixedWindowState};
-use crate::limiter::hash_window::{HashWindowParams, HashWindowState};
-use crate::limiter::leaky_bucket::{LeakyBucketParams, LeakyBucketState};
-use crate::limiter::sliding_log::{SlidingLogParams, SlidingLogState};
-use crate::limiter::token_bucket::{TokenBucketParams, TokenBucketState};
+use crate::limiter::fixed_window::FixedWindowParams;
+use crate::limiter::hash_window::HashWindowParams;
+use crate::limiter::leaky_bucket::LeakyBucketParams;
+use crate::limiter::sliding_log::SlidingLogParams;
+use crate::limiter::token_bucket::TokenBucketParams;
 use crate::limiter::{
     self, Algorithm, Decision, FixedWindow, HashWindow, LeakyBucket, Micros, Request, SlidingLog,
     TokenBucket, Wait, MAX_PARAM, MAX_SPAN_MS,
@@ -178,13 +177,10 @@ impl Decoder for Replay<'_> {
 
 /// The commands of the module, as the first byte of a `command` input picks
 /// them (its low four bits; bit 0x10 says the call comes from the master or
-/// the AOF, where `AT` and `RL.SETSTATE` are allowed).
-pub const COMMANDS: [&str; 16] = [
-    "RL.TOKENBUCKET",
-    "RL.FIXEDWINDOW",
-    "RL.LEAKYBUCKET",
-    "RL.SLIDING",
-    "RL.HASHWINDOW",
+/// the AOF, where `AT` and `RL.SETSTATE` are allowed): first the command of
+/// every row of the table of algorithms, in order (0 to [`COUNT`] - 1), then
+/// these, from [`COUNT`] on.
+pub const OTHER_COMMANDS: [&str; 11] = [
     "RL.ALL",
     "RL.HIT",
     "RL.POLICY SET",
@@ -201,7 +197,10 @@ pub const COMMANDS: [&str; 16] = [
 /// Bit of the selector byte: the call comes from the master link or the AOF.
 pub const REPLICATED: u8 = 0x10;
 
-/// One command: `data[0]` picks it (see [`COMMANDS`]), then its arguments
+/// The selector of `RL.SETSTATE`.
+pub const SETSTATE: u8 = COUNT as u8 + 8;
+
+/// One command: `data[0]` picks it (see [`OTHER_COMMANDS`]), then its arguments
 /// after the command name, separated by spaces, up to a NUL byte; what
 /// follows the NUL is read by [`Bytes`]: a limiter state (as its RDB
 /// fields), then up to 32 steps of (time move, cost).
@@ -224,25 +223,31 @@ pub fn command(data: &[u8]) {
     };
     let replicated = selector & REPLICATED != 0;
     let mut input = Bytes::new(tail);
-    let outcome = match selector & 0x0f {
-        0 => limiter::<TokenBucket>(&words, replicated, &mut input),
-        1 => limiter::<FixedWindow>(&words, replicated, &mut input),
-        2 => limiter::<LeakyBucket>(&words, replicated, &mut input),
-        3 => limiter::<SlidingLog>(&words, replicated, &mut input),
-        4 => limiter::<HashWindow>(&words, replicated, &mut input),
-        5 => all(&words, replicated, &mut input),
-        6 => hit(&words, &mut input),
-        7 => policy_set(&words, replicated, &mut input),
-        8 | 9 => {
+    let pick = usize::from(selector & 0x0f);
+    if pick < COUNT {
+        for_each_algorithm!(L => {
+            if L::INDEX == pick {
+                if let Err(error) = limiter::<L>(&words, replicated, &mut input) {
+                    check_error(&error);
+                }
+                return;
+            }
+        });
+    }
+    let outcome = match pick - COUNT {
+        0 => all(&words, replicated, &mut input),
+        1 => hit(&words, &mut input),
+        2 => policy_set(&words, replicated, &mut input),
+        3 | 4 => {
             // RL.POLICY GET/DEL name (arity 3): a lookup by any bytes.
             if let [name] = words.as_slice() {
                 let _ = policy::get(name);
             }
             Ok(())
         }
-        10 | 12 | 15 => Ok(()),
-        11 => log_get(&words),
-        13 => setstate(&words, replicated, &mut input),
+        5 | 7 | 10 => Ok(()),
+        6 => log_get(&words),
+        8 => setstate(&words, replicated, &mut input),
         _ => crate::config::parse_load_arguments(&words)
             .map(|parsed| assert!(parsed.len() * 2 == words.len()))
             .map_err(|message| {
@@ -296,7 +301,7 @@ fn install_policies() {
 
 /// `RL.<ALGORITHM> key <params...> [COST n] [AT us]`, as its handler parses
 /// it (`commands/limiter.rs`), then run.
-fn limiter<L: LimiterCommand + Fuzzed>(
+fn limiter<L: Listed + Fuzzed>(
     words: &[&[u8]],
     replicated: bool,
     input: &mut Bytes,
@@ -314,10 +319,10 @@ fn limiter<L: LimiterCommand + Fuzzed>(
     match options.at {
         Some(_) if !replicated => return Err(Error::ReservedForReplication("AT")),
         Some(_) => {}
-        None => L::within_configured_bounds(&params)?,
+        None => (L::ROW.bounds)(&params)?,
     }
     let now = options.at.unwrap_or(Micros::from_us(T0_US));
-    let loaded = decode_checked::<L::State>(input, 1);
+    let loaded = decode_checked::<L>(input, 1);
     let steps = read_steps(input, now, options.request);
     run_fresh::<L>(&params, &steps);
     if let Some(mut state) = loaded {
@@ -341,7 +346,7 @@ fn all(words: &[&[u8]], replicated: bool, input: &mut Bytes) -> Result<(), Error
     if !replicated {
         for limit in call.limits.iter() {
             if matches!(limit.source, crate::commands::all::Source::Inline { .. }) {
-                with_algorithm!(limit.spec, L, p => L::within_configured_bounds(&p))?;
+                with_algorithm!(limit.spec, L, p => (L::ROW.bounds)(&p))?;
             }
         }
     }
@@ -380,7 +385,7 @@ fn policy_set(words: &[&[u8]], replicated: bool, input: &mut Bytes) -> Result<()
     let rule = policy::parse_rule(&words[1..])?;
     policy::check_room_for(name)?;
     if !replicated {
-        with_algorithm!(rule.spec, L, p => L::within_configured_bounds(&p))?;
+        with_algorithm!(rule.spec, L, p => (L::ROW.bounds)(&p))?;
     }
     let rules = vec![(name.to_vec(), rule)];
     assert_eq!(policies_round_trip(&rules), rules);
@@ -412,37 +417,30 @@ fn setstate(words: &[&[u8]], replicated: bool, input: &mut Bytes) -> Result<(), 
     }
     let encoding = parse_int(words[2], "encoding", 1, 1)? as i32;
     let (algorithm, fields) = (words[1], &words[3..]);
-    let is = |name: &str| algorithm.eq_ignore_ascii_case(name.as_bytes());
-    fn set<L: LimiterCommand + Fuzzed>(
+    fn set<L: Listed + Fuzzed>(
         fields: &[&[u8]],
         encoding: i32,
         input: &mut Bytes,
     ) -> Result<(), Error> {
         let state = decode_args::<L::State>(fields, encoding).ok_or(Error::BadState)?;
-        check_round_trip(&state);
+        check_round_trip::<L>(&state);
         run_loaded::<L>(state, input);
         Ok(())
     }
-    if is(TokenBucketState::ALGORITHM) {
-        set::<TokenBucket>(fields, encoding, input)
-    } else if is(FixedWindowState::ALGORITHM) {
-        set::<FixedWindow>(fields, encoding, input)
-    } else if is(LeakyBucketState::ALGORITHM) {
-        set::<LeakyBucket>(fields, encoding, input)
-    } else if is(SlidingLogState::ALGORITHM) {
-        set::<SlidingLog>(fields, encoding, input)
-    } else if is(HashWindowState::ALGORITHM) {
-        set::<HashWindow>(fields, encoding, input)
-    } else {
-        Err(Error::UnknownAlgorithm(Error::quote(algorithm)))
-    }
+    for_each_algorithm!(L => {
+        if algorithm.eq_ignore_ascii_case(L::WORD.to_bytes()) {
+            return set::<L>(fields, encoding, input);
+        }
+    });
+    Err(Error::UnknownAlgorithm(Error::quote(algorithm)))
 }
 
 // ---------------------------------------------------------------------------
 // The RDB loaders.
 
-/// One RDB payload: `data[0] % 6` picks the type (the five limiter states in
-/// [`COMMANDS`] order, then the policies' aux data), `data[0] / 6 % 3` the
+/// One RDB payload: `data[0] % (COUNT + 1)` picks the type (the limiter
+/// states in the order of the table of algorithms, then the policies' aux
+/// data), `data[0] / (COUNT + 1) % 3` the
 /// encoding version Redis passes (0, 1 or 2; only 1 exists; the aux loader
 /// ignores it, its payload carries its own version); the rest is read by
 /// [`Bytes`]. What a loader accepts must re-encode to the very same fields,
@@ -451,20 +449,20 @@ pub fn rdb(data: &[u8]) {
     let Some((&selector, rest)) = data.split_first() else {
         return;
     };
-    let encoding = i32::from(selector / 6 % 3);
+    let types = COUNT + 1;
+    let encoding = (usize::from(selector) / types % 3) as i32;
     let mut input = Bytes::new(rest);
-    match selector % 6 {
-        0 => rdb_state::<TokenBucket>(&mut input, encoding),
-        1 => rdb_state::<FixedWindow>(&mut input, encoding),
-        2 => rdb_state::<LeakyBucket>(&mut input, encoding),
-        3 => rdb_state::<SlidingLog>(&mut input, encoding),
-        4 => rdb_state::<HashWindow>(&mut input, encoding),
-        _ => rdb_policies(input),
-    }
+    let pick = usize::from(selector) % types;
+    for_each_algorithm!(L => {
+        if L::INDEX == pick {
+            return rdb_state::<L>(&mut input, encoding);
+        }
+    });
+    rdb_policies(input)
 }
 
-fn rdb_state<L: LimiterCommand + Fuzzed>(input: &mut Bytes, encoding: i32) {
-    let Some(state) = decode_checked::<L::State>(input, encoding) else {
+fn rdb_state<L: Listed + Fuzzed>(input: &mut Bytes, encoding: i32) {
+    let Some(state) = decode_checked::<L>(input, encoding) else {
         return;
     };
     run_loaded::<L>(state, input);
@@ -472,7 +470,7 @@ fn rdb_state<L: LimiterCommand + Fuzzed>(input: &mut Bytes, encoding: i32) {
 
 /// Runs a loaded state under parameters read from `input` (checked by the
 /// real parser, so only parameters a call could carry).
-fn run_loaded<L: LimiterCommand + Fuzzed>(mut state: L::State, input: &mut Bytes) {
+fn run_loaded<L: Listed + Fuzzed>(mut state: L::State, input: &mut Bytes) {
     let mut texts = Vec::with_capacity(L::Params::COUNT);
     for _ in 0..L::Params::COUNT {
         let Some(value) = input.take() else { return };
@@ -528,27 +526,25 @@ fn policies_round_trip(rules: &[(Vec<u8>, policy::Rule)]) -> Vec<(Vec<u8>, polic
 /// Decodes a state; one that is accepted must be at the current encoding,
 /// re-encode to the same state (RDB and AOF forms), and refuse every
 /// truncation of its fields.
-fn decode_checked<S: NativeState + PartialEq + std::fmt::Debug>(
-    input: &mut Bytes,
-    encoding: i32,
-) -> Option<S> {
-    let state = S::decode(input, encoding)?;
+fn decode_checked<L: Listed>(input: &mut Bytes, encoding: i32) -> Option<L::State> {
+    let state = L::State::decode(input, encoding)?;
     assert_eq!(
         encoding,
-        S::ENCODING,
+        L::encoding(),
         "a state loaded at an unknown encoding"
     );
-    check_round_trip(&state);
+    check_round_trip::<L>(&state);
     Some(state)
 }
 
 /// Encode, then decode: the same state, from the RDB fields and from the
 /// AOF's decimal arguments; and no prefix of the fields loads.
-fn check_round_trip<S: NativeState + PartialEq + std::fmt::Debug>(state: &S) {
+fn check_round_trip<L: Listed>(state: &L::State) {
+    let encoding = L::encoding();
     let mut fields = Fields(Vec::new());
     state.encode(&mut fields);
     let fields = fields.0;
-    let again = S::decode(&mut Replay(fields.iter()), S::ENCODING);
+    let again = L::State::decode(&mut Replay(fields.iter()), encoding);
     assert_eq!(
         again.as_ref(),
         Some(state),
@@ -557,14 +553,14 @@ fn check_round_trip<S: NativeState + PartialEq + std::fmt::Debug>(state: &S) {
     if fields.len() <= 64 {
         for len in 0..fields.len() {
             assert!(
-                S::decode(&mut Replay(fields[..len].iter()), S::ENCODING).is_none(),
+                L::State::decode(&mut Replay(fields[..len].iter()), encoding).is_none(),
                 "a truncated state loaded ({len} of {} fields)",
                 fields.len()
             );
         }
         let text: Vec<String> = fields.iter().map(u64::to_string).collect();
         let args: Vec<&[u8]> = text.iter().map(String::as_bytes).collect();
-        let again = decode_args::<S>(&args, S::ENCODING);
+        let again = decode_args::<L::State>(&args, encoding);
         assert_eq!(
             again.as_ref(),
             Some(state),
@@ -636,7 +632,7 @@ fn run_spec(spec: &Spec, steps: &[(Micros, Request)]) {
 ///   state is more than MAX_SPAN_MS away from now, see below);
 /// - from idle, with a clock that only goes forward, the algorithm's own
 ///   guarantee holds on what it admitted ([`Fuzzed::check_admissions`]).
-fn run_steps<L: LimiterCommand + Fuzzed>(
+fn run_steps<L: Listed + Fuzzed>(
     state: &mut L::State,
     params: &L::Params,
     steps: &[(Micros, Request)],
@@ -675,7 +671,7 @@ fn run_steps<L: LimiterCommand + Fuzzed>(
         } else {
             admitted.push((now.as_us(), cost));
             assert_ne!(*state, before, "an admission changed nothing");
-            check_round_trip(state);
+            check_round_trip::<L>(state);
             let peek = L::decide(state, params, 0, now);
             assert_eq!(
                 peek.remaining, d.remaining,
@@ -698,7 +694,7 @@ fn run_steps<L: LimiterCommand + Fuzzed>(
 /// state changed, and a changed state re-encodes to itself and expires after
 /// now. A forced call answers what the unforced one would have; a refund
 /// answers as a peek after it and never takes room.
-fn run_forced_or_refunded<L: LimiterCommand + Fuzzed>(
+fn run_forced_or_refunded<L: Listed + Fuzzed>(
     state: &mut L::State,
     params: &L::Params,
     request: Request,
@@ -749,7 +745,7 @@ fn run_forced_or_refunded<L: LimiterCommand + Fuzzed>(
         Request::Cost(_) => unreachable!("plain calls run in run_steps"),
     }
     if outcome.changed {
-        check_round_trip(state);
+        check_round_trip::<L>(state);
         let idle_at_ms = L::idle_at_ms(state, params);
         assert!(
             idle_at_ms < i64::MAX as u64,
@@ -760,7 +756,7 @@ fn run_forced_or_refunded<L: LimiterCommand + Fuzzed>(
 
 /// Runs `steps` from an idle limiter and, when the clock only went forward,
 /// checks the algorithm's own guarantee on what it admitted.
-fn run_fresh<L: LimiterCommand + Fuzzed>(params: &L::Params, steps: &[(Micros, Request)]) {
+fn run_fresh<L: Listed + Fuzzed>(params: &L::Params, steps: &[(Micros, Request)]) {
     let now = steps.first().map_or(Micros::from_us(T0_US), |s| s.0);
     let admitted = run_steps::<L>(&mut L::idle(params, now), params, steps);
     // (A forced or refunded unit is outside the algorithm's guarantee.)
@@ -805,7 +801,7 @@ fn check_decision<L: Fuzzed>(d: &Decision, params: &L::Params, cost: u64) {
 
 /// The same request, `wait_ms` later, is admitted; one millisecond earlier
 /// it is not.
-fn check_wait<L: LimiterCommand + Fuzzed>(
+fn check_wait<L: Listed + Fuzzed>(
     state: &L::State,
     params: &L::Params,
     cost: u64,
@@ -1034,7 +1030,7 @@ mod tests {
         (2500, 1),
     ];
 
-    fn limiter_seeds<L: LimiterCommand + Fuzzed>(
+    fn limiter_seeds<L: Listed + Fuzzed>(
         seeds: &mut Vec<Vec<u8>>,
         rdb_seeds: &mut Vec<Vec<u8>>,
         selector: u8,
@@ -1109,17 +1105,13 @@ mod tests {
             state.encode(&mut fields);
             let text: Vec<String> = fields.0.iter().map(u64::to_string).collect();
             seeds.push(cmd(
-                13 | REPLICATED,
-                &format!(
-                    "k {} 1 {}",
-                    <L::State as NativeState>::ALGORITHM,
-                    text.join(" ")
-                ),
+                SETSTATE | REPLICATED,
+                &format!("k {} 1 {}", word::<L>(), text.join(" ")),
                 &[],
             ));
             // and its RDB form, with parameters and steps to run it on
             for encoding in 0..3u8 {
-                let mut rdb = vec![selector + 6 * encoding];
+                let mut rdb = vec![selector + (COUNT as u8 + 1) * encoding];
                 rdb.extend_from_slice(&state_bytes(&state));
                 for word in params_text.split(' ') {
                     put_value(&mut rdb, word.parse().unwrap());
@@ -1131,7 +1123,8 @@ mod tests {
     }
 
     fn policy_rdb(rules: &[(&str, &str)]) -> Vec<u8> {
-        let mut out = vec![5 + 6];
+        // The policies' aux data, at encoding 1.
+        let mut out = vec![COUNT as u8 + (COUNT as u8 + 1)];
         put_value(&mut out, rules.len() as u64);
         for (name, rule) in rules {
             let words: Vec<&[u8]> = rule.split(' ').map(str::as_bytes).collect();
@@ -1261,7 +1254,7 @@ mod tests {
             "k HASHWINDOW 1 1000 5 0 2 0 0",
             "k fixedwindow 1 1 2 3",
         ] {
-            command_seeds.push(cmd(13 | REPLICATED, text, &traffic));
+            command_seeds.push(cmd(SETSTATE | REPLICATED, text, &traffic));
             command_seeds.push(cmd(13, text, &[]));
         }
         for text in [

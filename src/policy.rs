@@ -21,7 +21,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::commands::spec::{Site, Spec};
+use crate::algorithms::{Site, Spec};
 use crate::error::Error;
 use crate::stats::{Counter, Outcomes};
 

@@ -30,100 +30,62 @@
 //! write for `save` points and `rdb_changes_since_last_save`.
 
 use std::ffi::CStr;
-use std::os::raw::{c_int, c_longlong};
-use std::ptr;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use redis_module::raw;
+use smallvec::SmallVec;
 
-use crate::api;
+use crate::ffi::{Context, Level, Load, RString, SharedString, Word};
 use crate::limiter::{Micros, Request};
 
 /// Whether a replica, an AOF or a replication backlog may consume the stream.
 static PINNED: AtomicBool = AtomicBool::new(true);
 
-/// Argument strings every pinned call uses, created once at load.
-static COST_WORD: AtomicPtr<raw::RedisModuleString> = AtomicPtr::new(ptr::null_mut());
-static AT_WORD: AtomicPtr<raw::RedisModuleString> = AtomicPtr::new(ptr::null_mut());
-static ONE: AtomicPtr<raw::RedisModuleString> = AtomicPtr::new(ptr::null_mut());
-static FORCE_WORD: AtomicPtr<raw::RedisModuleString> = AtomicPtr::new(ptr::null_mut());
-static REFUND_WORD: AtomicPtr<raw::RedisModuleString> = AtomicPtr::new(ptr::null_mut());
+/// Words every pinned call uses, made once at load.
+static COST: SharedString = SharedString::new(c"COST");
+static AT: SharedString = SharedString::new(c"AT");
+static ONE: SharedString = SharedString::new(c"1");
+static FORCE: SharedString = SharedString::new(c"FORCE");
+static REFUND: SharedString = SharedString::new(c"REFUND");
 
 /// Whether admitted calls are currently propagated in their pinned form.
 pub fn pinned() -> bool {
     PINNED.load(Ordering::Relaxed)
 }
 
-/// Sets up propagation at module load: the shared argument strings, the
-/// initial mode, and the server events that switch to the pinned mode.
-///
-/// # Safety
-/// `ctx` must be the context passed to `RedisModule_OnLoad`.
-pub unsafe fn init(ctx: *mut raw::RedisModuleCtx) {
-    for (slot, text) in [
-        (&COST_WORD, "COST"),
-        (&AT_WORD, "AT"),
-        (&ONE, "1"),
-        (&FORCE_WORD, "FORCE"),
-        (&REFUND_WORD, "REFUND"),
-    ] {
-        let s = unsafe {
-            api!(RedisModule_CreateString)(ptr::null_mut(), text.as_ptr().cast(), text.len())
-        };
-        slot.store(s, Ordering::Relaxed);
+/// Sets up propagation at module load: the shared words and the initial
+/// mode. `subscribed` says whether the server took the subscriptions to the
+/// events that switch to the pinned mode (`crate::on_server_event`); without
+/// them, the module pins from the start.
+pub fn init(load: &Load, subscribed: bool) {
+    for word in [&COST, &AT, &ONE, &FORCE, &REFUND] {
+        load.make_shared(word);
     }
-    let events = [
-        raw::REDISMODULE_EVENT_FORK_CHILD,
-        raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED,
-        raw::REDISMODULE_EVENT_REPLICA_CHANGE,
-        raw::REDISMODULE_EVENT_LOADING,
-    ];
-    let mut subscribed = true;
-    for id in events {
-        let event = raw::RedisModuleEvent { id, dataver: 1 };
-        let status = unsafe {
-            api!(RedisModule_SubscribeToServerEvent)(ctx, event, Some(crate::on_server_event))
-        };
-        subscribed &= status == raw::REDISMODULE_OK as c_int;
-    }
-    let quiet = subscribed && unsafe { nothing_consumes_the_stream(ctx) };
+    let quiet = subscribed && nothing_consumes_the_stream(load.context());
     PINNED.store(!quiet, Ordering::Relaxed);
 }
 
 /// At load: a master without AOF, replicas or replication backlog.
-unsafe fn nothing_consumes_the_stream(ctx: *mut raw::RedisModuleCtx) -> bool {
-    let flags = unsafe { api!(RedisModule_GetContextFlags)(ctx) } as u32;
-    if flags & (raw::REDISMODULE_CTX_FLAGS_AOF | raw::REDISMODULE_CTX_FLAGS_SLAVE) != 0 {
+fn nothing_consumes_the_stream(ctx: &Context) -> bool {
+    let flags = ctx.flags();
+    if flags.aof() || flags.replica() {
         return false;
     }
-    let info = unsafe { api!(RedisModule_GetServerInfo)(ctx, c"replication".as_ptr()) };
-    if info.is_null() {
-        return false;
-    }
-    let field = |name: &CStr| {
-        let mut err: c_int = 0;
-        let value =
-            unsafe { api!(RedisModule_ServerInfoGetFieldSigned)(info, name.as_ptr(), &mut err) };
-        if err != 0 {
-            None
-        } else {
-            Some(value)
-        }
-    };
-    let quiet = field(c"repl_backlog_active") == Some(0) && field(c"connected_slaves") == Some(0);
-    unsafe { api!(RedisModule_FreeServerInfo)(ctx, info) };
-    quiet
+    let fields = [c"repl_backlog_active", c"connected_slaves"];
+    ctx.server_info(c"replication", fields) == Some([Some(0), Some(0)])
 }
 
-/// Any of the events [`init`] subscribes to: from now on, pin.
-pub fn consumer_may_appear(ctx: *mut raw::RedisModuleCtx) {
+/// Any of the events that may bring a consumer: from now on, pin.
+pub fn consumer_may_appear(ctx: &Context) {
     if !PINNED.swap(true, Ordering::Relaxed) {
-        crate::log_notice(
-            ctx,
-            c"a fork, replica, role change or data load was seen: admitted calls are now propagated with the master's time pinned",
+        ctx.log(
+            Level::Notice,
+            "a fork, replica, role change or data load was seen: admitted calls are now propagated with the master's time pinned",
         );
     }
 }
+
+/// Words of one propagated call, on the stack.
+type Words<'a> = SmallVec<[Word<'a>; 12]>;
 
 /// Propagates a limiter call that changed the state as
 /// `<command> key <params...> COST <n> [FORCE] AT <now_us>` or
@@ -132,125 +94,56 @@ pub fn consumer_may_appear(ctx: *mut raw::RedisModuleCtx) {
 /// `key_and_params` are the client's own (validated) strings, passed on
 /// without copying.
 pub fn limiter_call(
-    ctx: *mut raw::RedisModuleCtx,
+    ctx: &Context,
     command: &CStr,
-    key_and_params: &[*mut raw::RedisModuleString],
+    key_and_params: &[&RString],
     request: Request,
     now: Micros,
 ) {
     if !pinned() {
         // Nothing consumes the stream: only count the write.
-        unsafe { api!(RedisModule_ReplicateVerbatim)(ctx) };
+        ctx.replicate_verbatim();
         return;
     }
-    let word = |slot: &AtomicPtr<raw::RedisModuleString>| slot.load(Ordering::Relaxed);
-    let replicate = api!(RedisModule_Replicate);
-    let (name, args) = (command.as_ptr(), key_and_params.as_ptr());
-    let (len, at) = (key_and_params.len(), now.as_us() as c_longlong);
-    unsafe {
-        match request {
-            Request::Cost(1) => replicate(
-                ctx,
-                name,
-                c"vsssl".as_ptr(),
-                args,
-                len,
-                word(&COST_WORD),
-                word(&ONE),
-                word(&AT_WORD),
-                at,
-            ),
-            Request::Cost(n) => replicate(
-                ctx,
-                name,
-                c"vslsl".as_ptr(),
-                args,
-                len,
-                word(&COST_WORD),
-                n as c_longlong,
-                word(&AT_WORD),
-                at,
-            ),
-            Request::Force(n) => replicate(
-                ctx,
-                name,
-                c"vslssl".as_ptr(),
-                args,
-                len,
-                word(&COST_WORD),
-                n as c_longlong,
-                word(&FORCE_WORD),
-                word(&AT_WORD),
-                at,
-            ),
-            Request::Refund(n) => replicate(
-                ctx,
-                name,
-                c"vslsl".as_ptr(),
-                args,
-                len,
-                word(&REFUND_WORD),
-                n as c_longlong,
-                word(&AT_WORD),
-                at,
-            ),
-        };
-    }
+    let mut words: Words = key_and_params.iter().map(|&s| Word::Str(s)).collect();
+    pin(ctx, command, &mut words, request, now);
 }
 
 /// Propagates a call made through a policy or `RL.ALL`'s parsed parameters:
-/// like [`limiter_call`], with the parameters given as numbers. Their
-/// strings come from [`param_string`]'s cache, so the hot path allocates
-/// nothing.
+/// like [`limiter_call`], with the parameters given as numbers, whose
+/// strings the module keeps from call to call (`Word::Number`), so the hot
+/// path allocates nothing.
 pub fn limiter_call_with_params(
-    ctx: *mut raw::RedisModuleCtx,
+    ctx: &Context,
     command: &CStr,
-    key: *mut raw::RedisModuleString,
+    key: &RString,
     params: &[u64],
     request: Request,
     now: Micros,
 ) {
     if !pinned() {
-        unsafe { api!(RedisModule_ReplicateVerbatim)(ctx) };
+        ctx.replicate_verbatim();
         return;
     }
-    let mut strings = [ptr::null_mut(); 4];
-    // A string the cache lets go of may be one this call uses: it is
-    // released only once the call is propagated (Redis keeps a reference).
-    let mut evicted = [ptr::null_mut(); 3];
-    strings[0] = key;
-    for ((slot, old), &value) in strings[1..].iter_mut().zip(&mut evicted).zip(params) {
-        (*slot, *old) = param_string(value);
-    }
-    limiter_call(ctx, command, &strings[..1 + params.len()], request, now);
-    for old in evicted.into_iter().filter(|s| !s.is_null()) {
-        unsafe { api!(RedisModule_FreeString)(ptr::null_mut(), old) };
-    }
+    let mut words: Words = SmallVec::new();
+    words.push(Word::Str(key));
+    words.extend(params.iter().map(|&p| Word::Number(p)));
+    pin(ctx, command, &mut words, request, now);
 }
 
-/// Slots of the parameter string cache.
-const PARAM_SLOTS: usize = 128;
-
-/// Strings of recently propagated parameter values, direct-mapped by a hash
-/// of the value: policies and `RL.ALL` specs use a handful of values over and
-/// over, so their strings are made once (Redis only takes a reference to a
-/// string it propagates). Touched only on the main thread.
-static PARAM_CACHE: [(AtomicU64, AtomicPtr<raw::RedisModuleString>); PARAM_SLOTS] =
-    [const { (AtomicU64::new(0), AtomicPtr::new(ptr::null_mut())) }; PARAM_SLOTS];
-
-/// The decimal string of `value`, from the cache, and the string the cache
-/// let go of to make room for it (null on a hit), which the caller releases.
-fn param_string(value: u64) -> (*mut raw::RedisModuleString, *mut raw::RedisModuleString) {
-    // Fibonacci hashing: round numbers (1000, 60000, 86400000) spread out.
-    let slot = (value.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 57) as usize % PARAM_SLOTS;
-    let (cached_value, cached) = &PARAM_CACHE[slot];
-    let string = cached.load(Ordering::Relaxed);
-    if !string.is_null() && cached_value.load(Ordering::Relaxed) == value {
-        return (string, ptr::null_mut());
+/// Adds the request and the master's time to `words`, and propagates them.
+fn pin(ctx: &Context, command: &CStr, words: &mut Words, request: Request, now: Micros) {
+    let at = Word::Int(now.as_us() as i64);
+    match request {
+        Request::Cost(1) => words.extend([Word::Shared(&COST), Word::Shared(&ONE)]),
+        Request::Cost(n) => words.extend([Word::Shared(&COST), Word::Int(n as i64)]),
+        Request::Force(n) => words.extend([
+            Word::Shared(&COST),
+            Word::Int(n as i64),
+            Word::Shared(&FORCE),
+        ]),
+        Request::Refund(n) => words.extend([Word::Shared(&REFUND), Word::Int(n as i64)]),
     }
-    let made =
-        unsafe { api!(RedisModule_CreateStringFromLongLong)(ptr::null_mut(), value as c_longlong) };
-    cached_value.store(value, Ordering::Relaxed);
-    cached.store(made, Ordering::Relaxed);
-    (made, string)
+    words.extend([Word::Shared(&AT), at]);
+    ctx.replicate(command, words);
 }

@@ -6,6 +6,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::algorithms::{for_each_algorithm, Listed, COUNT};
+use crate::ffi::InfoContext;
 use crate::limiter::Decision;
 
 /// One monotonically growing count.
@@ -59,81 +61,47 @@ impl Outcomes {
     }
 }
 
-/// Per algorithm, in the order of [`ALGORITHM_NAMES`].
-pub static ALGORITHMS: [Outcomes; 5] = [
-    Outcomes::new(),
-    Outcomes::new(),
-    Outcomes::new(),
-    Outcomes::new(),
-    Outcomes::new(),
-];
-
-/// INFO field prefixes of the algorithms.
-pub const ALGORITHM_NAMES: [&str; 5] = [
-    "tokenbucket",
-    "fixedwindow",
-    "leakybucket",
-    "sliding",
-    "hashwindow",
-];
+/// Per algorithm, by row of the table of algorithms (`Listed::stats`).
+pub static ALGORITHMS: [Outcomes; COUNT] = [const { Outcomes::new() }; COUNT];
 
 /// `RL.ALL` calls as a whole (each limiter in them also counts for its
 /// algorithm).
 pub static ALL: Outcomes = Outcomes::new();
 
 /// Writes the `ratelimit` section of INFO.
-///
-/// # Safety
-/// Called by Redis with a valid info context.
-pub unsafe extern "C" fn info(
-    ctx: *mut redis_module::raw::RedisModuleInfoCtx,
-    _for_crash_report: std::os::raw::c_int,
-) {
-    use crate::api;
-    crate::guard::callback((), || {
-        let field = |name: &str, value: u64| {
-            let mut name = name.as_bytes().to_vec();
-            name.push(0);
-            unsafe { api!(RedisModule_InfoAddFieldULongLong)(ctx, name.as_ptr().cast(), value) };
-        };
-        unsafe { api!(RedisModule_InfoAddSection)(ctx, c"".as_ptr()) };
-        let outcomes = |prefix: &str, o: &Outcomes| {
-            field(&format!("{prefix}_calls"), o.calls.get());
-            field(&format!("{prefix}_admitted"), o.admitted.get());
-            field(&format!("{prefix}_denied"), o.denied.get());
-            field(&format!("{prefix}_peeks"), o.peeks.get());
-        };
-        for (name, o) in ALGORITHM_NAMES.iter().zip(&ALGORITHMS) {
-            outcomes(name, o);
-        }
-        outcomes("all", &ALL);
-        let policies = crate::policy::list();
-        field("policies", policies.len() as u64);
-        // One line per policy, as the server writes a dict field:
-        // `ratelimit_policy_<escaped>:calls=N,admitted=N,...`.
-        let mut dict = String::new();
-        for (name, _, stats) in &policies {
-            dict.clear();
-            dict.push_str("policy_");
-            crate::policy::info_escaped(name, &mut dict);
-            dict.push('\0');
-            // SAFETY: `ctx` is the info context Redis passed; `dict` ends in
-            // NUL and the server copies it before this returns.
-            unsafe { api!(RedisModule_InfoBeginDictField)(ctx, dict.as_ptr().cast()) };
-            let o = &stats.outcomes;
-            field("calls", o.calls.get());
-            field("admitted", o.admitted.get());
-            field("denied", o.denied.get());
-            field("shadow_denied", stats.shadow_denied.get());
-            field("peeks", o.peeks.get());
-            unsafe { api!(RedisModule_InfoEndDictField)(ctx) };
-        }
-        field("deny_log_len", crate::deny_log::len() as u64);
-        field(
-            "deny_log_max_len",
-            crate::config::get(&crate::config::LOG_MAX_LEN),
-        );
-        field("propagation_pinned", crate::replicate::pinned() as u64);
-        field("module_allocations", crate::alloc::allocations());
-    })
+pub fn info(info: &mut InfoContext) {
+    info.section();
+    let mut outcomes = |prefix: &str, o: &Outcomes| {
+        info.field(&format!("{prefix}_calls"), o.calls.get());
+        info.field(&format!("{prefix}_admitted"), o.admitted.get());
+        info.field(&format!("{prefix}_denied"), o.denied.get());
+        info.field(&format!("{prefix}_peeks"), o.peeks.get());
+    };
+    for_each_algorithm!(L => outcomes(&L::INFO_NAME.to_string_lossy(), L::stats()));
+    outcomes("all", &ALL);
+    let policies = crate::policy::list();
+    info.field("policies", policies.len() as u64);
+    // One line per policy, as the server writes a dict field:
+    // `ratelimit_policy_<escaped>:calls=N,admitted=N,...`.
+    let mut dict = String::new();
+    for (name, _, stats) in &policies {
+        dict.clear();
+        dict.push_str("policy_");
+        crate::policy::info_escaped(name, &mut dict);
+        info.begin_dict(&dict);
+        let o = &stats.outcomes;
+        info.field("calls", o.calls.get());
+        info.field("admitted", o.admitted.get());
+        info.field("denied", o.denied.get());
+        info.field("shadow_denied", stats.shadow_denied.get());
+        info.field("peeks", o.peeks.get());
+        info.end_dict();
+    }
+    info.field("deny_log_len", crate::deny_log::len() as u64);
+    info.field(
+        "deny_log_max_len",
+        crate::config::get(&crate::config::LOG_MAX_LEN),
+    );
+    info.field("propagation_pinned", crate::replicate::pinned() as u64);
+    info.field("module_allocations", crate::ffi::allocations());
 }

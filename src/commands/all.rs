@@ -10,22 +10,19 @@
 //! A spec is an algorithm name and its parameters, as after the key of the
 //! single-limiter command (`TOKENBUCKET 5 5 1000`), or `POLICY name`.
 
-use std::os::raw::c_int;
 use std::sync::Arc;
 
-use redis_module::raw;
 use smallvec::SmallVec;
 
-use super::limiter::{apply_to_key, decide_on_key, LimiterCommand};
+use super::limiter::{apply_to_key, decide_on_key};
 use super::policy::{off_decision, shadowed, Through};
-use super::spec::{with_algorithm, Site, Spec};
-use super::{from_replication_or_loading, out_of_memory, reply_decision_and, Args, Key};
-use crate::api;
+use super::{out_of_memory, reply_decision_and};
+use crate::algorithms::{with_algorithm, Listed, Site, Spec};
 use crate::args::{parse_int, parse_options, Options};
 use crate::clock;
 use crate::deny_log;
 use crate::error::Error;
-use crate::guard;
+use crate::ffi::{Argv, Context, Key, RString};
 use crate::limiter::{Decision, Micros, Outcome, Request, Wait};
 use crate::policy::{self, PolicyStats};
 use crate::replicate;
@@ -36,42 +33,29 @@ pub const MAX_KEYS: usize = 16;
 const MAX_ARGS: usize = 96;
 
 /// `RL.ALL`.
-///
-/// # Safety
-/// Called by Redis with a valid context and `argc` arguments.
-pub unsafe extern "C" fn handler(
-    ctx: *mut raw::RedisModuleCtx,
-    argv: *mut *mut raw::RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    guard::command(ctx, || {
-        if unsafe { api!(RedisModule_IsKeysPositionRequest)(ctx) } != 0 {
-            // Cluster routing and ACLs ask where the keys are: after numkeys.
-            // Such a call has no client, so the guard's error reply after a
-            // panic goes nowhere.
-            unsafe { key_positions(ctx, argv, argc) };
-            return Ok(());
-        }
-        unsafe { run(ctx, argv, argc) }
-    })
+pub fn run(ctx: &Context, argv: &Argv) -> Result<(), Error> {
+    if ctx.is_keys_position_request() {
+        // Cluster routing and ACLs ask where the keys are: after numkeys.
+        // Such a call has no client, so the guard's error reply after a
+        // panic goes nowhere.
+        key_positions(ctx, argv);
+        return Ok(());
+    }
+    call(ctx, argv)
 }
 
 /// Declares the keys of a call: `numkeys` at argv[1], the keys after it.
-unsafe fn key_positions(
-    ctx: *mut raw::RedisModuleCtx,
-    argv: *mut *mut raw::RedisModuleString,
-    argc: c_int,
-) {
-    if argc < 3 {
+fn key_positions(ctx: &Context, argv: &Argv) {
+    if argv.len() < 3 {
         return;
     }
     // Asked on every call by some servers (Valkey): nothing allocated.
-    let numkeys = unsafe { super::bytes(*argv.add(1)) };
+    let numkeys = argv.string(1).as_bytes();
     let Ok(numkeys) = parse_int(numkeys, "numkeys", 1, MAX_KEYS as u64) else {
         return;
     };
-    for position in 2..(2 + numkeys as c_int).min(argc) {
-        unsafe { api!(RedisModule_KeyAtPos)(ctx, position) };
+    for position in 2..(2 + numkeys as usize).min(argv.len()) {
+        ctx.key_at(position);
     }
 }
 
@@ -156,24 +140,20 @@ pub(crate) fn parse<'a>(all: &'a [&'a [u8]]) -> Result<Call<'a>, Error> {
     })
 }
 
-unsafe fn run(
-    ctx: *mut raw::RedisModuleCtx,
-    argv: *mut *mut raw::RedisModuleString,
-    argc: c_int,
-) -> Result<(), Error> {
-    let args = unsafe { Args::<MAX_ARGS>::new(argv, argc) }?;
+fn call(ctx: &Context, argv: &Argv) -> Result<(), Error> {
+    let args = argv.words::<MAX_ARGS>()?;
     let Call {
         keys,
         limits,
         options,
-    } = parse(args.all())?;
-    let replicated = from_replication_or_loading(ctx);
+    } = parse(&args)?;
+    let replicated = ctx.replicated_or_loading();
     if !replicated {
         for limit in limits
             .iter()
             .filter(|l| matches!(l.source, Source::Inline { .. }))
         {
-            with_algorithm!(limit.spec, L, p => L::within_configured_bounds(&p))?;
+            with_algorithm!(limit.spec, L, p => (L::ROW.bounds)(&p))?;
         }
     }
     let now: Micros = clock::now();
@@ -182,14 +162,14 @@ unsafe fn run(
 
     // Decide everywhere first; nothing changes yet. A limiter that is off is
     // not even looked at; a shadowed one never denies the call.
-    let key_name = |i: usize| unsafe { *argv.add(2 + i) };
-    let opened: SmallVec<[Option<Key>; MAX_KEYS]> = limits
+    let key_name = |i: usize| argv.string(2 + i);
+    let mut opened: SmallVec<[Option<Key>; MAX_KEYS]> = limits
         .iter()
         .enumerate()
-        .map(|(i, l)| (!l.is_off()).then(|| Key::open_rw(ctx, key_name(i))))
+        .map(|(i, l)| (!l.is_off()).then(|| ctx.open_key(key_name(i))))
         .collect();
     let mut actual: SmallVec<[(Outcome, bool); MAX_KEYS]> = SmallVec::new();
-    for (limit, key) in limits.iter().zip(&opened) {
+    for (limit, key) in limits.iter().zip(opened.iter_mut()) {
         actual.push(match (key, &limit.source) {
             (Some(key), _) => {
                 with_algorithm!(limit.spec, L, p => decide_on_key::<L>(key, &p, request, now))?
@@ -234,7 +214,7 @@ unsafe fn run(
             }
             continue;
         }
-        let key = opened[i].as_ref().expect("opened");
+        let key = opened[i].as_mut().expect("opened");
         let take = takes(planned);
         if take {
             let applied = with_algorithm!(limit.spec, L, p => apply_to_key::<L>(ctx, key, &p, request, now, false))?;
@@ -337,21 +317,20 @@ impl Limit<'_> {
 
 /// Propagates one limiter's change as its own pinned call.
 fn propagate(
-    ctx: *mut raw::RedisModuleCtx,
-    argv: *mut *mut raw::RedisModuleString,
+    ctx: &Context,
+    argv: &Argv,
     limit: &Limit,
-    key: *mut raw::RedisModuleString,
+    key: &RString,
     request: Request,
     now: Micros,
 ) {
-    let command = with_algorithm!(limit.spec, L, _p => L::NAME);
+    let command = with_algorithm!(limit.spec, L, _p => L::ROW.command);
     match limit.source {
         Source::Inline { start } => {
             let words = limit.spec.param_count();
-            let mut key_and_params = [std::ptr::null_mut(); 5];
-            key_and_params[0] = key;
-            for w in 0..words {
-                key_and_params[1 + w] = unsafe { *argv.add(start + 1 + w) };
+            let mut key_and_params = [key; 4];
+            for (w, string) in key_and_params[1..=words].iter_mut().enumerate() {
+                *string = argv.string(start + 1 + w);
             }
             replicate::limiter_call(ctx, command, &key_and_params[..1 + words], request, now);
         }
@@ -374,7 +353,7 @@ fn propagate(
 /// longest queueing delay of any shaping limiter in the call. Denied: the
 /// limiter that makes the caller wait longest (never, if any can never
 /// admit).
-fn reply(ctx: *mut raw::RedisModuleCtx, decisions: &[Decision], denied_by: Option<usize>) {
+fn reply(ctx: &Context, decisions: &[Decision], denied_by: Option<usize>) {
     let wait_rank = |w: Wait| match w {
         Wait::Never => u64::MAX,
         Wait::Ms(ms) => ms,
@@ -397,5 +376,5 @@ fn reply(ctx: *mut raw::RedisModuleCtx, decisions: &[Decision], denied_by: Optio
             .max_by_key(|&w| wait_rank(w))
             .unwrap_or(Wait::Ms(0));
     }
-    reply_decision_and(ctx, &chosen, Some(denied_by.map_or(0, |i| i as i64 + 1)));
+    reply_decision_and(ctx, &chosen, denied_by.map_or(0, |i| i as i64 + 1));
 }

@@ -1,62 +1,32 @@
 //! `RL.POLICY SET|GET|DEL|LIST` and `RL.HIT name key [COST n]`: rules kept in
 //! the server (see `crate::policy` for what modes and roll-outs mean).
 
-use std::os::raw::c_int;
-
-use redis_module::raw;
-
-use super::docs::{Arg, Subcommand};
-use super::limiter::{apply_to_key, LimiterCommand};
-use super::spec::{with_algorithm, Spec};
-use super::{all_args, reply_decision, Key, MAX_ARGS};
-use crate::api;
+use super::limiter::apply_to_key;
+use super::{reply_lines, MAX_ARGS};
+use crate::algorithms::{with_algorithm, words_allowed, Listed, Site, Spec, POLICY_KEYWORDS};
 use crate::args::parse_options;
 use crate::clock;
 use crate::deny_log;
 use crate::error::Error;
-use crate::guard;
+use crate::ffi::{command, Arg, Argv, Context, Subcommand};
 use crate::limiter::{Decision, Wait};
 use crate::policy::{self, Mode, Rule};
 use crate::replicate;
 
-/// A command handler, as Redis calls it.
-pub type HandlerFn = unsafe extern "C" fn(
-    *mut raw::RedisModuleCtx,
-    *mut *mut raw::RedisModuleString,
-    c_int,
-) -> c_int;
-
-macro_rules! handler {
-    ($name:ident, $run:ident) => {
-        /// # Safety
-        /// Called by Redis with a valid context and `argc` arguments.
-        pub unsafe extern "C" fn $name(
-            ctx: *mut raw::RedisModuleCtx,
-            argv: *mut *mut raw::RedisModuleString,
-            argc: c_int,
-        ) -> c_int {
-            guard::command(ctx, || unsafe { $run(ctx, &all_args(argv, argc), argv) })
-        }
-    };
-}
-
-handler!(set_handler, set);
-handler!(get_handler, get);
-handler!(del_handler, del);
-handler!(list_handler, list);
-handler!(help_handler, help);
-
 /// `RL.POLICY HELP`
-unsafe fn help(
-    ctx: *mut raw::RedisModuleCtx,
-    _args: &Args,
-    _argv: *mut *mut raw::RedisModuleString,
-) -> Result<(), Error> {
-    super::reply_lines(
+fn help(ctx: &Context, _argv: &Argv) -> Result<(), Error> {
+    let words = words_allowed(Site::Policy);
+    let algorithms = match words.split_last() {
+        Some((last, [])) => last.to_string(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
+    };
+    let set = format!("    Create or replace a policy. ALGORITHM is {algorithms}.");
+    reply_lines(
         ctx,
         &[
             "RL.POLICY SET <name> <ALGORITHM> <params...> [MODE ENFORCE|SHADOW|OFF] [ROLLOUT <percent>]",
-            "    Create or replace a policy. ALGORITHM is TOKENBUCKET, FIXEDWINDOW, LEAKYBUCKET, SLIDING or HASHWINDOW.",
+            &set,
             "RL.POLICY GET <name>",
             "    The policy's rule and counters, or nil.",
             "RL.POLICY DEL <name>",
@@ -74,7 +44,7 @@ unsafe fn help(
 pub const SUBCOMMANDS: [Subcommand; 5] = [
     Subcommand {
         name: c"SET",
-        handler: set_handler,
+        handler: command(set),
         flags: c"write deny-oom",
         arity: -5,
         summary:
@@ -82,16 +52,7 @@ pub const SUBCOMMANDS: [Subcommand; 5] = [
         complexity: c"O(1)",
         args: &[
             Arg::string(c"name"),
-            Arg::one_of(
-                c"algorithm",
-                &[
-                    Arg::keyword(c"tokenbucket", c"TOKENBUCKET"),
-                    Arg::keyword(c"fixedwindow", c"FIXEDWINDOW"),
-                    Arg::keyword(c"leakybucket", c"LEAKYBUCKET"),
-                    Arg::keyword(c"sliding", c"SLIDING"),
-                    Arg::keyword(c"hashwindow", c"HASHWINDOW"),
-                ],
-            ),
+            Arg::one_of(c"algorithm", POLICY_KEYWORDS.as_slice()),
             Arg::integer(c"params")
                 .multiple()
                 .summary(c"the algorithm's parameters, as after the key of its command"),
@@ -113,7 +74,7 @@ pub const SUBCOMMANDS: [Subcommand; 5] = [
     },
     Subcommand {
         name: c"HELP",
-        handler: help_handler,
+        handler: command(help),
         flags: c"readonly fast allow-loading allow-stale",
         arity: 2,
         summary: c"Shows helpful text about the different subcommands",
@@ -122,7 +83,7 @@ pub const SUBCOMMANDS: [Subcommand; 5] = [
     },
     Subcommand {
         name: c"GET",
-        handler: get_handler,
+        handler: command(get),
         flags: c"readonly fast",
         arity: 3,
         summary: c"Returns a policy's rule and counters, or nil",
@@ -131,7 +92,7 @@ pub const SUBCOMMANDS: [Subcommand; 5] = [
     },
     Subcommand {
         name: c"DEL",
-        handler: del_handler,
+        handler: command(del),
         flags: c"write fast",
         arity: 3,
         summary: c"Deletes a policy (its limiter keys stay and expire by themselves)",
@@ -140,7 +101,7 @@ pub const SUBCOMMANDS: [Subcommand; 5] = [
     },
     Subcommand {
         name: c"LIST",
-        handler: list_handler,
+        handler: command(list),
         flags: c"readonly",
         arity: 2,
         summary: c"Returns the names of all policies",
@@ -149,14 +110,9 @@ pub const SUBCOMMANDS: [Subcommand; 5] = [
     },
 ];
 
-type Args<'a> = [&'a [u8]];
-
 /// `RL.POLICY SET name <ALGORITHM> <params...> [MODE m] [ROLLOUT p]`
-unsafe fn set(
-    ctx: *mut raw::RedisModuleCtx,
-    args: &Args,
-    _argv: *mut *mut raw::RedisModuleString,
-) -> Result<(), Error> {
+fn set(ctx: &Context, argv: &Argv) -> Result<(), Error> {
+    let args = argv.all_words();
     if args.len() < 5 {
         return Err(Error::Arity);
     }
@@ -164,42 +120,33 @@ unsafe fn set(
     policy::check_name(name)?;
     let rule = policy::parse_rule(&args[3..])?;
     policy::check_room_for(name)?;
-    if !super::from_replication_or_loading(ctx) {
-        with_algorithm!(rule.spec, L, p => L::within_configured_bounds(&p))?;
+    if !ctx.replicated_or_loading() {
+        with_algorithm!(rule.spec, L, p => (L::ROW.bounds)(&p))?;
     }
     policy::set(name, rule);
-    unsafe {
-        // Deterministic: replicas and the AOF replay it as it is.
-        api!(RedisModule_ReplicateVerbatim)(ctx);
-        api!(RedisModule_ReplyWithSimpleString)(ctx, c"OK".as_ptr());
-    }
+    // Deterministic: replicas and the AOF replay it as it is.
+    ctx.replicate_verbatim();
+    ctx.reply_simple(c"OK");
     Ok(())
 }
 
 /// `RL.POLICY GET name`: the rule as field/value pairs, with its counters.
-unsafe fn get(
-    ctx: *mut raw::RedisModuleCtx,
-    args: &Args,
-    _argv: *mut *mut raw::RedisModuleString,
-) -> Result<(), Error> {
-    let Some((rule, stats)) = policy::get(args[2]) else {
-        unsafe { api!(RedisModule_ReplyWithNull)(ctx) };
+fn get(ctx: &Context, argv: &Argv) -> Result<(), Error> {
+    let name = argv.string(2).as_bytes();
+    let Some((rule, stats)) = policy::get(name) else {
+        ctx.reply_null();
         return Ok(());
     };
-    let text = |s: &[u8]| unsafe {
-        api!(RedisModule_ReplyWithStringBuffer)(ctx, s.as_ptr().cast(), s.len());
-    };
-    let int = |v: i64| unsafe {
-        api!(RedisModule_ReplyWithLongLong)(ctx, v);
-    };
+    let text = |s: &[u8]| ctx.reply_bulk(s);
+    let int = |v: i64| ctx.reply_integer(v);
     let params = rule.spec.params();
-    unsafe { api!(RedisModule_ReplyWithArray)(ctx, 18) };
+    ctx.reply_array(18);
     text(b"name");
-    text(args[2]);
+    text(name);
     text(b"algorithm");
     text(rule.spec.name().as_bytes());
     text(b"params");
-    unsafe { api!(RedisModule_ReplyWithArray)(ctx, params.as_slice().len() as i64) };
+    ctx.reply_array(params.as_slice().len());
     for &p in params.as_slice() {
         int(p as i64);
     }
@@ -219,33 +166,21 @@ unsafe fn get(
 }
 
 /// `RL.POLICY DEL name`: 1 if it existed.
-unsafe fn del(
-    ctx: *mut raw::RedisModuleCtx,
-    args: &Args,
-    _argv: *mut *mut raw::RedisModuleString,
-) -> Result<(), Error> {
-    let existed = policy::delete(args[2]);
-    unsafe {
-        if existed {
-            api!(RedisModule_ReplicateVerbatim)(ctx);
-        }
-        api!(RedisModule_ReplyWithLongLong)(ctx, existed as i64);
+fn del(ctx: &Context, argv: &Argv) -> Result<(), Error> {
+    let existed = policy::delete(argv.string(2).as_bytes());
+    if existed {
+        ctx.replicate_verbatim();
     }
+    ctx.reply_integer(existed as i64);
     Ok(())
 }
 
 /// `RL.POLICY LIST`: the names, sorted.
-unsafe fn list(
-    ctx: *mut raw::RedisModuleCtx,
-    _args: &Args,
-    _argv: *mut *mut raw::RedisModuleString,
-) -> Result<(), Error> {
+fn list(ctx: &Context, _argv: &Argv) -> Result<(), Error> {
     let all = policy::list();
-    unsafe {
-        api!(RedisModule_ReplyWithArray)(ctx, all.len() as i64);
-        for (name, _, _) in all {
-            api!(RedisModule_ReplyWithStringBuffer)(ctx, name.as_ptr().cast(), name.len());
-        }
+    ctx.reply_array(all.len());
+    for (name, _, _) in all {
+        ctx.reply_bulk(&name);
     }
     Ok(())
 }
@@ -288,25 +223,9 @@ pub fn shadowed(mut decision: Decision) -> Decision {
 }
 
 /// `RL.HIT name key [COST n [FORCE] | REFUND n]`
-///
-/// # Safety
-/// Called by Redis with a valid context and `argc` arguments.
-pub unsafe extern "C" fn hit_handler(
-    ctx: *mut raw::RedisModuleCtx,
-    argv: *mut *mut raw::RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    guard::command(ctx, || unsafe { hit(ctx, argv, argc) })
-}
-
-unsafe fn hit(
-    ctx: *mut raw::RedisModuleCtx,
-    argv: *mut *mut raw::RedisModuleString,
-    argc: c_int,
-) -> Result<(), Error> {
+pub fn hit(ctx: &Context, argv: &Argv) -> Result<(), Error> {
     // On the stack: the hot path allocates nothing.
-    let args = unsafe { super::Args::<MAX_ARGS>::new(argv, argc) }?;
-    let args = args.all();
+    let args = argv.words::<MAX_ARGS>()?;
     if args.len() < 3 {
         return Err(Error::Arity);
     }
@@ -323,25 +242,27 @@ unsafe fn hit(
     let through = Through::of(&rule, key);
     if through == Through::Off {
         stats.outcomes.calls.bump();
-        reply_decision(ctx, &off_decision(rule.spec));
+        let off = off_decision(rule.spec);
+        with_algorithm!(rule.spec, L, _p => (L::ROW.reply)(ctx, &off));
         return Ok(());
     }
     let now = clock::now();
-    let key_name = unsafe { *argv.add(2) };
-    let open = Key::open_rw(ctx, key_name);
-    let decision = with_algorithm!(rule.spec, L, p => {
-        let applied = apply_to_key::<L>(ctx, &open, &p, request, now, true)?;
+    let key_name = argv.string(2);
+    let mut open = ctx.open_key(key_name);
+    let (decision, reply) = with_algorithm!(rule.spec, L, p => {
+        let applied = apply_to_key::<L>(ctx, &mut open, &p, request, now, true)?;
         let decision = applied.outcome.decision;
         L::stats().record(&decision, cost);
         if applied.outcome.changed {
-            replicate::limiter_call_with_params(ctx, L::NAME, key_name, rule.spec.params().as_slice(), request, now);
+            let params = rule.spec.params();
+            replicate::limiter_call_with_params(ctx, L::ROW.command, key_name, params.as_slice(), request, now);
             open.written(c"rl.hit", applied.expiry_written);
         }
-        decision
+        (decision, L::ROW.reply)
     });
     drop(open);
     stats.outcomes.record(&decision, cost);
-    let reply = if decision.allowed || cost == 0 {
+    let answer = if decision.allowed || cost == 0 {
         decision
     } else if through == Through::Enforce {
         deny_log::record(
@@ -356,6 +277,6 @@ unsafe fn hit(
         stats.shadow_denied.bump();
         shadowed(decision)
     };
-    reply_decision(ctx, &reply);
+    reply(ctx, &answer);
     Ok(())
 }

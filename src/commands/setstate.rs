@@ -4,69 +4,43 @@
 //! AOF loads or from the master link. Fields are validated exactly like an
 //! RDB payload.
 
-use std::os::raw::c_int;
-
-use redis_module::raw;
-
-use super::{all_args, from_replication_or_loading, Key};
-use crate::api;
+use crate::algorithms::{for_each_algorithm, Listed};
 use crate::args::parse_int;
-use crate::datatype::{decode_args, NativeState};
+use crate::datatype::decode_args;
 use crate::error::Error;
-use crate::guard;
-use crate::limiter::fixed_window::FixedWindowState;
-use crate::limiter::hash_window::HashWindowState;
-use crate::limiter::leaky_bucket::LeakyBucketState;
-use crate::limiter::sliding_log::SlidingLogState;
-use crate::limiter::token_bucket::TokenBucketState;
+use crate::ffi::{Argv, Context, Key};
 
-pub unsafe extern "C" fn handler(
-    ctx: *mut raw::RedisModuleCtx,
-    argv: *mut *mut raw::RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    guard::command(ctx, || unsafe { run(ctx, argv, argc) })
-}
-
-unsafe fn run(
-    ctx: *mut raw::RedisModuleCtx,
-    argv: *mut *mut raw::RedisModuleString,
-    argc: c_int,
-) -> Result<(), Error> {
-    if argc < 4 {
+pub fn run(ctx: &Context, argv: &Argv) -> Result<(), Error> {
+    if argv.len() < 4 {
         return Err(Error::Arity);
     }
-    if !from_replication_or_loading(ctx) {
+    if !ctx.replicated_or_loading() {
         return Err(Error::ReservedForReplication("RL.SETSTATE"));
     }
-    let all = unsafe { all_args(argv, argc) };
-    let encoding = parse_int(all[3], "encoding", 1, 1)? as c_int;
-    let key = Key::open_rw(ctx, unsafe { *argv.add(1) });
+    let all = argv.all_words();
+    let encoding = parse_int(all[3], "encoding", 1, 1)? as i32;
+    let mut key = ctx.open_key(argv.string(1));
     let (algorithm, fields) = (all[2], &all[4..]);
-    let is = |name: &str| algorithm.eq_ignore_ascii_case(name.as_bytes());
-    if is(TokenBucketState::ALGORITHM) {
-        set::<TokenBucketState>(&key, fields, encoding)?;
-    } else if is(FixedWindowState::ALGORITHM) {
-        set::<FixedWindowState>(&key, fields, encoding)?;
-    } else if is(LeakyBucketState::ALGORITHM) {
-        set::<LeakyBucketState>(&key, fields, encoding)?;
-    } else if is(SlidingLogState::ALGORITHM) {
-        set::<SlidingLogState>(&key, fields, encoding)?;
-    } else if is(HashWindowState::ALGORITHM) {
-        set::<HashWindowState>(&key, fields, encoding)?;
-    } else {
-        return Err(Error::UnknownAlgorithm(Error::quote(algorithm)));
-    }
+    set_any(&mut key, algorithm, fields, encoding)?;
     drop(key);
-    unsafe {
-        api!(RedisModule_ReplicateVerbatim)(ctx);
-        api!(RedisModule_ReplyWithSimpleString)(ctx, c"OK".as_ptr());
-    }
+    ctx.replicate_verbatim();
+    ctx.reply_simple(c"OK");
     Ok(())
 }
 
-fn set<S: NativeState>(key: &Key, fields: &[&[u8]], encoding: c_int) -> Result<(), Error> {
-    let state = decode_args::<S>(fields, encoding).ok_or(Error::BadState)?;
-    key.set(state);
+/// Sets the state of the algorithm named `algorithm` (its spec word, in any
+/// case).
+fn set_any(key: &mut Key, algorithm: &[u8], fields: &[&[u8]], encoding: i32) -> Result<(), Error> {
+    for_each_algorithm!(L => {
+        if algorithm.eq_ignore_ascii_case(L::WORD.to_bytes()) {
+            return set::<L>(key, fields, encoding);
+        }
+    });
+    Err(Error::UnknownAlgorithm(Error::quote(algorithm)))
+}
+
+fn set<L: Listed>(key: &mut Key, fields: &[&[u8]], encoding: i32) -> Result<(), Error> {
+    let state = decode_args::<L::State>(fields, encoding).ok_or(Error::BadState)?;
+    key.set_value(L::data_type(), state);
     Ok(())
 }

@@ -1,6 +1,5 @@
-//! What `COMMAND DOCS` says of each command: its arguments, as `redis-cli`
-//! hints and client generators read them, and the rows of the subcommand
-//! tables.
+//! What `COMMAND DOCS` says of a command's arguments, as `redis-cli` hints
+//! and client generators read them.
 //!
 //! Descriptions built in `const` tables; [`raw_args`] turns them into what
 //! `RedisModule_SetCommandInfo` reads, once, at load time.
@@ -10,20 +9,6 @@ use std::os::raw::c_int;
 use std::ptr;
 
 use redis_module::raw;
-
-use super::policy::HandlerFn;
-
-/// One subcommand of a container (`RL.POLICY SET`), as registered.
-pub struct Subcommand {
-    pub name: &'static CStr,
-    pub handler: HandlerFn,
-    pub flags: &'static CStr,
-    /// Counting the container's name and the subcommand's (`RL.LOG LEN` is 2).
-    pub arity: c_int,
-    pub summary: &'static CStr,
-    pub complexity: &'static CStr,
-    pub args: &'static [Arg],
-}
 
 /// One argument of a command. Built only by the constructors below, so that
 /// what the server would refuse (a keyword without its token, a block
@@ -115,7 +100,7 @@ impl Arg {
     /// The fewest and the most words this argument takes when present (no
     /// most for a repeated one).
     #[cfg(test)]
-    fn words(&self) -> (usize, Option<usize>) {
+    pub fn words(&self) -> (usize, Option<usize>) {
         let token = usize::from(self.token.is_some() && !matches!(self.kind, Kind::Keyword));
         let (min, max) = match self.kind {
             Kind::Key | Kind::String | Kind::Integer | Kind::Keyword => (1, Some(1)),
@@ -145,47 +130,19 @@ pub fn words(args: &[Arg]) -> (usize, Option<usize>) {
     })
 }
 
-/// `COST n [FORCE]`: the units a call takes, and whether it takes them even
-/// when the limiter would deny (a penalty, leaving the limiter in debt).
-pub const COST: Arg = Arg::block(
-    c"cost",
-    &[
-        Arg::integer(c"units").summary(c"units this call takes (default 1; 0 inspects)"),
-        Arg::keyword(c"force", c"FORCE")
-            .optional()
-            .summary(c"take the units even if the limiter would deny them"),
-    ],
-)
-.token(c"COST");
-
-/// `[COST n [FORCE] | REFUND n]`, the options of every limiter command and
-/// of `RL.HIT`.
-pub const COST_OR_REFUND: Arg = Arg::one_of(
-    c"cost-or-refund",
-    &[
-        COST,
-        Arg::block(
-            c"refund",
-            &[Arg::integer(c"units").summary(c"units to give back, at most those consumed")],
-        )
-        .token(c"REFUND"),
-    ],
-)
-.optional();
-
 /// `args` as the server reads them: an array ended by an entry without a
 /// name, members hanging from their oneof or block. Null for no arguments.
 ///
 /// Leaked: Redis 7.0 and Valkey copy what they are given, but the module API
 /// does not promise it, so the arrays live as long as the module (a few
 /// kilobytes, built once at load).
-pub fn raw_args(args: &'static [Arg]) -> *mut raw::RedisModuleCommandArg {
+pub(super) fn raw_args(args: &'static [Arg]) -> *mut raw::RedisModuleCommandArg {
     if args.is_empty() {
         return ptr::null_mut();
     }
     let mut out: Vec<raw::RedisModuleCommandArg> = args.iter().map(raw_arg).collect();
-    // SAFETY: the all-zero entry (null pointers, zero integers) is the
-    // terminator the server looks for.
+    // SAFETY: an all-zero `RedisModuleCommandArg` (null pointers, zero
+    // integers) is valid, and is the terminator the server looks for.
     out.push(unsafe { std::mem::zeroed() });
     Box::leak(out.into_boxed_slice()).as_mut_ptr()
 }
@@ -246,28 +203,7 @@ fn raw_arg(arg: &'static Arg) -> raw::RedisModuleCommandArg {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_call_needs_the_required_words_only() {
-        let args = [
-            Arg::key(c"key"),
-            Arg::integer(c"limit"),
-            Arg::integer(c"window_ms"),
-            COST_OR_REFUND,
-        ];
-        assert_eq!(words(&args), (3, Some(6)), "up to COST n FORCE");
-    }
-
-    #[test]
-    fn a_present_option_counts_its_token_and_its_members() {
-        assert_eq!(COST.words(), (2, Some(3)), "COST n [FORCE]");
-        assert_eq!(
-            COST_OR_REFUND.words(),
-            (2, Some(3)),
-            "REFUND n or COST n [FORCE]"
-        );
-        assert_eq!(Arg::keyword(c"force", c"FORCE").words(), (1, Some(1)));
-    }
+    use crate::commands::COST_OR_REFUND;
 
     /// One raw argument, read back as the server reads it.
     #[derive(Debug)]
@@ -282,6 +218,7 @@ mod tests {
 
     fn read_back(args: *const raw::RedisModuleCommandArg) -> Vec<ReadBack> {
         let text = |p: *const std::os::raw::c_char| {
+            // SAFETY: every text `raw_arg` writes is null or a `&'static CStr`.
             (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
         };
         let mut out = Vec::new();

@@ -29,21 +29,30 @@ fn in_server() -> bool {
     alloc.is_some()
 }
 
+// SAFETY: every block comes from the allocator that frees it (see the
+// module comment), and both honour `GlobalAlloc`'s contract: `RedisAlloc`
+// rounds the size up to the alignment, as the server's allocator aligns on
+// the size class.
 unsafe impl GlobalAlloc for ModuleAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         if in_server() {
             ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-            RedisAlloc.alloc(layout)
+            // SAFETY: the caller's `layout` contract, passed on.
+            unsafe { RedisAlloc.alloc(layout) }
         } else {
-            System.alloc(layout)
+            // SAFETY: as above.
+            unsafe { System.alloc(layout) }
         }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         if in_server() {
-            RedisAlloc.dealloc(ptr, layout)
+            // SAFETY: `ptr` was allocated in the server, by `RedisAlloc`
+            // (the choice never changes once the server set its pointers).
+            unsafe { RedisAlloc.dealloc(ptr, layout) }
         } else {
-            System.dealloc(ptr, layout)
+            // SAFETY: `ptr` was allocated by `System`, with `layout`.
+            unsafe { System.dealloc(ptr, layout) }
         }
     }
 }
