@@ -3,6 +3,8 @@
 
 use std::ffi::CStr;
 use std::os::raw::c_int;
+use std::ptr;
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
 use redis_module::raw;
 
@@ -18,6 +20,45 @@ pub struct Key<'a> {
     name: &'a RString,
 }
 
+/// Most keys open at once (`RL.ALL` opens up to 16).
+const MAX_OPEN: usize = 32;
+
+/// The names of the keys open now. A key is open at most once: two handles
+/// on one key could each lend out its value mutably ([`Key::value`]), so a
+/// second `open_key` of an open key is refused. Commands run on the server's
+/// main thread, one at a time, so this is the current call's list.
+static OPEN: [AtomicPtr<raw::RedisModuleString>; MAX_OPEN] =
+    [const { AtomicPtr::new(ptr::null_mut()) }; MAX_OPEN];
+static OPEN_LEN: AtomicUsize = AtomicUsize::new(0);
+
+/// Records `name` as open; a panic (caught by the guard) if it already is.
+fn check_in(name: &RString) {
+    let len = OPEN_LEN.load(Ordering::Relaxed);
+    assert!(len < MAX_OPEN, "too many keys open at once");
+    for open in &OPEN[..len] {
+        // SAFETY: the name of a key still open, which borrows it.
+        let open = unsafe { RString::from_ptr(open.load(Ordering::Relaxed)) };
+        assert!(
+            open.as_bytes() != name.as_bytes(),
+            "a key opened twice in one call"
+        );
+    }
+    OPEN[len].store(name.as_ptr(), Ordering::Relaxed);
+    OPEN_LEN.store(len + 1, Ordering::Relaxed);
+}
+
+/// Forgets `name` (its key is closed).
+fn check_out(name: &RString) {
+    let len = OPEN_LEN.load(Ordering::Relaxed);
+    if let Some(i) = OPEN[..len]
+        .iter()
+        .position(|o| o.load(Ordering::Relaxed) == name.as_ptr())
+    {
+        OPEN[i].store(OPEN[len - 1].load(Ordering::Relaxed), Ordering::Relaxed);
+        OPEN_LEN.store(len - 1, Ordering::Relaxed);
+    }
+}
+
 /// What a key holds, seen from one native type.
 pub enum Slot<'k, V> {
     Empty,
@@ -25,9 +66,11 @@ pub enum Slot<'k, V> {
 }
 
 impl Context {
-    /// Opens key `name` for reading and writing.
+    /// Opens key `name` for reading and writing (a panic, caught by the
+    /// guard, if this call has it open already).
     #[inline]
     pub fn open_key<'a>(&'a self, name: &'a RString) -> Key<'a> {
+        check_in(name);
         let mode = (raw::REDISMODULE_READ | raw::REDISMODULE_WRITE) as c_int;
         // SAFETY: a valid context and a live string; the key handle is closed
         // by `Drop`, before the context's call returns.
@@ -58,8 +101,9 @@ impl Key<'_> {
             // SAFETY: an open key holding a module value.
             if !ours.is_null() && unsafe { api!(RedisModule_ModuleTypeGetType)(self.ptr) } == ours {
                 // SAFETY: the value of a key of type `kind` is a
-                // `Box<T::Value>` (`DataType` explains why), and `&mut self`
-                // lends the value out once at a time.
+                // `Box<T::Value>` (`DataType` explains why). No other handle
+                // has the key open (`check_in`), and `&mut self` lends the
+                // value out once at a time: the reference is the only one.
                 let value = unsafe {
                     &mut *api!(RedisModule_ModuleTypeGetValue)(self.ptr).cast::<T::Value>()
                 };
@@ -134,6 +178,7 @@ impl Key<'_> {
 
 impl Drop for Key<'_> {
     fn drop(&mut self) {
+        check_out(self.name);
         if !self.ptr.is_null() {
             // SAFETY: an open key, closed once.
             unsafe { api!(RedisModule_CloseKey)(self.ptr) };
