@@ -22,7 +22,8 @@
 //!   configs and server events;
 //! - `register.rs`, `docs.rs`: module load, commands with their
 //!   `COMMAND DOCS`, ACL categories;
-//! - `alloc.rs`: the global allocator (the server's).
+//! - `alloc.rs`: the global allocator (the server's);
+//! - `clock.rs`: the operating system's wall clock (`clock_gettime`).
 //!
 //! The wrappers are thin: `#[inline]` calls through the server's function
 //! pointers, nothing allocated on the way, so the hot path costs what the
@@ -49,6 +50,7 @@ macro_rules! api {
 
 mod alloc;
 mod argv;
+mod clock;
 mod config;
 mod context;
 mod datatype;
@@ -63,6 +65,7 @@ mod string;
 
 pub use alloc::{allocations, ModuleAlloc};
 pub use argv::{Argv, RString};
+pub use clock::wall_clock_us;
 pub use config::NumericConfig;
 pub use context::{Context, Level, Word};
 pub use datatype::{AuxData, DataType, Digest, RdbIo, Rewrite, TypeMethods};
