@@ -78,7 +78,8 @@ pub(super) fn apply_to_key<L: Listed>(
     now: Micros,
     check_memory: bool,
 ) -> Result<Applied, Error> {
-    Ok(match key.value(L::data_type())? {
+    let kind = L::data_type();
+    let existing = key.with_value(kind, |slot| match slot {
         Slot::Ours(state) => {
             let idle_before = L::idle_at_ms(state, params);
             let outcome = limiter::run::<L>(state, params, request, now);
@@ -93,39 +94,41 @@ pub(super) fn apply_to_key<L: Listed>(
             if expiry_written {
                 key.expire_at(idle_after);
             }
-            Applied {
+            Some(Applied {
                 outcome,
                 expiry_written,
-            }
+            })
         }
-        Slot::Empty => {
-            let mut state = L::idle(params, now);
-            let outcome = limiter::run::<L>(&mut state, params, request, now);
-            if outcome.changed {
-                if check_memory && out_of_memory(ctx) {
-                    return Err(Error::OutOfMemory);
-                }
-                let idle_at = L::idle_at_ms(&state, params);
-                key.set_value(L::data_type(), state);
-                key.expire_at(idle_at);
-            }
-            Applied {
-                outcome,
-                expiry_written: outcome.changed,
-            }
+        Slot::Empty => None,
+    })?;
+    if let Some(applied) = existing {
+        return Ok(applied);
+    }
+    let mut state = L::idle(params, now);
+    let outcome = limiter::run::<L>(&mut state, params, request, now);
+    if outcome.changed {
+        if check_memory && out_of_memory(ctx) {
+            return Err(Error::OutOfMemory);
         }
+        let idle_at = L::idle_at_ms(&state, params);
+        key.set_value(kind, state);
+        key.expire_at(idle_at);
+    }
+    Ok(Applied {
+        outcome,
+        expiry_written: outcome.changed,
     })
 }
 
 /// What a request would get on the limiter in `key`, changing nothing, and
 /// whether the key holds nothing yet.
 pub(super) fn decide_on_key<L: Listed>(
-    key: &mut Key,
+    key: &Key,
     params: &L::Params,
     request: Request,
     now: Micros,
 ) -> Result<(Outcome, bool), Error> {
-    Ok(match key.value(L::data_type())? {
+    key.with_value(L::data_type(), |slot| match slot {
         Slot::Ours(state) => (limiter::decide::<L>(state, params, request, now), false),
         Slot::Empty => (
             limiter::decide::<L>(&L::idle(params, now), params, request, now),

@@ -3,8 +3,7 @@
 
 use std::ffi::CStr;
 use std::os::raw::c_int;
-use std::ptr;
-use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use redis_module::raw;
 
@@ -20,42 +19,31 @@ pub struct Key<'a> {
     name: &'a RString,
 }
 
-/// Most keys open at once (`RL.ALL` opens up to 16).
-const MAX_OPEN: usize = 32;
+/// Whether a value is lent out now ([`Key::with_value`]). At most one is,
+/// in the whole server: a second handle on the same key (or a command called
+/// from inside the first) could otherwise lend out the same value again, or
+/// free it. Commands run on the server's main thread.
+static LENT: AtomicBool = AtomicBool::new(false);
 
-/// The names of the keys open now. A key is open at most once: two handles
-/// on one key could each lend out its value mutably ([`Key::value`]), so a
-/// second `open_key` of an open key is refused. Commands run on the server's
-/// main thread, one at a time, so this is the current call's list.
-static OPEN: [AtomicPtr<raw::RedisModuleString>; MAX_OPEN] =
-    [const { AtomicPtr::new(ptr::null_mut()) }; MAX_OPEN];
-static OPEN_LEN: AtomicUsize = AtomicUsize::new(0);
+/// Ends a loan, also when its function panics.
+struct Loan;
 
-/// Records `name` as open; a panic (caught by the guard) if it already is.
-fn check_in(name: &RString) {
-    let len = OPEN_LEN.load(Ordering::Relaxed);
-    assert!(len < MAX_OPEN, "too many keys open at once");
-    for open in &OPEN[..len] {
-        // SAFETY: the name of a key still open, which borrows it.
-        let open = unsafe { RString::from_ptr(open.load(Ordering::Relaxed)) };
+impl Loan {
+    #[inline]
+    fn start() -> Loan {
         assert!(
-            open.as_bytes() != name.as_bytes(),
-            "a key opened twice in one call"
+            !LENT.load(Ordering::Relaxed),
+            "a module value lent out twice"
         );
+        LENT.store(true, Ordering::Relaxed);
+        Loan
     }
-    OPEN[len].store(name.as_ptr(), Ordering::Relaxed);
-    OPEN_LEN.store(len + 1, Ordering::Relaxed);
 }
 
-/// Forgets `name` (its key is closed).
-fn check_out(name: &RString) {
-    let len = OPEN_LEN.load(Ordering::Relaxed);
-    if let Some(i) = OPEN[..len]
-        .iter()
-        .position(|o| o.load(Ordering::Relaxed) == name.as_ptr())
-    {
-        OPEN[i].store(OPEN[len - 1].load(Ordering::Relaxed), Ordering::Relaxed);
-        OPEN_LEN.store(len - 1, Ordering::Relaxed);
+impl Drop for Loan {
+    #[inline]
+    fn drop(&mut self) {
+        LENT.store(false, Ordering::Relaxed);
     }
 }
 
@@ -66,11 +54,9 @@ pub enum Slot<'k, V> {
 }
 
 impl Context {
-    /// Opens key `name` for reading and writing (a panic, caught by the
-    /// guard, if this call has it open already).
+    /// Opens key `name` for reading and writing.
     #[inline]
     pub fn open_key<'a>(&'a self, name: &'a RString) -> Key<'a> {
-        check_in(name);
         let mode = (raw::REDISMODULE_READ | raw::REDISMODULE_WRITE) as c_int;
         // SAFETY: a valid context and a live string; the key handle is closed
         // by `Drop`, before the context's call returns.
@@ -84,30 +70,35 @@ impl Context {
 }
 
 impl Key<'_> {
-    /// The value of native type `T` in the key, nothing, or `WRONGTYPE`
-    /// (another Redis type, or another native type).
-    #[inline]
-    pub fn value<T: TypeMethods>(
-        &mut self,
+    /// Runs `f` on what the key holds, seen as native type `T`: nothing,
+    /// or its value, lent mutably for the call of `f`; or `WRONGTYPE` (another
+    /// Redis type, or another native type), without calling `f`.
+    #[inline(always)]
+    pub fn with_value<T: TypeMethods, R>(
+        &self,
         kind: &DataType<T>,
-    ) -> Result<Slot<'_, T::Value>, Error> {
+        f: impl FnOnce(Slot<'_, T::Value>) -> R,
+    ) -> Result<R, Error> {
         // SAFETY: an open key.
         let held = unsafe { api!(RedisModule_KeyType)(self.ptr) } as isize;
         if held == raw::REDISMODULE_KEYTYPE_EMPTY {
-            return Ok(Slot::Empty);
+            return Ok(f(Slot::Empty));
         }
         if held == raw::REDISMODULE_KEYTYPE_MODULE {
             let ours = kind.as_ptr();
             // SAFETY: an open key holding a module value.
             if !ours.is_null() && unsafe { api!(RedisModule_ModuleTypeGetType)(self.ptr) } == ours {
+                // SAFETY: an open key holding a module value.
+                let value = unsafe { api!(RedisModule_ModuleTypeGetValue)(self.ptr) };
+                let _loan = Loan::start();
                 // SAFETY: the value of a key of type `kind` is a
-                // `Box<T::Value>` (`DataType` explains why). No other handle
-                // has the key open (`check_in`), and `&mut self` lends the
-                // value out once at a time: the reference is the only one.
-                let value = unsafe {
-                    &mut *api!(RedisModule_ModuleTypeGetValue)(self.ptr).cast::<T::Value>()
-                };
-                return Ok(Slot::Ours(value));
+                // `Box<T::Value>` (`DataType` explains why), and no other
+                // reference to it exists while `f` runs: one value at a time
+                // is lent (`Loan`), `f` cannot keep the reference, and no
+                // value is replaced or freed meanwhile (`set_value` refuses,
+                // and needs `&mut self` besides).
+                let value = unsafe { &mut *value.cast::<T::Value>() };
+                return Ok(f(Slot::Ours(value)));
             }
         }
         Err(Error::WrongType)
@@ -178,7 +169,6 @@ impl Key<'_> {
 
 impl Drop for Key<'_> {
     fn drop(&mut self) {
-        check_out(self.name);
         if !self.ptr.is_null() {
             // SAFETY: an open key, closed once.
             unsafe { api!(RedisModule_CloseKey)(self.ptr) };
