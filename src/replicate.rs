@@ -32,9 +32,8 @@
 use std::ffi::CStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use smallvec::SmallVec;
-
-use crate::ffi::{Context, Level, Load, RString, SharedString, Word};
+use crate::args::ParamList;
+use crate::ffi::{Context, Head, Level, Load, RString, SharedString, Word};
 use crate::limiter::{Micros, Request};
 
 /// Whether a replica, an AOF or a replication backlog may consume the stream.
@@ -84,9 +83,6 @@ pub fn consumer_may_appear(ctx: &Context) {
     }
 }
 
-/// Words of one propagated call, on the stack.
-type Words<'a> = SmallVec<[Word<'a>; 12]>;
-
 /// Propagates a limiter call that changed the state as
 /// `<command> key <params...> COST <n> [FORCE] AT <now_us>` or
 /// `<command> key <params...> REFUND <n> AT <now_us>`.
@@ -105,19 +101,18 @@ pub fn limiter_call(
         ctx.replicate_verbatim();
         return;
     }
-    let mut words: Words = key_and_params.iter().map(|&s| Word::Str(s)).collect();
-    pin(ctx, command, &mut words, request, now);
+    pin(ctx, command, Head::Strings(key_and_params), request, now);
 }
 
-/// Propagates a call made through a policy or `RL.ALL`'s parsed parameters:
-/// like [`limiter_call`], with the parameters given as numbers, whose
-/// strings the module keeps from call to call (`Word::Number`), so the hot
-/// path allocates nothing.
+/// Propagates a call made through a policy: like [`limiter_call`], with the
+/// parameters given as numbers (read only when the call is pinned), whose
+/// strings the module keeps from call to call, so the hot path allocates
+/// nothing.
 pub fn limiter_call_with_params(
     ctx: &Context,
     command: &CStr,
     key: &RString,
-    params: &[u64],
+    params: impl FnOnce() -> ParamList,
     request: Request,
     now: Micros,
 ) {
@@ -125,25 +120,37 @@ pub fn limiter_call_with_params(
         ctx.replicate_verbatim();
         return;
     }
-    let mut words: Words = SmallVec::new();
-    words.push(Word::Str(key));
-    words.extend(params.iter().map(|&p| Word::Number(p)));
-    pin(ctx, command, &mut words, request, now);
+    let params = params();
+    pin(
+        ctx,
+        command,
+        Head::KeyAndNumbers(key, params.as_slice()),
+        request,
+        now,
+    );
 }
 
-/// Adds the request and the master's time to `words`, and propagates them.
-fn pin(ctx: &Context, command: &CStr, words: &mut Words, request: Request, now: Micros) {
+/// Propagates `command head...` with the request and the master's time.
+#[inline]
+fn pin(ctx: &Context, command: &CStr, head: Head, request: Request, now: Micros) {
     let at = Word::Int(now.as_us() as i64);
+    let (cost, one, force, refund, at_word) = (
+        Word::Shared(&COST),
+        Word::Shared(&ONE),
+        Word::Shared(&FORCE),
+        Word::Shared(&REFUND),
+        Word::Shared(&AT),
+    );
     match request {
-        Request::Cost(1) => words.extend([Word::Shared(&COST), Word::Shared(&ONE)]),
-        Request::Cost(n) => words.extend([Word::Shared(&COST), Word::Int(n as i64)]),
-        Request::Force(n) => words.extend([
-            Word::Shared(&COST),
-            Word::Int(n as i64),
-            Word::Shared(&FORCE),
-        ]),
-        Request::Refund(n) => words.extend([Word::Shared(&REFUND), Word::Int(n as i64)]),
+        Request::Cost(1) => ctx.replicate(command, head, &[cost, one, at_word, at]),
+        Request::Cost(n) => ctx.replicate(command, head, &[cost, Word::Int(n as i64), at_word, at]),
+        Request::Force(n) => ctx.replicate(
+            command,
+            head,
+            &[cost, Word::Int(n as i64), force, at_word, at],
+        ),
+        Request::Refund(n) => {
+            ctx.replicate(command, head, &[refund, Word::Int(n as i64), at_word, at])
+        }
     }
-    words.extend([Word::Shared(&AT), at]);
-    ctx.replicate(command, words);
 }

@@ -339,7 +339,7 @@ fn propagate(
                 ctx,
                 command,
                 key,
-                limit.spec.params().as_slice(),
+                || limit.spec.params(),
                 request,
                 now,
             );

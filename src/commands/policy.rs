@@ -4,7 +4,7 @@
 use super::limiter::apply_to_key;
 use super::{reply_lines, MAX_ARGS};
 use crate::algorithms::{with_algorithm, words_allowed, Listed, Site, Spec, POLICY_KEYWORDS};
-use crate::args::parse_options;
+use crate::args::{parse_options, Params};
 use crate::clock;
 use crate::deny_log;
 use crate::error::Error;
@@ -249,34 +249,33 @@ pub fn hit(ctx: &Context, argv: &Argv) -> Result<(), Error> {
     let now = clock::now();
     let key_name = argv.string(2);
     let mut open = ctx.open_key(key_name);
-    let (decision, reply) = with_algorithm!(rule.spec, L, p => {
+    with_algorithm!(rule.spec, L, p => {
         let applied = apply_to_key::<L>(ctx, &mut open, &p, request, now, true)?;
         let decision = applied.outcome.decision;
         L::stats().record(&decision, cost);
         if applied.outcome.changed {
-            let params = rule.spec.params();
-            replicate::limiter_call_with_params(ctx, L::ROW.command, key_name, params.as_slice(), request, now);
+            let params = || p.values();
+            replicate::limiter_call_with_params(ctx, L::ROW.command, key_name, params, request, now);
             open.written(c"rl.hit", applied.expiry_written);
         }
-        (decision, L::ROW.reply)
+        drop(open);
+        stats.outcomes.record(&decision, cost);
+        let answer = if decision.allowed || cost == 0 {
+            decision
+        } else if through == Through::Enforce {
+            deny_log::record(
+                now.as_ms_floor(),
+                key,
+                &[b"policy:", name],
+                cost,
+                decision.wait.as_reply(),
+            );
+            decision
+        } else {
+            stats.shadow_denied.bump();
+            shadowed(decision)
+        };
+        (L::ROW.reply)(ctx, &answer);
     });
-    drop(open);
-    stats.outcomes.record(&decision, cost);
-    let answer = if decision.allowed || cost == 0 {
-        decision
-    } else if through == Through::Enforce {
-        deny_log::record(
-            now.as_ms_floor(),
-            key,
-            &[b"policy:", name],
-            cost,
-            decision.wait.as_reply(),
-        );
-        decision
-    } else {
-        stats.shadow_denied.bump();
-        shadowed(decision)
-    };
-    reply(ctx, &answer);
     Ok(())
 }

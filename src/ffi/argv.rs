@@ -106,8 +106,16 @@ impl<'a> Argv<'a> {
             )));
         }
         let mut items: [&'a [u8]; N] = [&[]; N];
+        let string_ptr_len = api!(RedisModule_StringPtrLen);
         for (item, string) in items.iter_mut().zip(self.strings) {
-            *item = string.as_bytes();
+            let mut len = 0usize;
+            // SAFETY: a valid argument string (see `RString::as_bytes`).
+            let ptr = unsafe { string_ptr_len(string.as_ptr(), &mut len) };
+            if !ptr.is_null() {
+                // SAFETY: as in `RString::as_bytes`: `len` bytes that live as
+                // long as the argument.
+                *item = unsafe { slice::from_raw_parts(ptr.cast::<u8>(), len) };
+            }
         }
         Ok(Words {
             items,

@@ -6,7 +6,6 @@ use std::os::raw::{c_int, c_long, c_longlong};
 use std::slice;
 
 use redis_module::raw;
-use smallvec::SmallVec;
 
 use super::argv::RString;
 use super::string::{self, Owned, SharedString};
@@ -47,22 +46,39 @@ impl Flags {
     }
 }
 
-/// One word of a propagated call (see [`Context::replicate`]).
+/// The words of a propagated call after the command name, before its tail
+/// (see [`Context::replicate`]).
 #[derive(Clone, Copy)]
-pub enum Word<'a> {
-    /// A string the call has (an argument, passed on as it came).
-    Str(&'a RString),
+pub enum Head<'a> {
+    /// Strings the call has (its key and parameters, passed on as they came).
+    Strings(&'a [&'a RString]),
+    /// A key, then numbers as decimal strings the module keeps from call to
+    /// call (a policy's parameters, which repeat): at most [`MAX_NUMBERS`].
+    KeyAndNumbers(&'a RString, &'a [u64]),
+}
+
+/// Most numbers of a [`Head::KeyAndNumbers`].
+pub const MAX_NUMBERS: usize = 3;
+
+/// One word of the tail of a propagated call (see [`Context::replicate`]).
+#[derive(Clone, Copy)]
+pub enum Word {
     /// A word made at load.
     Shared(&'static SharedString),
-    /// A number as a decimal string kept in the module's cache: for values
-    /// that repeat across calls (parameters).
-    Number(u64),
     /// A number the server writes out (for values that change every call).
     Int(i64),
 }
 
-/// Most words of a propagated call built without touching the heap.
-const MAX_WORDS: usize = 16;
+impl Word {
+    /// The string of a string word.
+    #[inline(always)]
+    fn string(&self) -> Option<*mut raw::RedisModuleString> {
+        match *self {
+            Word::Shared(s) => Some(s.get().as_ptr()),
+            Word::Int(_) => None,
+        }
+    }
+}
 
 /// Log levels of the server log.
 #[derive(Clone, Copy)]
@@ -180,105 +196,135 @@ impl Context {
         unsafe { api!(RedisModule_ReplicateVerbatim)(self.ptr) };
     }
 
-    /// Propagates `command words...` to replicas and the AOF.
+    /// Propagates `command head... tail...` to replicas and the AOF.
     ///
     /// Strings are passed by reference (the server takes its own), so the
-    /// common shapes (strings, then an integer, possibly twice) allocate
-    /// nothing of the module's; any other shape makes strings of its
-    /// integers first.
-    pub fn replicate(&self, command: &CStr, words: &[Word]) {
-        let mut strings: SmallVec<[*mut raw::RedisModuleString; MAX_WORDS]> = SmallVec::new();
-        // Strings the number cache let go of during this call: one of them
-        // may be a string this call uses, so they go only once it is sent.
-        let mut evicted: SmallVec<[Owned; 4]> = SmallVec::new();
-        // The words as runs of strings, each ended by an integer: (end of
-        // the run in `strings`, the integer after it).
-        let mut runs: SmallVec<[(usize, Option<i64>); 3]> = SmallVec::new();
-        for word in words {
-            let string = match *word {
-                Word::Str(s) => s.as_ptr(),
-                Word::Shared(s) => s.get().as_ptr(),
-                Word::Number(value) => {
-                    let (string, old) = string::number(value);
-                    evicted.extend(old);
-                    string
+    /// tails of a pinned limiter call (`COST 1 AT t`, `COST n AT t`, `COST n
+    /// FORCE AT t`, `REFUND n AT t`) allocate nothing of the module's; any
+    /// other tail makes strings of its integers first.
+    #[inline(always)]
+    pub fn replicate(&self, command: &CStr, head: Head, tail: &[Word]) {
+        match head {
+            Head::Strings(strings) => {
+                // `&RString` has the layout of the server's pointer.
+                self.replicate_vector(command, strings.as_ptr().cast(), strings.len(), head, tail);
+            }
+            Head::KeyAndNumbers(key, numbers) => {
+                assert!(
+                    numbers.len() <= MAX_NUMBERS,
+                    "too many numbers in a propagated call"
+                );
+                let mut strings = [key.as_ptr(); 1 + MAX_NUMBERS];
+                // Strings the cache lets go of: one may be a string this call
+                // uses, so they are freed only once it is sent.
+                let mut evicted: [Option<Owned>; MAX_NUMBERS] = [const { None }; MAX_NUMBERS];
+                for ((slot, old), &value) in strings[1..].iter_mut().zip(&mut evicted).zip(numbers)
+                {
+                    (*slot, *old) = string::number(value);
                 }
-                Word::Int(value) => {
-                    runs.push((strings.len(), Some(value)));
-                    continue;
-                }
-            };
-            strings.push(string);
-        }
-        if runs.last().is_none_or(|&(end, _)| end != strings.len()) {
-            runs.push((strings.len(), None));
-        }
-        let replicate = api!(RedisModule_Replicate);
-        let (name, all) = (command.as_ptr(), strings.as_ptr());
-        // SAFETY: a valid context; every string pointer is a live string (the
-        // caller's, a shared one, or the cache's, kept alive by `evicted`);
-        // each format letter has its argument: `v` a pointer and a count
-        // within `strings`, `l` a long long.
-        unsafe {
-            match runs.as_slice() {
-                [(a, None)] if *a > 0 => {
-                    replicate(self.ptr, name, c"v".as_ptr(), all, *a);
-                }
-                [(a, Some(x))] if *a > 0 => {
-                    replicate(self.ptr, name, c"vl".as_ptr(), all, *a, *x as c_longlong);
-                }
-                // `COST n AT t`: the second run is one word.
-                [(a, Some(x)), (b, Some(y))] if *a > 0 && *b == a + 1 => {
-                    replicate(
-                        self.ptr,
-                        name,
-                        c"vlsl".as_ptr(),
-                        all,
-                        *a,
-                        *x as c_longlong,
-                        strings[*a],
-                        *y as c_longlong,
-                    );
-                }
-                [(a, Some(x)), (b, Some(y))] if *a > 0 && b > a => {
-                    replicate(
-                        self.ptr,
-                        name,
-                        c"vlvl".as_ptr(),
-                        all,
-                        *a,
-                        *x as c_longlong,
-                        all.add(*a),
-                        b - a,
-                        *y as c_longlong,
-                    );
-                }
-                _ => self.replicate_as_strings(command, words),
+                self.replicate_vector(command, strings.as_ptr(), 1 + numbers.len(), head, tail);
+                drop(evicted);
             }
         }
-        drop(evicted);
     }
 
-    /// [`Context::replicate`] for any shape: every word as a string.
-    fn replicate_as_strings(&self, command: &CStr, words: &[Word]) {
-        let owned: Vec<Option<Owned>> = words
-            .iter()
-            .map(|word| match *word {
-                Word::Number(value) => Some(Owned::from_bytes(value.to_string().as_bytes())),
-                Word::Int(value) => Some(Owned::from_bytes(value.to_string().as_bytes())),
-                Word::Str(_) | Word::Shared(_) => None,
-            })
-            .collect();
-        let strings: Vec<*mut raw::RedisModuleString> = words
-            .iter()
-            .zip(&owned)
-            .map(|(word, owned)| match (word, owned) {
-                (_, Some(owned)) => owned.as_ptr(),
-                (Word::Str(s), None) => s.as_ptr(),
-                (Word::Shared(s), None) => s.get().as_ptr(),
-                _ => unreachable!("numbers are owned"),
-            })
-            .collect();
+    /// [`Context::replicate`] with the head's `len` strings at `head_strings`.
+    #[inline(always)]
+    fn replicate_vector(
+        &self,
+        command: &CStr,
+        head_strings: *const *mut raw::RedisModuleString,
+        len: usize,
+        head: Head,
+        tail: &[Word],
+    ) {
+        let replicate = api!(RedisModule_Replicate);
+        let name = command.as_ptr();
+        // SAFETY: a valid context; `head_strings` holds `len` live strings,
+        // every string of the tail is live, and each format letter has its
+        // argument: `v` a pointer and a count, `s` a string, `l` a long long.
+        unsafe {
+            match *tail {
+                [a, Word::Int(n), b, Word::Int(t)] => match (a.string(), b.string()) {
+                    (Some(a), Some(b)) => {
+                        replicate(
+                            self.ptr,
+                            name,
+                            c"vslsl".as_ptr(),
+                            head_strings,
+                            len,
+                            a,
+                            n as c_longlong,
+                            b,
+                            t as c_longlong,
+                        );
+                    }
+                    _ => self.replicate_as_strings(command, head, tail),
+                },
+                [a, Word::Int(n), b, c, Word::Int(t)] => match (a.string(), b.string(), c.string())
+                {
+                    (Some(a), Some(b), Some(c)) => {
+                        replicate(
+                            self.ptr,
+                            name,
+                            c"vslssl".as_ptr(),
+                            head_strings,
+                            len,
+                            a,
+                            n as c_longlong,
+                            b,
+                            c,
+                            t as c_longlong,
+                        );
+                    }
+                    _ => self.replicate_as_strings(command, head, tail),
+                },
+                [a, b, c, Word::Int(t)] => match (a.string(), b.string(), c.string()) {
+                    (Some(a), Some(b), Some(c)) => {
+                        replicate(
+                            self.ptr,
+                            name,
+                            c"vsssl".as_ptr(),
+                            head_strings,
+                            len,
+                            a,
+                            b,
+                            c,
+                            t as c_longlong,
+                        );
+                    }
+                    _ => self.replicate_as_strings(command, head, tail),
+                },
+                _ => self.replicate_as_strings(command, head, tail),
+            }
+        }
+    }
+
+    /// [`Context::replicate`] for any tail: every word as a string.
+    fn replicate_as_strings(&self, command: &CStr, head: Head, tail: &[Word]) {
+        let mut owned = Vec::new();
+        let mut strings: Vec<*mut raw::RedisModuleString> = Vec::new();
+        let mut own = |bytes: &[u8], strings: &mut Vec<_>| {
+            let string = Owned::from_bytes(bytes);
+            strings.push(string.as_ptr());
+            owned.push(string);
+        };
+        match head {
+            Head::Strings(head) => strings.extend(head.iter().map(|s| s.as_ptr())),
+            Head::KeyAndNumbers(key, numbers) => {
+                strings.push(key.as_ptr());
+                for n in numbers {
+                    own(n.to_string().as_bytes(), &mut strings);
+                }
+            }
+        }
+        for word in tail {
+            match (word.string(), *word) {
+                (Some(string), _) => strings.push(string),
+                (None, Word::Int(n)) => own(n.to_string().as_bytes(), &mut strings),
+                (None, _) => unreachable!("every other word is a string"),
+            }
+        }
         // SAFETY: a valid context and `strings.len()` live strings (the
         // owned ones are freed after the server took its references).
         unsafe {
@@ -290,6 +336,7 @@ impl Context {
                 strings.len(),
             )
         };
+        drop(owned);
     }
 
     // ---------------------------------------------------------------------

@@ -67,7 +67,7 @@ pub use alloc::{allocations, ModuleAlloc};
 pub use argv::{Argv, RString};
 pub use clock::wall_clock_us;
 pub use config::NumericConfig;
-pub use context::{Context, Level, Word};
+pub use context::{Context, Head, Level, Word};
 pub use datatype::{AuxData, DataType, Digest, RdbIo, Rewrite, TypeMethods};
 #[cfg(test)]
 pub use docs::words;

@@ -41,7 +41,7 @@ impl SharedString {
     }
 
     /// The string (a panic, caught by the guard, if it was never made).
-    #[inline]
+    #[inline(always)]
     pub(super) fn get(&self) -> &'static RString {
         let string = self.string.load(Ordering::Relaxed);
         assert!(
