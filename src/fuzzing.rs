@@ -484,8 +484,8 @@ fn run_loaded<L: Listed + Fuzzed>(mut state: L::State, input: &mut Bytes) {
     run_steps::<L>(&mut state, &params, &steps);
 }
 
-/// The policies' aux data (`aux_load_policies`): accepted sets survive a
-/// round trip and their rules run.
+/// The policies' aux data (`Policies::load` in `datatype.rs`): accepted
+/// sets survive a round trip and their rules run.
 fn rdb_policies(input: Bytes) {
     let input = RefCell::new(input);
     let decoded = policy::decode(&mut || input.borrow_mut().take(), &mut || {

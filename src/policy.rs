@@ -514,8 +514,8 @@ mod tests {
         assert_eq!(decode_all(&routes).unwrap(), routes.to_vec());
     }
 
-    /// What `aux_load_policies` hands to `decode`: the unsigned fields and
-    /// the byte strings of a payload, each in order.
+    /// What `Policies::load` in `datatype.rs` hands to `decode`: the
+    /// unsigned fields and the byte strings of a payload, each in order.
     fn decode_fields(unsigned: &[u64], bytes: &[&[u8]]) -> Option<Vec<(Vec<u8>, Rule)>> {
         let mut u = unsigned.iter().copied();
         let mut b = bytes.iter().map(|b| b.to_vec());
