@@ -15,7 +15,7 @@
 
 use std::cell::RefCell;
 
-use crate::algorithms::{for_each_algorithm, with_algorithm, word, Listed, Site, Spec, COUNT};
+use crate::algorithms::{for_each_algorithm, with_algorithm, Listed, Site, Spec, COUNT};
 use crate::args::{parse_call, parse_int, parse_options, Params, MAX_AT_US};
 use crate::datatype::{decode_args, Decoder, Encoder, NativeState};
 use crate::error::Error;
@@ -927,6 +927,7 @@ impl Fuzzed for HashWindow {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algorithms::word;
     use std::path::{Path, PathBuf};
 
     fn fuzz_dir() -> PathBuf {
