@@ -25,13 +25,13 @@
 use std::ffi::CStr;
 
 use crate::args::{ParamList, Params};
-use crate::commands::{reply_decision, COST_OR_REFUND};
+use crate::commands::COST_OR_REFUND;
 use crate::config;
 use crate::datatype::NativeState;
 use crate::error::Error;
-use crate::ffi::{Arg, Command, Context, DataType};
+use crate::ffi::{Arg, Command, DataType};
 use crate::limiter::{
-    Algorithm, Decision, FixedWindow, HashWindow, LeakyBucket, SlidingLog, TokenBucket,
+    Algorithm, FixedWindow, HashWindow, LeakyBucket, SlidingLog, TokenBucket,
 };
 use crate::stats::Outcomes;
 
@@ -129,7 +129,7 @@ pub struct Row<L: Algorithm> {
     /// ones: the master accepted them).
     pub bounds: fn(&L::Params) -> Result<(), Error>,
     /// The reply of its command and of `RL.HIT`.
-    pub reply: fn(&Context, &Decision),
+    pub reply: ReplyShape,
     /// Commands that come with it, registered with it.
     pub companions: &'static [Command],
 }
@@ -155,9 +155,16 @@ impl<L: Algorithm> Row<L> {
             all: true,
         },
         bounds: |_| Ok(()),
-        reply: reply_decision,
+        reply: ReplyShape::Decision,
         companions: &[],
     };
+}
+
+/// What a limiter command replies (sent by `crate::commands`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplyShape {
+    /// The five integers: allowed, limit, remaining, wait_ms, reset_ms.
+    Decision,
 }
 
 /// What a key of the algorithm holds.

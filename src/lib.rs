@@ -34,6 +34,7 @@ mod stats;
 use std::ffi::CStr;
 
 use crate::algorithms::{for_each_algorithm, Listed};
+use crate::commands::live::live;
 use crate::commands::{COST, COST_OR_REFUND};
 use crate::ffi::{command, Arg, Argv, Command, Context, KeySpec, Load, ServerEvent};
 
@@ -51,7 +52,7 @@ const ACL_CATEGORY: &CStr = c"ratelimit";
 /// The commands beside the algorithms' own (which come from the table of
 /// algorithms) and the containers `RL.POLICY` and `RL.LOG` (whose
 /// subcommands are in their files).
-const COMMANDS: &[Command] = &[
+pub(crate) const COMMANDS: &[Command] = &[
     Command {
         name: c"RL.ALL",
         handler: command(commands::all::run),
@@ -72,7 +73,7 @@ const COMMANDS: &[Command] = &[
     },
     Command {
         name: c"RL.HIT",
-        handler: command(commands::policy::hit),
+        handler: command(live!(commands::policy::hit)),
         flags: c"write fast",
         keys: KeySpec::At {
             first: 2,
@@ -87,7 +88,7 @@ const COMMANDS: &[Command] = &[
     },
     Command {
         name: c"RL.SETSTATE",
-        handler: command(commands::setstate::run),
+        handler: command(live!(commands::setstate::step)),
         flags: c"write",
         keys: KeySpec::At {
             first: 1,
@@ -113,7 +114,7 @@ fn algorithm_command<L: Listed>() -> Command {
     let row = &L::ROW;
     Command {
         name: row.command,
-        handler: command(commands::limiter::run::<L>),
+        handler: command(live!(commands::limiter::step::<L, _>)),
         flags: row.flags,
         keys: KeySpec::At {
             first: 1,
@@ -129,7 +130,7 @@ fn algorithm_command<L: Listed>() -> Command {
 }
 
 /// At least the command, the key and the parameters.
-fn algorithm_arity<L: Listed>() -> i32 {
+pub(crate) fn algorithm_arity<L: Listed>() -> i32 {
     -(2 + <L::Params as args::Params>::COUNT as i32)
 }
 

@@ -133,24 +133,26 @@ pub fn limiter_call_with_params(
 /// Propagates `command head...` with the request and the master's time.
 #[inline]
 fn pin(ctx: &Context, command: &CStr, head: Head, request: Request, now: Micros) {
+    let (tail, len) = tail(request, now);
+    ctx.replicate(command, head, &tail[..len]);
+}
+
+/// The words of a pinned call after its key and parameters: `COST n AT t`,
+/// `COST n FORCE AT t` or `REFUND n AT t` (`COST 1` from a shared word),
+/// as an array and its length (no allocation).
+#[inline]
+pub fn tail(request: Request, now: Micros) -> ([Word; 5], usize) {
     let at = Word::Int(now.as_us() as i64);
-    let (cost, one, force, refund, at_word) = (
+    let (cost, force, refund, at_word) = (
         Word::Shared(&COST),
-        Word::Shared(&ONE),
         Word::Shared(&FORCE),
         Word::Shared(&REFUND),
         Word::Shared(&AT),
     );
     match request {
-        Request::Cost(1) => ctx.replicate(command, head, &[cost, one, at_word, at]),
-        Request::Cost(n) => ctx.replicate(command, head, &[cost, Word::Int(n as i64), at_word, at]),
-        Request::Force(n) => ctx.replicate(
-            command,
-            head,
-            &[cost, Word::Int(n as i64), force, at_word, at],
-        ),
-        Request::Refund(n) => {
-            ctx.replicate(command, head, &[refund, Word::Int(n as i64), at_word, at])
-        }
+        Request::Cost(1) => ([cost, Word::Shared(&ONE), at_word, at, at], 4),
+        Request::Cost(n) => ([cost, Word::Int(n as i64), at_word, at, at], 4),
+        Request::Force(n) => ([cost, Word::Int(n as i64), force, at_word, at], 5),
+        Request::Refund(n) => ([refund, Word::Int(n as i64), at_word, at, at], 4),
     }
 }

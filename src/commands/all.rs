@@ -14,25 +14,25 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
+use super::host::{Host, Origin};
 use super::limiter::{apply_to_key, decide_on_key};
 use super::policy::{off_decision, shadowed, Through};
-use super::{out_of_memory, reply_decision_and};
+use super::reply_decision_and;
 use crate::algorithms::{with_algorithm, Listed, Site, Spec};
 use crate::args::{parse_int, parse_options, Options};
-use crate::clock;
 use crate::deny_log;
 use crate::error::Error;
-use crate::ffi::{Argv, Context, Key, RString};
+use crate::ffi::{Argv, Context};
 use crate::limiter::{Decision, Micros, Outcome, Request, Wait};
 use crate::policy::{self, PolicyStats};
-use crate::replicate;
 
 /// Most limiters in one call.
 pub const MAX_KEYS: usize = 16;
 /// Most arguments of one call.
 const MAX_ARGS: usize = 96;
 
-/// `RL.ALL`.
+/// `RL.ALL` on the live server: the server may also ask where the keys
+/// are.
 pub fn run(ctx: &Context, argv: &Argv) -> Result<(), Error> {
     if ctx.is_keys_position_request() {
         // Cluster routing and ACLs ask where the keys are: after numkeys.
@@ -41,7 +41,7 @@ pub fn run(ctx: &Context, argv: &Argv) -> Result<(), Error> {
         key_positions(ctx, argv);
         return Ok(());
     }
-    call(ctx, argv)
+    step(&super::live::Live::new(ctx, argv))
 }
 
 /// Declares the keys of a call: `numkeys` at argv[1], the keys after it.
@@ -140,14 +140,15 @@ pub(crate) fn parse<'a>(all: &'a [&'a [u8]]) -> Result<Call<'a>, Error> {
     })
 }
 
-fn call(ctx: &Context, argv: &Argv) -> Result<(), Error> {
-    let args = argv.words::<MAX_ARGS>()?;
+/// `RL.ALL numkeys key [key ...] <spec> [<spec> ...] [COST n [FORCE]]`.
+pub fn step<H: Host>(host: &H) -> Result<(), Error> {
+    let args = host.words::<MAX_ARGS>()?;
     let Call {
         keys,
         limits,
         options,
     } = parse(&args)?;
-    let replicated = ctx.replicated_or_loading();
+    let replicated = host.origin() == Origin::Replicated;
     if !replicated {
         for limit in limits
             .iter()
@@ -156,17 +157,16 @@ fn call(ctx: &Context, argv: &Argv) -> Result<(), Error> {
             with_algorithm!(limit.spec, L, p => (L::ROW.bounds)(&p))?;
         }
     }
-    let now: Micros = clock::now();
+    let now: Micros = host.now();
     let request = options.request;
     let cost = request.cost();
 
     // Decide everywhere first; nothing changes yet. A limiter that is off is
     // not even looked at; a shadowed one never denies the call.
-    let key_name = |i: usize| argv.string(2 + i);
-    let mut opened: SmallVec<[Option<Key>; MAX_KEYS]> = limits
+    let mut opened: SmallVec<[Option<H::Key<'_>>; MAX_KEYS]> = limits
         .iter()
         .enumerate()
-        .map(|(i, l)| (!l.is_off()).then(|| ctx.open_key(key_name(i))))
+        .map(|(i, l)| (!l.is_off()).then(|| host.open_key(2 + i)))
         .collect();
     let mut actual: SmallVec<[(Outcome, bool); MAX_KEYS]> = SmallVec::new();
     for (limit, key) in limits.iter().zip(opened.iter_mut()) {
@@ -202,7 +202,7 @@ fn call(ctx: &Context, argv: &Argv) -> Result<(), Error> {
     let takes = |(outcome, _): &(Outcome, bool)| denied_by.is_none() && outcome.changed;
     // Out of memory is decided once, before any limiter changes: a key the
     // call would create fails the whole call, all or nothing.
-    if !replicated && actual.iter().any(|a| takes(a) && a.1) && out_of_memory(ctx) {
+    if !replicated && actual.iter().any(|a| takes(a) && a.1) && host.out_of_memory() {
         return Err(Error::OutOfMemory);
     }
 
@@ -217,10 +217,10 @@ fn call(ctx: &Context, argv: &Argv) -> Result<(), Error> {
         let key = opened[i].as_mut().expect("opened");
         let take = takes(planned);
         if take {
-            let applied = with_algorithm!(limit.spec, L, p => apply_to_key::<L>(ctx, key, &p, request, now, false))?;
+            let applied = with_algorithm!(limit.spec, L, p => apply_to_key::<L, H>(host, key, &p, request, now, false))?;
             debug_assert_eq!(applied.outcome, planned.0);
-            propagate(ctx, argv, limit, key_name(i), request, now);
-            key.written(c"rl.all", applied.expiry_written);
+            propagate(host, limit, 2 + i, request, now);
+            super::host::Store::written(key, c"rl.all", applied.expiry_written);
         }
         // What this limiter did: its own decision if the call went through
         // or it denied; a peek if another limiter denied the call.
@@ -265,7 +265,7 @@ fn call(ctx: &Context, argv: &Argv) -> Result<(), Error> {
         .map(|(_, d)| *d)
         .collect();
     reply(
-        ctx,
+        host,
         if live.is_empty() { &answered } else { &live },
         denied_by,
     );
@@ -316,33 +316,15 @@ impl Limit<'_> {
 }
 
 /// Propagates one limiter's change as its own pinned call.
-fn propagate(
-    ctx: &Context,
-    argv: &Argv,
-    limit: &Limit,
-    key: &RString,
-    request: Request,
-    now: Micros,
-) {
+fn propagate<H: Host>(host: &H, limit: &Limit, key: usize, request: Request, now: Micros) {
     let command = with_algorithm!(limit.spec, L, _p => L::ROW.command);
     match limit.source {
         Source::Inline { start } => {
-            let words = limit.spec.param_count();
-            let mut key_and_params = [key; 4];
-            for (w, string) in key_and_params[1..=words].iter_mut().enumerate() {
-                *string = argv.string(start + 1 + w);
-            }
-            replicate::limiter_call(ctx, command, &key_and_params[..1 + words], request, now);
+            let params = start + 1..start + 1 + limit.spec.param_count();
+            host.propagate_limiter(command, key, params, request, now);
         }
         Source::Policy { .. } => {
-            replicate::limiter_call_with_params(
-                ctx,
-                command,
-                key,
-                || limit.spec.params(),
-                request,
-                now,
-            );
+            host.propagate_limiter_with(command, key, || limit.spec.params(), request, now);
         }
     }
 }
@@ -353,7 +335,7 @@ fn propagate(
 /// longest queueing delay of any shaping limiter in the call. Denied: the
 /// limiter that makes the caller wait longest (never, if any can never
 /// admit).
-fn reply(ctx: &Context, decisions: &[Decision], denied_by: Option<usize>) {
+fn reply<H: Host>(host: &H, decisions: &[Decision], denied_by: Option<usize>) {
     let wait_rank = |w: Wait| match w {
         Wait::Never => u64::MAX,
         Wait::Ms(ms) => ms,
@@ -376,5 +358,5 @@ fn reply(ctx: &Context, decisions: &[Decision], denied_by: Option<usize>) {
             .max_by_key(|&w| wait_rank(w))
             .unwrap_or(Wait::Ms(0));
     }
-    reply_decision_and(ctx, &chosen, denied_by.map_or(0, |i| i as i64 + 1));
+    reply_decision_and(host, &chosen, denied_by.map_or(0, |i| i as i64 + 1));
 }

@@ -6,35 +6,36 @@
 //! admitted), and a call that changes nothing writes, expires and propagates
 //! nothing.
 
-use super::{out_of_memory, MAX_ARGS};
+use super::host::{Host, Origin, Store};
+use super::MAX_ARGS;
 use crate::algorithms::Listed;
 use crate::args::{parse_call, Params};
-use crate::clock;
 use crate::deny_log;
 use crate::error::Error;
-use crate::ffi::{Argv, Context, Key, Slot};
 use crate::limiter::{self, Micros, Outcome, Request};
-use crate::replicate;
 
 /// `RL.<ALGORITHM> key <params...> [COST n [FORCE] | REFUND n]`.
-pub fn run<L: Listed>(ctx: &Context, argv: &Argv) -> Result<(), Error> {
-    if argv.len() < 2 + L::Params::COUNT {
+#[inline(always)]
+pub fn step<L: Listed, H: Host>(host: &H) -> Result<(), Error> {
+    if host.argc() < 2 + L::Params::COUNT {
         return Err(Error::Arity);
     }
-    let args = argv.words::<MAX_ARGS>()?;
+    let args = host.words::<MAX_ARGS>()?;
     let (params, options) = parse_call::<L::Params>(&args[2..])?;
     let replicated = match options.at {
-        Some(_) if !ctx.replicated_or_loading() => return Err(Error::ReservedForReplication("AT")),
+        Some(_) if host.origin() == Origin::Client => {
+            return Err(Error::ReservedForReplication("AT"))
+        }
         Some(_) => true,
         None => {
             (L::ROW.bounds)(&params)?;
             false
         }
     };
-    let now: Micros = options.at.unwrap_or_else(clock::now);
+    let now: Micros = options.at.unwrap_or_else(|| host.now());
     let request = options.request;
-    let mut key = ctx.open_key(argv.string(1));
-    let applied = apply_to_key::<L>(ctx, &mut key, &params, request, now, !replicated)?;
+    let mut key = host.open_key(1);
+    let applied = apply_to_key::<L, H>(host, &mut key, &params, request, now, !replicated)?;
     let decision = applied.outcome.decision;
     L::stats().record(&decision, request.cost());
     if !decision.allowed {
@@ -47,13 +48,11 @@ pub fn run<L: Listed>(ctx: &Context, argv: &Argv) -> Result<(), Error> {
         );
     }
     if applied.outcome.changed {
-        // The client's own key and parameter strings, passed on as they are.
-        let key_and_params = &argv.strings()[1..2 + L::Params::COUNT];
-        replicate::limiter_call(ctx, L::ROW.command, key_and_params, request, now);
+        host.propagate_limiter(L::ROW.command, 1, 2..2 + L::Params::COUNT, request, now);
         key.written(L::EVENT, applied.expiry_written);
     }
     drop(key);
-    (L::ROW.reply)(ctx, &decision);
+    L::ROW.reply.send(host, &decision);
     Ok(())
 }
 
@@ -67,51 +66,47 @@ pub(super) struct Applied {
 /// Runs a request on the limiter in `key` and, when the state changed,
 /// stores it and its expiry: the one place where a limiter's state changes.
 /// With `check_memory`, a request that would create the key fails with OOM
-/// when the server is out of memory (see [`out_of_memory`]); replicated calls
-/// and `RL.ALL` (which checks once for all its keys before changing any)
-/// pass `false`.
-pub(super) fn apply_to_key<L: Listed>(
-    ctx: &Context,
-    key: &mut Key,
+/// when the server is out of memory (see [`Host::out_of_memory`]);
+/// replicated calls and `RL.ALL` (which checks once for all its keys before
+/// changing any) pass `false`.
+#[inline(always)]
+pub(super) fn apply_to_key<L: Listed, H: Host>(
+    host: &H,
+    key: &mut H::Key<'_>,
     params: &L::Params,
     request: Request,
     now: Micros,
     check_memory: bool,
 ) -> Result<Applied, Error> {
-    let kind = L::data_type();
-    let existing = key.with_value(kind, |slot| match slot {
-        Slot::Ours(state) => {
-            let idle_before = L::idle_at_ms(state, params);
-            let outcome = limiter::run::<L>(state, params, request, now);
-            let idle_after = L::idle_at_ms(state, params);
-            // The expiry follows the idle instant. When that did not move (a
-            // fixed window's moves once per window, not per call), the key
-            // usually has it already: it is read, which is cheaper than
-            // setting it, and set only if it differs (a PERSIST, a RESTORE
-            // without TTL, or new parameters).
-            let expiry_written = outcome.changed
-                && (idle_after != idle_before || key.expires_at() != Some(idle_after));
-            if expiry_written {
-                key.expire_at(idle_after);
-            }
-            Some(Applied {
-                outcome,
-                expiry_written,
-            })
-        }
-        Slot::Empty => None,
+    let existing = key.with_state::<L, _>(|state| {
+        let idle_before = L::idle_at_ms(state, params);
+        let outcome = limiter::run::<L>(state, params, request, now);
+        (outcome, idle_before, L::idle_at_ms(state, params))
     })?;
-    if let Some(applied) = existing {
-        return Ok(applied);
+    if let Some((outcome, idle_before, idle_after)) = existing {
+        // The expiry follows the idle instant. When that did not move (a
+        // fixed window's moves once per window, not per call), the key
+        // usually has it already: it is read, which is cheaper than setting
+        // it, and set only if it differs (a PERSIST, a RESTORE without TTL,
+        // or new parameters).
+        let expiry_written = outcome.changed
+            && (idle_after != idle_before || key.expires_at() != Some(idle_after));
+        if expiry_written {
+            key.expire_at(idle_after);
+        }
+        return Ok(Applied {
+            outcome,
+            expiry_written,
+        });
     }
     let mut state = L::idle(params, now);
     let outcome = limiter::run::<L>(&mut state, params, request, now);
     if outcome.changed {
-        if check_memory && out_of_memory(ctx) {
+        if check_memory && host.out_of_memory() {
             return Err(Error::OutOfMemory);
         }
         let idle_at = L::idle_at_ms(&state, params);
-        key.set_value(kind, state);
+        key.set_state::<L>(state);
         key.expire_at(idle_at);
     }
     Ok(Applied {
@@ -122,17 +117,20 @@ pub(super) fn apply_to_key<L: Listed>(
 
 /// What a request would get on the limiter in `key`, changing nothing, and
 /// whether the key holds nothing yet.
+#[inline(always)]
 pub(super) fn decide_on_key<L: Listed>(
-    key: &Key,
+    key: &mut impl Store,
     params: &L::Params,
     request: Request,
     now: Micros,
 ) -> Result<(Outcome, bool), Error> {
-    key.with_value(L::data_type(), |slot| match slot {
-        Slot::Ours(state) => (limiter::decide::<L>(state, params, request, now), false),
-        Slot::Empty => (
-            limiter::decide::<L>(&L::idle(params, now), params, request, now),
-            true,
-        ),
-    })
+    Ok(
+        match key.with_state::<L, _>(|state| limiter::decide::<L>(state, params, request, now))? {
+            Some(outcome) => (outcome, false),
+            None => (
+                limiter::decide::<L>(&L::idle(params, now), params, request, now),
+                true,
+            ),
+        },
+    )
 }

@@ -1,11 +1,13 @@
 //! `RL.LOG GET [count]`, `RL.LOG LEN`, `RL.LOG RESET`: the deny log, read
 //! like SLOWLOG.
 
+use super::host::Host;
+use super::live::live;
 use super::reply_lines;
 use crate::args::parse_int;
 use crate::deny_log;
 use crate::error::Error;
-use crate::ffi::{command, Arg, Argv, Context, Subcommand};
+use crate::ffi::{command, Arg, Subcommand};
 
 /// Entries `RL.LOG GET` returns without a count (like SLOWLOG GET).
 const DEFAULT_COUNT: u64 = 10;
@@ -16,7 +18,7 @@ const DEFAULT_COUNT: u64 = 10;
 pub const SUBCOMMANDS: [Subcommand; 4] = [
     Subcommand {
         name: c"HELP",
-        handler: command(help),
+        handler: command(live!(help)),
         flags: c"allow-loading allow-stale fast",
         arity: 2,
         summary: c"Shows helpful text about the different subcommands",
@@ -25,7 +27,7 @@ pub const SUBCOMMANDS: [Subcommand; 4] = [
     },
     Subcommand {
         name: c"GET",
-        handler: command(get),
+        handler: command(live!(get)),
         flags: c"admin allow-loading allow-stale",
         arity: -2,
         summary: c"Returns the most recent denials, newest first",
@@ -36,7 +38,7 @@ pub const SUBCOMMANDS: [Subcommand; 4] = [
     },
     Subcommand {
         name: c"LEN",
-        handler: command(len),
+        handler: command(live!(len)),
         flags: c"admin allow-loading allow-stale fast",
         arity: 2,
         summary: c"Returns the number of entries in the deny log",
@@ -45,7 +47,7 @@ pub const SUBCOMMANDS: [Subcommand; 4] = [
     },
     Subcommand {
         name: c"RESET",
-        handler: command(reset),
+        handler: command(live!(reset)),
         flags: c"admin allow-loading allow-stale",
         arity: 2,
         summary: c"Empties the deny log",
@@ -54,9 +56,22 @@ pub const SUBCOMMANDS: [Subcommand; 4] = [
     },
 ];
 
+/// `RL.LOG <subcommand> ...`, for hosts that dispatch through
+/// [`super::dispatch`].
+#[cfg(any(test, feature = "fuzzing"))]
+pub fn step<H: Host>(host: &H) -> Result<(), Error> {
+    let sub = host.all_words()[1].to_ascii_uppercase();
+    match sub.as_slice() {
+        b"GET" => get(host),
+        b"LEN" => len(host),
+        b"RESET" => reset(host),
+        _ => help(host),
+    }
+}
+
 /// `RL.LOG GET [count]`
-fn get(ctx: &Context, argv: &Argv) -> Result<(), Error> {
-    let args = argv.all_words();
+fn get<H: Host>(host: &H) -> Result<(), Error> {
+    let args = host.all_words();
     let count = match args.get(2) {
         Some(text) => parse_int(text, "count", 0, u64::from(u32::MAX))?,
         None => DEFAULT_COUNT,
@@ -65,36 +80,36 @@ fn get(ctx: &Context, argv: &Argv) -> Result<(), Error> {
         return Err(Error::Arity);
     }
     let entries = deny_log::recent(count as usize);
-    ctx.reply_array(entries.len());
+    host.reply_array(entries.len());
     for e in entries {
-        ctx.reply_array(6);
-        ctx.reply_integer(e.id as i64);
-        ctx.reply_integer(e.unix_ms as i64);
-        ctx.reply_bulk(&e.key);
-        ctx.reply_bulk(&e.source);
-        ctx.reply_integer(e.cost as i64);
-        ctx.reply_integer(e.wait_ms);
+        host.reply_array(6);
+        host.reply_integer(e.id as i64);
+        host.reply_integer(e.unix_ms as i64);
+        host.reply_bulk(&e.key);
+        host.reply_bulk(&e.source);
+        host.reply_integer(e.cost as i64);
+        host.reply_integer(e.wait_ms);
     }
     Ok(())
 }
 
 /// `RL.LOG LEN`
-fn len(ctx: &Context, _argv: &Argv) -> Result<(), Error> {
-    ctx.reply_integer(deny_log::len() as i64);
+fn len<H: Host>(host: &H) -> Result<(), Error> {
+    host.reply_integer(deny_log::len() as i64);
     Ok(())
 }
 
 /// `RL.LOG RESET`
-fn reset(ctx: &Context, _argv: &Argv) -> Result<(), Error> {
+fn reset<H: Host>(host: &H) -> Result<(), Error> {
     deny_log::reset();
-    ctx.reply_simple(c"OK");
+    host.reply_simple(c"OK");
     Ok(())
 }
 
 /// `RL.LOG HELP`
-fn help(ctx: &Context, _argv: &Argv) -> Result<(), Error> {
+fn help<H: Host>(host: &H) -> Result<(), Error> {
     reply_lines(
-        ctx,
+        host,
         &[
             "RL.LOG GET [<count>]",
             "    The most recent denials, newest first (default 10): id, unix time in ms, key, command or policy, cost, wait_ms.",

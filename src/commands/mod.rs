@@ -1,16 +1,29 @@
 //! Command handlers: parse, load state, decide, store, propagate, reply.
-//! No arithmetic lives here; the decisions come from `crate::limiter`. Every
-//! handler is safe Rust, `fn(&Context, &Argv) -> Result<(), Error>`; the
-//! server reaches it through `crate::ffi`.
+//! No arithmetic lives here; the decisions come from `crate::limiter`.
+//!
+//! Every handler is a step generic over the server it runs on,
+//! `fn step<H: Host>(host: &H) -> Result<(), Error>` (`host.rs`, the command
+//! seam). The module registers each step on the live server (`live.rs`);
+//! unit tests and the fuzz targets run the very same steps on an in-memory
+//! key space (`memory.rs`).
 
 pub mod all;
+pub mod host;
 pub mod limiter;
+pub mod live;
 pub mod log;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod memory;
 pub mod policy;
 pub mod setstate;
+#[cfg(test)]
+mod tests_steps;
 
-use crate::ffi::{Arg, Context};
+use crate::algorithms::ReplyShape;
+use crate::error::Error;
+use crate::ffi::Arg;
 use crate::limiter::Decision;
+use host::Host;
 
 /// Most arguments a single-limiter command accepts; more is an error before
 /// any parsing, so argument slices live on the stack.
@@ -44,29 +57,20 @@ pub const COST_OR_REFUND: Arg = Arg::one_of(
 )
 .optional();
 
-/// Whether a new key must not be created: used memory is above `maxmemory`
-/// and the server may not evict (`noeviction`). With an eviction policy,
-/// Redis has just evicted before running the command, as it does for its own
-/// `deny-oom` commands, and what is left above the limit is transient.
-pub fn out_of_memory(ctx: &Context) -> bool {
-    ctx.flags().out_of_memory() && !may_evict(ctx)
-}
-
-/// `maxmemory-policy` is not `noeviction` (asked only when over the limit).
-fn may_evict(ctx: &Context) -> bool {
-    ctx.config_get(c"maxmemory-policy", |policy| policy != b"noeviction")
-        .unwrap_or(false)
-}
-
-/// The five-integer reply of every limiter command.
-pub fn reply_decision(ctx: &Context, decision: &Decision) {
-    ctx.reply_integers(&decision_fields(decision));
+impl ReplyShape {
+    /// Replies `decision` in this shape.
+    #[inline(always)]
+    pub fn send<H: Host>(self, host: &H, decision: &Decision) {
+        match self {
+            ReplyShape::Decision => host.reply_integers(&decision_fields(decision)),
+        }
+    }
 }
 
 /// The five integers, and a sixth (`RL.ALL`'s `denied_by`).
-pub fn reply_decision_and(ctx: &Context, decision: &Decision, sixth: i64) {
+pub fn reply_decision_and<H: Host>(host: &H, decision: &Decision, sixth: i64) {
     let [a, b, c, d, e] = decision_fields(decision);
-    ctx.reply_integers(&[a, b, c, d, e, sixth]);
+    host.reply_integers(&[a, b, c, d, e, sixth]);
 }
 
 fn decision_fields(decision: &Decision) -> [i64; 5] {
@@ -80,10 +84,76 @@ fn decision_fields(decision: &Decision) -> [i64; 5] {
 }
 
 /// A HELP reply: one line per entry.
-pub fn reply_lines(ctx: &Context, lines: &[&str]) {
-    ctx.reply_array(lines.len());
+pub fn reply_lines<H: Host>(host: &H, lines: &[&str]) {
+    host.reply_array(lines.len());
     for line in lines {
-        ctx.reply_bulk(line.as_bytes());
+        host.reply_bulk(line.as_bytes());
+    }
+}
+
+/// Runs the step of the command the call names (`RL.POLICY` and `RL.LOG`
+/// with their subcommand), after the server's arity check, as the server
+/// would dispatch it: for hosts other than the live server, which
+/// dispatches by itself.
+#[cfg(any(test, feature = "fuzzing"))]
+pub fn dispatch<H: Host>(host: &H) -> Result<(), Error> {
+    use crate::algorithms::{for_each_algorithm, Listed};
+    let words = host.all_words();
+    let name = |i: usize| words.get(i).map(|w| w.to_ascii_uppercase());
+    let argc = words.len();
+    let arity = |arity: i32| -> Result<(), Error> {
+        let ok = match usize::try_from(arity) {
+            Ok(exact) => argc == exact,
+            Err(_) => argc >= arity.unsigned_abs() as usize,
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(Error::Arity)
+        }
+    };
+    let Some(command) = name(0) else {
+        return Err(Error::Arity);
+    };
+    for_each_algorithm!(L => {
+        if command == L::ROW.command.to_bytes() {
+            arity(crate::algorithm_arity::<L>())?;
+            return limiter::step::<L, H>(host);
+        }
+    });
+    let container = |subcommands: &[crate::ffi::Subcommand]| -> Result<i32, Error> {
+        let sub = name(1).ok_or(Error::Arity)?;
+        subcommands
+            .iter()
+            .find(|s| s.name.to_bytes() == sub)
+            .map(|s| s.arity)
+            .ok_or_else(|| Error::Syntax(format!("unknown subcommand '{}'", Error::quote(&sub))))
+    };
+    match command.as_slice() {
+        b"RL.ALL" => {
+            arity(-5)?;
+            all::step(host)
+        }
+        b"RL.HIT" => {
+            arity(-3)?;
+            policy::hit(host)
+        }
+        b"RL.SETSTATE" => {
+            arity(-5)?;
+            setstate::step(host)
+        }
+        b"RL.POLICY" => {
+            arity(container(&policy::SUBCOMMANDS)?)?;
+            policy::step(host)
+        }
+        b"RL.LOG" => {
+            arity(container(&log::SUBCOMMANDS)?)?;
+            log::step(host)
+        }
+        _ => Err(Error::Syntax(format!(
+            "unknown command '{}'",
+            Error::quote(&command)
+        ))),
     }
 }
 
@@ -91,6 +161,20 @@ pub fn reply_lines(ctx: &Context, lines: &[&str]) {
 mod tests {
     use super::*;
     use crate::ffi::words;
+
+    #[test]
+    fn every_registered_command_dispatches_with_the_registered_arity() {
+        // The arities `dispatch` checks are those the server checks.
+        for command in crate::COMMANDS {
+            let arity = match command.name.to_bytes() {
+                b"RL.ALL" => -5,
+                b"RL.HIT" => -3,
+                b"RL.SETSTATE" => -5,
+                other => panic!("dispatch misses {}", String::from_utf8_lossy(other)),
+            };
+            assert_eq!(command.arity, arity, "{:?}", command.name);
+        }
+    }
 
     #[test]
     fn a_call_needs_the_required_words_only() {

@@ -1,20 +1,20 @@
 //! `RL.POLICY SET|GET|DEL|LIST` and `RL.HIT name key [COST n]`: rules kept in
 //! the server (see `crate::policy` for what modes and roll-outs mean).
 
+use super::host::{Host, Origin, Store};
 use super::limiter::apply_to_key;
+use super::live::live;
 use super::{reply_lines, MAX_ARGS};
 use crate::algorithms::{with_algorithm, words_allowed, Listed, Site, Spec, POLICY_KEYWORDS};
 use crate::args::{parse_options, Params};
-use crate::clock;
 use crate::deny_log;
 use crate::error::Error;
-use crate::ffi::{command, Arg, Argv, Context, Subcommand};
+use crate::ffi::{command, Arg, Subcommand};
 use crate::limiter::{Decision, Wait};
 use crate::policy::{self, Mode, Rule};
-use crate::replicate;
 
 /// `RL.POLICY HELP`
-fn help(ctx: &Context, _argv: &Argv) -> Result<(), Error> {
+fn help<H: Host>(host: &H) -> Result<(), Error> {
     let words = words_allowed(Site::Policy);
     let algorithms = match words.split_last() {
         Some((last, [])) => last.to_string(),
@@ -23,7 +23,7 @@ fn help(ctx: &Context, _argv: &Argv) -> Result<(), Error> {
     };
     let set = format!("    Create or replace a policy. ALGORITHM is {algorithms}.");
     reply_lines(
-        ctx,
+        host,
         &[
             "RL.POLICY SET <name> <ALGORITHM> <params...> [MODE ENFORCE|SHADOW|OFF] [ROLLOUT <percent>]",
             &set,
@@ -44,7 +44,7 @@ fn help(ctx: &Context, _argv: &Argv) -> Result<(), Error> {
 pub const SUBCOMMANDS: [Subcommand; 5] = [
     Subcommand {
         name: c"SET",
-        handler: command(set),
+        handler: command(live!(set)),
         flags: c"write deny-oom",
         arity: -5,
         summary:
@@ -74,7 +74,7 @@ pub const SUBCOMMANDS: [Subcommand; 5] = [
     },
     Subcommand {
         name: c"HELP",
-        handler: command(help),
+        handler: command(live!(help)),
         flags: c"readonly fast allow-loading allow-stale",
         arity: 2,
         summary: c"Shows helpful text about the different subcommands",
@@ -83,7 +83,7 @@ pub const SUBCOMMANDS: [Subcommand; 5] = [
     },
     Subcommand {
         name: c"GET",
-        handler: command(get),
+        handler: command(live!(get)),
         flags: c"readonly fast",
         arity: 3,
         summary: c"Returns a policy's rule and counters, or nil",
@@ -92,7 +92,7 @@ pub const SUBCOMMANDS: [Subcommand; 5] = [
     },
     Subcommand {
         name: c"DEL",
-        handler: command(del),
+        handler: command(live!(del)),
         flags: c"write fast",
         arity: 3,
         summary: c"Deletes a policy (its limiter keys stay and expire by themselves)",
@@ -101,7 +101,7 @@ pub const SUBCOMMANDS: [Subcommand; 5] = [
     },
     Subcommand {
         name: c"LIST",
-        handler: command(list),
+        handler: command(live!(list)),
         flags: c"readonly",
         arity: 2,
         summary: c"Returns the names of all policies",
@@ -110,9 +110,23 @@ pub const SUBCOMMANDS: [Subcommand; 5] = [
     },
 ];
 
+/// `RL.POLICY <subcommand> ...`, for hosts that dispatch through
+/// [`super::dispatch`] (the live server calls each subcommand's own entry).
+#[cfg(any(test, feature = "fuzzing"))]
+pub fn step<H: Host>(host: &H) -> Result<(), Error> {
+    let sub = host.all_words()[1].to_ascii_uppercase();
+    match sub.as_slice() {
+        b"SET" => set(host),
+        b"GET" => get(host),
+        b"DEL" => del(host),
+        b"LIST" => list(host),
+        _ => help(host),
+    }
+}
+
 /// `RL.POLICY SET name <ALGORITHM> <params...> [MODE m] [ROLLOUT p]`
-fn set(ctx: &Context, argv: &Argv) -> Result<(), Error> {
-    let args = argv.all_words();
+fn set<H: Host>(host: &H) -> Result<(), Error> {
+    let args = host.all_words();
     if args.len() < 5 {
         return Err(Error::Arity);
     }
@@ -120,33 +134,34 @@ fn set(ctx: &Context, argv: &Argv) -> Result<(), Error> {
     policy::check_name(name)?;
     let rule = policy::parse_rule(&args[3..])?;
     policy::check_room_for(name)?;
-    if !ctx.replicated_or_loading() {
+    if host.origin() == Origin::Client {
         with_algorithm!(rule.spec, L, p => (L::ROW.bounds)(&p))?;
     }
     policy::set(name, rule);
     // Deterministic: replicas and the AOF replay it as it is.
-    ctx.replicate_verbatim();
-    ctx.reply_simple(c"OK");
+    host.propagate_verbatim();
+    host.reply_simple(c"OK");
     Ok(())
 }
 
 /// `RL.POLICY GET name`: the rule as field/value pairs, with its counters.
-fn get(ctx: &Context, argv: &Argv) -> Result<(), Error> {
-    let name = argv.string(2).as_bytes();
+fn get<H: Host>(host: &H) -> Result<(), Error> {
+    let args = host.all_words();
+    let name = args[2];
     let Some((rule, stats)) = policy::get(name) else {
-        ctx.reply_null();
+        host.reply_null();
         return Ok(());
     };
-    let text = |s: &[u8]| ctx.reply_bulk(s);
-    let int = |v: i64| ctx.reply_integer(v);
+    let text = |s: &[u8]| host.reply_bulk(s);
+    let int = |v: i64| host.reply_integer(v);
     let params = rule.spec.params();
-    ctx.reply_array(18);
+    host.reply_array(18);
     text(b"name");
     text(name);
     text(b"algorithm");
     text(rule.spec.name().as_bytes());
     text(b"params");
-    ctx.reply_array(params.as_slice().len());
+    host.reply_array(params.as_slice().len());
     for &p in params.as_slice() {
         int(p as i64);
     }
@@ -166,21 +181,21 @@ fn get(ctx: &Context, argv: &Argv) -> Result<(), Error> {
 }
 
 /// `RL.POLICY DEL name`: 1 if it existed.
-fn del(ctx: &Context, argv: &Argv) -> Result<(), Error> {
-    let existed = policy::delete(argv.string(2).as_bytes());
+fn del<H: Host>(host: &H) -> Result<(), Error> {
+    let existed = policy::delete(host.all_words()[2]);
     if existed {
-        ctx.replicate_verbatim();
+        host.propagate_verbatim();
     }
-    ctx.reply_integer(existed as i64);
+    host.reply_integer(existed as i64);
     Ok(())
 }
 
 /// `RL.POLICY LIST`: the names, sorted.
-fn list(ctx: &Context, _argv: &Argv) -> Result<(), Error> {
+fn list<H: Host>(host: &H) -> Result<(), Error> {
     let all = policy::list();
-    ctx.reply_array(all.len());
+    host.reply_array(all.len());
     for (name, _, _) in all {
-        ctx.reply_bulk(&name);
+        host.reply_bulk(&name);
     }
     Ok(())
 }
@@ -223,9 +238,10 @@ pub fn shadowed(mut decision: Decision) -> Decision {
 }
 
 /// `RL.HIT name key [COST n [FORCE] | REFUND n]`
-pub fn hit(ctx: &Context, argv: &Argv) -> Result<(), Error> {
+#[inline(always)]
+pub fn hit<H: Host>(host: &H) -> Result<(), Error> {
     // On the stack: the hot path allocates nothing.
-    let args = argv.words::<MAX_ARGS>()?;
+    let args = host.words::<MAX_ARGS>()?;
     if args.len() < 3 {
         return Err(Error::Arity);
     }
@@ -243,19 +259,17 @@ pub fn hit(ctx: &Context, argv: &Argv) -> Result<(), Error> {
     if through == Through::Off {
         stats.outcomes.calls.bump();
         let off = off_decision(rule.spec);
-        with_algorithm!(rule.spec, L, _p => (L::ROW.reply)(ctx, &off));
+        with_algorithm!(rule.spec, L, _p => L::ROW.reply.send(host, &off));
         return Ok(());
     }
-    let now = clock::now();
-    let key_name = argv.string(2);
-    let mut open = ctx.open_key(key_name);
+    let now = host.now();
+    let mut open = host.open_key(2);
     with_algorithm!(rule.spec, L, p => {
-        let applied = apply_to_key::<L>(ctx, &mut open, &p, request, now, true)?;
+        let applied = apply_to_key::<L, H>(host, &mut open, &p, request, now, true)?;
         let decision = applied.outcome.decision;
         L::stats().record(&decision, cost);
         if applied.outcome.changed {
-            let params = || p.values();
-            replicate::limiter_call_with_params(ctx, L::ROW.command, key_name, params, request, now);
+            host.propagate_limiter_with(L::ROW.command, 2, || p.values(), request, now);
             open.written(c"rl.hit", applied.expiry_written);
         }
         drop(open);
@@ -275,7 +289,7 @@ pub fn hit(ctx: &Context, argv: &Argv) -> Result<(), Error> {
             stats.shadow_denied.bump();
             shadowed(decision)
         };
-        (L::ROW.reply)(ctx, &answer);
+        L::ROW.reply.send(host, &answer);
     });
     Ok(())
 }

@@ -4,33 +4,38 @@
 //! AOF loads or from the master link. Fields are validated exactly like an
 //! RDB payload.
 
+use super::host::{Host, Origin, Store};
 use crate::algorithms::{for_each_algorithm, Listed};
 use crate::args::parse_int;
 use crate::datatype::decode_args;
 use crate::error::Error;
-use crate::ffi::{Argv, Context, Key};
 
-pub fn run(ctx: &Context, argv: &Argv) -> Result<(), Error> {
-    if argv.len() < 4 {
+pub fn step<H: Host>(host: &H) -> Result<(), Error> {
+    if host.argc() < 4 {
         return Err(Error::Arity);
     }
-    if !ctx.replicated_or_loading() {
+    if host.origin() == Origin::Client {
         return Err(Error::ReservedForReplication("RL.SETSTATE"));
     }
-    let all = argv.all_words();
+    let all = host.all_words();
     let encoding = parse_int(all[3], "encoding", 1, 1)? as i32;
-    let mut key = ctx.open_key(argv.string(1));
+    let mut key = host.open_key(1);
     let (algorithm, fields) = (all[2], &all[4..]);
     set_any(&mut key, algorithm, fields, encoding)?;
     drop(key);
-    ctx.replicate_verbatim();
-    ctx.reply_simple(c"OK");
+    host.propagate_verbatim();
+    host.reply_simple(c"OK");
     Ok(())
 }
 
 /// Sets the state of the algorithm named `algorithm` (its spec word, in any
 /// case).
-fn set_any(key: &mut Key, algorithm: &[u8], fields: &[&[u8]], encoding: i32) -> Result<(), Error> {
+fn set_any(
+    key: &mut impl Store,
+    algorithm: &[u8],
+    fields: &[&[u8]],
+    encoding: i32,
+) -> Result<(), Error> {
     for_each_algorithm!(L => {
         if algorithm.eq_ignore_ascii_case(L::WORD.to_bytes()) {
             return set::<L>(key, fields, encoding);
@@ -39,8 +44,8 @@ fn set_any(key: &mut Key, algorithm: &[u8], fields: &[&[u8]], encoding: i32) -> 
     Err(Error::UnknownAlgorithm(Error::quote(algorithm)))
 }
 
-fn set<L: Listed>(key: &mut Key, fields: &[&[u8]], encoding: i32) -> Result<(), Error> {
+fn set<L: Listed>(key: &mut impl Store, fields: &[&[u8]], encoding: i32) -> Result<(), Error> {
     let state = decode_args::<L::State>(fields, encoding).ok_or(Error::BadState)?;
-    key.set_value(L::data_type(), state);
+    key.set_state::<L>(state);
     Ok(())
 }

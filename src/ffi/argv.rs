@@ -89,12 +89,6 @@ impl<'a> Argv<'a> {
         self.strings[i]
     }
 
-    /// Every argument, as server strings.
-    #[inline]
-    pub fn strings(&self) -> &'a [&'a RString] {
-        self.strings
-    }
-
     /// The arguments as byte slices, on the stack: at most `N`, so that the
     /// hot path allocates nothing. More is the error of an unknown option
     /// (the first one beyond `N`), before any parsing.
@@ -133,6 +127,23 @@ impl<'a> Argv<'a> {
 pub struct Words<'a, const N: usize> {
     items: [&'a [u8]; N],
     len: usize,
+}
+
+#[cfg(any(test, feature = "fuzzing"))]
+impl<'a, const N: usize> Words<'a, N> {
+    /// Arguments that are byte slices already (a host other than the
+    /// server's), with the limit of [`Argv::words`].
+    pub fn from_slices(words: &[&'a [u8]]) -> Result<Self, Error> {
+        if words.len() > N {
+            return Err(Error::UnknownOption(Error::quote(words[N])));
+        }
+        let mut items: [&'a [u8]; N] = [&[]; N];
+        items[..words.len()].copy_from_slice(words);
+        Ok(Words {
+            items,
+            len: words.len(),
+        })
+    }
 }
 
 impl<'a, const N: usize> std::ops::Deref for Words<'a, N> {

@@ -64,10 +64,10 @@ mod register;
 mod string;
 
 pub use alloc::{allocations, ModuleAlloc};
-pub use argv::{Argv, RString};
+pub use argv::{Argv, RString, Words};
 pub use clock::wall_clock_us;
 pub use config::NumericConfig;
-pub use context::{Context, Head, Level, Word};
+pub use context::{Context, Head, Level, Word, MAX_NUMBERS};
 pub use datatype::{AuxData, DataType, Digest, RdbIo, Rewrite, TypeMethods};
 #[cfg(test)]
 pub use docs::words;

@@ -26,6 +26,12 @@ impl SharedString {
         }
     }
 
+    /// The word.
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub const fn text(&self) -> &'static CStr {
+        self.text
+    }
+
     /// Makes the server string (at load; again is a no-op).
     pub(super) fn create(&self) {
         if !self.string.load(Ordering::Relaxed).is_null() {

@@ -1,0 +1,147 @@
+//! The command seam: what a command needs from the server, as a trait.
+//!
+//! Every handler is a pure step, `fn step<H: Host>(host: &H) -> Result<(),
+//! Error>`. It reads its arguments, where the call comes from, the clock and
+//! the memory pressure from the host; it reads and writes limiter keys
+//! through [`Store`]; and it hands the host what to propagate and what to
+//! reply. An error returned before a write leaves every key as it was (the
+//! steps check everything first), and the host replies it.
+//!
+//! Two hosts implement the trait:
+//!
+//! - [`super::live::Live`]: the running server, through `crate::ffi`: what the
+//!   module registers;
+//! - [`super::memory::Memory`] (tests and fuzzing only): a key space in a map,
+//!   with a clock, an out-of-memory switch, and a record of what each call
+//!   propagated and replied, so that a step is tested without a server, and
+//!   a propagated call can be replayed on a second key space (a replica).
+//!
+//! The trait is generic, not `dyn`: a step is compiled once per host, and
+//! the live one inlines to the calls a handler written against the FFI
+//! would make (the hot path allocates nothing either way).
+//!
+//! Why a trait of effects rather than a plan value returned by the step: a
+//! limiter's state is changed in place in the key's value (a sliding log
+//! holds up to `limit` entries); a plan of new states would copy it on every
+//! call.
+
+use std::ffi::CStr;
+use std::ops::Range;
+
+use crate::algorithms::Listed;
+use crate::args::ParamList;
+use crate::error::Error;
+use crate::ffi::Words;
+use crate::limiter::{Micros, Request};
+
+/// Where a call comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// A client (also a script or `MULTI`, which run as the client).
+    Client,
+    /// The master link or an AOF being loaded: `AT` and `RL.SETSTATE` are
+    /// accepted, and the configs' bounds are not applied (the master
+    /// accepted the call).
+    Replicated,
+}
+
+/// What a step sees of the server during one call.
+pub trait Host {
+    /// An open key.
+    type Key<'h>: Store
+    where
+        Self: 'h;
+
+    /// How many arguments, the command name included.
+    fn argc(&self) -> usize;
+
+    /// The arguments as byte slices, on the stack: at most `N`, so that the
+    /// hot path allocates nothing. More is the error of an unknown option
+    /// (the first one beyond `N`).
+    fn words<const N: usize>(&self) -> Result<Words<'_, N>, Error>;
+
+    /// Every argument (off the hot path).
+    fn all_words(&self) -> Vec<&[u8]>;
+
+    /// Where the call comes from.
+    fn origin(&self) -> Origin;
+
+    /// Whether a new key must not be created: memory is above `maxmemory`
+    /// and the server may not evict (`noeviction`). With an eviction
+    /// policy, the server has just evicted before the call, as for its own
+    /// `deny-oom` commands, and what is left above the limit is transient.
+    fn out_of_memory(&self) -> bool;
+
+    /// The server's clock.
+    fn now(&self) -> Micros;
+
+    /// Opens the key that is argument `arg`, for reading and writing.
+    fn open_key(&self, arg: usize) -> Self::Key<'_>;
+
+    /// Propagates a limiter call that changed a state, with the master's time
+    /// pinned: `command key params... <request> AT now` (see
+    /// `crate::replicate`). The key and the parameters are the call's own
+    /// arguments `key` and `params`, passed on as the client sent them.
+    fn propagate_limiter(
+        &self,
+        command: &'static CStr,
+        key: usize,
+        params: Range<usize>,
+        request: Request,
+        now: Micros,
+    );
+
+    /// Like [`Host::propagate_limiter`], with the parameters as numbers (a
+    /// policy's), asked for only if the call is propagated in full.
+    fn propagate_limiter_with(
+        &self,
+        command: &'static CStr,
+        key: usize,
+        params: impl FnOnce() -> ParamList,
+        request: Request,
+        now: Micros,
+    );
+
+    /// Propagates the call as the client sent it (a deterministic one).
+    fn propagate_verbatim(&self);
+
+    // Replies: one reply per call, which may be an array of the next ones.
+
+    fn reply_integer(&self, value: i64);
+    /// The header of an array of `len` elements: the next `len` replies.
+    fn reply_array(&self, len: usize);
+    fn reply_integers(&self, values: &[i64]) {
+        self.reply_array(values.len());
+        for &value in values {
+            self.reply_integer(value);
+        }
+    }
+    fn reply_bulk(&self, bytes: &[u8]);
+    fn reply_simple(&self, status: &'static CStr);
+    fn reply_null(&self);
+}
+
+/// An open key, seen by a step.
+pub trait Store {
+    /// Runs `f` on the state of algorithm `L` the key holds: `Ok(None)` if the
+    /// key holds nothing, `WRONGTYPE` if it holds anything else (another
+    /// Redis type or another algorithm's state), without calling `f`.
+    fn with_state<L: Listed, R>(
+        &mut self,
+        f: impl FnOnce(&mut L::State) -> R,
+    ) -> Result<Option<R>, Error>;
+
+    /// Stores `state`, replacing whatever the key held.
+    fn set_state<L: Listed>(&mut self, state: L::State);
+
+    /// The key's expiry, in Unix milliseconds, if it has one.
+    fn expires_at(&self) -> Option<u64>;
+
+    /// Sets the key's expiry, in Unix milliseconds.
+    fn expire_at(&mut self, unix_ms: u64);
+
+    /// Tells the server the key was written by `event` (and had its expiry
+    /// set, when `expiry_written`): `WATCH`, client-side caching and
+    /// keyspace notifications learn of it.
+    fn written(&mut self, event: &'static CStr, expiry_written: bool);
+}

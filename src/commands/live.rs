@@ -1,0 +1,192 @@
+//! The running server as a [`Host`]: the thin runner of every step.
+//!
+//! Each command the module registers is `live(step)`: the FFI entry point
+//! (`crate::ffi::command`) hands over the call's context and arguments, and
+//! the step runs against them. Nothing here decides anything; every method
+//! is one call of a safe wrapper of `crate::ffi`.
+
+use std::ffi::CStr;
+use std::ops::Range;
+
+use super::host::{Host, Origin, Store};
+use crate::algorithms::Listed;
+use crate::args::ParamList;
+use crate::clock;
+use crate::error::Error;
+use crate::ffi::{Argv, Context, Key, Slot, Words};
+use crate::limiter::{Micros, Request};
+use crate::replicate;
+
+/// One call of a command on the server.
+pub struct Live<'a> {
+    ctx: &'a Context,
+    argv: &'a Argv<'a>,
+}
+
+impl<'a> Live<'a> {
+    #[inline(always)]
+    pub fn new(ctx: &'a Context, argv: &'a Argv<'a>) -> Self {
+        Live { ctx, argv }
+    }
+}
+
+impl Host for Live<'_> {
+    type Key<'h>
+        = Key<'h>
+    where
+        Self: 'h;
+
+    #[inline(always)]
+    fn argc(&self) -> usize {
+        self.argv.len()
+    }
+
+    #[inline(always)]
+    fn words<const N: usize>(&self) -> Result<Words<'_, N>, Error> {
+        self.argv.words::<N>()
+    }
+
+    fn all_words(&self) -> Vec<&[u8]> {
+        self.argv.all_words()
+    }
+
+    #[inline(always)]
+    fn origin(&self) -> Origin {
+        if self.ctx.replicated_or_loading() {
+            Origin::Replicated
+        } else {
+            Origin::Client
+        }
+    }
+
+    #[inline]
+    fn out_of_memory(&self) -> bool {
+        // `maxmemory-policy` is asked only when over the limit.
+        self.ctx.flags().out_of_memory()
+            && !self
+                .ctx
+                .config_get(c"maxmemory-policy", |policy| policy != b"noeviction")
+                .unwrap_or(false)
+    }
+
+    #[inline(always)]
+    fn now(&self) -> Micros {
+        clock::now()
+    }
+
+    #[inline(always)]
+    fn open_key(&self, arg: usize) -> Key<'_> {
+        self.ctx.open_key(self.argv.string(arg))
+    }
+
+    #[inline(always)]
+    fn propagate_limiter(
+        &self,
+        command: &'static CStr,
+        key: usize,
+        params: Range<usize>,
+        request: Request,
+        now: Micros,
+    ) {
+        // The client's own strings, passed on as they are.
+        let key = self.argv.string(key);
+        let mut strings = [key; 1 + crate::ffi::MAX_NUMBERS];
+        let len = 1 + params.len();
+        for (string, i) in strings[1..len].iter_mut().zip(params) {
+            *string = self.argv.string(i);
+        }
+        replicate::limiter_call(self.ctx, command, &strings[..len], request, now);
+    }
+
+    #[inline(always)]
+    fn propagate_limiter_with(
+        &self,
+        command: &'static CStr,
+        key: usize,
+        params: impl FnOnce() -> ParamList,
+        request: Request,
+        now: Micros,
+    ) {
+        let key = self.argv.string(key);
+        replicate::limiter_call_with_params(self.ctx, command, key, params, request, now);
+    }
+
+    #[inline(always)]
+    fn propagate_verbatim(&self) {
+        self.ctx.replicate_verbatim();
+    }
+
+    #[inline(always)]
+    fn reply_integer(&self, value: i64) {
+        self.ctx.reply_integer(value);
+    }
+
+    #[inline(always)]
+    fn reply_array(&self, len: usize) {
+        self.ctx.reply_array(len);
+    }
+
+    #[inline(always)]
+    fn reply_integers(&self, values: &[i64]) {
+        self.ctx.reply_integers(values);
+    }
+
+    #[inline(always)]
+    fn reply_bulk(&self, bytes: &[u8]) {
+        self.ctx.reply_bulk(bytes);
+    }
+
+    #[inline(always)]
+    fn reply_simple(&self, status: &'static CStr) {
+        self.ctx.reply_simple(status);
+    }
+
+    #[inline(always)]
+    fn reply_null(&self) {
+        self.ctx.reply_null();
+    }
+}
+
+impl Store for Key<'_> {
+    #[inline(always)]
+    fn with_state<L: Listed, R>(
+        &mut self,
+        f: impl FnOnce(&mut L::State) -> R,
+    ) -> Result<Option<R>, Error> {
+        self.with_value(L::data_type(), |slot| match slot {
+            Slot::Ours(state) => Some(f(state)),
+            Slot::Empty => None,
+        })
+    }
+
+    #[inline(always)]
+    fn set_state<L: Listed>(&mut self, state: L::State) {
+        self.set_value(L::data_type(), state);
+    }
+
+    #[inline(always)]
+    fn expires_at(&self) -> Option<u64> {
+        Key::expires_at(self)
+    }
+
+    #[inline(always)]
+    fn expire_at(&mut self, unix_ms: u64) {
+        Key::expire_at(self, unix_ms);
+    }
+
+    #[inline(always)]
+    fn written(&mut self, event: &'static CStr, expiry_written: bool) {
+        Key::written(self, event, expiry_written);
+    }
+}
+
+/// The entry point of step `S` (a function item generic over the host),
+/// for `crate::ffi::command`: `command(live!(step))`.
+macro_rules! live {
+    ($($step:tt)+) => {
+        |ctx: &$crate::ffi::Context, argv: &$crate::ffi::Argv| {
+            $($step)+(&$crate::commands::live::Live::new(ctx, argv))
+        }
+    };
+}
+pub(crate) use live;

@@ -1,0 +1,322 @@
+//! The command steps on an in-memory key space: what each call writes,
+//! expires, propagates and replies, without a server (the black-box tests in
+//! `tests/integration/` check the same against real servers).
+//!
+//! Policies and the deny log are the module's global state, shared by the
+//! tests of this binary: each test uses its own key and policy names.
+
+use proptest::prelude::*;
+
+use super::host::Origin::{self, Client, Replicated};
+use super::memory::{Memory, Reply};
+use crate::error::Error;
+use crate::limiter::{FixedWindow, Micros, SlidingLog, TokenBucket};
+
+/// November 2023, on a millisecond and a bit.
+const T0_US: u64 = 1_700_000_000_123_456;
+
+fn space() -> Memory {
+    Memory::new(Micros::from_us(T0_US))
+}
+
+fn words(called: &[Vec<u8>]) -> String {
+    called
+        .iter()
+        .map(|w| String::from_utf8_lossy(w).into_owned())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[test]
+fn an_admission_creates_the_key_with_its_expiry_and_propagates_the_pinned_call() {
+    let m = space();
+    let called = m.run(Client, "RL.TOKENBUCKET seam:tb 5 1 1000");
+    assert_eq!(called.result, Ok(()));
+    assert_eq!(called.integers(), Some(vec![1, 5, 4, 0, 1000]));
+    let propagated: Vec<String> = called.effects.propagated.iter().map(|c| words(c)).collect();
+    assert_eq!(
+        propagated,
+        [format!("RL.TOKENBUCKET seam:tb 5 1 1000 COST 1 AT {T0_US}")]
+    );
+    assert_eq!(
+        called.effects.events,
+        [
+            (b"seam:tb".to_vec(), "rl.tokenbucket".to_string()),
+            (b"seam:tb".to_vec(), "expire".to_string()),
+        ]
+    );
+    // Idle again once the token is back: 1 s after now, rounded up to the ms.
+    assert_eq!(m.expiry(b"seam:tb"), Some(T0_US / 1000 + 1001));
+    assert!(m.state::<TokenBucket>(b"seam:tb").is_some());
+}
+
+#[test]
+fn a_denial_or_a_peek_writes_propagates_and_signals_nothing() {
+    let m = space();
+    assert_eq!(m.run(Client, "RL.FIXEDWINDOW seam:fw 1 1000").result, Ok(()));
+    let before = m.snapshot();
+    for call in [
+        "RL.FIXEDWINDOW seam:fw 1 1000",
+        "RL.FIXEDWINDOW seam:fw 1 1000 COST 0",
+        "RL.FIXEDWINDOW seam:other 1 1000 COST 0",
+    ] {
+        let called = m.run(Client, call);
+        assert_eq!(called.result, Ok(()), "{call}");
+        assert!(called.effects.propagated.is_empty(), "{call}");
+        assert!(called.effects.events.is_empty(), "{call}");
+        assert_eq!(m.snapshot(), before, "{call}");
+    }
+    let denied = m.run(Client, "RL.FIXEDWINDOW seam:fw 1 1000");
+    assert_eq!(denied.integers().map(|r| r[0]), Some(0));
+}
+
+#[test]
+fn an_error_writes_nothing_in_any_key() {
+    let m = space();
+    m.run(Client, "RL.TOKENBUCKET seam:e1 5 1 1000");
+    m.set_other(b"seam:str", b"hello");
+    let before = m.snapshot();
+    for (call, error) in [
+        ("RL.TOKENBUCKET seam:e1 0 1 1000", "capacity"),
+        ("RL.TOKENBUCKET seam:e2 5 1 1000 COST x", "COST"),
+        ("RL.TOKENBUCKET seam:e2 5 1 1000 AT 5", "AT"),
+        ("RL.SLIDING seam:str 5 1000", "WRONGTYPE"),
+        // The second limiter is the wrong type: the first keeps its tokens.
+        ("RL.ALL 2 seam:e1 seam:str TOKENBUCKET 5 1 1000 FIXEDWINDOW 5 1000", "WRONGTYPE"),
+        // A spec the call cannot parse, after one that would admit.
+        ("RL.ALL 2 seam:e1 seam:e3 TOKENBUCKET 5 1 1000 SLIDING 5", "spec 2"),
+        ("RL.SETSTATE seam:e1 TOKENBUCKET 1 5 0 0", "RL.SETSTATE"),
+        ("RL.TOKENBUCKET seam:e1 5 1", "arguments"),
+    ] {
+        let called = m.run(Client, call);
+        let message = called.result.expect_err(call).message();
+        assert!(message.contains(error), "{call}: {message}");
+        assert!(called.effects.propagated.is_empty(), "{call}");
+        assert!(called.effects.reply.is_empty(), "{call}");
+        assert_eq!(m.snapshot(), before, "{call}");
+    }
+}
+
+#[test]
+fn out_of_memory_refuses_a_new_key_but_serves_existing_ones() {
+    let m = space();
+    m.run(Client, "RL.TOKENBUCKET seam:oom1 5 1 1000");
+    m.set_out_of_memory(true);
+    let before = m.snapshot();
+    let new = m.run(Client, "RL.TOKENBUCKET seam:oom2 5 1 1000");
+    assert_eq!(new.result, Err(Error::OutOfMemory));
+    assert_eq!(m.snapshot(), before);
+    // A peek at a missing key creates nothing: no OOM.
+    let peek = m.run(Client, "RL.TOKENBUCKET seam:oom2 5 1 1000 COST 0");
+    assert_eq!(peek.integers(), Some(vec![1, 5, 5, 0, 0]));
+    // An existing key takes its units.
+    let existing = m.run(Client, "RL.TOKENBUCKET seam:oom1 5 1 1000");
+    assert_eq!(existing.integers().map(|r| r[2]), Some(3));
+    // The master accepted a replicated call: it is applied.
+    let replicated = m.run(
+        Replicated,
+        &format!("RL.TOKENBUCKET seam:oom3 5 1 1000 COST 1 AT {T0_US}"),
+    );
+    assert_eq!(replicated.result, Ok(()));
+    assert!(m.state::<TokenBucket>(b"seam:oom3").is_some());
+}
+
+#[test]
+fn rl_all_that_would_create_a_key_fails_whole_out_of_memory() {
+    // The defect of issue 10: the existing key was written before the new
+    // one failed.
+    let m = space();
+    m.run(Client, "RL.TOKENBUCKET seam:all-old 10 1 1000");
+    m.set_out_of_memory(true);
+    let before = m.snapshot();
+    for call in [
+        "RL.ALL 2 seam:all-old seam:all-new TOKENBUCKET 10 1 1000 TOKENBUCKET 10 1 1000",
+        "RL.ALL 2 seam:all-old seam:all-new TOKENBUCKET 10 1 1000 TOKENBUCKET 10 1 1000 COST 2 FORCE",
+    ] {
+        let called = m.run(Client, call);
+        assert_eq!(called.result, Err(Error::OutOfMemory), "{call}");
+        assert!(called.effects.propagated.is_empty());
+        assert_eq!(m.snapshot(), before, "{call}");
+    }
+    m.set_out_of_memory(false);
+    let called = m.run(
+        Client,
+        "RL.ALL 2 seam:all-old seam:all-new TOKENBUCKET 10 1 1000 TOKENBUCKET 10 1 1000",
+    );
+    assert_eq!(called.integers().map(|r| r[2]), Some(8), "9 left before");
+}
+
+#[test]
+fn rl_all_denied_anywhere_changes_nothing_anywhere() {
+    let m = space();
+    m.run(Client, "RL.FIXEDWINDOW seam:g 1 1000");
+    let before = m.snapshot();
+    let called = m.run(
+        Client,
+        "RL.ALL 2 seam:u seam:g TOKENBUCKET 5 1 1000 FIXEDWINDOW 1 1000",
+    );
+    assert_eq!(called.result, Ok(()));
+    let reply = called.integers().expect("six integers");
+    assert_eq!((reply[0], reply[5]), (0, 2), "denied by the second");
+    assert!(called.effects.propagated.is_empty());
+    assert_eq!(m.snapshot(), before, "the user keeps their tokens");
+    // Admitted: each limiter goes out as its own pinned call.
+    m.set_now(Micros::from_us(T0_US + 1_000_000));
+    let called = m.run(
+        Client,
+        "RL.ALL 2 seam:u seam:g TOKENBUCKET 5 1 1000 FIXEDWINDOW 1 1000",
+    );
+    let at = T0_US + 1_000_000;
+    let propagated: Vec<String> = called.effects.propagated.iter().map(|c| words(c)).collect();
+    assert_eq!(
+        propagated,
+        [
+            // The global window's key expired with its window.
+            "DEL seam:g".to_string(),
+            format!("RL.TOKENBUCKET seam:u 5 1 1000 COST 1 AT {at}"),
+            format!("RL.FIXEDWINDOW seam:g 1 1000 COST 1 AT {at}"),
+        ]
+    );
+}
+
+#[test]
+fn setstate_is_for_the_master_and_the_aof_and_sets_no_expiry() {
+    let m = space();
+    m.run(Client, "RL.FIXEDWINDOW seam:src 5 1000");
+    let (_, _, encoded, _) = m.snapshot().remove(0);
+    let encoded: Vec<String> = encoded.iter().map(u64::to_string).collect();
+    let fields = format!("RL.SETSTATE seam:set FIXEDWINDOW 1 {}", encoded.join(" "));
+    let fields = fields.as_str();
+    let refused = m.run(Client, fields);
+    assert_eq!(
+        refused.result,
+        Err(Error::ReservedForReplication("RL.SETSTATE"))
+    );
+    let set = m.run(Replicated, fields);
+    assert_eq!(set.result, Ok(()));
+    assert_eq!(set.effects.reply, [Reply::Simple("OK")]);
+    assert_eq!(set.effects.propagated.len(), 1, "verbatim");
+    assert_eq!(
+        m.state::<FixedWindow>(b"seam:set"),
+        m.state::<FixedWindow>(b"seam:src")
+    );
+    assert_eq!(m.expiry(b"seam:set"), None);
+    // A state that does not validate sets nothing.
+    let bad = m.run(Replicated, "RL.SETSTATE seam:bad FIXEDWINDOW 1 1 2 3 4 5 6");
+    assert_eq!(bad.result, Err(Error::BadState));
+    assert_eq!(m.snapshot().len(), 2);
+}
+
+#[test]
+fn a_policy_call_propagates_the_policy_s_limiter_with_its_parameters() {
+    let m = space();
+    let set = m.run(Client, "RL.POLICY SET seam-policy SLIDING 2 1000");
+    assert_eq!(set.effects.reply, [Reply::Simple("OK")]);
+    let called = m.run(Client, "RL.HIT seam-policy seam:hit");
+    // The entry counts from its millisecond, the reset from now: 1000.544 ms.
+    assert_eq!(called.integers(), Some(vec![1, 2, 1, 0, 1001]));
+    assert_eq!(
+        called.effects.propagated.iter().map(|c| words(c)).collect::<Vec<_>>(),
+        [format!("RL.SLIDING seam:hit 2 1000 COST 1 AT {T0_US}")]
+    );
+    assert_eq!(called.effects.events[0].1, "rl.hit");
+    assert!(m.state::<SlidingLog>(b"seam:hit").is_some());
+    assert_eq!(m.run(Client, "RL.POLICY DEL seam-policy").effects.reply, [Reply::Integer(1)]);
+    let gone = m.run(Client, "RL.HIT seam-policy seam:hit");
+    assert!(gone.result.unwrap_err().message().contains("seam-policy"));
+}
+
+/// One call of a replication test: a command template and how far the
+/// clock moves before it.
+fn calls() -> impl Strategy<Value = Vec<(usize, u64, u64)>> {
+    proptest::collection::vec((0..CALLS.len(), 0u64..1500, 0u64..4), 1..40)
+}
+
+/// Calls over a few keys, `{c}` a cost: every algorithm, several limiters,
+/// a policy, FORCE and REFUND.
+const CALLS: [&str; 10] = [
+    "RL.TOKENBUCKET r:{k} 3 1 400 COST {c}",
+    "RL.FIXEDWINDOW r:{k} 3 500 COST {c}",
+    "RL.LEAKYBUCKET r:lb 3 1 300 COST {c}",
+    "RL.SLIDING r:sl 4 1000 COST {c}",
+    "RL.HASHWINDOW r:hw 4 1000 250 COST {c}",
+    "RL.ALL 2 r:sl r:g SLIDING 4 1000 FIXEDWINDOW 6 1000 COST {c}",
+    "RL.ALL 2 r:hw r:p HASHWINDOW 4 1000 250 POLICY seam-replay",
+    "RL.HIT seam-replay r:p COST {c}",
+    "RL.TOKENBUCKET r:{k} 3 1 400 COST {c} FORCE",
+    "RL.SLIDING r:sl 4 1000 REFUND {c}",
+];
+
+proptest! {
+    /// What a master propagates brings a replica to the master's key space
+    /// exactly, whatever the replica's own clock reads.
+    #[test]
+    fn what_the_master_propagates_brings_a_replica_to_the_same_keys(script in calls()) {
+        let master = space();
+        master.run(Client, "RL.POLICY SET seam-replay TOKENBUCKET 2 1 700");
+        let replica = Memory::new(Micros::from_us(T0_US - 5_000_000));
+        let mut now = T0_US;
+        for (i, (call, advance_ms, cost)) in script.into_iter().enumerate() {
+            now += advance_ms * 1000 + 17;
+            master.set_now(Micros::from_us(now));
+            let text = CALLS[call]
+                .replace("{c}", &cost.to_string())
+                .replace("{k}", &(i % 2).to_string());
+            let called = master.run(Client, &text);
+            // A refund of more than was taken is fine; only a wrong-type key
+            // (the two FIXEDWINDOW/TOKENBUCKET keys share names) may fail.
+            if let Err(error) = &called.result {
+                prop_assert_eq!(error, &Error::WrongType, "{}", text);
+            }
+            // The replica's clock lags and jumps: nothing it replays reads it.
+            replica.set_now(Micros::from_us(now - 5_000_000 + (i as u64 % 3) * 1_000_000));
+            let again = replica.replay(&called.effects.propagated);
+            // Pinned calls replayed propagate themselves, unchanged (a
+            // replica's replicas and its AOF).
+            prop_assert_eq!(&again, &called.effects.propagated);
+            replica.set_now(Micros::from_us(now));
+            prop_assert_eq!(replica.snapshot(), master.snapshot(), "after {}", text);
+        }
+    }
+}
+
+#[test]
+fn a_limiter_key_of_another_algorithm_is_the_wrong_type() {
+    let m = space();
+    let state = m.run(Client, "RL.SLIDING seam:sl-src 5 1000");
+    assert_eq!(state.result, Ok(()));
+    let held = m.state::<SlidingLog>(b"seam:sl-src").expect("a state");
+    m.insert::<SlidingLog>(b"seam:sl", held);
+    let called = m.run(Client, "RL.TOKENBUCKET seam:sl 5 1 1000");
+    assert_eq!(called.result, Err(Error::WrongType));
+    let same = m.run(Client, "RL.SLIDING seam:sl 5 1000");
+    assert_eq!(same.integers().map(|r| r[2]), Some(3));
+}
+
+#[test]
+fn a_key_found_expired_is_deleted_and_the_deletion_propagated_first() {
+    let m = space();
+    m.run(Client, "RL.FIXEDWINDOW seam:exp 5 1000");
+    m.set_now(Micros::from_us(T0_US + 2_000_000));
+    let called = m.run(Client, "RL.FIXEDWINDOW seam:exp 5 1000");
+    let propagated: Vec<String> = called.effects.propagated.iter().map(|c| words(c)).collect();
+    assert_eq!(
+        propagated,
+        [
+            "DEL seam:exp".to_string(),
+            format!("RL.FIXEDWINDOW seam:exp 5 1000 COST 1 AT {}", T0_US + 2_000_000),
+        ]
+    );
+    assert_eq!(called.integers().map(|r| r[2]), Some(4), "a new window");
+}
+
+#[test]
+fn a_step_reads_the_host_s_origin() {
+    // `AT` pins the time only for replicated calls.
+    let m = space();
+    let call = "RL.TOKENBUCKET seam:at 5 1 1000 COST 1 AT 1700000000000000";
+    for (origin, ok) in [(Origin::Client, false), (Origin::Replicated, true)] {
+        assert_eq!(m.run(origin, call).result.is_ok(), ok, "{origin:?}");
+    }
+}
+
