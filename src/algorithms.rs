@@ -30,9 +30,7 @@ use crate::config;
 use crate::datatype::NativeState;
 use crate::error::Error;
 use crate::ffi::{Arg, Command, DataType};
-use crate::limiter::{
-    Algorithm, FixedWindow, HashWindow, LeakyBucket, SlidingLog, TokenBucket,
-};
+use crate::limiter::{Algorithm, FixedWindow, HashWindow, LeakyBucket, SlidingLog, TokenBucket};
 use crate::stats::Outcomes;
 
 self::algorithms! { $

@@ -16,18 +16,13 @@
 use std::cell::RefCell;
 
 use crate::algorithms::{for_each_algorithm, with_algorithm, Listed, Site, Spec, COUNT};
-use crate::args::{parse_call, parse_int, parse_options, Params, MAX_AT_US};
+use crate::args::{Params, MAX_AT_US};
+use crate::commands::host::Origin;
+use crate::commands::memory::{Called, Memory};
 use crate::datatype::{decode_args, Decoder, Encoder, NativeState};
 use crate::error::Error;
-use crate::limiter::fixed_window::FixedWindowParams;
-use crate::limiter::hash_window::HashWindowParams;
-use crate::limiter::leaky_bucket::LeakyBucketParams;
-use crate::limiter::sliding_log::SlidingLogParams;
-use crate::limiter::token_bucket::TokenBucketParams;
-use crate::limiter::{
-    self, Algorithm, Decision, FixedWindow, HashWindow, LeakyBucket, Micros, Request, SlidingLog,
-    TokenBucket, Wait, MAX_PARAM, MAX_SPAN_MS,
-};
+use crate::limiter::contract::{self, Guarantee};
+use crate::limiter::{Micros, Request, MAX_PARAM};
 use crate::policy;
 
 /// A realistic "now" (November 2023) for calls without `AT`.
@@ -35,9 +30,6 @@ pub const T0_US: u64 = 1_700_000_000_123_456;
 
 /// Steps of one fuzzed run: enough to fill, drain and step back.
 const MAX_STEPS: usize = 32;
-
-/// Most arguments a single-limiter command takes (`commands::MAX_ARGS`).
-const LIMITER_MAX_ARGS: usize = crate::commands::MAX_ARGS;
 
 // ---------------------------------------------------------------------------
 // The byte decoder: small and edge values are one byte away.
@@ -197,16 +189,26 @@ pub const OTHER_COMMANDS: [&str; 11] = [
 /// Bit of the selector byte: the call comes from the master link or the AOF.
 pub const REPLICATED: u8 = 0x10;
 
+/// Bit of the selector byte: the server is out of memory under
+/// `noeviction` (for the call itself; the steps after it run without).
+pub const OUT_OF_MEMORY: u8 = 0x20;
+
 /// The selector of `RL.SETSTATE`.
 pub const SETSTATE: u8 = COUNT as u8 + 8;
 
 /// One command: `data[0]` picks it (see [`OTHER_COMMANDS`]), then its arguments
 /// after the command name, separated by spaces, up to a NUL byte; what
 /// follows the NUL is read by [`Bytes`]: a limiter state (as its RDB
-/// fields), then up to 32 steps of (time move, cost).
+/// fields), then up to 32 steps of (time move, request).
 ///
-/// Every argv either gets an error that is one clean line, or parses; a
-/// parsed limiter call is then run as described in [`run_steps`].
+/// The call runs through the module's own step (`crate::commands`), on an
+/// in-memory key space ([`Memory`]), as the server would run it: an error
+/// must be one clean line and change nothing anywhere; a call that succeeds
+/// must bring a replica that replays what it propagated to the very same
+/// keys. A limiter call that parses then runs again at every step's instant
+/// and request, through the step too (with the same replica check), and
+/// its parameters run the core crate's contract ([`contract`]) on a fresh
+/// state and on the state decoded from the input.
 pub fn command(data: &[u8]) {
     install_policies();
     let Some((&selector, rest)) = data.split_first() else {
@@ -221,47 +223,144 @@ pub fn command(data: &[u8]) {
     } else {
         text.split(|&b| b == b' ').collect()
     };
-    let replicated = selector & REPLICATED != 0;
+    let origin = if selector & REPLICATED != 0 {
+        Origin::Replicated
+    } else {
+        Origin::Client
+    };
     let mut input = Bytes::new(tail);
     let pick = usize::from(selector & 0x0f);
     if pick < COUNT {
         for_each_algorithm!(L => {
             if L::INDEX == pick {
-                if let Err(error) = limiter::<L>(&words, replicated, &mut input) {
-                    check_error(&error);
-                }
-                return;
+                return limiter::<L>(&words, origin, selector & OUT_OF_MEMORY != 0, &mut input);
             }
         });
     }
-    let outcome = match pick - COUNT {
-        0 => all(&words, replicated, &mut input),
-        1 => hit(&words, &mut input),
-        2 => policy_set(&words, replicated, &mut input),
-        3 | 4 => {
-            // RL.POLICY GET/DEL name (arity 3): a lookup by any bytes.
-            if let [name] = words.as_slice() {
-                let _ = policy::get(name);
-            }
-            Ok(())
-        }
-        5 | 7 | 10 => Ok(()),
-        6 => log_get(&words),
-        8 => setstate(&words, replicated, &mut input),
-        _ => crate::config::parse_load_arguments(&words)
-            .map(|parsed| assert!(parsed.len() * 2 == words.len()))
-            .map_err(|message| {
-                assert_one_line(&message);
-                Error::Syntax(message)
-            }),
+    let name: &[&[u8]] = match pick - COUNT {
+        0 => &[b"RL.ALL"],
+        1 => &[b"RL.HIT"],
+        2 => &[b"RL.POLICY", b"SET"],
+        3 => &[b"RL.POLICY", b"GET"],
+        4 => &[b"RL.POLICY", b"DEL"],
+        5 => &[b"RL.POLICY", b"LIST"],
+        6 => &[b"RL.LOG", b"GET"],
+        7 => &[b"RL.LOG", b"LEN"],
+        8 => &[b"RL.SETSTATE"],
+        10 => &[b"RL.LOG", b"RESET"],
+        _ => return load_arguments(&words),
     };
-    if let Err(error) = outcome {
-        check_error(&error);
+    let mut argv = name.to_vec();
+    argv.extend_from_slice(&words);
+    let steps = read_steps(&mut input, Micros::from_us(T0_US), Request::Cost(1));
+    let master = Memory::new(Micros::from_us(T0_US));
+    let replica = Memory::new(Micros::from_us(T0_US));
+    master.set_out_of_memory(selector & OUT_OF_MEMORY != 0);
+    let called = call_checked(&master, &replica, origin, &argv);
+    master.set_out_of_memory(false);
+    if called.result.is_err() {
+        return;
+    }
+    match pick - COUNT {
+        // RL.ALL and RL.HIT again at each step's instant, then each limiter
+        // of the call on the core crate's contract.
+        0 | 1 => {
+            for &(now, _) in steps.iter().skip(1) {
+                master.set_now(now);
+                call_checked(&master, &replica, Origin::Client, &argv);
+            }
+            if pick == COUNT {
+                let call = crate::commands::all::parse(&argv).expect("a call that ran parses");
+                for limit in call.limits.iter() {
+                    run_spec(&limit.spec, &steps);
+                }
+            } else if let Some((rule, _)) = policy::get(words[0]) {
+                run_spec(&rule.spec, &steps);
+            }
+        }
+        // RL.POLICY SET: the rule survives the RDB form and runs.
+        2 => {
+            let (name, rule) = (
+                words[0],
+                policy::parse_rule(&words[1..]).expect("it was set"),
+            );
+            let rules = vec![(name.to_vec(), rule)];
+            assert_eq!(policies_round_trip(&rules), rules);
+            run_spec(&rule.spec, &steps);
+        }
+        // RL.SETSTATE: the state it set is checked and run like a loaded one.
+        8 => {
+            for_each_algorithm!(L => {
+                if let Some(state) = master.state::<L>(words[0]) {
+                    check_round_trip::<L>(&state);
+                    run_loaded::<L>(state, &mut input);
+                }
+            });
+        }
+        _ => {}
+    }
+    // What RL.POLICY SET and DEL changed, back to the fixed policies.
+    if matches!(pick - COUNT, 2 | 4) {
+        reinstall_policies(&argv);
+    }
+}
+
+/// Runs `argv` on `master`, checks its error or its replication to
+/// `replica`, and returns what it did.
+fn call_checked(master: &Memory, replica: &Memory, origin: Origin, argv: &[&[u8]]) -> Called {
+    let before = master.snapshot();
+    let called = master.call(origin, argv);
+    if tracing() {
+        eprintln!("{:?} {:?} -> {:?}", origin, text_of(argv), called.result);
+    }
+    match &called.result {
+        Err(error) => {
+            check_error(error);
+            assert!(
+                called.effects.propagated.is_empty(),
+                "an error propagated something"
+            );
+            assert_eq!(master.snapshot(), before, "an error changed a key");
+        }
+        Ok(()) => {
+            replica.set_now(master.now());
+            let again = replica.replay(&called.effects.propagated);
+            assert_eq!(
+                again, called.effects.propagated,
+                "a replayed call propagated otherwise"
+            );
+            assert_eq!(
+                replica.snapshot(),
+                master.snapshot(),
+                "a replica diverged after {:?}",
+                text_of(argv)
+            );
+        }
+    }
+    called
+}
+
+fn text_of(argv: &[&[u8]]) -> Vec<String> {
+    argv.iter()
+        .map(|w| String::from_utf8_lossy(w).into_owned())
+        .collect()
+}
+
+/// The loadmodule arguments: `name value` pairs, or one clean error line.
+fn load_arguments(words: &[&[u8]]) {
+    if let Err(message) = crate::config::parse_load_arguments(words)
+        .map(|parsed| assert!(parsed.len() * 2 == words.len()))
+    {
+        assert_one_line(&message);
     }
 }
 
 /// An error reply is one line with a Redis error code, never a panic.
 fn check_error(error: &Error) {
+    if *error == Error::Arity {
+        // The server's own wording (`RedisModule_WrongArity`).
+        return;
+    }
     let message = error.message();
     assert_one_line(&message);
     let code = message.split(' ').next().unwrap_or_default();
@@ -279,7 +378,8 @@ fn assert_one_line(message: &str) {
 }
 
 /// The policies `RL.ALL ... POLICY name` and `RL.HIT name` can name: one per
-/// algorithm and mode (set once; nothing else ever changes them here).
+/// algorithm and mode. The fuzzed `RL.POLICY SET` and `DEL` may change
+/// them; each input starts from these again.
 pub const POLICIES: [(&str, &str); 5] = [
     ("tb", "TOKENBUCKET 5 5 1000"),
     ("fw", "FIXEDWINDOW 3 1000 MODE SHADOW"),
@@ -290,149 +390,77 @@ pub const POLICIES: [(&str, &str); 5] = [
 
 fn install_policies() {
     static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        for (name, rule) in POLICIES {
-            let words: Vec<&[u8]> = rule.split(' ').map(str::as_bytes).collect();
-            let rule = policy::parse_rule(&words).expect("a valid policy");
-            policy::set(name.as_bytes(), rule);
-        }
-    });
+    ONCE.call_once(|| reinstall_policies(&[]));
 }
 
-/// `RL.<ALGORITHM> key <params...> [COST n] [AT us]`, as its handler parses
-/// it (`commands/limiter.rs`), then run.
-fn limiter<L: Listed + Fuzzed>(
+/// Sets the fixed policies again, and deletes the one `argv` (an
+/// `RL.POLICY SET` or `DEL`) named if it is not one of them.
+fn reinstall_policies(argv: &[&[u8]]) {
+    if let Some(name) = argv.get(2) {
+        if !POLICIES.iter().any(|(fixed, _)| fixed.as_bytes() == *name) {
+            policy::delete(name);
+        }
+    }
+    for (name, rule) in POLICIES {
+        let words: Vec<&[u8]> = rule.split(' ').map(str::as_bytes).collect();
+        let rule = policy::parse_rule(&words).expect("a valid policy");
+        policy::set(name.as_bytes(), rule);
+    }
+}
+
+/// `RL.<ALGORITHM> key <params...> [options]`: the call through the step,
+/// on a fresh key and on the state decoded from the input; then every step
+/// through the step too; then the parameters on the core crate's contract.
+fn limiter<L: Listed + Guarantee>(
     words: &[&[u8]],
-    replicated: bool,
+    origin: Origin,
+    out_of_memory: bool,
     input: &mut Bytes,
-) -> Result<(), Error> {
-    // Redis's arity check, then the handler's.
-    if words.len() < 1 + L::Params::COUNT {
-        return Err(Error::Arity);
-    }
-    if words.len() + 1 > LIMITER_MAX_ARGS {
-        return Err(Error::UnknownOption(Error::quote(
-            words[LIMITER_MAX_ARGS - 1],
-        )));
-    }
-    let (params, options) = parse_call::<L::Params>(&words[1..])?;
-    match options.at {
-        Some(_) if !replicated => return Err(Error::ReservedForReplication("AT")),
-        Some(_) => {}
-        None => (L::ROW.bounds)(&params)?,
-    }
-    let now = options.at.unwrap_or(Micros::from_us(T0_US));
+) {
+    let mut argv: Vec<&[u8]> = vec![L::ROW.command.to_bytes()];
+    argv.extend_from_slice(words);
     let loaded = decode_checked::<L>(input, 1);
-    let steps = read_steps(input, now, options.request);
+    let first = crate::args::parse_call::<L::Params>(words.get(1..).unwrap_or_default())
+        .map_or(Request::Cost(1), |(_, options)| options.request);
+    let steps = read_steps(input, Micros::from_us(T0_US), first);
+    let (master, replica) = (
+        Memory::new(Micros::from_us(T0_US)),
+        Memory::new(Micros::from_us(T0_US)),
+    );
+    let key = words.first().copied().unwrap_or_default();
+    if let Some(state) = &loaded {
+        master.insert::<L>(key, state.clone());
+        replica.insert::<L>(key, state.clone());
+    }
+    master.set_out_of_memory(out_of_memory);
+    let called = call_checked(&master, &replica, origin, &argv);
+    master.set_out_of_memory(false);
+    if called.result.is_err() {
+        return;
+    }
+    let (params, _) =
+        crate::args::parse_call::<L::Params>(&words[1..]).expect("a call that ran parses");
+    // The same key, parameters as the call gave them, each step's request
+    // at its instant, as a client sends it.
+    let texts: Vec<String> = steps
+        .iter()
+        .map(|(_, request)| match *request {
+            Request::Cost(n) => format!("COST {n}"),
+            Request::Force(n) => format!("COST {n} FORCE"),
+            Request::Refund(n) => format!("REFUND {n}"),
+        })
+        .collect();
+    let head = &argv[..2 + L::Params::COUNT];
+    for ((now, _), request) in steps.iter().zip(&texts).skip(1) {
+        master.set_now(*now);
+        let mut step = head.to_vec();
+        step.extend(request.split(' ').map(str::as_bytes));
+        call_checked(&master, &replica, Origin::Client, &step);
+    }
     run_fresh::<L>(&params, &steps);
     if let Some(mut state) = loaded {
         run_steps::<L>(&mut state, &params, &steps);
     }
-    Ok(())
-}
-
-/// `RL.ALL numkeys key... spec... [COST n]`: the real parser
-/// (`commands::all::parse`), the configured bounds the handler applies, and
-/// every limiter run from a fresh state.
-fn all(words: &[&[u8]], replicated: bool, input: &mut Bytes) -> Result<(), Error> {
-    let mut argv: Vec<&[u8]> = vec![b"RL.ALL"];
-    argv.extend_from_slice(words);
-    // Redis's arity check (-5), then the handler's parser.
-    if argv.len() < 5 {
-        return Err(Error::Arity);
-    }
-    let call = crate::commands::all::parse(&argv)?;
-    assert_eq!(call.keys.len(), call.limits.len());
-    if !replicated {
-        for limit in call.limits.iter() {
-            if matches!(limit.source, crate::commands::all::Source::Inline { .. }) {
-                with_algorithm!(limit.spec, L, p => (L::ROW.bounds)(&p))?;
-            }
-        }
-    }
-    let steps = read_steps(input, Micros::from_us(T0_US), call.options.request);
-    for limit in call.limits.iter() {
-        run_spec(&limit.spec, &steps);
-    }
-    Ok(())
-}
-
-/// `RL.HIT name key [COST n]`.
-fn hit(words: &[&[u8]], input: &mut Bytes) -> Result<(), Error> {
-    if words.len() < 2 {
-        return Err(Error::Arity);
-    }
-    let options = parse_options(&words[2..])?;
-    if options.at.is_some() {
-        return Err(Error::ReservedForReplication("AT"));
-    }
-    let name = words[0];
-    let (rule, _) = policy::get(name).ok_or_else(|| Error::UnknownPolicy(Error::quote(name)))?;
-    let steps = read_steps(input, Micros::from_us(T0_US), options.request);
-    run_spec(&rule.spec, &steps);
-    Ok(())
-}
-
-/// `RL.POLICY SET name <ALGORITHM> <params...> [MODE m] [ROLLOUT p]`, as its
-/// handler checks it (without storing it); a rule that parses must survive
-/// the RDB form.
-fn policy_set(words: &[&[u8]], replicated: bool, input: &mut Bytes) -> Result<(), Error> {
-    if words.len() < 3 {
-        return Err(Error::Arity);
-    }
-    let name = words[0];
-    policy::check_name(name)?;
-    let rule = policy::parse_rule(&words[1..])?;
-    policy::check_room_for(name)?;
-    if !replicated {
-        with_algorithm!(rule.spec, L, p => (L::ROW.bounds)(&p))?;
-    }
-    let rules = vec![(name.to_vec(), rule)];
-    assert_eq!(policies_round_trip(&rules), rules);
-    let steps = read_steps(input, Micros::from_us(T0_US), Request::Cost(1));
-    run_spec(&rule.spec, &steps);
-    Ok(())
-}
-
-/// `RL.LOG GET [count]`.
-fn log_get(words: &[&[u8]]) -> Result<(), Error> {
-    if let Some(text) = words.first() {
-        parse_int(text, "count", 0, u64::from(u32::MAX))?;
-    }
-    if words.len() > 1 {
-        return Err(Error::Arity);
-    }
-    Ok(())
-}
-
-/// `RL.SETSTATE key <ALGORITHM> <encoding> <fields...>`, as its handler
-/// checks it; a state it accepts is checked and run like a loaded one.
-fn setstate(words: &[&[u8]], replicated: bool, input: &mut Bytes) -> Result<(), Error> {
-    // Redis's arity (-5) counts the command name.
-    if words.len() < 4 {
-        return Err(Error::Arity);
-    }
-    if !replicated {
-        return Err(Error::ReservedForReplication("RL.SETSTATE"));
-    }
-    let encoding = parse_int(words[2], "encoding", 1, 1)? as i32;
-    let (algorithm, fields) = (words[1], &words[3..]);
-    fn set<L: Listed + Fuzzed>(
-        fields: &[&[u8]],
-        encoding: i32,
-        input: &mut Bytes,
-    ) -> Result<(), Error> {
-        let state = decode_args::<L::State>(fields, encoding).ok_or(Error::BadState)?;
-        check_round_trip::<L>(&state);
-        run_loaded::<L>(state, input);
-        Ok(())
-    }
-    for_each_algorithm!(L => {
-        if algorithm.eq_ignore_ascii_case(L::WORD.to_bytes()) {
-            return set::<L>(fields, encoding, input);
-        }
-    });
-    Err(Error::UnknownAlgorithm(Error::quote(algorithm)))
 }
 
 // ---------------------------------------------------------------------------
@@ -461,7 +489,7 @@ pub fn rdb(data: &[u8]) {
     rdb_policies(input)
 }
 
-fn rdb_state<L: Listed + Fuzzed>(input: &mut Bytes, encoding: i32) {
+fn rdb_state<L: Listed + Guarantee>(input: &mut Bytes, encoding: i32) {
     let Some(state) = decode_checked::<L>(input, encoding) else {
         return;
     };
@@ -470,7 +498,7 @@ fn rdb_state<L: Listed + Fuzzed>(input: &mut Bytes, encoding: i32) {
 
 /// Runs a loaded state under parameters read from `input` (checked by the
 /// real parser, so only parameters a call could carry).
-fn run_loaded<L: Listed + Fuzzed>(mut state: L::State, input: &mut Bytes) {
+fn run_loaded<L: Listed + Guarantee>(mut state: L::State, input: &mut Bytes) {
     let mut texts = Vec::with_capacity(L::Params::COUNT);
     for _ in 0..L::Params::COUNT {
         let Some(value) = input.take() else { return };
@@ -616,318 +644,35 @@ fn run_spec(spec: &Spec, steps: &[(Micros, Request)]) {
     assert_eq!(Spec::parse(&words, Site::Policy), Ok((*spec, words.len())));
 }
 
-/// Runs `steps` on `state`, asserting the contract of the core crate and
-/// the reply rules of the spec at every one:
-///
-/// - `decide` predicts `apply`; a denial or `COST 0` changes nothing;
-///   an admission with a cost changes the state;
-/// - `remaining <= limit`, `limit` is the parameters' limit, `wait_ms` is
-///   -1 exactly when the cost is above the limit, every reply integer fits
-///   an `i64`, an admitted call waits only on a shaping limiter;
-/// - after an admission the state re-encodes to itself (what RDB, AOF and
-///   replicas get), a peek at the same instant agrees with the reply, and the
-///   key's expiry is in the future (the admission is not lost at once);
-/// - a denial's `remaining` is what a peek says, and the same request is
-///   admitted after `wait_ms` and not one millisecond before (unless the
-///   state is more than MAX_SPAN_MS away from now, see below);
-/// - from idle, with a clock that only goes forward, the algorithm's own
-///   guarantee holds on what it admitted ([`Fuzzed::check_admissions`]).
-fn run_steps<L: Listed + Fuzzed>(
+/// The core crate's contract on `steps` from `state`; every changed state
+/// must also survive the module's RDB and AOF forms.
+fn run_steps<L: Listed + Guarantee>(
     state: &mut L::State,
     params: &L::Params,
     steps: &[(Micros, Request)],
-) -> Vec<(u64, u64)> {
-    let mut admitted = Vec::new();
-    for &(now, request) in steps {
-        let before = state.clone();
-        let cost = match request {
-            Request::Cost(cost) => cost,
-            _ => {
-                run_forced_or_refunded::<L>(state, params, request, now);
-                continue;
-            }
-        };
-        let decided = L::decide(state, params, cost, now);
-        let d = L::apply(state, params, cost, now);
-        if tracing() {
-            eprintln!(
-                "{params:?} cost {cost} at {now:?}\n  {before:?}\n  -> {d:?}\n  -> {state:?}"
-            );
-        }
-        assert_eq!(decided, d, "decide and apply disagree");
-        check_decision::<L>(&d, params, cost);
-        if !d.allowed || cost == 0 {
-            assert_eq!(*state, before, "a denial or COST 0 changed the state");
-            let peek = L::decide(state, params, 0, now);
-            assert_eq!(peek.remaining, d.remaining, "a denial and a peek disagree");
-            if let (false, Wait::Ms(wait_ms)) = (d.allowed, d.wait) {
-                // Beyond MAX_SPAN_MS of debt (a clock stepped back by
-                // millennia) the buckets cap it so that replies fit an i64,
-                // and wait_ms is a bound no longer exact.
-                if d.reset_ms < MAX_SPAN_MS {
-                    check_wait::<L>(state, params, cost, now, wait_ms);
-                }
-            }
-        } else {
-            admitted.push((now.as_us(), cost));
-            assert_ne!(*state, before, "an admission changed nothing");
-            check_round_trip::<L>(state);
-            let peek = L::decide(state, params, 0, now);
-            assert_eq!(
-                peek.remaining, d.remaining,
-                "an admission and a peek disagree"
-            );
-            let idle_at_ms = L::idle_at_ms(state, params);
-            assert!(
-                idle_at_ms < i64::MAX as u64
-                    && u128::from(idle_at_ms) * 1000 > u128::from(now.as_us()),
-                "expiry {idle_at_ms} ms not after an admission at {} us",
-                now.as_us()
-            );
-        }
-    }
-    admitted
-}
-
-/// One `COST n FORCE` or `REFUND n` step: `decide` predicts `run`, the call
-/// is answered allowed with `remaining <= limit`, `changed` says whether the
-/// state changed, and a changed state re-encodes to itself and expires after
-/// now. A forced call answers what the unforced one would have; a refund
-/// answers as a peek after it and never takes room.
-fn run_forced_or_refunded<L: Listed + Fuzzed>(
-    state: &mut L::State,
-    params: &L::Params,
-    request: Request,
-    now: Micros,
 ) {
-    let before = state.clone();
-    let predicted = limiter::decide::<L>(state, params, request, now);
-    let outcome = limiter::run::<L>(state, params, request, now);
-    if tracing() {
-        eprintln!(
-            "{params:?} {request:?} at {now:?}\n  {before:?}\n  -> {outcome:?}\n  -> {state:?}"
-        );
-    }
-    assert_eq!(predicted, outcome, "decide and run disagree");
-    assert_eq!(outcome.changed, *state != before, "changed is wrong");
-    let d = outcome.decision;
-    assert!(d.allowed, "{request:?} answered denied");
-    assert_eq!(
-        d.limit,
-        L::limit(params),
-        "limit is not the parameters' limit"
-    );
-    assert!(d.remaining <= d.limit, "remaining above the limit: {d:?}");
-    match request {
-        Request::Force(cost) => {
-            let unforced = L::decide(&before, params, cost, now);
-            assert_eq!(
-                d,
-                Decision {
-                    allowed: true,
-                    ..unforced
-                },
-                "FORCE answers unlike the call without it"
-            );
-        }
-        Request::Refund(_) => {
-            assert_eq!(
-                d,
-                L::decide(state, params, 0, now),
-                "a refund answers unlike a peek after it"
-            );
-            let peek_before = L::decide(&before, params, 0, now);
-            assert!(
-                d.remaining >= peek_before.remaining,
-                "a refund took room: {peek_before:?} -> {d:?}"
-            );
-        }
-        Request::Cost(_) => unreachable!("plain calls run in run_steps"),
-    }
-    if outcome.changed {
-        check_round_trip::<L>(state);
-        let idle_at_ms = L::idle_at_ms(state, params);
-        assert!(
-            idle_at_ms < i64::MAX as u64,
-            "expiry {idle_at_ms} ms overflows"
-        );
-    }
+    contract::run_steps::<L>(state, params, steps, &mut check_round_trip::<L>);
 }
 
-/// Runs `steps` from an idle limiter and, when the clock only went forward,
-/// checks the algorithm's own guarantee on what it admitted.
-fn run_fresh<L: Listed + Fuzzed>(params: &L::Params, steps: &[(Micros, Request)]) {
-    let now = steps.first().map_or(Micros::from_us(T0_US), |s| s.0);
-    let admitted = run_steps::<L>(&mut L::idle(params, now), params, steps);
-    // (A forced or refunded unit is outside the algorithm's guarantee.)
-    let plain = steps.iter().all(|(_, r)| matches!(r, Request::Cost(_)));
-    if plain && steps.windows(2).all(|w| w[0].0 <= w[1].0) {
-        L::check_admissions(params, &admitted);
-    }
+/// The same from an idle limiter, with the algorithm's own guarantee.
+fn run_fresh<L: Listed + Guarantee>(params: &L::Params, steps: &[(Micros, Request)]) {
+    contract::run_fresh::<L>(params, steps, &mut check_round_trip::<L>);
 }
 
-/// `FUZZ_TRACE=1` prints every step (to read a crash: `FUZZ_TRACE=1 cargo
+/// `FUZZ_TRACE=1` prints every call (to read a crash: `FUZZ_TRACE=1 cargo
 /// fuzz run ... <artifact>` or the replay test).
 fn tracing() -> bool {
     static TRACE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *TRACE.get_or_init(|| std::env::var_os("FUZZ_TRACE").is_some())
 }
 
-fn check_decision<L: Fuzzed>(d: &Decision, params: &L::Params, cost: u64) {
-    let limit = L::limit(params);
-    assert_eq!(d.limit, limit, "limit is not the parameters' limit");
-    assert!(d.remaining <= d.limit, "remaining above the limit: {d:?}");
-    assert!(d.reset_ms <= i64::MAX as u64, "reset_ms overflows: {d:?}");
-    let never = d.wait == Wait::Never;
-    assert_eq!(
-        never,
-        !d.allowed && cost > limit,
-        "wait_ms -1 must mean exactly a cost above the limit: {d:?}"
-    );
-    if cost > limit {
-        assert!(!d.allowed, "a cost above the limit was admitted");
-    }
-    match d.wait {
-        Wait::Ms(ms) => assert!(ms <= i64::MAX as u64, "wait_ms overflows: {d:?}"),
-        Wait::Never => {}
-    }
-    if d.allowed && !L::SHAPES {
-        assert_eq!(d.wait, Wait::Ms(0), "an admission that waits");
-    }
-    if cost == 0 {
-        assert!(d.allowed, "COST 0 denied");
-    }
-}
-
-/// The same request, `wait_ms` later, is admitted; one millisecond earlier
-/// it is not.
-fn check_wait<L: Listed + Fuzzed>(
-    state: &L::State,
-    params: &L::Params,
-    cost: u64,
-    now: Micros,
-    wait_ms: u64,
-) {
-    let at = |ms: u64| now.saturating_add_ms(ms);
-    if at(wait_ms).as_us() > MAX_AT_US {
-        return;
-    }
-    let later = L::decide(state, params, cost, at(wait_ms));
-    assert!(
-        later.allowed,
-        "denied again {wait_ms} ms later, as wait_ms said: {later:?}"
-    );
-    if wait_ms > 0 {
-        let early = L::decide(state, params, cost, at(wait_ms - 1));
-        assert!(!early.allowed, "admitted before wait_ms ({wait_ms} ms)");
-    }
-}
-
-/// What the checks need to know of each algorithm.
-pub trait Fuzzed: Algorithm<State: NativeState> {
-    fn limit(params: &Self::Params) -> u64;
-    /// Checks the algorithm's guarantee on the (Unix us, cost) it admitted
-    /// from idle, with a clock that only went forward.
-    fn check_admissions(params: &Self::Params, admitted: &[(u64, u64)]);
-}
-
-/// From a full bucket, units admitted in any span `t` never exceed
-/// `capacity + count * t / ms` (in ticks: a unit is `ms * 1000` ticks, a
-/// microsecond `count`).
-fn check_bucket_bound(capacity: u64, count: u64, ms: u64, admitted: &[(u64, u64)]) {
-    let period = u128::from(ms) * 1000;
-    for (i, &(first_us, _)) in admitted.iter().enumerate() {
-        let mut units = 0u128;
-        for &(us, cost) in &admitted[i..] {
-            units += u128::from(cost);
-            let bound =
-                u128::from(capacity) * period + u128::from(count) * u128::from(us - first_us);
-            assert!(
-                units * period <= bound,
-                "{units} units admitted from {first_us} to {us} us"
-            );
-        }
-    }
-}
-
-/// Units admitted in any interval of `window_ms` never exceed `limit`.
-fn check_window_bound(limit: u64, window_ms: u64, admitted: &[(u64, u64)]) {
-    for (i, &(first_us, _)) in admitted.iter().enumerate() {
-        let end_us = first_us.saturating_add(window_ms.saturating_mul(1000));
-        let units: u64 = admitted[i..]
-            .iter()
-            .take_while(|a| a.0 < end_us)
-            .map(|a| a.1)
-            .sum();
-        assert!(
-            units <= limit,
-            "{units} units admitted in {window_ms} ms from {first_us} us"
-        );
-    }
-}
-
-impl Fuzzed for TokenBucket {
-    fn limit(params: &TokenBucketParams) -> u64 {
-        params.capacity()
-    }
-    fn check_admissions(p: &TokenBucketParams, admitted: &[(u64, u64)]) {
-        check_bucket_bound(p.capacity(), p.refill_count(), p.refill_ms(), admitted);
-    }
-}
-
-impl Fuzzed for FixedWindow {
-    fn limit(params: &FixedWindowParams) -> u64 {
-        params.limit()
-    }
-    fn check_admissions(p: &FixedWindowParams, admitted: &[(u64, u64)]) {
-        // at most `limit` in each window aligned on the epoch
-        let window_us = p.window_ms() * 1000;
-        for (i, &(first_us, _)) in admitted.iter().enumerate() {
-            let window = first_us / window_us;
-            let units: u64 = admitted[i..]
-                .iter()
-                .take_while(|a| a.0 / window_us == window)
-                .map(|a| a.1)
-                .sum();
-            assert!(
-                units <= p.limit(),
-                "{units} units in the window of {first_us} us"
-            );
-        }
-    }
-}
-
-impl Fuzzed for LeakyBucket {
-    fn limit(params: &LeakyBucketParams) -> u64 {
-        params.capacity()
-    }
-    fn check_admissions(p: &LeakyBucketParams, admitted: &[(u64, u64)]) {
-        check_bucket_bound(p.capacity(), p.leak_count(), p.leak_ms(), admitted);
-    }
-}
-
-impl Fuzzed for SlidingLog {
-    fn limit(params: &SlidingLogParams) -> u64 {
-        params.limit()
-    }
-    fn check_admissions(p: &SlidingLogParams, admitted: &[(u64, u64)]) {
-        check_window_bound(p.limit(), p.window_ms(), admitted);
-    }
-}
-
-impl Fuzzed for HashWindow {
-    fn limit(params: &HashWindowParams) -> u64 {
-        params.limit()
-    }
-    fn check_admissions(p: &HashWindowParams, admitted: &[(u64, u64)]) {
-        check_window_bound(p.limit(), p.window_ms(), admitted);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::algorithms::word;
+    use crate::limiter::{
+        Algorithm, FixedWindow, HashWindow, LeakyBucket, SlidingLog, TokenBucket,
+    };
     use std::path::{Path, PathBuf};
 
     fn fuzz_dir() -> PathBuf {
@@ -1031,7 +776,7 @@ mod tests {
         (2500, 1),
     ];
 
-    fn limiter_seeds<L: Listed + Fuzzed>(
+    fn limiter_seeds<L: Listed + Guarantee>(
         seeds: &mut Vec<Vec<u8>>,
         rdb_seeds: &mut Vec<Vec<u8>>,
         selector: u8,

@@ -205,6 +205,29 @@ impl Algorithm for FixedWindow {
     }
 }
 
+/// The guarantee the contract checks (`crate::contract`).
+impl crate::contract::Guarantee for FixedWindow {
+    fn limit(params: &FixedWindowParams) -> u64 {
+        params.limit()
+    }
+    fn check_admissions(p: &FixedWindowParams, admitted: &[(u64, u64)]) {
+        // at most `limit` in each window aligned on the epoch
+        let window_us = p.window_ms() * 1000;
+        for (i, &(first_us, _)) in admitted.iter().enumerate() {
+            let window = first_us / window_us;
+            let units: u64 = admitted[i..]
+                .iter()
+                .take_while(|a| a.0 / window_us == window)
+                .map(|a| a.1)
+                .sum();
+            assert!(
+                units <= p.limit(),
+                "{units} units in the window of {first_us} us"
+            );
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::testkit::{apply_checked, remaining_after_change};

@@ -426,6 +426,16 @@ impl Algorithm for HashWindow {
     }
 }
 
+/// The guarantee the contract checks (`crate::contract`).
+impl crate::contract::Guarantee for HashWindow {
+    fn limit(params: &HashWindowParams) -> u64 {
+        params.limit()
+    }
+    fn check_admissions(p: &HashWindowParams, admitted: &[(u64, u64)]) {
+        crate::contract::check_window_bound(p.limit(), p.window_ms(), admitted);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::testkit::{apply_checked, remaining_after_change};

@@ -151,6 +151,16 @@ impl Algorithm for LeakyBucket {
     }
 }
 
+/// The guarantee the contract checks (`crate::contract`).
+impl crate::contract::Guarantee for LeakyBucket {
+    fn limit(params: &LeakyBucketParams) -> u64 {
+        params.capacity()
+    }
+    fn check_admissions(p: &LeakyBucketParams, admitted: &[(u64, u64)]) {
+        crate::contract::check_bucket_bound(p.capacity(), p.leak_count(), p.leak_ms(), admitted);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::testkit::{apply_checked, remaining_after_change};

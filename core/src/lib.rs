@@ -69,6 +69,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod contract;
 mod error;
 pub mod fixed_window;
 pub mod hash_window;

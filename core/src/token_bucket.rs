@@ -374,6 +374,21 @@ impl Algorithm for TokenBucket {
     }
 }
 
+/// The guarantee the contract checks (`crate::contract`).
+impl crate::contract::Guarantee for TokenBucket {
+    fn limit(params: &TokenBucketParams) -> u64 {
+        params.capacity()
+    }
+    fn check_admissions(p: &TokenBucketParams, admitted: &[(u64, u64)]) {
+        crate::contract::check_bucket_bound(
+            p.capacity(),
+            p.refill_count(),
+            p.refill_ms(),
+            admitted,
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::testkit::{apply_checked, remaining_after_change};

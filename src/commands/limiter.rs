@@ -89,8 +89,8 @@ pub(super) fn apply_to_key<L: Listed, H: Host>(
         // usually has it already: it is read, which is cheaper than setting
         // it, and set only if it differs (a PERSIST, a RESTORE without TTL,
         // or new parameters).
-        let expiry_written = outcome.changed
-            && (idle_after != idle_before || key.expires_at() != Some(idle_after));
+        let expiry_written =
+            outcome.changed && (idle_after != idle_before || key.expires_at() != Some(idle_after));
         if expiry_written {
             key.expire_at(idle_after);
         }

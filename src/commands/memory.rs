@@ -140,6 +140,10 @@ impl Memory {
         }
     }
 
+    pub fn now(&self) -> Micros {
+        self.now.get()
+    }
+
     pub fn set_now(&self, now: Micros) {
         self.now.set(now);
     }
@@ -152,9 +156,15 @@ impl Memory {
     /// Runs one command, as the server dispatches it (`DEL` too, which a
     /// master propagates for keys it found expired).
     pub fn call(&self, origin: Origin, words: &[&[u8]]) -> Called {
-        if words.first().is_some_and(|w| w.eq_ignore_ascii_case(b"DEL")) {
+        if words
+            .first()
+            .is_some_and(|w| w.eq_ignore_ascii_case(b"DEL"))
+        {
             let mut keys = self.keys.borrow_mut();
-            let deleted = words[1..].iter().filter(|k| keys.remove(**k).is_some()).count();
+            let deleted = words[1..]
+                .iter()
+                .filter(|k| keys.remove(**k).is_some())
+                .count();
             let effects = Effects {
                 reply: vec![Reply::Integer(deleted as i64)],
                 propagated: vec![words.iter().map(|w| w.to_vec()).collect()],
@@ -298,7 +308,7 @@ impl Call<'_> {
         let mut words = vec![command.to_bytes().to_vec()];
         words.extend(head);
         let (tail, len) = replicate::tail(request, now);
-        words.extend(tail[..len].iter().map(|w| w.to_bytes()));
+        words.extend(tail[..len].iter().map(|w| w.text()));
         self.effects.borrow_mut().propagated.push(words);
     }
 

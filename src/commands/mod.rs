@@ -13,6 +13,7 @@ pub mod limiter;
 pub mod live;
 pub mod log;
 #[cfg(any(test, feature = "fuzzing"))]
+#[cfg_attr(not(test), allow(dead_code))] // the unit tests use all of it
 pub mod memory;
 pub mod policy;
 pub mod setstate;
@@ -20,7 +21,6 @@ pub mod setstate;
 mod tests_steps;
 
 use crate::algorithms::ReplyShape;
-use crate::error::Error;
 use crate::ffi::Arg;
 use crate::limiter::Decision;
 use host::Host;
@@ -96,8 +96,9 @@ pub fn reply_lines<H: Host>(host: &H, lines: &[&str]) {
 /// would dispatch it: for hosts other than the live server, which
 /// dispatches by itself.
 #[cfg(any(test, feature = "fuzzing"))]
-pub fn dispatch<H: Host>(host: &H) -> Result<(), Error> {
+pub fn dispatch<H: Host>(host: &H) -> Result<(), crate::error::Error> {
     use crate::algorithms::{for_each_algorithm, Listed};
+    use crate::error::Error;
     let words = host.all_words();
     let name = |i: usize| words.get(i).map(|w| w.to_ascii_uppercase());
     let argc = words.len();

@@ -53,7 +53,10 @@ fn an_admission_creates_the_key_with_its_expiry_and_propagates_the_pinned_call()
 #[test]
 fn a_denial_or_a_peek_writes_propagates_and_signals_nothing() {
     let m = space();
-    assert_eq!(m.run(Client, "RL.FIXEDWINDOW seam:fw 1 1000").result, Ok(()));
+    assert_eq!(
+        m.run(Client, "RL.FIXEDWINDOW seam:fw 1 1000").result,
+        Ok(())
+    );
     let before = m.snapshot();
     for call in [
         "RL.FIXEDWINDOW seam:fw 1 1000",
@@ -82,9 +85,15 @@ fn an_error_writes_nothing_in_any_key() {
         ("RL.TOKENBUCKET seam:e2 5 1 1000 AT 5", "AT"),
         ("RL.SLIDING seam:str 5 1000", "WRONGTYPE"),
         // The second limiter is the wrong type: the first keeps its tokens.
-        ("RL.ALL 2 seam:e1 seam:str TOKENBUCKET 5 1 1000 FIXEDWINDOW 5 1000", "WRONGTYPE"),
+        (
+            "RL.ALL 2 seam:e1 seam:str TOKENBUCKET 5 1 1000 FIXEDWINDOW 5 1000",
+            "WRONGTYPE",
+        ),
         // A spec the call cannot parse, after one that would admit.
-        ("RL.ALL 2 seam:e1 seam:e3 TOKENBUCKET 5 1 1000 SLIDING 5", "spec 2"),
+        (
+            "RL.ALL 2 seam:e1 seam:e3 TOKENBUCKET 5 1 1000 SLIDING 5",
+            "spec 2",
+        ),
         ("RL.SETSTATE seam:e1 TOKENBUCKET 1 5 0 0", "RL.SETSTATE"),
         ("RL.TOKENBUCKET seam:e1 5 1", "arguments"),
     ] {
@@ -216,12 +225,20 @@ fn a_policy_call_propagates_the_policy_s_limiter_with_its_parameters() {
     // The entry counts from its millisecond, the reset from now: 1000.544 ms.
     assert_eq!(called.integers(), Some(vec![1, 2, 1, 0, 1001]));
     assert_eq!(
-        called.effects.propagated.iter().map(|c| words(c)).collect::<Vec<_>>(),
+        called
+            .effects
+            .propagated
+            .iter()
+            .map(|c| words(c))
+            .collect::<Vec<_>>(),
         [format!("RL.SLIDING seam:hit 2 1000 COST 1 AT {T0_US}")]
     );
     assert_eq!(called.effects.events[0].1, "rl.hit");
     assert!(m.state::<SlidingLog>(b"seam:hit").is_some());
-    assert_eq!(m.run(Client, "RL.POLICY DEL seam-policy").effects.reply, [Reply::Integer(1)]);
+    assert_eq!(
+        m.run(Client, "RL.POLICY DEL seam-policy").effects.reply,
+        [Reply::Integer(1)]
+    );
     let gone = m.run(Client, "RL.HIT seam-policy seam:hit");
     assert!(gone.result.unwrap_err().message().contains("seam-policy"));
 }
@@ -304,7 +321,10 @@ fn a_key_found_expired_is_deleted_and_the_deletion_propagated_first() {
         propagated,
         [
             "DEL seam:exp".to_string(),
-            format!("RL.FIXEDWINDOW seam:exp 5 1000 COST 1 AT {}", T0_US + 2_000_000),
+            format!(
+                "RL.FIXEDWINDOW seam:exp 5 1000 COST 1 AT {}",
+                T0_US + 2_000_000
+            ),
         ]
     );
     assert_eq!(called.integers().map(|r| r[2]), Some(4), "a new window");
@@ -319,4 +339,3 @@ fn a_step_reads_the_host_s_origin() {
         assert_eq!(m.run(origin, call).result.is_ok(), ok, "{origin:?}");
     }
 }
-

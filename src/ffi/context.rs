@@ -72,8 +72,8 @@ pub enum Word {
 impl Word {
     /// The word as text (a number in decimal).
     #[cfg(any(test, feature = "fuzzing"))]
-    pub fn to_bytes(&self) -> Vec<u8> {
-        match *self {
+    pub fn text(self) -> Vec<u8> {
+        match self {
             Word::Shared(s) => s.text().to_bytes().to_vec(),
             Word::Int(n) => n.to_string().into_bytes(),
         }
