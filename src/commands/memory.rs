@@ -148,6 +148,10 @@ impl Memory {
         self.now.set(now);
     }
 
+    pub fn out_of_memory(&self) -> bool {
+        self.out_of_memory.get()
+    }
+
     /// Used memory above `maxmemory` under `noeviction` (or not).
     pub fn set_out_of_memory(&self, full: bool) {
         self.out_of_memory.set(full);
