@@ -56,21 +56,8 @@ pub const SUBCOMMANDS: [Subcommand; 4] = [
     },
 ];
 
-/// `RL.LOG <subcommand> ...`, for hosts that dispatch through
-/// [`super::dispatch`].
-#[cfg(any(test, feature = "fuzzing"))]
-pub fn step<H: Host>(host: &H) -> Result<(), Error> {
-    let sub = host.all_words()[1].to_ascii_uppercase();
-    match sub.as_slice() {
-        b"GET" => get(host),
-        b"LEN" => len(host),
-        b"RESET" => reset(host),
-        _ => help(host),
-    }
-}
-
 /// `RL.LOG GET [count]`
-fn get<H: Host>(host: &H) -> Result<(), Error> {
+pub(super) fn get<H: Host>(host: &H) -> Result<(), Error> {
     let args = host.all_words();
     let count = match args.get(2) {
         Some(text) => parse_int(text, "count", 0, u64::from(u32::MAX))?,
@@ -94,20 +81,20 @@ fn get<H: Host>(host: &H) -> Result<(), Error> {
 }
 
 /// `RL.LOG LEN`
-fn len<H: Host>(host: &H) -> Result<(), Error> {
+pub(super) fn len<H: Host>(host: &H) -> Result<(), Error> {
     host.reply_integer(deny_log::len() as i64);
     Ok(())
 }
 
 /// `RL.LOG RESET`
-fn reset<H: Host>(host: &H) -> Result<(), Error> {
+pub(super) fn reset<H: Host>(host: &H) -> Result<(), Error> {
     deny_log::reset();
     host.reply_simple(c"OK");
     Ok(())
 }
 
 /// `RL.LOG HELP`
-fn help<H: Host>(host: &H) -> Result<(), Error> {
+pub(super) fn help<H: Host>(host: &H) -> Result<(), Error> {
     reply_lines(
         host,
         &[

@@ -122,13 +122,13 @@ pub fn dispatch<H: Host>(host: &H) -> Result<(), crate::error::Error> {
             return limiter::step::<L, H>(host);
         }
     });
-    let container = |subcommands: &[crate::ffi::Subcommand]| -> Result<i32, Error> {
+    let subcommand = |subcommands: &[crate::ffi::Subcommand]| -> Result<Vec<u8>, Error> {
         let sub = name(1).ok_or(Error::Arity)?;
-        subcommands
-            .iter()
-            .find(|s| s.name.to_bytes() == sub)
-            .map(|s| s.arity)
-            .ok_or_else(|| Error::Syntax(format!("unknown subcommand '{}'", Error::quote(&sub))))
+        let found = subcommands.iter().find(|s| s.name.to_bytes() == sub);
+        let found = found
+            .ok_or_else(|| Error::Syntax(format!("unknown subcommand '{}'", Error::quote(&sub))))?;
+        arity(found.arity)?;
+        Ok(sub)
     };
     match command.as_slice() {
         b"RL.ALL" => {
@@ -143,14 +143,19 @@ pub fn dispatch<H: Host>(host: &H) -> Result<(), crate::error::Error> {
             arity(-5)?;
             setstate::step(host)
         }
-        b"RL.POLICY" => {
-            arity(container(&policy::SUBCOMMANDS)?)?;
-            policy::step(host)
-        }
-        b"RL.LOG" => {
-            arity(container(&log::SUBCOMMANDS)?)?;
-            log::step(host)
-        }
+        b"RL.POLICY" => match subcommand(&policy::SUBCOMMANDS)?.as_slice() {
+            b"SET" => policy::set(host),
+            b"GET" => policy::get(host),
+            b"DEL" => policy::del(host),
+            b"LIST" => policy::list(host),
+            _ => policy::help(host),
+        },
+        b"RL.LOG" => match subcommand(&log::SUBCOMMANDS)?.as_slice() {
+            b"GET" => log::get(host),
+            b"LEN" => log::len(host),
+            b"RESET" => log::reset(host),
+            _ => log::help(host),
+        },
         _ => Err(Error::Syntax(format!(
             "unknown command '{}'",
             Error::quote(&command)

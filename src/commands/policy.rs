@@ -14,7 +14,7 @@ use crate::limiter::{Decision, Wait};
 use crate::policy::{self, Mode, Rule};
 
 /// `RL.POLICY HELP`
-fn help<H: Host>(host: &H) -> Result<(), Error> {
+pub(super) fn help<H: Host>(host: &H) -> Result<(), Error> {
     let words = words_allowed(Site::Policy);
     let algorithms = match words.split_last() {
         Some((last, [])) => last.to_string(),
@@ -110,22 +110,8 @@ pub const SUBCOMMANDS: [Subcommand; 5] = [
     },
 ];
 
-/// `RL.POLICY <subcommand> ...`, for hosts that dispatch through
-/// [`super::dispatch`] (the live server calls each subcommand's own entry).
-#[cfg(any(test, feature = "fuzzing"))]
-pub fn step<H: Host>(host: &H) -> Result<(), Error> {
-    let sub = host.all_words()[1].to_ascii_uppercase();
-    match sub.as_slice() {
-        b"SET" => set(host),
-        b"GET" => get(host),
-        b"DEL" => del(host),
-        b"LIST" => list(host),
-        _ => help(host),
-    }
-}
-
 /// `RL.POLICY SET name <ALGORITHM> <params...> [MODE m] [ROLLOUT p]`
-fn set<H: Host>(host: &H) -> Result<(), Error> {
+pub(super) fn set<H: Host>(host: &H) -> Result<(), Error> {
     let args = host.all_words();
     if args.len() < 5 {
         return Err(Error::Arity);
@@ -145,7 +131,7 @@ fn set<H: Host>(host: &H) -> Result<(), Error> {
 }
 
 /// `RL.POLICY GET name`: the rule as field/value pairs, with its counters.
-fn get<H: Host>(host: &H) -> Result<(), Error> {
+pub(super) fn get<H: Host>(host: &H) -> Result<(), Error> {
     let args = host.all_words();
     let name = args[2];
     let Some((rule, stats)) = policy::get(name) else {
@@ -181,7 +167,7 @@ fn get<H: Host>(host: &H) -> Result<(), Error> {
 }
 
 /// `RL.POLICY DEL name`: 1 if it existed.
-fn del<H: Host>(host: &H) -> Result<(), Error> {
+pub(super) fn del<H: Host>(host: &H) -> Result<(), Error> {
     let existed = policy::delete(host.all_words()[2]);
     if existed {
         host.propagate_verbatim();
@@ -191,7 +177,7 @@ fn del<H: Host>(host: &H) -> Result<(), Error> {
 }
 
 /// `RL.POLICY LIST`: the names, sorted.
-fn list<H: Host>(host: &H) -> Result<(), Error> {
+pub(super) fn list<H: Host>(host: &H) -> Result<(), Error> {
     let all = policy::list();
     host.reply_array(all.len());
     for (name, _, _) in all {
