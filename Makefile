@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 MODULE := target/release/libredis_ratelimit.so
 
-.PHONY: all setup build run test test-setup test-unit test-integration test-cli lint bench trace cluster cluster-stop clean fuzz
+.PHONY: all setup build run test test-setup test-unit test-integration test-cli lint bench bench-compare trace cluster cluster-stop clean fuzz
 
 all: build
 
@@ -41,6 +41,11 @@ lint:
 
 bench: build
 	RL_MODULE=$(CURDIR)/$(MODULE) scripts/bench.sh
+
+# This build against another one, side by side (bench/compare.sh):
+# make bench-compare BEFORE=/abs/path/to/other/libredis_ratelimit.so
+bench-compare: build
+	RL_MODULE=$(CURDIR)/$(MODULE) RL_MODULE_BEFORE=$(BEFORE) bench/compare.sh
 
 # The pictures of docs/algorithms.md, from a real run against the module.
 trace: build

@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# Two builds of the module side by side (`make bench-compare BEFORE=...`):
+# the same workloads on two redis-servers, one per build, in interleaved
+# rounds, and, where valgrind is installed, the instructions the server
+# spends per call under callgrind, which do not depend on what else the
+# machine is doing. It prints, per command, each build's median and the
+# median of the per-round ratios after / before. A benchmark reports; it
+# exits 0 whatever the ratios are.
+#
+#   RL_MODULE_BEFORE=/abs/old.so RL_MODULE=/abs/new.so bench/compare.sh
+#
+# Knobs: COMPARE_ROUNDS (5), COMPARE_N (requests per run, 300000),
+# COMPARE_CALLS (calls per command under callgrind, 2000; 0 skips it).
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+ROUNDS="${COMPARE_ROUNDS:-5}"
+N="${COMPARE_N:-300000}"
+CALLS="${COMPARE_CALLS:-2000}"
+BEFORE="${RL_MODULE_BEFORE:-}"
+
+RL_NAME=compare
+# shellcheck source=../scripts/lib/server.sh
+. scripts/lib/server.sh
+rl_module
+AFTER="$RL_MODULE_PATH"
+[ -n "$BEFORE" ] && [ -f "$BEFORE" ] || rl_die "set RL_MODULE_BEFORE to the other build's .so"
+rl_require redis-server redis-cli redis-benchmark awk
+rl_workdir
+WORK="$RL_WORK"
+log() { echo "compare: $*" >&2; }
+
+# The workloads: id|command (redis-benchmark's __rand_int__ for keys). Live
+# keys: every key is touched again long before it goes idle.
+WORKLOADS=(
+  "incr|INCR key:__rand_int__"
+  "tokenbucket|RL.TOKENBUCKET tb:__rand_int__ 1000 1 1000"
+  "fixedwindow|RL.FIXEDWINDOW fw:__rand_int__ 1000000 60000"
+  "leakybucket|RL.LEAKYBUCKET lb:__rand_int__ 1000000 1 1"
+  "sliding|RL.SLIDING sl:__rand_int__ 1000 60000"
+  "hashwindow|RL.HASHWINDOW hw:__rand_int__ 1000000 60000 1000"
+  "hit|RL.HIT bench-tb hit:__rand_int__"
+  "all2|RL.ALL 2 {u:__rand_int__}a {u:__rand_int__}b TOKENBUCKET 1000 1 1000 FIXEDWINDOW 1000000 60000"
+)
+
+start() { # name module -> sets PORT_<name>
+  local name="$1" module="$2"
+  # rl_options loads the module at RL_MODULE_PATH: each side its own.
+  RL_MODULE_PATH="$module" rl_start "$WORK/$name"
+  redis-cli -p "$RL_PORT" RL.POLICY SET bench-tb TOKENBUCKET 1000 1 1000 >/dev/null
+  printf -v "PORT_$name" '%s' "$RL_PORT"
+}
+start before "$BEFORE"
+start after "$AFTER"
+log "before: $BEFORE on port $PORT_before"
+log "after:  $AFTER on port $PORT_after"
+
+RESULTS="$WORK/results"
+: >"$RESULTS"
+bench_once() { # port command words...
+  local port="$1"
+  shift
+  redis-benchmark -h 127.0.0.1 -p "$port" -P 16 -c 50 -r 100000 -n "$N" --csv "$@" |
+    awk -F'","' 'NR == 2 { print $2 }'
+}
+
+# Warm-up: creates the keys in both servers.
+for w in "${WORKLOADS[@]}"; do
+  read -ra words <<<"${w#*|}"
+  for side in before after; do
+    port="PORT_$side"
+    bench_once "${!port}" "${words[@]}" >/dev/null
+  done
+done
+for round in $(seq "$ROUNDS"); do
+  for w in "${WORKLOADS[@]}"; do
+    id="${w%%|*}"
+    read -ra words <<<"${w#*|}"
+    # Alternate which side goes first, round by round.
+    if ((round % 2)); then sides=(before after); else sides=(after before); fi
+    for side in "${sides[@]}"; do
+      port="PORT_$side"
+      ops="$(bench_once "${!port}" "${words[@]}")"
+      echo "$round $id $side $ops" >>"$RESULTS"
+    done
+    log "round $round: $id"
+  done
+done
+
+echo "Throughput: $ROUNDS interleaved rounds of $N requests (redis-benchmark -P 16 -c 50 -r 100000), load average $(cut -d' ' -f1-3 /proc/loadavg)"
+awk '
+  function median(list,    n, v, i, j, t) {
+    n = split(list, v, " ")
+    for (i = 2; i <= n; i++) { t = v[i]; for (j = i - 1; j >= 1 && v[j] > t; j--) v[j + 1] = v[j]; v[j + 1] = t }
+    return (n % 2) ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
+  }
+  { ops[$1, $2, $3] = $4; if (!($2 in seen)) { seen[$2] = 1; order[++k] = $2 }; rounds[$1] = 1 }
+  END {
+    printf "%-14s %14s %14s %16s\n", "command", "before ops/s", "after ops/s", "after / before"
+    for (i = 1; i <= k; i++) {
+      id = order[i]; b = ""; a = ""; r = ""
+      for (n in rounds) { b = b " " ops[n, id, "before"]; a = a " " ops[n, id, "after"]; r = r " " ops[n, id, "after"] / ops[n, id, "before"] }
+      printf "%-14s %14.0f %14.0f %15.3fx\n", id, median(b), median(a), median(r)
+    }
+  }' "$RESULTS"
+
+# Instructions per call under callgrind: each build's server alone, the
+# same calls on one key each (a live key), counted from a zeroed counter.
+if [ "$CALLS" -gt 0 ] && command -v valgrind >/dev/null && command -v callgrind_control >/dev/null; then
+  echo
+  echo "Instructions per call inside the command's function (callgrind, $CALLS calls on one live key):"
+  printf "%-14s %14s %14s %16s\n" "command" "before" "after" "after / before"
+  declare -A IR
+  for side in before after; do
+    module="$BEFORE"
+    [ "$side" = after ] && module="$AFTER"
+    port="$(rl_free_port)"
+    dir="$WORK/cg-$side"
+    mkdir -p "$dir"
+    # Only what runs inside a command's own function: the module's dispatcher
+    # (the module's code and the module API calls it makes), INCR's
+    # `incrCommand`; not the event loop, the socket reads and writes, the
+    # propagation after the command or serverCron.
+    valgrind --tool=callgrind --collect-atstart=no --toggle-collect=RedisModuleCommandDispatcher \
+      --toggle-collect=incrCommand --callgrind-out-file="$dir/out.%p" \
+      redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" \
+      --loadmodule "$module" >"$dir/valgrind.log" 2>&1 &
+    pid=$!
+    RL_PIDS+=("$pid")
+    for _ in $(seq 600); do rl_answers "$port" && break; sleep 0.1; done
+    redis-cli -p "$port" RL.POLICY SET bench-tb TOKENBUCKET 1000 1 1000 >/dev/null
+    for w in "${WORKLOADS[@]}"; do
+      id="${w%%|*}"
+      cmd="${w#*|}"
+      cmd="${cmd//__rand_int__/1}"
+      # Warm the key and the code, then count exactly CALLS calls.
+      for _ in 1 2 3; do echo "$cmd"; done | redis-cli -p "$port" >/dev/null
+      callgrind_control --zero "$pid" >/dev/null
+      for _ in $(seq "$CALLS"); do echo "$cmd"; done | redis-cli -p "$port" >/dev/null
+      callgrind_control --dump="$id" "$pid" >/dev/null
+      file="$(ls -t "$dir"/out.* | head -1)"
+      IR["$side,$id"]="$(awk '/^summary:/ { print $2 }' "$file")"
+    done
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+  for w in "${WORKLOADS[@]}"; do
+    id="${w%%|*}"
+    b="${IR[before,$id]:-0}"
+    a="${IR[after,$id]:-0}"
+    awk -v id="$id" -v b="$b" -v a="$a" -v n="$CALLS" \
+      'BEGIN { if (b > 0) printf "%-14s %14.0f %14.0f %15.3fx\n", id, b / n, a / n, a / b }'
+  done
+fi
