@@ -17,17 +17,18 @@
 //! - the fuzz targets' selectors: the rows in order.
 //!
 //! So a name is spelled once, and no index is kept by hand. What is code, not
-//! data, lives with the algorithm's types: its parameters' parser
-//! ([`Params`]), its state's encoding ([`NativeState`]) and the row's
-//! `bounds`. `docs/design.md` ("One table of algorithms") tells how the
-//! commands still to come fit in a row.
+//! data, lives with the algorithm's types in the core crate: its parameters
+//! as a list of named integers (`limiter::Parameters`, read by the one
+//! [`Params`] impl) and its state as a list of fields (`limiter::StateFields`,
+//! encoded by the one `NativeState` impl); and in the row, its `bounds`.
+//! `docs/design.md` ("One table of algorithms") tells how the commands
+//! still to come fit in a row.
 
 use std::ffi::CStr;
 
 use crate::args::{ParamList, Params};
 use crate::commands::COST_OR_REFUND;
 use crate::config;
-use crate::datatype::NativeState;
 use crate::error::Error;
 use crate::ffi::{Arg, Command, DataType};
 use crate::limiter::{Algorithm, FixedWindow, HashWindow, LeakyBucket, SlidingLog, TokenBucket};
@@ -170,7 +171,7 @@ pub enum ReplyShape {
 pub enum KeyFormat {
     /// A module type of its own (`TYPE key` shows `type_name`, 9
     /// characters), whose RDB and AOF forms are those of `encoding`
-    /// ([`NativeState`]).
+    /// (`crate::datatype::NativeState`).
     Native {
         type_name: &'static CStr,
         encoding: i32,
@@ -187,7 +188,7 @@ pub struct Specs {
 }
 
 /// An algorithm of the table, with what the table says of it.
-pub trait Listed: Algorithm<State: NativeState, Params: Params> + Sized + 'static {
+pub trait Listed: Algorithm + Sized + 'static {
     /// Its row.
     const ROW: Row<Self>;
     /// Its row's position in the table.

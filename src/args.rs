@@ -5,12 +5,7 @@
 //! allocates nothing unless it has an error to report.
 
 use crate::error::Error;
-use crate::limiter::fixed_window::FixedWindowParams;
-use crate::limiter::hash_window::HashWindowParams;
-use crate::limiter::leaky_bucket::LeakyBucketParams;
-use crate::limiter::sliding_log::{self, SlidingLogParams};
-use crate::limiter::token_bucket::TokenBucketParams;
-use crate::limiter::{Micros, Request, MAX_PARAM};
+use crate::limiter::{Micros, Parameters, Request, MAX_PARAM};
 
 /// The trailing options of a limiter call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -124,10 +119,11 @@ pub fn parse_options(rest: &[&[u8]]) -> Result<Options, Error> {
 
 /// The parameters of one algorithm, as they follow the key.
 ///
-/// Each word is read as an integer in the range its constructor accepts, in
-/// order, so that an error names the first bad word even when it is no
-/// integer at all; the constructor then checks everything again, with the
-/// rules between parameters, and is what makes them valid.
+/// Each word is read as an integer in the range the core lists for it
+/// ([`Parameters::INTEGERS`]), in order, so that an error names the first
+/// bad word even when it is no integer at all; the constructor then checks
+/// everything again, with the rules between parameters, and is what makes
+/// them valid. One impl serves every algorithm.
 pub trait Params: Sized {
     /// How many integer parameters follow the key.
     const COUNT: usize;
@@ -136,93 +132,51 @@ pub trait Params: Sized {
     fn values(&self) -> ParamList;
 }
 
+impl<P: Parameters> Params for P {
+    const COUNT: usize = {
+        assert!(
+            P::INTEGERS.len() <= MAX_PARAMS,
+            "a ParamList holds every parameter list"
+        );
+        P::INTEGERS.len()
+    };
+
+    #[inline]
+    fn parse(args: &[&[u8]]) -> Result<Self, Error> {
+        let mut values = [0; MAX_PARAMS];
+        for (i, int) in P::INTEGERS.iter().enumerate() {
+            values[i] = parse_int(args[i], int.name, int.min, int.max)?;
+        }
+        Ok(P::from_integers(&values[..Self::COUNT])?)
+    }
+
+    #[inline]
+    fn values(&self) -> ParamList {
+        let mut list = ParamList {
+            values: [0; MAX_PARAMS],
+            len: 0,
+        };
+        self.to_integers(&mut |value| {
+            list.values[list.len] = value;
+            list.len += 1;
+        });
+        list
+    }
+}
+
+/// Most parameters an algorithm takes.
+const MAX_PARAMS: usize = 3;
+
 /// A limiter's parameters in command order (at most three; no allocation).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ParamList {
-    values: [u64; 3],
+    values: [u64; MAX_PARAMS],
     len: usize,
 }
 
 impl ParamList {
-    fn of<const N: usize>(values: [u64; N]) -> ParamList {
-        let mut all = [0; 3];
-        all[..N].copy_from_slice(&values);
-        ParamList {
-            values: all,
-            len: N,
-        }
-    }
-
     pub fn as_slice(&self) -> &[u64] {
         &self.values[..self.len]
-    }
-}
-
-impl Params for TokenBucketParams {
-    const COUNT: usize = 3;
-    fn parse(args: &[&[u8]]) -> Result<Self, Error> {
-        Ok(TokenBucketParams::new(
-            parse_int(args[0], "capacity", 1, MAX_PARAM)?,
-            parse_int(args[1], "refill_count", 1, MAX_PARAM)?,
-            parse_int(args[2], "refill_ms", 1, MAX_PARAM)?,
-        )?)
-    }
-    fn values(&self) -> ParamList {
-        ParamList::of([self.capacity(), self.refill_count(), self.refill_ms()])
-    }
-}
-
-impl Params for FixedWindowParams {
-    const COUNT: usize = 2;
-    fn parse(args: &[&[u8]]) -> Result<Self, Error> {
-        Ok(FixedWindowParams::new(
-            parse_int(args[0], "limit", 1, MAX_PARAM)?,
-            parse_int(args[1], "window_ms", 1, MAX_PARAM)?,
-        )?)
-    }
-    fn values(&self) -> ParamList {
-        ParamList::of([self.limit(), self.window_ms()])
-    }
-}
-
-impl Params for LeakyBucketParams {
-    const COUNT: usize = 3;
-    fn parse(args: &[&[u8]]) -> Result<Self, Error> {
-        Ok(LeakyBucketParams::new(
-            parse_int(args[0], "capacity", 1, MAX_PARAM)?,
-            parse_int(args[1], "leak_count", 1, MAX_PARAM)?,
-            parse_int(args[2], "leak_ms", 1, MAX_PARAM)?,
-        )?)
-    }
-    fn values(&self) -> ParamList {
-        ParamList::of([self.capacity(), self.leak_count(), self.leak_ms()])
-    }
-}
-
-impl Params for SlidingLogParams {
-    const COUNT: usize = 2;
-    fn parse(args: &[&[u8]]) -> Result<Self, Error> {
-        Ok(SlidingLogParams::new(
-            parse_int(args[0], "limit", 1, sliding_log::MAX_LIMIT)?,
-            parse_int(args[1], "window_ms", 1, MAX_PARAM)?,
-        )?)
-    }
-    fn values(&self) -> ParamList {
-        ParamList::of([self.limit(), self.window_ms()])
-    }
-}
-
-impl Params for HashWindowParams {
-    const COUNT: usize = 3;
-    fn parse(args: &[&[u8]]) -> Result<Self, Error> {
-        Ok(HashWindowParams::new(
-            parse_int(args[0], "limit", 1, MAX_PARAM)?,
-            parse_int(args[1], "window_ms", 1, MAX_PARAM)?,
-            parse_int(args[2], "bucket_ms", 1, MAX_PARAM)?,
-        )?)
-    }
-    fn values(&self) -> ParamList {
-        ParamList::of([self.limit(), self.window_ms(), self.bucket_ms()])
     }
 }
 
@@ -239,6 +193,11 @@ pub fn parse_call<P: Params>(args: &[&[u8]]) -> Result<(P, Options), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limiter::fixed_window::FixedWindowParams;
+    use crate::limiter::hash_window::HashWindowParams;
+    use crate::limiter::leaky_bucket::LeakyBucketParams;
+    use crate::limiter::sliding_log::{self, SlidingLogParams};
+    use crate::limiter::token_bucket::TokenBucketParams;
     use proptest::prelude::*;
 
     #[test]

@@ -20,11 +20,6 @@
 
 use crate::algorithms::{for_each_algorithm, Listed};
 use crate::ffi::{AuxData, Digest, Load, RdbIo, Rewrite, TypeMethods};
-use crate::limiter::fixed_window::FixedWindowState;
-use crate::limiter::hash_window::HashWindowState;
-use crate::limiter::leaky_bucket::LeakyBucketState;
-use crate::limiter::sliding_log::SlidingLogState;
-use crate::limiter::token_bucket::TokenBucketState;
 use crate::limiter::StateFields;
 use crate::policy;
 
@@ -42,91 +37,26 @@ pub trait Decoder {
 /// A limiter state kept in its own module type, in the encoding its row
 /// gives (the table of algorithms: its type name and encoding version, its
 /// own, never another type's).
+///
+/// One impl serves every state: encoding 1 is the state's fields as the
+/// core crate lists them ([`StateFields`]). The first type to change its fields bumps its row's encoding,
+/// and the loader of encoding 1 it must keep reading comes with it.
 pub trait NativeState: Clone + Sized + 'static {
     /// Writes the state in the row's (current) encoding.
     fn encode(&self, out: &mut impl Encoder);
     /// Reads a state written with `encoding`; `None` if it is not valid.
     fn decode(input: &mut impl Decoder, encoding: i32) -> Option<Self>;
-    /// Bytes the state owns outside its own allocation (for `MEMORY USAGE`).
-    fn heap_bytes(&self) -> usize {
-        0
-    }
 }
 
-/// Encoding 1 of every type: the state's fields, as the core crate lists
-/// them ([`StateFields`]).
-fn put_v1(state: &impl StateFields, out: &mut impl Encoder) {
-    state.to_fields(&mut |field| out.put(field));
-}
-
-/// Reads encoding 1: the fields, validated by the core crate.
-fn take_v1<S: StateFields>(input: &mut impl Decoder) -> Option<S> {
-    S::from_fields(&mut || input.take())
-}
-
-impl NativeState for TokenBucketState {
+impl<S: StateFields + Clone + 'static> NativeState for S {
     fn encode(&self, out: &mut impl Encoder) {
-        put_v1(self, out);
+        self.to_fields(&mut |field| out.put(field));
     }
     fn decode(input: &mut impl Decoder, encoding: i32) -> Option<Self> {
         match encoding {
-            1 => take_v1(input),
+            1 => S::from_fields(&mut || input.take()),
             _ => None,
         }
-    }
-}
-
-impl NativeState for FixedWindowState {
-    fn encode(&self, out: &mut impl Encoder) {
-        put_v1(self, out);
-    }
-    fn decode(input: &mut impl Decoder, encoding: i32) -> Option<Self> {
-        match encoding {
-            1 => take_v1(input),
-            _ => None,
-        }
-    }
-}
-
-impl NativeState for LeakyBucketState {
-    fn encode(&self, out: &mut impl Encoder) {
-        put_v1(self, out);
-    }
-    fn decode(input: &mut impl Decoder, encoding: i32) -> Option<Self> {
-        match encoding {
-            1 => take_v1(input),
-            _ => None,
-        }
-    }
-}
-
-impl NativeState for SlidingLogState {
-    fn encode(&self, out: &mut impl Encoder) {
-        put_v1(self, out);
-    }
-    fn decode(input: &mut impl Decoder, encoding: i32) -> Option<Self> {
-        match encoding {
-            1 => take_v1(input),
-            _ => None,
-        }
-    }
-    fn heap_bytes(&self) -> usize {
-        SlidingLogState::heap_bytes(self)
-    }
-}
-
-impl NativeState for HashWindowState {
-    fn encode(&self, out: &mut impl Encoder) {
-        put_v1(self, out);
-    }
-    fn decode(input: &mut impl Decoder, encoding: i32) -> Option<Self> {
-        match encoding {
-            1 => take_v1(input),
-            _ => None,
-        }
-    }
-    fn heap_bytes(&self) -> usize {
-        HashWindowState::heap_bytes(self)
     }
 }
 
@@ -210,6 +140,7 @@ impl<L: Listed> TypeMethods for L {
         state.encode(&mut Fields(digest));
     }
 
+    /// The core's count of the state's heap bytes.
     fn heap_bytes(state: &L::State) -> usize {
         state.heap_bytes()
     }
@@ -249,6 +180,11 @@ impl AuxData for Policies {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limiter::fixed_window::FixedWindowState;
+    use crate::limiter::hash_window::HashWindowState;
+    use crate::limiter::leaky_bucket::LeakyBucketState;
+    use crate::limiter::sliding_log::SlidingLogState;
+    use crate::limiter::token_bucket::TokenBucketState;
 
     struct Fields(Vec<u64>);
     impl Encoder for Fields {

@@ -30,7 +30,7 @@
 //! conservative). Shrinking a day window to a second thus frees the counter
 //! at the next second boundary, not at midnight.
 
-use super::{Algorithm, Decision, Micros, StateFields, Wait};
+use super::{Algorithm, Decision, IntegerParam, Micros, Parameters, StateFields, Wait};
 use crate::error::{param, ParamError};
 
 /// The parameters of a fixed window (`RL.FIXEDWINDOW`), valid by
@@ -94,6 +94,21 @@ impl FixedWindowState {
         let same_window =
             params.window_end_us(Micros::from_us(self.last_us)) == params.window_end_us(now_eff);
         (now_eff, if same_window { self.count } else { 0 })
+    }
+}
+
+/// `limit window_ms`.
+impl Parameters for FixedWindowParams {
+    const INTEGERS: &'static [IntegerParam] = &[
+        IntegerParam::positive("limit"),
+        IntegerParam::positive("window_ms"),
+    ];
+    fn from_integers(values: &[u64]) -> Result<Self, ParamError> {
+        FixedWindowParams::new(values[0], values[1])
+    }
+    fn to_integers(&self, out: &mut impl FnMut(u64)) {
+        out(self.limit);
+        out(self.window_ms);
     }
 }
 

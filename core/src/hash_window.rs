@@ -31,7 +31,7 @@
 //! they can have been admitted), and are kept while that bucket is in the
 //! new window.
 
-use super::{Algorithm, Decision, Micros, StateFields, Wait};
+use super::{Algorithm, Decision, IntegerParam, Micros, Parameters, StateFields, Wait};
 use crate::error::{param, ParamError};
 
 /// Most buckets a hash window may have: its ring is allocated at once.
@@ -258,10 +258,20 @@ impl HashWindowState {
     }
 }
 
-impl HashWindowState {
-    /// Bytes the ring owns on the heap (its bucket counts).
-    pub fn heap_bytes(&self) -> usize {
-        self.counts.len() * std::mem::size_of::<u64>()
+/// `limit window_ms bucket_ms`.
+impl Parameters for HashWindowParams {
+    const INTEGERS: &'static [IntegerParam] = &[
+        IntegerParam::positive("limit"),
+        IntegerParam::positive("window_ms"),
+        IntegerParam::positive("bucket_ms"),
+    ];
+    fn from_integers(values: &[u64]) -> Result<Self, ParamError> {
+        HashWindowParams::new(values[0], values[1], values[2])
+    }
+    fn to_integers(&self, out: &mut impl FnMut(u64)) {
+        out(self.limit);
+        out(self.window_ms);
+        out(self.bucket_ms);
     }
 }
 
@@ -276,6 +286,11 @@ impl StateFields for HashWindowState {
         for &count in self.counts.iter() {
             out(count);
         }
+    }
+
+    /// Its bucket counts.
+    fn heap_bytes(&self) -> usize {
+        self.counts.len() * std::mem::size_of::<u64>()
     }
 
     fn from_fields(next: &mut impl FnMut() -> Option<u64>) -> Option<Self> {

@@ -30,7 +30,9 @@ use super::token_bucket::{
     gcra, gcra_force, gcra_refund, Step, TokenBucketParams, TokenBucketState,
 };
 use crate::error::{param, ParamError};
-use crate::{Algorithm, Decision, Micros, StateFields, Wait, MAX_SPAN_MS};
+use crate::{
+    Algorithm, Decision, IntegerParam, Micros, Parameters, StateFields, Wait, MAX_SPAN_MS,
+};
 
 /// The parameters of a leaky bucket (`RL.LEAKYBUCKET`), valid by
 /// construction: see [`LeakyBucketParams::new`].
@@ -83,6 +85,23 @@ impl LeakyBucketParams {
 pub struct LeakyBucketState(pub(crate) TokenBucketState);
 
 /// The fields of the GCRA, as the token bucket's.
+/// `capacity leak_count leak_ms`.
+impl Parameters for LeakyBucketParams {
+    const INTEGERS: &'static [IntegerParam] = &[
+        IntegerParam::positive("capacity"),
+        IntegerParam::positive("leak_count"),
+        IntegerParam::positive("leak_ms"),
+    ];
+    fn from_integers(values: &[u64]) -> Result<Self, ParamError> {
+        LeakyBucketParams::new(values[0], values[1], values[2])
+    }
+    fn to_integers(&self, out: &mut impl FnMut(u64)) {
+        out(self.capacity);
+        out(self.leak_count);
+        out(self.leak_ms);
+    }
+}
+
 impl StateFields for LeakyBucketState {
     fn to_fields(&self, out: &mut impl FnMut(u64)) {
         self.0.to_fields(out);

@@ -246,6 +246,53 @@ pub trait StateFields: Sized {
     /// overflow on, and a declared length is bounded before anything is
     /// allocated for it. Fields after the state are left unread.
     fn from_fields(next: &mut impl FnMut() -> Option<u64>) -> Option<Self>;
+
+    /// Bytes the state owns on the heap beyond its own size (what a store
+    /// counts as its memory, `MEMORY USAGE` in the module).
+    fn heap_bytes(&self) -> usize {
+        0
+    }
+}
+
+/// One integer parameter of an algorithm: its name as the commands give it,
+/// and the range its constructor accepts for it alone (the rules between
+/// parameters come on top).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IntegerParam {
+    /// Its name in errors and documentation (`capacity`, `window_ms`).
+    pub name: &'static str,
+    /// The smallest value it may take.
+    pub min: u64,
+    /// The largest value it may take.
+    pub max: u64,
+}
+
+impl IntegerParam {
+    /// `name`, from 1 to [`MAX_PARAM`] (most parameters).
+    pub const fn positive(name: &'static str) -> IntegerParam {
+        IntegerParam {
+            name,
+            min: 1,
+            max: MAX_PARAM,
+        }
+    }
+}
+
+/// An algorithm's parameters as the integers that follow a limiter's key,
+/// and back: what a caller needs to read them from words, name each one in
+/// an error, and write them out again.
+pub trait Parameters: Sized {
+    /// Each parameter, in command order.
+    const INTEGERS: &'static [IntegerParam];
+
+    /// Builds the parameters from one value per [`Parameters::INTEGERS`], in
+    /// order, with every rule of the type's constructor (its `new`). Panics
+    /// if `values` holds fewer.
+    fn from_integers(values: &[u64]) -> Result<Self, ParamError>;
+
+    /// The values back, in the order [`Parameters::from_integers`] reads
+    /// them.
+    fn to_integers(&self, out: &mut impl FnMut(u64));
 }
 
 /// One rate-limiting algorithm, as a pure state machine.
@@ -254,7 +301,7 @@ pub trait StateFields: Sized {
 /// for a request with `cost > 0`.
 pub trait Algorithm {
     /// Validated parameters of one call.
-    type Params: Copy + std::fmt::Debug;
+    type Params: Copy + std::fmt::Debug + Parameters;
     /// The state of one limiter (what the module keeps in one Redis key).
     type State: Clone + std::fmt::Debug + PartialEq + StateFields;
     /// Whether admitted requests get a queueing delay in `wait_ms`.
@@ -716,5 +763,51 @@ mod state_fields {
         assert_eq!(load::<HashWindowState>(&[1, 0, 0, MAX_BUCKETS + 2]), None);
         // a length the fields do not hold
         assert_eq!(load::<HashWindowState>(&[1000, 5, 0, 1000, 0, 0]), None);
+    }
+}
+
+/// Each parameter type's list of integers: the names and ranges it gives
+/// are those its constructor checks, and its values read back in order.
+#[cfg(test)]
+mod parameters {
+    use super::*;
+
+    /// `valid` builds and reads back; each value just outside its listed
+    /// range is refused with the range error naming it.
+    fn pin<P: Parameters>(valid: &[u64]) {
+        assert_eq!(valid.len(), P::INTEGERS.len());
+        let params = P::from_integers(valid).expect("valid values");
+        let mut back = Vec::new();
+        params.to_integers(&mut |v| back.push(v));
+        assert_eq!(back, valid);
+        for (i, &IntegerParam { name, min, max }) in P::INTEGERS.iter().enumerate() {
+            let range = ParamError::Range {
+                arg: name,
+                min,
+                max,
+            };
+            let mut values = valid.to_vec();
+            for outside in [min.checked_sub(1), max.checked_add(1)]
+                .into_iter()
+                .flatten()
+            {
+                values[i] = outside;
+                assert_eq!(
+                    P::from_integers(&values).err(),
+                    Some(range),
+                    "{name} = {outside}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn every_parameter_is_listed_with_the_range_its_constructor_checks() {
+        pin::<TokenBucketParams>(&[10, 1, 100]);
+        pin::<LeakyBucketParams>(&[10, 1, 100]);
+        pin::<FixedWindowParams>(&[10, 1000]);
+        pin::<SlidingLogParams>(&[10, 1000]);
+        pin::<HashWindowParams>(&[10, 1000, 100]);
+        assert_eq!(SlidingLogParams::INTEGERS[0].max, sliding_log::MAX_LIMIT);
     }
 }

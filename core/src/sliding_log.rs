@@ -29,7 +29,7 @@
 
 use std::collections::VecDeque;
 
-use super::{Algorithm, Decision, Micros, StateFields, Wait};
+use super::{Algorithm, Decision, IntegerParam, Micros, Parameters, StateFields, Wait};
 use crate::error::{in_range, param, ParamError};
 
 /// Largest `limit` a sliding log can take: the running count in an entry has
@@ -296,10 +296,22 @@ impl SlidingLogState {
 /// entry holding at least one of its at most [`MAX_LIMIT`] units.
 const MAX_LOADED_ENTRIES: u64 = 1 << 24;
 
-impl SlidingLogState {
-    /// Bytes the log owns on the heap (its ring of entries).
-    pub fn heap_bytes(&self) -> usize {
-        self.entries.capacity() * std::mem::size_of::<u64>()
+/// `limit window_ms`.
+impl Parameters for SlidingLogParams {
+    const INTEGERS: &'static [IntegerParam] = &[
+        IntegerParam {
+            name: "limit",
+            min: 1,
+            max: MAX_LIMIT,
+        },
+        IntegerParam::positive("window_ms"),
+    ];
+    fn from_integers(values: &[u64]) -> Result<Self, ParamError> {
+        SlidingLogParams::new(values[0], values[1])
+    }
+    fn to_integers(&self, out: &mut impl FnMut(u64)) {
+        out(self.limit);
+        out(self.window_ms);
     }
 }
 
@@ -313,6 +325,11 @@ impl StateFields for SlidingLogState {
         for &entry in &self.entries {
             out(entry);
         }
+    }
+
+    /// Its ring of entries.
+    fn heap_bytes(&self) -> usize {
+        self.entries.capacity() * std::mem::size_of::<u64>()
     }
 
     fn from_fields(next: &mut impl FnMut() -> Option<u64>) -> Option<Self> {

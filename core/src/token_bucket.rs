@@ -41,7 +41,9 @@
 //! old settings would have refilled the bucket.
 
 use crate::error::{param, ParamError};
-use crate::{Algorithm, Decision, Micros, StateFields, Wait, MAX_SPAN_MS};
+use crate::{
+    Algorithm, Decision, IntegerParam, Micros, Parameters, StateFields, Wait, MAX_SPAN_MS,
+};
 
 /// The parameters of a token bucket (`RL.TOKENBUCKET`), valid by
 /// construction: see [`TokenBucketParams::new`].
@@ -187,6 +189,23 @@ impl TokenBucketState {
 }
 
 /// `tat_us, tat_frac, refill_count, refill_ms`.
+/// `capacity refill_count refill_ms`.
+impl Parameters for TokenBucketParams {
+    const INTEGERS: &'static [IntegerParam] = &[
+        IntegerParam::positive("capacity"),
+        IntegerParam::positive("refill_count"),
+        IntegerParam::positive("refill_ms"),
+    ];
+    fn from_integers(values: &[u64]) -> Result<Self, ParamError> {
+        TokenBucketParams::new(values[0], values[1], values[2])
+    }
+    fn to_integers(&self, out: &mut impl FnMut(u64)) {
+        out(self.capacity);
+        out(self.refill_count);
+        out(self.refill_ms);
+    }
+}
+
 impl StateFields for TokenBucketState {
     fn to_fields(&self, out: &mut impl FnMut(u64)) {
         out(self.tat_us);
