@@ -489,6 +489,21 @@ mod tests {
         }
     }
 
+    /// `COMMAND DOCS` names the parameters as the core does in errors.
+    #[test]
+    fn documented_parameters_are_the_cores() {
+        use crate::limiter::Parameters;
+        for_each_algorithm!(L => {
+            let documented: Vec<_> = L::ROW.args[1..]
+                .iter()
+                .take(<<L as Algorithm>::Params as Params>::COUNT)
+                .map(|arg| arg.name().to_str().unwrap())
+                .collect();
+            let core: Vec<_> = <<L as Algorithm>::Params as Parameters>::INTEGERS.iter().map(|p| p.name).collect();
+            assert_eq!(documented, core, "{:?}", L::ROW.command);
+        });
+    }
+
     #[test]
     fn names_come_from_the_command() {
         assert_eq!(TokenBucket::WORD, c"TOKENBUCKET");

@@ -97,6 +97,12 @@ impl Arg {
         self
     }
 
+    /// Its name in `COMMAND DOCS`.
+    #[cfg(test)]
+    pub fn name(&self) -> &'static CStr {
+        self.name
+    }
+
     /// The fewest and the most words this argument takes when present (no
     /// most for a repeated one).
     #[cfg(test)]
