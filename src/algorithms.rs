@@ -216,9 +216,12 @@ pub trait Listed: Algorithm + Sized + 'static {
 
     /// Its counters for `INFO ratelimit`.
     fn stats() -> &'static Outcomes {
-        &crate::stats::ALGORITHMS[Self::INDEX]
+        &COUNTERS[Self::INDEX]
     }
 }
+
+/// Each algorithm's counters, by row ([`Listed::stats`]).
+static COUNTERS: [Outcomes; COUNT] = [const { Outcomes::new() }; COUNT];
 
 /// What follows the first `.` of `name` (all of it if there is none).
 pub const fn after_dot(name: &'static CStr) -> &'static CStr {

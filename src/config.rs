@@ -8,6 +8,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::deny_log;
 use crate::error::Error;
 use crate::ffi::NumericConfig;
 use crate::limiter::hash_window::HashWindowParams;
@@ -17,9 +18,6 @@ use crate::limiter::sliding_log::{self, SlidingLogParams};
 pub static SLIDING_MAX_LIMIT: AtomicU64 = AtomicU64::new(100_000);
 /// Largest `window_ms / bucket_ms` of `RL.HASHWINDOW` (8 bytes per bucket).
 pub static HASHWINDOW_MAX_BUCKETS: AtomicU64 = AtomicU64::new(3600);
-
-/// Size of the deny log (`RL.LOG`); 0 turns it off.
-pub static LOG_MAX_LEN: AtomicU64 = AtomicU64::new(128);
 
 /// Every config the module registers (names without the `ratelimit.`
 /// prefix).
@@ -40,10 +38,10 @@ pub static NUMERIC: [NumericConfig; 3] = [
     },
     NumericConfig {
         name: c"log-max-len",
-        value: &LOG_MAX_LEN,
+        value: &deny_log::MAX_LEN,
         min: 0,
         max: 1_000_000,
-        changed: Some(|max_len| crate::deny_log::trim(max_len as usize)),
+        changed: Some(|max_len| deny_log::trim(max_len as usize)),
     },
 ];
 

@@ -2,13 +2,21 @@
 //! that a collector reads them in batches (`RL.LOG GET`) instead of the module
 //! writing anything per denial.
 //!
-//! Its size is `ratelimit.log-max-len` (0 turns it off). Recording reuses the
-//! buffer of the entry it evicts, so a full log records without allocating.
+//! Its size is [`MAX_LEN`], the config `ratelimit.log-max-len` (0 turns it
+//! off). Recording reuses the buffer of the entry it evicts, so a full log
+//! records without allocating.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use crate::config;
+/// Most entries kept; 0 turns the log off. The config module registers it
+/// as `ratelimit.log-max-len` and calls [`trim`] when it changes.
+pub static MAX_LEN: AtomicU64 = AtomicU64::new(128);
+
+fn max_len() -> usize {
+    MAX_LEN.load(Ordering::Relaxed) as usize
+}
 
 /// Longest key kept in an entry; longer keys are cut, like SLOWLOG does.
 pub const MAX_KEY_BYTES: usize = 128;
@@ -43,7 +51,7 @@ fn log() -> std::sync::MutexGuard<'static, Log> {
 
 /// Records a denial (nothing if the log is off).
 pub fn record(unix_ms: u64, key: &[u8], source: &[&[u8]], cost: u64, wait_ms: i64) {
-    let max_len = config::get(&config::LOG_MAX_LEN) as usize;
+    let max_len = max_len();
     if max_len == 0 {
         return;
     }
@@ -74,7 +82,7 @@ pub fn record(unix_ms: u64, key: &[u8], source: &[&[u8]], cost: u64, wait_ms: i6
 
 /// The `count` most recent denials, newest first.
 pub fn recent(count: usize) -> Vec<Entry> {
-    let max_len = config::get(&config::LOG_MAX_LEN) as usize;
+    let max_len = max_len();
     let log = log();
     log.entries
         .iter()
@@ -85,7 +93,7 @@ pub fn recent(count: usize) -> Vec<Entry> {
 
 /// How many denials the log holds.
 pub fn len() -> usize {
-    let max_len = config::get(&config::LOG_MAX_LEN) as usize;
+    let max_len = max_len();
     log().entries.len().min(max_len)
 }
 
@@ -104,11 +112,10 @@ pub fn reset() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::Ordering;
 
     #[test]
     fn the_log_is_bounded_newest_first_and_cuts_long_keys() {
-        config::LOG_MAX_LEN.store(3, Ordering::Relaxed);
+        MAX_LEN.store(3, Ordering::Relaxed);
         reset();
         for i in 0..5u64 {
             record(
@@ -128,15 +135,15 @@ mod tests {
         assert_eq!(recent(1)[0].key.len(), MAX_KEY_BYTES);
         assert_eq!(recent(1)[0].source, b"policy:p");
         // shrinking the bound applies at once, and 0 turns the log off
-        config::LOG_MAX_LEN.store(1, Ordering::Relaxed);
+        MAX_LEN.store(1, Ordering::Relaxed);
         trim(1);
         assert_eq!(len(), 1);
-        config::LOG_MAX_LEN.store(0, Ordering::Relaxed);
+        MAX_LEN.store(0, Ordering::Relaxed);
         trim(0);
         record(9, b"off", &[b"RL.SLIDING"], 1, 1);
         assert_eq!(len(), 0);
         // turned on again, it starts empty
-        config::LOG_MAX_LEN.store(128, Ordering::Relaxed);
+        MAX_LEN.store(128, Ordering::Relaxed);
         assert_eq!(len(), 0);
     }
 }

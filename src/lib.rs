@@ -24,6 +24,7 @@ mod ffi;
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
+mod info;
 /// The algorithms live in the core crate (`core/`, `redis-ratelimit-core`):
 /// pure state machines without Redis. `crate::limiter` is its name here.
 pub use redis_ratelimit_core as limiter;
@@ -148,7 +149,7 @@ fn register(load: &Load) -> Result<(), &'static str> {
     let subscribed = load.subscribe(on_server_event);
     replicate::init(load, subscribed);
     load.register_configs(&config::NUMERIC)?;
-    load.register_info(stats::info)?;
+    load.register_info(info::section)?;
     let category = load.add_acl_category(ACL_CATEGORY).then_some(ACL_CATEGORY);
     load.create_container(
         c"RL.POLICY",
