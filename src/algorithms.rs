@@ -26,8 +26,7 @@
 
 use std::ffi::CStr;
 
-use crate::args::{ParamList, Params};
-use crate::commands::COST_OR_REFUND;
+use crate::args::{ParamList, Params, COST_OR_REFUND};
 use crate::config;
 use crate::error::Error;
 use crate::ffi::{Arg, Command, DataType};

@@ -5,6 +5,7 @@
 //! allocates nothing unless it has an error to report.
 
 use crate::error::Error;
+use crate::ffi::Arg;
 use crate::limiter::{Micros, Parameters, Request, MAX_PARAM};
 
 /// The trailing options of a limiter call.
@@ -64,6 +65,34 @@ pub fn parse_int(arg: &[u8], name: &'static str, min: u64, max: u64) -> Result<u
         Err(range())
     }
 }
+
+/// `COST n [FORCE]`: the units a call takes, and whether it takes them even
+/// when the limiter would deny (a penalty, leaving the limiter in debt).
+pub const COST: Arg = Arg::block(
+    c"cost",
+    &[
+        Arg::integer(c"units").summary(c"units this call takes (default 1; 0 inspects)"),
+        Arg::keyword(c"force", c"FORCE")
+            .optional()
+            .summary(c"take the units even if the limiter would deny them"),
+    ],
+)
+.token(c"COST");
+
+/// `[COST n [FORCE] | REFUND n]`, the options of every limiter command and
+/// of `RL.HIT`, as `COMMAND DOCS` shows them (parsed by [`parse_options`]).
+pub const COST_OR_REFUND: Arg = Arg::one_of(
+    c"cost-or-refund",
+    &[
+        COST,
+        Arg::block(
+            c"refund",
+            &[Arg::integer(c"units").summary(c"units to give back, at most those consumed")],
+        )
+        .token(c"REFUND"),
+    ],
+)
+.optional();
 
 /// Parses `[COST n [FORCE] | REFUND n]` (and the internal `[AT us]`), in any
 /// order and case, each at most once.
@@ -193,6 +222,7 @@ pub fn parse_call<P: Params>(args: &[&[u8]]) -> Result<(P, Options), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ffi::words;
     use crate::limiter::fixed_window::FixedWindowParams;
     use crate::limiter::hash_window::HashWindowParams;
     use crate::limiter::leaky_bucket::LeakyBucketParams;
@@ -356,6 +386,28 @@ mod tests {
         assert_eq!(e, Error::param("leak_count"));
         let e = parse_call::<LeakyBucketParams>(&[b"5", b"1", b"x"]).unwrap_err();
         assert_eq!(e, Error::param("leak_ms"));
+    }
+
+    #[test]
+    fn a_call_needs_the_required_words_only() {
+        let args = [
+            Arg::key(c"key"),
+            Arg::integer(c"limit"),
+            Arg::integer(c"window_ms"),
+            COST_OR_REFUND,
+        ];
+        assert_eq!(words(&args), (3, Some(6)), "up to COST n FORCE");
+    }
+
+    #[test]
+    fn a_present_option_counts_its_token_and_its_members() {
+        assert_eq!(COST.words(), (2, Some(3)), "COST n [FORCE]");
+        assert_eq!(
+            COST_OR_REFUND.words(),
+            (2, Some(3)),
+            "REFUND n or COST n [FORCE]"
+        );
+        assert_eq!(Arg::keyword(c"force", c"FORCE").words(), (1, Some(1)));
     }
 
     proptest! {

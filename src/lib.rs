@@ -35,8 +35,8 @@ mod stats;
 use std::ffi::CStr;
 
 use crate::algorithms::{for_each_algorithm, Listed};
+use crate::args::{COST, COST_OR_REFUND};
 use crate::commands::live::live;
-use crate::commands::{COST, COST_OR_REFUND};
 use crate::ffi::{command, Arg, Argv, Command, Context, KeySpec, Load, ServerEvent};
 
 #[global_allocator]

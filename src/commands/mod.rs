@@ -21,41 +21,12 @@ pub mod setstate;
 mod tests_steps;
 
 use crate::algorithms::ReplyShape;
-use crate::ffi::Arg;
 use crate::limiter::Decision;
 use host::Host;
 
 /// Most arguments a single-limiter command accepts; more is an error before
 /// any parsing, so argument slices live on the stack.
 pub const MAX_ARGS: usize = 16;
-
-/// `COST n [FORCE]`: the units a call takes, and whether it takes them even
-/// when the limiter would deny (a penalty, leaving the limiter in debt).
-pub const COST: Arg = Arg::block(
-    c"cost",
-    &[
-        Arg::integer(c"units").summary(c"units this call takes (default 1; 0 inspects)"),
-        Arg::keyword(c"force", c"FORCE")
-            .optional()
-            .summary(c"take the units even if the limiter would deny them"),
-    ],
-)
-.token(c"COST");
-
-/// `[COST n [FORCE] | REFUND n]`, the options of every limiter command and
-/// of `RL.HIT`.
-pub const COST_OR_REFUND: Arg = Arg::one_of(
-    c"cost-or-refund",
-    &[
-        COST,
-        Arg::block(
-            c"refund",
-            &[Arg::integer(c"units").summary(c"units to give back, at most those consumed")],
-        )
-        .token(c"REFUND"),
-    ],
-)
-.optional();
 
 impl ReplyShape {
     /// Replies `decision` in this shape.
@@ -165,9 +136,6 @@ pub fn dispatch<H: Host>(host: &H) -> Result<(), crate::error::Error> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::ffi::words;
-
     #[test]
     fn every_registered_command_dispatches_with_the_registered_arity() {
         // The arities `dispatch` checks are those the server checks.
@@ -180,27 +148,5 @@ mod tests {
             };
             assert_eq!(command.arity, arity, "{:?}", command.name);
         }
-    }
-
-    #[test]
-    fn a_call_needs_the_required_words_only() {
-        let args = [
-            Arg::key(c"key"),
-            Arg::integer(c"limit"),
-            Arg::integer(c"window_ms"),
-            COST_OR_REFUND,
-        ];
-        assert_eq!(words(&args), (3, Some(6)), "up to COST n FORCE");
-    }
-
-    #[test]
-    fn a_present_option_counts_its_token_and_its_members() {
-        assert_eq!(COST.words(), (2, Some(3)), "COST n [FORCE]");
-        assert_eq!(
-            COST_OR_REFUND.words(),
-            (2, Some(3)),
-            "REFUND n or COST n [FORCE]"
-        );
-        assert_eq!(Arg::keyword(c"force", c"FORCE").words(), (1, Some(1)));
     }
 }

@@ -209,7 +209,24 @@ fn raw_arg(arg: &'static Arg) -> raw::RedisModuleCommandArg {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::commands::COST_OR_REFUND;
+
+    /// A limiter's options, as the module documents them (`crate::args`,
+    /// which sits above this folder).
+    const COST_OR_REFUND: Arg = Arg::one_of(
+        c"cost-or-refund",
+        &[
+            Arg::block(
+                c"cost",
+                &[
+                    Arg::integer(c"units"),
+                    Arg::keyword(c"force", c"FORCE").optional(),
+                ],
+            )
+            .token(c"COST"),
+            Arg::block(c"refund", &[Arg::integer(c"units")]).token(c"REFUND"),
+        ],
+    )
+    .optional();
 
     /// One raw argument, read back as the server reads it.
     #[derive(Debug)]
