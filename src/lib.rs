@@ -135,6 +135,12 @@ pub(crate) fn algorithm_arity<L: Listed>() -> i32 {
     -(2 + <L::Params as args::Params>::COUNT as i32)
 }
 
+ffi::module! {
+    name: MODULE_NAME,
+    version: MODULE_VERSION,
+    on_load: on_load,
+}
+
 /// Called by `RedisModule_OnLoad` once the module API is initialised, with
 /// the load arguments (module configs, `name value` pairs).
 fn on_load(load: &Load, argv: &Argv) -> Result<(), String> {

@@ -53,8 +53,9 @@ pub fn pinned() -> bool {
 
 /// Sets up propagation at module load: the shared words and the initial
 /// mode. `subscribed` says whether the server took the subscriptions to the
-/// events that switch to the pinned mode (`crate::on_server_event`); without
-/// them, the module pins from the start.
+/// events that switch to the pinned mode (the module's server event
+/// handler calls [`consumer_may_appear`]); without them, the module pins
+/// from the start.
 pub fn init(load: &Load, subscribed: bool) {
     for word in [&COST, &AT, &ONE, &FORCE, &REFUND] {
         load.make_shared(word);

@@ -2,7 +2,9 @@
 //!
 //! Every call into redis-server (`RedisModule_*`) and every entry point
 //! redis-server calls (`extern "C"`: the commands, the type callbacks, INFO,
-//! server events, configs, `RedisModule_OnLoad`) lives in this folder. The
+//! server events, configs, `RedisModule_OnLoad`) lives in this folder
+//! (`RedisModule_OnLoad` is declared by [`module!`] at the crate's root, so
+//! that nothing here names what lies above it). The
 //! rest of the module is safe Rust: it sees a [`Context`], an [`Argv`], a
 //! [`Key`], [`RdbIo`], and registers what it offers through the functions
 //! of `register.rs`; it never holds a raw pointer.
@@ -76,5 +78,6 @@ pub use entry::command;
 pub use events::ServerEvent;
 pub use info::InfoContext;
 pub use key::{Key, Slot};
-pub use register::{Command, KeySpec, Load, Subcommand};
+pub(crate) use register::module;
+pub use register::{load_module, Command, KeySpec, Load, Subcommand};
 pub use string::SharedString;

@@ -19,16 +19,46 @@ use super::string::SharedString;
 const OK: c_int = raw::REDISMODULE_OK as c_int;
 const ERR: c_int = raw::REDISMODULE_ERR as c_int;
 
-/// Entry point called by the server on `--loadmodule` / `MODULE LOAD`: it
-/// initialises the module API, then hands the rest to [`crate::on_load`].
+/// Declares the module's entry point, `RedisModule_OnLoad`, where the
+/// crate's root invokes it: the server calls it on `--loadmodule` / `MODULE
+/// LOAD`, and it runs [`load_module`] with the module's name, version and
+/// `on_load` (a `fn(&Load, &Argv) -> Result<(), String>`). The macro lets
+/// this folder own the entry point without naming anything above it.
+macro_rules! module {
+    (name: $name:expr, version: $version:expr, on_load: $on_load:expr $(,)?) => {
+        /// The module's entry point (see `ffi::load_module`).
+        ///
+        /// # Safety
+        /// Called by the server with a valid context and `argc` arguments.
+        #[no_mangle]
+        #[allow(unsafe_code)]
+        pub unsafe extern "C" fn RedisModule_OnLoad(
+            ctx: *mut ::redis_module::raw::RedisModuleCtx,
+            argv: *mut *mut ::redis_module::raw::RedisModuleString,
+            argc: ::std::os::raw::c_int,
+        ) -> ::std::os::raw::c_int {
+            // SAFETY: the server's own arguments to OnLoad, passed on as
+            // they came.
+            unsafe { $crate::ffi::load_module(ctx, argv, argc, $name, $version, $on_load) }
+        }
+    };
+}
+pub(crate) use module;
+
+/// What `RedisModule_OnLoad` does: initialises the module API for module
+/// `name` at `version`, then hands the rest to `on_load`, whose error it
+/// logs and turns into a failed load.
 ///
 /// # Safety
-/// Called by the server with a valid context and `argc` arguments.
-#[no_mangle]
-pub unsafe extern "C" fn RedisModule_OnLoad(
+/// Called with the context and the `argc` arguments the server passed to
+/// `RedisModule_OnLoad`.
+pub unsafe fn load_module(
     ctx: *mut raw::RedisModuleCtx,
     argv: *mut *mut raw::RedisModuleString,
     argc: c_int,
+    name: &CStr,
+    version: i32,
+    on_load: impl FnOnce(&Load, &Argv) -> Result<(), String>,
 ) -> c_int {
     // Everything, from Init on, inside the guard: a panic while reading the
     // load arguments fails the load instead of aborting the server.
@@ -38,8 +68,8 @@ pub unsafe extern "C" fn RedisModule_OnLoad(
         let init = unsafe {
             raw::Export_RedisModule_Init(
                 ctx,
-                crate::MODULE_NAME.as_ptr(),
-                crate::MODULE_VERSION,
+                name.as_ptr(),
+                version,
                 raw::REDISMODULE_APIVER_1 as c_int,
             )
         };
@@ -48,7 +78,7 @@ pub unsafe extern "C" fn RedisModule_OnLoad(
         }
         // SAFETY: the context and the `argc` load arguments of this call.
         let (ctx, argv) = unsafe { (Context::from_ptr(ctx), Argv::from_raw(argv, argc)) };
-        match crate::on_load(&Load { ctx: &ctx }, &argv) {
+        match on_load(&Load { ctx: &ctx }, &argv) {
             Ok(()) => OK,
             Err(message) => {
                 ctx.log(Level::Warning, &message);
