@@ -12,7 +12,8 @@
 //!   each an [`Algorithm`], with its parameters and state types.
 //! - Parameters can only be built valid: [`TokenBucketParams::new`] and its
 //!   siblings check every rule and return a [`ParamError`] that names the
-//!   argument at fault.
+//!   argument at fault. Each type lists its integers, their names and
+//!   ranges, and is built from and read back as them ([`Parameters`]).
 //! - Time is [`Micros`], whose integer is private: instants are built and
 //!   read with their unit in the name.
 //! - [`run`] applies a [`Request`] (`COST n`, `COST n FORCE`, `REFUND n`)
