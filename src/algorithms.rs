@@ -195,6 +195,9 @@ pub trait Listed: Algorithm + Sized + 'static {
     /// The keyspace event of a call that changed it: the command in lower
     /// case.
     const EVENT: &'static CStr;
+    /// Its command's arity: at least the command, the key and the
+    /// parameters.
+    const ARITY: i32 = -(2 + <Self::Params as Params>::COUNT as i32);
     /// Its name in specs and `RL.SETSTATE`: the command after the dot.
     const WORD: &'static CStr = after_dot(Self::ROW.command);
     /// The prefix of its `INFO` fields: the word in lower case.

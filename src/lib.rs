@@ -2,7 +2,7 @@
 //!
 //! This file registers the module: its name, its native types, commands
 //! and configs, from the table of algorithms (`algorithms.rs`) and the
-//! table of the other commands below. See `docs/design.md` for the layout.
+//! command table of `commands/`. See `docs/design.md` for the layout.
 //! Every call of the module API lives in `ffi/`; the rest is safe Rust,
 //! which the first lint enforces.
 
@@ -38,9 +38,7 @@ mod stats;
 use std::ffi::CStr;
 
 use crate::algorithms::{for_each_algorithm, Listed};
-use crate::args::{COST, COST_OR_REFUND};
-use crate::commands::live::live;
-use crate::ffi::{command, Arg, Argv, Command, Context, KeySpec, Load, ServerEvent};
+use crate::ffi::{Argv, Context, Load, ServerEvent};
 
 #[global_allocator]
 static ALLOCATOR: ffi::ModuleAlloc = ffi::ModuleAlloc;
@@ -52,91 +50,6 @@ const MODULE_VERSION: i32 = 100;
 
 /// The ACL category of every command, where the server lets modules add one.
 const ACL_CATEGORY: &CStr = c"ratelimit";
-
-/// The commands beside the algorithms' own (which come from the table of
-/// algorithms) and the containers `RL.POLICY` and `RL.LOG` (whose
-/// subcommands are in their files).
-pub(crate) const COMMANDS: &[Command] = &[
-    Command {
-        name: c"RL.ALL",
-        handler: command(commands::all::run),
-        flags: c"write getkeys-api",
-        keys: KeySpec::AfterNumkeys,
-        arity: -5,
-        summary: c"Several limiters at once, all or nothing: units are taken from every limiter only if every one admits",
-        complexity: c"O(K) for K limiters, each as its own command",
-        args: &[
-            Arg::integer(c"numkeys"),
-            Arg::key(c"key").multiple(),
-            Arg::string(c"spec")
-                .multiple()
-                .summary(c"an algorithm and its parameters, or POLICY name"),
-            COST.optional(),
-        ],
-        acl: c"write",
-    },
-    Command {
-        name: c"RL.HIT",
-        handler: command(live!(commands::policy::hit)),
-        flags: c"write fast",
-        keys: KeySpec::At {
-            first: 2,
-            last: 2,
-            step: 1,
-        },
-        arity: -3,
-        summary: c"Applies policy `name` to limiter key `key`: the policy's algorithm, mode and roll-out",
-        complexity: c"As the policy's algorithm",
-        args: &[Arg::string(c"name"), Arg::key(c"key"), COST_OR_REFUND],
-        acl: c"write fast",
-    },
-    Command {
-        name: c"RL.SETSTATE",
-        handler: command(live!(commands::setstate::step)),
-        flags: c"write",
-        keys: KeySpec::At {
-            first: 1,
-            last: 1,
-            step: 1,
-        },
-        arity: -5,
-        summary: c"Internal: sets a limiter's raw state (AOF rewrite); accepted only while loading or from the master",
-        complexity: c"O(1)",
-        args: &[
-            Arg::key(c"key"),
-            Arg::string(c"algorithm"),
-            Arg::integer(c"encoding"),
-            Arg::integer(c"fields").multiple(),
-        ],
-        acl: c"write",
-    },
-];
-
-/// The command of an algorithm's row: `RL.<ALGORITHM> key <params...>
-/// [options]`, its key first.
-fn algorithm_command<L: Listed>() -> Command {
-    let row = &L::ROW;
-    Command {
-        name: row.command,
-        handler: command(live!(commands::limiter::step::<L, _>)),
-        flags: row.flags,
-        keys: KeySpec::At {
-            first: 1,
-            last: 1,
-            step: 1,
-        },
-        arity: algorithm_arity::<L>(),
-        summary: row.summary,
-        complexity: row.complexity,
-        args: row.args,
-        acl: row.acl,
-    }
-}
-
-/// At least the command, the key and the parameters.
-pub(crate) fn algorithm_arity<L: Listed>() -> i32 {
-    -(2 + <L::Params as args::Params>::COUNT as i32)
-}
 
 ffi::module! {
     name: MODULE_NAME,
@@ -173,12 +86,12 @@ fn register(load: &Load) -> Result<(), &'static str> {
         category,
     )?;
     for_each_algorithm!(L => {
-        load.create_command(&algorithm_command::<L>(), category)?;
+        load.create_command(&commands::algorithm_command::<L>(), category)?;
         for companion in L::ROW.companions {
             load.create_command(companion, category)?;
         }
     });
-    for command in COMMANDS {
+    for command in commands::COMMANDS {
         load.create_command(command, category)?;
     }
     Ok(())
@@ -197,7 +110,8 @@ fn on_server_event(ctx: &Context, event: ServerEvent) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ffi::{words, Subcommand};
+    use crate::commands::{algorithm_command, COMMANDS};
+    use crate::ffi::{words, Arg, Subcommand};
 
     /// Every command and subcommand with its arity and the words before its
     /// arguments.
@@ -252,7 +166,7 @@ mod tests {
     #[test]
     fn algorithm_commands_take_the_key_and_their_parameters() {
         let mut arities = Vec::new();
-        for_each_algorithm!(L => arities.push((L::ROW.command, algorithm_arity::<L>())));
+        for_each_algorithm!(L => arities.push((L::ROW.command, L::ARITY)));
         assert_eq!(
             arities,
             [
