@@ -10,7 +10,8 @@
 #   RL_MODULE_BEFORE=/abs/old.so RL_MODULE=/abs/new.so bench/compare.sh
 #
 # Knobs: COMPARE_ROUNDS (5), COMPARE_N (requests per run, 300000),
-# COMPARE_CALLS (calls per command under callgrind, 2000; 0 skips it).
+# COMPARE_CALLS (calls per command under callgrind, on 100 live keys, 2000;
+# 0 skips it).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -105,10 +106,10 @@ awk '
   }' "$RESULTS"
 
 # Instructions per call under callgrind: each build's server alone, the
-# same calls on one key each (a live key), counted from a zeroed counter.
+# same calls on 100 live keys, counted from a zeroed counter.
 if [ "$CALLS" -gt 0 ] && command -v valgrind >/dev/null && command -v callgrind_control >/dev/null; then
   echo
-  echo "Instructions per call inside the command's function (callgrind, $CALLS calls on one live key):"
+  echo "Instructions per call inside the command's function (callgrind, $CALLS calls on 100 live keys):"
   printf "%-14s %14s %14s %16s\n" "command" "before" "after" "after / before"
   declare -A IR
   for side in before after; do
@@ -128,15 +129,22 @@ if [ "$CALLS" -gt 0 ] && command -v valgrind >/dev/null && command -v callgrind_
     pid=$!
     RL_PIDS+=("$pid")
     for _ in $(seq 600); do rl_answers "$port" && break; sleep 0.1; done
+    if ! rl_answers "$port"; then
+      log "the $side server did not start under valgrind; its log:"
+      tail -n 5 "$dir/valgrind.log" >&2
+      continue
+    fi
     redis-cli -p "$port" RL.POLICY SET bench-tb TOKENBUCKET 1000 1 1000 >/dev/null
     for w in "${WORKLOADS[@]}"; do
       id="${w%%|*}"
       cmd="${w#*|}"
-      cmd="${cmd//__rand_int__/1}"
-      # Warm the key and the code, then count exactly CALLS calls.
-      for _ in 1 2 3; do echo "$cmd"; done | redis-cli -p "$port" >/dev/null
+      # 100 live keys in turn, each far from its limit: every call is an
+      # admission on an existing key. Warm them and the code, then count
+      # exactly CALLS calls.
+      calls() { for i in $(seq "$1"); do echo "${cmd//__rand_int__/$((i % 100))}"; done; }
+      calls 200 | redis-cli -p "$port" >/dev/null
       callgrind_control --zero "$pid" >/dev/null
-      for _ in $(seq "$CALLS"); do echo "$cmd"; done | redis-cli -p "$port" >/dev/null
+      calls "$CALLS" | redis-cli -p "$port" >/dev/null
       callgrind_control --dump="$id" "$pid" >/dev/null
       file="$(ls -t "$dir"/out.* | head -1)"
       IR["$side,$id"]="$(awk '/^summary:/ { print $2 }' "$file")"

@@ -84,6 +84,14 @@ pub fn consumer_may_appear(ctx: &Context) {
     }
 }
 
+/// Counts a write that nothing consumes (not [`pinned`]): Redis drops the
+/// propagated call at once, but counts it for `save` points and
+/// `rdb_changes_since_last_save`.
+#[inline]
+pub fn count_write(ctx: &Context) {
+    ctx.replicate_verbatim();
+}
+
 /// Propagates a limiter call that changed the state as
 /// `<command> key <params...> COST <n> [FORCE] AT <now_us>` or
 /// `<command> key <params...> REFUND <n> AT <now_us>`.
@@ -98,9 +106,7 @@ pub fn limiter_call(
     now: Micros,
 ) {
     if !pinned() {
-        // Nothing consumes the stream: only count the write.
-        ctx.replicate_verbatim();
-        return;
+        return count_write(ctx);
     }
     pin(ctx, command, Head::Strings(key_and_params), request, now);
 }
@@ -118,8 +124,7 @@ pub fn limiter_call_with_params(
     now: Micros,
 ) {
     if !pinned() {
-        ctx.replicate_verbatim();
-        return;
+        return count_write(ctx);
     }
     let params = params();
     pin(
