@@ -1,0 +1,649 @@
+//! The connection to the server (standalone, Sentinel, Cluster) and the
+//! typed calls of every `RL.*` command: one round trip each, to the node
+//! that owns the key, within a deadline, never retried.
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+};
+use redis::sentinel::{SentinelClient, SentinelServerType};
+use redis::{Cmd, Value};
+use redis_ratelimit_core::{Request, MAX_PARAM};
+
+use crate::decision::Decision;
+use crate::rule::{RuleKind, Spec};
+use crate::Error;
+
+/// The oldest module version (`MODULE LIST`'s `ver`) the kit speaks to.
+pub const MIN_MODULE_VERSION: i64 = 100;
+
+/// The default deadline of one call: a few milliseconds, since a limiter
+/// that waits longer than that is worse than the fallback.
+pub const DEFAULT_DEADLINE: Duration = Duration::from_millis(5);
+
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+/// Where a command goes.
+enum Target<'a> {
+    /// The master owning this key's slot.
+    Key(&'a str),
+    /// Every master (policies are node state); the replies combined.
+    AllMasters(ResponsePolicy),
+    /// Any node.
+    Any,
+}
+
+struct Inner {
+    conn: RwLock<Conn>,
+    sentinel: Option<tokio::sync::Mutex<SentinelClient>>,
+}
+
+/// A connection to a server (or a cluster) with the module loaded, and the
+/// typed calls of its commands. Cheap to clone: clones share the connection.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+    deadline: Duration,
+}
+
+/// How many units a call takes or gives back: re-exported from the core
+/// crate (`COST n`, `COST n FORCE`, `REFUND n`).
+pub type Units = Request;
+
+fn manager_config() -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_number_of_retries(1)
+        .set_connection_timeout(Some(Duration::from_secs(1)))
+        .set_max_delay(Duration::from_millis(200))
+}
+
+impl Client {
+    /// Connects to one server (`redis://host:port/`), and checks that it has
+    /// loaded the module.
+    pub async fn standalone(url: &str) -> Result<Client, Error> {
+        let client = redis::Client::open(url).map_err(Error::from)?;
+        let manager = ConnectionManager::new_with_config(client, manager_config())
+            .await
+            .map_err(Error::from)?;
+        Client::start(Conn::Single(manager), None).await
+    }
+
+    /// Asks the Sentinels for the master of `service`, connects to it and
+    /// checks the module; after a failover, the breaker's probe asks again.
+    pub async fn sentinel(sentinels: &[&str], service: &str) -> Result<Client, Error> {
+        let mut sentinel = SentinelClient::build(
+            sentinels.to_vec(),
+            service.to_string(),
+            None,
+            SentinelServerType::Master,
+        )
+        .map_err(Error::from)?;
+        let conn = sentinel_master(&mut sentinel).await?;
+        Client::start(conn, Some(tokio::sync::Mutex::new(sentinel))).await
+    }
+
+    /// Connects to a Redis Cluster from any of its nodes, and checks that
+    /// every master has loaded the module. The cluster client itself never
+    /// retries a command: a lost limiter reply goes to the fallback.
+    pub async fn cluster(nodes: &[&str]) -> Result<Client, Error> {
+        let client = redis::cluster::ClusterClient::builder(nodes.to_vec())
+            .retries(0)
+            .connection_timeout(Duration::from_secs(1))
+            .build()
+            .map_err(Error::from)?;
+        let conn = client.get_async_connection().await.map_err(Error::from)?;
+        Client::start(Conn::Cluster(conn), None).await
+    }
+
+    async fn start(
+        conn: Conn,
+        sentinel: Option<tokio::sync::Mutex<SentinelClient>>,
+    ) -> Result<Client, Error> {
+        let client = Client {
+            inner: Arc::new(Inner {
+                conn: RwLock::new(conn),
+                sentinel,
+            }),
+            deadline: DEFAULT_DEADLINE,
+        };
+        client.check_module().await?;
+        Ok(client)
+    }
+
+    /// The same connection with another deadline per call.
+    pub fn with_deadline(&self, deadline: Duration) -> Client {
+        Client {
+            inner: self.inner.clone(),
+            deadline,
+        }
+    }
+
+    /// The deadline of one call.
+    pub fn deadline(&self) -> Duration {
+        self.deadline
+    }
+
+    fn conn(&self) -> Conn {
+        self.inner
+            .conn
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// `MODULE LIST` has `ratelimit` at version [`MIN_MODULE_VERSION`] or
+    /// later (on every master of a cluster); its version. Not bound by the
+    /// call deadline: it runs once, at start-up.
+    pub async fn check_module(&self) -> Result<i64, Error> {
+        let mut cmd = redis::cmd("MODULE");
+        cmd.arg("LIST");
+        let reply = self
+            .send_within(
+                cmd,
+                Target::AllMasters(ResponsePolicy::CombineArrays),
+                Duration::from_secs(5),
+            )
+            .await
+            .map_err(|e| match e {
+                Error::Server(msg) => Error::ModuleMissing(format!(
+                    "MODULE LIST refused ({msg}): the server may not allow modules"
+                )),
+                other => other,
+            })?;
+        let Value::Array(modules) = reply else {
+            return Err(Error::Protocol(format!("MODULE LIST: {reply:?}")));
+        };
+        let mut version = None;
+        for module in modules {
+            let fields = match module {
+                Value::Array(f) => f,
+                Value::Map(pairs) => pairs.into_iter().flat_map(|(k, v)| [k, v]).collect(),
+                _ => continue,
+            };
+            let mut name = None;
+            let mut ver = None;
+            for pair in fields.chunks(2) {
+                if let [k, v] = pair {
+                    match (text(k).as_deref(), v) {
+                        (Some("name"), v) => name = text(v),
+                        (Some("ver"), Value::Int(n)) => ver = Some(*n),
+                        _ => {}
+                    }
+                }
+            }
+            if name.as_deref() == Some("ratelimit") {
+                let v = ver.unwrap_or(0);
+                version = Some(version.map_or(v, |old: i64| old.min(v)));
+            }
+        }
+        match version {
+            None => Err(Error::ModuleMissing(
+                "MODULE LIST has no `ratelimit`: load libredis_ratelimit.so with --loadmodule \
+                 (a managed server that cannot load modules cannot run the RL.* commands)"
+                    .into(),
+            )),
+            Some(v) if v < MIN_MODULE_VERSION => Err(Error::ModuleMissing(format!(
+                "module ratelimit version {v} is older than {MIN_MODULE_VERSION}"
+            ))),
+            Some(v) => Ok(v),
+        }
+    }
+
+    /// `PING` within the deadline; for Sentinel, asks the Sentinels for the
+    /// master again first. What the circuit breaker probes with.
+    pub async fn ping(&self) -> Result<(), Error> {
+        if let Some(sentinel) = &self.inner.sentinel {
+            let mut sentinel = sentinel.lock().await;
+            let conn = sentinel_master(&mut sentinel).await?;
+            *self.inner.conn.write().unwrap_or_else(|e| e.into_inner()) = conn;
+        }
+        self.send(redis::cmd("PING"), Target::Any).await.map(drop)
+    }
+
+    async fn send(&self, cmd: Cmd, target: Target<'_>) -> Result<Value, Error> {
+        self.send_within(cmd, target, self.deadline).await
+    }
+
+    async fn send_within(
+        &self,
+        cmd: Cmd,
+        target: Target<'_>,
+        deadline: Duration,
+    ) -> Result<Value, Error> {
+        let call = async {
+            match self.conn() {
+                Conn::Single(mut c) => cmd.query_async::<Value>(&mut c).await,
+                Conn::Cluster(mut c) => {
+                    let routing = match target {
+                        Target::Key(key) => RoutingInfo::SingleNode(
+                            SingleNodeRoutingInfo::SpecificNode(Route::with_key(
+                                key.as_bytes(),
+                                SlotAddr::Master,
+                            )),
+                        ),
+                        Target::AllMasters(policy) => RoutingInfo::MultiNode((
+                            MultipleNodeRoutingInfo::AllMasters,
+                            Some(policy),
+                        )),
+                        Target::Any => {
+                            RoutingInfo::SingleNode(SingleNodeRoutingInfo::RandomPrimary)
+                        }
+                    };
+                    c.route_command(cmd, routing).await
+                }
+            }
+        };
+        match tokio::time::timeout(deadline, call).await {
+            Err(_) => Err(Error::Timeout(deadline)),
+            Ok(Err(e)) => Err(match Error::from(e) {
+                Error::Timeout(_) => Error::Timeout(deadline),
+                other => other,
+            }),
+            Ok(Ok(Value::ServerError(e))) => Err(Error::Server(format!("{e:?}"))),
+            Ok(Ok(v)) => Ok(v),
+        }
+    }
+
+    async fn decision(&self, cmd: Cmd, key: &str) -> Result<Decision, Error> {
+        Decision::from_reply(self.send(cmd, Target::Key(key)).await?)
+    }
+
+    /// Any limiter command, on `key`, with a checked spec.
+    pub async fn apply(&self, key: &str, spec: &Spec, units: Units) -> Result<Decision, Error> {
+        check_units(spec.algorithm(), units)?;
+        let mut cmd = redis::cmd(&format!("RL.{}", spec.algorithm()));
+        cmd.arg(key).arg(spec.params());
+        units_args(&mut cmd, units);
+        self.decision(cmd, key).await
+    }
+
+    async fn inline(
+        &self,
+        algorithm: &str,
+        key: &str,
+        params: &[u64],
+        units: Units,
+    ) -> Result<Decision, Error> {
+        let spec = Spec::parse(&format!("RL.{algorithm}"), algorithm, params)?;
+        self.apply(key, &spec, units).await
+    }
+
+    /// `RL.TOKENBUCKET key capacity refill_count refill_ms [COST n [FORCE] | REFUND n]`
+    pub async fn token_bucket(
+        &self,
+        key: &str,
+        capacity: u64,
+        refill_count: u64,
+        refill_ms: u64,
+        units: Units,
+    ) -> Result<Decision, Error> {
+        self.inline("TOKENBUCKET", key, &[capacity, refill_count, refill_ms], units)
+            .await
+    }
+
+    /// `RL.FIXEDWINDOW key limit window_ms [...]`
+    pub async fn fixed_window(
+        &self,
+        key: &str,
+        limit: u64,
+        window_ms: u64,
+        units: Units,
+    ) -> Result<Decision, Error> {
+        self.inline("FIXEDWINDOW", key, &[limit, window_ms], units)
+            .await
+    }
+
+    /// `RL.LEAKYBUCKET key capacity leak_count leak_ms [...]`
+    pub async fn leaky_bucket(
+        &self,
+        key: &str,
+        capacity: u64,
+        leak_count: u64,
+        leak_ms: u64,
+        units: Units,
+    ) -> Result<Decision, Error> {
+        self.inline("LEAKYBUCKET", key, &[capacity, leak_count, leak_ms], units)
+            .await
+    }
+
+    /// `RL.SLIDING key limit window_ms [...]`
+    pub async fn sliding(
+        &self,
+        key: &str,
+        limit: u64,
+        window_ms: u64,
+        units: Units,
+    ) -> Result<Decision, Error> {
+        self.inline("SLIDING", key, &[limit, window_ms], units).await
+    }
+
+    /// `RL.HASHWINDOW key limit window_ms bucket_ms [...]`
+    pub async fn hash_window(
+        &self,
+        key: &str,
+        limit: u64,
+        window_ms: u64,
+        bucket_ms: u64,
+        units: Units,
+    ) -> Result<Decision, Error> {
+        self.inline("HASHWINDOW", key, &[limit, window_ms, bucket_ms], units)
+            .await
+    }
+
+    /// `RL.HIT policy key [...]`, sent to the owner of `key` (its second
+    /// argument), not of the policy name.
+    pub async fn hit(&self, policy: &str, key: &str, units: Units) -> Result<Decision, Error> {
+        check_units("RL.HIT", units)?;
+        crate::Rule::policy(policy).check()?;
+        let mut cmd = redis::cmd("RL.HIT");
+        cmd.arg(policy).arg(key);
+        units_args(&mut cmd, units);
+        self.decision(cmd, key).await
+    }
+
+    /// `RL.ALL numkeys key... spec... [COST n]`: all or nothing, sent to the
+    /// owner of the first key (in a cluster they must share a slot: use a
+    /// hash tag). `denied_by` is the 0-based position of the rule that
+    /// denied.
+    pub async fn all(&self, limits: &[(&str, &RuleKind)], cost: u64) -> Result<Decision, Error> {
+        check_units("RL.ALL", Request::Cost(cost))?;
+        let Some((first, _)) = limits.first() else {
+            return Err(Error::bad("RL.ALL", "numkeys", "at least one limiter"));
+        };
+        let mut cmd = redis::cmd("RL.ALL");
+        cmd.arg(limits.len());
+        for (key, _) in limits {
+            cmd.arg(*key);
+        }
+        for (_, kind) in limits {
+            match kind {
+                RuleKind::Inline(spec) => cmd.arg(spec.algorithm()).arg(spec.params()),
+                RuleKind::Policy(name) => cmd.arg("POLICY").arg(name.as_str()),
+            };
+        }
+        if cost != 1 {
+            cmd.arg("COST").arg(cost);
+        }
+        self.decision(cmd, first).await
+    }
+
+    /// `RL.POLICY SET name <spec> MODE mode ROLLOUT percent`, on every master.
+    pub async fn policy_set(
+        &self,
+        name: &str,
+        spec: &Spec,
+        mode: PolicyMode,
+        rollout: u8,
+    ) -> Result<(), Error> {
+        crate::Rule::policy(name).check()?;
+        if rollout > 100 {
+            return Err(Error::bad(name, "ROLLOUT", "must be 0 to 100"));
+        }
+        let mut cmd = redis::cmd("RL.POLICY");
+        cmd.arg("SET")
+            .arg(name)
+            .arg(spec.algorithm())
+            .arg(spec.params())
+            .arg("MODE")
+            .arg(mode.word())
+            .arg("ROLLOUT")
+            .arg(rollout);
+        self.send(cmd, Target::AllMasters(ResponsePolicy::AllSucceeded))
+            .await
+            .map(drop)
+    }
+
+    /// `RL.POLICY GET name`: the rule and its counters, or `None`.
+    pub async fn policy_get(&self, name: &str) -> Result<Option<PolicyInfo>, Error> {
+        let mut cmd = redis::cmd("RL.POLICY");
+        cmd.arg("GET").arg(name);
+        let reply = self.send(cmd, Target::Any).await?;
+        let fields = match reply {
+            Value::Nil => return Ok(None),
+            Value::Array(f) => f,
+            Value::Map(pairs) => pairs.into_iter().flat_map(|(k, v)| [k, v]).collect(),
+            other => return Err(Error::Protocol(format!("RL.POLICY GET: {other:?}"))),
+        };
+        let mut info = PolicyInfo {
+            name: name.to_string(),
+            spec: None,
+            mode: String::new(),
+            rollout: 100,
+            calls: 0,
+            admitted: 0,
+            denied: 0,
+            shadow_denied: 0,
+        };
+        let mut algorithm = String::new();
+        let mut params = Vec::new();
+        for pair in fields.chunks(2) {
+            let [k, v] = pair else { continue };
+            let int = match v {
+                Value::Int(i) => *i,
+                _ => 0,
+            };
+            match text(k).as_deref() {
+                Some("algorithm") => algorithm = text(v).unwrap_or_default(),
+                Some("params") => {
+                    if let Value::Array(ps) = v {
+                        params = ps
+                            .iter()
+                            .filter_map(|p| match p {
+                                Value::Int(i) => Some(*i as u64),
+                                _ => None,
+                            })
+                            .collect();
+                    }
+                }
+                Some("mode") => info.mode = text(v).unwrap_or_default(),
+                Some("rollout") => info.rollout = int as u8,
+                Some("calls") => info.calls = int as u64,
+                Some("admitted") => info.admitted = int as u64,
+                Some("denied") => info.denied = int as u64,
+                Some("shadow_denied") => info.shadow_denied = int as u64,
+                _ => {}
+            }
+        }
+        info.spec = Spec::parse(name, &algorithm, &params).ok();
+        Ok(Some(info))
+    }
+
+    /// `RL.POLICY DEL name`, on every master: whether it existed (on any).
+    pub async fn policy_del(&self, name: &str) -> Result<bool, Error> {
+        let mut cmd = redis::cmd("RL.POLICY");
+        cmd.arg("DEL").arg(name);
+        let reply = self
+            .send(
+                cmd,
+                Target::AllMasters(ResponsePolicy::Aggregate(
+                    redis::cluster_routing::AggregateOp::Sum,
+                )),
+            )
+            .await?;
+        Ok(matches!(reply, Value::Int(n) if n > 0))
+    }
+
+    /// `RL.POLICY LIST`: the names, sorted.
+    pub async fn policy_list(&self) -> Result<Vec<String>, Error> {
+        let mut cmd = redis::cmd("RL.POLICY");
+        cmd.arg("LIST");
+        match self.send(cmd, Target::Any).await? {
+            Value::Array(names) => Ok(names.iter().filter_map(text).collect()),
+            other => Err(Error::Protocol(format!("RL.POLICY LIST: {other:?}"))),
+        }
+    }
+
+    /// `RL.LOG GET count`: the most recent denials, newest first (of every
+    /// master, in a cluster).
+    pub async fn log_get(&self, count: u64) -> Result<Vec<LogEntry>, Error> {
+        let mut cmd = redis::cmd("RL.LOG");
+        cmd.arg("GET").arg(count);
+        let reply = self
+            .send(cmd, Target::AllMasters(ResponsePolicy::CombineArrays))
+            .await?;
+        let Value::Array(entries) = reply else {
+            return Err(Error::Protocol(format!("RL.LOG GET: {reply:?}")));
+        };
+        let mut out = Vec::new();
+        for entry in entries {
+            let Value::Array(f) = entry else { continue };
+            if f.len() < 6 {
+                continue;
+            }
+            let int = |v: &Value| match v {
+                Value::Int(i) => *i,
+                _ => 0,
+            };
+            out.push(LogEntry {
+                id: int(&f[0]) as u64,
+                unix_ms: int(&f[1]) as u64,
+                key: text(&f[2]).unwrap_or_default(),
+                source: text(&f[3]).unwrap_or_default(),
+                cost: int(&f[4]) as u64,
+                wait_ms: int(&f[5]),
+            });
+        }
+        Ok(out)
+    }
+
+    /// `RL.LOG LEN` (summed over the masters of a cluster).
+    pub async fn log_len(&self) -> Result<u64, Error> {
+        let mut cmd = redis::cmd("RL.LOG");
+        cmd.arg("LEN");
+        let reply = self
+            .send(
+                cmd,
+                Target::AllMasters(ResponsePolicy::Aggregate(
+                    redis::cluster_routing::AggregateOp::Sum,
+                )),
+            )
+            .await?;
+        match reply {
+            Value::Int(n) => Ok(n.max(0) as u64),
+            other => Err(Error::Protocol(format!("RL.LOG LEN: {other:?}"))),
+        }
+    }
+
+    /// `RL.LOG RESET` (on every master).
+    pub async fn log_reset(&self) -> Result<(), Error> {
+        let mut cmd = redis::cmd("RL.LOG");
+        cmd.arg("RESET");
+        self.send(cmd, Target::AllMasters(ResponsePolicy::AllSucceeded))
+            .await
+            .map(drop)
+    }
+}
+
+/// `MODE` of a policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PolicyMode {
+    /// Denies what the limiter denies.
+    Enforce,
+    /// Counts, consumes what it admits, always answers allowed.
+    Shadow,
+    /// The kill switch: allowed at once, no state touched.
+    Off,
+}
+
+impl PolicyMode {
+    fn word(self) -> &'static str {
+        match self {
+            PolicyMode::Enforce => "ENFORCE",
+            PolicyMode::Shadow => "SHADOW",
+            PolicyMode::Off => "OFF",
+        }
+    }
+}
+
+/// `RL.POLICY GET`'s answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicyInfo {
+    /// The policy's name.
+    pub name: String,
+    /// Its rule (`None` for an algorithm this kit does not know).
+    pub spec: Option<Spec>,
+    /// `ENFORCE`, `SHADOW` or `OFF`.
+    pub mode: String,
+    /// The percentage of keys enforced.
+    pub rollout: u8,
+    /// Calls, admitted, denied and shadow denials counted by the server.
+    pub calls: u64,
+    /// See `calls`.
+    pub admitted: u64,
+    /// See `calls`.
+    pub denied: u64,
+    /// See `calls`.
+    pub shadow_denied: u64,
+}
+
+/// One entry of `RL.LOG GET`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogEntry {
+    /// Grows by one per denial logged.
+    pub id: u64,
+    /// When, in Unix milliseconds.
+    pub unix_ms: u64,
+    /// The limiter key (cut to 128 bytes).
+    pub key: String,
+    /// The command, `policy:<name>`, or `RL.ALL <ALGORITHM>`.
+    pub source: String,
+    /// The units asked.
+    pub cost: u64,
+    /// The denial's wait.
+    pub wait_ms: i64,
+}
+
+fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::VerbatimString { text, .. } => Some(text.clone()),
+        _ => None,
+    }
+}
+
+fn check_units(command: &str, units: Units) -> Result<(), Error> {
+    let (arg, n) = match units {
+        Request::Cost(n) | Request::Force(n) => ("COST", n),
+        Request::Refund(n) => ("REFUND", n),
+    };
+    if n > MAX_PARAM {
+        return Err(Error::bad(
+            command,
+            arg,
+            format!("must be an integer from 0 to {MAX_PARAM}"),
+        ));
+    }
+    Ok(())
+}
+
+fn units_args(cmd: &mut Cmd, units: Units) {
+    match units {
+        Request::Cost(1) => {}
+        Request::Cost(n) => {
+            cmd.arg("COST").arg(n);
+        }
+        Request::Force(n) => {
+            cmd.arg("COST").arg(n).arg("FORCE");
+        }
+        Request::Refund(n) => {
+            cmd.arg("REFUND").arg(n);
+        }
+    }
+}
+
+async fn sentinel_master(sentinel: &mut SentinelClient) -> Result<Conn, Error> {
+    let client = sentinel.async_get_client().await.map_err(Error::from)?;
+    let manager = ConnectionManager::new_with_config(client, manager_config())
+        .await
+        .map_err(Error::from)?;
+    Ok(Conn::Single(manager))
+}

@@ -1,0 +1,114 @@
+//! What a limiter answered, in the units an application uses.
+
+use std::time::Duration;
+
+use redis::Value;
+
+use crate::Error;
+
+/// Which path decided a request (each has its counter in [`crate::Stats`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Path {
+    /// The server's limiter.
+    Redis,
+    /// The in-process level, for a global rule, without a round trip.
+    Local,
+    /// The local deny cache, without a round trip.
+    DenyCache,
+    /// The fallback, Redis being unreachable or late.
+    Fallback,
+}
+
+/// The five fields of a limiter's reply (`[allowed, limit, remaining,
+/// wait_ms, reset_ms]`), and for `RL.ALL` the sixth, `denied_by`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    /// Admitted (its units consumed) or denied (nothing changed).
+    pub allowed: bool,
+    /// The limiter's capacity or requests per window.
+    pub limit: u64,
+    /// Units left right after this call.
+    pub remaining: u64,
+    /// `wait_ms` as the server sent it: -1 when the request can never pass.
+    pub wait_ms: i64,
+    /// Denied: the time until the same request would pass (zero when it
+    /// never can; see [`Decision::never`]). Admitted: zero, except for the
+    /// leaky bucket, where it is the delay before acting.
+    pub retry_after: Duration,
+    /// The time until the limiter is idle again.
+    pub reset_after: Duration,
+    /// `RL.ALL`: the 0-based position of the first rule that denied.
+    pub denied_by: Option<usize>,
+    /// Which path decided.
+    pub path: Path,
+}
+
+impl Decision {
+    pub(crate) fn from_fields(
+        allowed: bool,
+        limit: u64,
+        remaining: u64,
+        wait_ms: i64,
+        reset_ms: u64,
+        path: Path,
+    ) -> Decision {
+        Decision {
+            allowed,
+            limit,
+            remaining,
+            wait_ms,
+            retry_after: Duration::from_millis(wait_ms.max(0) as u64),
+            reset_after: Duration::from_millis(reset_ms),
+            denied_by: None,
+            path,
+        }
+    }
+
+    /// A denied request that can never pass (its cost exceeds the limit).
+    pub fn never(&self) -> bool {
+        self.wait_ms < 0
+    }
+
+    /// `reset_ms`.
+    pub fn reset_ms(&self) -> u64 {
+        self.reset_after.as_millis() as u64
+    }
+
+    /// `Retry-After` in whole seconds, `ceil(wait_ms / 1000)`; `None` when the
+    /// request can never pass.
+    pub fn retry_after_s(&self) -> Option<u64> {
+        (self.wait_ms >= 0).then(|| (self.wait_ms as u64).div_ceil(1000))
+    }
+
+    /// Parses a five-integer (or, for `RL.ALL`, six-integer) reply.
+    pub(crate) fn from_reply(value: Value) -> Result<Decision, Error> {
+        let items = match value {
+            Value::Array(items) => items,
+            Value::ServerError(e) => return Err(Error::Server(format!("{e:?}"))),
+            other => return Err(Error::Protocol(format!("{other:?}"))),
+        };
+        let ints: Vec<i64> = items
+            .iter()
+            .map(|v| match v {
+                Value::Int(i) => Ok(*i),
+                other => Err(Error::Protocol(format!("{other:?}"))),
+            })
+            .collect::<Result<_, _>>()?;
+        if ints.len() != 5 && ints.len() != 6 {
+            return Err(Error::Protocol(format!("{} fields", ints.len())));
+        }
+        let u = |i: i64| i.max(0) as u64;
+        let mut d = Decision::from_fields(
+            ints[0] == 1,
+            u(ints[1]),
+            u(ints[2]),
+            ints[3],
+            u(ints[4]),
+            Path::Redis,
+        );
+        if ints.len() == 6 && ints[5] > 0 {
+            d.denied_by = Some(ints[5] as usize - 1);
+        }
+        Ok(d)
+    }
+}

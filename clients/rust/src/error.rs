@@ -1,0 +1,81 @@
+//! The one error type of the kit.
+
+use std::fmt;
+use std::time::Duration;
+
+/// Why a call, a start-up check or a build failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Error {
+    /// A rule or an argument was refused before anything was sent; `arg`
+    /// names the parameter (`capacity`, `window_ms`, `policy name`, ...).
+    BadArgument {
+        /// The rule's name, or the command's, where the argument belongs.
+        rule: String,
+        /// The argument at fault, as the commands name it.
+        arg: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The server answered an error reply (`ERR ...`, `WRONGTYPE ...`).
+    Server(String),
+    /// The server did not answer within the call's deadline. The call may
+    /// still have been applied: the kit never retries it.
+    Timeout(Duration),
+    /// No connection to the server (refused, reset, closed).
+    Connection(String),
+    /// The server answers, but has not loaded the module (or an older one).
+    ModuleMissing(String),
+    /// The reply did not have the shape the contract gives it.
+    Protocol(String),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::BadArgument { rule, arg, reason } => {
+                write!(f, "rule {rule:?}: bad argument {arg}: {reason}")
+            }
+            Error::Server(msg) => write!(f, "server error: {msg}"),
+            Error::Timeout(d) => write!(f, "no reply within the deadline of {d:?}"),
+            Error::Connection(msg) => write!(f, "connection error: {msg}"),
+            Error::ModuleMissing(msg) => write!(f, "redis-ratelimit module missing: {msg}"),
+            Error::Protocol(msg) => write!(f, "unexpected reply: {msg}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl Error {
+    /// A failure of the path to Redis (not of the request): what the
+    /// fallback and the circuit breaker count.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, Error::Timeout(_) | Error::Connection(_))
+    }
+
+    pub(crate) fn bad(rule: &str, arg: &str, reason: impl Into<String>) -> Self {
+        Error::BadArgument {
+            rule: rule.to_string(),
+            arg: arg.to_string(),
+            reason: reason.into(),
+        }
+    }
+}
+
+impl From<redis::RedisError> for Error {
+    fn from(e: redis::RedisError) -> Self {
+        if e.is_timeout() {
+            Error::Timeout(Duration::ZERO)
+        } else if e.is_io_error()
+            || e.is_connection_dropped()
+            || e.is_connection_refusal()
+            || e.is_unrecoverable_error()
+        {
+            Error::Connection(e.to_string())
+        } else if e.code().is_some() {
+            Error::Server(e.to_string())
+        } else {
+            Error::Connection(e.to_string())
+        }
+    }
+}

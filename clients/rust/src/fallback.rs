@@ -1,0 +1,193 @@
+//! What decides when Redis cannot: the fallback mode, the circuit breaker
+//! that spares a dead Redis a deadline per request, and the counters of
+//! every path.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// What decides a request when Redis errors, misses its deadline, or the
+/// breaker is open.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FallbackMode {
+    /// Admit: availability over protection (the limiter guards a cost, not
+    /// a safety property).
+    FailOpen,
+    /// Deny (`Retry-After` of the breaker's open time): protection over
+    /// availability (login attempts, paid APIs).
+    FailClosed,
+    /// Every rule in process at this instance's share of its limit: the
+    /// middle ground, and the default.
+    LocalOnly,
+}
+
+/// When the breaker opens and how long it stays open before a probe.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BreakerConfig {
+    /// Consecutive failures (timeouts, lost connections) that open it.
+    pub failures: u32,
+    /// How long it stays open before one `PING` probes Redis.
+    pub open_for: Duration,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        BreakerConfig {
+            failures: 5,
+            open_for: Duration::from_secs(1),
+        }
+    }
+}
+
+#[derive(Debug)]
+enum State {
+    Closed { failures: u32 },
+    Open { until: Instant },
+    HalfOpen,
+}
+
+/// What the breaker lets a request do.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Gate {
+    /// Call Redis.
+    Call,
+    /// Open: the fallback decides, no call.
+    Skip,
+    /// Open for long enough: this request starts the probe (and the
+    /// fallback decides it).
+    Probe,
+}
+
+pub(crate) struct Breaker {
+    config: BreakerConfig,
+    state: Mutex<State>,
+}
+
+impl Breaker {
+    pub(crate) fn new(config: BreakerConfig) -> Self {
+        Breaker {
+            config,
+            state: Mutex::new(State::Closed { failures: 0 }),
+        }
+    }
+
+    pub(crate) fn gate(&self) -> Gate {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        match *state {
+            State::Closed { .. } => Gate::Call,
+            State::Open { until } if Instant::now() >= until => {
+                *state = State::HalfOpen;
+                Gate::Probe
+            }
+            State::Open { .. } | State::HalfOpen => Gate::Skip,
+        }
+    }
+
+    /// Redis answered: closed.
+    pub(crate) fn success(&self) {
+        *self.state.lock().unwrap_or_else(|e| e.into_inner()) = State::Closed { failures: 0 };
+    }
+
+    /// Redis failed; true when this failure opened the breaker.
+    pub(crate) fn failure(&self) -> bool {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let open = State::Open {
+            until: Instant::now() + self.config.open_for,
+        };
+        match *state {
+            State::Closed { failures } if failures + 1 >= self.config.failures => {
+                *state = open;
+                true
+            }
+            State::Closed { failures } => {
+                *state = State::Closed {
+                    failures: failures + 1,
+                };
+                false
+            }
+            State::HalfOpen => {
+                *state = open;
+                false
+            }
+            State::Open { .. } => false,
+        }
+    }
+
+    pub(crate) fn is_open(&self) -> bool {
+        !matches!(
+            *self.state.lock().unwrap_or_else(|e| e.into_inner()),
+            State::Closed { .. }
+        )
+    }
+
+    pub(crate) fn open_for(&self) -> Duration {
+        self.config.open_for
+    }
+}
+
+macro_rules! stats {
+    ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
+        /// Counters of every path a decision can take, for the application
+        /// to read (and export): [`crate::Limiter::stats`].
+        #[derive(Default)]
+        pub(crate) struct Stats { $(pub(crate) $name: AtomicU64,)* }
+
+        /// A reading of the counters.
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+        pub struct StatsSnapshot { $($(#[$doc])* pub $name: u64,)* }
+
+        impl Stats {
+            pub(crate) fn snapshot(&self) -> StatsSnapshot {
+                StatsSnapshot { $($name: self.$name.load(Ordering::Relaxed),)* }
+            }
+        }
+
+        impl StatsSnapshot {
+            /// `name value` pairs, in declaration order (for an exporter).
+            pub fn pairs(&self) -> Vec<(&'static str, u64)> {
+                vec![$((stringify!($name), self.$name),)*]
+            }
+        }
+    };
+}
+
+stats! {
+    /// Limiter calls sent to Redis (probes excluded).
+    redis_calls,
+    /// Of those, answered admitted.
+    redis_admitted,
+    /// Of those, answered denied.
+    redis_denied,
+    /// Of those, answered with a server error (e.g. `WRONGTYPE`).
+    redis_errors,
+    /// Of those, not answered within the deadline.
+    redis_timeouts,
+    /// Of those, failed on the connection.
+    redis_unavailable,
+    /// Requests denied by the local level, without a round trip.
+    local_denied,
+    /// Requests denied by the deny cache, without a round trip.
+    deny_cache_hits,
+    /// Requests the fallback admitted.
+    fallback_admitted,
+    /// Requests the fallback denied.
+    fallback_denied,
+    /// Requests decided by the fallback because the breaker was open (no call).
+    breaker_skipped,
+    /// Times the breaker opened.
+    breaker_opened,
+    /// Probes sent while it was open.
+    probes,
+    /// Probes answered (the breaker closed).
+    probes_ok,
+    /// Requests without a key (the closure answered `None`).
+    key_missing,
+    /// Requests whose key closure panicked.
+    key_panics,
+}
+
+impl Stats {
+    pub(crate) fn add(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}

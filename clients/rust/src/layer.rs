@@ -1,0 +1,340 @@
+//! The tower layer: a key from a closure, the rules of a [`RuleSet`], and
+//! the HTTP (or gRPC) answer: 429 with `Retry-After`, the IETF
+//! `RateLimit-Policy` and `RateLimit` fields (also on admitted responses),
+//! `X-RateLimit-*` on request, and a problem+json body.
+
+use std::future::Future;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http_body_util::{Either, Full};
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::decision::Decision;
+use crate::fallback::Stats;
+use crate::limiter::{Limiter, RuleSet};
+use crate::rule::Rule;
+use crate::Error;
+
+/// The problem type of a denial.
+pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+
+/// What the key closure sees of a request.
+pub struct RequestParts<'a> {
+    /// The method.
+    pub method: &'a http::Method,
+    /// The URI.
+    pub uri: &'a http::Uri,
+    /// The headers.
+    pub headers: &'a HeaderMap,
+    /// The extensions (axum's `ConnectInfo`, an authenticated user...).
+    pub extensions: &'a http::Extensions,
+}
+
+type KeyFn = dyn Fn(&RequestParts<'_>) -> Option<String> + Send + Sync;
+
+/// What happens to a request whose key closure answers `None`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MissingKey {
+    /// 400 with a problem+json body (the default): a request that cannot be
+    /// attributed is refused rather than let through unlimited.
+    Reject,
+    /// Passed to the service unlimited, without rate-limit headers.
+    Allow,
+}
+
+/// Builds a [`RateLimitLayer`].
+pub struct RateLimitLayerBuilder {
+    limiter: Limiter,
+    rules: Vec<Rule>,
+    key: Option<Arc<KeyFn>>,
+    x_headers: bool,
+    grpc: bool,
+    missing_key: MissingKey,
+}
+
+impl RateLimitLayerBuilder {
+    /// The request's identity (peer IP, a header, a user); each rule's key
+    /// is built from it ([`Rule::key_prefix`]). A panic in the closure
+    /// answers 500 with a problem body and counts in `key_panics`.
+    pub fn key<F>(mut self, key: F) -> Self
+    where
+        F: Fn(&RequestParts<'_>) -> Option<String> + Send + Sync + 'static,
+    {
+        self.key = Some(Arc::new(key));
+        self
+    }
+    /// Adds a rule; several are checked together in one `RL.ALL`.
+    pub fn rule(mut self, rule: Rule) -> Self {
+        self.rules.push(rule);
+        self
+    }
+    /// Adds `X-RateLimit-Limit`, `-Remaining` and `-Reset`.
+    pub fn x_ratelimit_headers(mut self, on: bool) -> Self {
+        self.x_headers = on;
+        self
+    }
+    /// Answers denials as gRPC `RESOURCE_EXHAUSTED` (status 8, in a
+    /// trailers-only response with the same fields as metadata) instead of
+    /// HTTP 429: for tonic servers.
+    pub fn grpc(mut self, on: bool) -> Self {
+        self.grpc = on;
+        self
+    }
+    /// What a request without a key gets.
+    pub fn on_missing_key(mut self, what: MissingKey) -> Self {
+        self.missing_key = what;
+        self
+    }
+
+    /// Checks every rule (a bad parameter is an error naming it, here and
+    /// not at the first request) and reads the policies from the server.
+    pub async fn build(self) -> Result<RateLimitLayer, Error> {
+        let rules = self.limiter.rule_set(self.rules).await?;
+        let key = self
+            .key
+            .ok_or_else(|| Error::bad("-", "key", "the layer needs a key closure"))?;
+        let policy = rules
+            .rules()
+            .iter()
+            .map(|r| match r.spec {
+                Some(s) => format!("\"{}\";q={};w={}", r.rule.rule_name(), s.limit(), s.window_s()),
+                None => format!("\"{}\"", r.rule.rule_name()),
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        let policy = HeaderValue::from_str(&policy)
+            .map_err(|_| Error::bad("-", "name", "rule names must be visible ASCII"))?;
+        Ok(RateLimitLayer {
+            shared: Arc::new(Shared {
+                limiter: self.limiter,
+                rules,
+                key,
+                policy,
+                x_headers: self.x_headers,
+                grpc: self.grpc,
+                missing_key: self.missing_key,
+            }),
+        })
+    }
+}
+
+struct Shared {
+    limiter: Limiter,
+    rules: RuleSet,
+    key: Arc<KeyFn>,
+    policy: HeaderValue,
+    x_headers: bool,
+    grpc: bool,
+    missing_key: MissingKey,
+}
+
+/// A tower [`Layer`] that rate-limits every request of the service it wraps.
+#[derive(Clone)]
+pub struct RateLimitLayer {
+    shared: Arc<Shared>,
+}
+
+impl RateLimitLayer {
+    /// A builder over `limiter`.
+    pub fn builder(limiter: Limiter) -> RateLimitLayerBuilder {
+        RateLimitLayerBuilder {
+            limiter,
+            rules: Vec::new(),
+            key: None,
+            x_headers: false,
+            grpc: false,
+            missing_key: MissingKey::Reject,
+        }
+    }
+
+    /// The limiter (for its counters).
+    pub fn limiter(&self) -> &Limiter {
+        &self.shared.limiter
+    }
+}
+
+impl<S> Layer<S> for RateLimitLayer {
+    type Service = RateLimit<S>;
+    fn layer(&self, inner: S) -> RateLimit<S> {
+        RateLimit {
+            inner,
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+/// The service [`RateLimitLayer`] builds.
+#[derive(Clone)]
+pub struct RateLimit<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+/// The response body: the service's, or the kit's own for a denial.
+pub type RateLimitBody<B> = Either<B, Full<Bytes>>;
+
+impl<S, B, ResBody> Service<Request<B>> for RateLimit<S>
+where
+    S: Service<Request<B>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = Response<RateLimitBody<ResBody>>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let shared = self.shared.clone();
+        // The clone that was made ready is the one to call.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let parts = RequestParts {
+            method: req.method(),
+            uri: req.uri(),
+            headers: req.headers(),
+            extensions: req.extensions(),
+        };
+        let key = catch_unwind(AssertUnwindSafe(|| (shared.key)(&parts)));
+        Box::pin(async move {
+            let stats = &shared.limiter;
+            let identity = match key {
+                Err(_) => {
+                    Stats::add(&stats.raw_stats().key_panics);
+                    tracing::error!("redis-ratelimit: the key closure panicked; answering 500");
+                    return Ok(problem(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "about:blank",
+                        "Rate-limit key unavailable",
+                        "the rate-limit key of this request could not be computed",
+                        None,
+                    ));
+                }
+                Ok(None) => {
+                    Stats::add(&stats.raw_stats().key_missing);
+                    match shared.missing_key {
+                        MissingKey::Allow => {
+                            return inner.call(req).await.map(|r| r.map(Either::Left))
+                        }
+                        MissingKey::Reject => {
+                            return Ok(problem(
+                                StatusCode::BAD_REQUEST,
+                                "about:blank",
+                                "Rate-limit key missing",
+                                "this request carries no rate-limit key",
+                                None,
+                            ))
+                        }
+                    }
+                }
+                Ok(Some(identity)) => identity,
+            };
+            let decision = shared.limiter.check(&shared.rules, &identity, 1).await;
+            if decision.allowed {
+                let mut response = inner.call(req).await?;
+                shared.add_headers(response.headers_mut(), &decision);
+                Ok(response.map(Either::Left))
+            } else {
+                Ok(shared.denial(&decision))
+            }
+        })
+    }
+}
+
+impl Shared {
+    /// The rule the reply's fields describe: the one that denied, or for an
+    /// admission the first whose limit is the reply's (the most restrictive).
+    fn reported(&self, d: &Decision) -> usize {
+        let rules = self.rules.rules();
+        if let Some(i) = d.denied_by.filter(|&i| i < rules.len()) {
+            return i;
+        }
+        rules
+            .iter()
+            .position(|r| r.spec.map(|s| s.limit()) == Some(d.limit))
+            .unwrap_or(0)
+    }
+
+    fn add_headers(&self, headers: &mut HeaderMap, d: &Decision) {
+        let rule = &self.rules.rules()[self.reported(d)];
+        let reset_s = d.reset_ms().div_ceil(1000);
+        headers.insert("ratelimit-policy", self.policy.clone());
+        let current = format!("\"{}\";r={};t={}", rule.rule.rule_name(), d.remaining, reset_s);
+        if let Ok(v) = HeaderValue::from_str(&current) {
+            headers.insert("ratelimit", v);
+        }
+        if self.x_headers {
+            headers.insert("x-ratelimit-limit", HeaderValue::from(d.limit));
+            headers.insert("x-ratelimit-remaining", HeaderValue::from(d.remaining));
+            headers.insert("x-ratelimit-reset", HeaderValue::from(reset_s));
+        }
+        if !d.allowed {
+            if let Some(s) = d.retry_after_s() {
+                headers.insert(http::header::RETRY_AFTER, HeaderValue::from(s));
+            }
+        }
+    }
+
+    fn denial<B>(&self, d: &Decision) -> Response<RateLimitBody<B>> {
+        let rule = self.rules.rules()[self.reported(d)].rule.rule_name();
+        let mut response = if self.grpc {
+            let mut r = Response::new(Either::Right(Full::new(Bytes::new())));
+            let h = r.headers_mut();
+            h.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+            h.insert("grpc-status", HeaderValue::from_static("8"));
+            h.insert("grpc-message", HeaderValue::from_static("rate%20limit%20exceeded"));
+            if let Ok(v) = HeaderValue::from_str(rule) {
+                h.insert("violated-policies", v);
+            }
+            r
+        } else {
+            let detail = match d.retry_after_s() {
+                Some(s) => format!("rate limit {rule:?} exceeded; retry after {s} s"),
+                None => format!("rate limit {rule:?} exceeded; this request can never pass"),
+            };
+            problem(
+                StatusCode::TOO_MANY_REQUESTS,
+                QUOTA_EXCEEDED,
+                "Request cannot be satisfied as assigned quota has been exceeded",
+                &detail,
+                Some(rule),
+            )
+        };
+        self.add_headers(response.headers_mut(), d);
+        response
+    }
+}
+
+fn problem<B>(
+    status: StatusCode,
+    kind: &str,
+    title: &str,
+    detail: &str,
+    violated: Option<&str>,
+) -> Response<RateLimitBody<B>> {
+    let mut body = serde_json::json!({
+        "type": kind,
+        "title": title,
+        "status": status.as_u16(),
+        "detail": detail,
+    });
+    if let Some(v) = violated {
+        body["violated-policies"] = serde_json::json!([v]);
+    }
+    let mut r = Response::new(Either::Right(Full::new(Bytes::from(body.to_string()))));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    r
+}

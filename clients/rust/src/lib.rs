@@ -1,0 +1,56 @@
+//! The Rust client kit of redis-ratelimit: what an application needs around
+//! the `RL.*` commands.
+//!
+//! - [`Client`]: typed calls of every command (standalone, Sentinel,
+//!   Cluster), one round trip each to the node that owns the key, within a
+//!   deadline, never retried; `MODULE LIST` checked at start-up.
+//! - [`Limiter`]: a local deny cache, an optional in-process level for the
+//!   rules marked global, and a [`FallbackMode`] with a circuit breaker when
+//!   Redis cannot answer; counters of every path ([`StatsSnapshot`]).
+//! - [`RateLimitLayer`]: a tower layer for axum, hyper and tonic: 429 (or
+//!   gRPC `RESOURCE_EXHAUSTED`) with `Retry-After`, `RateLimit-Policy` and
+//!   `RateLimit`, and a problem+json body.
+//! - [`RetryPolicy`]: backoff for callers of rate-limited services.
+//!
+//! ```no_run
+//! use redis_ratelimit_client::{Client, Limiter, Rule, RateLimitLayer};
+//! # async fn demo() -> Result<(), redis_ratelimit_client::Error> {
+//! let client = Client::standalone("redis://127.0.0.1:6379/").await?;
+//! let limiter = Limiter::builder(client).instances(3).build();
+//! let layer = RateLimitLayer::builder(limiter)
+//!     .key(|req| req.headers.get("x-user").and_then(|v| v.to_str().ok()).map(String::from))
+//!     .rule(Rule::sliding(5, 1000).name("per-user").key_prefix("rl:user:"))
+//!     .rule(Rule::token_bucket(15_000, 15_000, 1000).name("global").fixed_key("rl:global").global())
+//!     .build()
+//!     .await?;
+//! # let _ = layer; Ok(()) }
+//! ```
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod client;
+mod decision;
+mod deny_cache;
+mod error;
+mod fallback;
+mod layer;
+mod limiter;
+mod local;
+mod retry;
+mod rule;
+
+pub use client::{
+    Client, LogEntry, PolicyInfo, PolicyMode, Units, DEFAULT_DEADLINE, MIN_MODULE_VERSION,
+};
+pub use decision::{Decision, Path};
+pub use error::Error;
+pub use fallback::{BreakerConfig, FallbackMode, StatsSnapshot};
+pub use layer::{
+    MissingKey, RateLimit, RateLimitBody, RateLimitLayer, RateLimitLayerBuilder, RequestParts,
+    QUOTA_EXCEEDED,
+};
+pub use limiter::{CheckedRule, Limiter, LimiterBuilder, RuleSet};
+pub use redis_ratelimit_core::Request;
+pub use retry::{retry_after, Attempt, RetryPolicy};
+pub use rule::{KeyShape, Rule, RuleKind, Share, Spec};

@@ -1,0 +1,440 @@
+//! The two-level limiter: deny cache, then the local level (global rules),
+//! then one round trip to Redis within a deadline, and the fallback with
+//! its circuit breaker when Redis cannot answer.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis_ratelimit_core::{Request, Wait};
+
+use crate::client::Client;
+use crate::decision::{Decision, Path};
+use crate::deny_cache::DenyCache;
+use crate::fallback::{Breaker, BreakerConfig, FallbackMode, Gate, Stats, StatsSnapshot};
+use crate::local::LocalLimiters;
+use crate::rule::{Rule, RuleKind, Share, Spec};
+use crate::Error;
+
+/// Builds a [`Limiter`]; every setting has a default.
+pub struct LimiterBuilder {
+    client: Client,
+    local_level: bool,
+    share: Share,
+    deny_cache: bool,
+    deny_max: Duration,
+    deny_cap: usize,
+    local_cap: usize,
+    fallback: FallbackMode,
+    breaker: BreakerConfig,
+}
+
+impl LimiterBuilder {
+    /// Turns the local level on or off (on by default; it only acts on
+    /// rules marked [`Rule::global`]).
+    pub fn local_level(mut self, on: bool) -> Self {
+        self.local_level = on;
+        self
+    }
+    /// The number of instances sharing each global limit: each takes
+    /// `ceil(total / instances * 1.1)`, at least 1, locally (default 1).
+    pub fn instances(mut self, instances: u64) -> Self {
+        self.share = Share::Instances(instances.max(1));
+        self
+    }
+    /// Another share of each global limit: `ceil(total * ratio)`, at least 1.
+    pub fn share(mut self, share: Share) -> Self {
+        self.share = share;
+        self
+    }
+    /// Turns the deny cache on or off (on by default).
+    pub fn deny_cache(mut self, on: bool) -> Self {
+        self.deny_cache = on;
+        self
+    }
+    /// The longest a denial is cached (1 s by default), so that a raised
+    /// limit or the kill switch reaches users within it.
+    pub fn deny_cache_max(mut self, max: Duration) -> Self {
+        self.deny_max = max;
+        self
+    }
+    /// The most denials cached at once (10,000 by default).
+    pub fn deny_cache_capacity(mut self, cap: usize) -> Self {
+        self.deny_cap = cap;
+        self
+    }
+    /// The most in-process limiters held (100,000 by default).
+    pub fn local_capacity(mut self, cap: usize) -> Self {
+        self.local_cap = cap;
+        self
+    }
+    /// What decides when Redis cannot ([`FallbackMode::LocalOnly`] by default).
+    pub fn fallback(mut self, mode: FallbackMode) -> Self {
+        self.fallback = mode;
+        self
+    }
+    /// When the breaker opens and for how long.
+    pub fn breaker(mut self, breaker: BreakerConfig) -> Self {
+        self.breaker = breaker;
+        self
+    }
+    /// The deadline of one call (5 ms by default).
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.client = self.client.with_deadline(deadline);
+        self
+    }
+
+    /// The limiter.
+    pub fn build(self) -> Limiter {
+        Limiter {
+            inner: Arc::new(Inner {
+                client: self.client,
+                local_level: self.local_level,
+                share: self.share,
+                deny_cache: self
+                    .deny_cache
+                    .then(|| DenyCache::new(self.deny_max, self.deny_cap)),
+                local: LocalLimiters::new(self.local_cap),
+                fallback_local: LocalLimiters::new(self.local_cap),
+                fallback: self.fallback,
+                breaker: Breaker::new(self.breaker),
+                stats: Stats::default(),
+            }),
+        }
+    }
+}
+
+struct Inner {
+    client: Client,
+    local_level: bool,
+    share: Share,
+    deny_cache: Option<DenyCache>,
+    local: LocalLimiters,
+    fallback_local: LocalLimiters,
+    fallback: FallbackMode,
+    breaker: Breaker,
+    stats: Stats,
+}
+
+/// Rate limiting over a [`Client`]: two levels, a deny cache and a
+/// fallback. Cheap to clone.
+#[derive(Clone)]
+pub struct Limiter {
+    inner: Arc<Inner>,
+}
+
+/// One checked rule of a [`RuleSet`].
+#[derive(Clone, Debug)]
+pub struct CheckedRule {
+    /// The rule as given.
+    pub rule: Rule,
+    /// What the server applies.
+    pub kind: RuleKind,
+    /// The algorithm and parameters (for a policy: as the server had it when
+    /// the set was built; `None` if unknown).
+    pub spec: Option<Spec>,
+    /// The local level's share, for a global rule when the level is on.
+    local: Option<Spec>,
+    /// The local-only fallback's share.
+    fallback: Option<Spec>,
+    /// Identifies the rule in the deny cache and the local maps.
+    signature: String,
+}
+
+/// Rules checked together, all or nothing (several go through `RL.ALL`).
+#[derive(Clone, Debug)]
+pub struct RuleSet {
+    rules: Vec<CheckedRule>,
+}
+
+impl RuleSet {
+    /// The checked rules, in order.
+    pub fn rules(&self) -> &[CheckedRule] {
+        &self.rules
+    }
+}
+
+impl Limiter {
+    /// A limiter over `client`, with the defaults.
+    pub fn builder(client: Client) -> LimiterBuilder {
+        LimiterBuilder {
+            client,
+            local_level: true,
+            share: Share::Instances(1),
+            deny_cache: true,
+            deny_max: Duration::from_secs(1),
+            deny_cap: 10_000,
+            local_cap: 100_000,
+            fallback: FallbackMode::LocalOnly,
+            breaker: BreakerConfig::default(),
+        }
+    }
+
+    /// The client underneath.
+    pub fn client(&self) -> &Client {
+        &self.inner.client
+    }
+
+    /// A reading of the counters of every path.
+    pub fn stats(&self) -> StatsSnapshot {
+        self.inner.stats.snapshot()
+    }
+
+    pub(crate) fn raw_stats(&self) -> &Stats {
+        &self.inner.stats
+    }
+
+    /// Whether the breaker is open (or half-open, probing).
+    pub fn breaker_open(&self) -> bool {
+        self.inner.breaker.is_open()
+    }
+
+    /// Checks `rules` (every parameter, before anything is sent) and reads
+    /// the policies' rules from the server, for the headers' windows and
+    /// the local-only fallback. A bad rule is an error naming its parameter;
+    /// so is a policy the server does not have.
+    pub async fn rule_set(&self, rules: Vec<Rule>) -> Result<RuleSet, Error> {
+        if rules.is_empty() {
+            return Err(Error::bad("-", "rules", "at least one rule"));
+        }
+        let mut checked = Vec::with_capacity(rules.len());
+        for rule in rules {
+            let kind = rule.check()?.clone();
+            let (spec, signature) = match &kind {
+                RuleKind::Inline(spec) => (
+                    Some(*spec),
+                    format!("{} {:?}", spec.algorithm(), spec.params()),
+                ),
+                RuleKind::Policy(name) => {
+                    let info = self.inner.client.policy_get(name).await?;
+                    let Some(info) = info else {
+                        return Err(Error::bad(
+                            &rule.name,
+                            "policy",
+                            format!("no policy {name:?} on the server (RL.POLICY SET it first)"),
+                        ));
+                    };
+                    (info.spec, format!("POLICY {name}"))
+                }
+            };
+            let local = match spec {
+                Some(s) if rule.global && self.inner.local_level => {
+                    Some(s.local_share(&rule.name, self.inner.share)?)
+                }
+                _ => None,
+            };
+            let fallback = match spec {
+                Some(s) => Some(s.local_share(&rule.name, self.inner.share)?),
+                None => None,
+            };
+            checked.push(CheckedRule {
+                rule,
+                kind,
+                spec,
+                local,
+                fallback,
+                signature,
+            });
+        }
+        Ok(RuleSet { rules: checked })
+    }
+
+    /// Decides one request of `cost` units for `identity` under every rule
+    /// of `set`. Never fails: where Redis cannot answer, the fallback
+    /// decides, and [`Decision::path`] says which path did.
+    pub async fn check(&self, set: &RuleSet, identity: &str, cost: u64) -> Decision {
+        let inner = &*self.inner;
+        let keys: Vec<String> = set.rules.iter().map(|r| r.rule.key_for(identity)).collect();
+        let cache_key = |i: usize| format!("{}\0{}", set.rules[i].signature, keys[i]);
+
+        if let Some(cache) = &inner.deny_cache {
+            for i in 0..set.rules.len() {
+                if let Some(mut d) = cache.get(&cache_key(i)) {
+                    d.denied_by = Some(i);
+                    Stats::add(&inner.stats.deny_cache_hits);
+                    return d;
+                }
+            }
+        }
+
+        let locals: Vec<(usize, (String, Spec))> = set
+            .rules
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| r.local.map(|s| (i, (format!("{}\0{}", r.signature, keys[i]), s))))
+            .collect();
+        let local_limits: Vec<(String, Spec)> = locals.iter().map(|(_, l)| l.clone()).collect();
+        if !local_limits.is_empty() {
+            if let Err((pos, d)) = inner.local.take_all(&local_limits, cost) {
+                let i = locals[pos].0;
+                Stats::add(&inner.stats.local_denied);
+                tracing::debug!(rule = %set.rules[i].rule.name, key = %keys[i], "denied by the local level");
+                let total = set.rules[i].spec.map_or(d.limit, |s| s.limit());
+                let mut out = core_decision(d, Path::Local);
+                out.limit = total;
+                out.remaining = 0;
+                out.denied_by = Some(i);
+                return out;
+            }
+        }
+
+        let gate = inner.breaker.gate();
+        let answer = match gate {
+            Gate::Call => {
+                Stats::add(&inner.stats.redis_calls);
+                let result = self.call_redis(set, &keys, cost).await;
+                match result {
+                    Ok(d) => {
+                        inner.breaker.success();
+                        Ok(d)
+                    }
+                    Err(e) => {
+                        match &e {
+                            Error::Timeout(_) => Stats::add(&inner.stats.redis_timeouts),
+                            Error::Connection(_) => Stats::add(&inner.stats.redis_unavailable),
+                            _ => Stats::add(&inner.stats.redis_errors),
+                        }
+                        if e.is_unavailable() && inner.breaker.failure() {
+                            Stats::add(&inner.stats.breaker_opened);
+                            tracing::warn!(error = %e, "redis-ratelimit: circuit breaker open, fallback {:?} decides", inner.fallback);
+                        } else {
+                            tracing::warn!(error = %e, "redis-ratelimit: Redis failed, fallback {:?} decides", inner.fallback);
+                        }
+                        Err(())
+                    }
+                }
+            }
+            Gate::Skip => {
+                Stats::add(&inner.stats.breaker_skipped);
+                Err(())
+            }
+            Gate::Probe => {
+                Stats::add(&inner.stats.breaker_skipped);
+                self.probe();
+                Err(())
+            }
+        };
+
+        match answer {
+            Ok(mut d) => {
+                if d.allowed {
+                    Stats::add(&inner.stats.redis_admitted);
+                } else {
+                    Stats::add(&inner.stats.redis_denied);
+                    inner.local.refund_all(&local_limits, cost);
+                    let i = d.denied_by.unwrap_or(0);
+                    if set.rules.len() == 1 {
+                        d.denied_by = Some(0);
+                    }
+                    if let Some(cache) = &inner.deny_cache {
+                        cache.put(cache_key(i), &d);
+                    }
+                }
+                d
+            }
+            Err(()) => {
+                let d = self.fallback(set, &keys, cost, &locals);
+                if d.allowed {
+                    Stats::add(&inner.stats.fallback_admitted);
+                } else {
+                    Stats::add(&inner.stats.fallback_denied);
+                    inner.local.refund_all(&local_limits, cost);
+                }
+                d
+            }
+        }
+    }
+
+    async fn call_redis(&self, set: &RuleSet, keys: &[String], cost: u64) -> Result<Decision, Error> {
+        let client = &self.inner.client;
+        if set.rules.len() == 1 {
+            let units = Request::Cost(cost);
+            return match &set.rules[0].kind {
+                RuleKind::Inline(spec) => client.apply(&keys[0], spec, units).await,
+                RuleKind::Policy(name) => client.hit(name, &keys[0], units).await,
+            };
+        }
+        let limits: Vec<(&str, &RuleKind)> = set
+            .rules
+            .iter()
+            .zip(keys)
+            .map(|(r, k)| (k.as_str(), &r.kind))
+            .collect();
+        client.all(&limits, cost).await
+    }
+
+    /// One `PING` in the background; the breaker closes when it answers.
+    fn probe(&self) {
+        let limiter = self.clone();
+        Stats::add(&limiter.inner.stats.probes);
+        tokio::spawn(async move {
+            let inner = &limiter.inner;
+            match inner.client.ping().await {
+                Ok(()) => {
+                    Stats::add(&inner.stats.probes_ok);
+                    inner.breaker.success();
+                    tracing::info!("redis-ratelimit: Redis answers again, circuit breaker closed");
+                }
+                Err(e) => {
+                    inner.breaker.failure();
+                    tracing::debug!(error = %e, "redis-ratelimit: probe failed, breaker stays open");
+                }
+            }
+        });
+    }
+
+    fn fallback(
+        &self,
+        set: &RuleSet,
+        keys: &[String],
+        cost: u64,
+        locals: &[(usize, (String, Spec))],
+    ) -> Decision {
+        let inner = &*self.inner;
+        let limit = set.rules[0].spec.map_or(0, |s| s.limit());
+        match inner.fallback {
+            FallbackMode::FailOpen => {
+                Decision::from_fields(true, limit, limit, 0, 0, Path::Fallback)
+            }
+            FallbackMode::FailClosed => {
+                let wait = inner.breaker.open_for().as_millis().max(1) as i64;
+                let mut d = Decision::from_fields(false, limit, 0, wait, wait as u64, Path::Fallback);
+                d.denied_by = Some(0);
+                d
+            }
+            FallbackMode::LocalOnly => {
+                // Global rules were taken by the local level already; the
+                // others are taken here, at the instance's share.
+                let limits: Vec<(usize, (String, Spec))> = set
+                    .rules
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| !locals.iter().any(|(j, _)| j == i))
+                    .filter_map(|(i, r)| {
+                        r.fallback
+                            .map(|s| (i, (format!("{}\0{}", r.signature, keys[i]), s)))
+                    })
+                    .collect();
+                let plain: Vec<(String, Spec)> = limits.iter().map(|(_, l)| l.clone()).collect();
+                match inner.fallback_local.take_all(&plain, cost) {
+                    Ok(()) => Decision::from_fields(true, limit, limit, 0, 0, Path::Fallback),
+                    Err((pos, d)) => {
+                        let i = limits[pos].0;
+                        let mut out = core_decision(d, Path::Fallback);
+                        out.limit = set.rules[i].spec.map_or(d.limit, |s| s.limit());
+                        out.remaining = 0;
+                        out.denied_by = Some(i);
+                        out
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn core_decision(d: redis_ratelimit_core::Decision, path: Path) -> Decision {
+    let wait = match d.wait {
+        Wait::Ms(ms) => ms as i64,
+        Wait::Never => -1,
+    };
+    Decision::from_fields(d.allowed, d.limit, d.remaining, wait, d.reset_ms, path)
+}
