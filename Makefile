@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 MODULE := target/release/libredis_ratelimit.so
 
-.PHONY: all setup build run test test-setup test-unit test-integration test-cli lint bench bench-compare trace cluster cluster-stop clean fuzz
+.PHONY: all setup build run test test-setup test-unit test-integration test-cli test-kit-rust lint bench bench-compare bench-kit-rust example trace cluster cluster-stop clean fuzz
 
 all: build
 
@@ -19,8 +19,8 @@ run: build
 
 # Everything: the install checks of scripts/setup.sh, unit and property
 # tests, integration tests against real redis-server and valkey-server, the
-# redis-cli example scripts, fmt and clippy.
-test: build test-setup test-unit test-integration test-cli lint
+# redis-cli example scripts, the Rust client kit, fmt and clippy.
+test: build test-setup test-unit test-integration test-cli test-kit-rust lint
 
 # scripts/setup.sh's package detection, against fake package managers.
 test-setup:
@@ -35,17 +35,32 @@ test-integration:
 test-cli:
 	RL_MODULE=$(CURDIR)/$(MODULE) scripts/cli-tests.sh
 
+# The Rust client kit (clients/rust): its unit tests, and its own servers,
+# cluster and example-service processes (docs/clients.md).
+test-kit-rust:
+	RL_MODULE=$(CURDIR)/$(MODULE) VALKEY_SERVER=$$(scripts/valkey-path.sh) cargo test --release -p redis-ratelimit-client
+
+# The kit's example service (per-user 5/s and global 15,000/s in one RL.ALL)
+# on 127.0.0.1:3000, against `make run`'s server (RL_URL to change it).
+example:
+	cargo run --release -p redis-ratelimit-client --example service
+
 lint:
 	cargo fmt --all -- --check
 	cargo clippy --release --all-targets --workspace -- -D warnings
 
-bench: build
+bench: build bench-kit-rust
 	RL_MODULE=$(CURDIR)/$(MODULE) scripts/bench.sh
 
 # This build against another one, side by side (bench/compare.sh):
 # make bench-compare BEFORE=/abs/path/to/other/libredis_ratelimit.so
 bench-compare: build
 	RL_MODULE=$(CURDIR)/$(MODULE) RL_MODULE_BEFORE=$(BEFORE) bench/compare.sh
+
+# The client kit's side of the benchmark: the layer's cost per request, and
+# Redis calls saved by the local level and the deny cache.
+bench-kit-rust: build
+	RL_MODULE=$(CURDIR)/$(MODULE) clients/rust/bench.sh
 
 # The pictures of docs/algorithms.md, from a real run against the module.
 trace: build

@@ -24,9 +24,7 @@ use std::time::Duration;
 use axum::extract::ConnectInfo;
 use axum::routing::get;
 use axum::Router;
-use redis_ratelimit_client::{
-    BreakerConfig, Client, FallbackMode, Limiter, RateLimitLayer, Rule,
-};
+use redis_ratelimit_client::{BreakerConfig, Client, FallbackMode, Limiter, RateLimitLayer, Rule};
 
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -55,7 +53,10 @@ async fn main() {
 
     if env_u64("RL_BARE", 0) == 1 {
         let app = Router::new().route("/", hello);
-        eprintln!("service: bare, listening on {}", listener.local_addr().unwrap());
+        eprintln!(
+            "service: bare, listening on {}",
+            listener.local_addr().unwrap()
+        );
         axum::serve(listener, app).await.expect("serve");
         return;
     }
@@ -108,9 +109,12 @@ async fn main() {
                 .map(|ConnectInfo(addr)| addr.ip().to_string())
         })
         .rule(
-            Rule::sliding(env_u64("RL_USER_LIMIT", 5), env_u64("RL_USER_WINDOW_MS", 1000))
-                .name("per-user")
-                .key_prefix(format!("{{{prefix}api}}:user:")),
+            Rule::sliding(
+                env_u64("RL_USER_LIMIT", 5),
+                env_u64("RL_USER_WINDOW_MS", 1000),
+            )
+            .name("per-user")
+            .key_prefix(format!("{{{prefix}api}}:user:")),
         )
         .rule(
             Rule::token_bucket(global, global, 1000)
@@ -126,16 +130,13 @@ async fn main() {
             std::process::exit(2);
         });
 
-    let app = Router::new()
-        .route("/", hello)
-        .layer(layer)
-        .route(
-            "/stats",
-            get(move || {
-                let limiter = limiter.clone();
-                async move { stats(&limiter) }
-            }),
-        );
+    let app = Router::new().route("/", hello).layer(layer).route(
+        "/stats",
+        get(move || {
+            let limiter = limiter.clone();
+            async move { stats(&limiter) }
+        }),
+    );
     eprintln!("service: listening on {}", listener.local_addr().unwrap());
     axum::serve(
         listener,

@@ -223,12 +223,11 @@ impl Client {
                 Conn::Single(mut c) => cmd.query_async::<Value>(&mut c).await,
                 Conn::Cluster(mut c) => {
                     let routing = match target {
-                        Target::Key(key) => RoutingInfo::SingleNode(
-                            SingleNodeRoutingInfo::SpecificNode(Route::with_key(
-                                key.as_bytes(),
-                                SlotAddr::Master,
-                            )),
-                        ),
+                        Target::Key(key) => {
+                            RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
+                                Route::with_key(key.as_bytes(), SlotAddr::Master),
+                            ))
+                        }
                         Target::AllMasters(policy) => RoutingInfo::MultiNode((
                             MultipleNodeRoutingInfo::AllMasters,
                             Some(policy),
@@ -247,7 +246,7 @@ impl Client {
                 Error::Timeout(_) => Error::Timeout(deadline),
                 other => other,
             }),
-            Ok(Ok(Value::ServerError(e))) => Err(Error::Server(format!("{e:?}"))),
+            Ok(Ok(Value::ServerError(e))) => Err(crate::error::server_error(&e)),
             Ok(Ok(v)) => Ok(v),
         }
     }
@@ -285,8 +284,13 @@ impl Client {
         refill_ms: u64,
         units: Units,
     ) -> Result<Decision, Error> {
-        self.inline("TOKENBUCKET", key, &[capacity, refill_count, refill_ms], units)
-            .await
+        self.inline(
+            "TOKENBUCKET",
+            key,
+            &[capacity, refill_count, refill_ms],
+            units,
+        )
+        .await
     }
 
     /// `RL.FIXEDWINDOW key limit window_ms [...]`
@@ -322,7 +326,8 @@ impl Client {
         window_ms: u64,
         units: Units,
     ) -> Result<Decision, Error> {
-        self.inline("SLIDING", key, &[limit, window_ms], units).await
+        self.inline("SLIDING", key, &[limit, window_ms], units)
+            .await
     }
 
     /// `RL.HASHWINDOW key limit window_ms bucket_ms [...]`

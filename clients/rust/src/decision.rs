@@ -84,7 +84,7 @@ impl Decision {
     pub(crate) fn from_reply(value: Value) -> Result<Decision, Error> {
         let items = match value {
             Value::Array(items) => items,
-            Value::ServerError(e) => return Err(Error::Server(format!("{e:?}"))),
+            Value::ServerError(e) => return Err(crate::error::server_error(&e)),
             other => return Err(Error::Protocol(format!("{other:?}"))),
         };
         let ints: Vec<i64> = items

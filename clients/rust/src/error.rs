@@ -62,8 +62,33 @@ impl Error {
     }
 }
 
+/// Codes that say the server cannot serve now (loading, failing over, a
+/// slot moving): unavailability, for the breaker, not a bad request.
+const UNAVAILABLE_CODES: &[&str] = &[
+    "LOADING",
+    "MASTERDOWN",
+    "READONLY",
+    "TRYAGAIN",
+    "CLUSTERDOWN",
+    "MOVED",
+    "ASK",
+    "BUSY",
+];
+
+pub(crate) fn server_error(e: &redis::ServerError) -> Error {
+    let text = format!("{} {}", e.code(), e.details().unwrap_or_default());
+    if UNAVAILABLE_CODES.contains(&e.code()) {
+        Error::Connection(text)
+    } else {
+        Error::Server(text)
+    }
+}
+
 impl From<redis::RedisError> for Error {
     fn from(e: redis::RedisError) -> Self {
+        if let Some(code) = e.code().filter(|c| UNAVAILABLE_CODES.contains(c)) {
+            return Error::Connection(format!("{code} {}", e.detail().unwrap_or_default()));
+        }
         if e.is_timeout() {
             Error::Timeout(Duration::ZERO)
         } else if e.is_io_error()
@@ -72,8 +97,8 @@ impl From<redis::RedisError> for Error {
             || e.is_unrecoverable_error()
         {
             Error::Connection(e.to_string())
-        } else if e.code().is_some() {
-            Error::Server(e.to_string())
+        } else if let Some(code) = e.code() {
+            Error::Server(format!("{code} {}", e.detail().unwrap_or_default()))
         } else {
             Error::Connection(e.to_string())
         }

@@ -83,8 +83,18 @@ impl Breaker {
         }
     }
 
-    /// Redis answered: closed.
+    /// A call answered: the count of consecutive failures starts again. A
+    /// call that was sent before the breaker opened and answers late does
+    /// not close it: only the probe does.
     pub(crate) fn success(&self) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let State::Closed { .. } = *state {
+            *state = State::Closed { failures: 0 };
+        }
+    }
+
+    /// The probe answered: closed.
+    pub(crate) fn probe_succeeded(&self) {
         *self.state.lock().unwrap_or_else(|e| e.into_inner()) = State::Closed { failures: 0 };
     }
 

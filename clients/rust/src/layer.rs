@@ -19,6 +19,8 @@ use crate::decision::Decision;
 use crate::fallback::Stats;
 use crate::limiter::{Limiter, RuleSet};
 use crate::rule::Rule;
+#[cfg(test)]
+use crate::rule::Spec;
 use crate::Error;
 
 /// The problem type of a denial.
@@ -103,7 +105,12 @@ impl RateLimitLayerBuilder {
             .rules()
             .iter()
             .map(|r| match r.spec {
-                Some(s) => format!("\"{}\";q={};w={}", r.rule.rule_name(), s.limit(), s.window_s()),
+                Some(s) => format!(
+                    "\"{}\";q={};w={}",
+                    r.rule.rule_name(),
+                    s.limit(),
+                    s.window_s()
+                ),
                 None => format!("\"{}\"", r.rule.rule_name()),
             })
             .collect::<Vec<_>>()
@@ -268,8 +275,7 @@ impl Shared {
         let rule = &self.rules.rules()[self.reported(d)];
         let reset_s = d.reset_ms().div_ceil(1000);
         headers.insert("ratelimit-policy", self.policy.clone());
-        let current = format!("\"{}\";r={};t={}", rule.rule.rule_name(), d.remaining, reset_s);
-        if let Ok(v) = HeaderValue::from_str(&current) {
+        if let Ok(v) = HeaderValue::from_str(&ratelimit_item(rule.rule.rule_name(), d)) {
             headers.insert("ratelimit", v);
         }
         if self.x_headers {
@@ -289,9 +295,15 @@ impl Shared {
         let mut response = if self.grpc {
             let mut r = Response::new(Either::Right(Full::new(Bytes::new())));
             let h = r.headers_mut();
-            h.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+            h.insert(
+                http::header::CONTENT_TYPE,
+                HeaderValue::from_static("application/grpc"),
+            );
             h.insert("grpc-status", HeaderValue::from_static("8"));
-            h.insert("grpc-message", HeaderValue::from_static("rate%20limit%20exceeded"));
+            h.insert(
+                "grpc-message",
+                HeaderValue::from_static("rate%20limit%20exceeded"),
+            );
             if let Ok(v) = HeaderValue::from_str(rule) {
                 h.insert("violated-policies", v);
             }
@@ -312,6 +324,15 @@ impl Shared {
         self.add_headers(response.headers_mut(), d);
         response
     }
+}
+
+/// The `RateLimit` item of a reply: `"name";r=<remaining>;t=<ceil(reset_ms / 1000)>`.
+fn ratelimit_item(name: &str, d: &Decision) -> String {
+    format!(
+        "\"{name}\";r={};t={}",
+        d.remaining,
+        d.reset_ms().div_ceil(1000)
+    )
 }
 
 fn problem<B>(
@@ -337,4 +358,68 @@ fn problem<B>(
         HeaderValue::from_static("application/problem+json"),
     );
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decision::Path;
+
+    fn denial(wait_ms: i64, reset_ms: u64) -> Decision {
+        Decision::from_fields(false, 10, 0, wait_ms, reset_ms, Path::Redis)
+    }
+
+    #[test]
+    fn retry_after_is_wait_ms_in_seconds_rounded_up() {
+        for (wait_ms, seconds) in [
+            (1, 1),
+            (999, 1),
+            (1000, 1),
+            (1001, 2),
+            (60_000, 60),
+            (60_001, 61),
+        ] {
+            assert_eq!(
+                denial(wait_ms, 0).retry_after_s(),
+                Some(seconds),
+                "wait_ms {wait_ms}"
+            );
+        }
+        assert_eq!(denial(-1, 0).retry_after_s(), None, "never: no Retry-After");
+    }
+
+    #[test]
+    fn the_ratelimit_item_rounds_reset_ms_up_to_seconds() {
+        assert_eq!(ratelimit_item("u", &denial(1, 1)), "\"u\";r=0;t=1");
+        assert_eq!(ratelimit_item("u", &denial(1, 1000)), "\"u\";r=0;t=1");
+        assert_eq!(ratelimit_item("u", &denial(1, 1001)), "\"u\";r=0;t=2");
+        assert_eq!(ratelimit_item("u", &denial(1, 0)), "\"u\";r=0;t=0");
+    }
+
+    #[test]
+    fn the_policy_window_of_a_bucket_is_the_time_to_refill_it() {
+        let spec = |a: &str, p: &[u64]| Spec::parse("r", a, p).unwrap();
+        assert_eq!(spec("TOKENBUCKET", &[5, 1, 1000]).window_s(), 5);
+        assert_eq!(spec("TOKENBUCKET", &[15_000, 15_000, 1000]).window_s(), 1);
+        assert_eq!(
+            spec("TOKENBUCKET", &[10, 3, 1000]).window_s(),
+            4,
+            "3.34 s rounds up"
+        );
+        assert_eq!(spec("LEAKYBUCKET", &[2, 1, 10_000]).window_s(), 20);
+        assert_eq!(spec("SLIDING", &[5, 1500]).window_s(), 2);
+        assert_eq!(spec("FIXEDWINDOW", &[5, 1000]).window_s(), 1);
+        assert_eq!(spec("HASHWINDOW", &[5, 60_000, 1000]).window_s(), 60);
+    }
+
+    #[test]
+    fn the_local_share_is_a_tenth_more_than_an_even_split_rounded_up() {
+        use crate::rule::Share;
+        assert_eq!(Share::Instances(20).of(15_000), 825, "seed 000's rule");
+        assert_eq!(Share::Instances(3).of(100), 37);
+        assert_eq!(Share::Instances(2).of(10), 6);
+        assert_eq!(Share::Instances(1000).of(5), 1, "at least 1");
+        assert_eq!(Share::Instances(1).of(50), 50, "never more than the whole");
+        assert_eq!(Share::Ratio(0.25).of(10), 3);
+    }
 }

@@ -260,7 +260,10 @@ impl Limiter {
             .rules
             .iter()
             .enumerate()
-            .filter_map(|(i, r)| r.local.map(|s| (i, (format!("{}\0{}", r.signature, keys[i]), s))))
+            .filter_map(|(i, r)| {
+                r.local
+                    .map(|s| (i, (format!("{}\0{}", r.signature, keys[i]), s)))
+            })
             .collect();
         let local_limits: Vec<(String, Spec)> = locals.iter().map(|(_, l)| l.clone()).collect();
         if !local_limits.is_empty() {
@@ -344,7 +347,12 @@ impl Limiter {
         }
     }
 
-    async fn call_redis(&self, set: &RuleSet, keys: &[String], cost: u64) -> Result<Decision, Error> {
+    async fn call_redis(
+        &self,
+        set: &RuleSet,
+        keys: &[String],
+        cost: u64,
+    ) -> Result<Decision, Error> {
         let client = &self.inner.client;
         if set.rules.len() == 1 {
             let units = Request::Cost(cost);
@@ -371,7 +379,7 @@ impl Limiter {
             match inner.client.ping().await {
                 Ok(()) => {
                     Stats::add(&inner.stats.probes_ok);
-                    inner.breaker.success();
+                    inner.breaker.probe_succeeded();
                     tracing::info!("redis-ratelimit: Redis answers again, circuit breaker closed");
                 }
                 Err(e) => {
@@ -397,7 +405,8 @@ impl Limiter {
             }
             FallbackMode::FailClosed => {
                 let wait = inner.breaker.open_for().as_millis().max(1) as i64;
-                let mut d = Decision::from_fields(false, limit, 0, wait, wait as u64, Path::Fallback);
+                let mut d =
+                    Decision::from_fields(false, limit, 0, wait, wait as u64, Path::Fallback);
                 d.denied_by = Some(0);
                 d
             }

@@ -40,14 +40,24 @@ pub(crate) fn now() -> Micros {
 macro_rules! step {
     ($alg:ty, $variant:ident, $params:expr, $slot:expr, $request:expr, $now:expr, $dry:expr) => {{
         let params = $params;
-        let fresh = !matches!($slot, Some(Entry { state: State::$variant(_), .. }));
+        let fresh = !matches!(
+            $slot,
+            Some(Entry {
+                state: State::$variant(_),
+                ..
+            })
+        );
         if fresh {
             *$slot = Some(Entry {
                 state: State::$variant(<$alg>::idle(params, $now)),
                 idle_at_ms: 0,
             });
         }
-        let Some(Entry { state: State::$variant(state), idle_at_ms }) = $slot else {
+        let Some(Entry {
+            state: State::$variant(state),
+            idle_at_ms,
+        }) = $slot
+        else {
             unreachable!("just set")
         };
         if $dry {
@@ -62,7 +72,13 @@ macro_rules! step {
     }};
 }
 
-fn step(spec: &Spec, slot: &mut Option<Entry>, request: Request, now: Micros, dry: bool) -> Outcome {
+fn step(
+    spec: &Spec,
+    slot: &mut Option<Entry>,
+    request: Request,
+    now: Micros,
+    dry: bool,
+) -> Outcome {
     match spec {
         Spec::TokenBucket(p) => step!(TokenBucket, TokenBucket, p, slot, request, now, dry),
         Spec::FixedWindow(p) => step!(FixedWindow, FixedWindow, p, slot, request, now, dry),

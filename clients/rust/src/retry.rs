@@ -162,7 +162,10 @@ mod tests {
             async { Attempt::Limited((), None) }
         })
         .await;
-        assert_eq!(calls, 1, "1 s + jitter, then 2 s more would pass the 2 s cap");
+        assert_eq!(
+            calls, 2,
+            "1 s + jitter fits the 2 s cap, 2 s more would not"
+        );
         let stopped = p
             .run(|_| async { Attempt::Limited((), Some(Duration::from_secs(60))) })
             .await;

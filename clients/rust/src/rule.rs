@@ -103,12 +103,14 @@ impl Spec {
     /// / refill_count`) for the buckets.
     pub fn window_s(&self) -> u64 {
         let ms = match self {
-            Spec::TokenBucket(p) => {
-                ceil_div(p.capacity() as u128 * p.refill_ms() as u128, p.refill_count() as u128)
-            }
-            Spec::LeakyBucket(p) => {
-                ceil_div(p.capacity() as u128 * p.leak_ms() as u128, p.leak_count() as u128)
-            }
+            Spec::TokenBucket(p) => ceil_div(
+                p.capacity() as u128 * p.refill_ms() as u128,
+                p.refill_count() as u128,
+            ),
+            Spec::LeakyBucket(p) => ceil_div(
+                p.capacity() as u128 * p.leak_ms() as u128,
+                p.leak_count() as u128,
+            ),
             Spec::FixedWindow(p) => p.window_ms() as u128,
             Spec::Sliding(p) => p.window_ms() as u128,
             Spec::HashWindow(p) => p.window_ms() as u128,
@@ -226,18 +228,16 @@ impl Rule {
     /// `RL.HIT` (or `POLICY name` in `RL.ALL`).
     pub fn policy(name: impl Into<String>) -> Rule {
         let name = name.into();
-        let kind = if name.is_empty()
-            || name.len() > 256
-            || !name.bytes().all(|b| b.is_ascii_graphic())
-        {
-            Err(Error::bad(
-                &name,
-                "policy name",
-                "must be 1 to 256 bytes of printable ASCII without spaces",
-            ))
-        } else {
-            Ok(RuleKind::Policy(name.clone()))
-        };
+        let kind =
+            if name.is_empty() || name.len() > 256 || !name.bytes().all(|b| b.is_ascii_graphic()) {
+                Err(Error::bad(
+                    &name,
+                    "policy name",
+                    "must be 1 to 256 bytes of printable ASCII without spaces",
+                ))
+            } else {
+                Ok(RuleKind::Policy(name.clone()))
+            };
         Rule {
             key: KeyShape::PerIdentity(format!("rl:{name}:")),
             name,

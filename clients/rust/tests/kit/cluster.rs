@@ -1,0 +1,113 @@
+//! Against a cluster of the suite's own (3 masters, 3 replicas): single
+//! commands, RL.HIT (its key is the second argument) and RL.ALL with hash
+//! tags reach the key's owner in one round trip: no `MOVED` anywhere.
+
+use std::time::Duration;
+
+use redis_ratelimit_client::{Client, Limiter, PolicyMode, Request, Rule, Spec};
+
+use crate::harness::{Cluster, Kind};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_call_goes_to_the_owner_of_its_key_without_moved() {
+    let cluster = Cluster::start(Kind::Redis);
+    let urls = cluster.urls();
+    let nodes: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let client = Client::cluster(&nodes)
+        .await
+        .unwrap()
+        .with_deadline(Duration::from_secs(5));
+    let spec = Spec::parse("p", "FIXEDWINDOW", &[2, 60_000]).unwrap();
+    client
+        .policy_set("login", &spec, PolicyMode::Enforce, 100)
+        .await
+        .unwrap();
+    for m in &cluster.nodes[..3] {
+        let v: redis::Value = redis::cmd("RL.POLICY")
+            .arg("GET")
+            .arg("login")
+            .query(&mut m.conn())
+            .unwrap();
+        assert_ne!(v, redis::Value::Nil, "the policy is on every master");
+    }
+    let moved_before = cluster.moved();
+    for i in 0..60 {
+        let key = format!("user:{i}");
+        let d = client
+            .sliding(&key, 1, 60_000, Request::Cost(1))
+            .await
+            .unwrap();
+        assert!(d.allowed);
+        // The policy name hashes elsewhere than the key: routed by the key.
+        let d = client
+            .hit("login", &format!("login:{i}"), Request::Cost(1))
+            .await
+            .unwrap();
+        assert!(d.allowed);
+    }
+    let lim = Limiter::builder(client.clone()).deny_cache(false).build();
+    let set = lim
+        .rule_set(vec![
+            Rule::sliding(3, 60_000)
+                .name("per-user")
+                .key_prefix("{api}:user:"),
+            Rule::token_bucket(100, 100, 1000)
+                .name("global")
+                .fixed_key("{api}:global")
+                .global(),
+        ])
+        .await
+        .unwrap();
+    let mut admitted = 0;
+    for i in 0..30 {
+        let d = lim.check(&set, &format!("u{}", i % 5), 1).await;
+        admitted += d.allowed as u32;
+    }
+    assert_eq!(admitted, 15, "3 each for 5 users");
+    assert_eq!(lim.stats().redis_calls, 30);
+    assert_eq!(cluster.moved(), moved_before, "no MOVED reply on any node");
+    assert!(client.log_len().await.unwrap() >= 15);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_valkey_cluster_routes_rl_all_and_rl_hit_too() {
+    let cluster = Cluster::start(Kind::Valkey);
+    let urls = cluster.urls();
+    let nodes: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let client = Client::cluster(&nodes)
+        .await
+        .unwrap()
+        .with_deadline(Duration::from_secs(5));
+    let spec = Spec::parse("p", "SLIDING", &[1, 60_000]).unwrap();
+    client
+        .policy_set("pay", &spec, PolicyMode::Enforce, 100)
+        .await
+        .unwrap();
+    for i in 0..20 {
+        assert!(
+            client
+                .hit("pay", &format!("k{i}"), Request::Cost(1))
+                .await
+                .unwrap()
+                .allowed
+        );
+        assert!(
+            !client
+                .hit("pay", &format!("k{i}"), Request::Cost(1))
+                .await
+                .unwrap()
+                .allowed
+        );
+    }
+    let lim = Limiter::builder(client).deny_cache(false).build();
+    let set = lim
+        .rule_set(vec![
+            Rule::sliding(1, 60_000).name("a").fixed_key("{t}:a"),
+            Rule::policy("pay").name("b").fixed_key("{t}:b"),
+        ])
+        .await
+        .unwrap();
+    assert!(lim.check(&set, "-", 1).await.allowed);
+    assert_eq!(lim.check(&set, "-", 1).await.denied_by, Some(0));
+    assert_eq!(cluster.moved(), 0);
+}

@@ -1,0 +1,455 @@
+//! What the kit's tests share: real server processes (redis-server, and
+//! valkey-server for a subset) with the module on free loopback ports, a
+//! 3-master, 3-replica cluster, the example service as a process, a real
+//! HTTP client, and waiting by polling with deadlines.
+//!
+//! - `RL_MODULE`: the module (default: the workspace's target/release one).
+//! - `REDIS_SERVER`, `VALKEY_SERVER`: the binaries (default: `redis-server`
+//!   on `PATH`; what `scripts/valkey-path.sh` prints).
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::Client as HttpClient;
+use hyper_util::rt::TokioExecutor;
+
+/// How long anything may take to come up or to converge on a busy machine.
+pub const PATIENCE: Duration = Duration::from_secs(60);
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+pub fn module() -> PathBuf {
+    std::env::var_os("RL_MODULE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join("target/release/libredis_ratelimit.so"))
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Redis,
+    Valkey,
+}
+
+impl Kind {
+    fn binary(self) -> PathBuf {
+        match self {
+            Kind::Redis => std::env::var_os("REDIS_SERVER")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| "redis-server".into()),
+            Kind::Valkey => {
+                if let Some(p) = std::env::var_os("VALKEY_SERVER").filter(|p| !p.is_empty()) {
+                    return p.into();
+                }
+                let out = Command::new(workspace().join("scripts/valkey-path.sh"))
+                    .output()
+                    .expect("scripts/valkey-path.sh");
+                assert!(out.status.success(), "no valkey-server: run make setup");
+                String::from_utf8_lossy(&out.stdout).trim().into()
+            }
+        }
+    }
+}
+
+/// Polls `cond` until it holds, or fails the test after [`PATIENCE`].
+pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < PATIENCE, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The async twin of [`wait_until`].
+pub async fn wait_for(what: &str, mut cond: impl AsyncFnMut() -> bool) {
+    let start = Instant::now();
+    while !cond().await {
+        assert!(start.elapsed() < PATIENCE, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A loopback port nobody listens on now, below the ephemeral range: a
+/// server killed and restarted on it never finds it taken by another test's
+/// `bind(0)` or by a client connection's local port meanwhile.
+pub fn free_port() -> u16 {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let base = 20_000 + (std::process::id() % 400) * 30;
+    loop {
+        let port = (base + NEXT.fetch_add(1, Ordering::Relaxed) % 12_000) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+}
+
+fn temp_dir(tag: &str) -> PathBuf {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "rl-kit-{}-{}-{tag}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// One server process with the module (unless `bare`).
+pub struct Server {
+    pub kind: Kind,
+    pub port: u16,
+    args: Vec<String>,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl Server {
+    pub fn start(kind: Kind) -> Server {
+        Server::start_with(kind, &[], true)
+    }
+
+    /// A server without the module: what a managed Redis looks like.
+    pub fn start_bare(kind: Kind) -> Server {
+        Server::start_with(kind, &[], false)
+    }
+
+    pub fn start_with(kind: Kind, extra: &[&str], with_module: bool) -> Server {
+        let port = free_port();
+        let dir = temp_dir(&port.to_string());
+        let mut args: Vec<String> = [
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--enable-debug-command",
+            "yes",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        if with_module {
+            args.push("--loadmodule".into());
+            args.push(module().to_string_lossy().into());
+        }
+        let mut server = Server {
+            kind,
+            port,
+            args,
+            dir,
+            child: None,
+        };
+        server.spawn();
+        server
+    }
+
+    fn spawn(&mut self) {
+        let child = Command::new(self.kind.binary())
+            .arg("--port")
+            .arg(self.port.to_string())
+            .arg("--dir")
+            .arg(&self.dir)
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the server");
+        self.child = Some(child);
+        let url = self.url();
+        wait_until(&format!("{:?} on {}", self.kind, self.port), || {
+            redis::Client::open(url.as_str())
+                .and_then(|c| c.get_connection())
+                .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+                .is_ok()
+        });
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    pub fn conn(&self) -> redis::Connection {
+        redis::Client::open(self.url())
+            .unwrap()
+            .get_connection()
+            .unwrap()
+    }
+
+    /// `kill -9`: no shutdown, no goodbye to clients.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same port (empty: nothing persisted).
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.spawn();
+    }
+
+    /// `INFO section` as field -> value.
+    pub fn info(&self, section: &str) -> HashMap<String, String> {
+        let text: String = redis::cmd("INFO")
+            .arg(section)
+            .query(&mut self.conn())
+            .unwrap();
+        text.lines()
+            .filter_map(|l| l.split_once(':'))
+            .map(|(k, v)| (k.to_string(), v.trim().to_string()))
+            .collect()
+    }
+
+    /// Calls of `command` (lower case, `rl.all`) in `INFO commandstats`.
+    pub fn calls(&self, command: &str) -> u64 {
+        let wanted = format!("cmdstat_{command}").to_ascii_lowercase();
+        self.info("commandstats")
+            .into_iter()
+            .find(|(k, _)| k.to_ascii_lowercase() == wanted)
+            .map(|(_, v)| v)
+            .as_deref()
+            .and_then(|v| v.split(',').find_map(|f| f.strip_prefix("calls=")))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill9();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Three masters, one replica each, on free ports (client and bus).
+pub struct Cluster {
+    pub nodes: Vec<Server>,
+}
+
+impl Cluster {
+    pub fn start(kind: Kind) -> Cluster {
+        let nodes: Vec<Server> = (0..6)
+            .map(|_| {
+                let bus = free_port().to_string();
+                Server::start_with(
+                    kind,
+                    &[
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-port",
+                        &bus,
+                        "--cluster-node-timeout",
+                        "15000",
+                        "--cluster-config-file",
+                        "nodes.conf",
+                    ],
+                    true,
+                )
+            })
+            .collect();
+        let q = |s: &Server, args: &[&str]| -> redis::Value {
+            let mut cmd = redis::cmd(args[0]);
+            for a in &args[1..] {
+                cmd.arg(*a);
+            }
+            cmd.query(&mut s.conn()).unwrap()
+        };
+        let id = |s: &Server| -> String {
+            redis::cmd("CLUSTER")
+                .arg("MYID")
+                .query(&mut s.conn())
+                .unwrap()
+        };
+        let bus = |s: &Server| -> String {
+            let v: Vec<String> = redis::cmd("CONFIG")
+                .arg("GET")
+                .arg("cluster-port")
+                .query(&mut s.conn())
+                .unwrap();
+            v[1].clone()
+        };
+        for (i, m) in nodes[..3].iter().enumerate() {
+            let lo = (i * 16384 / 3).to_string();
+            let hi = ((i + 1) * 16384 / 3 - 1).to_string();
+            q(m, &["CLUSTER", "SET-CONFIG-EPOCH", &(i + 1).to_string()]);
+            q(m, &["CLUSTER", "ADDSLOTSRANGE", &lo, &hi]);
+        }
+        for n in &nodes[1..] {
+            let b = bus(n);
+            q(
+                &nodes[0],
+                &["CLUSTER", "MEET", "127.0.0.1", &n.port.to_string(), &b],
+            );
+        }
+        wait_until("all nodes to know each other", || {
+            nodes.iter().all(|n| {
+                let text: String = redis::cmd("CLUSTER")
+                    .arg("NODES")
+                    .query(&mut n.conn())
+                    .unwrap();
+                text.lines().count() == 6 && !text.contains("handshake")
+            })
+        });
+        for i in 0..3 {
+            let master = id(&nodes[i]);
+            q(&nodes[i + 3], &["CLUSTER", "REPLICATE", &master]);
+        }
+        wait_until("cluster_state:ok on every node", || {
+            nodes.iter().all(|n| {
+                let text: String = redis::cmd("CLUSTER")
+                    .arg("INFO")
+                    .query(&mut n.conn())
+                    .unwrap();
+                text.contains("cluster_state:ok")
+            })
+        });
+        wait_until("every replica in sync", || {
+            nodes[3..].iter().all(|n| {
+                n.info("replication")
+                    .get("master_link_status")
+                    .is_some_and(|s| s == "up")
+            })
+        });
+        Cluster { nodes }
+    }
+
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(Server::url).collect()
+    }
+
+    /// `MOVED` replies sent, over every node (`INFO errorstats`).
+    pub fn moved(&self) -> u64 {
+        self.nodes
+            .iter()
+            .map(|n| {
+                n.info("errorstats")
+                    .get("errorstat_MOVED")
+                    .and_then(|v| v.strip_prefix("count="))
+                    .and_then(|c| c.parse::<u64>().ok())
+                    .unwrap_or(0)
+            })
+            .sum()
+    }
+}
+
+/// The example service as a process, with its environment.
+pub struct Service {
+    pub port: u16,
+    child: Child,
+}
+
+impl Service {
+    pub fn start(env: &[(&str, String)]) -> Service {
+        let exe = std::env::current_exe().unwrap();
+        let bin = exe
+            .parent()
+            .and_then(Path::parent)
+            .map(|d| d.join("examples/service"))
+            .unwrap();
+        assert!(
+            bin.exists(),
+            "{} missing: cargo test builds the examples",
+            bin.display()
+        );
+        let port = free_port();
+        let child = Command::new(bin)
+            .env("PORT", port.to_string())
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let service = Service { port, child };
+        wait_until("the example service", || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+        service
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A real HTTP/1.1 client with keep-alive.
+#[derive(Clone)]
+pub struct Http {
+    client: HttpClient<hyper_util::client::legacy::connect::HttpConnector, Empty<Bytes>>,
+}
+
+pub struct Reply {
+    pub status: u16,
+    pub headers: http::HeaderMap,
+    pub body: String,
+}
+
+impl Reply {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+}
+
+impl Default for Http {
+    fn default() -> Self {
+        Http {
+            client: HttpClient::builder(TokioExecutor::new()).build_http(),
+        }
+    }
+}
+
+impl Http {
+    pub async fn get(&self, url: &str, headers: &[(&str, &str)]) -> Reply {
+        let mut req = http::Request::get(url);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let resp = self
+            .client
+            .request(req.body(Empty::new()).unwrap())
+            .await
+            .unwrap_or_else(|e| panic!("GET {url}: {e}"));
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        Reply {
+            status,
+            headers,
+            body: String::from_utf8_lossy(&body).into_owned(),
+        }
+    }
+
+    /// The service's counters (`GET /stats`).
+    pub async fn stats(&self, service: &Service) -> HashMap<String, u64> {
+        let body = self.get(&service.url("/stats"), &[]).await.body;
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        v.as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.clone(),
+                    v.as_u64().unwrap_or(v.as_bool().map_or(0, u64::from)),
+                )
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,11 @@
+//! The client kit against real servers: `cargo test --release -p
+//! redis-ratelimit-client` (the Makefile's `test-kit-rust`).
+
+mod harness;
+
+mod calls;
+mod cluster;
+mod fallback;
+mod instances;
+mod layer;
+mod savings;
