@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# The client kit's benchmark (`make bench-kit-rust`, part of `make bench`):
+# starts its own redis-server with the module and the example service
+# (clients/rust/examples/service.rs) on free loopback ports, drives them with
+# the kit's load generator (examples/loadgen.rs), and prints two tables:
+#   1. the layer's cost per request: the service with the layer (per-user
+#      and global rules in one RL.ALL) against the same axum app without it,
+#      interleaved in rounds;
+#   2. Redis calls per 1,000 requests with and without the local level and
+#      the deny cache, under a skewed load (one abusive user sends most).
+# A benchmark reports; it exits 0 whatever the figures are.
+#
+# Knobs: KIT_BENCH_N (requests per run, 20000), KIT_BENCH_C (connections, 32),
+# KIT_BENCH_ROUNDS (3).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+N="${KIT_BENCH_N:-20000}"
+C="${KIT_BENCH_C:-32}"
+ROUNDS="${KIT_BENCH_ROUNDS:-3}"
+
+RL_NAME=bench-kit
+# shellcheck source=../../scripts/lib/server.sh
+. scripts/lib/server.sh
+rl_module
+rl_require redis-server redis-cli awk
+rl_workdir
+cargo build --release -q -p redis-ratelimit-client --examples
+SERVICE=target/release/examples/service
+LOADGEN=target/release/examples/loadgen
+
+rl_start "$RL_WORK/redis"
+PORT="$RL_PORT"
+cli() { redis-cli -h 127.0.0.1 -p "$PORT" "$@"; }
+
+# start_service NAME VAR=VALUE...: the service on a free port; sets SVC_PORT, SVC_PID.
+start_service() {
+  local name="$1"; shift
+  SVC_PORT="$(rl_free_port)"
+  env PORT="$SVC_PORT" RL_URL="redis://127.0.0.1:$PORT/" "$@" "$SERVICE" >"$RL_WORK/$name.log" 2>&1 &
+  SVC_PID=$!
+  RL_PIDS+=("$SVC_PID")
+  for _ in $(seq 200); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$SVC_PORT") 2>/dev/null && return 0
+    sleep 0.05
+  done
+  rl_die "service $name did not start: $(tail -3 "$RL_WORK/$name.log")"
+}
+stop_service() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
+field() { tr ' ' '\n' | awk -F= -v k="$1" '$1 == k { print $2 }'; }
+rl_all_calls() { cli INFO commandstats | tr -d '\r' | awk -F'[:,=]' '$1 == "cmdstat_RL.ALL" { print $3 } END { }' | tail -1; }
+
+echo "bench-kit: the layer's cost per request ($N requests, $C connections, $ROUNDS rounds, 1000 users)" >&2
+# Limits that never bind: every request is admitted, so both sides do the same work.
+start_service bare RL_BARE=1; BARE_PORT=$SVC_PORT; BARE_PID=$SVC_PID
+start_service layer RL_USER_LIMIT=100000 RL_GLOBAL_LIMIT=1000000000 RL_DEADLINE_MS=100; LAYER_PORT=$SVC_PORT; LAYER_PID=$SVC_PID
+declare -A RPS P50 P99
+for r in $(seq "$ROUNDS"); do
+  for side in bare layer; do
+    port=$BARE_PORT; [ "$side" = layer ] && port=$LAYER_PORT
+    line="$("$LOADGEN" "http://127.0.0.1:$port/" "$N" "$C" 1000 0)"
+    RPS[$side]="${RPS[$side]:-} $(echo "$line" | field rps)"
+    P50[$side]="${P50[$side]:-} $(echo "$line" | field p50_us)"
+    P99[$side]="${P99[$side]:-} $(echo "$line" | field p99_us)"
+    echo "bench-kit: round $r $side: $line" >&2
+  done
+done
+FALLBACK="$(curl -s "http://127.0.0.1:$LAYER_PORT/stats" | tr ',' '\n' | awk -F: '/fallback_admitted|fallback_denied/ { s += $2 } END { print s + 0 }')"
+stop_service "$BARE_PID"; stop_service "$LAYER_PID"
+median() { tr ' ' '\n' | grep -v '^$' | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
+b_rps=$(echo "${RPS[bare]}" | median); l_rps=$(echo "${RPS[layer]}" | median)
+b50=$(echo "${P50[bare]}" | median); l50=$(echo "${P50[layer]}" | median)
+b99=$(echo "${P99[bare]}" | median); l99=$(echo "${P99[layer]}" | median)
+echo
+echo "| service | requests/s | p50 µs | p99 µs | µs per request (1 / rate) |"
+echo "|---|---|---|---|---|"
+awk -v r="$b_rps" -v p="$b50" -v q="$b99" 'BEGIN { printf "| bare axum handler | %d | %d | %d | %.1f |\n", r, p, q, 1e6 / r }'
+awk -v r="$l_rps" -v p="$l50" -v q="$l99" 'BEGIN { printf "| with the layer (RL.ALL of 2 rules) | %d | %d | %d | %.1f |\n", r, p, q, 1e6 / r }'
+awk -v b="$b_rps" -v l="$l_rps" -v p="$b50" -v q="$l50" 'BEGIN { printf "| ratio layer / bare | %.2fx | %.2fx | | +%.1f µs |\n", l / b, q / p, 1e6 / l - 1e6 / b }'
+echo "(requests the fallback decided during the layer runs: $FALLBACK)"
+
+echo "bench-kit: Redis calls per 1,000 requests, skewed load ($N requests, 90% from one user)" >&2
+echo
+echo "| local level | deny cache | RL.ALL calls per 1,000 requests | admitted | denied | seconds |"
+echo "|---|---|---|---|---|---|"
+for cfg in "0 0" "1 0" "0 1" "1 1"; do
+  set -- $cfg
+  # Per-user 5/s and a global 500/s that the load exceeds; a clean server.
+  cli FLUSHALL >/dev/null
+  start_service "skew-$1$2" RL_LOCAL="$1" RL_DENY_CACHE="$2" RL_GLOBAL_LIMIT=500 RL_DEADLINE_MS=100
+  before="$(rl_all_calls)"; before="${before:-0}"
+  line="$("$LOADGEN" "http://127.0.0.1:$SVC_PORT/" "$N" "$C" 1000 0.9)"
+  after="$(rl_all_calls)"; after="${after:-0}"
+  stop_service "$SVC_PID"
+  echo "bench-kit: local=$1 deny_cache=$2: $line, RL.ALL calls $((after - before))" >&2
+  awk -v c=$((after - before)) -v n="$(echo "$line" | field requests)" -v l="$1" -v d="$2" \
+      -v ok="$(echo "$line" | field ok)" -v no="$(echo "$line" | field limited)" \
+      -v t="$(echo "$line" | field seconds)" \
+      'BEGIN { printf "| %s | %s | %.0f | %d | %d | %s |\n", (l == 1 ? "on" : "off"), (d == 1 ? "on" : "off"), c * 1000 / n, ok, no, t }'
+done
+exit 0
