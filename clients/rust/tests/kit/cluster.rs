@@ -8,15 +8,19 @@ use redis_ratelimit_client::{Client, Limiter, PolicyMode, Request, Rule, Spec};
 
 use crate::harness::{Cluster, Kind};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_call_goes_to_the_owner_of_its_key_without_moved() {
-    let cluster = Cluster::start(Kind::Redis);
+/// A cluster of `kind`, and the kit's client on it, with a deadline for a
+/// busy machine.
+async fn cluster_and_client(kind: Kind) -> (Cluster, Client) {
+    let cluster = Cluster::start(kind);
     let urls = cluster.urls();
     let nodes: Vec<&str> = urls.iter().map(String::as_str).collect();
-    let client = Client::cluster(&nodes)
-        .await
-        .unwrap()
-        .with_deadline(Duration::from_secs(5));
+    let client = Client::cluster(&nodes).await.unwrap();
+    (cluster, client.with_deadline(Duration::from_secs(5)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_call_goes_to_the_owner_of_its_key_without_moved() {
+    let (cluster, client) = cluster_and_client(Kind::Redis).await;
     let spec = Spec::parse("p", "FIXEDWINDOW", &[2, 60_000]).unwrap();
     client
         .policy_set("login", &spec, PolicyMode::Enforce, 100)
@@ -71,13 +75,7 @@ async fn every_call_goes_to_the_owner_of_its_key_without_moved() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_valkey_cluster_routes_rl_all_and_rl_hit_too() {
-    let cluster = Cluster::start(Kind::Valkey);
-    let urls = cluster.urls();
-    let nodes: Vec<&str> = urls.iter().map(String::as_str).collect();
-    let client = Client::cluster(&nodes)
-        .await
-        .unwrap()
-        .with_deadline(Duration::from_secs(5));
+    let (cluster, client) = cluster_and_client(Kind::Valkey).await;
     let spec = Spec::parse("p", "SLIDING", &[1, 60_000]).unwrap();
     client
         .policy_set("pay", &spec, PolicyMode::Enforce, 100)

@@ -212,6 +212,14 @@ impl Server {
             .collect()
     }
 
+    /// `CLUSTER NODES` or `CLUSTER INFO`: text.
+    pub fn cluster(&self, what: &str) -> String {
+        redis::cmd("CLUSTER")
+            .arg(what)
+            .query(&mut self.conn())
+            .unwrap()
+    }
+
     /// Calls of `command` (lower case, `rl.all`) in `INFO commandstats`.
     pub fn calls(&self, command: &str) -> u64 {
         let wanted = format!("cmdstat_{command}").to_ascii_lowercase();
@@ -229,6 +237,80 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         self.kill9();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A Sentinel monitoring `master` as `mymaster` (quorum 1).
+pub struct Sentinel {
+    pub port: u16,
+    dir: PathBuf,
+    child: Child,
+}
+
+impl Sentinel {
+    pub fn start(master: &Server) -> Sentinel {
+        let port = free_port();
+        let dir = temp_dir(&format!("sentinel{port}"));
+        let conf = dir.join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "port {port}\nbind 127.0.0.1\ndir {}\n\
+                 sentinel monitor mymaster 127.0.0.1 {} 1\n\
+                 sentinel down-after-milliseconds mymaster 60000\n\
+                 sentinel failover-timeout mymaster 60000\n",
+                dir.display(),
+                master.port
+            ),
+        )
+        .unwrap();
+        let child = Command::new(Kind::Redis.binary())
+            .arg(&conf)
+            .arg("--sentinel")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start redis-server --sentinel");
+        let sentinel = Sentinel { port, dir, child };
+        wait_until("the Sentinel", || sentinel.master_port().is_some());
+        sentinel
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    fn query(&self, args: &[&str]) -> redis::RedisResult<redis::Value> {
+        let mut con = redis::Client::open(self.url())?.get_connection()?;
+        let mut cmd = redis::cmd("SENTINEL");
+        cmd.arg(args);
+        cmd.query(&mut con)
+    }
+
+    /// The port of the master it names now.
+    pub fn master_port(&self) -> Option<u16> {
+        match self.query(&["GET-MASTER-ADDR-BY-NAME", "mymaster"]).ok()? {
+            redis::Value::Array(a) => match a.get(1)? {
+                redis::Value::BulkString(p) => String::from_utf8_lossy(p).parse().ok(),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// `SENTINEL FAILOVER mymaster`, once it knows a replica to promote.
+    pub fn failover(&self) {
+        wait_until("the Sentinel to accept a failover", || {
+            self.query(&["FAILOVER", "mymaster"]).is_ok()
+        });
+    }
+}
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -295,10 +377,7 @@ impl Cluster {
         }
         wait_until("all nodes to know each other", || {
             nodes.iter().all(|n| {
-                let text: String = redis::cmd("CLUSTER")
-                    .arg("NODES")
-                    .query(&mut n.conn())
-                    .unwrap();
+                let text = n.cluster("NODES");
                 text.lines().count() == 6 && !text.contains("handshake")
             })
         });
@@ -307,13 +386,9 @@ impl Cluster {
             q(&nodes[i + 3], &["CLUSTER", "REPLICATE", &master]);
         }
         wait_until("cluster_state:ok on every node", || {
-            nodes.iter().all(|n| {
-                let text: String = redis::cmd("CLUSTER")
-                    .arg("INFO")
-                    .query(&mut n.conn())
-                    .unwrap();
-                text.contains("cluster_state:ok")
-            })
+            nodes
+                .iter()
+                .all(|n| n.cluster("INFO").contains("cluster_state:ok"))
         });
         wait_until("every replica in sync", || {
             nodes[3..].iter().all(|n| {

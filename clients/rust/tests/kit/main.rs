@@ -9,3 +9,4 @@ mod fallback;
 mod instances;
 mod layer;
 mod savings;
+mod sentinel;
