@@ -6,6 +6,7 @@ mod harness;
 mod calls;
 mod cluster;
 mod fallback;
+mod grpc;
 mod instances;
 mod layer;
 mod savings;
