@@ -83,8 +83,57 @@ impl DenyCache {
         );
     }
 
-    #[allow(dead_code)]
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.map.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn denial(wait_ms: i64) -> Decision {
+        Decision::from_fields(false, 5, 0, wait_ms, 60_000, Path::Redis)
+    }
+
+    #[test]
+    fn a_denial_is_cached_for_its_wait_at_most_max_with_fields_counting_down() {
+        let cache = DenyCache::new(Duration::from_secs(1), 10);
+        cache.put("k".into(), &denial(60_000));
+        let hit = cache.get("k").unwrap();
+        assert_eq!(hit.path, Path::DenyCache);
+        assert!(hit.wait_ms <= 60_000 && hit.wait_ms > 59_000, "{hit:?}");
+        assert!(hit.reset_after <= Duration::from_secs(60));
+        let until = cache.map.lock().unwrap()["k"].until;
+        let at = cache.map.lock().unwrap()["k"].at;
+        assert_eq!(until - at, Duration::from_secs(1), "min(60 s, max 1 s)");
+        cache.put("short".into(), &denial(3));
+        let at = cache.map.lock().unwrap()["short"].at;
+        assert_eq!(
+            cache.map.lock().unwrap()["short"].until - at,
+            Duration::from_millis(3)
+        );
+    }
+
+    #[test]
+    fn admissions_and_denials_that_never_pass_are_not_cached() {
+        let cache = DenyCache::new(Duration::from_secs(1), 10);
+        cache.put("never".into(), &denial(-1));
+        let mut ok = denial(0);
+        ok.allowed = true;
+        cache.put("ok".into(), &ok);
+        assert_eq!(cache.len(), 0);
+        assert!(cache.get("never").is_none());
+    }
+
+    #[test]
+    fn memory_is_bounded_by_the_size_cap() {
+        let cache = DenyCache::new(Duration::from_secs(1), 100);
+        for i in 0..10_000 {
+            cache.put(format!("k{i}"), &denial(1000));
+        }
+        assert_eq!(cache.len(), 100);
+        assert!(cache.get("k9999").is_some(), "the newest stays");
     }
 }

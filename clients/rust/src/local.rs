@@ -151,7 +151,7 @@ impl LocalLimiters {
     }
 
     /// Limiters held (for tests of the bound).
-    #[allow(dead_code)]
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.map.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
@@ -169,5 +169,38 @@ fn evict(map: &mut HashMap<String, Entry>, keep: usize, now: Micros) {
         for (_, key) in by_idle.into_iter().take(map.len() - keep) {
             map.remove(&key);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rule::Spec;
+
+    fn sliding(limit: u64) -> Spec {
+        Spec::parse("t", "SLIDING", &[limit, 60_000]).unwrap()
+    }
+
+    #[test]
+    fn all_or_nothing_then_a_refund_gives_the_units_back() {
+        let local = LocalLimiters::new(10);
+        let limits = vec![("a".to_string(), sliding(2)), ("b".to_string(), sliding(1))];
+        assert!(local.take_all(&limits, 1).is_ok());
+        let (pos, d) = local.take_all(&limits, 1).unwrap_err();
+        assert_eq!((pos, d.allowed), (1, false));
+        // Nothing was taken from "a" by the denied call: one unit is left.
+        assert!(local.take_all(&limits[..1], 1).is_ok());
+        assert!(local.take_all(&limits[..1], 1).is_err());
+        local.refund_all(&limits[..1], 1);
+        assert!(local.take_all(&limits[..1], 1).is_ok());
+    }
+
+    #[test]
+    fn memory_is_bounded_by_the_size_cap() {
+        let local = LocalLimiters::new(50);
+        for i in 0..1000 {
+            local.take_all(&[(format!("k{i}"), sliding(5))], 1).unwrap();
+        }
+        assert!(local.len() <= 50, "{}", local.len());
     }
 }

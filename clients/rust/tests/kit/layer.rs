@@ -8,8 +8,8 @@ use std::time::Duration;
 use axum::routing::get;
 use axum::Router;
 use redis_ratelimit_client::{
-    Client, Error, Limiter, MissingKey, PolicyMode, RateLimitLayer, RateLimitLayerBuilder, Rule,
-    Spec, QUOTA_EXCEEDED,
+    retry_after, Attempt, Client, Error, Limiter, MissingKey, PolicyMode, RateLimitLayer,
+    RateLimitLayerBuilder, RetryPolicy, Rule, Spec, QUOTA_EXCEEDED,
 };
 
 use crate::harness::{Http, Kind, Server};
@@ -365,4 +365,43 @@ async fn a_policy_raised_in_the_server_applies_to_the_next_request() {
     assert_eq!(r.status, 200);
     assert_eq!(param(r.header("ratelimit").unwrap(), "r"), 1);
     assert_eq!(server.calls("rl.hit"), 3);
+}
+
+#[tokio::test]
+async fn the_retry_helper_waits_for_retry_after_then_gets_through() {
+    let server = Server::start(Kind::Redis);
+    let lim = Limiter::builder(Client::standalone(&server.url()).await.unwrap())
+        .deadline(Duration::from_secs(5))
+        .build();
+    let layer = by_user(lim).rule(Rule::sliding(1, 1000).name("one-per-second"));
+    let url = serve(layer.build().await.unwrap()).await;
+    let http = Http::default();
+    assert_eq!(http.get(&url, &[("x-user", "r")]).await.status, 200);
+    let start = std::time::Instant::now();
+    let mut attempts = Vec::new();
+    let last = RetryPolicy::default()
+        .run(|n| {
+            attempts.push(n);
+            let (http, url) = (http.clone(), url.clone());
+            async move {
+                let r = http.get(&url, &[("x-user", "r")]).await;
+                if r.status == 429 {
+                    let wait = retry_after(&r.headers);
+                    Attempt::Limited(r.status, wait)
+                } else {
+                    Attempt::Done(r.status)
+                }
+            }
+        })
+        .await;
+    assert_eq!(last, 200);
+    assert_eq!(
+        attempts,
+        [0, 1],
+        "one 429, then through after the 1 s backoff"
+    );
+    assert!(
+        start.elapsed() >= Duration::from_secs(1),
+        "never earlier than Retry-After: 1"
+    );
 }
