@@ -126,6 +126,12 @@ impl Client {
         }
     }
 
+    /// Whether this is a cluster connection (then `RL.ALL`'s keys must share
+    /// a slot).
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.conn(), Conn::Cluster(_))
+    }
+
     /// The deadline of one call.
     pub fn deadline(&self) -> Duration {
         self.deadline

@@ -196,6 +196,20 @@ impl Limiter {
         if rules.is_empty() {
             return Err(Error::bad("-", "rules", "at least one rule"));
         }
+        if rules.len() > 1 && self.inner.client.is_cluster() {
+            let first = rules[0].hash_tag();
+            if let Some(r) = rules
+                .iter()
+                .find(|r| r.hash_tag().is_none() || r.hash_tag() != first)
+            {
+                return Err(Error::bad(
+                    &r.name,
+                    "key",
+                    "in a cluster, the keys of several rules (one RL.ALL) need one hash tag, \
+                     such as {api}:user: and {api}:global",
+                ));
+            }
+        }
         let mut checked = Vec::with_capacity(rules.len());
         for rule in rules {
             let kind = rule.check()?.clone();

@@ -305,6 +305,19 @@ impl Rule {
         }
     }
 
+    /// The hash tag of the rule's keys (`api` in `{api}:user:`), when the
+    /// fixed part of the key has one: what puts every key of an `RL.ALL` in
+    /// one cluster slot.
+    pub fn hash_tag(&self) -> Option<&str> {
+        let fixed = match &self.key {
+            KeyShape::PerIdentity(prefix) => prefix,
+            KeyShape::Fixed(key) => key,
+        };
+        let open = fixed.find('{')?;
+        let len = fixed[open + 1..].find('}')?;
+        (len > 0).then(|| &fixed[open + 1..open + 1 + len])
+    }
+
     /// Whether the rule is global.
     pub fn is_global(&self) -> bool {
         self.global

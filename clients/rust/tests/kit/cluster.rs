@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use redis_ratelimit_client::{Client, Limiter, PolicyMode, Request, Rule, Spec};
+use redis_ratelimit_client::{Client, Error, Limiter, PolicyMode, Request, Rule, Spec};
 
 use crate::harness::{Cluster, Kind};
 
@@ -108,4 +108,17 @@ async fn a_valkey_cluster_routes_rl_all_and_rl_hit_too() {
     assert!(lim.check(&set, "-", 1).await.allowed);
     assert_eq!(lim.check(&set, "-", 1).await.denied_by, Some(0));
     assert_eq!(cluster.moved(), 0);
+
+    // Keys in several slots would be CROSSSLOT at every request: refused at build.
+    let apart = lim
+        .rule_set(vec![
+            Rule::sliding(1, 1000).fixed_key("{t}:a"),
+            Rule::sliding(1, 1000).name("other").fixed_key("b"),
+        ])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(apart, Error::BadArgument { ref arg, ref rule, .. } if arg == "key" && rule == "other"),
+        "{apart}"
+    );
 }
