@@ -1,0 +1,88 @@
+package io.redisratelimit.client;
+
+import java.time.Duration;
+import java.util.List;
+import java.util.OptionalInt;
+import java.util.OptionalLong;
+
+/**
+ * A limiter's answer: the five fields of the reply ({@code [allowed, limit,
+ * remaining, wait_ms, reset_ms]}), for {@code RL.ALL} the sixth
+ * ({@code denied_by}), and the path that decided.
+ *
+ * @param allowed   admitted (its units consumed) or denied (nothing changed)
+ * @param limit     the limiter's capacity or requests per window
+ * @param remaining units left right after this call
+ * @param waitMs    as the server sent it: for a denial the time until the same
+ *                  request passes, -1 when it never can; for an admission 0,
+ *                  except the leaky bucket's queueing delay
+ * @param resetMs   time until the limiter is idle again
+ * @param deniedBy  {@code RL.ALL} (and rule sets): the 0-based position of the
+ *                  first rule that denied
+ * @param path      which path decided
+ */
+public record Decision(boolean allowed, long limit, long remaining, long waitMs, long resetMs,
+                       OptionalInt deniedBy, Path path) {
+
+    public Decision {
+        if (deniedBy == null) {
+            deniedBy = OptionalInt.empty();
+        }
+        if (path == null) {
+            path = Path.REDIS;
+        }
+    }
+
+    /** Denied: time until the same request would pass (zero when it never can). */
+    public Duration retryAfter() {
+        return Duration.ofMillis(Math.max(0, waitMs));
+    }
+
+    /** Time until the limiter is idle again. */
+    public Duration resetAfter() {
+        return Duration.ofMillis(Math.max(0, resetMs));
+    }
+
+    /** A denial that can never pass: its cost exceeds the limit ({@code wait_ms} -1). */
+    public boolean never() {
+        return waitMs < 0;
+    }
+
+    /** {@code Retry-After} in whole seconds, {@code ceil(wait_ms / 1000)}; empty when it never can pass. */
+    public OptionalLong retryAfterSeconds() {
+        return waitMs < 0 ? OptionalLong.empty() : OptionalLong.of(ceilDiv(waitMs, 1000));
+    }
+
+    /** {@code t} of the {@code RateLimit} field: {@code ceil(reset_ms / 1000)}. */
+    public long resetSeconds() {
+        return ceilDiv(Math.max(0, resetMs), 1000);
+    }
+
+    public Decision withPath(Path newPath) {
+        return new Decision(allowed, limit, remaining, waitMs, resetMs, deniedBy, newPath);
+    }
+
+    public Decision withDeniedBy(int index) {
+        return new Decision(allowed, limit, remaining, waitMs, resetMs, OptionalInt.of(index), path);
+    }
+
+    static long ceilDiv(long a, long b) {
+        return -Math.floorDiv(-a, b);
+    }
+
+    /** Parses a five-integer (or, for {@code RL.ALL}, six-integer) reply. */
+    static Decision fromReply(String command, Object reply) {
+        if (!(reply instanceof List<?> items) || (items.size() != 5 && items.size() != 6)) {
+            throw new UnexpectedReplyException(command, reply);
+        }
+        long[] f = new long[items.size()];
+        for (int i = 0; i < f.length; i++) {
+            if (!(items.get(i) instanceof Long n)) {
+                throw new UnexpectedReplyException(command, reply);
+            }
+            f[i] = n;
+        }
+        OptionalInt deniedBy = f.length == 6 && f[5] > 0 ? OptionalInt.of((int) f[5] - 1) : OptionalInt.empty();
+        return new Decision(f[0] == 1, Math.max(0, f[1]), Math.max(0, f[2]), f[3], Math.max(0, f[4]), deniedBy, Path.REDIS);
+    }
+}

@@ -1,0 +1,24 @@
+package io.redisratelimit.client;
+
+/**
+ * One limiter of an {@code RL.ALL}: a key and either a spec or a policy name.
+ */
+public record Limit(String key, Spec spec, String policy) {
+    public Limit {
+        Args.key(key);
+        if ((spec == null) == (policy == null)) {
+            throw new BadArgumentException("spec", "a limit has either a spec or a policy name");
+        }
+        if (policy != null) {
+            Args.policyName(policy);
+        }
+    }
+
+    public static Limit of(String key, Spec spec) {
+        return new Limit(key, spec, null);
+    }
+
+    public static Limit policy(String key, String policy) {
+        return new Limit(key, null, policy);
+    }
+}

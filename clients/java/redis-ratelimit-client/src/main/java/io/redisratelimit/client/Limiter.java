@@ -1,0 +1,374 @@
+package io.redisratelimit.client;
+
+import io.github.resilience4j.circuitbreaker.CallNotPermittedException;
+import io.github.resilience4j.circuitbreaker.CircuitBreaker;
+import io.github.resilience4j.circuitbreaker.CircuitBreakerConfig;
+
+import java.lang.System.Logger.Level;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.OptionalInt;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CompletionException;
+import java.util.concurrent.CompletionStage;
+import java.util.concurrent.TimeUnit;
+
+/**
+ * Rate limiting over a {@link RateLimitClient}: the deny cache, then the local
+ * level (for global rules), then one round trip to Redis within the deadline,
+ * and the fallback with a Resilience4j circuit breaker when Redis cannot
+ * answer. {@link #check} never fails: where Redis cannot decide, the fallback
+ * does, and {@link Decision#path()} says which path did.
+ */
+public final class Limiter implements AutoCloseable {
+    private static final System.Logger LOG = System.getLogger(Limiter.class.getName());
+
+    /** Builds a {@link Limiter}; every setting has a default. */
+    public static final class Builder {
+        private final RateLimitClient client;
+        private boolean localLevel = true;
+        private Share share = Share.instances(1);
+        private boolean denyCache = true;
+        private Duration denyCacheMax = Duration.ofSeconds(1);
+        private long denyCacheCapacity = 10_000;
+        private long localCapacity = 100_000;
+        private FallbackMode fallback = FallbackMode.LOCAL_ONLY;
+        private int breakerFailures = 5;
+        private Duration breakerOpenFor = Duration.ofSeconds(1);
+        private Duration deadline;
+
+        private Builder(RateLimitClient client) {
+            this.client = client;
+        }
+
+        /** The local level on or off (on by default; it acts only on rules marked global). */
+        public Builder localLevel(boolean on) {
+            localLevel = on;
+            return this;
+        }
+
+        /** Instances sharing each global limit: each takes {@code ceil(total / instances * 1.1)}, at least 1. */
+        public Builder instances(long instances) {
+            share = Share.instances(instances);
+            return this;
+        }
+
+        public Builder share(Share s) {
+            share = s;
+            return this;
+        }
+
+        public Builder denyCache(boolean on) {
+            denyCache = on;
+            return this;
+        }
+
+        /** The longest a denial is cached (1 s by default), so a raised limit or the kill switch reaches users within it. */
+        public Builder denyCacheMax(Duration max) {
+            if (max.isNegative()) {
+                throw new BadArgumentException("deny-cache.max", "must be at least 0");
+            }
+            denyCacheMax = max;
+            return this;
+        }
+
+        public Builder denyCacheCapacity(long capacity) {
+            denyCacheCapacity = capacity;
+            return this;
+        }
+
+        public Builder localCapacity(long capacity) {
+            localCapacity = capacity;
+            return this;
+        }
+
+        public Builder fallback(FallbackMode mode) {
+            fallback = mode;
+            return this;
+        }
+
+        /** Consecutive failures (timeouts, lost connections) that open the breaker, and how long it stays open. */
+        public Builder breaker(int failures, Duration openFor) {
+            if (failures < 1) {
+                throw new BadArgumentException("breaker.failures", "must be at least 1");
+            }
+            breakerFailures = failures;
+            breakerOpenFor = openFor;
+            return this;
+        }
+
+        /** The deadline of one call (the client's by default). */
+        public Builder deadline(Duration d) {
+            deadline = d;
+            return this;
+        }
+
+        public Limiter build() {
+            return new Limiter(this);
+        }
+    }
+
+    private final RateLimitClient client;
+    private final boolean localLevel;
+    private final Share share;
+    private final DenyCache denyCache;
+    private final LocalLimiters local;
+    private final LocalLimiters fallbackLocal;
+    private final FallbackMode fallback;
+    private final CircuitBreaker breaker;
+    private final Duration openFor;
+    private final Stats stats = new Stats();
+
+    private Limiter(Builder b) {
+        this.client = b.deadline == null ? b.client : b.client.withDeadline(b.deadline);
+        this.localLevel = b.localLevel;
+        this.share = b.share;
+        this.denyCache = b.denyCache ? new DenyCache(b.denyCacheMax, b.denyCacheCapacity) : null;
+        this.local = new LocalLimiters(b.localCapacity);
+        this.fallbackLocal = new LocalLimiters(b.localCapacity);
+        this.fallback = b.fallback;
+        this.openFor = b.breakerOpenFor;
+        // Opens after `failures` consecutive unavailable or late calls; one probe when half open.
+        this.breaker = CircuitBreaker.of("redis-ratelimit", CircuitBreakerConfig.custom()
+                .slidingWindowType(CircuitBreakerConfig.SlidingWindowType.COUNT_BASED)
+                .slidingWindowSize(b.breakerFailures)
+                .minimumNumberOfCalls(b.breakerFailures)
+                .failureRateThreshold(100)
+                .waitDurationInOpenState(b.breakerOpenFor)
+                .permittedNumberOfCallsInHalfOpenState(1)
+                .automaticTransitionFromOpenToHalfOpenEnabled(false)
+                .recordException(e -> e instanceof RedisUnavailableException || e instanceof RateLimitTimeoutException)
+                .build());
+        breaker.getEventPublisher().onStateTransition(e -> {
+            if (e.getStateTransition().getToState() == CircuitBreaker.State.OPEN
+                    && e.getStateTransition().getFromState() == CircuitBreaker.State.CLOSED) {
+                stats.breakerOpened.increment();
+                LOG.log(Level.WARNING, "redis-ratelimit: circuit breaker open, the fallback " + fallback + " decides");
+            } else if (e.getStateTransition().getToState() == CircuitBreaker.State.CLOSED) {
+                LOG.log(Level.INFO, "redis-ratelimit: Redis answers again, circuit breaker closed");
+            }
+        });
+    }
+
+    public static Builder builder(RateLimitClient client) {
+        return new Builder(client);
+    }
+
+    public RateLimitClient client() {
+        return client;
+    }
+
+    public StatsSnapshot stats() {
+        return stats.snapshot();
+    }
+
+    /** The Resilience4j breaker, for its metrics (resilience4j-micrometer binds it). */
+    public CircuitBreaker circuitBreaker() {
+        return breaker;
+    }
+
+    /** Open or half open (probing). */
+    public boolean breakerOpen() {
+        return breaker.getState() != CircuitBreaker.State.CLOSED;
+    }
+
+    public FallbackMode fallbackMode() {
+        return fallback;
+    }
+
+    /** Checks the rules (every parameter, before anything is sent) into a set decided together. */
+    public RuleSet rules(List<Rule> rules) {
+        if (rules == null || rules.isEmpty()) {
+            throw new BadArgumentException("rules", "at least one rule");
+        }
+        List<RuleSet.Checked> checked = new ArrayList<>();
+        for (Rule r : rules) {
+            Spec localSpec = r.spec() != null && r.global() && localLevel && r.enforced() ? r.spec().share(share) : null;
+            Spec fallbackSpec = r.spec() != null ? r.spec().share(share) : null;
+            String signature = r.policy() != null ? "POLICY " + r.policy() : r.spec().toString();
+            checked.add(new RuleSet.Checked(r, localSpec, fallbackSpec, signature));
+        }
+        return new RuleSet(checked);
+    }
+
+    public RuleSet rules(Rule... rules) {
+        return rules(List.of(rules));
+    }
+
+    /** Decides one request of {@code cost} units for {@code identity}, blocking up to the deadline. */
+    public Decision check(RuleSet set, String identity, long cost) {
+        return checkAsync(set, identity, cost).toCompletableFuture().join();
+    }
+
+    public Decision check(RuleSet set, String identity) {
+        return check(set, identity, 1);
+    }
+
+    /** The asynchronous form: the stage never fails. */
+    public CompletionStage<Decision> checkAsync(RuleSet set, String identity, long cost) {
+        List<RuleSet.Checked> rules = set.checked();
+        List<String> keys = new ArrayList<>(rules.size());
+        for (RuleSet.Checked c : rules) {
+            keys.add(Args.key(c.rule().keyFor(identity)));
+        }
+        if (cost < 0 || cost > Spec.MAX_PARAM) {
+            throw new BadArgumentException("cost", "must be an integer from 0 to " + Spec.MAX_PARAM + ", got " + cost);
+        }
+        if (denyCache != null && cost > 0) {
+            for (int i = 0; i < rules.size(); i++) {
+                Decision d = denyCache.get(cacheKey(rules.get(i), keys.get(i)));
+                if (d != null) {
+                    stats.denyCacheHits.increment();
+                    return CompletableFuture.completedFuture(d.withDeniedBy(i));
+                }
+            }
+        }
+        List<LocalLimiters.Take> takes = new ArrayList<>();
+        List<Integer> positions = new ArrayList<>();
+        for (int i = 0; i < rules.size(); i++) {
+            if (rules.get(i).local() != null) {
+                takes.add(new LocalLimiters.Take(cacheKey(rules.get(i), keys.get(i)), rules.get(i).local()));
+                positions.add(i);
+            }
+        }
+        if (!takes.isEmpty() && cost > 0) {
+            LocalLimiters.Denied denied = local.takeAll(takes, cost);
+            if (denied != null) {
+                int i = positions.get(denied.index());
+                stats.localDenied.increment();
+                Decision d = denied.decision();
+                return CompletableFuture.completedFuture(new Decision(false, rules.get(i).rule().spec().limit(), 0,
+                        d.waitMs(), d.resetMs(), OptionalInt.of(i), Path.LOCAL));
+            }
+        }
+        if (!breaker.tryAcquirePermission()) {
+            stats.breakerSkipped.increment();
+            return CompletableFuture.completedFuture(fallback(set, keys, cost));
+        }
+        if (breaker.getState() == CircuitBreaker.State.HALF_OPEN) {
+            // The one call let through half open is a PING, not a limiter write: a
+            // write that timed out may have been admitted, and would count twice.
+            stats.breakerSkipped.increment();
+            probe();
+            return CompletableFuture.completedFuture(fallback(set, keys, cost));
+        }
+        stats.redisCalls.increment();
+        long start = System.nanoTime();
+        CompletionStage<Decision> call;
+        try {
+            call = send(set, keys, cost);
+        } catch (RuntimeException e) {
+            call = CompletableFuture.failedFuture(e);
+        }
+        return call.handle((d, err) -> {
+            long took = System.nanoTime() - start;
+            if (err == null) {
+                breaker.onSuccess(took, TimeUnit.NANOSECONDS);
+                (d.allowed() ? stats.redisAdmitted : stats.redisDenied).increment();
+                if (!d.allowed() && denyCache != null) {
+                    int i = d.deniedBy().orElse(0);
+                    if (i < rules.size()) {
+                        denyCache.put(cacheKey(rules.get(i), keys.get(i)), d);
+                    }
+                }
+                if (!d.allowed() && d.deniedBy().isEmpty()) {
+                    d = d.withDeniedBy(0);
+                }
+                return d;
+            }
+            Throwable e = err instanceof CompletionException && err.getCause() != null ? err.getCause() : err;
+            breaker.onError(took, TimeUnit.NANOSECONDS, e);
+            if (e instanceof RateLimitTimeoutException) {
+                stats.redisTimeouts.increment();
+            } else if (e instanceof RedisUnavailableException) {
+                stats.redisUnavailable.increment();
+            } else {
+                stats.redisErrors.increment();
+            }
+            LOG.log(Level.DEBUG, "redis-ratelimit: Redis failed, fallback " + fallback + " decides: " + e);
+            return fallback(set, keys, cost);
+        });
+    }
+
+    private void probe() {
+        stats.probes.increment();
+        long start = System.nanoTime();
+        client.pingAsync().whenComplete((v, err) -> {
+            long took = System.nanoTime() - start;
+            if (err == null) {
+                stats.probesOk.increment();
+                breaker.onSuccess(took, TimeUnit.NANOSECONDS);
+            } else {
+                Throwable e = err instanceof CompletionException && err.getCause() != null ? err.getCause() : err;
+                // Any failure of the probe keeps Redis out of the path.
+                breaker.onError(took, TimeUnit.NANOSECONDS,
+                        e instanceof RateLimitException ? e : new RedisUnavailableException("probe: " + e, e));
+            }
+        });
+    }
+
+    private CompletionStage<Decision> send(RuleSet set, List<String> keys, long cost) {
+        List<RuleSet.Checked> rules = set.checked();
+        Units units = Units.cost(cost);
+        if (rules.size() == 1) {
+            Rule r = rules.get(0).rule();
+            return r.policy() != null ? client.hitAsync(r.policy(), keys.get(0), units) : client.limitAsync(keys.get(0), r.spec(), units);
+        }
+        List<Limit> limits = new ArrayList<>();
+        for (int i = 0; i < rules.size(); i++) {
+            Rule r = rules.get(i).rule();
+            limits.add(r.policy() != null ? Limit.policy(keys.get(i), r.policy()) : Limit.of(keys.get(i), r.spec()));
+        }
+        return client.allAsync(limits, units);
+    }
+
+    private Decision fallback(RuleSet set, List<String> keys, long cost) {
+        List<RuleSet.Checked> rules = set.checked();
+        Decision d = switch (fallback) {
+            case FAIL_OPEN -> admittedByFallback(rules);
+            case FAIL_CLOSED -> new Decision(false, rules.get(0).rule().spec() == null ? 0 : rules.get(0).rule().spec().limit(),
+                    0, openFor.toMillis(), openFor.toMillis(), OptionalInt.of(0), Path.FALLBACK);
+            case LOCAL_ONLY -> {
+                List<LocalLimiters.Take> takes = new ArrayList<>();
+                List<Integer> positions = new ArrayList<>();
+                for (int i = 0; i < rules.size(); i++) {
+                    RuleSet.Checked c = rules.get(i);
+                    // A rule in shadow or off never denies on the server; nor here.
+                    if (c.fallback() != null && c.rule().mode() == PolicyMode.ENFORCE) {
+                        takes.add(new LocalLimiters.Take(cacheKey(c, keys.get(i)), c.fallback()));
+                        positions.add(i);
+                    }
+                }
+                LocalLimiters.Denied denied = takes.isEmpty() || cost == 0 ? null : fallbackLocal.takeAll(takes, cost);
+                if (denied == null) {
+                    yield admittedByFallback(rules);
+                }
+                Decision l = denied.decision();
+                yield new Decision(false, l.limit(), l.remaining(), l.waitMs(), l.resetMs(),
+                        OptionalInt.of(positions.get(denied.index())), Path.FALLBACK);
+            }
+        };
+        (d.allowed() ? stats.fallbackAdmitted : stats.fallbackDenied).increment();
+        return d;
+    }
+
+    private static Decision admittedByFallback(List<RuleSet.Checked> rules) {
+        long limit = rules.get(0).rule().spec() == null ? 0 : rules.get(0).rule().spec().limit();
+        return new Decision(true, limit, limit, 0, 0, OptionalInt.empty(), Path.FALLBACK);
+    }
+
+    private static String cacheKey(RuleSet.Checked c, String key) {
+        return c.signature() + '\0' + key;
+    }
+
+    /** Unused by the kit: Resilience4j's own exception, named here so callers can catch it if they wrap calls. */
+    static Class<CallNotPermittedException> notPermitted() {
+        return CallNotPermittedException.class;
+    }
+
+    @Override
+    public void close() {
+        client.close();
+    }
+}

@@ -1,0 +1,13 @@
+package io.redisratelimit.client;
+
+/** Which path decided a request; each has its counter in {@link StatsSnapshot}. */
+public enum Path {
+    /** The server's limiter. */
+    REDIS,
+    /** The in-process level, for a global rule, without a round trip. */
+    LOCAL,
+    /** The local deny cache, without a round trip. */
+    DENY_CACHE,
+    /** The fallback: Redis unreachable, late, or the breaker open. */
+    FALLBACK
+}

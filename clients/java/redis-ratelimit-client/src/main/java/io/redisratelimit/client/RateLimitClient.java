@@ -1,0 +1,494 @@
+package io.redisratelimit.client;
+
+import io.redisratelimit.client.driver.Command;
+import io.redisratelimit.client.driver.Driver;
+
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Optional;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CompletionException;
+import java.util.concurrent.CompletionStage;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.TimeoutException;
+
+/**
+ * Typed calls of every {@code RL.*} command, synchronous and asynchronous
+ * ({@link CompletionStage}), over a {@link Driver} (Lettuce or Jedis,
+ * standalone, Sentinel or cluster). Each call is one round trip to the node
+ * that owns its key, bounded by the deadline, and never sent twice: a call
+ * that timed out may have been admitted.
+ *
+ * <pre>{@code
+ * RateLimitClient rl = RateLimitClient.connect(LettuceDriver.connect(RedisURI.create("redis://localhost")));
+ * Decision d = rl.limit("rl:user:42", Spec.tokenBucket(5, 5, 1000));
+ * if (!d.allowed()) { ... d.retryAfter() ... }
+ * }</pre>
+ */
+public final class RateLimitClient implements AutoCloseable {
+    /** The oldest module the kit works with: {@code MODULE LIST}'s {@code ver}, major * 10000 + minor * 100 + patch. */
+    public static final long MIN_MODULE_VERSION = 100;
+    /** The default deadline of one call. */
+    public static final Duration DEFAULT_DEADLINE = Duration.ofMillis(50);
+
+    private final Driver driver;
+    private final Duration deadline;
+    private final long moduleVersion;
+
+    private RateLimitClient(Driver driver, Duration deadline, long moduleVersion) {
+        this.driver = driver;
+        this.deadline = deadline;
+        this.moduleVersion = moduleVersion;
+    }
+
+    /** Checks {@code MODULE LIST} (on every master) and answers a client with the default deadline. */
+    public static RateLimitClient connect(Driver driver) {
+        return connect(driver, DEFAULT_DEADLINE);
+    }
+
+    /**
+     * Checks {@code MODULE LIST} on every master: a server without the
+     * {@code ratelimit} module, or with an older one, is a
+     * {@link ModuleMissingException} here, not an open breaker later.
+     */
+    public static RateLimitClient connect(Driver driver, Duration deadline) {
+        if (deadline == null || deadline.isNegative() || deadline.isZero()) {
+            throw new BadArgumentException("deadline", "must be above 0");
+        }
+        List<Object> replies = await(driver.sendToMasters(new Command("MODULE", List.of("LIST"), -1, true)),
+                "MODULE LIST", Duration.ofSeconds(10));
+        long version = Long.MAX_VALUE;
+        for (Object reply : replies) {
+            version = Math.min(version, moduleVersion(reply));
+        }
+        if (version < MIN_MODULE_VERSION) {
+            throw new ModuleMissingException("the ratelimit module is at version " + version
+                    + ", the kit needs " + MIN_MODULE_VERSION + " or later: upgrade libredis_ratelimit.so");
+        }
+        return new RateLimitClient(driver, deadline, version);
+    }
+
+    private static long moduleVersion(Object reply) {
+        if (reply instanceof List<?> modules) {
+            for (Object m : modules) {
+                if (m instanceof List<?> fields) {
+                    Object name = null;
+                    Object ver = null;
+                    for (int i = 0; i + 1 < fields.size(); i += 2) {
+                        if ("name".equals(fields.get(i))) {
+                            name = fields.get(i + 1);
+                        } else if ("ver".equals(fields.get(i))) {
+                            ver = fields.get(i + 1);
+                        }
+                    }
+                    if ("ratelimit".equals(name) && ver instanceof Long v) {
+                        return v;
+                    }
+                }
+            }
+        }
+        throw new ModuleMissingException("the server has no 'ratelimit' module (MODULE LIST answered " + reply
+                + "): load target/release/libredis_ratelimit.so with --loadmodule, or use a server that can load modules");
+    }
+
+    /** The module's version, as {@code MODULE LIST} gave it at start-up (the lowest of the masters). */
+    public long moduleVersion() {
+        return moduleVersion;
+    }
+
+    public Duration deadline() {
+        return deadline;
+    }
+
+    /** A client over the same driver with another deadline. */
+    public RateLimitClient withDeadline(Duration newDeadline) {
+        if (newDeadline == null || newDeadline.isNegative() || newDeadline.isZero()) {
+            throw new BadArgumentException("deadline", "must be above 0");
+        }
+        return new RateLimitClient(driver, newDeadline, moduleVersion);
+    }
+
+    public Driver driver() {
+        return driver;
+    }
+
+    // ---- limiters ----------------------------------------------------------
+
+    /** {@code RL.<ALGORITHM> key <params> [COST n [FORCE] | REFUND n] [BLOCK t]}. */
+    public CompletionStage<Decision> limitAsync(String key, Spec spec, Units units) {
+        List<String> args = new ArrayList<>();
+        args.add(Args.key(key));
+        args.addAll(spec.words().subList(1, spec.words().size()));
+        units.appendTo(args);
+        return decision(new Command(spec.algorithm().command(), args, 0, true), units);
+    }
+
+    public CompletionStage<Decision> limitAsync(String key, Spec spec) {
+        return limitAsync(key, spec, Units.ONE);
+    }
+
+    public Decision limit(String key, Spec spec, Units units) {
+        return sync(limitAsync(key, spec, units), spec.algorithm().command(), units);
+    }
+
+    public Decision limit(String key, Spec spec) {
+        return limit(key, spec, Units.ONE);
+    }
+
+    public Decision tokenBucket(String key, long capacity, long refillCount, long refillMs) {
+        return limit(key, Spec.tokenBucket(capacity, refillCount, refillMs));
+    }
+
+    public Decision leakyBucket(String key, long capacity, long leakCount, long leakMs) {
+        return limit(key, Spec.leakyBucket(capacity, leakCount, leakMs));
+    }
+
+    public Decision sliding(String key, long limit, long windowMs) {
+        return limit(key, Spec.sliding(limit, windowMs));
+    }
+
+    public Decision hashWindow(String key, long limit, long windowMs, long bucketMs) {
+        return limit(key, Spec.hashWindow(limit, windowMs, bucketMs));
+    }
+
+    public Decision fixedWindow(String key, long limit, long windowMs) {
+        return limit(key, Spec.fixedWindow(limit, windowMs));
+    }
+
+    /** Calendar periods of {@code RL.QUOTA}. */
+    public enum Period { DAY, WEEK, MONTH, YEAR }
+
+    /** {@code RL.QUOTA key limit DAY|WEEK|MONTH|YEAR [TZ zone]}; {@code zone} null for UTC. */
+    public CompletionStage<Decision> quotaAsync(String key, long limit, Period period, String zone, Units units) {
+        List<String> args = new ArrayList<>(List.of(Args.key(key), Long.toString(Args.positive("limit", limit)), period.name()));
+        if (zone != null) {
+            args.add("TZ");
+            args.add(zone);
+        }
+        units.appendTo(args);
+        return decision(new Command("RL.QUOTA", args, 0, true), units);
+    }
+
+    public Decision quota(String key, long limit, Period period, String zone, Units units) {
+        return sync(quotaAsync(key, limit, period, zone, units), "RL.QUOTA", units);
+    }
+
+    /** {@code RL.HIT policy key [COST n [FORCE] | REFUND n] [BLOCK t]}: routed by the key (its second argument). */
+    public CompletionStage<Decision> hitAsync(String policy, String key, Units units) {
+        List<String> args = new ArrayList<>(List.of(Args.policyName(policy), Args.key(key)));
+        units.appendTo(args);
+        return decision(new Command("RL.HIT", args, 1, true), units);
+    }
+
+    public CompletionStage<Decision> hitAsync(String policy, String key) {
+        return hitAsync(policy, key, Units.ONE);
+    }
+
+    public Decision hit(String policy, String key, Units units) {
+        return sync(hitAsync(policy, key, units), "RL.HIT", units);
+    }
+
+    public Decision hit(String policy, String key) {
+        return hit(policy, key, Units.ONE);
+    }
+
+    /**
+     * {@code RL.ALL numkeys key... spec... [COST n] [BLOCK t]}: all or nothing.
+     * In a cluster the keys must share a slot ({@code {order:create}:...}).
+     */
+    public CompletionStage<Decision> allAsync(List<Limit> limits, Units units) {
+        if (limits == null || limits.isEmpty()) {
+            throw new BadArgumentException("numkeys", "RL.ALL takes at least one limit");
+        }
+        if (units.refund() || units.force()) {
+            throw new BadArgumentException("cost", "RL.ALL takes COST n only");
+        }
+        List<String> args = new ArrayList<>();
+        args.add(Integer.toString(limits.size()));
+        for (Limit l : limits) {
+            args.add(l.key());
+        }
+        for (Limit l : limits) {
+            if (l.spec() != null) {
+                args.addAll(l.spec().words());
+            } else {
+                args.add("POLICY");
+                args.add(l.policy());
+            }
+        }
+        units.appendTo(args);
+        return decision(new Command("RL.ALL", args, 1, true), units);
+    }
+
+    public Decision all(List<Limit> limits, Units units) {
+        return sync(allAsync(limits, units), "RL.ALL", units);
+    }
+
+    public Decision all(List<Limit> limits) {
+        return all(limits, Units.ONE);
+    }
+
+    /** A decision of {@code RL.CONCURRENCY}, with the lease granted (0 when denied). */
+    public record Lease(Decision decision, long lease) {
+    }
+
+    /** {@code RL.CONCURRENCY key limit lease_ms [COST n] [BLOCK t]}. */
+    public CompletionStage<Lease> concurrencyAsync(String key, long limit, long leaseMs, Units units) {
+        List<String> args = new ArrayList<>(List.of(Args.key(key), Long.toString(Args.positive("limit", limit)),
+                Long.toString(Args.positive("lease_ms", leaseMs))));
+        units.appendTo(args);
+        Command c = new Command("RL.CONCURRENCY", args, 0, true);
+        return timed(c, units).thenApply(reply -> {
+            if (!(reply instanceof List<?> l) || l.size() != 6 || !(l.get(5) instanceof Long lease)) {
+                throw new UnexpectedReplyException(c.name(), reply);
+            }
+            return new Lease(Decision.fromReply(c.name(), l.subList(0, 5)), lease);
+        });
+    }
+
+    public Lease concurrency(String key, long limit, long leaseMs, Units units) {
+        return sync(concurrencyAsync(key, limit, leaseMs, units), "RL.CONCURRENCY", units);
+    }
+
+    /** {@code RL.RELEASE key lease}: true when the lease was held. */
+    public boolean release(String key, long lease) {
+        return integer(new Command("RL.RELEASE", List.of(Args.key(key), Long.toString(lease)), 0, false)) == 1;
+    }
+
+    /** {@code RL.RENEW key lease lease_ms}: true when the lease was held. */
+    public boolean renew(String key, long lease, long leaseMs) {
+        return integer(new Command("RL.RENEW", List.of(Args.key(key), Long.toString(lease),
+                Long.toString(Args.positive("lease_ms", leaseMs))), 0, false)) == 1;
+    }
+
+    /** redis-cell's {@code CL.THROTTLE key max_burst count period [quantity]}, its reply as it is (seconds). */
+    public List<Long> throttle(String key, long maxBurst, long count, long periodS, long quantity) {
+        Command c = new Command("CL.THROTTLE", List.of(Args.key(key), Long.toString(maxBurst), Long.toString(count),
+                Long.toString(periodS), Long.toString(quantity)), 0, true);
+        Object reply = sync(timed(c, Units.ONE), c.name(), Units.ONE);
+        List<Long> out = new ArrayList<>();
+        if (reply instanceof List<?> l) {
+            for (Object o : l) {
+                if (o instanceof Long n) {
+                    out.add(n);
+                }
+            }
+        }
+        if (out.size() != 5) {
+            throw new UnexpectedReplyException(c.name(), reply);
+        }
+        return out;
+    }
+
+    // ---- policies ----------------------------------------------------------
+
+    /** {@code RL.POLICY SET} on every master (policies are node state). */
+    public CompletionStage<Void> policySetAsync(String name, Spec spec, PolicyMode mode, int rollout) {
+        if (rollout < 0 || rollout > 100) {
+            throw new BadArgumentException("rollout", "must be a percent from 0 to 100, got " + rollout);
+        }
+        List<String> args = new ArrayList<>(List.of("SET", Args.policyName(name)));
+        args.addAll(spec.words());
+        args.add("MODE");
+        args.add((mode == null ? PolicyMode.ENFORCE : mode).name());
+        args.add("ROLLOUT");
+        args.add(Integer.toString(rollout));
+        return masters(new Command("RL.POLICY", args, -1, false)).thenApply(r -> null);
+    }
+
+    public void policySet(String name, Spec spec, PolicyMode mode, int rollout) {
+        sync(policySetAsync(name, spec, mode, rollout), "RL.POLICY SET", null);
+    }
+
+    /** {@code RL.POLICY GET}; empty when there is none. */
+    public CompletionStage<Optional<PolicyInfo>> policyGetAsync(String name) {
+        Command c = new Command("RL.POLICY", List.of("GET", Args.policyName(name)), -1, true);
+        return timed(c, null).thenApply(reply -> parsePolicy(name, reply));
+    }
+
+    public Optional<PolicyInfo> policyGet(String name) {
+        return sync(policyGetAsync(name), "RL.POLICY GET", null);
+    }
+
+    /** {@code RL.POLICY DEL} on every master: true when one of them had it. */
+    public CompletionStage<Boolean> policyDelAsync(String name) {
+        return masters(new Command("RL.POLICY", List.of("DEL", Args.policyName(name)), -1, false))
+                .thenApply(rs -> rs.stream().anyMatch(r -> Long.valueOf(1).equals(r)));
+    }
+
+    public boolean policyDel(String name) {
+        return sync(policyDelAsync(name), "RL.POLICY DEL", null);
+    }
+
+    /** {@code RL.POLICY LIST}: the names, sorted (in a cluster, those of every master). */
+    public CompletionStage<List<String>> policyListAsync() {
+        return masters(new Command("RL.POLICY", List.of("LIST"), -1, true)).thenApply(rs -> {
+            java.util.TreeSet<String> names = new java.util.TreeSet<>();
+            for (Object r : rs) {
+                if (r instanceof List<?> l) {
+                    for (Object o : l) {
+                        if (o instanceof String s) {
+                            names.add(s);
+                        }
+                    }
+                }
+            }
+            return List.copyOf(names);
+        });
+    }
+
+    public List<String> policyList() {
+        return sync(policyListAsync(), "RL.POLICY LIST", null);
+    }
+
+    // ---- the deny log ------------------------------------------------------
+
+    /** {@code RL.LOG GET count}: the most recent denials, newest first. */
+    public List<LogEntry> logGet(int count) {
+        Command c = new Command("RL.LOG", List.of("GET", Integer.toString(Math.max(0, count))), -1, true);
+        Object reply = sync(timed(c, null), c.name(), null);
+        List<LogEntry> out = new ArrayList<>();
+        if (reply instanceof List<?> entries) {
+            for (Object e : entries) {
+                if (e instanceof List<?> f && f.size() >= 6) {
+                    out.add(new LogEntry(asLong(f.get(0)), asLong(f.get(1)), String.valueOf(f.get(2)), String.valueOf(f.get(3)),
+                            asLong(f.get(4)), asLong(f.get(5))));
+                }
+            }
+        }
+        return out;
+    }
+
+    public long logLen() {
+        return integer(new Command("RL.LOG", List.of("LEN"), -1, false));
+    }
+
+    public void logReset() {
+        sync(timed(new Command("RL.LOG", List.of("RESET"), -1, false), null), "RL.LOG RESET", null);
+    }
+
+    /** {@code PING} within the deadline: the breaker's probe. */
+    public CompletionStage<Void> pingAsync() {
+        return timed(new Command("PING", List.of(), -1, false), null).thenApply(r -> null);
+    }
+
+    // ---- plumbing ----------------------------------------------------------
+
+    private CompletionStage<Decision> decision(Command command, Units units) {
+        return timed(command, units).thenApply(reply -> Decision.fromReply(command.name(), reply));
+    }
+
+    /** A BLOCK call waits up to its timeout in the server, so its deadline grows by it. */
+    private Duration deadlineFor(Units units) {
+        if (units != null && units.block() != null) {
+            return units.block().isZero() ? null : deadline.plus(units.block());
+        }
+        return deadline;
+    }
+
+    private CompletableFuture<Object> timed(Command command, Units units) {
+        CompletableFuture<Object> f = driver.send(command);
+        Duration d = deadlineFor(units);
+        if (d == null) {
+            return f;
+        }
+        CompletableFuture<Object> out = new CompletableFuture<>();
+        f.whenComplete((v, e) -> {
+            if (e != null) {
+                out.completeExceptionally(e instanceof CompletionException && e.getCause() != null ? e.getCause() : e);
+            } else {
+                out.complete(v);
+            }
+        });
+        CompletableFuture.delayedExecutor(d.toNanos(), TimeUnit.NANOSECONDS).execute(() -> {
+            if (out.completeExceptionally(new RateLimitTimeoutException(command.name(), d))) {
+                // Lettuce skips a cancelled command still queued; one already sent is simply dropped.
+                f.cancel(false);
+            }
+        });
+        return out;
+    }
+
+    private CompletableFuture<List<Object>> masters(Command command) {
+        return driver.sendToMasters(command).orTimeout(Math.max(1000, deadline.toMillis()), TimeUnit.MILLISECONDS)
+                .exceptionally(e -> {
+                    Throwable c = e instanceof CompletionException && e.getCause() != null ? e.getCause() : e;
+                    if (c instanceof TimeoutException) {
+                        throw new RateLimitTimeoutException(command.name(), Duration.ofMillis(Math.max(1000, deadline.toMillis())));
+                    }
+                    throw c instanceof RuntimeException r ? r : new CompletionException(c);
+                });
+    }
+
+    private long integer(Command command) {
+        Object r = sync(timed(command, null), command.name(), null);
+        if (r instanceof Long n) {
+            return n;
+        }
+        throw new UnexpectedReplyException(command.name(), r);
+    }
+
+    private <T> T sync(CompletionStage<T> stage, String command, Units units) {
+        Duration d = deadlineFor(units);
+        // The async form already bounds the call; this only guards a driver that never answers.
+        return await(stage.toCompletableFuture(), command, d == null ? null : d.plusSeconds(1));
+    }
+
+    static <T> T await(CompletableFuture<T> f, String command, Duration limit) {
+        try {
+            return limit == null ? f.get() : f.get(limit.toNanos(), TimeUnit.NANOSECONDS);
+        } catch (ExecutionException e) {
+            Throwable c = e.getCause();
+            if (c instanceof CompletionException && c.getCause() != null) {
+                c = c.getCause();
+            }
+            if (c instanceof RuntimeException r) {
+                throw r;
+            }
+            throw new RateLimitException(command + ": " + c, c);
+        } catch (TimeoutException e) {
+            throw new RateLimitTimeoutException(command, limit);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+            throw new RateLimitException(command + ": interrupted", e);
+        }
+    }
+
+    private static long asLong(Object o) {
+        return o instanceof Long n ? n : -1;
+    }
+
+    static Optional<PolicyInfo> parsePolicy(String name, Object reply) {
+        if (!(reply instanceof List<?> f) || f.isEmpty() || (f.size() == 1 && f.get(0) == null)) {
+            return Optional.empty();
+        }
+        java.util.Map<String, Object> m = new java.util.HashMap<>();
+        for (int i = 0; i + 1 < f.size(); i += 2) {
+            m.put(String.valueOf(f.get(i)), f.get(i + 1));
+        }
+        String algorithm = String.valueOf(m.get("algorithm"));
+        List<Long> params = new ArrayList<>();
+        if (m.get("params") instanceof List<?> ps) {
+            for (Object p : ps) {
+                params.add(p instanceof Long n ? n : Long.parseLong(String.valueOf(p)));
+            }
+        }
+        Spec spec;
+        try {
+            spec = Spec.of(Algorithm.parse(algorithm), params);
+        } catch (BadArgumentException e) {
+            spec = null;
+        }
+        return Optional.of(new PolicyInfo(name, algorithm, List.copyOf(params), spec,
+                PolicyMode.parse(String.valueOf(m.getOrDefault("mode", "ENFORCE"))),
+                (int) asLong(m.getOrDefault("rollout", 100L)), asLong(m.get("calls")), asLong(m.get("admitted")),
+                asLong(m.get("denied")), asLong(m.get("shadow_denied"))));
+    }
+
+    @Override
+    public void close() {
+        driver.close();
+    }
+}

@@ -1,0 +1,75 @@
+package io.redisratelimit.client;
+
+/**
+ * A rule: what the server applies (a spec inline, or a policy kept in the
+ * server, {@code RL.HIT}) and the key it applies to, for an identity (a user,
+ * an IP): {@code keyPrefix + identity}, or one fixed key for a total.
+ *
+ * <p>{@link #global()} marks a limit shared by every instance (a total): the
+ * local level takes the instance's share of it in process first. A policy's
+ * {@code spec} is what the server has (known from the properties that pushed
+ * it, or read with {@code RL.POLICY GET}): the headers' window and the
+ * local-only fallback use it.
+ */
+public record Rule(String name, Spec spec, String policy, String keyPrefix, String fixedKey, boolean global,
+                   PolicyMode mode, int rollout) {
+
+    public Rule {
+        if (name == null || name.isEmpty()) {
+            throw new BadArgumentException("name", "a rule has a name");
+        }
+        if (spec == null && policy == null) {
+            throw new BadArgumentException("spec", "rule '" + name + "' has neither a spec nor a policy");
+        }
+        if (policy != null) {
+            Args.policyName(policy);
+        }
+        if (keyPrefix == null) {
+            keyPrefix = "";
+        }
+        if (mode == null) {
+            mode = PolicyMode.ENFORCE;
+        }
+        if (rollout < 0 || rollout > 100) {
+            throw new BadArgumentException("rollout", "must be a percent from 0 to 100, got " + rollout);
+        }
+    }
+
+    /** An inline rule, keyed {@code rl:<name>:<identity>}. */
+    public static Rule of(String name, Spec spec) {
+        return new Rule(name, spec, null, "rl:" + name + ":", null, false, PolicyMode.ENFORCE, 100);
+    }
+
+    /** A rule kept in the server as policy {@code policy}. */
+    public static Rule policy(String name, String policy, Spec knownSpec) {
+        return new Rule(name, knownSpec, policy, "rl:" + name + ":", null, false, PolicyMode.ENFORCE, 100);
+    }
+
+    public Rule keyPrefix(String prefix) {
+        return new Rule(name, spec, policy, prefix, fixedKey, global, mode, rollout);
+    }
+
+    /** One key for every identity: a total. */
+    public Rule fixedKey(String key) {
+        return new Rule(name, spec, policy, keyPrefix, Args.key(key), global, mode, rollout);
+    }
+
+    /** Shared by every instance: the local level takes its share in process first. */
+    public Rule asGlobal() {
+        return new Rule(name, spec, policy, keyPrefix, fixedKey, true, mode, rollout);
+    }
+
+    /** The policy's mode and roll-out, as pushed; the local level acts only on fully enforced rules. */
+    public Rule mode(PolicyMode newMode, int newRollout) {
+        return new Rule(name, spec, policy, keyPrefix, fixedKey, global, newMode, newRollout);
+    }
+
+    public String keyFor(String identity) {
+        return fixedKey != null ? fixedKey : keyPrefix + identity;
+    }
+
+    /** Whether every key is enforced (not shadow, not off, roll-out 100). */
+    public boolean enforced() {
+        return mode == PolicyMode.ENFORCE && rollout == 100;
+    }
+}

@@ -1,0 +1,31 @@
+package io.redisratelimit.client;
+
+import java.util.List;
+
+/**
+ * Rules checked together, all or nothing (several go out as one {@code RL.ALL},
+ * so in a cluster their keys must share a hash tag). Built by
+ * {@link Limiter#rules(List)}, which checks every rule before anything is sent.
+ */
+public final class RuleSet {
+    record Checked(Rule rule, Spec local, Spec fallback, String signature) {
+    }
+
+    private final List<Checked> rules;
+
+    RuleSet(List<Checked> rules) {
+        this.rules = List.copyOf(rules);
+    }
+
+    List<Checked> checked() {
+        return rules;
+    }
+
+    public List<Rule> rules() {
+        return rules.stream().map(Checked::rule).toList();
+    }
+
+    public int size() {
+        return rules.size();
+    }
+}

@@ -1,0 +1,222 @@
+package io.redisratelimit.client.driver;
+
+import io.lettuce.core.AbstractRedisClient;
+import io.lettuce.core.ClientOptions;
+import io.lettuce.core.RedisClient;
+import io.lettuce.core.RedisCommandExecutionException;
+import io.lettuce.core.RedisConnectionException;
+import io.lettuce.core.RedisException;
+import io.lettuce.core.RedisURI;
+import io.lettuce.core.api.StatefulRedisConnection;
+import io.lettuce.core.cluster.ClusterClientOptions;
+import io.lettuce.core.cluster.RedisClusterClient;
+import io.lettuce.core.cluster.api.StatefulRedisClusterConnection;
+import io.lettuce.core.cluster.models.partitions.RedisClusterNode;
+import io.lettuce.core.codec.StringCodec;
+import io.lettuce.core.output.NestedMultiOutput;
+import io.lettuce.core.protocol.CommandArgs;
+import io.lettuce.core.protocol.ProtocolKeyword;
+import io.lettuce.core.protocol.ProtocolVersion;
+import io.lettuce.core.resource.ClientResources;
+import io.lettuce.core.resource.Delay;
+import io.redisratelimit.client.RedisUnavailableException;
+import io.redisratelimit.client.ServerErrorException;
+
+import java.nio.charset.StandardCharsets;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CompletionException;
+import java.util.concurrent.CompletionStage;
+import java.util.concurrent.TimeUnit;
+
+/**
+ * The driver on Lettuce, standalone (or Sentinel, through a sentinel
+ * {@link RedisURI}) or cluster. Commands go out on one multiplexed connection;
+ * in a cluster, Lettuce routes each by its first key to the slot's master.
+ *
+ * <p>The connections this class opens itself reject commands while
+ * disconnected ({@link ClientOptions.DisconnectedBehavior#REJECT_COMMANDS})
+ * and speak RESP2, so a limiter write is never buffered and replayed after a
+ * reconnect: a call that fails is decided by the fallback, once.
+ */
+public final class LettuceDriver implements Driver {
+    private final StatefulRedisConnection<String, String> standalone;
+    private final StatefulRedisClusterConnection<String, String> cluster;
+    private final AbstractRedisClient owned;
+    private final ClientResources ownedResources;
+
+    private LettuceDriver(StatefulRedisConnection<String, String> standalone,
+                          StatefulRedisClusterConnection<String, String> cluster,
+                          AbstractRedisClient owned, ClientResources ownedResources) {
+        this.standalone = standalone;
+        this.cluster = cluster;
+        this.owned = owned;
+        this.ownedResources = ownedResources;
+    }
+
+    /** Options that never buffer a command across a reconnect. */
+    public static ClientOptions clientOptions() {
+        return ClientOptions.builder()
+                .protocolVersion(ProtocolVersion.RESP2)
+                .disconnectedBehavior(ClientOptions.DisconnectedBehavior.REJECT_COMMANDS)
+                .autoReconnect(true)
+                .build();
+    }
+
+    static ClientResources resources() {
+        // Reconnect soon after Redis returns: the breaker's probe finds it within a second.
+        return ClientResources.builder()
+                .reconnectDelay(Delay.exponential(Duration.ofMillis(10), Duration.ofMillis(500), 2, TimeUnit.MILLISECONDS))
+                .build();
+    }
+
+    /** A standalone or Sentinel server ({@code redis://host:port}, {@code redis-sentinel://...}). */
+    public static LettuceDriver connect(RedisURI uri) {
+        ClientResources res = resources();
+        RedisClient client = RedisClient.create(res, uri);
+        client.setOptions(clientOptions());
+        try {
+            return new LettuceDriver(client.connect(StringCodec.UTF8), null, client, res);
+        } catch (RedisException e) {
+            client.shutdown();
+            res.shutdown();
+            throw new RedisUnavailableException("cannot connect to " + uri + ": " + e.getMessage(), e);
+        }
+    }
+
+    /** A cluster, from one or more of its nodes. */
+    public static LettuceDriver connectCluster(List<RedisURI> seeds) {
+        ClientResources res = resources();
+        RedisClusterClient client = RedisClusterClient.create(res, seeds);
+        client.setOptions(ClusterClientOptions.builder(clientOptions()).validateClusterNodeMembership(false).build());
+        try {
+            return new LettuceDriver(null, client.connect(StringCodec.UTF8), client, res);
+        } catch (RedisException e) {
+            client.shutdown();
+            res.shutdown();
+            throw new RedisUnavailableException("cannot connect to the cluster " + seeds + ": " + e.getMessage(), e);
+        }
+    }
+
+    /** Over a connection the application opened (and closes): give its client {@link #clientOptions()}. */
+    public static LettuceDriver of(StatefulRedisConnection<String, String> connection) {
+        return new LettuceDriver(connection, null, null, null);
+    }
+
+    /** Over a cluster connection the application opened (and closes). */
+    public static LettuceDriver of(StatefulRedisClusterConnection<String, String> connection) {
+        return new LettuceDriver(null, connection, null, null);
+    }
+
+    @Override
+    public boolean cluster() {
+        return cluster != null;
+    }
+
+    @Override
+    public CompletableFuture<Object> send(Command command) {
+        try {
+            CompletionStage<List<Object>> f = cluster != null
+                    ? cluster.async().dispatch(keyword(command.name()), new NestedMultiOutput<>(StringCodec.UTF8), args(command))
+                    : standalone.async().dispatch(keyword(command.name()), new NestedMultiOutput<>(StringCodec.UTF8), args(command));
+            return unwrap(f, command);
+        } catch (RedisException e) {
+            return CompletableFuture.failedFuture(translate(e, command));
+        }
+    }
+
+    @Override
+    public CompletableFuture<List<Object>> sendToMasters(Command command) {
+        if (cluster == null) {
+            return send(command).thenApply(List::of);
+        }
+        List<CompletableFuture<Object>> all = new ArrayList<>();
+        for (RedisClusterNode node : cluster.getPartitions()) {
+            if (!node.is(RedisClusterNode.NodeFlag.UPSTREAM)) {
+                continue;
+            }
+            try {
+                StatefulRedisConnection<String, String> c = cluster.getConnection(node.getNodeId());
+                all.add(unwrap(c.async().dispatch(keyword(command.name()), new NestedMultiOutput<>(StringCodec.UTF8), args(command)), command));
+            } catch (RedisException e) {
+                all.add(CompletableFuture.failedFuture(translate(e, command)));
+            }
+        }
+        return CompletableFuture.allOf(all.toArray(CompletableFuture[]::new))
+                .thenApply(v -> all.stream().map(CompletableFuture::join).toList());
+    }
+
+    private static CompletableFuture<Object> unwrap(CompletionStage<List<Object>> f, Command command) {
+        CompletableFuture<Object> out = new CompletableFuture<>();
+        f.whenComplete((list, err) -> {
+            if (err != null) {
+                out.completeExceptionally(translate(err, command));
+                return;
+            }
+            Object reply;
+            if (command.arrayReply()) {
+                reply = list;
+            } else {
+                reply = list == null || list.isEmpty() ? null : list.get(0);
+            }
+            out.complete(Replies.normalize(reply));
+        });
+        return out;
+    }
+
+    static RuntimeException translate(Throwable err, Command command) {
+        Throwable e = err instanceof CompletionException && err.getCause() != null ? err.getCause() : err;
+        if (e instanceof RedisCommandExecutionException) {
+            return new ServerErrorException(command.name() + ": " + e.getMessage(), e);
+        }
+        if (e instanceof RedisConnectionException || e instanceof RedisException || e instanceof java.io.IOException) {
+            return new RedisUnavailableException(command.name() + ": " + e.getMessage(), e);
+        }
+        return e instanceof RuntimeException r ? r : new RedisUnavailableException(command.name() + ": " + e, e);
+    }
+
+    private static CommandArgs<String, String> args(Command command) {
+        CommandArgs<String, String> a = new CommandArgs<>(StringCodec.UTF8);
+        List<String> args = command.args();
+        for (int i = 0; i < args.size(); i++) {
+            if (i == command.keyIndex()) {
+                a.addKey(args.get(i));
+            } else {
+                a.add(args.get(i));
+            }
+        }
+        return a;
+    }
+
+    private static ProtocolKeyword keyword(String name) {
+        byte[] bytes = name.getBytes(StandardCharsets.US_ASCII);
+        return new ProtocolKeyword() {
+            @Override
+            public byte[] getBytes() {
+                return bytes;
+            }
+
+            @Override
+            public String toString() {
+                return name;
+            }
+        };
+    }
+
+    @Override
+    public void close() {
+        if (owned == null) {
+            return;
+        }
+        if (standalone != null) {
+            standalone.close();
+        }
+        if (cluster != null) {
+            cluster.close();
+        }
+        owned.shutdown(Duration.ZERO, Duration.ofSeconds(2));
+        ownedResources.shutdown(0, 2, TimeUnit.SECONDS);
+    }
+}

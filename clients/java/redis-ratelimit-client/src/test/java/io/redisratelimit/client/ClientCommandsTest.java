@@ -1,0 +1,275 @@
+package io.redisratelimit.client;
+
+import io.redisratelimit.client.driver.Driver;
+import io.redisratelimit.client.testing.RedisCluster;
+import io.redisratelimit.client.testing.RedisServer;
+import org.junit.jupiter.api.AfterAll;
+import org.junit.jupiter.api.BeforeAll;
+import org.junit.jupiter.api.TestInstance;
+import org.junit.jupiter.params.ParameterizedTest;
+import org.junit.jupiter.params.provider.EnumSource;
+
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.EnumMap;
+import java.util.List;
+import java.util.Map;
+import java.util.Optional;
+import java.util.UUID;
+import java.util.concurrent.CompletionStage;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+/** Every typed call, on Lettuce and Jedis, against a standalone server and a three-master cluster. */
+@TestInstance(TestInstance.Lifecycle.PER_CLASS)
+class ClientCommandsTest {
+    private RedisServer server;
+    private RedisCluster cluster;
+    private final Map<Drivers, RateLimitClient> clients = new EnumMap<>(Drivers.class);
+
+    @BeforeAll
+    void start() {
+        server = RedisServer.start();
+        cluster = RedisCluster.start();
+        for (Drivers d : Drivers.values()) {
+            Driver driver = d.cluster() ? d.cluster(cluster) : d.standalone(server);
+            clients.put(d, RateLimitClient.connect(driver, Duration.ofSeconds(2)));
+        }
+    }
+
+    @AfterAll
+    void stop() {
+        clients.values().forEach(RateLimitClient::close);
+        if (cluster != null) {
+            cluster.close();
+        }
+        if (server != null) {
+            server.close();
+        }
+    }
+
+    private static String key(String what) {
+        return "t:" + what + ":" + UUID.randomUUID();
+    }
+
+    @ParameterizedTest
+    @EnumSource(Drivers.class)
+    void aTokenBucketAdmitsItsCapacityThenDeniesWithTheWait(Drivers d) {
+        RateLimitClient rl = clients.get(d);
+        String k = key("tb");
+        for (int i = 0; i < 5; i++) {
+            Decision ok = rl.tokenBucket(k, 5, 1, 1000);
+            assertTrue(ok.allowed());
+            assertEquals(5, ok.limit());
+            assertEquals(4 - i, ok.remaining());
+            assertEquals(Path.REDIS, ok.path());
+        }
+        Decision no = rl.tokenBucket(k, 5, 1, 1000);
+        assertFalse(no.allowed());
+        assertTrue(no.retryAfter().toMillis() > 0 && no.retryAfter().toMillis() <= 1000, no.toString());
+        assertEquals(1, no.retryAfterSeconds().getAsLong());
+        assertTrue(no.resetAfter().toMillis() > 4000, no.toString());
+        Decision never = rl.limit(k, Spec.tokenBucket(5, 1, 1000), Units.cost(6));
+        assertTrue(never.never());
+        assertTrue(never.retryAfterSeconds().isEmpty());
+    }
+
+    @ParameterizedTest
+    @EnumSource(Drivers.class)
+    void everyAlgorithmAnswersItsLimit(Drivers d) {
+        RateLimitClient rl = clients.get(d);
+        assertEquals(7, rl.leakyBucket(key("lb"), 7, 1, 100).limit());
+        assertEquals(8, rl.sliding(key("sl"), 8, 1000).limit());
+        assertEquals(9, rl.hashWindow(key("hw"), 9, 1000, 100).limit());
+        assertEquals(10, rl.fixedWindow(key("fw"), 10, 1000).limit());
+        String k = key("peek");
+        Decision peek = rl.limit(k, Spec.fixedWindow(3, 60_000), Units.cost(0));
+        assertEquals(3, peek.remaining());
+        rl.limit(k, Spec.fixedWindow(3, 60_000), Units.force(5));
+        assertEquals(0, rl.limit(k, Spec.fixedWindow(3, 60_000), Units.cost(0)).remaining());
+        Decision refunded = rl.limit(k, Spec.fixedWindow(3, 60_000), Units.refund(2));
+        assertTrue(refunded.allowed());
+    }
+
+    @ParameterizedTest
+    @EnumSource(Drivers.class)
+    void theAsyncFormAnswersTheSame(Drivers d) throws Exception {
+        RateLimitClient rl = clients.get(d);
+        String k = key("async");
+        List<CompletionStage<Decision>> calls = new ArrayList<>();
+        for (int i = 0; i < 20; i++) {
+            calls.add(rl.limitAsync(k, Spec.fixedWindow(10, 60_000)));
+        }
+        long admitted = 0;
+        for (CompletionStage<Decision> c : calls) {
+            admitted += c.toCompletableFuture().get().allowed() ? 1 : 0;
+        }
+        assertEquals(10, admitted);
+    }
+
+    @ParameterizedTest
+    @EnumSource(Drivers.class)
+    void allIsAllOrNothingAndNamesTheLimiterThatDenied(Drivers d) {
+        RateLimitClient rl = clients.get(d);
+        String tag = "{" + UUID.randomUUID() + "}";
+        Limit user = Limit.of(tag + ":user:1", Spec.fixedWindow(5, 60_000));
+        Limit total = Limit.of(tag + ":total", Spec.fixedWindow(2, 60_000));
+        assertTrue(rl.all(List.of(user, total)).allowed());
+        assertTrue(rl.all(List.of(user, total)).allowed());
+        Decision denied = rl.all(List.of(user, total));
+        assertFalse(denied.allowed());
+        assertEquals(1, denied.deniedBy().getAsInt());
+        // Nothing was taken from the user's limiter by the denial.
+        assertEquals(3, rl.limit(user.key(), user.spec(), Units.cost(0)).remaining());
+    }
+
+    @ParameterizedTest
+    @EnumSource(Drivers.class)
+    void policiesAreSetReadListedHitAndDeleted(Drivers d) {
+        RateLimitClient rl = clients.get(d);
+        String name = "test:" + d + ":" + UUID.randomUUID();
+        rl.policySet(name, Spec.tokenBucket(2, 1, 60_000), PolicyMode.ENFORCE, 100);
+        Optional<PolicyInfo> info = rl.policyGet(name);
+        assertTrue(info.isPresent());
+        assertEquals(Spec.tokenBucket(2, 1, 60_000), info.get().spec());
+        assertEquals(PolicyMode.ENFORCE, info.get().mode());
+        assertTrue(rl.policyList().contains(name));
+        String k = key("hit");
+        assertTrue(rl.hit(name, k).allowed());
+        assertTrue(rl.hit(name, k).allowed());
+        assertFalse(rl.hit(name, k).allowed());
+        rl.policySet(name, Spec.tokenBucket(2, 1, 60_000), PolicyMode.SHADOW, 100);
+        assertTrue(rl.hit(name, k).allowed(), "shadow never denies");
+        rl.policySet(name, Spec.tokenBucket(2, 1, 60_000), PolicyMode.OFF, 100);
+        assertTrue(rl.hit(name, k).allowed(), "the kill switch admits");
+        String tag = "{" + UUID.randomUUID() + "}";
+        Decision viaAll = rl.all(List.of(Limit.policy(tag + "a", name), Limit.of(tag + "b", Spec.fixedWindow(1, 1000))));
+        assertTrue(viaAll.allowed());
+        assertTrue(rl.policyDel(name));
+        assertFalse(rl.policyDel(name));
+        assertTrue(rl.policyGet(name).isEmpty());
+    }
+
+    @ParameterizedTest
+    @EnumSource(value = Drivers.class, names = {"LETTUCE_CLUSTER", "JEDIS_CLUSTER"})
+    void inAClusterEveryCallGoesToTheKeysOwnerAndPoliciesToEveryMaster(Drivers d) throws Exception {
+        RateLimitClient rl = clients.get(d);
+        String name = "test:route:" + d;
+        rl.policySet(name, Spec.fixedWindow(100, 60_000), PolicyMode.ENFORCE, 100);
+        for (RedisServer n : cluster.nodes()) {
+            assertTrue(n.command("RL.POLICY", "LIST").contains(name), "policy on every master");
+        }
+        for (int i = 0; i < 60; i++) {
+            assertTrue(rl.hit(name, "route:" + d + ":" + i).allowed());
+            assertTrue(rl.fixedWindow("route:fw:" + d + ":" + i, 10, 1000).allowed());
+        }
+        long moved = 0;
+        long hits = 0;
+        for (RedisServer n : cluster.nodes()) {
+            String errors = n.command("INFO", "errorstats");
+            for (String line : errors.split("\r?\n")) {
+                if (line.startsWith("errorstat_MOVED") || line.startsWith("errorstat_ASK")) {
+                    moved += Long.parseLong(line.replaceAll(".*count=(\\d+).*", "$1"));
+                }
+            }
+            String stats = n.command("INFO", "commandstats");
+            for (String line : stats.split("\r?\n")) {
+                if (line.toLowerCase(java.util.Locale.ROOT).startsWith("cmdstat_rl.hit:")) {
+                    hits += Long.parseLong(line.replaceAll(".*calls=(\\d+),.*", "$1"));
+                }
+            }
+        }
+        assertEquals(0, moved, "no call was redirected");
+        assertTrue(hits >= 60, "the hits spread over the masters: " + hits);
+        assertTrue(rl.policyDel(name));
+    }
+
+    @ParameterizedTest
+    @EnumSource(Drivers.class)
+    void aBadArgumentIsRefusedBeforeAnythingIsSent(Drivers d) {
+        BadArgumentException e = assertThrows(BadArgumentException.class, () -> clients.get(d).tokenBucket(key("bad"), 0, 1, 1000));
+        assertEquals("capacity", e.argument());
+        assertEquals("cost", assertThrows(BadArgumentException.class, () -> Units.cost(-1)).argument());
+        assertEquals("bucket_ms", assertThrows(BadArgumentException.class, () -> Spec.hashWindow(10, 1000, 300)).argument());
+        assertEquals("name", assertThrows(BadArgumentException.class, () -> clients.get(d).hit("has space", "k")).argument());
+        assertEquals("key", assertThrows(BadArgumentException.class, () -> clients.get(d).fixedWindow("", 1, 1)).argument());
+        assertEquals("rollout", assertThrows(BadArgumentException.class,
+                () -> clients.get(d).policySet("p", Spec.fixedWindow(1, 1), PolicyMode.ENFORCE, 101)).argument());
+    }
+
+    @ParameterizedTest
+    @EnumSource(Drivers.class)
+    void aServerErrorIsAServerErrorException(Drivers d) throws Exception {
+        String k = "{wrongtype}" + UUID.randomUUID();
+        RedisServer owner = d.cluster() ? ownerOf(k) : server;
+        owner.command("SET", k, "x");
+        ServerErrorException e = assertThrows(ServerErrorException.class, () -> clients.get(d).tokenBucket(k, 5, 1, 1000));
+        assertTrue(e.getMessage().contains("WRONGTYPE"), e.getMessage());
+        ServerErrorException missing = assertThrows(ServerErrorException.class, () -> clients.get(d).hit("no-such-policy-" + d, k));
+        assertTrue(missing.getMessage().contains("ERR"), missing.getMessage());
+    }
+
+    private RedisServer ownerOf(String k) throws Exception {
+        for (RedisServer n : cluster.nodes()) {
+            String slot = n.command("CLUSTER", "KEYSLOT", k);
+            String slots = n.command("CLUSTER", "MYID");
+            String shards = n.command("CLUSTER", "NODES");
+            for (String line : shards.split("\n")) {
+                if (line.startsWith(slots) && line.contains("myself")) {
+                    String[] f = line.trim().split(" ");
+                    for (int i = 8; i < f.length; i++) {
+                        String[] r = f[i].split("-");
+                        int s = Integer.parseInt(slot);
+                        if (s >= Integer.parseInt(r[0]) && s <= Integer.parseInt(r[r.length - 1])) {
+                            return n;
+                        }
+                    }
+                }
+            }
+        }
+        throw new IllegalStateException("no owner for " + k);
+    }
+
+    @ParameterizedTest
+    @EnumSource(value = Drivers.class, names = {"LETTUCE", "JEDIS"})
+    void aLateReplyIsATimeoutAndIsNotSentAgain(Drivers d) throws Exception {
+        RateLimitClient fast = clients.get(d).withDeadline(Duration.ofMillis(100));
+        String k = key("late");
+        server.command("CLIENT", "PAUSE", "400", "WRITE");
+        long start = System.nanoTime();
+        assertThrows(RateLimitTimeoutException.class, () -> fast.fixedWindow(k, 10, 60_000));
+        assertTrue(System.nanoTime() - start < 350_000_000L, "the deadline, not the pause, ended the call");
+        // Once the pause ends the server runs the call it had received: once, never twice.
+        long deadline = System.nanoTime() + 5_000_000_000L;
+        long remaining = 10;
+        while (System.nanoTime() < deadline) {
+            remaining = clients.get(d).limit(k, Spec.fixedWindow(10, 60_000), Units.cost(0)).remaining();
+            if (remaining < 10) {
+                break;
+            }
+            Thread.sleep(20);
+        }
+        Thread.sleep(200);
+        assertEquals(9, clients.get(d).limit(k, Spec.fixedWindow(10, 60_000), Units.cost(0)).remaining());
+    }
+
+    @ParameterizedTest
+    @EnumSource(value = Drivers.class, names = {"LETTUCE", "JEDIS"})
+    void aServerWithoutTheModuleIsRefusedAtStartUp(Drivers d) {
+        try (RedisServer bare = RedisServer.startWithoutModule()) {
+            Driver driver = d.standalone(bare);
+            ModuleMissingException e = assertThrows(ModuleMissingException.class, () -> RateLimitClient.connect(driver));
+            assertTrue(e.getMessage().contains("no 'ratelimit' module"), e.getMessage());
+            driver.close();
+        }
+    }
+
+    @ParameterizedTest
+    @EnumSource(Drivers.class)
+    void theModuleVersionIsKnown(Drivers d) {
+        assertTrue(clients.get(d).moduleVersion() >= RateLimitClient.MIN_MODULE_VERSION);
+    }
+}
