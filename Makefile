@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 MODULE := target/release/libredis_ratelimit.so
 
-.PHONY: all setup build run test test-setup test-unit test-integration test-cli test-kit-rust lint bench bench-compare bench-kit-rust example trace cluster cluster-stop clean fuzz
+.PHONY: all setup build run test test-setup test-unit test-integration test-cli test-kit-rust test-kit-java lint bench bench-compare bench-kit-rust example example-java trace cluster cluster-stop clean fuzz
 
 all: build
 
@@ -19,8 +19,8 @@ run: build
 
 # Everything: the install checks of scripts/setup.sh, unit and property
 # tests, integration tests against real redis-server and valkey-server, the
-# redis-cli example scripts, the Rust client kit, fmt and clippy.
-test: build test-setup test-unit test-integration test-cli test-kit-rust lint
+# redis-cli example scripts, the Rust and Java client kits, fmt and clippy.
+test: build test-setup test-unit test-integration test-cli test-kit-rust test-kit-java lint
 
 # scripts/setup.sh's package detection, against fake package managers.
 test-setup:
@@ -44,6 +44,18 @@ test-kit-rust:
 # on 127.0.0.1:3000, against `make run`'s server (RL_URL to change it).
 example:
 	cargo run --release -p redis-ratelimit-client --example service
+
+# The Java kit (clients/java): JUnit 5 against redis-server processes with
+# the module, started by the tests on free ports; Maven Central's
+# dependencies land in ~/.m2 on the first run.
+test-kit-java: $(MODULE)
+	cd clients/java && RL_MODULE=$(CURDIR)/$(MODULE) mvn -q -B verify
+
+# Seed 000's order API on the Java kit, against `make run`'s server
+# (REDIS_URL, default redis://127.0.0.1:6379); see docs/clients.md.
+example-java:
+	cd clients/java && mvn -q -B -DskipTests install && \
+		mvn -q -B -f redis-ratelimit-example/pom.xml spring-boot:run
 
 lint:
 	cargo fmt --all -- --check

