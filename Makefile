@@ -48,7 +48,7 @@ example:
 # The Java kit (clients/java): JUnit 5 against redis-server processes with
 # the module, started by the tests on free ports; Maven Central's
 # dependencies land in ~/.m2 on the first run.
-test-kit-java: $(MODULE)
+test-kit-java:
 	cd clients/java && RL_MODULE=$(CURDIR)/$(MODULE) mvn -q -B verify
 
 # Seed 000's order API on the Java kit, against `make run`'s server

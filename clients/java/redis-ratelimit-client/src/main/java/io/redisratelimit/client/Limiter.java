@@ -207,10 +207,18 @@ public final class Limiter implements AutoCloseable {
 
     /** The asynchronous form: the stage never fails. */
     public CompletionStage<Decision> checkAsync(RuleSet set, String identity, long cost) {
+        return checkAsync(set, java.util.Collections.nCopies(set.size(), identity), cost);
+    }
+
+    /** One identity per rule, in order (rules keyed by different things: a user, an IP). */
+    public CompletionStage<Decision> checkAsync(RuleSet set, List<String> identities, long cost) {
         List<RuleSet.Checked> rules = set.checked();
+        if (identities.size() != rules.size()) {
+            throw new BadArgumentException("identities", "one per rule: " + rules.size() + " rules, " + identities.size() + " identities");
+        }
         List<String> keys = new ArrayList<>(rules.size());
-        for (RuleSet.Checked c : rules) {
-            keys.add(Args.key(c.rule().keyFor(identity)));
+        for (int i = 0; i < rules.size(); i++) {
+            keys.add(Args.key(rules.get(i).rule().keyFor(identities.get(i))));
         }
         if (cost < 0 || cost > Spec.MAX_PARAM) {
             throw new BadArgumentException("cost", "must be an integer from 0 to " + Spec.MAX_PARAM + ", got " + cost);

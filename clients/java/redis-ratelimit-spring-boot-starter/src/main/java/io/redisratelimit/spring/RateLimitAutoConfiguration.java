@@ -1,0 +1,233 @@
+package io.redisratelimit.spring;
+
+import io.micrometer.core.instrument.MeterRegistry;
+import io.redisratelimit.client.FallbackMode;
+import io.redisratelimit.client.Limiter;
+import io.redisratelimit.client.RateLimitClient;
+import io.redisratelimit.client.BadArgumentException;
+import io.redisratelimit.client.driver.Driver;
+import io.redisratelimit.spring.web.RateLimitExceptionHandler;
+import io.redisratelimit.spring.web.RateLimitHandlerInterceptor;
+import io.redisratelimit.spring.web.ServletHeadersHook;
+import org.springframework.aop.support.DefaultPointcutAdvisor;
+import org.springframework.aop.support.ComposablePointcut;
+import org.springframework.aop.support.annotation.AnnotationMatchingPointcut;
+import org.springframework.beans.factory.ObjectProvider;
+import org.springframework.beans.factory.config.BeanDefinition;
+import org.springframework.boot.autoconfigure.AutoConfiguration;
+import org.springframework.boot.autoconfigure.condition.ConditionalOnClass;
+import org.springframework.boot.autoconfigure.condition.ConditionalOnMissingBean;
+import org.springframework.boot.autoconfigure.condition.ConditionalOnProperty;
+import org.springframework.boot.autoconfigure.condition.ConditionalOnWebApplication;
+import org.springframework.boot.autoconfigure.data.redis.RedisAutoConfiguration;
+import org.springframework.boot.autoconfigure.data.redis.RedisProperties;
+import org.springframework.boot.context.properties.EnableConfigurationProperties;
+import org.springframework.boot.context.properties.bind.Binder;
+import org.springframework.context.ApplicationListener;
+import org.springframework.context.annotation.Bean;
+import org.springframework.context.annotation.Configuration;
+import org.springframework.context.annotation.Role;
+import org.springframework.core.env.Environment;
+import org.springframework.web.servlet.config.annotation.InterceptorRegistry;
+import org.springframework.web.servlet.config.annotation.WebMvcConfigurer;
+
+import java.util.function.Supplier;
+
+/**
+ * Configures the kit from {@code ratelimit.*} and {@code spring.data.redis.*}:
+ * the client (with its {@code MODULE LIST} check), the limiter, the rules
+ * pushed as policies, {@code @RateLimited}, the servlet interceptor, the 429
+ * handler and the Micrometer meters. Every bean can be replaced.
+ */
+@AutoConfiguration(after = RedisAutoConfiguration.class)
+@ConditionalOnProperty(prefix = "ratelimit", name = "enabled", havingValue = "true", matchIfMissing = true)
+@EnableConfigurationProperties({RateLimitProperties.class, RedisProperties.class})
+public class RateLimitAutoConfiguration {
+
+    static String app(Environment env, RateLimitProperties p) {
+        if (p.getApp() != null && !p.getApp().isBlank()) {
+            return p.getApp();
+        }
+        return env.getProperty("spring.application.name", "app");
+    }
+
+    /** The rules as the environment has them now (read again on every refresh). */
+    static Supplier<RateLimitRules> rulesFromEnvironment(Environment env) {
+        return () -> {
+            RateLimitProperties p = Binder.get(env).bind("ratelimit", RateLimitProperties.class).orElseGet(RateLimitProperties::new);
+            return RateLimitRules.from(app(env, p), p.getRules());
+        };
+    }
+
+    @Bean(destroyMethod = "close")
+    @ConditionalOnMissingBean
+    public Driver rateLimitDriver(RateLimitProperties p, RedisProperties redis) {
+        return RedisDrivers.create(p.getDriver(), redis);
+    }
+
+    @Bean
+    @ConditionalOnMissingBean
+    public RateLimitClient rateLimitClient(Driver driver, RateLimitProperties p) {
+        if (p.getDeadline() == null || p.getDeadline().isZero() || p.getDeadline().isNegative()) {
+            throw new RateLimitConfigException("ratelimit.deadline", "must be above 0", null);
+        }
+        return RateLimitClient.connect(driver, p.getDeadline());
+    }
+
+    @Bean
+    @ConditionalOnMissingBean
+    public Limiter rateLimitLimiter(RateLimitClient client, RateLimitProperties p) {
+        FallbackMode fallback;
+        try {
+            fallback = FallbackMode.parse(p.getFallback());
+        } catch (BadArgumentException e) {
+            throw new RateLimitConfigException("ratelimit.fallback", e.getMessage(), e);
+        }
+        if (p.getInstances() < 1) {
+            throw new RateLimitConfigException("ratelimit.instances", "must be at least 1, got " + p.getInstances(), null);
+        }
+        if (p.getBreaker().getFailures() < 1) {
+            throw new RateLimitConfigException("ratelimit.breaker.failures", "must be at least 1", null);
+        }
+        return Limiter.builder(client).instances(p.getInstances()).localLevel(p.isLocalLevel())
+                .denyCache(p.getDenyCache().isEnabled()).denyCacheMax(p.getDenyCache().getMax())
+                .denyCacheCapacity(p.getDenyCache().getCapacity()).fallback(fallback)
+                .breaker(p.getBreaker().getFailures(), p.getBreaker().getOpenFor()).build();
+    }
+
+    @Bean
+    @ConditionalOnMissingBean
+    public RateLimitService rateLimitService(Limiter limiter, Environment env, ObjectProvider<RateLimitService.Listener> listeners) {
+        RateLimitService service = new RateLimitService(limiter, rulesFromEnvironment(env), listeners.orderedStream().toList());
+        service.sync();
+        return service;
+    }
+
+    @Bean
+    @Role(BeanDefinition.ROLE_INFRASTRUCTURE)
+    public static DefaultPointcutAdvisor rateLimitedAdvisor(ObjectProvider<RateLimitService> service,
+                                                            ObjectProvider<RateLimitedInterceptor.DecisionHook> hooks) {
+        ComposablePointcut pointcut = new ComposablePointcut(AnnotationMatchingPointcut.forMethodAnnotation(RateLimited.class))
+                .union(new AnnotationMatchingPointcut(RateLimited.class, true));
+        // Resolved at the first call, so the advisor can be created before the service.
+        org.aopalliance.intercept.MethodInterceptor lazy = new org.aopalliance.intercept.MethodInterceptor() {
+            private volatile RateLimitedInterceptor delegate;
+
+            @Override
+            public Object invoke(org.aopalliance.intercept.MethodInvocation invocation) throws Throwable {
+                RateLimitedInterceptor d = delegate;
+                if (d == null) {
+                    d = new RateLimitedInterceptor(service.getObject(), hooks.orderedStream().toList());
+                    delegate = d;
+                }
+                return d.invoke(invocation);
+            }
+        };
+        DefaultPointcutAdvisor advisor = new DefaultPointcutAdvisor(pointcut, lazy);
+        advisor.setOrder(0);
+        return advisor;
+    }
+
+    @Configuration(proxyBeanMethods = false)
+    @ConditionalOnClass(MeterRegistry.class)
+    static class Metrics {
+        @Bean
+        @ConditionalOnMissingBean
+        RateLimitMetricsBinder rateLimitMetrics(ObjectProvider<MeterRegistry> registry, ObjectProvider<Limiter> limiter) {
+            return new RateLimitMetricsBinder(registry, limiter);
+        }
+    }
+
+    /** Creates the meters once both the registry and the limiter exist; a listener only when there is a registry. */
+    static final class RateLimitMetricsBinder implements RateLimitService.Listener {
+        private final ObjectProvider<MeterRegistry> registry;
+        private final ObjectProvider<Limiter> limiter;
+        private volatile RateLimitMetrics metrics;
+        private volatile boolean resolved;
+
+        RateLimitMetricsBinder(ObjectProvider<MeterRegistry> registry, ObjectProvider<Limiter> limiter) {
+            this.registry = registry;
+            this.limiter = limiter;
+        }
+
+        private RateLimitMetrics metrics() {
+            if (!resolved) {
+                synchronized (this) {
+                    if (!resolved) {
+                        MeterRegistry r = registry.getIfAvailable();
+                        if (r != null) {
+                            RateLimitMetrics m = new RateLimitMetrics(r);
+                            m.bind(limiter.getObject());
+                            metrics = m;
+                        }
+                        resolved = true;
+                    }
+                }
+            }
+            return metrics;
+        }
+
+        @Override
+        public void onDecision(java.util.List<String> rules, io.redisratelimit.client.Decision decision, long nanos) {
+            RateLimitMetrics m = metrics();
+            if (m != null) {
+                m.onDecision(rules, decision, nanos);
+            }
+        }
+    }
+
+    @Configuration(proxyBeanMethods = false)
+    @ConditionalOnClass(name = "org.springframework.cloud.context.environment.EnvironmentChangeEvent")
+    static class Refresh {
+        @Bean
+        ApplicationListener<org.springframework.cloud.context.environment.EnvironmentChangeEvent> rateLimitRefresh(RateLimitService service) {
+            return event -> {
+                boolean ours = event.getKeys().isEmpty() || event.getKeys().stream().anyMatch(k -> k.startsWith("ratelimit."));
+                if (!ours) {
+                    return;
+                }
+                try {
+                    service.sync();
+                } catch (RateLimitConfigException e) {
+                    // A bad rule from the config centre keeps the running rules: refusing it is safer than failing every request.
+                    System.getLogger(RateLimitAutoConfiguration.class.getName()).log(System.Logger.Level.ERROR,
+                            "redis-ratelimit: refused the refreshed rules, keeping the running ones: " + e.getMessage());
+                }
+            };
+        }
+    }
+
+    @Configuration(proxyBeanMethods = false)
+    @ConditionalOnWebApplication(type = ConditionalOnWebApplication.Type.SERVLET)
+    @ConditionalOnClass({WebMvcConfigurer.class, jakarta.servlet.http.HttpServletRequest.class})
+    static class Servlet {
+        @Bean
+        RateLimitExceptionHandler rateLimitExceptionHandler(RateLimitService service) {
+            return new RateLimitExceptionHandler(service);
+        }
+
+        @Bean
+        ServletHeadersHook rateLimitServletHeaders(RateLimitService service, RateLimitProperties p) {
+            return p.isHeaders() ? new ServletHeadersHook(service) : new ServletHeadersHook(service) {
+                @Override
+                public void decided(java.util.List<String> rules, io.redisratelimit.client.Decision decision) {
+                }
+            };
+        }
+
+        @Bean
+        RateLimitHandlerInterceptor rateLimitHandlerInterceptor(RateLimitService service, RateLimitProperties p) {
+            return new RateLimitHandlerInterceptor(service, p.isHeaders());
+        }
+
+        @Bean
+        WebMvcConfigurer rateLimitWebMvcConfigurer(RateLimitHandlerInterceptor interceptor) {
+            return new WebMvcConfigurer() {
+                @Override
+                public void addInterceptors(InterceptorRegistry registry) {
+                    registry.addInterceptor(interceptor);
+                }
+            };
+        }
+    }
+}

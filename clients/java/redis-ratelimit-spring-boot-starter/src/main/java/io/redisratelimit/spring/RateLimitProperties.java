@@ -1,0 +1,287 @@
+package io.redisratelimit.spring;
+
+import org.springframework.boot.context.properties.ConfigurationProperties;
+
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+
+/**
+ * {@code ratelimit.*}: the connection comes from {@code spring.data.redis.*};
+ * the rules are declared here by name and pushed to the server as policies
+ * named {@code <app>:<rule>}.
+ *
+ * <pre>
+ * ratelimit.rules.order-create.algorithm=tokenbucket
+ * ratelimit.rules.order-create.params=5,5,1000
+ * ratelimit.rules.order-create.key-prefix={order}:user:
+ * ratelimit.rules.order-total.algorithm=fixedwindow
+ * ratelimit.rules.order-total.params=15000,1000
+ * ratelimit.rules.order-total.fixed-key={order}:total
+ * ratelimit.rules.order-total.global=true
+ * </pre>
+ */
+@ConfigurationProperties(prefix = "ratelimit")
+public class RateLimitProperties {
+    /** Whether the starter configures anything. */
+    private boolean enabled = true;
+    /** The policies' prefix: this application's rules are {@code <app>:<rule>} on the server. Default: spring.application.name. */
+    private String app;
+    /** The driver: lettuce (default) or jedis. */
+    private String driver = "lettuce";
+    /** Deadline of one call to Redis; past it the fallback decides. */
+    private Duration deadline = Duration.ofMillis(10);
+    /** Instances sharing each global rule: each takes ceil(total / instances * 1.1) in process. */
+    private long instances = 1;
+    /** The in-process level in front of Redis, for rules marked global. */
+    private boolean localLevel = true;
+    /** What decides when Redis cannot: local-only, fail-open or fail-closed. */
+    private String fallback = "local-only";
+    /** Send the IETF RateLimit and RateLimit-Policy fields on admitted responses too. */
+    private boolean headers = true;
+    private final DenyCache denyCache = new DenyCache();
+    private final Breaker breaker = new Breaker();
+    /** The rules, by name. */
+    private Map<String, Rule> rules = new LinkedHashMap<>();
+
+    public static class DenyCache {
+        /** Deny a key locally after a denial, for min(wait, max), without a round trip. */
+        private boolean enabled = true;
+        /** The longest a denial is cached, so a raised limit or the kill switch reaches users within it. */
+        private Duration max = Duration.ofSeconds(1);
+        /** The most denials cached at once. */
+        private long capacity = 10_000;
+
+        public boolean isEnabled() {
+            return enabled;
+        }
+
+        public void setEnabled(boolean enabled) {
+            this.enabled = enabled;
+        }
+
+        public Duration getMax() {
+            return max;
+        }
+
+        public void setMax(Duration max) {
+            this.max = max;
+        }
+
+        public long getCapacity() {
+            return capacity;
+        }
+
+        public void setCapacity(long capacity) {
+            this.capacity = capacity;
+        }
+    }
+
+    public static class Breaker {
+        /** Consecutive failures (timeouts, lost connections) that open the circuit breaker. */
+        private int failures = 5;
+        /** How long it stays open before one PING probes Redis. */
+        private Duration openFor = Duration.ofSeconds(1);
+
+        public int getFailures() {
+            return failures;
+        }
+
+        public void setFailures(int failures) {
+            this.failures = failures;
+        }
+
+        public Duration getOpenFor() {
+            return openFor;
+        }
+
+        public void setOpenFor(Duration openFor) {
+            this.openFor = openFor;
+        }
+    }
+
+    public static class Rule {
+        /** tokenbucket, leakybucket, sliding, hashwindow or fixedwindow. */
+        private String algorithm;
+        /** The algorithm's parameters in the command's order (tokenbucket: capacity, refill_count, refill_ms). */
+        private List<Long> params = new ArrayList<>();
+        /** enforce, shadow (never denies: the dry run) or off (the kill switch). */
+        private String mode = "enforce";
+        /** Percent of keys enforced (by a stable hash of the key); the rest run in shadow. */
+        private int rollout = 100;
+        /** The key is key-prefix + the identity (default rl:<rule>:). */
+        private String keyPrefix;
+        /** One key for every identity: a total. */
+        private String fixedKey;
+        /** A limit shared by every instance: the local level takes this instance's share first. */
+        private boolean global;
+        /** Path patterns the servlet interceptor limits (/api/orders/**); none: only @RateLimited uses the rule. */
+        private List<String> routes = new ArrayList<>();
+        /** For routes: SpEL over #request giving the identity (default the client's address). */
+        private String key;
+        /** Units each request takes. */
+        private long cost = 1;
+
+        public String getAlgorithm() {
+            return algorithm;
+        }
+
+        public void setAlgorithm(String algorithm) {
+            this.algorithm = algorithm;
+        }
+
+        public List<Long> getParams() {
+            return params;
+        }
+
+        public void setParams(List<Long> params) {
+            this.params = params;
+        }
+
+        public String getMode() {
+            return mode;
+        }
+
+        public void setMode(String mode) {
+            this.mode = mode;
+        }
+
+        public int getRollout() {
+            return rollout;
+        }
+
+        public void setRollout(int rollout) {
+            this.rollout = rollout;
+        }
+
+        public String getKeyPrefix() {
+            return keyPrefix;
+        }
+
+        public void setKeyPrefix(String keyPrefix) {
+            this.keyPrefix = keyPrefix;
+        }
+
+        public String getFixedKey() {
+            return fixedKey;
+        }
+
+        public void setFixedKey(String fixedKey) {
+            this.fixedKey = fixedKey;
+        }
+
+        public boolean isGlobal() {
+            return global;
+        }
+
+        public void setGlobal(boolean global) {
+            this.global = global;
+        }
+
+        public List<String> getRoutes() {
+            return routes;
+        }
+
+        public void setRoutes(List<String> routes) {
+            this.routes = routes;
+        }
+
+        public String getKey() {
+            return key;
+        }
+
+        public void setKey(String key) {
+            this.key = key;
+        }
+
+        public long getCost() {
+            return cost;
+        }
+
+        public void setCost(long cost) {
+            this.cost = cost;
+        }
+    }
+
+    public boolean isEnabled() {
+        return enabled;
+    }
+
+    public void setEnabled(boolean enabled) {
+        this.enabled = enabled;
+    }
+
+    public String getApp() {
+        return app;
+    }
+
+    public void setApp(String app) {
+        this.app = app;
+    }
+
+    public String getDriver() {
+        return driver;
+    }
+
+    public void setDriver(String driver) {
+        this.driver = driver;
+    }
+
+    public Duration getDeadline() {
+        return deadline;
+    }
+
+    public void setDeadline(Duration deadline) {
+        this.deadline = deadline;
+    }
+
+    public long getInstances() {
+        return instances;
+    }
+
+    public void setInstances(long instances) {
+        this.instances = instances;
+    }
+
+    public boolean isLocalLevel() {
+        return localLevel;
+    }
+
+    public void setLocalLevel(boolean localLevel) {
+        this.localLevel = localLevel;
+    }
+
+    public String getFallback() {
+        return fallback;
+    }
+
+    public void setFallback(String fallback) {
+        this.fallback = fallback;
+    }
+
+    public boolean isHeaders() {
+        return headers;
+    }
+
+    public void setHeaders(boolean headers) {
+        this.headers = headers;
+    }
+
+    public DenyCache getDenyCache() {
+        return denyCache;
+    }
+
+    public Breaker getBreaker() {
+        return breaker;
+    }
+
+    public Map<String, Rule> getRules() {
+        return rules;
+    }
+
+    public void setRules(Map<String, Rule> rules) {
+        this.rules = rules;
+    }
+}

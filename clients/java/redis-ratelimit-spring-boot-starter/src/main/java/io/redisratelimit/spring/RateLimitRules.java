@@ -1,0 +1,112 @@
+package io.redisratelimit.spring;
+
+import io.redisratelimit.client.Algorithm;
+import io.redisratelimit.client.BadArgumentException;
+import io.redisratelimit.client.PolicyMode;
+import io.redisratelimit.client.Rule;
+import io.redisratelimit.client.Spec;
+
+import java.util.Collections;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+
+/**
+ * The rules of {@code ratelimit.rules.*}, checked: every algorithm and
+ * parameter valid, or a {@link RateLimitConfigException} naming the property.
+ * Each becomes a policy {@code <app>:<rule>} on the server.
+ */
+public final class RateLimitRules {
+    /** A checked rule with what the starter needs beside the client's {@link Rule}. */
+    public record Entry(String name, Rule rule, List<String> routes, String keyExpression, long cost) {
+    }
+
+    private final String app;
+    private final Map<String, Entry> entries;
+
+    private RateLimitRules(String app, Map<String, Entry> entries) {
+        this.app = app;
+        this.entries = Collections.unmodifiableMap(entries);
+    }
+
+    public static RateLimitRules from(String app, Map<String, RateLimitProperties.Rule> rules) {
+        String prefix = "ratelimit.rules.";
+        Map<String, Entry> out = new LinkedHashMap<>();
+        for (Map.Entry<String, RateLimitProperties.Rule> e : rules.entrySet()) {
+            String name = e.getKey();
+            RateLimitProperties.Rule r = e.getValue();
+            String p = prefix + name;
+            if (r.getAlgorithm() == null || r.getAlgorithm().isBlank()) {
+                throw new RateLimitConfigException(p + ".algorithm", "missing: one of tokenbucket, leakybucket, sliding, hashwindow, fixedwindow", null);
+            }
+            Algorithm algorithm;
+            try {
+                algorithm = Algorithm.parse(r.getAlgorithm());
+            } catch (BadArgumentException ex) {
+                throw new RateLimitConfigException(p + ".algorithm", ex.getMessage(), ex);
+            }
+            Spec spec;
+            try {
+                spec = Spec.of(algorithm, r.getParams());
+            } catch (BadArgumentException ex) {
+                int i = algorithm.paramNames().indexOf(ex.argument());
+                String property = i >= 0 ? p + ".params[" + i + "]" : p + ".params";
+                throw new RateLimitConfigException(property, ex.getMessage() + " (" + algorithm.name().toLowerCase(java.util.Locale.ROOT)
+                        + " takes " + algorithm.paramNames() + ")", ex);
+            }
+            PolicyMode mode;
+            try {
+                mode = PolicyMode.parse(r.getMode());
+            } catch (BadArgumentException ex) {
+                throw new RateLimitConfigException(p + ".mode", ex.getMessage(), ex);
+            }
+            if (r.getRollout() < 0 || r.getRollout() > 100) {
+                throw new RateLimitConfigException(p + ".rollout", "must be a percent from 0 to 100, got " + r.getRollout(), null);
+            }
+            if (r.getCost() < 0) {
+                throw new RateLimitConfigException(p + ".cost", "must be at least 0, got " + r.getCost(), null);
+            }
+            String policy = app + ":" + name;
+            Rule rule;
+            try {
+                rule = Rule.policy(name, policy, spec).mode(mode, r.getRollout());
+                if (r.getKeyPrefix() != null) {
+                    rule = rule.keyPrefix(r.getKeyPrefix());
+                } else {
+                    rule = rule.keyPrefix("rl:" + app + ":" + name + ":");
+                }
+                if (r.getFixedKey() != null) {
+                    rule = rule.fixedKey(r.getFixedKey());
+                }
+                if (r.isGlobal()) {
+                    rule = rule.asGlobal();
+                }
+            } catch (BadArgumentException ex) {
+                throw new RateLimitConfigException(p, ex.getMessage(), ex);
+            }
+            out.put(name, new Entry(name, rule, List.copyOf(r.getRoutes()), r.getKey(), r.getCost()));
+        }
+        return new RateLimitRules(app, out);
+    }
+
+    public String app() {
+        return app;
+    }
+
+    /** The policies' prefix: {@code <app>:}. */
+    public String policyPrefix() {
+        return app + ":";
+    }
+
+    public Map<String, Entry> entries() {
+        return entries;
+    }
+
+    public Entry get(String name) {
+        Entry e = entries.get(name);
+        if (e == null) {
+            throw new IllegalArgumentException("no rule '" + name + "' in ratelimit.rules (known: " + entries.keySet() + ")");
+        }
+        return e;
+    }
+}

@@ -1,0 +1,135 @@
+package io.redisratelimit.spring;
+
+import io.redisratelimit.client.Decision;
+import io.redisratelimit.client.Limiter;
+import io.redisratelimit.client.PolicyInfo;
+import io.redisratelimit.client.RateLimitClient;
+import io.redisratelimit.client.RateLimitException;
+import io.redisratelimit.client.RuleSet;
+import io.redisratelimit.client.Spec;
+
+import java.lang.System.Logger.Level;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Map;
+import java.util.Optional;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.function.Supplier;
+
+/**
+ * The starter's one entry point: decides requests under named rules, and
+ * keeps the server's policies equal to the properties (pushed at start-up
+ * and on every environment refresh; a rule removed from the properties is
+ * deleted, and only policies with this application's prefix are touched).
+ */
+public class RateLimitService {
+    private static final System.Logger LOG = System.getLogger(RateLimitService.class.getName());
+
+    /** Told of every decision (Micrometer's counters listen). */
+    public interface Listener {
+        void onDecision(List<String> rules, Decision decision, long nanos);
+    }
+
+    private final Limiter limiter;
+    private final Supplier<RateLimitRules> properties;
+    private final List<Listener> listeners;
+    private volatile RateLimitRules rules;
+    private final Map<List<String>, RuleSet> sets = new ConcurrentHashMap<>();
+
+    public RateLimitService(Limiter limiter, Supplier<RateLimitRules> properties, List<Listener> listeners) {
+        this.limiter = limiter;
+        this.properties = properties;
+        this.listeners = List.copyOf(listeners);
+        this.rules = properties.get();
+    }
+
+    public Limiter limiter() {
+        return limiter;
+    }
+
+    public RateLimitClient client() {
+        return limiter.client();
+    }
+
+    public RateLimitRules rules() {
+        return rules;
+    }
+
+    /**
+     * Reads the rules again (a bad one is a {@link RateLimitConfigException}
+     * and changes nothing), pushes each as {@code RL.POLICY SET} to every
+     * master, deletes this application's policies no rule names any more, and
+     * only then lets requests use the new rules.
+     */
+    public synchronized void sync() {
+        RateLimitRules next = properties.get();
+        push(next);
+        rules = next;
+        sets.clear();
+    }
+
+    private void push(RateLimitRules next) {
+        RateLimitClient client = limiter.client();
+        for (RateLimitRules.Entry e : next.entries().values()) {
+            client.policySet(e.rule().policy(), e.rule().spec(), e.rule().mode(), e.rule().rollout());
+        }
+        List<String> keep = next.entries().values().stream().map(e -> e.rule().policy()).toList();
+        for (String name : client.policyList()) {
+            if (name.startsWith(next.policyPrefix()) && !keep.contains(name)) {
+                client.policyDel(name);
+                LOG.log(Level.INFO, "redis-ratelimit: deleted policy " + name + " (no rule names it any more)");
+            }
+        }
+        LOG.log(Level.INFO, "redis-ratelimit: pushed " + keep.size() + " policies " + keep);
+    }
+
+    /** The server's view of a rule's policy. */
+    public Optional<PolicyInfo> policy(String rule) {
+        return limiter.client().policyGet(rules.get(rule).rule().policy());
+    }
+
+    /** The checked set of these rules (cached until the next refresh). */
+    public RuleSet ruleSet(List<String> names) {
+        return sets.computeIfAbsent(List.copyOf(names), n -> {
+            List<io.redisratelimit.client.Rule> list = new ArrayList<>();
+            for (String name : n) {
+                list.add(rules.get(name).rule());
+            }
+            return limiter.rules(list);
+        });
+    }
+
+    /** Decides one request under {@code names} (several: all or nothing, one {@code RL.ALL}); never throws for Redis. */
+    public Decision check(List<String> names, List<String> identities, long cost) {
+        long start = System.nanoTime();
+        Decision d;
+        try {
+            d = limiter.checkAsync(ruleSet(names), identities, cost).toCompletableFuture().join();
+        } catch (RateLimitException e) {
+            throw e;
+        }
+        long took = System.nanoTime() - start;
+        for (Listener l : listeners) {
+            l.onDecision(names, d, took);
+        }
+        return d;
+    }
+
+    public Decision check(List<String> names, String identity, long cost) {
+        return check(names, java.util.Collections.nCopies(names.size(), identity), cost);
+    }
+
+    /** The rule whose fields a reply describes: the one that denied, or the first whose limit is the reply's. */
+    public String reported(List<String> names, Decision d) {
+        if (d.deniedBy().isPresent() && d.deniedBy().getAsInt() < names.size()) {
+            return names.get(d.deniedBy().getAsInt());
+        }
+        for (String n : names) {
+            Spec s = rules.get(n).rule().spec();
+            if (s != null && s.limit() == d.limit()) {
+                return n;
+            }
+        }
+        return names.get(0);
+    }
+}
