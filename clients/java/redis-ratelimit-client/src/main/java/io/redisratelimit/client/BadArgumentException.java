@@ -4,10 +4,17 @@ package io.redisratelimit.client;
 public final class BadArgumentException extends RateLimitException {
     private static final long serialVersionUID = 1L;
     private final String argument;
+    private final String reason;
 
     public BadArgumentException(String argument, String message) {
         super(argument + ": " + message);
         this.argument = argument;
+        this.reason = message;
+    }
+
+    /** The message without the argument's name. */
+    public String reason() {
+        return reason;
     }
 
     /** The argument's name, as the commands' docs spell it ({@code capacity}, {@code cost}, ...). */

@@ -81,7 +81,7 @@ public class RateLimitAutoConfiguration {
         try {
             fallback = FallbackMode.parse(p.getFallback());
         } catch (BadArgumentException e) {
-            throw new RateLimitConfigException("ratelimit.fallback", e.getMessage(), e);
+            throw new RateLimitConfigException("ratelimit.fallback", e.reason(), e);
         }
         if (p.getInstances() < 1) {
             throw new RateLimitConfigException("ratelimit.instances", "must be at least 1, got " + p.getInstances(), null);

@@ -43,22 +43,24 @@ public final class RateLimitRules {
             try {
                 algorithm = Algorithm.parse(r.getAlgorithm());
             } catch (BadArgumentException ex) {
-                throw new RateLimitConfigException(p + ".algorithm", ex.getMessage(), ex);
+                throw new RateLimitConfigException(p + ".algorithm", ex.reason(), ex);
             }
             Spec spec;
             try {
                 spec = Spec.of(algorithm, r.getParams());
             } catch (BadArgumentException ex) {
                 int i = algorithm.paramNames().indexOf(ex.argument());
-                String property = i >= 0 ? p + ".params[" + i + "]" : p + ".params";
-                throw new RateLimitConfigException(property, ex.getMessage() + " (" + algorithm.name().toLowerCase(java.util.Locale.ROOT)
-                        + " takes " + algorithm.paramNames() + ")", ex);
+                if (i < 0) {
+                    throw new RateLimitConfigException(p + ".params", ex.reason(), ex);
+                }
+                throw new RateLimitConfigException(p + ".params[" + i + "]", ex.argument() + " " + ex.reason()
+                        + " (" + algorithm.name().toLowerCase(java.util.Locale.ROOT) + " takes " + algorithm.paramNames() + ")", ex);
             }
             PolicyMode mode;
             try {
                 mode = PolicyMode.parse(r.getMode());
             } catch (BadArgumentException ex) {
-                throw new RateLimitConfigException(p + ".mode", ex.getMessage(), ex);
+                throw new RateLimitConfigException(p + ".mode", ex.reason(), ex);
             }
             if (r.getRollout() < 0 || r.getRollout() > 100) {
                 throw new RateLimitConfigException(p + ".rollout", "must be a percent from 0 to 100, got " + r.getRollout(), null);
