@@ -150,6 +150,12 @@ public final class LettuceDriver implements Driver {
 
     private static CompletableFuture<Object> unwrap(CompletionStage<List<Object>> f, Command command) {
         CompletableFuture<Object> out = new CompletableFuture<>();
+        // Cancelling the answer cancels Lettuce's command: one still queued is never written.
+        out.whenComplete((v, err) -> {
+            if (out.isCancelled()) {
+                f.toCompletableFuture().cancel(false);
+            }
+        });
         f.whenComplete((list, err) -> {
             if (err != null) {
                 out.completeExceptionally(translate(err, command));
