@@ -198,13 +198,29 @@ public class RateLimitAutoConfiguration {
     }
 
     @Configuration(proxyBeanMethods = false)
-    @ConditionalOnWebApplication(type = ConditionalOnWebApplication.Type.SERVLET)
-    @ConditionalOnClass({WebMvcConfigurer.class, jakarta.servlet.http.HttpServletRequest.class})
-    static class Servlet {
+    @ConditionalOnWebApplication
+    @ConditionalOnClass(name = "org.springframework.http.ProblemDetail")
+    static class Web {
         @Bean
         RateLimitExceptionHandler rateLimitExceptionHandler(RateLimitService service) {
             return new RateLimitExceptionHandler(service);
         }
+    }
+
+    @Configuration(proxyBeanMethods = false)
+    @ConditionalOnWebApplication(type = ConditionalOnWebApplication.Type.REACTIVE)
+    @ConditionalOnClass(name = "org.springframework.web.server.WebFilter")
+    static class Reactive {
+        @Bean
+        io.redisratelimit.spring.reactive.RateLimitWebFilter rateLimitWebFilter(RateLimitService service, RateLimitProperties p) {
+            return new io.redisratelimit.spring.reactive.RateLimitWebFilter(service, p.isHeaders());
+        }
+    }
+
+    @Configuration(proxyBeanMethods = false)
+    @ConditionalOnWebApplication(type = ConditionalOnWebApplication.Type.SERVLET)
+    @ConditionalOnClass({WebMvcConfigurer.class, jakarta.servlet.http.HttpServletRequest.class})
+    static class Servlet {
 
         @Bean
         ServletHeadersHook rateLimitServletHeaders(RateLimitService service, RateLimitProperties p) {

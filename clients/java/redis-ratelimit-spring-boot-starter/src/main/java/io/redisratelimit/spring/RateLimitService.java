@@ -115,6 +115,18 @@ public class RateLimitService {
         return d;
     }
 
+    /** The non-blocking form, for WebFlux: the stage never fails for Redis. */
+    public java.util.concurrent.CompletionStage<Decision> checkAsync(List<String> names, List<String> identities, long cost) {
+        long start = System.nanoTime();
+        return limiter.checkAsync(ruleSet(names), identities, cost).thenApply(d -> {
+            long took = System.nanoTime() - start;
+            for (Listener l : listeners) {
+                l.onDecision(names, d, took);
+            }
+            return d;
+        });
+    }
+
     public Decision check(List<String> names, String identity, long cost) {
         return check(names, java.util.Collections.nCopies(names.size(), identity), cost);
     }

@@ -1,0 +1,98 @@
+package io.redisratelimit.spring.reactive;
+
+import io.redisratelimit.client.Decision;
+import io.redisratelimit.spring.RateLimitHeaders;
+import io.redisratelimit.spring.RateLimitRules;
+import io.redisratelimit.spring.RateLimitService;
+import org.springframework.core.io.buffer.DataBuffer;
+import org.springframework.expression.Expression;
+import org.springframework.expression.spel.standard.SpelExpressionParser;
+import org.springframework.expression.spel.support.StandardEvaluationContext;
+import org.springframework.http.HttpStatus;
+import org.springframework.http.MediaType;
+import org.springframework.http.server.reactive.ServerHttpRequest;
+import org.springframework.http.server.reactive.ServerHttpResponse;
+import org.springframework.util.AntPathMatcher;
+import org.springframework.web.server.ServerWebExchange;
+import org.springframework.web.server.WebFilter;
+import org.springframework.web.server.WebFilterChain;
+import reactor.core.publisher.Mono;
+
+import java.net.InetSocketAddress;
+import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.ConcurrentHashMap;
+
+/**
+ * Route-level rules for WebFlux, as the servlet interceptor does them, without
+ * blocking: the rules whose {@code routes} match are checked together with
+ * one asynchronous call, keyed by {@code key} (SpEL over {@code #request}, a
+ * {@link ServerHttpRequest}; the client's address by default).
+ */
+public class RateLimitWebFilter implements WebFilter {
+    private final RateLimitService service;
+    private final boolean headers;
+    private final AntPathMatcher matcher = new AntPathMatcher();
+    private final SpelExpressionParser parser = new SpelExpressionParser();
+    private final Map<String, Expression> expressions = new ConcurrentHashMap<>();
+
+    public RateLimitWebFilter(RateLimitService service, boolean headers) {
+        this.service = service;
+        this.headers = headers;
+    }
+
+    @Override
+    public Mono<Void> filter(ServerWebExchange exchange, WebFilterChain chain) {
+        ServerHttpRequest request = exchange.getRequest();
+        String path = request.getPath().pathWithinApplication().value();
+        List<String> names = new ArrayList<>();
+        List<String> identities = new ArrayList<>();
+        long cost = 0;
+        for (RateLimitRules.Entry e : service.rules().entries().values()) {
+            for (String pattern : e.routes()) {
+                if (matcher.match(pattern, path)) {
+                    names.add(e.name());
+                    identities.add(identity(e, request));
+                    cost = Math.max(cost, e.cost());
+                    break;
+                }
+            }
+        }
+        if (names.isEmpty()) {
+            return chain.filter(exchange);
+        }
+        return Mono.fromCompletionStage(service.checkAsync(names, identities, cost)).flatMap(d -> {
+            ServerHttpResponse response = exchange.getResponse();
+            if (d.allowed()) {
+                if (headers) {
+                    RateLimitHeaders.of(service, names, d).forEach(response.getHeaders()::set);
+                }
+                return chain.filter(exchange);
+            }
+            return deny(response, names, d);
+        });
+    }
+
+    private Mono<Void> deny(ServerHttpResponse response, List<String> names, Decision d) {
+        RateLimitHeaders.of(service, names, d).forEach(response.getHeaders()::set);
+        response.setStatusCode(HttpStatus.TOO_MANY_REQUESTS);
+        response.getHeaders().setContentType(MediaType.APPLICATION_PROBLEM_JSON);
+        byte[] body = RateLimitHeaders.problemJson(service.reported(names, d), d).getBytes(StandardCharsets.UTF_8);
+        DataBuffer buffer = response.bufferFactory().wrap(body);
+        return response.writeWith(Mono.just(buffer));
+    }
+
+    private String identity(RateLimitRules.Entry e, ServerHttpRequest request) {
+        if (e.keyExpression() == null || e.keyExpression().isBlank()) {
+            InetSocketAddress remote = request.getRemoteAddress();
+            return remote == null ? "-" : remote.getAddress() == null ? remote.getHostString() : remote.getAddress().getHostAddress();
+        }
+        Expression x = expressions.computeIfAbsent(e.keyExpression(), parser::parseExpression);
+        StandardEvaluationContext ctx = new StandardEvaluationContext(request);
+        ctx.setVariable("request", request);
+        Object v = x.getValue(ctx);
+        return v == null || v.toString().isEmpty() ? "-" : v.toString();
+    }
+}
