@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 MODULE := target/release/libredis_ratelimit.so
 
-.PHONY: all setup build run test test-setup test-unit test-integration test-cli test-kit-rust test-kit-java lint bench bench-compare bench-kit-rust example example-java trace cluster cluster-stop clean fuzz
+.PHONY: all setup build run test test-setup test-unit test-integration test-cli test-kit-rust test-kit-java lint bench bench-compare bench-kit-rust bench-kit-java example example-java trace cluster cluster-stop clean fuzz
 
 all: build
 
@@ -61,7 +61,7 @@ lint:
 	cargo fmt --all -- --check
 	cargo clippy --release --all-targets --workspace -- -D warnings
 
-bench: build bench-kit-rust
+bench: build bench-kit-rust bench-kit-java
 	RL_MODULE=$(CURDIR)/$(MODULE) scripts/bench.sh
 
 # This build against another one, side by side (bench/compare.sh):
@@ -73,6 +73,12 @@ bench-compare: build
 # Redis calls saved by the local level and the deny cache.
 bench-kit-rust: build
 	RL_MODULE=$(CURDIR)/$(MODULE) clients/rust/bench.sh
+
+# The Java kit's side of the benchmark: @RateLimited's cost per request, and
+# Redis calls per 1,000 requests with and without the local level and the
+# deny cache (clients/java/bench.sh).
+bench-kit-java: build
+	RL_MODULE=$(CURDIR)/$(MODULE) clients/java/bench.sh
 
 # The pictures of docs/algorithms.md, from a real run against the module.
 trace: build

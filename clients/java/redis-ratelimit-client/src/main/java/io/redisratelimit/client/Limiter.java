@@ -240,7 +240,8 @@ public final class Limiter implements AutoCloseable {
                 positions.add(i);
             }
         }
-        if (!takes.isEmpty() && cost > 0) {
+        boolean tookLocally = !takes.isEmpty() && cost > 0;
+        if (tookLocally) {
             LocalLimiters.Denied denied = local.takeAll(takes, cost);
             if (denied != null) {
                 int i = positions.get(denied.index());
@@ -274,6 +275,10 @@ public final class Limiter implements AutoCloseable {
             if (err == null) {
                 breaker.onSuccess(took, TimeUnit.NANOSECONDS);
                 (d.allowed() ? stats.redisAdmitted : stats.redisDenied).increment();
+                if (!d.allowed() && tookLocally) {
+                    // Another rule (a user's own limit) denied: the share is not spent on it.
+                    local.giveBack(takes, cost);
+                }
                 if (!d.allowed() && denyCache != null) {
                     int i = d.deniedBy().orElse(0);
                     if (i < rules.size()) {

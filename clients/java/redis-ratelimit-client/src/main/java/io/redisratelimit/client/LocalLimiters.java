@@ -80,6 +80,32 @@ final class LocalLimiters {
         }
     }
 
+    /**
+     * Gives back what {@link #takeAll} consumed, when Redis denied the request
+     * after the local level admitted it: a denial consumes nothing anywhere.
+     */
+    void giveBack(List<Take> takes, long cost) {
+        for (Take t : takes) {
+            State s = states.getIfPresent(t.key());
+            if (s == null) {
+                continue;
+            }
+            s.lock.lock();
+            try {
+                if (s.spec == null) {
+                    continue;
+                }
+                switch (s.spec.algorithm()) {
+                    case TOKENBUCKET -> s.level = Math.min(s.spec.params().get(0), s.level + cost);
+                    case LEAKYBUCKET -> s.level = Math.max(0, s.level - cost);
+                    default -> s.count = Math.max(0, s.count - cost);
+                }
+            } finally {
+                s.lock.unlock();
+            }
+        }
+    }
+
     private static void refresh(State s, Spec spec, long nowNanos, long nowMs) {
         List<Long> p = spec.params();
         if (s.spec == null || s.spec.algorithm() != spec.algorithm()) {

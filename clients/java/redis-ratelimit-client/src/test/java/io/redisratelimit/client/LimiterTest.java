@@ -91,6 +91,28 @@ class LimiterTest {
     }
 
     @Test
+    void aRequestRedisDeniesDoesNotSpendTheLocalShare() {
+        Limiter limiter = Limiter.builder(client(Drivers.LETTUCE)).instances(1).denyCache(false).build();
+        String tag = "{" + UUID.randomUUID() + "}";
+        RuleSet rules = limiter.rules(
+                Rule.of("per-user", Spec.fixedWindow(1, 60_000)).keyPrefix(tag + ":user:"),
+                Rule.of("total", Spec.fixedWindow(10, 60_000)).fixedKey(tag + ":total").asGlobal());
+        assertTrue(limiter.check(rules, "evil").allowed());
+        for (int i = 0; i < 50; i++) {
+            Decision d = limiter.check(rules, "evil");
+            assertFalse(d.allowed());
+            assertEquals(Path.REDIS, d.path());
+            assertEquals(0, d.deniedBy().getAsInt(), "the user's own limit");
+        }
+        int others = 0;
+        for (int i = 0; i < 9; i++) {
+            others += limiter.check(rules, "user" + i).allowed() ? 1 : 0;
+        }
+        assertEquals(9, others, "the local share (11) was not spent on evil's denied requests");
+        assertEquals(0, limiter.stats().localDenied());
+    }
+
+    @Test
     void theDenyCacheAnswersWithoutARoundTripForMinOfWaitAndMax() throws Exception {
         Limiter limiter = Limiter.builder(client(Drivers.LETTUCE)).denyCacheMax(Duration.ofMillis(300)).build();
         RuleSet rules = limiter.rules(Rule.of("per-user", Spec.tokenBucket(1, 1, 60_000)));

@@ -65,7 +65,8 @@ public class RateLimitAutoConfiguration {
         return RedisDrivers.create(p.getDriver(), redis);
     }
 
-    @Bean
+    /** The driver bean closes the connection; the client and limiter over it close nothing of their own. */
+    @Bean(destroyMethod = "")
     @ConditionalOnMissingBean
     public RateLimitClient rateLimitClient(Driver driver, RateLimitProperties p) {
         if (p.getDeadline() == null || p.getDeadline().isZero() || p.getDeadline().isNegative()) {
@@ -74,7 +75,7 @@ public class RateLimitAutoConfiguration {
         return RateLimitClient.connect(driver, p.getDeadline());
     }
 
-    @Bean
+    @Bean(destroyMethod = "")
     @ConditionalOnMissingBean
     public Limiter rateLimitLimiter(RateLimitClient client, RateLimitProperties p) {
         FallbackMode fallback;

@@ -133,8 +133,13 @@ public final class JedisDriver implements Driver {
         return () -> raw;
     }
 
+    private final java.util.concurrent.atomic.AtomicBoolean closed = new java.util.concurrent.atomic.AtomicBoolean();
+
     @Override
     public void close() {
+        if (!closed.compareAndSet(false, true)) {
+            return;
+        }
         executor.shutdownNow();
         if (owned) {
             jedis.close();

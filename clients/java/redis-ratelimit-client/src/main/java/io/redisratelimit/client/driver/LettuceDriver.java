@@ -211,9 +211,11 @@ public final class LettuceDriver implements Driver {
         };
     }
 
+    private final java.util.concurrent.atomic.AtomicBoolean closed = new java.util.concurrent.atomic.AtomicBoolean();
+
     @Override
     public void close() {
-        if (owned == null) {
+        if (owned == null || !closed.compareAndSet(false, true)) {
             return;
         }
         if (standalone != null) {

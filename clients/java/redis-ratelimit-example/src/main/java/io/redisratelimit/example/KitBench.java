@@ -1,0 +1,171 @@
+package io.redisratelimit.example;
+
+import io.redisratelimit.client.StatsSnapshot;
+import io.redisratelimit.spring.RateLimitService;
+import org.springframework.boot.WebApplicationType;
+import org.springframework.boot.builder.SpringApplicationBuilder;
+import org.springframework.boot.web.context.WebServerApplicationContext;
+import org.springframework.context.ConfigurableApplicationContext;
+
+import java.net.URI;
+import java.net.http.HttpClient;
+import java.net.http.HttpRequest;
+import java.net.http.HttpResponse;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.List;
+import java.util.Locale;
+import java.util.concurrent.ThreadLocalRandom;
+import java.util.concurrent.atomic.AtomicLong;
+
+/**
+ * The Java kit's benchmark (clients/java/bench.sh, in {@code make bench}):
+ * the example app in process over real HTTP.
+ * <ol>
+ *   <li>the annotation's cost per request: {@code /api/order/create}
+ *       (two rules in one RL.ALL, limits that never bind) against
+ *       {@code /api/order/bare}, the same handler without it, interleaved;</li>
+ *   <li>Redis calls per 1,000 requests with and without the local level and
+ *       the deny cache, under a skewed load (90% from one user; a global
+ *       limit of 500/s that the load exceeds).</li>
+ * </ol>
+ * Args: redis port. Env: KIT_BENCH_N (20000), KIT_BENCH_C (16), KIT_BENCH_ROUNDS (3).
+ */
+public final class KitBench {
+    private static final HttpClient HTTP = HttpClient.newBuilder().version(HttpClient.Version.HTTP_1_1)
+            .connectTimeout(Duration.ofSeconds(5)).build();
+
+    record Run(long requests, double seconds, long ok, long limited, long p50us, long p99us) {
+        double rps() {
+            return requests / seconds;
+        }
+    }
+
+    private KitBench() {
+    }
+
+    public static void main(String[] args) throws Exception {
+        int redisPort = Integer.parseInt(args[0]);
+        int n = Integer.parseInt(System.getenv().getOrDefault("KIT_BENCH_N", "20000"));
+        int c = Integer.parseInt(System.getenv().getOrDefault("KIT_BENCH_C", "16"));
+        int rounds = Integer.parseInt(System.getenv().getOrDefault("KIT_BENCH_ROUNDS", "3"));
+
+        log("the annotation's cost per request (" + n + " requests, " + c + " connections, " + rounds + " rounds, 1000 users)");
+        List<Run> bare = new ArrayList<>();
+        List<Run> limited = new ArrayList<>();
+        long fallback;
+        try (ConfigurableApplicationContext app = start(redisPort, "RL_USER_LIMIT=100000", "RL_GLOBAL_LIMIT=1000000000", "RL_DEADLINE=100ms")) {
+            int port = port(app);
+            run(port, "/api/order/bare", n / 2, c, 0);
+            run(port, "/api/order/create", n / 2, c, 0);
+            for (int r = 1; r <= rounds; r++) {
+                bare.add(run(port, "/api/order/bare", n, c, 0));
+                limited.add(run(port, "/api/order/create", n, c, 0));
+                log("round " + r + ": bare " + fmt(bare.get(bare.size() - 1)) + "; limited " + fmt(limited.get(limited.size() - 1)));
+            }
+            StatsSnapshot s = app.getBean(RateLimitService.class).limiter().stats();
+            fallback = s.fallbackAdmitted() + s.fallbackDenied();
+        }
+        double bRps = median(bare.stream().mapToDouble(Run::rps).toArray());
+        double lRps = median(limited.stream().mapToDouble(Run::rps).toArray());
+        double b50 = median(bare.stream().mapToDouble(Run::p50us).toArray());
+        double l50 = median(limited.stream().mapToDouble(Run::p50us).toArray());
+        double b99 = median(bare.stream().mapToDouble(Run::p99us).toArray());
+        double l99 = median(limited.stream().mapToDouble(Run::p99us).toArray());
+        System.out.println();
+        System.out.println("| Spring MVC endpoint | requests/s | p50 µs | p99 µs | µs per request (1 / rate) |");
+        System.out.println("|---|---|---|---|---|");
+        System.out.printf(Locale.ROOT, "| bare handler | %.0f | %.0f | %.0f | %.1f |%n", bRps, b50, b99, 1e6 / bRps);
+        System.out.printf(Locale.ROOT, "| @RateLimited (RL.ALL of 2 rules) | %.0f | %.0f | %.0f | %.1f |%n", lRps, l50, l99, 1e6 / lRps);
+        System.out.printf(Locale.ROOT, "| ratio limited / bare | %.2fx | %.2fx | | +%.1f µs |%n", lRps / bRps, l50 / b50, 1e6 / lRps - 1e6 / bRps);
+        System.out.println("(requests the fallback decided during the limited runs: " + fallback + ")");
+
+        log("Redis calls per 1,000 requests, skewed load (" + n + " requests, 90% from one user)");
+        System.out.println();
+        System.out.println("| local level | deny cache | RL.ALL calls per 1,000 requests | admitted | denied | seconds |");
+        System.out.println("|---|---|---|---|---|---|");
+        for (String cfg : new String[] {"false false", "true false", "false true", "true true"}) {
+            String[] f = cfg.split(" ");
+            try (ConfigurableApplicationContext app = start(redisPort, "RL_LOCAL=" + f[0], "RL_DENY_CACHE=" + f[1],
+                    "RL_GLOBAL_LIMIT=500", "RL_DEADLINE=100ms")) {
+                RateLimitService rl = app.getBean(RateLimitService.class);
+                Run r = run(port(app), "/api/order/create", n, c, 0.9);
+                long calls = rl.limiter().stats().redisCalls();
+                log("local=" + f[0] + " deny_cache=" + f[1] + ": " + fmt(r) + ", Redis calls " + calls);
+                System.out.printf(Locale.ROOT, "| %s | %s | %.0f | %d | %d | %.1f |%n", on(f[0]), on(f[1]),
+                        calls * 1000.0 / r.requests(), r.ok(), r.limited(), r.seconds());
+            }
+        }
+        System.exit(0);
+    }
+
+    private static String on(String b) {
+        return Boolean.parseBoolean(b) ? "on" : "off";
+    }
+
+    private static ConfigurableApplicationContext start(int redisPort, String... env) {
+        List<String> props = new ArrayList<>(List.of("--server.port=0", "--spring.data.redis.url=redis://127.0.0.1:" + redisPort,
+                "--logging.level.root=WARN", "--spring.main.banner-mode=off", "--ratelimit.app=kit-bench-" + System.nanoTime()));
+        for (String e : env) {
+            String[] kv = e.split("=", 2);
+            props.add("--" + kv[0] + "=" + kv[1]);
+        }
+        return new SpringApplicationBuilder(OrderApplication.class).web(WebApplicationType.SERVLET)
+                .run(props.toArray(String[]::new));
+    }
+
+    private static int port(ConfigurableApplicationContext app) {
+        return ((WebServerApplicationContext) app).getWebServer().getPort();
+    }
+
+    private static Run run(int port, String path, int n, int c, double skew) throws InterruptedException {
+        AtomicLong next = new AtomicLong();
+        AtomicLong ok = new AtomicLong();
+        AtomicLong limited = new AtomicLong();
+        long[] latencies = new long[n];
+        URI uri = URI.create("http://127.0.0.1:" + port + path);
+        Thread[] threads = new Thread[c];
+        long start = System.nanoTime();
+        for (int t = 0; t < c; t++) {
+            threads[t] = new Thread(() -> {
+                long i;
+                while ((i = next.getAndIncrement()) < n) {
+                    ThreadLocalRandom rnd = ThreadLocalRandom.current();
+                    String user = rnd.nextDouble() < skew ? "evil" : "user" + rnd.nextInt(1000);
+                    HttpRequest req = HttpRequest.newBuilder(uri).header("X-User", user)
+                            .POST(HttpRequest.BodyPublishers.noBody()).timeout(Duration.ofSeconds(10)).build();
+                    long t0 = System.nanoTime();
+                    try {
+                        int code = HTTP.send(req, HttpResponse.BodyHandlers.discarding()).statusCode();
+                        (code == 429 ? limited : ok).incrementAndGet();
+                    } catch (Exception e) {
+                        // counted as neither
+                    }
+                    latencies[(int) i] = (System.nanoTime() - t0) / 1000;
+                }
+            });
+            threads[t].start();
+        }
+        for (Thread t : threads) {
+            t.join();
+        }
+        double seconds = (System.nanoTime() - start) / 1e9;
+        Arrays.sort(latencies);
+        return new Run(n, seconds, ok.get(), limited.get(), latencies[n / 2], latencies[Math.min(n - 1, (int) (n * 0.99))]);
+    }
+
+    private static String fmt(Run r) {
+        return String.format(Locale.ROOT, "%.0f req/s p50 %d µs p99 %d µs ok %d limited %d", r.rps(), r.p50us(), r.p99us(), r.ok(), r.limited());
+    }
+
+    private static double median(double[] v) {
+        double[] s = v.clone();
+        Arrays.sort(s);
+        return s[(s.length - 1) / 2];
+    }
+
+    private static void log(String s) {
+        System.err.println("bench-kit-java: " + s);
+    }
+}
