@@ -19,7 +19,7 @@ RL_NAME=bench-kit-java
 rl_module
 rl_require redis-server java mvn
 rl_workdir
-(cd clients/java && mvn -q -B -DskipTests install)
+(cd clients/java && mvn -q -B -DskipTests install) >&2
 JAR=clients/java/redis-ratelimit-example/target/redis-ratelimit-example-0.1.0-SNAPSHOT.jar
 rl_start "$RL_WORK/redis"
 java -Dloader.main=io.redisratelimit.example.KitBench -cp "$JAR" \
