@@ -33,7 +33,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
  */
 @SpringBootTest(classes = OrderApp.class, webEnvironment = SpringBootTest.WebEnvironment.RANDOM_PORT, properties = {
         "spring.application.name=refresh-it",
-        "ratelimit.deadline=500ms",
+        "ratelimit.deadline=2s",
         "ratelimit.deny-cache.enabled=false",
         "ratelimit.rules.order-create.algorithm=fixedwindow",
         "ratelimit.rules.order-create.params=2,60000",

@@ -23,7 +23,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 /** The starter in a real Spring Boot app over real HTTP. */
 @SpringBootTest(classes = OrderApp.class, webEnvironment = SpringBootTest.WebEnvironment.RANDOM_PORT, properties = {
         "spring.application.name=orders-it",
-        "ratelimit.deadline=500ms",
+        "ratelimit.deadline=2s",
         "ratelimit.rules.order-create.algorithm=tokenbucket",
         "ratelimit.rules.order-create.params=20,1,3600000",
         "ratelimit.rules.order-create.key-prefix={order}:user:",

@@ -21,7 +21,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 @SpringBootTest(classes = WebFluxTest.ReactiveApp.class, webEnvironment = SpringBootTest.WebEnvironment.RANDOM_PORT, properties = {
         "spring.main.web-application-type=reactive",
         "spring.application.name=reactive-it",
-        "ratelimit.deadline=500ms",
+        "ratelimit.deadline=2s",
         "ratelimit.rules.items.algorithm=sliding",
         "ratelimit.rules.items.params=3,60000",
         "ratelimit.rules.items.routes=/items/**",
