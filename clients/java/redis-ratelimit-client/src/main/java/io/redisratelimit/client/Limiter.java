@@ -119,6 +119,7 @@ public final class Limiter implements AutoCloseable {
     private final CircuitBreaker breaker;
     private final Duration openFor;
     private final Stats stats = new Stats();
+    private final List<java.util.function.Consumer<ServerErrorException>> serverErrorListeners = new java.util.concurrent.CopyOnWriteArrayList<>();
 
     private Limiter(Builder b) {
         this.client = b.deadline == null ? b.client : b.client.withDeadline(b.deadline);
@@ -175,6 +176,15 @@ public final class Limiter implements AutoCloseable {
 
     public FallbackMode fallbackMode() {
         return fallback;
+    }
+
+    /**
+     * Told of every server error a limiter call got (the fallback decided the
+     * request): the starter re-pushes its policies on {@code ERR unknown
+     * policy}, after a restart without persistence.
+     */
+    public void onServerError(java.util.function.Consumer<ServerErrorException> listener) {
+        serverErrorListeners.add(listener);
     }
 
     /** Checks the rules (every parameter, before anything is sent) into a set decided together. */
@@ -298,6 +308,11 @@ public final class Limiter implements AutoCloseable {
                 stats.redisUnavailable.increment();
             } else {
                 stats.redisErrors.increment();
+                if (e instanceof ServerErrorException se) {
+                    for (java.util.function.Consumer<ServerErrorException> l : serverErrorListeners) {
+                        l.accept(se);
+                    }
+                }
             }
             LOG.log(Level.DEBUG, "redis-ratelimit: Redis failed, fallback " + fallback + " decides: " + e);
             return fallback(set, keys, cost);

@@ -41,6 +41,37 @@ public class RateLimitService {
         this.properties = properties;
         this.listeners = List.copyOf(listeners);
         this.rules = properties.get();
+        limiter.onServerError(e -> {
+            if (e.getMessage() != null && e.getMessage().contains("unknown policy '" + rules.policyPrefix())) {
+                repushSoon();
+            }
+        });
+    }
+
+    private final java.util.concurrent.atomic.AtomicLong lastRepush = new java.util.concurrent.atomic.AtomicLong();
+
+    /**
+     * The server lost this application's policies (a restart without
+     * persistence, a new node): push the running rules again, off the
+     * request's thread, at most once a second. Until then the fallback decides.
+     */
+    private void repushSoon() {
+        long now = System.nanoTime();
+        long last = lastRepush.get();
+        if (last != 0 && now - last < 1_000_000_000L || !lastRepush.compareAndSet(last, now)) {
+            return;
+        }
+        Thread t = new Thread(() -> {
+            try {
+                synchronized (this) {
+                    push(rules);
+                }
+            } catch (RuntimeException ex) {
+                LOG.log(Level.WARNING, "redis-ratelimit: could not push the policies again: " + ex.getMessage());
+            }
+        }, "redis-ratelimit-repush");
+        t.setDaemon(true);
+        t.start();
     }
 
     public Limiter limiter() {
