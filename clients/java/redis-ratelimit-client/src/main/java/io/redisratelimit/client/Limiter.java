@@ -263,14 +263,14 @@ public final class Limiter implements AutoCloseable {
         }
         if (!breaker.tryAcquirePermission()) {
             stats.breakerSkipped.increment();
-            return CompletableFuture.completedFuture(fallback(set, keys, cost));
+            return CompletableFuture.completedFuture(fallback(set, keys, cost, tookLocally ? takes : List.of()));
         }
         if (breaker.getState() == CircuitBreaker.State.HALF_OPEN) {
             // The one call let through half open is a PING, not a limiter write: a
             // write that timed out may have been admitted, and would count twice.
             stats.breakerSkipped.increment();
             probe();
-            return CompletableFuture.completedFuture(fallback(set, keys, cost));
+            return CompletableFuture.completedFuture(fallback(set, keys, cost, tookLocally ? takes : List.of()));
         }
         stats.redisCalls.increment();
         long start = System.nanoTime();
@@ -315,7 +315,7 @@ public final class Limiter implements AutoCloseable {
                 }
             }
             LOG.log(Level.DEBUG, "redis-ratelimit: Redis failed, fallback " + fallback + " decides: " + e);
-            return fallback(set, keys, cost);
+            return fallback(set, keys, cost, tookLocally ? takes : List.of());
         });
     }
 
@@ -351,7 +351,8 @@ public final class Limiter implements AutoCloseable {
         return client.allAsync(limits, units);
     }
 
-    private Decision fallback(RuleSet set, List<String> keys, long cost) {
+    /** The fallback's decision; a denial gives back what the local level took for it. */
+    private Decision fallback(RuleSet set, List<String> keys, long cost, List<LocalLimiters.Take> localTakes) {
         List<RuleSet.Checked> rules = set.checked();
         Decision d = switch (fallback) {
             case FAIL_OPEN -> admittedByFallback(rules);
@@ -378,6 +379,9 @@ public final class Limiter implements AutoCloseable {
             }
         };
         (d.allowed() ? stats.fallbackAdmitted : stats.fallbackDenied).increment();
+        if (!d.allowed() && !localTakes.isEmpty()) {
+            local.giveBack(localTakes, cost);
+        }
         return d;
     }
 
