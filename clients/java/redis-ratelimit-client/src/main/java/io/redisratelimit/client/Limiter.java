@@ -192,6 +192,15 @@ public final class Limiter implements AutoCloseable {
         if (rules == null || rules.isEmpty()) {
             throw new BadArgumentException("rules", "at least one rule");
         }
+        if (rules.size() > 1 && client.driver().cluster()) {
+            String first = rules.get(0).hashTag();
+            for (Rule r : rules) {
+                if (r.hashTag() == null || !r.hashTag().equals(first)) {
+                    throw new BadArgumentException("key", "rule '" + r.name() + "': in a cluster, the keys of several rules"
+                            + " (one RL.ALL) need one hash tag, such as {api}:user: and {api}:global");
+                }
+            }
+        }
         List<RuleSet.Checked> checked = new ArrayList<>();
         for (Rule r : rules) {
             Spec localSpec = r.spec() != null && r.global() && localLevel && r.enforced() ? r.spec().share(share) : null;

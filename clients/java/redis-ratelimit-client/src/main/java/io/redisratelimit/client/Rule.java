@@ -68,6 +68,21 @@ public record Rule(String name, Spec spec, String policy, String keyPrefix, Stri
         return fixedKey != null ? fixedKey : keyPrefix + identity;
     }
 
+    /**
+     * The hash tag of the rule's keys ({@code api} in {@code {api}:user:}),
+     * when the fixed part of the key has one: what puts every key of an
+     * {@code RL.ALL} in one cluster slot. Null when there is none.
+     */
+    public String hashTag() {
+        String fixed = fixedKey != null ? fixedKey : keyPrefix;
+        int open = fixed.indexOf('{');
+        if (open < 0) {
+            return null;
+        }
+        int close = fixed.indexOf('}', open + 1);
+        return close > open + 1 ? fixed.substring(open + 1, close) : null;
+    }
+
     /** Whether every key is enforced (not shadow, not off, roll-out 100). */
     public boolean enforced() {
         return mode == PolicyMode.ENFORCE && rollout == 100;

@@ -188,6 +188,21 @@ class ClientCommandsTest {
     }
 
     @ParameterizedTest
+    @EnumSource(value = Drivers.class, names = {"LETTUCE_CLUSTER", "JEDIS_CLUSTER"})
+    void inAClusterRulesWithoutOneSharedHashTagAreRefusedWhenTheSetIsBuilt(Drivers d) {
+        Limiter limiter = Limiter.builder(clients.get(d)).build();
+        Rule user = Rule.of("per-user", Spec.sliding(5, 1000)).keyPrefix("{api}:user:");
+        BadArgumentException e = assertThrows(BadArgumentException.class,
+                () -> limiter.rules(user, Rule.of("global", Spec.tokenBucket(10, 10, 1000)).fixedKey("global")));
+        assertEquals("key", e.argument());
+        assertThrows(BadArgumentException.class,
+                () -> limiter.rules(user, Rule.of("global", Spec.tokenBucket(10, 10, 1000)).fixedKey("{other}:global")));
+        RuleSet ok = limiter.rules(user, Rule.of("global", Spec.tokenBucket(10, 10, 1000)).fixedKey("{api}:global").asGlobal());
+        assertTrue(limiter.check(ok, "u-" + UUID.randomUUID()).allowed());
+        assertEquals(Path.REDIS, limiter.check(ok, "u-" + UUID.randomUUID()).path());
+    }
+
+    @ParameterizedTest
     @EnumSource(Drivers.class)
     void aBadArgumentIsRefusedBeforeAnythingIsSent(Drivers d) {
         BadArgumentException e = assertThrows(BadArgumentException.class, () -> clients.get(d).tokenBucket(key("bad"), 0, 1, 1000));
