@@ -46,10 +46,13 @@ example:
 	cargo run --release -p redis-ratelimit-client --example service
 
 # The Java kit (clients/java): JUnit 5 against redis-server processes with
-# the module, started by the tests on free ports; Maven Central's
-# dependencies land in ~/.m2 on the first run.
+# the module, started by the tests on free ports, then the client's tests
+# again on valkey-server; Maven Central's dependencies land in ~/.m2 on the
+# first run.
 test-kit-java:
 	cd clients/java && RL_MODULE=$(CURDIR)/$(MODULE) mvn -q -B verify
+	cd clients/java && RL_MODULE=$(CURDIR)/$(MODULE) REDIS_SERVER=$$(cd $(CURDIR) && scripts/valkey-path.sh) \
+		mvn -q -B -pl redis-ratelimit-client surefire:test
 
 # Seed 000's order API on the Java kit, against `make run`'s server
 # (REDIS_URL, default redis://127.0.0.1:6379); see docs/clients.md.
