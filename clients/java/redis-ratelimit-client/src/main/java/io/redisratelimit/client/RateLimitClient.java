@@ -120,7 +120,7 @@ public final class RateLimitClient implements AutoCloseable {
 
     // ---- limiters ----------------------------------------------------------
 
-    /** {@code RL.<ALGORITHM> key <params> [COST n [FORCE] | REFUND n] [BLOCK t]}. */
+    /** {@code RL.<ALGORITHM> key <params> [COST n [FORCE] | REFUND n]}. */
     public CompletionStage<Decision> limitAsync(String key, Spec spec, Units units) {
         List<String> args = new ArrayList<>();
         args.add(Args.key(key));
@@ -161,25 +161,7 @@ public final class RateLimitClient implements AutoCloseable {
         return limit(key, Spec.fixedWindow(limit, windowMs));
     }
 
-    /** Calendar periods of {@code RL.QUOTA}. */
-    public enum Period { DAY, WEEK, MONTH, YEAR }
-
-    /** {@code RL.QUOTA key limit DAY|WEEK|MONTH|YEAR [TZ zone]}; {@code zone} null for UTC. */
-    public CompletionStage<Decision> quotaAsync(String key, long limit, Period period, String zone, Units units) {
-        List<String> args = new ArrayList<>(List.of(Args.key(key), Long.toString(Args.positive("limit", limit)), period.name()));
-        if (zone != null) {
-            args.add("TZ");
-            args.add(zone);
-        }
-        units.appendTo(args);
-        return decision(new Command("RL.QUOTA", args, 0, true), units);
-    }
-
-    public Decision quota(String key, long limit, Period period, String zone, Units units) {
-        return sync(quotaAsync(key, limit, period, zone, units), "RL.QUOTA", units);
-    }
-
-    /** {@code RL.HIT policy key [COST n [FORCE] | REFUND n] [BLOCK t]}: routed by the key (its second argument). */
+    /** {@code RL.HIT policy key [COST n [FORCE] | REFUND n]}: routed by the key (its second argument). */
     public CompletionStage<Decision> hitAsync(String policy, String key, Units units) {
         List<String> args = new ArrayList<>(List.of(Args.policyName(policy), Args.key(key)));
         units.appendTo(args);
@@ -199,7 +181,7 @@ public final class RateLimitClient implements AutoCloseable {
     }
 
     /**
-     * {@code RL.ALL numkeys key... spec... [COST n] [BLOCK t]}: all or nothing.
+     * {@code RL.ALL numkeys key... spec... [COST n]}: all or nothing.
      * In a cluster the keys must share a slot ({@code {order:create}:...}).
      */
     public CompletionStage<Decision> allAsync(List<Limit> limits, Units units) {
@@ -232,58 +214,6 @@ public final class RateLimitClient implements AutoCloseable {
 
     public Decision all(List<Limit> limits) {
         return all(limits, Units.ONE);
-    }
-
-    /** A decision of {@code RL.CONCURRENCY}, with the lease granted (0 when denied). */
-    public record Lease(Decision decision, long lease) {
-    }
-
-    /** {@code RL.CONCURRENCY key limit lease_ms [COST n] [BLOCK t]}. */
-    public CompletionStage<Lease> concurrencyAsync(String key, long limit, long leaseMs, Units units) {
-        List<String> args = new ArrayList<>(List.of(Args.key(key), Long.toString(Args.positive("limit", limit)),
-                Long.toString(Args.positive("lease_ms", leaseMs))));
-        units.appendTo(args);
-        Command c = new Command("RL.CONCURRENCY", args, 0, true);
-        return timed(c, units).thenApply(reply -> {
-            if (!(reply instanceof List<?> l) || l.size() != 6 || !(l.get(5) instanceof Long lease)) {
-                throw new UnexpectedReplyException(c.name(), reply);
-            }
-            return new Lease(Decision.fromReply(c.name(), l.subList(0, 5)), lease);
-        });
-    }
-
-    public Lease concurrency(String key, long limit, long leaseMs, Units units) {
-        return sync(concurrencyAsync(key, limit, leaseMs, units), "RL.CONCURRENCY", units);
-    }
-
-    /** {@code RL.RELEASE key lease}: true when the lease was held. */
-    public boolean release(String key, long lease) {
-        return integer(new Command("RL.RELEASE", List.of(Args.key(key), Long.toString(lease)), 0, false)) == 1;
-    }
-
-    /** {@code RL.RENEW key lease lease_ms}: true when the lease was held. */
-    public boolean renew(String key, long lease, long leaseMs) {
-        return integer(new Command("RL.RENEW", List.of(Args.key(key), Long.toString(lease),
-                Long.toString(Args.positive("lease_ms", leaseMs))), 0, false)) == 1;
-    }
-
-    /** redis-cell's {@code CL.THROTTLE key max_burst count period [quantity]}, its reply as it is (seconds). */
-    public List<Long> throttle(String key, long maxBurst, long count, long periodS, long quantity) {
-        Command c = new Command("CL.THROTTLE", List.of(Args.key(key), Long.toString(maxBurst), Long.toString(count),
-                Long.toString(periodS), Long.toString(quantity)), 0, true);
-        Object reply = sync(timed(c, Units.ONE), c.name(), Units.ONE);
-        List<Long> out = new ArrayList<>();
-        if (reply instanceof List<?> l) {
-            for (Object o : l) {
-                if (o instanceof Long n) {
-                    out.add(n);
-                }
-            }
-        }
-        if (out.size() != 5) {
-            throw new UnexpectedReplyException(c.name(), reply);
-        }
-        return out;
     }
 
     // ---- policies ----------------------------------------------------------
@@ -384,17 +314,10 @@ public final class RateLimitClient implements AutoCloseable {
         return timed(command, units).thenApply(reply -> Decision.fromReply(command.name(), reply));
     }
 
-    /** A BLOCK call waits up to its timeout in the server, so its deadline grows by it. */
-    private Duration deadlineFor(Units units) {
-        if (units != null && units.block() != null) {
-            return units.block().isZero() ? null : deadline.plus(units.block());
-        }
-        return deadline;
-    }
 
     private CompletableFuture<Object> timed(Command command, Units units) {
         CompletableFuture<Object> f = driver.send(command);
-        Duration d = deadlineFor(units);
+        Duration d = deadline;
         if (d == null) {
             return f;
         }
@@ -435,7 +358,7 @@ public final class RateLimitClient implements AutoCloseable {
     }
 
     private <T> T sync(CompletionStage<T> stage, String command, Units units) {
-        Duration d = deadlineFor(units);
+        Duration d = deadline;
         // The async form already bounds the call; this only guards a driver that never answers.
         return await(stage.toCompletableFuture(), command, d == null ? null : d.plusSeconds(1));
     }
