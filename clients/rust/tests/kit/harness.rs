@@ -165,13 +165,31 @@ impl Server {
             .stderr(Stdio::null())
             .spawn()
             .expect("start the server");
+        let pid = child.id();
         self.child = Some(child);
         let url = self.url();
-        wait_until(&format!("{:?} on {}", self.kind, self.port), || {
-            redis::Client::open(url.as_str())
+        // The server answering must be this one: another suite's server may
+        // have taken the port while this one was down (a restart).
+        wait_until(&format!("{:?} {pid} on {}", self.kind, self.port), || {
+            let answering = redis::Client::open(url.as_str())
                 .and_then(|c| c.get_connection())
-                .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
-                .is_ok()
+                .and_then(|mut c| redis::cmd("INFO").arg("server").query::<String>(&mut c));
+            match answering {
+                Ok(info) => {
+                    let theirs = info
+                        .lines()
+                        .find_map(|l| l.strip_prefix("process_id:"))
+                        .map(|p| p.trim().to_string());
+                    assert_eq!(
+                        theirs.as_deref(),
+                        Some(pid.to_string().as_str()),
+                        "another server answers on port {}",
+                        self.port
+                    );
+                    true
+                }
+                Err(_) => false,
+            }
         });
     }
 
