@@ -27,10 +27,10 @@ test-setup:
 	tests/setup/detect.sh
 
 test-unit:
-	cargo test --release --workspace --lib
+	cargo test --profile test-release --workspace --lib
 
 test-integration:
-	RL_MODULE=$(CURDIR)/$(MODULE) VALKEY_SERVER=$$(scripts/valkey-path.sh) cargo test --release --test integration
+	RL_MODULE=$(CURDIR)/$(MODULE) VALKEY_SERVER=$$(scripts/valkey-path.sh) cargo test --profile test-release --test integration
 
 test-cli:
 	RL_MODULE=$(CURDIR)/$(MODULE) scripts/cli-tests.sh
@@ -38,7 +38,7 @@ test-cli:
 # The Rust client kit (clients/rust): its unit tests, and its own servers,
 # cluster and example-service processes (docs/clients.md).
 test-kit-rust:
-	RL_MODULE=$(CURDIR)/$(MODULE) VALKEY_SERVER=$$(scripts/valkey-path.sh) cargo test --release -p redis-ratelimit-client
+	RL_MODULE=$(CURDIR)/$(MODULE) VALKEY_SERVER=$$(scripts/valkey-path.sh) cargo test --profile test-release -p redis-ratelimit-client
 
 # The kit's example service (per-user 5/s and global 15,000/s in one RL.ALL)
 # on 127.0.0.1:3000, against `make run`'s server (RL_URL to change it).

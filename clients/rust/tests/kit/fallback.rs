@@ -154,9 +154,16 @@ async fn the_service_keeps_answering_http_when_redis_is_killed_mid_load() {
         answered.load(Ordering::Relaxed) > at_open + 200
     })
     .await;
+    let calls_while_down = http.stats(&service).await["redis_calls"];
     server.restart();
+    // The kit's own counters, not the server's: a call that timed out while
+    // Redis was down may still reach the new server from the client's queue.
+    wait_for("the breaker's probe to find Redis again", async || {
+        http.stats(&service).await["probes_ok"] >= 1
+    })
+    .await;
     wait_for("calls to go back to Redis", async || {
-        server.calls("rl.all") > 0
+        http.stats(&service).await["redis_calls"] > calls_while_down && server.calls("rl.all") > 0
     })
     .await;
     stop.store(true, Ordering::Relaxed);
@@ -164,8 +171,5 @@ async fn the_service_keeps_answering_http_when_redis_is_killed_mid_load() {
         task.await.unwrap();
     }
     let stats = http.stats(&service).await;
-    assert!(
-        stats["fallback_admitted"] > 0 && stats["probes_ok"] >= 1,
-        "{stats:?}"
-    );
+    assert!(stats["fallback_admitted"] > 0, "{stats:?}");
 }
