@@ -1,0 +1,58 @@
+"""redis-ratelimit: typed calls on redis-py, a `limits` storage and an ASGI middleware.
+
+Importing this package registers the `redis+rl://` and `async+redis+rl://`
+storage schemes with `limits` when `limits` is installed.
+"""
+
+from .aio import AsyncClient
+from .client import Client
+from .model import (
+    MAX_PARAM,
+    BadArgument,
+    Decision,
+    FixedWindow,
+    HashWindow,
+    LeakyBucket,
+    LogEntry,
+    ModuleNotLoaded,
+    Policy,
+    PolicyMode,
+    ProtocolError,
+    RateLimitError,
+    ServerError,
+    Sliding,
+    Spec,
+    TokenBucket,
+    WrongType,
+)
+
+try:  # the storage needs `limits` (pip install redis-ratelimit[limits])
+    from .limits_storage import AsyncRLStorage, RLStorage
+except ImportError:  # pragma: no cover - limits absent
+    pass
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "MAX_PARAM",
+    "AsyncClient",
+    "AsyncRLStorage",
+    "BadArgument",
+    "Client",
+    "Decision",
+    "FixedWindow",
+    "HashWindow",
+    "LeakyBucket",
+    "LogEntry",
+    "ModuleNotLoaded",
+    "Policy",
+    "PolicyMode",
+    "ProtocolError",
+    "RLStorage",
+    "RateLimitError",
+    "ServerError",
+    "Sliding",
+    "Spec",
+    "TokenBucket",
+    "WrongType",
+]

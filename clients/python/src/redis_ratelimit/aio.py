@@ -1,0 +1,246 @@
+"""The typed calls on `redis.asyncio`: standalone, Sentinel-managed and cluster.
+
+The same calls as `redis_ratelimit.Client`, awaited; each is one command sent
+once to the master that owns the key, never retried by the kit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Optional, Union
+
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from .client import Arg, Key, _takes_command_name, is_moved, limit_args, map_error, server_name
+from .model import (
+    Algorithm,
+    Decision,
+    FixedWindow,
+    HashWindow,
+    LeakyBucket,
+    LogEntry,
+    ModuleNotLoaded,
+    Policy,
+    PolicyMode,
+    Sliding,
+    Spec,
+    TokenBucket,
+    _check_int,
+    all_args,
+    check_policy_name,
+    decode,
+    module_loaded,
+    parse_log,
+    parse_policy,
+    policy_set_args,
+)
+
+
+async def send_once(client: aioredis.Redis, args: Sequence[Arg]) -> Any:
+    """Sends one command on one connection of `client`, without retries."""
+    return (await send_many_once(client, [args]))[0]
+
+
+async def send_many_once(client: aioredis.Redis, commands: Sequence[Sequence[Arg]]) -> list[Any]:
+    """Sends commands in one write on one connection (one round trip), once."""
+    pool = client.connection_pool
+    if _takes_command_name(pool):
+        conn = await pool.get_connection("RL")
+    else:
+        conn = await pool.get_connection()
+    try:
+        await conn.send_packed_command(conn.pack_commands(commands))
+        replies: list[Any] = []
+        error: Optional[ResponseError] = None
+        for _ in commands:
+            try:
+                replies.append(await conn.read_response())
+            except ResponseError as e:
+                error = error or e
+                replies.append(e)
+        if error is not None:
+            raise error
+        return replies
+    except (RedisConnectionError, RedisTimeoutError, OSError):
+        await conn.disconnect()
+        raise
+    finally:
+        await pool.release(conn)
+
+
+class AsyncClient:
+    """The module's commands on `redis.asyncio.Redis` or its `RedisCluster`.
+
+    Build it with `await AsyncClient.create(client)`, which checks
+    `MODULE LIST` (every master in a cluster).
+    """
+
+    def __init__(self, client: Union[aioredis.Redis, AsyncRedisCluster]):
+        self.redis = client
+        self.is_cluster = isinstance(client, AsyncRedisCluster)
+
+    @classmethod
+    async def create(cls, client: Union[aioredis.Redis, AsyncRedisCluster], *,
+                     check_module: bool = True) -> AsyncClient:
+        self = cls(client)
+        if check_module:
+            await self.check_module()
+        return self
+
+    async def _node_call(self, node: Any, args: Sequence[Arg]) -> Any:
+        return await node.execute_command(*args)
+
+    async def _node_many(self, node: Any, commands: Sequence[Sequence[Arg]]) -> list[Any]:
+        if len(commands) == 1:
+            return [await self._node_call(node, commands[0])]
+        # A node's own connection, one write, every reply read, no retry.
+        conn = node.acquire_connection()
+        try:
+            await conn.send_packed_command(conn.pack_commands(commands))
+            replies: list[Any] = []
+            error: Optional[ResponseError] = None
+            for _ in commands:
+                try:
+                    replies.append(await conn.read_response())
+                except ResponseError as e:
+                    error = error or e
+                    replies.append(e)
+            if error is not None:
+                raise error
+            return replies
+        except (RedisConnectionError, RedisTimeoutError, OSError):
+            await conn.disconnect()
+            raise
+        finally:
+            node.release(conn)
+
+    async def _send(self, key: Optional[Key], args: Sequence[Arg]) -> Any:
+        return (await self._send_many(key, [args]))[0]
+
+    async def _send_many(self, key: Optional[Key],
+                         commands: Sequence[Sequence[Arg]]) -> list[Any]:
+        if not self.is_cluster:
+            assert isinstance(self.redis, aioredis.Redis)
+            try:
+                return await send_many_once(self.redis, commands)
+            except ResponseError as e:
+                raise map_error(e, key) from e
+        rc = self.redis
+        assert isinstance(rc, AsyncRedisCluster)
+        if not rc.nodes_manager.default_node:
+            await rc.initialize()
+        for attempt in (0, 1):
+            if key is not None:
+                k = key.decode() if isinstance(key, bytes) else key
+                node = rc.get_node_from_key(k)
+            else:
+                node = rc.get_random_node()
+            try:
+                return await self._node_many(node, commands)
+            except ResponseError as e:
+                if is_moved(e) and attempt == 0:
+                    await rc.nodes_manager.initialize()
+                    continue
+                raise map_error(e, key) from e
+        raise AssertionError("unreachable")
+
+    async def _everywhere(self, args: Sequence[Arg]) -> list[Any]:
+        try:
+            if not self.is_cluster:
+                assert isinstance(self.redis, aioredis.Redis)
+                return [await send_once(self.redis, args)]
+            rc = self.redis
+            assert isinstance(rc, AsyncRedisCluster)
+            if not rc.nodes_manager.default_node:
+                await rc.initialize()
+            return [await self._node_call(n, args) for n in rc.get_primaries()]
+        except ResponseError as e:
+            raise map_error(e, None) from e
+
+    async def check_module(self) -> None:
+        if not self.is_cluster:
+            assert isinstance(self.redis, aioredis.Redis)
+            if not module_loaded(await send_once(self.redis, ["MODULE", "LIST"])):
+                raise ModuleNotLoaded(server_name(self.redis))
+            return
+        rc = self.redis
+        assert isinstance(rc, AsyncRedisCluster)
+        if not rc.nodes_manager.default_node:
+            await rc.initialize()
+        for n in rc.get_primaries():
+            if not module_loaded(await self._node_call(n, ["MODULE", "LIST"])):
+                raise ModuleNotLoaded(n.name)
+
+    async def limit(self, key: Key, spec: Spec, cost: int = 1, *, force: bool = False,
+                    refund: Optional[int] = None) -> Decision:
+        args = limit_args(key, spec, cost, force, refund)
+        return Decision.from_reply(await self._send(key, args))
+
+    async def token_bucket(self, key: Key, capacity: int, refill_count: int, refill_ms: int,
+                           cost: int = 1, *, force: bool = False,
+                           refund: Optional[int] = None) -> Decision:
+        return await self.limit(key, TokenBucket(capacity, refill_count, refill_ms), cost,
+                                force=force, refund=refund)
+
+    async def leaky_bucket(self, key: Key, capacity: int, leak_count: int, leak_ms: int,
+                           cost: int = 1, *, force: bool = False,
+                           refund: Optional[int] = None) -> Decision:
+        return await self.limit(key, LeakyBucket(capacity, leak_count, leak_ms), cost,
+                                force=force, refund=refund)
+
+    async def sliding(self, key: Key, limit: int, window_ms: int, cost: int = 1, *,
+                      force: bool = False, refund: Optional[int] = None) -> Decision:
+        return await self.limit(key, Sliding(limit, window_ms), cost, force=force,
+                                refund=refund)
+
+    async def hash_window(self, key: Key, limit: int, window_ms: int, bucket_ms: int,
+                          cost: int = 1, *, force: bool = False,
+                          refund: Optional[int] = None) -> Decision:
+        return await self.limit(key, HashWindow(limit, window_ms, bucket_ms), cost,
+                                force=force, refund=refund)
+
+    async def fixed_window(self, key: Key, limit: int, window_ms: int, cost: int = 1, *,
+                           force: bool = False, refund: Optional[int] = None) -> Decision:
+        return await self.limit(key, FixedWindow(limit, window_ms), cost, force=force,
+                                refund=refund)
+
+    async def hit(self, policy: str, key: Key, cost: int = 1, *, force: bool = False,
+                  refund: Optional[int] = None) -> Decision:
+        return await self.limit(key, Policy(policy), cost, force=force, refund=refund)
+
+    async def all(self, limits: Sequence[tuple[Key, Spec]], cost: int = 1, *,
+                  force: bool = False) -> Decision:
+        args = all_args(limits, cost, force)
+        return Decision.from_reply(await self._send(limits[0][0], args))
+
+    async def policy_set(self, name: str, spec: Algorithm,
+                         mode: PolicyMode = PolicyMode.ENFORCE, rollout: int = 100) -> None:
+        await self._everywhere(policy_set_args(name, spec, mode, rollout))
+
+    async def policy_get(self, name: str) -> Optional[dict[str, object]]:
+        return parse_policy(await self._send(None, ["RL.POLICY", "GET",
+                                                    check_policy_name(name)]))
+
+    async def policy_del(self, name: str) -> bool:
+        replies = await self._everywhere(["RL.POLICY", "DEL", check_policy_name(name)])
+        return any(int(r) for r in replies)
+
+    async def policy_list(self) -> list[str]:
+        names = decode(await self._send(None, ["RL.POLICY", "LIST"]))
+        return [str(n) for n in names] if isinstance(names, list) else []
+
+    async def log_get(self, count: int = 10) -> list[LogEntry]:
+        _check_int("count", count, 0)
+        replies = await self._everywhere(["RL.LOG", "GET", count])
+        entries = [e for r in replies for e in parse_log(r)]
+        return sorted(entries, key=lambda e: e.unix_ms, reverse=True)[:count]
+
+    async def log_len(self) -> int:
+        return sum(int(r) for r in await self._everywhere(["RL.LOG", "LEN"]))
+
+    async def log_reset(self) -> None:
+        await self._everywhere(["RL.LOG", "RESET"])

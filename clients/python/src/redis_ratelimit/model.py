@@ -1,0 +1,355 @@
+"""Decisions, rules and errors: what every form of the client shares.
+
+Rules can only be built valid: a bad parameter raises `BadArgument` before
+anything is sent, so nothing is written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Sequence
+from typing import Optional, Union
+
+#: The largest numeric parameter the module accepts (2^40).
+MAX_PARAM = 1 << 40
+#: The module's name in `MODULE LIST`.
+MODULE_NAME = "ratelimit"
+
+
+class RateLimitError(Exception):
+    """Base class of every error this package raises."""
+
+
+class BadArgument(RateLimitError, ValueError):
+    """A parameter the module would refuse, caught before sending."""
+
+
+class ModuleNotLoaded(RateLimitError):
+    """The server answered `MODULE LIST` without the `ratelimit` module."""
+
+    def __init__(self, server: str) -> None:
+        super().__init__(
+            f"the redis-ratelimit module is not loaded on {server}: start it with "
+            "--loadmodule /path/to/libredis_ratelimit.so (a managed server that cannot "
+            "load modules cannot run the RL.* commands)"
+        )
+        self.server = server
+
+
+class WrongType(RateLimitError):
+    """The key holds another Redis type or another algorithm's state."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"key {key!r}: {message}")
+        self.key = key
+
+
+class ServerError(RateLimitError):
+    """Any other error reply (`ERR ...`), with the server's message."""
+
+
+class ProtocolError(RateLimitError):
+    """A reply that is not the shape the command answers."""
+
+
+def _check_int(name: str, value: object, low: int, high: int = MAX_PARAM) -> int:
+    # bool is an int in Python; True as a capacity is a bug, not a 1.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadArgument(f"{name} must be an integer, not {type(value).__name__}")
+    if not low <= value <= high:
+        raise BadArgument(f"{name} must be an integer from {low} to {high}, not {value}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenBucket:
+    capacity: int
+    refill_count: int
+    refill_ms: int
+    ALGORITHM = "TOKENBUCKET"
+
+    def __post_init__(self) -> None:
+        _check_int("capacity", self.capacity, 1)
+        _check_int("refill_count", self.refill_count, 1)
+        _check_int("refill_ms", self.refill_ms, 1)
+
+    def params(self) -> list[int]:
+        return [self.capacity, self.refill_count, self.refill_ms]
+
+    def window_s(self) -> int:
+        """`w` of `RateLimit-Policy`: the time to refill the whole bucket."""
+        return -(-self.capacity * self.refill_ms // (self.refill_count * 1000))
+
+
+@dataclasses.dataclass(frozen=True)
+class LeakyBucket:
+    capacity: int
+    leak_count: int
+    leak_ms: int
+    ALGORITHM = "LEAKYBUCKET"
+
+    def __post_init__(self) -> None:
+        _check_int("capacity", self.capacity, 1)
+        _check_int("leak_count", self.leak_count, 1)
+        _check_int("leak_ms", self.leak_ms, 1)
+
+    def params(self) -> list[int]:
+        return [self.capacity, self.leak_count, self.leak_ms]
+
+    def window_s(self) -> int:
+        return -(-self.capacity * self.leak_ms // (self.leak_count * 1000))
+
+
+@dataclasses.dataclass(frozen=True)
+class Sliding:
+    limit: int
+    window_ms: int
+    ALGORITHM = "SLIDING"
+
+    def __post_init__(self) -> None:
+        _check_int("limit", self.limit, 1)
+        _check_int("window_ms", self.window_ms, 1)
+
+    def params(self) -> list[int]:
+        return [self.limit, self.window_ms]
+
+    def window_s(self) -> int:
+        return -(-self.window_ms // 1000)
+
+
+@dataclasses.dataclass(frozen=True)
+class HashWindow:
+    limit: int
+    window_ms: int
+    bucket_ms: int
+    ALGORITHM = "HASHWINDOW"
+
+    def __post_init__(self) -> None:
+        _check_int("limit", self.limit, 1)
+        _check_int("window_ms", self.window_ms, 1)
+        _check_int("bucket_ms", self.bucket_ms, 1)
+        if self.window_ms % self.bucket_ms:
+            raise BadArgument("bucket_ms must divide window_ms")
+
+    def params(self) -> list[int]:
+        return [self.limit, self.window_ms, self.bucket_ms]
+
+    def window_s(self) -> int:
+        return -(-self.window_ms // 1000)
+
+
+@dataclasses.dataclass(frozen=True)
+class FixedWindow:
+    limit: int
+    window_ms: int
+    ALGORITHM = "FIXEDWINDOW"
+
+    def __post_init__(self) -> None:
+        _check_int("limit", self.limit, 1)
+        _check_int("window_ms", self.window_ms, 1)
+
+    def params(self) -> list[int]:
+        return [self.limit, self.window_ms]
+
+    def window_s(self) -> int:
+        return -(-self.window_ms // 1000)
+
+
+def check_policy_name(name: object) -> str:
+    if not isinstance(name, str):
+        raise BadArgument(f"policy name must be a str, not {type(name).__name__}")
+    if not 1 <= len(name) <= 256 or any(not "!" <= c <= "~" for c in name):
+        raise BadArgument(
+            "policy name must be 1 to 256 bytes of printable ASCII without spaces, "
+            f"not {name!r}"
+        )
+    return name
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """A rule kept in the server (`RL.POLICY SET`), applied by name."""
+
+    name: str
+
+    def __post_init__(self) -> None:
+        check_policy_name(self.name)
+
+
+#: An algorithm with its parameters.
+Algorithm = Union[TokenBucket, LeakyBucket, Sliding, HashWindow, FixedWindow]
+#: What a limiter key is checked against: an algorithm, or a policy name.
+Spec = Union[Algorithm, Policy]
+
+
+def spec_args(spec: Spec) -> list[Union[str, int]]:
+    if isinstance(spec, Policy):
+        return ["POLICY", spec.name]
+    if isinstance(spec, (TokenBucket, LeakyBucket, Sliding, HashWindow, FixedWindow)):
+        return [spec.ALGORITHM, *spec.params()]
+    raise BadArgument(f"a spec must be an algorithm or a Policy, not {type(spec).__name__}")
+
+
+class PolicyMode(str, enum.Enum):
+    ENFORCE = "ENFORCE"
+    SHADOW = "SHADOW"
+    OFF = "OFF"
+
+
+def check_key(key: object, what: str = "key") -> Union[str, bytes]:
+    if not isinstance(key, (str, bytes)) or len(key) == 0:
+        raise BadArgument(f"{what} must be a non-empty str or bytes, not {key!r}")
+    return key
+
+
+def request_args(
+    cost: int = 1, *, force: bool = False, refund: Optional[int] = None
+) -> list[Union[str, int]]:
+    """`COST n [FORCE]` or `REFUND n`; checked before sending."""
+    if refund is not None:
+        if force:
+            raise BadArgument("REFUND cannot be given with FORCE")
+        if cost != 1:
+            raise BadArgument("REFUND cannot be given with COST")
+        return ["REFUND", _check_int("REFUND", refund, 0)]
+    _check_int("COST", cost, 0)
+    args: list[Union[str, int]] = []
+    if cost != 1 or force:
+        args += ["COST", cost]
+    if force:
+        args.append("FORCE")
+    return args
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """One limiter reply.
+
+    `retry_after` and `reset_after` are seconds as floats (`wait_ms / 1000`,
+    `reset_ms / 1000`); the raw milliseconds are kept beside them.
+    `retry_after` is 0.0 when the request can never pass (`wait_ms == -1`,
+    see `never`).
+    """
+
+    allowed: bool
+    limit: int
+    remaining: int
+    wait_ms: int
+    reset_ms: int
+    #: `RL.ALL`: the 0-based position of the first rule that denied.
+    denied_by: Optional[int] = None
+
+    @property
+    def retry_after(self) -> float:
+        return max(self.wait_ms, 0) / 1000.0
+
+    @property
+    def reset_after(self) -> float:
+        return self.reset_ms / 1000.0
+
+    @property
+    def never(self) -> bool:
+        """Denied, and can never pass: its cost exceeds the limit."""
+        return self.wait_ms < 0
+
+    @property
+    def retry_after_s(self) -> Optional[int]:
+        """`Retry-After` in whole seconds, `ceil(wait_ms / 1000)`; None if never."""
+        return None if self.wait_ms < 0 else -(-self.wait_ms // 1000)
+
+    @classmethod
+    def from_reply(cls, reply: object) -> Decision:
+        if not isinstance(reply, (list, tuple)) or len(reply) not in (5, 6):
+            raise ProtocolError(f"a limiter reply is 5 or 6 integers, not {reply!r}")
+        ints = [int(x) for x in reply]
+        denied_by = None
+        if len(ints) == 6 and ints[5] > 0:
+            denied_by = ints[5] - 1
+        return cls(bool(ints[0]), ints[1], ints[2], ints[3], ints[4], denied_by)
+
+
+def policy_set_args(
+    name: str, spec: Algorithm, mode: PolicyMode, rollout: int
+) -> list[Union[str, int]]:
+    check_policy_name(name)
+    if isinstance(spec, Policy):
+        raise BadArgument("a policy is an algorithm, not another Policy")
+    _check_int("ROLLOUT", rollout, 0, 100)
+    return ["RL.POLICY", "SET", name, *spec_args(spec), "MODE", PolicyMode(mode).value,
+            "ROLLOUT", rollout]
+
+
+def all_args(
+    limits: Sequence[tuple[Union[str, bytes], Spec]], cost: int, force: bool
+) -> list[Union[str, bytes, int]]:
+    if not 1 <= len(limits) <= 16:
+        raise BadArgument("RL.ALL takes 1 to 16 limiters")
+    keys = [check_key(k) for k, _ in limits]
+    if len(set(keys)) != len(keys):
+        raise BadArgument("RL.ALL: a key is given twice")
+    args: list[Union[str, bytes, int]] = ["RL.ALL", len(keys), *keys]
+    for _, spec in limits:
+        args += spec_args(spec)
+    args += request_args(cost, force=force)
+    return args
+
+
+def decode(value: object) -> object:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, list):
+        return [decode(v) for v in value]
+    return value
+
+
+def parse_policy(reply: object) -> Optional[dict[str, object]]:
+    """`RL.POLICY GET`'s field/value pairs as a dict (None when missing)."""
+    if reply is None:
+        return None
+    items = decode(reply)
+    if isinstance(items, dict):
+        return {str(k): v for k, v in items.items()}
+    if not isinstance(items, list) or len(items) % 2:
+        raise ProtocolError(f"RL.POLICY GET answered {reply!r}")
+    return {str(items[i]): items[i + 1] for i in range(0, len(items), 2)}
+
+
+@dataclasses.dataclass(frozen=True)
+class LogEntry:
+    """One denial of `RL.LOG GET`."""
+
+    id: int
+    unix_ms: int
+    key: str
+    source: str
+    cost: int
+    wait_ms: int
+
+
+def parse_log(reply: object) -> list[LogEntry]:
+    items = decode(reply)
+    if not isinstance(items, list):
+        raise ProtocolError(f"RL.LOG GET answered {reply!r}")
+    out = []
+    for e in items:
+        if not isinstance(e, list) or len(e) != 6:
+            raise ProtocolError(f"RL.LOG GET entry {e!r}")
+        out.append(LogEntry(int(e[0]), int(e[1]), str(e[2]), str(e[3]), int(e[4]), int(e[5])))
+    return out
+
+
+def module_loaded(reply: object) -> bool:
+    """Whether a `MODULE LIST` reply names the `ratelimit` module."""
+    for mod in reply if isinstance(reply, list) else []:
+        if isinstance(mod, dict):
+            name = mod.get("name", mod.get(b"name"))
+        elif isinstance(mod, list):
+            pairs = decode(mod)
+            assert isinstance(pairs, list)
+            name = dict(zip(pairs[::2], pairs[1::2])).get("name")
+        else:
+            continue
+        if decode(name) == MODULE_NAME:
+            return True
+    return False
