@@ -7,7 +7,7 @@ once to the master that owns the key, never retried by the kit.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Optional, Union
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
@@ -55,7 +55,7 @@ async def send_many_once(client: aioredis.Redis, commands: Sequence[Sequence[Arg
     try:
         await conn.send_packed_command(conn.pack_commands(commands))
         replies: list[Any] = []
-        error: Optional[ResponseError] = None
+        error: ResponseError | None = None
         for _ in commands:
             try:
                 replies.append(await conn.read_response())
@@ -79,13 +79,14 @@ class AsyncClient:
     `MODULE LIST` (every master in a cluster).
     """
 
-    def __init__(self, client: Union[aioredis.Redis, AsyncRedisCluster]):
+    def __init__(self, client: aioredis.Redis | AsyncRedisCluster):
         self.redis = client
         self.is_cluster = isinstance(client, AsyncRedisCluster)
 
     @classmethod
-    async def create(cls, client: Union[aioredis.Redis, AsyncRedisCluster], *,
-                     check_module: bool = True) -> AsyncClient:
+    async def create(
+        cls, client: aioredis.Redis | AsyncRedisCluster, *, check_module: bool = True
+    ) -> AsyncClient:
         self = cls(client)
         if check_module:
             await self.check_module()
@@ -102,7 +103,7 @@ class AsyncClient:
         try:
             await conn.send_packed_command(conn.pack_commands(commands))
             replies: list[Any] = []
-            error: Optional[ResponseError] = None
+            error: ResponseError | None = None
             for _ in commands:
                 try:
                     replies.append(await conn.read_response())
@@ -118,11 +119,10 @@ class AsyncClient:
         finally:
             node.release(conn)
 
-    async def _send(self, key: Optional[Key], args: Sequence[Arg]) -> Any:
+    async def _send(self, key: Key | None, args: Sequence[Arg]) -> Any:
         return (await self._send_many(key, [args]))[0]
 
-    async def _send_many(self, key: Optional[Key],
-                         commands: Sequence[Sequence[Arg]]) -> list[Any]:
+    async def _send_many(self, key: Key | None, commands: Sequence[Sequence[Arg]]) -> list[Any]:
         if not self.is_cluster:
             assert isinstance(self.redis, aioredis.Redis)
             try:
@@ -175,55 +175,107 @@ class AsyncClient:
             if not module_loaded(await self._node_call(n, ["MODULE", "LIST"])):
                 raise ModuleNotLoaded(n.name)
 
-    async def limit(self, key: Key, spec: Spec, cost: int = 1, *, force: bool = False,
-                    refund: Optional[int] = None) -> Decision:
+    async def limit(
+        self, key: Key, spec: Spec, cost: int = 1, *, force: bool = False, refund: int | None = None
+    ) -> Decision:
         args = limit_args(key, spec, cost, force, refund)
         return Decision.from_reply(await self._send(key, args))
 
-    async def token_bucket(self, key: Key, capacity: int, refill_count: int, refill_ms: int,
-                           cost: int = 1, *, force: bool = False,
-                           refund: Optional[int] = None) -> Decision:
-        return await self.limit(key, TokenBucket(capacity, refill_count, refill_ms), cost,
-                                force=force, refund=refund)
+    async def token_bucket(
+        self,
+        key: Key,
+        capacity: int,
+        refill_count: int,
+        refill_ms: int,
+        cost: int = 1,
+        *,
+        force: bool = False,
+        refund: int | None = None,
+    ) -> Decision:
+        return await self.limit(
+            key, TokenBucket(capacity, refill_count, refill_ms), cost, force=force, refund=refund
+        )
 
-    async def leaky_bucket(self, key: Key, capacity: int, leak_count: int, leak_ms: int,
-                           cost: int = 1, *, force: bool = False,
-                           refund: Optional[int] = None) -> Decision:
-        return await self.limit(key, LeakyBucket(capacity, leak_count, leak_ms), cost,
-                                force=force, refund=refund)
+    async def leaky_bucket(
+        self,
+        key: Key,
+        capacity: int,
+        leak_count: int,
+        leak_ms: int,
+        cost: int = 1,
+        *,
+        force: bool = False,
+        refund: int | None = None,
+    ) -> Decision:
+        return await self.limit(
+            key, LeakyBucket(capacity, leak_count, leak_ms), cost, force=force, refund=refund
+        )
 
-    async def sliding(self, key: Key, limit: int, window_ms: int, cost: int = 1, *,
-                      force: bool = False, refund: Optional[int] = None) -> Decision:
-        return await self.limit(key, Sliding(limit, window_ms), cost, force=force,
-                                refund=refund)
+    async def sliding(
+        self,
+        key: Key,
+        limit: int,
+        window_ms: int,
+        cost: int = 1,
+        *,
+        force: bool = False,
+        refund: int | None = None,
+    ) -> Decision:
+        return await self.limit(key, Sliding(limit, window_ms), cost, force=force, refund=refund)
 
-    async def hash_window(self, key: Key, limit: int, window_ms: int, bucket_ms: int,
-                          cost: int = 1, *, force: bool = False,
-                          refund: Optional[int] = None) -> Decision:
-        return await self.limit(key, HashWindow(limit, window_ms, bucket_ms), cost,
-                                force=force, refund=refund)
+    async def hash_window(
+        self,
+        key: Key,
+        limit: int,
+        window_ms: int,
+        bucket_ms: int,
+        cost: int = 1,
+        *,
+        force: bool = False,
+        refund: int | None = None,
+    ) -> Decision:
+        return await self.limit(
+            key, HashWindow(limit, window_ms, bucket_ms), cost, force=force, refund=refund
+        )
 
-    async def fixed_window(self, key: Key, limit: int, window_ms: int, cost: int = 1, *,
-                           force: bool = False, refund: Optional[int] = None) -> Decision:
-        return await self.limit(key, FixedWindow(limit, window_ms), cost, force=force,
-                                refund=refund)
+    async def fixed_window(
+        self,
+        key: Key,
+        limit: int,
+        window_ms: int,
+        cost: int = 1,
+        *,
+        force: bool = False,
+        refund: int | None = None,
+    ) -> Decision:
+        return await self.limit(
+            key, FixedWindow(limit, window_ms), cost, force=force, refund=refund
+        )
 
-    async def hit(self, policy: str, key: Key, cost: int = 1, *, force: bool = False,
-                  refund: Optional[int] = None) -> Decision:
+    async def hit(
+        self,
+        policy: str,
+        key: Key,
+        cost: int = 1,
+        *,
+        force: bool = False,
+        refund: int | None = None,
+    ) -> Decision:
         return await self.limit(key, Policy(policy), cost, force=force, refund=refund)
 
-    async def all(self, limits: Sequence[tuple[Key, Spec]], cost: int = 1, *,
-                  force: bool = False) -> Decision:
+    async def all(
+        self, limits: Sequence[tuple[Key, Spec]], cost: int = 1, *, force: bool = False
+    ) -> Decision:
         args = all_args(limits, cost, force)
         return Decision.from_reply(await self._send(limits[0][0], args))
 
-    async def policy_set(self, name: str, spec: Algorithm,
-                         mode: PolicyMode = PolicyMode.ENFORCE, rollout: int = 100) -> None:
+    async def policy_set(
+        self, name: str, spec: Algorithm, mode: PolicyMode = PolicyMode.ENFORCE, rollout: int = 100
+    ) -> None:
         await self._everywhere(policy_set_args(name, spec, mode, rollout))
 
-    async def policy_get(self, name: str) -> Optional[dict[str, object]]:
-        return parse_policy(await self._send(None, ["RL.POLICY", "GET",
-                                                    check_policy_name(name)]))
+    async def policy_get(self, name: str) -> dict[str, object] | None:
+        return parse_policy(await self._send(None, ["RL.POLICY", "GET", check_policy_name(name)]))
 
     async def policy_del(self, name: str) -> bool:
         replies = await self._everywhere(["RL.POLICY", "DEL", check_policy_name(name)])

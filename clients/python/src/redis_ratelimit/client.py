@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
-from typing import Any, Optional, Union
+from typing import Any, Union
 
 import redis
 from redis.cluster import RedisCluster
@@ -63,7 +63,7 @@ def server_name(client: Any) -> str:
     return str(name) if name else repr(client)
 
 
-def map_error(exc: ResponseError, key: Optional[Key]) -> Exception:
+def map_error(exc: ResponseError, key: Key | None) -> Exception:
     text = str(exc)
     if text.startswith("WRONGTYPE"):
         shown = key.decode("utf-8", "replace") if isinstance(key, bytes) else (key or "")
@@ -95,15 +95,16 @@ def send_many_once(client: redis.Redis, commands: Sequence[Sequence[Arg]]) -> li
     An error reply is raised after every reply is read, so the connection
     stays in step.
     """
-    conn = getattr(client, "connection", None)  # single_connection_client
+    single: Any = getattr(client, "connection", None)  # single_connection_client
     pool = client.connection_pool
-    borrowed = conn is None
+    borrowed = single is None
+    conn: Any = single
     if borrowed:
         conn = pool.get_connection("RL") if _takes_command_name(pool) else pool.get_connection()
     try:
         conn.send_packed_command(conn.pack_commands(commands))
         replies: list[Any] = []
-        error: Optional[ResponseError] = None
+        error: ResponseError | None = None
         for _ in commands:
             try:
                 replies.append(conn.read_response())
@@ -130,7 +131,7 @@ class Client:
     server that lacks it.
     """
 
-    def __init__(self, client: Union[redis.Redis, RedisCluster], *, check_module: bool = True):
+    def __init__(self, client: redis.Redis | RedisCluster, *, check_module: bool = True):
         self.redis = client
         self.is_cluster = isinstance(client, RedisCluster)
         if check_module:
@@ -151,10 +152,10 @@ class Client:
         assert isinstance(self.redis, redis.Redis)
         return [self.redis]
 
-    def _send(self, key: Optional[Key], args: Sequence[Arg]) -> Any:
+    def _send(self, key: Key | None, args: Sequence[Arg]) -> Any:
         return self._send_many(key, [args])[0]
 
-    def _send_many(self, key: Optional[Key], commands: Sequence[Sequence[Arg]]) -> list[Any]:
+    def _send_many(self, key: Key | None, commands: Sequence[Sequence[Arg]]) -> list[Any]:
         """Commands on one key, in one round trip to the key's master."""
         if not self.is_cluster:
             assert isinstance(self.redis, redis.Redis)
@@ -192,67 +193,124 @@ class Client:
     # -- limiters ---------------------------------------------------------
 
     def limit(
-        self, key: Key, spec: Spec, cost: int = 1, *, force: bool = False,
-        refund: Optional[int] = None,
+        self,
+        key: Key,
+        spec: Spec,
+        cost: int = 1,
+        *,
+        force: bool = False,
+        refund: int | None = None,
     ) -> Decision:
         """One limiter call: `RL.<ALGORITHM> key ...`, or `RL.HIT` for a Policy."""
         args = limit_args(key, spec, cost, force, refund)
         return Decision.from_reply(self._send(key, args))
 
-    def token_bucket(self, key: Key, capacity: int, refill_count: int, refill_ms: int,
-                     cost: int = 1, *, force: bool = False,
-                     refund: Optional[int] = None) -> Decision:
-        return self.limit(key, TokenBucket(capacity, refill_count, refill_ms), cost,
-                          force=force, refund=refund)
+    def token_bucket(
+        self,
+        key: Key,
+        capacity: int,
+        refill_count: int,
+        refill_ms: int,
+        cost: int = 1,
+        *,
+        force: bool = False,
+        refund: int | None = None,
+    ) -> Decision:
+        return self.limit(
+            key, TokenBucket(capacity, refill_count, refill_ms), cost, force=force, refund=refund
+        )
 
-    def leaky_bucket(self, key: Key, capacity: int, leak_count: int, leak_ms: int,
-                     cost: int = 1, *, force: bool = False,
-                     refund: Optional[int] = None) -> Decision:
-        return self.limit(key, LeakyBucket(capacity, leak_count, leak_ms), cost,
-                          force=force, refund=refund)
+    def leaky_bucket(
+        self,
+        key: Key,
+        capacity: int,
+        leak_count: int,
+        leak_ms: int,
+        cost: int = 1,
+        *,
+        force: bool = False,
+        refund: int | None = None,
+    ) -> Decision:
+        return self.limit(
+            key, LeakyBucket(capacity, leak_count, leak_ms), cost, force=force, refund=refund
+        )
 
-    def sliding(self, key: Key, limit: int, window_ms: int, cost: int = 1, *,
-                force: bool = False, refund: Optional[int] = None) -> Decision:
+    def sliding(
+        self,
+        key: Key,
+        limit: int,
+        window_ms: int,
+        cost: int = 1,
+        *,
+        force: bool = False,
+        refund: int | None = None,
+    ) -> Decision:
         return self.limit(key, Sliding(limit, window_ms), cost, force=force, refund=refund)
 
-    def hash_window(self, key: Key, limit: int, window_ms: int, bucket_ms: int,
-                    cost: int = 1, *, force: bool = False,
-                    refund: Optional[int] = None) -> Decision:
-        return self.limit(key, HashWindow(limit, window_ms, bucket_ms), cost,
-                          force=force, refund=refund)
+    def hash_window(
+        self,
+        key: Key,
+        limit: int,
+        window_ms: int,
+        bucket_ms: int,
+        cost: int = 1,
+        *,
+        force: bool = False,
+        refund: int | None = None,
+    ) -> Decision:
+        return self.limit(
+            key, HashWindow(limit, window_ms, bucket_ms), cost, force=force, refund=refund
+        )
 
-    def fixed_window(self, key: Key, limit: int, window_ms: int, cost: int = 1, *,
-                     force: bool = False, refund: Optional[int] = None) -> Decision:
+    def fixed_window(
+        self,
+        key: Key,
+        limit: int,
+        window_ms: int,
+        cost: int = 1,
+        *,
+        force: bool = False,
+        refund: int | None = None,
+    ) -> Decision:
         return self.limit(key, FixedWindow(limit, window_ms), cost, force=force, refund=refund)
 
-    def hit(self, policy: str, key: Key, cost: int = 1, *, force: bool = False,
-            refund: Optional[int] = None) -> Decision:
+    def hit(
+        self,
+        policy: str,
+        key: Key,
+        cost: int = 1,
+        *,
+        force: bool = False,
+        refund: int | None = None,
+    ) -> Decision:
         """`RL.HIT policy key`: routed by `key` (argv[2]), not by the name."""
         return self.limit(key, Policy(policy), cost, force=force, refund=refund)
 
-    def all(self, limits: Sequence[tuple[Key, Spec]], cost: int = 1, *,
-            force: bool = False) -> Decision:
+    def all(
+        self, limits: Sequence[tuple[Key, Spec]], cost: int = 1, *, force: bool = False
+    ) -> Decision:
         """`RL.ALL`: all or nothing; in a cluster the keys share one slot."""
         args = all_args(limits, cost, force)
         return Decision.from_reply(self._send(limits[0][0], args))
 
     # -- policies and the deny log ----------------------------------------
 
-    def policy_set(self, name: str, spec: Algorithm, mode: PolicyMode = PolicyMode.ENFORCE,
-                   rollout: int = 100) -> None:
+    def policy_set(
+        self, name: str, spec: Algorithm, mode: PolicyMode = PolicyMode.ENFORCE, rollout: int = 100
+    ) -> None:
         """`RL.POLICY SET` on every master."""
         self._everywhere(policy_set_args(name, spec, mode, rollout))
 
-    def policy_get(self, name: str) -> Optional[dict[str, object]]:
+    def policy_get(self, name: str) -> dict[str, object] | None:
         return parse_policy(self._send(None, ["RL.POLICY", "GET", check_policy_name(name)]))
 
     def policy_del(self, name: str) -> bool:
         """`RL.POLICY DEL` on every master; True if any had it."""
-        return any(int(r) for r in self._everywhere(
-            ["RL.POLICY", "DEL", check_policy_name(name)]))
+        return any(int(r) for r in self._everywhere(["RL.POLICY", "DEL", check_policy_name(name)]))
 
     def policy_list(self) -> list[str]:
-        return [str(n) for n in decode(self._send(None, ["RL.POLICY", "LIST"])) or []]  # type: ignore[union-attr]
+        names = decode(self._send(None, ["RL.POLICY", "LIST"]))
+        return [str(n) for n in names] if isinstance(names, list) else []
 
     def log_get(self, count: int = 10) -> list[LogEntry]:
         """The newest denials (of every master in a cluster, newest first)."""
@@ -267,8 +325,7 @@ class Client:
         self._everywhere(["RL.LOG", "RESET"])
 
 
-def limit_args(key: Key, spec: Spec, cost: int, force: bool,
-               refund: Optional[int]) -> list[Arg]:
+def limit_args(key: Key, spec: Spec, cost: int, force: bool, refund: int | None) -> list[Arg]:
     check_key(key)
     req = request_args(cost, force=force, refund=refund)
     if isinstance(spec, Policy):

@@ -28,7 +28,7 @@ from __future__ import annotations
 import time
 import urllib.parse
 from collections.abc import Sequence
-from typing import Any, Optional, Union
+from typing import Any
 
 import redis
 from limits.aio.storage import MovingWindowSupport as AsyncMovingWindowSupport
@@ -99,8 +99,7 @@ def sync_client_for(uri: str, options: dict[str, Any]) -> Any:
         kw = {}
         if parsed.password:
             kw["password"] = urllib.parse.unquote(parsed.password)
-        return Sentinel(_locations(parsed), sentinel_kwargs=kw, **options).master_for(
-            service, **kw)
+        return Sentinel(_locations(parsed), sentinel_kwargs=kw, **options).master_for(service, **kw)
     raise ConfigurationError(f"unknown scheme {scheme!r}")
 
 
@@ -157,15 +156,29 @@ class _Keys:
 
     def acquire_sliding(self, key: str, limit: int, expiry: int, amount: int) -> list[Arg]:
         window = self.window_ms(expiry)
-        return ["RL.HASHWINDOW", self.sliding(key), limit, window,
-                window // SLIDING_COUNTER_BUCKETS, "COST", amount]
+        return [
+            "RL.HASHWINDOW",
+            self.sliding(key),
+            limit,
+            window,
+            window // SLIDING_COUNTER_BUCKETS,
+            "COST",
+            amount,
+        ]
 
     def sliding_peek(self, key: str, expiry: int) -> list[Arg]:
         # The sum of the buckets does not depend on the limit: peek with the
         # largest one, which cannot deny and changes nothing.
         window = self.window_ms(expiry)
-        return ["RL.HASHWINDOW", self.sliding(key), MAX_PARAM, window,
-                window // SLIDING_COUNTER_BUCKETS, "COST", 0]
+        return [
+            "RL.HASHWINDOW",
+            self.sliding(key),
+            MAX_PARAM,
+            window,
+            window // SLIDING_COUNTER_BUCKETS,
+            "COST",
+            0,
+        ]
 
     @staticmethod
     def sliding_window(reply: Sequence[int], expiry: int) -> tuple[int, float, int, float]:
@@ -200,11 +213,11 @@ class RLStorage(Storage, MovingWindowSupport, SlidingWindowCounterSupport):
         self.keys = _Keys(str(options.pop("key_prefix", "LIMITS")))
         conn = options.pop("connection", None)
         self.redis = conn if conn is not None else sync_client_for(uri, dict(options))
-        self._client: Optional[Client] = None
+        self._client: Client | None = None
         super().__init__(uri, wrap_exceptions=wrap_exceptions)
 
     @property
-    def base_exceptions(self) -> Union[type[Exception], tuple[type[Exception], ...]]:
+    def base_exceptions(self) -> type[Exception] | tuple[type[Exception], ...]:
         return (redis.RedisError, RateLimitError)
 
     @property
@@ -216,8 +229,9 @@ class RLStorage(Storage, MovingWindowSupport, SlidingWindowCounterSupport):
         return self._client
 
     def incr(self, key: str, expiry: int, amount: int = 1) -> int:
-        return int(self.client._send_many(self.keys.counter(key),
-                                          self.keys.incr(key, expiry, amount))[0])
+        return int(
+            self.client._send_many(self.keys.counter(key), self.keys.incr(key, expiry, amount))[0]
+        )
 
     def get(self, key: str) -> int:
         value = self.client._send(self.keys.counter(key), ["GET", self.keys.counter(key)])
@@ -233,7 +247,7 @@ class RLStorage(Storage, MovingWindowSupport, SlidingWindowCounterSupport):
         except Exception:
             return False
 
-    def reset(self) -> Optional[int]:
+    def reset(self) -> int | None:
         deleted = 0
         batch: list[Any] = []
         for k in self.redis.scan_iter(match=f"{self.keys.prefix}:*", count=1000):
@@ -251,21 +265,23 @@ class RLStorage(Storage, MovingWindowSupport, SlidingWindowCounterSupport):
 
     def acquire_entry(self, key: str, limit: int, expiry: int, amount: int = 1) -> bool:
         _check_limit_args(limit, expiry, amount)
-        reply = self.client._send(self.keys.moving(key),
-                                  self.keys.acquire_entry(key, limit, expiry, amount))
+        reply = self.client._send(
+            self.keys.moving(key), self.keys.acquire_entry(key, limit, expiry, amount)
+        )
         return bool(int(reply[0]))
 
     def get_moving_window(self, key: str, limit: int, expiry: int) -> tuple[float, int]:
         _check_limit_args(limit, expiry, 0)
-        reply = self.client._send(self.keys.moving(key),
-                                  self.keys.moving_peek(key, limit, expiry))
+        reply = self.client._send(self.keys.moving(key), self.keys.moving_peek(key, limit, expiry))
         return self.keys.moving_window(reply, expiry)
 
-    def acquire_sliding_window_entry(self, key: str, limit: int, expiry: int,
-                                     amount: int = 1) -> bool:
+    def acquire_sliding_window_entry(
+        self, key: str, limit: int, expiry: int, amount: int = 1
+    ) -> bool:
         _check_limit_args(limit, expiry, amount)
-        reply = self.client._send(self.keys.sliding(key),
-                                  self.keys.acquire_sliding(key, limit, expiry, amount))
+        reply = self.client._send(
+            self.keys.sliding(key), self.keys.acquire_sliding(key, limit, expiry, amount)
+        )
         return bool(int(reply[0]))
 
     def get_sliding_window(self, key: str, expiry: int) -> tuple[int, float, int, float]:
@@ -286,11 +302,11 @@ class AsyncRLStorage(AsyncStorage, AsyncMovingWindowSupport, AsyncSlidingWindowC
         self.keys = _Keys(str(options.pop("key_prefix", "LIMITS")))
         conn = options.pop("connection", None)
         self.redis = conn if conn is not None else async_client_for(uri, dict(options))
-        self._client: Optional[AsyncClient] = None
+        self._client: AsyncClient | None = None
         super().__init__(uri, wrap_exceptions=wrap_exceptions)
 
     @property
-    def base_exceptions(self) -> Union[type[Exception], tuple[type[Exception], ...]]:
+    def base_exceptions(self) -> type[Exception] | tuple[type[Exception], ...]:
         return (redis.RedisError, RateLimitError)
 
     async def client(self) -> AsyncClient:
@@ -318,11 +334,11 @@ class AsyncRLStorage(AsyncStorage, AsyncMovingWindowSupport, AsyncSlidingWindowC
         except Exception:
             return False
 
-    async def reset(self) -> Optional[int]:
+    async def reset(self) -> int | None:
         deleted = 0
         keys = [k async for k in self.redis.scan_iter(match=f"{self.keys.prefix}:*")]
         for i in range(0, len(keys), 500):
-            deleted += int(await self.redis.delete(*keys[i:i + 500]))
+            deleted += int(await self.redis.delete(*keys[i : i + 500]))
         return deleted
 
     async def clear(self, key: str) -> None:
@@ -333,8 +349,9 @@ class AsyncRLStorage(AsyncStorage, AsyncMovingWindowSupport, AsyncSlidingWindowC
     async def acquire_entry(self, key: str, limit: int, expiry: int, amount: int = 1) -> bool:
         _check_limit_args(limit, expiry, amount)
         c = await self.client()
-        reply = await c._send(self.keys.moving(key),
-                              self.keys.acquire_entry(key, limit, expiry, amount))
+        reply = await c._send(
+            self.keys.moving(key), self.keys.acquire_entry(key, limit, expiry, amount)
+        )
         return bool(int(reply[0]))
 
     async def get_moving_window(self, key: str, limit: int, expiry: int) -> tuple[float, int]:
@@ -343,12 +360,14 @@ class AsyncRLStorage(AsyncStorage, AsyncMovingWindowSupport, AsyncSlidingWindowC
         reply = await c._send(self.keys.moving(key), self.keys.moving_peek(key, limit, expiry))
         return self.keys.moving_window(reply, expiry)
 
-    async def acquire_sliding_window_entry(self, key: str, limit: int, expiry: int,
-                                           amount: int = 1) -> bool:
+    async def acquire_sliding_window_entry(
+        self, key: str, limit: int, expiry: int, amount: int = 1
+    ) -> bool:
         _check_limit_args(limit, expiry, amount)
         c = await self.client()
-        reply = await c._send(self.keys.sliding(key),
-                              self.keys.acquire_sliding(key, limit, expiry, amount))
+        reply = await c._send(
+            self.keys.sliding(key), self.keys.acquire_sliding(key, limit, expiry, amount)
+        )
         return bool(int(reply[0]))
 
     async def get_sliding_window(self, key: str, expiry: int) -> tuple[int, float, int, float]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Sequence
-from typing import Optional, Union
+from typing import Union
 
 #: The largest numeric parameter the module accepts (2^40).
 MAX_PARAM = 1 << 40
@@ -161,8 +161,7 @@ def check_policy_name(name: object) -> str:
         raise BadArgument(f"policy name must be a str, not {type(name).__name__}")
     if not 1 <= len(name) <= 256 or any(not "!" <= c <= "~" for c in name):
         raise BadArgument(
-            "policy name must be 1 to 256 bytes of printable ASCII without spaces, "
-            f"not {name!r}"
+            f"policy name must be 1 to 256 bytes of printable ASCII without spaces, not {name!r}"
         )
     return name
 
@@ -183,7 +182,7 @@ Algorithm = Union[TokenBucket, LeakyBucket, Sliding, HashWindow, FixedWindow]
 Spec = Union[Algorithm, Policy]
 
 
-def spec_args(spec: Spec) -> list[Union[str, int]]:
+def spec_args(spec: Spec) -> list[str | int]:
     if isinstance(spec, Policy):
         return ["POLICY", spec.name]
     if isinstance(spec, (TokenBucket, LeakyBucket, Sliding, HashWindow, FixedWindow)):
@@ -197,15 +196,15 @@ class PolicyMode(str, enum.Enum):
     OFF = "OFF"
 
 
-def check_key(key: object, what: str = "key") -> Union[str, bytes]:
+def check_key(key: object, what: str = "key") -> str | bytes:
     if not isinstance(key, (str, bytes)) or len(key) == 0:
         raise BadArgument(f"{what} must be a non-empty str or bytes, not {key!r}")
     return key
 
 
 def request_args(
-    cost: int = 1, *, force: bool = False, refund: Optional[int] = None
-) -> list[Union[str, int]]:
+    cost: int = 1, *, force: bool = False, refund: int | None = None
+) -> list[str | int]:
     """`COST n [FORCE]` or `REFUND n`; checked before sending."""
     if refund is not None:
         if force:
@@ -214,7 +213,7 @@ def request_args(
             raise BadArgument("REFUND cannot be given with COST")
         return ["REFUND", _check_int("REFUND", refund, 0)]
     _check_int("COST", cost, 0)
-    args: list[Union[str, int]] = []
+    args: list[str | int] = []
     if cost != 1 or force:
         args += ["COST", cost]
     if force:
@@ -238,7 +237,7 @@ class Decision:
     wait_ms: int
     reset_ms: int
     #: `RL.ALL`: the 0-based position of the first rule that denied.
-    denied_by: Optional[int] = None
+    denied_by: int | None = None
 
     @property
     def retry_after(self) -> float:
@@ -254,7 +253,7 @@ class Decision:
         return self.wait_ms < 0
 
     @property
-    def retry_after_s(self) -> Optional[int]:
+    def retry_after_s(self) -> int | None:
         """`Retry-After` in whole seconds, `ceil(wait_ms / 1000)`; None if never."""
         return None if self.wait_ms < 0 else -(-self.wait_ms // 1000)
 
@@ -269,26 +268,32 @@ class Decision:
         return cls(bool(ints[0]), ints[1], ints[2], ints[3], ints[4], denied_by)
 
 
-def policy_set_args(
-    name: str, spec: Algorithm, mode: PolicyMode, rollout: int
-) -> list[Union[str, int]]:
+def policy_set_args(name: str, spec: Algorithm, mode: PolicyMode, rollout: int) -> list[str | int]:
     check_policy_name(name)
     if isinstance(spec, Policy):
         raise BadArgument("a policy is an algorithm, not another Policy")
     _check_int("ROLLOUT", rollout, 0, 100)
-    return ["RL.POLICY", "SET", name, *spec_args(spec), "MODE", PolicyMode(mode).value,
-            "ROLLOUT", rollout]
+    return [
+        "RL.POLICY",
+        "SET",
+        name,
+        *spec_args(spec),
+        "MODE",
+        PolicyMode(mode).value,
+        "ROLLOUT",
+        rollout,
+    ]
 
 
 def all_args(
-    limits: Sequence[tuple[Union[str, bytes], Spec]], cost: int, force: bool
-) -> list[Union[str, bytes, int]]:
+    limits: Sequence[tuple[str | bytes, Spec]], cost: int, force: bool
+) -> list[str | bytes | int]:
     if not 1 <= len(limits) <= 16:
         raise BadArgument("RL.ALL takes 1 to 16 limiters")
     keys = [check_key(k) for k, _ in limits]
     if len(set(keys)) != len(keys):
         raise BadArgument("RL.ALL: a key is given twice")
-    args: list[Union[str, bytes, int]] = ["RL.ALL", len(keys), *keys]
+    args: list[str | bytes | int] = ["RL.ALL", len(keys), *keys]
     for _, spec in limits:
         args += spec_args(spec)
     args += request_args(cost, force=force)
@@ -303,7 +308,7 @@ def decode(value: object) -> object:
     return value
 
 
-def parse_policy(reply: object) -> Optional[dict[str, object]]:
+def parse_policy(reply: object) -> dict[str, object] | None:
     """`RL.POLICY GET`'s field/value pairs as a dict (None when missing)."""
     if reply is None:
         return None

@@ -1,0 +1,498 @@
+"""An ASGI middleware (Starlette, FastAPI, any ASGI app) with the Rust layer's answers.
+
+A denial is a 429 with `Retry-After: ceil(wait_ms / 1000)`, the IETF fields
+(`RateLimit-Policy`, `RateLimit`; also on admitted responses) and an
+`application/problem+json` body. In front of Redis: a deny cache; behind it a
+fallback (fail open, fail closed, or a local limiter at this instance's
+share) when Redis errors, misses the deadline or the breaker is open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+import json
+import logging
+import math
+import time
+from collections.abc import Awaitable, MutableMapping, Sequence
+from typing import Any, Callable
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from .aio import AsyncClient
+from .model import (
+    Algorithm,
+    BadArgument,
+    Decision,
+    FixedWindow,
+    HashWindow,
+    LeakyBucket,
+    Policy,
+    RateLimitError,
+    Sliding,
+    Spec,
+    TokenBucket,
+)
+
+log = logging.getLogger("redis_ratelimit")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+QUOTA_EXCEEDED = "https://iana.org/assignments/http-problem-types#quota-exceeded"
+
+
+class FallbackMode(str, enum.Enum):
+    """What decides while Redis is away."""
+
+    FAIL_OPEN = "fail_open"
+    FAIL_CLOSED = "fail_closed"
+    LOCAL_ONLY = "local_only"
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """A named limit: an algorithm inline, or a `Policy` kept in the server.
+
+    The limiter key is `key_prefix + identity` (default prefix
+    `rl:<name>:`), or `fixed_key` for a limit shared by everyone.
+    """
+
+    spec: Spec
+    name: str
+    key_prefix: str | None = None
+    fixed_key: str | None = None
+
+    def key_for(self, identity: str) -> str:
+        if self.fixed_key is not None:
+            return self.fixed_key
+        prefix = self.key_prefix if self.key_prefix is not None else f"rl:{self.name}:"
+        return prefix + identity
+
+
+def _limit_of(spec: Algorithm) -> int:
+    return spec.capacity if isinstance(spec, (TokenBucket, LeakyBucket)) else spec.limit
+
+
+def spec_from_policy(policy: dict[str, object]) -> Algorithm:
+    """The algorithm of an `RL.POLICY GET` reply."""
+    algo = str(policy.get("algorithm", "")).upper()
+    params = [int(p) for p in policy.get("params", [])]  # type: ignore[attr-defined]
+    table: dict[str, Callable[..., Algorithm]] = {
+        "TOKENBUCKET": TokenBucket,
+        "LEAKYBUCKET": LeakyBucket,
+        "SLIDING": Sliding,
+        "HASHWINDOW": HashWindow,
+        "FIXEDWINDOW": FixedWindow,
+    }
+    if algo not in table:
+        raise BadArgument(f"policy {policy.get('name')!r} has algorithm {algo!r}, unknown here")
+    return table[algo](*params)
+
+
+class DenyCache:
+    """Denials remembered in process for `min(wait_ms, max)`; bounded."""
+
+    def __init__(self, max_s: float = 1.0, max_entries: int = 10_000) -> None:
+        self.max_s = max_s
+        self.max_entries = max_entries
+        self._entries: dict[tuple[str, str], tuple[float, float, Decision]] = {}
+
+    def get(self, rule: str, key: str, now: float) -> Decision | None:
+        hit = self._entries.get((rule, key))
+        if hit is None:
+            return None
+        stored, until, d = hit
+        if now >= until:
+            del self._entries[(rule, key)]
+            return None
+        # wait_ms and reset_ms count down, so Retry-After does.
+        elapsed = int((now - stored) * 1000)
+        return dataclasses.replace(
+            d, wait_ms=max(d.wait_ms - elapsed, 1), reset_ms=max(d.reset_ms - elapsed, 0)
+        )
+
+    def put(self, rule: str, key: str, d: Decision, now: float) -> None:
+        if d.wait_ms <= 0 or self.max_s <= 0:
+            return
+        if len(self._entries) >= self.max_entries:
+            self._entries = {k: v for k, v in self._entries.items() if v[1] > now}
+            if len(self._entries) >= self.max_entries:
+                del self._entries[min(self._entries, key=lambda k: self._entries[k][1])]
+        self._entries[(rule, key)] = (now, now + min(d.wait_ms / 1000.0, self.max_s), d)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+class LocalLimiter:
+    """The in-process fallback: a bucket for buckets, a fixed window for windows.
+
+    It keeps this instance's share of each limit; bounded like the deny cache.
+    """
+
+    def __init__(self, max_entries: int = 100_000) -> None:
+        self.max_entries = max_entries
+        self._state: dict[tuple[str, str], list[float]] = {}
+
+    def decide(self, rule: str, key: str, spec: Algorithm, share: int, now: float) -> Decision:
+        if len(self._state) >= self.max_entries:
+            self._state.clear()
+        st = self._state.setdefault((rule, key), [])
+        if isinstance(spec, (TokenBucket, LeakyBucket)):
+            count, per_ms = (
+                (spec.refill_count, spec.refill_ms)
+                if isinstance(spec, TokenBucket)
+                else (spec.leak_count, spec.leak_ms)
+            )
+            rate = count * share / _limit_of(spec) / per_ms  # units per ms
+            if not st:
+                st += [float(share), now]
+            tokens = min(float(share), st[0] + (now - st[1]) * 1000 * rate)
+            st[0], st[1] = tokens, now
+            reset_ms = math.ceil((share - tokens) / rate) if rate else 0
+            if tokens >= 1:
+                st[0] = tokens - 1
+                return Decision(True, share, int(st[0]), 0, math.ceil((share - st[0]) / rate))
+            return Decision(False, share, 0, math.ceil((1 - tokens) / rate), reset_ms)
+        window_ms = spec.window_ms
+        start = math.floor(now * 1000 / window_ms) * window_ms
+        if not st or st[0] != start:
+            st[:] = [float(start), 0.0]
+        reset_ms = max(1, math.ceil(start + window_ms - now * 1000))
+        if st[1] + 1 <= share:
+            st[1] += 1
+            return Decision(True, share, int(share - st[1]), 0, reset_ms)
+        return Decision(False, share, 0, reset_ms, reset_ms)
+
+
+@dataclasses.dataclass
+class Stats:
+    redis_calls: int = 0
+    redis_admitted: int = 0
+    redis_denied: int = 0
+    redis_errors: int = 0
+    redis_timeouts: int = 0
+    deny_cache_hits: int = 0
+    fallback_admitted: int = 0
+    fallback_denied: int = 0
+    breaker_skipped: int = 0
+    breaker_opened: int = 0
+    probes: int = 0
+    probes_ok: int = 0
+    key_missing: int = 0
+
+
+class RateLimitMiddleware:
+    """Limits every HTTP request of `app` by `rules`, keyed by `key(scope)`.
+
+    `client`: an `AsyncClient` or a `redis.asyncio.Redis`/`RedisCluster`.
+    `key`: the identity of a request (IP, header, user) from its ASGI scope,
+    or None, which answers 400 (or passes unlimited with
+    `on_missing_key="allow"`).
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        client: AsyncClient | aioredis.Redis | Any,
+        rules: Sequence[Rule],
+        key: Callable[[Scope], str | None],
+        fallback: FallbackMode = FallbackMode.LOCAL_ONLY,
+        deadline: float = 0.005,
+        deny_cache_max: float = 1.0,
+        instances: int = 1,
+        breaker_failures: int = 5,
+        breaker_open_for: float = 1.0,
+        x_ratelimit_headers: bool = False,
+        on_missing_key: str = "deny",
+    ) -> None:
+        if not rules:
+            raise BadArgument("at least one rule")
+        if len({r.name for r in rules}) != len(rules):
+            raise BadArgument("rule names must differ")
+        if instances < 1:
+            raise BadArgument("instances must be at least 1")
+        self.app = app
+        self.client = client if isinstance(client, AsyncClient) else AsyncClient(client)
+        self.rules = list(rules)
+        self.key = key
+        self.fallback = FallbackMode(fallback)
+        self.deadline = deadline
+        self.deny_cache = DenyCache(deny_cache_max)
+        self.local = LocalLimiter()
+        self.instances = instances
+        self.breaker_failures = breaker_failures
+        self.breaker_open_for = breaker_open_for
+        self.x_ratelimit_headers = x_ratelimit_headers
+        self.on_missing_key = on_missing_key
+        self.stats = Stats()
+        self._algorithms: list[Algorithm] | None = None
+        if not any(isinstance(r.spec, Policy) for r in self.rules):
+            self._algorithms = [r.spec for r in self.rules]  # type: ignore[misc]
+        self._ready = False
+        self._failures = 0
+        self._open_until = 0.0
+        self._probe: asyncio.Task[None] | None = None
+
+    # -- setup ----------------------------------------------------------
+
+    async def startup(self) -> None:
+        """`MODULE LIST` and the rules' policies; done by the first request if
+        not called (raises `ModuleNotLoaded`, `BadArgument` for a missing policy)."""
+        await self._resolve()
+
+    async def _resolve(self) -> None:
+        """The algorithm of each rule (policies read once, for `w` and the fallback)."""
+        if self._ready:
+            return
+        await self.client.check_module()
+        if self._algorithms is None:
+            algos: list[Algorithm] = []
+            for r in self.rules:
+                if isinstance(r.spec, Policy):
+                    p = await self.client.policy_get(r.spec.name)
+                    if p is None:
+                        raise BadArgument(f"policy {r.spec.name!r} is not set on the server")
+                    algos.append(spec_from_policy(p))
+                else:
+                    algos.append(r.spec)
+            self._algorithms = algos
+        self._ready = True
+
+    def share(self, algo: Algorithm) -> int:
+        total = _limit_of(algo)
+        return max(1, min(total, math.ceil(total / self.instances * 1.1)))
+
+    # -- deciding -------------------------------------------------------
+
+    async def decide(self, identity: str) -> tuple[Decision, int, str]:
+        """(decision, index of the rule it is about, path)."""
+        now = time.monotonic()
+        keys = [r.key_for(identity) for r in self.rules]
+        for i, (r, k) in enumerate(zip(self.rules, keys)):
+            cached = self.deny_cache.get(r.name, k, now)
+            if cached is not None:
+                self.stats.deny_cache_hits += 1
+                return cached, i, "deny_cache"
+        if now < self._open_until:
+            self.stats.breaker_skipped += 1
+            self._start_probe()
+            return self._fallback(identity, keys, now), self._fallback_rule, "fallback"
+        try:
+            self.stats.redis_calls += 1
+            d = await asyncio.wait_for(self._call(keys), self.deadline)
+        except asyncio.TimeoutError:
+            self.stats.redis_timeouts += 1
+            self._failed(now)
+            return self._fallback(identity, keys, now), self._fallback_rule, "fallback"
+        except (RedisError, OSError) as e:
+            self.stats.redis_errors += 1
+            log.warning("redis-ratelimit: Redis failed (%s); the fallback decides", e)
+            self._failed(now)
+            return self._fallback(identity, keys, now), self._fallback_rule, "fallback"
+        self._failures = 0
+        index = self._rule_of(d)
+        if d.allowed:
+            self.stats.redis_admitted += 1
+        else:
+            self.stats.redis_denied += 1
+            self.deny_cache.put(self.rules[index].name, keys[index], d, now)
+        return d, index, "redis"
+
+    async def _call(self, keys: list[str]) -> Decision:
+        if len(self.rules) == 1:
+            return await self.client.limit(keys[0], self.rules[0].spec)
+        return await self.client.all([(k, r.spec) for k, r in zip(keys, self.rules)])
+
+    def _rule_of(self, d: Decision) -> int:
+        if d.denied_by is not None:
+            return d.denied_by
+        algos = self._algorithms or []
+        for i, a in enumerate(algos):
+            if _limit_of(a) == d.limit:
+                return i
+        return 0
+
+    def _failed(self, now: float) -> None:
+        self._failures += 1
+        if self._failures >= self.breaker_failures and now >= self._open_until:
+            self.stats.breaker_opened += 1
+            log.warning("redis-ratelimit: breaker open for %.1f s", self.breaker_open_for)
+            self._open_until = now + self.breaker_open_for
+
+    def _start_probe(self) -> None:
+        if self._probe is not None and not self._probe.done():
+            return
+        if time.monotonic() < self._open_until - self.breaker_open_for / 2:
+            return  # probe in the second half of the open time, not at once
+
+        async def probe() -> None:
+            self.stats.probes += 1
+            try:
+                await asyncio.wait_for(self.client.redis.ping(), max(self.deadline * 10, 0.1))
+            except Exception:
+                self._open_until = time.monotonic() + self.breaker_open_for
+                return
+            self.stats.probes_ok += 1
+            self._failures = 0
+            self._open_until = 0.0
+            log.info("redis-ratelimit: Redis answers again; breaker closed")
+
+        self._probe = asyncio.ensure_future(probe())
+
+    _fallback_rule = 0
+
+    def _fallback(self, identity: str, keys: list[str], now: float) -> Decision:
+        algos = self._algorithms or []
+        self._fallback_rule = 0
+        if self.fallback is FallbackMode.FAIL_OPEN or not algos:
+            limit = _limit_of(algos[0]) if algos else 0
+            self.stats.fallback_admitted += 1
+            return Decision(True, limit, limit, 0, 0)
+        if self.fallback is FallbackMode.FAIL_CLOSED:
+            self.stats.fallback_denied += 1
+            wait = math.ceil(self.breaker_open_for * 1000)
+            return Decision(False, _limit_of(algos[0]), 0, wait, wait)
+        best: Decision | None = None
+        for i, (a, r, k) in enumerate(zip(algos, self.rules, keys)):
+            d = self.local.decide(r.name, k, a, self.share(a), time.time())
+            if not d.allowed:
+                self.stats.fallback_denied += 1
+                self._fallback_rule = i
+                return d
+            if best is None or d.remaining < best.remaining:
+                best, self._fallback_rule = d, i
+        self.stats.fallback_admitted += 1
+        assert best is not None
+        return best
+
+    # -- HTTP -----------------------------------------------------------
+
+    def headers(self, d: Decision, index: int) -> list[tuple[bytes, bytes]]:
+        algos = self._algorithms or []
+        policy = ", ".join(
+            f'"{r.name}";q={_limit_of(a)};w={a.window_s()}' for r, a in zip(self.rules, algos)
+        )
+        t = -(-d.reset_ms // 1000)
+        out = [
+            (b"ratelimit-policy", policy.encode()),
+            (b"ratelimit", f'"{self.rules[index].name}";r={d.remaining};t={t}'.encode()),
+        ]
+        if not d.allowed and d.retry_after_s is not None:
+            out.append((b"retry-after", str(d.retry_after_s).encode()))
+        if self.x_ratelimit_headers:
+            out += [
+                (b"x-ratelimit-limit", str(d.limit).encode()),
+                (b"x-ratelimit-remaining", str(d.remaining).encode()),
+                (b"x-ratelimit-reset", str(t).encode()),
+            ]
+        return out
+
+    async def _problem(
+        self,
+        send: Send,
+        status: int,
+        title: str,
+        detail: str,
+        extra: list[tuple[bytes, bytes]],
+        violated: str | None,
+    ) -> None:
+        body: dict[str, object] = {
+            "detail": detail,
+            "status": status,
+            "title": title,
+            "type": QUOTA_EXCEEDED if status == 429 else "about:blank",
+        }
+        if violated is not None:
+            body["violated-policies"] = [violated]
+        raw = json.dumps(body, sort_keys=True).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", b"application/problem+json"),
+                    (b"content-length", str(len(raw)).encode()),
+                    *extra,
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": raw})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        identity = self.key(scope)
+        if identity is None:
+            self.stats.key_missing += 1
+            if self.on_missing_key == "allow":
+                await self.app(scope, receive, send)
+                return
+            await self._problem(
+                send, 400, "Bad Request", "the rate-limit key of this request is missing", [], None
+            )
+            return
+        try:
+            await self._resolve()
+        except (RedisError, OSError, asyncio.TimeoutError) as e:
+            log.warning("redis-ratelimit: cannot read the rules yet (%s)", e)
+        except RateLimitError:
+            raise
+        if not self._ready:  # Redis away before its first answer: the fallback
+            keys = [r.key_for(identity) for r in self.rules]
+            d, index = self._fallback(identity, keys, time.monotonic()), self._fallback_rule
+        else:
+            d, index, _ = await self.decide(identity)
+        extra = self.headers(d, index) if self._algorithms is not None else []
+        if not d.allowed:
+            name = self.rules[index].name
+            detail = (
+                f"rate limit {json.dumps(name)} exceeded; retry after {d.retry_after_s} s"
+                if d.retry_after_s is not None
+                else f"rate limit {json.dumps(name)} exceeded; this request can never pass"
+            )
+            await self._problem(
+                send,
+                429,
+                "Request cannot be satisfied as assigned quota has been exceeded",
+                detail,
+                extra,
+                name,
+            )
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = dict(message)
+                message["headers"] = [*message.get("headers", []), *extra]
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+def client_ip(scope: Scope) -> str | None:
+    """A key function: the peer address."""
+    client = scope.get("client")
+    return str(client[0]) if client else None
+
+
+def header(name: str) -> Callable[[Scope], str | None]:
+    """A key function: the value of a request header (None when absent)."""
+    wanted = name.lower().encode()
+
+    def key(scope: Scope) -> str | None:
+        for k, v in scope.get("headers", []):
+            if k.lower() == wanted:
+                return bytes(v).decode("latin-1")
+        return None
+
+    return key

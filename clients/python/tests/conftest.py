@@ -1,0 +1,228 @@
+"""Real servers for the suite: redis-server with the module on free loopback ports.
+
+RL_MODULE: the module's .so (make test-kit-python passes the project's);
+REDIS_SERVER: the redis-server binary (default: the one on PATH).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import pytest
+import redis
+
+ROOT = Path(__file__).resolve().parents[3]
+MODULE = os.environ.get("RL_MODULE", str(ROOT / "target/release/libredis_ratelimit.so"))
+REDIS_SERVER = os.environ.get("REDIS_SERVER", shutil.which("redis-server") or "redis-server")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = cond()
+            if value:
+                return value
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+class Server:
+    """One redis-server process in its own directory."""
+
+    def __init__(self, *, module: bool = True, args: Optional[list[str]] = None,
+                 port: Optional[int] = None) -> None:
+        self.port = port or free_port()
+        self.dir = tempfile.mkdtemp(prefix="rl-py-")
+        self.module = module
+        self.args = args or []
+        self.proc: Optional[subprocess.Popen[bytes]] = None
+        self.start()
+
+    def start(self) -> None:
+        cmd = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1",
+               "--dir", self.dir, "--save", "", "--appendonly", "no",
+               "--enable-debug-command", "yes", *self.args]
+        if self.module:
+            if not os.path.exists(MODULE):
+                pytest.fail(f"RL_MODULE {MODULE} does not exist: build the module first")
+            cmd += ["--loadmodule", MODULE]
+        self.proc = subprocess.Popen(cmd, stdout=open(os.path.join(self.dir, "log"), "wb"),
+                                     stderr=subprocess.STDOUT)
+        wait_until(lambda: self.client().ping(), what=f"redis-server on {self.port}")
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}"
+
+    def client(self, **kw: Any) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5, **kw)
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self) -> None:
+        self.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[Server]:
+    s = Server()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def r(server: Server) -> Iterator[redis.Redis]:
+    c = server.client()
+    c.flushall()
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def own_server() -> Iterator[Server]:
+    """A server a test may kill."""
+    s = Server()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def plain_server() -> Iterator[Server]:
+    s = Server(module=False)
+    yield s
+    s.stop()
+
+
+class Cluster:
+    """Three masters with the module, no replicas, on free ports."""
+
+    def __init__(self) -> None:
+        self.nodes = [Server(args=["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
+                      for _ in range(3)]
+        subprocess.run(["redis-cli", "--cluster", "create",
+                        *[f"127.0.0.1:{n.port}" for n in self.nodes], "--cluster-yes"],
+                       check=True, capture_output=True, timeout=60)
+        wait_until(lambda: all(n.client().cluster("info")["cluster_state"] == "ok"
+                               for n in self.nodes), 30, "cluster_state:ok")
+
+    def moved_errors(self) -> int:
+        total = 0
+        for n in self.nodes:
+            info = n.client().info("errorstats")
+            total += int(info.get("errorstat_MOVED", {}).get("count", 0))
+        return total
+
+    def stop(self) -> None:
+        for n in self.nodes:
+            n.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    c = Cluster()
+    yield c
+    c.stop()
+
+
+class Sentinel:
+    """A master with the module and one Sentinel watching it as `rlmaster`."""
+
+    def __init__(self) -> None:
+        self.master = Server()
+        self.port = free_port()
+        conf = os.path.join(self.master.dir, "sentinel.conf")
+        with open(conf, "w") as f:
+            f.write(f"port {self.port}\nbind 127.0.0.1\n"
+                    f"sentinel monitor rlmaster 127.0.0.1 {self.master.port} 1\n")
+        self.proc = subprocess.Popen([REDIS_SERVER, conf, "--sentinel"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(lambda: redis.Redis(port=self.port).ping(), what="sentinel")
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        self.master.stop()
+
+
+@pytest.fixture(scope="session")
+def sentinel() -> Iterator[Sentinel]:
+    s = Sentinel()
+    yield s
+    s.stop()
+
+
+class ThreadServer:
+    """An HTTP server (werkzeug or uvicorn) on a free port, in a thread."""
+
+    def __init__(self, port: int, stop: Callable[[], None], thread: threading.Thread) -> None:
+        self.port = port
+        self._stop = stop
+        self.thread = thread
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self._stop()
+        self.thread.join(10)
+
+
+def serve_wsgi(app: Any) -> ThreadServer:
+    from werkzeug.serving import make_server
+
+    port = free_port()
+    srv = make_server("127.0.0.1", port, app, threaded=True)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    return ThreadServer(port, srv.shutdown, t)
+
+
+def serve_asgi(app: Any) -> ThreadServer:
+    import uvicorn
+
+    port = free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                            lifespan="off")
+    srv = uvicorn.Server(config)
+    t = threading.Thread(target=srv.run, daemon=True)
+    t.start()
+    wait_until(lambda: srv.started, what="uvicorn")
+
+    def stop() -> None:
+        srv.should_exit = True
+
+    return ThreadServer(port, stop, t)
+
+
+@contextlib.contextmanager
+def running(ts: ThreadServer) -> Iterator[ThreadServer]:
+    try:
+        yield ts
+    finally:
+        ts.stop()
