@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -16,7 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import pytest
 import redis
@@ -26,10 +27,21 @@ MODULE = os.environ.get("RL_MODULE", str(ROOT / "target/release/libredis_ratelim
 REDIS_SERVER = os.environ.get("REDIS_SERVER", shutil.which("redis-server") or "redis-server")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_port(cluster_bus: bool = False) -> int:
+    """A free loopback port; with `cluster_bus`, one below 55536 whose bus port
+    (port + 10000) is free too."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0 if not cluster_bus else random.randint(20000, 55535)))
+            port = int(s.getsockname()[1])
+            if not cluster_bus:
+                return port
+            try:
+                with socket.socket() as bus:
+                    bus.bind(("127.0.0.1", port + 10000))
+                return port
+            except OSError:
+                continue
 
 
 def wait_until(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
@@ -50,25 +62,40 @@ def wait_until(cond: Callable[[], Any], timeout: float = 10.0, what: str = "cond
 class Server:
     """One redis-server process in its own directory."""
 
-    def __init__(self, *, module: bool = True, args: Optional[list[str]] = None,
-                 port: Optional[int] = None) -> None:
+    def __init__(
+        self, *, module: bool = True, args: list[str] | None = None, port: int | None = None
+    ) -> None:
         self.port = port or free_port()
         self.dir = tempfile.mkdtemp(prefix="rl-py-")
         self.module = module
         self.args = args or []
-        self.proc: Optional[subprocess.Popen[bytes]] = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self.start()
 
     def start(self) -> None:
-        cmd = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1",
-               "--dir", self.dir, "--save", "", "--appendonly", "no",
-               "--enable-debug-command", "yes", *self.args]
+        cmd = [
+            REDIS_SERVER,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            self.dir,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--enable-debug-command",
+            "yes",
+            *self.args,
+        ]
         if self.module:
             if not os.path.exists(MODULE):
                 pytest.fail(f"RL_MODULE {MODULE} does not exist: build the module first")
             cmd += ["--loadmodule", MODULE]
-        self.proc = subprocess.Popen(cmd, stdout=open(os.path.join(self.dir, "log"), "wb"),
-                                     stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            cmd, stdout=open(os.path.join(self.dir, "log"), "wb"), stderr=subprocess.STDOUT
+        )
         wait_until(lambda: self.client().ping(), what=f"redis-server on {self.port}")
 
     @property
@@ -99,6 +126,10 @@ def server() -> Iterator[Server]:
 def r(server: Server) -> Iterator[redis.Redis]:
     c = server.client()
     c.flushall()
+    # Policies are node state, like functions: FLUSHALL keeps them.
+    for name in c.execute_command("RL.POLICY", "LIST"):
+        c.execute_command("RL.POLICY", "DEL", name)
+    c.execute_command("RL.LOG", "RESET")
     yield c
     c.close()
 
@@ -122,13 +153,30 @@ class Cluster:
     """Three masters with the module, no replicas, on free ports."""
 
     def __init__(self) -> None:
-        self.nodes = [Server(args=["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
-                      for _ in range(3)]
-        subprocess.run(["redis-cli", "--cluster", "create",
-                        *[f"127.0.0.1:{n.port}" for n in self.nodes], "--cluster-yes"],
-                       check=True, capture_output=True, timeout=60)
-        wait_until(lambda: all(n.client().cluster("info")["cluster_state"] == "ok"
-                               for n in self.nodes), 30, "cluster_state:ok")
+        self.nodes = [
+            Server(
+                args=["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"],
+                port=free_port(cluster_bus=True),
+            )
+            for _ in range(3)
+        ]
+        subprocess.run(
+            [
+                "redis-cli",
+                "--cluster",
+                "create",
+                *[f"127.0.0.1:{n.port}" for n in self.nodes],
+                "--cluster-yes",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        wait_until(
+            lambda: all(n.client().cluster("info")["cluster_state"] == "ok" for n in self.nodes),
+            30,
+            "cluster_state:ok",
+        )
 
     def moved_errors(self) -> int:
         total = 0
@@ -157,10 +205,13 @@ class Sentinel:
         self.port = free_port()
         conf = os.path.join(self.master.dir, "sentinel.conf")
         with open(conf, "w") as f:
-            f.write(f"port {self.port}\nbind 127.0.0.1\n"
-                    f"sentinel monitor rlmaster 127.0.0.1 {self.master.port} 1\n")
-        self.proc = subprocess.Popen([REDIS_SERVER, conf, "--sentinel"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            f.write(
+                f"port {self.port}\nbind 127.0.0.1\n"
+                f"sentinel monitor rlmaster 127.0.0.1 {self.master.port} 1\n"
+            )
+        self.proc = subprocess.Popen(
+            [REDIS_SERVER, conf, "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         wait_until(lambda: redis.Redis(port=self.port).ping(), what="sentinel")
 
     def stop(self) -> None:
@@ -207,8 +258,7 @@ def serve_asgi(app: Any) -> ThreadServer:
     import uvicorn
 
     port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                            lifespan="off")
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
     srv = uvicorn.Server(config)
     t = threading.Thread(target=srv.run, daemon=True)
     t.start()

@@ -149,8 +149,9 @@ def test_module_missing_names_the_server(plain_server: Server) -> None:
 def test_a_timed_out_write_is_not_sent_again(server: Server, r: redis.Redis) -> None:
     """redis-py's own client retries 3 times by default; the kit sends once."""
     client = Client(redis.Redis(port=server.port, socket_timeout=0.2))
-    sleeper = threading.Thread(target=lambda: server.client().execute_command("DEBUG", "SLEEP",
-                                                                              "0.6"))
+    sleeper = threading.Thread(
+        target=lambda: server.client().execute_command("DEBUG", "SLEEP", "0.6")
+    )
     sleeper.start()
     time.sleep(0.05)
     with pytest.raises(redis.TimeoutError):
@@ -191,8 +192,9 @@ def test_sentinel_managed_clients(sentinel: Sentinel) -> None:
     async def go() -> None:
         from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 
-        a = await AsyncClient.create(AsyncSentinel([("127.0.0.1", sentinel.port)])
-                                     .master_for("rlmaster"))
+        a = await AsyncClient.create(
+            AsyncSentinel([("127.0.0.1", sentinel.port)]).master_for("rlmaster")
+        )
         assert not (await a.sliding("sen", 1, 60_000)).allowed
 
     asyncio.run(go())
@@ -210,8 +212,9 @@ def test_cluster_routes_every_call_to_the_owner_without_moved(cluster: Cluster) 
         assert c.sliding(k, 1, 60_000).allowed
         # RL.HIT's name would route elsewhere: the key (argv[2]) decides.
         assert c.hit("login", f"login:{k}").allowed
-        assert c.all([(f"{{{k}}}:a", Sliding(1, 60_000)), (f"{{{k}}}:b", TokenBucket(1, 1, 1000))]
-                     ).allowed
+        assert c.all(
+            [(f"{{{k}}}:a", Sliding(1, 60_000)), (f"{{{k}}}:b", TokenBucket(1, 1, 1000))]
+        ).allowed
     assert all(not c.sliding(k, 1, 60_000).allowed for k in keys)
     assert cluster.moved_errors() == before
     assert c.policy_list() == ["login"]

@@ -1,6 +1,7 @@
 """flask-limiter and slowapi apps on redis+rl://, served over real HTTP."""
 
-from __future__ import annotations
+# No `from __future__ import annotations` here: FastAPI reads the endpoints'
+# annotations at run time (Request, Response).
 
 import httpx
 import redis
@@ -15,8 +16,14 @@ def flask_app(uri: str, **limiter_options: object) -> object:
     from flask_limiter.util import get_remote_address
 
     app = Flask("rl-test")
-    limiter = Limiter(get_remote_address, app=app, storage_uri=uri, strategy="moving-window",
-                      headers_enabled=True, **limiter_options)
+    limiter = Limiter(
+        get_remote_address,
+        app=app,
+        storage_uri=uri,
+        strategy="moving-window",
+        headers_enabled=True,
+        **limiter_options,
+    )
     shared = limiter.shared_limit("3/minute", scope="orders")
 
     @app.route("/hello")
@@ -50,15 +57,20 @@ def test_flask_limiter_on_redis_rl(server: Server, r: redis.Redis) -> None:
             assert denied.headers["X-RateLimit-Remaining"] == "0"
             assert 1 <= int(denied.headers["Retry-After"]) <= 60
             # A shared limit: three requests across two routes.
-            codes = [http.get(p).status_code for p in ("/orders/a", "/orders/b", "/orders/a",
-                                                       "/orders/b")]
+            codes = [
+                http.get(p).status_code
+                for p in ("/orders/a", "/orders/b", "/orders/a", "/orders/b")
+            ]
             assert codes == [200, 200, 200, 429]
     assert {r.type(k) for k in r.keys("*")} == {b"rl-slilog"}
 
 
 def test_flask_limiter_swallow_errors_when_redis_dies(own_server: Server) -> None:
-    app = flask_app(f"redis+rl://127.0.0.1:{own_server.port}", swallow_errors=True,
-                    storage_options={"socket_timeout": 1, "socket_connect_timeout": 1})
+    app = flask_app(
+        f"redis+rl://127.0.0.1:{own_server.port}",
+        swallow_errors=True,
+        storage_options={"socket_timeout": 1, "socket_connect_timeout": 1},
+    )
     with running(serve_wsgi(app)) as web:
         with httpx.Client(base_url=web.base, timeout=10) as http:
             assert http.get("/hello").status_code == 200
@@ -73,8 +85,9 @@ def slowapi_app(uri: str) -> object:
     from slowapi.errors import RateLimitExceeded
     from slowapi.util import get_remote_address
 
-    limiter = Limiter(key_func=get_remote_address, storage_uri=uri, strategy="moving-window",
-                      headers_enabled=True)
+    limiter = Limiter(
+        key_func=get_remote_address, storage_uri=uri, strategy="moving-window", headers_enabled=True
+    )
     app = FastAPI()
     app.state.limiter = limiter
     app.add_exception_handler(RateLimitExceeded, _rate_limit_exceeded_handler)
@@ -109,7 +122,9 @@ def test_slowapi_on_redis_rl(server: Server, r: redis.Redis) -> None:
             denied = http.get("/hello")
             assert denied.status_code == 429
             assert 1 <= int(denied.headers["Retry-After"]) <= 60
-            codes = [http.get(p).status_code for p in ("/orders/a", "/orders/b", "/orders/a",
-                                                       "/orders/b")]
+            codes = [
+                http.get(p).status_code
+                for p in ("/orders/a", "/orders/b", "/orders/a", "/orders/b")
+            ]
             assert codes == [200, 200, 200, 429]
     assert {r.type(k) for k in r.keys("*")} == {b"rl-slilog"}

@@ -26,8 +26,9 @@ def storage(server: Server, r: redis.Redis) -> RLStorage:
 
 def test_the_schemes_are_registered_on_import(server: Server) -> None:
     assert isinstance(storage_from_string(f"redis+rl://127.0.0.1:{server.port}/0"), RLStorage)
-    assert isinstance(storage_from_string(f"async+redis+rl://127.0.0.1:{server.port}"),
-                      AsyncRLStorage)
+    assert isinstance(
+        storage_from_string(f"async+redis+rl://127.0.0.1:{server.port}"), AsyncRLStorage
+    )
 
 
 def test_moving_window_admits_exactly_limit_in_any_window(storage: RLStorage) -> None:
@@ -112,8 +113,11 @@ def test_sliding_window_counter_on_the_hash_window(storage: RLStorage, r: redis.
 
 def test_reset_and_check(storage: RLStorage, r: redis.Redis) -> None:
     item = parse("5/minute")
-    for strategy in (strategies.MovingWindowRateLimiter, strategies.FixedWindowRateLimiter,
-                     strategies.SlidingWindowCounterRateLimiter):
+    for strategy in (
+        strategies.MovingWindowRateLimiter,
+        strategies.FixedWindowRateLimiter,
+        strategies.SlidingWindowCounterRateLimiter,
+    ):
         strategy(storage).hit(item, "a")
     r.set("other", "x")
     assert storage.check()
@@ -127,13 +131,13 @@ def test_a_limit_the_log_cannot_hold_is_an_error(storage: RLStorage) -> None:
         limiter.hit(parse("1000000/hour"), "huge")
 
 
-def test_missing_module_and_dead_server_are_clear(plain_server: Server, own_server: Server
-                                                  ) -> None:
+def test_missing_module_and_dead_server_are_clear(plain_server: Server, own_server: Server) -> None:
     s = storage_from_string(f"redis+rl://127.0.0.1:{plain_server.port}")
     with pytest.raises(ModuleNotLoaded, match=str(plain_server.port)):
         strategies.MovingWindowRateLimiter(s).hit(parse("1/second"), "x")
-    wrapped = storage_from_string(f"redis+rl://127.0.0.1:{own_server.port}",
-                                  wrap_exceptions=True, socket_timeout=1)
+    wrapped = storage_from_string(
+        f"redis+rl://127.0.0.1:{own_server.port}", wrap_exceptions=True, socket_timeout=1
+    )
     own_server.kill()
     with pytest.raises(StorageError):
         strategies.MovingWindowRateLimiter(wrapped).hit(parse("1/second"), "x")

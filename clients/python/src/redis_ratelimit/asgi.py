@@ -239,6 +239,7 @@ class RateLimitMiddleware:
             self._algorithms = [r.spec for r in self.rules]  # type: ignore[misc]
         self._ready = False
         self._failures = 0
+        self._open = False
         self._open_until = 0.0
         self._probe: asyncio.Task[None] | None = None
 
@@ -282,9 +283,10 @@ class RateLimitMiddleware:
             if cached is not None:
                 self.stats.deny_cache_hits += 1
                 return cached, i, "deny_cache"
-        if now < self._open_until:
+        if self._open:
             self.stats.breaker_skipped += 1
-            self._start_probe()
+            if now >= self._open_until:
+                self._start_probe()
             return self._fallback(identity, keys, now), self._fallback_rule, "fallback"
         try:
             self.stats.redis_calls += 1
@@ -323,16 +325,16 @@ class RateLimitMiddleware:
 
     def _failed(self, now: float) -> None:
         self._failures += 1
-        if self._failures >= self.breaker_failures and now >= self._open_until:
+        if self._failures >= self.breaker_failures and not self._open:
+            self._open = True
             self.stats.breaker_opened += 1
             log.warning("redis-ratelimit: breaker open for %.1f s", self.breaker_open_for)
             self._open_until = now + self.breaker_open_for
 
     def _start_probe(self) -> None:
+        """After `open_for`, one PING in the background; its answer closes the breaker."""
         if self._probe is not None and not self._probe.done():
             return
-        if time.monotonic() < self._open_until - self.breaker_open_for / 2:
-            return  # probe in the second half of the open time, not at once
 
         async def probe() -> None:
             self.stats.probes += 1
@@ -343,7 +345,7 @@ class RateLimitMiddleware:
                 return
             self.stats.probes_ok += 1
             self._failures = 0
-            self._open_until = 0.0
+            self._open = False
             log.info("redis-ratelimit: Redis answers again; breaker closed")
 
         self._probe = asyncio.ensure_future(probe())
