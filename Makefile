@@ -68,7 +68,7 @@ test-kit-python:
 	cd clients/python && RL_MODULE=$(CURDIR)/$(MODULE) python3 -m pytest -q -p no:cacheprovider
 
 lint-python:
-	cd clients/python && ruff check src tests && ruff format --check src tests && mypy
+	cd clients/python && ruff check src tests examples && ruff format --check src tests examples && mypy
 
 lint:
 	cargo fmt --all -- --check
