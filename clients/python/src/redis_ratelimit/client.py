@@ -9,6 +9,7 @@ table and is the one case sent again.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Sequence
 from typing import Any, Union
@@ -76,8 +77,14 @@ def is_moved(exc: ResponseError) -> bool:
 
 
 def _takes_command_name(pool: Any) -> bool:
+    """redis-py 5 requires `get_connection(command_name)`; 6+ deprecates it."""
+    return _takes_command_name_cls(type(pool))
+
+
+@functools.lru_cache(maxsize=None)
+def _takes_command_name_cls(pool_class: type) -> bool:
     try:
-        params = inspect.signature(pool.get_connection).parameters
+        params = inspect.signature(pool_class.get_connection).parameters
     except (TypeError, ValueError):
         return True
     p = params.get("command_name")
