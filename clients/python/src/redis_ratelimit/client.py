@@ -9,7 +9,6 @@ table and is the one case sent again.
 
 from __future__ import annotations
 
-import functools
 import inspect
 from collections.abc import Sequence
 from typing import Any, Union
@@ -76,19 +75,22 @@ def is_moved(exc: ResponseError) -> bool:
     return type(exc).__name__ == "MovedError" or str(exc).startswith("MOVED")
 
 
+_TAKES_COMMAND_NAME: dict[type, bool] = {}
+
+
 def _takes_command_name(pool: Any) -> bool:
     """redis-py 5 requires `get_connection(command_name)`; 6+ deprecates it."""
-    return _takes_command_name_cls(type(pool))
-
-
-@functools.lru_cache(maxsize=None)
-def _takes_command_name_cls(pool_class: type) -> bool:
-    try:
-        params = inspect.signature(pool_class.get_connection).parameters
-    except (TypeError, ValueError):
-        return True
-    p = params.get("command_name")
-    return p is not None and p.default is inspect.Parameter.empty
+    cls = type(pool)
+    known = _TAKES_COMMAND_NAME.get(cls)
+    if known is None:
+        try:
+            params = inspect.signature(cls.get_connection).parameters
+            p = params.get("command_name")
+            known = p is not None and p.default is inspect.Parameter.empty
+        except (TypeError, ValueError):
+            known = True
+        _TAKES_COMMAND_NAME[cls] = known
+    return known
 
 
 def send_once(client: redis.Redis, args: Sequence[Arg]) -> Any:

@@ -44,16 +44,25 @@ from .model import MAX_PARAM, RateLimitError
 #: Buckets per window of the sliding-window counter (`RL.HASHWINDOW`).
 SLIDING_COUNTER_BUCKETS = 10
 
-# Both peeks of get_moving_window, atomically: neither can consume (a call
-# that cannot pass changes nothing); should the clock have moved between
-# them and the second been admitted, it is given back at once.
-MOVING_WINDOW_PEEK = """
-local a = redis.call('RL.SLIDING', KEYS[1], ARGV[1], ARGV[2], 'COST', 0)
+# Two peeks, atomically: `COST 0` answers remaining r; `COST r+1`, which
+# cannot pass, answers in wait_ms the time until the oldest unit leaves.
+# Neither consumes (a call that cannot pass changes nothing); should the
+# clock have moved between them and the second been admitted, it is given
+# back at once. ARGV: the command, then its parameters after the key.
+OLDEST_PEEK = """
+local args = {KEYS[1]}
+for i = 2, #ARGV do args[#args + 1] = ARGV[i] end
+local n = #args
+args[n + 1] = 'COST'
+args[n + 2] = 0
+local a = redis.call(ARGV[1], unpack(args))
 local count = a[2] - a[3]
 if count <= 0 then return {0, 0} end
-local b = redis.call('RL.SLIDING', KEYS[1], ARGV[1], ARGV[2], 'COST', a[3] + 1)
+args[n + 2] = a[3] + 1
+local b = redis.call(ARGV[1], unpack(args))
 if b[1] == 1 then
-  redis.call('RL.SLIDING', KEYS[1], ARGV[1], ARGV[2], 'REFUND', a[3] + 1)
+  args[n + 1] = 'REFUND'
+  redis.call(ARGV[1], unpack(args))
 end
 return {count, b[4]}
 """
@@ -144,7 +153,15 @@ class _Keys:
         return ["RL.SLIDING", self.moving(key), limit, self.window_ms(expiry), "COST", amount]
 
     def moving_peek(self, key: str, limit: int, expiry: int) -> list[Arg]:
-        return ["EVAL", MOVING_WINDOW_PEEK, 1, self.moving(key), limit, self.window_ms(expiry)]
+        return [
+            "EVAL",
+            OLDEST_PEEK,
+            1,
+            self.moving(key),
+            "RL.SLIDING",
+            limit,
+            self.window_ms(expiry),
+        ]
 
     @staticmethod
     def moving_window(reply: Sequence[int], expiry: int) -> tuple[float, int]:
