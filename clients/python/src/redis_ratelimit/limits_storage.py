@@ -18,7 +18,8 @@ What each strategy runs:
 - sliding-window counter: `RL.HASHWINDOW` with 10 buckets per window (native,
   fixed memory, O(1)); the decision is the module's: the sum of the buckets
   covering the window plus the cost must fit the limit. `get_sliding_window`
-  answers that sum as the current window's count (the previous count 0).
+  answers that sum as the current window's count (the previous count 0),
+  with the time until its oldest unit leaves, from the same two peeks.
 - fixed window: plain counters (`INCRBY` + `EXPIRE NX` in one round trip),
   because `limits` asks the storage only for `incr`, without the limit.
 """
