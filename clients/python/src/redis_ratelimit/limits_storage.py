@@ -147,6 +147,10 @@ class _Keys:
         return int(expiry) * 1000
 
     def incr(self, key: str, expiry: int, amount: int) -> list[list[Arg]]:
+        from .model import _check_int
+
+        _check_int("expiry", expiry, 1)
+        _check_int("amount", amount, 0)
         k = self.counter(key)
         return [["INCRBY", k, amount], ["EXPIRE", k, int(expiry), "NX"]]
 
