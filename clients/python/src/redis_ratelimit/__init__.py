@@ -26,17 +26,19 @@ from .model import (
     WrongType,
 )
 
-try:  # the storage needs `limits` (pip install redis-ratelimit[limits])
-    from .limits_storage import AsyncRLStorage, RLStorage
+try:  # the storage needs `limits` 5.x (pip install redis-ratelimit[limits]; Python 3.10+)
+    from .limits_storage import AsyncRLStorage as AsyncRLStorage
+    from .limits_storage import RLStorage as RLStorage
+
+    _STORAGE = ["AsyncRLStorage", "RLStorage"]
 except ImportError:  # pragma: no cover - limits absent
-    pass
+    _STORAGE = []
 
 __version__ = "0.1.0"
 
 __all__ = [
     "MAX_PARAM",
     "AsyncClient",
-    "AsyncRLStorage",
     "BadArgument",
     "Client",
     "Decision",
@@ -48,11 +50,11 @@ __all__ = [
     "Policy",
     "PolicyMode",
     "ProtocolError",
-    "RLStorage",
     "RateLimitError",
     "ServerError",
     "Sliding",
     "Spec",
     "TokenBucket",
     "WrongType",
+    *_STORAGE,
 ]
