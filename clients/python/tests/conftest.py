@@ -39,17 +39,17 @@ def free_port(cluster_bus: bool = False) -> int:
     """A free loopback port; with `cluster_bus`, one below 55536 whose bus port
     (port + 10000) is free too."""
     while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0 if not cluster_bus else random.randint(20000, 55535)))
-            port = int(s.getsockname()[1])
-            if not cluster_bus:
+        want = random.randint(20000, 55535) if cluster_bus else 0
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", want))
+                port = int(s.getsockname()[1])
+                if cluster_bus:
+                    with socket.socket() as bus:
+                        bus.bind(("127.0.0.1", port + 10000))
                 return port
-            try:
-                with socket.socket() as bus:
-                    bus.bind(("127.0.0.1", port + 10000))
-                return port
-            except OSError:
-                continue
+        except OSError:
+            continue
 
 
 def wait_until(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
@@ -222,16 +222,22 @@ def cluster() -> Iterator[Cluster]:
 
 
 class Sentinel:
-    """A master with the module and one Sentinel watching it as `rlmaster`."""
+    """A master with the module and one Sentinel watching it as `rlmaster`
+    (with `replica`, a replica of it too, for a failover)."""
 
-    def __init__(self) -> None:
+    def __init__(self, replica: bool = False) -> None:
         self.master = Server()
+        self.replica = (
+            Server(args=["--replicaof", "127.0.0.1", str(self.master.port)]) if replica else None
+        )
         self.port = free_port()
         conf = os.path.join(self.master.dir, "sentinel.conf")
         with open(conf, "w") as f:
             f.write(
                 f"port {self.port}\nbind 127.0.0.1\n"
                 f"sentinel monitor rlmaster 127.0.0.1 {self.master.port} 1\n"
+                "sentinel down-after-milliseconds rlmaster 1000\n"
+                "sentinel failover-timeout rlmaster 5000\n"
             )
         self.proc = subprocess.Popen(
             [REDIS_SERVER, conf, "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -242,6 +248,15 @@ class Sentinel:
         self.proc.kill()
         self.proc.wait()
         self.master.stop()
+        if self.replica:
+            self.replica.stop()
+
+
+@pytest.fixture
+def sentinel_with_replica() -> Iterator[Sentinel]:
+    s = Sentinel(replica=True)
+    yield s
+    s.stop()
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ import time
 import pytest
 import redis
 import redis.asyncio as aioredis
-from conftest import Cluster, Sentinel, Server
+from conftest import Cluster, Sentinel, Server, wait_until
 
 import redis_ratelimit as rr
 from redis_ratelimit import (
@@ -198,6 +198,35 @@ def test_sentinel_managed_clients(sentinel: Sentinel) -> None:
         assert not (await a.sliding("sen", 1, 60_000)).allowed
 
     asyncio.run(go())
+
+
+def test_a_sentinel_failover_is_followed_with_the_state(sentinel_with_replica: Sentinel) -> None:
+    sen = sentinel_with_replica
+    s = redis.sentinel.Sentinel([("127.0.0.1", sen.port)], socket_timeout=2)
+    c = Client(s.master_for("rlmaster", socket_timeout=2))
+    assert c.sliding("fo", 3, 60_000, cost=2).remaining == 1
+    assert sen.replica is not None
+    replica = sen.replica.client()
+    wait_until(
+        lambda: replica.info("replication")["master_link_status"] == "up" and replica.exists("fo"),
+        20,
+        "the replica to sync",
+    )
+    sentinel_conn = redis.Redis(port=sen.port)
+    wait_until(lambda: sentinel_conn.sentinel_slaves("rlmaster"), 20, "sentinel to see the replica")
+    sentinel_conn.execute_command("SENTINEL", "FAILOVER", "rlmaster")
+    wait_until(lambda: s.discover_master("rlmaster")[1] == sen.replica.port, 30, "the failover")
+
+    def after() -> Decision:
+        try:
+            return c.sliding("fo", 3, 60_000)
+        except (redis.ConnectionError, rr.ServerError):
+            return None  # type: ignore[return-value]  # the old master: once, then rediscovered
+
+    d = wait_until(after, 30, "a call on the new master")
+    # What was consumed on the old master carried over: 2 + 1 of 3.
+    assert d.allowed and d.remaining == 0
+    assert not c.sliding("fo", 3, 60_000).allowed
 
 
 def test_cluster_routes_every_call_to_the_owner_without_moved(cluster: Cluster) -> None:
