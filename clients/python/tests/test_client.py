@@ -33,6 +33,7 @@ def c(r: redis.Redis) -> Client:
 
 
 def test_every_limiter_command_answers_a_decision(c: Client) -> None:
+    assert c.module_version is not None and c.module_version >= 1
     assert c.token_bucket("tb", 5, 1, 1000) == Decision(True, 5, 4, 0, 1000)
     d = c.leaky_bucket("lb", 3, 1, 100)
     assert (d.allowed, d.limit, d.remaining) == (True, 3, 2)

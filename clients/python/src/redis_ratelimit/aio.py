@@ -33,7 +33,7 @@ from .model import (
     all_args,
     check_policy_name,
     decode,
-    module_loaded,
+    module_version,
     parse_log,
     parse_policy,
     policy_set_args,
@@ -82,6 +82,7 @@ class AsyncClient:
     def __init__(self, client: aioredis.Redis | AsyncRedisCluster):
         self.redis = client
         self.is_cluster = isinstance(client, AsyncRedisCluster)
+        self.module_version: int | None = None
 
     @classmethod
     async def create(
@@ -161,19 +162,28 @@ class AsyncClient:
         except ResponseError as e:
             raise map_error(e, None) from e
 
-    async def check_module(self) -> None:
+    async def check_module(self) -> int:
+        """`MODULE LIST` on every master: the module's version (the lowest in
+        a cluster), kept in `module_version`."""
         if not self.is_cluster:
             assert isinstance(self.redis, aioredis.Redis)
-            if not module_loaded(await send_once(self.redis, ["MODULE", "LIST"])):
+            v = module_version(await send_once(self.redis, ["MODULE", "LIST"]))
+            if v is None:
                 raise ModuleNotLoaded(server_name(self.redis))
-            return
+            self.module_version = v
+            return v
         rc = self.redis
         assert isinstance(rc, AsyncRedisCluster)
         if not rc.nodes_manager.default_node:
             await rc.initialize()
+        versions = []
         for n in rc.get_primaries():
-            if not module_loaded(await self._node_call(n, ["MODULE", "LIST"])):
+            v = module_version(await self._node_call(n, ["MODULE", "LIST"]))
+            if v is None:
                 raise ModuleNotLoaded(n.name)
+            versions.append(v)
+        self.module_version = low = min(versions)
+        return low
 
     async def limit(
         self, key: Key, spec: Spec, cost: int = 1, *, force: bool = False, refund: int | None = None

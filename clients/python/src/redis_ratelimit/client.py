@@ -40,7 +40,7 @@ from .model import (
     check_key,
     check_policy_name,
     decode,
-    module_loaded,
+    module_version,
     parse_log,
     parse_policy,
     policy_set_args,
@@ -143,6 +143,7 @@ class Client:
     def __init__(self, client: redis.Redis | RedisCluster, *, check_module: bool = True):
         self.redis = client
         self.is_cluster = isinstance(client, RedisCluster)
+        self.module_version: int | None = None
         if check_module:
             self.check_module()
 
@@ -194,10 +195,18 @@ class Client:
                 raise map_error(e, None) from e
         return out
 
-    def check_module(self) -> None:
+    def check_module(self) -> int:
+        """`MODULE LIST` on every master: the module's version (the lowest in
+        a cluster), kept in `module_version`; `ModuleNotLoaded` names a server
+        without it."""
+        versions = []
         for r in self._masters():
-            if not module_loaded(send_once(r, ["MODULE", "LIST"])):
+            v = module_version(send_once(r, ["MODULE", "LIST"]))
+            if v is None:
                 raise ModuleNotLoaded(server_name(r))
+            versions.append(v)
+        self.module_version = low = min(versions)
+        return low
 
     # -- limiters ---------------------------------------------------------
 

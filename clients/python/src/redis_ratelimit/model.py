@@ -344,17 +344,22 @@ def parse_log(reply: object) -> list[LogEntry]:
     return out
 
 
-def module_loaded(reply: object) -> bool:
-    """Whether a `MODULE LIST` reply names the `ratelimit` module."""
+def module_version(reply: object) -> int | None:
+    """The `ratelimit` module's version in a `MODULE LIST` reply, None if absent."""
     for mod in reply if isinstance(reply, list) else []:
         if isinstance(mod, dict):
-            name = mod.get("name", mod.get(b"name"))
+            fields: dict[object, object] = {decode(k): decode(v) for k, v in mod.items()}
         elif isinstance(mod, list):
             pairs = decode(mod)
             assert isinstance(pairs, list)
-            name = dict(zip(pairs[::2], pairs[1::2])).get("name")
+            fields = dict(zip(pairs[::2], pairs[1::2]))
         else:
             continue
-        if decode(name) == MODULE_NAME:
-            return True
-    return False
+        if fields.get("name") == MODULE_NAME:
+            return int(str(fields.get("ver", 0)))
+    return None
+
+
+def module_loaded(reply: object) -> bool:
+    """Whether a `MODULE LIST` reply names the `ratelimit` module."""
+    return module_version(reply) is not None
