@@ -110,7 +110,12 @@ class Server:
         self.proc = subprocess.Popen(
             cmd, stdout=open(os.path.join(self.dir, "log"), "wb"), stderr=subprocess.STDOUT
         )
-        wait_until(lambda: self.client().ping(), what=f"redis-server on {self.port}")
+        # Our process, not another suite's server that took the port meanwhile.
+        proc = self.proc
+        wait_until(
+            lambda: proc.poll() is None and self.client().info("server")["process_id"] == proc.pid,
+            what=f"our redis-server on {self.port}",
+        )
 
     @property
     def url(self) -> str:
