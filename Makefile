@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 MODULE := target/release/libredis_ratelimit.so
 
-.PHONY: all setup build run test test-setup test-unit test-integration test-cli test-kit-rust test-kit-java lint bench bench-compare bench-kit-rust bench-kit-java example example-java trace cluster cluster-stop clean fuzz
+.PHONY: all setup build run test test-setup test-unit test-integration test-cli test-kit-rust test-kit-java test-kit-node lint bench bench-compare bench-kit-rust bench-kit-java example example-java trace cluster cluster-stop clean fuzz
 
 all: build
 
@@ -19,8 +19,8 @@ run: build
 
 # Everything: the install checks of scripts/setup.sh, unit and property
 # tests, integration tests against real redis-server and valkey-server, the
-# redis-cli example scripts, the Rust and Java client kits, fmt and clippy.
-test: build test-setup test-unit test-integration test-cli test-kit-rust test-kit-java lint
+# redis-cli example scripts, the Rust, Java and Node client kits, fmt and clippy.
+test: build test-setup test-unit test-integration test-cli test-kit-rust test-kit-java test-kit-node lint
 
 # scripts/setup.sh's package detection, against fake package managers.
 test-setup:
@@ -59,6 +59,13 @@ test-kit-java:
 example-java:
 	cd clients/java && mvn -q -B -DskipTests install && \
 		mvn -q -B -f redis-ratelimit-example/pom.xml spring-boot:run
+
+# The Node kit (clients/node): tsc's strict check, the ESM+CJS build, then
+# node's test runner against redis-server with this module (and plain
+# servers, for rate-limiter-flexible's own store to compare with).
+test-kit-node: setup
+	cd clients/node && npm run --silent typecheck && npm run --silent build
+	cd clients/node && RL_MODULE=$(abspath $(MODULE)) node --test --test-concurrency=1 test/
 
 lint:
 	cargo fmt --all -- --check
