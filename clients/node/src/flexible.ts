@@ -160,7 +160,12 @@ export class RateLimiterRL {
     const cost = checkPoints('points', points);
     return this.insured('penalty', [key, points, options], async () => {
       const d = await this.limiter(key, { cost, force: true });
-      return this.resFrom(d, cost, d.allowed && d.waitMs === 0 ? d.limit - d.remaining : d.limit + cost);
+      // FORCE answers as the call without it would have: remaining after
+      // taking the units if they fitted, else before (the rest is debt,
+      // at most `points` beyond empty).
+      if (d.waitMs === 0) return this.resFrom(d, cost, d.limit - d.remaining);
+      const consumed = Math.min(d.limit - d.remaining + cost, 2 * d.limit);
+      return new RateLimiterRes(0, d.resetMs, consumed, false);
     });
   }
 
@@ -250,7 +255,9 @@ export class RateLimiterRL {
   }
 
   private resFrom(d: Decision, changed: number, consumed: number): RateLimiterRes {
-    const ms = d.allowed ? d.resetMs : d.waitMs >= 0 ? d.waitMs : d.resetMs;
+    // A cost above `points` never passes (wait_ms -1): like RateLimiterRedis,
+    // say the window, after which it is refused again.
+    const ms = d.allowed ? d.resetMs : d.waitMs >= 0 ? d.waitMs : d.resetMs > 0 ? d.resetMs : this.msDuration;
     return new RateLimiterRes(d.allowed ? d.remaining : 0, ms, consumed, consumed === changed && changed > 0);
   }
 
