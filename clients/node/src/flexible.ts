@@ -66,6 +66,8 @@ export interface RateLimiterRLOptions {
   insuranceLimiter?: InsuranceLimiter;
   /** `sliding` (default): `RL.SLIDING`, exact. `fixed`: `RL.FIXEDWINDOW`, windows aligned to the epoch. */
   window?: 'sliding' | 'fixed';
+  /** Not supported (refused when true): delays belong to the caller; the leaky bucket (`RL.LEAKYBUCKET`) shapes in the server. */
+  execEvenly?: boolean;
 }
 
 type Key = string | number;
@@ -123,6 +125,9 @@ export class RateLimiterRL {
       throw new RLArgumentError('window', `window must be 'sliding' or 'fixed', got ${describe(window)}`);
     }
     this.window = window;
+    if (opts.execEvenly) {
+      throw new RLArgumentError('execEvenly', 'execEvenly is not supported by RateLimiterRL; RL.LEAKYBUCKET spaces actions evenly in the server');
+    }
     if (opts.insuranceLimiter !== undefined) {
       const ins = opts.insuranceLimiter as unknown as Record<string, unknown>;
       if (!ins || typeof ins['consume'] !== 'function') {

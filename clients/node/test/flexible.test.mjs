@@ -185,6 +185,7 @@ describe('RateLimiterRL', () => {
       [() => new RateLimiterRL({ storeClient: io, blockDuration: -2 }), 'blockDuration'],
       [() => new RateLimiterRL({ points: 5 }), 'storeClient'],
       [() => new RateLimiterRL({ storeClient: io, insuranceLimiter: {} }), 'insuranceLimiter'],
+      [() => new RateLimiterRL({ storeClient: io, execEvenly: true }), 'execEvenly'],
     ];
     for (const [make, argument] of bad) assert.throws(make, (e) => e instanceof RLArgumentError && e.argument === argument, argument);
     const l = new RateLimiterRL({ storeClient: io, points: 5 });
