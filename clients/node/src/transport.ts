@@ -85,20 +85,48 @@ function ioredisStandalone(c: Dict): Transport {
 }
 
 type CommandCtor = new (name: string, args: string[], options: Dict) => Dict & { promise: Promise<unknown> };
-let ioredisCommand: Promise<CommandCtor> | undefined;
 
 function ioredisCluster(c: Dict): Transport {
-  // The Command class of the ioredis the application uses: a command whose
-  // slot is set before sending is routed to that slot's master at once.
-  ioredisCommand ??= import('ioredis').then((m) => {
-    const mod = m as unknown as Dict & { default?: Dict };
-    return (mod['Command'] ?? mod.default?.['Command']) as CommandCtor;
-  });
   const send = c['sendCommand'] as (cmd: unknown) => unknown;
-  const nodes = c['nodes'] as (role: string) => Dict[];
+  const nodes = c['nodes'] as (role?: string) => Dict[];
+  // ioredis's Command class, of the very ioredis (v5 or v6) the application
+  // uses: learnt from the first command ioredis builds itself. A command
+  // whose slot is set before sending goes to that slot's master.
+  let Command: CommandCtor | undefined;
+  let learning = true;
+  const learn = (key: string | undefined, args: string[]): Promise<unknown> => {
+    const own = Object.prototype.hasOwnProperty.call(c, 'sendCommand');
+    const restore = () => {
+      if (own) c['sendCommand'] = send;
+      else delete c['sendCommand'];
+    };
+    c['sendCommand'] = (cmd: Dict, ...rest: unknown[]) => {
+      restore();
+      Command = cmd.constructor as CommandCtor;
+      if (key !== undefined) cmd['slot'] = keySlot(key);
+      return (send as (...a: unknown[]) => unknown).call(c, cmd, ...rest);
+    };
+    try {
+      const [name, ...rest] = args as [string, ...string[]];
+      const p = (c['call'] as AnyFn).call(c, name, ...rest);
+      return p;
+    } finally {
+      restore();
+    }
+  };
   return {
     async call(key, args) {
-      const Command = await ioredisCommand!;
+      if (!Command && learning) {
+        // Sent by ioredis itself either way, so never twice. With
+        // auto-pipelining it is queued instead: this one may take a MOVED,
+        // the next ones use the Command class of the ioredis we import.
+        learning = false;
+        return learn(key, args);
+      }
+      if (!Command) {
+        const mod = (await import('ioredis')) as unknown as Dict & { default?: Dict };
+        Command = (mod['Command'] ?? mod.default?.['Command']) as CommandCtor;
+      }
       const [name, ...rest] = args as [string, ...string[]];
       const cmd = new Command(name, rest, { replyEncoding: 'utf8' });
       if (key !== undefined) cmd['slot'] = keySlot(key);

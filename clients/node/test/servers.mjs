@@ -128,6 +128,7 @@ export async function clientKinds() {
   const { createClient } = await import('redis');
   const redis4 = await import('redis4');
   const { Redis } = await import('ioredis');
+  const io6 = await import('ioredis6');
   return [
     {
       name: 'node-redis v5',
@@ -159,6 +160,16 @@ export async function clientKinds() {
       },
       close: (c) => c.disconnect(),
     },
+    {
+      name: 'ioredis v6',
+      async make(port) {
+        const c = new io6.Redis({ port, host: '127.0.0.1', lazyConnect: true });
+        c.on('error', () => {});
+        await c.connect();
+        return c;
+      },
+      close: (c) => c.disconnect(),
+    },
   ];
 }
 
@@ -166,6 +177,7 @@ export async function clusterKinds() {
   const { createCluster } = await import('redis');
   const redis4 = await import('redis4');
   const { Cluster } = await import('ioredis');
+  const io6 = await import('ioredis6');
   return [
     {
       name: 'node-redis v5 cluster',
@@ -183,6 +195,19 @@ export async function clusterKinds() {
         const c = redis4.createCluster({ rootNodes: ports.map((p) => ({ url: `redis://127.0.0.1:${p}` })) });
         c.on('error', () => {});
         await c.connect();
+        return c;
+      },
+      close: (c) => c.disconnect(),
+    },
+    {
+      name: 'ioredis v6 cluster',
+      async make(ports) {
+        const c = new io6.Cluster(ports.map((p) => ({ host: '127.0.0.1', port: p })));
+        c.on('error', () => {});
+        await new Promise((resolve, reject) => {
+          c.once('ready', resolve);
+          c.once('error', reject);
+        });
         return c;
       },
       close: (c) => c.disconnect(),
