@@ -54,18 +54,18 @@ const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
  * Starts a server; { module: false } for a plain one. Returns
  * { port, url, stop(), kill() }.
  */
-export async function startServer({ module = true, port, extra = [] } = {}) {
+export async function startServer({ module = true, port, extra = [], binary = SERVER } = {}) {
   port ??= await freePort();
   const dir = mkdtempSync(path.join(os.tmpdir(), 'rl-node-'));
   const args = ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', dir, ...extra];
   if (module) args.push('--loadmodule', MODULE);
-  const proc = spawn(SERVER, args, { stdio: ['ignore', 'ignore', 'pipe'] });
+  const proc = spawn(binary, args, { stdio: ['ignore', 'ignore', 'pipe'] });
   let stderr = '';
   proc.stderr.on('data', (d) => (stderr += d));
   const deadline = Date.now() + 10_000;
   while (!(await ping(port))) {
     if (proc.exitCode !== null || Date.now() > deadline) {
-      throw new Error(`redis-server did not start on ${port}: ${stderr}`);
+      throw new Error(`${binary} did not start on ${port}: ${stderr}`);
     }
     await sleep(20);
   }
