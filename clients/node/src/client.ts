@@ -40,6 +40,9 @@ export interface ModuleInfo {
  * standalone or cluster. Each call is one round trip to the node that owns
  * its key; arguments are checked before anything is sent.
  *
+ * A call with `blockMs` waits in the server like `BLPOP`, holding up every
+ * later reply on its connection: give such calls a connection of their own.
+ *
  * ```ts
  * const rl = new RL(createClient())
  * await rl.checkModule()
@@ -131,7 +134,8 @@ export class RL {
   hit(policy: string, key: string, opts?: CallOptions): Promise<Decision> {
     checkPolicyName(policy);
     checkString('key', key);
-    return this.decide(key, ['RL.HIT', policy, key, ...optionArgs(opts)], 'none');
+    // A CONCURRENCY policy answers a sixth field, the lease.
+    return this.decide(key, ['RL.HIT', policy, key, ...optionArgs(opts)], 'lease');
   }
 
   /**

@@ -80,8 +80,11 @@ export function fromServerError(err: unknown, command: string): Error {
     );
   }
   if (msg.startsWith('ERR ')) {
-    // The server's message names the argument first: `ERR limit must be ...`.
-    const argument = /^ERR (\S+)/.exec(msg)?.[1] ?? command;
+    // The module's messages name the argument first (`ERR limit is above
+    // ...`); Redis's own (`ERR wrong number of arguments ...`, `ERR syntax
+    // error`) are about the command.
+    const first = /^ERR ([A-Za-z_]+) (must|is|are|should|cannot|out)\b/.exec(msg)?.[1];
+    const argument = first ?? command;
     return new RLArgumentError(argument, `${command}: ${msg}`, { cause: err });
   }
   return err;

@@ -148,7 +148,8 @@ for (const kind of await clientKinds()) {
         assert.throws(call, (e) => e instanceof RLArgumentError && e.argument === argument && e.message.includes(argument));
       }
       // The server's own check (sliding-max-limit) comes back as an RLArgumentError too.
-      await assert.rejects(rl.sliding(key, { limit: 100_001, windowMs: 1000 }), (e) => e instanceof RLArgumentError && /limit/.test(e.message));
+      await assert.rejects(rl.sliding(key, { limit: 100_001, windowMs: 1000 }), (e) => e instanceof RLArgumentError && e.argument === 'limit' && /sliding-max-limit/.test(e.message));
+      await assert.rejects(rl.hashWindow(key, { limit: 5, windowMs: 100, bucketMs: 7 }), (e) => e instanceof RLArgumentError && e.argument === 'bucket_ms');
       assert.equal(await rl.send(key, ['EXISTS', key]), 0);
     });
   });
