@@ -75,7 +75,8 @@ export function fromServerError(err: unknown, command: string): Error {
   const msg = err.message;
   if (/unknown command/i.test(msg) && /RL\.|CL\./i.test(msg)) {
     return new RLModuleNotLoadedError(
-      `the ratelimit module is not loaded on this server (${command}: ${msg}); load it with --loadmodule`,
+      `${command} is unknown to this server: the ratelimit module is not loaded (load it with --loadmodule), ` +
+        `or its version predates ${command} (${msg})`,
       { cause: err },
     );
   }
