@@ -6,7 +6,7 @@ import express from 'express';
 import { rateLimit as rateLimit8 } from 'express-rate-limit';
 import { rateLimit as rateLimit7 } from 'erl7';
 import { createClient, createCluster } from 'redis';
-import { Redis } from 'ioredis';
+import { Cluster, Redis } from 'ioredis';
 import { RL, RLArgumentError, RLStore } from 'redis-ratelimit';
 import { sleep, startCluster, startServer } from './servers.mjs';
 
@@ -205,7 +205,7 @@ describe('RLStore', () => {
     assert.equal(await client.exists('bad:u:rl'), 0);
   });
 
-  test('a cluster through rate-limit-redis’s sendCommandCluster, one round trip, no MOVED', async () => {
+  test('a cluster through rate-limit-redis’s sendCommandCluster (node-redis) and an ioredis Cluster, one round trip, no MOVED', async () => {
     const cl = await startCluster();
     const cluster = createCluster({ rootNodes: cl.ports.map((p) => ({ url: `redis://127.0.0.1:${p}` })) });
     cluster.on('error', () => {});
@@ -222,6 +222,20 @@ describe('RLStore', () => {
         assert.equal(await store.get(`user${i}`), undefined);
       }
       assert.equal(cl.errorstat('MOVED'), moved);
+      // ioredis's Cluster, given as the client.
+      const io = new Cluster(cl.ports.map((port) => ({ host: '127.0.0.1', port })));
+      await new Promise((resolve) => io.once('ready', resolve));
+      try {
+        const ioStore = new RLStore({ client: io, prefix: 'io:' });
+        ioStore.init({ windowMs: 60_000, limit: 1 });
+        for (let i = 0; i < 30; i++) {
+          assert.equal((await ioStore.increment(`user${i}`)).totalHits, 1);
+          assert.equal((await ioStore.increment(`user${i}`)).totalHits, 2);
+        }
+        assert.equal(cl.errorstat('MOVED'), moved);
+      } finally {
+        io.disconnect();
+      }
     } finally {
       cluster.destroy();
       await cl.stop();
