@@ -187,7 +187,7 @@ export class RateLimiterRL {
   get(key: Key, options: object = {}): Promise<RateLimiterRes | null> {
     return this.insured('get', [key, options], async () => {
       const [blockMs, d] = await Promise.all([this.blockTtl(key), this.limiter(key, { cost: 0 })]);
-      if (blockMs > 0) return new RateLimiterRes(0, blockMs, this.points + 1, false);
+      if (blockMs > 0 || blockMs === -1) return new RateLimiterRes(0, blockMs, this.points + 1, false);
       const used = d.limit - d.remaining;
       if (used <= 0) return null;
       return this.resFrom(d, 0, used);

@@ -167,6 +167,15 @@ describe('RateLimiterRL', () => {
     await assert.rejects(l.consume('fresh'), RateLimiterRes);
   });
 
+  test('block(key, 0) holds until delete: consume and get say msBeforeNext -1', async () => {
+    const l = new RateLimiterRL({ storeClient: io, points: 2, duration: 5 });
+    assert.equal((await l.block('forever', 0)).msBeforeNext, -1);
+    assert.equal((await l.consume('forever').catch((r) => r)).msBeforeNext, -1);
+    assert.equal((await l.get('forever')).msBeforeNext, -1);
+    assert.equal(await l.delete('forever'), true);
+    assert.equal((await l.consume('forever')).remainingPoints, 1);
+  });
+
   test('a denial takes nothing: get after denials shows what was admitted', async () => {
     const l = new RateLimiterRL({ storeClient: io, points: 2, duration: 5 });
     await l.consume('den', 2);
