@@ -60,11 +60,12 @@ example-java:
 	cd clients/java && mvn -q -B -DskipTests install && \
 		mvn -q -B -f redis-ratelimit-example/pom.xml spring-boot:run
 
-# The Node kit (clients/node): tsc's strict check, the ESM+CJS build, then
+# The Node kit (clients/node): tsc's strict check, the ESM+CJS build, a
+# user's TypeScript against the built .d.ts (test/types), then
 # node's test runner against redis-server with this module (and plain
 # servers, for rate-limiter-flexible's own store to compare with).
 test-kit-node: setup
-	cd clients/node && npm run --silent typecheck && npm run --silent build
+	cd clients/node && npm run --silent typecheck && npm run --silent build && npm run --silent typecheck:consumer
 	cd clients/node && RL_MODULE=$(abspath $(MODULE)) VALKEY_SERVER=$$($(CURDIR)/scripts/valkey-path.sh) node --test --test-concurrency=1 test/
 
 lint:
