@@ -92,9 +92,12 @@ for (const [version, rateLimit] of [['v8', rateLimit8], ['v7', rateLimit7]]) {
         await sleep(2100);
         const denied = await get(`${a.url}/ok`, user);
         assert.equal(denied.status, 429);
-        // The first unit leaves the sliding window 10 s after it came: about 7.9 s from now.
-        assert.equal(denied.headers.get('retry-after'), '8');
-        assert.match(denied.headers.get('ratelimit'), /; r=0; t=8$/);
+        // The first unit leaves the sliding window 10 s after it came: about
+        // 7.9 s from now (less if this machine is slow), not the 10 s of a
+        // window that would restart.
+        const retry = Number(denied.headers.get('retry-after'));
+        assert.ok(retry === 8 || retry === 7, `Retry-After ${retry}`);
+        assert.match(denied.headers.get('ratelimit'), new RegExp(`; r=0; t=${retry}$`));
       } finally {
         await a.close();
       }
