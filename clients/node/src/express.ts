@@ -1,6 +1,6 @@
 import { RL } from './client.js';
 import type { Decision } from './decision.js';
-import { checkInteger, describe, RLArgumentError, RLError } from './errors.js';
+import { checkInteger, describe, RLArgumentError, RLError, RLModuleNotLoadedError } from './errors.js';
 import { fromSendCommand, toTransport, type RedisLike, type SendCommandClusterFn, type SendCommandFn } from './transport.js';
 
 /** What express-rate-limit's `increment` and `get` return. */
@@ -102,8 +102,40 @@ export class RLStore {
     this.limitOption = options.limit === undefined ? undefined : checkInteger('limit', options.limit, 1);
   }
 
-  /** Called by express-rate-limit with its options. Errors also surface on the first request. */
+  /** Settles when the `MODULE LIST` check that `init` starts is done; never rejects. */
+  ready: Promise<void> = Promise.resolve();
+
+  /**
+   * Called by express-rate-limit with its options. Bad options throw at
+   * once. It then checks `MODULE LIST` in the background: a server without
+   * the module is reported at start-up, as a process warning (code
+   * `RL_MODULE_NOT_LOADED`; express-rate-limit 7 would crash on a rejected
+   * promise from `init`), and every request then fails with that error.
+   */
   init(options: ExpressRateLimitOptions): void {
+    this.configure(options);
+    this.ready = this.checkModule().catch((err: Error) => {
+      process.emitWarning(err.message, { code: 'RL_MODULE_NOT_LOADED' });
+    });
+  }
+
+  /**
+   * Rejects with `RLModuleNotLoadedError` when `MODULE LIST` answers without
+   * the module; a `MODULE LIST` that cannot run (an ACL, Redis not up yet)
+   * decides nothing: the commands themselves will say.
+   */
+  async checkModule(): Promise<void> {
+    try {
+      await this.rl.checkModule();
+    } catch (err) {
+      if (err instanceof RLModuleNotLoadedError && !(err.cause instanceof Error)) {
+        this.configError = err;
+        throw err;
+      }
+    }
+  }
+
+  private configure(options: ExpressRateLimitOptions): void {
     try {
       this.windowMs = checkInteger('windowMs', options.windowMs, 1);
       const limit = options.limit ?? options.max ?? 5;

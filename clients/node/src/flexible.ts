@@ -139,6 +139,15 @@ export class RateLimiterRL {
     this.rl = new RL(opts.storeClient);
   }
 
+  /**
+   * `MODULE LIST` on every master: rejects `RLModuleNotLoadedError` when the
+   * module is missing. Call it at start-up to fail there rather than on the
+   * first request.
+   */
+  async checkModule(): Promise<void> {
+    await this.rl.checkModule();
+  }
+
   get msDuration(): number {
     return this.duration * 1000;
   }

@@ -7,7 +7,7 @@ import { rateLimit as rateLimit8 } from 'express-rate-limit';
 import { rateLimit as rateLimit7 } from 'erl7';
 import { createClient, createCluster } from 'redis';
 import { Cluster, Redis } from 'ioredis';
-import { RL, RLArgumentError, RLStore } from 'redis-ratelimit';
+import { RL, RLArgumentError, RLModuleNotLoadedError, RLStore } from 'redis-ratelimit';
 import { sleep, startCluster, startServer } from './servers.mjs';
 
 let server;
@@ -193,6 +193,29 @@ describe('RLStore', () => {
     own.init({ windowMs: 60_000, limit: () => 1 });
     assert.equal((await own.increment('fn')).totalHits, 1);
     assert.equal((await own.increment('fn')).totalHits, 2);
+  });
+
+  test('a server without the module: init warns at start-up, and every request fails saying so', async () => {
+    const plain = await startServer({ module: false });
+    const c = createClient({ url: plain.url });
+    c.on('error', () => {});
+    await c.connect();
+    const warnings = [];
+    const onWarning = (w) => warnings.push(w);
+    process.on('warning', onWarning);
+    try {
+      const store = storeOn(c);
+      store.init({ windowMs: 60_000, limit: 5 });
+      await store.ready;
+      await new Promise((r) => setImmediate(r));
+      assert.ok(warnings.some((w) => w.code === 'RL_MODULE_NOT_LOADED' && /not loaded/.test(w.message)));
+      await assert.rejects(store.increment('u'), (e) => e instanceof RLModuleNotLoadedError && /--loadmodule/.test(e.message));
+      assert.equal(await c.dbSize(), 0);
+    } finally {
+      process.off('warning', onWarning);
+      c.destroy();
+      await plain.stop();
+    }
   });
 
   test('bad options are clear errors and write nothing', async () => {

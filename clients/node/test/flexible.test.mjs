@@ -209,6 +209,7 @@ describe('RateLimiterRL', () => {
     const pc = await clients.ioredis.make(plain.port);
     try {
       const l = new RateLimiterRL({ storeClient: pc, points: 5, insuranceLimiter: new RateLimiterMemory({ points: 5, duration: 1 }) });
+      await assert.rejects(l.checkModule(), (e) => e instanceof RLModuleNotLoadedError && /MODULE LIST/.test(e.message));
       await assert.rejects(l.consume('u'), (e) => e instanceof RLModuleNotLoadedError && /not loaded/.test(e.message));
       assert.equal(await pc.exists('rlflx:u:rl', 'rlflx:u:rl:block'), 0);
     } finally {
