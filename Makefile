@@ -66,7 +66,7 @@ example-java:
 # servers, for rate-limiter-flexible's own store to compare with).
 test-kit-node: setup
 	cd clients/node && npm run --silent typecheck && npm run --silent build && npm run --silent typecheck:consumer
-	cd clients/node && RL_MODULE=$(abspath $(MODULE)) VALKEY_SERVER=$$($(CURDIR)/scripts/valkey-path.sh) node --test --test-concurrency=1 test/
+	cd clients/node && RL_MODULE=$(abspath $(MODULE)) VALKEY_SERVER=$$($(CURDIR)/scripts/valkey-path.sh) node --test --test-concurrency=1 test/*.test.mjs
 
 lint:
 	cargo fmt --all -- --check
