@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 MODULE := target/release/libredis_ratelimit.so
 
-.PHONY: all setup build run test test-setup test-unit test-integration test-cli test-kit-rust test-kit-java test-kit-python lint lint-python bench bench-compare bench-kit-rust bench-kit-java example example-java trace cluster cluster-stop clean fuzz
+.PHONY: all setup build run test test-setup test-unit test-integration test-cli test-kit-rust test-kit-java test-kit-python test-kit-node lint lint-python bench bench-compare bench-kit-rust bench-kit-java example example-java trace cluster cluster-stop clean fuzz
 
 all: build
 
@@ -19,9 +19,9 @@ run: build
 
 # Everything: the install checks of scripts/setup.sh, unit and property
 # tests, integration tests against real redis-server and valkey-server, the
-# redis-cli example scripts, the Rust, Java and Python client kits, fmt and
-# clippy, ruff and mypy.
-test: build test-setup test-unit test-integration test-cli test-kit-rust test-kit-java test-kit-python lint lint-python
+# redis-cli example scripts, the Rust, Java, Python and Node client kits,
+# fmt and clippy, ruff and mypy.
+test: build test-setup test-unit test-integration test-cli test-kit-rust test-kit-java test-kit-python test-kit-node lint lint-python
 
 # scripts/setup.sh's package detection, against fake package managers.
 test-setup:
@@ -69,6 +69,14 @@ test-kit-python:
 
 lint-python:
 	cd clients/python && ruff check src tests examples && ruff format --check src tests examples && mypy
+
+# The Node kit (clients/node): tsc's strict check, the ESM+CJS build, a
+# user's TypeScript against the built .d.ts (test/types), then
+# node's test runner against redis-server with this module (and plain
+# servers, for rate-limiter-flexible's own store to compare with).
+test-kit-node: setup
+	cd clients/node && npm run --silent typecheck && npm run --silent build && npm run --silent typecheck:consumer
+	cd clients/node && RL_MODULE=$(abspath $(MODULE)) VALKEY_SERVER=$$($(CURDIR)/scripts/valkey-path.sh) node --test --test-concurrency=1 test/*.test.mjs
 
 lint:
 	cargo fmt --all -- --check

@@ -5,7 +5,9 @@
 # interleaved in rounds, then memory per key and per sliding-log unit
 # (bench/memory.sh), then sustained load on a master with a replica attached,
 # with latency percentiles and the replica's lag (bench/load.sh, its own two
-# servers), and prints the tables.
+# servers), then express-rate-limit on rate-limit-redis against the Node
+# kit's RLStore (clients/node/bench/stores.mjs, its own server), and prints
+# the tables.
 # A benchmark reports; it exits 0 whatever the ratios are.
 #
 #   RL_MODULE=/abs/libredis_ratelimit.so scripts/bench.sh
@@ -14,7 +16,8 @@
 # BENCH_N_LUA (per Lua run, 120000; a quarter of it for the hash window, whose
 # script is 4x slower), BENCH_KEYS (memory keys, 100000), BENCH_LOG_KEYS
 # (sliding-log memory keys, 200), REDIS_CELL (path to a redis-cell .so: adds
-# CL.THROTTLE rows), BENCH_LOAD (1; 0 skips the load with a replica), and
+# CL.THROTTLE rows), BENCH_LOAD (1; 0 skips the load with a replica),
+# BENCH_NODE (1; 0 skips the Node stores; so does a missing `npm ls`), and
 # bench/load.sh's own: BENCH_LOAD_N, BENCH_LOAD_N1, BENCH_LOAD_CLIENTS,
 # BENCH_LOAD_PIPELINE, BENCH_LOAD_KEYS.
 set -euo pipefail
@@ -238,6 +241,17 @@ cli FLUSHALL SYNC >/dev/null
 log "measuring memory per key"
 memory_table="$(bench/memory.sh "$PORT")" || memory_table="memory: bench/memory.sh failed"
 
+node_table=""
+if [ "${BENCH_NODE:-1}" != "0" ]; then
+  if npm ls --prefix clients/node --depth=0 >/dev/null 2>&1; then
+    log "express-rate-limit stores (clients/node/bench/stores.mjs; BENCH_NODE=0 skips it)"
+    node_table="$(cd clients/node && npm run --silent build >&2 && RL_MODULE="$MODULE" node bench/stores.mjs)" ||
+      node_table="node: clients/node/bench/stores.mjs failed"
+  else
+    node_table="node: skipped, the Node kit's dependencies are not installed (scripts/setup.sh)"
+  fi
+fi
+
 load_table=""
 if [ "$LOAD" != "0" ]; then
   # The load section starts its own master and replica: stop this server
@@ -264,6 +278,10 @@ echo "$memory_table"
 echo
 if [ -n "$load_table" ]; then
   echo "$load_table"
+  echo
+fi
+if [ -n "$node_table" ]; then
+  echo "$node_table"
   echo
 fi
 echo "bench took $(($(date +%s) - started_at)) s"

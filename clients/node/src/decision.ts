@@ -1,0 +1,68 @@
+import { RLProtocolError } from './errors.js';
+
+/**
+ * What a limiter answered: the five integers of every limiter reply
+ * (`[allowed, limit, remaining, wait_ms, reset_ms]`), `denied_by` for
+ * `RL.ALL` and the lease of `RL.CONCURRENCY`. The same fields, under the same
+ * names, as the Rust kit's `Decision`.
+ */
+export class Decision {
+  constructor(
+    /** Admitted (its units consumed) or denied (nothing changed). */
+    readonly allowed: boolean,
+    /** The limiter's capacity, or units per window. */
+    readonly limit: number,
+    /** Units left right after this call. */
+    readonly remaining: number,
+    /**
+     * As the server sent it. Denied: ms until the same request would pass,
+     * -1 when it never can. Admitted: 0, except for the leaky bucket's delay.
+     */
+    readonly waitMs: number,
+    /** ms until the limiter is idle again (full bucket, empty window). */
+    readonly resetMs: number,
+    /** `RL.ALL`: the 0-based position of the first rule that denied, else null. */
+    readonly deniedBy: number | null = null,
+    /** `RL.CONCURRENCY`: the lease granted (0 when denied), else null. */
+    readonly lease: number | null = null,
+  ) {}
+
+  /** A denial that no wait can turn into an admission (cost above the limit). */
+  get never(): boolean {
+    return this.waitMs < 0;
+  }
+
+  /** `max(waitMs, 0)`. */
+  get retryAfterMs(): number {
+    return Math.max(this.waitMs, 0);
+  }
+
+  /** `Retry-After` in whole seconds, `ceil(waitMs / 1000)`; null when it never can pass. */
+  get retryAfterS(): number | null {
+    return this.waitMs < 0 ? null : Math.ceil(this.waitMs / 1000);
+  }
+
+  /** Parses a limiter reply of 5 integers, or 6 with `extra` saying what the 6th is. */
+  static fromReply(reply: unknown, sixth: 'deniedBy' | 'lease' | 'none' = 'none'): Decision {
+    if (!Array.isArray(reply) || (reply.length !== 5 && reply.length !== 6)) {
+      throw new RLProtocolError(`expected a limiter reply of 5 or 6 integers, got ${JSON.stringify(reply)}`);
+    }
+    const n = reply.map((v) => toInt(v));
+    const [allowed, limit, remaining, waitMs, resetMs] = n as [number, number, number, number, number];
+    let deniedBy: number | null = null;
+    let lease: number | null = null;
+    if (n.length === 6) {
+      const x = n[5] as number;
+      if (sixth === 'deniedBy') deniedBy = x > 0 ? x - 1 : null;
+      else if (sixth === 'lease') lease = x;
+    }
+    return new Decision(allowed === 1, limit, remaining, waitMs, resetMs, deniedBy, lease);
+  }
+}
+
+export function toInt(v: unknown): number {
+  if (typeof v === 'number' && Number.isInteger(v)) return v;
+  if (typeof v === 'bigint') return Number(v);
+  if (typeof v === 'string' && /^-?\d+$/.test(v)) return Number(v);
+  throw new RLProtocolError(`expected an integer in the reply, got ${JSON.stringify(v)}`);
+}

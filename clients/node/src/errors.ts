@@ -1,0 +1,92 @@
+/**
+ * The errors this package throws. Every one is an `RLError`, so a caller can
+ * tell the limiter's failures from its own; the subclasses say what went wrong.
+ */
+
+/** Any error of this package. */
+export class RLError extends Error {
+  constructor(message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = new.target.name;
+  }
+}
+
+/**
+ * An argument the kit refused before sending anything (so nothing was
+ * written), or one the server refused (`ERR ...`, which names it too).
+ * `argument` is the option or parameter at fault.
+ */
+export class RLArgumentError extends RLError {
+  readonly argument: string;
+  constructor(argument: string, message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.argument = argument;
+  }
+}
+
+/**
+ * The server has no `ratelimit` module: `MODULE LIST` does not show it, or a
+ * command came back `unknown command`. A managed server that cannot load
+ * modules cannot run this kit; failing loudly beats a breaker tripping on
+ * every request.
+ */
+export class RLModuleNotLoadedError extends RLError {}
+
+/** The server answered something that is not a limiter reply. */
+export class RLProtocolError extends RLError {}
+
+/** Checks that `value` is an integer in [min, max]; names `argument` if not. */
+export function checkInteger(argument: string, value: unknown, min: number, max = 2 ** 40): number {
+  if (typeof value !== 'number' || !Number.isInteger(value)) {
+    throw new RLArgumentError(argument, `${argument} must be an integer, got ${describe(value)}`);
+  }
+  if (value < min) {
+    throw new RLArgumentError(argument, `${argument} must be at least ${min}, got ${value}`);
+  }
+  if (value > max) {
+    throw new RLArgumentError(argument, `${argument} must be at most ${max}, got ${value}`);
+  }
+  return value;
+}
+
+/** Checks that `value` is a non-empty string; names `argument` if not. */
+export function checkString(argument: string, value: unknown): string {
+  if (typeof value !== 'string' || value.length === 0) {
+    throw new RLArgumentError(argument, `${argument} must be a non-empty string, got ${describe(value)}`);
+  }
+  return value;
+}
+
+export function describe(value: unknown): string {
+  if (typeof value === 'string') return JSON.stringify(value);
+  if (typeof value === 'function') return 'a function';
+  if (value === null) return 'null';
+  if (typeof value === 'object') return Array.isArray(value) ? 'an array' : 'an object';
+  return String(value);
+}
+
+/**
+ * Turns what a Redis client rejected with into this package's errors:
+ * `unknown command 'RL.…'` means the module is not loaded, `ERR` replies
+ * about arguments keep the server's wording.
+ */
+export function fromServerError(err: unknown, command: string): Error {
+  if (!(err instanceof Error)) return new RLError(String(err));
+  const msg = err.message;
+  if (/unknown command/i.test(msg) && /RL\.|CL\./i.test(msg)) {
+    return new RLModuleNotLoadedError(
+      `${command} is unknown to this server: the ratelimit module is not loaded (load it with --loadmodule), ` +
+        `or its version predates ${command} (${msg})`,
+      { cause: err },
+    );
+  }
+  if (msg.startsWith('ERR ')) {
+    // The module's messages name the argument first (`ERR limit is above
+    // ...`); Redis's own (`ERR wrong number of arguments ...`, `ERR syntax
+    // error`) are about the command.
+    const first = /^ERR ([A-Za-z_]+) (must|is|are|should|cannot|out)\b/.exec(msg)?.[1];
+    const argument = first ?? command;
+    return new RLArgumentError(argument, `${command}: ${msg}`, { cause: err });
+  }
+  return err;
+}

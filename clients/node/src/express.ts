@@ -1,0 +1,235 @@
+import { RL } from './client.js';
+import type { Decision } from './decision.js';
+import { checkInteger, describe, RLArgumentError, RLError, RLModuleNotLoadedError } from './errors.js';
+import { fromSendCommand, toTransport, type RedisLike, type SendCommandClusterFn, type SendCommandFn } from './transport.js';
+
+/** What express-rate-limit's `increment` and `get` return. */
+export interface ClientRateLimitInfo {
+  totalHits: number;
+  resetTime: Date | undefined;
+}
+
+/** The part of express-rate-limit's options (v7, v8) that `init` reads. */
+export interface ExpressRateLimitOptions {
+  windowMs: number;
+  limit?: number | ((...args: never[]) => unknown);
+  /** v6/v7's name for `limit`. */
+  max?: number | ((...args: never[]) => unknown);
+  skipFailedRequests?: boolean;
+}
+
+/** `RLStore`'s options: rate-limit-redis's, plus what the module adds. */
+export interface RLStoreOptions {
+  /** As rate-limit-redis: `(...args) => client.sendCommand(args)` (node-redis) or `client.call(...args)` (ioredis). */
+  sendCommand?: SendCommandFn;
+  /** As rate-limit-redis, for a cluster: `({ key, isReadOnly, command }) => cluster.sendCommand(key, isReadOnly, command)`. */
+  sendCommandCluster?: SendCommandClusterFn;
+  /** Instead of `sendCommand`: a node-redis or ioredis client or cluster. */
+  client?: RedisLike;
+  /** Prepended to every key (default `rl:`, as rate-limit-redis). */
+  prefix?: string;
+  /** `sliding` (default): the exact sliding log, `RL.SLIDING`. `fixed`: `RL.FIXEDWINDOW`, windows aligned to the epoch. */
+  window?: 'sliding' | 'fixed';
+  /**
+   * The limit, when express-rate-limit's `limit` is a function: that function
+   * runs after `increment`, so its value cannot reach the server in time.
+   */
+  limit?: number;
+  /** rate-limit-redis's option; accepted for the rename, not needed: the module keeps the expiry right itself. */
+  resetExpiryOnChange?: boolean;
+}
+
+/**
+ * An express-rate-limit (v7, v8) store whose counts come from the module:
+ * `limit` per `windowMs` on an exact sliding window (or a fixed one), one
+ * round trip per request, no Lua. Takes rate-limit-redis's options, so
+ * switching from `RedisStore` is a rename.
+ *
+ * With `skipFailedRequests`, express-rate-limit also "decrements" the 429s
+ * it answered itself. A denial consumed nothing, so the store remembers the
+ * denials it answered per key (until their reset time, after which
+ * express-rate-limit skips the decrement) and lets such a decrement refund
+ * nothing; any other decrement gives the unit back with `REFUND 1`.
+ */
+export class RLStore {
+  /** Keys in Redis are `<prefix><key>:rl` (see `keyFor`). */
+  prefix: string;
+  /** The counts are shared by every instance. */
+  readonly localKeys = false;
+  /** The limit and window, from `init`. */
+  limit = 0;
+  windowMs = 0;
+
+  private readonly rl: RL;
+  private readonly window: 'sliding' | 'fixed';
+  private readonly limitOption: number | undefined;
+  private configError: Error | undefined = new RLError('RLStore: init() was not called; pass the store to rateLimit({ store })');
+  private trackDenials = false;
+  /** key -> reset times (ms) of the denials this store answered and not yet seen decremented. */
+  private readonly denials = new Map<string, number[]>();
+  private lastSweep = 0;
+
+  constructor(options: RLStoreOptions = {}) {
+    if (options === null || typeof options !== 'object') {
+      throw new RLArgumentError('options', `RLStore options must be an object, got ${describe(options)}`);
+    }
+    const { sendCommand, sendCommandCluster, client } = options;
+    if (sendCommand !== undefined && typeof sendCommand !== 'function') {
+      throw new RLArgumentError('sendCommand', `sendCommand must be a function, got ${describe(sendCommand)}`);
+    }
+    if (sendCommandCluster !== undefined && typeof sendCommandCluster !== 'function') {
+      throw new RLArgumentError('sendCommandCluster', `sendCommandCluster must be a function, got ${describe(sendCommandCluster)}`);
+    }
+    if (sendCommandCluster) {
+      const viaAny = sendCommand ?? ((...command: string[]) => sendCommandCluster({ key: '', isReadOnly: false, command }));
+      this.rl = new RL(fromSendCommand(viaAny, sendCommandCluster));
+    } else if (sendCommand) {
+      this.rl = new RL(fromSendCommand(sendCommand));
+    } else if (client !== undefined) {
+      this.rl = new RL(toTransport(client));
+    } else {
+      throw new RLArgumentError('sendCommand', 'RLStore needs sendCommand (as rate-limit-redis), sendCommandCluster or client');
+    }
+    if (options.prefix !== undefined && typeof options.prefix !== 'string') {
+      throw new RLArgumentError('prefix', `prefix must be a string, got ${describe(options.prefix)}`);
+    }
+    this.prefix = options.prefix ?? 'rl:';
+    const window = options.window ?? 'sliding';
+    if (window !== 'sliding' && window !== 'fixed') {
+      throw new RLArgumentError('window', `window must be 'sliding' or 'fixed', got ${describe(window)}`);
+    }
+    this.window = window;
+    this.limitOption = options.limit === undefined ? undefined : checkInteger('limit', options.limit, 1);
+  }
+
+  /** Settles when the `MODULE LIST` check that `init` starts is done; never rejects. */
+  ready: Promise<void> = Promise.resolve();
+
+  /**
+   * Called by express-rate-limit with its options. Bad options throw at
+   * once. It then checks `MODULE LIST` in the background: a server without
+   * the module is reported at start-up, as a process warning (code
+   * `RL_MODULE_NOT_LOADED`; express-rate-limit 7 would crash on a rejected
+   * promise from `init`), and every request then fails with that error.
+   */
+  init(options: ExpressRateLimitOptions): void {
+    this.configure(options);
+    this.ready = this.checkModule().catch((err: Error) => {
+      process.emitWarning(err.message, { code: 'RL_MODULE_NOT_LOADED' });
+    });
+  }
+
+  /**
+   * Rejects with `RLModuleNotLoadedError` when `MODULE LIST` answers without
+   * the module; a `MODULE LIST` that cannot run (an ACL, Redis not up yet)
+   * decides nothing: the commands themselves will say.
+   */
+  async checkModule(): Promise<void> {
+    try {
+      await this.rl.checkModule();
+    } catch (err) {
+      if (err instanceof RLModuleNotLoadedError && !(err.cause instanceof Error)) {
+        this.configError = err;
+        throw err;
+      }
+    }
+  }
+
+  private configure(options: ExpressRateLimitOptions): void {
+    try {
+      this.windowMs = checkInteger('windowMs', options.windowMs, 1);
+      const limit = options.limit ?? options.max ?? 5;
+      if (typeof limit === 'function') {
+        if (this.limitOption === undefined) {
+          throw new RLArgumentError(
+            'limit',
+            'RLStore: a function-valued limit runs after the count is taken, so the server cannot apply it; ' +
+              'give the number to the store instead: new RLStore({ ..., limit: 100 })',
+          );
+        }
+        this.limit = this.limitOption;
+      } else {
+        this.limit = checkInteger('limit', limit, 0);
+      }
+      this.trackDenials = options.skipFailedRequests === true;
+      this.configError = undefined;
+    } catch (err) {
+      this.configError = err as Error;
+      throw err;
+    }
+  }
+
+  /** The Redis key of a client key. */
+  keyFor(key: string): string {
+    return `${this.prefix}${key}:rl`;
+  }
+
+  async increment(key: string): Promise<ClientRateLimitInfo> {
+    if (this.configError) throw this.configError;
+    const now = Date.now();
+    if (this.limit === 0) return { totalHits: 1, resetTime: new Date(now + this.windowMs) };
+    const d = await this.call(key, {});
+    if (d.allowed) return { totalHits: d.limit - d.remaining, resetTime: new Date(now + d.resetMs) };
+    // A denial: one more than the limit, so express-rate-limit answers 429;
+    // reset when the same request would pass (Retry-After and draft-8's t).
+    const resetTime = now + (d.waitMs >= 0 ? d.waitMs : d.resetMs);
+    if (this.trackDenials) this.rememberDenial(key, resetTime, now);
+    return { totalHits: d.limit + 1, resetTime: new Date(resetTime) };
+  }
+
+  /** Gives back a unit, unless this is the decrement of a 429 this store answered. */
+  async decrement(key: string): Promise<void> {
+    if (this.configError) throw this.configError;
+    if (this.limit === 0) return;
+    if (this.takeDenial(key, Date.now())) return;
+    await this.call(key, { refund: 1 });
+  }
+
+  async resetKey(key: string): Promise<void> {
+    this.denials.delete(key);
+    const k = this.keyFor(key);
+    await this.rl.send(k, ['DEL', k]);
+  }
+
+  /** The current count, without taking anything (`COST 0`); undefined for an idle key. */
+  async get(key: string): Promise<ClientRateLimitInfo | undefined> {
+    if (this.configError) throw this.configError;
+    if (this.limit === 0) return undefined;
+    const now = Date.now();
+    const d = await this.call(key, { cost: 0 });
+    const used = d.limit - d.remaining;
+    if (used <= 0) return undefined;
+    return { totalHits: used, resetTime: new Date(now + d.resetMs) };
+  }
+
+  private call(key: string, opts: { cost?: number; refund?: number }): Promise<Decision> {
+    const p = { limit: this.limit, windowMs: this.windowMs };
+    const k = this.keyFor(key);
+    return this.window === 'sliding' ? this.rl.sliding(k, p, opts) : this.rl.fixedWindow(k, p, opts);
+  }
+
+  private rememberDenial(key: string, resetTime: number, now: number): void {
+    const list = this.denials.get(key);
+    if (list) list.push(resetTime);
+    else this.denials.set(key, [resetTime]);
+    // Entries whose reset passed will never be decremented: drop them, at
+    // most once a second, so memory stays bounded by recent denials.
+    if (now - this.lastSweep >= 1000) {
+      this.lastSweep = now;
+      for (const [k, l] of this.denials) {
+        const live = l.filter((t) => t > now);
+        if (live.length === 0) this.denials.delete(k);
+        else if (live.length !== l.length) this.denials.set(k, live);
+      }
+    }
+  }
+
+  private takeDenial(key: string, now: number): boolean {
+    const list = this.denials.get(key);
+    if (!list) return false;
+    while (list.length > 0 && (list[0] as number) <= now) list.shift();
+    const taken = list.shift() !== undefined;
+    if (list.length === 0) this.denials.delete(key);
+    return taken;
+  }
+}

@@ -1,0 +1,11 @@
+export { RL } from './client.js';
+export type { ModuleInfo, PolicyOptions, LogEntry, ThrottleReply } from './client.js';
+export { Decision } from './decision.js';
+export { RLError, RLArgumentError, RLModuleNotLoadedError, RLProtocolError } from './errors.js';
+export type { Rule, Spec, CallOptions, QuotaPeriod } from './rules.js';
+export { toTransport, fromSendCommand, keySlot } from './transport.js';
+export type { Transport, SendCommandFn, SendCommandClusterFn, RedisLike } from './transport.js';
+export { RLStore } from './express.js';
+export type { RLStoreOptions, ClientRateLimitInfo, ExpressRateLimitOptions } from './express.js';
+export { RateLimiterRL, RateLimiterRes } from './flexible.js';
+export type { RateLimiterRLOptions, InsuranceLimiter } from './flexible.js';

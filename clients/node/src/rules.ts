@@ -1,0 +1,88 @@
+import { checkInteger, checkString, RLArgumentError, describe } from './errors.js';
+
+/**
+ * A limiter rule: an algorithm and its parameters, or a policy kept in the
+ * server. The same rules as the Rust kit's `Rule`, spelled in JavaScript's
+ * case; durations are milliseconds.
+ */
+export type Rule =
+  | { algorithm: 'tokenbucket'; capacity: number; refillCount: number; refillMs: number }
+  | { algorithm: 'leakybucket'; capacity: number; leakCount: number; leakMs: number }
+  | { algorithm: 'sliding'; limit: number; windowMs: number }
+  | { algorithm: 'hashwindow'; limit: number; windowMs: number; bucketMs: number }
+  | { algorithm: 'fixedwindow'; limit: number; windowMs: number }
+  | { algorithm: 'quota'; limit: number; period: QuotaPeriod; tz?: string }
+  | { algorithm: 'concurrency'; limit: number; leaseMs: number };
+
+export type QuotaPeriod = 'DAY' | 'WEEK' | 'MONTH' | 'YEAR';
+
+/** A rule, or a policy by name (for `RL.ALL`). */
+export type Spec = Rule | { policy: string };
+
+/** What a call takes besides its rule. */
+export interface CallOptions {
+  /** Units this request takes (default 1; 0 inspects without consuming). */
+  cost?: number;
+  /** With `cost`: consume even when denied, leaving the limiter in debt. */
+  force?: boolean;
+  /** Gives back this many units instead of taking any. */
+  refund?: number;
+  /** Waits in the server up to this many ms for an admission (0: without a limit). */
+  blockMs?: number;
+}
+
+/** The command name and parameters of a rule (without the key). */
+export function ruleArgs(rule: Rule, where = 'rule'): [string, string[]] {
+  if (rule === null || typeof rule !== 'object') {
+    throw new RLArgumentError(where, `${where} must be an object with an algorithm, got ${describe(rule)}`);
+  }
+  const i = (name: string, min = 1) => String(checkInteger(name, (rule as unknown as Record<string, unknown>)[name], min));
+  switch (rule.algorithm) {
+    case 'tokenbucket':
+      return ['TOKENBUCKET', [i('capacity'), i('refillCount'), i('refillMs')]];
+    case 'leakybucket':
+      return ['LEAKYBUCKET', [i('capacity'), i('leakCount'), i('leakMs')]];
+    case 'sliding':
+      return ['SLIDING', [i('limit'), i('windowMs')]];
+    case 'hashwindow':
+      return ['HASHWINDOW', [i('limit'), i('windowMs'), i('bucketMs')]];
+    case 'fixedwindow':
+      return ['FIXEDWINDOW', [i('limit'), i('windowMs')]];
+    case 'quota': {
+      const period = String(rule.period).toUpperCase();
+      if (!['DAY', 'WEEK', 'MONTH', 'YEAR'].includes(period)) {
+        throw new RLArgumentError('period', `period must be DAY, WEEK, MONTH or YEAR, got ${describe(rule.period)}`);
+      }
+      const args = [i('limit'), period];
+      if (rule.tz !== undefined) args.push('TZ', checkString('tz', rule.tz));
+      return ['QUOTA', args];
+    }
+    case 'concurrency':
+      return ['CONCURRENCY', [i('limit'), i('leaseMs')]];
+    default:
+      throw new RLArgumentError(
+        'algorithm',
+        `algorithm must be tokenbucket, leakybucket, sliding, hashwindow, fixedwindow, quota or concurrency, got ${describe(
+          (rule as { algorithm?: unknown }).algorithm,
+        )}`,
+      );
+  }
+}
+
+/** The options of a call, checked, as arguments. */
+export function optionArgs(opts: CallOptions = {}, allowBlock = true): string[] {
+  const out: string[] = [];
+  if (opts.refund !== undefined) {
+    if (opts.cost !== undefined) throw new RLArgumentError('refund', 'refund and cost cannot be given together');
+    if (opts.force) throw new RLArgumentError('force', 'force goes with cost, not with refund');
+    out.push('REFUND', String(checkInteger('refund', opts.refund, 0)));
+  } else if (opts.cost !== undefined || opts.force) {
+    out.push('COST', String(checkInteger('cost', opts.cost ?? 1, 0)));
+    if (opts.force) out.push('FORCE');
+  }
+  if (opts.blockMs !== undefined) {
+    if (!allowBlock) throw new RLArgumentError('blockMs', 'blockMs is not taken here');
+    out.push('BLOCK', String(checkInteger('blockMs', opts.blockMs, 0)));
+  }
+  return out;
+}

@@ -1,0 +1,184 @@
+/**
+ * The one place that knows the Redis clients: node-redis (v4, v5) and ioredis
+ * (v5, v6), standalone and cluster, or any function shaped like
+ * rate-limit-redis's `sendCommand`. Everything else sends through `call`.
+ *
+ * In a cluster every command goes straight to the master of its key's slot,
+ * in one round trip: the module's commands are unknown to the clients' own
+ * key tables (ioredis would send them to a random node and follow a
+ * `MOVED`), so the routing key is given here: argv[1] for limiter commands,
+ * argv[2] for `RL.HIT`, the first key after numkeys for `RL.ALL`.
+ */
+
+/** rate-limit-redis's `sendCommand`: the command and its arguments as strings. */
+export type SendCommandFn = (...args: string[]) => Promise<unknown>;
+
+/** rate-limit-redis's `sendCommandCluster`. */
+export type SendCommandClusterFn = (details: {
+  key: string;
+  isReadOnly: boolean;
+  command: string[];
+}) => Promise<unknown>;
+
+/** How this kit talks to Redis. */
+export interface Transport {
+  /** Sends `args` (command first) to the node owning `key` (any node when undefined). */
+  call(key: string | undefined, args: string[], readOnly?: boolean): Promise<unknown>;
+  /** Every master (a single entry when standalone), for `MODULE LIST` and `RL.POLICY SET`. */
+  eachMaster(args: string[]): Promise<unknown[]>;
+}
+
+/** A node-redis, ioredis client or cluster, a `sendCommand` function, or a ready `Transport`. */
+export type RedisLike = unknown;
+
+type AnyFn = (...a: unknown[]) => Promise<unknown>;
+interface Dict {
+  [k: string]: unknown;
+}
+
+function isFn(x: unknown): x is AnyFn {
+  return typeof x === 'function';
+}
+
+/** Wraps what the user gave into a `Transport`. */
+export function toTransport(client: RedisLike): Transport {
+  if (client === null || client === undefined) {
+    throw new TypeError('a Redis client is required (node-redis or ioredis, standalone or cluster)');
+  }
+  if (isFn(client)) return fromSendCommand(client as SendCommandFn);
+  const c = client as Dict;
+  if (isFn(c['call']) && isFn(c['eachMaster'])) return client as Transport;
+  // ioredis: `call` and `status`; its Cluster says `isCluster`.
+  if (isFn(c['call']) && typeof c['status'] === 'string') {
+    return c['isCluster'] === true ? ioredisCluster(c) : ioredisStandalone(c);
+  }
+  if (isFn(c['sendCommand'])) {
+    return isFn(c['getSlotRandomNode']) ? nodeRedisCluster(c) : nodeRedisStandalone(c);
+  }
+  throw new TypeError(
+    'unsupported Redis client: pass a node-redis client or cluster (createClient/createCluster), ' +
+      'an ioredis Redis or Cluster, or a sendCommand function',
+  );
+}
+
+/** rate-limit-redis's `sendCommand` (standalone) or `sendCommandCluster`. */
+export function fromSendCommand(send: SendCommandFn, sendCluster?: SendCommandClusterFn): Transport {
+  return {
+    call(key, args, readOnly = false) {
+      if (sendCluster && key !== undefined) return sendCluster({ key, isReadOnly: readOnly, command: args });
+      return send(...args);
+    },
+    async eachMaster(args) {
+      return [await send(...args)];
+    },
+  };
+}
+
+function ioredisStandalone(c: Dict): Transport {
+  const call = c['call'] as AnyFn;
+  return {
+    call: (_key, args) => call.apply(c, args),
+    async eachMaster(args) {
+      return [await call.apply(c, args)];
+    },
+  };
+}
+
+type CommandCtor = new (name: string, args: string[], options: Dict) => Dict & { promise: Promise<unknown> };
+
+function ioredisCluster(c: Dict): Transport {
+  const send = c['sendCommand'] as (cmd: unknown) => unknown;
+  const nodes = c['nodes'] as (role?: string) => Dict[];
+  // ioredis's Command class, of the very ioredis (v5 or v6) the application
+  // uses: learnt from the first command ioredis builds itself. A command
+  // whose slot is set before sending goes to that slot's master.
+  let Command: CommandCtor | undefined;
+  let learning = true;
+  const learn = (key: string | undefined, args: string[]): Promise<unknown> => {
+    const own = Object.prototype.hasOwnProperty.call(c, 'sendCommand');
+    const restore = () => {
+      if (own) c['sendCommand'] = send;
+      else delete c['sendCommand'];
+    };
+    c['sendCommand'] = (cmd: Dict, ...rest: unknown[]) => {
+      restore();
+      Command = cmd.constructor as CommandCtor;
+      if (key !== undefined) cmd['slot'] = keySlot(key);
+      return (send as (...a: unknown[]) => unknown).call(c, cmd, ...rest);
+    };
+    try {
+      const [name, ...rest] = args as [string, ...string[]];
+      const p = (c['call'] as AnyFn).call(c, name, ...rest);
+      return p;
+    } finally {
+      restore();
+    }
+  };
+  return {
+    async call(key, args) {
+      if (!Command && learning) {
+        // Sent by ioredis itself either way, so never twice. With
+        // auto-pipelining it is queued instead: this one may take a MOVED,
+        // the next ones use the Command class of the ioredis we import.
+        learning = false;
+        return learn(key, args);
+      }
+      if (!Command) {
+        const mod = (await import('ioredis')) as unknown as Dict & { default?: Dict };
+        Command = (mod['Command'] ?? mod.default?.['Command']) as CommandCtor;
+      }
+      const [name, ...rest] = args as [string, ...string[]];
+      const cmd = new Command(name, rest, { replyEncoding: 'utf8' });
+      if (key !== undefined) cmd['slot'] = keySlot(key);
+      send.call(c, cmd);
+      return cmd.promise;
+    },
+    eachMaster(args) {
+      return Promise.all(nodes.call(c, 'master').map((n) => (n['call'] as AnyFn).apply(n, args)));
+    },
+  };
+}
+
+function nodeRedisStandalone(c: Dict): Transport {
+  const send = c['sendCommand'] as AnyFn;
+  return {
+    call: (_key, args) => send.call(c, args),
+    async eachMaster(args) {
+      return [await send.call(c, args)];
+    },
+  };
+}
+
+function nodeRedisCluster(c: Dict): Transport {
+  const send = c['sendCommand'] as AnyFn;
+  return {
+    call: (key, args, readOnly = false) => send.call(c, key, readOnly, args),
+    async eachMaster(args) {
+      const masters = (isFn(c['getMasters']) ? await (c['getMasters'] as AnyFn).call(c) : c['masters']) as Dict[];
+      const nodeClient = c['nodeClient'] as ((m: Dict) => unknown) | undefined;
+      if (!Array.isArray(masters) || !nodeClient) return [await send.call(c, undefined, false, args)];
+      return Promise.all(
+        masters.map(async (m) => {
+          const client = (await nodeClient.call(c, m)) as Dict;
+          return (client['sendCommand'] as AnyFn).call(client, args);
+        }),
+      );
+    },
+  };
+}
+
+/** The cluster slot of a key: CRC16 (XMODEM) of its hash tag or whole name, mod 16384. */
+export function keySlot(key: string): number {
+  let bytes = Buffer.from(key);
+  const open = bytes.indexOf(0x7b); // {
+  if (open >= 0) {
+    const close = bytes.indexOf(0x7d, open + 1); // }
+    if (close > open + 1) bytes = bytes.subarray(open + 1, close);
+  }
+  let crc = 0;
+  for (const b of bytes) {
+    crc ^= b << 8;
+    for (let i = 0; i < 8; i++) crc = crc & 0x8000 ? ((crc << 1) ^ 0x1021) & 0xffff : (crc << 1) & 0xffff;
+  }
+  return crc % 16384;
+}
