@@ -20,15 +20,6 @@ export interface LogEntry {
   waitMs: number;
 }
 
-/** redis-cell's reply to `CL.THROTTLE`, times in seconds. */
-export interface ThrottleReply {
-  limited: boolean;
-  limit: number;
-  remaining: number;
-  retryAfterS: number;
-  resetAfterS: number;
-}
-
 /** What `MODULE LIST` says of the module. */
 export interface ModuleInfo {
   name: string;
@@ -39,9 +30,6 @@ export interface ModuleInfo {
  * Typed calls for every command of the module, on node-redis or ioredis,
  * standalone or cluster. Each call is one round trip to the node that owns
  * its key; arguments are checked before anything is sent.
- *
- * A call with `blockMs` waits in the server like `BLPOP`, holding up every
- * later reply on its connection: give such calls a connection of their own.
  *
  * ```ts
  * const rl = new RL(createClient())
@@ -90,7 +78,7 @@ export class RL {
     checkString('key', key);
     const [name, params] = ruleArgs(rule);
     const args = [`RL.${name}`, key, ...params, ...optionArgs(opts)];
-    return this.decide(key, args, name === 'CONCURRENCY' ? 'lease' : 'none');
+    return this.decide(key, args, 'none');
   }
 
   tokenBucket(key: string, p: { capacity: number; refillCount: number; refillMs: number }, opts?: CallOptions) {
@@ -108,34 +96,11 @@ export class RL {
   fixedWindow(key: string, p: { limit: number; windowMs: number }, opts?: CallOptions) {
     return this.limit(key, { algorithm: 'fixedwindow', ...p }, opts);
   }
-  quota(key: string, p: { limit: number; period: 'DAY' | 'WEEK' | 'MONTH' | 'YEAR'; tz?: string }, opts?: CallOptions) {
-    return this.limit(key, { algorithm: 'quota', ...p }, opts);
-  }
-  /** `RL.CONCURRENCY`: the decision carries the lease (0 when denied). */
-  concurrency(key: string, p: { limit: number; leaseMs: number }, opts?: Pick<CallOptions, 'cost' | 'blockMs'>) {
-    return this.limit(key, { algorithm: 'concurrency', ...p }, opts);
-  }
-
-  /** `RL.RELEASE`: true when the lease was held. */
-  async release(key: string, lease: number): Promise<boolean> {
-    checkString('key', key);
-    const args = ['RL.RELEASE', key, String(checkInteger('lease', lease, 1, Number.MAX_SAFE_INTEGER))];
-    return toInt(await this.send(key, args)) === 1;
-  }
-
-  /** `RL.RENEW`: true when the lease was held and now runs `leaseMs` more. */
-  async renew(key: string, lease: number, leaseMs: number): Promise<boolean> {
-    checkString('key', key);
-    const args = ['RL.RENEW', key, String(checkInteger('lease', lease, 1, Number.MAX_SAFE_INTEGER)), String(checkInteger('leaseMs', leaseMs, 1))];
-    return toInt(await this.send(key, args)) === 1;
-  }
-
   /** `RL.HIT name key`: the policy `name` applied to the limiter in `key`. */
   hit(policy: string, key: string, opts?: CallOptions): Promise<Decision> {
     checkPolicyName(policy);
     checkString('key', key);
-    // A CONCURRENCY policy answers a sixth field, the lease.
-    return this.decide(key, ['RL.HIT', policy, key, ...optionArgs(opts)], 'lease');
+    return this.decide(key, ['RL.HIT', policy, key, ...optionArgs(opts)], 'none');
   }
 
   /**
@@ -143,7 +108,7 @@ export class RL {
    * is the 0-based index of the first that denied. In a cluster the keys
    * must share a slot (a hash tag such as `{order:create}`).
    */
-  all(limits: ReadonlyArray<{ key: string; rule: Spec }>, opts?: Pick<CallOptions, 'cost' | 'blockMs'>): Promise<Decision> {
+  all(limits: ReadonlyArray<{ key: string; rule: Spec }>, opts?: Pick<CallOptions, 'cost'>): Promise<Decision> {
     if (!Array.isArray(limits) || limits.length === 0) {
       throw new RLArgumentError('limits', 'RL.ALL needs at least one { key, rule }');
     }
@@ -153,22 +118,11 @@ export class RL {
       if (l.rule && 'policy' in l.rule) specs.push('POLICY', checkPolicyName(l.rule.policy));
       else {
         const [name, params] = ruleArgs(l.rule, `limits[${n}].rule`);
-        if (name === 'CONCURRENCY') throw new RLArgumentError(`limits[${n}].rule`, 'RL.ALL does not take concurrency');
         specs.push(name, ...params);
       }
     });
     const args = ['RL.ALL', String(keys.length), ...keys, ...specs, ...optionArgs(opts)];
     return this.decide(keys[0] as string, args, 'deniedBy');
-  }
-
-  /** `CL.THROTTLE`, redis-cell's command and reply (seconds). */
-  async throttle(key: string, maxBurst: number, count: number, periodS: number, quantity = 1): Promise<ThrottleReply> {
-    checkString('key', key);
-    const args = ['CL.THROTTLE', key, String(checkInteger('maxBurst', maxBurst, 0)), String(checkInteger('count', count, 1)), String(checkInteger('period', periodS, 1)), String(checkInteger('quantity', quantity, 0))];
-    const r = await this.send(key, args);
-    if (!Array.isArray(r) || r.length !== 5) throw new RLProtocolError(`CL.THROTTLE: unexpected reply ${JSON.stringify(r)}`);
-    const n = r.map(toInt);
-    return { limited: n[0] === 1, limit: n[1]!, remaining: n[2]!, retryAfterS: n[3]!, resetAfterS: n[4]! };
   }
 
   /** `RL.POLICY SET` on every master (policies are node state). */
@@ -223,7 +177,7 @@ export class RL {
   }
 
   /** Sends a limiter command and parses its decision. */
-  async decide(key: string, args: string[], sixth: 'deniedBy' | 'lease' | 'none'): Promise<Decision> {
+  async decide(key: string, args: string[], sixth: 'deniedBy' | 'none'): Promise<Decision> {
     return Decision.fromReply(await this.send(key, args), sixth);
   }
 

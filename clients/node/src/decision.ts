@@ -2,8 +2,8 @@ import { RLProtocolError } from './errors.js';
 
 /**
  * What a limiter answered: the five integers of every limiter reply
- * (`[allowed, limit, remaining, wait_ms, reset_ms]`), `denied_by` for
- * `RL.ALL` and the lease of `RL.CONCURRENCY`. The same fields, under the same
+ * (`[allowed, limit, remaining, wait_ms, reset_ms]`) and `denied_by` for
+ * `RL.ALL`. The same fields, under the same
  * names, as the Rust kit's `Decision`.
  */
 export class Decision {
@@ -23,8 +23,6 @@ export class Decision {
     readonly resetMs: number,
     /** `RL.ALL`: the 0-based position of the first rule that denied, else null. */
     readonly deniedBy: number | null = null,
-    /** `RL.CONCURRENCY`: the lease granted (0 when denied), else null. */
-    readonly lease: number | null = null,
   ) {}
 
   /** A denial that no wait can turn into an admission (cost above the limit). */
@@ -42,21 +40,19 @@ export class Decision {
     return this.waitMs < 0 ? null : Math.ceil(this.waitMs / 1000);
   }
 
-  /** Parses a limiter reply of 5 integers, or 6 with `extra` saying what the 6th is. */
-  static fromReply(reply: unknown, sixth: 'deniedBy' | 'lease' | 'none' = 'none'): Decision {
+  /** Parses a limiter reply of 5 integers, or 6 with `sixth` saying what the 6th is. */
+  static fromReply(reply: unknown, sixth: 'deniedBy' | 'none' = 'none'): Decision {
     if (!Array.isArray(reply) || (reply.length !== 5 && reply.length !== 6)) {
       throw new RLProtocolError(`expected a limiter reply of 5 or 6 integers, got ${JSON.stringify(reply)}`);
     }
     const n = reply.map((v) => toInt(v));
     const [allowed, limit, remaining, waitMs, resetMs] = n as [number, number, number, number, number];
     let deniedBy: number | null = null;
-    let lease: number | null = null;
-    if (n.length === 6) {
+    if (n.length === 6 && sixth === 'deniedBy') {
       const x = n[5] as number;
-      if (sixth === 'deniedBy') deniedBy = x > 0 ? x - 1 : null;
-      else if (sixth === 'lease') lease = x;
+      deniedBy = x > 0 ? x - 1 : null;
     }
-    return new Decision(allowed === 1, limit, remaining, waitMs, resetMs, deniedBy, lease);
+    return new Decision(allowed === 1, limit, remaining, waitMs, resetMs, deniedBy);
   }
 }
 

@@ -1,8 +1,8 @@
 export { RL } from './client.js';
-export type { ModuleInfo, PolicyOptions, LogEntry, ThrottleReply } from './client.js';
+export type { ModuleInfo, PolicyOptions, LogEntry } from './client.js';
 export { Decision } from './decision.js';
 export { RLError, RLArgumentError, RLModuleNotLoadedError, RLProtocolError } from './errors.js';
-export type { Rule, Spec, CallOptions, QuotaPeriod } from './rules.js';
+export type { Rule, Spec, CallOptions } from './rules.js';
 export { toTransport, fromSendCommand, keySlot } from './transport.js';
 export type { Transport, SendCommandFn, SendCommandClusterFn, RedisLike } from './transport.js';
 export { RLStore } from './express.js';

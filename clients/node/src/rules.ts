@@ -10,11 +10,7 @@ export type Rule =
   | { algorithm: 'leakybucket'; capacity: number; leakCount: number; leakMs: number }
   | { algorithm: 'sliding'; limit: number; windowMs: number }
   | { algorithm: 'hashwindow'; limit: number; windowMs: number; bucketMs: number }
-  | { algorithm: 'fixedwindow'; limit: number; windowMs: number }
-  | { algorithm: 'quota'; limit: number; period: QuotaPeriod; tz?: string }
-  | { algorithm: 'concurrency'; limit: number; leaseMs: number };
-
-export type QuotaPeriod = 'DAY' | 'WEEK' | 'MONTH' | 'YEAR';
+  | { algorithm: 'fixedwindow'; limit: number; windowMs: number };
 
 /** A rule, or a policy by name (for `RL.ALL`). */
 export type Spec = Rule | { policy: string };
@@ -27,8 +23,6 @@ export interface CallOptions {
   force?: boolean;
   /** Gives back this many units instead of taking any. */
   refund?: number;
-  /** Waits in the server up to this many ms for an admission (0: without a limit). */
-  blockMs?: number;
 }
 
 /** The command name and parameters of a rule (without the key). */
@@ -48,21 +42,10 @@ export function ruleArgs(rule: Rule, where = 'rule'): [string, string[]] {
       return ['HASHWINDOW', [i('limit'), i('windowMs'), i('bucketMs')]];
     case 'fixedwindow':
       return ['FIXEDWINDOW', [i('limit'), i('windowMs')]];
-    case 'quota': {
-      const period = String(rule.period).toUpperCase();
-      if (!['DAY', 'WEEK', 'MONTH', 'YEAR'].includes(period)) {
-        throw new RLArgumentError('period', `period must be DAY, WEEK, MONTH or YEAR, got ${describe(rule.period)}`);
-      }
-      const args = [i('limit'), period];
-      if (rule.tz !== undefined) args.push('TZ', checkString('tz', rule.tz));
-      return ['QUOTA', args];
-    }
-    case 'concurrency':
-      return ['CONCURRENCY', [i('limit'), i('leaseMs')]];
     default:
       throw new RLArgumentError(
         'algorithm',
-        `algorithm must be tokenbucket, leakybucket, sliding, hashwindow, fixedwindow, quota or concurrency, got ${describe(
+        `algorithm must be tokenbucket, leakybucket, sliding, hashwindow or fixedwindow, got ${describe(
           (rule as { algorithm?: unknown }).algorithm,
         )}`,
       );
@@ -70,7 +53,7 @@ export function ruleArgs(rule: Rule, where = 'rule'): [string, string[]] {
 }
 
 /** The options of a call, checked, as arguments. */
-export function optionArgs(opts: CallOptions = {}, allowBlock = true): string[] {
+export function optionArgs(opts: CallOptions = {}): string[] {
   const out: string[] = [];
   if (opts.refund !== undefined) {
     if (opts.cost !== undefined) throw new RLArgumentError('refund', 'refund and cost cannot be given together');
@@ -79,10 +62,6 @@ export function optionArgs(opts: CallOptions = {}, allowBlock = true): string[] 
   } else if (opts.cost !== undefined || opts.force) {
     out.push('COST', String(checkInteger('cost', opts.cost ?? 1, 0)));
     if (opts.force) out.push('FORCE');
-  }
-  if (opts.blockMs !== undefined) {
-    if (!allowBlock) throw new RLArgumentError('blockMs', 'blockMs is not taken here');
-    out.push('BLOCK', String(checkInteger('blockMs', opts.blockMs, 0)));
   }
   return out;
 }

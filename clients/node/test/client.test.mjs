@@ -20,7 +20,6 @@ for (const kind of await clientKinds()) {
     let rl;
     const k = (name) => `${kind.name}:${name}`;
     // Commands of the contract that this build of the module may not have yet.
-    const has = async (name) => (await rl.send(undefined, ['COMMAND', 'INFO', name]))?.[0] != null;
     before(async () => {
       client = await kind.make(server.port);
       rl = new RL(client);
@@ -62,7 +61,6 @@ for (const kind of await clientKinds()) {
         rl.hashWindow(k('a3'), { limit: 5, windowMs: 60_000, bucketMs: 1000 }),
         rl.fixedWindow(k('a4'), { limit: 5, windowMs: 60_000 }),
       ];
-      if (await has('RL.QUOTA')) calls.push(rl.quota(k('a5'), { limit: 5, period: 'DAY', tz: 'UTC' }));
       for (const d of await Promise.all(calls)) {
         assert.deepEqual([d.allowed, d.limit, d.remaining], [true, 5, 4]);
         assert.ok(d.resetMs > 0);
@@ -77,18 +75,6 @@ for (const kind of await clientKinds()) {
       const forced = await rl.sliding(k('r'), p, { cost: 5, force: true });
       assert.equal(forced.allowed, true);
       assert.equal((await rl.sliding(k('r'), p, { cost: 1 })).allowed, false);
-    });
-
-    test('concurrency leases: granted, released, renewed', async (t) => {
-      if (!(await has('RL.CONCURRENCY'))) return t.skip('this module build has no RL.CONCURRENCY');
-      const a = await rl.concurrency(k('c'), { limit: 1, leaseMs: 10_000 });
-      assert.equal(a.allowed, true);
-      assert.ok(a.lease > 0);
-      const b = await rl.concurrency(k('c'), { limit: 1, leaseMs: 10_000 });
-      assert.deepEqual([b.allowed, b.lease], [false, 0]);
-      assert.equal(await rl.renew(k('c'), a.lease, 5000), true);
-      assert.equal(await rl.release(k('c'), a.lease), true);
-      assert.equal(await rl.release(k('c'), a.lease), false);
     });
 
     test('policies: SET, HIT, GET, LIST, DEL', async () => {
@@ -114,12 +100,6 @@ for (const kind of await clientKinds()) {
       const no = await rl.all(limits);
       assert.deepEqual([no.allowed, no.deniedBy], [false, 1]);
       assert.equal((await rl.fixedWindow(k('all:a'), { limit: 10, windowMs: 60_000 }, { cost: 0 })).remaining, 9);
-    });
-
-    test('CL.THROTTLE answers in redis-cell’s form', async (ctx) => {
-      if (!(await has('CL.THROTTLE'))) return ctx.skip('this module build has no CL.THROTTLE');
-      const t = await rl.throttle(k('cell'), 4, 1, 60);
-      assert.deepEqual([t.limited, t.limit, t.remaining, t.retryAfterS], [false, 5, 4, -1]);
     });
 
     test('RL.LOG records denials', async () => {
