@@ -102,6 +102,9 @@ done
 if ! "$PYTHON" -m pip --version >/dev/null 2>&1; then
   need_apt+=(python3-pip)
 fi
+# npm: Debian's nodejs comes without it (its own package, npm); NodeSource's
+# nodejs package ships npm inside, and Debian's npm would conflict with it.
+# So, like pip above, npm itself is asked, not dpkg.
 if ! npm --version >/dev/null 2>&1; then
   need_apt+=(npm)
 fi
