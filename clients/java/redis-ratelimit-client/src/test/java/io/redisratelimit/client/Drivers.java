@@ -10,11 +10,12 @@ import redis.clients.jedis.DefaultJedisClientConfig;
 import redis.clients.jedis.HostAndPort;
 import redis.clients.jedis.JedisCluster;
 import redis.clients.jedis.JedisPooled;
+import redis.clients.jedis.JedisSentineled;
 
 import java.util.Set;
 import java.util.stream.Collectors;
 
-/** The four ways the tests reach a server: Lettuce or Jedis, standalone or cluster. */
+/** The four ways the tests reach a server: Lettuce or Jedis, standalone (or through a Sentinel) or cluster. */
 enum Drivers {
     LETTUCE, JEDIS, LETTUCE_CLUSTER, JEDIS_CLUSTER;
 
@@ -26,6 +27,18 @@ enum Drivers {
         return switch (this) {
             case LETTUCE -> LettuceDriver.connect(RedisURI.create(s.uri()));
             case JEDIS -> JedisDriver.owning(new JedisPooled(new HostAndPort("127.0.0.1", s.port()),
+                    DefaultJedisClientConfig.builder().timeoutMillis(2000).build()));
+            default -> throw new IllegalStateException(this + " is a cluster driver");
+        };
+    }
+
+    /** Through a Sentinel: Lettuce's {@code redis-sentinel://} URI, Jedis's {@link JedisSentineled}. */
+    Driver sentinel(RedisServer sentinel, String masterName) {
+        return switch (this) {
+            case LETTUCE -> LettuceDriver.connect(RedisURI.create("redis-sentinel://127.0.0.1:" + sentinel.port() + "#" + masterName));
+            case JEDIS -> JedisDriver.owning(new JedisSentineled(masterName,
+                    DefaultJedisClientConfig.builder().timeoutMillis(2000).build(),
+                    Set.of(new HostAndPort("127.0.0.1", sentinel.port())),
                     DefaultJedisClientConfig.builder().timeoutMillis(2000).build()));
             default -> throw new IllegalStateException(this + " is a cluster driver");
         };

@@ -25,12 +25,18 @@ public final class RedisServer implements AutoCloseable {
     private final int port;
     private final Path dir;
     private final List<String> extra;
+    private final Path sentinelConf;
     private Process process;
 
     private RedisServer(int port, Path dir, List<String> extra) {
+        this(port, dir, extra, null);
+    }
+
+    private RedisServer(int port, Path dir, List<String> extra, Path sentinelConf) {
         this.port = port;
         this.dir = dir;
         this.extra = extra;
+        this.sentinelConf = sentinelConf;
     }
 
     public static String module() {
@@ -70,9 +76,53 @@ public final class RedisServer implements AutoCloseable {
         }
     }
 
+    /** A replica of {@code master}, with the module too (it replays the module's commands); ready once its link is up. */
+    public static RedisServer startReplicaOf(RedisServer master) {
+        RedisServer r = start(List.of("--replicaof", "127.0.0.1", Integer.toString(master.port())));
+        try {
+            long deadline = System.nanoTime() + Duration.ofSeconds(20).toNanos();
+            while (System.nanoTime() < deadline) {
+                if (r.command("INFO", "replication").contains("master_link_status:up")) {
+                    return r;
+                }
+                Thread.sleep(10);
+            }
+            String log = r.log();
+            r.close();
+            throw new IllegalStateException("the replica on " + r.port + " did not sync with " + master.port + ": " + log);
+        } catch (IOException | InterruptedException e) {
+            r.close();
+            throw new IllegalStateException(e);
+        }
+    }
+
+    /**
+     * A Sentinel (the same binary with {@code --sentinel}, no module) on a
+     * free port, monitoring {@code master} as {@code name} with quorum 1.
+     */
+    public static RedisServer startSentinel(String name, RedisServer master, long downAfterMs, long failoverTimeoutMs) {
+        try {
+            Path dir = Files.createTempDirectory("rl-java-sentinel");
+            Path conf = dir.resolve("sentinel.conf");
+            Files.writeString(conf, "sentinel monitor " + name + " 127.0.0.1 " + master.port() + " 1\n"
+                    + "sentinel down-after-milliseconds " + name + " " + downAfterMs + "\n"
+                    + "sentinel failover-timeout " + name + " " + failoverTimeoutMs + "\n");
+            RedisServer s = new RedisServer(freePort(), dir, List.of("--no-module"), conf);
+            s.launch();
+            return s;
+        } catch (IOException e) {
+            throw new IllegalStateException(e);
+        }
+    }
+
     private void launch() {
-        List<String> cmd = new ArrayList<>(List.of(System.getenv().getOrDefault("REDIS_SERVER", "redis-server"),
-                "--port", Integer.toString(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+        List<String> cmd = new ArrayList<>(List.of(System.getenv().getOrDefault("REDIS_SERVER", "redis-server")));
+        if (sentinelConf != null) {
+            // The config file must come first; Sentinel rewrites it as it learns the replicas and the failovers.
+            cmd.add(sentinelConf.toString());
+            cmd.add("--sentinel");
+        }
+        cmd.addAll(List.of("--port", Integer.toString(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                 "--dir", dir.toString(), "--protected-mode", "no"));
         boolean module = true;
         for (String a : extra) {
@@ -111,7 +161,7 @@ public final class RedisServer implements AutoCloseable {
         throw new IllegalStateException("redis-server on " + port + " did not answer PING: " + log());
     }
 
-    private String log() {
+    public String log() {
         try {
             return Files.readString(dir.resolve("redis.log"));
         } catch (IOException e) {
