@@ -70,6 +70,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod concurrency;
 pub mod contract;
 mod error;
 pub mod fixed_window;
@@ -79,6 +80,7 @@ pub mod sliding_log;
 mod time;
 pub mod token_bucket;
 
+pub use concurrency::{Concurrency, ConcurrencyParams, ConcurrencyState};
 pub use error::ParamError;
 pub use fixed_window::{FixedWindow, FixedWindowParams, FixedWindowState};
 pub use hash_window::{HashWindow, HashWindowParams, HashWindowState};
@@ -341,6 +343,12 @@ pub trait Algorithm {
     /// admitted call with `params`, is idle again and the key may vanish (the
     /// key's absolute expiry).
     fn idle_at_ms(state: &Self::State, params: &Self::Params) -> u64;
+
+    /// For an algorithm of leases ([`Concurrency`]): the id of the lease the
+    /// last admitted or forced request was granted; 0 for the others.
+    fn lease_granted(_state: &Self::State) -> u64 {
+        0
+    }
 }
 
 #[cfg(test)]
@@ -473,6 +481,10 @@ mod refund_and_force {
         check(
             "hash window",
             &mut runner::<HashWindow>(HashWindowParams::new(limit, 3_600_000, 60_000).unwrap()),
+        );
+        check(
+            "concurrency",
+            &mut runner::<Concurrency>(ConcurrencyParams::new(limit, YEAR_MS).unwrap()),
         );
     }
 
@@ -809,6 +821,7 @@ mod parameters {
         pin::<FixedWindowParams>(&[10, 1000]);
         pin::<SlidingLogParams>(&[10, 1000]);
         pin::<HashWindowParams>(&[10, 1000, 100]);
+        pin::<ConcurrencyParams>(&[10, 1000]);
         assert_eq!(SlidingLogParams::INTEGERS[0].max, sliding_log::MAX_LIMIT);
     }
 }
