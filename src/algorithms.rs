@@ -29,8 +29,10 @@ use std::ffi::CStr;
 use crate::args::{ParamList, Params, COST_OR_REFUND};
 use crate::config;
 use crate::error::Error;
-use crate::ffi::{Arg, Command, DataType};
-use crate::limiter::{Algorithm, FixedWindow, HashWindow, LeakyBucket, SlidingLog, TokenBucket};
+use crate::ffi::{Arg, DataType};
+use crate::limiter::{
+    Algorithm, Concurrency, FixedWindow, HashWindow, LeakyBucket, SlidingLog, TokenBucket,
+};
 use crate::stats::Outcomes;
 
 self::algorithms! { $
@@ -104,6 +106,24 @@ self::algorithms! { $
         bounds: config::hash_window_bounds,
         ..Row::LIMITER
     },
+    Concurrency => Row {
+        command: c"RL.CONCURRENCY",
+        key: KeyFormat::Native { type_name: c"rl-concur", encoding: 1 },
+        summary: c"Concurrency limiter: grants a lease of COST units (default 1) if the leases held leave room under limit; a lease ends at RL.RELEASE or lease_ms after it was granted or renewed",
+        complexity: c"O(N), N the leases held on the key",
+        args: &[
+            Arg::key(c"key"),
+            Arg::integer(c"limit"),
+            Arg::integer(c"lease_ms"),
+            COST_OR_REFUND,
+        ],
+        flags: c"write",
+        acl: c"write",
+        specs: Specs { policies: true, all: false },
+        reply: ReplyShape::Lease,
+        companions: &[Companion::Release, Companion::Renew],
+        ..Row::LIMITER
+    },
 }
 
 /// One row: an algorithm served as a command.
@@ -129,7 +149,7 @@ pub struct Row<L: Algorithm> {
     /// The reply of its command and of `RL.HIT`.
     pub reply: ReplyShape,
     /// Commands that come with it, registered with it.
-    pub companions: &'static [Command],
+    pub companions: &'static [Companion],
 }
 
 impl<L: Algorithm> Row<L> {
@@ -163,6 +183,18 @@ impl<L: Algorithm> Row<L> {
 pub enum ReplyShape {
     /// The five integers: allowed, limit, remaining, wait_ms, reset_ms.
     Decision,
+    /// The five integers and the lease granted (0 when none was).
+    Lease,
+}
+
+/// A command that comes with an algorithm (its handler is generic, in
+/// `crate::commands`, for every algorithm with leases).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Companion {
+    /// `RL.RELEASE key lease`: ends a lease.
+    Release,
+    /// `RL.RENEW key lease lease_ms`: extends a lease.
+    Renew,
 }
 
 /// What a key of the algorithm holds.
@@ -315,6 +347,11 @@ impl Spec {
             Error::quote(name),
             words_allowed(what).join(", ")
         )))
+    }
+
+    /// Whether `RL.ALL` may use it (inline or through a policy).
+    pub fn in_all(&self) -> bool {
+        with_algorithm!(*self, L, _p => L::ROW.specs.all)
     }
 
     /// The algorithm's name, as in a spec.
@@ -523,7 +560,7 @@ mod tests {
     fn specs_name_the_algorithms_in_table_order() {
         assert_eq!(
             words_allowed(Site::Policy).join(", "),
-            "TOKENBUCKET, FIXEDWINDOW, LEAKYBUCKET, SLIDING, HASHWINDOW"
+            "TOKENBUCKET, FIXEDWINDOW, LEAKYBUCKET, SLIDING, HASHWINDOW, CONCURRENCY"
         );
         let (spec, words) =
             Spec::parse(&[b"sliding", b"5", b"1000", b"COST"], Site::InCall(1)).unwrap();
@@ -533,7 +570,7 @@ mod tests {
         );
         assert_eq!(
             Spec::parse(&[b"BUCKET", b"1"], Site::Policy).unwrap_err().message(),
-            "ERR policy: unknown algorithm 'BUCKET' (expected TOKENBUCKET, FIXEDWINDOW, LEAKYBUCKET, SLIDING, HASHWINDOW)"
+            "ERR policy: unknown algorithm 'BUCKET' (expected TOKENBUCKET, FIXEDWINDOW, LEAKYBUCKET, SLIDING, HASHWINDOW, CONCURRENCY)"
         );
     }
 }

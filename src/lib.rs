@@ -87,8 +87,8 @@ fn register(load: &Load) -> Result<(), &'static str> {
     )?;
     for_each_algorithm!(L => {
         load.create_command(&commands::algorithm_command::<L>(), category)?;
-        for companion in L::ROW.companions {
-            load.create_command(companion, category)?;
+        for &companion in L::ROW.companions {
+            load.create_command(&commands::companion_command::<L>(companion), category)?;
         }
     });
     for command in commands::COMMANDS {
@@ -129,6 +129,10 @@ mod tests {
         for_each_algorithm!(L => {
             let c = algorithm_command::<L>();
             all.push((c.name.to_string_lossy().into_owned(), c.arity, c.args, 1));
+            for &which in L::ROW.companions {
+                let c = crate::commands::companion_command::<L>(which);
+                all.push((c.name.to_string_lossy().into_owned(), c.arity, c.args, 1));
+            }
         });
         all.extend(
             COMMANDS
@@ -175,6 +179,7 @@ mod tests {
                 (c"RL.LEAKYBUCKET", -5),
                 (c"RL.SLIDING", -4),
                 (c"RL.HASHWINDOW", -5),
+                (c"RL.CONCURRENCY", -4),
             ]
         );
     }

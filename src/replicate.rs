@@ -136,6 +136,24 @@ pub fn limiter_call_with_params(
     );
 }
 
+/// Propagates a call that reads the clock but takes no request
+/// (`RL.RELEASE key lease`, `RL.RENEW key lease lease_ms`) as
+/// `<command> <args...> AT <now_us>`: the call's own strings, then the
+/// master's time.
+pub fn pinned_call(ctx: &Context, command: &CStr, args: &[&RString], now: Micros) {
+    if !pinned() {
+        return count_write(ctx);
+    }
+    let (tail, len) = at_tail(now);
+    ctx.replicate(command, Head::Strings(args), &tail[..len]);
+}
+
+/// `AT <now_us>`, as [`tail`] gives it.
+#[inline]
+pub fn at_tail(now: Micros) -> ([Word; 2], usize) {
+    ([Word::Shared(&AT), Word::Int(now.as_us() as i64)], 2)
+}
+
 /// Propagates `command head...` with the request and the master's time.
 #[inline]
 fn pin(ctx: &Context, command: &CStr, head: Head, request: Request, now: Micros) {

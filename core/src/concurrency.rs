@@ -410,6 +410,14 @@ impl Algorithm for Concurrency {
     fn lease_granted(state: &ConcurrencyState) -> u64 {
         state.last_id
     }
+
+    fn release(state: &mut ConcurrencyState, id: u64, now: Micros) -> Option<u64> {
+        state.release(id, now).then(|| idle_at(state))
+    }
+
+    fn renew(state: &mut ConcurrencyState, id: u64, lease_ms: u64, now: Micros) -> Option<u64> {
+        state.renew(id, lease_ms, now).then(|| idle_at(state))
+    }
 }
 
 /// The guarantee the contract checks (`crate::contract`): without releases,

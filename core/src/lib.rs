@@ -349,6 +349,20 @@ pub trait Algorithm {
     fn lease_granted(_state: &Self::State) -> u64 {
         0
     }
+
+    /// `RL.RELEASE`: ends lease `id` if it is live at `now`. The state's new
+    /// idle instant (as [`Algorithm::idle_at_ms`]) if it was; `None` if not,
+    /// and always for the algorithms without leases.
+    fn release(_state: &mut Self::State, _id: u64, _now: Micros) -> Option<u64> {
+        None
+    }
+
+    /// `RL.RENEW`: makes lease `id`, if live at `now`, end `lease_ms` after
+    /// `now`. The state's new idle instant if it was live, as
+    /// [`Algorithm::release`].
+    fn renew(_state: &mut Self::State, _id: u64, _lease_ms: u64, _now: Micros) -> Option<u64> {
+        None
+    }
 }
 
 #[cfg(test)]

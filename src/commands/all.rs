@@ -102,6 +102,14 @@ pub(crate) fn parse<'a>(all: &'a [&'a [u8]]) -> Result<Call<'a>, Error> {
             let name = all.get(cursor + 1).copied().unwrap_or_default();
             let (rule, stats) =
                 policy::get(name).ok_or_else(|| Error::UnknownPolicy(Error::quote(name)))?;
+            if !rule.spec.in_all() {
+                return Err(Error::Syntax(format!(
+                    "spec {}: policy '{}' is {}, which cannot be used here",
+                    i + 1,
+                    Error::quote(name),
+                    rule.spec.name()
+                )));
+            }
             limits.push(Limit {
                 spec: rule.spec,
                 source: Source::Policy {

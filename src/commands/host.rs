@@ -102,6 +102,10 @@ pub trait Host {
         now: Micros,
     );
 
+    /// Propagates a call that read the clock and takes no request, as
+    /// `command <its arguments args...> AT now` (`RL.RELEASE`, `RL.RENEW`).
+    fn propagate_pinned(&self, command: &'static CStr, args: Range<usize>, now: Micros);
+
     /// Propagates the call as the client sent it (a deterministic one).
     fn propagate_verbatim(&self);
 

@@ -52,7 +52,7 @@ pub fn step<L: Listed, H: Host>(host: &H) -> Result<(), Error> {
         key.written(L::EVENT, applied.expiry_written);
     }
     drop(key);
-    L::ROW.reply.send(host, &decision);
+    L::ROW.reply.send(host, &decision, applied.lease);
     Ok(())
 }
 
@@ -61,6 +61,8 @@ pub(super) struct Applied {
     pub outcome: Outcome,
     /// The key's expiry was set (the `expire` keyspace event).
     pub expiry_written: bool,
+    /// The lease granted, for an algorithm of leases (0 if none was).
+    pub lease: u64,
 }
 
 /// Runs a request on the limiter in `key` and, when the state changed,
@@ -81,9 +83,10 @@ pub(super) fn apply_to_key<L: Listed, H: Host>(
     let existing = key.with_state::<L, _>(|state| {
         let idle_before = L::idle_at_ms(state, params);
         let outcome = limiter::run::<L>(state, params, request, now);
-        (outcome, idle_before, L::idle_at_ms(state, params))
+        let lease = granted::<L>(state, &outcome, request);
+        (outcome, idle_before, L::idle_at_ms(state, params), lease)
     })?;
-    if let Some((outcome, idle_before, idle_after)) = existing {
+    if let Some((outcome, idle_before, idle_after, lease)) = existing {
         // The expiry follows the idle instant. When that did not move (a
         // fixed window's moves once per window, not per call), the key
         // usually has it already: it is read, which is cheaper than setting
@@ -97,10 +100,12 @@ pub(super) fn apply_to_key<L: Listed, H: Host>(
         return Ok(Applied {
             outcome,
             expiry_written,
+            lease,
         });
     }
     let mut state = L::idle(params, now);
     let outcome = limiter::run::<L>(&mut state, params, request, now);
+    let lease = granted::<L>(&state, &outcome, request);
     if outcome.changed {
         if check_memory && host.out_of_memory() {
             return Err(Error::OutOfMemory);
@@ -112,7 +117,18 @@ pub(super) fn apply_to_key<L: Listed, H: Host>(
     Ok(Applied {
         outcome,
         expiry_written: outcome.changed,
+        lease,
     })
+}
+
+/// The lease a request was granted: a changed state after `COST n` or
+/// `COST n FORCE` holds a new one (0 for the algorithms without leases).
+#[inline(always)]
+fn granted<L: Listed>(state: &L::State, outcome: &Outcome, request: Request) -> u64 {
+    match request {
+        Request::Cost(_) | Request::Force(_) if outcome.changed => L::lease_granted(state),
+        _ => 0,
+    }
 }
 
 /// What a request would get on the limiter in `key`, changing nothing, and

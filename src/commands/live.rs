@@ -115,6 +115,19 @@ impl Host for Live<'_> {
         replicate::limiter_call_with_params(self.ctx, command, key, params, request, now);
     }
 
+    fn propagate_pinned(&self, command: &'static CStr, args: Range<usize>, now: Micros) {
+        if !replicate::pinned() {
+            return replicate::count_write(self.ctx);
+        }
+        let first = self.argv.string(args.start);
+        let mut strings = [first; crate::ffi::MAX_NUMBERS];
+        let len = args.len().min(strings.len());
+        for (string, i) in strings[..len].iter_mut().zip(args) {
+            *string = self.argv.string(i);
+        }
+        replicate::pinned_call(self.ctx, command, &strings[..len], now);
+    }
+
     #[inline(always)]
     fn propagate_verbatim(&self) {
         self.ctx.replicate_verbatim();

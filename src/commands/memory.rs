@@ -395,6 +395,14 @@ impl Host for Call<'_> {
         self.propagate(command, head, request, now);
     }
 
+    fn propagate_pinned(&self, command: &'static CStr, args: Range<usize>, now: Micros) {
+        let mut words = vec![command.to_bytes().to_vec()];
+        words.extend(args.map(|i| self.words[i].to_vec()));
+        let (tail, len) = replicate::at_tail(now);
+        words.extend(tail[..len].iter().map(|w| w.text()));
+        self.effects.borrow_mut().propagated.push(words);
+    }
+
     fn propagate_verbatim(&self) {
         let words = self.words.iter().map(|w| w.to_vec()).collect();
         self.effects.borrow_mut().propagated.push(words);

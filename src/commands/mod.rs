@@ -9,6 +9,7 @@
 
 pub mod all;
 pub mod host;
+pub mod lease;
 pub mod limiter;
 pub mod live;
 pub mod log;
@@ -20,7 +21,7 @@ pub mod setstate;
 #[cfg(test)]
 mod tests_steps;
 
-use crate::algorithms::{Listed, ReplyShape};
+use crate::algorithms::{Companion, Listed, ReplyShape};
 use crate::args::{COST, COST_OR_REFUND};
 use crate::ffi::{command, Arg, Command, KeySpec};
 use crate::limiter::Decision;
@@ -32,11 +33,13 @@ use live::live;
 pub const MAX_ARGS: usize = 16;
 
 impl ReplyShape {
-    /// Replies `decision` in this shape.
+    /// Replies `decision` in this shape (`lease`: the lease granted, 0 if
+    /// none, for the shapes that show it).
     #[inline(always)]
-    pub fn send<H: Host>(self, host: &H, decision: &Decision) {
+    pub fn send<H: Host>(self, host: &H, decision: &Decision, lease: u64) {
         match self {
             ReplyShape::Decision => host.reply_integers(&decision_fields(decision)),
+            ReplyShape::Lease => reply_decision_and(host, decision, lease as i64),
         }
     }
 }
@@ -145,6 +148,46 @@ pub fn algorithm_command<L: Listed>() -> Command {
     }
 }
 
+const RELEASE_ARGS: &[Arg] = &[Arg::key(c"key"), Arg::integer(c"lease")];
+const RENEW_ARGS: &[Arg] = &[
+    Arg::key(c"key"),
+    Arg::integer(c"lease"),
+    Arg::integer(c"lease_ms"),
+];
+
+/// A command that comes with algorithm `L` (`RL.RELEASE`, `RL.RENEW`).
+pub fn companion_command<L: Listed>(which: Companion) -> Command {
+    let keys = KeySpec::At {
+        first: 1,
+        last: 1,
+        step: 1,
+    };
+    match which {
+        Companion::Release => Command {
+            name: lease::name(which),
+            handler: command(live!(lease::release::<L, _>)),
+            flags: c"write",
+            keys,
+            arity: -3,
+            summary: c"Ends a lease granted by RL.CONCURRENCY: 1 if it was held, 0 if it had already ended or is unknown",
+            complexity: c"O(N), N the leases held on the key",
+            args: RELEASE_ARGS,
+            acl: c"write",
+        },
+        Companion::Renew => Command {
+            name: lease::name(which),
+            handler: command(live!(lease::renew::<L, _>)),
+            flags: c"write",
+            keys,
+            arity: -4,
+            summary: c"Makes a lease of RL.CONCURRENCY end lease_ms from now: 1 if it was held, 0 if it had already ended or is unknown",
+            complexity: c"O(N), N the leases held on the key",
+            args: RENEW_ARGS,
+            acl: c"write",
+        },
+    }
+}
+
 /// Runs the step of the command the call names (`RL.POLICY` and `RL.LOG`
 /// with their subcommand), after the server's arity check, as the server
 /// would dispatch it: for hosts other than the live server, which
@@ -174,6 +217,12 @@ pub fn dispatch<H: Host>(host: &H) -> Result<(), crate::error::Error> {
         if command == L::ROW.command.to_bytes() {
             arity(L::ARITY)?;
             return limiter::step::<L, H>(host);
+        }
+        for &which in L::ROW.companions {
+            if command == lease::name(which).to_bytes() {
+                arity(companion_command::<L>(which).arity)?;
+                return lease::step::<L, H>(host, which);
+            }
         }
     });
     let registered = |name: &[u8]| {

@@ -245,7 +245,7 @@ pub fn hit<H: Host>(host: &H) -> Result<(), Error> {
     if through == Through::Off {
         stats.outcomes.calls.bump();
         let off = off_decision(rule.spec);
-        with_algorithm!(rule.spec, L, _p => L::ROW.reply.send(host, &off));
+        with_algorithm!(rule.spec, L, _p => L::ROW.reply.send(host, &off, 0));
         return Ok(());
     }
     let now = host.now();
@@ -260,6 +260,7 @@ pub fn hit<H: Host>(host: &H) -> Result<(), Error> {
         }
         drop(open);
         stats.outcomes.record(&decision, cost);
+        let lease = applied.lease;
         let answer = if decision.allowed || cost == 0 {
             decision
         } else if through == Through::Enforce {
@@ -275,7 +276,7 @@ pub fn hit<H: Host>(host: &H) -> Result<(), Error> {
             stats.shadow_denied.bump();
             shadowed(decision)
         };
-        L::ROW.reply.send(host, &answer);
+        L::ROW.reply.send(host, &answer, lease);
     });
     Ok(())
 }

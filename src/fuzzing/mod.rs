@@ -46,7 +46,7 @@ use bytes::{Fields, Replay};
 /// the AOF, where `AT` and `RL.SETSTATE` are allowed): first the command of
 /// every row of the table of algorithms, in order (0 to [`COUNT`] - 1), then
 /// these, from [`COUNT`] on.
-pub const OTHER_COMMANDS: [&str; 11] = [
+pub const OTHER_COMMANDS: [&str; 13] = [
     "RL.ALL",
     "RL.HIT",
     "RL.POLICY SET",
@@ -58,7 +58,23 @@ pub const OTHER_COMMANDS: [&str; 11] = [
     "RL.SETSTATE",
     "loadmodule arguments",
     "RL.LOG RESET",
+    "RL.RELEASE",
+    "RL.RENEW",
 ];
+
+/// Bit of the selector byte that extends its low four bits (the pick) to
+/// five: `pick = (selector & 0x0f) | (selector & 0x40) >> 2`.
+pub const HIGH_PICK: u8 = 0x40;
+
+/// The command a selector picks (see [`OTHER_COMMANDS`]).
+pub fn pick(selector: u8) -> usize {
+    usize::from(selector & 0x0f) | usize::from(selector & HIGH_PICK) >> 2
+}
+
+/// The selector that picks command `pick` (below 32).
+pub const fn selector(pick: usize) -> u8 {
+    (pick as u8 & 0x0f) | (pick as u8 & 0x10) << 2
+}
 
 /// Bit of the selector byte: the call comes from the master link or the AOF.
 pub const REPLICATED: u8 = 0x10;
@@ -68,7 +84,7 @@ pub const REPLICATED: u8 = 0x10;
 pub const OUT_OF_MEMORY: u8 = 0x20;
 
 /// The selector of `RL.SETSTATE`.
-pub const SETSTATE: u8 = COUNT as u8 + 8;
+pub const SETSTATE: u8 = selector(COUNT + 8);
 
 /// One command: `data[0]` picks it (see [`OTHER_COMMANDS`]), then its arguments
 /// after the command name, separated by spaces, up to a NUL byte; what
@@ -103,7 +119,7 @@ pub fn command(data: &[u8]) {
         Origin::Client
     };
     let mut input = Bytes::new(tail);
-    let pick = usize::from(selector & 0x0f);
+    let pick = pick(selector);
     if pick < COUNT {
         for_each_algorithm!(L => {
             if L::INDEX == pick {
@@ -122,6 +138,8 @@ pub fn command(data: &[u8]) {
         7 => &[b"RL.LOG", b"LEN"],
         8 => &[b"RL.SETSTATE"],
         10 => &[b"RL.LOG", b"RESET"],
+        11 => &[b"RL.RELEASE"],
+        12 => &[b"RL.RENEW"],
         _ => return load_arguments(&words),
     };
     let mut argv = name.to_vec();
@@ -262,12 +280,13 @@ fn assert_one_line(message: &str) {
 /// The policies `RL.ALL ... POLICY name` and `RL.HIT name` can name: one per
 /// algorithm and mode. The fuzzed `RL.POLICY SET` and `DEL` may change
 /// them; each input starts from these again.
-pub const POLICIES: [(&str, &str); 5] = [
+pub const POLICIES: [(&str, &str); 6] = [
     ("tb", "TOKENBUCKET 5 5 1000"),
     ("fw", "FIXEDWINDOW 3 1000 MODE SHADOW"),
     ("lb", "LEAKYBUCKET 4 1 250 ROLLOUT 50"),
     ("sl", "SLIDING 10 1000 MODE OFF"),
     ("hw", "HASHWINDOW 10 6000 1000"),
+    ("cc", "CONCURRENCY 3 1000"),
 ];
 
 fn install_policies() {

@@ -3,7 +3,9 @@
 
 use super::*;
 use crate::algorithms::word;
-use crate::limiter::{Algorithm, FixedWindow, HashWindow, LeakyBucket, SlidingLog, TokenBucket};
+use crate::limiter::{
+    Algorithm, Concurrency, FixedWindow, HashWindow, LeakyBucket, SlidingLog, TokenBucket,
+};
 use std::path::{Path, PathBuf};
 
 fn fuzz_dir() -> PathBuf {
@@ -267,7 +269,35 @@ fn write_fuzz_seeds() {
         "10 1099511627776 1048576",
     ];
     limiter_seeds::<HashWindow>(c, r, 4, "10 6000 1000", "10 1000 100", &hw_bad);
+    let cc_bad = ["0 1000", "3 0", "16777216 1000", "3 1099511627777", "3"];
+    limiter_seeds::<Concurrency>(c, r, 5, "3 1000", "10 50", &cc_bad);
     let traffic = steps_bytes(&TRAFFIC);
+    for text in [
+        "k 1",
+        "k 0",
+        "k x",
+        "k -1",
+        "k 9223372036854775808",
+        "k 1 AT",
+        "k 1 FOO",
+    ] {
+        command_seeds.push(cmd(selector(COUNT + 11), text, &traffic));
+    }
+    command_seeds.push(cmd(
+        selector(COUNT + 11) | REPLICATED,
+        "k 1700000000123456 AT 1700000000123457",
+        &traffic,
+    ));
+    for text in [
+        "k 1 100",
+        "k 1 0",
+        "k 1",
+        "k 1 1099511627777",
+        "k 1 100 AT 5",
+    ] {
+        command_seeds.push(cmd(selector(COUNT + 12), text, &traffic));
+    }
+
     for text in [
         "2 a b TOKENBUCKET 5 5 1000 FIXEDWINDOW 3 1000",
         "1 a POLICY tb COST 2",
@@ -283,21 +313,27 @@ fn write_fuzz_seeds() {
         "1 a TOKENBUCKET 5 5",
         "1 a GCRA 5 5 1000",
         "1 a SLIDING 100001 1000",
+        "1 a CONCURRENCY 3 1000",
+        "1 a POLICY cc",
     ] {
-        command_seeds.push(cmd(5, text, &traffic));
+        command_seeds.push(cmd(selector(COUNT), text, &traffic));
     }
-    command_seeds.push(cmd(5 | REPLICATED, "1 a SLIDING 100001 1000", &traffic));
+    command_seeds.push(cmd(
+        selector(COUNT) | REPLICATED,
+        "1 a SLIDING 100001 1000",
+        &traffic,
+    ));
     // Out of memory: a new key fails the call, all or nothing.
     for text in [
         "2 a b TOKENBUCKET 5 5 1000 FIXEDWINDOW 3 1000",
         "2 a b TOKENBUCKET 5 5 1000 FIXEDWINDOW 3 1000 COST 0",
         "1 a POLICY tb COST 2 FORCE",
     ] {
-        command_seeds.push(cmd(5 | OUT_OF_MEMORY, text, &traffic));
+        command_seeds.push(cmd(selector(COUNT) | OUT_OF_MEMORY, text, &traffic));
     }
     command_seeds.push(cmd(OUT_OF_MEMORY, "k 5 5 1000", &traffic));
     command_seeds.push(cmd(3 | OUT_OF_MEMORY, "k 3 1000 COST 0", &traffic));
-    command_seeds.push(cmd(6 | OUT_OF_MEMORY, "hw k", &traffic));
+    command_seeds.push(cmd(selector(COUNT + 1) | OUT_OF_MEMORY, "hw k", &traffic));
     for text in [
         "tb k",
         "fw k COST 4",
@@ -308,7 +344,7 @@ fn write_fuzz_seeds() {
         "tb k AT 1",
         "tb",
     ] {
-        command_seeds.push(cmd(6, text, &traffic));
+        command_seeds.push(cmd(selector(COUNT + 1), text, &traffic));
     }
     for text in [
         "p1 TOKENBUCKET 5 5 1000",
@@ -316,6 +352,7 @@ fn write_fuzz_seeds() {
         "p:3 HASHWINDOW 10 60000 1000 MODE off",
         "p.4 LEAKYBUCKET 5 1 100 rollout 0 mode enforce",
         "p_5 SLIDING 3 1000",
+        "p6 CONCURRENCY 3 1000",
         "bad\x00name SLIDING 1 1",
         "p LEAKYBUCKET 5 1 100 ROLLOUT 101",
         "p SLIDING 100001 1000",
@@ -325,16 +362,20 @@ fn write_fuzz_seeds() {
         "p FIXEDWINDOW 1 1 MODE LOUD",
         "p FIXEDWINDOW 1 1 MODE OFF MODE OFF",
     ] {
-        command_seeds.push(cmd(7, text, &traffic));
+        command_seeds.push(cmd(selector(COUNT + 2), text, &traffic));
     }
-    command_seeds.push(cmd(7 | REPLICATED, "p SLIDING 16777215 1000", &traffic));
-    command_seeds.push(cmd(8, "tb", &[]));
-    command_seeds.push(cmd(9, "zz", &[]));
-    command_seeds.push(cmd(10, "", &[]));
+    command_seeds.push(cmd(
+        selector(COUNT + 2) | REPLICATED,
+        "p SLIDING 16777215 1000",
+        &traffic,
+    ));
+    command_seeds.push(cmd(selector(COUNT + 3), "tb", &[]));
+    command_seeds.push(cmd(selector(COUNT + 4), "zz", &[]));
+    command_seeds.push(cmd(selector(COUNT + 5), "", &[]));
     for text in ["", "10", "0", "4294967295", "4294967296", "1 2"] {
-        command_seeds.push(cmd(11, text, &[]));
+        command_seeds.push(cmd(selector(COUNT + 6), text, &[]));
     }
-    command_seeds.push(cmd(12, "", &[]));
+    command_seeds.push(cmd(selector(COUNT + 7), "", &[]));
     for text in [
         "k TOKENBUCKET 1 1700000000000000 0 5 1000",
         "k FOO 1 1 2",
@@ -343,7 +384,7 @@ fn write_fuzz_seeds() {
         "k fixedwindow 1 1 2 3",
     ] {
         command_seeds.push(cmd(SETSTATE | REPLICATED, text, &traffic));
-        command_seeds.push(cmd(13, text, &[]));
+        command_seeds.push(cmd(selector(COUNT + 8), text, &[]));
     }
     for text in [
         "sliding-max-limit 5000",
@@ -353,7 +394,7 @@ fn write_fuzz_seeds() {
         "sliding-max-limit 0",
         "hashwindow-max-buckets 1000001",
     ] {
-        command_seeds.push(cmd(14, text, &[]));
+        command_seeds.push(cmd(selector(COUNT + 9), text, &[]));
     }
     rdb_seeds.push(policy_rdb(&[]));
     rdb_seeds.push(policy_rdb(&POLICIES));
