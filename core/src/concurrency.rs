@@ -95,11 +95,6 @@ impl ConcurrencyParams {
     }
 }
 
-/// `lease_ms` of `RL.RENEW`, checked as the parameter is.
-pub fn lease_ms(value: u64) -> Result<u64, ParamError> {
-    param("lease_ms", value)
-}
-
 impl ConcurrencyState {
     /// The leases live at `now`.
     pub fn live(&self, now: Micros) -> impl Iterator<Item = &Lease> {
@@ -137,7 +132,7 @@ impl ConcurrencyState {
 
     /// The key's TTL from `now`, in milliseconds, rounded up.
     fn reset_ms(&self, now: Micros) -> u64 {
-        (idle_at(self).saturating_mul(1000))
+        idle_at_us(self.all_end_us(0), self.last_id)
             .saturating_sub(now.as_us())
             .div_ceil(1000)
     }
@@ -207,8 +202,13 @@ impl ConcurrencyState {
 /// every lease ended, and the clock past the last id (so that ids are never
 /// reused for the key name).
 fn idle_at(state: &ConcurrencyState) -> u64 {
-    let leases_end = state.all_end_us(0).div_ceil(1000);
-    leases_end.max(state.last_id / 1000 + 1)
+    idle_at_us(state.all_end_us(0), state.last_id).div_ceil(1000)
+}
+
+/// The instant (Unix microseconds) the leases ending by `leases_end_us`
+/// have ended and the clock is past `last_id` in the millisecond of it.
+fn idle_at_us(leases_end_us: u64, last_id: u64) -> u64 {
+    leases_end_us.max((last_id / 1000 + 1) * 1000)
 }
 
 /// `limit lease_ms`.
@@ -342,7 +342,7 @@ impl Algorithm for Concurrency {
             let end_us = state
                 .all_end_us(0)
                 .max(at_us.saturating_add(params.lease_ms * 1000));
-            (end_us.div_ceil(1000).max(id / 1000 + 1) * 1000)
+            idle_at_us(end_us, id)
                 .saturating_sub(now.as_us())
                 .div_ceil(1000)
         } else {

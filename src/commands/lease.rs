@@ -13,7 +13,7 @@ use super::MAX_ARGS;
 use crate::algorithms::{Companion, Listed};
 use crate::args::{parse_int, MAX_AT_US};
 use crate::error::Error;
-use crate::limiter::{concurrency, Micros};
+use crate::limiter::{Micros, MAX_PARAM};
 
 /// The largest lease id a call may name (ids are positive `i64`s).
 const MAX_LEASE: u64 = i64::MAX as u64;
@@ -32,12 +32,7 @@ pub fn step<L: Listed, H: Host>(host: &H, which: Companion) -> Result<(), Error>
     let lease = parse_int(args[2], "lease", 0, MAX_LEASE)?;
     let lease_ms = match which {
         Companion::Release => 0,
-        Companion::Renew => concurrency::lease_ms(parse_int(
-            args[3],
-            "lease_ms",
-            0,
-            crate::limiter::MAX_PARAM,
-        )?)?,
+        Companion::Renew => parse_int(args[3], "lease_ms", 1, MAX_PARAM)?,
     };
     let at = parse_at(&args[fixed..])?;
     if at.is_some() && host.origin() == Origin::Client {
@@ -79,11 +74,19 @@ fn parse_at(rest: &[&[u8]]) -> Result<Option<Micros>, Error> {
                 Some(extra) if extra.eq_ignore_ascii_case(b"AT") => {
                     Err(Error::DuplicateOption("AT"))
                 }
-                Some(extra) => Err(Error::UnknownOption(Error::quote(extra))),
+                Some(extra) => Err(no_option(extra)),
             }
         }
-        [other, ..] => Err(Error::UnknownOption(Error::quote(other))),
+        [other, ..] => Err(no_option(other)),
     }
+}
+
+/// An argument after the fixed ones: the commands take no option.
+fn no_option(word: &[u8]) -> Error {
+    Error::Syntax(format!(
+        "unknown option '{}' (this command takes no options)",
+        Error::quote(word)
+    ))
 }
 
 /// The command's name.

@@ -339,3 +339,163 @@ fn a_step_reads_the_host_s_origin() {
         assert_eq!(m.run(origin, call).result.is_ok(), ok, "{origin:?}");
     }
 }
+
+/// `RL.CONCURRENCY`: the reply carries the lease, which `RL.RELEASE` ends
+/// once; both propagate pinned, and a replica replaying them reaches the
+/// same key with the same lease ids.
+#[test]
+fn a_lease_is_granted_released_once_and_replicated_with_its_id() {
+    use crate::limiter::Concurrency;
+    let (m, replica) = (space(), space());
+    let granted = m.run(Client, "RL.CONCURRENCY seam:cc 2 1000 COST 2");
+    assert_eq!(
+        granted.integers(),
+        Some(vec![1, 2, 0, 0, 1000, T0_US as i64])
+    );
+    assert_eq!(
+        words(&granted.effects.propagated[0]),
+        format!("RL.CONCURRENCY seam:cc 2 1000 COST 2 AT {T0_US}")
+    );
+    replica.replay(&granted.effects.propagated);
+    let denied = m.run(Client, "RL.CONCURRENCY seam:cc 2 1000");
+    assert_eq!(denied.integers(), Some(vec![0, 2, 0, 1000, 1000, 0]));
+    assert!(denied.effects.propagated.is_empty());
+    let before = m.snapshot();
+    for (call, reply) in [
+        ("RL.RELEASE seam:cc 12345", 0),
+        ("RL.RELEASE seam:missing 1", 0),
+        ("RL.RENEW seam:cc 0 100", 0),
+    ] {
+        let called = m.run(Client, call);
+        assert_eq!(called.effects.reply, [Reply::Integer(reply)], "{call}");
+        assert!(called.effects.propagated.is_empty(), "{call}");
+        assert!(called.effects.events.is_empty(), "{call}");
+    }
+    assert_eq!(m.snapshot(), before);
+    m.set_now(Micros::from_us(T0_US + 500_000));
+    let renewed = m.run(Client, &format!("RL.RENEW seam:cc {T0_US} 2000"));
+    assert_eq!(renewed.effects.reply, [Reply::Integer(1)]);
+    assert_eq!(
+        words(&renewed.effects.propagated[0]),
+        format!("RL.RENEW seam:cc {T0_US} 2000 AT {}", T0_US + 500_000)
+    );
+    assert_eq!(
+        m.expiry(b"seam:cc"),
+        Some((T0_US + 2_500_000).div_ceil(1000))
+    );
+    replica.replay(&renewed.effects.propagated);
+    assert_eq!(
+        m.state::<Concurrency>(b"seam:cc"),
+        replica.state::<Concurrency>(b"seam:cc")
+    );
+    assert_eq!(m.expiry(b"seam:cc"), replica.expiry(b"seam:cc"));
+    let released = m.run(Client, &format!("RL.RELEASE seam:cc {T0_US}"));
+    assert_eq!(released.effects.reply, [Reply::Integer(1)]);
+    assert_eq!(
+        released.effects.events,
+        [
+            (b"seam:cc".to_vec(), "rl.release".to_string()),
+            (b"seam:cc".to_vec(), "expire".to_string()),
+        ]
+    );
+    replica.replay(&released.effects.propagated);
+    assert_eq!(
+        m.run(Client, &format!("RL.RELEASE seam:cc {T0_US}"))
+            .effects
+            .reply,
+        [Reply::Integer(0)],
+        "a lease ends once"
+    );
+    // The last lease released: the key was idle and is gone.
+    assert_eq!(m.state::<Concurrency>(b"seam:cc"), None);
+}
+
+/// Bad input names the argument and writes nothing; `AT` is the master's.
+#[test]
+fn lease_commands_refuse_bad_input_and_write_nothing() {
+    let m = space();
+    m.run(Client, "RL.CONCURRENCY seam:cce 2 1000");
+    m.set_other(b"seam:cce-str", b"x");
+    let before = m.snapshot();
+    for (call, error) in [
+        (
+            "RL.RELEASE seam:cce x",
+            "ERR lease must be an integer from 0 to 9223372036854775807",
+        ),
+        (
+            "RL.RELEASE seam:cce -1",
+            "ERR lease must be an integer from 0 to 9223372036854775807",
+        ),
+        (
+            "RL.RENEW seam:cce 1 0",
+            "ERR lease_ms must be an integer from 1 to 1099511627776",
+        ),
+        (
+            "RL.RENEW seam:cce 1 1099511627777",
+            "ERR lease_ms must be an integer from 1 to 1099511627776",
+        ),
+        (
+            "RL.RELEASE seam:cce 1 FOO",
+            "ERR unknown option 'FOO' (this command takes no options)",
+        ),
+        (
+            "RL.RELEASE seam:cce 1 AT 5",
+            "ERR AT is reserved for replication and AOF loading",
+        ),
+        (
+            "RL.RELEASE seam:cce-str 1",
+            "WRONGTYPE Operation against a key holding the wrong kind of value",
+        ),
+        (
+            "RL.CONCURRENCY seam:cce 0 1000",
+            "ERR limit must be an integer from 1 to 16777215",
+        ),
+        (
+            "RL.CONCURRENCY seam:cce 2 0",
+            "ERR lease_ms must be an integer from 1 to 1099511627776",
+        ),
+        (
+            "RL.ALL 1 seam:cce CONCURRENCY 2 1000",
+            "ERR spec 1: CONCURRENCY cannot be used here",
+        ),
+        (
+            "RL.TOKENBUCKET seam:cce 5 1 1000",
+            "WRONGTYPE Operation against a key holding the wrong kind of value",
+        ),
+    ] {
+        let called = m.run(Client, call);
+        assert_eq!(
+            called.result.map_err(|e| e.message()),
+            Err(error.to_string()),
+            "{call}"
+        );
+        assert!(called.effects.propagated.is_empty(), "{call}");
+    }
+    assert_eq!(m.snapshot(), before);
+    assert_eq!(
+        m.run(Client, "RL.RELEASE seam:cce").result,
+        Err(Error::Arity)
+    );
+    assert_eq!(
+        m.run(Client, "RL.RENEW seam:cce 1").result,
+        Err(Error::Arity)
+    );
+}
+
+/// A policy of `CONCURRENCY` answers with the lease; `RL.ALL` refuses it.
+#[test]
+fn a_concurrency_policy_grants_leases_and_rl_all_refuses_it() {
+    let m = space();
+    m.run(Client, "RL.POLICY SET seam-cc CONCURRENCY 1 1000");
+    let hit = m.run(Client, "RL.HIT seam-cc seam:ccp");
+    assert_eq!(hit.integers(), Some(vec![1, 1, 0, 0, 1000, T0_US as i64]));
+    assert_eq!(
+        words(&hit.effects.propagated[0]),
+        format!("RL.CONCURRENCY seam:ccp 1 1000 COST 1 AT {T0_US}")
+    );
+    let all = m.run(Client, "RL.ALL 1 seam:ccq POLICY seam-cc");
+    assert_eq!(
+        all.result.map_err(|e| e.message()),
+        Err("ERR spec 1: policy 'seam-cc' is CONCURRENCY, which cannot be used here".to_string())
+    );
+}
