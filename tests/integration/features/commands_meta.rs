@@ -328,6 +328,19 @@ fn every_command() -> Vec<Documented> {
             &["limit", "window_ms", "bucket_ms"],
         ),
         limiter("RL.FIXEDWINDOW", "O(1)", &["limit", "window_ms"]),
+        limiter("RL.CONCURRENCY", "O(N)", &["limit", "lease_ms"]),
+        documented(
+            "RL.RELEASE",
+            "O(N)",
+            "key lease",
+            &["key:key", "lease:integer"],
+        ),
+        documented(
+            "RL.RENEW",
+            "O(N)",
+            "key lease lease_ms",
+            &["key:key", "lease:integer", "lease_ms:integer"],
+        ),
         documented(
             "RL.ALL",
             "O(K)",
@@ -361,7 +374,7 @@ fn every_command() -> Vec<Documented> {
         documented(
             "RL.POLICY SET",
             "O(1)",
-            "name TOKENBUCKET|FIXEDWINDOW|LEAKYBUCKET|SLIDING|HASHWINDOW params [params ...] \
+            "name TOKENBUCKET|FIXEDWINDOW|LEAKYBUCKET|SLIDING|HASHWINDOW|CONCURRENCY params [params ...] \
              [MODE ENFORCE|SHADOW|OFF] [ROLLOUT percent]",
             &[
                 "name:string",
@@ -371,6 +384,7 @@ fn every_command() -> Vec<Documented> {
                 "leakybucket:pure-token",
                 "sliding:pure-token",
                 "hashwindow:pure-token",
+                "concurrency:pure-token",
                 "params:integer",
                 "mode:oneof",
                 "enforce:pure-token",
