@@ -140,7 +140,10 @@ impl ConcurrencyState {
     /// Grants a lease of `units` at `at_us` for `lease_ms`.
     fn grant(&mut self, at_us: u64, lease_ms: u64, units: u64) {
         self.prune(at_us);
-        let id = (self.last_id + 1).max(at_us).max(1);
+        let id = (self.last_id + 1)
+            .max(at_us)
+            .max(1)
+            .min(i64::MAX as u64 - 1);
         self.leases.push(Lease {
             id,
             expires_us: at_us.saturating_add(lease_ms * 1000),
@@ -186,7 +189,7 @@ impl ConcurrencyState {
     fn is_valid(&self) -> bool {
         let mut previous = 0;
         self.last_us <= super::MAX_TIME_US
-            && self.last_id <= super::MAX_TIME_US + 2 * MAX_LIMIT
+            && self.last_id < i64::MAX as u64
             && self.leases.iter().all(|l| {
                 let ordered = l.id > previous && l.id <= self.last_id;
                 previous = l.id;
@@ -588,6 +591,23 @@ mod tests {
         bad[5] = 0; // a lease of no units
         assert_eq!(load(&bad), None);
         assert_eq!(load(&[0, 0, u64::MAX]), None);
+    }
+
+    #[test]
+    fn states_built_at_the_latest_time_load_back() {
+        let p = params(2, 1 << 40);
+        let latest = Micros::from_us(crate::MAX_TIME_US);
+        let mut s = Concurrency::idle(&p, latest);
+        for _ in 0..10 {
+            apply_checked::<Concurrency>(&mut s, &p, 2, latest);
+            assert!(s.release(Concurrency::lease_granted(&s), latest));
+        }
+        apply_checked::<Concurrency>(&mut s, &p, 1, latest);
+        assert!(Concurrency::lease_granted(&s) > crate::MAX_TIME_US);
+        let mut fields = Vec::new();
+        s.to_fields(&mut |f| fields.push(f));
+        let mut next = fields.iter().copied();
+        assert_eq!(ConcurrencyState::from_fields(&mut || next.next()), Some(s));
     }
 
     /// What a brute-force model says of one step: the leases as a map from
