@@ -217,3 +217,40 @@ fn nothing_is_notified_when_notifications_are_off() {
         assert_eq!(seen, pairs(&[]));
     });
 }
+
+/// `RL.CONCURRENCY` notifies a granted lease; `RL.RELEASE` and `RL.RENEW`
+/// notify under their own names (then `expire`) when they ended or renewed
+/// a lease, and nothing for an unknown one.
+#[test]
+fn lease_commands_notify_what_they_change() {
+    for_each_server(|kind| {
+        let server = notifying(kind);
+        let mut con = server.conn();
+        let mut lease = 0;
+        let seen = events(&server, |con| {
+            let reply: Vec<i64> = query(con, &["RL.CONCURRENCY", "cc", "2", "600000"]);
+            lease = reply[5];
+        });
+        assert_eq!(seen, pairs(&[("rl.concurrency", "cc"), ("expire", "cc")]));
+        let lease = lease.to_string();
+        let seen = events(&server, |con| {
+            let _: i64 = query(con, &["RL.RELEASE", "cc", "1"]);
+            let _: i64 = query(con, &["RL.RENEW", "cc", "1", "1000"]);
+            let _: Vec<i64> = query(con, &["RL.CONCURRENCY", "cc", "2", "600000", "COST", "0"]);
+        });
+        assert_eq!(seen, pairs(&[]), "nothing changed, nothing notified");
+        let seen = events(&server, |con| {
+            let _: i64 = query(con, &["RL.RENEW", "cc", &lease, "900000"]);
+        });
+        assert_eq!(seen, pairs(&[("rl.renew", "cc"), ("expire", "cc")]));
+        let seen = events(&server, |con| {
+            let _: i64 = query(con, &["RL.RELEASE", "cc", &lease]);
+        });
+        assert_eq!(
+            seen.first(),
+            pairs(&[("rl.release", "cc")]).first(),
+            "{seen:?}"
+        );
+        let _: () = query(&mut con, &["FLUSHALL"]);
+    });
+}
