@@ -26,7 +26,7 @@
 
 use std::ffi::CStr;
 
-use crate::args::{ParamList, Params, COST_OR_REFUND};
+use crate::args::{ParamList, Params, BLOCK, COST_OR_REFUND};
 use crate::config;
 use crate::error::Error;
 use crate::ffi::{Arg, DataType};
@@ -47,6 +47,7 @@ self::algorithms! { $
             Arg::integer(c"refill_count"),
             Arg::integer(c"refill_ms"),
             COST_OR_REFUND,
+            BLOCK,
         ],
         ..Row::LIMITER
     },
@@ -60,6 +61,7 @@ self::algorithms! { $
             Arg::integer(c"limit"),
             Arg::integer(c"window_ms"),
             COST_OR_REFUND,
+            BLOCK,
         ],
         ..Row::LIMITER
     },
@@ -74,6 +76,7 @@ self::algorithms! { $
             Arg::integer(c"leak_count"),
             Arg::integer(c"leak_ms"),
             COST_OR_REFUND,
+            BLOCK,
         ],
         ..Row::LIMITER
     },
@@ -87,6 +90,7 @@ self::algorithms! { $
             Arg::integer(c"limit"),
             Arg::integer(c"window_ms"),
             COST_OR_REFUND,
+            BLOCK,
         ],
         bounds: config::sliding_bounds,
         ..Row::LIMITER
@@ -102,6 +106,7 @@ self::algorithms! { $
             Arg::integer(c"window_ms"),
             Arg::integer(c"bucket_ms"),
             COST_OR_REFUND,
+            BLOCK,
         ],
         bounds: config::hash_window_bounds,
         ..Row::LIMITER
@@ -116,6 +121,7 @@ self::algorithms! { $
             Arg::integer(c"limit"),
             Arg::integer(c"lease_ms"),
             COST_OR_REFUND,
+            BLOCK,
         ],
         flags: c"write",
         acl: c"write",

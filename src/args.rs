@@ -15,6 +15,9 @@ pub struct Options {
     pub request: Request,
     /// `AT unix_us`: the master's clock, on the replication link and in the AOF.
     pub at: Option<Micros>,
+    /// `BLOCK timeout_ms`: wait in the server until admitted, at most this
+    /// long (0: no limit).
+    pub block: Option<u64>,
 }
 
 impl Options {
@@ -94,13 +97,20 @@ pub const COST_OR_REFUND: Arg = Arg::one_of(
 )
 .optional();
 
-/// Parses `[COST n [FORCE] | REFUND n]` (and the internal `[AT us]`), in any
-/// order and case, each at most once.
+/// `BLOCK timeout_ms`: wait in the server until admitted.
+pub const BLOCK: Arg = Arg::integer(c"timeout_ms")
+    .token(c"BLOCK")
+    .summary(c"wait in the server until admitted, at most this long (0: no limit)")
+    .optional();
+
+/// Parses `[COST n [FORCE] | REFUND n] [BLOCK timeout_ms]` (and the
+/// internal `[AT us]`), in any order and case, each at most once.
 pub fn parse_options(rest: &[&[u8]]) -> Result<Options, Error> {
     let mut cost = None;
     let mut refund = None;
     let mut force = false;
     let mut at = None;
+    let mut block = None;
     let mut i = 0;
     while i < rest.len() {
         let name = rest[i];
@@ -125,6 +135,12 @@ pub fn parse_options(rest: &[&[u8]]) -> Result<Options, Error> {
                 return Err(Error::DuplicateOption("REFUND"));
             }
             refund = Some(parse_int(value, "REFUND", 0, MAX_PARAM)?);
+        } else if name.eq_ignore_ascii_case(b"BLOCK") {
+            let value = value.ok_or(Error::MissingValue("BLOCK"))?;
+            if block.is_some() {
+                return Err(Error::DuplicateOption("BLOCK"));
+            }
+            block = Some(parse_int(value, "BLOCK", 0, MAX_PARAM)?);
         } else if name.eq_ignore_ascii_case(b"AT") {
             let value = value.ok_or(Error::MissingValue("AT"))?;
             if at.is_some() {
@@ -143,7 +159,7 @@ pub fn parse_options(rest: &[&[u8]]) -> Result<Options, Error> {
         (None, true) => Request::Force(cost.unwrap_or(1)),
         (None, false) => Request::Cost(cost.unwrap_or(1)),
     };
-    Ok(Options { request, at })
+    Ok(Options { request, at, block })
 }
 
 /// The parameters of one algorithm, as they follow the key.
@@ -267,7 +283,8 @@ mod tests {
             parse_options(&[]),
             Ok(Options {
                 request: Request::Cost(1),
-                at: None
+                at: None,
+                block: None,
             })
         );
         let o = parse_options(&[b"cost", b"0", b"At", b"17"]).unwrap();
@@ -275,7 +292,8 @@ mod tests {
             o,
             Options {
                 request: Request::Cost(0),
-                at: Some(Micros::from_us(17))
+                at: Some(Micros::from_us(17)),
+                block: None,
             }
         );
     }
@@ -313,6 +331,28 @@ mod tests {
                 matches!(
                     request(&[b"REFUND", bad]),
                     Err(Error::Range { arg: "REFUND", .. })
+                ),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn block_takes_a_timeout_once_in_any_case() {
+        let block = |words: &[&[u8]]| parse_options(words).map(|o| o.block);
+        assert_eq!(block(&[]), Ok(None));
+        assert_eq!(block(&[b"BLOCK", b"250"]), Ok(Some(250)));
+        assert_eq!(block(&[b"cost", b"2", b"block", b"0"]), Ok(Some(0)));
+        assert_eq!(block(&[b"BLOCK"]), Err(Error::MissingValue("BLOCK")));
+        assert_eq!(
+            block(&[b"BLOCK", b"1", b"BLOCK", b"2"]),
+            Err(Error::DuplicateOption("BLOCK"))
+        );
+        for bad in [&b"-1"[..], b"1.5", b"soon", b"1099511627777"] {
+            assert!(
+                matches!(
+                    block(&[b"BLOCK", bad]),
+                    Err(Error::Range { arg: "BLOCK", .. })
                 ),
                 "{bad:?}"
             );

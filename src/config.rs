@@ -8,6 +8,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::blocking;
 use crate::deny_log;
 use crate::error::Error;
 use crate::ffi::NumericConfig;
@@ -21,7 +22,7 @@ pub static HASHWINDOW_MAX_BUCKETS: AtomicU64 = AtomicU64::new(3600);
 
 /// Every config the module registers (names without the `ratelimit.`
 /// prefix).
-pub static NUMERIC: [NumericConfig; 3] = [
+pub static NUMERIC: [NumericConfig; 4] = [
     NumericConfig {
         name: c"sliding-max-limit",
         value: &SLIDING_MAX_LIMIT,
@@ -42,6 +43,13 @@ pub static NUMERIC: [NumericConfig; 3] = [
         min: 0,
         max: 1_000_000,
         changed: Some(|max_len| deny_log::trim(max_len as usize)),
+    },
+    NumericConfig {
+        name: c"max-blocked",
+        value: &blocking::MAX_BLOCKED,
+        min: 0,
+        max: 1_000_000,
+        changed: None,
     },
 ];
 

@@ -4,6 +4,7 @@
 //! that keep them, so it sits above them all.
 
 use crate::algorithms::{for_each_algorithm, Listed};
+use crate::blocking;
 use crate::config;
 use crate::deny_log;
 use crate::ffi::{self, InfoContext};
@@ -40,6 +41,10 @@ pub fn section(info: &mut InfoContext) {
         info.field("peeks", o.peeks.get());
         info.end_dict();
     }
+    info.field("blocked_now", blocking::now_blocked());
+    info.field("blocked_total", blocking::TOTAL.get());
+    info.field("blocked_admitted", blocking::ADMITTED.get());
+    info.field("blocked_timed_out", blocking::TIMED_OUT.get());
     info.field("deny_log_len", deny_log::len() as u64);
     info.field("deny_log_max_len", config::get(&deny_log::MAX_LEN));
     info.field("propagation_pinned", replicate::pinned() as u64);

@@ -12,6 +12,7 @@
 
 mod algorithms;
 pub mod args;
+mod blocking;
 pub mod clock;
 mod commands;
 mod config;
@@ -69,6 +70,12 @@ fn register(load: &Load) -> Result<(), &'static str> {
     load.set_module_options();
     datatype::register(load)?;
     let subscribed = load.subscribe(on_server_event);
+    if !load.init_blocking() {
+        load.context().log(
+            ffi::Level::Warning,
+            "ratelimit: this server cannot block clients on keys; BLOCK answers at once",
+        );
+    }
     replicate::init(load, subscribed);
     load.register_configs(&config::NUMERIC)?;
     load.register_info(info::section)?;

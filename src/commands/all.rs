@@ -1,4 +1,4 @@
-//! `RL.ALL numkeys key [key ...] <spec> [<spec> ...] [COST n [FORCE]]`:
+//! `RL.ALL numkeys key [key ...] <spec> [<spec> ...] [COST n [FORCE]] [BLOCK t]`:
 //! several limiters, all or nothing.
 //!
 //! Every limiter first decides without changing anything; only if all of them
@@ -18,8 +18,10 @@ use super::host::{Host, Origin};
 use super::limiter::{apply_to_key, decide_on_key};
 use super::policy::{off_decision, shadowed, Through};
 use super::reply_decision_and;
+use super::wait;
 use crate::algorithms::{with_algorithm, Listed, Site, Spec};
 use crate::args::{parse_int, parse_options, Options};
+use crate::blocking::{self, Place};
 use crate::deny_log;
 use crate::error::Error;
 use crate::ffi::{Argv, Context};
@@ -177,11 +179,23 @@ pub fn step<H: Host>(host: &H) -> Result<(), Error> {
         .map(|(i, l)| (!l.is_off()).then(|| host.open_key(2 + i)))
         .collect();
     let mut actual: SmallVec<[(Outcome, bool); MAX_KEYS]> = SmallVec::new();
-    for (limit, key) in limits.iter().zip(opened.iter_mut()) {
+    // A limiter with a queue of blocked requests takes nothing they wait
+    // for: it denies (a dry run still admits).
+    let queues = wait::takes(request) && blocking::any();
+    let db = if queues { host.db() } else { 0 };
+    for (i, (limit, key)) in limits.iter().zip(opened.iter_mut()).enumerate() {
+        let place = if queues && !limit.is_shadow() {
+            blocking::place(db, keys[i], host.turn().waiter())
+        } else {
+            Place::Free
+        };
         actual.push(match (key, &limit.source) {
-            (Some(key), _) => {
-                with_algorithm!(limit.spec, L, p => decide_on_key::<L>(key, &p, request, now))?
-            }
+            (Some(key), _) => with_algorithm!(limit.spec, L, p => match place {
+                Place::Behind(ahead) => wait::behind::<L>(key, &p, cost, now, &ahead).map(|decision| {
+                    (Outcome { decision, changed: false }, false)
+                }),
+                _ => decide_on_key::<L>(key, &p, request, now),
+            })?,
             (None, Source::Policy { .. }) => (
                 Outcome {
                     decision: off_decision(limit.spec),
@@ -205,6 +219,36 @@ pub fn step<H: Host>(host: &H) -> Result<(), Error> {
         })
         .collect();
     let denied_by = answered.iter().position(|d| !d.allowed);
+    if denied_by.is_some() {
+        // With BLOCK, the call waits until every limiter admits at once.
+        let longest = answered
+            .iter()
+            .filter(|d| !d.allowed)
+            .map(|d| d.wait)
+            .max_by_key(|&w| match w {
+                Wait::Never => u64::MAX,
+                Wait::Ms(ms) => ms,
+            })
+            .unwrap_or(Wait::Ms(0));
+        let denial = Decision {
+            allowed: false,
+            wait: longest,
+            ..answered[0]
+        };
+        let args: SmallVec<[usize; MAX_KEYS]> = (2..2 + keys.len()).collect();
+        if wait::park(
+            host,
+            &args,
+            keys,
+            false,
+            &denial,
+            request,
+            options.block,
+            now,
+        ) {
+            return Ok(());
+        }
+    }
     // All admitted: each limiter whose state the request changes takes its
     // units (a shadowed one that would deny takes nothing).
     let takes = |(outcome, _): &(Outcome, bool)| denied_by.is_none() && outcome.changed;
@@ -249,6 +293,7 @@ pub fn step<H: Host>(host: &H) -> Result<(), Error> {
         allowed: denied_by.is_none(),
         ..answered[0]
     };
+    wait::answered(host, &overall);
     crate::stats::ALL.record(&overall, cost);
     if let Some(i) = denied_by {
         let source: [&[u8]; 2] = match limits[i].source {

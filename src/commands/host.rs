@@ -45,6 +45,30 @@ pub enum Origin {
     Replicated,
 }
 
+/// How the server runs a call: as it came, or again while it is blocked
+/// (`BLOCK timeout_ms`; see `crate::blocking`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Turn {
+    /// The call as the client sent it.
+    Call,
+    /// A blocked call, retried because one of its keys was signalled (a
+    /// timer, a release, a deletion): it replies when it is admitted or its
+    /// deadline passed, and otherwise stays blocked.
+    Retry(u64),
+    /// A blocked call the server's own timeout ends: it replies now.
+    Timeout(u64),
+}
+
+impl Turn {
+    /// The blocked call's waiter number.
+    pub fn waiter(self) -> Option<u64> {
+        match self {
+            Turn::Call => None,
+            Turn::Retry(w) | Turn::Timeout(w) => Some(w),
+        }
+    }
+}
+
 /// What a step sees of the server during one call.
 pub trait Host {
     /// An open key.
@@ -74,6 +98,41 @@ pub trait Host {
 
     /// The server's clock.
     fn now(&self) -> Micros;
+
+    // Blocking (`BLOCK timeout_ms`).
+
+    /// How the server runs this call.
+    fn turn(&self) -> Turn {
+        Turn::Call
+    }
+
+    /// The call's database (a key is its database and its name).
+    fn db(&self) -> i32 {
+        0
+    }
+
+    /// Whether the call may block its client now: a client's own call,
+    /// outside `MULTI`, scripts and functions, with room under
+    /// `ratelimit.max-blocked`.
+    fn may_block(&self) -> bool {
+        false
+    }
+
+    /// Blocks the client on the keys at arguments `keys` as `waiter`, for
+    /// `timeout_ms` (0: no limit): the call replies later, from a retry.
+    fn block(&self, keys: &[usize], waiter: u64, timeout_ms: u64) {
+        let _ = (keys, waiter, timeout_ms);
+        unreachable!("a host that never blocks");
+    }
+
+    /// The retried call stays blocked: it replies nothing now.
+    fn keep_waiting(&self) {}
+
+    /// Signals the key at argument `arg` ready, so that the calls blocked on
+    /// it are decided again (after a write that may let them in).
+    fn signal_ready(&self, arg: usize) {
+        let _ = arg;
+    }
 
     /// Opens the key that is argument `arg`, for reading and writing.
     fn open_key(&self, arg: usize) -> Self::Key<'_>;

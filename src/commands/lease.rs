@@ -53,6 +53,10 @@ pub fn step<L: Listed, H: Host>(host: &H, which: Companion) -> Result<(), Error>
             let command = name(which);
             host.propagate_pinned(command, 1..fixed, now);
             key.written(event(which), expiry_written);
+            if which == Companion::Release {
+                // A blocked acquirer may go at once.
+                host.signal_ready(1);
+            }
             true
         }
         None => false,

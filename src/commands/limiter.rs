@@ -6,15 +6,16 @@
 //! admitted), and a call that changes nothing writes, expires and propagates
 //! nothing.
 
-use super::host::{Host, Origin, Store};
+use super::host::{Host, Origin, Store, Turn};
+use super::wait::{self, Gate};
 use super::MAX_ARGS;
 use crate::algorithms::Listed;
 use crate::args::{parse_call, Params};
 use crate::deny_log;
 use crate::error::Error;
-use crate::limiter::{self, Micros, Outcome, Request};
+use crate::limiter::{self, Decision, Micros, Outcome, Request};
 
-/// `RL.<ALGORITHM> key <params...> [COST n [FORCE] | REFUND n]`.
+/// `RL.<ALGORITHM> key <params...> [COST n [FORCE] | REFUND n] [BLOCK t]`.
 #[inline(always)]
 pub fn step<L: Listed, H: Host>(host: &H) -> Result<(), Error> {
     if host.argc() < 2 + L::Params::COUNT {
@@ -35,8 +36,28 @@ pub fn step<L: Listed, H: Host>(host: &H) -> Result<(), Error> {
     let now: Micros = options.at.unwrap_or_else(|| host.now());
     let request = options.request;
     let mut key = host.open_key(1);
-    let applied = apply_to_key::<L, H>(host, &mut key, &params, request, now, !replicated)?;
+    let applied = match wait::gate::<L, H>(host, &mut key, args[1], &params, request, now)? {
+        Gate::Open => apply_to_key::<L, H>(host, &mut key, &params, request, now, !replicated)?,
+        Gate::Wait => {
+            host.keep_waiting();
+            return Ok(());
+        }
+        Gate::Behind(decision) => Applied::unchanged(decision),
+    };
     let decision = applied.outcome.decision;
+    if wait::park(
+        host,
+        &[1],
+        &[args[1]],
+        true,
+        &decision,
+        request,
+        options.block,
+        now,
+    ) {
+        return Ok(());
+    }
+    wait::answered(host, &decision);
     L::stats().record(&decision, request.cost());
     if !decision.allowed {
         deny_log::record(
@@ -50,6 +71,10 @@ pub fn step<L: Listed, H: Host>(host: &H) -> Result<(), Error> {
     if applied.outcome.changed {
         host.propagate_limiter(L::ROW.command, 1, 2..2 + L::Params::COUNT, request, now);
         key.written(L::EVENT, applied.expiry_written);
+        if host.turn() == Turn::Call {
+            // A release, a refund or new parameters may let waiters in.
+            host.signal_ready(1);
+        }
     }
     drop(key);
     L::ROW.reply.send(host, &decision, applied.lease);
@@ -63,6 +88,20 @@ pub(super) struct Applied {
     pub expiry_written: bool,
     /// The lease granted, for an algorithm of leases (0 if none was).
     pub lease: u64,
+}
+
+impl Applied {
+    /// A decision that changed nothing.
+    pub fn unchanged(decision: Decision) -> Applied {
+        Applied {
+            outcome: Outcome {
+                decision,
+                changed: false,
+            },
+            expiry_written: false,
+            lease: 0,
+        }
+    }
 }
 
 /// Runs a request on the limiter in `key` and, when the state changed,

@@ -5,10 +5,11 @@
 //! the step runs against them. Nothing here decides anything; every method
 //! is one call of a safe wrapper of `crate::ffi`.
 
+use std::cell::Cell;
 use std::ffi::CStr;
 use std::ops::Range;
 
-use super::host::{Host, Origin, Store};
+use super::host::{Host, Origin, Store, Turn};
 use crate::algorithms::Listed;
 use crate::args::ParamList;
 use crate::clock;
@@ -21,12 +22,31 @@ use crate::replicate;
 pub struct Live<'a> {
     ctx: &'a Context,
     argv: &'a Argv<'a>,
+    turn: Turn,
+    /// A retried call stays blocked.
+    waiting: Cell<bool>,
 }
 
 impl<'a> Live<'a> {
     #[inline(always)]
     pub fn new(ctx: &'a Context, argv: &'a Argv<'a>) -> Self {
-        Live { ctx, argv }
+        Live::with_turn(ctx, argv, Turn::Call)
+    }
+
+    /// A blocked call, run again by the server.
+    #[inline(always)]
+    pub fn with_turn(ctx: &'a Context, argv: &'a Argv<'a>, turn: Turn) -> Self {
+        Live {
+            ctx,
+            argv,
+            turn,
+            waiting: Cell::new(false),
+        }
+    }
+
+    /// Whether the step kept the call blocked.
+    pub fn kept_waiting(&self) -> bool {
+        self.waiting.get()
     }
 }
 
@@ -72,6 +92,49 @@ impl Host for Live<'_> {
     #[inline(always)]
     fn now(&self) -> Micros {
         clock::now()
+    }
+
+    #[inline(always)]
+    fn turn(&self) -> Turn {
+        self.turn
+    }
+
+    fn db(&self) -> i32 {
+        self.ctx.selected_db()
+    }
+
+    fn may_block(&self) -> bool {
+        crate::blocking::room() && self.ctx.may_block()
+    }
+
+    fn block(&self, keys: &[usize], waiter: u64, timeout_ms: u64) {
+        let strings: Vec<&crate::ffi::RString> =
+            keys.iter().map(|&i| self.argv.string(i)).collect();
+        // The server's own timeout is a backstop: the waiter's timer answers
+        // at the deadline itself (the server checks timeouts only as often
+        // as `hz`).
+        let backstop = if timeout_ms == 0 {
+            0
+        } else {
+            timeout_ms.saturating_add(1000)
+        };
+        let client = self.ctx.block_on_keys(
+            &strings,
+            backstop,
+            waiter,
+            super::wait::retry,
+            super::wait::timeout,
+            crate::blocking::forget,
+        );
+        crate::blocking::set_client(waiter, client);
+    }
+
+    fn keep_waiting(&self) {
+        self.waiting.set(true);
+    }
+
+    fn signal_ready(&self, arg: usize) {
+        crate::blocking::signal(self.ctx.selected_db(), self.argv.string(arg).as_bytes());
     }
 
     #[inline(always)]

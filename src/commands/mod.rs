@@ -20,9 +20,10 @@ pub mod policy;
 pub mod setstate;
 #[cfg(test)]
 mod tests_steps;
+mod wait;
 
 use crate::algorithms::{Companion, Listed, ReplyShape};
-use crate::args::{COST, COST_OR_REFUND};
+use crate::args::{BLOCK, COST, COST_OR_REFUND};
 use crate::ffi::{command, Arg, Command, KeySpec};
 use crate::limiter::Decision;
 use host::Host;
@@ -87,6 +88,7 @@ pub const COMMANDS: &[Command] = &[
                 .multiple()
                 .summary(c"an algorithm and its parameters, or POLICY name"),
             COST.optional(),
+            BLOCK,
         ],
         acl: c"write",
     },
@@ -102,7 +104,7 @@ pub const COMMANDS: &[Command] = &[
         arity: -3,
         summary: c"Applies policy `name` to limiter key `key`: the policy's algorithm, mode and roll-out",
         complexity: c"As the policy's algorithm",
-        args: &[Arg::string(c"name"), Arg::key(c"key"), COST_OR_REFUND],
+        args: &[Arg::string(c"name"), Arg::key(c"key"), COST_OR_REFUND, BLOCK],
         acl: c"write fast",
     },
     Command {

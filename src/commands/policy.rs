@@ -1,9 +1,10 @@
 //! `RL.POLICY SET|GET|DEL|LIST` and `RL.HIT name key [COST n]`: rules kept in
 //! the server (see `crate::policy` for what modes and roll-outs mean).
 
-use super::host::{Host, Origin, Store};
-use super::limiter::apply_to_key;
+use super::host::{Host, Origin, Store, Turn};
+use super::limiter::{apply_to_key, Applied};
 use super::live::live;
+use super::wait::{self, Gate};
 use super::{reply_lines, MAX_ARGS};
 use crate::algorithms::{with_algorithm, words_allowed, Listed, Site, Spec, POLICY_KEYWORDS};
 use crate::args::{parse_options, Params};
@@ -223,7 +224,7 @@ pub fn shadowed(mut decision: Decision) -> Decision {
     decision
 }
 
-/// `RL.HIT name key [COST n [FORCE] | REFUND n]`
+/// `RL.HIT name key [COST n [FORCE] | REFUND n] [BLOCK timeout_ms]`
 #[inline(always)]
 pub fn hit<H: Host>(host: &H) -> Result<(), Error> {
     // On the stack: the hot path allocates nothing.
@@ -245,18 +246,40 @@ pub fn hit<H: Host>(host: &H) -> Result<(), Error> {
     if through == Through::Off {
         stats.outcomes.calls.bump();
         let off = off_decision(rule.spec);
+        wait::answered(host, &off);
         with_algorithm!(rule.spec, L, _p => L::ROW.reply.send(host, &off, 0));
         return Ok(());
     }
     let now = host.now();
     let mut open = host.open_key(2);
     with_algorithm!(rule.spec, L, p => {
-        let applied = apply_to_key::<L, H>(host, &mut open, &p, request, now, true)?;
+        // A dry run never makes the caller wait, nor waits itself.
+        let waits = through == Through::Enforce;
+        let gate = if waits {
+            wait::gate::<L, H>(host, &mut open, key, &p, request, now)?
+        } else {
+            Gate::Open
+        };
+        let applied = match gate {
+            Gate::Open => apply_to_key::<L, H>(host, &mut open, &p, request, now, true)?,
+            Gate::Wait => {
+                host.keep_waiting();
+                return Ok(());
+            }
+            Gate::Behind(decision) => Applied::unchanged(decision),
+        };
         let decision = applied.outcome.decision;
+        if waits && wait::park(host, &[2], &[key], true, &decision, request, options.block, now) {
+            return Ok(());
+        }
+        wait::answered(host, &decision);
         L::stats().record(&decision, cost);
         if applied.outcome.changed {
             host.propagate_limiter_with(L::ROW.command, 2, || p.values(), request, now);
             open.written(c"rl.hit", applied.expiry_written);
+            if host.turn() == Turn::Call {
+                host.signal_ready(2);
+            }
         }
         drop(open);
         stats.outcomes.record(&decision, cost);

@@ -21,6 +21,10 @@ pub struct Context {
 pub struct Flags(u32);
 
 impl Flags {
+    /// The flags as the server gives them.
+    pub(super) fn bits(self) -> u32 {
+        self.0
+    }
     fn has(self, flag: u32) -> bool {
         self.0 & flag != 0
     }

@@ -15,6 +15,7 @@
 //! - `context.rs`: the command context: flags, replies, propagation,
 //!   keyspace events, `CONFIG GET`, logging;
 //! - `argv.rs`: a command's arguments, borrowed from the server's strings;
+//! - `block.rs`: blocked clients (`BLOCK`), timers and key signals;
 //! - `string.rs`: module strings the module owns (the words and numbers it
 //!   propagates);
 //! - `key.rs`: an open key: type check, value, expiry, write signals;
@@ -52,6 +53,7 @@ macro_rules! api {
 
 mod alloc;
 mod argv;
+mod block;
 mod clock;
 mod config;
 mod context;
@@ -67,6 +69,10 @@ mod string;
 
 pub use alloc::{allocations, ModuleAlloc};
 pub use argv::{Argv, RString, Words};
+pub use block::{
+    create_timer, key_ttl_ms, signal_ready, stop_timer, unblock, wakes_missing_keys, BlockedClient,
+    TimerId,
+};
 pub use clock::wall_clock_us;
 pub use config::NumericConfig;
 pub use context::{Context, Head, Level, Word, MAX_NUMBERS};

@@ -5,6 +5,7 @@
 //! `maxmemory`.
 
 mod allocations;
+mod blocking;
 mod commands_meta;
 mod encodings;
 mod module_config;
