@@ -85,6 +85,7 @@ lint:
 bench: build bench-kit-rust bench-kit-java
 	RL_MODULE=$(CURDIR)/$(MODULE) scripts/bench.sh
 	RL_MODULE=$(CURDIR)/$(MODULE) python3 bench/limits_python.py
+	RL_MODULE=$(CURDIR)/$(MODULE) python3 bench/blocking.py
 
 # This build against another one, side by side (bench/compare.sh):
 # make bench-compare BEFORE=/abs/path/to/other/libredis_ratelimit.so

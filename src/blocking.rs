@@ -64,6 +64,8 @@ struct Waiter {
     keys: Vec<Box<[u8]>>,
     /// In its first key's queue (a single-key request).
     queued: bool,
+    /// At the head of that queue: the one whose limiter decides.
+    head: bool,
     deadline: Option<Micros>,
     /// Its pending timer and when it fires.
     timer: Option<(TimerId, Micros)>,
@@ -151,6 +153,18 @@ pub fn place(db: i32, key: &[u8], waiter: Option<u64>) -> Place {
     })
 }
 
+/// Whether `waiter` waits behind the head of its key's queue, its deadline
+/// still ahead: a retry of it has nothing to decide (O(1), before anything
+/// else: the server retries every client blocked on a key when it is
+/// signalled).
+pub fn waits_behind(waiter: u64, now: Micros) -> bool {
+    with(|r| {
+        r.waiters.get(&waiter).is_some_and(|w| {
+            w.queued && !w.head && w.deadline.is_none_or(|deadline| now < deadline)
+        })
+    })
+}
+
 /// Whether the deadline of `waiter` has passed at `now`.
 pub fn expired(waiter: u64, now: Micros) -> bool {
     with(|r| {
@@ -179,9 +193,11 @@ pub fn enqueue(
     let id = with(|r| {
         r.next += 1;
         let id = r.next;
+        let mut head = false;
         if let Some(cost) = queued {
             let queue = r.queues.entry((db, keys[0].clone())).or_default();
-            if !queue.is_empty() {
+            head = queue.is_empty();
+            if !head {
                 // Behind others: tried when it is the head, in the pass that
                 // admits the one ahead of it (or the kick after it left).
                 retry_at = None;
@@ -198,6 +214,7 @@ pub fn enqueue(
                 db,
                 keys,
                 queued: queued.is_some(),
+                head,
                 deadline,
                 timer: None,
                 client: None,
@@ -218,6 +235,16 @@ pub fn set_client(waiter: u64, client: BlockedClient) {
             w.client = Some(client);
         }
     });
+}
+
+/// Whether this node still serves every key of `waiter` (in a cluster, a
+/// slot may have moved away while it waited: the server redirects it
+/// then, and until it does, the waiter must not re-create a key that moved).
+pub fn served_here(waiter: u64) -> bool {
+    let Some((db, keys)) = with(|r| r.waiters.get(&waiter).map(|w| (w.db, w.keys.clone()))) else {
+        return true;
+    };
+    keys.iter().all(|key| ffi::key_served_here(db, key))
 }
 
 /// Keeps `waiter` blocked, to be retried at `retry_at` (or on a signal of
@@ -292,10 +319,19 @@ fn remove(waiter: u64, may_kick: bool) {
             if let Some(queue) = r.queues.get_mut(&name) {
                 let was_head = queue.front().is_some_and(|q| q.waiter == waiter);
                 queue.retain(|q| q.waiter != waiter);
-                if queue.is_empty() {
-                    r.queues.remove(&name);
-                } else if was_head && may_kick {
-                    kick = Some(name);
+                match queue.front().map(|q| q.waiter) {
+                    None => {
+                        r.queues.remove(&name);
+                    }
+                    Some(next) if was_head => {
+                        if let Some(next) = r.waiters.get_mut(&next) {
+                            next.head = true;
+                        }
+                        if may_kick {
+                            kick = Some(name);
+                        }
+                    }
+                    Some(_) => {}
                 }
             }
         }
@@ -385,6 +421,12 @@ fn wake(waiter: u64, db: i32, keys: &[Box<[u8]>], client: Option<BlockedClient>)
         }
         return;
     }
+    if !keys.iter().all(|key| ffi::key_served_here(db, key)) {
+        // Its slot moved away: the server redirects it soon; until then it
+        // is looked at again now and then.
+        let now = crate::clock::now();
+        return keep(waiter, Some(now.saturating_add_ms(100)), now);
+    }
     if let Some(client) = client {
         ffi::unblock(client, waiter);
     }
@@ -411,9 +453,11 @@ mod tests {
         );
         assert_eq!(place(78, &key, None), Place::Free, "another database");
         assert!(!expired(a, now));
+        assert!(!waits_behind(a, now) && waits_behind(b, now));
         assert_eq!(ahead_of(77, &key, b), vec![(2, None)]);
         done(a, true, true);
         assert_eq!(place(77, &key, Some(b)), Place::Head);
+        assert!(!waits_behind(b, now));
         forget(b);
         forget(b);
         assert_eq!(place(77, &key, None), Place::Free);

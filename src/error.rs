@@ -47,6 +47,9 @@ pub enum Error {
     BadState,
     /// Creating a key while used memory is above `maxmemory`.
     OutOfMemory,
+    /// A blocked call whose key moved to another node (a slot migration)
+    /// before the server redirected it.
+    KeyMoved,
     /// A panic caught at the FFI boundary: a bug, reported instead of aborting.
     Internal,
 }
@@ -81,6 +84,9 @@ impl Error {
             Error::UnknownAlgorithm(text) => format!("ERR unknown algorithm '{text}'"),
             Error::Syntax(text) => format!("ERR {text}"),
             Error::UnknownPolicy(name) => format!("ERR unknown policy '{name}'"),
+            Error::KeyMoved => {
+                "TRYAGAIN the key moved to another node while the call waited".to_string()
+            }
             Error::BadState => "ERR invalid limiter state".to_string(),
             Error::OutOfMemory => {
                 "OOM command not allowed when used memory > 'maxmemory'.".to_string()
@@ -163,13 +169,17 @@ mod tests {
             Error::UnknownPolicy("x".into()),
             Error::BadState,
             Error::OutOfMemory,
+            Error::KeyMoved,
             Error::Internal,
         ];
         for e in all {
             let m = e.message();
             assert!(!m.contains('\r') && !m.contains('\n'), "{m}");
             let code = m.split(' ').next().unwrap();
-            assert!(["ERR", "WRONGTYPE", "OOM"].contains(&code), "{m}");
+            assert!(
+                ["ERR", "WRONGTYPE", "OOM", "TRYAGAIN"].contains(&code),
+                "{m}"
+            );
         }
     }
 

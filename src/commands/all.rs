@@ -236,11 +236,15 @@ pub fn step<H: Host>(host: &H) -> Result<(), Error> {
             ..answered[0]
         };
         let args: SmallVec<[usize; MAX_KEYS]> = (2..2 + keys.len()).collect();
+        let waits = wait::Waits {
+            queued: false,
+            released_early: false,
+        };
         if wait::park(
             host,
             &args,
             keys,
-            false,
+            waits,
             &denial,
             request,
             options.block,

@@ -7,9 +7,9 @@
 //! nothing.
 
 use super::host::{Host, Origin, Store, Turn};
-use super::wait::{self, Gate};
+use super::wait::{self, Gate, Waits};
 use super::MAX_ARGS;
-use crate::algorithms::Listed;
+use crate::algorithms::{Listed, ReplyShape};
 use crate::args::{parse_call, Params};
 use crate::deny_log;
 use crate::error::Error;
@@ -45,11 +45,15 @@ pub fn step<L: Listed, H: Host>(host: &H) -> Result<(), Error> {
         Gate::Behind(decision) => Applied::unchanged(decision),
     };
     let decision = applied.outcome.decision;
+    let waits = Waits {
+        queued: true,
+        released_early: L::ROW.reply == ReplyShape::Lease,
+    };
     if wait::park(
         host,
         &[1],
         &[args[1]],
-        true,
+        waits,
         &decision,
         request,
         options.block,

@@ -133,8 +133,11 @@ impl Host for Live<'_> {
         self.waiting.set(true);
     }
 
+    #[inline(always)]
     fn signal_ready(&self, arg: usize) {
-        crate::blocking::signal(self.ctx.selected_db(), self.argv.string(arg).as_bytes());
+        if crate::blocking::any() {
+            crate::blocking::signal(self.ctx.selected_db(), self.argv.string(arg).as_bytes());
+        }
     }
 
     #[inline(always)]

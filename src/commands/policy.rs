@@ -4,9 +4,11 @@
 use super::host::{Host, Origin, Store, Turn};
 use super::limiter::{apply_to_key, Applied};
 use super::live::live;
-use super::wait::{self, Gate};
+use super::wait::{self, Gate, Waits};
 use super::{reply_lines, MAX_ARGS};
-use crate::algorithms::{with_algorithm, words_allowed, Listed, Site, Spec, POLICY_KEYWORDS};
+use crate::algorithms::{
+    with_algorithm, words_allowed, Listed, ReplyShape, Site, Spec, POLICY_KEYWORDS,
+};
 use crate::args::{parse_options, Params};
 use crate::deny_log;
 use crate::error::Error;
@@ -269,7 +271,11 @@ pub fn hit<H: Host>(host: &H) -> Result<(), Error> {
             Gate::Behind(decision) => Applied::unchanged(decision),
         };
         let decision = applied.outcome.decision;
-        if waits && wait::park(host, &[2], &[key], true, &decision, request, options.block, now) {
+        let shape = Waits {
+            queued: true,
+            released_early: L::ROW.reply == ReplyShape::Lease,
+        };
+        if waits && wait::park(host, &[2], &[key], shape, &decision, request, options.block, now) {
             return Ok(());
         }
         wait::answered(host, &decision);

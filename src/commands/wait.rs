@@ -123,16 +123,28 @@ pub(super) fn behind<L: Listed>(
     })
 }
 
+/// How a call waits: on its key's queue or not, and whether its `wait_ms`
+/// is a bound rather than a promise.
+#[derive(Clone, Copy)]
+pub(super) struct Waits {
+    /// A single-key call joins its key's queue.
+    pub queued: bool,
+    /// A concurrency limiter's `wait_ms` is when enough leases expire; a
+    /// release can let the call in earlier, so it waits even when that is
+    /// beyond its timeout.
+    pub released_early: bool,
+}
+
 /// After a call was denied: whether it waits (blocks now, or stays
 /// blocked) instead of replying. `key_args` are its keys' arguments and
-/// `names` their names; a single-key call (`queued`) joins its key's queue.
+/// `names` their names.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(super) fn park<H: Host>(
     host: &H,
     key_args: &[usize],
     names: &[&[u8]],
-    queued: bool,
+    waits: Waits,
     decision: &Decision,
     request: Request,
     block: Option<u64>,
@@ -150,13 +162,14 @@ pub(super) fn park<H: Host>(
             let Some(timeout) = block else {
                 return false;
             };
-            if (timeout != 0 && wait > timeout) || !host.may_block() {
+            let too_long = timeout != 0 && wait > timeout && !waits.released_early;
+            if too_long || !host.may_block() {
                 return false;
             }
             let waiter = blocking::enqueue(
                 host.db(),
                 names.iter().map(|&name| Box::from(name)).collect(),
-                queued.then(|| request.cost()),
+                waits.queued.then(|| request.cost()),
                 timeout,
                 Some(now.saturating_add_ms(wait)),
                 now,
@@ -186,6 +199,16 @@ pub(super) fn answered<H: Host>(host: &H, decision: &Decision) {
 
 /// The server retries blocked call `waiter`: whether it replied.
 pub(super) fn retry(ctx: &Context, argv: &Argv, waiter: u64) -> Result<bool, Error> {
+    if blocking::waits_behind(waiter, crate::clock::now()) {
+        return Ok(false);
+    }
+    if !blocking::served_here(waiter) {
+        // The key moved to another node (a slot migration deleted it here):
+        // the server redirects the client; nothing is decided here.
+        let now = crate::clock::now();
+        blocking::keep(waiter, Some(now.saturating_add_ms(100)), now);
+        return Ok(false);
+    }
     let live = super::live::Live::with_turn(ctx, argv, Turn::Retry(waiter));
     blocked_step(&live)?;
     Ok(!live.kept_waiting())
@@ -194,6 +217,9 @@ pub(super) fn retry(ctx: &Context, argv: &Argv, waiter: u64) -> Result<bool, Err
 /// The server's own timeout of blocked call `waiter` (a backstop: its timer
 /// answers at the deadline first).
 pub(super) fn timeout(ctx: &Context, argv: &Argv, waiter: u64) -> Result<(), Error> {
+    if !blocking::served_here(waiter) {
+        return Err(Error::KeyMoved);
+    }
     let live = super::live::Live::with_turn(ctx, argv, Turn::Timeout(waiter));
     blocked_step(&live)
 }

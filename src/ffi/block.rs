@@ -318,3 +318,29 @@ pub fn signal_ready(db: i32, key: &[u8]) {
         api!(RedisModule_SignalKeyAsReady)(ctx, key.as_ptr());
     }
 }
+
+/// Whether this node serves key `key` of database `db` now: always outside
+/// a cluster; in a cluster, unless its slot is another node's, or is being
+/// migrated away and the key is gone already (where a client's call would
+/// be redirected with `-MOVED` or `-ASK`).
+pub fn key_served_here(db: i32, key: &[u8]) -> bool {
+    let ctx = detached();
+    // SAFETY: the detached context on the main thread.
+    let flags = unsafe { api!(RedisModule_GetContextFlags)(ctx) } as u32;
+    if flags & raw::REDISMODULE_CTX_FLAGS_CLUSTER == 0 {
+        return true;
+    }
+    let name = Owned::from_bytes(key);
+    // SAFETY: the detached context on the main thread; "s" takes one live
+    // string; the reply, if any, is freed once.
+    unsafe {
+        api!(RedisModule_SelectDb)(ctx, db);
+        let reply = api!(RedisModule_Call)(ctx, c"EXISTS".as_ptr(), c"s".as_ptr(), name.as_ptr());
+        if reply.is_null() {
+            // The server refuses a call of a key it does not serve (EPERM).
+            return std::io::Error::last_os_error().raw_os_error() != Some(libc::EPERM);
+        }
+        api!(RedisModule_FreeCallReply)(reply);
+    }
+    true
+}

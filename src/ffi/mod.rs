@@ -70,8 +70,8 @@ mod string;
 pub use alloc::{allocations, ModuleAlloc};
 pub use argv::{Argv, RString, Words};
 pub use block::{
-    create_timer, key_ttl_ms, signal_ready, stop_timer, unblock, wakes_missing_keys, BlockedClient,
-    TimerId,
+    create_timer, key_served_here, key_ttl_ms, signal_ready, stop_timer, unblock,
+    wakes_missing_keys, BlockedClient, TimerId,
 };
 pub use clock::wall_clock_us;
 pub use config::NumericConfig;

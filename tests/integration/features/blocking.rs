@@ -230,7 +230,7 @@ fn a_client_that_disconnects_while_blocked_consumes_nothing() {
 }
 
 #[test]
-fn multi_and_scripts_answer_at_once() {
+fn multi_scripts_and_functions_answer_at_once() {
     for_each_server(|kind| {
         let server = Server::start(kind, &[]);
         let mut con = server.conn();
@@ -247,6 +247,12 @@ fn multi_and_scripts_answer_at_once() {
         let script = "return redis.call('RL.TOKENBUCKET', KEYS[1], 1, 1, 3600000, 'BLOCK', 0)";
         let reply: Vec<i64> = query(&mut con, &["EVAL", script, "1", "m"]);
         assert_eq!(reply[0], 0, "EVAL answers at once: {reply:?}");
+        let library =
+            "#!lua name=rlblock\nredis.register_function('rl_block', function(keys, args) \
+            return redis.call('RL.TOKENBUCKET', keys[1], 1, 1, 3600000, 'BLOCK', 0) end)";
+        let _: String = query(&mut con, &["FUNCTION", "LOAD", library]);
+        let reply: Vec<i64> = query(&mut con, &["FCALL", "rl_block", "1", "m"]);
+        assert_eq!(reply[0], 0, "FCALL answers at once: {reply:?}");
         assert_eq!(info_count(&server, "ratelimit_blocked_total"), 0);
     });
 }
@@ -286,11 +292,11 @@ fn a_release_wakes_a_blocked_acquirer_at_once() {
         let held: Vec<i64> = query(&mut con, &["RL.CONCURRENCY", "c", "1", "60000"]);
         assert_eq!(held[0], 1);
         let lease = held[5].to_string();
-        // BLOCK 0: the lease would free only after a minute; the test's read
-        // timeout (30 s) fails it if the release does not wake the waiter.
+        // The lease would free only after a minute, beyond the waiter's
+        // timeout: it waits all the same, for a release.
         let waiter = call_in_thread(
             &server,
-            &["RL.CONCURRENCY", "c", "1", "60000", "BLOCK", "0"],
+            &["RL.CONCURRENCY", "c", "1", "60000", "BLOCK", "20000"],
         );
         until_blocked(&server, 1);
         assert_eq!(query::<i64>(&mut con, &["RL.RELEASE", "c", &lease]), 1);
@@ -301,6 +307,21 @@ fn a_release_wakes_a_blocked_acquirer_at_once() {
         // It holds the one unit now.
         let denied: Vec<i64> = query(&mut con, &["RL.CONCURRENCY", "c", "1", "60000"]);
         assert_eq!(denied[0], 0);
+        // With no release, the timeout answers the denial; nothing is held.
+        let started = Instant::now();
+        let (reply, at) = call_in_thread(
+            &server,
+            &["RL.CONCURRENCY", "c", "1", "60000", "BLOCK", "400"],
+        )
+        .join()
+        .expect("the waiter");
+        assert_eq!((reply[0], reply[5]), (0, 0), "{reply:?}");
+        assert!(
+            at - started >= Duration::from_millis(390),
+            "{:?}",
+            at - started
+        );
+        assert_eq!(info_count(&server, "ratelimit_blocked_timed_out"), 1);
     });
 }
 

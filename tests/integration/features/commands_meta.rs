@@ -258,15 +258,17 @@ fn names_and_types(args: &[Value], out: &mut Vec<String>) {
     }
 }
 
-/// `[COST n [FORCE] | REFUND n]`, the options of every limiter and RL.HIT.
-const COST_OR_REFUND: &str = "[COST units [FORCE]|REFUND units]";
-const COST_OR_REFUND_ARGS: [&str; 6] = [
+/// `[COST n [FORCE] | REFUND n] [BLOCK timeout_ms]`, the options of every
+/// limiter and RL.HIT.
+const COST_OR_REFUND: &str = "[COST units [FORCE]|REFUND units] [BLOCK timeout_ms]";
+const COST_OR_REFUND_ARGS: [&str; 7] = [
     "cost-or-refund:oneof",
     "cost:block",
     "units:integer",
     "force:pure-token",
     "refund:block",
     "units:integer",
+    "timeout_ms:integer",
 ];
 
 /// What `COMMAND DOCS` must say of a command or subcommand.
@@ -344,7 +346,7 @@ fn every_command() -> Vec<Documented> {
         documented(
             "RL.ALL",
             "O(K)",
-            "numkeys key [key ...] spec [spec ...] [COST units [FORCE]]",
+            "numkeys key [key ...] spec [spec ...] [COST units [FORCE]] [BLOCK timeout_ms]",
             &[
                 "numkeys:integer",
                 "key:key",
@@ -352,6 +354,7 @@ fn every_command() -> Vec<Documented> {
                 "cost:block",
                 "units:integer",
                 "force:pure-token",
+                "timeout_ms:integer",
             ],
         ),
         documented(

@@ -258,6 +258,10 @@ fn info_ratelimit_shows_every_counter_from_the_start() {
         }
         for field in [
             "policies",
+            "blocked_now",
+            "blocked_total",
+            "blocked_admitted",
+            "blocked_timed_out",
             "deny_log_len",
             "deny_log_max_len",
             "propagation_pinned",

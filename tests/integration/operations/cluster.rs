@@ -10,6 +10,7 @@
 
 use crate::harness::cluster::*;
 use crate::harness::*;
+use std::time::Duration;
 
 /// One limiter of each algorithm, with rates slow enough (one unit back per
 /// hour) that nothing refills while a test runs: a count is exact from one
@@ -489,5 +490,69 @@ fn replica_failover_keeps_every_limiter() {
                 "{key} on the old master, now a replica"
             );
         }
+    });
+}
+
+#[test]
+fn a_slot_move_redirects_blocked_clients_and_keeps_the_leases() {
+    use std::io::{Read, Write};
+    for_each_server(|kind| {
+        let cluster = Cluster::start(kind);
+        let mut client = cluster.client();
+        let key = "{blocked}lease";
+        let held: Vec<i64> = cluster_query(&mut client, &["RL.CONCURRENCY", key, "1", "600000"]);
+        assert_eq!(held[0], 1, "{held:?}");
+        let slot = cluster.keyslot(key);
+        let source = cluster.master_of_slot(slot);
+        // A client blocked on the key, on its owner (BLOCK 0: until the
+        // lease ends, a minute from now).
+        let mut socket = std::net::TcpStream::connect(("127.0.0.1", source.port())).unwrap();
+        let call = ["RL.CONCURRENCY", key, "1", "600000", "BLOCK", "0"];
+        let mut resp = format!("*{}\r\n", call.len());
+        for w in call {
+            resp.push_str(&format!("${}\r\n{w}\r\n", w.len()));
+        }
+        socket.write_all(resp.as_bytes()).unwrap();
+        let blocked = |node: &Node| -> u64 {
+            info_field(&node.server.info("ratelimit"), "ratelimit_blocked_now")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        poll_until(
+            "the client blocked on the source",
+            Duration::from_secs(20),
+            || blocked(source) == 1,
+        );
+        let target = cluster
+            .masters()
+            .into_iter()
+            .find(|m| m.id != source.id)
+            .expect("another master");
+        cluster.move_slot(slot, target);
+        // Redirected as BLPOP would be, and forgotten by the source.
+        socket
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        let mut buf = [0u8; 512];
+        let n = socket
+            .read(&mut buf)
+            .expect("a reply to the blocked client");
+        let reply = String::from_utf8_lossy(&buf[..n]).to_string();
+        assert!(
+            reply.starts_with("-MOVED") || reply.starts_with("-UNBLOCKED"),
+            "{reply}"
+        );
+        poll_until(
+            "the source forgot its waiter",
+            Duration::from_secs(20),
+            || blocked(source) == 0,
+        );
+        // The lease moved with the key: releasing it on the new owner frees
+        // the unit.
+        let released: i64 = cluster_query(&mut client, &["RL.RELEASE", key, &held[5].to_string()]);
+        assert_eq!(released, 1);
+        let again: Vec<i64> = cluster_query(&mut client, &["RL.CONCURRENCY", key, "1", "600000"]);
+        assert_eq!(again[0], 1, "{again:?}");
+        assert!(again[5] > held[5], "lease ids go on: {again:?}");
     });
 }
