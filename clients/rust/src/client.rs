@@ -11,10 +11,12 @@ use redis::cluster_routing::{
     MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
 };
 use redis::sentinel::{SentinelClient, SentinelServerType};
-use redis::{Cmd, Value};
+use redis::{Cmd, IntoConnectionInfo, Value};
 use redis_ratelimit_core::{Request, MAX_PARAM};
 
-use crate::decision::Decision;
+use crate::acquire::{AcquirePool, Block};
+use crate::decision::{Decision, Sixth};
+use crate::lease::{LeaseGuard, LeaseMs};
 use crate::rule::{RuleKind, Spec};
 use crate::Error;
 
@@ -44,6 +46,8 @@ enum Target<'a> {
 struct Inner {
     conn: RwLock<Conn>,
     sentinel: Option<tokio::sync::Mutex<SentinelClient>>,
+    /// Connections of their own for blocking calls (`BLOCK`).
+    acquire: AcquirePool,
 }
 
 /// A connection to a server (or a cluster) with the module loaded, and the
@@ -70,10 +74,11 @@ impl Client {
     /// loaded the module.
     pub async fn standalone(url: &str) -> Result<Client, Error> {
         let client = redis::Client::open(url).map_err(Error::from)?;
+        let acquire = AcquirePool::single(client.clone());
         let manager = ConnectionManager::new_with_config(client, manager_config())
             .await
             .map_err(Error::from)?;
-        Client::start(Conn::Single(manager), None).await
+        Client::start(Conn::Single(manager), None, acquire).await
     }
 
     /// Asks the Sentinels for the master of `service`, connects to it and
@@ -86,31 +91,42 @@ impl Client {
             SentinelServerType::Master,
         )
         .map_err(Error::from)?;
-        let conn = sentinel_master(&mut sentinel).await?;
-        Client::start(conn, Some(tokio::sync::Mutex::new(sentinel))).await
+        let (conn, master) = sentinel_master(&mut sentinel).await?;
+        Client::start(
+            conn,
+            Some(tokio::sync::Mutex::new(sentinel)),
+            AcquirePool::single(master),
+        )
+        .await
     }
 
     /// Connects to a Redis Cluster from any of its nodes, and checks that
     /// every master has loaded the module. The cluster client itself never
     /// retries a command: a lost limiter reply goes to the fallback.
     pub async fn cluster(nodes: &[&str]) -> Result<Client, Error> {
+        let Some(first) = nodes.first() else {
+            return Err(Error::bad("cluster", "nodes", "at least one node"));
+        };
+        let acquire = AcquirePool::cluster(first.into_connection_info().map_err(Error::from)?);
         let client = redis::cluster::ClusterClient::builder(nodes.to_vec())
             .retries(0)
             .connection_timeout(Duration::from_secs(1))
             .build()
             .map_err(Error::from)?;
         let conn = client.get_async_connection().await.map_err(Error::from)?;
-        Client::start(Conn::Cluster(conn), None).await
+        Client::start(Conn::Cluster(conn), None, acquire).await
     }
 
     async fn start(
         conn: Conn,
         sentinel: Option<tokio::sync::Mutex<SentinelClient>>,
+        acquire: AcquirePool,
     ) -> Result<Client, Error> {
         let client = Client {
             inner: Arc::new(Inner {
                 conn: RwLock::new(conn),
                 sentinel,
+                acquire,
             }),
             deadline: DEFAULT_DEADLINE,
         };
@@ -208,8 +224,9 @@ impl Client {
     pub async fn ping(&self) -> Result<(), Error> {
         if let Some(sentinel) = &self.inner.sentinel {
             let mut sentinel = sentinel.lock().await;
-            let conn = sentinel_master(&mut sentinel).await?;
+            let (conn, master) = sentinel_master(&mut sentinel).await?;
             *self.inner.conn.write().unwrap_or_else(|e| e.into_inner()) = conn;
+            self.inner.acquire.retarget(master);
         }
         self.send(redis::cmd("PING"), Target::Any).await.map(drop)
     }
@@ -257,17 +274,14 @@ impl Client {
         }
     }
 
-    async fn decision(&self, cmd: Cmd, key: &str) -> Result<Decision, Error> {
-        Decision::from_reply(self.send(cmd, Target::Key(key)).await?)
+    async fn decision(&self, cmd: Cmd, key: &str, sixth: Sixth) -> Result<Decision, Error> {
+        Decision::from_reply(self.send(cmd, Target::Key(key)).await?, sixth)
     }
 
     /// Any limiter command, on `key`, with a checked spec.
     pub async fn apply(&self, key: &str, spec: &Spec, units: Units) -> Result<Decision, Error> {
-        check_units(spec.algorithm(), units)?;
-        let mut cmd = redis::cmd(&format!("RL.{}", spec.algorithm()));
-        cmd.arg(key).arg(spec.params());
-        units_args(&mut cmd, units);
-        self.decision(cmd, key).await
+        self.decision(limiter_cmd(key, spec, units)?, key, Sixth::Lease)
+            .await
     }
 
     async fn inline(
@@ -349,15 +363,59 @@ impl Client {
             .await
     }
 
+    /// `RL.CONCURRENCY key limit lease_ms [COST n [FORCE] | REFUND n]`: at
+    /// most `limit` units held at once. An admission holds a lease,
+    /// [`Decision::lease`], until [`Client::release`] or `lease_ms` after it
+    /// was granted or renewed. [`Client::lease`] holds it in a guard instead.
+    pub async fn concurrency(
+        &self,
+        key: &str,
+        limit: u64,
+        lease_ms: u64,
+        units: Units,
+    ) -> Result<Decision, Error> {
+        self.inline("CONCURRENCY", key, &[limit, lease_ms], units)
+            .await
+    }
+
+    /// `RL.RELEASE key lease`: whether the lease was still held (false when
+    /// it had ended, was never granted, or the key is gone).
+    pub async fn release(&self, key: &str, lease: u64) -> Result<bool, Error> {
+        check_lease("RL.RELEASE", lease)?;
+        let mut cmd = redis::cmd("RL.RELEASE");
+        cmd.arg(key).arg(lease);
+        self.flag(cmd, key, "RL.RELEASE").await
+    }
+
+    /// `RL.RENEW key lease lease_ms`: the lease now ends `lease_ms` from
+    /// now; whether it was still held.
+    pub async fn renew(&self, key: &str, lease: u64, lease_ms: u64) -> Result<bool, Error> {
+        check_lease("RL.RENEW", lease)?;
+        if lease_ms == 0 || lease_ms > MAX_PARAM {
+            return Err(Error::bad(
+                "RL.RENEW",
+                "lease_ms",
+                format!("must be an integer from 1 to {MAX_PARAM}"),
+            ));
+        }
+        let mut cmd = redis::cmd("RL.RENEW");
+        cmd.arg(key).arg(lease).arg(lease_ms);
+        self.flag(cmd, key, "RL.RENEW").await
+    }
+
+    async fn flag(&self, cmd: Cmd, key: &str, command: &str) -> Result<bool, Error> {
+        match self.send(cmd, Target::Key(key)).await? {
+            Value::Int(n) => Ok(n == 1),
+            other => Err(Error::Protocol(format!("{command}: {other:?}"))),
+        }
+    }
+
     /// `RL.HIT policy key [...]`, sent to the owner of `key` (its second
-    /// argument), not of the policy name.
+    /// argument), not of the policy name. On a `CONCURRENCY` policy, an
+    /// admission carries its [`Decision::lease`].
     pub async fn hit(&self, policy: &str, key: &str, units: Units) -> Result<Decision, Error> {
-        check_units("RL.HIT", units)?;
-        crate::Rule::policy(policy).check()?;
-        let mut cmd = redis::cmd("RL.HIT");
-        cmd.arg(policy).arg(key);
-        units_args(&mut cmd, units);
-        self.decision(cmd, key).await
+        self.decision(hit_cmd(policy, key, units)?, key, Sixth::Lease)
+            .await
     }
 
     /// `RL.ALL numkeys key... spec... [COST n]`: all or nothing, sent to the
@@ -365,25 +423,135 @@ impl Client {
     /// hash tag). `denied_by` is the 0-based position of the rule that
     /// denied.
     pub async fn all(&self, limits: &[(&str, &RuleKind)], cost: u64) -> Result<Decision, Error> {
-        check_units("RL.ALL", Request::Cost(cost))?;
-        let Some((first, _)) = limits.first() else {
-            return Err(Error::bad("RL.ALL", "numkeys", "at least one limiter"));
+        let (cmd, first) = all_cmd(limits, cost)?;
+        self.decision(cmd, first, Sixth::DeniedBy).await
+    }
+
+    /// A blocking acquire: the limiter command with `BLOCK`, which the
+    /// server answers when the request is admitted, or with the denial when
+    /// `timeout` passes first (or at once when it could not pass within
+    /// it). Resolves when the caller may act: for an admitted leaky bucket,
+    /// after its `wait_ms`.
+    ///
+    /// The call goes on a connection of its own (a small pool made from the
+    /// client's settings, to the key's master), so a wait stalls no other
+    /// call; its deadline is `timeout` plus max(1 s, 10 %), not the
+    /// client's deadline. `Duration::ZERO` does not wait; a timeout above
+    /// 2^40 ms (`Duration::MAX`) waits without a limit (`BLOCK 0`). Never
+    /// retried. Cancel-safe: dropping the future closes its connection, and
+    /// the server then consumes nothing for it.
+    pub async fn acquire(
+        &self,
+        key: &str,
+        spec: &Spec,
+        units: Units,
+        timeout: Duration,
+    ) -> Result<Decision, Error> {
+        self.blocking(limiter_cmd(key, spec, units)?, key, Sixth::Lease, timeout)
+            .await
+    }
+
+    /// [`Client::acquire`] on a policy: `RL.HIT policy key ... BLOCK`.
+    pub async fn acquire_hit(
+        &self,
+        policy: &str,
+        key: &str,
+        units: Units,
+        timeout: Duration,
+    ) -> Result<Decision, Error> {
+        self.blocking(hit_cmd(policy, key, units)?, key, Sixth::Lease, timeout)
+            .await
+    }
+
+    /// [`Client::acquire`] on several limiters at once: `RL.ALL ... BLOCK`,
+    /// admitted when all of them admit together.
+    pub async fn acquire_all(
+        &self,
+        limits: &[(&str, &RuleKind)],
+        cost: u64,
+        timeout: Duration,
+    ) -> Result<Decision, Error> {
+        let (cmd, first) = all_cmd(limits, cost)?;
+        self.blocking(cmd, first, Sixth::DeniedBy, timeout).await
+    }
+
+    async fn blocking(
+        &self,
+        mut cmd: Cmd,
+        key: &str,
+        sixth: Sixth,
+        timeout: Duration,
+    ) -> Result<Decision, Error> {
+        let block = Block::new(timeout);
+        block.args(&mut cmd);
+        let pool = &self.inner.acquire;
+        if pool.needs_slots() {
+            let mut slots = redis::cmd("CLUSTER");
+            slots.arg("SLOTS");
+            let reply = self
+                .send_within(slots, Target::Any, Duration::from_secs(1))
+                .await?;
+            pool.set_slots(&reply)?;
+        }
+        let d = Decision::from_reply(pool.send(cmd, key, block.deadline).await?, sixth)?;
+        if d.allowed && d.wait_ms > 0 {
+            tokio::time::sleep(d.retry_after).await;
+        }
+        Ok(d)
+    }
+
+    /// Takes a lease of `cost` units on `key` (at most `limit` held, each
+    /// lease `lease_ms` unless renewed) and holds it in a [`LeaseGuard`]:
+    /// released when dropped, renewed in the background while held. A
+    /// denial is [`Error::Denied`] with the decision.
+    ///
+    /// `wait`: `None` answers at once; `Some(timeout)` waits for a unit as
+    /// [`Client::acquire`] does (`BLOCK`, on a connection of its own; a
+    /// release wakes it at once).
+    pub async fn lease(
+        &self,
+        key: &str,
+        limit: u64,
+        lease_ms: u64,
+        cost: u64,
+        wait: Option<Duration>,
+    ) -> Result<LeaseGuard, Error> {
+        let spec = Spec::parse("RL.CONCURRENCY", "CONCURRENCY", &[limit, lease_ms])?;
+        let cmd = limiter_cmd(key, &spec, lease_units("RL.CONCURRENCY", cost)?)?;
+        self.hold(cmd, key, LeaseMs::Known(lease_ms), wait).await
+    }
+
+    /// [`Client::lease`] on a `CONCURRENCY` policy (`RL.HIT policy key`).
+    /// The guard reads the policy's `lease_ms` (`RL.POLICY GET`) in the
+    /// background, for its renewals. An `OFF` policy admits without a
+    /// lease: the guard then holds nothing.
+    pub async fn lease_policy(
+        &self,
+        policy: &str,
+        key: &str,
+        cost: u64,
+        wait: Option<Duration>,
+    ) -> Result<LeaseGuard, Error> {
+        let cmd = hit_cmd(policy, key, lease_units("RL.HIT", cost)?)?;
+        self.hold(cmd, key, LeaseMs::Policy(policy.to_string()), wait)
+            .await
+    }
+
+    pub(crate) async fn hold(
+        &self,
+        cmd: Cmd,
+        key: &str,
+        lease_ms: LeaseMs,
+        wait: Option<Duration>,
+    ) -> Result<LeaseGuard, Error> {
+        let d = match wait {
+            None => self.decision(cmd, key, Sixth::Lease).await?,
+            Some(timeout) => self.blocking(cmd, key, Sixth::Lease, timeout).await?,
         };
-        let mut cmd = redis::cmd("RL.ALL");
-        cmd.arg(limits.len());
-        for (key, _) in limits {
-            cmd.arg(*key);
+        if !d.allowed {
+            return Err(Error::Denied(Box::new(d)));
         }
-        for (_, kind) in limits {
-            match kind {
-                RuleKind::Inline(spec) => cmd.arg(spec.algorithm()).arg(spec.params()),
-                RuleKind::Policy(name) => cmd.arg("POLICY").arg(name.as_str()),
-            };
-        }
-        if cost != 1 {
-            cmd.arg("COST").arg(cost);
-        }
-        self.decision(cmd, first).await
+        Ok(LeaseGuard::start(self.clone(), key, d, lease_ms))
     }
 
     /// `RL.POLICY SET name <spec> MODE mode ROLLOUT percent`, on every master.
@@ -636,6 +804,70 @@ fn check_units(command: &str, units: Units) -> Result<(), Error> {
     Ok(())
 }
 
+fn check_lease(command: &str, lease: u64) -> Result<(), Error> {
+    if lease > i64::MAX as u64 {
+        return Err(Error::bad(
+            command,
+            "lease",
+            format!("must be an integer from 0 to {}", i64::MAX),
+        ));
+    }
+    Ok(())
+}
+
+fn lease_units(command: &str, cost: u64) -> Result<Units, Error> {
+    if cost == 0 {
+        return Err(Error::bad(command, "COST", "a lease holds at least 1 unit"));
+    }
+    Ok(Request::Cost(cost))
+}
+
+pub(crate) fn limiter_cmd(key: &str, spec: &Spec, units: Units) -> Result<Cmd, Error> {
+    check_units(spec.algorithm(), units)?;
+    let mut cmd = redis::cmd(&format!("RL.{}", spec.algorithm()));
+    cmd.arg(key).arg(spec.params());
+    units_args(&mut cmd, units);
+    Ok(cmd)
+}
+
+pub(crate) fn hit_cmd(policy: &str, key: &str, units: Units) -> Result<Cmd, Error> {
+    check_units("RL.HIT", units)?;
+    crate::Rule::policy(policy).check()?;
+    let mut cmd = redis::cmd("RL.HIT");
+    cmd.arg(policy).arg(key);
+    units_args(&mut cmd, units);
+    Ok(cmd)
+}
+
+fn all_cmd<'a>(limits: &[(&'a str, &RuleKind)], cost: u64) -> Result<(Cmd, &'a str), Error> {
+    check_units("RL.ALL", Request::Cost(cost))?;
+    let Some((first, _)) = limits.first() else {
+        return Err(Error::bad("RL.ALL", "numkeys", "at least one limiter"));
+    };
+    let mut cmd = redis::cmd("RL.ALL");
+    cmd.arg(limits.len());
+    for (key, _) in limits {
+        cmd.arg(*key);
+    }
+    for (_, kind) in limits {
+        if let RuleKind::Inline(spec @ Spec::Concurrency(_)) = kind {
+            return Err(Error::bad(
+                "RL.ALL",
+                spec.algorithm(),
+                "RL.ALL refuses CONCURRENCY: a lease is taken and released on its own key",
+            ));
+        }
+        match kind {
+            RuleKind::Inline(spec) => cmd.arg(spec.algorithm()).arg(spec.params()),
+            RuleKind::Policy(name) => cmd.arg("POLICY").arg(name.as_str()),
+        };
+    }
+    if cost != 1 {
+        cmd.arg("COST").arg(cost);
+    }
+    Ok((cmd, first))
+}
+
 fn units_args(cmd: &mut Cmd, units: Units) {
     match units {
         Request::Cost(1) => {}
@@ -651,10 +883,10 @@ fn units_args(cmd: &mut Cmd, units: Units) {
     }
 }
 
-async fn sentinel_master(sentinel: &mut SentinelClient) -> Result<Conn, Error> {
+async fn sentinel_master(sentinel: &mut SentinelClient) -> Result<(Conn, redis::Client), Error> {
     let client = sentinel.async_get_client().await.map_err(Error::from)?;
-    let manager = ConnectionManager::new_with_config(client, manager_config())
+    let manager = ConnectionManager::new_with_config(client.clone(), manager_config())
         .await
         .map_err(Error::from)?;
-    Ok(Conn::Single(manager))
+    Ok((Conn::Single(manager), client))
 }

@@ -20,7 +20,8 @@ pub enum Path {
 }
 
 /// The five fields of a limiter's reply (`[allowed, limit, remaining,
-/// wait_ms, reset_ms]`), and for `RL.ALL` the sixth, `denied_by`.
+/// wait_ms, reset_ms]`), and the sixth: `denied_by` for `RL.ALL`, `lease`
+/// for `RL.CONCURRENCY` (and `RL.HIT` on a `CONCURRENCY` policy).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Decision {
     /// Admitted (its units consumed) or denied (nothing changed).
@@ -39,8 +40,21 @@ pub struct Decision {
     pub reset_after: Duration,
     /// `RL.ALL`: the 0-based position of the first rule that denied.
     pub denied_by: Option<usize>,
+    /// `RL.CONCURRENCY`: the id of the lease granted (`None` when denied,
+    /// and for the other limiters). Give it back with
+    /// [`crate::Client::release`], or hold it in a [`crate::LeaseGuard`].
+    pub lease: Option<u64>,
     /// Which path decided.
     pub path: Path,
+}
+
+/// What the sixth integer of a reply is, when there is one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Sixth {
+    /// `RL.ALL`: the 1-based position of the limiter that denied, 0 if none.
+    DeniedBy,
+    /// `RL.CONCURRENCY`, `RL.HIT`: the lease granted, 0 if none.
+    Lease,
 }
 
 impl Decision {
@@ -60,6 +74,7 @@ impl Decision {
             retry_after: Duration::from_millis(wait_ms.max(0) as u64),
             reset_after: Duration::from_millis(reset_ms),
             denied_by: None,
+            lease: None,
             path,
         }
     }
@@ -80,8 +95,9 @@ impl Decision {
         (self.wait_ms >= 0).then(|| (self.wait_ms as u64).div_ceil(1000))
     }
 
-    /// Parses a five-integer (or, for `RL.ALL`, six-integer) reply.
-    pub(crate) fn from_reply(value: Value) -> Result<Decision, Error> {
+    /// Parses a five-integer reply, or a six-integer one whose sixth is
+    /// `sixth`.
+    pub(crate) fn from_reply(value: Value, sixth: Sixth) -> Result<Decision, Error> {
         let items = match value {
             Value::Array(items) => items,
             Value::ServerError(e) => return Err(crate::error::server_error(&e)),
@@ -107,7 +123,10 @@ impl Decision {
             Path::Redis,
         );
         if ints.len() == 6 && ints[5] > 0 {
-            d.denied_by = Some(ints[5] as usize - 1);
+            match sixth {
+                Sixth::DeniedBy => d.denied_by = Some(ints[5] as usize - 1),
+                Sixth::Lease => d.lease = Some(ints[5] as u64),
+            }
         }
         Ok(d)
     }

@@ -27,6 +27,10 @@ pub enum Error {
     ModuleMissing(String),
     /// The reply did not have the shape the contract gives it.
     Protocol(String),
+    /// The limiter denied a call that answers a guard rather than a
+    /// [`crate::Decision`] ([`crate::Client::lease`]): the denial, with its
+    /// `retry_after`.
+    Denied(Box<crate::Decision>),
 }
 
 impl fmt::Display for Error {
@@ -40,6 +44,10 @@ impl fmt::Display for Error {
             Error::Connection(msg) => write!(f, "connection error: {msg}"),
             Error::ModuleMissing(msg) => write!(f, "redis-ratelimit module missing: {msg}"),
             Error::Protocol(msg) => write!(f, "unexpected reply: {msg}"),
+            Error::Denied(d) => match d.retry_after_s() {
+                Some(_) => write!(f, "denied; retry after {:?}", d.retry_after),
+                None => write!(f, "denied; this request can never pass"),
+            },
         }
     }
 }

@@ -1,7 +1,9 @@
-//! The tower layer: a key from a closure, the rules of a [`RuleSet`], and
-//! the HTTP (or gRPC) answer: 429 with `Retry-After`, the IETF
-//! `RateLimit-Policy` and `RateLimit` fields (also on admitted responses),
-//! `X-RateLimit-*` on request, and a problem+json body.
+//! The tower layer: a key from a closure, the rules of a [`RuleSet`], an
+//! optional cap on the requests in flight per key (a lease held from the
+//! request's start to its response body's end), and the HTTP (or gRPC)
+//! answer: 429 with `Retry-After`, the IETF `RateLimit-Policy` and
+//! `RateLimit` fields (also on admitted responses), `X-RateLimit-*` on
+//! request, and a problem+json body.
 
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -11,16 +13,17 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http_body::{Body, Frame, SizeHint};
 use http_body_util::{Either, Full};
+use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::decision::Decision;
 use crate::fallback::Stats;
-use crate::limiter::{Limiter, RuleSet};
-use crate::rule::Rule;
-#[cfg(test)]
-use crate::rule::Spec;
+use crate::lease::LeaseGuard;
+use crate::limiter::{Cap, Hold, Limiter, RuleSet};
+use crate::rule::{Rule, Spec};
 use crate::Error;
 
 /// The problem type of a denial.
@@ -54,6 +57,7 @@ pub enum MissingKey {
 pub struct RateLimitLayerBuilder {
     limiter: Limiter,
     rules: Vec<Rule>,
+    concurrency: Option<Rule>,
     key: Option<Arc<KeyFn>>,
     x_headers: bool,
     grpc: bool,
@@ -74,6 +78,18 @@ impl RateLimitLayerBuilder {
     /// Adds a rule; several are checked together in one `RL.ALL`.
     pub fn rule(mut self, rule: Rule) -> Self {
         self.rules.push(rule);
+        self
+    }
+    /// Caps the requests in flight per key: `rule` is
+    /// [`Rule::concurrency`] (or [`Rule::policy`] naming a `CONCURRENCY`
+    /// policy). Each request the rate rules admit then takes a lease of one
+    /// unit when it starts, and gives it back when its response body ends,
+    /// or when the request fails or is dropped (a client gone); a lease is
+    /// renewed while the request runs. A full cap answers 429 like a rate
+    /// denial; its `RateLimit-Policy` item has no `w`. When Redis cannot
+    /// answer, a fail-closed fallback denies and the others admit.
+    pub fn concurrency(mut self, rule: Rule) -> Self {
+        self.concurrency = Some(rule);
         self
     }
     /// Adds `X-RateLimit-Limit`, `-Remaining` and `-Reset`.
@@ -97,30 +113,40 @@ impl RateLimitLayerBuilder {
     /// Checks every rule (a bad parameter is an error naming it, here and
     /// not at the first request) and reads the policies from the server.
     pub async fn build(self) -> Result<RateLimitLayer, Error> {
-        let rules = self.limiter.rule_set(self.rules).await?;
+        let rules = if self.rules.is_empty() && self.concurrency.is_some() {
+            None
+        } else {
+            Some(self.limiter.rule_set(self.rules).await?)
+        };
+        let cap = match self.concurrency {
+            Some(rule) => Some(self.limiter.cap(rule).await?),
+            None => None,
+        };
         let key = self
             .key
             .ok_or_else(|| Error::bad("-", "key", "the layer needs a key closure"))?;
-        let policy = rules
-            .rules()
+        let mut items: Vec<String> = rules
             .iter()
+            .flat_map(|set| set.rules())
             .map(|r| match r.spec {
-                Some(s) => format!(
-                    "\"{}\";q={};w={}",
-                    r.rule.rule_name(),
-                    s.limit(),
-                    s.window_s()
-                ),
+                Some(s) => policy_item(r.rule.rule_name(), &s),
                 None => format!("\"{}\"", r.rule.rule_name()),
             })
-            .collect::<Vec<_>>()
-            .join(", ");
+            .collect();
+        if let Some(cap) = &cap {
+            items.push(policy_item(
+                cap.rule.rule_name(),
+                &Spec::Concurrency(cap.params),
+            ));
+        }
+        let policy = items.join(", ");
         let policy = HeaderValue::from_str(&policy)
             .map_err(|_| Error::bad("-", "name", "rule names must be visible ASCII"))?;
         Ok(RateLimitLayer {
             shared: Arc::new(Shared {
                 limiter: self.limiter,
                 rules,
+                cap,
                 key,
                 policy,
                 x_headers: self.x_headers,
@@ -133,7 +159,8 @@ impl RateLimitLayerBuilder {
 
 struct Shared {
     limiter: Limiter,
-    rules: RuleSet,
+    rules: Option<RuleSet>,
+    cap: Option<Cap>,
     key: Arc<KeyFn>,
     policy: HeaderValue,
     x_headers: bool,
@@ -153,6 +180,7 @@ impl RateLimitLayer {
         RateLimitLayerBuilder {
             limiter,
             rules: Vec::new(),
+            concurrency: None,
             key: None,
             x_headers: false,
             grpc: false,
@@ -183,8 +211,56 @@ pub struct RateLimit<S> {
     shared: Arc<Shared>,
 }
 
-/// The response body: the service's, or the kit's own for a denial.
-pub type RateLimitBody<B> = Either<B, Full<Bytes>>;
+/// The response body: the service's (holding the request's lease, if the
+/// layer caps concurrency, until it ends), or the kit's own for a denial.
+pub type RateLimitBody<B> = Either<HeldBody<B>, Full<Bytes>>;
+
+pin_project! {
+    /// The service's response body, holding the request's lease until the
+    /// body ends (its last frame, an error, or the body dropped).
+    pub struct HeldBody<B> {
+        #[pin]
+        inner: B,
+        lease: Option<LeaseGuard>,
+    }
+}
+
+impl<B> HeldBody<B> {
+    fn new(inner: B, lease: Option<LeaseGuard>) -> Self {
+        HeldBody { inner, lease }
+    }
+
+    /// The body without its lease (which is released now).
+    pub fn into_inner(self) -> B {
+        self.inner
+    }
+}
+
+impl<B: Body> Body for HeldBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let this = self.project();
+        let frame = this.inner.poll_frame(cx);
+        if matches!(frame, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
+            // The response is done: the unit is free for the next request.
+            this.lease.take();
+        }
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
 
 impl<S, B, ResBody> Service<Request<B>> for RateLimit<S>
 where
@@ -230,7 +306,10 @@ where
                     Stats::add(&stats.raw_stats().key_missing);
                     match shared.missing_key {
                         MissingKey::Allow => {
-                            return inner.call(req).await.map(|r| r.map(Either::Left))
+                            return inner
+                                .call(req)
+                                .await
+                                .map(|r| r.map(|b| Either::Left(HeldBody::new(b, None))))
                         }
                         MissingKey::Reject => {
                             return Ok(problem(
@@ -245,39 +324,76 @@ where
                 }
                 Ok(Some(identity)) => identity,
             };
-            let decision = shared.limiter.check(&shared.rules, &identity, 1).await;
-            if decision.allowed {
-                let mut response = inner.call(req).await?;
-                shared.add_headers(response.headers_mut(), &decision);
-                Ok(response.map(Either::Left))
-            } else {
-                Ok(shared.denial(&decision))
+            let rate = match &shared.rules {
+                Some(set) => {
+                    let d = shared.limiter.check(set, &identity, 1).await;
+                    if !d.allowed {
+                        let name = shared.rule_name(&d);
+                        return Ok(shared.denial(name, &d));
+                    }
+                    Some(d)
+                }
+                None => None,
+            };
+            // Held by this future until the response is built, then by its
+            // body: a request that fails or is dropped releases it too.
+            let (lease, held) = match &shared.cap {
+                Some(cap) => match shared.limiter.hold(cap, &identity).await {
+                    Hold::Held(guard) => {
+                        let d = guard.decision().clone();
+                        (Some(guard), Some(d))
+                    }
+                    Hold::Unheld(d) => (None, Some(d)),
+                    Hold::Denied(d) => return Ok(shared.denial(cap.rule.rule_name(), &d)),
+                },
+                None => (None, None),
+            };
+            let mut response = inner.call(req).await?;
+            let mut items = Vec::new();
+            if let Some(d) = &rate {
+                items.push((shared.rule_name(d), d));
             }
+            if let (Some(cap), Some(d)) = (&shared.cap, &held) {
+                items.push((cap.rule.rule_name(), d));
+            }
+            shared.add_headers(response.headers_mut(), &items);
+            Ok(response.map(|b| Either::Left(HeldBody::new(b, lease))))
         })
     }
 }
 
 impl Shared {
-    /// The rule the reply's fields describe: the one that denied, or for an
-    /// admission the first whose limit is the reply's (the most restrictive).
-    fn reported(&self, d: &Decision) -> usize {
-        let rules = self.rules.rules();
-        if let Some(i) = d.denied_by.filter(|&i| i < rules.len()) {
-            return i;
-        }
-        rules
-            .iter()
-            .position(|r| r.spec.map(|s| s.limit()) == Some(d.limit))
-            .unwrap_or(0)
+    /// The rate rule the reply's fields describe: the one that denied, or
+    /// for an admission the first whose limit is the reply's (the most
+    /// restrictive).
+    fn rule_name(&self, d: &Decision) -> &str {
+        let Some(set) = &self.rules else { return "" };
+        let rules = set.rules();
+        let i = match d.denied_by.filter(|&i| i < rules.len()) {
+            Some(i) => i,
+            None => rules
+                .iter()
+                .position(|r| r.spec.map(|s| s.limit()) == Some(d.limit))
+                .unwrap_or(0),
+        };
+        rules[i].rule.rule_name()
     }
 
-    fn add_headers(&self, headers: &mut HeaderMap, d: &Decision) {
-        let rule = &self.rules.rules()[self.reported(d)];
-        let reset_s = d.reset_ms().div_ceil(1000);
+    /// The fields of a response: `RateLimit` has an item per decision (the
+    /// rate rules' one, then the concurrency cap's); `X-RateLimit-*` and
+    /// `Retry-After` come from the first.
+    fn add_headers(&self, headers: &mut HeaderMap, items: &[(&str, &Decision)]) {
         headers.insert("ratelimit-policy", self.policy.clone());
-        if let Ok(v) = HeaderValue::from_str(&ratelimit_item(rule.rule.rule_name(), d)) {
+        let Some((_, d)) = items.first() else { return };
+        let field = items
+            .iter()
+            .map(|(name, d)| ratelimit_item(name, d))
+            .collect::<Vec<_>>()
+            .join(", ");
+        if let Ok(v) = HeaderValue::from_str(&field) {
             headers.insert("ratelimit", v);
         }
+        let reset_s = d.reset_ms().div_ceil(1000);
         if self.x_headers {
             headers.insert("x-ratelimit-limit", HeaderValue::from(d.limit));
             headers.insert("x-ratelimit-remaining", HeaderValue::from(d.remaining));
@@ -290,8 +406,7 @@ impl Shared {
         }
     }
 
-    fn denial<B>(&self, d: &Decision) -> Response<RateLimitBody<B>> {
-        let rule = self.rules.rules()[self.reported(d)].rule.rule_name();
+    fn denial<B>(&self, rule: &str, d: &Decision) -> Response<RateLimitBody<B>> {
         let mut response = if self.grpc {
             let mut r = Response::new(Either::Right(Full::new(Bytes::new())));
             let h = r.headers_mut();
@@ -321,8 +436,17 @@ impl Shared {
                 Some(rule),
             )
         };
-        self.add_headers(response.headers_mut(), d);
+        self.add_headers(response.headers_mut(), &[(rule, d)]);
         response
+    }
+}
+
+/// A `RateLimit-Policy` item: `"name";q=<limit>;w=<window s>`, without `w`
+/// for concurrency.
+fn policy_item(name: &str, spec: &Spec) -> String {
+    match spec.window_s() {
+        Some(w) => format!("\"{name}\";q={};w={w}", spec.limit()),
+        None => format!("\"{name}\";q={}", spec.limit()),
     }
 }
 
@@ -399,17 +523,20 @@ mod tests {
     #[test]
     fn the_policy_window_of_a_bucket_is_the_time_to_refill_it() {
         let spec = |a: &str, p: &[u64]| Spec::parse("r", a, p).unwrap();
-        assert_eq!(spec("TOKENBUCKET", &[5, 1, 1000]).window_s(), 5);
-        assert_eq!(spec("TOKENBUCKET", &[15_000, 15_000, 1000]).window_s(), 1);
+        assert_eq!(spec("TOKENBUCKET", &[5, 1, 1000]).window_s(), Some(5));
+        assert_eq!(
+            spec("TOKENBUCKET", &[15_000, 15_000, 1000]).window_s(),
+            Some(1)
+        );
         assert_eq!(
             spec("TOKENBUCKET", &[10, 3, 1000]).window_s(),
-            4,
+            Some(4),
             "3.34 s rounds up"
         );
-        assert_eq!(spec("LEAKYBUCKET", &[2, 1, 10_000]).window_s(), 20);
-        assert_eq!(spec("SLIDING", &[5, 1500]).window_s(), 2);
-        assert_eq!(spec("FIXEDWINDOW", &[5, 1000]).window_s(), 1);
-        assert_eq!(spec("HASHWINDOW", &[5, 60_000, 1000]).window_s(), 60);
+        assert_eq!(spec("LEAKYBUCKET", &[2, 1, 10_000]).window_s(), Some(20));
+        assert_eq!(spec("SLIDING", &[5, 1500]).window_s(), Some(2));
+        assert_eq!(spec("FIXEDWINDOW", &[5, 1000]).window_s(), Some(1));
+        assert_eq!(spec("HASHWINDOW", &[5, 60_000, 1000]).window_s(), Some(60));
     }
 
     #[test]

@@ -29,12 +29,14 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod acquire;
 mod client;
 mod decision;
 mod deny_cache;
 mod error;
 mod fallback;
 mod layer;
+mod lease;
 mod limiter;
 mod local;
 mod retry;
@@ -47,9 +49,10 @@ pub use decision::{Decision, Path};
 pub use error::Error;
 pub use fallback::{BreakerConfig, FallbackMode, StatsSnapshot};
 pub use layer::{
-    MissingKey, RateLimit, RateLimitBody, RateLimitLayer, RateLimitLayerBuilder, RequestParts,
-    QUOTA_EXCEEDED,
+    HeldBody, MissingKey, RateLimit, RateLimitBody, RateLimitLayer, RateLimitLayerBuilder,
+    RequestParts, QUOTA_EXCEEDED,
 };
+pub use lease::LeaseGuard;
 pub use limiter::{CheckedRule, Limiter, LimiterBuilder, RuleSet};
 pub use redis_ratelimit_core::Request;
 pub use retry::{retry_after, Attempt, RetryPolicy};

@@ -5,12 +5,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis_ratelimit_core::{Request, Wait};
+use redis_ratelimit_core::{ConcurrencyParams, Request, Wait};
 
-use crate::client::Client;
+use crate::client::{hit_cmd, limiter_cmd, Client};
 use crate::decision::{Decision, Path};
 use crate::deny_cache::DenyCache;
 use crate::fallback::{Breaker, BreakerConfig, FallbackMode, Gate, Stats, StatsSnapshot};
+use crate::lease::{LeaseGuard, LeaseMs};
 use crate::local::LocalLimiters;
 use crate::rule::{Rule, RuleKind, Share, Spec};
 use crate::Error;
@@ -153,6 +154,24 @@ impl RuleSet {
     }
 }
 
+/// A checked concurrency cap: a `CONCURRENCY` rule, inline or a policy.
+#[derive(Clone, Debug)]
+pub(crate) struct Cap {
+    pub(crate) rule: Rule,
+    pub(crate) kind: RuleKind,
+    pub(crate) params: ConcurrencyParams,
+}
+
+/// What [`Limiter::hold`] answers.
+pub(crate) enum Hold {
+    /// Redis granted a lease (or, on an `OFF` policy, admitted without one).
+    Held(LeaseGuard),
+    /// The fallback admitted, without a lease.
+    Unheld(Decision),
+    /// Denied, by Redis or by a fail-closed fallback.
+    Denied(Decision),
+}
+
 impl Limiter {
     /// A limiter over `client`, with the defaults.
     pub fn builder(client: Client) -> LimiterBuilder {
@@ -230,6 +249,14 @@ impl Limiter {
                     (info.spec, format!("POLICY {name}"))
                 }
             };
+            if spec.is_some_and(|s| s.is_concurrency()) {
+                return Err(Error::bad(
+                    &rule.name,
+                    "algorithm",
+                    "a CONCURRENCY rule holds a lease for the length of the work: give it to \
+                     RateLimitLayerBuilder::concurrency, or use Client::lease",
+                ));
+            }
             let local = match spec {
                 Some(s) if rule.global && self.inner.local_level => {
                     Some(s.local_share(&rule.name, self.inner.share)?)
@@ -382,6 +409,119 @@ impl Limiter {
             .map(|(r, k)| (k.as_str(), &r.kind))
             .collect();
         client.all(&limits, cost).await
+    }
+
+    /// Checks a concurrency cap: an inline `CONCURRENCY` rule, or a policy
+    /// that the server has as `CONCURRENCY`.
+    pub(crate) async fn cap(&self, rule: Rule) -> Result<Cap, Error> {
+        let kind = rule.check()?.clone();
+        let spec = match &kind {
+            RuleKind::Inline(spec) => Some(*spec),
+            RuleKind::Policy(name) => match self.inner.client.policy_get(name).await? {
+                Some(info) => info.spec,
+                None => {
+                    return Err(Error::bad(
+                        &rule.name,
+                        "policy",
+                        format!("no policy {name:?} on the server (RL.POLICY SET it first)"),
+                    ))
+                }
+            },
+        };
+        let Some(Spec::Concurrency(params)) = spec else {
+            return Err(Error::bad(
+                &rule.name,
+                "algorithm",
+                "a concurrency cap needs a CONCURRENCY rule (Rule::concurrency, or a policy \
+                 set as CONCURRENCY limit lease_ms)",
+            ));
+        };
+        if rule.global {
+            return Err(Error::bad(
+                &rule.name,
+                "global",
+                "a concurrency cap is held in Redis alone: it has no local level",
+            ));
+        }
+        Ok(Cap { rule, kind, params })
+    }
+
+    /// Takes a lease of one unit of `cap` for `identity`, within the
+    /// deadline, through the breaker. When Redis cannot answer, the
+    /// fallback decides without a lease (fail closed denies; the others
+    /// admit, since a lease cannot be shared between instances).
+    pub(crate) async fn hold(&self, cap: &Cap, identity: &str) -> Hold {
+        let inner = &*self.inner;
+        let key = cap.rule.key_for(identity);
+        let lease_ms = LeaseMs::Known(cap.params.lease_ms());
+        let gate = inner.breaker.gate();
+        match gate {
+            Gate::Call => {
+                Stats::add(&inner.stats.redis_calls);
+                let cmd = match &cap.kind {
+                    RuleKind::Inline(spec) => limiter_cmd(&key, spec, Request::Cost(1)),
+                    RuleKind::Policy(name) => hit_cmd(name, &key, Request::Cost(1)),
+                };
+                let result = match cmd {
+                    Ok(cmd) => inner.client.hold(cmd, &key, lease_ms, None).await,
+                    Err(e) => Err(e),
+                };
+                match result {
+                    Ok(guard) => {
+                        inner.breaker.success();
+                        Stats::add(&inner.stats.redis_admitted);
+                        return Hold::Held(guard);
+                    }
+                    Err(Error::Denied(d)) => {
+                        inner.breaker.success();
+                        Stats::add(&inner.stats.redis_denied);
+                        return Hold::Denied(*d);
+                    }
+                    Err(e) => {
+                        match &e {
+                            Error::Timeout(_) => Stats::add(&inner.stats.redis_timeouts),
+                            Error::Connection(_) => Stats::add(&inner.stats.redis_unavailable),
+                            _ => Stats::add(&inner.stats.redis_errors),
+                        }
+                        if e.is_unavailable() && inner.breaker.failure() {
+                            Stats::add(&inner.stats.breaker_opened);
+                        }
+                        tracing::warn!(error = %e, "redis-ratelimit: Redis failed on a lease, fallback {:?} decides", inner.fallback);
+                    }
+                }
+            }
+            Gate::Skip => Stats::add(&inner.stats.breaker_skipped),
+            Gate::Probe => {
+                Stats::add(&inner.stats.breaker_skipped);
+                self.probe();
+            }
+        }
+        let limit = cap.params.limit();
+        match inner.fallback {
+            FallbackMode::FailClosed => {
+                Stats::add(&inner.stats.fallback_denied);
+                let wait = inner.breaker.open_for().as_millis().max(1) as i64;
+                Hold::Denied(Decision::from_fields(
+                    false,
+                    limit,
+                    0,
+                    wait,
+                    wait as u64,
+                    Path::Fallback,
+                ))
+            }
+            FallbackMode::FailOpen | FallbackMode::LocalOnly => {
+                Stats::add(&inner.stats.fallback_admitted);
+                Hold::Unheld(Decision::from_fields(
+                    true,
+                    limit,
+                    limit,
+                    0,
+                    0,
+                    Path::Fallback,
+                ))
+            }
+        }
     }
 
     /// One `PING` in the background; the breaker closes when it answers.

@@ -7,8 +7,8 @@ use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use redis_ratelimit_core::{
-    decide, run, Algorithm, FixedWindow, HashWindow, LeakyBucket, Micros, Outcome, Request,
-    SlidingLog, TokenBucket,
+    decide, run, Algorithm, Concurrency, FixedWindow, HashWindow, LeakyBucket, Micros, Outcome,
+    Request, SlidingLog, TokenBucket,
 };
 
 use crate::rule::Spec;
@@ -19,6 +19,7 @@ enum State {
     LeakyBucket(<LeakyBucket as Algorithm>::State),
     Sliding(<SlidingLog as Algorithm>::State),
     HashWindow(<HashWindow as Algorithm>::State),
+    Concurrency(<Concurrency as Algorithm>::State),
 }
 
 struct Entry {
@@ -85,6 +86,7 @@ fn step(
         Spec::LeakyBucket(p) => step!(LeakyBucket, LeakyBucket, p, slot, request, now, dry),
         Spec::Sliding(p) => step!(SlidingLog, Sliding, p, slot, request, now, dry),
         Spec::HashWindow(p) => step!(HashWindow, HashWindow, p, slot, request, now, dry),
+        Spec::Concurrency(p) => step!(Concurrency, Concurrency, p, slot, request, now, dry),
     }
 }
 

@@ -3,7 +3,8 @@
 //! and the key each applies to.
 
 use redis_ratelimit_core::{
-    FixedWindowParams, HashWindowParams, LeakyBucketParams, SlidingLogParams, TokenBucketParams,
+    ConcurrencyParams, FixedWindowParams, HashWindowParams, LeakyBucketParams, SlidingLogParams,
+    TokenBucketParams,
 };
 
 use crate::Error;
@@ -21,6 +22,8 @@ pub enum Spec {
     Sliding(SlidingLogParams),
     /// `HASHWINDOW limit window_ms bucket_ms`
     HashWindow(HashWindowParams),
+    /// `CONCURRENCY limit lease_ms`: units held by leases, not a rate.
+    Concurrency(ConcurrencyParams),
 }
 
 impl Spec {
@@ -32,6 +35,7 @@ impl Spec {
             Spec::LeakyBucket(_) => "LEAKYBUCKET",
             Spec::Sliding(_) => "SLIDING",
             Spec::HashWindow(_) => "HASHWINDOW",
+            Spec::Concurrency(_) => "CONCURRENCY",
         }
     }
 
@@ -43,6 +47,7 @@ impl Spec {
             Spec::LeakyBucket(p) => vec![p.capacity(), p.leak_count(), p.leak_ms()],
             Spec::Sliding(p) => vec![p.limit(), p.window_ms()],
             Spec::HashWindow(p) => vec![p.limit(), p.window_ms(), p.bucket_ms()],
+            Spec::Concurrency(p) => vec![p.limit(), p.lease_ms()],
         }
     }
 
@@ -51,7 +56,7 @@ impl Spec {
     pub fn parse(rule: &str, algorithm: &str, params: &[u64]) -> Result<Spec, Error> {
         let arity = match algorithm.to_ascii_uppercase().as_str() {
             "TOKENBUCKET" | "LEAKYBUCKET" | "HASHWINDOW" => 3,
-            "FIXEDWINDOW" | "SLIDING" => 2,
+            "FIXEDWINDOW" | "SLIDING" | "CONCURRENCY" => 2,
             other => {
                 return Err(Error::bad(
                     rule,
@@ -83,6 +88,7 @@ impl Spec {
             "LEAKYBUCKET" => LeakyBucketParams::new(p(0), p(1), p(2)).map(Spec::LeakyBucket),
             "HASHWINDOW" => HashWindowParams::new(p(0), p(1), p(2)).map(Spec::HashWindow),
             "FIXEDWINDOW" => FixedWindowParams::new(p(0), p(1)).map(Spec::FixedWindow),
+            "CONCURRENCY" => ConcurrencyParams::new(p(0), p(1)).map(Spec::Concurrency),
             _ => SlidingLogParams::new(p(0), p(1)).map(Spec::Sliding),
         })
     }
@@ -95,13 +101,20 @@ impl Spec {
             Spec::FixedWindow(p) => p.limit(),
             Spec::Sliding(p) => p.limit(),
             Spec::HashWindow(p) => p.limit(),
+            Spec::Concurrency(p) => p.limit(),
         }
+    }
+
+    /// Whether this is `CONCURRENCY`: leases held, not a rate.
+    pub fn is_concurrency(&self) -> bool {
+        matches!(self, Spec::Concurrency(_))
     }
 
     /// The `w` of `RateLimit-Policy`, in seconds, rounded up: the window for
     /// the windows, the time to refill an empty bucket (`capacity * refill_ms
-    /// / refill_count`) for the buckets.
-    pub fn window_s(&self) -> u64 {
+    /// / refill_count`) for the buckets; `None` for concurrency, which has
+    /// no window.
+    pub fn window_s(&self) -> Option<u64> {
         let ms = match self {
             Spec::TokenBucket(p) => ceil_div(
                 p.capacity() as u128 * p.refill_ms() as u128,
@@ -114,8 +127,9 @@ impl Spec {
             Spec::FixedWindow(p) => p.window_ms() as u128,
             Spec::Sliding(p) => p.window_ms() as u128,
             Spec::HashWindow(p) => p.window_ms() as u128,
+            Spec::Concurrency(_) => return None,
         };
-        u64::try_from(ceil_div(ms, 1000)).unwrap_or(u64::MAX)
+        Some(u64::try_from(ceil_div(ms, 1000)).unwrap_or(u64::MAX))
     }
 
     /// The same algorithm at a share of its limit: `ceil(limit * 11 /
@@ -130,7 +144,9 @@ impl Spec {
                 vec![s(params[0]), s(params[1]), params[2]]
             }
             Spec::HashWindow(_) => vec![s(params[0]), params[1], params[2]],
-            Spec::FixedWindow(_) | Spec::Sliding(_) => vec![s(params[0]), params[1]],
+            Spec::FixedWindow(_) | Spec::Sliding(_) | Spec::Concurrency(_) => {
+                vec![s(params[0]), params[1]]
+            }
         };
         Spec::parse(rule, self.algorithm(), &scaled)
     }
@@ -223,6 +239,12 @@ impl Rule {
     /// Sliding window over buckets of `bucket_ms`.
     pub fn hash_window(limit: u64, window_ms: u64, bucket_ms: u64) -> Rule {
         Rule::inline("HASHWINDOW", &[limit, window_ms, bucket_ms])
+    }
+    /// At most `limit` requests in flight per key, each holding a lease of
+    /// `lease_ms` (renewed while it runs): for
+    /// [`crate::RateLimitLayerBuilder::concurrency`], not for a rule set.
+    pub fn concurrency(limit: u64, lease_ms: u64) -> Rule {
+        Rule::inline("CONCURRENCY", &[limit, lease_ms])
     }
     /// The policy `name` kept in the server (`RL.POLICY SET`), applied with
     /// `RL.HIT` (or `POLICY name` in `RL.ALL`).
