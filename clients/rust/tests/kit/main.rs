@@ -3,11 +3,13 @@
 
 mod harness;
 
+mod acquire;
 mod calls;
 mod cluster;
 mod fallback;
 mod grpc;
 mod instances;
 mod layer;
+mod leases;
 mod savings;
 mod sentinel;
