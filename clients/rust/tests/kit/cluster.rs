@@ -122,3 +122,46 @@ async fn a_valkey_cluster_routes_rl_all_and_rl_hit_too() {
         "{apart}"
     );
 }
+
+/// Blocking acquires and leases in a cluster: each goes to its key's
+/// master on a connection of its own (from `CLUSTER SLOTS`), no `MOVED`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquires_and_leases_reach_the_owner_of_their_key() {
+    let (cluster, client) = cluster_and_client(Kind::Redis).await;
+    let moved_before = cluster.moved();
+    let spec = Spec::parse("t", "TOKENBUCKET", &[1, 1, 1500]).unwrap();
+    let mut waits = Vec::new();
+    for i in 0..6 {
+        let key = format!("acq:{i}");
+        assert!(
+            client
+                .apply(&key, &spec, Request::Cost(1))
+                .await
+                .unwrap()
+                .allowed
+        );
+        let client = client.clone();
+        waits.push(tokio::spawn(async move {
+            client
+                .acquire(&key, &spec, Request::Cost(1), Duration::from_secs(20))
+                .await
+        }));
+    }
+    for w in waits {
+        let d = w.await.unwrap().unwrap();
+        assert!(d.allowed, "{d:?}");
+    }
+    for i in 0..6 {
+        let key = format!("lease:{i}");
+        let guard = client
+            .lease(&key, 1, 30_000, 1, Some(Duration::from_secs(5)))
+            .await
+            .unwrap();
+        assert!(matches!(
+            client.lease(&key, 1, 30_000, 1, None).await,
+            Err(Error::Denied(_))
+        ));
+        assert!(guard.release().await.unwrap());
+    }
+    assert_eq!(cluster.moved(), moved_before, "no MOVED");
+}
