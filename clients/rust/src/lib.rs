@@ -4,12 +4,17 @@
 //! - [`Client`]: typed calls of every command (standalone, Sentinel,
 //!   Cluster), one round trip each to the node that owns the key, within a
 //!   deadline, never retried; `MODULE LIST` checked at start-up.
+//! - Waiting and holding: [`Client::acquire`] waits for admission with
+//!   `BLOCK` on a connection of its own; [`Client::lease`] holds an
+//!   `RL.CONCURRENCY` lease in a [`LeaseGuard`] that releases on drop and
+//!   renews in the background.
 //! - [`Limiter`]: a local deny cache, an optional in-process level for the
 //!   rules marked global, and a [`FallbackMode`] with a circuit breaker when
 //!   Redis cannot answer; counters of every path ([`StatsSnapshot`]).
 //! - [`RateLimitLayer`]: a tower layer for axum, hyper and tonic: 429 (or
 //!   gRPC `RESOURCE_EXHAUSTED`) with `Retry-After`, `RateLimit-Policy` and
-//!   `RateLimit`, and a problem+json body.
+//!   `RateLimit`, and a problem+json body; it can also cap the requests in
+//!   flight per key ([`RateLimitLayerBuilder::concurrency`]).
 //! - [`RetryPolicy`]: backoff for callers of rate-limited services.
 //!
 //! ```no_run
