@@ -64,7 +64,30 @@ async fn a_blocking_acquire_waits_and_is_admitted_on_valkey() {
 async fn a_timeout_answers_the_denial_at_about_the_timeout() {
     let server = Server::start(Kind::Redis);
     let client = client(&server).await;
-    // 2 per 3 s, both taken: the next unit is ~3 s away, beyond the 1 s timeout.
+    // A lease of 1 s that its guard keeps renewing: a waiter's wait_ms
+    // (about 1 s) is within its 2.5 s timeout, so the server holds it, and
+    // the renewals keep the unit until the timeout passes. The client's own
+    // deadline is 5 ms: the acquire's is the timeout plus its margin.
+    let held = client.lease("renewed", 1, 1000, 1, None).await.unwrap();
+    let quick = client.with_deadline(Duration::from_millis(5));
+    let start = Instant::now();
+    let denied = quick
+        .lease("renewed", 1, 1000, 1, Some(Duration::from_millis(2500)))
+        .await;
+    let waited = start.elapsed();
+    match denied {
+        Err(Error::Denied(d)) => assert!(!d.allowed && d.wait_ms > 0, "{d:?}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        waited >= Duration::from_millis(2000) && waited < Duration::from_secs(15),
+        "the timeout's denial came after {waited:?}"
+    );
+    assert!(!held.lost());
+    drop(held);
+
+    // 2 per 3 s, both taken: the next unit is ~3 s away, beyond the 1 s
+    // timeout, so the denial comes at once.
     let spec = Spec::parse("s", "SLIDING", &[2, 3000]).unwrap();
     assert!(
         client
