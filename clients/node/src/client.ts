@@ -1,7 +1,24 @@
 import { Decision, toInt } from './decision.js';
-import { checkInteger, checkString, fromServerError, RLArgumentError, RLModuleNotLoadedError, RLProtocolError } from './errors.js';
-import { optionArgs, ruleArgs, type CallOptions, type Rule, type Spec } from './rules.js';
-import { toTransport, type RedisLike, type Transport } from './transport.js';
+import { checkInteger, checkString, describe, fromServerError, RLArgumentError, RLDeniedError, RLError, RLModuleNotLoadedError } from './errors.js';
+import { Lease, type LeaseOptions, type LeaseRule } from './lease.js';
+import { ConnectionPool } from './pool.js';
+import { blockArgs, optionArgs, ruleArgs, type AcquireOptions, type CallOptions, type ConcurrencyParams, type Rule, type Spec } from './rules.js';
+import { dedicatedConnector, ownConnection, toTransport, type ConnectionFactory, type RedisLike, type Transport } from './transport.js';
+
+/** `new RL(client, options)`: how `acquire` gets connections of its own. */
+export interface RLOptions {
+  /**
+   * Opens a connected node-redis or ioredis client for `acquire` (and
+   * leases that wait). By default the kit duplicates the client it was given
+   * (`client.duplicate()`, same settings); a `sendCommand` function or a
+   * `Transport` cannot be duplicated, so acquire needs this with them.
+   */
+  connect?: () => RedisLike | Promise<RedisLike>;
+  /** Acquire connections kept open between acquires (default 4). */
+  maxIdleConnections?: number;
+  /** An idle acquire connection is closed after this many ms (default 30,000). */
+  idleConnectionMs?: number;
+}
 
 /** `RL.POLICY SET`'s options. */
 export interface PolicyOptions {
@@ -40,9 +57,34 @@ export interface ModuleInfo {
  */
 export class RL {
   readonly transport: Transport;
+  private readonly openConnection: ConnectionFactory | undefined;
+  private readonly maxIdle: number;
+  private readonly idleMs: number;
+  private connections: ConnectionPool | undefined;
 
-  constructor(client: RedisLike) {
+  constructor(client: RedisLike, options: RLOptions = {}) {
     this.transport = toTransport(client);
+    if (options === null || typeof options !== 'object') {
+      throw new RLArgumentError('options', `RL options must be an object, got ${describe(options)}`);
+    }
+    const { connect } = options;
+    if (connect !== undefined && typeof connect !== 'function') {
+      throw new RLArgumentError('connect', `connect must be a function returning a connected client, got ${describe(connect)}`);
+    }
+    this.maxIdle = checkInteger('maxIdleConnections', options.maxIdleConnections ?? 4, 0);
+    this.idleMs = checkInteger('idleConnectionMs', options.idleConnectionMs ?? 30_000, 1);
+    this.openConnection = connect ? async () => ownConnection(await connect()) : dedicatedConnector(client);
+    // The acquire connections go when the application's client does.
+    const events = client as { once?: (event: string, fn: () => void) => unknown };
+    if (this.openConnection && !connect && typeof events.once === 'function') {
+      events.once('end', () => this.close());
+    }
+  }
+
+  /** Closes the connections of `acquire`; acquires still waiting reject. The client given stays open. */
+  close(): void {
+    this.connections?.close();
+    this.connections = undefined;
   }
 
   /**
@@ -78,7 +120,7 @@ export class RL {
     checkString('key', key);
     const [name, params] = ruleArgs(rule);
     const args = [`RL.${name}`, key, ...params, ...optionArgs(opts)];
-    return this.decide(key, args, 'none');
+    return this.decide(key, args, name === 'CONCURRENCY' ? 'lease' : 'none');
   }
 
   tokenBucket(key: string, p: { capacity: number; refillCount: number; refillMs: number }, opts?: CallOptions) {
@@ -96,11 +138,123 @@ export class RL {
   fixedWindow(key: string, p: { limit: number; windowMs: number }, opts?: CallOptions) {
     return this.limit(key, { algorithm: 'fixedwindow', ...p }, opts);
   }
+  /**
+   * `RL.CONCURRENCY`: a lease on one of `limit` units (or `cost` of them)
+   * for `leaseMs`; `decision.lease` is its id (null when denied). End it with
+   * `release`, keep it with `renew`; `lease()` and `withLease()` do both.
+   */
+  concurrency(key: string, p: ConcurrencyParams, opts?: CallOptions) {
+    return this.limit(key, { algorithm: 'concurrency', ...p }, opts);
+  }
   /** `RL.HIT name key`: the policy `name` applied to the limiter in `key`. */
   hit(policy: string, key: string, opts?: CallOptions): Promise<Decision> {
     checkPolicyName(policy);
     checkString('key', key);
-    return this.decide(key, ['RL.HIT', policy, key, ...optionArgs(opts)], 'none');
+    return this.decide(key, ['RL.HIT', policy, key, ...optionArgs(opts)], 'lease');
+  }
+
+  /** `RL.RELEASE`: ends the lease; false when it had already ended (released, or expired). */
+  release(key: string, lease: number): Promise<boolean> {
+    checkString('key', key);
+    const args = ['RL.RELEASE', key, String(checkLeaseId(lease))];
+    return this.send(key, args).then((r) => toInt(r) === 1);
+  }
+
+  /** `RL.RENEW`: the lease lasts `leaseMs` from now; false when it had already ended. */
+  renew(key: string, lease: number, leaseMs: number): Promise<boolean> {
+    checkString('key', key);
+    const args = ['RL.RENEW', key, String(checkLeaseId(lease)), String(checkInteger('leaseMs', leaseMs, 1))];
+    return this.send(key, args).then((r) => toInt(r) === 1);
+  }
+
+  /**
+   * Waits in the server (`BLOCK`) until the rule admits, at most
+   * `timeoutMs` (0: no limit), on a connection of its own, so the client's
+   * other commands go on meanwhile. Resolves when the caller may act: for an
+   * admitted leaky bucket, after its `waitMs`. A denial (the timeout passed,
+   * or the request can never wait its way in) resolves a denied `Decision`,
+   * as the other calls. Never retried; past the timeout plus
+   * max(1 s, 10 %) without a reply it rejects with `RLDeadlineError`.
+   *
+   * `rule` is any rule, a concurrency rule (`decision.lease` is the lease:
+   * `lease()` makes it a handle), or `{ policy }` for `RL.HIT`.
+   */
+  acquire(key: string, rule: Spec, opts: AcquireOptions): Promise<Decision> {
+    checkString('key', key);
+    const timeoutMs = acquireTimeout(opts);
+    const cost = optionArgs({ cost: opts.cost });
+    if (rule && typeof rule === 'object' && 'policy' in rule) {
+      return this.held(key, ['RL.HIT', checkPolicyName(rule.policy), key, ...cost, ...blockArgs(timeoutMs)], 'lease', timeoutMs);
+    }
+    const [name, params] = ruleArgs(rule);
+    const args = [`RL.${name}`, key, ...params, ...cost, ...blockArgs(timeoutMs)];
+    return this.held(key, args, name === 'CONCURRENCY' ? 'lease' : 'none', timeoutMs);
+  }
+
+  /** `RL.ALL ... BLOCK`: `acquire` for several limiters, admitted when all of them admit at once. */
+  acquireAll(limits: ReadonlyArray<{ key: string; rule: Spec }>, opts: AcquireOptions): Promise<Decision> {
+    const timeoutMs = acquireTimeout(opts);
+    const args = [...allArgs(limits), ...optionArgs({ cost: opts.cost }), ...blockArgs(timeoutMs)];
+    return this.held(args[2] as string, args, 'deniedBy', timeoutMs);
+  }
+
+  /**
+   * A lease on `key` as a handle: `release()` it when done (or
+   * `await using`, where the runtime has `Symbol.asyncDispose`), `renew()` it
+   * for long work, or `autoRenew` in the background. Rejects with
+   * `RLDeniedError` (its `decision` says when to retry) when denied; with
+   * `timeoutMs` it first waits for a free unit, as `acquire`.
+   * `rule` is `{ limit, leaseMs }`, or `{ policy, leaseMs? }` for a
+   * CONCURRENCY policy (`leaseMs` is what `renew` extends it by).
+   */
+  lease(key: string, rule: LeaseRule, opts: LeaseOptions = {}): Promise<Lease> {
+    checkString('key', key);
+    if (rule === null || typeof rule !== 'object') {
+      throw new RLArgumentError('rule', `rule must be { limit, leaseMs } or { policy }, got ${describe(rule)}`);
+    }
+    if (opts === null || typeof opts !== 'object') {
+      throw new RLArgumentError('options', `lease options must be an object, got ${describe(opts)}`);
+    }
+    const spec: Spec = 'policy' in rule ? { policy: rule.policy } : { algorithm: 'concurrency', limit: rule.limit, leaseMs: rule.leaseMs };
+    const leaseMs = rule.leaseMs === undefined ? undefined : checkInteger('leaseMs', rule.leaseMs, 1);
+    if (opts.autoRenew && leaseMs === undefined) {
+      throw new RLArgumentError('leaseMs', 'autoRenew needs the leaseMs to renew by: give { policy, leaseMs }');
+    }
+    const decided =
+      opts.timeoutMs === undefined
+        ? 'policy' in spec
+          ? this.hit(spec.policy, key, { cost: opts.cost })
+          : this.limit(key, spec, { cost: opts.cost })
+        : this.acquire(key, spec, { timeoutMs: opts.timeoutMs, cost: opts.cost });
+    return decided.then((d) => {
+      if (!d.allowed || d.lease === null) {
+        const why = d.never ? 'its cost is above the limit' : `retry in ${d.retryAfterMs} ms`;
+        throw new RLDeniedError(`no lease on ${key}: ${d.limit - d.remaining} of ${d.limit} units held (${why})`, d);
+      }
+      return new Lease(this, key, d.lease, d, leaseMs, opts.autoRenew === true);
+    });
+  }
+
+  /**
+   * Runs `fn` holding a lease on `key` and releases it when `fn` settles,
+   * whether it resolved or threw. Rejects with `RLDeniedError` without
+   * running `fn` when no lease is granted. Options as `lease()`.
+   */
+  async withLease<T>(key: string, rule: LeaseRule, fn: (lease: Lease) => T | Promise<T>, opts: LeaseOptions = {}): Promise<T> {
+    if (typeof fn !== 'function') throw new RLArgumentError('fn', `fn must be a function, got ${describe(fn)}`);
+    const lease = await this.lease(key, rule, opts);
+    let failed = false;
+    try {
+      return await fn(lease);
+    } catch (err) {
+      failed = true;
+      throw err;
+    } finally {
+      await lease.release().catch((err: Error) => {
+        // The work is done; a lease that could not be released expires by itself.
+        if (!failed) process.emitWarning(`could not release the lease on ${key}: ${err.message}`, { code: 'RL_RELEASE_FAILED' });
+      });
+    }
   }
 
   /**
@@ -109,20 +263,8 @@ export class RL {
    * must share a slot (a hash tag such as `{order:create}`).
    */
   all(limits: ReadonlyArray<{ key: string; rule: Spec }>, opts?: Pick<CallOptions, 'cost'>): Promise<Decision> {
-    if (!Array.isArray(limits) || limits.length === 0) {
-      throw new RLArgumentError('limits', 'RL.ALL needs at least one { key, rule }');
-    }
-    const keys = limits.map((l, n) => checkString(`limits[${n}].key`, l?.key));
-    const specs: string[] = [];
-    limits.forEach((l, n) => {
-      if (l.rule && 'policy' in l.rule) specs.push('POLICY', checkPolicyName(l.rule.policy));
-      else {
-        const [name, params] = ruleArgs(l.rule, `limits[${n}].rule`);
-        specs.push(name, ...params);
-      }
-    });
-    const args = ['RL.ALL', String(keys.length), ...keys, ...specs, ...optionArgs(opts)];
-    return this.decide(keys[0] as string, args, 'deniedBy');
+    const args = [...allArgs(limits), ...optionArgs({ cost: opts?.cost })];
+    return this.decide(args[2] as string, args, 'deniedBy');
   }
 
   /** `RL.POLICY SET` on every master (policies are node state). */
@@ -177,7 +319,7 @@ export class RL {
   }
 
   /** Sends a limiter command and parses its decision. */
-  async decide(key: string, args: string[], sixth: 'deniedBy' | 'none'): Promise<Decision> {
+  async decide(key: string, args: string[], sixth: 'deniedBy' | 'lease' | 'none'): Promise<Decision> {
     return Decision.fromReply(await this.send(key, args), sixth);
   }
 
@@ -190,6 +332,33 @@ export class RL {
     }
   }
 
+  /** Sends a command the server may hold on a connection of its own, within its timeout plus a margin. */
+  private async held(key: string, args: string[], sixth: 'deniedBy' | 'lease' | 'none', timeoutMs: number): Promise<Decision> {
+    const command = args[0] as string;
+    const deadlineMs = timeoutMs === 0 ? null : timeoutMs + Math.max(1000, Math.ceil(timeoutMs / 10));
+    let reply: unknown;
+    try {
+      reply = await this.pool().run((t) => t.call(key, args), deadlineMs, command);
+    } catch (err) {
+      throw err instanceof RLError ? err : fromServerError(err, command);
+    }
+    const d = Decision.fromReply(reply, sixth);
+    // An admitted leaky bucket's units leave evenly spaced: act after waitMs.
+    if (d.allowed && d.waitMs > 0) await new Promise((r) => setTimeout(r, d.waitMs));
+    return d;
+  }
+
+  private pool(): ConnectionPool {
+    if (!this.openConnection) {
+      throw new RLError(
+        'acquire needs connections of its own (a held reply would stall every command on a shared one), and this client cannot be ' +
+          'duplicated: pass a node-redis or ioredis client, or new RL(client, { connect: () => a connected client })',
+      );
+    }
+    this.connections ??= new ConnectionPool(this.openConnection, this.maxIdle, this.idleMs);
+    return this.connections;
+  }
+
   private async everyMaster(args: string[]): Promise<unknown[]> {
     try {
       return await this.transport.eachMaster(args);
@@ -197,6 +366,40 @@ export class RL {
       throw fromServerError(err, `${args[0]} ${args[1]}`);
     }
   }
+}
+
+/** `RL.ALL numkeys key... spec...`, checked; a concurrency rule is refused (leases do not combine). */
+function allArgs(limits: ReadonlyArray<{ key: string; rule: Spec }>): string[] {
+  if (!Array.isArray(limits) || limits.length === 0) {
+    throw new RLArgumentError('limits', 'RL.ALL needs at least one { key, rule }');
+  }
+  const keys = limits.map((l, n) => checkString(`limits[${n}].key`, l?.key));
+  const specs: string[] = [];
+  limits.forEach((l, n) => {
+    if (l.rule && 'policy' in l.rule) specs.push('POLICY', checkPolicyName(l.rule.policy));
+    else {
+      const [name, params] = ruleArgs(l.rule, `limits[${n}].rule`);
+      if (name === 'CONCURRENCY') {
+        throw new RLArgumentError(`limits[${n}].rule`, `limits[${n}].rule: RL.ALL cannot take a concurrency rule (a lease is released on its own key)`);
+      }
+      specs.push(name, ...params);
+    }
+  });
+  return ['RL.ALL', String(keys.length), ...keys, ...specs];
+}
+
+function acquireTimeout(opts: AcquireOptions): number {
+  if (opts === null || typeof opts !== 'object') {
+    throw new RLArgumentError('timeoutMs', `acquire needs { timeoutMs } (0 waits without a limit), got ${describe(opts)}`);
+  }
+  return checkInteger('timeoutMs', opts.timeoutMs, 0);
+}
+
+function checkLeaseId(lease: unknown): number {
+  if (typeof lease !== 'number' || !Number.isSafeInteger(lease) || lease < 1) {
+    throw new RLArgumentError('lease', `lease must be a lease id (a positive integer, decision.lease), got ${describe(lease)}`);
+  }
+  return lease;
 }
 
 function checkPolicyName(name: unknown): string {

@@ -3,8 +3,8 @@ import { RLProtocolError } from './errors.js';
 /**
  * What a limiter answered: the five integers of every limiter reply
  * (`[allowed, limit, remaining, wait_ms, reset_ms]`) and `denied_by` for
- * `RL.ALL`. The same fields, under the same
- * names, as the Rust kit's `Decision`.
+ * `RL.ALL`, or the `lease` of `RL.CONCURRENCY`. The same fields, under the
+ * same names, as the Rust kit's `Decision`.
  */
 export class Decision {
   constructor(
@@ -23,6 +23,11 @@ export class Decision {
     readonly resetMs: number,
     /** `RL.ALL`: the 0-based position of the first rule that denied, else null. */
     readonly deniedBy: number | null = null,
+    /**
+     * `RL.CONCURRENCY` (or `RL.HIT` on a concurrency policy): the id of the
+     * lease granted, to give to `release` and `renew`; null when denied.
+     */
+    readonly lease: number | null = null,
   ) {}
 
   /** A denial that no wait can turn into an admission (cost above the limit). */
@@ -41,18 +46,25 @@ export class Decision {
   }
 
   /** Parses a limiter reply of 5 integers, or 6 with `sixth` saying what the 6th is. */
-  static fromReply(reply: unknown, sixth: 'deniedBy' | 'none' = 'none'): Decision {
+  static fromReply(reply: unknown, sixth: 'deniedBy' | 'lease' | 'none' = 'none'): Decision {
     if (!Array.isArray(reply) || (reply.length !== 5 && reply.length !== 6)) {
       throw new RLProtocolError(`expected a limiter reply of 5 or 6 integers, got ${JSON.stringify(reply)}`);
     }
     const n = reply.map((v) => toInt(v));
     const [allowed, limit, remaining, waitMs, resetMs] = n as [number, number, number, number, number];
     let deniedBy: number | null = null;
-    if (n.length === 6 && sixth === 'deniedBy') {
+    let lease: number | null = null;
+    if (n.length === 6) {
       const x = n[5] as number;
-      deniedBy = x > 0 ? x - 1 : null;
+      if (sixth === 'deniedBy') deniedBy = x > 0 ? x - 1 : null;
+      if (sixth === 'lease' && x > 0) {
+        // Lease ids are kept as numbers: exact below 2^53, which ids (of the
+        // order of the server's clock in microseconds) stay under.
+        if (!Number.isSafeInteger(x)) throw new RLProtocolError(`lease id ${String(reply[5])} is beyond 2^53`);
+        lease = x;
+      }
     }
-    return new Decision(allowed === 1, limit, remaining, waitMs, resetMs, deniedBy);
+    return new Decision(allowed === 1, limit, remaining, waitMs, resetMs, deniedBy, lease);
   }
 }
 

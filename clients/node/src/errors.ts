@@ -1,3 +1,5 @@
+import type { Decision } from './decision.js';
+
 /**
  * The errors this package throws. Every one is an `RLError`, so a caller can
  * tell the limiter's failures from its own; the subclasses say what went wrong.
@@ -34,6 +36,28 @@ export class RLModuleNotLoadedError extends RLError {}
 
 /** The server answered something that is not a limiter reply. */
 export class RLProtocolError extends RLError {}
+
+/**
+ * A denial where the caller asked for a grant it cannot go on without: a
+ * lease (`lease`, `withLease`) that was refused, or not granted before the
+ * acquire's timeout. `decision` is the server's answer (`retryAfterS` for a
+ * `Retry-After`).
+ */
+export class RLDeniedError extends RLError {
+  readonly decision: Decision;
+  constructor(message: string, decision: Decision) {
+    super(message);
+    this.decision = decision;
+  }
+}
+
+/**
+ * No reply within an acquire's deadline (its `BLOCK` timeout plus a margin):
+ * the connection was closed, so the server forgets the request if it was still
+ * waiting. It may have been admitted just before; the kit does not retry it
+ * (a lease that was granted expires by itself).
+ */
+export class RLDeadlineError extends RLError {}
 
 /** Checks that `value` is an integer in [min, max]; names `argument` if not. */
 export function checkInteger(argument: string, value: unknown, min: number, max = 2 ** 40): number {
@@ -73,6 +97,12 @@ export function describe(value: unknown): string {
 export function fromServerError(err: unknown, command: string): Error {
   if (!(err instanceof Error)) return new RLError(String(err));
   const msg = err.message;
+  if (/unknown option 'BLOCK'/i.test(msg)) {
+    return new RLModuleNotLoadedError(
+      `${command}: this version of the ratelimit module predates BLOCK, which acquire needs (${msg})`,
+      { cause: err },
+    );
+  }
   if (/unknown command/i.test(msg) && /RL\.|CL\./i.test(msg)) {
     return new RLModuleNotLoadedError(
       `${command} is unknown to this server: the ratelimit module is not loaded (load it with --loadmodule), ` +

@@ -1,11 +1,15 @@
 export { RL } from './client.js';
-export type { ModuleInfo, PolicyOptions, LogEntry } from './client.js';
+export type { ModuleInfo, PolicyOptions, LogEntry, RLOptions } from './client.js';
 export { Decision } from './decision.js';
-export { RLError, RLArgumentError, RLModuleNotLoadedError, RLProtocolError } from './errors.js';
-export type { Rule, Spec, CallOptions } from './rules.js';
+export { RLError, RLArgumentError, RLModuleNotLoadedError, RLProtocolError, RLDeniedError, RLDeadlineError } from './errors.js';
+export { Lease } from './lease.js';
+export type { LeaseRule, LeaseOptions } from './lease.js';
+export type { Rule, Spec, CallOptions, AcquireOptions, ConcurrencyParams } from './rules.js';
 export { toTransport, fromSendCommand, keySlot } from './transport.js';
 export type { Transport, SendCommandFn, SendCommandClusterFn, RedisLike } from './transport.js';
 export { RLStore } from './express.js';
 export type { RLStoreOptions, ClientRateLimitInfo, ExpressRateLimitOptions } from './express.js';
 export { RateLimiterRL, RateLimiterRes } from './flexible.js';
 export type { RateLimiterRLOptions, InsuranceLimiter } from './flexible.js';
+export { concurrencyLimit } from './concurrency.js';
+export type { ConcurrencyLimitOptions } from './concurrency.js';

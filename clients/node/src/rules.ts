@@ -10,7 +10,14 @@ export type Rule =
   | { algorithm: 'leakybucket'; capacity: number; leakCount: number; leakMs: number }
   | { algorithm: 'sliding'; limit: number; windowMs: number }
   | { algorithm: 'hashwindow'; limit: number; windowMs: number; bucketMs: number }
-  | { algorithm: 'fixedwindow'; limit: number; windowMs: number };
+  | { algorithm: 'fixedwindow'; limit: number; windowMs: number }
+  | { algorithm: 'concurrency'; limit: number; leaseMs: number };
+
+/** `RL.CONCURRENCY`'s parameters: at most `limit` units held, each lease for `leaseMs` unless renewed. */
+export interface ConcurrencyParams {
+  limit: number;
+  leaseMs: number;
+}
 
 /** A rule, or a policy by name (for `RL.ALL`). */
 export type Spec = Rule | { policy: string };
@@ -42,10 +49,12 @@ export function ruleArgs(rule: Rule, where = 'rule'): [string, string[]] {
       return ['HASHWINDOW', [i('limit'), i('windowMs'), i('bucketMs')]];
     case 'fixedwindow':
       return ['FIXEDWINDOW', [i('limit'), i('windowMs')]];
+    case 'concurrency':
+      return ['CONCURRENCY', [i('limit'), i('leaseMs')]];
     default:
       throw new RLArgumentError(
         'algorithm',
-        `algorithm must be tokenbucket, leakybucket, sliding, hashwindow or fixedwindow, got ${describe(
+        `algorithm must be tokenbucket, leakybucket, sliding, hashwindow, fixedwindow or concurrency, got ${describe(
           (rule as { algorithm?: unknown }).algorithm,
         )}`,
       );
@@ -64,4 +73,20 @@ export function optionArgs(opts: CallOptions = {}): string[] {
     if (opts.force) out.push('FORCE');
   }
   return out;
+}
+
+/** `acquire`'s options: a call's cost, and how long the server may hold it. */
+export interface AcquireOptions {
+  /**
+   * How long the server may hold the request before answering the denial
+   * (`BLOCK timeout_ms`); 0 waits without a limit.
+   */
+  timeoutMs: number;
+  /** Units this request takes (default 1). */
+  cost?: number;
+}
+
+/** The `BLOCK` argument of `timeoutMs`, checked. */
+export function blockArgs(timeoutMs: unknown): string[] {
+  return ['BLOCK', String(checkInteger('timeoutMs', timeoutMs, 0))];
 }

@@ -182,3 +182,81 @@ export function keySlot(key: string): number {
   }
   return crc % 16384;
 }
+
+/**
+ * A connection of its own, for commands that the server may hold (`BLOCK`):
+ * on the application's multiplexed client a held reply would stall every
+ * command queued behind it.
+ */
+export interface DedicatedConnection {
+  transport: Transport;
+  /** Still usable for the next command. */
+  healthy(): boolean;
+  /** Closes at once; a command still waiting on it is rejected. */
+  close(): void;
+}
+
+/** What opens dedicated connections (see `RLOptions.connect`). */
+export type ConnectionFactory = () => Promise<DedicatedConnection>;
+
+/**
+ * Opens connections like `client`'s, from its own settings (`duplicate()`),
+ * with what a held command needs: no command timeout of the client's (the
+ * kit sets the deadline), and no resending of a command whose connection
+ * dropped (a limiter write is never retried). Undefined for a client that
+ * cannot be duplicated (a `sendCommand` function, a `Transport`).
+ */
+export function dedicatedConnector(client: RedisLike): ConnectionFactory | undefined {
+  if (client === null || typeof client !== 'object') return undefined;
+  const c = client as Dict;
+  if (!isFn(c['duplicate'])) return undefined;
+  if (isFn(c['call']) && typeof c['status'] === 'string') {
+    const held = { commandTimeout: undefined, autoResendUnfulfilledCommands: false, lazyConnect: true };
+    if (c['isCluster'] === true) {
+      const options = (c['options'] ?? {}) as Dict;
+      const redisOptions = { ...((options['redisOptions'] ?? {}) as Dict), ...held };
+      return () => openIoredis((c['duplicate'] as (n: unknown[], o: Dict) => Dict).call(c, [], { redisOptions, lazyConnect: true }));
+    }
+    return () => openIoredis((c['duplicate'] as (o: Dict) => Dict).call(c, held));
+  }
+  if (isFn(c['sendCommand'])) {
+    const cluster = isFn(c['getSlotRandomNode']);
+    return async () => {
+      const options = (c['options'] ?? {}) as Dict;
+      // A standalone client that lost its connection rejects what waited on
+      // it and is not reused; reconnecting is for the next acquire to do.
+      const overrides = cluster ? undefined : { socket: { ...((options['socket'] ?? {}) as Dict), reconnectStrategy: false } };
+      const d = (c['duplicate'] as (o?: Dict) => Dict).call(c, overrides);
+      (d['on'] as (e: string, f: () => void) => void).call(d, 'error', () => {});
+      await (d['connect'] as AnyFn).call(d);
+      return ownConnection(d);
+    };
+  }
+  return undefined;
+}
+
+async function openIoredis(d: Dict): Promise<DedicatedConnection> {
+  (d['on'] as (e: string, f: () => void) => void).call(d, 'error', () => {});
+  await (d['connect'] as AnyFn).call(d);
+  return ownConnection(d);
+}
+
+/**
+ * A client the application opened for acquire (`RLOptions.connect`), as a
+ * dedicated connection: node-redis or ioredis, connected.
+ */
+export function ownConnection(client: RedisLike): DedicatedConnection {
+  const d = client as Dict;
+  return {
+    transport: toTransport(client),
+    healthy: () => (typeof d['status'] === 'string' ? d['status'] === 'ready' : d['isReady'] !== false),
+    close: () => {
+      const close = [d['destroy'], d['disconnect'], d['quit']].find(isFn);
+      try {
+        (close?.call(d) as Promise<unknown> | undefined)?.catch?.(() => {});
+      } catch {
+        // already closed
+      }
+    },
+  };
+}
