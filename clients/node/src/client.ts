@@ -5,6 +5,11 @@ import { ConnectionPool } from './pool.js';
 import { blockArgs, optionArgs, ruleArgs, type AcquireOptions, type CallOptions, type ConcurrencyParams, type Rule, type Spec } from './rules.js';
 import { dedicatedConnector, ownConnection, toTransport, type ConnectionFactory, type RedisLike, type Transport } from './transport.js';
 
+interface Events {
+  once?: (event: string, fn: () => void) => unknown;
+  off?: (event: string, fn: () => void) => unknown;
+}
+
 /** `new RL(client, options)`: how `acquire` gets connections of its own. */
 export interface RLOptions {
   /**
@@ -74,18 +79,18 @@ export class RL {
     this.maxIdle = checkInteger('maxIdleConnections', options.maxIdleConnections ?? 4, 0);
     this.idleMs = checkInteger('idleConnectionMs', options.idleConnectionMs ?? 30_000, 1);
     this.openConnection = connect ? async () => ownConnection(await connect()) : dedicatedConnector(client);
-    // The acquire connections go when the application's client does.
-    const events = client as { once?: (event: string, fn: () => void) => unknown };
-    if (this.openConnection && !connect && typeof events.once === 'function') {
-      events.once('end', () => this.close());
-    }
+    if (!connect) this.events = client as Events;
   }
 
   /** Closes the connections of `acquire`; acquires still waiting reject. The client given stays open. */
   close(): void {
     this.connections?.close();
     this.connections = undefined;
+    if (typeof this.events?.off === 'function') this.events.off('end', this.onClientEnd);
   }
+
+  private readonly events: Events | undefined;
+  private readonly onClientEnd = () => this.close();
 
   /**
    * Checks `MODULE LIST` on every master for the module; throws
@@ -355,7 +360,11 @@ export class RL {
           'duplicated: pass a node-redis or ioredis client, or new RL(client, { connect: () => a connected client })',
       );
     }
-    this.connections ??= new ConnectionPool(this.openConnection, this.maxIdle, this.idleMs);
+    if (!this.connections) {
+      this.connections = new ConnectionPool(this.openConnection, this.maxIdle, this.idleMs);
+      // The acquire connections go when the application's client does.
+      if (typeof this.events?.once === 'function') this.events.once('end', this.onClientEnd);
+    }
     return this.connections;
   }
 

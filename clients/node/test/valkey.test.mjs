@@ -3,7 +3,7 @@
 // clients. Skipped when no valkey-server is given.
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
-import { RL, RLStore, RateLimiterRL, RateLimiterRes } from 'redis-ratelimit';
+import { RL, RLDeniedError, RLModuleNotLoadedError, RLStore, RateLimiterRL, RateLimiterRes } from 'redis-ratelimit';
 import { clientKinds, startServer } from './servers.mjs';
 
 const VALKEY = process.env.VALKEY_SERVER;
@@ -34,6 +34,33 @@ describe('on Valkey', { skip: VALKEY ? false : 'VALKEY_SERVER is not set' }, () 
         assert.equal((await limiter.consume('u')).remainingPoints, 0);
         await assert.rejects(limiter.consume('u'), RateLimiterRes);
       } finally {
+        k.close(c);
+      }
+    });
+
+    test(`leases and acquire (client ${kind})`, async () => {
+      const k = (await clientKinds())[kind];
+      const c = await k.make(server.port);
+      const rl = new RL(c);
+      try {
+        const rule = { limit: 1, leaseMs: 5000 };
+        const lease = await rl.lease(`${k.name}:lease`, rule);
+        await assert.rejects(rl.lease(`${k.name}:lease`, rule), RLDeniedError);
+        assert.equal(await lease.renew(), true);
+        assert.equal(await lease.release(), true);
+        assert.equal(await rl.withLease(`${k.name}:lease`, rule, (l) => l.id > 0), true);
+        let acquired;
+        try {
+          acquired = await rl.acquire(`${k.name}:acq`, { algorithm: 'concurrency', ...rule }, { timeoutMs: 1000 });
+        } catch (e) {
+          // A module build without BLOCK: acquire says so.
+          assert.ok(e instanceof RLModuleNotLoadedError && /predates BLOCK/.test(e.message), e.message);
+          return;
+        }
+        assert.equal(acquired.allowed, true);
+        assert.equal(await rl.release(`${k.name}:acq`, acquired.lease), true);
+      } finally {
+        rl.close();
         k.close(c);
       }
     });

@@ -6,7 +6,8 @@ import { rateLimit as rateLimit7, type Store as Store7 } from 'erl7';
 import { createClient } from 'redis';
 import { Redis } from 'ioredis';
 import { RateLimiterMemory, type RateLimiterRes as FlexRes } from 'rate-limiter-flexible';
-import { Decision, RL, RLStore, RateLimiterRL, RateLimiterRes } from 'redis-ratelimit';
+import express, { type Request, type Response } from 'express';
+import { Decision, Lease, RL, RLDeniedError, RLStore, RateLimiterRL, RateLimiterRes, concurrencyLimit } from 'redis-ratelimit';
 
 const client = createClient();
 const redis = new Redis();
@@ -23,3 +24,28 @@ export async function use(): Promise<number> {
   const f: Pick<FlexRes, 'msBeforeNext' | 'remainingPoints' | 'consumedPoints' | 'isFirstInDuration'> = r;
   return d.remaining + f.msBeforeNext;
 }
+
+// Leases and acquire, and the concurrency cap in an Express app.
+export async function leases(): Promise<number> {
+  const rl = new RL(client, { maxIdleConnections: 2 });
+  const waited: Decision = await rl.acquire('k', { algorithm: 'tokenbucket', capacity: 5, refillCount: 5, refillMs: 1000 }, { timeoutMs: 2000 });
+  const d = await rl.concurrency('jobs', { limit: 4, leaseMs: 30_000 });
+  if (d.lease !== null) await rl.release('jobs', d.lease);
+  const lease: Lease = await rl.lease('jobs', { limit: 4, leaseMs: 30_000 }, { timeoutMs: 5000, autoRenew: true });
+  const renewed: boolean = await lease.renew();
+  await lease[Symbol.asyncDispose]();
+  const n: number = await rl.withLease('jobs', { policy: 'jobs', leaseMs: 30_000 }, async (l) => (l.signal.aborted ? 0 : l.id));
+  try {
+    await rl.lease('jobs', { limit: 1, leaseMs: 1000 });
+  } catch (e) {
+    if (e instanceof RLDeniedError) return e.decision.retryAfterMs;
+  }
+  return waited.remaining + n + (renewed ? 1 : 0);
+}
+
+const app = express();
+app.use(concurrencyLimit({ client: redis, limit: 2, leaseMs: 60_000 }));
+app.use(concurrencyLimit<Request, Response>({ client, limit: 2, leaseMs: 60_000, keyGenerator: (req) => req.get('x-user') }));
+app.get('/', concurrencyLimit({ client, policy: 'p', timeoutMs: 1000 }), (_req, res) => {
+  res.send('ok');
+});
