@@ -189,18 +189,18 @@ export class RL {
     const timeoutMs = acquireTimeout(opts);
     const cost = optionArgs({ cost: opts.cost });
     if (rule && typeof rule === 'object' && 'policy' in rule) {
-      return this.held(key, ['RL.HIT', checkPolicyName(rule.policy), key, ...cost, ...blockArgs(timeoutMs)], 'lease', timeoutMs);
+      return this.held(key, ['RL.HIT', checkPolicyName(rule.policy), key, ...cost, ...blockArgs(timeoutMs)], 'lease', timeoutMs, opts.signal);
     }
     const [name, params] = ruleArgs(rule);
     const args = [`RL.${name}`, key, ...params, ...cost, ...blockArgs(timeoutMs)];
-    return this.held(key, args, name === 'CONCURRENCY' ? 'lease' : 'none', timeoutMs);
+    return this.held(key, args, name === 'CONCURRENCY' ? 'lease' : 'none', timeoutMs, opts.signal);
   }
 
   /** `RL.ALL ... BLOCK`: `acquire` for several limiters, admitted when all of them admit at once. */
   acquireAll(limits: ReadonlyArray<{ key: string; rule: Spec }>, opts: AcquireOptions): Promise<Decision> {
     const timeoutMs = acquireTimeout(opts);
     const args = [...allArgs(limits), ...optionArgs({ cost: opts.cost }), ...blockArgs(timeoutMs)];
-    return this.held(args[2] as string, args, 'deniedBy', timeoutMs);
+    return this.held(args[2] as string, args, 'deniedBy', timeoutMs, opts.signal);
   }
 
   /**
@@ -230,7 +230,7 @@ export class RL {
         ? 'policy' in spec
           ? this.hit(spec.policy, key, { cost: opts.cost })
           : this.limit(key, spec, { cost: opts.cost })
-        : this.acquire(key, spec, { timeoutMs: opts.timeoutMs, cost: opts.cost });
+        : this.acquire(key, spec, { timeoutMs: opts.timeoutMs, cost: opts.cost, signal: opts.signal });
     return decided.then((d) => {
       if (!d.allowed || d.lease === null) {
         const why = d.never ? 'its cost is above the limit' : `retry in ${d.retryAfterMs} ms`;
@@ -338,14 +338,15 @@ export class RL {
   }
 
   /** Sends a command the server may hold on a connection of its own, within its timeout plus a margin. */
-  private async held(key: string, args: string[], sixth: 'deniedBy' | 'lease' | 'none', timeoutMs: number): Promise<Decision> {
+  private async held(key: string, args: string[], sixth: 'deniedBy' | 'lease' | 'none', timeoutMs: number, signal: AbortSignal | undefined): Promise<Decision> {
     const command = args[0] as string;
     const deadlineMs = timeoutMs === 0 ? null : timeoutMs + Math.max(1000, Math.ceil(timeoutMs / 10));
     let reply: unknown;
     try {
-      reply = await this.pool().run((t) => t.call(key, args), deadlineMs, command);
+      reply = await this.pool().run((t) => t.call(key, args), deadlineMs, command, signal);
     } catch (err) {
-      throw err instanceof RLError ? err : fromServerError(err, command);
+      if (err instanceof RLError || (signal?.aborted && err === signal.reason)) throw err;
+      throw fromServerError(err, command);
     }
     const d = Decision.fromReply(reply, sixth);
     // An admitted leaky bucket's units leave evenly spaced: act after waitMs.
@@ -400,6 +401,9 @@ function allArgs(limits: ReadonlyArray<{ key: string; rule: Spec }>): string[] {
 function acquireTimeout(opts: AcquireOptions): number {
   if (opts === null || typeof opts !== 'object') {
     throw new RLArgumentError('timeoutMs', `acquire needs { timeoutMs } (0 waits without a limit), got ${describe(opts)}`);
+  }
+  if (opts.signal !== undefined && !(opts.signal instanceof AbortSignal)) {
+    throw new RLArgumentError('signal', `signal must be an AbortSignal, got ${describe(opts.signal)}`);
   }
   return checkInteger('timeoutMs', opts.timeoutMs, 0);
 }

@@ -102,15 +102,17 @@ export function concurrencyLimit<Req extends IncomingMessage = IncomingMessage, 
         problem(res, 400, 'Bad Request', 'the concurrency-limit key of this request could not be computed', name);
         return;
       }
-      // A client that leaves while the lease is taken (or waited for) gets it released at once.
-      let gone = false;
-      const onGone = () => (gone = true);
+      // A client that leaves while the lease is waited for calls the wait
+      // off; one that leaves while it is taken gets it released at once.
+      const gone = new AbortController();
+      const onGone = () => gone.abort(new Error('the client went away'));
       res.once('close', onGone);
       let lease: Lease;
       try {
-        lease = await rl.lease(prefix + key, rule, leaseOptions);
+        lease = await rl.lease(prefix + key, rule, { ...leaseOptions, signal: gone.signal });
       } catch (err) {
         res.off('close', onGone);
+        if (gone.signal.aborted) return;
         if (err instanceof RLDeniedError) {
           setFields(res, name, err.decision, options.xRateLimitHeaders === true);
           const retry = err.decision.retryAfterS;
@@ -131,7 +133,7 @@ export function concurrencyLimit<Req extends IncomingMessage = IncomingMessage, 
         // A lease Redis did not hear the release of expires by itself.
         lease.release().catch(() => {});
       };
-      if (gone || res.writableEnded || res.destroyed) {
+      if (gone.signal.aborted || res.writableEnded || res.destroyed) {
         release();
         return;
       }

@@ -22,6 +22,8 @@ export interface LeaseOptions {
    * lease gone, `signal` aborts.
    */
   autoRenew?: boolean;
+  /** With `timeoutMs`: calls the wait off (see `AcquireOptions.signal`). */
+  signal?: AbortSignal;
 }
 
 /**

@@ -20,34 +20,44 @@ export class ConnectionPool {
 
   /**
    * Runs `send` on a connection of its own. When no reply came within
-   * `deadlineMs` (null: none), the connection is closed, so the server
-   * forgets the request, and the promise rejects with `RLDeadlineError`.
+   * `deadlineMs` (null: none), or `signal` aborts first, the connection is
+   * closed, so the server forgets the request (consuming nothing), and the
+   * promise rejects: with `RLDeadlineError`, or the signal's reason.
    */
-  async run<T>(send: (t: Transport) => Promise<T>, deadlineMs: number | null, what: string): Promise<T> {
+  async run<T>(send: (t: Transport) => Promise<T>, deadlineMs: number | null, what: string, signal?: AbortSignal): Promise<T> {
+    signal?.throwIfAborted();
     const conn = await this.take();
     let timer: NodeJS.Timeout | undefined;
-    let late = false;
-    const deadline =
-      deadlineMs === null
-        ? undefined
-        : new Promise<never>((_, reject) => {
-            timer = setTimeout(() => {
-              late = true;
-              reject(new RLDeadlineError(`${what}: no reply within ${deadlineMs} ms; the connection was closed and the request was not retried`));
-            }, deadlineMs);
-          });
+    let onAbort: (() => void) | undefined;
+    let abandoned = false;
+    const stop = new Promise<never>((_, reject) => {
+      if (deadlineMs !== null) {
+        timer = setTimeout(() => {
+          abandoned = true;
+          reject(new RLDeadlineError(`${what}: no reply within ${deadlineMs} ms; the connection was closed and the request was not retried`));
+        }, deadlineMs);
+      }
+      if (signal) {
+        onAbort = () => {
+          abandoned = true;
+          reject(signal.reason);
+        };
+        if (signal.aborted) onAbort();
+        else signal.addEventListener('abort', onAbort, { once: true });
+      }
+    });
     try {
-      const reply = send(conn.transport);
-      const value = await (deadline ? Promise.race([reply, deadline]) : reply);
+      const value = await Promise.race([send(conn.transport), stop]);
       this.give(conn, true);
       return value;
     } catch (err) {
       // A server's error reply leaves the connection usable; a dropped one, or
-      // a reply still pending past the deadline, does not.
-      this.give(conn, !late && isReplyError(err));
+      // one with a reply still to come, does not.
+      this.give(conn, !abandoned && isReplyError(err));
       throw err;
     } finally {
       if (timer) clearTimeout(timer);
+      if (onAbort) signal?.removeEventListener('abort', onAbort);
     }
   }
 

@@ -84,6 +84,13 @@ export interface AcquireOptions {
   timeoutMs: number;
   /** Units this request takes (default 1). */
   cost?: number;
+  /**
+   * Calls the wait off: its connection is closed, so the server forgets the
+   * request and nothing is consumed, and the promise rejects with the
+   * signal's reason. (After an admission it comes too late: a leaky
+   * bucket's wait then still resolves.)
+   */
+  signal?: AbortSignal;
 }
 
 /** The `BLOCK` argument of `timeoutMs`, checked. */

@@ -212,6 +212,28 @@ describe('acquire', { skip }, () => {
     }
   });
 
+  test('an aborted acquire closes its connection: the server forgets the request, nothing is consumed', async () => {
+    const kind = (await clientKinds()).find((c) => c.name === 'node-redis v5');
+    const client = await kind.make(server.port);
+    const rl = new RL(client);
+    const rule = { algorithm: 'concurrency', limit: 1, leaseMs: 5000 };
+    try {
+      const holder = await rl.concurrency('aborted', rule);
+      const stop = new AbortController();
+      const waiting = rl.acquire('aborted', rule, { timeoutMs: 10_000, signal: stop.signal });
+      await until(async () => (await blockedNow(rl)) === 1, 'the acquire to block');
+      stop.abort(new Error('called off'));
+      await assert.rejects(waiting, /called off/);
+      await until(async () => (await blockedNow(rl)) === 0, 'the server to forget it');
+      await rl.release('aborted', holder.lease);
+      assert.equal((await rl.concurrency('aborted', rule, { cost: 0 })).remaining, 1);
+      await assert.rejects(rl.acquire('aborted', rule, { timeoutMs: 10, signal: AbortSignal.abort(new Error('already')) }), /already/);
+    } finally {
+      rl.close();
+      kind.close(client);
+    }
+  });
+
   test('concurrencyLimit with timeoutMs queues requests in the server instead of answering 429', async () => {
     const kind = (await clientKinds()).find((c) => c.name === 'node-redis v5');
     const client = await kind.make(server.port);
@@ -220,8 +242,8 @@ describe('acquire', { skip }, () => {
     let started = 0;
     const a = express();
     // The server denies at once a wait above timeoutMs, counting the leases
-    // of the waiters ahead until they expire: the third waits for two leaseMs.
-    a.use(concurrencyLimit({ client, limit: 1, leaseMs: 5000, timeoutMs: 15_000, keyGenerator: () => 'queued', prefix: 'q:' }));
+    // of the waiters ahead until they expire: the fourth waits for three leaseMs.
+    a.use(concurrencyLimit({ client, limit: 1, leaseMs: 5000, timeoutMs: 20_000, keyGenerator: () => 'queued', prefix: 'q:' }));
     a.get('/', async (_req, res) => {
       started++;
       await gate;
@@ -235,10 +257,18 @@ describe('acquire', { skip }, () => {
       const url = `http://127.0.0.1:${http.address().port}/`;
       const replies = [fetch(url), fetch(url), fetch(url)];
       await until(async () => started === 1 && (await blockedNow(rl)) === 2, 'one running, two waiting');
+      // A client that gives up while waiting: its wait is called off in the server.
+      const leaving = new AbortController();
+      const gaveUp = fetch(url, { signal: leaving.signal }).catch((e) => e);
+      await until(async () => (await blockedNow(rl)) === 3, 'three waiting');
+      leaving.abort();
+      assert.equal((await gaveUp).name, 'AbortError');
+      await until(async () => (await blockedNow(rl)) === 2, 'the wait called off');
       open();
       const codes = (await Promise.all(replies)).map((r) => r.status);
       assert.deepEqual(codes, [200, 200, 200]);
       assert.equal(started, 3);
+      await until(async () => (await rl.concurrency('q:queued', { limit: 1, leaseMs: 5000 }, { cost: 0 })).remaining === 1, 'every lease released');
     } finally {
       http.closeAllConnections?.();
       await new Promise((r) => http.close(r));
