@@ -232,11 +232,13 @@ export class RL {
           : this.limit(key, spec, { cost: opts.cost })
         : this.acquire(key, spec, { timeoutMs: opts.timeoutMs, cost: opts.cost, signal: opts.signal });
     return decided.then((d) => {
-      if (!d.allowed || d.lease === null) {
+      if (!d.allowed) {
         const why = d.never ? 'its cost is above the limit' : `retry in ${d.retryAfterMs} ms`;
         throw new RLDeniedError(`no lease on ${key}: ${d.limit - d.remaining} of ${d.limit} units held (${why})`, d);
       }
-      return new Lease(this, key, d.lease, d, leaseMs, opts.autoRenew === true);
+      // Admitted without a lease: a policy in SHADOW or OFF mode (or not a
+      // CONCURRENCY one). The work goes ahead; there is nothing to give back.
+      return new Lease(this, key, d.lease ?? 0, d, leaseMs, opts.autoRenew === true && d.lease !== null);
     });
   }
 

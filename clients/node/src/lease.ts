@@ -37,7 +37,10 @@ export interface LeaseOptions {
  * ```
  */
 export class Lease {
-  /** The lease id (`decision.lease`). */
+  /**
+   * The lease id (`decision.lease`); 0 when admitted without a lease (a
+   * policy in SHADOW or OFF mode): `release` and `renew` then send nothing.
+   */
   readonly id: number;
   private readonly controller = new AbortController();
   private releasing: Promise<boolean> | undefined;
@@ -78,7 +81,7 @@ export class Lease {
     if (leaseMs === undefined) {
       throw new RLArgumentError('leaseMs', 'renew(leaseMs): this lease came from a policy without leaseMs');
     }
-    if (this.releasing) return false;
+    if (this.releasing || this.id === 0) return false;
     const alive = await this.rl.renew(this.key, this.id, leaseMs);
     if (!alive) this.lost();
     return alive;
@@ -90,7 +93,7 @@ export class Lease {
    */
   release(): Promise<boolean> {
     this.stopRenewing();
-    this.releasing ??= this.rl.release(this.key, this.id);
+    this.releasing ??= this.id === 0 ? Promise.resolve(false) : this.rl.release(this.key, this.id);
     return this.releasing;
   }
 

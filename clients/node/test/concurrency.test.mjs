@@ -235,7 +235,14 @@ for (const name of ['node-redis v5', 'ioredis']) {
         const bare = await rl.lease(k('p'), { policy });
         await assert.rejects(bare.renew(), (e) => e instanceof RLArgumentError && e.argument === 'leaseMs');
         assert.equal(await bare.renew(5000), true);
-        await bare.release();
+        // In SHADOW mode an over-the-limit call is admitted without a lease: nothing to give back.
+        await rl.policySet(policy, { algorithm: 'concurrency', limit: 1, leaseMs: 5000 }, { mode: 'SHADOW' });
+        const shadow = await rl.lease(k('p'), { policy, leaseMs: 5000 }, { autoRenew: true });
+        assert.equal(shadow.id, 0);
+        assert.equal(await shadow.renew(), false);
+        assert.equal(shadow.signal.aborted, false);
+        assert.equal(await shadow.release(), false);
+        assert.equal(await bare.release(), true);
       } finally {
         await rl.policyDel(policy);
       }
