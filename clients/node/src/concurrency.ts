@@ -90,7 +90,7 @@ export function concurrencyLimit<Req extends IncomingMessage = IncomingMessage, 
   const keyOf = keyGenerator ?? ((req: Req) => (req as { ip?: string }).ip ?? req.socket.remoteAddress);
 
   return (req, res, next) => {
-    void (async () => {
+    (async () => {
       let key: string | undefined;
       try {
         key = await keyOf(req, res);
@@ -141,7 +141,7 @@ export function concurrencyLimit<Req extends IncomingMessage = IncomingMessage, 
       res.on('close', release);
       setFields(res, name, lease.decision, options.xRateLimitHeaders === true);
       next();
-    })();
+    })().catch(next);
   };
 }
 

@@ -215,9 +215,9 @@ export function dedicatedConnector(client: RedisLike): ConnectionFactory | undef
     if (c['isCluster'] === true) {
       const options = (c['options'] ?? {}) as Dict;
       const redisOptions = { ...((options['redisOptions'] ?? {}) as Dict), ...held };
-      return () => openIoredis((c['duplicate'] as (n: unknown[], o: Dict) => Dict).call(c, [], { redisOptions, lazyConnect: true }));
+      return () => connectOrClose((c['duplicate'] as (n: unknown[], o: Dict) => Dict).call(c, [], { redisOptions, lazyConnect: true }));
     }
-    return () => openIoredis((c['duplicate'] as (o: Dict) => Dict).call(c, held));
+    return () => connectOrClose((c['duplicate'] as (o: Dict) => Dict).call(c, held));
   }
   if (isFn(c['sendCommand'])) {
     const cluster = isFn(c['getSlotRandomNode']);
@@ -227,18 +227,25 @@ export function dedicatedConnector(client: RedisLike): ConnectionFactory | undef
       // it and is not reused; reconnecting is for the next acquire to do.
       const overrides = cluster ? undefined : { socket: { ...((options['socket'] ?? {}) as Dict), reconnectStrategy: false } };
       const d = (c['duplicate'] as (o?: Dict) => Dict).call(c, overrides);
-      (d['on'] as (e: string, f: () => void) => void).call(d, 'error', () => {});
-      await (d['connect'] as AnyFn).call(d);
-      return ownConnection(d);
+      return connectOrClose(d);
     };
   }
   return undefined;
 }
 
-async function openIoredis(d: Dict): Promise<DedicatedConnection> {
+/** Connects a duplicate; one that cannot connect is closed, not left reconnecting. */
+async function connectOrClose(d: Dict): Promise<DedicatedConnection> {
+  // Errors reach the command that waits on the connection; unheard, an
+  // 'error' event would crash the process (node-redis) or be logged (ioredis).
   (d['on'] as (e: string, f: () => void) => void).call(d, 'error', () => {});
-  await (d['connect'] as AnyFn).call(d);
-  return ownConnection(d);
+  const conn = ownConnection(d);
+  try {
+    await (d['connect'] as AnyFn).call(d);
+  } catch (err) {
+    conn.close();
+    throw err;
+  }
+  return conn;
 }
 
 /**

@@ -3,7 +3,7 @@
 // against real servers.
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
-import { Decision, Lease, RL, RLArgumentError, RLDeniedError } from 'redis-ratelimit';
+import { Decision, Lease, RL, RLArgumentError, RLDeniedError, RLModuleNotLoadedError } from 'redis-ratelimit';
 import { clientKinds, clusterKinds, sleep, startCluster, startServer } from './servers.mjs';
 
 let server;
@@ -249,6 +249,44 @@ for (const name of ['node-redis v5', 'ioredis']) {
     });
   });
 }
+
+describe('acquire connections', () => {
+  for (const name of ['node-redis v5', 'ioredis']) {
+    test(`${name}: Redis gone, acquire rejects with the client’s error and leaves no connection trying`, async () => {
+      const doomed = await startServer();
+      const kind = (await clientKinds()).find((c) => c.name === name);
+      const client = await kind.make(doomed.port);
+      const rl = new RL(client);
+      try {
+        await doomed.kill();
+        await assert.rejects(rl.acquire('gone', { algorithm: 'concurrency', limit: 1, leaseMs: 1000 }, { timeoutMs: 100 }), (e) => e instanceof Error);
+      } finally {
+        rl.close();
+        kind.close(client);
+      }
+    });
+  }
+
+  test('a sendCommand function cannot be duplicated: acquire says what to give instead', async () => {
+    const client = await (await clientKinds())[0].make(server.port);
+    try {
+      const rl = new RL((...args) => client.sendCommand(args));
+      await assert.rejects(rl.acquire('k', { algorithm: 'sliding', limit: 1, windowMs: 1000 }, { timeoutMs: 10 }), /connections of its own.*connect/);
+      const own = new RL((...args) => client.sendCommand(args), { connect: () => (async () => { const c = client.duplicate(); await c.connect(); return c; })() });
+      try {
+        const d = await own.acquire('k', { algorithm: 'sliding', limit: 1, windowMs: 1000 }, { timeoutMs: 100 });
+        assert.equal(d.allowed, true);
+      } catch (e) {
+        // Sent on the connection given, to a module build without BLOCK.
+        assert.ok(e instanceof RLModuleNotLoadedError && /predates BLOCK/.test(e.message), e.message);
+      } finally {
+        own.close();
+      }
+    } finally {
+      client.destroy();
+    }
+  });
+});
 
 for (const kind of (await clusterKinds()).filter((c) => c.name === 'node-redis v5 cluster' || c.name === 'ioredis cluster')) {
   describe(`leases on ${kind.name}`, () => {
