@@ -66,6 +66,9 @@ export class RL {
   private readonly maxIdle: number;
   private readonly idleMs: number;
   private connections: ConnectionPool | undefined;
+  /** The application's client, whose `end` closes the acquire connections. */
+  private readonly events: Events | undefined;
+  private readonly onClientEnd = () => this.close();
 
   constructor(client: RedisLike, options: RLOptions = {}) {
     this.transport = toTransport(client);
@@ -88,9 +91,6 @@ export class RL {
     this.connections = undefined;
     if (typeof this.events?.off === 'function') this.events.off('end', this.onClientEnd);
   }
-
-  private readonly events: Events | undefined;
-  private readonly onClientEnd = () => this.close();
 
   /**
    * Checks `MODULE LIST` on every master for the module; throws

@@ -85,6 +85,9 @@ export function concurrencyLimit<Req extends IncomingMessage = IncomingMessage, 
     throw new RLArgumentError('leaseMs', 'autoRenew needs the leaseMs to renew by, also with a policy');
   }
   const timeoutMs = options.timeoutMs === undefined ? undefined : checkInteger('timeoutMs', options.timeoutMs, 0);
+  if (options.client === undefined || options.client === null) {
+    throw new RLArgumentError('client', 'concurrencyLimit needs a client: node-redis or ioredis, or an RL');
+  }
   const rl = options.client instanceof RL ? options.client : new RL(options.client);
   const leaseOptions = { timeoutMs, autoRenew: options.autoRenew === true };
   const keyOf = keyGenerator ?? ((req: Req) => (req as { ip?: string }).ip ?? req.socket.remoteAddress);

@@ -203,6 +203,7 @@ describe('concurrencyLimit', () => {
       [{ client, limit: 1, leaseMs: 1000, timeoutMs: -1 }, 'timeoutMs'],
       [{ client, limit: 1, leaseMs: 1000, name: 'a"b' }, 'name'],
       [{ client, limit: 1, leaseMs: 1000, keyGenerator: 'ip' }, 'keyGenerator'],
+      [{ limit: 1, leaseMs: 1000 }, 'client'],
     ];
     for (const [options, argument] of cases) {
       assert.throws(() => concurrencyLimit(options), (e) => e instanceof RLArgumentError && e.argument === argument, argument);
