@@ -140,11 +140,11 @@ describe('concurrencyLimit', () => {
 
   test('autoRenew keeps the slot of a request longer than leaseMs', async () => {
     const io = new Redis({ port: server.port });
-    const a = await app(concurrencyLimit({ client: io, limit: 1, leaseMs: 300, autoRenew: true, keyGenerator: byUser, prefix: 'renew:' }));
+    const a = await app(concurrencyLimit({ client: io, limit: 1, leaseMs: 500, autoRenew: true, keyGenerator: byUser, prefix: 'renew:' }));
     try {
       const first = get(`${a.url}/slow`, 'long');
       await until(() => a.started === 1, 'the long request to start');
-      await sleep(900);
+      await sleep(1500);
       assert.equal((await get(`${a.url}/fast`, 'long')).status, 429, 'still held after three leaseMs');
       a.gate.open();
       assert.equal((await first).status, 200);
