@@ -6,10 +6,13 @@ storage schemes with `limits` when `limits` is installed.
 
 from .aio import AsyncClient
 from .client import Client
+from .lease import AsyncLease, Lease
 from .model import (
     MAX_PARAM,
     BadArgument,
+    Concurrency,
     Decision,
+    Denied,
     FixedWindow,
     HashWindow,
     LeakyBucket,
@@ -39,12 +42,16 @@ __version__ = "0.1.0"
 __all__ = [
     "MAX_PARAM",
     "AsyncClient",
+    "AsyncLease",
     "BadArgument",
     "Client",
+    "Concurrency",
     "Decision",
+    "Denied",
     "FixedWindow",
     "HashWindow",
     "LeakyBucket",
+    "Lease",
     "LogEntry",
     "ModuleNotLoaded",
     "Policy",

@@ -6,8 +6,10 @@ once to the master that owns the key, never retried by the kit.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from typing import Any, Callable
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
@@ -15,9 +17,22 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .client import Arg, Key, _takes_command_name, is_moved, limit_args, map_error, server_name
+from .blocking import AsyncDedicatedPools
+from .client import (
+    Arg,
+    Key,
+    _takes_command_name,
+    is_moved,
+    lease_ms_of,
+    lease_of,
+    limit_args,
+    map_error,
+    server_name,
+)
+from .lease import AsyncLease, renew_interval
 from .model import (
     Algorithm,
+    Concurrency,
     Decision,
     FixedWindow,
     HashWindow,
@@ -30,7 +45,12 @@ from .model import (
     Spec,
     TokenBucket,
     _check_int,
+    acquire_deadline,
     all_args,
+    block_args,
+    check_key,
+    check_lease,
+    check_lease_ms,
     check_policy_name,
     decode,
     module_version,
@@ -83,6 +103,11 @@ class AsyncClient:
         self.redis = client
         self.is_cluster = isinstance(client, AsyncRedisCluster)
         self.module_version: int | None = None
+        self._blocking = AsyncDedicatedPools()
+
+    async def close(self) -> None:
+        """Closes the connections `acquire` opened (not the redis-py client's)."""
+        await self._blocking.close()
 
     @classmethod
     async def create(
@@ -123,11 +148,19 @@ class AsyncClient:
     async def _send(self, key: Key | None, args: Sequence[Arg]) -> Any:
         return (await self._send_many(key, [args]))[0]
 
-    async def _send_many(self, key: Key | None, commands: Sequence[Sequence[Arg]]) -> list[Any]:
+    async def _send_many(
+        self,
+        key: Key | None,
+        commands: Sequence[Sequence[Arg]],
+        via: Callable[[Any], Awaitable[aioredis.Redis]] | None = None,
+    ) -> list[Any]:
+        """Commands on one key, in one round trip to its master (on a
+        connection of `await via(master or node)` when given)."""
         if not self.is_cluster:
             assert isinstance(self.redis, aioredis.Redis)
+            target = await via(self.redis) if via else self.redis
             try:
-                return await send_many_once(self.redis, commands)
+                return await send_many_once(target, commands)
             except ResponseError as e:
                 raise map_error(e, key) from e
         rc = self.redis
@@ -141,6 +174,8 @@ class AsyncClient:
             else:
                 node = rc.get_random_node()
             try:
+                if via is not None:
+                    return await send_many_once(await via(node), commands)
                 return await self._node_many(node, commands)
             except ResponseError as e:
                 if is_moved(e) and attempt == 0:
@@ -277,7 +312,86 @@ class AsyncClient:
         self, limits: Sequence[tuple[Key, Spec]], cost: int = 1, *, force: bool = False
     ) -> Decision:
         args = all_args(limits, cost, force)
-        return Decision.from_reply(await self._send(limits[0][0], args))
+        return Decision.from_reply(await self._send(limits[0][0], args), all_reply=True)
+
+    async def concurrency(
+        self,
+        key: Key,
+        limit: int,
+        lease_ms: int,
+        cost: int = 1,
+        *,
+        force: bool = False,
+        refund: int | None = None,
+    ) -> Decision:
+        """`RL.CONCURRENCY key limit lease_ms`: `decision.lease` is the lease granted."""
+        return await self.limit(key, Concurrency(limit, lease_ms), cost, force=force, refund=refund)
+
+    async def release(self, key: Key, lease: int) -> bool:
+        check_key(key)
+        return bool(int(await self._send(key, ["RL.RELEASE", key, check_lease(lease)])))
+
+    async def renew(self, key: Key, lease: int, lease_ms: int) -> bool:
+        check_key(key)
+        args: list[Arg] = ["RL.RENEW", key, check_lease(lease), check_lease_ms(lease_ms)]
+        return bool(int(await self._send(key, args)))
+
+    @contextlib.asynccontextmanager
+    async def lease(
+        self,
+        key: Key,
+        spec: Concurrency | Policy,
+        cost: int = 1,
+        *,
+        timeout_ms: int | None = None,
+        renew: bool = False,
+        renew_ms: int | None = None,
+        renew_every: float | None = None,
+    ) -> AsyncIterator[AsyncLease]:
+        """`async with`: as `Client.lease`, renewing in a background task; the
+        release also runs when the block is cancelled."""
+        lease_ms = lease_ms_of(spec, cost, renew_ms)
+        every = renew_interval(lease_ms, renew_every) if renew else 0.0
+        if timeout_ms is None:
+            d = await self.limit(key, spec, cost)
+        else:
+            d = await self.acquire(key, spec, cost, timeout_ms=timeout_ms)
+        held: AsyncLease = lease_of(self, key, d, lease_ms, spec, AsyncLease)
+        if renew:
+            held.start_renewing(every)
+        try:
+            yield held
+        finally:
+            await held._end()
+
+    async def acquire(self, key: Key, spec: Spec, cost: int = 1, *, timeout_ms: int) -> Decision:
+        """As `Client.acquire`, awaited: on a connection of its own, with the
+        BLOCK timeout plus max(1 s, 10 %) as its deadline, sent once; an
+        admitted leaky bucket resolves after its `wait_ms`."""
+        args = [*limit_args(key, spec, cost, False, None), *block_args(timeout_ms)]
+        d = Decision.from_reply(await self._send_blocking(key, args, timeout_ms))
+        return await self._after_wait(d)
+
+    async def acquire_all(
+        self, limits: Sequence[tuple[Key, Spec]], cost: int = 1, *, timeout_ms: int
+    ) -> Decision:
+        args = [*all_args(limits, cost, False), *block_args(timeout_ms)]
+        reply = await self._send_blocking(limits[0][0], args, timeout_ms)
+        return await self._after_wait(Decision.from_reply(reply, all_reply=True))
+
+    async def _send_blocking(self, key: Key, args: Sequence[Arg], timeout_ms: int) -> Any:
+        deadline = acquire_deadline(timeout_ms)
+
+        async def via(base: Any) -> aioredis.Redis:
+            return await self._blocking.get(base, deadline)
+
+        return (await self._send_many(key, [args], via=via))[0]
+
+    @staticmethod
+    async def _after_wait(d: Decision) -> Decision:
+        if d.allowed and d.wait_ms > 0:
+            await asyncio.sleep(d.wait_ms / 1000.0)
+        return d
 
     async def policy_set(
         self, name: str, spec: Algorithm, mode: PolicyMode = PolicyMode.ENFORCE, rollout: int = 100

@@ -9,9 +9,11 @@ table and is the one case sent again.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Sequence
-from typing import Any, Union
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any, Callable, Union
 
 import redis
 from redis.cluster import RedisCluster
@@ -19,10 +21,15 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from .blocking import DedicatedPools
+from .lease import Lease, renew_interval
 from .model import (
+    ALGORITHMS,
     Algorithm,
     BadArgument,
+    Concurrency,
     Decision,
+    Denied,
     FixedWindow,
     HashWindow,
     LeakyBucket,
@@ -36,8 +43,12 @@ from .model import (
     TokenBucket,
     WrongType,
     _check_int,
+    acquire_deadline,
     all_args,
+    block_args,
     check_key,
+    check_lease,
+    check_lease_ms,
     check_policy_name,
     decode,
     module_version,
@@ -144,8 +155,13 @@ class Client:
         self.redis = client
         self.is_cluster = isinstance(client, RedisCluster)
         self.module_version: int | None = None
+        self._blocking = DedicatedPools()
         if check_module:
             self.check_module()
+
+    def close(self) -> None:
+        """Closes the connections `acquire` opened (not the redis-py client's)."""
+        self._blocking.close()
 
     @classmethod
     def from_url(cls, url: str, *, check_module: bool = True, **kwargs: Any) -> Client:
@@ -165,20 +181,28 @@ class Client:
     def _send(self, key: Key | None, args: Sequence[Arg]) -> Any:
         return self._send_many(key, [args])[0]
 
-    def _send_many(self, key: Key | None, commands: Sequence[Sequence[Arg]]) -> list[Any]:
-        """Commands on one key, in one round trip to the key's master."""
+    def _send_many(
+        self,
+        key: Key | None,
+        commands: Sequence[Sequence[Arg]],
+        via: Callable[[redis.Redis], redis.Redis] | None = None,
+    ) -> list[Any]:
+        """Commands on one key, in one round trip to the key's master (on a
+        connection of `via(master)` when given)."""
         if not self.is_cluster:
             assert isinstance(self.redis, redis.Redis)
+            target = via(self.redis) if via else self.redis
             try:
-                return send_many_once(self.redis, commands)
+                return send_many_once(target, commands)
             except ResponseError as e:
                 raise map_error(e, key) from e
         rc = self.redis
         assert isinstance(rc, RedisCluster)
         for attempt in (0, 1):
             node = rc.get_node_from_key(key) if key is not None else rc.get_random_node()
+            target = rc.get_redis_connection(node)
             try:
-                return send_many_once(rc.get_redis_connection(node), commands)
+                return send_many_once(via(target) if via else target, commands)
             except ResponseError as e:
                 if is_moved(e) and attempt == 0:
                     rc.nodes_manager.initialize()
@@ -309,7 +333,104 @@ class Client:
     ) -> Decision:
         """`RL.ALL`: all or nothing; in a cluster the keys share one slot."""
         args = all_args(limits, cost, force)
-        return Decision.from_reply(self._send(limits[0][0], args))
+        return Decision.from_reply(self._send(limits[0][0], args), all_reply=True)
+
+    # -- leases -----------------------------------------------------------
+
+    def concurrency(
+        self,
+        key: Key,
+        limit: int,
+        lease_ms: int,
+        cost: int = 1,
+        *,
+        force: bool = False,
+        refund: int | None = None,
+    ) -> Decision:
+        """`RL.CONCURRENCY key limit lease_ms`: `decision.lease` is the lease
+        granted (None when denied). A lost reply is covered by the lease's
+        expiry: it is never sent again."""
+        return self.limit(key, Concurrency(limit, lease_ms), cost, force=force, refund=refund)
+
+    def release(self, key: Key, lease: int) -> bool:
+        """`RL.RELEASE key lease`: True if the lease was live (it is now ended)."""
+        check_key(key)
+        return bool(int(self._send(key, ["RL.RELEASE", key, check_lease(lease)])))
+
+    def renew(self, key: Key, lease: int, lease_ms: int) -> bool:
+        """`RL.RENEW key lease lease_ms`: True if the lease was live (it now
+        ends `lease_ms` from now)."""
+        check_key(key)
+        args: list[Arg] = ["RL.RENEW", key, check_lease(lease), check_lease_ms(lease_ms)]
+        return bool(int(self._send(key, args)))
+
+    @contextlib.contextmanager
+    def lease(
+        self,
+        key: Key,
+        spec: Concurrency | Policy,
+        cost: int = 1,
+        *,
+        timeout_ms: int | None = None,
+        renew: bool = False,
+        renew_ms: int | None = None,
+        renew_every: float | None = None,
+    ) -> Iterator[Lease]:
+        """Holds a lease for the `with` block, released on exit (also on an
+        exception). Denied: raises `Denied` with the decision.
+
+        `timeout_ms`: wait for it with `BLOCK` (as `acquire`; 0 waits without
+        a limit). `renew`: renew it in a background thread every
+        `renew_every` seconds (a third of the lease by default) with
+        `renew_ms` (default: the spec's `lease_ms`; a policy's lease needs it).
+        """
+        lease_ms = lease_ms_of(spec, cost, renew_ms)
+        every = renew_interval(lease_ms, renew_every) if renew else 0.0
+        if timeout_ms is None:
+            d = self.limit(key, spec, cost)
+        else:
+            d = self.acquire(key, spec, cost, timeout_ms=timeout_ms)
+        held = lease_of(self, key, d, lease_ms, spec, Lease)
+        if renew:
+            held.start_renewing(every)
+        try:
+            yield held
+        finally:
+            held._end()
+
+    # -- waiting: BLOCK ---------------------------------------------------
+
+    def acquire(self, key: Key, spec: Spec, cost: int = 1, *, timeout_ms: int) -> Decision:
+        """Waits in the server (`BLOCK timeout_ms`, 0: without a limit) until
+        the request is admitted, then returns the admission; a denial (the
+        timeout passed, or it could never wait that little) is returned as
+        the denial. An admitted leaky bucket returns after its `wait_ms`, when
+        the caller may act.
+
+        It runs on a connection of its own (never the client's shared ones),
+        whose socket timeout is the BLOCK timeout plus max(1 s, 10 %). It is
+        sent once, never retried."""
+        args = [*limit_args(key, spec, cost, False, None), *block_args(timeout_ms)]
+        d = Decision.from_reply(self._send_blocking(key, args, timeout_ms))
+        return self._after_wait(d)
+
+    def acquire_all(
+        self, limits: Sequence[tuple[Key, Spec]], cost: int = 1, *, timeout_ms: int
+    ) -> Decision:
+        """`RL.ALL ... BLOCK timeout_ms`: waits until every limiter admits at once."""
+        args = [*all_args(limits, cost, False), *block_args(timeout_ms)]
+        d = Decision.from_reply(self._send_blocking(limits[0][0], args, timeout_ms), all_reply=True)
+        return self._after_wait(d)
+
+    def _send_blocking(self, key: Key, args: Sequence[Arg], timeout_ms: int) -> Any:
+        deadline = acquire_deadline(timeout_ms)
+        return self._send_many(key, [args], via=lambda r: self._blocking.get(r, deadline))[0]
+
+    @staticmethod
+    def _after_wait(d: Decision) -> Decision:
+        if d.allowed and d.wait_ms > 0:
+            time.sleep(d.wait_ms / 1000.0)
+        return d
 
     # -- policies and the deny log ----------------------------------------
 
@@ -348,6 +469,26 @@ def limit_args(key: Key, spec: Spec, cost: int, force: bool, refund: int | None)
     req = request_args(cost, force=force, refund=refund)
     if isinstance(spec, Policy):
         return ["RL.HIT", spec.name, key, *req]
-    if not isinstance(spec, (TokenBucket, LeakyBucket, Sliding, HashWindow, FixedWindow)):
+    if not isinstance(spec, ALGORITHMS):
         raise BadArgument(f"a spec must be an algorithm or a Policy, not {type(spec).__name__}")
     return [f"RL.{spec.ALGORITHM}", key, *spec_args(spec)[1:], *req]
+
+
+def lease_ms_of(spec: object, cost: int, renew_ms: int | None) -> int | None:
+    """Checks a lease's spec and cost; the `lease_ms` it is renewed with."""
+    if not isinstance(spec, (Concurrency, Policy)):
+        raise BadArgument(f"a lease needs a Concurrency or a Policy, not {type(spec).__name__}")
+    _check_int("COST", cost, 1)
+    if renew_ms is not None:
+        return check_lease_ms(renew_ms)
+    return spec.lease_ms if isinstance(spec, Concurrency) else None
+
+
+def lease_of(client: Any, key: Key, d: Decision, lease_ms: int | None, spec: Spec, cls: Any) -> Any:
+    """The lease of an admission, or `Denied`."""
+    if not d.allowed:
+        raise Denied(key, d)
+    if d.lease is None:
+        name = spec.name if isinstance(spec, Policy) else spec
+        raise BadArgument(f"policy {name!r} is not a CONCURRENCY policy: it grants no lease")
+    return cls(client, key, d, lease_ms)

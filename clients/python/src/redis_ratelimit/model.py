@@ -13,6 +13,10 @@ from typing import Union
 
 #: The largest numeric parameter the module accepts (2^40).
 MAX_PARAM = 1 << 40
+#: The largest lease id (lease ids are positive integers below 2^63).
+MAX_LEASE = (1 << 63) - 1
+#: The largest `limit` of `RL.CONCURRENCY`.
+MAX_CONCURRENCY = (1 << 24) - 1
 #: The module's name in `MODULE LIST`.
 MODULE_NAME = "ratelimit"
 
@@ -51,6 +55,21 @@ class ServerError(RateLimitError):
 
 class ProtocolError(RateLimitError):
     """A reply that is not the shape the command answers."""
+
+
+class Denied(RateLimitError):
+    """A lease (or a blocking acquire inside `lease`) was not granted.
+
+    `decision` is the denial: `retry_after` says when the same request could
+    pass (leases may be released earlier), `never` that it cannot.
+    """
+
+    def __init__(self, key: str | bytes, decision: Decision) -> None:
+        shown = key.decode("utf-8", "replace") if isinstance(key, bytes) else key
+        wait = "never" if decision.never else f"retry after {decision.retry_after:.3f} s"
+        super().__init__(f"key {shown!r}: denied ({wait})")
+        self.key = key
+        self.decision = decision
 
 
 def _check_int(name: str, value: object, low: int, high: int = MAX_PARAM) -> int:
@@ -156,6 +175,49 @@ class FixedWindow:
         return -(-self.window_ms // 1000)
 
 
+@dataclasses.dataclass(frozen=True)
+class Concurrency:
+    """At most `limit` units held at once, by leases that end at a release or
+    `lease_ms` after they were granted or last renewed (`RL.CONCURRENCY`)."""
+
+    limit: int
+    lease_ms: int
+    ALGORITHM = "CONCURRENCY"
+
+    def __post_init__(self) -> None:
+        _check_int("limit", self.limit, 1, MAX_CONCURRENCY)
+        _check_int("lease_ms", self.lease_ms, 1)
+
+    def params(self) -> list[int]:
+        return [self.limit, self.lease_ms]
+
+    def window_s(self) -> int | None:
+        """No `w` in `RateLimit-Policy`: concurrency has no window."""
+        return None
+
+
+def check_lease(lease: object) -> int:
+    """A lease id as `RL.RELEASE`/`RL.RENEW` take it (0 to 2^63 - 1)."""
+    return _check_int("lease", lease, 0, MAX_LEASE)
+
+
+def check_lease_ms(lease_ms: object) -> int:
+    return _check_int("lease_ms", lease_ms, 1)
+
+
+def block_args(timeout_ms: object) -> list[str | int]:
+    """`BLOCK timeout_ms` (0: wait without a limit); checked before sending."""
+    return ["BLOCK", _check_int("timeout_ms", timeout_ms, 0)]
+
+
+def acquire_deadline(timeout_ms: int) -> float | None:
+    """The socket timeout of a blocking acquire, in seconds: the BLOCK timeout
+    plus a margin of max(1 s, 10 %); None (no limit) for BLOCK 0."""
+    if timeout_ms == 0:
+        return None
+    return timeout_ms / 1000.0 + max(1.0, timeout_ms / 10_000.0)
+
+
 def check_policy_name(name: object) -> str:
     if not isinstance(name, str):
         raise BadArgument(f"policy name must be a str, not {type(name).__name__}")
@@ -177,15 +239,17 @@ class Policy:
 
 
 #: An algorithm with its parameters.
-Algorithm = Union[TokenBucket, LeakyBucket, Sliding, HashWindow, FixedWindow]
+Algorithm = Union[TokenBucket, LeakyBucket, Sliding, HashWindow, FixedWindow, Concurrency]
 #: What a limiter key is checked against: an algorithm, or a policy name.
 Spec = Union[Algorithm, Policy]
+#: The algorithm classes, for isinstance.
+ALGORITHMS = (TokenBucket, LeakyBucket, Sliding, HashWindow, FixedWindow, Concurrency)
 
 
 def spec_args(spec: Spec) -> list[str | int]:
     if isinstance(spec, Policy):
         return ["POLICY", spec.name]
-    if isinstance(spec, (TokenBucket, LeakyBucket, Sliding, HashWindow, FixedWindow)):
+    if isinstance(spec, ALGORITHMS):
         return [spec.ALGORITHM, *spec.params()]
     raise BadArgument(f"a spec must be an algorithm or a Policy, not {type(spec).__name__}")
 
@@ -238,6 +302,9 @@ class Decision:
     reset_ms: int
     #: `RL.ALL`: the 0-based position of the first rule that denied.
     denied_by: int | None = None
+    #: `RL.CONCURRENCY` (or `RL.HIT` on a concurrency policy): the id of the
+    #: lease granted; None when none was (a denial, `COST 0`, a refund).
+    lease: int | None = None
 
     @property
     def retry_after(self) -> float:
@@ -258,14 +325,17 @@ class Decision:
         return None if self.wait_ms < 0 else -(-self.wait_ms // 1000)
 
     @classmethod
-    def from_reply(cls, reply: object) -> Decision:
+    def from_reply(cls, reply: object, *, all_reply: bool = False) -> Decision:
+        """Five integers; a sixth is `denied_by` for `RL.ALL` (`all_reply`),
+        else the lease id of `RL.CONCURRENCY`."""
         if not isinstance(reply, (list, tuple)) or len(reply) not in (5, 6):
             raise ProtocolError(f"a limiter reply is 5 or 6 integers, not {reply!r}")
         ints = [int(x) for x in reply]
-        denied_by = None
-        if len(ints) == 6 and ints[5] > 0:
-            denied_by = ints[5] - 1
-        return cls(bool(ints[0]), ints[1], ints[2], ints[3], ints[4], denied_by)
+        sixth = ints[5] if len(ints) == 6 and ints[5] > 0 else None
+        if all_reply:
+            denied_by = None if sixth is None else sixth - 1
+            return cls(bool(ints[0]), ints[1], ints[2], ints[3], ints[4], denied_by)
+        return cls(bool(ints[0]), ints[1], ints[2], ints[3], ints[4], lease=sixth)
 
 
 def policy_set_args(name: str, spec: Algorithm, mode: PolicyMode, rollout: int) -> list[str | int]:
@@ -294,7 +364,12 @@ def all_args(
     if len(set(keys)) != len(keys):
         raise BadArgument("RL.ALL: a key is given twice")
     args: list[str | bytes | int] = ["RL.ALL", len(keys), *keys]
-    for _, spec in limits:
+    for i, (_, spec) in enumerate(limits):
+        if isinstance(spec, Concurrency):
+            raise BadArgument(
+                f"RL.ALL spec {i + 1}: CONCURRENCY cannot be used here "
+                "(a lease must be released on its own key)"
+            )
         args += spec_args(spec)
     args += request_args(cost, force=force)
     return args
