@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import pytest
 import redis
 import redis.asyncio as aioredis
 from conftest import Server, running, serve_asgi, wait_until
@@ -13,7 +17,7 @@ from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from redis_ratelimit import FixedWindow, Policy, Sliding, TokenBucket
+from redis_ratelimit import Concurrency, FixedWindow, Policy, Sliding, TokenBucket
 from redis_ratelimit.asgi import FallbackMode, RateLimitMiddleware, Rule, header
 
 
@@ -140,3 +144,135 @@ def test_local_only_keeps_the_instance_share(own_server: Server) -> None:
     codes, _, mw = run_outage(own_server, FallbackMode.LOCAL_ONLY)
     assert codes == [200, 200, 200, 429, 429]
     assert mw.stats.breaker_skipped >= 1
+
+
+def gated_app(gate: threading.Event, inside: list[int]) -> Starlette:
+    lock = threading.Lock()
+
+    async def slow(request: object) -> PlainTextResponse:
+        with lock:
+            inside[0] += 1
+        await asyncio.get_running_loop().run_in_executor(None, gate.wait, 30)
+        return PlainTextResponse("done")
+
+    async def boom(request: object) -> PlainTextResponse:
+        raise RuntimeError("the app failed")
+
+    return Starlette(routes=[Route("/slow", slow), Route("/boom", boom), Route("/", hello)])
+
+
+def test_a_concurrency_rule_caps_requests_in_flight(server: Server, r: redis.Redis) -> None:
+    gate, inside = threading.Event(), [0]
+    mw = RateLimitMiddleware(
+        gated_app(gate, inside),
+        client=aioredis.Redis(port=server.port, socket_timeout=1),
+        rules=[
+            Rule(Sliding(100, 60_000), "per-user"),
+            Rule(Concurrency(3, 30_000), "in-flight"),
+        ],
+        key=header("x-user"),
+        deadline=1.0,
+    )
+    key = "rl:in-flight:alice"
+    with running(serve_asgi(mw)) as web, ThreadPoolExecutor(6) as pool:
+
+        def get(path: str) -> httpx.Response:
+            with httpx.Client(base_url=web.base, timeout=30) as http:
+                return http.get(path, headers={"x-user": "alice"})
+
+        slow = [pool.submit(get, "/slow") for _ in range(6)]
+        wait_until(lambda: sum(f.done() for f in slow) == 3 and inside[0] == 3, 20, "3 in, 3 out")
+        denied = [f.result() for f in slow if f.done()]
+        assert [d.status_code for d in denied] == [429] * 3
+        d = denied[0]
+        assert d.headers["RateLimit-Policy"] == '"per-user";q=100;w=60, "in-flight";q=3'
+        assert d.headers["RateLimit"].startswith('"in-flight";r=0;t=')
+        assert 1 <= int(d.headers["Retry-After"]) <= 30
+        body = json.loads(d.text)
+        assert body["violated-policies"] == ["in-flight"] and "concurrency" in body["detail"]
+        # The denied requests consumed no rate unit: 3 of 100 used.
+        assert r.execute_command("RL.SLIDING", "rl:per-user:alice", 100, 60_000, "COST", 0)[2] == 97
+        assert r.execute_command("RL.CONCURRENCY", key, 3, 30_000, "COST", 0)[2] == 0
+        gate.set()
+        done = [f.result() for f in slow if f.result().status_code == 200]
+        assert len(done) == 3 and done[0].text == "done"
+        assert done[0].headers["RateLimit-Policy"].endswith('"in-flight";q=3')
+        # Every lease released when its response was sent.
+        wait_until(
+            lambda: r.execute_command("RL.CONCURRENCY", key, 3, 30_000, "COST", 0)[2] == 3,
+            10,
+            "the leases to be released",
+        )
+        assert get("/").status_code == 200
+        # An app that fails releases its lease too.
+        assert get("/boom").status_code == 500
+        wait_until(
+            lambda: r.execute_command("RL.CONCURRENCY", key, 3, 30_000, "COST", 0)[2] == 3,
+            10,
+            "the failed request's lease to be released",
+        )
+    assert mw.stats.leases_released >= 5 and mw.stats.release_errors == 0
+
+
+def test_a_cancelled_request_releases_its_lease(server: Server, r: redis.Redis) -> None:
+    async def go() -> None:
+        started = asyncio.Event()
+
+        async def app(scope: object, receive: object, send: object) -> None:
+            started.set()
+            await asyncio.Event().wait()
+
+        mw = RateLimitMiddleware(
+            app,
+            client=aioredis.Redis(port=server.port),
+            rules=[Rule(Concurrency(1, 30_000), "one")],
+            key=lambda scope: "k",
+            deadline=1.0,
+        )
+        sent: list[dict[str, object]] = []
+
+        async def receive() -> dict[str, object]:
+            await asyncio.Event().wait()
+            return {}
+
+        async def send(message: dict[str, object]) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "method": "GET", "path": "/", "headers": []}
+        task = asyncio.ensure_future(mw(scope, receive, send))
+        await started.wait()
+        peek = ["RL.CONCURRENCY", "rl:one:k", 1, 30_000, "COST", 0]
+        assert r.execute_command(*peek)[2] == 0
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert r.execute_command(*peek)[2] == 1
+        assert mw.stats.leases_released == 1
+
+    asyncio.run(go())
+
+
+def test_local_only_caps_in_flight_at_the_instance_share(own_server: Server) -> None:
+    gate, inside = threading.Event(), [0]
+    mw = RateLimitMiddleware(
+        gated_app(gate, inside),
+        client=aioredis.Redis(port=own_server.port, socket_timeout=0.3),
+        rules=[Rule(Concurrency(4, 30_000), "in-flight")],
+        key=header("x-user"),
+        deadline=0.3,
+        instances=2,  # ceil(4 / 2 * 1.1) = 3 here
+        breaker_failures=1,
+        breaker_open_for=60,
+    )
+    own_server.kill()
+    with running(serve_asgi(mw)) as web, ThreadPoolExecutor(5) as pool:
+
+        def get(path: str) -> int:
+            with httpx.Client(base_url=web.base, timeout=30) as http:
+                return http.get(path, headers={"x-user": "z"}).status_code
+
+        slow = [pool.submit(get, "/slow") for _ in range(5)]
+        wait_until(lambda: sum(f.done() for f in slow) == 2 and inside[0] == 3, 20, "3 in, 2 out")
+        gate.set()
+        assert sorted(f.result() for f in slow) == [200, 200, 200, 429, 429]
+        assert get("/slow") == 200  # the local units were given back

@@ -5,6 +5,10 @@ A denial is a 429 with `Retry-After: ceil(wait_ms / 1000)`, the IETF fields
 `application/problem+json` body. In front of Redis: a deny cache; behind it a
 fallback (fail open, fail closed, or a local limiter at this instance's
 share) when Redis errors, misses the deadline or the breaker is open.
+
+A `Concurrency` rule caps the requests in flight per key: a lease is taken
+when the request starts and released when its response has been sent, or
+when the app fails or the request is cancelled.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, MutableMapping, Sequence
-from typing import Any, Callable
+from typing import Any, Callable, Union
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -26,6 +30,7 @@ from .aio import AsyncClient
 from .model import (
     Algorithm,
     BadArgument,
+    Concurrency,
     Decision,
     FixedWindow,
     HashWindow,
@@ -80,6 +85,11 @@ def _limit_of(spec: Algorithm) -> int:
     return spec.capacity if isinstance(spec, (TokenBucket, LeakyBucket)) else spec.limit
 
 
+#: What an admitted request holds until its response is done: a lease in
+#: Redis (key, lease id) or a unit of the local fallback (rule name, key, None).
+Held = tuple[str, str, Union[int, None]]
+
+
 def spec_from_policy(policy: dict[str, object]) -> Algorithm:
     """The algorithm of an `RL.POLICY GET` reply."""
     algo = str(policy.get("algorithm", "")).upper()
@@ -90,6 +100,7 @@ def spec_from_policy(policy: dict[str, object]) -> Algorithm:
         "SLIDING": Sliding,
         "HASHWINDOW": HashWindow,
         "FIXEDWINDOW": FixedWindow,
+        "CONCURRENCY": Concurrency,
     }
     if algo not in table:
         raise BadArgument(f"policy {policy.get('name')!r} has algorithm {algo!r}, unknown here")
@@ -140,8 +151,25 @@ class LocalLimiter:
     def __init__(self, max_entries: int = 100_000) -> None:
         self.max_entries = max_entries
         self._state: dict[tuple[str, str], list[float]] = {}
+        self._in_flight: dict[tuple[str, str], int] = {}
+
+    def hold(self, rule: str, key: str, share: int) -> Decision:
+        """A concurrency rule in process: one unit held until `unhold`."""
+        held = self._in_flight.get((rule, key), 0)
+        if held >= share:
+            return Decision(False, share, 0, 1000, 1000)
+        self._in_flight[(rule, key)] = held + 1
+        return Decision(True, share, share - held - 1, 0, 0)
+
+    def unhold(self, rule: str, key: str) -> None:
+        held = self._in_flight.get((rule, key), 0) - 1
+        if held > 0:
+            self._in_flight[(rule, key)] = held
+        else:
+            self._in_flight.pop((rule, key), None)
 
     def decide(self, rule: str, key: str, spec: Algorithm, share: int, now: float) -> Decision:
+        assert not isinstance(spec, Concurrency), "concurrency goes through hold()"
         if len(self._state) >= self.max_entries:
             self._state.clear()
         st = self._state.setdefault((rule, key), [])
@@ -187,6 +215,8 @@ class Stats:
     probes: int = 0
     probes_ok: int = 0
     key_missing: int = 0
+    leases_released: int = 0
+    release_errors: int = 0
 
 
 class RateLimitMiddleware:
@@ -242,6 +272,7 @@ class RateLimitMiddleware:
         self._open = False
         self._open_until = 0.0
         self._probe: asyncio.Task[None] | None = None
+        self._releasing: set[asyncio.Task[None]] = set()
 
     # -- setup ----------------------------------------------------------
 
@@ -274,54 +305,120 @@ class RateLimitMiddleware:
 
     # -- deciding -------------------------------------------------------
 
-    async def decide(self, identity: str) -> tuple[Decision, int, str]:
-        """(decision, index of the rule it is about, path)."""
+    async def decide(self, identity: str) -> tuple[Decision, int, str, list[Held]]:
+        """(decision, index of the rule it is about, path, what an admission
+        holds until its response is done: give it to `release`)."""
         now = time.monotonic()
         keys = [r.key_for(identity) for r in self.rules]
         for i, (r, k) in enumerate(zip(self.rules, keys)):
             cached = self.deny_cache.get(r.name, k, now)
             if cached is not None:
                 self.stats.deny_cache_hits += 1
-                return cached, i, "deny_cache"
+                return cached, i, "deny_cache", []
         if self._open:
             self.stats.breaker_skipped += 1
             if now >= self._open_until:
                 self._start_probe()
-            return self._fallback(identity, keys, now), self._fallback_rule, "fallback"
+            return self._decided_locally(identity, keys, now)
+        held: list[Held] = []
         try:
             self.stats.redis_calls += 1
-            d = await asyncio.wait_for(self._call(keys), self.deadline)
+            d, index = await asyncio.wait_for(self._call(keys, held), self.deadline)
         except asyncio.TimeoutError:
             self.stats.redis_timeouts += 1
             self._failed(now)
-            return self._fallback(identity, keys, now), self._fallback_rule, "fallback"
+            self._release_later(held)
+            return self._decided_locally(identity, keys, now)
         except (RedisError, OSError) as e:
             self.stats.redis_errors += 1
             log.warning("redis-ratelimit: Redis failed (%s); the fallback decides", e)
             self._failed(now)
-            return self._fallback(identity, keys, now), self._fallback_rule, "fallback"
+            self._release_later(held)
+            return self._decided_locally(identity, keys, now)
+        except BaseException:
+            self._release_later(held)
+            raise
         self._failures = 0
-        index = self._rule_of(d)
         if d.allowed:
             self.stats.redis_admitted += 1
         else:
             self.stats.redis_denied += 1
-            self.deny_cache.put(self.rules[index].name, keys[index], d, now)
-        return d, index, "redis"
+            if not isinstance(self._algorithm(index), Concurrency):
+                # A concurrency denial may end at the next release: never cached.
+                self.deny_cache.put(self.rules[index].name, keys[index], d, now)
+            self._release_later(held)
+            held = []
+        return d, index, "redis", held
 
-    async def _call(self, keys: list[str]) -> Decision:
-        if len(self.rules) == 1:
-            return await self.client.limit(keys[0], self.rules[0].spec)
-        return await self.client.all([(k, r.spec) for k, r in zip(keys, self.rules)])
+    def _decided_locally(
+        self, identity: str, keys: list[str], now: float
+    ) -> tuple[Decision, int, str, list[Held]]:
+        d, index, held = self._fallback(identity, keys, now)
+        return d, index, "fallback", held
 
-    def _rule_of(self, d: Decision) -> int:
-        if d.denied_by is not None:
-            return d.denied_by
+    def _algorithm(self, index: int) -> Algorithm | None:
         algos = self._algorithms or []
-        for i, a in enumerate(algos):
-            if _limit_of(a) == d.limit:
+        return algos[index] if index < len(algos) else None
+
+    async def _call(self, keys: list[str], held: list[Held]) -> tuple[Decision, int]:
+        """Leases first (each its own call: RL.ALL refuses CONCURRENCY), then
+        the rate rules in one call; a denial gives the leases back."""
+        algos = self._algorithms or [r.spec for r in self.rules]  # type: ignore[misc]
+        leased = [i for i, a in enumerate(algos) if isinstance(a, Concurrency)]
+        rated = [i for i in range(len(self.rules)) if i not in leased]
+        decisions: list[tuple[Decision, int]] = []
+        for i in leased:
+            d = await self.client.limit(keys[i], self.rules[i].spec)
+            if d.lease is not None:
+                held.append((keys[i], self.rules[i].name, d.lease))
+            if not d.allowed:
+                return d, i
+            decisions.append((d, i))
+        if len(rated) == 1:
+            i = rated[0]
+            d = await self.client.limit(keys[i], self.rules[i].spec)
+            if not d.allowed:
+                return d, i
+            decisions.append((d, i))
+        elif rated:
+            d = await self.client.all([(keys[i], self.rules[i].spec) for i in rated])
+            if not d.allowed:
+                return d, rated[d.denied_by or 0]
+            decisions.append((d, self._rated_rule_of(d, rated)))
+        return min(decisions, key=lambda di: di[0].remaining)
+
+    def _rated_rule_of(self, d: Decision, rated: list[int]) -> int:
+        """The rule an admitted RL.ALL reported (the most restrictive one)."""
+        algos = self._algorithms or []
+        for i in rated:
+            if i < len(algos) and _limit_of(algos[i]) == d.limit:
                 return i
-        return 0
+        return rated[0]
+
+    async def release(self, held: list[Held]) -> None:
+        """Gives back what an admitted request held; a failure is logged (the
+        lease then ends at its expiry)."""
+        for key, rule, lease in held:
+            if lease is None:
+                self.local.unhold(rule, key)
+                continue
+            try:
+                await asyncio.wait_for(
+                    self.client.release(key, lease), max(self.deadline * 10, 0.1)
+                )
+                self.stats.leases_released += 1
+            except (RedisError, OSError, asyncio.TimeoutError) as e:
+                self.stats.release_errors += 1
+                log.warning("redis-ratelimit: releasing lease %d of %r failed (%s)", lease, key, e)
+
+    def _release_later(self, held: list[Held]) -> asyncio.Task[None] | None:
+        """Releases in a task of its own, which a cancellation cannot stop."""
+        if not held:
+            return None
+        task = asyncio.ensure_future(self.release(list(held)))
+        self._releasing.add(task)
+        task.add_done_callback(self._releasing.discard)
+        return task
 
     def _failed(self, now: float) -> None:
         self._failures += 1
@@ -350,38 +447,47 @@ class RateLimitMiddleware:
 
         self._probe = asyncio.ensure_future(probe())
 
-    _fallback_rule = 0
-
-    def _fallback(self, identity: str, keys: list[str], now: float) -> Decision:
+    def _fallback(
+        self, identity: str, keys: list[str], now: float
+    ) -> tuple[Decision, int, list[Held]]:
+        """(decision, rule index, the local units an admission holds)."""
         algos = self._algorithms or []
-        self._fallback_rule = 0
         if self.fallback is FallbackMode.FAIL_OPEN or not algos:
             limit = _limit_of(algos[0]) if algos else 0
             self.stats.fallback_admitted += 1
-            return Decision(True, limit, limit, 0, 0)
+            return Decision(True, limit, limit, 0, 0), 0, []
         if self.fallback is FallbackMode.FAIL_CLOSED:
             self.stats.fallback_denied += 1
             wait = math.ceil(self.breaker_open_for * 1000)
-            return Decision(False, _limit_of(algos[0]), 0, wait, wait)
-        best: Decision | None = None
+            return Decision(False, _limit_of(algos[0]), 0, wait, wait), 0, []
+        best: tuple[Decision, int] | None = None
+        held: list[Held] = []
         for i, (a, r, k) in enumerate(zip(algos, self.rules, keys)):
-            d = self.local.decide(r.name, k, a, self.share(a), time.time())
+            if isinstance(a, Concurrency):
+                d = self.local.hold(r.name, k, self.share(a))
+                if d.allowed:
+                    held.append((k, r.name, None))
+            else:
+                d = self.local.decide(r.name, k, a, self.share(a), time.time())
             if not d.allowed:
                 self.stats.fallback_denied += 1
-                self._fallback_rule = i
-                return d
-            if best is None or d.remaining < best.remaining:
-                best, self._fallback_rule = d, i
+                for key, rule, _ in held:
+                    self.local.unhold(rule, key)
+                return d, i, []
+            if best is None or d.remaining < best[0].remaining:
+                best = d, i
         self.stats.fallback_admitted += 1
         assert best is not None
-        return best
+        return best[0], best[1], held
 
     # -- HTTP -----------------------------------------------------------
 
     def headers(self, d: Decision, index: int) -> list[tuple[bytes, bytes]]:
         algos = self._algorithms or []
         policy = ", ".join(
-            f'"{r.name}";q={_limit_of(a)};w={a.window_s()}' for r, a in zip(self.rules, algos)
+            f'"{r.name}";q={_limit_of(a)}' + ("" if w is None else f";w={w}")
+            for r, a in zip(self.rules, algos)
+            for w in [a.window_s()]
         )
         t = -(-d.reset_ms // 1000)
         out = [
@@ -451,16 +557,18 @@ class RateLimitMiddleware:
             raise
         if not self._ready:  # Redis away before its first answer: the fallback
             keys = [r.key_for(identity) for r in self.rules]
-            d, index = self._fallback(identity, keys, time.monotonic()), self._fallback_rule
+            d, index, held = self._fallback(identity, keys, time.monotonic())
         else:
-            d, index, _ = await self.decide(identity)
+            d, index, _, held = await self.decide(identity)
         extra = self.headers(d, index) if self._algorithms is not None else []
         if not d.allowed:
             name = self.rules[index].name
+            leased = isinstance(self._algorithm(index), Concurrency)
+            what = "concurrency limit" if leased else "rate limit"
             detail = (
-                f"rate limit {json.dumps(name)} exceeded; retry after {d.retry_after_s} s"
+                f"{what} {json.dumps(name)} exceeded; retry after {d.retry_after_s} s"
                 if d.retry_after_s is not None
-                else f"rate limit {json.dumps(name)} exceeded; this request can never pass"
+                else f"{what} {json.dumps(name)} exceeded; this request can never pass"
             )
             await self._problem(
                 send,
@@ -472,13 +580,31 @@ class RateLimitMiddleware:
             )
             return
 
+        released = False
+
         async def send_with_headers(message: Message) -> None:
+            nonlocal released
             if message["type"] == "http.response.start":
                 message = dict(message)
                 message["headers"] = [*message.get("headers", []), *extra]
             await send(message)
+            if (
+                held
+                and not released
+                and message["type"] == "http.response.body"
+                and not message.get("more_body", False)
+            ):
+                released = True  # the response is done: the app may still run background work
+                await self.release(held)
 
-        await self.app(scope, receive, send_with_headers)
+        try:
+            await self.app(scope, receive, send_with_headers)
+        finally:
+            if held and not released:
+                released = True
+                task = self._release_later(held)
+                if task is not None:
+                    await asyncio.shield(task)
 
 
 def client_ip(scope: Scope) -> str | None:
