@@ -19,7 +19,8 @@ from typing import Any, Callable
 import pytest
 import redis
 import redis.asyncio as aioredis
-from conftest import Cluster, Server, wait_until
+import redis.sentinel
+from conftest import Cluster, Sentinel, Server, wait_until
 
 from redis_ratelimit import (
     AsyncClient,
@@ -269,3 +270,28 @@ def test_cluster_acquire_goes_to_the_owner(c: Client, cluster: Cluster) -> None:
     assert cluster.moved_errors() == before
     cc.close()
     rc.close()
+
+
+def test_acquire_through_sentinel(c: Client, sentinel: Sentinel) -> None:
+    s = redis.sentinel.Sentinel([("127.0.0.1", sentinel.port)], socket_timeout=2)
+    sc = Client(s.master_for("rlmaster", socket_timeout=0.5))
+    assert sc.acquire("sen:acq", TokenBucket(1, 1, 300), timeout_ms=1000).allowed
+    # The wait outlasts the client's own 0.5 s socket timeout: its deadline is the BLOCK's.
+    assert sc.acquire("sen:acq", TokenBucket(1, 1, 1500), timeout_ms=5000).allowed
+    sc.close()
+
+
+def test_acquire_on_valkey(valkey: Server) -> None:
+    v = valkey.client()
+    if not has_block(v):
+        pytest.skip("the module has no BLOCK yet")
+    vc = Client(v)
+    first = vc.concurrency("vjobs", 1, 60_000)
+    assert first.lease is not None
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(vc.acquire, "vjobs", Concurrency(1, 60_000), timeout_ms=20_000)
+        wait_until(lambda: blocked(v), 10, "the acquire to block")
+        assert vc.sliding("vother", 5, 1000).allowed and not waiting.done()
+        vc.release("vjobs", first.lease)
+        assert waiting.result(10).allowed
+    vc.close()

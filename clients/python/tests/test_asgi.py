@@ -276,3 +276,29 @@ def test_local_only_caps_in_flight_at_the_instance_share(own_server: Server) -> 
         gate.set()
         assert sorted(f.result() for f in slow) == [200, 200, 200, 429, 429]
         assert get("/slow") == 200  # the local units were given back
+
+
+def test_a_concurrency_policy_rule_takes_leases(server: Server, r: redis.Redis) -> None:
+    r.execute_command("RL.POLICY", "SET", "exports", "CONCURRENCY", 1, 30_000)
+    gate, inside = threading.Event(), [0]
+    mw = RateLimitMiddleware(
+        gated_app(gate, inside),
+        client=aioredis.Redis(port=server.port, socket_timeout=1),
+        rules=[Rule(Policy("exports"), "exports", fixed_key="exports")],
+        key=header("x-user"),
+        deadline=1.0,
+    )
+    with running(serve_asgi(mw)) as web, ThreadPoolExecutor(2) as pool:
+
+        def get(path: str) -> httpx.Response:
+            with httpx.Client(base_url=web.base, timeout=30) as http:
+                return http.get(path, headers={"x-user": "u"})
+
+        first = pool.submit(get, "/slow")
+        wait_until(lambda: inside[0] == 1, 20, "the first request inside")
+        second = get("/slow")
+        assert second.status_code == 429
+        assert second.headers["RateLimit-Policy"] == '"exports";q=1'
+        gate.set()
+        assert first.result().status_code == 200
+        wait_until(lambda: get("/").status_code == 200, 10, "the lease back")

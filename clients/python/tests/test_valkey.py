@@ -10,7 +10,16 @@ from conftest import Server
 from limits import parse, strategies
 from limits.storage import storage_from_string
 
-from redis_ratelimit import AsyncClient, Client, FixedWindow, Sliding, TokenBucket, WrongType
+from redis_ratelimit import (
+    AsyncClient,
+    Client,
+    Concurrency,
+    Denied,
+    FixedWindow,
+    Sliding,
+    TokenBucket,
+    WrongType,
+)
 
 
 def test_typed_calls_on_valkey(valkey: Server) -> None:
@@ -40,6 +49,32 @@ def test_typed_calls_on_valkey(valkey: Server) -> None:
         a = await AsyncClient.create(aioredis.Redis(port=valkey.port))
         assert (await a.sliding("as", 1, 60_000)).allowed
         assert not (await a.sliding("as", 1, 60_000)).allowed
+        await a.redis.aclose()
+
+    asyncio.run(go())
+
+
+def test_leases_on_valkey(valkey: Server) -> None:
+    v = valkey.client()
+    v.flushall()
+    c = Client(v)
+    d = c.concurrency("vl", 2, 30_000)
+    assert d.allowed and d.lease is not None and d.remaining == 1
+    assert c.renew("vl", d.lease, 30_000) and c.release("vl", d.lease)
+    assert not c.release("vl", d.lease)
+    with c.lease("vl", Concurrency(1, 30_000)):
+        try:
+            with c.lease("vl", Concurrency(1, 30_000)):
+                raise AssertionError("a second lease of 1")
+        except Denied:
+            pass
+    assert c.concurrency("vl", 1, 30_000, cost=0).remaining == 1
+
+    async def go() -> None:
+        a = await AsyncClient.create(aioredis.Redis(port=valkey.port))
+        async with a.lease("avl", Concurrency(1, 30_000)) as lease:
+            assert lease.id > 0
+        assert (await a.concurrency("avl", 1, 30_000, cost=0)).remaining == 1
         await a.redis.aclose()
 
     asyncio.run(go())
