@@ -264,13 +264,14 @@ def test_local_only_caps_in_flight_at_the_instance_share(own_server: Server) -> 
         breaker_failures=1,
         breaker_open_for=60,
     )
-    own_server.kill()
     with running(serve_asgi(mw)) as web, ThreadPoolExecutor(5) as pool:
 
         def get(path: str) -> int:
             with httpx.Client(base_url=web.base, timeout=30) as http:
                 return http.get(path, headers={"x-user": "z"}).status_code
 
+        assert get("/") == 200  # Redis answered once: the rules are known
+        own_server.kill()
         slow = [pool.submit(get, "/slow") for _ in range(5)]
         wait_until(lambda: sum(f.done() for f in slow) == 2 and inside[0] == 3, 20, "3 in, 2 out")
         gate.set()
