@@ -53,3 +53,15 @@ def test_middleware_example(
         codes = burst(web.base, 7, {"x-user": "alice"})
     assert codes[:5] == [200] * 5 and codes[-1] == 429
     assert os.environ["RL_REDIS"].endswith(str(server.port))
+
+
+def test_report_workers_example(
+    server: Server,
+    r: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    module = load("report_workers", server, monkeypatch)
+    assert module.main() == 0
+    assert capsys.readouterr().out.strip() == "6 reports, at most 2 at once"
+    assert module.rl.concurrency("rl:reports", 2, 10_000, cost=0).remaining == 2
