@@ -281,3 +281,16 @@ def test_cluster_routes_leases_to_the_owner(cluster: Cluster) -> None:
     asyncio.run(go())
     assert cluster.moved_errors() == before
     rc.close()
+
+
+def test_a_failed_release_is_logged_not_raised(
+    own_server: Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    c = Client(own_server.client(retry=Retry(NoBackoff(), 0)))
+    with c.lease("k", Concurrency(1, 30_000)) as lease:
+        own_server.kill()  # the work is done; the lease will end at its expiry
+    assert lease.released
+    assert "releasing lease" in caplog.text and "ends at its expiry" in caplog.text

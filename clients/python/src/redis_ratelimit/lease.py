@@ -152,9 +152,13 @@ class AsyncLease:
                 await task
 
     async def _end(self) -> None:
-        # Shielded: a cancelled holder still gives its units back.
+        # A task of its own, shielded: a cancelled holder still gives its units back.
+        task = asyncio.ensure_future(self._release_logged())
+        await asyncio.shield(task)
+
+    async def _release_logged(self) -> None:
         try:
-            await asyncio.shield(self.release())
+            await self.release()
         except (RedisError, OSError) as e:
             log.warning(
                 "redis-ratelimit: releasing lease %d failed (%s); it ends at its expiry", self.id, e
