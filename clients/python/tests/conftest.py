@@ -67,6 +67,19 @@ def wait_until(cond: Callable[[], Any], timeout: float = 10.0, what: str = "cond
         time.sleep(0.02)
 
 
+def has_block(r: redis.Redis) -> bool:
+    """Whether the module takes BLOCK (builds before issue 16 do not)."""
+    try:
+        r.execute_command("RL.FIXEDWINDOW", "rl-py:block-probe", 1, 1000, "COST", 0, "BLOCK", 1)
+    except redis.ResponseError as e:
+        if "BLOCK" in str(e):
+            return False
+        raise
+    finally:
+        r.delete("rl-py:block-probe")
+    return True
+
+
 class Server:
     """One redis-server process in its own directory."""
 

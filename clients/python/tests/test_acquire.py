@@ -19,7 +19,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 import redis.sentinel
-from conftest import Cluster, Sentinel, Server, wait_until
+from conftest import Cluster, Sentinel, Server, has_block, wait_until
 
 from redis_ratelimit import (
     AsyncClient,
@@ -33,18 +33,6 @@ from redis_ratelimit import (
     Sliding,
     TokenBucket,
 )
-
-
-def has_block(r: redis.Redis) -> bool:
-    try:
-        r.execute_command("RL.FIXEDWINDOW", "rl-py:block-probe", 1, 1000, "COST", 0, "BLOCK", 1)
-    except redis.ResponseError as e:
-        if "BLOCK" in str(e):
-            return False
-        raise
-    finally:
-        r.delete("rl-py:block-probe")
-    return True
 
 
 @pytest.fixture

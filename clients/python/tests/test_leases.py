@@ -82,11 +82,11 @@ def test_a_lease_is_released_when_its_block_ends(c: Client) -> None:
 
 
 def test_renewing_keeps_a_lease_past_its_lease_ms(c: Client) -> None:
-    spec = Concurrency(1, 300)
-    with c.lease("long", spec, renew=True) as lease:  # renewed every 100 ms
+    spec = Concurrency(1, 600)
+    with c.lease("long", spec, renew=True) as lease:  # renewed every 200 ms
         started = time.monotonic()
-        while time.monotonic() - started < 1.2:  # four times the lease
-            assert not c.concurrency("long", 1, 300).allowed
+        while time.monotonic() - started < 2.4:  # four times the lease
+            assert not c.concurrency("long", 1, 600).allowed
             time.sleep(0.1)
         assert not lease.lost and lease.renew() is True
     assert held(c, "long", 1) == 0
@@ -198,22 +198,22 @@ def test_asyncio_leases(server: Server, r: redis.Redis) -> None:
         assert await a.renew("ajobs", d.lease, 30_000)
         assert await a.release("ajobs", d.lease) and not await a.release("ajobs", d.lease)
 
-        spec = Concurrency(1, 300)
+        spec = Concurrency(1, 600)
         async with a.lease("alease", spec, renew=True) as lease:
             started = time.monotonic()
-            while time.monotonic() - started < 1.0:
-                assert not (await a.concurrency("alease", 1, 300)).allowed
+            while time.monotonic() - started < 2.0:
+                assert not (await a.concurrency("alease", 1, 600)).allowed
                 await asyncio.sleep(0.1)
             assert not lease.lost
             with pytest.raises(Denied):
                 async with a.lease("alease", spec):
                     pass
-        assert lease.released and (await a.concurrency("alease", 1, 300, cost=0)).remaining == 1
+        assert lease.released and (await a.concurrency("alease", 1, 600, cost=0)).remaining == 1
 
         with pytest.raises(KeyError):
             async with a.lease("alease", spec):
                 raise KeyError("failed")
-        assert (await a.concurrency("alease", 1, 300, cost=0)).remaining == 1
+        assert (await a.concurrency("alease", 1, 600, cost=0)).remaining == 1
 
         # A cancelled holder still gives its lease back.
         entered = asyncio.Event()
