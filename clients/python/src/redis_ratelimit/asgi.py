@@ -85,8 +85,8 @@ def _limit_of(spec: Algorithm) -> int:
     return spec.capacity if isinstance(spec, (TokenBucket, LeakyBucket)) else spec.limit
 
 
-#: What an admitted request holds until its response is done: a lease in
-#: Redis (key, lease id) or a unit of the local fallback (rule name, key, None).
+#: What an admitted request holds until its response is done, as (key, rule
+#: name, lease id): a lease in Redis, or with None a unit of the local fallback.
 Held = tuple[str, str, Union[int, None]]
 
 
