@@ -2,13 +2,15 @@ package io.redisratelimit.client;
 
 import java.util.List;
 
-/** The limiter algorithms, with their command names and parameter names. */
+/** The limiter algorithms (and the concurrency cap), with their command names and parameter names. */
 public enum Algorithm {
     TOKENBUCKET("capacity", "refill_count", "refill_ms"),
     LEAKYBUCKET("capacity", "leak_count", "leak_ms"),
     SLIDING("limit", "window_ms"),
     HASHWINDOW("limit", "window_ms", "bucket_ms"),
-    FIXEDWINDOW("limit", "window_ms");
+    FIXEDWINDOW("limit", "window_ms"),
+    /** At most {@code limit} units held at once, by leases that end at a release or after {@code lease_ms}. */
+    CONCURRENCY("limit", "lease_ms");
 
     private final List<String> params;
 
@@ -38,6 +40,6 @@ public enum Algorithm {
             }
         }
         throw new BadArgumentException("algorithm", "unknown algorithm '" + name
-                + "' (one of tokenbucket, leakybucket, sliding, hashwindow, fixedwindow)");
+                + "' (one of tokenbucket, leakybucket, sliding, hashwindow, fixedwindow, concurrency)");
     }
 }

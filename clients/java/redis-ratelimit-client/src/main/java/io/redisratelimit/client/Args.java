@@ -26,6 +26,14 @@ final class Args {
         return name;
     }
 
+    /** A lease id: a positive integer below 2^63, as the server hands them out. */
+    static long lease(long lease) {
+        if (lease < 1) {
+            throw new BadArgumentException("lease", "must be a lease id, an integer from 1 to " + Long.MAX_VALUE + ", got " + lease);
+        }
+        return lease;
+    }
+
     static long positive(String arg, long n) {
         if (n < 1 || n > Spec.MAX_PARAM) {
             throw new BadArgumentException(arg, "must be an integer from 1 to " + Spec.MAX_PARAM + ", got " + n);

@@ -7,8 +7,9 @@ import java.util.OptionalLong;
 
 /**
  * A limiter's answer: the five fields of the reply ({@code [allowed, limit,
- * remaining, wait_ms, reset_ms]}), for {@code RL.ALL} the sixth
- * ({@code denied_by}), and the path that decided.
+ * remaining, wait_ms, reset_ms]}), the sixth of {@code RL.ALL}
+ * ({@code denied_by}) or of {@code RL.CONCURRENCY} ({@code lease}), and the
+ * path that decided.
  *
  * @param allowed   admitted (its units consumed) or denied (nothing changed)
  * @param limit     the limiter's capacity or requests per window
@@ -20,9 +21,17 @@ import java.util.OptionalLong;
  * @param deniedBy  {@code RL.ALL} (and rule sets): the 0-based position of the
  *                  first rule that denied
  * @param path      which path decided
+ * @param lease     {@code RL.CONCURRENCY} (or {@code RL.HIT} on a concurrency
+ *                  policy): the id of the lease granted, 0 when none was (a
+ *                  denial, another limiter, or the fallback admitting)
  */
 public record Decision(boolean allowed, long limit, long remaining, long waitMs, long resetMs,
-                       OptionalInt deniedBy, Path path) {
+                       OptionalInt deniedBy, Path path, long lease) {
+
+    /** A decision that holds no lease. */
+    public Decision(boolean allowed, long limit, long remaining, long waitMs, long resetMs, OptionalInt deniedBy, Path path) {
+        this(allowed, limit, remaining, waitMs, resetMs, deniedBy, path, 0);
+    }
 
     public Decision {
         if (deniedBy == null) {
@@ -59,18 +68,22 @@ public record Decision(boolean allowed, long limit, long remaining, long waitMs,
     }
 
     public Decision withPath(Path newPath) {
-        return new Decision(allowed, limit, remaining, waitMs, resetMs, deniedBy, newPath);
+        return new Decision(allowed, limit, remaining, waitMs, resetMs, deniedBy, newPath, lease);
     }
 
     public Decision withDeniedBy(int index) {
-        return new Decision(allowed, limit, remaining, waitMs, resetMs, OptionalInt.of(index), path);
+        return new Decision(allowed, limit, remaining, waitMs, resetMs, OptionalInt.of(index), path, lease);
     }
 
     static long ceilDiv(long a, long b) {
         return -Math.floorDiv(-a, b);
     }
 
-    /** Parses a five-integer (or, for {@code RL.ALL}, six-integer) reply. */
+    /**
+     * Parses a five-integer reply, or a six-integer one: for {@code RL.ALL}
+     * the sixth is {@code denied_by}, for the others (a concurrency cap) the
+     * lease.
+     */
     static Decision fromReply(String command, Object reply) {
         if (!(reply instanceof List<?> items) || (items.size() != 5 && items.size() != 6)) {
             throw new UnexpectedReplyException(command, reply);
@@ -82,7 +95,9 @@ public record Decision(boolean allowed, long limit, long remaining, long waitMs,
             }
             f[i] = n;
         }
-        OptionalInt deniedBy = f.length == 6 && f[5] > 0 ? OptionalInt.of((int) f[5] - 1) : OptionalInt.empty();
-        return new Decision(f[0] == 1, Math.max(0, f[1]), Math.max(0, f[2]), f[3], Math.max(0, f[4]), deniedBy, Path.REDIS);
+        boolean all = "RL.ALL".equals(command);
+        OptionalInt deniedBy = all && f.length == 6 && f[5] > 0 ? OptionalInt.of((int) f[5] - 1) : OptionalInt.empty();
+        long lease = !all && f.length == 6 ? Math.max(0, f[5]) : 0;
+        return new Decision(f[0] == 1, Math.max(0, f[1]), Math.max(0, f[2]), f[3], Math.max(0, f[4]), deniedBy, Path.REDIS, lease);
     }
 }

@@ -12,6 +12,9 @@ public record Limit(String key, Spec spec, String policy) {
         if (policy != null) {
             Args.policyName(policy);
         }
+        if (spec != null && spec.concurrency()) {
+            throw new BadArgumentException("spec", "RL.ALL refuses CONCURRENCY: take the lease with its own call");
+        }
     }
 
     public static Limit of(String key, Spec spec) {

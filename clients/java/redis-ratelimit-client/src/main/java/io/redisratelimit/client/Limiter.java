@@ -20,6 +20,12 @@ import java.util.concurrent.TimeUnit;
  * and the fallback with a Resilience4j circuit breaker when Redis cannot
  * answer. {@link #check} never fails: where Redis cannot decide, the fallback
  * does, and {@link Decision#path()} says which path did.
+ *
+ * <p>A concurrency rule ({@link Spec#concurrency}) is a set of its own (RL.ALL
+ * refuses it): its admission carries {@link Decision#lease()}, which the
+ * caller releases ({@link Lease#of}); its denials are never cached, and the
+ * local-only fallback admits it without a lease (the fallback keeps no
+ * count of work in flight).
  */
 public final class Limiter implements AutoCloseable {
     private static final System.Logger LOG = System.getLogger(Limiter.class.getName());
@@ -201,10 +207,18 @@ public final class Limiter implements AutoCloseable {
                 }
             }
         }
+        for (Rule r : rules) {
+            if (rules.size() > 1 && r.concurrency()) {
+                throw new BadArgumentException("rules", "rule '" + r.name() + "' caps concurrency: RL.ALL refuses it,"
+                        + " so it is a set of its own (its lease is released when the work is done)");
+            }
+        }
         List<RuleSet.Checked> checked = new ArrayList<>();
         for (Rule r : rules) {
-            Spec localSpec = r.spec() != null && r.global() && localLevel && r.enforced() ? r.spec().share(share) : null;
-            Spec fallbackSpec = r.spec() != null ? r.spec().share(share) : null;
+            // A concurrency cap has no local level: leases are counted in the server only.
+            boolean rate = r.spec() != null && !r.concurrency();
+            Spec localSpec = rate && r.global() && localLevel && r.enforced() ? r.spec().share(share) : null;
+            Spec fallbackSpec = rate ? r.spec().share(share) : null;
             String signature = r.policy() != null ? "POLICY " + r.policy() : r.spec().toString();
             checked.add(new RuleSet.Checked(r, localSpec, fallbackSpec, signature));
         }
@@ -242,7 +256,10 @@ public final class Limiter implements AutoCloseable {
         if (cost < 0 || cost > Spec.MAX_PARAM) {
             throw new BadArgumentException("cost", "must be an integer from 0 to " + Spec.MAX_PARAM + ", got " + cost);
         }
-        if (denyCache != null && cost > 0) {
+        // A concurrency denial's wait is only the time until leases expire: a release frees room
+        // earlier, so it is never cached.
+        boolean cacheable = denyCache != null && !rules.get(0).rule().concurrency();
+        if (cacheable && cost > 0) {
             for (int i = 0; i < rules.size(); i++) {
                 Decision d = denyCache.get(cacheKey(rules.get(i), keys.get(i)));
                 if (d != null) {
@@ -298,7 +315,7 @@ public final class Limiter implements AutoCloseable {
                     // Another rule (a user's own limit) denied: the share is not spent on it.
                     local.giveBack(takes, cost);
                 }
-                if (!d.allowed() && denyCache != null) {
+                if (!d.allowed() && cacheable) {
                     int i = d.deniedBy().orElse(0);
                     if (i < rules.size()) {
                         denyCache.put(cacheKey(rules.get(i), keys.get(i)), d);

@@ -185,6 +185,10 @@ public final class RateLimitClient implements AutoCloseable {
      * In a cluster the keys must share a slot ({@code {order:create}:...}).
      */
     public CompletionStage<Decision> allAsync(List<Limit> limits, Units units) {
+        return decision(new Command("RL.ALL", allArgs(limits, units), 1, true), units);
+    }
+
+    private static List<String> allArgs(List<Limit> limits, Units units) {
         if (limits == null || limits.isEmpty()) {
             throw new BadArgumentException("numkeys", "RL.ALL takes at least one limit");
         }
@@ -205,7 +209,7 @@ public final class RateLimitClient implements AutoCloseable {
             }
         }
         units.appendTo(args);
-        return decision(new Command("RL.ALL", args, 1, true), units);
+        return args;
     }
 
     public Decision all(List<Limit> limits, Units units) {
@@ -214,6 +218,205 @@ public final class RateLimitClient implements AutoCloseable {
 
     public Decision all(List<Limit> limits) {
         return all(limits, Units.ONE);
+    }
+
+    // ---- concurrency: leases --------------------------------------------
+
+    /**
+     * {@code RL.CONCURRENCY key limit lease_ms [COST n]}: at most {@code limit}
+     * units held at once. An admission's {@link Decision#lease()} is the id to
+     * give back with {@link #release}; {@link #lease} wraps it in a handle.
+     */
+    public CompletionStage<Decision> concurrencyAsync(String key, long limit, long leaseMs, Units units) {
+        return limitAsync(key, Spec.concurrency(limit, leaseMs), units);
+    }
+
+    public Decision concurrency(String key, long limit, long leaseMs, Units units) {
+        return limit(key, Spec.concurrency(limit, leaseMs), units);
+    }
+
+    public Decision concurrency(String key, long limit, long leaseMs) {
+        return concurrency(key, limit, leaseMs, Units.ONE);
+    }
+
+    /** {@code RL.RELEASE key lease}: true when the lease was held until now, false when it had already ended. */
+    public CompletionStage<Boolean> releaseAsync(String key, long lease) {
+        Command c = new Command("RL.RELEASE", List.of(Args.key(key), Long.toString(Args.lease(lease))), 0, false);
+        return within(c, leaseDeadline()).thenApply(r -> bool(c, r));
+    }
+
+    public boolean release(String key, long lease) {
+        return await(releaseAsync(key, lease).toCompletableFuture(), "RL.RELEASE", leaseDeadline().plusSeconds(1));
+    }
+
+    /** {@code RL.RENEW key lease lease_ms}: the lease is held for {@code leaseTime} from now; false when it had already ended. */
+    public CompletionStage<Boolean> renewAsync(String key, long lease, Duration leaseTime) {
+        long ms = Args.positive("lease_ms", leaseTime == null ? 0 : leaseTime.toMillis());
+        Command c = new Command("RL.RENEW", List.of(Args.key(key), Long.toString(Args.lease(lease)), Long.toString(ms)), 0, false);
+        return within(c, leaseDeadline()).thenApply(r -> bool(c, r));
+    }
+
+    public boolean renew(String key, long lease, Duration leaseTime) {
+        return await(renewAsync(key, lease, leaseTime).toCompletableFuture(), "RL.RENEW", leaseDeadline().plusSeconds(1));
+    }
+
+    /**
+     * A {@link Lease} of {@code cost} units of a concurrency cap, or a
+     * {@link RateLimitDeniedException}. With {@code wait} null the call is
+     * answered at once (the shared connection); otherwise it waits up to
+     * {@code wait} for room as {@link #acquireAsync} does ({@code BLOCK}, on
+     * a connection of its own; {@link Duration#ZERO} waits without a limit).
+     */
+    public CompletionStage<Lease> leaseAsync(String key, long limit, long leaseMs, Units units, Duration wait) {
+        Spec spec = Spec.concurrency(limit, leaseMs);
+        CompletionStage<Decision> d = wait == null ? limitAsync(key, spec, units) : acquireAsync(key, spec, units, wait);
+        return d.thenApply(decision -> {
+            if (!decision.allowed()) {
+                throw new RateLimitDeniedException("RL.CONCURRENCY", decision);
+            }
+            return Lease.of(this, key, decision, Duration.ofMillis(leaseMs));
+        });
+    }
+
+    /** One unit of a concurrency cap, answered at once: {@code try (Lease l = rl.lease(key, 3, 30_000)) { ... }}. */
+    public Lease lease(String key, long limit, long leaseMs) {
+        return lease(key, limit, leaseMs, Units.ONE, null);
+    }
+
+    /** One unit of a concurrency cap, waiting up to {@code wait} for room. */
+    public Lease lease(String key, long limit, long leaseMs, Duration wait) {
+        return lease(key, limit, leaseMs, Units.ONE, wait);
+    }
+
+    public Lease lease(String key, long limit, long leaseMs, Units units, Duration wait) {
+        Duration limitOfWait = wait == null ? deadline.plusSeconds(1) : acquireDeadline(wait);
+        return await(leaseAsync(key, limit, leaseMs, units, wait).toCompletableFuture(), "RL.CONCURRENCY",
+                limitOfWait == null ? null : limitOfWait.plusSeconds(1));
+    }
+
+    // ---- waiting: BLOCK ----------------------------------------------------
+
+    /**
+     * {@code RL.<ALGORITHM> key <params> [COST n] BLOCK timeout_ms}: waits in
+     * the server (no polling) until the request is admitted, or
+     * {@code timeout} passes (then the denial). {@link Duration#ZERO} waits
+     * without a limit. The call goes on a connection of its own (never the
+     * shared multiplexed one, which it would stall), is bounded by
+     * {@code timeout} plus a margin ({@code max(1 s, 10 %)}) rather than the
+     * client's deadline, and is never sent twice. It completes when the caller
+     * may act: for an admitted leaky bucket, once its {@code wait_ms} has
+     * passed.
+     */
+    public CompletionStage<Decision> acquireAsync(String key, Spec spec, Units units, Duration timeout) {
+        List<String> args = new ArrayList<>();
+        args.add(Args.key(key));
+        args.addAll(spec.words().subList(1, spec.words().size()));
+        units.appendTo(args);
+        return acquire(new Command(spec.algorithm().command(), args, 0, true), units, timeout, spec.algorithm() == Algorithm.LEAKYBUCKET);
+    }
+
+    public CompletionStage<Decision> acquireAsync(String key, Spec spec, Duration timeout) {
+        return acquireAsync(key, spec, Units.ONE, timeout);
+    }
+
+    /** The blocking form of {@link #acquireAsync(String, Spec, Units, Duration)}: a denial is a decision with {@code allowed} false. */
+    public Decision acquire(String key, Spec spec, Units units, Duration timeout) {
+        return awaitAcquire(acquireAsync(key, spec, units, timeout), spec.algorithm().command(), timeout);
+    }
+
+    public Decision acquire(String key, Spec spec, Duration timeout) {
+        return acquire(key, spec, Units.ONE, timeout);
+    }
+
+    /**
+     * {@code RL.HIT policy key [COST n] BLOCK timeout_ms}, as
+     * {@link #acquireAsync(String, Spec, Units, Duration)}. For a leaky-bucket
+     * policy the reply's {@code wait_ms} is waited too.
+     */
+    public CompletionStage<Decision> acquireHitAsync(String policy, String key, Units units, Duration timeout) {
+        List<String> args = new ArrayList<>(List.of(Args.policyName(policy), Args.key(key)));
+        units.appendTo(args);
+        return acquire(new Command("RL.HIT", args, 1, true), units, timeout, true);
+    }
+
+    public Decision acquireHit(String policy, String key, Units units, Duration timeout) {
+        return awaitAcquire(acquireHitAsync(policy, key, units, timeout), "RL.HIT", timeout);
+    }
+
+    public Decision acquireHit(String policy, String key, Duration timeout) {
+        return acquireHit(policy, key, Units.ONE, timeout);
+    }
+
+    /** {@code RL.ALL ... [COST n] BLOCK timeout_ms}: admitted when every limiter admits at once. */
+    public CompletionStage<Decision> acquireAllAsync(List<Limit> limits, Units units, Duration timeout) {
+        List<String> args = allArgs(limits, units);
+        return acquire(new Command("RL.ALL", args, 1, true), units, timeout, true);
+    }
+
+    public Decision acquireAll(List<Limit> limits, Units units, Duration timeout) {
+        return awaitAcquire(acquireAllAsync(limits, units, timeout), "RL.ALL", timeout);
+    }
+
+    public Decision acquireAll(List<Limit> limits, Duration timeout) {
+        return acquireAll(limits, Units.ONE, timeout);
+    }
+
+    /** The deadline of an acquire: its BLOCK timeout plus {@code max(1 s, 10 %)}; null (none) for a wait without a limit. */
+    public static Duration acquireDeadline(Duration timeout) {
+        long ms = blockMs(timeout);
+        return ms == 0 ? null : Duration.ofMillis(ms + Math.max(1000, ms / 10));
+    }
+
+    private static long blockMs(Duration timeout) {
+        if (timeout == null || timeout.isNegative()) {
+            throw new BadArgumentException("timeout_ms", "must be at least 0 (0 waits without a limit), got " + timeout);
+        }
+        long ms = timeout.toMillis();
+        if (ms > Spec.MAX_PARAM) {
+            throw new BadArgumentException("timeout_ms", "must be at most " + Spec.MAX_PARAM + " ms, got " + ms);
+        }
+        if (ms == 0 && !timeout.isZero()) {
+            ms = 1;
+        }
+        return ms;
+    }
+
+    private CompletionStage<Decision> acquire(Command base, Units units, Duration timeout, boolean mayQueue) {
+        if (units.refund() || units.force()) {
+            throw new BadArgumentException("block", "BLOCK waits for COST n, not FORCE or REFUND");
+        }
+        long ms = blockMs(timeout);
+        List<String> args = new ArrayList<>(base.args());
+        args.add("BLOCK");
+        args.add(Long.toString(ms));
+        Command command = new Command(base.name(), args, base.keyIndex(), true);
+        CompletableFuture<Object> sent = driver.sendBlocking(command);
+        CompletableFuture<Object> bounded = bound(sent, command, acquireDeadline(timeout));
+        return bounded.thenApply(reply -> Decision.fromReply(command.name(), reply)).thenCompose(d -> {
+            if (!d.allowed() || d.waitMs() <= 0 || !mayQueue) {
+                return CompletableFuture.completedFuture(d);
+            }
+            // An admitted leaky bucket queues the request: the caller may act once wait_ms has passed.
+            CompletableFuture<Decision> later = new CompletableFuture<>();
+            CompletableFuture.delayedExecutor(d.waitMs(), TimeUnit.MILLISECONDS).execute(() -> later.complete(d));
+            return later;
+        });
+    }
+
+    private <T> T awaitAcquire(CompletionStage<T> stage, String command, Duration timeout) {
+        Duration d = acquireDeadline(timeout);
+        return await(stage.toCompletableFuture(), command, d == null ? null : d.plusSeconds(1));
+    }
+
+    private Duration leaseDeadline() {
+        return deadline.compareTo(Lease.MIN_DEADLINE) > 0 ? deadline : Lease.MIN_DEADLINE;
+    }
+
+    private static boolean bool(Command c, Object reply) {
+        if (reply instanceof Long n && (n == 0 || n == 1)) {
+            return n == 1;
+        }
+        throw new UnexpectedReplyException(c.name(), reply);
     }
 
     // ---- policies ----------------------------------------------------------
@@ -316,8 +519,15 @@ public final class RateLimitClient implements AutoCloseable {
 
 
     private CompletableFuture<Object> timed(Command command, Units units) {
-        CompletableFuture<Object> f = driver.send(command);
-        Duration d = deadline;
+        return within(command, deadline);
+    }
+
+    private CompletableFuture<Object> within(Command command, Duration d) {
+        return bound(driver.send(command), command, d);
+    }
+
+    /** {@code f} failed with a {@link RateLimitTimeoutException} after {@code d} (and cancelled); as it is when null. */
+    private static CompletableFuture<Object> bound(CompletableFuture<Object> f, Command command, Duration d) {
         if (d == null) {
             return f;
         }
@@ -331,7 +541,8 @@ public final class RateLimitClient implements AutoCloseable {
         });
         CompletableFuture.delayedExecutor(d.toNanos(), TimeUnit.NANOSECONDS).execute(() -> {
             if (out.completeExceptionally(new RateLimitTimeoutException(command.name(), d))) {
-                // Lettuce skips a cancelled command still queued; one already sent is simply dropped.
+                // Lettuce skips a cancelled command still queued; one already sent is simply dropped
+                // (a blocking call's own connection is closed, so the server forgets it).
                 f.cancel(false);
             }
         });

@@ -83,6 +83,11 @@ public record Rule(String name, Spec spec, String policy, String keyPrefix, Stri
         return close > open + 1 ? fixed.substring(open + 1, close) : null;
     }
 
+    /** Whether it caps work in flight ({@code CONCURRENCY}): its admissions hold leases to release. */
+    public boolean concurrency() {
+        return spec != null && spec.concurrency();
+    }
+
     /** Whether every key is enforced (not shadow, not off, roll-out 100). */
     public boolean enforced() {
         return mode == PolicyMode.ENFORCE && rollout == 100;

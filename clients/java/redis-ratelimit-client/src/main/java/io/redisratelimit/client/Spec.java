@@ -11,6 +11,8 @@ import java.util.List;
 public final class Spec {
     /** The largest parameter the server accepts: 2^40. */
     public static final long MAX_PARAM = 1L << 40;
+    /** The largest {@code limit} of a concurrency cap: 2^24 - 1. */
+    public static final long MAX_CONCURRENCY = (1L << 24) - 1;
 
     private final Algorithm algorithm;
     private final long[] params;
@@ -40,6 +42,20 @@ public final class Spec {
         return of(Algorithm.FIXEDWINDOW, limit, windowMs);
     }
 
+    /**
+     * {@code CONCURRENCY limit lease_ms}: at most {@code limit} units held at
+     * once, each lease ending at its release or {@code lease_ms} after it was
+     * granted or last renewed ({@code RL.CONCURRENCY}, or a policy).
+     */
+    public static Spec concurrency(long limit, long leaseMs) {
+        return of(Algorithm.CONCURRENCY, limit, leaseMs);
+    }
+
+    /** Whether this caps work in flight ({@code CONCURRENCY}) rather than a rate. */
+    public boolean concurrency() {
+        return algorithm == Algorithm.CONCURRENCY;
+    }
+
     /** Checks the arity and every parameter's range (1 to 2^40; a bucket dividing its window). */
     public static Spec of(Algorithm algorithm, long... params) {
         List<String> names = algorithm.paramNames();
@@ -51,6 +67,9 @@ public final class Spec {
             if (params[i] < 1 || params[i] > MAX_PARAM) {
                 throw new BadArgumentException(names.get(i), "must be an integer from 1 to " + MAX_PARAM + ", got " + params[i]);
             }
+        }
+        if (algorithm == Algorithm.CONCURRENCY && params[0] > MAX_CONCURRENCY) {
+            throw new BadArgumentException("limit", "must be an integer from 1 to " + MAX_CONCURRENCY + ", got " + params[0]);
         }
         if (algorithm == Algorithm.HASHWINDOW && params[1] % params[2] != 0) {
             throw new BadArgumentException("bucket_ms", "must divide window_ms (" + params[1] + " % " + params[2] + " != 0)");
@@ -93,7 +112,8 @@ public final class Spec {
     /**
      * The {@code w} of {@code RateLimit-Policy} in seconds, rounded up: the
      * window for the windows, {@code capacity * refill_ms / refill_count} for
-     * the buckets.
+     * the buckets. A concurrency cap has no window (the field leaves {@code w}
+     * out); this answers its lease time.
      */
     public long windowSeconds() {
         long ms = switch (algorithm) {

@@ -14,6 +14,19 @@ import java.util.concurrent.CompletableFuture;
 public interface Driver extends AutoCloseable {
     CompletableFuture<Object> send(Command command);
 
+    /**
+     * A command the server may hold (an option {@code BLOCK}), on a connection
+     * of its own for this one call, never the shared one: on a multiplexed
+     * connection a held reply would stall every command behind it. No
+     * deadline of the driver's applies; the caller bounds the call and
+     * cancels the future when it gives up, which closes that connection (the
+     * server forgets a blocked client that disconnects, consuming nothing).
+     */
+    default CompletableFuture<Object> sendBlocking(Command command) {
+        return CompletableFuture.failedFuture(new UnsupportedOperationException(
+                getClass().getSimpleName() + " has no connection for blocking calls (" + command.name() + " ... BLOCK)"));
+    }
+
     /** The command on every master (one for a standalone server), in no particular order. */
     CompletableFuture<List<Object>> sendToMasters(Command command);
 

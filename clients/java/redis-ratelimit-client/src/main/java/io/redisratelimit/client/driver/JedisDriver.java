@@ -31,14 +31,22 @@ import java.util.concurrent.atomic.AtomicInteger;
  * <p>Give the {@code JedisCluster} {@code maxAttempts = 1}: its default
  * resends a command after a connection error, which for a limiter write is a
  * second consumption.
+ *
+ * <p>A call the server may hold ({@code BLOCK}) takes a connection of the
+ * pool for itself, for the whole wait, with no socket timeout (as Jedis does
+ * for {@code BLPOP}): size the pool ({@code maxTotal}) for the acquires
+ * waiting at once beside the other calls, or give the blocking calls a
+ * client of their own ({@link #owning(UnifiedJedis, UnifiedJedis)}).
  */
 public final class JedisDriver implements Driver {
     private final UnifiedJedis jedis;
+    private final UnifiedJedis blocking;
     private final boolean owned;
     private final ExecutorService executor;
 
-    private JedisDriver(UnifiedJedis jedis, boolean owned) {
+    private JedisDriver(UnifiedJedis jedis, UnifiedJedis blocking, boolean owned) {
         this.jedis = jedis;
+        this.blocking = blocking;
         this.owned = owned;
         AtomicInteger n = new AtomicInteger();
         this.executor = Executors.newCachedThreadPool(r -> {
@@ -50,12 +58,22 @@ public final class JedisDriver implements Driver {
 
     /** Over a client the application opened and closes. */
     public static JedisDriver of(UnifiedJedis jedis) {
-        return new JedisDriver(jedis, false);
+        return new JedisDriver(jedis, jedis, false);
     }
 
     /** Over a client this driver closes with itself. */
     public static JedisDriver owning(UnifiedJedis jedis) {
-        return new JedisDriver(jedis, true);
+        return new JedisDriver(jedis, jedis, true);
+    }
+
+    /**
+     * Over two clients this driver closes with itself: {@code jedis} for the
+     * calls answered at once, {@code blocking} (same servers, its own pool)
+     * for the calls the server may hold, so that waiting acquires never take
+     * the other calls' connections.
+     */
+    public static JedisDriver owning(UnifiedJedis jedis, UnifiedJedis blocking) {
+        return new JedisDriver(jedis, blocking, true);
     }
 
     @Override
@@ -80,6 +98,27 @@ public final class JedisDriver implements Driver {
         } catch (RuntimeException e) {
             throw translate(e, command);
         }
+    }
+
+    /**
+     * On a connection of the pool held for this call, without a socket
+     * timeout. A caller that gives up (its deadline) leaves this thread
+     * waiting for the server's reply, which comes by the BLOCK timeout.
+     */
+    @Override
+    public CompletableFuture<Object> sendBlocking(Command command) {
+        return CompletableFuture.supplyAsync(() -> {
+            try {
+                byte[][] args = bytes(command.args());
+                String key = command.routingKey();
+                Object reply = key == null
+                        ? blocking.sendBlockingCommand(protocol(command.name()), args)
+                        : blocking.sendBlockingCommand(key.getBytes(StandardCharsets.UTF_8), protocol(command.name()), args);
+                return Replies.normalize(reply);
+            } catch (RuntimeException e) {
+                throw translate(e, command);
+            }
+        }, executor);
     }
 
     @Override
@@ -143,6 +182,9 @@ public final class JedisDriver implements Driver {
         executor.shutdownNow();
         if (owned) {
             jedis.close();
+            if (blocking != jedis) {
+                blocking.close();
+            }
         }
     }
 }

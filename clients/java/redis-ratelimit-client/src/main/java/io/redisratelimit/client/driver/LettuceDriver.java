@@ -7,6 +7,7 @@ import io.lettuce.core.RedisCommandExecutionException;
 import io.lettuce.core.RedisConnectionException;
 import io.lettuce.core.RedisException;
 import io.lettuce.core.RedisURI;
+import io.lettuce.core.api.StatefulConnection;
 import io.lettuce.core.api.StatefulRedisConnection;
 import io.lettuce.core.cluster.ClusterClientOptions;
 import io.lettuce.core.cluster.RedisClusterClient;
@@ -29,7 +30,9 @@ import java.util.List;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.CompletionException;
 import java.util.concurrent.CompletionStage;
+import java.util.concurrent.ConcurrentLinkedDeque;
 import java.util.concurrent.TimeUnit;
+import java.util.function.Supplier;
 
 /**
  * The driver on Lettuce, standalone (or Sentinel, through a sentinel
@@ -40,20 +43,36 @@ import java.util.concurrent.TimeUnit;
  * disconnected ({@link ClientOptions.DisconnectedBehavior#REJECT_COMMANDS})
  * and speak RESP2, so a limiter write is never buffered and replayed after a
  * reconnect: a call that fails is decided by the fallback, once.
+ *
+ * <p>Calls the server may hold ({@code BLOCK}) go on connections of their
+ * own, never the multiplexed one: a small pool, opened lazily from the same
+ * settings, each connection lent to one call at a time. Those connections
+ * do not reconnect by themselves, so a held call that loses its connection
+ * fails and is never replayed.
  */
 public final class LettuceDriver implements Driver {
     private final StatefulRedisConnection<String, String> standalone;
     private final StatefulRedisClusterConnection<String, String> cluster;
     private final AbstractRedisClient owned;
     private final ClientResources ownedResources;
+    /** Opens a connection for blocking calls; null when the application gave none. */
+    private final Supplier<StatefulConnection<String, String>> blockingConnections;
+    private final AbstractRedisClient blockingClient;
+    private final ConcurrentLinkedDeque<StatefulConnection<String, String>> idle = new ConcurrentLinkedDeque<>();
+
+    /** Idle connections kept for blocking calls; more are opened while more calls wait, and closed after. */
+    static final int BLOCKING_IDLE = 4;
 
     private LettuceDriver(StatefulRedisConnection<String, String> standalone,
                           StatefulRedisClusterConnection<String, String> cluster,
-                          AbstractRedisClient owned, ClientResources ownedResources) {
+                          AbstractRedisClient owned, ClientResources ownedResources,
+                          Supplier<StatefulConnection<String, String>> blockingConnections, AbstractRedisClient blockingClient) {
         this.standalone = standalone;
         this.cluster = cluster;
         this.owned = owned;
         this.ownedResources = ownedResources;
+        this.blockingConnections = blockingConnections;
+        this.blockingClient = blockingClient;
     }
 
     /** Options that never buffer a command across a reconnect. */
@@ -62,6 +81,15 @@ public final class LettuceDriver implements Driver {
                 .protocolVersion(ProtocolVersion.RESP2)
                 .disconnectedBehavior(ClientOptions.DisconnectedBehavior.REJECT_COMMANDS)
                 .autoReconnect(true)
+                .build();
+    }
+
+    /** The blocking calls' connections: as {@link #clientOptions()}, and no reconnecting (a held call is never replayed). */
+    static ClientOptions blockingOptions() {
+        return ClientOptions.builder()
+                .protocolVersion(ProtocolVersion.RESP2)
+                .disconnectedBehavior(ClientOptions.DisconnectedBehavior.REJECT_COMMANDS)
+                .autoReconnect(false)
                 .build();
     }
 
@@ -77,10 +105,14 @@ public final class LettuceDriver implements Driver {
         ClientResources res = resources();
         RedisClient client = RedisClient.create(res, uri);
         client.setOptions(clientOptions());
+        RedisClient blocking = RedisClient.create(res, uri);
+        blocking.setOptions(blockingOptions());
         try {
-            return new LettuceDriver(client.connect(StringCodec.UTF8), null, client, res);
+            return new LettuceDriver(client.connect(StringCodec.UTF8), null, client, res,
+                    () -> blocking.connect(StringCodec.UTF8), blocking);
         } catch (RedisException e) {
             client.shutdown();
+            blocking.shutdown();
             res.shutdown();
             throw new RedisUnavailableException("cannot connect to " + uri + ": " + e.getMessage(), e);
         }
@@ -91,23 +123,47 @@ public final class LettuceDriver implements Driver {
         ClientResources res = resources();
         RedisClusterClient client = RedisClusterClient.create(res, seeds);
         client.setOptions(ClusterClientOptions.builder(clientOptions()).validateClusterNodeMembership(false).build());
+        RedisClusterClient blocking = RedisClusterClient.create(res, seeds);
+        blocking.setOptions(ClusterClientOptions.builder(blockingOptions()).validateClusterNodeMembership(false).build());
         try {
-            return new LettuceDriver(null, client.connect(StringCodec.UTF8), client, res);
+            return new LettuceDriver(null, client.connect(StringCodec.UTF8), client, res,
+                    () -> blocking.connect(StringCodec.UTF8), blocking);
         } catch (RedisException e) {
             client.shutdown();
+            blocking.shutdown();
             res.shutdown();
             throw new RedisUnavailableException("cannot connect to the cluster " + seeds + ": " + e.getMessage(), e);
         }
     }
 
-    /** Over a connection the application opened (and closes): give its client {@link #clientOptions()}. */
+    /**
+     * Over a connection the application opened (and closes): give its client
+     * {@link #clientOptions()}. Without a source of connections for blocking
+     * calls, {@code acquire} fails: see {@link #of(StatefulRedisConnection, Supplier)}.
+     */
     public static LettuceDriver of(StatefulRedisConnection<String, String> connection) {
-        return new LettuceDriver(connection, null, null, null);
+        return new LettuceDriver(connection, null, null, null, null, null);
+    }
+
+    /**
+     * Over a connection the application opened, and a source of connections
+     * for blocking calls ({@code () -> client.connect(StringCodec.UTF8)}, from
+     * a client with {@link #blockingOptions()}), which this driver closes.
+     */
+    public static LettuceDriver of(StatefulRedisConnection<String, String> connection,
+                                   Supplier<StatefulRedisConnection<String, String>> blockingConnections) {
+        return new LettuceDriver(connection, null, null, null, blockingConnections::get, null);
     }
 
     /** Over a cluster connection the application opened (and closes). */
     public static LettuceDriver of(StatefulRedisClusterConnection<String, String> connection) {
-        return new LettuceDriver(null, connection, null, null);
+        return new LettuceDriver(null, connection, null, null, null, null);
+    }
+
+    /** Over a cluster connection the application opened, and a source of cluster connections for blocking calls. */
+    public static LettuceDriver of(StatefulRedisClusterConnection<String, String> connection,
+                                   Supplier<StatefulRedisClusterConnection<String, String>> blockingConnections) {
+        return new LettuceDriver(null, connection, null, null, blockingConnections::get, null);
     }
 
     @Override
@@ -125,6 +181,59 @@ public final class LettuceDriver implements Driver {
         } catch (RedisException e) {
             return CompletableFuture.failedFuture(translate(e, command));
         }
+    }
+
+    /**
+     * On a connection lent to this call alone (from the idle ones, or a new
+     * one). Back to the idle ones after a reply; closed when the call failed
+     * or was cancelled, since its reply may still be on the way.
+     */
+    @Override
+    public CompletableFuture<Object> sendBlocking(Command command) {
+        if (blockingConnections == null) {
+            return CompletableFuture.failedFuture(new UnsupportedOperationException("this LettuceDriver has no connections"
+                    + " for blocking calls (" + command.name() + " ... BLOCK): build it with LettuceDriver.connect, or with of(connection, blockingConnections)"));
+        }
+        if (closed.get()) {
+            return CompletableFuture.failedFuture(new RedisUnavailableException(command.name() + ": the driver is closed", null));
+        }
+        StatefulConnection<String, String> c = idle.pollFirst();
+        CompletionStage<List<Object>> f;
+        try {
+            while (c != null && !c.isOpen()) {
+                c = idle.pollFirst();
+            }
+            if (c == null) {
+                c = blockingConnections.get();
+            }
+            f = dispatch(c, command);
+        } catch (RedisException e) {
+            if (c != null) {
+                c.closeAsync();
+            }
+            return CompletableFuture.failedFuture(translate(e, command));
+        }
+        StatefulConnection<String, String> lent = c;
+        CompletableFuture<Object> out = unwrap(f, command);
+        out.whenComplete((v, err) -> {
+            boolean clean = err == null || err instanceof ServerErrorException;
+            if (clean && !closed.get() && lent.isOpen() && idle.size() < BLOCKING_IDLE) {
+                idle.offerFirst(lent);
+            } else {
+                lent.closeAsync();
+            }
+        });
+        return out;
+    }
+
+    @SuppressWarnings("unchecked")
+    private static CompletionStage<List<Object>> dispatch(StatefulConnection<String, String> c, Command command) {
+        if (c instanceof StatefulRedisClusterConnection<?, ?> cc) {
+            return ((StatefulRedisClusterConnection<String, String>) cc).async()
+                    .dispatch(keyword(command.name()), new NestedMultiOutput<>(StringCodec.UTF8), args(command));
+        }
+        return ((StatefulRedisConnection<String, String>) c).async()
+                .dispatch(keyword(command.name()), new NestedMultiOutput<>(StringCodec.UTF8), args(command));
     }
 
     @Override
@@ -215,7 +324,16 @@ public final class LettuceDriver implements Driver {
 
     @Override
     public void close() {
-        if (owned == null || !closed.compareAndSet(false, true)) {
+        if (!closed.compareAndSet(false, true)) {
+            return;
+        }
+        for (StatefulConnection<String, String> c; (c = idle.pollFirst()) != null; ) {
+            c.close();
+        }
+        if (blockingClient != null) {
+            blockingClient.shutdown(Duration.ZERO, Duration.ofSeconds(2));
+        }
+        if (owned == null) {
             return;
         }
         if (standalone != null) {
