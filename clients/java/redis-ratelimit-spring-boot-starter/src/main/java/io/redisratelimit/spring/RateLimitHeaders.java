@@ -32,7 +32,11 @@ public final class RateLimitHeaders {
             }
             policy.append('"').append(n).append('"');
             if (s != null) {
-                policy.append(";q=").append(s.limit()).append(";w=").append(s.windowSeconds());
+                policy.append(";q=").append(s.limit());
+                if (!s.concurrency()) {
+                    // A concurrency cap has no window: the draft's "w" is left out.
+                    policy.append(";w=").append(s.windowSeconds());
+                }
             }
         }
         h.put("RateLimit-Policy", policy.toString());

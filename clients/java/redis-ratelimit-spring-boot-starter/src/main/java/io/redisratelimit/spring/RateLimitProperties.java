@@ -103,9 +103,9 @@ public class RateLimitProperties {
     }
 
     public static class Rule {
-        /** tokenbucket, leakybucket, sliding, hashwindow or fixedwindow. */
+        /** tokenbucket, leakybucket, sliding, hashwindow, fixedwindow, or concurrency (at most limit requests at once). */
         private String algorithm;
-        /** The algorithm's parameters in the command's order (tokenbucket: capacity, refill_count, refill_ms). */
+        /** The algorithm's parameters in the command's order (tokenbucket: capacity, refill_count, refill_ms; concurrency: limit, lease_ms). */
         private List<Long> params = new ArrayList<>();
         /** enforce, shadow (never denies: the dry run) or off (the kill switch). */
         private String mode = "enforce";

@@ -37,7 +37,7 @@ public final class RateLimitRules {
             RateLimitProperties.Rule r = e.getValue();
             String p = prefix + name;
             if (r.getAlgorithm() == null || r.getAlgorithm().isBlank()) {
-                throw new RateLimitConfigException(p + ".algorithm", "missing: one of tokenbucket, leakybucket, sliding, hashwindow, fixedwindow", null);
+                throw new RateLimitConfigException(p + ".algorithm", "missing: one of tokenbucket, leakybucket, sliding, hashwindow, fixedwindow, concurrency", null);
             }
             Algorithm algorithm;
             try {
@@ -64,6 +64,9 @@ public final class RateLimitRules {
             }
             if (r.getRollout() < 0 || r.getRollout() > 100) {
                 throw new RateLimitConfigException(p + ".rollout", "must be a percent from 0 to 100, got " + r.getRollout(), null);
+            }
+            if (spec.concurrency() && r.isGlobal()) {
+                throw new RateLimitConfigException(p + ".global", "a concurrency rule has no local level: its leases are counted in the server", null);
             }
             if (r.getCost() < 0) {
                 throw new RateLimitConfigException(p + ".cost", "must be at least 0, got " + r.getCost(), null);

@@ -1,18 +1,23 @@
 package io.redisratelimit.spring;
 
 import io.redisratelimit.client.Decision;
+import io.redisratelimit.client.Lease;
 import io.redisratelimit.client.Limiter;
 import io.redisratelimit.client.PolicyInfo;
 import io.redisratelimit.client.RateLimitClient;
 import io.redisratelimit.client.RateLimitException;
+import io.redisratelimit.client.Rule;
 import io.redisratelimit.client.RuleSet;
 import io.redisratelimit.client.Spec;
 
 import java.lang.System.Logger.Level;
+import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
 import java.util.Optional;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CompletionStage;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.function.Supplier;
 
@@ -122,7 +127,7 @@ public class RateLimitService {
     /** The checked set of these rules (cached until the next refresh). */
     public RuleSet ruleSet(List<String> names) {
         return sets.computeIfAbsent(List.copyOf(names), n -> {
-            List<io.redisratelimit.client.Rule> list = new ArrayList<>();
+            List<Rule> list = new ArrayList<>();
             for (String name : n) {
                 list.add(rules.get(name).rule());
             }
@@ -130,8 +135,13 @@ public class RateLimitService {
         });
     }
 
-    /** Decides one request under {@code names} (several: all or nothing, one {@code RL.ALL}); never throws for Redis. */
+    /**
+     * Decides one request under {@code names} (several: all or nothing, one
+     * {@code RL.ALL}); never throws for Redis. Rules that cap concurrency take
+     * leases that must be given back: use {@link #admit} for them.
+     */
     public Decision check(List<String> names, List<String> identities, long cost) {
+        refuseCaps(names);
         long start = System.nanoTime();
         Decision d;
         try {
@@ -148,6 +158,85 @@ public class RateLimitService {
 
     /** The non-blocking form, for WebFlux: the stage never fails for Redis. */
     public java.util.concurrent.CompletionStage<Decision> checkAsync(List<String> names, List<String> identities, long cost) {
+        refuseCaps(names);
+        return decide(names, identities, cost);
+    }
+
+    private void refuseCaps(List<String> names) {
+        for (String n : names) {
+            if (rules.get(n).rule().concurrency()) {
+                throw new IllegalArgumentException("rule '" + n + "' caps concurrency: its lease must be released, use admit(...) and close the Permit");
+            }
+        }
+    }
+
+    /**
+     * Decides one request under {@code names}, rate rules and concurrency
+     * caps alike: the rate rules first (one call, all or nothing), then each
+     * cap ({@code RL.HIT} on its policy, which grants a lease). The
+     * {@link Permit} holds the leases until it is closed; a cap that denies
+     * gives back the leases taken before it (the rate rules' units stay
+     * spent, as for any request that got that far). Never fails for Redis.
+     */
+    public CompletionStage<Permit> admitAsync(List<String> names, List<String> identities, long cost) {
+        List<Integer> rate = new ArrayList<>();
+        List<Integer> caps = new ArrayList<>();
+        for (int i = 0; i < names.size(); i++) {
+            (rules.get(names.get(i)).rule().concurrency() ? caps : rate).add(i);
+        }
+        if (caps.isEmpty()) {
+            return decide(names, identities, cost).thenApply(d -> new Permit(d, List.of()));
+        }
+        CompletionStage<Decision> first = rate.isEmpty() ? CompletableFuture.completedFuture(null)
+                : decide(pick(names, rate), pick(identities, rate), cost).thenApply(d ->
+                        d.deniedBy().isPresent() ? d.withDeniedBy(rate.get(d.deniedBy().getAsInt())) : d);
+        RateLimitRules current = rules;
+        return first.thenCompose(d -> d != null && !d.allowed()
+                ? CompletableFuture.completedFuture(new Permit(d, List.of()))
+                : takeLeases(current, names, identities, cost, caps, 0, d, new ArrayList<>()));
+    }
+
+    /** The blocking form of {@link #admitAsync}. */
+    public Permit admit(List<String> names, List<String> identities, long cost) {
+        return admitAsync(names, identities, cost).toCompletableFuture().join();
+    }
+
+    public Permit admit(List<String> names, String identity, long cost) {
+        return admit(names, java.util.Collections.nCopies(names.size(), identity), cost);
+    }
+
+    private CompletionStage<Permit> takeLeases(RateLimitRules current, List<String> names, List<String> identities, long cost,
+                                               List<Integer> caps, int next, Decision reported, List<Lease> taken) {
+        if (next == caps.size()) {
+            return CompletableFuture.completedFuture(new Permit(reported, taken));
+        }
+        int i = caps.get(next);
+        String name = names.get(i);
+        Rule rule = current.get(name).rule();
+        String key = rule.keyFor(identities.get(i));
+        return decide(List.of(name), List.of(identities.get(i)), cost).thenCompose(c -> {
+            if (!c.allowed()) {
+                for (Lease l : taken) {
+                    l.releaseAsync();
+                }
+                return CompletableFuture.completedFuture(new Permit(c.withDeniedBy(i), List.of()));
+            }
+            if (c.lease() > 0) {
+                taken.add(Lease.of(limiter.client(), key, c, Duration.ofMillis(rule.spec().params().get(1))));
+            }
+            return takeLeases(current, names, identities, cost, caps, next + 1, reported == null ? c : reported, taken);
+        });
+    }
+
+    private static <T> List<T> pick(List<T> all, List<Integer> positions) {
+        List<T> out = new ArrayList<>(positions.size());
+        for (int p : positions) {
+            out.add(all.get(p));
+        }
+        return out;
+    }
+
+    private CompletionStage<Decision> decide(List<String> names, List<String> identities, long cost) {
         long start = System.nanoTime();
         return limiter.checkAsync(ruleSet(names), identities, cost).thenApply(d -> {
             long took = System.nanoTime() - start;

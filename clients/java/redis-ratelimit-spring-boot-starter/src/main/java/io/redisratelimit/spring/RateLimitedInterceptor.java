@@ -10,13 +10,19 @@ import org.springframework.core.ParameterNameDiscoverer;
 import org.springframework.core.annotation.AnnotatedElementUtils;
 import org.springframework.expression.Expression;
 import org.springframework.expression.spel.standard.SpelExpressionParser;
+import org.springframework.util.ClassUtils;
 
 import java.lang.reflect.Method;
 import java.util.List;
 import java.util.Map;
+import java.util.concurrent.CompletionStage;
 import java.util.concurrent.ConcurrentHashMap;
 
-/** The advice behind {@link RateLimited}: evaluates the key per call, decides, throws on a denial. */
+/**
+ * The advice behind {@link RateLimited}: evaluates the key per call, decides,
+ * throws on a denial, and holds the leases of concurrency rules while the call
+ * works.
+ */
 public class RateLimitedInterceptor implements MethodInterceptor {
     /** Told of every decision of an annotated call, e.g. to write the response's headers. */
     public interface DecisionHook {
@@ -58,13 +64,61 @@ public class RateLimitedInterceptor implements MethodInterceptor {
                 identity = "-";
             }
         }
-        Decision d = service.check(rules, identity, a.cost());
+        Permit permit = service.admit(rules, identity, a.cost());
+        Decision d = permit.decision();
         for (DecisionHook h : hooks) {
             h.decided(rules, d);
         }
         if (!d.allowed()) {
             throw new RateLimitExceededException(rules, service.reported(rules, d), d);
         }
-        return invocation.proceed();
+        if (permit.leases().isEmpty()) {
+            return invocation.proceed();
+        }
+        Object result;
+        try {
+            result = invocation.proceed();
+        } catch (Throwable t) {
+            permit.close();
+            throw t;
+        }
+        return releasedWhenDone(result, permit);
+    }
+
+    /**
+     * The leases of a concurrency rule are held while the call works: until it
+     * returns, or, for a {@link CompletionStage} or a Reactor {@code Mono} or
+     * {@code Flux}, until that completes, fails or is cancelled.
+     */
+    static Object releasedWhenDone(Object result, Permit permit) {
+        if (result instanceof CompletionStage<?> stage) {
+            return stage.whenComplete((v, e) -> permit.releaseAsync());
+        }
+        if (REACTOR && result != null) {
+            Object held = Reactive.releasedWhenDone(result, permit);
+            if (held != null) {
+                return held;
+            }
+        }
+        permit.close();
+        return result;
+    }
+
+    private static final boolean REACTOR = ClassUtils.isPresent("reactor.core.publisher.Mono", RateLimitedInterceptor.class.getClassLoader());
+
+    /** Kept apart so that Reactor's classes load only when they are there. */
+    static final class Reactive {
+        private Reactive() {
+        }
+
+        static Object releasedWhenDone(Object result, Permit permit) {
+            if (result instanceof reactor.core.publisher.Mono<?> mono) {
+                return mono.doFinally(signal -> permit.releaseAsync());
+            }
+            if (result instanceof reactor.core.publisher.Flux<?> flux) {
+                return flux.doFinally(signal -> permit.releaseAsync());
+            }
+            return null;
+        }
     }
 }

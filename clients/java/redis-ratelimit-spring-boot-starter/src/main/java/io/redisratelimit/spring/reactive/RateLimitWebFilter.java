@@ -29,7 +29,9 @@ import java.util.concurrent.ConcurrentHashMap;
  * Route-level rules for WebFlux, as the servlet interceptor does them, without
  * blocking: the rules whose {@code routes} match are checked together with
  * one asynchronous call, keyed by {@code key} (SpEL over {@code #request}, a
- * {@link ServerHttpRequest}; the client's address by default).
+ * {@link ServerHttpRequest}; the client's address by default). A rule that
+ * caps concurrency holds its lease until the response completes, fails or
+ * is cancelled.
  */
 public class RateLimitWebFilter implements WebFilter {
     private final RateLimitService service;
@@ -63,13 +65,18 @@ public class RateLimitWebFilter implements WebFilter {
         if (names.isEmpty()) {
             return chain.filter(exchange);
         }
-        return Mono.fromCompletionStage(service.checkAsync(names, identities, cost)).flatMap(d -> {
+        return Mono.fromCompletionStage(service.admitAsync(names, identities, cost)).flatMap(permit -> {
+            Decision d = permit.decision();
             ServerHttpResponse response = exchange.getResponse();
             if (d.allowed()) {
                 if (headers) {
                     RateLimitHeaders.of(service, names, d).forEach(response.getHeaders()::set);
                 }
-                return chain.filter(exchange);
+                if (permit.leases().isEmpty()) {
+                    return chain.filter(exchange);
+                }
+                // Held until the response is written, or the exchange fails or is cancelled.
+                return chain.filter(exchange).doFinally(signal -> permit.releaseAsync());
             }
             return deny(response, names, d);
         });

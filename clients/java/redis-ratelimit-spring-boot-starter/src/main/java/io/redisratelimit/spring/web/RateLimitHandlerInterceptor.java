@@ -4,6 +4,8 @@ import io.redisratelimit.client.Decision;
 import io.redisratelimit.spring.RateLimitHeaders;
 import io.redisratelimit.spring.RateLimitRules;
 import io.redisratelimit.spring.RateLimitService;
+import io.redisratelimit.spring.Permit;
+import jakarta.servlet.DispatcherType;
 import jakarta.servlet.http.HttpServletRequest;
 import jakarta.servlet.http.HttpServletResponse;
 import org.springframework.expression.Expression;
@@ -23,7 +25,9 @@ import java.util.concurrent.ConcurrentHashMap;
  * Route-level rules: every rule whose {@code routes} match the request's path
  * is checked (together, all or nothing), keyed by its {@code key} expression
  * over {@code #request} (the client's address by default). A denial answers
- * 429 here, before the handler runs.
+ * 429 here, before the handler runs. A rule that caps concurrency holds its
+ * lease from here until the request completes ({@link #afterCompletion}, also
+ * after an error; for an asynchronous request, after its last dispatch).
  */
 public class RateLimitHandlerInterceptor implements HandlerInterceptor {
     private final RateLimitService service;
@@ -37,8 +41,15 @@ public class RateLimitHandlerInterceptor implements HandlerInterceptor {
         this.headers = headers;
     }
 
+    /** The request's {@link Permit} while its handler works (rules that cap concurrency). */
+    public static final String PERMIT = RateLimitHandlerInterceptor.class.getName() + ".permit";
+
     @Override
     public boolean preHandle(HttpServletRequest request, HttpServletResponse response, Object handler) throws Exception {
+        if (request.getDispatcherType() == DispatcherType.ASYNC) {
+            // Decided when the request came in; this is its second dispatch.
+            return true;
+        }
         String path = request.getRequestURI().substring(request.getContextPath().length());
         List<String> names = new ArrayList<>();
         List<String> identities = new ArrayList<>();
@@ -56,8 +67,12 @@ public class RateLimitHandlerInterceptor implements HandlerInterceptor {
         if (names.isEmpty()) {
             return true;
         }
-        Decision d = service.check(names, identities, cost);
+        Permit permit = service.admit(names, identities, cost);
+        Decision d = permit.decision();
         if (d.allowed()) {
+            if (!permit.leases().isEmpty()) {
+                request.setAttribute(PERMIT, permit);
+            }
             if (headers) {
                 RateLimitHeaders.of(service, names, d).forEach(response::setHeader);
             }
@@ -69,6 +84,15 @@ public class RateLimitHandlerInterceptor implements HandlerInterceptor {
         response.setContentType(MediaType.APPLICATION_PROBLEM_JSON_VALUE);
         response.getOutputStream().write(RateLimitHeaders.problemJson(rule, d).getBytes(StandardCharsets.UTF_8));
         return false;
+    }
+
+    /** The response is done (or the handler failed): the concurrency rules' leases go back. */
+    @Override
+    public void afterCompletion(HttpServletRequest request, HttpServletResponse response, Object handler, Exception ex) {
+        if (request.getAttribute(PERMIT) instanceof Permit permit) {
+            request.removeAttribute(PERMIT);
+            permit.close();
+        }
     }
 
     private String identity(RateLimitRules.Entry e, HttpServletRequest request) {

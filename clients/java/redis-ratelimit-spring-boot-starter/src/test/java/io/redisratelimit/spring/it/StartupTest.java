@@ -65,6 +65,30 @@ class StartupTest {
     }
 
     @Test
+    void aConcurrencyRuleIsCheckedAtStartUpAndPushedAsAPolicy() {
+        runner.withPropertyValues("ratelimit.rules.cap.algorithm=concurrency", "ratelimit.rules.cap.params=0,1000")
+                .run(ctx -> assertEquals("ratelimit.rules.cap.params[0]", ((RateLimitConfigException) root(ctx.getStartupFailure())).property()));
+        runner.withPropertyValues("ratelimit.rules.cap.algorithm=concurrency", "ratelimit.rules.cap.params=2,1000", "ratelimit.rules.cap.global=true")
+                .run(ctx -> assertEquals("ratelimit.rules.cap.global", ((RateLimitConfigException) root(ctx.getStartupFailure())).property()));
+        runner.withPropertyValues("ratelimit.rules.cap.algorithm=concurrency", "ratelimit.rules.cap.params=1,60000")
+                .run(ctx -> {
+                    RateLimitService s = ctx.getBean(RateLimitService.class);
+                    assertEquals(io.redisratelimit.client.Spec.concurrency(1, 60_000), s.policy("cap").orElseThrow().spec());
+                    String who = "w-" + java.util.UUID.randomUUID();
+                    try (io.redisratelimit.spring.Permit p = s.admit(java.util.List.of("cap"), who, 1)) {
+                        assertTrue(p.allowed());
+                        assertEquals(1, p.leases().size());
+                        assertTrue(!s.admit(java.util.List.of("cap"), who, 1).allowed());
+                    }
+                    try (io.redisratelimit.spring.Permit again = s.admit(java.util.List.of("cap"), who, 1)) {
+                        assertTrue(again.allowed(), "closing the permit gave the lease back");
+                    }
+                    org.junit.jupiter.api.Assertions.assertThrows(IllegalArgumentException.class,
+                            () -> s.check(java.util.List.of("cap"), who, 1), "check would leak the lease");
+                });
+    }
+
+    @Test
     void aServerWithoutTheModuleFailsAtStartUp() {
         try (RedisServer bare = RedisServer.startWithoutModule()) {
             runner.withPropertyValues("spring.data.redis.port=" + bare.port()).run(ctx -> {
