@@ -1,5 +1,6 @@
 package io.redisratelimit.client;
 
+import io.redisratelimit.client.driver.Command;
 import io.redisratelimit.client.driver.Driver;
 import io.redisratelimit.client.testing.RedisCluster;
 import io.redisratelimit.client.testing.RedisServer;
@@ -79,13 +80,36 @@ class AcquireTest {
         return TimeUnit.NANOSECONDS.toMillis(System.nanoTime() - startNanos);
     }
 
+    /** Polls until the servers hold at least {@code n} blocked clients ({@code INFO clients}). */
+    private static void blocked(RateLimitClient rl, long n) throws InterruptedException {
+        Command info = new Command("INFO", List.of("clients"), -1, false);
+        long until = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
+        while (true) {
+            long now = 0;
+            for (Object reply : rl.driver().sendToMasters(info).join()) {
+                for (String line : String.valueOf(reply).split("\r?\n")) {
+                    if (line.startsWith("blocked_clients:")) {
+                        now += Long.parseLong(line.substring("blocked_clients:".length()).trim());
+                    }
+                }
+            }
+            if (now >= n) {
+                return;
+            }
+            assertTrue(System.nanoTime() < until, "the server never held the call");
+            Thread.sleep(10);
+        }
+    }
+
     @ParameterizedTest
     @EnumSource(Drivers.class)
     void anAcquireWaitsForARelease(Drivers d) throws Exception {
         RateLimitClient rl = clients.get(d);
         String k = key("wait");
-        Lease held = rl.lease(k, 1, 60_000);
-        CompletableFuture<Decision> waiting = rl.acquireAsync(k, Spec.concurrency(1, 60_000), LONG).toCompletableFuture();
+        // The lease ends within the wait (or the server would deny at once); the release comes first.
+        Lease held = rl.lease(k, 1, 10_000);
+        CompletableFuture<Decision> waiting = rl.acquireAsync(k, Spec.concurrency(1, 10_000), LONG).toCompletableFuture();
+        blocked(rl, 1);
         // The normal call answers while the acquire is held: acquire has a connection of its own.
         Decision other = rl.tokenBucket(key("other"), 5, 5, 1000);
         assertTrue(other.allowed());
@@ -101,13 +125,14 @@ class AcquireTest {
 
     @ParameterizedTest
     @EnumSource(Drivers.class)
-    void anAcquireThatTimesOutAnswersTheDenialAtItsTimeout(Drivers d) {
+    void anAcquireThatTimesOutAnswersTheDenialAtItsTimeout(Drivers d) throws Exception {
         RateLimitClient rl = clients.get(d);
         String k = key("timeout");
         // The lease ends in 1 s, within the 1.5 s wait; renewing it (a write) keeps it past the wait.
         Lease held = rl.lease(k, 1, 1000);
-        CompletableFuture<Decision> waiting = rl.acquireAsync(k, Spec.concurrency(1, 1000), Duration.ofMillis(1500)).toCompletableFuture();
         long start = System.nanoTime();
+        CompletableFuture<Decision> waiting = rl.acquireAsync(k, Spec.concurrency(1, 1000), Duration.ofMillis(1500)).toCompletableFuture();
+        blocked(rl, 1);
         assertTrue(held.renew(Duration.ofSeconds(30)));
         Decision denied = waiting.join();
         long took = msSince(start);
@@ -154,11 +179,12 @@ class AcquireTest {
     void acquireWorksThroughAPolicyAndAcrossSeveralLimiters(Drivers d) throws Exception {
         RateLimitClient rl = clients.get(d);
         String name = "test:acq:" + d + ":" + UUID.randomUUID();
-        rl.policySet(name, Spec.concurrency(1, 60_000), PolicyMode.ENFORCE, 100);
+        rl.policySet(name, Spec.concurrency(1, 10_000), PolicyMode.ENFORCE, 100);
         try {
             String k = key("hit");
             Decision first = rl.hit(name, k);
             CompletableFuture<Decision> second = rl.acquireHitAsync(name, k, Units.ONE, LONG).toCompletableFuture();
+            blocked(rl, 1);
             assertFalse(second.isDone());
             assertTrue(rl.release(k, first.lease()));
             Decision got = second.get(10, TimeUnit.SECONDS);
@@ -179,13 +205,14 @@ class AcquireTest {
     void aLeaseCanWaitForRoom(Drivers d) throws Exception {
         RateLimitClient rl = clients.get(d);
         String k = key("leasewait");
-        Lease held = rl.lease(k, 1, 60_000);
-        CompletableFuture<Lease> waiting = rl.leaseAsync(k, 1, 60_000, Units.ONE, LONG).toCompletableFuture();
+        Lease held = rl.lease(k, 1, 10_000);
+        CompletableFuture<Lease> waiting = rl.leaseAsync(k, 1, 10_000, Units.ONE, LONG).toCompletableFuture();
+        blocked(rl, 1);
         assertFalse(waiting.isDone());
         held.close();
         try (Lease got = waiting.get(10, TimeUnit.SECONDS)) {
             assertTrue(got.id() > held.id());
-            assertThrows(RateLimitDeniedException.class, () -> rl.lease(k, 1, 60_000, Duration.ofMillis(50)));
+            assertThrows(RateLimitDeniedException.class, () -> rl.lease(k, 1, 10_000, Duration.ofMillis(50)));
         }
     }
 }
