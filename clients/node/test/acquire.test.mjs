@@ -114,13 +114,21 @@ describe('acquire', { skip }, () => {
         assert.equal(d.allowed, false);
         assert.equal(d.lease, null);
         assert.ok(took >= 1400 && took < 5000, `${took} ms`);
-        // 30 s to wait, 1 s allowed: the denial comes at once, with its wait.
+        // A lease 30 s away still waits for a release, up to its timeout.
+        const waited = Date.now();
+        const late = await rl.acquire(k('t'), rule, { timeoutMs: 500 });
+        assert.equal(late.allowed, false);
+        assert.ok(Date.now() - waited >= 450, `${Date.now() - waited} ms`);
+        await rl.release(k('t'), holder.lease);
+        // A bucket 30 s from its next token, 1 s allowed: the denial comes at
+        // once, with its wait.
+        const bucket = { algorithm: 'tokenbucket', capacity: 1, refillCount: 1, refillMs: 30_000 };
+        assert.equal((await rl.limit(k('tb'), bucket)).allowed, true);
         const quick = Date.now();
-        const no = await rl.acquire(k('t'), rule, { timeoutMs: 1000 });
+        const no = await rl.acquire(k('tb'), bucket, { timeoutMs: 1000 });
         assert.equal(no.allowed, false);
         assert.ok(no.waitMs > 1000);
         assert.ok(Date.now() - quick < 1000, `${Date.now() - quick} ms`);
-        await rl.release(k('t'), holder.lease);
       });
 
       test('an admitted leaky bucket resolves after its wait_ms', async () => {
