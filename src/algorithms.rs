@@ -27,11 +27,14 @@
 use std::ffi::CStr;
 
 use crate::args::{ParamList, Params, BLOCK, COST_OR_REFUND};
+use crate::calendar::{self, Zone};
 use crate::config;
 use crate::error::Error;
 use crate::ffi::{Arg, DataType};
+use crate::limiter::quota::QuotaParams;
 use crate::limiter::{
-    Algorithm, Concurrency, FixedWindow, HashWindow, LeakyBucket, SlidingLog, TokenBucket,
+    Algorithm, Concurrency, FixedWindow, HashWindow, LeakyBucket, Micros, Parameters, Quota,
+    SlidingLog, TokenBucket,
 };
 use crate::stats::Outcomes;
 
@@ -130,6 +133,34 @@ self::algorithms! { $
         companions: &[Companion::Release, Companion::Renew],
         ..Row::LIMITER
     },
+    Quota => Row {
+        command: c"RL.QUOTA",
+        key: KeyFormat::Native { type_name: c"rl-quotas", encoding: 1 },
+        summary: c"Calendar quota: admits a request of COST units if the day, ISO week, month or year it falls in, in its time zone (TZ, default UTC), has room",
+        complexity: c"O(1)",
+        args: &[
+            Arg::key(c"key"),
+            Arg::integer(c"limit"),
+            Arg::one_of(
+                c"period",
+                &[
+                    Arg::keyword(c"day", c"DAY"),
+                    Arg::keyword(c"week", c"WEEK"),
+                    Arg::keyword(c"month", c"MONTH"),
+                    Arg::keyword(c"year", c"YEAR"),
+                ],
+            ),
+            Arg::string(c"zone")
+                .token(c"TZ")
+                .summary(c"UTC (the default), a fixed offset such as +05:30, or a time zone name such as America/New_York")
+                .optional(),
+            COST_OR_REFUND,
+            BLOCK,
+        ],
+        resolve: resolve_quota,
+        period_end: |p| Some(p.end()),
+        ..Row::LIMITER
+    },
 }
 
 /// One row: an algorithm served as a command.
@@ -156,6 +187,48 @@ pub struct Row<L: Algorithm> {
     pub reply: ReplyShape,
     /// Commands that come with it, registered with it.
     pub companions: &'static [Companion],
+    /// Completes the parameters of a call at its time `now`, from its
+    /// `TZ zone` and (replicated) `END unix_us` options: a calendar quota
+    /// learns where its period ends. The others take neither option.
+    pub resolve: Resolve<L>,
+    /// The end of the call's period, which a calendar quota's pinned call
+    /// carries (`END unix_us`), so that replicas never read a tz database.
+    pub period_end: fn(&L::Params) -> Option<Micros>,
+}
+
+/// See [`Row::resolve`].
+pub type Resolve<L> =
+    fn(&mut <L as Algorithm>::Params, Option<Zone>, Option<Micros>, Micros) -> Result<(), Error>;
+
+/// [`Row::resolve`] of an algorithm without periods.
+fn resolve_nothing<P>(
+    _: &mut P,
+    zone: Option<Zone>,
+    end: Option<Micros>,
+    _: Micros,
+) -> Result<(), Error> {
+    if zone.is_some() {
+        return Err(Error::UnknownOption("TZ".to_string()));
+    }
+    if end.is_some() {
+        return Err(Error::UnknownOption("END".to_string()));
+    }
+    Ok(())
+}
+
+/// [`Row::resolve`] of `RL.QUOTA`: the end of the period that contains
+/// `now` in the zone (UTC by default), or the master's, when it says it.
+fn resolve_quota(
+    params: &mut QuotaParams,
+    zone: Option<Zone>,
+    end: Option<Micros>,
+    now: Micros,
+) -> Result<(), Error> {
+    let end = end.unwrap_or_else(|| {
+        calendar::period_end(params.period(), zone.unwrap_or(calendar::UTC), now)
+    });
+    *params = params.at_end(end);
+    Ok(())
 }
 
 impl<L: Algorithm> Row<L> {
@@ -181,6 +254,8 @@ impl<L: Algorithm> Row<L> {
         bounds: |_| Ok(()),
         reply: ReplyShape::Decision,
         companions: &[],
+        resolve: resolve_nothing::<L::Params>,
+        period_end: |_| None,
     };
 }
 
@@ -375,6 +450,15 @@ impl Spec {
         self.params().as_slice()[0]
     }
 
+    /// The keyword that parameter `i` stands for, if it is one (a quota's
+    /// period: `DAY`, ...).
+    pub fn keyword(&self, i: usize, value: u64) -> Option<&'static str> {
+        with_algorithm!(*self, L, _p => {
+            let int = <<L as Algorithm>::Params as Parameters>::INTEGERS.get(i)?;
+            int.keywords.get(usize::try_from(value).ok()?).copied()
+        })
+    }
+
     pub fn param_count(&self) -> usize {
         with_algorithm!(*self, L, _p => <<L as Algorithm>::Params as Params>::COUNT)
     }
@@ -566,7 +650,7 @@ mod tests {
     fn specs_name_the_algorithms_in_table_order() {
         assert_eq!(
             words_allowed(Site::Policy).join(", "),
-            "TOKENBUCKET, FIXEDWINDOW, LEAKYBUCKET, SLIDING, HASHWINDOW, CONCURRENCY"
+            "TOKENBUCKET, FIXEDWINDOW, LEAKYBUCKET, SLIDING, HASHWINDOW, CONCURRENCY, QUOTA"
         );
         let (spec, words) =
             Spec::parse(&[b"sliding", b"5", b"1000", b"COST"], Site::InCall(1)).unwrap();
@@ -576,7 +660,7 @@ mod tests {
         );
         assert_eq!(
             Spec::parse(&[b"BUCKET", b"1"], Site::Policy).unwrap_err().message(),
-            "ERR policy: unknown algorithm 'BUCKET' (expected TOKENBUCKET, FIXEDWINDOW, LEAKYBUCKET, SLIDING, HASHWINDOW, CONCURRENCY)"
+            "ERR policy: unknown algorithm 'BUCKET' (expected TOKENBUCKET, FIXEDWINDOW, LEAKYBUCKET, SLIDING, HASHWINDOW, CONCURRENCY, QUOTA)"
         );
     }
 }

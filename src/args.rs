@@ -4,6 +4,7 @@
 //! Parsing works on byte slices, so it runs without Redis in unit tests and
 //! allocates nothing unless it has an error to report.
 
+use crate::calendar::{self, Zone};
 use crate::error::Error;
 use crate::ffi::Arg;
 use crate::limiter::{Micros, Parameters, Request, MAX_PARAM};
@@ -18,6 +19,11 @@ pub struct Options {
     /// `BLOCK timeout_ms`: wait in the server until admitted, at most this
     /// long (0: no limit).
     pub block: Option<u64>,
+    /// `TZ zone`: the time zone of a calendar quota.
+    pub zone: Option<Zone>,
+    /// `END unix_us`: the end of a calendar quota's period, as the master
+    /// found it, on the replication link and in the AOF.
+    pub end: Option<Micros>,
 }
 
 impl Options {
@@ -69,6 +75,25 @@ pub fn parse_int(arg: &[u8], name: &'static str, min: u64, max: u64) -> Result<u
     }
 }
 
+/// A parameter written as one of `keywords`, in any case: its position.
+/// Its number is accepted too (a call propagated from a policy's
+/// parameters, which are numbers).
+pub fn parse_keyword(arg: &[u8], name: &'static str, keywords: &[&str]) -> Result<u64, Error> {
+    if let Some(i) = keywords
+        .iter()
+        .position(|k| arg.eq_ignore_ascii_case(k.as_bytes()))
+    {
+        return Ok(i as u64);
+    }
+    parse_int(arg, name, 0, keywords.len() as u64 - 1).map_err(|_| {
+        Error::Syntax(format!(
+            "{name} must be one of {}, not '{}'",
+            keywords.join(", "),
+            Error::quote(arg)
+        ))
+    })
+}
+
 /// `COST n [FORCE]`: the units a call takes, and whether it takes them even
 /// when the limiter would deny (a penalty, leaving the limiter in debt).
 pub const COST: Arg = Arg::block(
@@ -111,6 +136,8 @@ pub fn parse_options(rest: &[&[u8]]) -> Result<Options, Error> {
     let mut force = false;
     let mut at = None;
     let mut block = None;
+    let mut zone = None;
+    let mut end = None;
     let mut i = 0;
     while i < rest.len() {
         let name = rest[i];
@@ -141,6 +168,23 @@ pub fn parse_options(rest: &[&[u8]]) -> Result<Options, Error> {
                 return Err(Error::DuplicateOption("BLOCK"));
             }
             block = Some(parse_int(value, "BLOCK", 0, MAX_PARAM)?);
+        } else if name.eq_ignore_ascii_case(b"TZ") {
+            let value = value.ok_or(Error::MissingValue("TZ"))?;
+            if zone.is_some() {
+                return Err(Error::DuplicateOption("TZ"));
+            }
+            zone = Some(calendar::zone(value).ok_or_else(|| {
+                Error::Syntax(format!(
+                    "TZ must be UTC, a fixed offset such as +05:30, or a time zone name such as America/New_York, not '{}'",
+                    Error::quote(value)
+                ))
+            })?);
+        } else if name.eq_ignore_ascii_case(b"END") {
+            let value = value.ok_or(Error::MissingValue("END"))?;
+            if end.is_some() {
+                return Err(Error::DuplicateOption("END"));
+            }
+            end = Some(Micros::from_us(parse_int(value, "END", 0, MAX_AT_US)?));
         } else if name.eq_ignore_ascii_case(b"AT") {
             let value = value.ok_or(Error::MissingValue("AT"))?;
             if at.is_some() {
@@ -159,7 +203,13 @@ pub fn parse_options(rest: &[&[u8]]) -> Result<Options, Error> {
         (None, true) => Request::Force(cost.unwrap_or(1)),
         (None, false) => Request::Cost(cost.unwrap_or(1)),
     };
-    Ok(Options { request, at, block })
+    Ok(Options {
+        request,
+        at,
+        block,
+        zone,
+        end,
+    })
 }
 
 /// The parameters of one algorithm, as they follow the key.
@@ -190,7 +240,11 @@ impl<P: Parameters> Params for P {
     fn parse(args: &[&[u8]]) -> Result<Self, Error> {
         let mut values = [0; MAX_PARAMS];
         for (i, int) in P::INTEGERS.iter().enumerate() {
-            values[i] = parse_int(args[i], int.name, int.min, int.max)?;
+            values[i] = if int.keywords.is_empty() {
+                parse_int(args[i], int.name, int.min, int.max)?
+            } else {
+                parse_keyword(args[i], int.name, int.keywords)?
+            };
         }
         Ok(P::from_integers(&values[..Self::COUNT])?)
     }
@@ -285,6 +339,8 @@ mod tests {
                 request: Request::Cost(1),
                 at: None,
                 block: None,
+                zone: None,
+                end: None,
             })
         );
         let o = parse_options(&[b"cost", b"0", b"At", b"17"]).unwrap();
@@ -294,6 +350,8 @@ mod tests {
                 request: Request::Cost(0),
                 at: Some(Micros::from_us(17)),
                 block: None,
+                zone: None,
+                end: None,
             }
         );
     }

@@ -73,7 +73,7 @@ impl Error {
                 format!("ERR {what} is above ratelimit.{config} ({max})")
             }
             Error::UnknownOption(text) => {
-                format!("ERR unknown option '{text}' (expected COST, FORCE or REFUND)")
+                format!("ERR unknown option '{text}' (expected COST, FORCE, REFUND or BLOCK)")
             }
             Error::DuplicateOption(name) => format!("ERR {name} given more than once"),
             Error::MissingValue(name) => format!("ERR {name} needs a value"),

@@ -13,6 +13,7 @@
 mod algorithms;
 pub mod args;
 mod blocking;
+mod calendar;
 pub mod clock;
 mod commands;
 mod config;
@@ -187,6 +188,7 @@ mod tests {
                 (c"RL.SLIDING", -4),
                 (c"RL.HASHWINDOW", -5),
                 (c"RL.CONCURRENCY", -4),
+                (c"RL.QUOTA", -4),
             ]
         );
     }

@@ -45,6 +45,7 @@ static AT: SharedString = SharedString::new(c"AT");
 static ONE: SharedString = SharedString::new(c"1");
 static FORCE: SharedString = SharedString::new(c"FORCE");
 static REFUND: SharedString = SharedString::new(c"REFUND");
+static END: SharedString = SharedString::new(c"END");
 
 /// Whether admitted calls are currently propagated in their pinned form.
 pub fn pinned() -> bool {
@@ -57,7 +58,7 @@ pub fn pinned() -> bool {
 /// handler calls [`consumer_may_appear`]); without them, the module pins
 /// from the start.
 pub fn init(load: &Load, subscribed: bool) {
-    for word in [&COST, &AT, &ONE, &FORCE, &REFUND] {
+    for word in [&COST, &AT, &ONE, &FORCE, &REFUND, &END] {
         load.make_shared(word);
     }
     let quiet = subscribed && nothing_consumes_the_stream(load.context());
@@ -104,11 +105,19 @@ pub fn limiter_call(
     key_and_params: &[&RString],
     request: Request,
     now: Micros,
+    end: Option<Micros>,
 ) {
     if !pinned() {
         return count_write(ctx);
     }
-    pin(ctx, command, Head::Strings(key_and_params), request, now);
+    pin(
+        ctx,
+        command,
+        Head::Strings(key_and_params),
+        request,
+        now,
+        end,
+    );
 }
 
 /// Propagates a call made through a policy: like [`limiter_call`], with the
@@ -122,6 +131,7 @@ pub fn limiter_call_with_params(
     params: impl FnOnce() -> ParamList,
     request: Request,
     now: Micros,
+    end: Option<Micros>,
 ) {
     if !pinned() {
         return count_write(ctx);
@@ -133,6 +143,7 @@ pub fn limiter_call_with_params(
         Head::KeyAndNumbers(key, params.as_slice()),
         request,
         now,
+        end,
     );
 }
 
@@ -156,16 +167,39 @@ pub fn at_tail(now: Micros) -> ([Word; 2], usize) {
 
 /// Propagates `command head...` with the request and the master's time.
 #[inline]
-fn pin(ctx: &Context, command: &CStr, head: Head, request: Request, now: Micros) {
-    let (tail, len) = tail(request, now);
+fn pin(
+    ctx: &Context,
+    command: &CStr,
+    head: Head,
+    request: Request,
+    now: Micros,
+    end: Option<Micros>,
+) {
+    let (tail, len) = tail(request, now, end);
     ctx.replicate(command, head, &tail[..len]);
 }
 
 /// The words of a pinned call after its key and parameters: `COST n AT t`,
 /// `COST n FORCE AT t` or `REFUND n AT t` (`COST 1` from a shared word),
-/// as an array and its length (no allocation).
+/// then `END e` for a calendar quota's period, as an array and its length
+/// (no allocation).
 #[inline]
-pub fn tail(request: Request, now: Micros) -> ([Word; 5], usize) {
+pub fn tail(request: Request, now: Micros, end: Option<Micros>) -> ([Word; 7], usize) {
+    let (words, len) = request_tail(request, now);
+    let mut out = [words[0]; 7];
+    out[..5].copy_from_slice(&words);
+    match end {
+        None => (out, len),
+        Some(end) => {
+            out[len] = Word::Shared(&END);
+            out[len + 1] = Word::Int(end.as_us() as i64);
+            (out, len + 2)
+        }
+    }
+}
+
+#[inline]
+fn request_tail(request: Request, now: Micros) -> ([Word; 5], usize) {
     let at = Word::Int(now.as_us() as i64);
     let (cost, force, refund, at_word) = (
         Word::Shared(&COST),

@@ -221,6 +221,7 @@ impl Parameters for ConcurrencyParams {
             name: "limit",
             min: 1,
             max: MAX_LIMIT,
+            keywords: &[],
         },
         IntegerParam::positive("lease_ms"),
     ];

@@ -76,6 +76,7 @@ mod error;
 pub mod fixed_window;
 pub mod hash_window;
 pub mod leaky_bucket;
+pub mod quota;
 pub mod sliding_log;
 mod time;
 pub mod token_bucket;
@@ -85,6 +86,7 @@ pub use error::ParamError;
 pub use fixed_window::{FixedWindow, FixedWindowParams, FixedWindowState};
 pub use hash_window::{HashWindow, HashWindowParams, HashWindowState};
 pub use leaky_bucket::{LeakyBucket, LeakyBucketParams, LeakyBucketState};
+pub use quota::{Period, Quota, QuotaParams, QuotaState};
 pub use sliding_log::{SlidingLog, SlidingLogParams, SlidingLogState};
 pub use time::Micros;
 pub use token_bucket::{TokenBucket, TokenBucketParams, TokenBucketState};
@@ -268,6 +270,10 @@ pub struct IntegerParam {
     pub min: u64,
     /// The largest value it may take.
     pub max: u64,
+    /// Words that stand for its values, the n-th for n (`DAY`, `WEEK`, ...
+    /// for a quota's period), matched in any case; empty for a plain
+    /// integer.
+    pub keywords: &'static [&'static str],
 }
 
 impl IntegerParam {
@@ -277,6 +283,17 @@ impl IntegerParam {
             name,
             min: 1,
             max: MAX_PARAM,
+            keywords: &[],
+        }
+    }
+
+    /// `name`, written as one of `keywords` (the n-th standing for n).
+    pub const fn keyword(name: &'static str, keywords: &'static [&'static str]) -> IntegerParam {
+        IntegerParam {
+            name,
+            min: 0,
+            max: keywords.len() as u64 - 1,
+            keywords,
         }
     }
 }
@@ -807,7 +824,7 @@ mod parameters {
         let mut back = Vec::new();
         params.to_integers(&mut |v| back.push(v));
         assert_eq!(back, valid);
-        for (i, &IntegerParam { name, min, max }) in P::INTEGERS.iter().enumerate() {
+        for (i, &IntegerParam { name, min, max, .. }) in P::INTEGERS.iter().enumerate() {
             let range = ParamError::Range {
                 arg: name,
                 min,

@@ -303,6 +303,7 @@ impl Parameters for SlidingLogParams {
             name: "limit",
             min: 1,
             max: MAX_LIMIT,
+            keywords: &[],
         },
         IntegerParam::positive("window_ms"),
     ];

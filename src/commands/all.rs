@@ -135,6 +135,14 @@ pub(crate) fn parse<'a>(all: &'a [&'a [u8]]) -> Result<Call<'a>, Error> {
         // RL.ALL is never propagated as such: each limiter goes out on its own.
         return Err(Error::ReservedForReplication("AT"));
     }
+    if options.end.is_some() {
+        return Err(Error::ReservedForReplication("END"));
+    }
+    if options.zone.is_some() {
+        return Err(Error::Syntax(
+            "TZ is not an option of RL.ALL: its quotas count in UTC".to_string(),
+        ));
+    }
     if let Request::Refund(_) = options.request {
         // A refund gives back what one limiter took: RL.HIT or the limiter's
         // own command says which.
@@ -155,7 +163,7 @@ pub fn step<H: Host>(host: &H) -> Result<(), Error> {
     let args = host.words::<MAX_ARGS>()?;
     let Call {
         keys,
-        limits,
+        mut limits,
         options,
     } = parse(&args)?;
     let replicated = host.origin() == Origin::Replicated;
@@ -168,6 +176,14 @@ pub fn step<H: Host>(host: &H) -> Result<(), Error> {
         }
     }
     let now: Micros = host.now();
+    for limit in limits.iter_mut() {
+        // A calendar quota learns where its period ends.
+        limit.spec = with_algorithm!(limit.spec, L, p => {
+            let mut p = p;
+            (L::ROW.resolve)(&mut p, None, None, now)?;
+            L::spec(p)
+        });
+    }
     let request = options.request;
     let cost = request.cost();
 
@@ -374,14 +390,15 @@ impl Limit<'_> {
 
 /// Propagates one limiter's change as its own pinned call.
 fn propagate<H: Host>(host: &H, limit: &Limit, key: usize, request: Request, now: Micros) {
-    let command = with_algorithm!(limit.spec, L, _p => L::ROW.command);
+    let (command, end) =
+        with_algorithm!(limit.spec, L, p => (L::ROW.command, (L::ROW.period_end)(&p)));
     match limit.source {
         Source::Inline { start } => {
             let params = start + 1..start + 1 + limit.spec.param_count();
-            host.propagate_limiter(command, key, params, request, now);
+            host.propagate_limiter(command, key, params, request, now, end);
         }
         Source::Policy { .. } => {
-            host.propagate_limiter_with(command, key, || limit.spec.params(), request, now);
+            host.propagate_limiter_with(command, key, || limit.spec.params(), request, now, end);
         }
     }
 }

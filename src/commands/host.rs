@@ -141,6 +141,7 @@ pub trait Host {
     /// pinned: `command key params... <request> AT now` (see
     /// `crate::replicate`). The key and the parameters are the call's own
     /// arguments `key` and `params`, passed on as the client sent them.
+    /// A calendar quota's call also carries the end of its period (`END`).
     fn propagate_limiter(
         &self,
         command: &'static CStr,
@@ -148,6 +149,7 @@ pub trait Host {
         params: Range<usize>,
         request: Request,
         now: Micros,
+        end: Option<Micros>,
     );
 
     /// Like [`Host::propagate_limiter`], with the parameters as numbers (a
@@ -159,6 +161,7 @@ pub trait Host {
         params: impl FnOnce() -> ParamList,
         request: Request,
         now: Micros,
+        end: Option<Micros>,
     );
 
     /// Propagates a call that read the clock and takes no request, as

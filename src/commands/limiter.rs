@@ -33,7 +33,12 @@ pub fn step<L: Listed, H: Host>(host: &H) -> Result<(), Error> {
             false
         }
     };
+    if options.end.is_some() && host.origin() == Origin::Client {
+        return Err(Error::ReservedForReplication("END"));
+    }
     let now: Micros = options.at.unwrap_or_else(|| host.now());
+    let mut params = params;
+    (L::ROW.resolve)(&mut params, options.zone, options.end, now)?;
     let request = options.request;
     let mut key = host.open_key(1);
     let applied = match wait::gate::<L, H>(host, &mut key, args[1], &params, request, now)? {
@@ -73,7 +78,14 @@ pub fn step<L: Listed, H: Host>(host: &H) -> Result<(), Error> {
         );
     }
     if applied.outcome.changed {
-        host.propagate_limiter(L::ROW.command, 1, 2..2 + L::Params::COUNT, request, now);
+        host.propagate_limiter(
+            L::ROW.command,
+            1,
+            2..2 + L::Params::COUNT,
+            request,
+            now,
+            (L::ROW.period_end)(&params),
+        );
         key.written(L::EVENT, applied.expiry_written);
         if host.turn() == Turn::Call {
             // A release, a refund or new parameters may let waiters in.

@@ -153,6 +153,7 @@ impl Host for Live<'_> {
         params: Range<usize>,
         request: Request,
         now: Micros,
+        end: Option<Micros>,
     ) {
         if !replicate::pinned() {
             // Nothing consumes the stream: the strings are not needed.
@@ -165,7 +166,7 @@ impl Host for Live<'_> {
         for (string, i) in strings[1..len].iter_mut().zip(params) {
             *string = self.argv.string(i);
         }
-        replicate::limiter_call(self.ctx, command, &strings[..len], request, now);
+        replicate::limiter_call(self.ctx, command, &strings[..len], request, now, end);
     }
 
     #[inline(always)]
@@ -176,9 +177,10 @@ impl Host for Live<'_> {
         params: impl FnOnce() -> ParamList,
         request: Request,
         now: Micros,
+        end: Option<Micros>,
     ) {
         let key = self.argv.string(key);
-        replicate::limiter_call_with_params(self.ctx, command, key, params, request, now);
+        replicate::limiter_call_with_params(self.ctx, command, key, params, request, now, end);
     }
 
     fn propagate_pinned(&self, command: &'static CStr, args: Range<usize>, now: Micros) {

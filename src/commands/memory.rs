@@ -308,10 +308,17 @@ struct Call<'m> {
 }
 
 impl Call<'_> {
-    fn propagate(&self, command: &CStr, head: Vec<Vec<u8>>, request: Request, now: Micros) {
+    fn propagate(
+        &self,
+        command: &CStr,
+        head: Vec<Vec<u8>>,
+        request: Request,
+        now: Micros,
+        end: Option<Micros>,
+    ) {
         let mut words = vec![command.to_bytes().to_vec()];
         words.extend(head);
-        let (tail, len) = replicate::tail(request, now);
+        let (tail, len) = replicate::tail(request, now, end);
         words.extend(tail[..len].iter().map(|w| w.text()));
         self.effects.borrow_mut().propagated.push(words);
     }
@@ -369,12 +376,13 @@ impl Host for Call<'_> {
         params: Range<usize>,
         request: Request,
         now: Micros,
+        end: Option<Micros>,
     ) {
         let head = std::iter::once(key)
             .chain(params)
             .map(|i| self.words[i].to_vec())
             .collect();
-        self.propagate(command, head, request, now);
+        self.propagate(command, head, request, now, end);
     }
 
     fn propagate_limiter_with(
@@ -384,6 +392,7 @@ impl Host for Call<'_> {
         params: impl FnOnce() -> ParamList,
         request: Request,
         now: Micros,
+        end: Option<Micros>,
     ) {
         let mut head = vec![self.words[key].to_vec()];
         head.extend(
@@ -392,7 +401,7 @@ impl Host for Call<'_> {
                 .iter()
                 .map(|v| v.to_string().into_bytes()),
         );
-        self.propagate(command, head, request, now);
+        self.propagate(command, head, request, now, end);
     }
 
     fn propagate_pinned(&self, command: &'static CStr, args: Range<usize>, now: Micros) {

@@ -151,8 +151,12 @@ pub(super) fn get<H: Host>(host: &H) -> Result<(), Error> {
     text(rule.spec.name().as_bytes());
     text(b"params");
     host.reply_array(params.as_slice().len());
-    for &p in params.as_slice() {
-        int(p as i64);
+    for (i, &p) in params.as_slice().iter().enumerate() {
+        // A keyword parameter (a quota's period) as its word.
+        match rule.spec.keyword(i, p) {
+            Some(word) => text(word.as_bytes()),
+            None => int(p as i64),
+        }
     }
     text(b"mode");
     text(rule.mode.name().as_bytes());
@@ -240,6 +244,15 @@ pub fn hit<H: Host>(host: &H) -> Result<(), Error> {
         // RL.HIT is never propagated as such: the limiter call goes out.
         return Err(Error::ReservedForReplication("AT"));
     }
+    if options.end.is_some() {
+        return Err(Error::ReservedForReplication("END"));
+    }
+    if options.zone.is_some() {
+        // A policy's zone is part of its rule.
+        return Err(Error::Syntax(
+            "TZ is not an option of RL.HIT: a policy's rule says its zone".to_string(),
+        ));
+    }
     let (rule, stats) =
         policy::get(name).ok_or_else(|| Error::UnknownPolicy(Error::quote(name)))?;
     let request = options.request;
@@ -255,6 +268,8 @@ pub fn hit<H: Host>(host: &H) -> Result<(), Error> {
     let now = host.now();
     let mut open = host.open_key(2);
     with_algorithm!(rule.spec, L, p => {
+        let mut p = p;
+        (L::ROW.resolve)(&mut p, None, None, now)?;
         // A dry run never makes the caller wait, nor waits itself.
         let waits = through == Through::Enforce;
         let gate = if waits {
@@ -281,7 +296,14 @@ pub fn hit<H: Host>(host: &H) -> Result<(), Error> {
         wait::answered(host, &decision);
         L::stats().record(&decision, cost);
         if applied.outcome.changed {
-            host.propagate_limiter_with(L::ROW.command, 2, || p.values(), request, now);
+            host.propagate_limiter_with(
+                L::ROW.command,
+                2,
+                || p.values(),
+                request,
+                now,
+                (L::ROW.period_end)(&p),
+            );
             open.written(c"rl.hit", applied.expiry_written);
             if host.turn() == Turn::Call {
                 host.signal_ready(2);

@@ -499,3 +499,131 @@ fn a_concurrency_policy_grants_leases_and_rl_all_refuses_it() {
         Err("ERR spec 1: policy 'seam-cc' is CONCURRENCY, which cannot be used here".to_string())
     );
 }
+
+/// `RL.QUOTA` through its step at chosen instants: the calendar of each
+/// zone, the end the master propagates, and replicas that never read a
+/// time-zone database.
+mod quota {
+    use super::*;
+    use crate::limiter::Quota;
+
+    fn us(text: &str) -> u64 {
+        let ts: jiff::Timestamp = text.parse().expect("a timestamp");
+        ts.as_microsecond() as u64
+    }
+    fn at(text: &str) -> Memory {
+        Memory::new(Micros::from_us(us(text)))
+    }
+    /// The reply's `reset_ms` after one admission at `now` in `zone`.
+    fn reset_ms(now: &str, call: &str) -> i64 {
+        let m = at(now);
+        let called = m.run(Client, call);
+        assert_eq!(called.result, Ok(()), "{call}");
+        called.integers().expect("integers")[4]
+    }
+    const HOUR: i64 = 3_600_000;
+
+    #[test]
+    fn days_end_at_midnight_of_their_zone_with_23_and_25_hour_days() {
+        let call = |zone: &str| format!("RL.QUOTA seam:q 5 DAY TZ {zone}");
+        // 2026-03-08 12:00 UTC.
+        assert_eq!(reset_ms("2026-03-08T12:00:00Z", &call("UTC")), 12 * HOUR);
+        assert_eq!(
+            reset_ms("2026-03-08T12:00:00Z", "RL.QUOTA seam:q 5 DAY"),
+            12 * HOUR
+        );
+        // +05:30: the day ends at 18:30 UTC.
+        assert_eq!(
+            reset_ms("2026-03-08T12:00:00Z", &call("+05:30")),
+            6 * HOUR + HOUR / 2
+        );
+        // New York's 2026-03-08 (23 hours) started at 05:00 UTC.
+        assert_eq!(
+            reset_ms("2026-03-08T05:00:00Z", &call("America/New_York")),
+            23 * HOUR
+        );
+        // 2026-11-01 (25 hours) started at 04:00 UTC.
+        assert_eq!(
+            reset_ms("2026-11-01T04:00:00Z", &call("America/New_York")),
+            25 * HOUR
+        );
+    }
+
+    #[test]
+    fn months_leap_days_and_iso_weeks_across_a_year_end() {
+        assert_eq!(
+            reset_ms("2028-02-29T00:00:00Z", "RL.QUOTA seam:q 5 MONTH"),
+            24 * HOUR
+        );
+        assert_eq!(
+            reset_ms("2028-02-01T00:00:00Z", "RL.QUOTA seam:q 5 MONTH"),
+            29 * 24 * HOUR
+        );
+        // Thursday 2026-12-31: its ISO week ends on Monday 2027-01-04.
+        assert_eq!(
+            reset_ms("2026-12-31T00:00:00Z", "RL.QUOTA seam:q 5 WEEK"),
+            4 * 24 * HOUR
+        );
+        assert_eq!(
+            reset_ms("2026-12-31T23:00:00Z", "RL.QUOTA seam:q 5 YEAR"),
+            HOUR
+        );
+    }
+
+    #[test]
+    fn the_master_propagates_the_end_and_a_replica_never_reads_a_zone() {
+        let m = at("2026-11-01T12:00:00Z");
+        let called = m.run(Client, "RL.QUOTA seam:qr 2 DAY TZ America/New_York COST 2");
+        assert_eq!(called.integers(), Some(vec![1, 2, 0, 0, 17 * HOUR]));
+        let end = us("2026-11-02T05:00:00Z");
+        let propagated: Vec<String> = called.effects.propagated.iter().map(|c| words(c)).collect();
+        assert_eq!(
+            propagated,
+            [format!(
+                "RL.QUOTA seam:qr 2 DAY COST 2 AT {} END {end}",
+                us("2026-11-01T12:00:00Z")
+            )]
+        );
+        // The replica gets no zone: the end alone makes the same state.
+        let replica = Memory::new(Micros::from_us(0));
+        replica.replay(&called.effects.propagated);
+        assert_eq!(
+            replica.state::<Quota>(b"seam:qr"),
+            m.state::<Quota>(b"seam:qr")
+        );
+        assert_eq!(replica.expiry(b"seam:qr"), m.expiry(b"seam:qr"));
+        assert_eq!(m.expiry(b"seam:qr"), Some(end / 1000));
+        // A client may not say where a period ends.
+        assert_eq!(
+            m.run(Client, "RL.QUOTA seam:qr 2 DAY END 5").result,
+            Err(Error::ReservedForReplication("END"))
+        );
+    }
+
+    #[test]
+    fn a_denial_waits_until_the_next_period_and_a_new_zone_keeps_the_count() {
+        let m = at("2026-03-08T20:00:00Z");
+        assert_eq!(
+            m.run(Client, "RL.QUOTA seam:qz 1 DAY").integers().unwrap()[0],
+            1
+        );
+        let denied = m.run(Client, "RL.QUOTA seam:qz 1 DAY TZ America/New_York");
+        // Still counting in the UTC day, which ends in 4 hours.
+        assert_eq!(denied.integers(), Some(vec![0, 1, 0, 4 * HOUR, 4 * HOUR]));
+        assert!(denied.effects.propagated.is_empty());
+        // Bad zones and periods name their argument.
+        for (call, error) in [
+            ("RL.QUOTA seam:qz 1 FORTNIGHT", "period must be one of DAY, WEEK, MONTH, YEAR, not 'FORTNIGHT'"),
+            ("RL.QUOTA seam:qz 1 DAY TZ Mars/Olympus", "TZ must be UTC, a fixed offset such as +05:30, or a time zone name such as America/New_York, not 'Mars/Olympus'"),
+        ] {
+            let result = m.run(Client, call).result;
+            assert_eq!(result.map_err(|e| e.message()), Err(format!("ERR {error}")), "{call}");
+        }
+        assert_eq!(
+            m.run(Client, "RL.TOKENBUCKET seam:qt 1 1 1 TZ UTC")
+                .result
+                .map_err(|e| e.message()),
+            Err("ERR unknown option 'TZ' (expected COST, FORCE, REFUND or BLOCK)".to_string())
+        );
+    }
+}

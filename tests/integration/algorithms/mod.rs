@@ -5,5 +5,6 @@ mod concurrency;
 mod fixed_window;
 mod hash_window;
 mod leaky_bucket;
+mod quota;
 mod sliding_log;
 mod token_bucket;

@@ -101,7 +101,9 @@ fn unknown_option_is_named_and_writes_nothing() {
                 let words = alg.words(alg.key, &args);
                 assert_eq!(
                     query_err(con, &words),
-                    format!("ERR unknown option '{option}' (expected COST, FORCE or REFUND)"),
+                    format!(
+                        "ERR unknown option '{option}' (expected COST, FORCE, REFUND or BLOCK)"
+                    ),
                     "{words:?}"
                 );
             }

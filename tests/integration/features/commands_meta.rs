@@ -331,6 +331,16 @@ fn every_command() -> Vec<Documented> {
         ),
         limiter("RL.FIXEDWINDOW", "O(1)", &["limit", "window_ms"]),
         limiter("RL.CONCURRENCY", "O(N)", &["limit", "lease_ms"]),
+        Documented {
+            name: "RL.QUOTA",
+            complexity: "O(1)",
+            syntax: format!("key limit DAY|WEEK|MONTH|YEAR [TZ zone] {COST_OR_REFUND}"),
+            args: ["key:key", "limit:integer", "period:oneof", "day:pure-token", "week:pure-token", "month:pure-token", "year:pure-token", "zone:string"]
+                .iter()
+                .map(|a| a.to_string())
+                .chain(COST_OR_REFUND_ARGS.map(String::from))
+                .collect(),
+        },
         documented(
             "RL.RELEASE",
             "O(N)",
@@ -377,7 +387,7 @@ fn every_command() -> Vec<Documented> {
         documented(
             "RL.POLICY SET",
             "O(1)",
-            "name TOKENBUCKET|FIXEDWINDOW|LEAKYBUCKET|SLIDING|HASHWINDOW|CONCURRENCY params [params ...] \
+            "name TOKENBUCKET|FIXEDWINDOW|LEAKYBUCKET|SLIDING|HASHWINDOW|CONCURRENCY|QUOTA params [params ...] \
              [MODE ENFORCE|SHADOW|OFF] [ROLLOUT percent]",
             &[
                 "name:string",
@@ -388,6 +398,7 @@ fn every_command() -> Vec<Documented> {
                 "sliding:pure-token",
                 "hashwindow:pure-token",
                 "concurrency:pure-token",
+                "quota:pure-token",
                 "params:integer",
                 "mode:oneof",
                 "enforce:pure-token",

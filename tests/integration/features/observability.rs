@@ -13,13 +13,14 @@ use crate::harness::*;
 /// fixed window aligned on it that holds "now" ends in 2039).
 const LONG: &str = "1099511627776";
 
-const ALGORITHMS: [&str; 6] = [
+const ALGORITHMS: [&str; 7] = [
     "tokenbucket",
     "fixedwindow",
     "leakybucket",
     "sliding",
     "hashwindow",
     "concurrency",
+    "quota",
 ];
 
 // ---------------------------------------------------------------------------
@@ -346,8 +347,13 @@ fn each_algorithm_counts_admitted_denied_and_peeks_and_nothing_else_moves() {
         assert_calls_add_up(&mut con);
         let c = counters(&mut con);
         for alg in ALGORITHMS {
-            // RL.CONCURRENCY (six integers) is not called here: nothing moved.
-            let calls = if alg == "concurrency" { 0 } else { 5 };
+            // RL.CONCURRENCY (six integers) and RL.QUOTA (a period word)
+            // are not called here: nothing moved.
+            let calls = if alg == "concurrency" || alg == "quota" {
+                0
+            } else {
+                5
+            };
             assert_eq!(c[&format!("ratelimit_{alg}_calls")], calls, "{alg}");
         }
     });

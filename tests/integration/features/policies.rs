@@ -400,11 +400,11 @@ fn a_bad_rule_is_refused_naming_the_argument_and_leaves_the_policy_unchanged() {
             (&["p", "TOKENBUCKET", "5", "1"], "ERR policy needs 3 parameters"),
             (
                 &["p", "GCRA", "5", "1"],
-                "ERR policy: unknown algorithm 'GCRA' (expected TOKENBUCKET, FIXEDWINDOW, LEAKYBUCKET, SLIDING, HASHWINDOW, CONCURRENCY)",
+                "ERR policy: unknown algorithm 'GCRA' (expected TOKENBUCKET, FIXEDWINDOW, LEAKYBUCKET, SLIDING, HASHWINDOW, CONCURRENCY, QUOTA)",
             ),
             (
                 &["p", "POLICY", "q", "1"],
-                "ERR policy: unknown algorithm 'POLICY' (expected TOKENBUCKET, FIXEDWINDOW, LEAKYBUCKET, SLIDING, HASHWINDOW, CONCURRENCY)",
+                "ERR policy: unknown algorithm 'POLICY' (expected TOKENBUCKET, FIXEDWINDOW, LEAKYBUCKET, SLIDING, HASHWINDOW, CONCURRENCY, QUOTA)",
             ),
             (
                 &["p", "FIXEDWINDOW", "10", "1000", "MODE", "LOUD"],

@@ -1,0 +1,225 @@
+//! `RL.QUOTA key limit DAY|WEEK|MONTH|YEAR [TZ zone]` against real servers:
+//! the period ends where the calendar of its zone says (checked against an
+//! independent computation of today's boundaries with the `jiff` crate),
+//! replicas and the AOF agree because the master propagates the end, a
+//! change of zone keeps the count, policies and `RL.ALL` take quotas, and
+//! bad periods and zones are errors naming the argument. The boundaries of
+//! chosen days (23- and 25-hour days, leap days, ISO weeks across a year
+//! end) run through the command's step at those instants in the unit tests
+//! (`src/commands/tests_steps.rs`), since a client cannot set a server's
+//! clock.
+
+use jiff::civil::Date;
+use jiff::tz::TimeZone;
+use jiff::Timestamp;
+
+use crate::harness::*;
+
+/// Milliseconds from `now_us` until the next start of `period` in `zone`.
+fn to_period_end_ms(now_us: u64, period: &str, zone: &str) -> i64 {
+    let tz = match zone {
+        "UTC" => TimeZone::UTC,
+        "+05:30" => TimeZone::fixed(jiff::tz::Offset::from_seconds(5 * 3600 + 1800).unwrap()),
+        name => TimeZone::get(name).expect("a zone"),
+    };
+    let now = Timestamp::from_microsecond(now_us as i64).unwrap();
+    let date = now.to_zoned_datetime(tz.clone()).date();
+    let next: Date = match period {
+        "DAY" => date.tomorrow().unwrap(),
+        "WEEK" => {
+            let days = 7 - i64::from(date.weekday().to_monday_zero_offset());
+            date.checked_add(jiff::Span::new().days(days)).unwrap()
+        }
+        "MONTH" => date.last_of_month().tomorrow().unwrap(),
+        _ => Date::new(date.year() + 1, 1, 1).unwrap(),
+    };
+    let end_us = next
+        .to_zoned_datetime(tz)
+        .unwrap()
+        .timestamp()
+        .as_microsecond();
+    (end_us - now_us as i64 + 999) / 1000
+}
+
+fn quota(con: &mut Connection, words: &[&str]) -> Reply {
+    let mut call = vec!["RL.QUOTA"];
+    call.extend_from_slice(words);
+    rl(con, &call)
+}
+
+#[test]
+fn each_period_ends_where_its_zones_calendar_says() {
+    for_each_server(|kind| {
+        let server = Server::start(kind, &[]);
+        let mut con = server.conn();
+        for (i, (period, zone)) in [
+            ("DAY", "UTC"),
+            ("DAY", "+05:30"),
+            ("DAY", "America/New_York"),
+            ("WEEK", "Europe/Paris"),
+            ("MONTH", "Asia/Tokyo"),
+            ("YEAR", "America/New_York"),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let key = format!("q{i}");
+            let before = server_time_us(&mut con);
+            let r = quota(&mut con, &[&key, "3", period, "TZ", zone]);
+            let after = server_time_us(&mut con);
+            assert!(r.allowed && r.limit == 3 && r.remaining == 2, "{r:?}");
+            let (latest, earliest) = (
+                to_period_end_ms(before, period, zone),
+                to_period_end_ms(after, period, zone),
+            );
+            assert!(
+                (earliest..=latest).contains(&r.reset_ms),
+                "{period} in {zone}: reset {} not in {earliest}..={latest}",
+                r.reset_ms
+            );
+            let ttl = pttl(&mut con, &key);
+            assert!(
+                ttl <= r.reset_ms && ttl >= r.reset_ms - 1000,
+                "PTTL {ttl}, {r:?}"
+            );
+            assert_eq!(key_type(&mut con, &key), "rl-quotas");
+        }
+        // The default zone is UTC.
+        let r = quota(&mut con, &["utc", "3", "DAY"]);
+        let now = server_time_us(&mut con);
+        assert!(
+            (r.reset_ms - to_period_end_ms(now, "DAY", "UTC")).abs() <= 1000,
+            "{r:?}"
+        );
+    });
+}
+
+#[test]
+fn the_limit_holds_until_the_period_ends_and_a_new_zone_keeps_the_count() {
+    for_each_server(|kind| {
+        let server = Server::start(kind, &[]);
+        let mut con = server.conn();
+        assert!(quota(&mut con, &["k", "2", "MONTH", "COST", "2"]).allowed);
+        let denied = quota(&mut con, &["k", "2", "MONTH"]);
+        assert!(!denied.allowed, "{denied:?}");
+        assert_eq!(denied.wait_ms, denied.reset_ms, "wait until the next month");
+        assert_eq!(
+            quota(&mut con, &["k", "2", "MONTH", "COST", "3"]).wait_ms,
+            -1
+        );
+        // Another zone and period: the count stays in the month it was in.
+        let moved = quota(&mut con, &["k", "2", "DAY", "TZ", "Pacific/Auckland"]);
+        assert!(!moved.allowed && moved.remaining == 0, "{moved:?}");
+        // A raised limit gives room at once; the count carries over.
+        let raised = quota(&mut con, &["k", "5", "MONTH"]);
+        assert!(raised.allowed && raised.remaining == 2, "{raised:?}");
+        // A refund gives back units of the current period.
+        let refunded = quota(&mut con, &["k", "5", "MONTH", "REFUND", "1"]);
+        assert_eq!(refunded.remaining, 3);
+    });
+}
+
+#[test]
+fn replicas_and_the_aof_agree_without_their_own_zone_database() {
+    for_each_server(|kind| {
+        let mut master = Server::start(kind, &["--appendonly", "yes"]);
+        let replica = replica_of(&master);
+        let mut con = master.conn();
+        let keys: Vec<String> = (0..4).map(|i| format!("r{i}")).collect();
+        for (key, (period, zone)) in keys.iter().zip([
+            ("DAY", "America/New_York"),
+            ("WEEK", "+05:30"),
+            ("MONTH", "Australia/Lord_Howe"),
+            ("YEAR", "UTC"),
+        ]) {
+            for _ in 0..3 {
+                quota(&mut con, &[key, "2", period, "TZ", zone]);
+            }
+        }
+        let _: String = query(
+            &mut con,
+            &["RL.POLICY", "SET", "monthly", "QUOTA", "10", "MONTH"],
+        );
+        assert!(rl(&mut con, &["RL.HIT", "monthly", "r4"]).allowed);
+        let mut keys = keys;
+        keys.push("r4".to_string());
+        wait_for_sync(&master, &replica);
+        assert_same_dataset(&master, &replica, &keys);
+        let before: Vec<Option<Vec<u8>>> = keys.iter().map(|k| dump(&mut con, k)).collect();
+        drop(con);
+        master.restart();
+        let mut con = master.conn();
+        let after: Vec<Option<Vec<u8>>> = keys.iter().map(|k| dump(&mut con, k)).collect();
+        assert_eq!(before, after, "the AOF replays the quotas");
+        // The master's stream carries the end, never the zone.
+        let monitor_free = quota(
+            &mut con,
+            &["r0", "2", "DAY", "TZ", "America/New_York", "COST", "0"],
+        );
+        assert_eq!(monitor_free.remaining, 0);
+    });
+}
+
+#[test]
+fn policies_and_rl_all_take_quotas_and_bad_input_is_named() {
+    for_each_server(|kind| {
+        let server = Server::start(kind, &[]);
+        let mut con = server.conn();
+        let _: String = query(
+            &mut con,
+            &["RL.POLICY", "SET", "daily", "QUOTA", "1", "DAY"],
+        );
+        let got: Vec<Value> = query(&mut con, &["RL.POLICY", "GET", "daily"]);
+        let params = match &got[5] {
+            Value::Array(items) => items.clone(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(params[0], Value::Int(1));
+        assert_eq!(
+            params[1],
+            Value::BulkString(b"DAY".to_vec()),
+            "the period as its word"
+        );
+        assert!(rl(&mut con, &["RL.HIT", "daily", "p"]).allowed);
+        assert!(!rl(&mut con, &["RL.HIT", "daily", "p"]).allowed);
+        let all: Vec<i64> = query(
+            &mut con,
+            &[
+                "RL.ALL",
+                "2",
+                "{u}q",
+                "{u}t",
+                "QUOTA",
+                "3",
+                "WEEK",
+                "TOKENBUCKET",
+                "5",
+                "1",
+                "1000",
+            ],
+        );
+        assert_eq!((all[0], all[1], all[2], all[5]), (1, 3, 2, 0));
+        for (call, error) in [
+            (
+                vec!["RL.QUOTA", "e", "5", "FORTNIGHT"],
+                "ERR period must be one of DAY, WEEK, MONTH, YEAR, not 'FORTNIGHT'",
+            ),
+            (
+                vec!["RL.QUOTA", "e", "5", "DAY", "TZ", "Mars/Olympus"],
+                "ERR TZ must be UTC, a fixed offset such as +05:30, or a time zone name such as America/New_York, not 'Mars/Olympus'",
+            ),
+            (
+                vec!["RL.QUOTA", "e", "0", "DAY"],
+                "ERR limit must be an integer from 1 to 1099511627776",
+            ),
+            (
+                vec!["RL.QUOTA", "e", "5", "DAY", "END", "1"],
+                "ERR END is reserved for replication and AOF loading",
+            ),
+        ] {
+            assert_eq!(query_err(&mut con, &call), error, "{call:?}");
+        }
+        assert!(!exists(&mut con, "e"), "nothing written on an error");
+        assert!(query_err(&mut con, &["RL.QUOTA", "e", "5"]).contains("wrong number of arguments"));
+    });
+}
