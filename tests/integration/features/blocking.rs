@@ -560,3 +560,32 @@ fn raise_open_files(n: u64) {
         unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &soft) };
     }
 }
+
+#[test]
+fn a_master_turned_replica_unblocks_its_waiters_like_blpop() {
+    for_each_server(|kind| {
+        let server = Server::start(kind, &[]);
+        let other = Server::start(kind, &[]);
+        let mut con = server.conn();
+        let bucket = ["RL.TOKENBUCKET", "f", "1", "1", "60000"];
+        assert!(rl(&mut con, &bucket).allowed);
+        let mut socket = TcpStream::connect(("127.0.0.1", server.port)).expect("connect");
+        let mut blocking = bucket.to_vec();
+        blocking.extend(["BLOCK", "0"]);
+        socket.write_all(&resp(&blocking)).expect("send");
+        until_blocked(&server, 1);
+        // A failover makes the old master a replica: blocked clients are
+        // disconnected or unblocked with an error, as for BLPOP.
+        let port = other.port.to_string();
+        let _: String = query(&mut con, &["REPLICAOF", "127.0.0.1", &port]);
+        socket
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let mut buf = [0u8; 256];
+        let n = socket.read(&mut buf).unwrap_or(0);
+        let reply = String::from_utf8_lossy(&buf[..n]).to_string();
+        assert!(n == 0 || reply.starts_with("-UNBLOCKED"), "{reply}");
+        until_blocked(&server, 0);
+        assert_eq!(info_count(&server, "ratelimit_blocked_admitted"), 0);
+    });
+}
