@@ -450,6 +450,12 @@ impl Spec {
         self.params().as_slice()[0]
     }
 
+    /// Whether its calls count in a time zone (a calendar quota: its
+    /// policy takes `TZ zone`).
+    pub fn has_zone(&self) -> bool {
+        with_algorithm!(*self, L, p => (L::ROW.period_end)(&p).is_some())
+    }
+
     /// The keyword that parameter `i` stands for, if it is one (a quota's
     /// period: `DAY`, ...).
     pub fn keyword(&self, i: usize, value: u64) -> Option<&'static str> {

@@ -83,6 +83,18 @@ fn fixed_offset(name: &[u8]) -> Option<TimeZone> {
     Offset::from_seconds(seconds).ok().map(TimeZone::fixed)
 }
 
+/// The name of `zone`, as the call that named it first wrote it (`UTC`
+/// for the default).
+pub fn name(zone: Zone) -> Vec<u8> {
+    if zone == UTC {
+        return b"UTC".to_vec();
+    }
+    zones()
+        .get(zone.0 as usize - 1)
+        .map(|(name, _)| name.to_vec())
+        .unwrap_or_else(|| b"UTC".to_vec())
+}
+
 /// The time zone of `zone`.
 fn time_zone(zone: Zone) -> TimeZone {
     if zone == UTC {

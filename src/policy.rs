@@ -22,6 +22,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::algorithms::{Site, Spec};
+use crate::calendar::{self, Zone};
 use crate::error::Error;
 use crate::stats::{Counter, Outcomes};
 
@@ -58,6 +59,8 @@ pub struct Rule {
     pub mode: Mode,
     /// Percent of keys enforced (the rest in shadow), 0 to 100.
     pub rollout: u8,
+    /// The time zone of a calendar quota (`TZ zone`; UTC by default).
+    pub zone: Zone,
 }
 
 impl Rule {
@@ -121,11 +124,13 @@ pub fn check_name(name: &[u8]) -> Result<(), Error> {
     }
 }
 
-/// Parses `<ALGORITHM> <params...> [MODE m] [ROLLOUT p]`.
+/// Parses `<ALGORITHM> <params...> [MODE m] [ROLLOUT p] [TZ zone]` (`TZ`
+/// for a calendar quota only).
 pub fn parse_rule(args: &[&[u8]]) -> Result<Rule, Error> {
     let (spec, words) = Spec::parse(args, Site::Policy)?;
     let mut mode = None;
     let mut rollout = None;
+    let mut zone = None;
     let mut rest = &args[words..];
     while let [option, tail @ ..] = rest {
         let value = tail.first().copied();
@@ -151,10 +156,22 @@ pub fn parse_rule(args: &[&[u8]]) -> Result<Rule, Error> {
                 return Err(Error::DuplicateOption("ROLLOUT"));
             }
             rollout = Some(crate::args::parse_int(value, "ROLLOUT", 0, 100)? as u8);
+        } else if option.eq_ignore_ascii_case(b"TZ") && spec.has_zone() {
+            let value = value.ok_or(Error::MissingValue("TZ"))?;
+            if zone.is_some() {
+                return Err(Error::DuplicateOption("TZ"));
+            }
+            zone = Some(calendar::zone(value).ok_or_else(|| {
+                Error::Syntax(format!(
+                    "TZ must be UTC, a fixed offset such as +05:30, or a time zone name such as America/New_York, not '{}'",
+                    Error::quote(value)
+                ))
+            })?);
         } else {
             return Err(Error::Syntax(format!(
-                "unknown option '{}' (expected MODE or ROLLOUT)",
-                Error::quote(option)
+                "unknown option '{}' (expected MODE or ROLLOUT{})",
+                Error::quote(option),
+                if spec.has_zone() { " or TZ" } else { "" }
             )));
         }
         rest = &tail[1..];
@@ -163,6 +180,7 @@ pub fn parse_rule(args: &[&[u8]]) -> Result<Rule, Error> {
         spec,
         mode: mode.unwrap_or(Mode::Enforce),
         rollout: rollout.unwrap_or(100),
+        zone: zone.unwrap_or(calendar::UTC),
     })
 }
 
@@ -255,14 +273,19 @@ pub fn encode(out: &mut impl FnMut(Field)) {
 /// the policy count, at most [`MAX_POLICIES`], so never has the top bit set.
 /// - version 1: count, then per policy name, algorithm, parameter count,
 ///   parameters, mode code, roll-out (read, no longer written);
-/// - version 2: the marked version field, then the fields of version 1.
-pub const AUX_VERSION: u64 = 2;
+/// - version 2: the marked version field, then the fields of version 1;
+/// - version 3: as version 2, with each policy's zone name after its
+///   roll-out. Written only when a policy has a zone other than UTC, so
+///   that a build that reads version 2 only still loads everything else.
+pub const AUX_VERSION: u64 = 3;
 /// The top bit: the first field is a version, not a version-1 count.
 const AUX_VERSIONED: u64 = 1 << 63;
 
 /// The RDB form of `all` (also used by the fuzz targets).
 pub(crate) fn encode_rules(all: &[(Vec<u8>, Rule)], out: &mut impl FnMut(Field)) {
-    out(Field::Unsigned(AUX_VERSIONED | AUX_VERSION));
+    let zoned = all.iter().any(|(_, rule)| rule.zone != calendar::UTC);
+    let version = if zoned { AUX_VERSION } else { 2 };
+    out(Field::Unsigned(AUX_VERSIONED | version));
     out(Field::Unsigned(all.len() as u64));
     for (name, rule) in all {
         out(Field::Bytes(name));
@@ -274,6 +297,9 @@ pub(crate) fn encode_rules(all: &[(Vec<u8>, Rule)], out: &mut impl FnMut(Field))
         }
         out(Field::Unsigned(rule.mode.code()));
         out(Field::Unsigned(u64::from(rule.rollout)));
+        if zoned {
+            out(Field::Bytes(&calendar::name(rule.zone)));
+        }
     }
 }
 
@@ -290,11 +316,12 @@ pub fn decode(
     bytes: &mut impl FnMut() -> Option<Vec<u8>>,
 ) -> Option<Vec<(Vec<u8>, Rule)>> {
     let first = unsigned()?;
-    let count = if first & AUX_VERSIONED == 0 {
-        first // version 1: no version field, the count comes first
+    let (count, zoned) = if first & AUX_VERSIONED == 0 {
+        (first, false) // version 1: no version field, the count comes first
     } else {
         match first & !AUX_VERSIONED {
-            2 => unsigned()?,
+            2 => (unsigned()?, false),
+            3 => (unsigned()?, true),
             _ => return None,
         }
     };
@@ -330,12 +357,18 @@ pub fn decode(
         if rollout > 100 {
             return None;
         }
+        let zone = if zoned {
+            calendar::zone(&bytes()?)?
+        } else {
+            calendar::UTC
+        };
         out.push((
             name,
             Rule {
                 spec,
                 mode,
                 rollout: rollout as u8,
+                zone,
             },
         ));
     }
@@ -461,6 +494,7 @@ mod tests {
             spec: parse_rule(&[b"FIXEDWINDOW", b"1", b"1"]).unwrap().spec,
             mode: Mode::Enforce,
             rollout: p,
+            zone: calendar::UTC,
         };
         let mut previous: Vec<bool> = vec![false; keys.len()];
         for p in [0, 10, 30, 50, 100] {
@@ -554,7 +588,8 @@ mod tests {
         // Version 2: the marked version, then the same fields.
         let versioned = [&[AUX_VERSIONED | 2][..], &body].concat();
         assert_eq!(decode_fields(&versioned, &bytes), Some(expected.clone()));
-        // What the encoder writes today is version 2.
+        // What the encoder writes today, with no zone but UTC, is version 2
+        // (which builds without zones read).
         let mut unsigned = Vec::new();
         encode_rules(&expected, &mut |f: Field| {
             if let Field::Unsigned(v) = f {
@@ -563,10 +598,30 @@ mod tests {
         });
         assert_eq!(unsigned, versioned);
         // Versions never written are refused, and so is a marked version 1.
-        for version in [0, 1, 3, AUX_VERSIONED - 1] {
+        for version in [0, 1, 4, AUX_VERSIONED - 1] {
             let other = [&[AUX_VERSIONED | version][..], &body].concat();
             assert_eq!(decode_fields(&other, &bytes), None, "version {version}");
         }
+    }
+
+    /// A quota's zone makes the payload version 3, with each policy's zone
+    /// name after its roll-out; it reads back.
+    #[test]
+    fn a_zoned_quota_is_written_as_version_3_and_reads_back() {
+        let zoned = parse_rule(&[b"QUOTA", b"5", b"DAY", b"TZ", b"Europe/Paris"]).unwrap();
+        let plain = parse_rule(&[b"FIXEDWINDOW", b"1", b"1000"]).unwrap();
+        let all = vec![(b"a".to_vec(), zoned), (b"b".to_vec(), plain)];
+        let mut unsigned = Vec::new();
+        let mut bytes: Vec<Vec<u8>> = Vec::new();
+        encode_rules(&all, &mut |f: Field| match f {
+            Field::Unsigned(v) => unsigned.push(v),
+            Field::Bytes(b) => bytes.push(b.to_vec()),
+        });
+        assert_eq!(unsigned[0], AUX_VERSIONED | 3);
+        assert!(bytes.contains(&b"Europe/Paris".to_vec()) && bytes.contains(&b"UTC".to_vec()));
+        let refs: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
+        assert_eq!(decode_fields(&unsigned, &refs), Some(all));
+        assert!(parse_rule(&[b"FIXEDWINDOW", b"1", b"1000", b"TZ", b"UTC"]).is_err());
     }
 
     #[test]

@@ -22,6 +22,7 @@ use super::wait;
 use crate::algorithms::{with_algorithm, Listed, Site, Spec};
 use crate::args::{parse_int, parse_options, Options};
 use crate::blocking::{self, Place};
+use crate::calendar::Zone;
 use crate::deny_log;
 use crate::error::Error;
 use crate::ffi::{Argv, Context};
@@ -118,6 +119,7 @@ pub(crate) fn parse<'a>(all: &'a [&'a [u8]]) -> Result<Call<'a>, Error> {
                     name,
                     through: Through::of(&rule, key),
                     stats,
+                    zone: rule.zone,
                 },
             });
             cursor += 2;
@@ -177,10 +179,15 @@ pub fn step<H: Host>(host: &H) -> Result<(), Error> {
     }
     let now: Micros = host.now();
     for limit in limits.iter_mut() {
-        // A calendar quota learns where its period ends.
+        // A calendar quota learns where its period ends (in its policy's
+        // zone; an inline quota counts in UTC).
+        let zone = match limit.source {
+            Source::Policy { zone, .. } => limit.spec.has_zone().then_some(zone),
+            Source::Inline { .. } => None,
+        };
         limit.spec = with_algorithm!(limit.spec, L, p => {
             let mut p = p;
-            (L::ROW.resolve)(&mut p, None, None, now)?;
+            (L::ROW.resolve)(&mut p, zone, None, now)?;
             L::spec(p)
         });
     }
@@ -364,6 +371,8 @@ pub(crate) enum Source<'a> {
         through: Through,
         /// Held for the call: the policy may go, its counters stay sound.
         stats: Arc<PolicyStats>,
+        /// A calendar quota's zone.
+        zone: Zone,
     },
 }
 

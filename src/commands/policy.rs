@@ -28,7 +28,7 @@ pub(super) fn help<H: Host>(host: &H) -> Result<(), Error> {
     reply_lines(
         host,
         &[
-            "RL.POLICY SET <name> <ALGORITHM> <params...> [MODE ENFORCE|SHADOW|OFF] [ROLLOUT <percent>]",
+            "RL.POLICY SET <name> <ALGORITHM> <params...> [MODE ENFORCE|SHADOW|OFF] [ROLLOUT <percent>] [TZ <zone>]",
             &set,
             "RL.POLICY GET <name>",
             "    The policy's rule and counters, or nil.",
@@ -73,6 +73,10 @@ pub const SUBCOMMANDS: [Subcommand; 5] = [
                 .token(c"ROLLOUT")
                 .optional()
                 .summary(c"the percentage of keys enforced (0 to 100); the others run in shadow"),
+            Arg::string(c"zone")
+                .token(c"TZ")
+                .optional()
+                .summary(c"a calendar quota's time zone (default UTC)"),
         ],
     },
     Subcommand {
@@ -144,7 +148,9 @@ pub(super) fn get<H: Host>(host: &H) -> Result<(), Error> {
     let text = |s: &[u8]| host.reply_bulk(s);
     let int = |v: i64| host.reply_integer(v);
     let params = rule.spec.params();
-    host.reply_array(18);
+    // A calendar quota also says its zone.
+    let zoned = rule.spec.has_zone();
+    host.reply_array(if zoned { 20 } else { 18 });
     text(b"name");
     text(name);
     text(b"algorithm");
@@ -162,6 +168,10 @@ pub(super) fn get<H: Host>(host: &H) -> Result<(), Error> {
     text(rule.mode.name().as_bytes());
     text(b"rollout");
     int(i64::from(rule.rollout));
+    if zoned {
+        text(b"zone");
+        text(&crate::calendar::name(rule.zone));
+    }
     text(b"calls");
     int(stats.outcomes.calls.get() as i64);
     text(b"admitted");
@@ -269,7 +279,7 @@ pub fn hit<H: Host>(host: &H) -> Result<(), Error> {
     let mut open = host.open_key(2);
     with_algorithm!(rule.spec, L, p => {
         let mut p = p;
-        (L::ROW.resolve)(&mut p, None, None, now)?;
+        (L::ROW.resolve)(&mut p, rule.spec.has_zone().then_some(rule.zone), None, now)?;
         // A dry run never makes the caller wait, nor waits itself.
         let waits = through == Through::Enforce;
         let gate = if waits {

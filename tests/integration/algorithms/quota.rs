@@ -223,3 +223,66 @@ fn policies_and_rl_all_take_quotas_and_bad_input_is_named() {
         assert!(query_err(&mut con, &["RL.QUOTA", "e", "5"]).contains("wrong number of arguments"));
     });
 }
+
+#[test]
+fn a_policy_counts_its_quota_in_its_zone_and_keeps_it_across_a_restart() {
+    for_each_server(|kind| {
+        let mut server = Server::start(kind, &["--appendonly", "yes"]);
+        let mut con = server.conn();
+        let set = [
+            "RL.POLICY",
+            "SET",
+            "ny",
+            "QUOTA",
+            "5",
+            "DAY",
+            "TZ",
+            "America/New_York",
+        ];
+        let _: String = query(&mut con, &set);
+        let got: Vec<Value> = query(&mut con, &["RL.POLICY", "GET", "ny"]);
+        let zone = got
+            .iter()
+            .position(|v| *v == Value::BulkString(b"zone".to_vec()));
+        assert_eq!(
+            got[zone.expect("a zone field") + 1],
+            Value::BulkString(b"America/New_York".to_vec())
+        );
+        let before = server_time_us(&mut con);
+        let hit = rl(&mut con, &["RL.HIT", "ny", "t"]);
+        let after = server_time_us(&mut con);
+        let (latest, earliest) = (
+            to_period_end_ms(before, "DAY", "America/New_York"),
+            to_period_end_ms(after, "DAY", "America/New_York"),
+        );
+        assert!((earliest..=latest).contains(&hit.reset_ms), "{hit:?}");
+        // RL.ALL through the policy counts in its zone too.
+        let all: Vec<i64> = query(&mut con, &["RL.ALL", "1", "t2", "POLICY", "ny"]);
+        assert!((earliest - 1000..=latest).contains(&all[4]), "{all:?}");
+        // TZ is for quotas only.
+        let err = query_err(
+            &mut con,
+            &[
+                "RL.POLICY",
+                "SET",
+                "x",
+                "FIXEDWINDOW",
+                "5",
+                "1000",
+                "TZ",
+                "UTC",
+            ],
+        );
+        assert!(err.contains("unknown option 'TZ'"), "{err}");
+        // The zone survives an RDB save and a restart (the policies' RDB form).
+        let _: String = query(&mut con, &["SAVE"]);
+        drop(con);
+        server.restart();
+        let mut con = server.conn();
+        let got: Vec<Value> = query(&mut con, &["RL.POLICY", "GET", "ny"]);
+        assert!(
+            got.contains(&Value::BulkString(b"America/New_York".to_vec())),
+            "{got:?}"
+        );
+    });
+}

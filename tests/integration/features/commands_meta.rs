@@ -388,7 +388,7 @@ fn every_command() -> Vec<Documented> {
             "RL.POLICY SET",
             "O(1)",
             "name TOKENBUCKET|FIXEDWINDOW|LEAKYBUCKET|SLIDING|HASHWINDOW|CONCURRENCY|QUOTA params [params ...] \
-             [MODE ENFORCE|SHADOW|OFF] [ROLLOUT percent]",
+             [MODE ENFORCE|SHADOW|OFF] [ROLLOUT percent] [TZ zone]",
             &[
                 "name:string",
                 "algorithm:oneof",
@@ -405,6 +405,7 @@ fn every_command() -> Vec<Documented> {
                 "shadow:pure-token",
                 "off:pure-token",
                 "percent:integer",
+                "zone:string",
             ],
         ),
         documented("RL.POLICY GET", "O(1)", "name", &["name:string"]),
