@@ -10,7 +10,14 @@ public enum Algorithm {
     HASHWINDOW("limit", "window_ms", "bucket_ms"),
     FIXEDWINDOW("limit", "window_ms"),
     /** At most {@code limit} units held at once, by leases that end at a release or after {@code lease_ms}. */
-    CONCURRENCY("limit", "lease_ms");
+    CONCURRENCY("limit", "lease_ms"),
+    /**
+     * At most {@code limit} units per calendar period (a day, an ISO week, a
+     * month, a year) in a zone: {@code RL.QUOTA key limit PERIOD [TZ zone]}.
+     * Its one parameter is the limit; the period and the zone are the
+     * {@link Spec}'s ({@link Spec#quota}).
+     */
+    QUOTA("limit");
 
     private final List<String> params;
 
@@ -40,6 +47,6 @@ public enum Algorithm {
             }
         }
         throw new BadArgumentException("algorithm", "unknown algorithm '" + name
-                + "' (one of tokenbucket, leakybucket, sliding, hashwindow, fixedwindow, concurrency)");
+                + "' (one of tokenbucket, leakybucket, sliding, hashwindow, fixedwindow, concurrency, quota)");
     }
 }

@@ -15,6 +15,10 @@ public record Limit(String key, Spec spec, String policy) {
         if (spec != null && spec.concurrency()) {
             throw new BadArgumentException("spec", "RL.ALL refuses CONCURRENCY: take the lease with its own call");
         }
+        if (spec != null && spec.zoned()) {
+            throw new BadArgumentException("zone", "RL.ALL takes quotas in UTC only, not '" + spec.zone()
+                    + "': decide this quota with its own RL.QUOTA call");
+        }
     }
 
     public static Limit of(String key, Spec spec) {

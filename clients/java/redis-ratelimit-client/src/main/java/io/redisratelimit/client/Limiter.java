@@ -212,6 +212,10 @@ public final class Limiter implements AutoCloseable {
                 throw new BadArgumentException("rules", "rule '" + r.name() + "' caps concurrency: RL.ALL refuses it,"
                         + " so it is a set of its own (its lease is released when the work is done)");
             }
+            if (rules.size() > 1 && r.policy() == null && r.spec().zoned()) {
+                throw new BadArgumentException("zone", "rule '" + r.name() + "' is a quota in " + r.spec().zone()
+                        + ": RL.ALL takes quotas in UTC only, so it is a set of its own");
+            }
         }
         List<RuleSet.Checked> checked = new ArrayList<>();
         for (Rule r : rules) {

@@ -25,6 +25,7 @@ final class LocalLimiters {
         double level;       // buckets: tokens (token bucket) or queued units (leaky bucket)
         long lastNanos;
         long window = Long.MIN_VALUE;
+        long end;           // quota: the end of the period counted, epoch ms
         long count;
         long previous;
     }
@@ -108,7 +109,7 @@ final class LocalLimiters {
 
     private static void refresh(State s, Spec spec, long nowNanos, long nowMs) {
         List<Long> p = spec.params();
-        if (s.spec == null || s.spec.algorithm() != spec.algorithm()) {
+        if (s.spec == null || s.spec.algorithm() != spec.algorithm() || s.spec.period() != spec.period()) {
             s.spec = spec;
             s.level = spec.algorithm() == Algorithm.TOKENBUCKET ? p.get(0) : 0;
             s.lastNanos = nowNanos;
@@ -122,6 +123,14 @@ final class LocalLimiters {
         switch (spec.algorithm()) {
             case TOKENBUCKET -> s.level = Math.min(p.get(0), s.level + elapsedMs * p.get(1) / p.get(2));
             case LEAKYBUCKET -> s.level = Math.max(0, s.level - elapsedMs * p.get(1) / p.get(2));
+            case QUOTA -> {
+                if (s.window == Long.MIN_VALUE || nowMs >= s.end) {
+                    long[] bounds = spec.period().bounds(nowMs, spec.zoneId());
+                    s.window = bounds[0];
+                    s.end = bounds[1];
+                    s.count = 0;
+                }
+            }
             default -> {
                 long w = p.get(1);
                 long window = Math.floorDiv(nowMs, w);
@@ -156,6 +165,13 @@ final class LocalLimiters {
                 long wait = (long) Math.ceil((s.level + cost - limit) * p.get(2) / p.get(1));
                 return new Decision(false, limit, (long) Math.floor(limit - s.level), Math.max(1, wait),
                         (long) Math.ceil(s.level * p.get(2) / p.get(1)), null, Path.LOCAL);
+            }
+            case QUOTA -> {
+                long reset = Math.max(1, s.end - nowMs);
+                if (s.count + cost <= limit) {
+                    return admitted(limit, limit - s.count - cost, reset);
+                }
+                return new Decision(false, limit, limit - s.count, reset, reset, null, Path.LOCAL);
             }
             case FIXEDWINDOW -> {
                 long w = p.get(1);

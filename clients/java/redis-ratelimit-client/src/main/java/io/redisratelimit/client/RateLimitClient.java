@@ -161,6 +161,36 @@ public final class RateLimitClient implements AutoCloseable {
         return limit(key, Spec.fixedWindow(limit, windowMs));
     }
 
+    /**
+     * {@code RL.QUOTA key limit PERIOD [TZ zone] [COST n [FORCE] | REFUND n]}:
+     * at most {@code limit} units per calendar period in {@code zone} (null:
+     * UTC). The decision's {@code resetMs} is the time until the period ends,
+     * a denial's {@code waitMs} the time until the next one starts.
+     */
+    public CompletionStage<Decision> quotaAsync(String key, long limit, Period period, String zone, Units units) {
+        return limitAsync(key, Spec.quota(limit, period, zone), units);
+    }
+
+    public CompletionStage<Decision> quotaAsync(String key, long limit, Period period, String zone) {
+        return quotaAsync(key, limit, period, zone, Units.ONE);
+    }
+
+    public CompletionStage<Decision> quotaAsync(String key, long limit, Period period) {
+        return quotaAsync(key, limit, period, null, Units.ONE);
+    }
+
+    public Decision quota(String key, long limit, Period period, String zone, Units units) {
+        return limit(key, Spec.quota(limit, period, zone), units);
+    }
+
+    public Decision quota(String key, long limit, Period period, String zone) {
+        return quota(key, limit, period, zone, Units.ONE);
+    }
+
+    public Decision quota(String key, long limit, Period period) {
+        return quota(key, limit, period, null, Units.ONE);
+    }
+
     /** {@code RL.HIT policy key [COST n [FORCE] | REFUND n]}: routed by the key (its second argument). */
     public CompletionStage<Decision> hitAsync(String policy, String key, Units units) {
         List<String> args = new ArrayList<>(List.of(Args.policyName(policy), Args.key(key)));
@@ -426,6 +456,10 @@ public final class RateLimitClient implements AutoCloseable {
         if (rollout < 0 || rollout > 100) {
             throw new BadArgumentException("rollout", "must be a percent from 0 to 100, got " + rollout);
         }
+        if (spec.zoned()) {
+            throw new BadArgumentException("zone", "a policy's quota is in UTC (RL.POLICY takes no TZ), not '" + spec.zone()
+                    + "': call quota(key, limit, period, zone) instead");
+        }
         List<String> args = new ArrayList<>(List.of("SET", Args.policyName(name)));
         args.addAll(spec.words());
         args.add("MODE");
@@ -608,14 +642,24 @@ public final class RateLimitClient implements AutoCloseable {
         }
         String algorithm = String.valueOf(m.get("algorithm"));
         List<Long> params = new ArrayList<>();
+        String period = null;
         if (m.get("params") instanceof List<?> ps) {
             for (Object p : ps) {
-                params.add(p instanceof Long n ? n : Long.parseLong(String.valueOf(p)));
+                if (p instanceof Long n) {
+                    params.add(n);
+                } else if (String.valueOf(p).matches("-?[0-9]+")) {
+                    params.add(Long.parseLong(String.valueOf(p)));
+                } else {
+                    // A quota's period: [limit, "DAY"].
+                    period = String.valueOf(p);
+                }
             }
         }
         Spec spec;
         try {
-            spec = Spec.of(Algorithm.parse(algorithm), params);
+            Algorithm a = Algorithm.parse(algorithm);
+            spec = a == Algorithm.QUOTA && params.size() == 1 ? Spec.quota(params.get(0), Period.parse(period))
+                    : Spec.of(a, params);
         } catch (BadArgumentException e) {
             spec = null;
         }

@@ -16,10 +16,20 @@ public final class Spec {
 
     private final Algorithm algorithm;
     private final long[] params;
+    /** A quota's period; null for the others. */
+    private final Period period;
+    /** A quota's zone as given ({@code +05:30}, {@code America/New_York}); null for UTC. */
+    private final String zone;
 
     private Spec(Algorithm algorithm, long[] params) {
+        this(algorithm, params, null, null);
+    }
+
+    private Spec(Algorithm algorithm, long[] params, Period period, String zone) {
         this.algorithm = algorithm;
         this.params = params;
+        this.period = period;
+        this.zone = zone;
     }
 
     public static Spec tokenBucket(long capacity, long refillCount, long refillMs) {
@@ -51,6 +61,87 @@ public final class Spec {
         return of(Algorithm.CONCURRENCY, limit, leaseMs);
     }
 
+    /**
+     * {@code QUOTA limit PERIOD}: at most {@code limit} units per calendar
+     * period in UTC ({@code RL.QUOTA}, a policy, or in {@code RL.ALL}).
+     */
+    public static Spec quota(long limit, Period period) {
+        return quota(limit, period, null);
+    }
+
+    /**
+     * {@code QUOTA limit PERIOD TZ zone}: at most {@code limit} units per
+     * calendar period in {@code zone}: {@code UTC} (or null), a fixed offset
+     * {@code +HH:MM} / {@code -HH:MM} (up to 25:59), or an IANA name
+     * ({@code America/New_York}). The zone's syntax is checked here, whether
+     * the server's database knows a name when the call is made. A quota in
+     * another zone than UTC goes in its own {@code RL.QUOTA} call: policies
+     * and {@code RL.ALL} take UTC quotas only.
+     */
+    public static Spec quota(long limit, Period period, String zone) {
+        if (period == null) {
+            throw new BadArgumentException("period", "must be one of day, week, month, year, not null");
+        }
+        if (limit < 1 || limit > MAX_PARAM) {
+            throw new BadArgumentException("limit", "must be an integer from 1 to " + MAX_PARAM + ", got " + limit);
+        }
+        return new Spec(Algorithm.QUOTA, new long[] {limit}, period, checkZone(zone));
+    }
+
+    /** The zone, or null for UTC ({@code UTC} or {@code Z} in any case); a {@link BadArgumentException} naming {@code zone} for a bad one. */
+    static String checkZone(String zone) {
+        if (zone == null || zone.equalsIgnoreCase("UTC") || zone.equalsIgnoreCase("Z")) {
+            return null;
+        }
+        String why = "must be UTC, a fixed offset such as +05:30, or a time zone name such as America/New_York, not '" + zone + "'";
+        if (zone.matches("[+-][0-9]{2}:[0-9]{2}")) {
+            int hours = Integer.parseInt(zone.substring(1, 3));
+            int minutes = Integer.parseInt(zone.substring(4, 6));
+            if (hours > 25 || minutes > 59) {
+                throw new BadArgumentException("zone", why);
+            }
+            return zone;
+        }
+        if (zone.length() > 64 || zone.startsWith("/") || zone.contains("..")
+                || !zone.matches("[A-Za-z][A-Za-z0-9_+\\-]*(/[A-Za-z0-9_+\\-]+)*")) {
+            throw new BadArgumentException("zone", why);
+        }
+        return zone;
+    }
+
+    /** A quota's period; null for the other algorithms. */
+    public Period period() {
+        return period;
+    }
+
+    /** A quota's zone as given; null for UTC (and for the other algorithms). */
+    public String zone() {
+        return zone;
+    }
+
+    /** A quota in another zone than UTC: its own {@code RL.QUOTA} call only (no policy, no {@code RL.ALL}). */
+    public boolean zoned() {
+        return zone != null;
+    }
+
+    /** The zone as {@link ZoneId}, for the in-process level (UTC when Java does not know a name). */
+    java.time.ZoneId zoneId() {
+        if (zone == null) {
+            return java.time.ZoneOffset.UTC;
+        }
+        try {
+            if (zone.charAt(0) == '+' || zone.charAt(0) == '-') {
+                int seconds = (Integer.parseInt(zone.substring(1, 3)) * 3600 + Integer.parseInt(zone.substring(4, 6)) * 60)
+                        * (zone.charAt(0) == '-' ? -1 : 1);
+                // Java stops at +-18:00; the server goes to 25:59.
+                return java.time.ZoneOffset.ofTotalSeconds(Math.max(-18 * 3600, Math.min(18 * 3600, seconds)));
+            }
+            return java.time.ZoneId.of(zone);
+        } catch (java.time.DateTimeException e) {
+            return java.time.ZoneOffset.UTC;
+        }
+    }
+
     /** Whether this caps work in flight ({@code CONCURRENCY}) rather than a rate. */
     public boolean concurrency() {
         return algorithm == Algorithm.CONCURRENCY;
@@ -58,6 +149,9 @@ public final class Spec {
 
     /** Checks the arity and every parameter's range (1 to 2^40; a bucket dividing its window). */
     public static Spec of(Algorithm algorithm, long... params) {
+        if (algorithm == Algorithm.QUOTA) {
+            throw new BadArgumentException("period", "a quota takes a period: Spec.quota(limit, Period.DAY)");
+        }
         List<String> names = algorithm.paramNames();
         if (params.length != names.size()) {
             throw new BadArgumentException("params", algorithm.name().toLowerCase(java.util.Locale.ROOT)
@@ -94,12 +188,19 @@ public final class Spec {
         return out;
     }
 
-    /** The spec as command words: {@code TOKENBUCKET 5 5 1000}. */
+    /** The spec as command words: {@code TOKENBUCKET 5 5 1000}, {@code QUOTA 1000 DAY TZ Europe/Paris}. */
     public List<String> words() {
-        List<String> out = new ArrayList<>(params.length + 1);
+        List<String> out = new ArrayList<>(params.length + 4);
         out.add(algorithm.name());
         for (long p : params) {
             out.add(Long.toString(p));
+        }
+        if (period != null) {
+            out.add(period.word());
+        }
+        if (zone != null) {
+            out.add("TZ");
+            out.add(zone);
         }
         return out;
     }
@@ -113,9 +214,14 @@ public final class Spec {
      * The {@code w} of {@code RateLimit-Policy} in seconds, rounded up: the
      * window for the windows, {@code capacity * refill_ms / refill_count} for
      * the buckets. A concurrency cap has no window (the field leaves {@code w}
-     * out); this answers its lease time.
+     * out); this answers its lease time. A quota answers its period's nominal
+     * length ({@link Period#nominalSeconds()}: 86400, 604800, 2592000 for a
+     * month, 31536000 for a year).
      */
     public long windowSeconds() {
+        if (period != null) {
+            return period.nominalSeconds();
+        }
         long ms = switch (algorithm) {
             case TOKENBUCKET, LEAKYBUCKET -> java.math.BigInteger.valueOf(params[0]).multiply(java.math.BigInteger.valueOf(params[2]))
                     .add(java.math.BigInteger.valueOf(params[1] - 1)).divide(java.math.BigInteger.valueOf(params[1])).longValue();
@@ -126,6 +232,9 @@ public final class Spec {
 
     /** The period over which the refill or window applies, in ms. */
     long periodMs() {
+        if (period != null) {
+            return period.nominalSeconds() * 1000;
+        }
         return switch (algorithm) {
             case TOKENBUCKET, LEAKYBUCKET -> params[2];
             default -> params[1];
@@ -143,17 +252,18 @@ public final class Spec {
         if (algorithm == Algorithm.TOKENBUCKET || algorithm == Algorithm.LEAKYBUCKET) {
             p[1] = share.of(p[1]);
         }
-        return new Spec(algorithm, p);
+        return new Spec(algorithm, p, period, zone);
     }
 
     @Override
     public boolean equals(Object o) {
-        return o instanceof Spec s && s.algorithm == algorithm && java.util.Arrays.equals(s.params, params);
+        return o instanceof Spec s && s.algorithm == algorithm && java.util.Arrays.equals(s.params, params)
+                && s.period == period && java.util.Objects.equals(s.zone, zone);
     }
 
     @Override
     public int hashCode() {
-        return algorithm.hashCode() * 31 + java.util.Arrays.hashCode(params);
+        return java.util.Objects.hash(algorithm, java.util.Arrays.hashCode(params), period, zone);
     }
 
     @Override

@@ -21,6 +21,9 @@ import java.util.Map;
  * ratelimit.rules.order-total.params=15000,1000
  * ratelimit.rules.order-total.fixed-key={order}:total
  * ratelimit.rules.order-total.global=true
+ * ratelimit.rules.exports.algorithm=quota
+ * ratelimit.rules.exports.params=1000
+ * ratelimit.rules.exports.period=day
  * </pre>
  */
 @ConfigurationProperties(prefix = "ratelimit")
@@ -103,10 +106,14 @@ public class RateLimitProperties {
     }
 
     public static class Rule {
-        /** tokenbucket, leakybucket, sliding, hashwindow, fixedwindow, or concurrency (at most limit requests at once). */
+        /** tokenbucket, leakybucket, sliding, hashwindow, fixedwindow, concurrency (at most limit requests at once), or quota (limit units per calendar period). */
         private String algorithm;
-        /** The algorithm's parameters in the command's order (tokenbucket: capacity, refill_count, refill_ms; concurrency: limit, lease_ms). */
+        /** The algorithm's parameters in the command's order (tokenbucket: capacity, refill_count, refill_ms; concurrency: limit, lease_ms; quota: limit). */
         private List<Long> params = new ArrayList<>();
+        /** A quota's calendar period: day, week (ISO, from Monday), month or year. */
+        private String period;
+        /** A quota's zone: UTC (default), a fixed offset (+05:30) or an IANA name (America/New_York). Another than UTC makes the rule an inline RL.QUOTA, not a policy. */
+        private String zone;
         /** enforce, shadow (never denies: the dry run) or off (the kill switch). */
         private String mode = "enforce";
         /** Percent of keys enforced (by a stable hash of the key); the rest run in shadow. */
@@ -138,6 +145,22 @@ public class RateLimitProperties {
 
         public void setParams(List<Long> params) {
             this.params = params;
+        }
+
+        public String getPeriod() {
+            return period;
+        }
+
+        public void setPeriod(String period) {
+            this.period = period;
+        }
+
+        public String getZone() {
+            return zone;
+        }
+
+        public void setZone(String zone) {
+            this.zone = zone;
         }
 
         public String getMode() {

@@ -37,7 +37,7 @@ public final class RateLimitRules {
             RateLimitProperties.Rule r = e.getValue();
             String p = prefix + name;
             if (r.getAlgorithm() == null || r.getAlgorithm().isBlank()) {
-                throw new RateLimitConfigException(p + ".algorithm", "missing: one of tokenbucket, leakybucket, sliding, hashwindow, fixedwindow, concurrency", null);
+                throw new RateLimitConfigException(p + ".algorithm", "missing: one of tokenbucket, leakybucket, sliding, hashwindow, fixedwindow, concurrency, quota", null);
             }
             Algorithm algorithm;
             try {
@@ -47,7 +47,15 @@ public final class RateLimitRules {
             }
             Spec spec;
             try {
-                spec = Spec.of(algorithm, r.getParams());
+                if (algorithm == Algorithm.QUOTA) {
+                    spec = quota(p, r);
+                } else {
+                    if (r.getPeriod() != null || r.getZone() != null) {
+                        throw new RateLimitConfigException(p + (r.getPeriod() != null ? ".period" : ".zone"),
+                                "only a quota takes a period and a zone, not " + algorithm.name().toLowerCase(java.util.Locale.ROOT), null);
+                    }
+                    spec = Spec.of(algorithm, r.getParams());
+                }
             } catch (BadArgumentException ex) {
                 int i = algorithm.paramNames().indexOf(ex.argument());
                 if (i < 0) {
@@ -71,10 +79,15 @@ public final class RateLimitRules {
             if (r.getCost() < 0) {
                 throw new RateLimitConfigException(p + ".cost", "must be at least 0, got " + r.getCost(), null);
             }
-            String policy = app + ":" + name;
+            if (spec.zoned() && (mode != PolicyMode.ENFORCE || r.getRollout() != 100)) {
+                throw new RateLimitConfigException(p + ".zone", "a quota in " + spec.zone() + " is an inline RL.QUOTA (policies are"
+                        + " in UTC only), so it has no mode or rollout: leave them at enforce and 100", null);
+            }
+            // A quota in another zone than UTC cannot be a policy (RL.POLICY takes no TZ): it is sent inline.
+            String policy = spec.zoned() ? null : app + ":" + name;
             Rule rule;
             try {
-                rule = Rule.policy(name, policy, spec).mode(mode, r.getRollout());
+                rule = (policy == null ? Rule.of(name, spec) : Rule.policy(name, policy, spec)).mode(mode, r.getRollout());
                 if (r.getKeyPrefix() != null) {
                     rule = rule.keyPrefix(r.getKeyPrefix());
                 } else {
@@ -92,6 +105,30 @@ public final class RateLimitRules {
             out.put(name, new Entry(name, rule, List.copyOf(r.getRoutes()), r.getKey(), r.getCost()));
         }
         return new RateLimitRules(app, out);
+    }
+
+    /** A quota's spec; the period and zone's errors name their properties. */
+    private static Spec quota(String p, RateLimitProperties.Rule r) {
+        if (r.getParams().size() != 1) {
+            throw new RateLimitConfigException(p + ".params", "quota takes 1 parameter [limit], got " + r.getParams().size(), null);
+        }
+        if (r.getPeriod() == null || r.getPeriod().isBlank()) {
+            throw new RateLimitConfigException(p + ".period", "missing: a quota's period is one of day, week, month, year", null);
+        }
+        io.redisratelimit.client.Period period;
+        try {
+            period = io.redisratelimit.client.Period.parse(r.getPeriod());
+        } catch (BadArgumentException ex) {
+            throw new RateLimitConfigException(p + ".period", ex.reason(), ex);
+        }
+        try {
+            return Spec.quota(r.getParams().get(0), period, r.getZone());
+        } catch (BadArgumentException ex) {
+            if (ex.argument().equals("zone")) {
+                throw new RateLimitConfigException(p + ".zone", ex.reason(), ex);
+            }
+            throw ex;
+        }
     }
 
     public String app() {

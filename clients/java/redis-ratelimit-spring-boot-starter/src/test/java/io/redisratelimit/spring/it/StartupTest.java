@@ -88,6 +88,53 @@ class StartupTest {
                 });
     }
 
+    private void failsAt(String property, String... rule) {
+        runner.withPropertyValues(rule).run(ctx -> {
+            Throwable t = root(ctx.getStartupFailure());
+            assertInstanceOf(RateLimitConfigException.class, t);
+            assertEquals(property, ((RateLimitConfigException) t).property(), t.getMessage());
+        });
+    }
+
+    @Test
+    void aQuotaRuleIsCheckedAtStartUpNamingTheProperty() {
+        String a = "ratelimit.rules.q.algorithm=quota";
+        failsAt("ratelimit.rules.q.period", a, "ratelimit.rules.q.params=5");
+        failsAt("ratelimit.rules.q.period", a, "ratelimit.rules.q.params=5", "ratelimit.rules.q.period=fortnight");
+        failsAt("ratelimit.rules.q.params[0]", a, "ratelimit.rules.q.params=0", "ratelimit.rules.q.period=day");
+        failsAt("ratelimit.rules.q.params", a, "ratelimit.rules.q.params=5,1000", "ratelimit.rules.q.period=day");
+        failsAt("ratelimit.rules.q.zone", a, "ratelimit.rules.q.params=5", "ratelimit.rules.q.period=day", "ratelimit.rules.q.zone=Mars Olympus");
+        failsAt("ratelimit.rules.q.zone", a, "ratelimit.rules.q.params=5", "ratelimit.rules.q.period=day",
+                "ratelimit.rules.q.zone=+01:00", "ratelimit.rules.q.mode=shadow");
+        failsAt("ratelimit.rules.q.period", "ratelimit.rules.q.algorithm=sliding", "ratelimit.rules.q.params=5,1000",
+                "ratelimit.rules.q.period=day");
+    }
+
+    @Test
+    void aUtcQuotaIsAPolicyAndAZonedOneIsSentInline() {
+        runner.withPropertyValues("ratelimit.app=quota-it", "ratelimit.rules.daily.algorithm=quota", "ratelimit.rules.daily.params=2",
+                        "ratelimit.rules.daily.period=Day", "ratelimit.rules.paris.algorithm=quota", "ratelimit.rules.paris.params=1",
+                        "ratelimit.rules.paris.period=month", "ratelimit.rules.paris.zone=Europe/Paris")
+                .run(ctx -> {
+                    assertTrue(ctx.getStartupFailure() == null, String.valueOf(ctx.getStartupFailure()));
+                    RateLimitService s = ctx.getBean(RateLimitService.class);
+                    assertEquals(io.redisratelimit.client.Spec.quota(2, io.redisratelimit.client.Period.DAY),
+                            s.policy("daily").orElseThrow().spec());
+                    assertTrue(s.policy("paris").isEmpty(), "no policy: RL.POLICY takes no TZ");
+                    String list = SharedRedis.get().command("RL.POLICY", "LIST");
+                    assertTrue(list.contains("quota-it:daily") && !list.contains("quota-it:paris"), list);
+                    String who = "q-" + UUID.randomUUID();
+                    assertTrue(s.check(java.util.List.of("daily"), who, 1).allowed());
+                    assertTrue(s.check(java.util.List.of("daily"), who, 1).allowed());
+                    Decision no = s.check(java.util.List.of("daily"), who, 1);
+                    assertTrue(!no.allowed());
+                    assertTrue(no.waitMs() > 0 && no.waitMs() <= 86_400_000L, no.toString());
+                    assertTrue(s.check(java.util.List.of("paris"), who, 1).allowed());
+                    assertTrue(!s.check(java.util.List.of("paris"), who, 1).allowed());
+                    assertTrue(SharedRedis.get().command("EXISTS", "rl:quota-it:paris:" + who).contains("1"), "keyed rl:<app>:<rule>:<identity>");
+                });
+    }
+
     @Test
     void aServerWithoutTheModuleFailsAtStartUp() {
         try (RedisServer bare = RedisServer.startWithoutModule()) {

@@ -1,0 +1,202 @@
+package io.redisratelimit.client;
+
+import io.redisratelimit.client.driver.Driver;
+import io.redisratelimit.client.testing.RedisCluster;
+import io.redisratelimit.client.testing.RedisServer;
+import org.junit.jupiter.api.AfterAll;
+import org.junit.jupiter.api.BeforeAll;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.TestInstance;
+import org.junit.jupiter.params.ParameterizedTest;
+import org.junit.jupiter.params.provider.EnumSource;
+
+import java.time.Duration;
+import java.time.ZoneId;
+import java.time.ZoneOffset;
+import java.util.EnumMap;
+import java.util.List;
+import java.util.Map;
+import java.util.UUID;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertNotNull;
+import static org.junit.jupiter.api.Assertions.assertNull;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+/** RL.QUOTA: the typed calls, as a policy, in RL.ALL and in the limiter, on Lettuce and Jedis, standalone and cluster. */
+@TestInstance(TestInstance.Lifecycle.PER_CLASS)
+class QuotaTest {
+    private RedisServer server;
+    private RedisCluster cluster;
+    private final Map<Drivers, RateLimitClient> clients = new EnumMap<>(Drivers.class);
+
+    @BeforeAll
+    void start() {
+        server = RedisServer.start();
+        cluster = RedisCluster.start();
+        for (Drivers d : Drivers.values()) {
+            Driver driver = d.cluster() ? d.cluster(cluster) : d.standalone(server);
+            clients.put(d, RateLimitClient.connect(driver, Duration.ofSeconds(2)));
+        }
+    }
+
+    @AfterAll
+    void stop() {
+        clients.values().forEach(RateLimitClient::close);
+        if (cluster != null) {
+            cluster.close();
+        }
+        if (server != null) {
+            server.close();
+        }
+    }
+
+    private static String key(String what) {
+        return "{q}:" + what + ":" + UUID.randomUUID();
+    }
+
+    /** The ms from now to the end of the period holding now in {@code zone}, as Java's calendar has it. */
+    private static long untilEnd(Period period, ZoneId zone) {
+        long now = System.currentTimeMillis();
+        return period.bounds(now, zone)[1] - now;
+    }
+
+    private static void assertNear(long expected, long actual, String what) {
+        assertTrue(Math.abs(expected - actual) < 5_000, what + ": expected about " + expected + " ms, got " + actual);
+    }
+
+    @ParameterizedTest
+    @EnumSource(Drivers.class)
+    void aDailyQuotaAdmitsItsLimitThenDeniesUntilTheNextDay(Drivers d) {
+        RateLimitClient rl = clients.get(d);
+        String k = key("day");
+        for (int i = 0; i < 3; i++) {
+            Decision ok = rl.quota(k, 3, Period.DAY);
+            assertTrue(ok.allowed(), ok.toString());
+            assertEquals(3, ok.limit());
+            assertEquals(2 - i, ok.remaining());
+            assertNear(untilEnd(Period.DAY, ZoneOffset.UTC), ok.resetMs(), "reset_ms is the time to the end of the UTC day");
+        }
+        Decision no = rl.quota(k, 3, Period.DAY);
+        assertFalse(no.allowed());
+        assertNear(untilEnd(Period.DAY, ZoneOffset.UTC), no.waitMs(), "a denial waits for the next day");
+        assertTrue(rl.quota(k, 3, Period.DAY, null, Units.cost(4)).never(), "a cost above the limit can never pass");
+        assertTrue(rl.quota(k, 3, Period.DAY, "UTC", Units.refund(1)).allowed());
+        assertTrue(rl.quota(k, 3, Period.DAY).allowed(), "the refunded unit");
+        assertEquals(0, rl.quota(k, 3, Period.DAY, null, Units.cost(0)).remaining());
+    }
+
+    @ParameterizedTest
+    @EnumSource(Drivers.class)
+    void everyPeriodAndZoneEndsWhereJavasCalendarEndsIt(Drivers d) throws Exception {
+        RateLimitClient rl = clients.get(d);
+        for (Period p : Period.values()) {
+            for (String zone : new String[] {null, "+05:30", "-09:00", "America/New_York", "Asia/Kolkata"}) {
+                ZoneId id = zone == null ? ZoneOffset.UTC : ZoneId.of(zone);
+                Decision ok = rl.quotaAsync(key("p"), 10, p, zone).toCompletableFuture().get();
+                assertTrue(ok.allowed());
+                assertNear(untilEnd(p, id), ok.resetMs(), p + " in " + zone);
+            }
+        }
+    }
+
+    @Test
+    void theArgumentsAreCheckedBeforeAnythingIsSent() {
+        RateLimitClient rl = clients.get(Drivers.LETTUCE);
+        assertEquals("limit", assertThrows(BadArgumentException.class, () -> rl.quota(key("bad"), 0, Period.DAY)).argument());
+        assertEquals("limit", assertThrows(BadArgumentException.class, () -> Spec.quota(Spec.MAX_PARAM + 1, Period.DAY)).argument());
+        assertEquals("period", assertThrows(BadArgumentException.class, () -> rl.quota(key("bad"), 5, null)).argument());
+        assertEquals("period", assertThrows(BadArgumentException.class, () -> Period.parse("fortnight")).argument());
+        assertEquals("period", assertThrows(BadArgumentException.class, () -> Spec.of(Algorithm.QUOTA, 5)).argument());
+        for (String zone : new String[] {"", "+8", "+26:00", "+05:60", "../etc/passwd", "/etc/localtime", "EST5EDT,M3.2.0,M11.1.0", "Mars Olympus"}) {
+            assertEquals("zone", assertThrows(BadArgumentException.class, () -> rl.quota(key("bad"), 5, Period.DAY, zone)).argument(), zone);
+        }
+        assertEquals(Period.WEEK, Period.parse("week"));
+        assertEquals(Period.MONTH, Period.parse("Month"));
+        assertEquals(Algorithm.QUOTA, Algorithm.parse("quota"));
+        assertNull(Spec.quota(5, Period.DAY, "utc").zone(), "UTC in any case is the default");
+        assertEquals(List.of("QUOTA", "5", "WEEK", "TZ", "Europe/Paris"), Spec.quota(5, Period.WEEK, "Europe/Paris").words());
+        assertEquals(86_400, Spec.quota(5, Period.DAY).windowSeconds());
+        assertEquals(2_592_000, Spec.quota(5, Period.MONTH).windowSeconds());
+    }
+
+    @Test
+    void aZoneTheServerDoesNotKnowIsAServerError() {
+        ServerErrorException e = assertThrows(ServerErrorException.class,
+                () -> clients.get(Drivers.JEDIS).quota(key("mars"), 5, Period.DAY, "Mars/Olympus"));
+        assertTrue(e.getMessage().contains("TZ must be UTC"), e.getMessage());
+    }
+
+    @ParameterizedTest
+    @EnumSource(Drivers.class)
+    void aQuotaPolicyIsHitAndReadBackAndGoesInAll(Drivers d) {
+        RateLimitClient rl = clients.get(d);
+        String name = "test:quota:" + d;
+        rl.policySet(name, Spec.quota(2, Period.MONTH), PolicyMode.ENFORCE, 100);
+        PolicyInfo info = rl.policyGet(name).orElseThrow();
+        assertEquals(Spec.quota(2, Period.MONTH), info.spec());
+        assertEquals(List.of(2L), info.params());
+        String k = key("hit");
+        assertTrue(rl.hit(name, k).allowed());
+        assertTrue(rl.hit(name, k).allowed());
+        Decision no = rl.hit(name, k);
+        assertFalse(no.allowed());
+        assertNear(untilEnd(Period.MONTH, ZoneOffset.UTC), no.waitMs(), "until the next month");
+        assertEquals("zone", assertThrows(BadArgumentException.class,
+                () -> rl.policySet(name, Spec.quota(2, Period.DAY, "+01:00"), PolicyMode.ENFORCE, 100)).argument());
+        rl.policyDel(name);
+
+        String a = key("all-a");
+        String b = key("all-b");
+        List<Limit> limits = List.of(Limit.of(a, Spec.quota(1, Period.YEAR)), Limit.of(b, Spec.sliding(10, 60_000)));
+        assertTrue(rl.all(limits).allowed());
+        Decision denied = rl.all(limits);
+        assertFalse(denied.allowed());
+        assertEquals(0, denied.deniedBy().getAsInt());
+        assertEquals("zone", assertThrows(BadArgumentException.class,
+                () -> Limit.of(a, Spec.quota(1, Period.DAY, "Europe/Paris"))).argument());
+    }
+
+    @Test
+    void anAcquireOfAnExhaustedQuotaIsDeniedAtItsTimeout() {
+        RateLimitClient rl = clients.get(Drivers.LETTUCE);
+        String k = key("acq");
+        Spec spec = Spec.quota(1, Period.DAY, "Europe/Paris");
+        assertTrue(rl.acquire(k, spec, Duration.ofMillis(200)).allowed());
+        long start = System.nanoTime();
+        Decision no = rl.acquire(k, spec, Duration.ofMillis(200));
+        assertFalse(no.allowed());
+        assertTrue(System.nanoTime() - start < 2_000_000_000L, "answered at the timeout, not at the next day");
+    }
+
+    @ParameterizedTest
+    @EnumSource(value = Drivers.class, names = {"LETTUCE", "JEDIS_CLUSTER"})
+    void theLimiterTakesQuotaRulesAndTheLocalLevelCountsThem(Drivers d) {
+        Limiter limiter = Limiter.builder(clients.get(d)).build();
+        Rule daily = Rule.of("daily", Spec.quota(3, Period.DAY)).keyPrefix("{q}:daily:" + UUID.randomUUID() + ":").asGlobal();
+        Rule perSecond = Rule.of("burst", Spec.sliding(100, 1000)).keyPrefix("{q}:burst:" + UUID.randomUUID() + ":");
+        RuleSet set = limiter.rules(daily, perSecond);
+        int admitted = 0;
+        for (int i = 0; i < 6; i++) {
+            admitted += limiter.check(set, "u").allowed() ? 1 : 0;
+        }
+        assertEquals(3, admitted);
+        Rule paris = Rule.of("paris", Spec.quota(3, Period.DAY, "Europe/Paris")).keyPrefix("{q}:paris:" + UUID.randomUUID() + ":");
+        assertTrue(limiter.check(limiter.rules(paris), "u").allowed(), "a zoned quota on its own: RL.QUOTA ... TZ");
+        assertEquals("zone", assertThrows(BadArgumentException.class, () -> limiter.rules(paris, perSecond)).argument());
+    }
+
+    @Test
+    void theLocalLevelCountsAQuotaByCalendarPeriod() {
+        LocalLimiters l = new LocalLimiters(100);
+        Spec spec = Spec.quota(2, Period.WEEK, "+05:30");
+        assertNull(l.takeAll(List.of(new LocalLimiters.Take("k", spec)), 1));
+        assertNull(l.takeAll(List.of(new LocalLimiters.Take("k", spec)), 1));
+        LocalLimiters.Denied no = l.takeAll(List.of(new LocalLimiters.Take("k", spec)), 1);
+        assertNotNull(no);
+        assertNear(untilEnd(Period.WEEK, ZoneOffset.ofHoursMinutes(5, 30)), no.decision().waitMs(), "until the next Monday in +05:30");
+        assertEquals(2, spec.share(new Share(1.0)).limit());
+    }
+}
