@@ -2,7 +2,7 @@ import { Decision, toInt } from './decision.js';
 import { checkInteger, checkString, describe, fromServerError, RLArgumentError, RLDeniedError, RLError, RLModuleNotLoadedError } from './errors.js';
 import { Lease, type LeaseOptions, type LeaseRule } from './lease.js';
 import { ConnectionPool } from './pool.js';
-import { blockArgs, optionArgs, ruleArgs, type AcquireOptions, type CallOptions, type ConcurrencyParams, type Rule, type Spec } from './rules.js';
+import { blockArgs, optionArgs, ruleArgs, type AcquireOptions, type CallOptions, type ConcurrencyParams, type QuotaParams, type Rule, type Spec } from './rules.js';
 import { dedicatedConnector, ownConnection, toTransport, type ConnectionFactory, type RedisLike, type Transport } from './transport.js';
 
 interface Events {
@@ -151,6 +151,15 @@ export class RL {
   concurrency(key: string, p: ConcurrencyParams, opts?: CallOptions) {
     return this.limit(key, { algorithm: 'concurrency', ...p }, opts);
   }
+  /**
+   * `RL.QUOTA`: at most `limit` units per calendar `period` (`'day'`,
+   * `'week'` from Monday, `'month'`, `'year'`) in `zone` (default UTC).
+   * `resetMs` is the time until the period ends; a denial's `waitMs` the
+   * time until the next one starts.
+   */
+  quota(key: string, p: QuotaParams, opts?: CallOptions) {
+    return this.limit(key, { algorithm: 'quota', ...p }, opts);
+  }
   /** `RL.HIT name key`: the policy `name` applied to the limiter in `key`. */
   hit(policy: string, key: string, opts?: CallOptions): Promise<Decision> {
     checkPolicyName(policy);
@@ -278,6 +287,9 @@ export class RL {
   async policySet(name: string, rule: Rule, opts: PolicyOptions = {}): Promise<void> {
     checkPolicyName(name);
     const [alg, params] = ruleArgs(rule);
+    if (params.includes('TZ')) {
+      throw new RLArgumentError('zone', `a policy's quota is in UTC (RL.POLICY takes no TZ), got zone ${JSON.stringify((rule as QuotaParams).zone)}: use rl.quota(key, { ..., zone }) instead`);
+    }
     const args = ['RL.POLICY', 'SET', name, alg, ...params];
     if (opts.mode !== undefined) {
       if (!['ENFORCE', 'SHADOW', 'OFF'].includes(opts.mode)) throw new RLArgumentError('mode', `mode must be ENFORCE, SHADOW or OFF, got ${String(opts.mode)}`);
@@ -393,6 +405,9 @@ function allArgs(limits: ReadonlyArray<{ key: string; rule: Spec }>): string[] {
       const [name, params] = ruleArgs(l.rule, `limits[${n}].rule`);
       if (name === 'CONCURRENCY') {
         throw new RLArgumentError(`limits[${n}].rule`, `limits[${n}].rule: RL.ALL cannot take a concurrency rule (a lease is released on its own key)`);
+      }
+      if (params.includes('TZ')) {
+        throw new RLArgumentError(`limits[${n}].rule.zone`, `limits[${n}].rule: RL.ALL takes quotas in UTC only, got zone ${JSON.stringify((l.rule as QuotaParams).zone)}: decide it with its own rl.quota call`);
       }
       specs.push(name, ...params);
     }

@@ -1,6 +1,7 @@
 import { RL } from './client.js';
 import type { Decision } from './decision.js';
 import { checkInteger, describe, RLArgumentError, RLError, RLModuleNotLoadedError } from './errors.js';
+import { checkPeriod, checkZone, PERIOD_SECONDS, type Period } from './rules.js';
 import { fromSendCommand, toTransport, type RedisLike, type SendCommandClusterFn, type SendCommandFn } from './transport.js';
 
 /** What express-rate-limit's `increment` and `get` return. */
@@ -28,8 +29,16 @@ export interface RLStoreOptions {
   client?: RedisLike;
   /** Prepended to every key (default `rl:`, as rate-limit-redis). */
   prefix?: string;
-  /** `sliding` (default): the exact sliding log, `RL.SLIDING`. `fixed`: `RL.FIXEDWINDOW`, windows aligned to the epoch. */
-  window?: 'sliding' | 'fixed';
+  /**
+   * `sliding` (default): the exact sliding log, `RL.SLIDING`. `fixed`:
+   * `RL.FIXEDWINDOW`, windows aligned to the epoch. `day`, `week`, `month`,
+   * `year`: a calendar quota, `RL.QUOTA` (`limit` per period in `zone`);
+   * give express-rate-limit the period's nominal `windowMs` (86_400_000 for
+   * a day) so its `RateLimit-Policy` says `w` = the nominal seconds.
+   */
+  window?: 'sliding' | 'fixed' | Period;
+  /** With a calendar `window`: its zone, `UTC` (default), a fixed offset (`+05:30`) or an IANA name. */
+  zone?: string;
   /**
    * The limit, when express-rate-limit's `limit` is a function: that function
    * runs after `increment`, so its value cannot reach the server in time.
@@ -61,7 +70,8 @@ export class RLStore {
   windowMs = 0;
 
   private readonly rl: RL;
-  private readonly window: 'sliding' | 'fixed';
+  private readonly window: 'sliding' | 'fixed' | Period;
+  private readonly zone: string | undefined;
   private readonly limitOption: number | undefined;
   private configError: Error | undefined = new RLError('RLStore: init() was not called; pass the store to rateLimit({ store })');
   private trackDenials = false;
@@ -96,9 +106,17 @@ export class RLStore {
     this.prefix = options.prefix ?? 'rl:';
     const window = options.window ?? 'sliding';
     if (window !== 'sliding' && window !== 'fixed') {
-      throw new RLArgumentError('window', `window must be 'sliding' or 'fixed', got ${describe(window)}`);
+      try {
+        checkPeriod(window, 'window');
+      } catch {
+        throw new RLArgumentError('window', `window must be 'sliding', 'fixed', 'day', 'week', 'month' or 'year', got ${describe(window)}`);
+      }
     }
-    this.window = window;
+    this.window = window === 'sliding' || window === 'fixed' ? window : ((window as string).toLowerCase() as Period);
+    if (options.zone !== undefined && (this.window === 'sliding' || this.window === 'fixed')) {
+      throw new RLArgumentError('zone', `zone goes with a calendar window ('day', 'week', 'month', 'year'), not '${this.window}'`);
+    }
+    this.zone = checkZone(options.zone);
     this.limitOption = options.limit === undefined ? undefined : checkInteger('limit', options.limit, 1);
   }
 
@@ -152,6 +170,13 @@ export class RLStore {
         this.limit = checkInteger('limit', limit, 0);
       }
       this.trackDenials = options.skipFailedRequests === true;
+      if (this.window !== 'sliding' && this.window !== 'fixed' && this.windowMs !== PERIOD_SECONDS[this.window] * 1000) {
+        process.emitWarning(
+          `RLStore: a '${this.window}' quota counts calendar periods; windowMs ${this.windowMs} only feeds express-rate-limit's ` +
+            `headers: give windowMs: ${PERIOD_SECONDS[this.window] * 1000} so RateLimit-Policy says w=${PERIOD_SECONDS[this.window]}`,
+          { code: 'RL_QUOTA_WINDOW' },
+        );
+      }
       this.configError = undefined;
     } catch (err) {
       this.configError = err as Error;
@@ -205,7 +230,9 @@ export class RLStore {
   private call(key: string, opts: { cost?: number; refund?: number }): Promise<Decision> {
     const p = { limit: this.limit, windowMs: this.windowMs };
     const k = this.keyFor(key);
-    return this.window === 'sliding' ? this.rl.sliding(k, p, opts) : this.rl.fixedWindow(k, p, opts);
+    if (this.window === 'sliding') return this.rl.sliding(k, p, opts);
+    if (this.window === 'fixed') return this.rl.fixedWindow(k, p, opts);
+    return this.rl.quota(k, { limit: this.limit, period: this.window, ...(this.zone === undefined ? {} : { zone: this.zone }) }, opts);
   }
 
   private rememberDenial(key: string, resetTime: number, now: number): void {

@@ -11,7 +11,57 @@ export type Rule =
   | { algorithm: 'sliding'; limit: number; windowMs: number }
   | { algorithm: 'hashwindow'; limit: number; windowMs: number; bucketMs: number }
   | { algorithm: 'fixedwindow'; limit: number; windowMs: number }
-  | { algorithm: 'concurrency'; limit: number; leaseMs: number };
+  | { algorithm: 'concurrency'; limit: number; leaseMs: number }
+  | ({ algorithm: 'quota' } & QuotaParams);
+
+/** A calendar quota's period: a day, an ISO week (from Monday), a month, a year. */
+export type Period = 'day' | 'week' | 'month' | 'year';
+
+/**
+ * `RL.QUOTA`'s parameters: at most `limit` units per calendar `period` in
+ * `zone`: `'UTC'` (the default), a fixed offset (`'+05:30'`, up to 25:59) or
+ * an IANA name (`'America/New_York'`). A quota in another zone than UTC goes
+ * in its own call: policies and `RL.ALL` take UTC quotas only.
+ */
+export interface QuotaParams {
+  limit: number;
+  period: Period;
+  zone?: string;
+}
+
+/** The nominal length of a period in seconds (a month 30 days, a year 365): what `RateLimit-Policy`'s `w` says of a quota. */
+export const PERIOD_SECONDS: Readonly<Record<Period, number>> = Object.freeze({ day: 86_400, week: 604_800, month: 2_592_000, year: 31_536_000 });
+
+const ZONE_HELP = 'zone must be UTC, a fixed offset such as +05:30, or a time zone name such as America/New_York';
+
+/** The period word the server takes (`DAY`...), checked; any case is accepted. */
+export function checkPeriod(period: unknown, where = 'period'): string {
+  const p = typeof period === 'string' ? period.toLowerCase() : undefined;
+  if (p === undefined || !Object.prototype.hasOwnProperty.call(PERIOD_SECONDS, p)) {
+    throw new RLArgumentError(where, `${where} must be 'day', 'week', 'month' or 'year', got ${describe(period)}`);
+  }
+  return p.toUpperCase();
+}
+
+/**
+ * A zone, checked for its form: `undefined` for UTC (`'UTC'`, `'Z'` in any
+ * case, or none), else the zone as given. Whether the server's database
+ * knows a name is for the server to say (`RLArgumentError` naming TZ).
+ */
+export function checkZone(zone: unknown, where = 'zone'): string | undefined {
+  if (zone === undefined || zone === null) return undefined;
+  if (typeof zone !== 'string') throw new RLArgumentError(where, `${ZONE_HELP}, got ${describe(zone)}`);
+  if (/^(utc|z)$/i.test(zone)) return undefined;
+  const offset = /^[+-](\d{2}):(\d{2})$/.exec(zone);
+  if (offset) {
+    if (Number(offset[1]) > 25 || Number(offset[2]) > 59) throw new RLArgumentError(where, `${ZONE_HELP}, got ${JSON.stringify(zone)}`);
+    return zone;
+  }
+  if (zone.length > 64 || zone.includes('..') || !/^[A-Za-z][A-Za-z0-9_+-]*(\/[A-Za-z0-9_+-]+)*$/.test(zone)) {
+    throw new RLArgumentError(where, `${ZONE_HELP}, got ${JSON.stringify(zone)}`);
+  }
+  return zone;
+}
 
 /** `RL.CONCURRENCY`'s parameters: at most `limit` units held, each lease for `leaseMs` unless renewed. */
 export interface ConcurrencyParams {
@@ -51,10 +101,16 @@ export function ruleArgs(rule: Rule, where = 'rule'): [string, string[]] {
       return ['FIXEDWINDOW', [i('limit'), i('windowMs')]];
     case 'concurrency':
       return ['CONCURRENCY', [i('limit'), i('leaseMs')]];
+    case 'quota': {
+      const limit = i('limit');
+      const period = checkPeriod(rule.period);
+      const zone = checkZone(rule.zone);
+      return ['QUOTA', zone === undefined ? [limit, period] : [limit, period, 'TZ', zone]];
+    }
     default:
       throw new RLArgumentError(
         'algorithm',
-        `algorithm must be tokenbucket, leakybucket, sliding, hashwindow, fixedwindow or concurrency, got ${describe(
+        `algorithm must be tokenbucket, leakybucket, sliding, hashwindow, fixedwindow, concurrency or quota, got ${describe(
           (rule as { algorithm?: unknown }).algorithm,
         )}`,
       );

@@ -7,7 +7,8 @@ import { createClient } from 'redis';
 import { Redis } from 'ioredis';
 import { RateLimiterMemory, type RateLimiterRes as FlexRes } from 'rate-limiter-flexible';
 import express, { type Request, type Response } from 'express';
-import { Decision, Lease, RL, RLDeniedError, RLStore, RateLimiterRL, RateLimiterRes, concurrencyLimit } from 'redis-ratelimit';
+import { Decision, Lease, PERIOD_SECONDS, RL, RLDeniedError, RLStore, RateLimiterRL, RateLimiterRes, concurrencyLimit } from 'redis-ratelimit';
+import type { Period, QuotaParams, Rule } from 'redis-ratelimit';
 
 const client = createClient();
 const redis = new Redis();
@@ -23,6 +24,20 @@ export async function use(): Promise<number> {
   const r: RateLimiterRes = await limiter.consume('k');
   const f: Pick<FlexRes, 'msBeforeNext' | 'remainingPoints' | 'consumedPoints' | 'isFirstInDuration'> = r;
   return d.remaining + f.msBeforeNext;
+}
+
+// Calendar quotas: the period as a literal, the zone optional; a rule wherever rules go.
+export async function quotas(): Promise<number> {
+  const rl = new RL(client);
+  const period: Period = 'month';
+  const q: QuotaParams = { limit: 1000, period, zone: 'America/New_York' };
+  const d: Decision = await rl.quota('tenant:acme', q);
+  const rule: Rule = { algorithm: 'quota', limit: 100, period: 'day' };
+  await rl.policySet('exports', rule);
+  await rl.all([{ key: '{t}:a', rule }, { key: '{t}:b', rule: { policy: 'exports' } }]);
+  await rl.acquire('tenant:acme', { algorithm: 'quota', limit: 5, period: 'week', zone: '+05:30' }, { timeoutMs: 100 });
+  rateLimit({ windowMs: PERIOD_SECONDS.day * 1000, limit: 100, store: new RLStore({ client, window: 'day', zone: 'Europe/Paris' }) });
+  return d.resetMs;
 }
 
 // Leases and acquire, and the concurrency cap in an Express app.
