@@ -12,7 +12,7 @@ use redis::cluster_routing::{
 };
 use redis::sentinel::{SentinelClient, SentinelServerType};
 use redis::{Cmd, IntoConnectionInfo, Value};
-use redis_ratelimit_core::{Request, MAX_PARAM};
+use redis_ratelimit_core::{Period, Request, MAX_PARAM};
 
 use crate::acquire::{AcquirePool, Block};
 use crate::decision::{Decision, Sixth};
@@ -378,6 +378,23 @@ impl Client {
             .await
     }
 
+    /// `RL.QUOTA key limit DAY|WEEK|MONTH|YEAR [TZ zone] [...]`: at most
+    /// `limit` units per calendar period in `zone` (`None`: UTC; a fixed
+    /// offset `+05:30`; an IANA name `America/New_York`). `reset_after` runs
+    /// to the end of the period; a denial's `retry_after` to the start of
+    /// the next one. The limit and the zone are checked before sending.
+    pub async fn quota(
+        &self,
+        key: &str,
+        limit: u64,
+        period: Period,
+        zone: Option<&str>,
+        units: Units,
+    ) -> Result<Decision, Error> {
+        let spec = Spec::quota(limit, period, zone)?;
+        self.apply(key, &spec, units).await
+    }
+
     /// `RL.RELEASE key lease`: whether the lease was still held (false when
     /// it had ended, was never granted, or the key is gone).
     pub async fn release(&self, key: &str, lease: u64) -> Result<bool, Error> {
@@ -563,6 +580,7 @@ impl Client {
         rollout: u8,
     ) -> Result<(), Error> {
         crate::Rule::policy(name).check()?;
+        utc_only(name, spec, "a policy")?;
         if rollout > 100 {
             return Err(Error::bad(name, "ROLLOUT", "must be 0 to 100"));
         }
@@ -570,7 +588,7 @@ impl Client {
         cmd.arg("SET")
             .arg(name)
             .arg(spec.algorithm())
-            .arg(spec.params())
+            .arg(spec.args())
             .arg("MODE")
             .arg(mode.word())
             .arg("ROLLOUT")
@@ -602,7 +620,7 @@ impl Client {
             shadow_denied: 0,
         };
         let mut algorithm = String::new();
-        let mut params = Vec::new();
+        let mut params: Vec<u64> = Vec::new();
         for pair in fields.chunks(2) {
             let [k, v] = pair else { continue };
             let int = match v {
@@ -613,11 +631,14 @@ impl Client {
                 Some("algorithm") => algorithm = text(v).unwrap_or_default(),
                 Some("params") => {
                     if let Value::Array(ps) = v {
+                        // Integers, and a quota's period as its word.
                         params = ps
                             .iter()
                             .filter_map(|p| match p {
                                 Value::Int(i) => Some(*i as u64),
-                                _ => None,
+                                other => text(other)
+                                    .and_then(|w| crate::rule::parse_period(&w).ok())
+                                    .map(Period::index),
                             })
                             .collect();
                     }
@@ -825,7 +846,7 @@ fn lease_units(command: &str, cost: u64) -> Result<Units, Error> {
 pub(crate) fn limiter_cmd(key: &str, spec: &Spec, units: Units) -> Result<Cmd, Error> {
     check_units(spec.algorithm(), units)?;
     let mut cmd = redis::cmd(&format!("RL.{}", spec.algorithm()));
-    cmd.arg(key).arg(spec.params());
+    cmd.arg(key).arg(spec.args());
     units_args(&mut cmd, units);
     Ok(cmd)
 }
@@ -857,8 +878,11 @@ fn all_cmd<'a>(limits: &[(&'a str, &RuleKind)], cost: u64) -> Result<(Cmd, &'a s
                 "RL.ALL refuses CONCURRENCY: a lease is taken and released on its own key",
             ));
         }
+        if let RuleKind::Inline(spec) = kind {
+            utc_only("RL.ALL", spec, "RL.ALL")?;
+        }
         match kind {
-            RuleKind::Inline(spec) => cmd.arg(spec.algorithm()).arg(spec.params()),
+            RuleKind::Inline(spec) => cmd.arg(spec.algorithm()).arg(spec.args()),
             RuleKind::Policy(name) => cmd.arg("POLICY").arg(name.as_str()),
         };
     }
@@ -866,6 +890,21 @@ fn all_cmd<'a>(limits: &[(&'a str, &RuleKind)], cost: u64) -> Result<(Cmd, &'a s
         cmd.arg("COST").arg(cost);
     }
     Ok((cmd, first))
+}
+
+/// Policies and `RL.ALL` count quotas in UTC only.
+pub(crate) fn utc_only(rule: &str, spec: &Spec, what: &str) -> Result<(), Error> {
+    match spec.zone() {
+        Some(zone) if !zone.is_utc() => Err(Error::bad(
+            rule,
+            "zone",
+            format!(
+                "{what} counts a quota in UTC only, not in {zone}: apply a zoned quota with its \
+                 own RL.QUOTA call"
+            ),
+        )),
+        _ => Ok(()),
+    }
 }
 
 fn units_args(cmd: &mut Cmd, units: Units) {

@@ -15,6 +15,10 @@
 //!   gRPC `RESOURCE_EXHAUSTED`) with `Retry-After`, `RateLimit-Policy` and
 //!   `RateLimit`, and a problem+json body; it can also cap the requests in
 //!   flight per key ([`RateLimitLayerBuilder::concurrency`]).
+//! - Calendar quotas: [`Client::quota`] (`RL.QUOTA`, a [`Period`] and an
+//!   optional [`Zone`]) and [`Rule::quota`] / [`Rule::quota_in`], a rule like
+//!   the others (policies, `RL.ALL`, the local level, the layer, whose
+//!   `RateLimit-Policy` gives a quota `w` = the period's nominal seconds).
 //! - [`RetryPolicy`]: backoff for callers of rate-limited services.
 //!
 //! ```no_run
@@ -59,6 +63,8 @@ pub use layer::{
 };
 pub use lease::LeaseGuard;
 pub use limiter::{CheckedRule, Limiter, LimiterBuilder, RuleSet};
-pub use redis_ratelimit_core::Request;
+pub use redis_ratelimit_core::{Period, Request};
 pub use retry::{retry_after, Attempt, RetryPolicy};
-pub use rule::{KeyShape, Rule, RuleKind, Share, Spec};
+pub use rule::{
+    parse_period, period_nominal_s, period_word, KeyShape, Rule, RuleKind, Share, Spec, Zone,
+};

@@ -13,7 +13,7 @@ use crate::deny_cache::DenyCache;
 use crate::fallback::{Breaker, BreakerConfig, FallbackMode, Gate, Stats, StatsSnapshot};
 use crate::lease::{LeaseGuard, LeaseMs};
 use crate::local::LocalLimiters;
-use crate::rule::{Rule, RuleKind, Share, Spec};
+use crate::rule::{Rule, RuleKind, Share, Spec, ZoneKind};
 use crate::Error;
 
 /// Builds a [`Limiter`]; every setting has a default.
@@ -229,6 +229,7 @@ impl Limiter {
                 ));
             }
         }
+        let several = rules.len() > 1;
         let mut checked = Vec::with_capacity(rules.len());
         for rule in rules {
             let kind = rule.check()?.clone();
@@ -249,6 +250,9 @@ impl Limiter {
                     (info.spec, format!("POLICY {name}"))
                 }
             };
+            if let (true, RuleKind::Inline(spec)) = (several, &kind) {
+                crate::client::utc_only(&rule.name, spec, "RL.ALL (several rules in one set)")?;
+            }
             if spec.is_some_and(|s| s.is_concurrency()) {
                 return Err(Error::bad(
                     &rule.name,
@@ -264,6 +268,9 @@ impl Limiter {
                 _ => None,
             };
             let fallback = match spec {
+                // A quota in a named zone has no local period: the local-only
+                // fallback skips it, as it skips a policy it cannot read.
+                Some(Spec::Quota(_, zone)) if zone.kind() == ZoneKind::Named => None,
                 Some(s) => Some(s.local_share(&rule.name, self.inner.share)?),
                 None => None,
             };

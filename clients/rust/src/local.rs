@@ -8,7 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use redis_ratelimit_core::{
     decide, run, Algorithm, Concurrency, FixedWindow, HashWindow, LeakyBucket, Micros, Outcome,
-    Request, SlidingLog, TokenBucket,
+    Quota, Request, SlidingLog, TokenBucket,
 };
 
 use crate::rule::Spec;
@@ -20,6 +20,7 @@ enum State {
     Sliding(<SlidingLog as Algorithm>::State),
     HashWindow(<HashWindow as Algorithm>::State),
     Concurrency(<Concurrency as Algorithm>::State),
+    Quota(<Quota as Algorithm>::State),
 }
 
 struct Entry {
@@ -87,6 +88,13 @@ fn step(
         Spec::Sliding(p) => step!(SlidingLog, Sliding, p, slot, request, now, dry),
         Spec::HashWindow(p) => step!(HashWindow, HashWindow, p, slot, request, now, dry),
         Spec::Concurrency(p) => step!(Concurrency, Concurrency, p, slot, request, now, dry),
+        Spec::Quota(p, zone) => {
+            // The period in UTC or a fixed offset; a named zone is never
+            // local (its rule cannot be global, and the fallback skips it).
+            let end = crate::rule::local_period_end(p.period(), *zone, now);
+            let p = &end.map_or(*p, |end| p.at_end(end));
+            step!(Quota, Quota, p, slot, request, now, dry)
+        }
     }
 }
 

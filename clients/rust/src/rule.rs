@@ -2,9 +2,12 @@
 //! core crate's own checks) or the name of a policy kept in the server,
 //! and the key each applies to.
 
+use std::fmt;
+
 use redis_ratelimit_core::{
-    ConcurrencyParams, FixedWindowParams, HashWindowParams, LeakyBucketParams, SlidingLogParams,
-    TokenBucketParams,
+    quota::{utc_period_end, PERIODS},
+    ConcurrencyParams, FixedWindowParams, HashWindowParams, LeakyBucketParams, Micros, Period,
+    QuotaParams, SlidingLogParams, TokenBucketParams,
 };
 
 use crate::Error;
@@ -24,6 +27,197 @@ pub enum Spec {
     HashWindow(HashWindowParams),
     /// `CONCURRENCY limit lease_ms`: units held by leases, not a rate.
     Concurrency(ConcurrencyParams),
+    /// `QUOTA limit DAY|WEEK|MONTH|YEAR [TZ zone]`: `limit` units per
+    /// calendar period in a time zone. Policies and `RL.ALL` count in UTC
+    /// only: a zone is for a rule applied on its own (`RL.QUOTA ... TZ`).
+    Quota(QuotaParams, Zone),
+}
+
+/// The longest zone name the module takes.
+const MAX_ZONE: usize = 64;
+
+/// The time zone of a calendar quota, checked as the module checks it:
+/// `UTC` (the default; also `Z`), a fixed offset `+HH:MM` / `-HH:MM` (hours
+/// up to 25), or an IANA name such as `America/New_York` (whether the
+/// server's database knows the name is the server's answer). Small and
+/// `Copy`: the name is kept inline.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Zone {
+    len: u8,
+    name: [u8; MAX_ZONE],
+}
+
+/// What a [`Zone`] is, for the local level (which reads no time-zone
+/// database).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ZoneKind {
+    Utc,
+    /// Seconds east of UTC.
+    Offset(i64),
+    Named,
+}
+
+impl Zone {
+    /// UTC.
+    pub const UTC: Zone = Zone {
+        len: 3,
+        name: utc_name(),
+    };
+
+    /// A zone by name, or [`Error::BadArgument`] naming `zone`.
+    pub fn new(name: &str) -> Result<Zone, Error> {
+        let bad = || {
+            Error::bad(
+                "RL.QUOTA",
+                "zone",
+                format!(
+                    "TZ must be UTC, a fixed offset such as +05:30, or a time zone name such as \
+                     America/New_York, not {name:?}"
+                ),
+            )
+        };
+        if name.eq_ignore_ascii_case("UTC") || name.eq_ignore_ascii_case("Z") {
+            return Ok(Zone::UTC);
+        }
+        let b = name.as_bytes();
+        let looks_like_offset = matches!(b.first(), Some(b'+' | b'-'));
+        if looks_like_offset {
+            fixed_offset(b).ok_or_else(bad)?;
+        } else if b.is_empty()
+            || b.len() > MAX_ZONE
+            || name.contains("..")
+            || !b[0].is_ascii_alphabetic()
+            || !b
+                .iter()
+                .all(|c| c.is_ascii_alphanumeric() || b"/_-+".contains(c))
+        {
+            return Err(bad());
+        }
+        let mut zone = Zone {
+            len: b.len() as u8,
+            name: [0; MAX_ZONE],
+        };
+        zone.name[..b.len()].copy_from_slice(b);
+        Ok(zone)
+    }
+
+    /// The name, as sent after `TZ`.
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.name[..self.len as usize]).unwrap_or("UTC")
+    }
+
+    /// Whether this is UTC (then no `TZ` is sent).
+    pub fn is_utc(&self) -> bool {
+        self.kind() == ZoneKind::Utc
+    }
+
+    pub(crate) fn kind(&self) -> ZoneKind {
+        let b = &self.name[..self.len as usize];
+        if b.eq_ignore_ascii_case(b"UTC") || b.eq_ignore_ascii_case(b"Z") {
+            return ZoneKind::Utc;
+        }
+        match fixed_offset(b) {
+            Some(s) => ZoneKind::Offset(s),
+            None => ZoneKind::Named,
+        }
+    }
+}
+
+impl Default for Zone {
+    fn default() -> Zone {
+        Zone::UTC
+    }
+}
+
+impl fmt::Debug for Zone {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Zone({:?})", self.as_str())
+    }
+}
+
+impl fmt::Display for Zone {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+const fn utc_name() -> [u8; MAX_ZONE] {
+    let mut name = [0; MAX_ZONE];
+    name[0] = b'U';
+    name[1] = b'T';
+    name[2] = b'C';
+    name
+}
+
+/// `+HH:MM` or `-HH:MM` (hours up to 25, as the module takes them), in
+/// seconds east of UTC.
+fn fixed_offset(b: &[u8]) -> Option<i64> {
+    let [sign, h1, h2, b':', m1, m2] = *b else {
+        return None;
+    };
+    let digit = |c: u8| c.is_ascii_digit().then(|| i64::from(c - b'0'));
+    let (hours, minutes) = (digit(h1)? * 10 + digit(h2)?, digit(m1)? * 10 + digit(m2)?);
+    if hours > 25 || minutes > 59 {
+        return None;
+    }
+    let s = (hours * 60 + minutes) * 60;
+    match sign {
+        b'+' => Some(s),
+        b'-' => Some(-s),
+        _ => None,
+    }
+}
+
+/// A period by its word (`DAY`, `WEEK`, `MONTH`, `YEAR`, in any case), or
+/// [`Error::BadArgument`] naming `period`.
+pub fn parse_period(word: &str) -> Result<Period, Error> {
+    PERIODS
+        .iter()
+        .position(|p| p.eq_ignore_ascii_case(word))
+        .and_then(|i| Period::from_index(i as u64))
+        .ok_or_else(|| {
+            Error::bad(
+                "RL.QUOTA",
+                "period",
+                format!("period must be one of DAY, WEEK, MONTH, YEAR, not {word:?}"),
+            )
+        })
+}
+
+/// The word of a period, as the commands take it.
+pub fn period_word(period: Period) -> &'static str {
+    PERIODS[period.index() as usize]
+}
+
+/// The nominal length of a period in seconds, the `w` of `RateLimit-Policy`
+/// for a quota: 86400 for a day, 604800 for a week, 2592000 (30 days) for a
+/// month, 31536000 (365 days) for a year.
+pub fn period_nominal_s(period: Period) -> u64 {
+    match period {
+        Period::Day => 86_400,
+        Period::Week => 604_800,
+        Period::Month => 2_592_000,
+        Period::Year => 31_536_000,
+    }
+}
+
+/// The end of the period that contains `now` in a UTC or fixed-offset
+/// zone (`None` for a named zone: the kit reads no time-zone database).
+pub(crate) fn local_period_end(period: Period, zone: Zone, now: Micros) -> Option<Micros> {
+    let offset_us = match zone.kind() {
+        ZoneKind::Utc => 0,
+        ZoneKind::Offset(s) => s * 1_000_000,
+        ZoneKind::Named => return None,
+    };
+    let shift = |t: Micros, by: i64| {
+        if by >= 0 {
+            t.saturating_add_us(by as u64)
+        } else {
+            t.saturating_sub_us(by.unsigned_abs())
+        }
+    };
+    let local_end = utc_period_end(period, shift(now, offset_us));
+    Some(shift(local_end, -offset_us))
 }
 
 impl Spec {
@@ -36,10 +230,12 @@ impl Spec {
             Spec::Sliding(_) => "SLIDING",
             Spec::HashWindow(_) => "HASHWINDOW",
             Spec::Concurrency(_) => "CONCURRENCY",
+            Spec::Quota(..) => "QUOTA",
         }
     }
 
-    /// The parameters, in the commands' order.
+    /// The parameters, in the commands' order (a quota's period as its
+    /// number in `DAY, WEEK, MONTH, YEAR`, from 0; see [`Spec::args`]).
     pub fn params(&self) -> Vec<u64> {
         match self {
             Spec::TokenBucket(p) => vec![p.capacity(), p.refill_count(), p.refill_ms()],
@@ -48,6 +244,40 @@ impl Spec {
             Spec::Sliding(p) => vec![p.limit(), p.window_ms()],
             Spec::HashWindow(p) => vec![p.limit(), p.window_ms(), p.bucket_ms()],
             Spec::Concurrency(p) => vec![p.limit(), p.lease_ms()],
+            Spec::Quota(p, _) => vec![p.limit(), p.period().index()],
+        }
+    }
+
+    /// The arguments after the algorithm's name (in a policy or `RL.ALL`)
+    /// or after the key (in the command): the parameters, with a quota's
+    /// period as its word and its zone as `TZ zone` when it is not UTC.
+    pub fn args(&self) -> Vec<String> {
+        match self {
+            Spec::Quota(p, zone) => {
+                let mut out = vec![p.limit().to_string(), period_word(p.period()).to_string()];
+                if !zone.is_utc() {
+                    out.push("TZ".into());
+                    out.push(zone.as_str().into());
+                }
+                out
+            }
+            other => other.params().iter().map(u64::to_string).collect(),
+        }
+    }
+
+    /// A calendar quota: `limit` units per `period` in `zone` (`None`: UTC).
+    pub fn quota(limit: u64, period: Period, zone: Option<&str>) -> Result<Spec, Error> {
+        let zone = zone.map(Zone::new).transpose()?.unwrap_or_default();
+        let params = QuotaParams::new(limit, period)
+            .map_err(|e| Error::bad("RL.QUOTA", "limit", e.to_string()))?;
+        Ok(Spec::Quota(params, zone))
+    }
+
+    /// The quota's zone, when this is a quota.
+    pub fn zone(&self) -> Option<Zone> {
+        match self {
+            Spec::Quota(_, zone) => Some(*zone),
+            _ => None,
         }
     }
 
@@ -56,7 +286,7 @@ impl Spec {
     pub fn parse(rule: &str, algorithm: &str, params: &[u64]) -> Result<Spec, Error> {
         let arity = match algorithm.to_ascii_uppercase().as_str() {
             "TOKENBUCKET" | "LEAKYBUCKET" | "HASHWINDOW" => 3,
-            "FIXEDWINDOW" | "SLIDING" | "CONCURRENCY" => 2,
+            "FIXEDWINDOW" | "SLIDING" | "CONCURRENCY" | "QUOTA" => 2,
             other => {
                 return Err(Error::bad(
                     rule,
@@ -89,6 +319,19 @@ impl Spec {
             "HASHWINDOW" => HashWindowParams::new(p(0), p(1), p(2)).map(Spec::HashWindow),
             "FIXEDWINDOW" => FixedWindowParams::new(p(0), p(1)).map(Spec::FixedWindow),
             "CONCURRENCY" => ConcurrencyParams::new(p(0), p(1)).map(Spec::Concurrency),
+            "QUOTA" => {
+                let Some(period) = Period::from_index(p(1)) else {
+                    return Err(Error::bad(
+                        rule,
+                        "period",
+                        format!(
+                            "the period is 0 to 3 (DAY, WEEK, MONTH, YEAR), not {}",
+                            p(1)
+                        ),
+                    ));
+                };
+                QuotaParams::new(p(0), period).map(|q| Spec::Quota(q, Zone::UTC))
+            }
             _ => SlidingLogParams::new(p(0), p(1)).map(Spec::Sliding),
         })
     }
@@ -102,6 +345,7 @@ impl Spec {
             Spec::Sliding(p) => p.limit(),
             Spec::HashWindow(p) => p.limit(),
             Spec::Concurrency(p) => p.limit(),
+            Spec::Quota(p, _) => p.limit(),
         }
     }
 
@@ -112,8 +356,9 @@ impl Spec {
 
     /// The `w` of `RateLimit-Policy`, in seconds, rounded up: the window for
     /// the windows, the time to refill an empty bucket (`capacity * refill_ms
-    /// / refill_count`) for the buckets; `None` for concurrency, which has
-    /// no window.
+    /// / refill_count`) for the buckets, the period's nominal length for a
+    /// quota ([`period_nominal_s`]: a month is 30 days, a year 365); `None`
+    /// for concurrency, which has no window.
     pub fn window_s(&self) -> Option<u64> {
         let ms = match self {
             Spec::TokenBucket(p) => ceil_div(
@@ -128,6 +373,7 @@ impl Spec {
             Spec::Sliding(p) => p.window_ms() as u128,
             Spec::HashWindow(p) => p.window_ms() as u128,
             Spec::Concurrency(_) => return None,
+            Spec::Quota(p, _) => return Some(period_nominal_s(p.period())),
         };
         Some(u64::try_from(ceil_div(ms, 1000)).unwrap_or(u64::MAX))
     }
@@ -146,6 +392,13 @@ impl Spec {
             Spec::HashWindow(_) => vec![s(params[0]), params[1], params[2]],
             Spec::FixedWindow(_) | Spec::Sliding(_) | Spec::Concurrency(_) => {
                 vec![s(params[0]), params[1]]
+            }
+            Spec::Quota(_, zone) => {
+                let local = Spec::parse(rule, "QUOTA", &[s(params[0]), params[1]])?;
+                return Ok(match local {
+                    Spec::Quota(p, _) => Spec::Quota(p, *zone),
+                    other => other,
+                });
             }
         };
         Spec::parse(rule, self.algorithm(), &scaled)
@@ -246,6 +499,35 @@ impl Rule {
     pub fn concurrency(limit: u64, lease_ms: u64) -> Rule {
         Rule::inline("CONCURRENCY", &[limit, lease_ms])
     }
+    /// A calendar quota: `limit` units per `period` (a day, an ISO week from
+    /// Monday, a month, a year) in UTC. Usable wherever rules go: alone,
+    /// with others in one `RL.ALL`, global with the local level.
+    pub fn quota(limit: u64, period: Period) -> Rule {
+        Rule::quota_in(limit, period, "UTC")
+    }
+    /// [`Rule::quota`] in the time zone `zone` (`UTC`, `+05:30`,
+    /// `America/New_York`). A zone other than UTC needs the rule's own
+    /// `RL.QUOTA ... TZ` call: it cannot join other rules in one `RL.ALL`,
+    /// and only a fixed offset can be global (the local level reads no
+    /// time-zone database).
+    pub fn quota_in(limit: u64, period: Period, zone: &str) -> Rule {
+        let name = "quota".to_string();
+        Rule {
+            kind: Spec::quota(limit, period, Some(zone))
+                .map(RuleKind::Inline)
+                .map_err(|e| match e {
+                    Error::BadArgument { arg, reason, .. } => Error::BadArgument {
+                        rule: name.clone(),
+                        arg,
+                        reason,
+                    },
+                    other => other,
+                }),
+            key: KeyShape::PerIdentity(format!("rl:{name}:")),
+            name,
+            global: false,
+        }
+    }
     /// The policy `name` kept in the server (`RL.POLICY SET`), applied with
     /// `RL.HIT` (or `POLICY name` in `RL.ALL`).
     pub fn policy(name: impl Into<String>) -> Rule {
@@ -309,6 +591,16 @@ impl Rule {
                 "a policy rule cannot be global: its parameters live in the server",
             ));
         }
+        if let RuleKind::Inline(Spec::Quota(_, zone)) = kind {
+            if self.global && zone.kind() == ZoneKind::Named {
+                return Err(Error::bad(
+                    &self.name,
+                    "zone",
+                    "a quota in a named time zone cannot be global: the local level reads no \
+                     time-zone database (use UTC or a fixed offset)",
+                ));
+            }
+        }
         if self.name.is_empty() || self.name.contains('"') || self.name.contains('\\') {
             return Err(Error::bad(
                 &self.name,
@@ -343,5 +635,107 @@ impl Rule {
     /// Whether the rule is global.
     pub fn is_global(&self) -> bool {
         self.global
+    }
+}
+
+#[cfg(test)]
+mod quota_tests {
+    use super::*;
+
+    #[test]
+    fn zones_are_checked_as_the_module_checks_them() {
+        for ok in [
+            "UTC",
+            "utc",
+            "Z",
+            "+05:30",
+            "-25:59",
+            "America/New_York",
+            "Etc/GMT+5",
+        ] {
+            assert!(Zone::new(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "+26:00",
+            "+5:30",
+            "05:30",
+            "/etc/x",
+            "a/../b",
+            "Europe/Paris x",
+        ] {
+            assert!(
+                matches!(Zone::new(bad), Err(Error::BadArgument { ref arg, .. }) if arg == "zone"),
+                "{bad:?}"
+            );
+        }
+        assert!(Zone::new(&"A".repeat(65)).is_err());
+        assert_eq!(
+            Zone::new("+05:30").unwrap().kind(),
+            ZoneKind::Offset(19_800)
+        );
+        assert_eq!(Zone::new("Asia/Tokyo").unwrap().to_string(), "Asia/Tokyo");
+    }
+
+    #[test]
+    fn a_quota_spec_sends_its_period_as_a_word_and_its_zone_as_tz() {
+        let day = Spec::quota(5, Period::Day, None).unwrap();
+        assert_eq!(
+            (day.algorithm(), day.args()),
+            ("QUOTA", vec!["5".into(), "DAY".into()])
+        );
+        assert_eq!(day.params(), [5, 0]);
+        assert_eq!(Spec::parse("p", "quota", &[5, 0]).unwrap(), day);
+        let ny = Spec::quota(5, Period::Month, Some("America/New_York")).unwrap();
+        assert_eq!(ny.args(), ["5", "MONTH", "TZ", "America/New_York"]);
+        assert!(matches!(
+            Spec::parse("p", "QUOTA", &[5, 4]),
+            Err(Error::BadArgument { ref arg, .. }) if arg == "period"
+        ));
+        assert!(matches!(
+            Spec::quota(0, Period::Day, None),
+            Err(Error::BadArgument { ref arg, .. }) if arg == "limit"
+        ));
+        let w = |p| Spec::quota(1, p, None).unwrap().window_s();
+        assert_eq!(
+            [
+                w(Period::Day),
+                w(Period::Week),
+                w(Period::Month),
+                w(Period::Year)
+            ],
+            [
+                Some(86_400),
+                Some(604_800),
+                Some(2_592_000),
+                Some(31_536_000)
+            ]
+        );
+        // The local share keeps the period and the zone.
+        let share = ny.local_share("r", Share::Instances(2)).unwrap();
+        assert_eq!(share.args(), ["3", "MONTH", "TZ", "America/New_York"]);
+    }
+
+    #[test]
+    fn local_periods_in_utc_and_fixed_offsets() {
+        // 2026-12-01T20:00:00Z, a Tuesday.
+        let now = Micros::from_ms(1_796_155_200_000);
+        let end = |p, z: &str| {
+            local_period_end(p, Zone::new(z).unwrap(), now).map(|e| e.as_ms_floor() / 1000)
+        };
+        // UTC: 2026-12-02T00:00Z; +05:30 is already 01:30 on the 2nd there,
+        // so the day ends 2026-12-02T18:30Z; -05:00 ends 2026-12-02T05:00Z.
+        assert_eq!(end(Period::Day, "UTC"), Some(1_796_169_600));
+        assert_eq!(
+            end(Period::Day, "+05:30"),
+            Some(1_796_169_600 + 86_400 - 19_800)
+        );
+        assert_eq!(end(Period::Day, "-05:00"), Some(1_796_169_600 + 18_000));
+        // The ISO week ends on Monday 2026-12-07T00:00Z.
+        assert_eq!(end(Period::Week, "UTC"), Some(1_796_169_600 + 5 * 86_400));
+        // 2027-01-01T00:00Z for the month and the year.
+        assert_eq!(end(Period::Month, "UTC"), Some(1_798_761_600));
+        assert_eq!(end(Period::Year, "UTC"), Some(1_798_761_600));
+        assert_eq!(end(Period::Day, "Europe/Paris"), None);
     }
 }

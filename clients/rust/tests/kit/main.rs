@@ -11,5 +11,6 @@ mod grpc;
 mod instances;
 mod layer;
 mod leases;
+mod quota;
 mod savings;
 mod sentinel;
