@@ -39,8 +39,10 @@ from .model import (
     LeakyBucket,
     LogEntry,
     ModuleNotLoaded,
+    PeriodLike,
     Policy,
     PolicyMode,
+    Quota,
     Sliding,
     Spec,
     TokenBucket,
@@ -296,6 +298,20 @@ class AsyncClient:
         return await self.limit(
             key, FixedWindow(limit, window_ms), cost, force=force, refund=refund
         )
+
+    async def quota(
+        self,
+        key: Key,
+        limit: int,
+        period: PeriodLike,
+        zone: str | None = None,
+        cost: int = 1,
+        *,
+        force: bool = False,
+        refund: int | None = None,
+    ) -> Decision:
+        """`RL.QUOTA key limit DAY|WEEK|MONTH|YEAR [TZ zone]` (None: UTC)."""
+        return await self.limit(key, Quota(limit, period, zone), cost, force=force, refund=refund)
 
     async def hit(
         self,

@@ -36,6 +36,7 @@ from .model import (
     HashWindow,
     LeakyBucket,
     Policy,
+    Quota,
     RateLimitError,
     Sliding,
     Spec,
@@ -93,7 +94,11 @@ Held = tuple[str, str, Union[int, None]]
 def spec_from_policy(policy: dict[str, object]) -> Algorithm:
     """The algorithm of an `RL.POLICY GET` reply."""
     algo = str(policy.get("algorithm", "")).upper()
-    params = [int(p) for p in policy.get("params", [])]  # type: ignore[attr-defined]
+    raw = list(policy.get("params", []))  # type: ignore[call-overload]
+    if algo == "QUOTA" and len(raw) == 2:
+        # `[limit, "DAY"]`: the period as its word (policies count in UTC).
+        return Quota(int(raw[0]), str(raw[1]))  # type: ignore[arg-type]
+    params = [int(p) for p in raw]
     table: dict[str, Callable[..., Algorithm]] = {
         "TOKENBUCKET": TokenBucket,
         "LEAKYBUCKET": LeakyBucket,
@@ -105,6 +110,19 @@ def spec_from_policy(policy: dict[str, object]) -> Algorithm:
     if algo not in table:
         raise BadArgument(f"policy {policy.get('name')!r} has algorithm {algo!r}, unknown here")
     return table[algo](*params)
+
+
+def check_zones(algos: Sequence[Algorithm]) -> None:
+    """Several rate rules go in one `RL.ALL`, which counts quotas in UTC: a
+    zoned quota must then be the only one (beside concurrency caps)."""
+    rated = [a for a in algos if not isinstance(a, Concurrency)]
+    if len(rated) > 1:
+        for a in rated:
+            if isinstance(a, Quota) and a.zone is not None:
+                raise BadArgument(
+                    f"zone: a quota in {a.zone!r} beside other rules would go in one RL.ALL, "
+                    "which counts quotas in UTC only: give it a middleware of its own"
+                )
 
 
 class DenyCache:
@@ -189,6 +207,16 @@ class LocalLimiter:
                 st[0] = tokens - 1
                 return Decision(True, share, int(st[0]), 0, math.ceil((share - st[0]) / rate))
             return Decision(False, share, 0, math.ceil((1 - tokens) / rate), reset_ms)
+        if isinstance(spec, Quota):
+            # The calendar period in the quota's zone (zoneinfo for names).
+            end = spec.period_end(now)
+            if not st or st[0] != end:
+                st[:] = [end, 0.0]
+            reset_ms = max(1, math.ceil((end - now) * 1000))
+            if st[1] + 1 <= share:
+                st[1] += 1
+                return Decision(True, share, int(share - st[1]), 0, reset_ms)
+            return Decision(False, share, 0, reset_ms, reset_ms)
         window_ms = spec.window_ms
         start = math.floor(now * 1000 / window_ms) * window_ms
         if not st or st[0] != start:
@@ -267,6 +295,7 @@ class RateLimitMiddleware:
         self._algorithms: list[Algorithm] | None = None
         if not any(isinstance(r.spec, Policy) for r in self.rules):
             self._algorithms = [r.spec for r in self.rules]  # type: ignore[misc]
+            check_zones(self._algorithms)
         self._ready = False
         self._failures = 0
         self._open = False
@@ -296,6 +325,7 @@ class RateLimitMiddleware:
                     algos.append(spec_from_policy(p))
                 else:
                     algos.append(r.spec)
+            check_zones(algos)
             self._algorithms = algos
         self._ready = True
 

@@ -35,8 +35,10 @@ from .model import (
     LeakyBucket,
     LogEntry,
     ModuleNotLoaded,
+    PeriodLike,
     Policy,
     PolicyMode,
+    Quota,
     ServerError,
     Sliding,
     Spec,
@@ -316,6 +318,22 @@ class Client:
     ) -> Decision:
         return self.limit(key, FixedWindow(limit, window_ms), cost, force=force, refund=refund)
 
+    def quota(
+        self,
+        key: Key,
+        limit: int,
+        period: PeriodLike,
+        zone: str | None = None,
+        cost: int = 1,
+        *,
+        force: bool = False,
+        refund: int | None = None,
+    ) -> Decision:
+        """`RL.QUOTA key limit DAY|WEEK|MONTH|YEAR [TZ zone]`: at most `limit`
+        units per calendar period in `zone` (None: UTC). `reset_after` runs to
+        the end of the period, a denial's `retry_after` to the next one."""
+        return self.limit(key, Quota(limit, period, zone), cost, force=force, refund=refund)
+
     def hit(
         self,
         policy: str,
@@ -471,6 +489,8 @@ def limit_args(key: Key, spec: Spec, cost: int, force: bool, refund: int | None)
         return ["RL.HIT", spec.name, key, *req]
     if not isinstance(spec, ALGORITHMS):
         raise BadArgument(f"a spec must be an algorithm or a Policy, not {type(spec).__name__}")
+    if isinstance(spec, Quota):
+        return ["RL.QUOTA", key, *spec.command_args(), *req]
     return [f"RL.{spec.ALGORITHM}", key, *spec_args(spec)[1:], *req]
 
 

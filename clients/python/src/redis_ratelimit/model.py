@@ -7,9 +7,11 @@ anything is sent, so nothing is written.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import enum
+import re
 from collections.abc import Sequence
-from typing import Union
+from typing import Literal, Union
 
 #: The largest numeric parameter the module accepts (2^40).
 MAX_PARAM = 1 << 40
@@ -196,6 +198,132 @@ class Concurrency:
         return None
 
 
+class Period(str, enum.Enum):
+    """A calendar period of `RL.QUOTA`: a day, an ISO week (from Monday), a
+    month, a year. A plain string (`"DAY"`, `"day"`, ...) is taken too."""
+
+    DAY = "DAY"
+    WEEK = "WEEK"
+    MONTH = "MONTH"
+    YEAR = "YEAR"
+
+
+#: What a period may be given as.
+PeriodLike = Union[Period, Literal["DAY", "WEEK", "MONTH", "YEAR", "day", "week", "month", "year"]]
+
+#: `w` of `RateLimit-Policy` for a quota: the period's nominal length in
+#: seconds (a month is 30 days, a year 365).
+PERIOD_NOMINAL_S = {
+    Period.DAY: 86_400,
+    Period.WEEK: 604_800,
+    Period.MONTH: 2_592_000,
+    Period.YEAR: 31_536_000,
+}
+
+_OFFSET = re.compile(r"[+-]([0-9]{2}):([0-9]{2})\Z")
+_ZONE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9/_+-]{0,63}\Z")
+
+
+def check_period(period: object) -> Period:
+    """A `Period` from itself or its word in any case; `BadArgument` naming `period`."""
+    if isinstance(period, Period):
+        return period
+    if isinstance(period, str) and period.upper() in Period.__members__:
+        return Period[period.upper()]
+    raise BadArgument(f"period must be one of DAY, WEEK, MONTH, YEAR, not {period!r}")
+
+
+def check_zone(zone: object) -> str | None:
+    """A quota's zone as the module takes it: None or `UTC` (the default), a
+    fixed offset `+HH:MM`/`-HH:MM` (hours up to 25), or an IANA name such as
+    `America/New_York` (whether the server knows the name is its answer).
+    None for UTC; `BadArgument` naming `zone`."""
+    if zone is None:
+        return None
+    bad = BadArgument(
+        "zone: TZ must be UTC, a fixed offset such as +05:30, or a time zone name "
+        f"such as America/New_York, not {zone!r}"
+    )
+    if not isinstance(zone, str):
+        raise bad
+    if zone.upper() in ("UTC", "Z"):
+        return None
+    if zone and zone[0] in "+-":
+        m = _OFFSET.match(zone)
+        if not m or int(m.group(1)) > 25 or int(m.group(2)) > 59:
+            raise bad
+        return zone
+    if not _ZONE_NAME.match(zone) or ".." in zone:
+        raise bad
+    return zone
+
+
+def _tzinfo(zone: str | None) -> datetime.tzinfo:
+    if zone is None:
+        return datetime.timezone.utc
+    m = _OFFSET.match(zone)
+    if m:
+        minutes = int(m.group(1)) * 60 + int(m.group(2))
+        sign = -1 if zone[0] == "-" else 1
+        return datetime.timezone(datetime.timedelta(minutes=sign * minutes))
+    import zoneinfo  # Python 3.9+; the system's tz database, or the tzdata package
+
+    return zoneinfo.ZoneInfo(zone)
+
+
+@dataclasses.dataclass(frozen=True)
+class Quota:
+    """At most `limit` units per calendar `period` in `zone` (`RL.QUOTA`).
+
+    `zone`: None (UTC), a fixed offset (`"+05:30"`) or an IANA name
+    (`"America/New_York"`, with its 23- and 25-hour days). Policies and
+    `RL.ALL` count quotas in UTC only: a zoned quota is applied with its own
+    `RL.QUOTA ... TZ` call.
+    """
+
+    limit: int
+    period: PeriodLike
+    zone: str | None = None
+    ALGORITHM = "QUOTA"
+
+    def __post_init__(self) -> None:
+        _check_int("limit", self.limit, 1)
+        object.__setattr__(self, "period", check_period(self.period))
+        object.__setattr__(self, "zone", check_zone(self.zone))
+
+    def params(self) -> list[str | int]:
+        """`limit PERIOD`, as policies and `RL.ALL` take them (without the zone)."""
+        return [self.limit, Period(self.period).value]
+
+    def command_args(self) -> list[str | int]:
+        """`limit PERIOD [TZ zone]`, as `RL.QUOTA` takes them after the key."""
+        return [*self.params(), *(["TZ", self.zone] if self.zone is not None else [])]
+
+    def window_s(self) -> int:
+        """`w` of `RateLimit-Policy`: the period's nominal length in seconds
+        (86400 a day, 604800 a week, 2592000 a month, 31536000 a year)."""
+        return PERIOD_NOMINAL_S[Period(self.period)]
+
+    def period_end(self, now: float) -> float:
+        """The end (Unix seconds) of the period that contains `now` in the zone:
+        the first instant of the next day, Monday, month or year there."""
+        tz = _tzinfo(self.zone)
+        date = datetime.datetime.fromtimestamp(now, tz).date()
+        period = Period(self.period)
+        if period is Period.DAY:
+            nxt = date + datetime.timedelta(days=1)
+        elif period is Period.WEEK:
+            nxt = date + datetime.timedelta(days=7 - date.weekday())
+        elif period is Period.MONTH:
+            nxt = (date.replace(day=1) + datetime.timedelta(days=32)).replace(day=1)
+        else:
+            nxt = datetime.date(date.year + 1, 1, 1)
+        midnight = datetime.datetime(nxt.year, nxt.month, nxt.day, tzinfo=tz)
+        # A zone that skips midnight: its first instant is the skip's end (fold
+        # and the gap are resolved by the round trip through UTC).
+        return midnight.astimezone(datetime.timezone.utc).timestamp()
+
+
 def check_lease(lease: object) -> int:
     """A lease id as `RL.RELEASE`/`RL.RENEW` take it (0 to 2^63 - 1)."""
     return _check_int("lease", lease, 0, MAX_LEASE)
@@ -239,11 +367,20 @@ class Policy:
 
 
 #: An algorithm with its parameters.
-Algorithm = Union[TokenBucket, LeakyBucket, Sliding, HashWindow, FixedWindow, Concurrency]
+Algorithm = Union[TokenBucket, LeakyBucket, Sliding, HashWindow, FixedWindow, Concurrency, Quota]
 #: What a limiter key is checked against: an algorithm, or a policy name.
 Spec = Union[Algorithm, Policy]
 #: The algorithm classes, for isinstance.
-ALGORITHMS = (TokenBucket, LeakyBucket, Sliding, HashWindow, FixedWindow, Concurrency)
+ALGORITHMS = (TokenBucket, LeakyBucket, Sliding, HashWindow, FixedWindow, Concurrency, Quota)
+
+
+def utc_only(spec: object, where: str) -> None:
+    """Policies and `RL.ALL` count quotas in UTC only."""
+    if isinstance(spec, Quota) and spec.zone is not None:
+        raise BadArgument(
+            f"zone: {where} counts a quota in UTC only, not in {spec.zone!r}: apply a zoned "
+            "quota with its own RL.QUOTA call"
+        )
 
 
 def spec_args(spec: Spec) -> list[str | int]:
@@ -343,6 +480,7 @@ def policy_set_args(name: str, spec: Algorithm, mode: PolicyMode, rollout: int) 
     if isinstance(spec, Policy):
         raise BadArgument("a policy is an algorithm, not another Policy")
     _check_int("ROLLOUT", rollout, 0, 100)
+    utc_only(spec, "a policy")
     return [
         "RL.POLICY",
         "SET",
@@ -370,6 +508,7 @@ def all_args(
                 f"RL.ALL spec {i + 1}: CONCURRENCY cannot be used here "
                 "(a lease must be released on its own key)"
             )
+        utc_only(spec, f"RL.ALL (spec {i + 1})")
         args += spec_args(spec)
     args += request_args(cost, force=force)
     return args
