@@ -17,7 +17,7 @@ use redis_ratelimit_core::{Period, Request, MAX_PARAM};
 use crate::acquire::{AcquirePool, Block};
 use crate::decision::{Decision, Sixth};
 use crate::lease::{LeaseGuard, LeaseMs};
-use crate::rule::{RuleKind, Spec};
+use crate::rule::{RuleKind, Spec, Zone};
 use crate::Error;
 
 /// The oldest module version (`MODULE LIST`'s `ver`) the kit speaks to.
@@ -571,7 +571,10 @@ impl Client {
         Ok(LeaseGuard::start(self.clone(), key, d, lease_ms))
     }
 
-    /// `RL.POLICY SET name <spec> MODE mode ROLLOUT percent`, on every master.
+    /// `RL.POLICY SET name <spec> MODE mode ROLLOUT percent [TZ zone]`, on
+    /// every master (`TZ` for a quota in a zone other than UTC: `RL.HIT` and
+    /// `RL.ALL ... POLICY` then count in it; it needs a module whose
+    /// policies take `TZ`).
     pub async fn policy_set(
         &self,
         name: &str,
@@ -580,7 +583,6 @@ impl Client {
         rollout: u8,
     ) -> Result<(), Error> {
         crate::Rule::policy(name).check()?;
-        utc_only(name, spec, "a policy")?;
         if rollout > 100 {
             return Err(Error::bad(name, "ROLLOUT", "must be 0 to 100"));
         }
@@ -588,11 +590,16 @@ impl Client {
         cmd.arg("SET")
             .arg(name)
             .arg(spec.algorithm())
-            .arg(spec.args())
+            .arg(spec.params_args())
             .arg("MODE")
             .arg(mode.word())
             .arg("ROLLOUT")
             .arg(rollout);
+        // A quota's zone is an option of the policy (the module counts
+        // RL.HIT and RL.ALL ... POLICY in it).
+        if let Some(zone) = spec.zone().filter(|z| !z.is_utc()) {
+            cmd.arg("TZ").arg(zone.as_str());
+        }
         self.send(cmd, Target::AllMasters(ResponsePolicy::AllSucceeded))
             .await
             .map(drop)
@@ -621,6 +628,7 @@ impl Client {
         };
         let mut algorithm = String::new();
         let mut params: Vec<u64> = Vec::new();
+        let mut zone = None;
         for pair in fields.chunks(2) {
             let [k, v] = pair else { continue };
             let int = match v {
@@ -645,6 +653,7 @@ impl Client {
                 }
                 Some("mode") => info.mode = text(v).unwrap_or_default(),
                 Some("rollout") => info.rollout = int as u8,
+                Some("zone") => zone = text(v),
                 Some("calls") => info.calls = int as u64,
                 Some("admitted") => info.admitted = int as u64,
                 Some("denied") => info.denied = int as u64,
@@ -653,6 +662,9 @@ impl Client {
             }
         }
         info.spec = Spec::parse(name, &algorithm, &params).ok();
+        if let (Some(Spec::Quota(p, _)), Some(zone)) = (info.spec, zone) {
+            info.spec = Zone::new(&zone).ok().map(|z| Spec::Quota(p, z));
+        }
         Ok(Some(info))
     }
 
@@ -892,7 +904,8 @@ fn all_cmd<'a>(limits: &[(&'a str, &RuleKind)], cost: u64) -> Result<(Cmd, &'a s
     Ok((cmd, first))
 }
 
-/// Policies and `RL.ALL` count quotas in UTC only.
+/// `RL.ALL`'s inline specs count quotas in UTC only (a policy's quota counts
+/// in the policy's zone).
 pub(crate) fn utc_only(rule: &str, spec: &Spec, what: &str) -> Result<(), Error> {
     match spec.zone() {
         Some(zone) if !zone.is_utc() => Err(Error::bad(

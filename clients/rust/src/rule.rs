@@ -28,8 +28,9 @@ pub enum Spec {
     /// `CONCURRENCY limit lease_ms`: units held by leases, not a rate.
     Concurrency(ConcurrencyParams),
     /// `QUOTA limit DAY|WEEK|MONTH|YEAR [TZ zone]`: `limit` units per
-    /// calendar period in a time zone. Policies and `RL.ALL` count in UTC
-    /// only: a zone is for a rule applied on its own (`RL.QUOTA ... TZ`).
+    /// calendar period in a time zone. A policy keeps its zone (`RL.POLICY
+    /// SET ... TZ zone`); `RL.ALL`'s inline specs count in UTC only, so a
+    /// zoned inline quota is a rule applied on its own (`RL.QUOTA ... TZ`).
     Quota(QuotaParams, Zone),
 }
 
@@ -263,6 +264,17 @@ impl Spec {
             }
             other => other.params().iter().map(u64::to_string).collect(),
         }
+    }
+
+    /// [`Spec::args`] without a quota's `TZ zone`: the spec as `RL.POLICY
+    /// SET` and `RL.ALL` take it (a policy's zone goes among its options).
+    pub(crate) fn params_args(&self) -> Vec<String> {
+        let mut args = self.args();
+        args.truncate(match self {
+            Spec::Quota(..) => 2,
+            _ => args.len(),
+        });
+        args
     }
 
     /// A calendar quota: `limit` units per `period` in `zone` (`None`: UTC).
@@ -507,7 +519,8 @@ impl Rule {
     }
     /// [`Rule::quota`] in the time zone `zone` (`UTC`, `+05:30`,
     /// `America/New_York`). A zone other than UTC needs the rule's own
-    /// `RL.QUOTA ... TZ` call: it cannot join other rules in one `RL.ALL`,
+    /// `RL.QUOTA ... TZ` call: it cannot join other rules in one `RL.ALL`
+    /// (a quota policy in a zone can: see [`crate::Client::policy_set`]),
     /// and only a fixed offset can be global (the local level reads no
     /// time-zone database).
     pub fn quota_in(limit: u64, period: Period, zone: &str) -> Rule {

@@ -1,6 +1,7 @@
 //! Calendar quotas (`RL.QUOTA`) through the kit: the typed call in UTC, a
 //! fixed offset and an IANA zone, checked arguments that name what is wrong
-//! (and send nothing), quota policies through `RL.HIT`, quotas in `RL.ALL`,
+//! (and send nothing), quota policies (in a zone too) through `RL.HIT` and
+//! `RL.ALL`, inline quotas in `RL.ALL`,
 //! and a quota rule in the limiter and the tower layer (with its `w` of a
 //! day, a global quota on the local level, and a zoned rule on its own).
 
@@ -226,15 +227,20 @@ async fn quota_policies_go_through_rl_hit_and_quotas_through_rl_all() {
         near_end(d.wait_ms as u64, &[to_end(Period::Day, 0)]),
         "{d:?}"
     );
-    // Policies count in UTC only: a zone is refused before sending.
+    // A policy keeps its zone (TZ among its options): RL.HIT counts in it.
     let zoned = Spec::quota(2, Period::Day, Some("Asia/Tokyo")).unwrap();
-    match client
+    client
         .policy_set("tokyo", &zoned, PolicyMode::Enforce, 100)
         .await
-    {
-        Err(Error::BadArgument { arg, .. }) => assert_eq!(arg, "zone"),
-        other => panic!("{other:?}"),
-    }
+        .unwrap();
+    let info = client.policy_get("tokyo").await.unwrap().unwrap();
+    assert_eq!(info.spec, Some(zoned), "{info:?}");
+    let d = client.hit("tokyo", "t1", Request::Cost(2)).await.unwrap();
+    assert!(d.allowed);
+    assert!(
+        near_end(d.reset_ms(), &[to_end(Period::Day, 9 * 3600)]),
+        "{d:?}"
+    );
 
     // RL.ALL: a weekly quota inline, beside a sliding window and the policy.
     let weekly = RuleKind::Inline(Spec::quota(3, Period::Week, None).unwrap());
@@ -259,8 +265,20 @@ async fn quota_policies_go_through_rl_hit_and_quotas_through_rl_all() {
         .await
         .unwrap();
     assert_eq!((d.allowed, d.denied_by), (false, Some(1)));
-    let tokyo = RuleKind::Inline(zoned);
-    match client.all(&[("a:t", &tokyo), ("a:s", &sliding)], 1).await {
+    // The zoned policy in RL.ALL counts in its zone; an inline zoned quota
+    // is refused there (inline specs count in UTC).
+    let tokyo = RuleKind::Policy("tokyo".into());
+    let d = client
+        .all(&[("a:s", &sliding), ("t1", &tokyo)], 1)
+        .await
+        .unwrap();
+    assert_eq!((d.allowed, d.denied_by), (false, Some(1)));
+    assert!(
+        near_end(d.wait_ms as u64, &[to_end(Period::Day, 9 * 3600)]),
+        "{d:?}"
+    );
+    let inline = RuleKind::Inline(zoned);
+    match client.all(&[("a:t", &inline), ("a:s", &sliding)], 1).await {
         Err(Error::BadArgument { arg, .. }) => assert_eq!(arg, "zone"),
         other => panic!("{other:?}"),
     }
