@@ -1,6 +1,7 @@
 """Calendar quotas (`RL.QUOTA`): the typed calls (sync and asyncio) in UTC, a
 fixed offset and an IANA zone; arguments checked before sending, naming what
-is wrong; quota policies through `RL.HIT` and quotas in `RL.ALL` (UTC); the
+is wrong; quota policies (in a zone too) through `RL.HIT` and `RL.ALL`,
+inline quotas in `RL.ALL` (UTC); the
 `Quota` rule in the ASGI middleware (`w` = the period's nominal seconds) and
 its local fallback's calendar."""
 
@@ -117,8 +118,12 @@ def test_quota_policies_go_through_rl_hit_and_quotas_through_rl_all(
     assert [c.hit("daily", "u1").remaining for _ in range(2)] == [1, 0]
     denied = c.hit("daily", "u1")
     assert not denied.allowed and near_end(denied.wait_ms, to_end("DAY", 0))
-    with pytest.raises(BadArgument, match="^zone: a policy counts a quota in UTC only"):
-        c.policy_set("tokyo", Quota(2, "DAY", "Asia/Tokyo"))
+    # A policy keeps its zone (TZ among its options): RL.HIT counts in it.
+    c.policy_set("tokyo", Quota(2, "DAY", "Asia/Tokyo"))
+    info = c.policy_get("tokyo")
+    assert info is not None and info["zone"] == "Asia/Tokyo" and info["params"] == [2, "DAY"]
+    d = c.hit("tokyo", "t1", cost=2)
+    assert d.allowed and near_end(d.reset_ms, to_end("DAY", 9 * 3600)), d
 
     weekly, burst = Quota(3, "WEEK"), Sliding(10, 60_000)
     assert c.all([("a:w", weekly), ("a:s", burst)], cost=3).remaining == 0
@@ -127,6 +132,10 @@ def test_quota_policies_go_through_rl_hit_and_quotas_through_rl_all(
     assert near_end(d.wait_ms, to_end("WEEK", 0)), d
     d = c.all([("a:s", burst), ("u1", Policy("daily"))])
     assert (d.allowed, d.denied_by) == (False, 1)
+    d = c.all([("a:s", burst), ("t1", Policy("tokyo"))])
+    assert (d.allowed, d.denied_by) == (False, 1)
+    assert near_end(d.wait_ms, to_end("DAY", 9 * 3600)), d
+    # Inline specs of RL.ALL count in UTC: a zoned inline quota is refused.
     with pytest.raises(BadArgument, match=r"^zone: RL.ALL \(spec 1\) counts a quota in UTC"):
         c.all([("a:t", Quota(2, "DAY", "+09:00")), ("a:s", burst)])
 
@@ -165,6 +174,7 @@ def test_a_quota_rule_in_the_middleware_answers_429_until_the_period_ends(
 
     # A zoned quota on its own: RL.QUOTA ... TZ; a policy quota read for its w.
     r.execute_command("RL.POLICY", "SET", "monthly", "QUOTA", 9, "MONTH")
+    r.execute_command("RL.POLICY", "SET", "paris", "QUOTA", 1, "DAY", "TZ", "Europe/Paris")
     rules = [Rule(Quota(1, "WEEK", "Europe/Paris"), "weekly")]
     with running(serve_asgi(app_with(server.port, rules))) as web:
         with httpx.Client(base_url=web.base) as http:
@@ -177,6 +187,14 @@ def test_a_quota_rule_in_the_middleware_answers_429_until_the_period_ends(
         with httpx.Client(base_url=web.base) as http:
             ok = http.get("/", headers={"x-user": "ann"})
             assert ok.headers["RateLimit-Policy"] == '"m";q=9;w=2592000'
+    # A zoned policy beside another rule: one RL.ALL, counted in Paris.
+    rules = [Rule(Policy("paris"), "paris"), Rule(Sliding(100, 1000), "b")]
+    with running(serve_asgi(app_with(server.port, rules))) as web:
+        with httpx.Client(base_url=web.base) as http:
+            assert http.get("/", headers={"x-user": "ann"}).status_code == 200
+            denied = http.get("/", headers={"x-user": "ann"})
+            assert denied.status_code == 429
+            assert denied.headers["RateLimit-Policy"] == '"paris";q=1;w=86400, "b";q=100;w=1'
 
     # Beside another rule it would go in RL.ALL, which counts in UTC: refused.
     with pytest.raises(BadArgument, match="^zone: a quota in 'Europe/Paris' beside other rules"):

@@ -96,8 +96,9 @@ def spec_from_policy(policy: dict[str, object]) -> Algorithm:
     algo = str(policy.get("algorithm", "")).upper()
     raw = list(policy.get("params", []))  # type: ignore[call-overload]
     if algo == "QUOTA" and len(raw) == 2:
-        # `[limit, "DAY"]`: the period as its word (policies count in UTC).
-        return Quota(int(raw[0]), str(raw[1]))  # type: ignore[arg-type]
+        # `[limit, "DAY"]`: the period as its word; a `zone` field when not UTC.
+        zone = policy.get("zone")
+        return Quota(int(raw[0]), str(raw[1]), None if zone is None else str(zone))  # type: ignore[arg-type]
     params = [int(p) for p in raw]
     table: dict[str, Callable[..., Algorithm]] = {
         "TOKENBUCKET": TokenBucket,
@@ -112,10 +113,11 @@ def spec_from_policy(policy: dict[str, object]) -> Algorithm:
     return table[algo](*params)
 
 
-def check_zones(algos: Sequence[Algorithm]) -> None:
-    """Several rate rules go in one `RL.ALL`, which counts quotas in UTC: a
-    zoned quota must then be the only one (beside concurrency caps)."""
-    rated = [a for a in algos if not isinstance(a, Concurrency)]
+def check_zones(rules: Sequence[Rule], algos: Sequence[Algorithm]) -> None:
+    """Several rate rules go in one `RL.ALL`, whose inline specs count quotas
+    in UTC: an inline zoned quota must then be the only one (beside
+    concurrency caps). A zoned quota policy counts in its zone anywhere."""
+    rated = [r.spec for r, a in zip(rules, algos) if not isinstance(a, Concurrency)]
     if len(rated) > 1:
         for a in rated:
             if isinstance(a, Quota) and a.zone is not None:
@@ -295,7 +297,7 @@ class RateLimitMiddleware:
         self._algorithms: list[Algorithm] | None = None
         if not any(isinstance(r.spec, Policy) for r in self.rules):
             self._algorithms = [r.spec for r in self.rules]  # type: ignore[misc]
-            check_zones(self._algorithms)
+            check_zones(self.rules, self._algorithms)
         self._ready = False
         self._failures = 0
         self._open = False
@@ -325,7 +327,7 @@ class RateLimitMiddleware:
                     algos.append(spec_from_policy(p))
                 else:
                     algos.append(r.spec)
-            check_zones(algos)
+            check_zones(self.rules, algos)
             self._algorithms = algos
         self._ready = True
 

@@ -276,9 +276,9 @@ class Quota:
     """At most `limit` units per calendar `period` in `zone` (`RL.QUOTA`).
 
     `zone`: None (UTC), a fixed offset (`"+05:30"`) or an IANA name
-    (`"America/New_York"`, with its 23- and 25-hour days). Policies and
-    `RL.ALL` count quotas in UTC only: a zoned quota is applied with its own
-    `RL.QUOTA ... TZ` call.
+    (`"America/New_York"`, with its 23- and 25-hour days). A policy keeps
+    its zone (`RL.POLICY SET ... TZ`); `RL.ALL`'s inline specs count in UTC
+    only, so a zoned inline quota is applied with its own `RL.QUOTA ... TZ`.
     """
 
     limit: int
@@ -375,7 +375,8 @@ ALGORITHMS = (TokenBucket, LeakyBucket, Sliding, HashWindow, FixedWindow, Concur
 
 
 def utc_only(spec: object, where: str) -> None:
-    """Policies and `RL.ALL` count quotas in UTC only."""
+    """`RL.ALL`'s inline specs count quotas in UTC only (a policy's quota
+    counts in the policy's zone)."""
     if isinstance(spec, Quota) and spec.zone is not None:
         raise BadArgument(
             f"zone: {where} counts a quota in UTC only, not in {spec.zone!r}: apply a zoned "
@@ -480,7 +481,9 @@ def policy_set_args(name: str, spec: Algorithm, mode: PolicyMode, rollout: int) 
     if isinstance(spec, Policy):
         raise BadArgument("a policy is an algorithm, not another Policy")
     _check_int("ROLLOUT", rollout, 0, 100)
-    utc_only(spec, "a policy")
+    # A quota's zone is an option of the policy: RL.HIT and RL.ALL ... POLICY
+    # count in it (a module whose policies take TZ).
+    zone = ["TZ", spec.zone] if isinstance(spec, Quota) and spec.zone is not None else []
     return [
         "RL.POLICY",
         "SET",
@@ -490,6 +493,7 @@ def policy_set_args(name: str, spec: Algorithm, mode: PolicyMode, rollout: int) 
         PolicyMode(mode).value,
         "ROLLOUT",
         rollout,
+        *zone,
     ]
 
 
