@@ -22,7 +22,7 @@ use super::wait;
 use crate::algorithms::{with_algorithm, Listed, Site, Spec};
 use crate::args::{parse_int, parse_options, Options};
 use crate::blocking::{self, Place};
-use crate::calendar::Zone;
+use crate::calendar::{self, Zone};
 use crate::deny_log;
 use crate::error::Error;
 use crate::ffi::{Argv, Context};
@@ -125,11 +125,29 @@ pub(crate) fn parse<'a>(all: &'a [&'a [u8]]) -> Result<Call<'a>, Error> {
             cursor += 2;
         } else {
             let (spec, words) = Spec::parse(&all[cursor..], Site::InCall(i + 1))?;
+            let start = cursor;
+            cursor += words;
+            // A calendar quota's spec may name its zone: `QUOTA 10 DAY TZ zone`.
+            let mut zone = None;
+            if spec.has_zone()
+                && all
+                    .get(cursor)
+                    .is_some_and(|w| w.eq_ignore_ascii_case(b"TZ"))
+            {
+                let value = all.get(cursor + 1).ok_or(Error::MissingValue("TZ"))?;
+                zone = Some(calendar::zone(value).ok_or_else(|| {
+                    Error::Syntax(format!(
+                        "spec {}: TZ must be UTC, a fixed offset such as +05:30, or a time zone name such as America/New_York, not '{}'",
+                        i + 1,
+                        Error::quote(value)
+                    ))
+                })?);
+                cursor += 2;
+            }
             limits.push(Limit {
                 spec,
-                source: Source::Inline { start: cursor },
+                source: Source::Inline { start, zone },
             });
-            cursor += words;
         }
     }
     let options = parse_options(&all[cursor..])?;
@@ -142,7 +160,8 @@ pub(crate) fn parse<'a>(all: &'a [&'a [u8]]) -> Result<Call<'a>, Error> {
     }
     if options.zone.is_some() {
         return Err(Error::Syntax(
-            "TZ is not an option of RL.ALL: its quotas count in UTC".to_string(),
+            "TZ is not an option of RL.ALL: a quota's spec names its zone (QUOTA 10 DAY TZ zone)"
+                .to_string(),
         ));
     }
     if let Request::Refund(_) = options.request {
@@ -183,7 +202,7 @@ pub fn step<H: Host>(host: &H) -> Result<(), Error> {
         // zone; an inline quota counts in UTC).
         let zone = match limit.source {
             Source::Policy { zone, .. } => limit.spec.has_zone().then_some(zone),
-            Source::Inline { .. } => None,
+            Source::Inline { zone, .. } => zone,
         };
         limit.spec = with_algorithm!(limit.spec, L, p => {
             let mut p = p;
@@ -363,8 +382,9 @@ pub(crate) struct Limit<'a> {
 
 #[derive(Clone)]
 pub(crate) enum Source<'a> {
-    /// Given in the call; its parameters start after argv[start].
-    Inline { start: usize },
+    /// Given in the call; its parameters start after argv[start]; a
+    /// calendar quota's zone, if the spec names one.
+    Inline { start: usize, zone: Option<Zone> },
     /// `POLICY name`.
     Policy {
         name: &'a [u8],
@@ -402,7 +422,7 @@ fn propagate<H: Host>(host: &H, limit: &Limit, key: usize, request: Request, now
     let (command, end) =
         with_algorithm!(limit.spec, L, p => (L::ROW.command, (L::ROW.period_end)(&p)));
     match limit.source {
-        Source::Inline { start } => {
+        Source::Inline { start, .. } => {
             let params = start + 1..start + 1 + limit.spec.param_count();
             host.propagate_limiter(command, key, params, request, now, end);
         }

@@ -256,9 +256,37 @@ fn a_policy_counts_its_quota_in_its_zone_and_keeps_it_across_a_restart() {
             to_period_end_ms(after, "DAY", "America/New_York"),
         );
         assert!((earliest..=latest).contains(&hit.reset_ms), "{hit:?}");
-        // RL.ALL through the policy counts in its zone too.
+        // RL.ALL through the policy counts in its zone too, and so does an
+        // inline spec that names its zone.
         let all: Vec<i64> = query(&mut con, &["RL.ALL", "1", "t2", "POLICY", "ny"]);
         assert!((earliest - 1000..=latest).contains(&all[4]), "{all:?}");
+        let inline: Vec<i64> = query(
+            &mut con,
+            &[
+                "RL.ALL",
+                "2",
+                "{i}q",
+                "{i}t",
+                "QUOTA",
+                "5",
+                "DAY",
+                "TZ",
+                "America/New_York",
+                "TOKENBUCKET",
+                "5",
+                "1",
+                "1000",
+            ],
+        );
+        assert!(
+            (earliest - 1000..=latest).contains(&inline[4]),
+            "{inline:?}"
+        );
+        let err = query_err(
+            &mut con,
+            &["RL.ALL", "1", "{i}z", "QUOTA", "5", "DAY", "TZ", "Mars"],
+        );
+        assert!(err.starts_with("ERR spec 1: TZ must be"), "{err}");
         // TZ is for quotas only.
         let err = query_err(
             &mut con,
