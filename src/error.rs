@@ -21,6 +21,19 @@ pub enum Error {
     SpanTooLong { what: &'static str },
     /// `bucket_ms` does not divide `window_ms`.
     BucketDoesNotDivide,
+    /// A span the parameters imply is out of range (`CL.THROTTLE`).
+    SpanOutOfRange {
+        what: &'static str,
+        bound: &'static str,
+    },
+    /// Wrong number of arguments to `CL.THROTTLE`: redis-cell's own reply,
+    /// its usage text (with its error code, `Cell`), word for word.
+    Usage(&'static str),
+    /// A `CL.THROTTLE` key holding a string that is not a time in Unix
+    /// nanoseconds (the key, escaped and shortened).
+    NotATime(String),
+    /// The server's clock beyond what a nanosecond state holds.
+    ClockOutOfRange,
     /// A parameter above the bound a module config sets.
     AboveConfig {
         what: &'static str,
@@ -69,6 +82,14 @@ impl Error {
                 "ERR {what} is too long: a limiter may take at most {MAX_SPAN_MS} ms to get back to idle"
             ),
             Error::BucketDoesNotDivide => "ERR bucket_ms must divide window_ms".to_string(),
+            Error::SpanOutOfRange { what, bound } => format!("ERR {what} must be {bound}"),
+            Error::Usage(text) => text.to_string(),
+            Error::NotATime(key) => format!(
+                "ERR key '{key}' holds a string that is not a CL.THROTTLE state (a time in Unix nanoseconds)"
+            ),
+            Error::ClockOutOfRange => {
+                "ERR the server's clock is beyond what a CL.THROTTLE state can hold".to_string()
+            }
             Error::AboveConfig { what, config, max } => {
                 format!("ERR {what} is above ratelimit.{config} ({max})")
             }
@@ -132,6 +153,7 @@ impl From<ParamError> for Error {
             ParamError::Range { arg, min, max } => Error::Range { arg, min, max },
             ParamError::SpanTooLong { what } => Error::SpanTooLong { what },
             ParamError::BucketDoesNotDivide => Error::BucketDoesNotDivide,
+            ParamError::SpanOutOfRange { what, bound } => Error::SpanOutOfRange { what, bound },
         }
     }
 }
@@ -168,6 +190,12 @@ mod tests {
             Error::Syntax("x".into()),
             Error::UnknownPolicy("x".into()),
             Error::BadState,
+            Error::SpanOutOfRange {
+                what: "x",
+                bound: "y",
+            },
+            Error::NotATime(Error::quote(b"k\r\n")),
+            Error::ClockOutOfRange,
             Error::OutOfMemory,
             Error::KeyMoved,
             Error::Internal,
@@ -195,6 +223,10 @@ mod tests {
             },
             ParamError::SpanTooLong { what: "x" },
             ParamError::BucketDoesNotDivide,
+            ParamError::SpanOutOfRange {
+                what: "x",
+                bound: "y",
+            },
         ] {
             assert_eq!(Error::from(e).message(), format!("ERR {e}"));
         }

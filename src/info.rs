@@ -22,6 +22,7 @@ pub fn section(info: &mut InfoContext) {
         info.field(&format!("{prefix}_peeks"), o.peeks.get());
     };
     for_each_algorithm!(L => outcomes(&L::INFO_NAME.to_string_lossy(), L::stats()));
+    outcomes("throttle", &stats::THROTTLE);
     outcomes("all", &stats::ALL);
     let policies = policy::list();
     info.field("policies", policies.len() as u64);

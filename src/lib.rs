@@ -99,7 +99,10 @@ fn register(load: &Load) -> Result<(), &'static str> {
             load.create_command(&commands::companion_command::<L>(companion), category)?;
         }
     });
-    for command in commands::COMMANDS {
+    for command in commands::COMMANDS
+        .iter()
+        .chain(&commands::THROTTLE_COMMANDS)
+    {
         load.create_command(command, category)?;
     }
     Ok(())
@@ -145,6 +148,7 @@ mod tests {
         all.extend(
             COMMANDS
                 .iter()
+                .chain(&crate::commands::THROTTLE_COMMANDS)
                 .map(|c| (c.name.to_string_lossy().into_owned(), c.arity, c.args, 1)),
         );
         all.extend(subcommands("RL.POLICY", &commands::policy::SUBCOMMANDS));
@@ -159,7 +163,12 @@ mod tests {
     fn documented_arguments_agree_with_the_arity() {
         for (name, arity, args, before) in every_command() {
             let (min, max) = words(args);
-            if arity > 0 {
+            if arity == -1 {
+                // CL.THROTTLE: any count, checked by the command (redis-cell's
+                // usage text); it takes the key, three parameters and one
+                // optional.
+                assert_eq!((min, max), (4, Some(5)), "{name}");
+            } else if arity > 0 {
                 let arity = arity as usize;
                 assert_eq!((min, max), (arity - before, Some(arity - before)), "{name}");
             } else {

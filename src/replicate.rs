@@ -46,6 +46,7 @@ static ONE: SharedString = SharedString::new(c"1");
 static FORCE: SharedString = SharedString::new(c"FORCE");
 static REFUND: SharedString = SharedString::new(c"REFUND");
 static END: SharedString = SharedString::new(c"END");
+static PXAT: SharedString = SharedString::new(c"PXAT");
 
 /// Whether admitted calls are currently propagated in their pinned form.
 pub fn pinned() -> bool {
@@ -58,7 +59,7 @@ pub fn pinned() -> bool {
 /// handler calls [`consumer_may_appear`]); without them, the module pins
 /// from the start.
 pub fn init(load: &Load, subscribed: bool) {
-    for word in [&COST, &AT, &ONE, &FORCE, &REFUND, &END] {
+    for word in [&COST, &AT, &ONE, &FORCE, &REFUND, &END, &PXAT] {
         load.make_shared(word);
     }
     let quiet = subscribed && nothing_consumes_the_stream(load.context());
@@ -157,6 +158,33 @@ pub fn pinned_call(ctx: &Context, command: &CStr, args: &[&RString], now: Micros
     }
     let (tail, len) = at_tail(now);
     ctx.replicate(command, Head::Strings(args), &tail[..len]);
+}
+
+/// Propagates the new value of a string key and its expiry as `SET key
+/// <value> PXAT <unix_ms>` (`CL.THROTTLE`, whose state is redis-cell's
+/// string): what the master computed, so replicas and the AOF hold the very
+/// same string and expiry, whatever their clock, and with no need of the
+/// module.
+pub fn string_set(ctx: &Context, key: &RString, value: u64, expire_at_ms: u64) {
+    if !pinned() {
+        return count_write(ctx);
+    }
+    let (tail, len) = set_tail(value, expire_at_ms);
+    ctx.replicate(c"SET", Head::Strings(&[key]), &tail[..len]);
+}
+
+/// `<value> PXAT <unix_ms>`, the words of [`string_set`] after the key.
+#[inline]
+pub fn set_tail(value: u64, expire_at_ms: u64) -> ([Word; 3], usize) {
+    // Both at most i64::MAX: the core crate bounds a TAT there.
+    (
+        [
+            Word::Int(value as i64),
+            Word::Shared(&PXAT),
+            Word::Int(expire_at_ms as i64),
+        ],
+        3,
+    )
 }
 
 /// `AT <now_us>`, as [`tail`] gives it.

@@ -49,16 +49,24 @@ impl Outcomes {
     }
 
     pub fn record(&self, decision: &Decision, cost: u64) {
+        self.record_outcome(decision.allowed, cost);
+    }
+
+    /// [`Outcomes::record`] of a call that was `allowed` or not.
+    pub fn record_outcome(&self, allowed: bool, cost: u64) {
         self.calls.bump();
         if cost == 0 {
             self.peeks.bump();
-        } else if decision.allowed {
+        } else if allowed {
             self.admitted.bump();
         } else {
             self.denied.bump();
         }
     }
 }
+
+/// `CL.THROTTLE` and `RL.THROTTLE` calls (`quantity 0` counts as a peek).
+pub static THROTTLE: Outcomes = Outcomes::new();
 
 /// `RL.ALL` calls as a whole (each limiter in them also counts for its
 /// algorithm).

@@ -26,6 +26,15 @@ pub enum ParamError {
     },
     /// A hash window's `bucket_ms` does not divide its `window_ms`.
     BucketDoesNotDivide,
+    /// A span the parameters imply is out of range: `what` (a formula of
+    /// the arguments) must be `bound` (`CL.THROTTLE`, whose state counts
+    /// nanoseconds).
+    SpanOutOfRange {
+        /// The span, as a formula of the arguments.
+        what: &'static str,
+        /// What it must be, in words.
+        bound: &'static str,
+    },
 }
 
 impl fmt::Display for ParamError {
@@ -39,6 +48,7 @@ impl fmt::Display for ParamError {
                 "{what} is too long: a limiter may take at most {MAX_SPAN_MS} ms to get back to idle"
             ),
             ParamError::BucketDoesNotDivide => f.write_str("bucket_ms must divide window_ms"),
+            ParamError::SpanOutOfRange { what, bound } => write!(f, "{what} must be {bound}"),
         }
     }
 }

@@ -70,6 +70,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod cell;
 pub mod concurrency;
 pub mod contract;
 mod error;
@@ -81,6 +82,7 @@ pub mod sliding_log;
 mod time;
 pub mod token_bucket;
 
+pub use cell::{Throttle, ThrottleParams, TimeOutOfRange};
 pub use concurrency::{Concurrency, ConcurrencyParams, ConcurrencyState};
 pub use error::ParamError;
 pub use fixed_window::{FixedWindow, FixedWindowParams, FixedWindowState};

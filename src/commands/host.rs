@@ -168,6 +168,10 @@ pub trait Host {
     /// `command <its arguments args...> AT now` (`RL.RELEASE`, `RL.RENEW`).
     fn propagate_pinned(&self, command: &'static CStr, args: Range<usize>, now: Micros);
 
+    /// Propagates the new value and expiry of the string key at argument
+    /// `key` as `SET key <value> PXAT <unix_ms>` (`CL.THROTTLE`).
+    fn propagate_string_set(&self, key: usize, value: u64, expire_at_ms: u64);
+
     /// Propagates the call as the client sent it (a deterministic one).
     fn propagate_verbatim(&self);
 
@@ -199,6 +203,17 @@ pub trait Store {
 
     /// Stores `state`, replacing whatever the key held.
     fn set_state<L: Listed>(&mut self, state: L::State);
+
+    /// Runs `f` on the bytes of the string the key holds (`CL.THROTTLE`,
+    /// whose state is redis-cell's string): `Ok(None)` if the key holds
+    /// nothing, `WRONGTYPE` if it holds any other type (a limiter's state
+    /// included), without calling `f`.
+    fn with_string<R>(&mut self, f: impl FnOnce(&[u8]) -> R) -> Result<Option<R>, Error>;
+
+    /// Makes the key a string holding `bytes`; it held nothing or a string
+    /// (checked by [`Store::with_string`] first). Its expiry is the caller's
+    /// to set.
+    fn set_string(&mut self, bytes: &[u8]) -> Result<(), Error>;
 
     /// The key's expiry, in Unix milliseconds, if it has one.
     fn expires_at(&self) -> Option<u64>;

@@ -197,6 +197,11 @@ impl Host for Live<'_> {
     }
 
     #[inline(always)]
+    fn propagate_string_set(&self, key: usize, value: u64, expire_at_ms: u64) {
+        replicate::string_set(self.ctx, self.argv.string(key), value, expire_at_ms);
+    }
+
+    #[inline(always)]
     fn propagate_verbatim(&self) {
         self.ctx.replicate_verbatim();
     }
@@ -247,6 +252,20 @@ impl Store for Key<'_> {
     #[inline(always)]
     fn set_state<L: Listed>(&mut self, state: L::State) {
         self.set_value(L::data_type(), state);
+    }
+
+    #[inline(always)]
+    fn with_string<R>(&mut self, f: impl FnOnce(&[u8]) -> R) -> Result<Option<R>, Error> {
+        Key::with_string(self, f)
+    }
+
+    #[inline(always)]
+    fn set_string(&mut self, bytes: &[u8]) -> Result<(), Error> {
+        if Key::set_string(self, bytes) {
+            Ok(())
+        } else {
+            Err(Error::WrongType)
+        }
     }
 
     #[inline(always)]

@@ -46,7 +46,8 @@ struct Entry {
 enum Value {
     /// A limiter's state.
     Limiter(Box<dyn Held>),
-    /// Anything else (a string, say): `WRONGTYPE` for every limiter.
+    /// A string (`CL.THROTTLE`'s state, or any other): `WRONGTYPE` for
+    /// every limiter of a native type.
     Other(Vec<u8>),
 }
 
@@ -158,8 +159,30 @@ impl Memory {
     }
 
     /// Runs one command, as the server dispatches it (`DEL` too, which a
-    /// master propagates for keys it found expired).
+    /// master propagates for keys it found expired, and `SET key value PXAT
+    /// ms`, which `CL.THROTTLE` propagates).
     pub fn call(&self, origin: Origin, words: &[&[u8]]) -> Called {
+        if let [set, key, value, pxat, at] = words {
+            if set.eq_ignore_ascii_case(b"SET") && pxat.eq_ignore_ascii_case(b"PXAT") {
+                let expires_at = std::str::from_utf8(at).ok().and_then(|at| at.parse().ok());
+                self.keys.borrow_mut().insert(
+                    key.to_vec(),
+                    Entry {
+                        value: Value::Other(value.to_vec()),
+                        expires_at,
+                    },
+                );
+                let effects = Effects {
+                    reply: vec![Reply::Simple("OK")],
+                    propagated: vec![words.iter().map(|w| w.to_vec()).collect()],
+                    events: Vec::new(),
+                };
+                return Called {
+                    result: Ok(()),
+                    effects,
+                };
+            }
+        }
         if words
             .first()
             .is_some_and(|w| w.eq_ignore_ascii_case(b"DEL"))
@@ -412,6 +435,13 @@ impl Host for Call<'_> {
         self.effects.borrow_mut().propagated.push(words);
     }
 
+    fn propagate_string_set(&self, key: usize, value: u64, expire_at_ms: u64) {
+        let mut words = vec![b"SET".to_vec(), self.words[key].to_vec()];
+        let (tail, len) = replicate::set_tail(value, expire_at_ms);
+        words.extend(tail[..len].iter().map(|w| w.text()));
+        self.effects.borrow_mut().propagated.push(words);
+    }
+
     fn propagate_verbatim(&self) {
         let words = self.words.iter().map(|w| w.to_vec()).collect();
         self.effects.borrow_mut().propagated.push(words);
@@ -469,6 +499,34 @@ impl Store for MemoryKey<'_> {
                 expires_at: None,
             },
         );
+    }
+
+    fn with_string<R>(&mut self, f: impl FnOnce(&[u8]) -> R) -> Result<Option<R>, Error> {
+        match self
+            .call
+            .space
+            .keys
+            .borrow()
+            .get(self.name)
+            .map(|e| &e.value)
+        {
+            None => Ok(None),
+            Some(Value::Other(bytes)) => Ok(Some(f(bytes))),
+            Some(Value::Limiter(_)) => Err(Error::WrongType),
+        }
+    }
+
+    fn set_string(&mut self, bytes: &[u8]) -> Result<(), Error> {
+        let mut keys = self.call.space.keys.borrow_mut();
+        let expires_at = keys.get(self.name).and_then(|e| e.expires_at);
+        keys.insert(
+            self.name.to_vec(),
+            Entry {
+                value: Value::Other(bytes.to_vec()),
+                expires_at,
+            },
+        );
+        Ok(())
     }
 
     fn expires_at(&self) -> Option<u64> {

@@ -20,6 +20,7 @@ pub mod policy;
 pub mod setstate;
 #[cfg(test)]
 mod tests_steps;
+pub mod throttle;
 mod wait;
 
 use crate::algorithms::{Companion, Listed, ReplyShape};
@@ -128,6 +129,47 @@ pub const COMMANDS: &[Command] = &[
         acl: c"write",
     },
 ];
+
+/// `CL.THROTTLE` and `RL.THROTTLE` (`throttle.rs`): redis-cell's command
+/// under both names, registered with any arity, as redis-cell is, so that a
+/// wrong number of arguments gets its usage text.
+pub const THROTTLE_COMMANDS: [Command; 2] = [throttle_command(true), throttle_command(false)];
+
+const THROTTLE_ARGS: &[Arg] = &[
+    Arg::key(c"key"),
+    Arg::integer(c"max_burst").summary(c"units a full bucket holds beyond the first"),
+    Arg::integer(c"count").summary(c"units that come back every period"),
+    Arg::integer(c"period").summary(c"seconds"),
+    Arg::integer(c"quantity")
+        .summary(c"units this call takes (default 1; 0 inspects)")
+        .optional(),
+];
+
+const fn throttle_command(cell: bool) -> Command {
+    Command {
+        name: if cell { c"CL.THROTTLE" } else { c"RL.THROTTLE" },
+        handler: if cell {
+            command(live!(throttle::cell))
+        } else {
+            command(live!(throttle::rl))
+        },
+        flags: c"write fast",
+        keys: KeySpec::At {
+            first: 1,
+            last: 1,
+            step: 1,
+        },
+        arity: -1,
+        summary: if cell {
+            c"redis-cell's GCRA rate limiter, on its keys and with its reply: [limited, max_burst + 1, remaining, retry_after, reset_after], in seconds"
+        } else {
+            c"CL.THROTTLE under the name proposed for Valkey: [limited, max_burst + 1, remaining, retry_after, reset_after], in seconds"
+        },
+        complexity: c"O(1)",
+        args: THROTTLE_ARGS,
+        acl: c"write fast",
+    }
+}
 
 /// The command of an algorithm's row: `RL.<ALGORITHM> key <params...>
 /// [options]`, its key first.
@@ -254,6 +296,8 @@ pub fn dispatch<H: Host>(host: &H) -> Result<(), crate::error::Error> {
             arity(registered(&command))?;
             setstate::step(host)
         }
+        b"CL.THROTTLE" => throttle::cell(host),
+        b"RL.THROTTLE" => throttle::rl(host),
         b"RL.POLICY" => match subcommand(&policy::SUBCOMMANDS)?.as_slice() {
             b"SET" => policy::set(host),
             b"GET" => policy::get(host),

@@ -213,8 +213,9 @@ impl Context {
     ///
     /// Strings are passed by reference (the server takes its own), so the
     /// tails of a pinned limiter call (`COST 1 AT t`, `COST n AT t`, `COST n
-    /// FORCE AT t`, `REFUND n AT t`) allocate nothing of the module's; any
-    /// other tail makes strings of its integers first.
+    /// FORCE AT t`, `REFUND n AT t`, and `<value> PXAT ms` after `SET key`)
+    /// allocate nothing of the module's; any other tail makes strings of its
+    /// integers first.
     #[inline(always)]
     pub fn replicate(&self, command: &CStr, head: Head, tail: &[Word]) {
         match head {
@@ -291,6 +292,22 @@ impl Context {
                         );
                     }
                     _ => self.replicate_as_strings(command, head, tail),
+                },
+                // `SET key <value> PXAT <ms>` (CL.THROTTLE).
+                [Word::Int(n), b, Word::Int(t)] => match b.string() {
+                    Some(b) => {
+                        replicate(
+                            self.ptr,
+                            name,
+                            c"vlsl".as_ptr(),
+                            head_strings,
+                            len,
+                            n as c_longlong,
+                            b,
+                            t as c_longlong,
+                        );
+                    }
+                    None => self.replicate_as_strings(command, head, tail),
                 },
                 [a, b, c, Word::Int(t)] => match (a.string(), b.string(), c.string()) {
                     (Some(a), Some(b), Some(c)) => {

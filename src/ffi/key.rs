@@ -122,6 +122,80 @@ impl Key<'_> {
         }
     }
 
+    /// Runs `f` on the bytes of the string the key holds: nothing (`None`),
+    /// its bytes, or `WRONGTYPE` (any other type, a module value included),
+    /// without calling `f`.
+    ///
+    /// The server hands out a string only as a raw buffer, which it first
+    /// makes a plain string of its own if it was encoded otherwise (an
+    /// integer, or embedded in its object): the value is the same, only its
+    /// encoding in memory changes.
+    #[inline(always)]
+    pub fn with_string<R>(&self, f: impl FnOnce(&[u8]) -> R) -> Result<Option<R>, Error> {
+        // SAFETY: an open key.
+        let held = unsafe { api!(RedisModule_KeyType)(self.ptr) } as isize;
+        if held == raw::REDISMODULE_KEYTYPE_EMPTY {
+            return Ok(None);
+        }
+        if held != raw::REDISMODULE_KEYTYPE_STRING {
+            return Err(Error::WrongType);
+        }
+        let mut len = 0usize;
+        // SAFETY: an open key holding a string; the server writes its length.
+        let ptr = unsafe {
+            api!(RedisModule_StringDMA)(self.ptr, &mut len, raw::REDISMODULE_READ as c_int)
+        };
+        if ptr.is_null() {
+            return Err(Error::WrongType);
+        }
+        let _loan = Loan::start();
+        // SAFETY: the server's buffer of `len` bytes, valid until the key is
+        // written or closed: neither can happen while `f` runs (`set_string`
+        // needs `&mut self`, a second loan is refused, and `f` cannot keep
+        // the slice).
+        let bytes = unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), len) };
+        Ok(Some(f(bytes)))
+    }
+
+    /// Makes the key a string holding `bytes` (it held nothing or a
+    /// string; its expiry, if any, stays): whether it could (not for a key
+    /// of another type). A string of the same length is overwritten in
+    /// place, without allocating.
+    #[inline]
+    pub fn set_string(&mut self, bytes: &[u8]) -> bool {
+        let mut len = 0usize;
+        // SAFETY: an open key.
+        let held = unsafe { api!(RedisModule_KeyType)(self.ptr) } as isize;
+        let mut ptr = std::ptr::null_mut();
+        if held == raw::REDISMODULE_KEYTYPE_STRING {
+            // SAFETY: an open key holding a string, opened for writing; the
+            // server writes the string's length.
+            ptr = unsafe {
+                api!(RedisModule_StringDMA)(self.ptr, &mut len, raw::REDISMODULE_WRITE as c_int)
+            };
+        }
+        if ptr.is_null() || len != bytes.len() {
+            // SAFETY: an open key, opened for writing, empty or a string:
+            // the server creates or resizes it.
+            if unsafe { api!(RedisModule_StringTruncate)(self.ptr, bytes.len()) }
+                != raw::REDISMODULE_OK as c_int
+            {
+                return false;
+            }
+            // SAFETY: as above; the key is now a string of `bytes.len()`.
+            ptr = unsafe {
+                api!(RedisModule_StringDMA)(self.ptr, &mut len, raw::REDISMODULE_WRITE as c_int)
+            };
+        }
+        if ptr.is_null() || len != bytes.len() {
+            return false;
+        }
+        // SAFETY: the server's writable buffer of `len` bytes, which nothing
+        // else holds; `bytes` is the module's own memory, not the buffer.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), ptr.cast::<u8>(), len) };
+        true
+    }
+
     /// Sets the key's absolute expiry, in Unix milliseconds.
     #[inline]
     pub fn expire_at(&self, unix_ms: u64) {

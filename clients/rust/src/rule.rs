@@ -319,7 +319,8 @@ impl Spec {
             r.map_err(|e| {
                 let arg = match e {
                     redis_ratelimit_core::ParamError::Range { arg, .. } => arg,
-                    redis_ratelimit_core::ParamError::SpanTooLong { .. } => "span",
+                    redis_ratelimit_core::ParamError::SpanTooLong { .. }
+                    | redis_ratelimit_core::ParamError::SpanOutOfRange { .. } => "span",
                     redis_ratelimit_core::ParamError::BucketDoesNotDivide => "bucket_ms",
                 };
                 Error::bad(rule, arg, e.to_string())
