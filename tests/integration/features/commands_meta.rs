@@ -308,6 +308,15 @@ fn limiter(name: &'static str, complexity: &'static str, params: &[&str]) -> Doc
     }
 }
 
+/// `CL.THROTTLE`'s arguments, redis-cell's.
+const THROTTLE_ARGS: &[&str] = &[
+    "key:key",
+    "max_burst:integer",
+    "count:integer",
+    "period:integer",
+    "quantity:integer",
+];
+
 /// Every command and subcommand.
 fn every_command() -> Vec<Documented> {
     let mut hit_args = vec!["name:string", "key:key"];
@@ -407,6 +416,18 @@ fn every_command() -> Vec<Documented> {
                 "percent:integer",
                 "zone:string",
             ],
+        ),
+        documented(
+            "CL.THROTTLE",
+            "O(1)",
+            "key max_burst count period [quantity]",
+            THROTTLE_ARGS,
+        ),
+        documented(
+            "RL.THROTTLE",
+            "O(1)",
+            "key max_burst count period [quantity]",
+            THROTTLE_ARGS,
         ),
         documented("RL.POLICY GET", "O(1)", "name", &["name:string"]),
         documented("RL.POLICY DEL", "O(1)", "name", &["name:string"]),

@@ -15,4 +15,5 @@ mod out_of_memory;
 mod policies;
 mod refund_force;
 mod rl_all;
+mod throttle;
 mod transactions;

@@ -153,7 +153,7 @@ fn assert_moves(
 /// For every algorithm, and for RL.ALL: calls = admitted + denied + peeks.
 fn assert_calls_add_up(con: &mut Connection) {
     let c = counters(con);
-    for prefix in ALGORITHMS.iter().chain(&["all"]) {
+    for prefix in ALGORITHMS.iter().chain(&["throttle", "all"]) {
         let get = |f: &str| c[&format!("ratelimit_{prefix}_{f}")];
         assert_eq!(
             get("calls"),
@@ -252,7 +252,7 @@ fn info_ratelimit_shows_every_counter_from_the_start() {
         let mut con = server.conn();
         let names: Vec<String> = info_fields(&mut con).into_iter().map(|(n, _)| n).collect();
         let mut expected = Vec::new();
-        for prefix in ALGORITHMS.iter().chain(&["all"]) {
+        for prefix in ALGORITHMS.iter().chain(&["throttle", "all"]) {
             for field in ["calls", "admitted", "denied", "peeks"] {
                 expected.push(format!("ratelimit_{prefix}_{field}"));
             }

@@ -173,6 +173,8 @@ pub struct Server {
     pub port: u16,
     pub dir: PathBuf,
     extra_args: Vec<String>,
+    /// The module it loads: [`module_path`], unless started with another.
+    module: PathBuf,
     child: Option<Child>,
 }
 
@@ -188,6 +190,12 @@ impl Server {
     /// Starts a server of `kind` with the module loaded, persistence off, and
     /// `extra_args` appended (later options override earlier ones).
     pub fn start(kind: ServerKind, extra_args: &[&str]) -> Server {
+        Server::start_with_module(kind, &module_path(), extra_args)
+    }
+
+    /// [`Server::start`] with another module than ours (redis-cell, for the
+    /// differential tests of `CL.THROTTLE`).
+    pub fn start_with_module(kind: ServerKind, module: &Path, extra_args: &[&str]) -> Server {
         let extra_args: Vec<String> = extra_args.iter().map(|a| a.to_string()).collect();
         for _attempt in 0..10 {
             let port = free_port();
@@ -199,6 +207,7 @@ impl Server {
                 port,
                 dir,
                 extra_args: extra_args.clone(),
+                module: module.to_path_buf(),
                 child: None,
             };
             match server.spawn() {
@@ -230,7 +239,7 @@ impl Server {
             "--repl-diskless-sync-delay",
             "0",
             "--loadmodule",
-            module_path().to_str().expect("utf-8 module path"),
+            self.module.to_str().expect("utf-8 module path"),
         ]
         .iter()
         .map(|a| a.to_string())
@@ -415,7 +424,19 @@ pub fn replica_of(master: &Server) -> Server {
 
 /// [`replica_of`] with extra options for the replica.
 pub fn replica_of_with(master: &Server, extra_args: &[&str]) -> Server {
-    let replica = Server::start(master.kind, extra_args);
+    attach_replica(master, Server::start(master.kind, extra_args))
+}
+
+/// [`replica_of`] for a master that loads another module than ours: the
+/// replica loads the master's.
+pub fn replica_of_same_module(master: &Server) -> Server {
+    attach_replica(
+        master,
+        Server::start_with_module(master.kind, &master.module, &[]),
+    )
+}
+
+fn attach_replica(master: &Server, replica: Server) -> Server {
     let mut con = replica.conn();
     let _: () = redis::cmd("REPLICAOF")
         .arg("127.0.0.1")
