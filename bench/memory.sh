@@ -4,7 +4,10 @@
 # BENCH_KEYS distinct keys. Run by scripts/bench.sh; usable alone against any
 # server that has the ratelimit module loaded (it FLUSHALLs it):
 #
-#   bench/memory.sh PORT
+#   bench/memory.sh PORT [CELL_PORT]
+#
+# CELL_PORT: a server with redis-cell loaded (and not this module, since both
+# register CL.THROTTLE): adds redis-cell's CL.THROTTLE, measured there.
 #
 # Prints two tables. Per key: one row per variant, measured after one call
 # per key, then (all but the slow Lua hash window) after a second call per key
@@ -17,7 +20,9 @@
 # share a millisecond (the module keeps one entry per millisecond).
 set -euo pipefail
 
-PORT="${1:?usage: bench/memory.sh PORT}"
+PORT="${1:?usage: bench/memory.sh PORT [CELL_PORT]}"
+MAIN_PORT="$PORT"
+CELL_PORT="${2:-}"
 KEYS="${BENCH_KEYS:-100000}"
 LOG_KEYS="${BENCH_LOG_KEYS:-200}"
 LOG_UNITS=1000
@@ -133,7 +138,6 @@ measure() { # template [window_ms] [passes]
   return 1
 }
 
-has_command() { cli COMMAND INFO "$1" | grep -qi "$1"; }
 
 load_script() { cli SCRIPT LOAD "$(cat "$BENCH_DIR/lua/$1")"; }
 lua_sha="$(load_script token_bucket.lua)"
@@ -160,9 +164,11 @@ variants=(
   "(b) RL.TOKENBUCKET k 100 1 60000|RL.TOKENBUCKET {key} 100 1 60000||1.1"
   "(c) Lua token bucket (hash)|EVALSHA $lua_sha 1 {key} 100 1 60000||"
 )
-if has_command CL.THROTTLE; then
-  # max_burst 99 = capacity 100; 1 per 60 s, like (b).
-  variants+=("(x) redis-cell CL.THROTTLE k 99 1 60|CL.THROTTLE {key} 99 1 60||")
+# max_burst 99 = capacity 100; 1 per 60 s, like (b). A string key: its TAT
+# in nanoseconds, as redis-cell keeps it.
+variants+=("(x) CL.THROTTLE k 99 1 60|CL.THROTTLE {key} 99 1 60||")
+if [ -n "$CELL_PORT" ]; then
+  variants+=("(y) redis-cell CL.THROTTLE k 99 1 60|CL.THROTTLE {key} 99 1 60||")
 fi
 variants+=(
   "(d) RL.FIXEDWINDOW k 100 60000|RL.FIXEDWINDOW {key} 100 60000|60000|"
@@ -187,10 +193,14 @@ baseline=""
 for variant in "${variants[@]}"; do
   IFS='|' read -r name template window target passes <<<"$variant"
   [ "$template" = FULL_HASH_WINDOW ] && template="$(full_hash_window 1000 60000 1000)"
+  # redis-cell's own row runs on its own server.
+  PORT="$MAIN_PORT"
+  case "$name" in "(y) redis-cell"*) PORT="$CELL_PORT" ;; esac
   if ! result="$(measure "$template" "$window" "$passes")"; then
     printf '%-36s %12s\n' "$name" "failed"
     continue
   fi
+  PORT="$MAIN_PORT"
   read -r first second sample <<<"$result"
   [ -z "$baseline" ] && baseline="$second"
   once=""

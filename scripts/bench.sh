@@ -16,7 +16,8 @@
 # BENCH_N_LUA (per Lua run, 120000; a quarter of it for the hash window, whose
 # script is 4x slower), BENCH_KEYS (memory keys, 100000), BENCH_LOG_KEYS
 # (sliding-log memory keys, 200), REDIS_CELL (path to a redis-cell .so: adds
-# CL.THROTTLE rows), BENCH_LOAD (1; 0 skips the load with a replica),
+# redis-cell's CL.THROTTLE rows, measured on a second server of its own, since
+# both modules register CL.THROTTLE), BENCH_LOAD (1; 0 skips the load with a replica),
 # BENCH_NODE (1; 0 skips the Node stores; so does a missing `npm ls`), and
 # bench/load.sh's own: BENCH_LOAD_N, BENCH_LOAD_N1, BENCH_LOAD_CLIENTS,
 # BENCH_LOAD_PIPELINE, BENCH_LOAD_KEYS.
@@ -47,17 +48,27 @@ log() { echo "bench: $*" >&2; }
 
 # --- server -----------------------------------------------------------------
 start_server() {
-  local modules=()
-  [ -n "$CELL" ] && modules+=(--loadmodule "$CELL")
-  rl_start "$WORK/server" "${modules[@]}"
+  rl_start "$WORK/server"
   PORT="$RL_PORT"
   SERVER_PID="$RL_PID"
+  CELL_PORT=""
+  if [ -n "$CELL" ]; then
+    # redis-cell alone: it and this module both register CL.THROTTLE.
+    RL_MODULE_PATH="$CELL" rl_start "$WORK/cell"
+    CELL_PORT="$RL_PORT"
+    CELL_PID="$RL_PID"
+  fi
 }
 
 cli() { redis-cli -h 127.0.0.1 -p "$PORT" "$@"; }
 
-server_cpu_seconds() {
-  cli INFO cpu | tr -d '\r' | awk -F: '$1 == "used_cpu_user" || $1 == "used_cpu_sys" { s += $2 } END { printf "%.6f", s }'
+# The server a workload runs on: redis-cell's for the ids starting rc_.
+port_of() { # id
+  case "$1" in rc_*) echo "$CELL_PORT" ;; *) echo "$PORT" ;; esac
+}
+
+server_cpu_seconds() { # port
+  redis-cli -h 127.0.0.1 -p "$1" INFO cpu | tr -d '\r' | awk -F: '$1 == "used_cpu_user" || $1 == "used_cpu_sys" { s += $2 } END { printf "%.6f", s }'
 }
 
 # --- throughput -------------------------------------------------------------
@@ -68,19 +79,21 @@ RESULTS="$WORK/results" # round id ops_per_s server_us_per_op
 add_workload() { echo "$1|$2|$3|$4" >>"$WORKLOADS"; }
 
 # A command that answers an error once would answer it N times: leave it out.
-answers_ok() { # command words...
-  local reply
-  reply="$(cli "${@//__rand_int__/smoke}" 2>&1)" || return 1
+answers_ok() { # port command words...
+  local reply port="$1"
+  shift
+  reply="$(redis-cli -h 127.0.0.1 -p "$port" "${@//__rand_int__/smoke}" 2>&1)" || return 1
   case "$reply" in ERR* | WRONGTYPE* | NOSCRIPT* | *"(error)"*) log "'$*' answers: $reply"; return 1 ;; esac
 }
 
 run_once() { # round id requests command...
-  local round="$1" id="$2" requests="$3" cpu_before cpu_after csv ops
+  local round="$1" id="$2" requests="$3" cpu_before cpu_after csv ops port
   shift 3
-  cpu_before="$(server_cpu_seconds)"
-  csv="$(redis-benchmark -h 127.0.0.1 -p "$PORT" -P "$PIPELINE" -c "$CLIENTS" -r "$KEYSPACE" \
+  port="$(port_of "$id")"
+  cpu_before="$(server_cpu_seconds "$port")"
+  csv="$(redis-benchmark -h 127.0.0.1 -p "$port" -P "$PIPELINE" -c "$CLIENTS" -r "$KEYSPACE" \
     -n "$requests" --csv "$@")"
-  cpu_after="$(server_cpu_seconds)"
+  cpu_after="$(server_cpu_seconds "$port")"
   ops="$(echo "$csv" | awk -F'","' 'NR == 2 { print $2 }')"
   [ -n "$ops" ] || { log "no result for '$*'"; return 0; }
   awk -v r="$round" -v id="$id" -v ops="$ops" -v a="$cpu_after" -v b="$cpu_before" -v n="$requests" \
@@ -97,7 +110,7 @@ run_workloads() {
   for line in "${lines[@]}"; do
     IFS='|' read -r id label requests cmd <<<"$line"
     read -ra words <<<"$cmd"
-    redis-benchmark -h 127.0.0.1 -p "$PORT" -P "$PIPELINE" -c "$CLIENTS" -r "$KEYSPACE" \
+    redis-benchmark -h 127.0.0.1 -p "$(port_of "$id")" -P "$PIPELINE" -c "$CLIENTS" -r "$KEYSPACE" \
       -n $((requests / 5)) --csv "${words[@]}" >/dev/null
   done
   # Interleaved rounds, each starting at another workload, so that drift in
@@ -172,9 +185,17 @@ throughput_table() {
       ratio_row("RL.TOKENBUCKET / Lua, churning keys", "tokenchurn", "luachurn", "5", "x")
       ratio_row("RL.SLIDING / Lua sorted-set log", "sliding", "lualog", "5", "x")
       ratio_row("RL.HASHWINDOW / Lua hash window", "hashwindow", "luahash", "5", "x")
-      if ("cell" in list_ops) {
-        ratio_row("redis-cell CL.THROTTLE / INCR", "cell", "incr", "", "")
-        ratio_row("RL.TOKENBUCKET / CL.THROTTLE", "tokenbucket", "cell", "", "")
+      ratio_row("CL.THROTTLE (live) / INCR", "throttle", "incr", "", "")
+      ratio_row("CL.THROTTLE (churn) / INCR", "throttlechurn", "incr", "", "")
+      ratio_row("CL.THROTTLE / RL.TOKENBUCKET, live keys", "throttle", "tokenbucket", "", "")
+      ratio_row("CL.THROTTLE / RL.TOKENBUCKET, churning keys", "throttlechurn", "tokenchurn", "", "")
+      if ("rc_live" in list_ops) {
+        # Across two servers (redis-cell cannot share one with this module).
+        ratio_row("redis-cell CL.THROTTLE (live) / INCR", "rc_live", "incr", "", "")
+        ratio_row("RL.TOKENBUCKET / redis-cell, live keys", "tokenbucket", "rc_live", "1.8", "x")
+        ratio_row("RL.TOKENBUCKET / redis-cell, churning keys", "tokenchurn", "rc_churn", "1.4", "x")
+        ratio_row("CL.THROTTLE / redis-cell, live keys", "throttle", "rc_live", "1.8", "x")
+        ratio_row("CL.THROTTLE / redis-cell, churning keys", "throttlechurn", "rc_churn", "1.4", "x")
       }
     }' "$RESULTS"
 }
@@ -223,7 +244,15 @@ add_workload lua "Lua token bucket lua:r 1000 1 1000 (live)" "$N_LUA" "EVALSHA $
 add_workload luachurn "Lua token bucket lc:r 100 10 1000 (churn)" "$N_LUA" "EVALSHA $LUA_SHA 1 lc:__rand_int__ 100 10 1000"
 add_workload lualog "Lua sorted-set log ls:r 1000 60000" "$N_LUA" "EVALSHA $LOG_SHA 1 ls:__rand_int__ 1000 60000"
 add_workload luahash "Lua hash window lh:r 1000 60000 1000" $((N_LUA / 4)) "EVALSHA $HASH_SHA 1 lh:__rand_int__ 1000 60000 1000"
-[ -n "$CELL" ] && add_workload cell "redis-cell CL.THROTTLE cell:r 99 10 1" "$N_NATIVE" "CL.THROTTLE cell:__rand_int__ 99 10 1"
+# This module's CL.THROTTLE with the token buckets' parameters (capacity
+# 1000, 1 a second: live; capacity 100, 10 a second: churn), and, with
+# REDIS_CELL, redis-cell's on its own server.
+add_workload throttle "CL.THROTTLE th:r 999 1 1 (live)" "$N_NATIVE" "CL.THROTTLE th:__rand_int__ 999 1 1"
+add_workload throttlechurn "CL.THROTTLE tx:r 99 10 1 (churn)" "$N_NATIVE" "CL.THROTTLE tx:__rand_int__ 99 10 1"
+if [ -n "$CELL" ]; then
+  add_workload rc_live "redis-cell CL.THROTTLE cl:r 999 1 1 (live)" "$N_NATIVE" "CL.THROTTLE cl:__rand_int__ 999 1 1"
+  add_workload rc_churn "redis-cell CL.THROTTLE cc:r 99 10 1 (churn)" "$N_NATIVE" "CL.THROTTLE cc:__rand_int__ 99 10 1"
+fi
 
 # Keep only the workloads whose command works here.
 mapfile -t candidates <"$WORKLOADS"
@@ -232,14 +261,15 @@ mapfile -t candidates <"$WORKLOADS"
 for line in "${candidates[@]}"; do
   IFS='|' read -r id label requests cmd <<<"$line"
   read -ra words <<<"$cmd"
-  if answers_ok "${words[@]}"; then echo "$line" >>"$WORKLOADS"; else echo "$label" >>"$WORK/skipped"; fi
+  if answers_ok "$(port_of "$id")" "${words[@]}"; then echo "$line" >>"$WORKLOADS"; else echo "$label" >>"$WORK/skipped"; fi
 done
 cli FLUSHALL SYNC >/dev/null
+[ -n "$CELL_PORT" ] && redis-cli -h 127.0.0.1 -p "$CELL_PORT" FLUSHALL SYNC >/dev/null
 
 run_workloads
 cli FLUSHALL SYNC >/dev/null
 log "measuring memory per key"
-memory_table="$(bench/memory.sh "$PORT")" || memory_table="memory: bench/memory.sh failed"
+memory_table="$(bench/memory.sh "$PORT" $CELL_PORT)" || memory_table="memory: bench/memory.sh failed"
 
 node_table=""
 if [ "${BENCH_NODE:-1}" != "0" ]; then
@@ -257,6 +287,7 @@ if [ "$LOAD" != "0" ]; then
   # The load section starts its own master and replica: stop this server
   # first, so that it takes no CPU or memory from them.
   rl_stop "$SERVER_PID"
+  [ -n "$CELL_PORT" ] && rl_stop "$CELL_PID"
   log "sustained load with a replica (bench/load.sh; BENCH_LOAD=0 skips it)"
   load_table="$(RL_MODULE="$MODULE" bench/load.sh)" || load_table="load: bench/load.sh failed"
 fi

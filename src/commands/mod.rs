@@ -147,7 +147,9 @@ const THROTTLE_ARGS: &[Arg] = &[
 
 const fn throttle_command(cell: bool) -> Command {
     Command {
-        name: if cell { c"CL.THROTTLE" } else { c"RL.THROTTLE" },
+        // In lower case as redis-cell registers it: `INFO commandstats`
+        // shows `cmdstat_cl.throttle`, as dashboards built on it expect.
+        name: if cell { c"cl.throttle" } else { c"RL.THROTTLE" },
         handler: if cell {
             command(live!(throttle::cell))
         } else {

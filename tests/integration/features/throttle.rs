@@ -49,6 +49,9 @@ fn readme_example_replies_as_redis_cell_and_stores_its_string() {
             // It expires at the TAT rounded up to the millisecond.
             assert_eq!(pexpiretime(&mut con, &key), t.div_ceil(1_000_000) as i64);
         }
+        // Registered under redis-cell's own spelling.
+        let stats = server.info("commandstats");
+        assert!(stats.contains("cmdstat_cl.throttle:calls=2,"), "{stats}");
     });
 }
 
