@@ -396,6 +396,19 @@ fn write_fuzz_seeds() {
     ] {
         command_seeds.push(cmd(selector(COUNT + 9), text, &[]));
     }
+    for text in [
+        "k 15 30 60",
+        "k 0 1 2 1",
+        "k 4 1 1 0",
+        "k 9999999 10000000 1 1000",
+        "k 2 3 1",
+        "k 1 1 1 1 1",
+        "k -1 1 1",
+        "k 1099511627776 1 1",
+        "k 1 2000000000 1",
+    ] {
+        command_seeds.push(cmd(selector(COUNT + 13), text, &traffic));
+    }
     rdb_seeds.push(policy_rdb(&[]));
     rdb_seeds.push(policy_rdb(&POLICIES));
     rdb_seeds.push(policy_rdb(&[("a", "TOKENBUCKET 1 1 1 MODE OFF ROLLOUT 0")]));
