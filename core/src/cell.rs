@@ -125,6 +125,14 @@ impl ThrottleParams {
         Ok(params)
     }
 
+    /// Whether a call at `now` can store its TAT: `now` plus the time to
+    /// fill an empty bucket is within `i64` nanoseconds. When it is,
+    /// [`throttle`] at `now` never fails.
+    pub fn fits_at(&self, now: Micros) -> bool {
+        let span_ns = self.tau().div_ceil(self.count as u128);
+        now.as_us() as u128 * 1000 + span_ns <= MAX_TAT_NS
+    }
+
     /// `max_burst + 1`: the units a full bucket holds.
     pub fn limit(&self) -> u64 {
         self.max_burst + 1
@@ -442,10 +450,13 @@ mod tests {
         assert!(t.limited && t.retry_after_s > 0 && t.reset_after_s < i64::MAX as u64);
         let t = throttle(None, &p, MAX_PARAM, at(T0)).unwrap();
         assert!(!t.limited && t.new_tat_ns.is_some());
+        assert!(p.fits_at(at(T0)));
         let late = Micros::from_us(i64::MAX as u64 / 1000 + 1);
+        assert!(!p.fits_at(late));
         assert_eq!(throttle(None, &p, 1, late), Err(TimeOutOfRange));
         let close = Micros::from_us(i64::MAX as u64 / 1000 - 1000);
         assert_eq!(throttle(None, &p, 1, close), Err(TimeOutOfRange));
+        assert!(!p.fits_at(close));
     }
 
     #[test]

@@ -76,6 +76,10 @@ fn step<H: Host>(host: &H, name: &Name) -> Result<(), Error> {
     };
     let params = ThrottleParams::new(max_burst, count, period)?;
     let now = host.now();
+    // Before the key is opened (opening an expired key deletes it).
+    if !params.fits_at(now) {
+        return Err(Error::ClockOutOfRange);
+    }
     let mut key = host.open_key(1);
     let tat = match key.with_string(|bytes| parse_int(bytes, "tat", 0, u64::MAX).ok())? {
         None => None,
