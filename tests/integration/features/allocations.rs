@@ -1,5 +1,5 @@
 //! The hot paths allocate nothing: on live keys, every limiter call (admitted,
-//! denied, forced, refunded), `RL.HIT` and `RL.ALL`, with a replica attached so
+//! denied, forced, refunded), `RL.HIT`, `RL.ALL` and `CL.THROTTLE`, with a replica attached so
 //! that every change is propagated in its pinned form. Measured with the
 //! module's own count of the blocks it allocates (`INFO ratelimit`'s
 //! `module_allocations`), against what two `INFO` calls alone cost.
@@ -108,9 +108,13 @@ fn hot_paths_allocate_nothing() {
                 "1000000",
                 "86400000",
             ],
+            // CL.THROTTLE: its string rewritten in place, propagated as SET.
+            vec!["CL.THROTTLE", "cell", "999999", "1", "1"],
+            vec!["RL.THROTTLE", "cell", "999999", "1", "1", "0"],
             // Denials: the deny log is full after the warm-up, and a full
             // ring records in place.
             vec!["RL.TOKENBUCKET", "full", "1", "1", "100000000"],
+            vec!["CL.THROTTLE", "cell-full", "0", "1", "100000"],
             vec!["RL.HIT", "api", "user:2", "COST", "2000000"],
         ];
         // Warm up: keys created, the deny log filled, propagation strings made.
