@@ -283,13 +283,15 @@ export class RL {
     return this.decide(args[2] as string, args, 'deniedBy');
   }
 
-  /** `RL.POLICY SET` on every master (policies are node state). */
+  /**
+   * `RL.POLICY SET` on every master (policies are node state). A quota in
+   * another zone than UTC is sent with its zone (`QUOTA 1000 DAY TZ
+   * America/New_York`): `rl.hit` and `rl.all` with `{ policy }` then count
+   * in that zone.
+   */
   async policySet(name: string, rule: Rule, opts: PolicyOptions = {}): Promise<void> {
     checkPolicyName(name);
     const [alg, params] = ruleArgs(rule);
-    if (params.includes('TZ')) {
-      throw new RLArgumentError('zone', `a policy's quota is in UTC (RL.POLICY takes no TZ), got zone ${JSON.stringify((rule as QuotaParams).zone)}: use rl.quota(key, { ..., zone }) instead`);
-    }
     const args = ['RL.POLICY', 'SET', name, alg, ...params];
     if (opts.mode !== undefined) {
       if (!['ENFORCE', 'SHADOW', 'OFF'].includes(opts.mode)) throw new RLArgumentError('mode', `mode must be ENFORCE, SHADOW or OFF, got ${String(opts.mode)}`);
@@ -299,7 +301,12 @@ export class RL {
     await this.everyMaster(args);
   }
 
-  /** `RL.POLICY GET`: the rule and its counters as an object, or null. */
+  /**
+   * `RL.POLICY GET`: the rule and its counters as an object, or null: `name`,
+   * `algorithm`, `params` (a quota's `[limit, 'DAY']`), `mode`, `rollout`,
+   * for a quota `zone` (`'UTC'`, `'+05:30'`, `'America/New_York'`), then
+   * `calls`, `admitted`, `denied`, `shadow_denied`.
+   */
   async policyGet(name: string): Promise<Record<string, string | number> | null> {
     checkPolicyName(name);
     const r = await this.send(undefined, ['RL.POLICY', 'GET', name]);
@@ -407,7 +414,11 @@ function allArgs(limits: ReadonlyArray<{ key: string; rule: Spec }>): string[] {
         throw new RLArgumentError(`limits[${n}].rule`, `limits[${n}].rule: RL.ALL cannot take a concurrency rule (a lease is released on its own key)`);
       }
       if (params.includes('TZ')) {
-        throw new RLArgumentError(`limits[${n}].rule.zone`, `limits[${n}].rule: RL.ALL takes quotas in UTC only, got zone ${JSON.stringify((l.rule as QuotaParams).zone)}: decide it with its own rl.quota call`);
+        throw new RLArgumentError(
+          `limits[${n}].rule.zone`,
+          `limits[${n}].rule: RL.ALL's inline quotas count in UTC only, got zone ${JSON.stringify((l.rule as QuotaParams).zone)}: ` +
+            'make it a policy (rl.policySet, then { policy } counts in its zone) or decide it with its own rl.quota call',
+        );
       }
       specs.push(name, ...params);
     }

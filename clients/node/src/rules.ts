@@ -21,7 +21,9 @@ export type Period = 'day' | 'week' | 'month' | 'year';
  * `RL.QUOTA`'s parameters: at most `limit` units per calendar `period` in
  * `zone`: `'UTC'` (the default), a fixed offset (`'+05:30'`, up to 25:59) or
  * an IANA name (`'America/New_York'`). A quota in another zone than UTC goes
- * in its own call: policies and `RL.ALL` take UTC quotas only.
+ * in its own call or in a policy (`rl.policySet`, sent with `TZ zone`, which
+ * `rl.hit` and `rl.all`'s `{ policy }` count in); an inline rule of `rl.all`
+ * counts in UTC only.
  */
 export interface QuotaParams {
   limit: number;

@@ -111,20 +111,59 @@ for (const kind of await clientKinds()) {
         (e) => e instanceof RLArgumentError && e.argument === 'TZ' && /TZ must be UTC/.test(e.message));
     });
 
-    test('a quota policy is hit and read back; a zoned one is refused', async () => {
+    test('a quota policy is hit and read back', async () => {
       const name = `quota:${kind.name.replace(/ /g, '_')}`;
       await rl.policySet(name, { algorithm: 'quota', limit: 2, period: 'month' });
       const got = await rl.policyGet(name);
       assert.equal(String(got.algorithm).toUpperCase(), 'QUOTA');
       assert.deepEqual(got.params.map(String), ['2', 'MONTH']);
+      assert.equal(String(got.zone), 'UTC');
       const key = k('hit');
       assert.equal((await rl.hit(name, key)).remaining, 1);
       assert.equal((await rl.hit(name, key)).remaining, 0);
       const no = await rl.hit(name, key);
       assert.equal(no.allowed, false);
       near(no.waitMs, periodEnd(Date.now(), 'month') - Date.now(), 'until the next month');
-      await assert.rejects(rl.policySet(name, { algorithm: 'quota', limit: 2, period: 'day', zone: '+01:00' }),
-        (e) => e instanceof RLArgumentError && e.argument === 'zone');
+      assert.equal(await rl.policyDel(name), true);
+    });
+
+    test('a zoned quota policy is read back with its zone and counts in it through RL.HIT and RL.ALL', async () => {
+      const name = `quota-ny:${kind.name.replace(/ /g, '_')}`;
+      const zone = 'America/New_York';
+      await rl.policySet(name, { algorithm: 'quota', limit: 2, period: 'day', zone });
+      const got = await rl.policyGet(name);
+      assert.deepEqual(got.params.map(String), ['2', 'DAY']);
+      assert.equal(String(got.zone), zone);
+      assert.equal(String(got.mode).toUpperCase(), 'ENFORCE');
+      const nyEnd = () => periodEnd(Date.now(), 'day', offsetOf(zone, Date.now())) - Date.now();
+      const key = k('ny');
+      const first = await rl.hit(name, key);
+      assert.equal(first.allowed, true);
+      near(first.resetMs, nyEnd(), 'RL.HIT counts the New York day');
+      assert.equal((await rl.hit(name, key)).allowed, true);
+      const no = await rl.hit(name, key);
+      assert.equal(no.allowed, false);
+      near(no.waitMs, nyEnd(), 'until midnight in New York');
+
+      // RL.ALL with { policy } counts in its zone, beside an inline UTC quota.
+      const limits = [
+        { key: k('ny:all:a'), rule: { algorithm: 'quota', limit: 10, period: 'day' } },
+        { key: k('ny:all:b'), rule: { policy: name } },
+      ];
+      assert.equal((await rl.all(limits)).allowed, true);
+      assert.equal((await rl.all(limits)).allowed, true);
+      const denied = await rl.all(limits);
+      assert.deepEqual([denied.allowed, denied.deniedBy], [false, 1]);
+      near(denied.waitMs, nyEnd(), 'RL.ALL waits for the New York day');
+      assert.equal((await rl.quota(limits[0].key, { limit: 10, period: 'day' }, { cost: 0 })).remaining, 8, 'the denial changed nothing');
+
+      // The mode and roll-out go with the zone; a fixed offset; UTC is sent without TZ.
+      await rl.policySet(name, { algorithm: 'quota', limit: 5, period: 'week', zone: '+05:30' }, { mode: 'SHADOW', rollout: 40 });
+      const shadow = await rl.policyGet(name);
+      assert.deepEqual([String(shadow.zone), String(shadow.mode).toUpperCase(), Number(shadow.rollout)], ['+05:30', 'SHADOW', 40]);
+      near((await rl.hit(name, k('ist'))).resetMs, periodEnd(Date.now(), 'week', 330) - Date.now(), 'the week in +05:30');
+      await rl.policySet(name, { algorithm: 'quota', limit: 5, period: 'week', zone: 'utc' });
+      assert.equal(String((await rl.policyGet(name)).zone), 'UTC');
       assert.equal(await rl.policyDel(name), true);
     });
 
@@ -168,6 +207,23 @@ for (const kind of await clusterKinds()) {
         ]);
         assert.equal(d.allowed, true);
         await rl.policyDel(name);
+
+        // A zoned quota policy is on every master, with its zone: every key counts the Tokyo day.
+        const tokyo = `quota-tokyo:cl:${kind.name.replace(/ /g, '_')}`;
+        await rl.policySet(tokyo, { algorithm: 'quota', limit: 1, period: 'day', zone: 'Asia/Tokyo' });
+        const tokyoEnd = () => periodEnd(Date.now(), 'day', 540) - Date.now();
+        for (let i = 0; i < 20; i++) {
+          const hit = await rl.hit(tokyo, `q:clt:${kind.name}:${i}:${Math.random()}`);
+          assert.equal(hit.allowed, true);
+          near(hit.resetMs, tokyoEnd(), 'the Tokyo day on every master');
+        }
+        const ttag = `{qt:${Math.random()}}`;
+        const both = [{ key: `${ttag}:a`, rule: { algorithm: 'sliding', limit: 10, windowMs: 60_000 } }, { key: `${ttag}:b`, rule: { policy: tokyo } }];
+        assert.equal((await rl.all(both)).allowed, true);
+        const no = await rl.all(both);
+        assert.deepEqual([no.allowed, no.deniedBy], [false, 1]);
+        near(no.waitMs, tokyoEnd(), 'RL.ALL waits for the Tokyo day');
+        await rl.policyDel(tokyo);
       } finally {
         rl.close();
         kind.close(client);

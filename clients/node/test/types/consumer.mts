@@ -34,7 +34,10 @@ export async function quotas(): Promise<number> {
   const d: Decision = await rl.quota('tenant:acme', q);
   const rule: Rule = { algorithm: 'quota', limit: 100, period: 'day' };
   await rl.policySet('exports', rule);
-  await rl.all([{ key: '{t}:a', rule }, { key: '{t}:b', rule: { policy: 'exports' } }]);
+  await rl.policySet('exports-ny', { algorithm: 'quota', limit: 100, period: 'day', zone: 'America/New_York' }, { mode: 'SHADOW', rollout: 10 });
+  const zone: string | number | undefined = (await rl.policyGet('exports-ny'))?.['zone'];
+  await rl.all([{ key: '{t}:a', rule }, { key: '{t}:b', rule: { policy: 'exports' } }, { key: '{t}:c', rule: { policy: 'exports-ny' } }]);
+  void zone;
   await rl.acquire('tenant:acme', { algorithm: 'quota', limit: 5, period: 'week', zone: '+05:30' }, { timeoutMs: 100 });
   rateLimit({ windowMs: PERIOD_SECONDS.day * 1000, limit: 100, store: new RLStore({ client, window: 'day', zone: 'Europe/Paris' }) });
   return d.resetMs;

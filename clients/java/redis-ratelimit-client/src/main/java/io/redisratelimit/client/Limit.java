@@ -16,8 +16,8 @@ public record Limit(String key, Spec spec, String policy) {
             throw new BadArgumentException("spec", "RL.ALL refuses CONCURRENCY: take the lease with its own call");
         }
         if (spec != null && spec.zoned()) {
-            throw new BadArgumentException("zone", "RL.ALL takes quotas in UTC only, not '" + spec.zone()
-                    + "': decide this quota with its own RL.QUOTA call");
+            throw new BadArgumentException("zone", "RL.ALL's inline quotas count in UTC only, not '" + spec.zone()
+                    + "': make it a policy (Limit.policy counts in the policy's zone) or decide it with its own RL.QUOTA call");
         }
     }
 

@@ -214,7 +214,8 @@ public final class Limiter implements AutoCloseable {
             }
             if (rules.size() > 1 && r.policy() == null && r.spec().zoned()) {
                 throw new BadArgumentException("zone", "rule '" + r.name() + "' is a quota in " + r.spec().zone()
-                        + ": RL.ALL takes quotas in UTC only, so it is a set of its own");
+                        + ": RL.ALL's inline quotas count in UTC only, so it is a set of its own"
+                        + " (or a policy rule, Rule.policy, which RL.ALL ... POLICY counts in its zone)");
             }
         }
         List<RuleSet.Checked> checked = new ArrayList<>();

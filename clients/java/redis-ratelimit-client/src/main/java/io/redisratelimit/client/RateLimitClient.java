@@ -451,14 +451,15 @@ public final class RateLimitClient implements AutoCloseable {
 
     // ---- policies ----------------------------------------------------------
 
-    /** {@code RL.POLICY SET} on every master (policies are node state). */
+    /**
+     * {@code RL.POLICY SET} on every master (policies are node state). A quota
+     * in another zone than UTC is sent with its zone
+     * ({@code RL.POLICY SET name QUOTA 1000 DAY TZ America/New_York MODE ... ROLLOUT ...}):
+     * {@code RL.HIT} and {@code RL.ALL ... POLICY name} then count in that zone.
+     */
     public CompletionStage<Void> policySetAsync(String name, Spec spec, PolicyMode mode, int rollout) {
         if (rollout < 0 || rollout > 100) {
             throw new BadArgumentException("rollout", "must be a percent from 0 to 100, got " + rollout);
-        }
-        if (spec.zoned()) {
-            throw new BadArgumentException("zone", "a policy's quota is in UTC (RL.POLICY takes no TZ), not '" + spec.zone()
-                    + "': call quota(key, limit, period, zone) instead");
         }
         List<String> args = new ArrayList<>(List.of("SET", Args.policyName(name)));
         args.addAll(spec.words());
@@ -655,17 +656,19 @@ public final class RateLimitClient implements AutoCloseable {
                 }
             }
         }
+        // A quota's zone as the server names it (UTC, +05:30, America/New_York); none for the other algorithms.
+        String zone = m.get("zone") == null ? null : String.valueOf(m.get("zone"));
         Spec spec;
         try {
             Algorithm a = Algorithm.parse(algorithm);
-            spec = a == Algorithm.QUOTA && params.size() == 1 ? Spec.quota(params.get(0), Period.parse(period))
+            spec = a == Algorithm.QUOTA && params.size() == 1 ? Spec.quota(params.get(0), Period.parse(period), zone)
                     : Spec.of(a, params);
         } catch (BadArgumentException e) {
             spec = null;
         }
         return Optional.of(new PolicyInfo(name, algorithm, List.copyOf(params), spec,
                 PolicyMode.parse(String.valueOf(m.getOrDefault("mode", "ENFORCE"))),
-                (int) asLong(m.getOrDefault("rollout", 100L)), asLong(m.get("calls")), asLong(m.get("admitted")),
+                (int) asLong(m.getOrDefault("rollout", 100L)), zone, asLong(m.get("calls")), asLong(m.get("admitted")),
                 asLong(m.get("denied")), asLong(m.get("shadow_denied"))));
     }
 

@@ -75,8 +75,10 @@ public final class Spec {
      * {@code +HH:MM} / {@code -HH:MM} (up to 25:59), or an IANA name
      * ({@code America/New_York}). The zone's syntax is checked here, whether
      * the server's database knows a name when the call is made. A quota in
-     * another zone than UTC goes in its own {@code RL.QUOTA} call: policies
-     * and {@code RL.ALL} take UTC quotas only.
+     * another zone than UTC goes in its own {@code RL.QUOTA} call or in a
+     * policy ({@code RL.POLICY SET ... TZ zone}, which {@code RL.HIT} and
+     * {@code RL.ALL ... POLICY name} count in); an inline spec of
+     * {@code RL.ALL} counts in UTC only ({@link Limit#of} refuses a zoned one).
      */
     public static Spec quota(long limit, Period period, String zone) {
         if (period == null) {
@@ -119,7 +121,7 @@ public final class Spec {
         return zone;
     }
 
-    /** A quota in another zone than UTC: its own {@code RL.QUOTA} call only (no policy, no {@code RL.ALL}). */
+    /** A quota in another zone than UTC: its own {@code RL.QUOTA} call or a policy, not an inline spec of {@code RL.ALL}. */
     public boolean zoned() {
         return zone != null;
     }

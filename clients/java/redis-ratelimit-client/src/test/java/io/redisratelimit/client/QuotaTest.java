@@ -144,8 +144,7 @@ class QuotaTest {
         Decision no = rl.hit(name, k);
         assertFalse(no.allowed());
         assertNear(untilEnd(Period.MONTH, ZoneOffset.UTC), no.waitMs(), "until the next month");
-        assertEquals("zone", assertThrows(BadArgumentException.class,
-                () -> rl.policySet(name, Spec.quota(2, Period.DAY, "+01:00"), PolicyMode.ENFORCE, 100)).argument());
+        assertEquals("UTC", info.zone(), "the server names a UTC quota's zone");
         rl.policyDel(name);
 
         String a = key("all-a");
@@ -157,6 +156,72 @@ class QuotaTest {
         assertEquals(0, denied.deniedBy().getAsInt());
         assertEquals("zone", assertThrows(BadArgumentException.class,
                 () -> Limit.of(a, Spec.quota(1, Period.DAY, "Europe/Paris"))).argument());
+    }
+
+    @ParameterizedTest
+    @EnumSource(Drivers.class)
+    void aZonedQuotaPolicyIsReadBackAndCountsInItsZoneThroughHitAndAll(Drivers d) {
+        RateLimitClient rl = clients.get(d);
+        String name = "test:quota-ny:" + d;
+        ZoneId ny = ZoneId.of("America/New_York");
+        Spec spec = Spec.quota(2, Period.DAY, "America/New_York");
+        rl.policySet(name, spec, PolicyMode.ENFORCE, 100);
+        PolicyInfo info = rl.policyGet(name).orElseThrow();
+        assertEquals(spec, info.spec(), "the zone is part of the spec read back");
+        assertEquals("America/New_York", info.zone());
+        assertEquals(List.of(2L), info.params());
+        assertEquals(PolicyMode.ENFORCE, info.mode());
+        String k = key("ny");
+        Decision first = rl.hit(name, k);
+        assertTrue(first.allowed());
+        assertNear(untilEnd(Period.DAY, ny), first.resetMs(), "RL.HIT counts the New York day");
+        assertTrue(rl.hit(name, k).allowed());
+        Decision no = rl.hit(name, k);
+        assertFalse(no.allowed());
+        assertNear(untilEnd(Period.DAY, ny), no.waitMs(), "until midnight in New York");
+
+        // RL.ALL ... POLICY name counts in the policy's zone, beside an inline UTC quota.
+        String a = key("ny-all-a");
+        String b = key("ny-all-b");
+        List<Limit> limits = List.of(Limit.of(b, Spec.quota(10, Period.DAY)), Limit.policy(a, name));
+        assertTrue(rl.all(limits).allowed());
+        assertTrue(rl.all(limits).allowed());
+        Decision denied = rl.all(limits);
+        assertFalse(denied.allowed());
+        assertEquals(1, denied.deniedBy().getAsInt());
+        assertNear(untilEnd(Period.DAY, ny), denied.waitMs(), "RL.ALL waits for the New York day");
+        assertEquals(8, rl.quota(b, 10, Period.DAY, null, Units.cost(0)).remaining(), "the denial changed nothing");
+
+        // The mode, the roll-out and a fixed offset go with the zone; a UTC one has no TZ.
+        rl.policySet(name, Spec.quota(5, Period.WEEK, "+05:30"), PolicyMode.SHADOW, 40);
+        PolicyInfo shadow = rl.policyGet(name).orElseThrow();
+        assertEquals(Spec.quota(5, Period.WEEK, "+05:30"), shadow.spec());
+        assertEquals("+05:30", shadow.zone());
+        assertEquals(PolicyMode.SHADOW, shadow.mode());
+        assertEquals(40, shadow.rollout());
+        assertNear(untilEnd(Period.WEEK, ZoneOffset.ofHoursMinutes(5, 30)), rl.hit(name, key("ist")).resetMs(), "the week in +05:30");
+        rl.policySet(name, Spec.quota(5, Period.WEEK, "utc"), PolicyMode.ENFORCE, 100);
+        assertEquals("UTC", rl.policyGet(name).orElseThrow().zone());
+        assertNull(rl.policyGet(name).orElseThrow().spec().zone());
+        rl.policyDel(name);
+        assertEquals(List.of("QUOTA", "5", "WEEK"), Spec.quota(5, Period.WEEK, "UTC").words(), "UTC is sent without TZ");
+    }
+
+    @Test
+    void aPolicyTheServerAnswersWithAZoneIsParsed() {
+        List<Object> reply = List.of("name", "p", "algorithm", "QUOTA", "params", List.of(100L, "MONTH"), "mode", "ENFORCE",
+                "rollout", 100L, "zone", "Asia/Kolkata", "calls", 3L, "admitted", 2L, "denied", 1L, "shadow_denied", 0L);
+        PolicyInfo info = RateLimitClient.parsePolicy("p", reply).orElseThrow();
+        assertEquals(Spec.quota(100, Period.MONTH, "Asia/Kolkata"), info.spec());
+        assertEquals("Asia/Kolkata", info.zone());
+        assertEquals(3, info.calls());
+        assertEquals(0, info.shadowDenied());
+        List<Object> sliding = List.of("name", "s", "algorithm", "SLIDING", "params", List.of(10L, 1000L), "mode", "SHADOW",
+                "rollout", 50L, "calls", 0L, "admitted", 0L, "denied", 0L, "shadow_denied", 0L);
+        PolicyInfo other = RateLimitClient.parsePolicy("s", sliding).orElseThrow();
+        assertNull(other.zone(), "the other algorithms have no zone field");
+        assertEquals(Spec.sliding(10, 1000), other.spec());
+        assertEquals(50, other.rollout());
     }
 
     @Test
@@ -185,7 +250,24 @@ class QuotaTest {
         assertEquals(3, admitted);
         Rule paris = Rule.of("paris", Spec.quota(3, Period.DAY, "Europe/Paris")).keyPrefix("{q}:paris:" + UUID.randomUUID() + ":");
         assertTrue(limiter.check(limiter.rules(paris), "u").allowed(), "a zoned quota on its own: RL.QUOTA ... TZ");
-        assertEquals("zone", assertThrows(BadArgumentException.class, () -> limiter.rules(paris, perSecond)).argument());
+        assertEquals("zone", assertThrows(BadArgumentException.class, () -> limiter.rules(paris, perSecond)).argument(),
+                "an inline RL.ALL spec counts in UTC only");
+
+        // As a policy, a zoned quota goes in a set with other rules: RL.ALL ... POLICY counts in its zone.
+        String policy = "test:quota-tokyo:" + d;
+        Spec tokyo = Spec.quota(2, Period.DAY, "Asia/Tokyo");
+        clients.get(d).policySet(policy, tokyo, PolicyMode.ENFORCE, 100);
+        try {
+            Rule zoned = Rule.policy("tokyo", policy, tokyo).keyPrefix("{q}:tokyo:" + UUID.randomUUID() + ":").asGlobal();
+            RuleSet both = limiter.rules(zoned, perSecond);
+            assertTrue(limiter.check(both, "u").allowed());
+            assertTrue(limiter.check(both, "u").allowed());
+            Decision no = limiter.check(both, "u");
+            assertFalse(no.allowed());
+            assertNear(untilEnd(Period.DAY, ZoneId.of("Asia/Tokyo")), no.waitMs(), "until midnight in Tokyo");
+        } finally {
+            clients.get(d).policyDel(policy);
+        }
     }
 
     @Test

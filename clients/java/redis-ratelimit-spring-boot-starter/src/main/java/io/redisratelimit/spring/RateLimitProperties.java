@@ -112,7 +112,7 @@ public class RateLimitProperties {
         private List<Long> params = new ArrayList<>();
         /** A quota's calendar period: day, week (ISO, from Monday), month or year. */
         private String period;
-        /** A quota's zone: UTC (default), a fixed offset (+05:30) or an IANA name (America/New_York). Another than UTC makes the rule an inline RL.QUOTA, not a policy. */
+        /** A quota's zone: UTC (default), a fixed offset (+05:30) or an IANA name (America/New_York). The rule's policy counts in it (RL.POLICY SET ... TZ zone). */
         private String zone;
         /** enforce, shadow (never denies: the dry run) or off (the kill switch). */
         private String mode = "enforce";

@@ -79,15 +79,11 @@ public final class RateLimitRules {
             if (r.getCost() < 0) {
                 throw new RateLimitConfigException(p + ".cost", "must be at least 0, got " + r.getCost(), null);
             }
-            if (spec.zoned() && (mode != PolicyMode.ENFORCE || r.getRollout() != 100)) {
-                throw new RateLimitConfigException(p + ".zone", "a quota in " + spec.zone() + " is an inline RL.QUOTA (policies are"
-                        + " in UTC only), so it has no mode or rollout: leave them at enforce and 100", null);
-            }
-            // A quota in another zone than UTC cannot be a policy (RL.POLICY takes no TZ): it is sent inline.
-            String policy = spec.zoned() ? null : app + ":" + name;
+            // Every rule is a policy, a quota in another zone than UTC too (RL.POLICY SET ... TZ zone).
+            String policy = app + ":" + name;
             Rule rule;
             try {
-                rule = (policy == null ? Rule.of(name, spec) : Rule.policy(name, policy, spec)).mode(mode, r.getRollout());
+                rule = Rule.policy(name, policy, spec).mode(mode, r.getRollout());
                 if (r.getKeyPrefix() != null) {
                     rule = rule.keyPrefix(r.getKeyPrefix());
                 } else {

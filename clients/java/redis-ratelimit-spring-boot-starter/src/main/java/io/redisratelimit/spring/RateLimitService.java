@@ -107,12 +107,9 @@ public class RateLimitService {
     private void push(RateLimitRules next) {
         RateLimitClient client = limiter.client();
         for (RateLimitRules.Entry e : next.entries().values()) {
-            if (e.rule().policy() == null) {
-                continue; // a quota in another zone than UTC: sent inline, no policy
-            }
             client.policySet(e.rule().policy(), e.rule().spec(), e.rule().mode(), e.rule().rollout());
         }
-        List<String> keep = next.entries().values().stream().map(e -> e.rule().policy()).filter(java.util.Objects::nonNull).toList();
+        List<String> keep = next.entries().values().stream().map(e -> e.rule().policy()).toList();
         for (String name : client.policyList()) {
             if (name.startsWith(next.policyPrefix()) && !keep.contains(name)) {
                 client.policyDel(name);
@@ -124,8 +121,7 @@ public class RateLimitService {
 
     /** The server's view of a rule's policy. */
     public Optional<PolicyInfo> policy(String rule) {
-        String name = rules.get(rule).rule().policy();
-        return name == null ? Optional.empty() : limiter.client().policyGet(name);
+        return limiter.client().policyGet(rules.get(rule).rule().policy());
     }
 
     /** The checked set of these rules (cached until the next refresh). */

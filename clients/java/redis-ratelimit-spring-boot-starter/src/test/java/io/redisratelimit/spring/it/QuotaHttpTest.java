@@ -17,7 +17,11 @@ import java.util.UUID;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
-/** Calendar quotas as route rules: a UTC day (a policy) and a month in New York (inline), over real HTTP. */
+/**
+ * Calendar quotas as route rules, over real HTTP: a UTC day, a month in New
+ * York, and a day in Kolkata sharing an {@code @RateLimited} with a total
+ * (every one a policy; the zoned ones {@code RL.POLICY SET ... TZ zone}).
+ */
 @SpringBootTest(classes = OrderApp.class, webEnvironment = SpringBootTest.WebEnvironment.RANDOM_PORT, properties = {
         "spring.application.name=quota-http-it",
         "ratelimit.deadline=2s",
@@ -32,6 +36,14 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
         "ratelimit.rules.monthly.zone=America/New_York",
         "ratelimit.rules.monthly.routes=/bare",
         "ratelimit.rules.monthly.key=#request.getHeader('X-User')",
+        "ratelimit.rules.order-create.algorithm=quota",
+        "ratelimit.rules.order-create.params=2",
+        "ratelimit.rules.order-create.period=day",
+        "ratelimit.rules.order-create.zone=Asia/Kolkata",
+        "ratelimit.rules.order-create.key-prefix={order}:quota-user:",
+        "ratelimit.rules.order-total.algorithm=fixedwindow",
+        "ratelimit.rules.order-total.params=15000,1000",
+        "ratelimit.rules.order-total.fixed-key={order}:quota-total",
 })
 class QuotaHttpTest {
     @DynamicPropertySource
@@ -67,7 +79,7 @@ class QuotaHttpTest {
     }
 
     @Test
-    void aZonedMonthlyQuotaIsSentInlineAndEndsAtTheZonesMonth() {
+    void aZonedMonthlyQuotaIsAPolicyAndEndsAtTheZonesMonth() {
         String user = "m-" + UUID.randomUUID();
         HttpResponse<String> first = Http.send("GET", port, "/bare", user);
         assertEquals(200, first.statusCode());
@@ -77,5 +89,21 @@ class QuotaHttpTest {
         long retryAfter = Long.parseLong(denied.headers().firstValue("Retry-After").orElseThrow());
         assertTrue(Math.abs(retryAfter - secondsToEnd(ZoneId.of("America/New_York"), true)) <= 5,
                 "Retry-After is the next month in New York: " + retryAfter);
+    }
+
+    @Test
+    void aZonedQuotaSharesAnAnnotationWithAnotherRule() {
+        String user = "o-" + UUID.randomUUID();
+        HttpResponse<String> first = Http.send("POST", port, "/api/order/create", user);
+        assertEquals(200, first.statusCode(), first.body());
+        assertEquals("\"order-create\";q=2;w=86400, \"order-total\";q=15000;w=1",
+                first.headers().firstValue("RateLimit-Policy").orElseThrow());
+        assertEquals(200, Http.send("POST", port, "/api/order/create", user).statusCode());
+        HttpResponse<String> denied = Http.send("POST", port, "/api/order/create", user);
+        assertEquals(429, denied.statusCode());
+        long retryAfter = Long.parseLong(denied.headers().firstValue("Retry-After").orElseThrow());
+        assertTrue(Math.abs(retryAfter - secondsToEnd(ZoneId.of("Asia/Kolkata"), false)) <= 5,
+                "Retry-After is midnight in Kolkata: " + retryAfter);
+        assertTrue(denied.body().contains("\"violated-policies\":[\"order-create\"]"), denied.body());
     }
 }

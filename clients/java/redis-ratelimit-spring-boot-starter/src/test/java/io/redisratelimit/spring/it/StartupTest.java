@@ -104,25 +104,31 @@ class StartupTest {
         failsAt("ratelimit.rules.q.params[0]", a, "ratelimit.rules.q.params=0", "ratelimit.rules.q.period=day");
         failsAt("ratelimit.rules.q.params", a, "ratelimit.rules.q.params=5,1000", "ratelimit.rules.q.period=day");
         failsAt("ratelimit.rules.q.zone", a, "ratelimit.rules.q.params=5", "ratelimit.rules.q.period=day", "ratelimit.rules.q.zone=Mars Olympus");
-        failsAt("ratelimit.rules.q.zone", a, "ratelimit.rules.q.params=5", "ratelimit.rules.q.period=day",
-                "ratelimit.rules.q.zone=+01:00", "ratelimit.rules.q.mode=shadow");
         failsAt("ratelimit.rules.q.period", "ratelimit.rules.q.algorithm=sliding", "ratelimit.rules.q.params=5,1000",
                 "ratelimit.rules.q.period=day");
     }
 
     @Test
-    void aUtcQuotaIsAPolicyAndAZonedOneIsSentInline() {
+    void aZonedQuotaIsAPolicyLikeTheOthersWithItsModeAndRollout() {
         runner.withPropertyValues("ratelimit.app=quota-it", "ratelimit.rules.daily.algorithm=quota", "ratelimit.rules.daily.params=2",
                         "ratelimit.rules.daily.period=Day", "ratelimit.rules.paris.algorithm=quota", "ratelimit.rules.paris.params=1",
-                        "ratelimit.rules.paris.period=month", "ratelimit.rules.paris.zone=Europe/Paris")
+                        "ratelimit.rules.paris.period=month", "ratelimit.rules.paris.zone=Europe/Paris",
+                        "ratelimit.rules.tokyo.algorithm=quota", "ratelimit.rules.tokyo.params=1", "ratelimit.rules.tokyo.period=week",
+                        "ratelimit.rules.tokyo.zone=Asia/Tokyo", "ratelimit.rules.tokyo.mode=shadow", "ratelimit.rules.tokyo.rollout=30")
                 .run(ctx -> {
                     assertTrue(ctx.getStartupFailure() == null, String.valueOf(ctx.getStartupFailure()));
                     RateLimitService s = ctx.getBean(RateLimitService.class);
                     assertEquals(io.redisratelimit.client.Spec.quota(2, io.redisratelimit.client.Period.DAY),
                             s.policy("daily").orElseThrow().spec());
-                    assertTrue(s.policy("paris").isEmpty(), "no policy: RL.POLICY takes no TZ");
+                    io.redisratelimit.client.PolicyInfo paris = s.policy("paris").orElseThrow();
+                    assertEquals(io.redisratelimit.client.Spec.quota(1, io.redisratelimit.client.Period.MONTH, "Europe/Paris"), paris.spec());
+                    assertEquals("Europe/Paris", paris.zone());
+                    io.redisratelimit.client.PolicyInfo tokyo = s.policy("tokyo").orElseThrow();
+                    assertEquals("Asia/Tokyo", tokyo.zone());
+                    assertEquals(io.redisratelimit.client.PolicyMode.SHADOW, tokyo.mode());
+                    assertEquals(30, tokyo.rollout());
                     String list = SharedRedis.get().command("RL.POLICY", "LIST");
-                    assertTrue(list.contains("quota-it:daily") && !list.contains("quota-it:paris"), list);
+                    assertTrue(list.contains("quota-it:daily") && list.contains("quota-it:paris") && list.contains("quota-it:tokyo"), list);
                     String who = "q-" + UUID.randomUUID();
                     assertTrue(s.check(java.util.List.of("daily"), who, 1).allowed());
                     assertTrue(s.check(java.util.List.of("daily"), who, 1).allowed());
@@ -132,6 +138,16 @@ class StartupTest {
                     assertTrue(s.check(java.util.List.of("paris"), who, 1).allowed());
                     assertTrue(!s.check(java.util.List.of("paris"), who, 1).allowed());
                     assertTrue(SharedRedis.get().command("EXISTS", "rl:quota-it:paris:" + who).contains("1"), "keyed rl:<app>:<rule>:<identity>");
+                    assertTrue(s.check(java.util.List.of("tokyo"), who, 1).allowed());
+                    assertTrue(s.check(java.util.List.of("tokyo"), who, 1).allowed(), "shadow never denies");
+                    // A zoned quota shares a check with other rules: one RL.ALL of their policies.
+                    String other = "q-" + UUID.randomUUID();
+                    assertTrue(s.check(java.util.List.of("paris", "daily"), other, 1).allowed());
+                    Decision both = s.check(java.util.List.of("paris", "daily"), other, 1);
+                    assertTrue(!both.allowed());
+                    long toParisMonth = java.time.LocalDate.now(java.time.ZoneId.of("Europe/Paris")).withDayOfMonth(1).plusMonths(1)
+                            .atStartOfDay(java.time.ZoneId.of("Europe/Paris")).toInstant().toEpochMilli() - System.currentTimeMillis();
+                    assertTrue(Math.abs(both.waitMs() - toParisMonth) < 5_000, "until the next month in Paris: " + both);
                 });
     }
 
