@@ -120,13 +120,15 @@ impl QuotaParams {
     }
 
     /// The end of the period of a call at `now`: the caller's, or, if it
-    /// set none after `now`, the end of the period in UTC.
+    /// set none after `now`, the end of the period in UTC; always after
+    /// `now` (at the very end of time, a microsecond after it).
     fn end_after(&self, now: Micros) -> u64 {
-        if self.end_us > now.as_us() {
+        let end = if self.end_us > now.as_us() {
             self.end_us
         } else {
             utc_period_end(self.period, now).as_us()
-        }
+        };
+        end.max(now.as_us() + 1)
     }
 }
 
@@ -180,7 +182,7 @@ fn days_from_civil(y: u64, m: u64, d: u64) -> u64 {
 
 impl QuotaState {
     pub(crate) fn is_valid(&self) -> bool {
-        self.end_us <= super::MAX_TIME_US && self.count <= 2 * super::MAX_PARAM
+        self.end_us <= super::MAX_TIME_US + 1 && self.count <= 2 * super::MAX_PARAM
     }
 
     /// The end of the period a call at `now` counts in, and its count.
@@ -340,7 +342,7 @@ impl Algorithm for Quota {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testkit::apply_checked;
+    use super::super::testkit::{apply_checked, assert_fields_round_trip};
     use super::*;
     use proptest::prelude::*;
 
@@ -477,6 +479,21 @@ mod tests {
             let (y, m, d) = civil_from_days(days);
             assert_eq!(days_from_civil(y, m, d), days, "{y}-{m}-{d}");
         }
+    }
+
+    #[test]
+    fn at_the_end_of_time_a_period_still_ends_after_the_call() {
+        // The fuzzer's finding: at the latest instant a call may run at, the
+        // UTC period's end is clamped to that instant; the count must still
+        // hold for a peek at the same instant.
+        let now = Micros::from_us(super::super::MAX_TIME_US);
+        let p = QuotaParams::new(5, Period::Day).unwrap();
+        let mut s = Quota::idle(&p, now);
+        assert!(apply_checked::<Quota>(&mut s, &p, 2, now).allowed);
+        assert_eq!(Quota::decide(&s, &p, 0, now).remaining, 3);
+        let (_, changed) = Quota::force(&mut s, &p, 9, now);
+        assert!(changed && s.count == 10);
+        assert_fields_round_trip(&s);
     }
 
     proptest! {
