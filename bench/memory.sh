@@ -170,6 +170,12 @@ variants+=("(x) CL.THROTTLE k 99 1 60|CL.THROTTLE {key} 99 1 60||")
 if [ -n "$CELL_PORT" ]; then
   variants+=("(y) redis-cell CL.THROTTLE k 99 1 60|CL.THROTTLE {key} 99 1 60||")
 fi
+# A daily quota in a named zone, and the floor's smallest module key (the
+# 8 bytes in the value pointer itself), when the floor module is loaded.
+variants+=("(q) RL.QUOTA k 100 DAY TZ America/New_York|RL.QUOTA {key} 100 DAY TZ America/New_York||")
+if redis-cli -h 127.0.0.1 -p "$PORT" COMMAND INFO FLOOR.PTR | grep -qi floor; then
+  variants+=("(p) FLOOR.PTR k 3600000 (value in the pointer)|FLOOR.PTR {key} 3600000||")
+fi
 variants+=(
   "(d) RL.FIXEDWINDOW k 100 60000|RL.FIXEDWINDOW {key} 100 60000|60000|"
   # A queue leaking 1 a minute: it holds the calls' units for minutes.

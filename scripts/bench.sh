@@ -47,8 +47,13 @@ WORK="$RL_WORK"
 log() { echo "bench: $*" >&2; }
 
 # --- server -----------------------------------------------------------------
+# The floor (bench/floor, built with the workspace): the minimal module
+# command on a limiter's key path, loaded beside the module.
+FLOOR="${RL_FLOOR:-$RL_ROOT/target/release/libratelimit_bench_floor.so}"
+[ -f "$FLOOR" ] || { echo "bench: no floor module at $FLOOR (make build), skipping its rows" >&2; FLOOR=""; }
+
 start_server() {
-  rl_start "$WORK/server"
+  if [ -n "$FLOOR" ]; then rl_start "$WORK/server" --loadmodule "$FLOOR"; else rl_start "$WORK/server"; fi
   PORT="$RL_PORT"
   SERVER_PID="$RL_PID"
   CELL_PORT=""
@@ -171,15 +176,23 @@ throughput_table() {
         printf "%-46s %12.0f %14.2f\n", label[id], median(list_ops[id]), median(list_us[id])
       }
       printf "\n%-46s %12s %14s  %s\n", "ratio (median of per-round ratios)", "by ops/s", "by server CPU", "target (ops/s)"
-      ratio_row("RL.TOKENBUCKET (live) / INCR", "tokenbucket", "incr", "0.8", "x")
-      ratio_row("RL.TOKENBUCKET (churn) / INCR", "tokenchurn", "incr", "0.8", "x")
-      ratio_row("RL.FIXEDWINDOW / INCR", "fixedwindow", "incr", "0.8", "x")
-      ratio_row("RL.LEAKYBUCKET / INCR", "leakybucket", "incr", "0.8", "x")
-      ratio_row("RL.SLIDING / INCR", "sliding", "incr", "0.8", "x")
-      ratio_row("RL.HASHWINDOW / INCR", "hashwindow", "incr", "0.8", "x")
-      ratio_row("RL.HIT, policy TOKENBUCKET / INCR", "hit", "incr", "", "")
+      ratio_row("FLOOR.HIT (module API floor) / SET PX 60000", "floor", "setpx", "", "")
+      ratio_row("SET PX 60000 / INCR (reference)", "setpx", "incr", "", "")
+      ratio_row("RL.TOKENBUCKET (live) / SET PX 60000", "tokenbucket", "setpx", "1.1", "x")
+      ratio_row("RL.TOKENBUCKET (churn) / SET PX 1", "tokenchurn", "setpx1", "1.0", "x")
+      ratio_row("RL.FIXEDWINDOW / SET PX 60000", "fixedwindow", "setpx", "1.1", "x")
+      ratio_row("RL.LEAKYBUCKET / SET PX 60000", "leakybucket", "setpx", "1.1", "x")
+      ratio_row("RL.SLIDING / SET PX 60000", "sliding", "setpx", "1.1", "x")
+      ratio_row("RL.HASHWINDOW / SET PX 60000", "hashwindow", "setpx", "1.1", "x")
+      ratio_row("RL.QUOTA / SET PX 60000", "quota", "setpx", "1.1", "x")
+      ratio_row("RL.CONCURRENCY / SET PX 60000", "concurrency", "setpx", "0.9", "x")
+      ratio_row("RL.ALL, two limiters / SET PX 60000", "all2", "setpx", "0.7", "x")
+      ratio_row("RL.TOKENBUCKET (live) / FLOOR.HIT", "tokenbucket", "floor", "", "")
+      ratio_row("RL.FIXEDWINDOW / FLOOR.HIT", "fixedwindow", "floor", "", "")
+      ratio_row("RL.SLIDING / FLOOR.HIT", "sliding", "floor", "", "")
+      ratio_row("RL.QUOTA / FLOOR.HIT", "quota", "floor", "", "")
+      ratio_row("RL.ALL, two limiters / FLOOR.HIT", "all2", "floor", "", "")
       ratio_row("RL.HIT / RL.TOKENBUCKET (live)", "hit", "tokenbucket", "", "")
-      ratio_row("RL.ALL, two limiters / INCR", "all2", "incr", "0.6", "x")
       ratio_row("denials, deny log on / off", "denied_log", "denied_nolog", "", "")
       ratio_row("RL.TOKENBUCKET / Lua, live keys", "tokenbucket", "lua", "5", "x")
       ratio_row("RL.TOKENBUCKET / Lua, churning keys", "tokenchurn", "luachurn", "5", "x")
@@ -218,6 +231,12 @@ cli RL.POLICY SET bench-tb TOKENBUCKET 1000 1 1000 >/dev/null
 : >"$WORKLOADS"
 : >"$RESULTS"
 add_workload incr "INCR key:r" "$N_NATIVE" "INCR key:__rand_int__"
+# The baselines (SPEC, Performance): the cheapest write with a TTL, on keys
+# still live when called again (PX 60000) and on keys expired and created
+# again (PX 1, "churn"); and the floor of a module command on that path.
+add_workload setpx "SET k v PX 60000 (live)" "$N_NATIVE" "SET px:__rand_int__ 12345678 PX 60000"
+add_workload setpx1 "SET k v PX 1 (churn)" "$N_NATIVE" "SET p1:__rand_int__ 12345678 PX 1"
+[ -n "$FLOOR" ] && add_workload floor "FLOOR.HIT fl:r 60000 (the module API's floor)" "$N_NATIVE" "FLOOR.HIT fl:__rand_int__ 60000"
 # Two token-bucket regimes. "live": 1 token/s, so a key touched every ~0.4 s
 # is never idle and its state is updated in place. "churn": 10 tokens/s, so
 # the key is idle (full, expired) by the next call and is created again each
@@ -231,6 +250,9 @@ add_workload leakybucket "RL.LEAKYBUCKET lb:r 1000 1 1000" "$N_NATIVE" "RL.LEAKY
 # the last minute (about 8 to 16 with the default request counts).
 add_workload sliding "RL.SLIDING sl:r 1000 60000" "$N_NATIVE" "RL.SLIDING sl:__rand_int__ 1000 60000"
 add_workload hashwindow "RL.HASHWINDOW hw:r 1000 60000 1000" "$N_NATIVE" "RL.HASHWINDOW hw:__rand_int__ 1000 60000 1000"
+# A daily quota in a named zone (every call admitted; the zone is read once).
+add_workload quota "RL.QUOTA q:r 1000000 DAY TZ America/New_York" "$N_NATIVE" "RL.QUOTA q:__rand_int__ 1000000 DAY TZ America/New_York"
+add_workload concurrency "RL.CONCURRENCY cc:r 1000000 60000" "$N_NATIVE" "RL.CONCURRENCY cc:__rand_int__ 1000000 60000"
 # Denials (COST above the capacity, so every call is denied and nothing is
 # written), with the deny log off and on: what recording a denial costs.
 add_workload denied_nolog "RL.TOKENBUCKET denied, deny log off" "$N_NATIVE" "RL.TOKENBUCKET dn:__rand_int__ 5 1 1000 COST 6"
