@@ -400,8 +400,10 @@ fn on_timer(token: u64) {
 /// A signal of a key does it, where the server retries clients blocked on
 /// missing keys too. Before Redis 7.2 it does not: a signal of a key that
 /// does not exist (deleted, or expired while the waiter waited) wakes
-/// nobody. There a key of the waiter's that exists is signalled; if none
-/// does, every limiter of the waiter is idle, and the server is told to end
+/// nobody. There a key of the waiter's that exists is signalled (with a
+/// second look just after its expiry, in case it expires before the server
+/// looks at it); if none does, every limiter of the waiter is idle, and the
+/// server is told to end
 /// the wait now, which runs the waiter's timeout callback: a step that
 /// admits it (or, past its deadline or behind others, denies it).
 fn wake(waiter: u64, db: i32, keys: &[Box<[u8]>], client: Option<BlockedClient>) {
@@ -413,9 +415,13 @@ fn wake(waiter: u64, db: i32, keys: &[Box<[u8]>], client: Option<BlockedClient>)
         .find_map(|key| ffi::key_ttl_ms(db, key).map(|ttl| (key, ttl)));
     if let Some((key, ttl)) = found {
         ffi::signal_ready(db, key);
-        if let Some(ms) = ttl.filter(|&ms| ms <= 2) {
-            // The key may expire before the server looks at it: a retry
-            // just after finds it gone, if this one did not serve the waiter.
+        if let Some(ms) = ttl {
+            // The key may expire before the server looks at it (a busy
+            // machine can pass its last milliseconds between this timer and
+            // the server's pass over ready keys), and then nobody is
+            // retried: the waiter is looked at again just after the key's
+            // expiry, when it finds it gone, unless this signal served it
+            // (which stops the timer) or it waits for an earlier instant.
             let now = crate::clock::now();
             keep(waiter, Some(now.saturating_add_ms(ms + 1)), now);
         }
