@@ -253,22 +253,24 @@ class ClientCommandsTest {
     void aLateReplyIsATimeoutAndIsNotSentAgain(Drivers d) throws Exception {
         RateLimitClient fast = clients.get(d).withDeadline(Duration.ofMillis(100));
         String k = key("late");
-        server.command("CLIENT", "PAUSE", "400", "WRITE");
+        // The pause is long beside the deadline, so that a loaded machine
+        // (a starved timer thread) still ends the call by its deadline.
+        server.command("CLIENT", "PAUSE", "1500", "WRITE");
         long start = System.nanoTime();
         assertThrows(RateLimitTimeoutException.class, () -> fast.fixedWindow(k, 10, 60_000));
-        assertTrue(System.nanoTime() - start < 350_000_000L, "the deadline, not the pause, ended the call");
-        // Once the pause ends the server runs the call it had received: once, never twice.
-        long deadline = System.nanoTime() + 5_000_000_000L;
-        long remaining = 10;
-        while (System.nanoTime() < deadline) {
-            remaining = clients.get(d).limit(k, Spec.fixedWindow(10, 60_000), Units.cost(0)).remaining();
-            if (remaining < 10) {
-                break;
-            }
-            Thread.sleep(20);
+        assertTrue(System.nanoTime() - start < 1_200_000_000L, "the deadline, not the pause, ended the call");
+        // A peek is a write command, so the pause holds it too; it is answered
+        // after the paused call, which the server runs first if it received it.
+        // Whether it did depends on the driver (Lettuce drops a call that timed
+        // out before it was written; Jedis has written it): the call counts
+        // once or not at all, never twice.
+        long first = clients.get(d).limit(k, Spec.fixedWindow(10, 60_000), Units.cost(0)).remaining();
+        assertTrue(first == 9 || first == 10, "consumed at most once: " + first);
+        for (int i = 0; i < 20; i++) {
+            long again = clients.get(d).limit(k, Spec.fixedWindow(10, 60_000), Units.cost(0)).remaining();
+            assertEquals(first, again, "the late call is not sent again");
+            Thread.sleep(10);
         }
-        Thread.sleep(200);
-        assertEquals(9, clients.get(d).limit(k, Spec.fixedWindow(10, 60_000), Units.cost(0)).remaining());
     }
 
     @ParameterizedTest
