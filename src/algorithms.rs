@@ -300,7 +300,7 @@ pub struct Specs {
 }
 
 /// An algorithm of the table, with what the table says of it.
-pub trait Listed: Algorithm + Sized + 'static {
+pub trait Listed: Algorithm<State: crate::ffi::Packing> + Sized + 'static {
     /// Its row.
     const ROW: Row<Self>;
     /// Its row's position in the table.

@@ -19,7 +19,8 @@
 //! data, which carries its own version inside its payload (`crate::policy`).
 
 use crate::algorithms::{for_each_algorithm, Listed};
-use crate::ffi::{AuxData, Digest, Load, RdbIo, Rewrite, TypeMethods};
+use crate::ffi::{AuxData, Digest, Load, Packing, RdbIo, Rewrite, TypeMethods};
+
 use crate::limiter::StateFields;
 use crate::policy;
 
@@ -105,6 +106,7 @@ impl Decoder for RdbIo {
 /// The native type of each algorithm: its state, in its row's encoding.
 impl<L: Listed> TypeMethods for L {
     type Value = L::State;
+    type Repr = <L::State as Packing>::Repr;
 
     fn load(rdb: &mut RdbIo, encoding: i32) -> Option<L::State> {
         L::State::decode(rdb, encoding)

@@ -20,6 +20,9 @@ use super::string::Owned;
 pub trait TypeMethods: 'static {
     /// What a key of this type holds.
     type Value: Clone + 'static;
+    /// How a value sits in the key's value pointer: in a box ([`Boxed`]),
+    /// or packed by a layout of its own.
+    type Repr: Repr<Self::Value>;
     /// Reads a value written with `encoding`; `None` refuses the payload
     /// (the server then fails the load, or `RESTORE` answers an error).
     fn load(rdb: &mut RdbIo, encoding: i32) -> Option<Self::Value>;
@@ -38,12 +41,93 @@ pub trait AuxData {
     fn load(rdb: &mut RdbIo) -> bool;
 }
 
-/// A native type once registered, for [`Key::value`](super::Key::value).
+/// How values of type `V` sit in a key's value pointer: the server stores
+/// that pointer, never reads through it, and hands it back only to the
+/// type's callbacks and to [`Key::with_value`](super::Key::with_value).
+///
+/// # Safety
+/// [`Repr::into_ptr`] never returns null (the server takes a null value for
+/// a failed load), and the other functions accept every pointer
+/// `into_ptr` or `with_mut` made, and only those: whatever `into_ptr`
+/// allocated is freed once, by `free` or by the `with_mut` that replaced it.
+pub unsafe trait Repr<V>: 'static {
+    /// Gives `value` to the server as a value pointer.
+    fn into_ptr(value: V) -> *mut c_void;
+    /// Runs `f` on the value behind `ptr`, lent mutably; and, if the value
+    /// now needs another pointer (its packing changed), that pointer, which
+    /// the caller must store in place of `ptr` (already freed).
+    ///
+    /// # Safety
+    /// `ptr` is a live value pointer of this representation, lent to no one
+    /// else while `f` runs.
+    unsafe fn with_mut<R>(
+        ptr: *mut c_void,
+        f: impl FnOnce(&mut V) -> R,
+    ) -> (R, Option<*mut c_void>);
+    /// Runs `f` on the value behind `ptr`.
+    ///
+    /// # Safety
+    /// As [`Repr::with_mut`], not lent mutably meanwhile.
+    unsafe fn with_ref<R>(ptr: *const c_void, f: impl FnOnce(&V) -> R) -> R;
+    /// Frees the value behind `ptr`.
+    ///
+    /// # Safety
+    /// A live value pointer, given up by the server.
+    unsafe fn free(ptr: *mut c_void);
+    /// Bytes allocated for the pointer itself (0 for a value packed into
+    /// it), as `size_of` tells the server's allocator's block sizes; not
+    /// what the value owns beyond that ([`TypeMethods::heap_bytes`]).
+    ///
+    /// # Safety
+    /// A live value pointer.
+    unsafe fn allocated(ptr: *const c_void, size_of: Option<BlockSize>) -> usize;
+}
+
+/// The server allocator's size of a block (`RedisModule_MallocSize`).
+pub type BlockSize = unsafe extern "C" fn(*mut c_void) -> usize;
+
+/// A value in a box of its own: the pointer is a `Box<V>`.
+pub struct Boxed;
+
+// SAFETY: a box is never null; each function takes the box `into_ptr` made.
+unsafe impl<V: 'static> Repr<V> for Boxed {
+    #[inline(always)]
+    fn into_ptr(value: V) -> *mut c_void {
+        Box::into_raw(Box::new(value)).cast()
+    }
+    #[inline(always)]
+    unsafe fn with_mut<R>(
+        ptr: *mut c_void,
+        f: impl FnOnce(&mut V) -> R,
+    ) -> (R, Option<*mut c_void>) {
+        // SAFETY: a live `Box<V>` lent to no one else (the caller's contract).
+        (f(unsafe { &mut *ptr.cast::<V>() }), None)
+    }
+    #[inline(always)]
+    unsafe fn with_ref<R>(ptr: *const c_void, f: impl FnOnce(&V) -> R) -> R {
+        // SAFETY: a live `Box<V>`.
+        f(unsafe { &*ptr.cast::<V>() })
+    }
+    unsafe fn free(ptr: *mut c_void) {
+        // SAFETY: a live `Box<V>`, given up.
+        drop(unsafe { Box::from_raw(ptr.cast::<V>()) });
+    }
+    unsafe fn allocated(ptr: *const c_void, size_of: Option<BlockSize>) -> usize {
+        match size_of {
+            // SAFETY: a block of the server's allocator.
+            Some(size_of) => unsafe { size_of(ptr.cast_mut()) },
+            None => std::mem::size_of::<V>(),
+        }
+    }
+}
+
+/// A native type once registered, for [`Key::with_value`](super::Key::with_value).
 ///
 /// Sound because the server hands the module values only through the
 /// callbacks `T` registered with this very type: a key whose type is this one
-/// holds a `Box<T::Value>` that [`Key::set_value`](super::Key::set_value),
-/// `rdb_load::<T>` or `copy::<T>` made, and nothing else.
+/// holds a value pointer of `T::Repr` that [`Key::set_value`](super::Key::set_value),
+/// `rdb_load::<T>`, `copy::<T>` or a `with_mut` of `T::Repr` made, and
+/// nothing else.
 pub struct DataType<T> {
     ptr: AtomicPtr<raw::RedisModuleType>,
     _values: PhantomData<fn() -> T>,
@@ -240,15 +324,15 @@ impl Digest {
 
 /// # Safety (of every callback below)
 /// The server calls them with the live stream, digest or key name of the
-/// call, and a `value` of the type they were registered for: a
-/// `Box<T::Value>` (see [`DataType`]).
+/// call, and a `value` of the type they were registered for: a value
+/// pointer of `T::Repr` (see [`DataType`]).
 unsafe extern "C" fn rdb_load<T: TypeMethods>(
     rdb: *mut raw::RedisModuleIO,
     encver: c_int,
 ) -> *mut c_void {
     guard::callback(ptr::null_mut(), || {
         match T::load(&mut RdbIo { io: rdb }, encver) {
-            Some(value) => Box::into_raw(Box::new(value)).cast(),
+            Some(value) => T::Repr::into_ptr(value),
             None => ptr::null_mut(),
         }
     })
@@ -257,8 +341,7 @@ unsafe extern "C" fn rdb_load<T: TypeMethods>(
 unsafe extern "C" fn rdb_save<T: TypeMethods>(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
     guard::callback((), || {
         // SAFETY: a value of type `T` (see above).
-        let value = unsafe { &*value.cast::<T::Value>() };
-        T::save(value, &mut RdbIo { io: rdb });
+        unsafe { T::Repr::with_ref(value, |value| T::save(value, &mut RdbIo { io: rdb })) };
     })
 }
 
@@ -268,9 +351,14 @@ unsafe extern "C" fn aof_rewrite<T: TypeMethods>(
     value: *mut c_void,
 ) {
     guard::callback((), || {
-        // SAFETY: a value of type `T`, and the live name of its key.
-        let (value, key) = unsafe { (&*value.cast::<T::Value>(), RString::from_ptr(key)) };
-        T::rewrite(value, &mut Rewrite { io: aof, key });
+        // SAFETY: the live name of the key.
+        let key = unsafe { RString::from_ptr(key) };
+        // SAFETY: a value of type `T`.
+        unsafe {
+            T::Repr::with_ref(value, |value| {
+                T::rewrite(value, &mut Rewrite { io: aof, key })
+            })
+        };
     })
 }
 
@@ -278,22 +366,20 @@ unsafe extern "C" fn mem_usage<T: TypeMethods>(value: *const c_void) -> usize {
     guard::callback(std::mem::size_of::<T::Value>() + SERVER_WRAPPERS, || {
         // SAFETY: a plain read of a function pointer set at load (absent on
         // old servers).
-        let allocated = match unsafe { raw::RedisModule_MallocSize } {
-            // SAFETY: the value's box, allocated by the server's allocator.
-            Some(size_of) => unsafe { size_of(value.cast_mut()) },
-            None => std::mem::size_of::<T::Value>(),
-        };
+        let size_of = unsafe { raw::RedisModule_MallocSize };
+        // SAFETY: a value of type `T`, allocated (if at all) by the server's
+        // allocator.
+        let allocated = unsafe { T::Repr::allocated(value, size_of) };
         // SAFETY: a value of type `T`.
-        let value = unsafe { &*value.cast::<T::Value>() };
-        allocated + T::heap_bytes(value) + SERVER_WRAPPERS
+        let heap = unsafe { T::Repr::with_ref(value, T::heap_bytes) };
+        allocated + heap + SERVER_WRAPPERS
     })
 }
 
 unsafe extern "C" fn digest<T: TypeMethods>(md: *mut raw::RedisModuleDigest, value: *mut c_void) {
     guard::callback((), || {
         // SAFETY: a value of type `T`.
-        let value = unsafe { &*value.cast::<T::Value>() };
-        T::digest(value, &mut Digest { md });
+        unsafe { T::Repr::with_ref(value, |value| T::digest(value, &mut Digest { md })) };
         // SAFETY: the live digest of this call.
         unsafe { api!(RedisModule_DigestEndSequence)(md) };
     })
@@ -302,8 +388,7 @@ unsafe extern "C" fn digest<T: TypeMethods>(md: *mut raw::RedisModuleDigest, val
 unsafe extern "C" fn free<T: TypeMethods>(value: *mut c_void) {
     guard::callback((), || {
         // SAFETY: a value of type `T`, which the server gives up here.
-        let value = unsafe { Box::from_raw(value.cast::<T::Value>()) };
-        drop(value);
+        unsafe { T::Repr::free(value) };
     })
 }
 
@@ -314,8 +399,7 @@ unsafe extern "C" fn copy<T: TypeMethods>(
 ) -> *mut c_void {
     guard::callback(ptr::null_mut(), || {
         // SAFETY: a value of type `T`.
-        let value = unsafe { &*value.cast::<T::Value>() };
-        Box::into_raw(Box::new(value.clone())).cast()
+        unsafe { T::Repr::with_ref(value, |value| T::Repr::into_ptr(value.clone())) }
     })
 }
 

@@ -9,7 +9,7 @@ use redis_module::raw;
 
 use super::argv::RString;
 use super::context::Context;
-use super::datatype::{DataType, TypeMethods};
+use super::datatype::{DataType, Repr, TypeMethods};
 use crate::error::Error;
 
 /// A key opened for reading and writing, closed when dropped.
@@ -91,14 +91,32 @@ impl Key<'_> {
                 // SAFETY: an open key holding a module value.
                 let value = unsafe { api!(RedisModule_ModuleTypeGetValue)(self.ptr) };
                 let _loan = Loan::start();
-                // SAFETY: the value of a key of type `kind` is a
-                // `Box<T::Value>` (`DataType` explains why), and no other
-                // reference to it exists while `f` runs: one value at a time
-                // is lent (`Loan`), `f` cannot keep the reference, and no
-                // value is replaced or freed meanwhile (`set_value` refuses,
-                // and needs `&mut self` besides).
-                let value = unsafe { &mut *value.cast::<T::Value>() };
-                return Ok(f(Slot::Ours(value)));
+                // SAFETY: the value of a key of type `kind` is a value
+                // pointer of `T::Repr` (`DataType` explains why), and no
+                // other reference to it exists while `f` runs: one value at
+                // a time is lent (`Loan`), `f` cannot keep the reference,
+                // and no value is replaced or freed meanwhile (`set_value`
+                // refuses, and needs `&mut self` besides).
+                let (result, moved) = unsafe { T::Repr::with_mut(value, |v| f(Slot::Ours(v))) };
+                if let Some(moved) = moved {
+                    // SAFETY: an open key holding a value of type `kind`,
+                    // opened for writing; the old pointer is already freed
+                    // (`Repr::with_mut`), so it is not asked back.
+                    let status = unsafe {
+                        api!(RedisModule_ModuleTypeReplaceValue)(
+                            self.ptr,
+                            ours,
+                            moved,
+                            std::ptr::null_mut(),
+                        )
+                    };
+                    assert_eq!(
+                        status,
+                        raw::REDISMODULE_OK as c_int,
+                        "a key's value could not be replaced in place"
+                    );
+                }
+                return Ok(result);
             }
         }
         Err(Error::WrongType)
@@ -112,13 +130,13 @@ impl Key<'_> {
             !ptr.is_null(),
             "a native type used before it was registered"
         );
-        let boxed = Box::into_raw(Box::new(value));
-        // SAFETY: an open key and a registered type; the server owns the box
-        // from now on and gives it back to `T`'s free callback.
-        let status = unsafe { api!(RedisModule_ModuleTypeSetValue)(self.ptr, ptr, boxed.cast()) };
+        let value = T::Repr::into_ptr(value);
+        // SAFETY: an open key and a registered type; the server owns the
+        // value from now on and gives it back to `T`'s free callback.
+        let status = unsafe { api!(RedisModule_ModuleTypeSetValue)(self.ptr, ptr, value) };
         if status != raw::REDISMODULE_OK as c_int {
-            // SAFETY: the server did not take the box: it is still ours.
-            drop(unsafe { Box::from_raw(boxed) });
+            // SAFETY: the server did not take the value: it is still ours.
+            unsafe { T::Repr::free(value) };
         }
     }
 

@@ -64,6 +64,7 @@ mod events;
 mod guard;
 mod info;
 mod key;
+mod packed;
 mod register;
 mod string;
 
@@ -84,6 +85,7 @@ pub use entry::command;
 pub use events::ServerEvent;
 pub use info::InfoContext;
 pub use key::{Key, Slot};
+pub use packed::{rates as bucket_rates, Packing};
 pub(crate) use register::module;
 pub use register::{load_module, Command, KeySpec, Load, Subcommand};
 pub use string::SharedString;

@@ -178,3 +178,116 @@ fn idle_span_of_exactly_2_pow_50_ms_is_accepted() {
         assert!(pttl(&mut con, "tb") > 0);
     });
 }
+
+/// A bucket's key holds its state in the value pointer itself (one token per
+/// period: no fraction of a microsecond to keep), in a 16-byte block (a
+/// fraction below 2^32 ticks), or whole (32 bytes); `MEMORY USAGE` tells the
+/// difference. The leaky bucket, the same GCRA state, is packed the same way.
+/// A state moves between forms when a call changes its rate, and every form
+/// survives `DUMP`/`RESTORE`, a restart from RDB and a replica (`DEBUG
+/// DIGEST`), with the decisions it had.
+#[test]
+fn a_bucket_key_is_as_small_as_its_state_allows() {
+    // refill_count 2^33 + 1 and refill_ms 2^39: a call of COST 10^6 leaves
+    // a fraction of 10^6 * 2^39 * 1000 mod (2^33 + 1) = 4,719,476,744 ticks
+    // (above 2^32), and 18 hours to refill.
+    const WHOLE: [&str; 3] = ["1000000", "8589934593", "549755813888"];
+    for_each_server(|kind| {
+        let mut server = Server::start(kind, &[]);
+        let replica = replica_of(&server);
+        let mut con = server.conn();
+        let usage =
+            |con: &mut Connection, key: &str| -> i64 { query(con, &["MEMORY", "USAGE", key]) };
+        for command in ["RL.TOKENBUCKET", "RL.LEAKYBUCKET"] {
+            let key = |form: &str| format!("{}:{form}", &command[3..5]);
+            rl(&mut con, &[command, &key("word"), "100", "1", "60000"]);
+            rl(&mut con, &[command, &key("cmpt"), "100", "3", "1000000"]);
+            let mut whole = vec![command];
+            let name = key("whol");
+            whole.push(&name);
+            whole.extend(WHOLE);
+            whole.extend(["COST", "1000000"]);
+            rl(&mut con, &whole);
+            let word = usage(&mut con, &key("word"));
+            // A block is what the allocator gives for 16 or 32 bytes:
+            // exactly that with jemalloc, 8 bytes more with glibc's malloc.
+            let block = |bytes: i64| bytes..=bytes + 8;
+            let compact = usage(&mut con, &key("cmpt")) - word;
+            assert!(
+                block(16).contains(&compact),
+                "{command}: a 16-byte block: {compact}"
+            );
+            let whole = usage(&mut con, &key("whol")) - word;
+            assert!(
+                block(32).contains(&whole),
+                "{command}: the whole state: {whole}"
+            );
+            // New rates move the state between forms, in both directions.
+            let moved = key("move");
+            rl(&mut con, &[command, &moved, "100", "1", "60000"]);
+            assert_eq!(usage(&mut con, &moved), word, "{command}: in the pointer");
+            let r = rl(&mut con, &[command, &moved, "100", "3", "1000000"]);
+            assert!(r.allowed, "{command}: {r:?}");
+            assert_eq!(
+                usage(&mut con, &moved) - word,
+                compact,
+                "{command}: now fractional"
+            );
+            let r = rl(&mut con, &[command, &moved, "100", "1", "60000"]);
+            assert!(r.allowed, "{command}: {r:?}");
+            assert_eq!(
+                usage(&mut con, &moved),
+                word,
+                "{command}: back in the pointer"
+            );
+            // Every form is a state like any other: DUMP, RESTORE, peeks.
+            for (form, params) in [
+                ("word", vec!["100", "1", "60000"]),
+                ("cmpt", vec!["100", "3", "1000000"]),
+                ("whol", WHOLE.to_vec()),
+            ] {
+                let original = key(form);
+                let copy = format!("{original}:copy");
+                let payload = dump(&mut con, &original).expect("a key");
+                redis::cmd("RESTORE")
+                    .arg(&copy)
+                    .arg(0)
+                    .arg(&payload)
+                    .query::<()>(&mut con)
+                    .unwrap_or_else(|e| panic!("{command} {form}: RESTORE: {e}"));
+                let peek = |con: &mut Connection, k: &str| {
+                    let mut words = vec![command, k];
+                    words.extend(params.iter().copied());
+                    words.extend(["COST", "0"]);
+                    rl(con, &words)
+                };
+                let (a, b) = (peek(&mut con, &original), peek(&mut con, &copy));
+                assert_eq!(
+                    (a.allowed, a.remaining),
+                    (b.allowed, b.remaining),
+                    "{command} {form}"
+                );
+                assert_eq!(dump(&mut con, &copy), Some(payload), "{command} {form}");
+            }
+        }
+        let rates: String = query(&mut con, &["INFO", "ratelimit"]);
+        let rates: u64 = info_field(&rates, "ratelimit_bucket_rates")
+            .expect("the field")
+            .parse()
+            .expect("a number");
+        assert!(rates >= 3, "three rates numbered at least: {rates}");
+        wait_for_sync(&server, &replica);
+        let keys: Vec<String> = query(&mut con, &["KEYS", "*"]);
+        assert_same_dataset(&server, &replica, &keys);
+        let digest = debug_digest(&mut con);
+        let _: () = query(&mut con, &["SAVE"]);
+        drop(con);
+        server.restart();
+        let mut con = server.conn();
+        assert_eq!(
+            debug_digest(&mut con),
+            digest,
+            "the same keys after a restart from RDB"
+        );
+    });
+}
