@@ -93,15 +93,184 @@ impl HashWindowParams {
 }
 
 /// The ring of bucket counts of one limiter.
-#[derive(Clone, Debug, PartialEq, Eq)]
+///
+/// Two states are equal when they hold the same counts, whatever the width
+/// each keeps them at.
+#[derive(Clone, Debug)]
 pub struct HashWindowState {
     pub(crate) bucket_ms: u64,
     /// Index (Unix ms / bucket_ms) of the newest bucket in the ring.
     pub(crate) newest: u64,
     /// Units in the ring.
     pub(crate) sum: u64,
-    /// Bucket `j` is `counts[j % len]`, for `newest - len < j <= newest`.
-    pub(crate) counts: Box<[u64]>,
+    /// Bucket `j` is `counts.get(j % len)`, for `newest - len < j <= newest`.
+    pub(crate) counts: Counts,
+}
+
+impl PartialEq for HashWindowState {
+    fn eq(&self, other: &Self) -> bool {
+        (self.bucket_ms, self.newest, self.sum) == (other.bucket_ms, other.newest, other.sum)
+            && self.counts.len() == other.counts.len()
+            && (0..self.counts.len()).all(|i| self.counts.get(i) == other.counts.get(i))
+    }
+}
+
+impl Eq for HashWindowState {}
+
+/// The counters of a ring, all at one width: 2 bytes while every count fits
+/// in a `u16`, widened as a whole to 4 and then 8 bytes when a count would
+/// not fit (a forced call, or a limit lowered below what is held, can leave
+/// counts above `limit`: the width follows the values, never the limit).
+/// Adding widens; nothing on the hot path narrows (an idle ring, a layout
+/// conversion and encoding 1's loader start at the narrowest width that
+/// fits).
+#[derive(Clone, Debug)]
+pub(crate) enum Counts {
+    U16(Box<[u16]>),
+    U32(Box<[u32]>),
+    U64(Box<[u64]>),
+}
+
+/// The width, in bytes, that holds `value`: 2, 4 or 8.
+pub fn width_for(value: u64) -> usize {
+    if value <= u64::from(u16::MAX) {
+        2
+    } else if value <= u64::from(u32::MAX) {
+        4
+    } else {
+        8
+    }
+}
+
+impl Counts {
+    /// `len` zero counters, at the narrowest width.
+    fn zeros(len: usize) -> Counts {
+        Counts::U16(vec![0; len].into_boxed_slice())
+    }
+
+    /// The counters `values`, at `width` bytes each (2, 4 or 8; `None` if a
+    /// value does not fit).
+    fn from_values(values: &[u64], width: usize) -> Option<Counts> {
+        fn narrow<T: TryFrom<u64>>(values: &[u64]) -> Option<Box<[T]>> {
+            values.iter().map(|&v| T::try_from(v).ok()).collect()
+        }
+        Some(match width {
+            2 => Counts::U16(narrow(values)?),
+            4 => Counts::U32(narrow(values)?),
+            8 => Counts::U64(values.into()),
+            _ => return None,
+        })
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Counts::U16(c) => c.len(),
+            Counts::U32(c) => c.len(),
+            Counts::U64(c) => c.len(),
+        }
+    }
+
+    /// Bytes per counter: 2, 4 or 8.
+    pub(crate) fn width(&self) -> usize {
+        match self {
+            Counts::U16(_) => 2,
+            Counts::U32(_) => 4,
+            Counts::U64(_) => 8,
+        }
+    }
+
+    pub(crate) fn get(&self, slot: usize) -> u64 {
+        match self {
+            Counts::U16(c) => u64::from(c[slot]),
+            Counts::U32(c) => u64::from(c[slot]),
+            Counts::U64(c) => c[slot],
+        }
+    }
+
+    /// Sets a counter to a value that fits the width.
+    fn put(&mut self, slot: usize, value: u64) {
+        match self {
+            Counts::U16(c) => c[slot] = value as u16,
+            Counts::U32(c) => c[slot] = value as u32,
+            Counts::U64(c) => c[slot] = value,
+        }
+    }
+
+    /// Adds `units` to a counter, widening the whole ring first if the new
+    /// count does not fit.
+    fn add(&mut self, slot: usize, units: u64) {
+        let value = self.get(slot) + units;
+        let width = width_for(value);
+        if width > self.width() {
+            let values: Vec<u64> = (0..self.len()).map(|i| self.get(i)).collect();
+            *self = Counts::from_values(&values, width).expect("wider counters hold every value");
+        }
+        self.put(slot, value);
+    }
+
+    /// Takes `units` (at most the count) from a counter.
+    fn sub(&mut self, slot: usize, units: u64) {
+        let value = self.get(slot) - units;
+        self.put(slot, value);
+    }
+
+    /// Zeroes every counter, at the same width.
+    fn clear(&mut self) {
+        match self {
+            Counts::U16(c) => c.fill(0),
+            Counts::U32(c) => c.fill(0),
+            Counts::U64(c) => c.fill(0),
+        }
+    }
+
+    fn values(&self) -> impl Iterator<Item = u64> + '_ {
+        (0..self.len()).map(|i| self.get(i))
+    }
+
+    /// The counters, little-endian at their width (encoding 2's byte string).
+    fn to_le_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.len() * self.width());
+        match self {
+            Counts::U16(c) => c
+                .iter()
+                .for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
+            Counts::U32(c) => c
+                .iter()
+                .for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
+            Counts::U64(c) => c
+                .iter()
+                .for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
+        }
+        out
+    }
+
+    /// `len` counters of `width` bytes from `bytes`, which must hold exactly
+    /// them.
+    fn from_le_bytes(bytes: &[u8], len: usize, width: usize) -> Option<Counts> {
+        if !matches!(width, 2 | 4 | 8) || len.checked_mul(width)? != bytes.len() {
+            return None;
+        }
+        Some(match width {
+            2 => Counts::U16(
+                bytes
+                    .chunks_exact(2)
+                    .map(|b| u16::from_le_bytes([b[0], b[1]]))
+                    .collect(),
+            ),
+            4 => Counts::U32(
+                bytes
+                    .chunks_exact(4)
+                    .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect(),
+            ),
+            _ => Counts::U64(
+                bytes
+                    .chunks_exact(8)
+                    .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+                    .collect(),
+            ),
+        })
+    }
 }
 
 /// The hash window algorithm.
@@ -180,7 +349,13 @@ impl HashWindowState {
     }
 
     fn count(&self, bucket: u64) -> u64 {
-        self.counts[(bucket % self.n()) as usize]
+        self.counts.get((bucket % self.n()) as usize)
+    }
+
+    /// Bytes per counter of the ring: 2 while every count fits in a `u16`,
+    /// then 4, then 8 (see [`width_for`]).
+    pub fn counter_width(&self) -> usize {
+        self.counts.width()
     }
 
     /// Units of the buckets still in the window when bucket `current` is
@@ -201,13 +376,13 @@ impl HashWindowState {
     fn advance(&mut self, current: u64) {
         let n = self.n();
         if current >= self.newest + n {
-            self.counts.fill(0);
+            self.counts.clear();
             self.sum = 0;
         } else {
             for j in self.newest + 1..=current {
                 let slot = (j % n) as usize;
-                self.sum -= self.counts[slot];
-                self.counts[slot] = 0;
+                self.sum -= self.counts.get(slot);
+                self.counts.put(slot, 0);
             }
         }
         self.newest = self.newest.max(current);
@@ -232,7 +407,7 @@ impl HashWindowState {
             if target > new.newest {
                 new.advance(target);
             }
-            new.counts[(target % n_new) as usize] += units;
+            new.counts.add((target % n_new) as usize, units);
             new.sum += units;
         }
         new
@@ -252,7 +427,7 @@ impl HashWindowState {
                 .newest
                 .checked_mul(self.bucket_ms)
                 .is_some_and(|ms| ms <= super::MAX_STATE_MS)
-            && self.counts.iter().try_fold(0u64, |a, &c| a.checked_add(c)) == Some(self.sum)
+            && self.counts.values().try_fold(0u64, |a, c| a.checked_add(c)) == Some(self.sum)
             // a forced call may leave up to twice the limit counted
             && self.sum <= 2 * super::MAX_PARAM
     }
@@ -283,14 +458,14 @@ impl StateFields for HashWindowState {
         out(self.newest);
         out(self.sum);
         out(self.counts.len() as u64);
-        for &count in self.counts.iter() {
+        for count in self.counts.values() {
             out(count);
         }
     }
 
-    /// Its bucket counts.
+    /// Its bucket counts, at their width.
     fn heap_bytes(&self) -> usize {
-        self.counts.len() * std::mem::size_of::<u64>()
+        self.counts.len() * self.counts.width()
     }
 
     fn from_fields(next: &mut impl FnMut() -> Option<u64>) -> Option<Self> {
@@ -306,11 +481,51 @@ impl StateFields for HashWindowState {
         for _ in 0..len {
             counts.push(next()?);
         }
+        // The narrowest width that holds them all.
+        let width = width_for(counts.iter().copied().max().unwrap_or(0));
         let state = HashWindowState {
             bucket_ms,
             newest,
             sum,
-            counts: counts.into_boxed_slice(),
+            counts: Counts::from_values(&counts, width)?,
+        };
+        state.is_valid().then_some(state)
+    }
+
+    const COMPACT: bool = true;
+
+    /// `bucket_ms, newest, sum`, the number of buckets, the width of a
+    /// counter in bytes (2, 4 or 8), then the counters as one byte string,
+    /// little-endian at that width (the string's length is checked against
+    /// the two).
+    fn to_compact(&self, out: &mut impl FnMut(u64), bytes: &mut impl FnMut(&[u8])) {
+        out(self.bucket_ms);
+        out(self.newest);
+        out(self.sum);
+        out(self.counts.len() as u64);
+        out(self.counts.width() as u64);
+        bytes(&self.counts.to_le_bytes());
+    }
+
+    fn from_compact(
+        next: &mut impl FnMut() -> Option<u64>,
+        bytes: &mut impl FnMut() -> Option<Vec<u8>>,
+    ) -> Option<Self> {
+        let bucket_ms = next()?;
+        let newest = next()?;
+        let sum = next()?;
+        let len = next()?;
+        let width = next()?;
+        // A ring holds one bucket more than its window.
+        if len > MAX_BUCKETS + 1 || !matches!(width, 2 | 4 | 8) {
+            return None;
+        }
+        let counts = Counts::from_le_bytes(&bytes()?, len as usize, width as usize)?;
+        let state = HashWindowState {
+            bucket_ms,
+            newest,
+            sum,
+            counts,
         };
         state.is_valid().then_some(state)
     }
@@ -325,7 +540,7 @@ impl Algorithm for HashWindow {
             bucket_ms: params.bucket_ms,
             newest: now.as_ms_floor() / params.bucket_ms,
             sum: 0,
-            counts: vec![0; params.ring_len() as usize].into_boxed_slice(),
+            counts: Counts::zeros(params.ring_len() as usize),
         }
     }
 
@@ -347,7 +562,7 @@ impl Algorithm for HashWindow {
         if decision.allowed && cost > 0 {
             let n = state.n();
             state.advance(current);
-            state.counts[(current % n) as usize] += cost;
+            state.counts.add((current % n) as usize, cost);
             state.sum += cost;
         }
         decision
@@ -395,7 +610,7 @@ impl Algorithm for HashWindow {
         }
         state.advance(current);
         let n = state.n();
-        state.counts[(current % n) as usize] += take;
+        state.counts.add((current % n) as usize, take);
         state.sum += take;
         (decision, true)
     }
@@ -425,8 +640,8 @@ impl Algorithm for HashWindow {
         let n = state.n();
         for bucket in ((current + 1).saturating_sub(n)..=current).rev() {
             let slot = (bucket % n) as usize;
-            let back = left.min(state.counts[slot]);
-            state.counts[slot] -= back;
+            let back = left.min(state.counts.get(slot));
+            state.counts.sub(slot, back);
             state.sum -= back;
             left -= back;
             if left == 0 {
@@ -454,7 +669,7 @@ impl crate::contract::Guarantee for HashWindow {
 #[cfg(test)]
 mod tests {
     use super::super::testkit::{apply_checked, remaining_after_change};
-    use super::super::MAX_PARAM;
+    use super::super::{Request, MAX_PARAM};
     use super::*;
     use proptest::prelude::*;
 
@@ -623,6 +838,97 @@ mod tests {
         assert_eq!(d.wait, Wait::Ms(bucket_end + (1 << 40) - T0_MS));
     }
 
+    /// The same ring with every counter at 8 bytes: the u64 ring every
+    /// build before compact counters kept, the model of the widths' tests.
+    fn at_u64(s: &HashWindowState) -> HashWindowState {
+        let values: Vec<u64> = s.counts.values().collect();
+        let mut wide = s.clone();
+        wide.counts = Counts::from_values(&values, 8).unwrap();
+        wide
+    }
+
+    fn widest_count(s: &HashWindowState) -> u64 {
+        s.counts.values().max().unwrap_or(0)
+    }
+
+    /// Encoding 2's form: the same counters, at the same width, byte for
+    /// byte.
+    fn compact_round_trip(s: &HashWindowState) {
+        let mut fields = Vec::new();
+        let mut string = Vec::new();
+        s.to_compact(&mut |f| fields.push(f), &mut |b| string = b.to_vec());
+        assert_eq!(fields[4] as usize, s.counter_width());
+        assert_eq!(string.len(), s.counts.len() * s.counter_width());
+        let mut next = fields.iter().copied();
+        let mut strings = Some(string).into_iter();
+        let back =
+            HashWindowState::from_compact(&mut || next.next(), &mut || strings.next()).unwrap();
+        assert_eq!(back, *s);
+        assert_eq!(back.counter_width(), s.counter_width());
+    }
+
+    #[test]
+    fn counters_widen_as_a_whole_and_never_narrow_on_calls() {
+        let p = params(MAX_PARAM, 6000, 1000);
+        let mut s = HashWindow::idle(&p, at(0));
+        assert_eq!((s.counter_width(), s.heap_bytes()), (2, 7 * 2));
+        assert!(hit(&mut s, &p, 65_535, at(0)).allowed);
+        assert_eq!(s.counter_width(), 2);
+        assert!(hit(&mut s, &p, 1, at(0)).allowed);
+        assert_eq!((s.counter_width(), s.heap_bytes()), (4, 7 * 4));
+        assert!(hit(&mut s, &p, 1 << 32, at(1000)).allowed);
+        assert_eq!(s.counter_width(), 8);
+        // the big counts leave the window: the width stays
+        assert!(hit(&mut s, &p, 1, at(60_000)).allowed);
+        assert_eq!((s.sum, s.counter_width()), (1, 8));
+        compact_round_trip(&s);
+        // encoding 1's loader and a layout conversion start narrow again
+        let mut fields = Vec::new();
+        s.to_fields(&mut |f| fields.push(f));
+        let mut next = fields.into_iter();
+        let loaded = HashWindowState::from_fields(&mut || next.next()).unwrap();
+        assert_eq!((loaded.counter_width(), &loaded), (2, &s));
+        let q = params(p.limit(), 6000, 2000);
+        assert!(hit(&mut s, &q, 1, at(60_000)).allowed);
+        assert_eq!(s.counter_width(), 2);
+    }
+
+    /// The SPEC's 60-bucket window with limit 1000: 61 counters of 2 bytes.
+    #[test]
+    fn a_sixty_bucket_window_keeps_two_bytes_a_bucket() {
+        let p = params(1000, 60_000, 1000);
+        let mut s = HashWindow::idle(&p, at(0));
+        for i in 0..60 {
+            assert!(hit(&mut s, &p, 16, at(i * 1000)).allowed);
+        }
+        assert_eq!(s.heap_bytes(), 122);
+    }
+
+    #[test]
+    fn compact_forms_that_do_not_add_up_are_refused() {
+        let load = |fields: &[u64], string: &[u8]| {
+            let mut next = fields.iter().copied();
+            let mut strings = Some(string.to_vec()).into_iter();
+            HashWindowState::from_compact(&mut || next.next(), &mut || strings.next())
+        };
+        assert!(load(&[1000, 5, 3, 2, 2], &[1, 0, 2, 0]).is_some());
+        assert!(load(&[1000, 5, 3, 2, 4], &[1, 0, 0, 0, 2, 0, 0, 0]).is_some());
+        // a string too short or too long for len * width
+        assert!(load(&[1000, 5, 3, 2, 2], &[1, 0, 2]).is_none());
+        assert!(load(&[1000, 5, 3, 2, 2], &[1, 0, 2, 0, 0]).is_none());
+        // widths other than 2, 4, 8; a sum the counters do not add up to
+        for width in [0, 1, 3, 16, u64::MAX] {
+            assert!(load(&[1000, 5, 3, 2, width], &[1, 0, 2, 0]).is_none());
+        }
+        assert!(load(&[1000, 5, 4, 2, 2], &[1, 0, 2, 0]).is_none());
+        // a hostile length is refused before the string is read
+        assert!(load(&[1000, 5, 0, u64::MAX, 8], &[]).is_none());
+        assert!(load(&[1000, 5, 0, MAX_BUCKETS + 2, 2], &[]).is_none());
+        // a missing string
+        let mut next = [1000, 5, 0, 1, 2].into_iter();
+        assert!(HashWindowState::from_compact(&mut || next.next(), &mut || None).is_none());
+    }
+
     proptest! {
         /// Reference: recompute every bucket's sum from a log of admissions.
         #[test]
@@ -678,6 +984,84 @@ mod tests {
             let now = at(0).saturating_add_us(dt);
             let left = remaining_after_change::<HashWindow>(&pa, &pb, used, now);
             prop_assert_eq!(left, pb.limit.saturating_sub(used));
+        }
+
+        /// Compact counters against the u64 model, on one layout: the same
+        /// decisions and counts, and the width is the narrowest that held
+        /// every count so far (widened as counts grew, never narrowed), for
+        /// costs near 65535 and 2^32, forced calls and refunds.
+        #[test]
+        fn compact_counters_agree_with_u64_counters(
+            limit in prop_oneof![60_000u64..70_000, 4_294_960_000u64..4_294_975_000, 1..MAX_PARAM],
+            (bucket_ms, n) in (1u64..300, 1u64..8),
+            steps in prop::collection::vec((0u64..400_000, 0u8..4, 0u64..1100, 0u64..3), 1..120),
+        ) {
+            let p = params(limit, bucket_ms * n, bucket_ms);
+            let mut now = at(0).as_us() + 3;
+            let mut s = HashWindow::idle(&p, Micros::from_us(now));
+            let mut model = at_u64(&s);
+            let mut widest = 2;
+            for (dt, kind, share, delta) in steps {
+                now += dt;
+                // a share of the limit, give or take a unit: near the edges
+                let units = (limit / 1000 * share + delta).saturating_sub(1);
+                let request = match kind {
+                    0 | 1 => Request::Cost(units),
+                    2 => Request::Force(units),
+                    _ => Request::Refund(units),
+                };
+                let t = Micros::from_us(now);
+                let got = crate::run::<HashWindow>(&mut s, &p, request, t);
+                let want = crate::run::<HashWindow>(&mut model, &p, request, t);
+                prop_assert_eq!(got, want);
+                prop_assert_eq!(&s, &model);
+                prop_assert_eq!(model.counter_width(), 8);
+                widest = widest.max(width_for(widest_count(&model)));
+                prop_assert_eq!(s.counter_width(), widest);
+                prop_assert_eq!(s.heap_bytes(), s.counts.len() * widest);
+                prop_assert!(s.is_valid());
+                compact_round_trip(&s);
+            }
+        }
+
+        /// The same across parameter changes (a lowered limit, other
+        /// buckets): a conversion may start narrower, but a ring is never
+        /// too narrow for its counts.
+        #[test]
+        fn compact_counters_agree_across_changes(
+            layouts in prop::collection::vec(
+                (prop_oneof![60_000u64..70_000, 4_294_960_000u64..4_294_975_000, 1..MAX_PARAM],
+                 1u64..300, 1u64..8),
+                1..4,
+            ),
+            steps in prop::collection::vec(
+                (0u64..400_000, 0u8..4, 0u64..1100, 0u64..3, 0usize..4), 1..120),
+        ) {
+            let layouts: Vec<HashWindowParams> =
+                layouts.iter().map(|&(l, b, n)| params(l, b * n, b)).collect();
+            let mut now = at(0).as_us() + 3;
+            let mut s = HashWindow::idle(&layouts[0], Micros::from_us(now));
+            let mut model = at_u64(&s);
+            for (dt, kind, share, delta, which) in steps {
+                now += dt;
+                let p = &layouts[which % layouts.len()];
+                let units = (p.limit() / 1000 * share + delta).saturating_sub(1);
+                let request = match kind {
+                    0 | 1 => Request::Cost(units),
+                    2 => Request::Force(units),
+                    _ => Request::Refund(units),
+                };
+                let t = Micros::from_us(now);
+                let got = crate::run::<HashWindow>(&mut s, p, request, t);
+                let want = crate::run::<HashWindow>(&mut model, p, request, t);
+                prop_assert_eq!(got, want);
+                prop_assert_eq!(&s, &model);
+                prop_assert!(s.counter_width() >= width_for(widest_count(&s)));
+                prop_assert!(s.is_valid());
+                compact_round_trip(&s);
+                // a conversion rebuilt the model's ring: back to 8 bytes
+                model = at_u64(&model);
+            }
         }
 
         #[test]

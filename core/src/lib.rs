@@ -259,6 +259,30 @@ pub trait StateFields: Sized {
     fn heap_bytes(&self) -> usize {
         0
     }
+
+    /// Whether the state has a compact form beside its fields: some fields,
+    /// then one byte string ([`StateFields::to_compact`]). Only the hash
+    /// window has one (its counters, at their width).
+    const COMPACT: bool = false;
+
+    /// Writes the compact form: fields to `out`, then one byte string to
+    /// `bytes`, in the order [`StateFields::from_compact`] reads them. Where
+    /// there is no compact form, the fields.
+    fn to_compact(&self, out: &mut impl FnMut(u64), bytes: &mut impl FnMut(&[u8])) {
+        let _ = bytes;
+        self.to_fields(out);
+    }
+
+    /// Rebuilds a state from its compact form, validated as
+    /// [`StateFields::from_fields`] validates the fields; `None` where there
+    /// is no compact form.
+    fn from_compact(
+        next: &mut impl FnMut() -> Option<u64>,
+        bytes: &mut impl FnMut() -> Option<Vec<u8>>,
+    ) -> Option<Self> {
+        let _ = (next, bytes);
+        None
+    }
 }
 
 /// One integer parameter of an algorithm: its name as the commands give it,
@@ -779,7 +803,7 @@ mod state_fields {
                 bucket_ms: 1 << 40,
                 newest: 1,
                 sum: 5,
-                counts: vec![0, 5].into_boxed_slice(),
+                counts: hash_window::Counts::U16(vec![0, 5].into_boxed_slice()),
             },
             &[1 << 40, 1, 5, 2, 0, 5],
         );
