@@ -5,8 +5,8 @@
 //!
 //! - its command, registered with its flags, arity (`-(2 + params)`), ACL
 //!   categories and `COMMAND DOCS`, and the row's companion commands;
-//! - its native type (`TYPE key` shows `type_name`), with its RDB and AOF
-//!   encoding version;
+//! - its native type (`TYPE key` shows `type_name`), with its newest RDB
+//!   encoding version (`ratelimit.write-encoding` may pin it lower);
 //! - its name in `RL.ALL` and `RL.POLICY SET` specs, in `RL.SETSTATE`, in
 //!   `RL.POLICY GET` and in the policies' RDB data: the command's name after
 //!   the dot (`TOKENBUCKET`), matched in any case;
@@ -100,7 +100,7 @@ self::algorithms! { $
     },
     HashWindow => Row {
         command: c"RL.HASHWINDOW",
-        key: KeyFormat::Native { type_name: c"rl-hashwn", encoding: 1 },
+        key: KeyFormat::Native { type_name: c"rl-hashwn", encoding: 2 },
         summary: c"Sliding window approximated by fixed buckets: admits a request of COST units if the buckets covering window_ms have room",
         complexity: c"O(1) amortised for admissions, O(B) for denials, B = window_ms / bucket_ms",
         args: &[
@@ -322,11 +322,19 @@ pub trait Listed: Algorithm<State: crate::ffi::Packing> + Sized + 'static {
     /// A spec of it.
     fn spec(params: Self::Params) -> Spec;
 
-    /// Its encoding version (RDB, `DUMP`, `RL.SETSTATE`).
-    fn encoding() -> i32 {
+    /// Its newest encoding version (RDB, `DUMP`): what it writes unless
+    /// `ratelimit.write-encoding` pins it lower.
+    fn newest_encoding() -> i32 {
         match Self::ROW.key {
             KeyFormat::Native { encoding, .. } => encoding,
         }
+    }
+
+    /// The encoding of its AOF form, `RL.SETSTATE`'s decimal fields (the
+    /// AOF rewrite without an RDB preamble): encoding 1 for every type,
+    /// which every release reads (`RL.SETSTATE` reads the newer ones too).
+    fn encoding() -> i32 {
+        1
     }
 
     /// Its counters for `INFO ratelimit`.

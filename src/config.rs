@@ -20,15 +20,23 @@ pub static SLIDING_MAX_LIMIT: AtomicU64 = AtomicU64::new(100_000);
 /// Largest `window_ms / bucket_ms` of `RL.HASHWINDOW` (8 bytes per bucket).
 pub static HASHWINDOW_MAX_BUCKETS: AtomicU64 = AtomicU64::new(3600);
 
+/// The encoding every native type writes (RDB, `DUMP`), at most its newest:
+/// 2 (the default) writes the newest encodings, 1 pins every type to
+/// encoding 1, which release 0.1.0 reads (for a rolling upgrade, or before
+/// a downgrade). A type's encoding version is fixed when it is registered,
+/// so this is read at load only (immutable). Loaders read every encoding.
+pub static WRITE_ENCODING: AtomicU64 = AtomicU64::new(2);
+
 /// Every config the module registers (names without the `ratelimit.`
 /// prefix).
-pub static NUMERIC: [NumericConfig; 4] = [
+pub static NUMERIC: [NumericConfig; 5] = [
     NumericConfig {
         name: c"sliding-max-limit",
         value: &SLIDING_MAX_LIMIT,
         min: 1,
         max: sliding_log::MAX_LIMIT,
         changed: None,
+        immutable: false,
     },
     NumericConfig {
         name: c"hashwindow-max-buckets",
@@ -36,6 +44,7 @@ pub static NUMERIC: [NumericConfig; 4] = [
         min: 1,
         max: 1_000_000,
         changed: None,
+        immutable: false,
     },
     NumericConfig {
         name: c"log-max-len",
@@ -43,6 +52,7 @@ pub static NUMERIC: [NumericConfig; 4] = [
         min: 0,
         max: 1_000_000,
         changed: Some(|max_len| deny_log::trim(max_len as usize)),
+        immutable: false,
     },
     NumericConfig {
         name: c"max-blocked",
@@ -50,12 +60,26 @@ pub static NUMERIC: [NumericConfig; 4] = [
         min: 0,
         max: 1_000_000,
         changed: None,
+        immutable: false,
+    },
+    NumericConfig {
+        name: c"write-encoding",
+        value: &WRITE_ENCODING,
+        min: 1,
+        max: 2,
+        changed: None,
+        immutable: true,
     },
 ];
 
 /// Current value of a config.
 pub fn get(value: &AtomicU64) -> u64 {
     value.load(Ordering::Relaxed)
+}
+
+/// `ratelimit.write-encoding`: the newest encoding a type may write.
+pub fn write_encoding() -> i32 {
+    get(&WRITE_ENCODING) as i32
 }
 
 /// Applies `name value` pairs given as load arguments (before registration,

@@ -5,12 +5,22 @@
 //! Every type has its own encoding version (its row's `encoding` in the table
 //! of algorithms, no shared default), which Redis stores with each value: bumping
 //! one type's encoding never changes what another type writes or accepts.
-//! Each loader keeps a branch for every version its type ever wrote (only 1
-//! so far). Encoding 1 of every state is its list of unsigned integers as
-//! the core crate gives it (`StateFields`), written with
-//! `RedisModule_SaveUnsigned` (RDB) and as decimal arguments of
-//! `RL.SETSTATE` (AOF rewrite). Loading validates every invariant the
-//! algorithms rely on (the core's `from_fields`) and refuses anything else: a
+//! Each loader keeps a branch for every version its type ever wrote, and reads
+//! all of them whatever the type writes. Encoding 1 of every state is its
+//! list of unsigned integers as the core crate gives it (`StateFields`),
+//! written with `RedisModule_SaveUnsigned` (RDB) and as decimal arguments of
+//! `RL.SETSTATE` (AOF rewrite). Encoding 2, the hash window's only
+//! (`rl-hashwn`), is its compact form: the header fields as unsigned
+//! integers (`bucket_ms`, `newest`, `sum`, the number of buckets, and the
+//! width of a counter in bytes, 2, 4 or 8), then the counters as one byte
+//! string (`RedisModule_SaveStringBuffer`), little-endian at that width; the
+//! other types have only encoding 1. `ratelimit.write-encoding 1` pins
+//! every type to encoding 1 (what release 0.1.0 reads): the version each type
+//! is registered with, and so writes, is the lower of its newest and the
+//! config's, fixed at load. The AOF rewrite writes encoding 1 whatever the
+//! config; `RL.SETSTATE` reads both (encoding 2's byte string is one
+//! argument). Loading validates every invariant the algorithms rely on (the
+//! core's `from_fields` and `from_compact`) and refuses anything else: a
 //! short, corrupt or hostile payload is an error, never a crash and never a
 //! state the algorithms could overflow on.
 //!
@@ -27,12 +37,26 @@ use crate::policy;
 /// Where a state's fields are written: RDB, AOF arguments, digest, tests.
 pub trait Encoder {
     fn put(&mut self, value: u64);
+    /// The newest encoding this sink takes: 1 (fields only) unless it says
+    /// otherwise; the RDB takes what `ratelimit.write-encoding` allows.
+    fn encoding(&self) -> i32 {
+        1
+    }
+    /// A byte string, only in a sink whose [`Encoder::encoding`] is above 1.
+    fn put_bytes(&mut self, bytes: &[u8]) {
+        let _ = bytes;
+        unreachable!("a sink of encoding 1 takes no byte string");
+    }
 }
 
 /// Where a state's fields are read from; `None` when the input is exhausted
 /// or broken.
 pub trait Decoder {
     fn take(&mut self) -> Option<u64>;
+    /// A byte string; `None` where the input holds none.
+    fn take_bytes(&mut self) -> Option<Vec<u8>> {
+        None
+    }
 }
 
 /// A limiter state kept in its own module type, in the encoding its row
@@ -40,25 +64,53 @@ pub trait Decoder {
 /// own, never another type's).
 ///
 /// One impl serves every state: encoding 1 is the state's fields as the
-/// core crate lists them ([`StateFields`]). The first type to change its fields bumps its row's encoding,
-/// and the loader of encoding 1 it must keep reading comes with it.
+/// core crate lists them ([`StateFields`]), encoding 2 its compact form
+/// where it has one (`StateFields::COMPACT`: the hash window). The next
+/// type to change its form bumps its row's encoding, and the loaders of the
+/// encodings it must keep reading stay.
 pub trait NativeState: Clone + Sized + 'static {
-    /// Writes the state in the row's (current) encoding.
+    /// Its newest encoding (its row's, which a test checks).
+    const NEWEST: i32;
+    /// Writes the state in its newest encoding the sink takes
+    /// ([`Encoder::encoding`]).
     fn encode(&self, out: &mut impl Encoder);
     /// Reads a state written with `encoding`; `None` if it is not valid.
     fn decode(input: &mut impl Decoder, encoding: i32) -> Option<Self>;
 }
 
 impl<S: StateFields + Clone + 'static> NativeState for S {
+    const NEWEST: i32 = if S::COMPACT { 2 } else { 1 };
+
     fn encode(&self, out: &mut impl Encoder) {
-        self.to_fields(&mut |field| out.put(field));
+        if Self::NEWEST >= 2 && out.encoding() >= 2 {
+            let mut string = Vec::new();
+            self.to_compact(&mut |field| out.put(field), &mut |bytes| {
+                string.extend_from_slice(bytes)
+            });
+            out.put_bytes(&string);
+        } else {
+            self.to_fields(&mut |field| out.put(field));
+        }
     }
+
     fn decode(input: &mut impl Decoder, encoding: i32) -> Option<Self> {
         match encoding {
             1 => S::from_fields(&mut || input.take()),
+            2 if S::COMPACT => {
+                let input = std::cell::RefCell::new(input);
+                S::from_compact(&mut || input.borrow_mut().take(), &mut || {
+                    input.borrow_mut().take_bytes()
+                })
+            }
             _ => None,
         }
     }
+}
+
+/// The encoding the type of `L` is registered with, and so writes: its
+/// row's (its state's newest), or 1 under `ratelimit.write-encoding 1`.
+pub fn write_encoding<L: Listed>() -> i32 {
+    L::newest_encoding().min(crate::config::write_encoding())
 }
 
 /// Decodes a state from decimal arguments (the AOF form, `RL.SETSTATE`).
@@ -68,6 +120,10 @@ pub fn decode_args<S: NativeState>(fields: &[&[u8]], encoding: i32) -> Option<S>
         fn take(&mut self) -> Option<u64> {
             let field = self.0.next()?;
             crate::args::parse_int(field, "field", 0, u64::MAX).ok()
+        }
+        /// One argument, as it is.
+        fn take_bytes(&mut self) -> Option<Vec<u8>> {
+            self.0.next().map(|field| field.to_vec())
         }
     }
     let mut input = Args(fields.iter());
@@ -81,7 +137,8 @@ pub fn decode_args<S: NativeState>(fields: &[&[u8]], encoding: i32) -> Option<S>
 /// the token bucket's).
 pub fn register(load: &Load) -> Result<(), &'static str> {
     for_each_algorithm!(L => {
-        let crate::algorithms::KeyFormat::Native { type_name, encoding } = L::ROW.key;
+        let crate::algorithms::KeyFormat::Native { type_name, .. } = L::ROW.key;
+        let encoding = write_encoding::<L>();
         if L::INDEX == 0 {
             load.register_type_with_aux::<L, Policies>(L::data_type(), type_name, encoding)?;
         } else {
@@ -95,11 +152,21 @@ impl Encoder for RdbIo {
     fn put(&mut self, value: u64) {
         self.save_unsigned(value);
     }
+    /// What the types were registered with: `ratelimit.write-encoding`.
+    fn encoding(&self) -> i32 {
+        crate::config::write_encoding()
+    }
+    fn put_bytes(&mut self, bytes: &[u8]) {
+        self.save_bytes(bytes);
+    }
 }
 
 impl Decoder for RdbIo {
     fn take(&mut self) -> Option<u64> {
         self.load_unsigned()
+    }
+    fn take_bytes(&mut self) -> Option<Vec<u8>> {
+        self.load_bytes()
     }
 }
 
@@ -200,37 +267,115 @@ mod tests {
         }
     }
 
-    /// The encoding its row gives the type of `S`.
-    fn encoding<S: 'static>() -> i32 {
+    /// A sink of encoding 2: fields, then a byte string.
+    #[derive(Default)]
+    struct Compact(Vec<u64>, Option<Vec<u8>>);
+    impl Encoder for Compact {
+        fn put(&mut self, value: u64) {
+            assert!(self.1.is_none(), "a field after the byte string");
+            self.0.push(value);
+        }
+        fn encoding(&self) -> i32 {
+            2
+        }
+        fn put_bytes(&mut self, bytes: &[u8]) {
+            assert!(self.1.replace(bytes.to_vec()).is_none());
+        }
+    }
+    /// Reads the fields, then the byte string.
+    struct Replay<'a>(std::slice::Iter<'a, u64>, Option<Vec<u8>>);
+    impl Decoder for Replay<'_> {
+        fn take(&mut self) -> Option<u64> {
+            self.0.next().copied()
+        }
+        fn take_bytes(&mut self) -> Option<Vec<u8>> {
+            self.1.take()
+        }
+    }
+
+    /// The newest encoding its row gives the type of `S`, which is the
+    /// state's own.
+    fn newest<S: NativeState>() -> i32 {
         use std::any::TypeId;
         for_each_algorithm!(L => {
             if TypeId::of::<<L as crate::limiter::Algorithm>::State>() == TypeId::of::<S>() {
-                return L::encoding();
+                assert_eq!(L::newest_encoding(), S::NEWEST);
+                return L::newest_encoding();
             }
         });
         panic!("{} is in no row", std::any::type_name::<S>())
     }
 
+    #[test]
+    fn rows_give_their_states_newest_encoding() {
+        for_each_algorithm!(L => {
+            assert_eq!(L::newest_encoding(), <<L as crate::limiter::Algorithm>::State as NativeState>::NEWEST, "{:?}", L::ROW.command);
+            // the AOF form stays encoding 1, which every release reads
+            assert_eq!(L::encoding(), 1);
+        });
+        assert_eq!(newest::<HashWindowState>(), 2);
+        assert_eq!(newest::<TokenBucketState>(), 1);
+    }
+
     fn round_trip<S: NativeState + PartialEq + std::fmt::Debug>(state: S) {
-        let encoding = encoding::<S>();
+        let newest = newest::<S>();
         let mut out = Fields(Vec::new());
         state.encode(&mut out);
-        let decoded = S::decode(&mut out.0.clone().into_iter(), encoding);
+        let decoded = S::decode(&mut out.0.clone().into_iter(), 1);
         assert_eq!(decoded.as_ref(), Some(&state));
         // every truncation is refused
         for len in 0..out.0.len() {
-            assert!(S::decode(&mut out.0[..len].iter().copied(), encoding).is_none());
+            assert!(S::decode(&mut out.0[..len].iter().copied(), 1).is_none());
         }
         // an unknown encoding is refused
-        for unknown in [0, encoding + 1] {
+        for unknown in [0, newest + 1] {
             assert!(S::decode(&mut out.0.clone().into_iter(), unknown).is_none());
         }
         let text: Vec<String> = out.0.iter().map(u64::to_string).collect();
         let args: Vec<&[u8]> = text.iter().map(|s| s.as_bytes()).collect();
-        assert_eq!(decode_args::<S>(&args, encoding).as_ref(), Some(&state));
+        assert_eq!(decode_args::<S>(&args, 1).as_ref(), Some(&state));
         let mut longer = args.clone();
         longer.push(b"0");
-        assert!(decode_args::<S>(&longer, encoding).is_none());
+        assert!(decode_args::<S>(&longer, 1).is_none());
+        // encoding 2, where the type has it; elsewhere a sink of encoding 2
+        // gets encoding 1, and encoding 2 is refused
+        let mut compact = Compact::default();
+        state.encode(&mut compact);
+        let Compact(fields, string) = compact;
+        let replay = |len: usize, string: Option<Vec<u8>>| {
+            S::decode(&mut Replay(fields[..len].iter(), string), 2)
+        };
+        if newest < 2 {
+            assert_eq!((&fields, &string), (&out.0, &None));
+            assert!(replay(fields.len(), None).is_none());
+            return;
+        }
+        let string = string.expect("encoding 2 ends with a byte string");
+        assert_eq!(
+            replay(fields.len(), Some(string.clone())).as_ref(),
+            Some(&state)
+        );
+        // re-encoded byte for byte
+        let mut again = Compact::default();
+        replay(fields.len(), Some(string.clone()))
+            .unwrap()
+            .encode(&mut again);
+        assert_eq!((&again.0, again.1.as_ref()), (&fields, Some(&string)));
+        for len in 0..fields.len() {
+            assert!(replay(len, Some(string.clone())).is_none());
+        }
+        assert!(replay(fields.len(), None).is_none());
+        for cut in 0..string.len() {
+            assert!(replay(fields.len(), Some(string[..cut].to_vec())).is_none());
+        }
+        assert!(S::decode(&mut Replay(fields.iter(), Some(string.clone())), 3).is_none());
+        // RL.SETSTATE's form of encoding 2: the fields, then the raw bytes
+        let text: Vec<String> = fields.iter().map(u64::to_string).collect();
+        let mut args: Vec<&[u8]> = text.iter().map(|s| s.as_bytes()).collect();
+        args.push(&string);
+        assert_eq!(decode_args::<S>(&args, 2).as_ref(), Some(&state));
+        args.push(b"0");
+        assert!(decode_args::<S>(&args, 2).is_none());
     }
 
     /// A state from its encoding-1 fields.

@@ -69,6 +69,9 @@ fn on_load(load: &Load, argv: &Argv) -> Result<(), String> {
 
 fn register(load: &Load) -> Result<(), &'static str> {
     load.set_module_options();
+    // Configs first: `ratelimit.write-encoding` fixes the encoding version
+    // each type is registered with.
+    load.register_configs(&config::NUMERIC)?;
     datatype::register(load)?;
     let subscribed = load.subscribe(on_server_event);
     if !load.init_blocking() {
@@ -78,7 +81,6 @@ fn register(load: &Load) -> Result<(), &'static str> {
         );
     }
     replicate::init(load, subscribed);
-    load.register_configs(&config::NUMERIC)?;
     load.register_info(info::section)?;
     let category = load.add_acl_category(ACL_CATEGORY).then_some(ACL_CATEGORY);
     load.create_container(

@@ -1,5 +1,7 @@
 //! `RL.SETSTATE key <ALGORITHM> <encoding> <fields...>`: sets a limiter's raw
-//! state. It is what an AOF rewrite without the RDB preamble writes for each
+//! state, in encoding 1 (every type's decimal fields) or 2 (the hash
+//! window's compact form: its header fields, then its counters as one
+//! argument of raw bytes). It is what an AOF rewrite without the RDB preamble writes for each
 //! limiter key (Redis adds the `PEXPIREAT`), and it is accepted only while the
 //! AOF loads or from the master link. Fields are validated exactly like an
 //! RDB payload.
@@ -18,7 +20,9 @@ pub fn step<H: Host>(host: &H) -> Result<(), Error> {
         return Err(Error::ReservedForReplication("RL.SETSTATE"));
     }
     let all = host.all_words();
-    let encoding = parse_int(all[3], "encoding", 1, 1)? as i32;
+    // 1, the decimal fields every type has (what the AOF rewrite writes);
+    // 2, the hash window's compact form (its byte string one argument).
+    let encoding = parse_int(all[3], "encoding", 1, 2)? as i32;
     let mut key = host.open_key(1);
     let (algorithm, fields) = (all[2], &all[4..]);
     set_any(&mut key, algorithm, fields, encoding)?;

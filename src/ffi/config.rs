@@ -1,7 +1,7 @@
 //! Module configs (`CONFIG GET/SET <module>.<name>`).
 
 use std::ffi::CStr;
-use std::os::raw::{c_char, c_int, c_longlong, c_void};
+use std::os::raw::{c_char, c_int, c_longlong, c_uint, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use redis_module::raw;
@@ -18,6 +18,9 @@ pub struct NumericConfig {
     pub max: u64,
     /// Called after each change, with the new value.
     pub changed: Option<fn(u64)>,
+    /// Set only at startup (load arguments, redis.conf, the command line):
+    /// `CONFIG SET` refuses it, `CONFIG GET` shows it.
+    pub immutable: bool,
 }
 
 impl Load<'_> {
@@ -42,7 +45,11 @@ impl Load<'_> {
                     self.ctx().as_ptr(),
                     config.name.as_ptr(),
                     config.value.load(Ordering::Relaxed) as c_longlong,
-                    raw::REDISMODULE_CONFIG_DEFAULT,
+                    if config.immutable {
+                        raw::REDISMODULE_CONFIG_IMMUTABLE
+                    } else {
+                        raw::REDISMODULE_CONFIG_DEFAULT
+                    } as c_uint,
                     config.min as c_longlong,
                     config.max as c_longlong,
                     Some(get_numeric),

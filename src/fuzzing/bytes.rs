@@ -95,6 +95,10 @@ impl Decoder for Bytes<'_> {
             _ => self.little_endian(usize::from(tag & 7) + 1),
         }
     }
+    /// A byte string, as [`Bytes::bytes`] reads it (encoding 2's counters).
+    fn take_bytes(&mut self) -> Option<Vec<u8>> {
+        self.bytes()
+    }
 }
 
 /// Writes `value` in the form [`Bytes`] reads, as short as it goes (for
@@ -130,5 +134,36 @@ pub(super) struct Replay<'a>(pub(super) std::slice::Iter<'a, u64>);
 impl Decoder for Replay<'_> {
     fn take(&mut self) -> Option<u64> {
         self.0.next().copied()
+    }
+}
+
+/// A sink of encoding 2: the fields, then the byte string.
+#[derive(Default)]
+pub(super) struct Compact(pub(super) Vec<u64>, pub(super) Option<Vec<u8>>);
+
+impl Encoder for Compact {
+    fn put(&mut self, value: u64) {
+        self.0.push(value);
+    }
+    fn encoding(&self) -> i32 {
+        2
+    }
+    fn put_bytes(&mut self, bytes: &[u8]) {
+        self.1 = Some(bytes.to_vec());
+    }
+}
+
+/// Reads a [`Compact`]'s fields, then its byte string.
+pub(super) struct ReplayCompact<'a>(
+    pub(super) std::slice::Iter<'a, u64>,
+    pub(super) Option<Vec<u8>>,
+);
+
+impl Decoder for ReplayCompact<'_> {
+    fn take(&mut self) -> Option<u64> {
+        self.0.next().copied()
+    }
+    fn take_bytes(&mut self) -> Option<Vec<u8>> {
+        self.1.take()
     }
 }

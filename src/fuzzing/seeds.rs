@@ -71,6 +71,18 @@ fn state_bytes<S: NativeState>(state: &S) -> Vec<u8> {
     out
 }
 
+/// Encoding 2 of a state, as [`Bytes`] values and a byte string.
+fn compact_bytes<S: NativeState>(state: &S) -> Vec<u8> {
+    let mut compact = bytes::Compact::default();
+    state.encode(&mut compact);
+    let mut out = Vec::new();
+    for v in compact.0 {
+        put_value(&mut out, v);
+    }
+    put_bytes(&mut out, &compact.1.unwrap_or_default());
+    out
+}
+
 /// Steps as [`read_steps`] reads them: (milliseconds forward, or back
 /// when negative; cost).
 fn steps_bytes(steps: &[(i64, u64)]) -> Vec<u8> {
@@ -188,10 +200,15 @@ fn limiter_seeds<L: Listed + Guarantee>(
             &format!("k {} 1 {}", word::<L>(), text.join(" ")),
             &[],
         ));
-        // and its RDB form, with parameters and steps to run it on
-        for encoding in 0..3u8 {
+        // and its RDB form, with parameters and steps to run it on, at
+        // encodings 0 to 3 (encoding 2's own form where the type has it)
+        for encoding in 0..4u8 {
             let mut rdb = vec![selector + (COUNT as u8 + 1) * encoding];
-            rdb.extend_from_slice(&state_bytes(&state));
+            if encoding == 2 && L::newest_encoding() >= 2 {
+                rdb.extend_from_slice(&compact_bytes(&state));
+            } else {
+                rdb.extend_from_slice(&state_bytes(&state));
+            }
             for word in params_text.split(' ') {
                 put_value(&mut rdb, word.parse().unwrap());
             }
