@@ -335,6 +335,12 @@ fn bad_load_argument_stops_the_server_and_the_log_says_why() {
                 ["hashwindow-max-buckets", "1000001"].as_slice(),
                 "hashwindow-max-buckets",
             ),
+            (["write-encoding", "3"].as_slice(), "write-encoding"),
+            (["write-encoding", "0"].as_slice(), "write-encoding"),
+            (
+                ["ratelimit.write-encoding", "two"].as_slice(),
+                "write-encoding",
+            ),
             (["no-such-config", "5"].as_slice(), "no-such-config"),
             (["sliding-max-limit"].as_slice(), "ratelimit"),
             (
@@ -365,6 +371,15 @@ fn bad_command_line_config_stops_the_server() {
             assert!(!status.success(), "{value}: exited with {status}");
             assert!(
                 log.contains("sliding-max-limit"),
+                "{value}: the log does not name the config:\n{log}"
+            );
+        }
+        for value in ["0", "3", "abc"] {
+            let (status, log) =
+                start_expecting_failure(kind, &[], &["--ratelimit.write-encoding", value]);
+            assert!(!status.success(), "{value}: exited with {status}");
+            assert!(
+                log.contains("write-encoding"),
                 "{value}: the log does not name the config:\n{log}"
             );
         }

@@ -75,7 +75,8 @@ pub enum Field {
     Unsigned(u64),
     /// `SaveSigned` (kept as its raw 64 bits).
     Signed(u64),
-    /// `SaveStringBuffer`.
+    /// `SaveStringBuffer` (its bytes, as the module reads them back, however
+    /// the server wrote them).
     String(Vec<u8>),
 }
 
@@ -108,6 +109,71 @@ fn read_len(bytes: &[u8], pos: &mut usize) -> Option<u64> {
     }
 }
 
+/// An RDB string: raw (a length, then the bytes), an integer written as
+/// one (`0xc0..=0xc2`, read back as its decimal text), or LZF-compressed
+/// (`0xc3`: compressed and plain lengths, then the data), as the server
+/// writes a string above 20 bytes that compresses.
+fn read_string(bytes: &[u8], pos: &mut usize) -> Option<Vec<u8>> {
+    let first = *bytes.get(*pos)?;
+    if first >> 6 != 3 {
+        let len = read_len(bytes, pos)? as usize;
+        let out = bytes.get(*pos..*pos + len)?.to_vec();
+        *pos += len;
+        return Some(out);
+    }
+    *pos += 1;
+    let int_len = match first & 0x3f {
+        0 => 1,
+        1 => 2,
+        2 => 4,
+        3 => {
+            let compressed = read_len(bytes, pos)? as usize;
+            let plain = read_len(bytes, pos)? as usize;
+            let data = bytes.get(*pos..*pos + compressed)?;
+            *pos += compressed;
+            let out = lzf_decompress(data)?;
+            return (out.len() == plain).then_some(out);
+        }
+        _ => return None,
+    };
+    let raw = bytes.get(*pos..*pos + int_len)?;
+    *pos += int_len;
+    let mut le = [0u8; 8];
+    le[..int_len].copy_from_slice(raw);
+    let value = i64::from_le_bytes(le) << (64 - 8 * int_len) >> (64 - 8 * int_len);
+    Some(value.to_string().into_bytes())
+}
+
+/// LZF (liblzf's format, which Redis uses): a control byte below 32 is a
+/// run of that many plus one literal bytes; above, a back reference of
+/// `(ctrl >> 5) + 2` bytes (7 taking one more length byte) at the offset
+/// of its low 5 bits and the next byte, plus one.
+fn lzf_decompress(data: &[u8]) -> Option<Vec<u8>> {
+    let mut out: Vec<u8> = Vec::new();
+    let mut i = 0;
+    while i < data.len() {
+        let ctrl = data[i] as usize;
+        i += 1;
+        if ctrl < 32 {
+            out.extend_from_slice(data.get(i..i + ctrl + 1)?);
+            i += ctrl + 1;
+        } else {
+            let mut len = ctrl >> 5;
+            if len == 7 {
+                len += *data.get(i)? as usize;
+                i += 1;
+            }
+            let back = ((ctrl & 0x1f) << 8) + *data.get(i)? as usize + 1;
+            i += 1;
+            let start = out.len().checked_sub(back)?;
+            for k in 0..len + 2 {
+                out.push(out[start + k]);
+            }
+        }
+    }
+    Some(out)
+}
+
 fn write_len(out: &mut Vec<u8>, len: u64) {
     if len < 1 << 6 {
         out.push(len as u8);
@@ -135,18 +201,14 @@ pub fn module_fields(payload: &[u8]) -> Option<Vec<Field>> {
             OPCODE_EOF => return (pos == body.len()).then_some(fields),
             OPCODE_UINT => fields.push(Field::Unsigned(read_len(body, &mut pos)?)),
             OPCODE_SINT => fields.push(Field::Signed(read_len(body, &mut pos)?)),
-            OPCODE_STRING => {
-                let len = read_len(body, &mut pos)? as usize;
-                fields.push(Field::String(body.get(pos..pos + len)?.to_vec()));
-                pos += len;
-            }
+            OPCODE_STRING => fields.push(Field::String(read_string(body, &mut pos)?)),
             _ => return None,
         }
     }
 }
 
 /// A sealed payload with the same type, module id and RDB version as
-/// `payload`, holding `fields`.
+/// `payload`, holding `fields` (strings written raw, never compressed).
 pub fn with_fields(payload: &[u8], fields: &[Field]) -> Vec<u8> {
     module_id_range(payload).expect("a module value payload");
     let mut out = payload[..10].to_vec();
