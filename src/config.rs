@@ -3,8 +3,9 @@
 //! and as load arguments (`loadmodule /path/lib.so sliding-max-limit 5000`;
 //! a value in redis.conf or on the command line wins over a load argument).
 //!
-//! They bound what clients may ask of one key. A replicated or AOF call is
-//! never refused by them: the master already accepted it.
+//! They bound what clients may ask of one key (a replicated or AOF call is
+//! never refused by them: the master already accepted it), and one,
+//! `write-encoding`, fixes at load the encoding the native types write.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -17,7 +18,8 @@ use crate::limiter::sliding_log::{self, SlidingLogParams};
 
 /// Largest `limit` of `RL.SLIDING` (each held unit costs up to 8 bytes).
 pub static SLIDING_MAX_LIMIT: AtomicU64 = AtomicU64::new(100_000);
-/// Largest `window_ms / bucket_ms` of `RL.HASHWINDOW` (8 bytes per bucket).
+/// Largest `window_ms / bucket_ms` of `RL.HASHWINDOW` (2 to 8 bytes per
+/// bucket, as its counts need).
 pub static HASHWINDOW_MAX_BUCKETS: AtomicU64 = AtomicU64::new(3600);
 
 /// The encoding every native type writes (RDB, `DUMP`), at most its newest:

@@ -6,6 +6,8 @@
 //!   data (the fixtures in `tests/fixtures/encoding-v1/`, from release 0.1.0
 //!   on Redis 7.0.15), are read back by this build on every server, with the
 //!   state they were saved with;
+//! - hash windows in encoding 2 (`tests/fixtures/encoding-v2/`, from the
+//!   build that introduced it) restore with their state and counter width;
 //! - a hash window written now is encoding 2 (its counters one byte string
 //!   at their width) and survives `DUMP`/`RESTORE`, an RDB restart, an AOF
 //!   rewrite with and without the RDB preamble, and a full sync (the replica
@@ -31,10 +33,14 @@ fn fixture_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/encoding-v1")
 }
 
-/// The bytes of a hex fixture (whitespace ignored).
+/// The bytes of a hex fixture of encoding 1 (whitespace ignored).
 fn hex_fixture(name: &str) -> Vec<u8> {
-    let path = fixture_dir().join(name);
-    let text = fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    hex_file(&fixture_dir().join(name))
+}
+
+fn hex_file(path: &Path) -> Vec<u8> {
+    let name = path.display();
+    let text = fs::read_to_string(path).unwrap_or_else(|e| panic!("{name}: {e}"));
     let digits: Vec<u8> = text.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
     assert_eq!(digits.len() % 2, 0, "{name}: odd number of hex digits");
     digits
@@ -259,6 +265,28 @@ fn hash_windows_are_written_in_encoding_2_and_restore() {
         let reply = rl(&mut con, &hw_call("copy:hw:narrow", "100000", "70000"));
         assert!(reply.allowed);
         assert_encoding_2(&dump(&mut con, "copy:hw:narrow").unwrap(), 4, "widened");
+    });
+}
+
+/// The fixtures of `tests/fixtures/encoding-v2/`, written by the build
+/// that introduced encoding 2, restore with their state and width, and are
+/// written back as they are.
+#[test]
+fn hash_windows_of_encoding_2_fixtures_restore_with_their_state() {
+    for_each_server(|kind| {
+        let server = Server::start(kind, &[]);
+        let mut con = server.conn();
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/encoding-v2");
+        for (key, _, _, width, _) in WIDE {
+            let name = format!("dump-{}.hex", key.replace(':', "-"));
+            let fixture = hex_file(&dir.join(name));
+            assert_encoding_2(&fixture, width, key);
+            let restored = format!("fixture:{key}");
+            restore(&mut con, &restored, &fixture);
+            let payload = dump(&mut con, &restored).unwrap();
+            assert_eq!(body(&payload), body(&fixture), "{kind}: {key}");
+        }
+        assert_wide_state(&mut con, "fixture:", "encoding 2 fixtures");
     });
 }
 
