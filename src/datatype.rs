@@ -473,6 +473,13 @@ mod tests {
             ring.encode(&mut out);
             let decoded = HashWindowState::decode(&mut out.0.into_iter(), 1);
             assert_eq!(decoded.as_ref(), Some(&ring), "{window_ms} / {bucket_ms}");
+            // and in encoding 2: 2 bytes a bucket
+            let mut compact = Compact::default();
+            ring.encode(&mut compact);
+            let string = compact.1.expect("a byte string");
+            assert_eq!(string.len() as u64, 2 * (window_ms / bucket_ms + 1));
+            let decoded = HashWindowState::decode(&mut Replay(compact.0.iter(), Some(string)), 2);
+            assert_eq!(decoded.as_ref(), Some(&ring), "{window_ms} / {bucket_ms}");
         }
     }
 

@@ -290,6 +290,60 @@ fn hash_windows_of_encoding_2_fixtures_restore_with_their_state() {
     });
 }
 
+/// The RESP form of one command.
+fn resp(words: &[&[u8]]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", words.len()).into_bytes();
+    for word in words {
+        out.extend_from_slice(format!("${}\r\n", word.len()).as_bytes());
+        out.extend_from_slice(word);
+        out.extend_from_slice(b"\r\n");
+    }
+    out
+}
+
+/// `RL.SETSTATE` reads encoding 2 (the header fields in decimal, then the
+/// counters as one argument of raw bytes) as well as encoding 1, from an
+/// AOF: the encoding 2 fixtures' fields, set so, are the fixtures' states.
+#[test]
+fn rl_setstate_reads_encoding_2_from_an_aof() {
+    for_each_server(|kind| {
+        let mut server = Server::start(kind, &["--appendonly", "yes"]);
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/encoding-v2");
+        let mut aof = resp(&[b"SELECT", b"0"]);
+        let mut fixtures = Vec::new();
+        for (key, ..) in WIDE {
+            let fixture = hex_file(&dir.join(format!("dump-{}.hex", key.replace(':', "-"))));
+            let mut words: Vec<Vec<u8>> = vec![
+                b"RL.SETSTATE".to_vec(),
+                format!("set:{key}").into_bytes(),
+                b"HASHWINDOW".to_vec(),
+                b"2".to_vec(),
+            ];
+            for field in payload::module_fields(&fixture).unwrap() {
+                words.push(match field {
+                    Field::Unsigned(v) => v.to_string().into_bytes(),
+                    Field::String(bytes) => bytes,
+                    Field::Signed(_) => panic!("{key}: a signed field"),
+                });
+            }
+            let words: Vec<&[u8]> = words.iter().map(Vec::as_slice).collect();
+            aof.extend(resp(&words));
+            fixtures.push(fixture);
+        }
+        server.stop();
+        // An AOF of the single-file form, which the server takes as its base.
+        fs::remove_dir_all(server.dir.join("appendonlydir")).expect("remove appendonlydir");
+        fs::write(server.dir.join("appendonly.aof"), aof).expect("write the AOF");
+        server.restart();
+        let mut con = server.conn();
+        for ((key, ..), fixture) in WIDE.iter().zip(&fixtures) {
+            let payload = dump(&mut con, &format!("set:{key}")).expect("set by the AOF");
+            assert_eq!(body(&payload), body(fixture), "{kind}: {key}");
+        }
+        assert_wide_state(&mut con, "set:", "RL.SETSTATE of encoding 2");
+    });
+}
+
 #[test]
 fn encoding_2_survives_an_rdb_restart() {
     for_each_server(|kind| {
