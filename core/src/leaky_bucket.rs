@@ -84,6 +84,20 @@ impl LeakyBucketParams {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LeakyBucketState(pub(crate) TokenBucketState);
 
+impl LeakyBucketState {
+    /// The GCRA's four integers (see [`TokenBucketState::to_parts`]).
+    #[inline(always)]
+    pub fn to_parts(&self) -> [u64; 4] {
+        self.0.to_parts()
+    }
+
+    /// See [`TokenBucketState::from_parts`].
+    #[inline(always)]
+    pub fn from_parts(parts: [u64; 4]) -> Option<Self> {
+        TokenBucketState::from_parts(parts).map(LeakyBucketState)
+    }
+}
+
 /// The fields of the GCRA, as the token bucket's.
 /// `capacity leak_count leak_ms`.
 impl Parameters for LeakyBucketParams {

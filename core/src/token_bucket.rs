@@ -135,6 +135,32 @@ impl TokenBucketParams {
 }
 
 impl TokenBucketState {
+    /// The state's four integers, `tat_us, tat_frac, refill_count,
+    /// refill_ms`, as [`StateFields`] lists them (for a store that packs
+    /// them its own way).
+    #[inline(always)]
+    pub fn to_parts(&self) -> [u64; 4] {
+        [
+            self.tat_us,
+            self.tat_frac,
+            self.refill_count,
+            self.refill_ms,
+        ]
+    }
+
+    /// The state of [`TokenBucketState::to_parts`]'s integers, or `None` if
+    /// they break an invariant (as [`StateFields::from_fields`]).
+    #[inline(always)]
+    pub fn from_parts([tat_us, tat_frac, refill_count, refill_ms]: [u64; 4]) -> Option<Self> {
+        let state = TokenBucketState {
+            tat_us,
+            tat_frac,
+            refill_count,
+            refill_ms,
+        };
+        state.is_valid().then_some(state)
+    }
+
     fn tat_ticks(&self) -> u128 {
         self.tat_us as u128 * self.refill_count as u128 + self.tat_frac as u128
     }

@@ -142,15 +142,27 @@ pub(super) fn apply_to_key<L: Listed, H: Host>(
         (outcome, idle_before, L::idle_at_ms(state, params), lease)
     })?;
     if let Some((outcome, idle_before, idle_after, lease)) = existing {
-        // The expiry follows the idle instant. When that did not move (a
-        // fixed window's moves once per window, not per call), the key
-        // usually has it already: it is read, which is cheaper than setting
-        // it, and set only if it differs (a PERSIST, a RESTORE without TTL,
-        // or new parameters).
-        let expiry_written =
-            outcome.changed && (idle_after != idle_before || key.expires_at() != Some(idle_after));
+        // The expiry follows the idle instant, with the slack the contract
+        // allows: a key may expire up to min(reset_ms, 1 s) after it is idle.
+        // When the idle instant moved as far as that slack ever reaches (a
+        // slow bucket's moves a whole token period per admission), the
+        // expiry this module set at the last call is at best the new idle
+        // instant: it is set without being read. Otherwise it is read (cheaper than setting
+        // it) and kept while it lies within the slack, so a busy key whose
+        // idle instant moves a little per call (a sliding log, a fast
+        // bucket, a window) is not given a new expiry on every call; an
+        // expiry somebody else set (PERSIST, EXPIRE, a RESTORE without TTL)
+        // is replaced. It is set at the far end of the slack, so that the
+        // next calls can keep it.
+        let expiry_written = outcome.changed && {
+            let slack = expiry_slack(idle_after, now);
+            idle_after >= idle_before.saturating_add(MAX_EXPIRY_SLACK_MS)
+                || !key
+                    .expires_at()
+                    .is_some_and(|at| at >= idle_after && at <= idle_after + slack)
+        };
         if expiry_written {
-            key.expire_at(idle_after);
+            key.expire_at(idle_after + expiry_slack(idle_after, now));
         }
         return Ok(Applied {
             outcome,
@@ -174,6 +186,20 @@ pub(super) fn apply_to_key<L: Listed, H: Host>(
         expiry_written: outcome.changed,
         lease,
     })
+}
+
+/// The most a key may expire after its idle instant (the contract's
+/// `min(reset_ms, 1000)`, at most 1000).
+const MAX_EXPIRY_SLACK_MS: u64 = 1000;
+
+/// How long after its idle instant `idle_at_ms` a key may expire: the
+/// contract's `min(reset_ms, 1000)`, `reset_ms` rounded down here so the
+/// bound holds whatever the reply rounded.
+#[inline(always)]
+pub(super) fn expiry_slack(idle_at_ms: u64, now: Micros) -> u64 {
+    idle_at_ms
+        .saturating_sub(now.as_ms_ceil())
+        .min(MAX_EXPIRY_SLACK_MS)
 }
 
 /// The lease a request was granted: a changed state after `COST n` or

@@ -627,3 +627,42 @@ mod quota {
         );
     }
 }
+
+/// The contract lets a key expire up to `min(reset_ms, 1 s)` after it is
+/// idle: a busy key keeps its expiry while it lies in that slack, and when it
+/// must move it is set at the slack's far end, so that the next calls keep it.
+#[test]
+fn a_busy_key_keeps_its_expiry_within_the_slack() {
+    let m = space();
+    let call = "RL.SLIDING seam:slack 100 60000";
+    let expires = |m: &Memory| m.expiry(b"seam:slack").expect("an expiry") as i64;
+    let now_ms = |m: &Memory| m.now().as_ms_floor() as i64;
+    let first = m.run(Client, call);
+    // A new key expires when it is idle, to the millisecond.
+    let reset = first.integers().unwrap()[4];
+    assert!((expires(&m) - (now_ms(&m) + reset)).abs() <= 1);
+    let e0 = expires(&m);
+    // 10 ms later the idle instant moved past it: written at the far end.
+    m.set_now(m.now().saturating_add_ms(10));
+    let second = m.run(Client, call);
+    let reset = second.integers().unwrap()[4];
+    let e1 = expires(&m);
+    assert!(
+        e1 >= now_ms(&m) + reset && e1 <= now_ms(&m) + reset + 1001,
+        "{e1}"
+    );
+    assert!(e1 >= e0 + 1000);
+    assert!(second.effects.events.iter().any(|(_, e)| e == "expire"));
+    // Another 10 ms: still within the slack, so the expiry stays, unwritten.
+    m.set_now(m.now().saturating_add_ms(10));
+    let third = m.run(Client, call);
+    assert_eq!(third.integers().unwrap()[0], 1);
+    assert_eq!(expires(&m), e1);
+    assert!(!third.effects.events.iter().any(|(_, e)| e == "expire"));
+    // A replica replaying the pinned calls keeps the same expiry.
+    let replica = Memory::new(Micros::from_us(0));
+    for called in [&first, &second, &third] {
+        replica.replay(&called.effects.propagated);
+    }
+    assert_eq!(replica.expiry(b"seam:slack"), m.expiry(b"seam:slack"));
+}

@@ -140,28 +140,37 @@ pub fn rates() -> usize {
 
 /// A GCRA state's four integers: `tat_us, tat_frac, refill_count,
 /// refill_ms`, as `StateFields` lists them.
-pub trait Gcra: StateFields + Clone + 'static {}
-impl Gcra for TokenBucketState {}
-impl Gcra for LeakyBucketState {}
+pub trait Gcra: StateFields + Clone + 'static {
+    fn to_parts(&self) -> [u64; 4];
+    fn from_parts(parts: [u64; 4]) -> Option<Self>;
+}
+
+macro_rules! gcra {
+    ($($state:ty),+) => {
+        $(impl Gcra for $state {
+            #[inline(always)]
+            fn to_parts(&self) -> [u64; 4] {
+                <$state>::to_parts(self)
+            }
+            #[inline(always)]
+            fn from_parts(parts: [u64; 4]) -> Option<Self> {
+                <$state>::from_parts(parts)
+            }
+        })+
+    };
+}
+
+gcra!(TokenBucketState, LeakyBucketState);
 
 #[inline(always)]
 fn parts<S: Gcra>(state: &S) -> [u64; 4] {
-    let mut out = [0u64; 4];
-    let mut i = 0;
-    state.to_fields(&mut |field| {
-        if let Some(slot) = out.get_mut(i) {
-            *slot = field;
-        }
-        i += 1;
-    });
-    out
+    state.to_parts()
 }
 
 #[inline(always)]
 fn from_parts<S: Gcra>(parts: [u64; 4]) -> S {
-    let mut fields = parts.into_iter();
     // Only ever parts of a valid state, packed and unpacked exactly.
-    match S::from_fields(&mut || fields.next()) {
+    match S::from_parts(parts) {
         Some(state) => state,
         None => unreachable!("a packed bucket state unpacks to a valid state"),
     }

@@ -219,7 +219,7 @@ fn assert_expiry_follows(alg: &Algorithm, con: &mut Connection, key: &str, r: &R
     assert!(r.allowed, "{alg}: {r:?}");
     let ttl = pttl(con, key);
     assert!(
-        ttl > r.reset_ms - SLACK_MS && ttl <= r.reset_ms + alg.expiry_beyond_reset_ms,
+        ttl > r.reset_ms - SLACK_MS && ttl <= alg.latest_expiry_ms(r.reset_ms),
         "{alg}: after an admitted call on {key} {what}, PTTL {ttl} vs reset_ms {}",
         r.reset_ms
     );

@@ -419,6 +419,9 @@ fn rl_hit_blocks_on_an_enforced_policy() {
 
 #[test]
 fn blocked_admissions_reach_the_replica_and_the_aof() {
+    // Buckets of 100 emptied at once, one token back per 200 ms: the keys
+    // stay 20 s from idle, so none expires while the replica, the AOF and
+    // the restart are compared.
     for_each_server(|kind| {
         let mut master = Server::start(kind, &["--appendonly", "yes"]);
         let replica = replica_of(&master);
@@ -428,7 +431,7 @@ fn blocked_admissions_reach_the_replica_and_the_aof() {
             assert!(
                 rl(
                     &mut con,
-                    &["RL.TOKENBUCKET", key, "2", "1", "200", "COST", "2"]
+                    &["RL.TOKENBUCKET", key, "100", "1", "200", "COST", "100"]
                 )
                 .allowed
             );
@@ -438,7 +441,7 @@ fn blocked_admissions_reach_the_replica_and_the_aof() {
             for j in 0..2 {
                 waiters.push(call_in_thread(
                     &master,
-                    &["RL.TOKENBUCKET", key, "2", "1", "200", "BLOCK", "10000"],
+                    &["RL.TOKENBUCKET", key, "100", "1", "200", "BLOCK", "10000"],
                 ));
                 until_blocked(&master, (i * 2 + j + 1) as u64);
             }
@@ -449,7 +452,7 @@ fn blocked_admissions_reach_the_replica_and_the_aof() {
             &[
                 "RL.TOKENBUCKET",
                 "r0",
-                "2",
+                "100",
                 "1",
                 "200",
                 "COST",

@@ -54,8 +54,10 @@ pub struct Algorithm {
     /// An admitted request may be told to wait for its turn (`wait_ms` > 0).
     pub shapes: bool,
     /// How far the key's expiry may lie beyond the `reset_ms` of the call
-    /// that set it: 1 where the expiry is an instant rounded up to the
-    /// millisecond and `reset_ms` is counted from a clock reading inside one.
+    /// that set it, besides the contract's slack (see
+    /// [`Algorithm::latest_expiry_ms`]): 1 where the expiry is an instant
+    /// rounded up to the millisecond and `reset_ms` is counted from a clock
+    /// reading inside one.
     pub expiry_beyond_reset_ms: i64,
     /// Builds limiters worth keeping (admitted, denied and peeked traffic, a
     /// parameter change) under keys starting with its argument.
@@ -86,6 +88,14 @@ pub struct Built {
 }
 
 impl Algorithm {
+    /// The latest PTTL a key may have right after a call that answered
+    /// `reset_ms`: the contract lets it expire up to `min(reset_ms, 1000)`
+    /// after it is idle, so that a busy key's expiry need not be written on
+    /// every call.
+    pub fn latest_expiry_ms(&self, reset_ms: i64) -> i64 {
+        reset_ms + reset_ms.min(1000) + self.expiry_beyond_reset_ms
+    }
+
     /// Its place in `ALGORITHMS`.
     pub fn index(&self) -> usize {
         ALGORITHMS

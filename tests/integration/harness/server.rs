@@ -547,11 +547,24 @@ pub fn assert_same_dataset(master: &Server, replica: &Server, keys: &[String]) {
         .filter(|(_, (m, r))| m != r)
         .map(|(key, _)| key)
         .collect();
+    let first = keys
+        .iter()
+        .zip(on_master.iter().zip(&on_replica))
+        .find(|(_, (m, r))| m != r)
+        .map(|(key, (m, r))| {
+            format!(
+                "{key}: PEXPIRETIME {} on the master, {} on the replica; DUMP {}",
+                m.1,
+                r.1,
+                if m.0 == r.0 { "the same" } else { "differs" }
+            )
+        });
     assert!(
         differing.is_empty(),
-        "{} of {} keys differ (DUMP or PEXPIRETIME), first: {:?}",
+        "{} of {} keys differ (DUMP or PEXPIRETIME), first: {:?} ({})",
         differing.len(),
         keys.len(),
-        &differing[..differing.len().min(10)]
+        &differing[..differing.len().min(10)],
+        first.unwrap_or_default()
     );
 }
