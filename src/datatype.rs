@@ -24,6 +24,11 @@
 //! short, corrupt or hostile payload is an error, never a crash and never a
 //! state the algorithms could overflow on.
 //!
+//! How a state sits in memory is another matter, which no encoding sees:
+//! the token and leaky buckets pack theirs into the key's value pointer
+//! when it fits (`crate::ffi::Packing`, `src/ffi/packed.rs`), and every
+//! callback here gets the state unpacked.
+//!
 //! The policies' aux data rides on the token bucket type, whose encoding
 //! version Redis hands to `aux_load`; that number says nothing about the aux
 //! data, which carries its own version inside its payload (`crate::policy`).
