@@ -70,6 +70,10 @@ pub struct ConcurrencyState {
     /// The leases, in the order granted (ids ascending); some may have
     /// expired since the last change.
     pub(crate) leases: Vec<Lease>,
+    /// The latest `expires_us` of `leases` (0 if none): derived from them,
+    /// not one of the state's fields, kept so that the key's idle instant
+    /// and `reset_ms` take no walk over the leases.
+    pub(crate) end_us: u64,
 }
 
 /// The concurrency algorithm.
@@ -112,9 +116,24 @@ impl ConcurrencyState {
         now.as_us().max(self.last_us)
     }
 
-    /// Drops the leases that ended by `at_us`.
+    /// Drops the leases that ended by `at_us` (and learns when the others
+    /// end, in the same walk).
     fn prune(&mut self, at_us: u64) {
-        self.leases.retain(|l| l.expires_us > at_us);
+        let mut end_us = 0;
+        self.leases.retain(|l| {
+            let live = l.expires_us > at_us;
+            if live {
+                end_us = end_us.max(l.expires_us);
+            }
+            live
+        });
+        self.end_us = end_us;
+    }
+
+    /// The latest expiry of the leases, walked (after a change that may
+    /// have taken it away).
+    fn latest_end(leases: &[Lease]) -> u64 {
+        leases.iter().map(|l| l.expires_us).fold(0, u64::max)
     }
 
     /// The id of the last lease granted.
@@ -124,10 +143,8 @@ impl ConcurrencyState {
 
     /// When the last live lease ends (Unix microseconds), or `at_us` if none.
     fn all_end_us(&self, at_us: u64) -> u64 {
-        self.leases
-            .iter()
-            .map(|l| l.expires_us)
-            .fold(at_us, u64::max)
+        debug_assert_eq!(self.end_us, Self::latest_end(&self.leases));
+        self.end_us.max(at_us)
     }
 
     /// The key's TTL from `now`, in milliseconds, rounded up.
@@ -144,11 +161,13 @@ impl ConcurrencyState {
             .max(at_us)
             .max(1)
             .min(i64::MAX as u64 - 1);
+        let expires_us = at_us.saturating_add(lease_ms * 1000);
         self.leases.push(Lease {
             id,
-            expires_us: at_us.saturating_add(lease_ms * 1000),
+            expires_us,
             units,
         });
+        self.end_us = self.end_us.max(expires_us);
         self.last_id = id;
         self.last_us = at_us;
     }
@@ -265,6 +284,7 @@ impl StateFields for ConcurrencyState {
         let state = ConcurrencyState {
             last_us,
             last_id,
+            end_us: ConcurrencyState::latest_end(&leases),
             leases,
         };
         state.is_valid().then_some(state)
@@ -284,6 +304,7 @@ impl Algorithm for Concurrency {
             last_us: now.as_us(),
             last_id: 0,
             leases: Vec::new(),
+            end_us: 0,
         }
     }
 
@@ -403,6 +424,7 @@ impl Algorithm for Concurrency {
                 state.leases.pop();
             }
         }
+        state.end_us = ConcurrencyState::latest_end(&state.leases);
         state.last_us = at;
         true
     }
