@@ -81,6 +81,21 @@ impl FixedWindowParams {
 }
 
 impl FixedWindowState {
+    /// The state's two integers, `last_us, count`, as [`crate::StateFields`]
+    /// lists them (for a store that packs them its own way).
+    #[inline(always)]
+    pub fn to_parts(&self) -> [u64; 2] {
+        [self.last_us, self.count]
+    }
+
+    /// The state of [`FixedWindowState::to_parts`]'s integers, or `None` if they
+    /// break an invariant (as [`crate::StateFields::from_fields`]).
+    #[inline(always)]
+    pub fn from_parts([last_us, count]: [u64; 2]) -> Option<Self> {
+        let state = FixedWindowState { last_us, count };
+        state.is_valid().then_some(state)
+    }
+
     /// Checks the invariants a loaded state must hold (a forced call may
     /// leave up to twice the limit counted).
     pub(crate) fn is_valid(&self) -> bool {

@@ -181,6 +181,21 @@ fn days_from_civil(y: u64, m: u64, d: u64) -> u64 {
 }
 
 impl QuotaState {
+    /// The state's two integers, `end_us, count`, as [`crate::StateFields`]
+    /// lists them (for a store that packs them its own way).
+    #[inline(always)]
+    pub fn to_parts(&self) -> [u64; 2] {
+        [self.end_us, self.count]
+    }
+
+    /// The state of [`QuotaState::to_parts`]'s integers, or `None` if they
+    /// break an invariant (as [`crate::StateFields::from_fields`]).
+    #[inline(always)]
+    pub fn from_parts([end_us, count]: [u64; 2]) -> Option<Self> {
+        let state = QuotaState { end_us, count };
+        state.is_valid().then_some(state)
+    }
+
     pub(crate) fn is_valid(&self) -> bool {
         self.end_us <= super::MAX_TIME_US + 1 && self.count <= 2 * super::MAX_PARAM
     }

@@ -32,6 +32,11 @@
 //!
 //! Commands see only the state (`Repr::with_mut` unpacks it on the stack and
 //! packs it back): the algorithms do not know the packing exists.
+//!
+//! The fixed window and the calendar quota keep an instant and a count
+//! (`CounterRepr`): in the pointer while the count is below 4,096 and the
+//! instant between 2020 and 2091 (12 and 51 bits), else in a box of their 16
+//! bytes.
 
 use std::collections::HashMap;
 use std::os::raw::c_void;
@@ -39,7 +44,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use super::datatype::{BlockSize, Boxed, Repr};
+use crate::limiter::fixed_window::FixedWindowState;
 use crate::limiter::leaky_bucket::LeakyBucketState;
+use crate::limiter::quota::QuotaState;
 use crate::limiter::token_bucket::TokenBucketState;
 use crate::limiter::StateFields;
 
@@ -355,6 +362,127 @@ unsafe impl<S: Gcra> Repr<S> for BucketRepr {
     }
 }
 
+/// A state of an instant and a count (fixed window: the last counted
+/// call; calendar quota: the end of its period), as `StateFields` lists
+/// them.
+pub trait Counter: StateFields + Clone + 'static {
+    fn to_parts(&self) -> [u64; 2];
+    fn from_parts(parts: [u64; 2]) -> Option<Self>;
+}
+
+macro_rules! counter {
+    ($($state:ty),+) => {
+        $(impl Counter for $state {
+            #[inline(always)]
+            fn to_parts(&self) -> [u64; 2] {
+                <$state>::to_parts(self)
+            }
+            #[inline(always)]
+            fn from_parts(parts: [u64; 2]) -> Option<Self> {
+                <$state>::from_parts(parts)
+            }
+        })+
+    };
+}
+
+counter!(FixedWindowState, QuotaState);
+
+/// Bits of the count in the pointer form of a counter.
+const COUNT_BITS: u32 = 12;
+
+/// The pointer form of a counter: its count (12 bits) and its instant
+/// since 2020 (51 bits), if both fit.
+#[inline(always)]
+fn counter_word([at_us, count]: [u64; 2]) -> Option<usize> {
+    let offset = at_us.checked_sub(WORD_EPOCH_US)?;
+    (offset < 1 << WORD_TAT_BITS && count < 1 << COUNT_BITS)
+        .then_some(((offset as usize) << (COUNT_BITS + 1)) | ((count as usize) << 1) | TAG_WORD)
+}
+
+#[inline(always)]
+fn counter_parts(bits: usize) -> [u64; 2] {
+    [
+        WORD_EPOCH_US + (bits >> (COUNT_BITS + 1)) as u64,
+        ((bits >> 1) & ((1 << COUNT_BITS) - 1)) as u64,
+    ]
+}
+
+#[inline(always)]
+fn counter_from_parts<S: Counter>(parts: [u64; 2]) -> S {
+    match S::from_parts(parts) {
+        Some(state) => state,
+        None => unreachable!("a packed counter unpacks to a valid state"),
+    }
+}
+
+/// The representation of a counter (fixed window, calendar quota): in the
+/// value pointer while its count is below 4,096 and its instant between
+/// 2020 and 2091, else in a box of its 16 bytes (where it then stays: a
+/// window's count starts again at 0 at each window, and a key of a limit
+/// that high would move at every window).
+pub struct CounterRepr;
+
+// SAFETY: the pointer form has its low bit set (never null); a box is
+// aligned on 8 bytes, so its low bit is 0, and it is freed once: by `free`,
+// or by `with_mut` when it replaces it (never: a box stays a box).
+unsafe impl<S: Counter> Repr<S> for CounterRepr {
+    #[inline(always)]
+    fn into_ptr(value: S) -> *mut c_void {
+        match counter_word(value.to_parts()) {
+            Some(bits) => bits as *mut c_void,
+            None => Box::into_raw(Box::new(value)).cast(),
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn with_mut<R>(
+        ptr: *mut c_void,
+        f: impl FnOnce(&mut S) -> R,
+    ) -> (R, Option<*mut c_void>) {
+        let bits = ptr as usize;
+        if bits & TAG_WORD == 0 {
+            // SAFETY: a live `Box<S>` lent to no one else.
+            return (f(unsafe { &mut *ptr.cast::<S>() }), None);
+        }
+        let mut state = counter_from_parts::<S>(counter_parts(bits));
+        let result = f(&mut state);
+        let after = state.to_parts();
+        match counter_word(after) {
+            Some(new) if new == bits => (result, None),
+            Some(new) => (result, Some(new as *mut c_void)),
+            None => (result, Some(Box::into_raw(Box::new(state)).cast())),
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn with_ref<R>(ptr: *const c_void, f: impl FnOnce(&S) -> R) -> R {
+        let bits = ptr as usize;
+        if bits & TAG_WORD == 0 {
+            // SAFETY: a live `Box<S>`.
+            return f(unsafe { &*ptr.cast::<S>() });
+        }
+        f(&counter_from_parts(counter_parts(bits)))
+    }
+
+    unsafe fn free(ptr: *mut c_void) {
+        if (ptr as usize) & TAG_WORD == 0 {
+            // SAFETY: a live `Box<S>`, given up.
+            drop(unsafe { Box::from_raw(ptr.cast::<S>()) });
+        }
+    }
+
+    unsafe fn allocated(ptr: *const c_void, size_of: Option<BlockSize>) -> usize {
+        if (ptr as usize) & TAG_WORD != 0 {
+            return 0;
+        }
+        match size_of {
+            // SAFETY: a block of the server's allocator.
+            Some(size_of) => unsafe { size_of(ptr.cast_mut()) },
+            None => std::mem::size_of::<S>(),
+        }
+    }
+}
+
 /// How each algorithm's state sits in its key: the token and leaky
 /// buckets packed (this file: in the value pointer itself when the state
 /// fits), every other state in a box.
@@ -373,11 +501,11 @@ macro_rules! packing {
 packing! {
     crate::limiter::token_bucket::TokenBucketState => BucketRepr,
     crate::limiter::leaky_bucket::LeakyBucketState => BucketRepr,
-    crate::limiter::fixed_window::FixedWindowState => Boxed,
+    crate::limiter::fixed_window::FixedWindowState => CounterRepr,
     crate::limiter::sliding_log::SlidingLogState => Boxed,
     crate::limiter::hash_window::HashWindowState => Boxed,
     crate::limiter::concurrency::ConcurrencyState => Boxed,
-    crate::limiter::quota::QuotaState => Boxed,
+    crate::limiter::quota::QuotaState => CounterRepr,
 }
 
 #[cfg(test)]
@@ -492,6 +620,79 @@ mod tests {
             prop_assert_eq!(seen, expected);
             // SAFETY: the live pointer, freed once.
             unsafe { <BucketRepr as Repr<TokenBucketState>>::free(ptr) };
+        }
+    }
+
+    fn window(last_us: u64, count: u64) -> FixedWindowState {
+        FixedWindowState::from_parts([last_us, count]).expect("a valid state")
+    }
+
+    #[test]
+    fn a_counter_fits_in_the_pointer_below_4096_and_takes_a_box_above() {
+        type W = FixedWindowState;
+        for (state, in_word) in [
+            (window(NOW, 0), true),
+            (window(NOW, 4095), true),
+            (window(NOW, 4096), false),
+            (window(WORD_EPOCH_US - 1, 1), false),
+            (window(WORD_EPOCH_US + (1 << WORD_TAT_BITS), 1), false),
+            (window(WORD_EPOCH_US + (1 << WORD_TAT_BITS) - 1, 4095), true),
+        ] {
+            let mut ptr = <CounterRepr as Repr<W>>::into_ptr(state);
+            assert_eq!((ptr as usize) & TAG_WORD != 0, in_word, "{state:?}");
+            // SAFETY: the pointer just made.
+            let back = unsafe { <CounterRepr as Repr<W>>::with_ref(ptr, |s| *s) };
+            assert_eq!(back, state);
+            // A count that grows past 4,095 moves the state into a box.
+            // SAFETY: a live pointer.
+            let ((), moved) = unsafe {
+                <CounterRepr as Repr<W>>::with_mut(ptr, |s| {
+                    *s = window(s.to_parts()[0], 5000);
+                })
+            };
+            if let Some(moved) = moved {
+                ptr = moved;
+            }
+            assert_eq!((ptr as usize) & TAG_WORD, 0, "boxed: {state:?}");
+            // SAFETY: a live pointer.
+            let back = unsafe { <CounterRepr as Repr<W>>::with_ref(ptr, |s| *s) };
+            assert_eq!(back, window(state.to_parts()[0], 5000));
+            // SAFETY: the live pointer, freed once.
+            unsafe { <CounterRepr as Repr<W>>::free(ptr) };
+        }
+    }
+
+    proptest! {
+        /// Any valid counter comes back as it went in, through any sequence
+        /// of changes.
+        #[test]
+        fn every_counter_round_trips(
+            steps in prop::collection::vec(
+                (prop_oneof![Just(NOW), 0..crate::limiter::MAX_PARAM * 1000, NOW..NOW + (1 << 40)], prop_oneof![0..5000u64, 0..2 * crate::limiter::MAX_PARAM]),
+                1..20,
+            ),
+        ) {
+            type W = FixedWindowState;
+            let first = window(steps[0].0, steps[0].1);
+            let mut ptr = <CounterRepr as Repr<W>>::into_ptr(first);
+            let mut expected = first;
+            for &(at, count) in &steps[1..] {
+                let next = window(at, count);
+                // SAFETY: a live pointer.
+                let seen = unsafe { <CounterRepr as Repr<W>>::with_ref(ptr, |s| *s) };
+                prop_assert_eq!(seen, expected);
+                // SAFETY: a live pointer.
+                let ((), moved) = unsafe { <CounterRepr as Repr<W>>::with_mut(ptr, |s| *s = next) };
+                if let Some(moved) = moved {
+                    ptr = moved;
+                }
+                expected = next;
+            }
+            // SAFETY: a live pointer.
+            let seen = unsafe { <CounterRepr as Repr<W>>::with_ref(ptr, |s| *s) };
+            prop_assert_eq!(seen, expected);
+            // SAFETY: the live pointer, freed once.
+            unsafe { <CounterRepr as Repr<W>>::free(ptr) };
         }
     }
 

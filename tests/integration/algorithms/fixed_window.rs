@@ -167,3 +167,80 @@ fn a_longer_window_moves_the_expiry_to_its_end() {
         );
     });
 }
+
+/// A fixed window's key (and a calendar quota's, the same two integers)
+/// holds its state in the value pointer itself while its count is below
+/// 4,096, and in a 16-byte block from then on; `MEMORY USAGE` tells the
+/// difference. Both forms survive `DUMP`/`RESTORE`, a replica and a restart
+/// from RDB with the decisions they had.
+#[test]
+fn a_window_key_is_as_small_as_its_count_allows() {
+    for_each_server(|kind| {
+        let mut server = Server::start(kind, &[]);
+        let replica = replica_of(&server);
+        let mut con = server.conn();
+        let usage =
+            |con: &mut Connection, key: &str| -> i64 { query(con, &["MEMORY", "USAGE", key]) };
+        // Every call of the test in one hour-long window.
+        away_from_window_end(&mut con, 3_600_000, 30_000);
+        for (command, params) in [
+            ("RL.FIXEDWINDOW", ["10000", "3600000"]),
+            ("RL.QUOTA", ["10000", "DAY"]),
+        ] {
+            let call = |con: &mut Connection, key: &str, cost: &str| {
+                let mut words = vec![command, key];
+                words.extend(params);
+                words.extend(["COST", cost]);
+                rl(con, &words)
+            };
+            let (small, large) = (format!("{command}:s"), format!("{command}:l"));
+            assert!(call(&mut con, &small, "4095").allowed);
+            assert!(call(&mut con, &large, "4095").allowed);
+            let word = usage(&mut con, &small);
+            assert_eq!(
+                usage(&mut con, &large),
+                word,
+                "{command}: both in the pointer"
+            );
+            // One more unit: 4,096 no longer fits in 12 bits.
+            assert!(call(&mut con, &large, "1").allowed);
+            let block = usage(&mut con, &large) - word;
+            assert!(
+                (16..=24).contains(&block),
+                "{command}: a 16-byte block: {block}"
+            );
+            for key in [&small, &large] {
+                let copy = format!("{key}:copy");
+                let payload = dump(&mut con, key).expect("a key");
+                redis::cmd("RESTORE")
+                    .arg(&copy)
+                    .arg(0)
+                    .arg(&payload)
+                    .query::<()>(&mut con)
+                    .unwrap_or_else(|e| panic!("{command}: RESTORE: {e}"));
+                let (a, b) = (call(&mut con, key, "0"), call(&mut con, &copy, "0"));
+                assert_eq!(
+                    (a.allowed, a.remaining),
+                    (b.allowed, b.remaining),
+                    "{command} {key}"
+                );
+                assert_eq!(dump(&mut con, &copy), Some(payload), "{command} {key}");
+            }
+            assert_eq!(call(&mut con, &small, "0").remaining, 10000 - 4095);
+            assert_eq!(call(&mut con, &large, "0").remaining, 10000 - 4096);
+        }
+        wait_for_sync(&server, &replica);
+        let keys: Vec<String> = query(&mut con, &["KEYS", "*"]);
+        assert_same_dataset(&server, &replica, &keys);
+        let digest = debug_digest(&mut con);
+        let _: () = query(&mut con, &["SAVE"]);
+        drop(con);
+        server.restart();
+        let mut con = server.conn();
+        assert_eq!(
+            debug_digest(&mut con),
+            digest,
+            "the same keys after a restart from RDB"
+        );
+    });
+}
