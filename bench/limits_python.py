@@ -7,7 +7,7 @@ Python process, one connection: what an app's request sees, client included),
 interleaved in rounds so that a noisy machine cancels out, and the bytes per
 key held (`MEMORY USAGE`) with the window full.
 
-    RL_MODULE=/abs/libredis_ratelimit.so python3 bench/limits_python.py
+    RL_MODULE=/abs/libredis_ratelimit_client.so python3 bench/limits_python.py
 
 Knobs: BENCH_PY_ROUNDS (3), BENCH_PY_HITS (hits per round and storage, 10000),
 BENCH_PY_KEYS (keys for memory, 500). A benchmark reports; it exits 0.
@@ -33,9 +33,9 @@ import redis  # noqa: E402
 from limits import parse, strategies  # noqa: E402
 from limits.storage import storage_from_string  # noqa: E402
 
-import redis_ratelimit  # noqa: E402,F401
+import redis_ratelimit_client  # noqa: E402,F401
 
-MODULE = os.environ.get("RL_MODULE", str(ROOT / "target/release/libredis_ratelimit.so"))
+MODULE = os.environ.get("RL_MODULE", str(ROOT / "target/release/libredis_ratelimit_client.so"))
 ROUNDS = int(os.environ.get("BENCH_PY_ROUNDS", "3"))
 HITS = int(os.environ.get("BENCH_PY_HITS", "10000"))
 KEYS = int(os.environ.get("BENCH_PY_KEYS", "500"))

@@ -2,7 +2,7 @@
 15,000/s in one RL.ALL, with 429 + Retry-After + RateLimit fields + a problem body.
 
     make run
-    pip install fastapi uvicorn redis-ratelimit
+    pip install fastapi uvicorn ./clients/python  # redis-ratelimit-client, from the repo root
     uvicorn asgi_middleware:app   # then: curl -i -H 'x-user: alice' localhost:8000/
 """
 
@@ -11,8 +11,8 @@ import os
 import redis.asyncio as aioredis
 from fastapi import FastAPI
 
-from redis_ratelimit import Sliding, TokenBucket
-from redis_ratelimit.asgi import FallbackMode, RateLimitMiddleware, Rule, header
+from redis_ratelimit_client import Sliding, TokenBucket
+from redis_ratelimit_client.asgi import FallbackMode, RateLimitMiddleware, Rule, header
 
 REDIS = os.environ.get("RL_REDIS", "127.0.0.1:6379")
 host, port = REDIS.rsplit(":", 1)
@@ -28,7 +28,7 @@ async def index() -> dict[str, str]:
 app.add_middleware(
     RateLimitMiddleware,
     client=aioredis.Redis(host=host, port=int(port)),
-    key=header("x-user"),  # or redis_ratelimit.asgi.client_ip
+    key=header("x-user"),  # or redis_ratelimit_client.asgi.client_ip
     rules=[
         Rule(Sliding(5, 1000), "per-user", key_prefix="{api}:user:"),
         Rule(TokenBucket(15_000, 15_000, 1000), "global", fixed_key="{api}:global"),

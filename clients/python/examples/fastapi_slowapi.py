@@ -1,7 +1,7 @@
 """slowapi (FastAPI) on the module: one import, one URI.
 
 make run
-pip install fastapi uvicorn slowapi redis-ratelimit
+pip install fastapi uvicorn slowapi ./clients/python  # redis-ratelimit-client, from the repo root
 uvicorn fastapi_slowapi:app   # then: curl -i localhost:8000/
 """
 
@@ -12,7 +12,7 @@ from slowapi import Limiter, _rate_limit_exceeded_handler
 from slowapi.errors import RateLimitExceeded
 from slowapi.util import get_remote_address
 
-import redis_ratelimit  # noqa: F401  registers redis+rl:// with limits
+import redis_ratelimit_client  # noqa: F401  registers redis+rl:// with limits
 
 REDIS = os.environ.get("RL_REDIS", "127.0.0.1:6379")
 

@@ -1,7 +1,7 @@
 """flask-limiter on the module: one import, one URI.
 
 make run                      # a server with the module on 6379
-pip install flask flask-limiter redis-ratelimit
+pip install flask flask-limiter ./clients/python  # redis-ratelimit-client, from the repo root
 flask --app flask_app run     # then: curl -i localhost:5000/
 """
 
@@ -11,7 +11,7 @@ from flask import Flask
 from flask_limiter import Limiter
 from flask_limiter.util import get_remote_address
 
-import redis_ratelimit  # noqa: F401  registers redis+rl:// with limits
+import redis_ratelimit_client  # noqa: F401  registers redis+rl:// with limits
 
 REDIS = os.environ.get("RL_REDIS", "127.0.0.1:6379")
 

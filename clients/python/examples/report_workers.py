@@ -3,7 +3,7 @@ and a partner API called at most 5 times a second, each call waiting in the
 server (BLOCK) for its turn instead of failing or polling.
 
     make run
-    pip install redis-ratelimit
+    pip install ./clients/python  # redis-ratelimit-client, from the repo root
     python report_workers.py      # 6 threads; prints the peak in flight
 """
 
@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import redis
 
-from redis_ratelimit import Client, Concurrency, Denied, TokenBucket
+from redis_ratelimit_client import Client, Concurrency, Denied, TokenBucket
 
 REDIS = os.environ.get("RL_REDIS", "127.0.0.1:6379")
 host, port = REDIS.rsplit(":", 1)

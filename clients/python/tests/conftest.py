@@ -23,7 +23,7 @@ import pytest
 import redis
 
 ROOT = Path(__file__).resolve().parents[3]
-MODULE = os.environ.get("RL_MODULE", str(ROOT / "target/release/libredis_ratelimit.so"))
+MODULE = os.environ.get("RL_MODULE", str(ROOT / "target/release/libredis_ratelimit_client.so"))
 REDIS_SERVER = os.environ.get("REDIS_SERVER", shutil.which("redis-server") or "redis-server")
 
 

@@ -21,7 +21,7 @@ import redis.asyncio as aioredis
 import redis.sentinel
 from conftest import Cluster, Sentinel, Server, has_block, wait_until
 
-from redis_ratelimit import (
+from redis_ratelimit_client import (
     AsyncClient,
     Client,
     Concurrency,

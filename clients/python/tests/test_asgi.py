@@ -17,8 +17,8 @@ from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from redis_ratelimit import Concurrency, FixedWindow, Policy, Sliding, TokenBucket
-from redis_ratelimit.asgi import FallbackMode, RateLimitMiddleware, Rule, header
+from redis_ratelimit_client import Concurrency, FixedWindow, Policy, Sliding, TokenBucket
+from redis_ratelimit_client.asgi import FallbackMode, RateLimitMiddleware, Rule, header
 
 
 def hello(request: object) -> PlainTextResponse:

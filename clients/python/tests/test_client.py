@@ -11,8 +11,8 @@ import redis
 import redis.asyncio as aioredis
 from conftest import Cluster, Sentinel, Server, wait_until
 
-import redis_ratelimit as rr
-from redis_ratelimit import (
+import redis_ratelimit_client as rr
+from redis_ratelimit_client import (
     AsyncClient,
     BadArgument,
     Client,

@@ -7,7 +7,7 @@ import httpx
 import redis
 from conftest import Server, running, serve_asgi, serve_wsgi
 
-import redis_ratelimit  # noqa: F401  (the one import: registers redis+rl://)
+import redis_ratelimit_client  # noqa: F401  (the one import: registers redis+rl://)
 
 
 def flask_app(uri: str, **limiter_options: object) -> object:

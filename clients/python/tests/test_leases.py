@@ -13,7 +13,7 @@ import redis
 import redis.asyncio as aioredis
 from conftest import Cluster, Server, wait_until
 
-from redis_ratelimit import (
+from redis_ratelimit_client import (
     AsyncClient,
     BadArgument,
     Client,

@@ -13,8 +13,8 @@ from limits.aio import strategies as aio_strategies
 from limits.errors import StorageError
 from limits.storage import storage_from_string
 
-import redis_ratelimit  # noqa: F401  (registers redis+rl:// and async+redis+rl://)
-from redis_ratelimit import AsyncRLStorage, ModuleNotLoaded, RLStorage
+import redis_ratelimit_client  # noqa: F401  (registers redis+rl:// and async+redis+rl://)
+from redis_ratelimit_client import AsyncRLStorage, ModuleNotLoaded, RLStorage
 
 
 @pytest.fixture
@@ -178,7 +178,7 @@ def test_cluster_scheme(cluster: Cluster) -> None:
 
 
 def test_bad_costs_raise_and_write_nothing(storage: RLStorage, r: redis.Redis) -> None:
-    from redis_ratelimit import BadArgument
+    from redis_ratelimit_client import BadArgument
 
     item = parse("5/minute")
     for strategy in (

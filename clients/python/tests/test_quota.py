@@ -21,7 +21,7 @@ from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from redis_ratelimit import (
+from redis_ratelimit_client import (
     AsyncClient,
     BadArgument,
     Client,
@@ -32,7 +32,7 @@ from redis_ratelimit import (
     ServerError,
     Sliding,
 )
-from redis_ratelimit.asgi import LocalLimiter, RateLimitMiddleware, Rule, header
+from redis_ratelimit_client.asgi import LocalLimiter, RateLimitMiddleware, Rule, header
 
 UTC = datetime.timezone.utc
 

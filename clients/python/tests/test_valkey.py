@@ -10,7 +10,7 @@ from conftest import Server
 from limits import parse, strategies
 from limits.storage import storage_from_string
 
-from redis_ratelimit import (
+from redis_ratelimit_client import (
     AsyncClient,
     Client,
     Concurrency,

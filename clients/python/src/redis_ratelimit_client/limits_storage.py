@@ -1,6 +1,6 @@
 """A storage for the `limits` library (5.x), on the module's native commands.
 
-Importing `redis_ratelimit` registers the schemes (`limits` registers a
+Importing `redis_ratelimit_client` registers the schemes (`limits` registers a
 storage class by its `STORAGE_SCHEME` when the class is created):
 
 - `redis+rl://[user:password@]host:port[/db]`, `redis+rl+cluster://h1:p1,h2:p2`,

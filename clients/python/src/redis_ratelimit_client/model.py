@@ -37,7 +37,7 @@ class ModuleNotLoaded(RateLimitError):
     def __init__(self, server: str) -> None:
         super().__init__(
             f"the redis-ratelimit module is not loaded on {server}: start it with "
-            "--loadmodule /path/to/libredis_ratelimit.so (a managed server that cannot "
+            "--loadmodule /path/to/libredis_ratelimit_client.so (a managed server that cannot "
             "load modules cannot run the RL.* commands)"
         )
         self.server = server

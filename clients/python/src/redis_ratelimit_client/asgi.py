@@ -43,7 +43,7 @@ from .model import (
     TokenBucket,
 )
 
-log = logging.getLogger("redis_ratelimit")
+log = logging.getLogger("redis_ratelimit_client")
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from .client import Client, Key
 
 
-log = logging.getLogger("redis_ratelimit")
+log = logging.getLogger("redis_ratelimit_client")
 
 
 class Lease:

@@ -1,6 +1,6 @@
 """The typed calls on `redis.asyncio`: standalone, Sentinel-managed and cluster.
 
-The same calls as `redis_ratelimit.Client`, awaited; each is one command sent
+The same calls as `redis_ratelimit_client.Client`, awaited; each is one command sent
 once to the master that owns the key, never retried by the kit.
 """
 

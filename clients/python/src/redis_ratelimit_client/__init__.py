@@ -1,4 +1,4 @@
-"""redis-ratelimit: typed calls on redis-py, a `limits` storage and an ASGI middleware.
+"""redis-ratelimit-client: typed calls on redis-py, a `limits` storage and an ASGI middleware.
 
 Importing this package registers the `redis+rl://` and `async+redis+rl://`
 storage schemes with `limits` when `limits` is installed.
@@ -31,7 +31,7 @@ from .model import (
     WrongType,
 )
 
-try:  # the storage needs `limits` 5.x (pip install redis-ratelimit[limits]; Python 3.10+)
+try:  # the storage needs `limits` 5.x (pip install ./clients/python[limits]; Python 3.10+)
     from .limits_storage import AsyncRLStorage as AsyncRLStorage
     from .limits_storage import RLStorage as RLStorage
 
@@ -39,7 +39,7 @@ try:  # the storage needs `limits` 5.x (pip install redis-ratelimit[limits]; Pyt
 except ImportError:  # pragma: no cover - limits absent
     _STORAGE = []
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "MAX_PARAM",
