@@ -1,5 +1,6 @@
 package io.redisratelimit.client;
 
+import io.redisratelimit.client.testing.Windows;
 import io.redisratelimit.client.driver.Command;
 import io.redisratelimit.client.driver.Driver;
 import io.redisratelimit.client.testing.RedisCluster;
@@ -193,11 +194,11 @@ class AcquireTest {
             rl.policyDel(name);
         }
         String tag = "{" + UUID.randomUUID() + "}";
-        List<Limit> both = List.of(Limit.of(tag + ":a", Spec.tokenBucket(1, 1, 500)), Limit.of(tag + ":b", Spec.fixedWindow(100, 60_000)));
+        List<Limit> both = List.of(Limit.of(tag + ":a", Spec.tokenBucket(1, 1, 500)), Limit.of(tag + ":b", Spec.fixedWindow(100, Windows.FIXED_MS)));
         assertTrue(rl.all(both).allowed());
         Decision all = rl.acquireAll(both, LONG);
         assertTrue(all.allowed(), all.toString());
-        assertEquals(98, rl.limit(tag + ":b", Spec.fixedWindow(100, 60_000), Units.cost(0)).remaining());
+        assertEquals(98, rl.limit(tag + ":b", Spec.fixedWindow(100, Windows.FIXED_MS), Units.cost(0)).remaining());
     }
 
     @ParameterizedTest

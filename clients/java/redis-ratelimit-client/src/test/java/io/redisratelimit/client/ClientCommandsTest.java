@@ -1,5 +1,6 @@
 package io.redisratelimit.client;
 
+import io.redisratelimit.client.testing.Windows;
 import io.redisratelimit.client.driver.Driver;
 import io.redisratelimit.client.testing.RedisCluster;
 import io.redisratelimit.client.testing.RedisServer;
@@ -86,11 +87,11 @@ class ClientCommandsTest {
         assertEquals(9, rl.hashWindow(key("hw"), 9, 1000, 100).limit());
         assertEquals(10, rl.fixedWindow(key("fw"), 10, 1000).limit());
         String k = key("peek");
-        Decision peek = rl.limit(k, Spec.fixedWindow(3, 60_000), Units.cost(0));
+        Decision peek = rl.limit(k, Spec.fixedWindow(3, Windows.FIXED_MS), Units.cost(0));
         assertEquals(3, peek.remaining());
-        rl.limit(k, Spec.fixedWindow(3, 60_000), Units.force(5));
-        assertEquals(0, rl.limit(k, Spec.fixedWindow(3, 60_000), Units.cost(0)).remaining());
-        Decision refunded = rl.limit(k, Spec.fixedWindow(3, 60_000), Units.refund(2));
+        rl.limit(k, Spec.fixedWindow(3, Windows.FIXED_MS), Units.force(5));
+        assertEquals(0, rl.limit(k, Spec.fixedWindow(3, Windows.FIXED_MS), Units.cost(0)).remaining());
+        Decision refunded = rl.limit(k, Spec.fixedWindow(3, Windows.FIXED_MS), Units.refund(2));
         assertTrue(refunded.allowed());
     }
 
@@ -101,7 +102,7 @@ class ClientCommandsTest {
         String k = key("async");
         List<CompletionStage<Decision>> calls = new ArrayList<>();
         for (int i = 0; i < 20; i++) {
-            calls.add(rl.limitAsync(k, Spec.fixedWindow(10, 60_000)));
+            calls.add(rl.limitAsync(k, Spec.fixedWindow(10, Windows.FIXED_MS)));
         }
         long admitted = 0;
         for (CompletionStage<Decision> c : calls) {
@@ -115,8 +116,8 @@ class ClientCommandsTest {
     void allIsAllOrNothingAndNamesTheLimiterThatDenied(Drivers d) {
         RateLimitClient rl = clients.get(d);
         String tag = "{" + UUID.randomUUID() + "}";
-        Limit user = Limit.of(tag + ":user:1", Spec.fixedWindow(5, 60_000));
-        Limit total = Limit.of(tag + ":total", Spec.fixedWindow(2, 60_000));
+        Limit user = Limit.of(tag + ":user:1", Spec.fixedWindow(5, Windows.FIXED_MS));
+        Limit total = Limit.of(tag + ":total", Spec.fixedWindow(2, Windows.FIXED_MS));
         assertTrue(rl.all(List.of(user, total)).allowed());
         assertTrue(rl.all(List.of(user, total)).allowed());
         Decision denied = rl.all(List.of(user, total));
@@ -158,7 +159,7 @@ class ClientCommandsTest {
     void inAClusterEveryCallGoesToTheKeysOwnerAndPoliciesToEveryMaster(Drivers d) throws Exception {
         RateLimitClient rl = clients.get(d);
         String name = "test:route:" + d;
-        rl.policySet(name, Spec.fixedWindow(100, 60_000), PolicyMode.ENFORCE, 100);
+        rl.policySet(name, Spec.fixedWindow(100, Windows.FIXED_MS), PolicyMode.ENFORCE, 100);
         for (RedisServer n : cluster.nodes()) {
             assertTrue(n.command("RL.POLICY", "LIST").contains(name), "policy on every master");
         }
@@ -257,17 +258,17 @@ class ClientCommandsTest {
         // (a starved timer thread) still ends the call by its deadline.
         server.command("CLIENT", "PAUSE", "1500", "WRITE");
         long start = System.nanoTime();
-        assertThrows(RateLimitTimeoutException.class, () -> fast.fixedWindow(k, 10, 60_000));
+        assertThrows(RateLimitTimeoutException.class, () -> fast.fixedWindow(k, 10, Windows.FIXED_MS));
         assertTrue(System.nanoTime() - start < 1_200_000_000L, "the deadline, not the pause, ended the call");
         // A peek is a write command, so the pause holds it too; it is answered
         // after the paused call, which the server runs first if it received it.
         // Whether it did depends on the driver (Lettuce drops a call that timed
         // out before it was written; Jedis has written it): the call counts
         // once or not at all, never twice.
-        long first = clients.get(d).limit(k, Spec.fixedWindow(10, 60_000), Units.cost(0)).remaining();
+        long first = clients.get(d).limit(k, Spec.fixedWindow(10, Windows.FIXED_MS), Units.cost(0)).remaining();
         assertTrue(first == 9 || first == 10, "consumed at most once: " + first);
         for (int i = 0; i < 20; i++) {
-            long again = clients.get(d).limit(k, Spec.fixedWindow(10, 60_000), Units.cost(0)).remaining();
+            long again = clients.get(d).limit(k, Spec.fixedWindow(10, Windows.FIXED_MS), Units.cost(0)).remaining();
             assertEquals(first, again, "the late call is not sent again");
             Thread.sleep(10);
         }

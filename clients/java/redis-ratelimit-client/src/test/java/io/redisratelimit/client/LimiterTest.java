@@ -1,5 +1,6 @@
 package io.redisratelimit.client;
 
+import io.redisratelimit.client.testing.Windows;
 import io.redisratelimit.client.testing.RedisServer;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.BeforeEach;
@@ -60,7 +61,7 @@ class LimiterTest {
     void theLocalLevelDeniesAboveTheSharesAndItsDenialsNeverReachRedis() {
         Limiter limiter = Limiter.builder(client(Drivers.LETTUCE)).instances(2).denyCache(false).build();
         String total = "rl:total:" + UUID.randomUUID();
-        RuleSet rules = limiter.rules(Rule.of("total", Spec.fixedWindow(10, 60_000)).fixedKey(total).asGlobal());
+        RuleSet rules = limiter.rules(Rule.of("total", Spec.fixedWindow(10, Windows.FIXED_MS)).fixedKey(total).asGlobal());
         int admitted = 0;
         for (int i = 0; i < 100; i++) {
             Decision d = limiter.check(rules, "anyone");
@@ -74,7 +75,7 @@ class LimiterTest {
         StatsSnapshot s = limiter.stats();
         assertEquals(6, s.redisCalls());
         assertEquals(94, s.localDenied());
-        assertEquals(4, client.limit(total, Spec.fixedWindow(10, 60_000), Units.cost(0)).remaining());
+        assertEquals(4, client.limit(total, Spec.fixedWindow(10, Windows.FIXED_MS), Units.cost(0)).remaining());
     }
 
     @Test
@@ -82,8 +83,8 @@ class LimiterTest {
         Limiter limiter = Limiter.builder(client(Drivers.LETTUCE)).instances(1).denyCache(false).build();
         String total = "rl:total:" + UUID.randomUUID();
         // Another instance already took 9 of the 10.
-        client.limit(total, Spec.fixedWindow(10, 60_000), Units.cost(9));
-        RuleSet rules = limiter.rules(Rule.of("total", Spec.fixedWindow(10, 60_000)).fixedKey(total).asGlobal());
+        client.limit(total, Spec.fixedWindow(10, Windows.FIXED_MS), Units.cost(9));
+        RuleSet rules = limiter.rules(Rule.of("total", Spec.fixedWindow(10, Windows.FIXED_MS)).fixedKey(total).asGlobal());
         assertTrue(limiter.check(rules, "x").allowed());
         Decision d = limiter.check(rules, "x");
         assertFalse(d.allowed());
@@ -95,8 +96,8 @@ class LimiterTest {
         Limiter limiter = Limiter.builder(client(Drivers.LETTUCE)).instances(1).denyCache(false).build();
         String tag = "{" + UUID.randomUUID() + "}";
         RuleSet rules = limiter.rules(
-                Rule.of("per-user", Spec.fixedWindow(1, 60_000)).keyPrefix(tag + ":user:"),
-                Rule.of("total", Spec.fixedWindow(10, 60_000)).fixedKey(tag + ":total").asGlobal());
+                Rule.of("per-user", Spec.fixedWindow(1, Windows.FIXED_MS)).keyPrefix(tag + ":user:"),
+                Rule.of("total", Spec.fixedWindow(10, Windows.FIXED_MS)).fixedKey(tag + ":total").asGlobal());
         assertTrue(limiter.check(rules, "evil").allowed());
         for (int i = 0; i < 50; i++) {
             Decision d = limiter.check(rules, "evil");
@@ -139,7 +140,7 @@ class LimiterTest {
         Duration openFor = Duration.ofMillis(300);
         Limiter limiter = Limiter.builder(client(driver)).fallback(FallbackMode.FAIL_OPEN)
                 .breaker(5, openFor).deadline(Duration.ofMillis(200)).build();
-        RuleSet rules = limiter.rules(Rule.of("per-user", Spec.fixedWindow(1_000_000, 60_000)));
+        RuleSet rules = limiter.rules(Rule.of("per-user", Spec.fixedWindow(1_000_000, Windows.FIXED_MS)));
         for (int i = 0; i < 20; i++) {
             assertEquals(Path.REDIS, limiter.check(rules, "u").path());
         }
@@ -181,7 +182,7 @@ class LimiterTest {
     void failClosedDeniesWhileRedisIsDown() throws Exception {
         Limiter limiter = Limiter.builder(client(Drivers.LETTUCE)).fallback(FallbackMode.FAIL_CLOSED)
                 .breaker(2, Duration.ofSeconds(1)).build();
-        RuleSet rules = limiter.rules(Rule.of("login", Spec.fixedWindow(100, 60_000)));
+        RuleSet rules = limiter.rules(Rule.of("login", Spec.fixedWindow(100, Windows.FIXED_MS)));
         assertTrue(limiter.check(rules, "u").allowed());
         server.kill9();
         for (int i = 0; i < 10; i++) {
@@ -197,7 +198,7 @@ class LimiterTest {
     void localOnlyLimitsEachRuleAtTheInstancesShareWhileRedisIsDown() throws Exception {
         Limiter limiter = Limiter.builder(client(Drivers.LETTUCE)).fallback(FallbackMode.LOCAL_ONLY).instances(4)
                 .breaker(1, Duration.ofSeconds(5)).build();
-        RuleSet rules = limiter.rules(Rule.of("per-user", Spec.fixedWindow(20, 60_000)));
+        RuleSet rules = limiter.rules(Rule.of("per-user", Spec.fixedWindow(20, Windows.FIXED_MS)));
         server.kill9();
         int admitted = 0;
         for (int i = 0; i < 30; i++) {
@@ -213,14 +214,14 @@ class LimiterTest {
         Limiter limiter = Limiter.builder(client(Drivers.LETTUCE)).fallback(FallbackMode.FAIL_OPEN)
                 .deadline(Duration.ofMillis(50)).build();
         String user = UUID.randomUUID().toString();
-        RuleSet rules = limiter.rules(Rule.of("per-user", Spec.fixedWindow(10, 60_000)).keyPrefix("rl:retry:"));
+        RuleSet rules = limiter.rules(Rule.of("per-user", Spec.fixedWindow(10, Windows.FIXED_MS)).keyPrefix("rl:retry:"));
         server.command("CLIENT", "PAUSE", "300", "WRITE");
         Decision d = limiter.check(rules, user);
         assertEquals(Path.FALLBACK, d.path());
         assertEquals(1, limiter.stats().redisTimeouts());
-        poll("the pause ends", Duration.ofSeconds(3), () -> client.limit("rl:retry:" + user, Spec.fixedWindow(10, 60_000), Units.cost(0)).remaining() < 10);
+        poll("the pause ends", Duration.ofSeconds(3), () -> client.limit("rl:retry:" + user, Spec.fixedWindow(10, Windows.FIXED_MS), Units.cost(0)).remaining() < 10);
         Thread.sleep(200);
-        assertEquals(9, client.limit("rl:retry:" + user, Spec.fixedWindow(10, 60_000), Units.cost(0)).remaining(),
+        assertEquals(9, client.limit("rl:retry:" + user, Spec.fixedWindow(10, Windows.FIXED_MS), Units.cost(0)).remaining(),
                 "the late call counted once");
     }
 }

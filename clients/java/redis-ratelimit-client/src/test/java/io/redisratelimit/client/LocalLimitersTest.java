@@ -1,5 +1,6 @@
 package io.redisratelimit.client;
 
+import io.redisratelimit.client.testing.Windows;
 import org.junit.jupiter.api.Test;
 
 import java.util.List;
@@ -22,7 +23,7 @@ class LocalLimitersTest {
     @Test
     void everyAlgorithmAdmitsItsLimitThenDeniesWithAWait() {
         for (Spec spec : List.of(Spec.tokenBucket(5, 1, 3_600_000), Spec.leakyBucket(5, 1, 3_600_000),
-                Spec.fixedWindow(5, 3_600_000), Spec.sliding(5, 3_600_000), Spec.hashWindow(5, 3_600_000, 60_000))) {
+                Spec.fixedWindow(5, Windows.FIXED_MS), Spec.sliding(5, 3_600_000), Spec.hashWindow(5, 3_600_000, 60_000))) {
             LocalLimiters l = new LocalLimiters(100);
             assertEquals(5, admitted(l, spec, 20), spec.toString());
             LocalLimiters.Denied d = l.takeAll(List.of(new LocalLimiters.Take("k", spec)), 1);
@@ -41,8 +42,8 @@ class LocalLimitersTest {
     @Test
     void severalAreAllOrNothingAndGiveBackRestoresTheUnits() {
         LocalLimiters l = new LocalLimiters(100);
-        LocalLimiters.Take roomy = new LocalLimiters.Take("a", Spec.fixedWindow(10, 3_600_000));
-        LocalLimiters.Take tight = new LocalLimiters.Take("b", Spec.fixedWindow(1, 3_600_000));
+        LocalLimiters.Take roomy = new LocalLimiters.Take("a", Spec.fixedWindow(10, Windows.FIXED_MS));
+        LocalLimiters.Take tight = new LocalLimiters.Take("b", Spec.fixedWindow(1, Windows.FIXED_MS));
         assertNull(l.takeAll(List.of(roomy, tight), 1));
         LocalLimiters.Denied d = l.takeAll(List.of(roomy, tight), 1);
         assertEquals(1, d.index(), "the second denied");

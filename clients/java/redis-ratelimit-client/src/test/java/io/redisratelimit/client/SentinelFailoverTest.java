@@ -1,5 +1,6 @@
 package io.redisratelimit.client;
 
+import io.redisratelimit.client.testing.Windows;
 import io.redisratelimit.client.driver.Driver;
 import io.redisratelimit.client.testing.RedisServer;
 import org.junit.jupiter.params.ParameterizedTest;
@@ -33,7 +34,7 @@ import static org.junit.jupiter.api.Assertions.fail;
 class SentinelFailoverTest {
     private static final String MASTER = "mymaster";
     /** A day: the windows are aligned on the epoch, so the test never straddles a boundary in practice. */
-    private static final long WINDOW_MS = 86_400_000L;
+    private static final long WINDOW_MS = Windows.FIXED_MS;
     private static final Duration FAILOVER_WITHIN = Duration.ofSeconds(15);
 
     @ParameterizedTest

@@ -3,6 +3,7 @@ package io.redisratelimit.spring.it;
 import io.redisratelimit.client.PolicyMode;
 import io.redisratelimit.client.Spec;
 import io.redisratelimit.client.testing.RedisServer;
+import io.redisratelimit.client.testing.Windows;
 import io.redisratelimit.spring.RateLimitService;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.Test;
@@ -60,6 +61,8 @@ class RefreshTest {
     static void redis(DynamicPropertyRegistry r) {
         RedisServer s = SharedRedis.get();
         r.add("spring.data.redis.port", s::port);
+        // A fixed window that cannot turn over during the test (they are aligned to the epoch).
+        r.add("ratelimit.rules.order-create.params", () -> "2," + Windows.FIXED_MS);
     }
 
     @LocalServerPort
@@ -97,8 +100,8 @@ class RefreshTest {
         assertEquals(200, post(user));
         assertEquals(200, post(user));
         assertEquals(429, post(user));
-        change(Map.of("ratelimit.rules.order-create.params[0]", "5", "ratelimit.rules.order-create.params[1]", "60000"));
-        assertEquals(Spec.fixedWindow(5, 60_000), service.policy("order-create").orElseThrow().spec());
+        change(Map.of("ratelimit.rules.order-create.params[0]", "5", "ratelimit.rules.order-create.params[1]", String.valueOf(Windows.FIXED_MS)));
+        assertEquals(Spec.fixedWindow(5, Windows.FIXED_MS), service.policy("order-create").orElseThrow().spec());
         // What was consumed carries over: 2 of 5 taken, 3 left.
         assertEquals(200, post(user));
         assertEquals(200, post(user));
@@ -140,7 +143,7 @@ class RefreshTest {
     @Test
     void aBadRefreshedRuleIsRefusedAndTheRunningRulesStay() {
         change(Map.of("ratelimit.rules.order-create.algorithm", "nosuch"));
-        assertEquals(Spec.fixedWindow(2, 60_000), service.policy("order-create").orElseThrow().spec());
+        assertEquals(Spec.fixedWindow(2, Windows.FIXED_MS), service.policy("order-create").orElseThrow().spec());
         centre().remove("ratelimit.rules.order-create.algorithm");
     }
 }

@@ -2,6 +2,7 @@ package io.redisratelimit.spring.it;
 
 import io.micrometer.core.instrument.MeterRegistry;
 import io.redisratelimit.client.testing.RedisServer;
+import io.redisratelimit.client.testing.Windows;
 import org.junit.jupiter.api.Test;
 import org.springframework.beans.factory.annotation.Autowired;
 import org.springframework.boot.test.context.SpringBootTest;
@@ -44,6 +45,8 @@ class StarterHttpTest {
         RedisServer s = SharedRedis.get();
         r.add("spring.data.redis.host", () -> "127.0.0.1");
         r.add("spring.data.redis.port", s::port);
+        // A fixed window that cannot turn over during the test (they are aligned to the epoch).
+        r.add("ratelimit.rules.search.params", () -> "3," + Windows.FIXED_MS);
     }
 
     @LocalServerPort

@@ -4,6 +4,7 @@ import io.redisratelimit.client.Decision;
 import io.redisratelimit.client.ModuleMissingException;
 import io.redisratelimit.client.testing.RedisCluster;
 import io.redisratelimit.client.testing.RedisServer;
+import io.redisratelimit.client.testing.Windows;
 import io.redisratelimit.spring.RateLimitAutoConfiguration;
 import io.redisratelimit.spring.RateLimitConfigException;
 import io.redisratelimit.spring.RateLimitService;
@@ -163,7 +164,7 @@ class StartupTest {
 
     @Test
     void jedisWorksAsTheDriver() {
-        runner.withPropertyValues("ratelimit.driver=jedis", "ratelimit.rules.j.algorithm=fixedwindow", "ratelimit.rules.j.params=1,60000")
+        runner.withPropertyValues("ratelimit.driver=jedis", "ratelimit.rules.j.algorithm=fixedwindow", "ratelimit.rules.j.params=1," + Windows.FIXED_MS)
                 .run(ctx -> {
                     assertNotNull(ctx.getBean(RateLimitService.class));
                     RateLimitService s = ctx.getBean(RateLimitService.class);
