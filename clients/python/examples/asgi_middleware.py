@@ -35,5 +35,5 @@ app.add_middleware(
     ],
     fallback=FallbackMode.LOCAL_ONLY,  # or FAIL_OPEN / FAIL_CLOSED
     instances=int(os.environ.get("INSTANCES", "1")),
-    deadline=float(os.environ.get("RL_DEADLINE", "0.005")),  # seconds per Redis call
+    deadline=float(os.environ.get("RL_DEADLINE", "0.1")),  # seconds per Redis call
 )

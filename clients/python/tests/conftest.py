@@ -23,7 +23,7 @@ import pytest
 import redis
 
 ROOT = Path(__file__).resolve().parents[3]
-MODULE = os.environ.get("RL_MODULE", str(ROOT / "target/release/libredis_ratelimit_client.so"))
+MODULE = os.environ.get("RL_MODULE", str(ROOT / "target/release/libredis_ratelimit.so"))
 REDIS_SERVER = os.environ.get("REDIS_SERVER", shutil.which("redis-server") or "redis-server")
 
 
@@ -311,11 +311,13 @@ def serve_wsgi(app: Any) -> ThreadServer:
     return ThreadServer(port, srv.shutdown, t)
 
 
-def serve_asgi(app: Any) -> ThreadServer:
+def serve_asgi(app: Any, lifespan: str = "off") -> ThreadServer:
     import uvicorn
 
     port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, log_level="warning", lifespan=lifespan
+    )
     srv = uvicorn.Server(config)
     t = threading.Thread(target=srv.run, daemon=True)
     t.start()

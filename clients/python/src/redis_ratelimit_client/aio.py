@@ -56,6 +56,7 @@ from .model import (
     check_policy_name,
     decode,
     module_version,
+    not_sent,
     parse_log,
     parse_policy,
     policy_set_args,
@@ -75,6 +76,11 @@ async def send_many_once(client: aioredis.Redis, commands: Sequence[Sequence[Arg
     else:
         conn = await pool.get_connection()
     try:
+        try:
+            await conn.connect()  # a no-op on an open connection
+        except BaseException as e:
+            not_sent(e)
+            raise
         await conn.send_packed_command(conn.pack_commands(commands))
         replies: list[Any] = []
         error: ResponseError | None = None

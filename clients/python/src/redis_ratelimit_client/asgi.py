@@ -27,6 +27,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from .aio import AsyncClient
+from .client import _takes_command_name
 from .model import (
     Algorithm,
     BadArgument,
@@ -41,6 +42,7 @@ from .model import (
     Sliding,
     Spec,
     TokenBucket,
+    answer_lost,
 )
 
 log = logging.getLogger("redis_ratelimit_client")
@@ -163,23 +165,45 @@ class DenyCache:
 
 
 class LocalLimiter:
-    """The in-process fallback: a bucket for buckets, a fixed window for windows.
+    """This instance's accounts: per rule and key, its share `s` of the limit,
+    in process; a bucket for the buckets, a fixed window for the windows, the
+    calendar period for quotas, a count of requests in flight for concurrency.
 
-    It keeps this instance's share of each limit; bounded like the deny cache.
+    The same accounts serve two purposes. Every unit Redis admitted for this
+    instance, and every unit of a call whose answer was lost (it may have been
+    counted), is charged to them, forced: an account may go into debt, at most
+    `s` units beyond empty, as the server's `FORCE`. The local-only fallback
+    admits only what an account still has, so it never adds to what Redis may
+    already have counted for this instance. Bounded like the deny cache.
     """
 
     def __init__(self, max_entries: int = 100_000) -> None:
         self.max_entries = max_entries
         self._state: dict[tuple[str, str], list[float]] = {}
         self._in_flight: dict[tuple[str, str], int] = {}
+        #: Leases whose grant may have been lost: held until their expiry.
+        self._lost_leases: dict[tuple[str, str], list[float]] = {}
 
-    def hold(self, rule: str, key: str, share: int) -> Decision:
-        """A concurrency rule in process: one unit held until `unhold`."""
-        held = self._in_flight.get((rule, key), 0)
-        if held >= share:
+    # -- requests in flight (concurrency rules) ---------------------------
+
+    def _held(self, rule: str, key: str, now: float) -> int:
+        lost = self._lost_leases.get((rule, key))
+        if lost:
+            lost[:] = [t for t in lost if t > now]
+            if not lost:
+                del self._lost_leases[(rule, key)]
+        return self._in_flight.get((rule, key), 0) + len(lost or [])
+
+    def hold(
+        self, rule: str, key: str, share: int, *, force: bool = False, now: float | None = None
+    ) -> Decision:
+        """One unit held until `unhold`: admitted while fewer than `share`
+        are held; `force` holds it anyway (a lease Redis granted)."""
+        held = self._held(rule, key, time.monotonic() if now is None else now)
+        if held >= share and not force:
             return Decision(False, share, 0, 1000, 1000)
-        self._in_flight[(rule, key)] = held + 1
-        return Decision(True, share, share - held - 1, 0, 0)
+        self._in_flight[(rule, key)] = self._in_flight.get((rule, key), 0) + 1
+        return Decision(True, share, max(share - held - 1, 0), 0, 0)
 
     def unhold(self, rule: str, key: str) -> None:
         held = self._in_flight.get((rule, key), 0) - 1
@@ -188,46 +212,87 @@ class LocalLimiter:
         else:
             self._in_flight.pop((rule, key), None)
 
-    def decide(self, rule: str, key: str, spec: Algorithm, share: int, now: float) -> Decision:
+    def hold_lost(self, rule: str, key: str, share: int, lease_ms: int, now: float) -> Decision:
+        """A lease call whose answer was lost: the lease may exist in Redis,
+        so a unit stays held until it would have expired, whatever the
+        decision; admitted if a unit was free before it."""
+        held = self._held(rule, key, now)
+        self._lost_leases.setdefault((rule, key), []).append(now + lease_ms / 1000.0)
+        if held >= share:
+            return Decision(False, share, 0, min(lease_ms, 1000), lease_ms)
+        return Decision(True, share, max(share - held - 1, 0), 0, lease_ms)
+
+    # -- rates --------------------------------------------------------------
+
+    def _account(self, rule: str, key: str, spec: Algorithm, share: int, now: float) -> list[float]:
+        """The account, brought to `now`: `[available, time or window start or
+        period end]`; `available` below 0 is debt."""
         assert not isinstance(spec, Concurrency), "concurrency goes through hold()"
-        if len(self._state) >= self.max_entries:
+        if (rule, key) not in self._state and len(self._state) >= self.max_entries:
             self._state.clear()
         st = self._state.setdefault((rule, key), [])
         if isinstance(spec, (TokenBucket, LeakyBucket)):
-            count, per_ms = (
-                (spec.refill_count, spec.refill_ms)
-                if isinstance(spec, TokenBucket)
-                else (spec.leak_count, spec.leak_ms)
-            )
-            rate = count * share / _limit_of(spec) / per_ms  # units per ms
             if not st:
                 st += [float(share), now]
-            tokens = min(float(share), st[0] + (now - st[1]) * 1000 * rate)
-            st[0], st[1] = tokens, now
-            reset_ms = math.ceil((share - tokens) / rate) if rate else 0
-            if tokens >= 1:
-                st[0] = tokens - 1
-                return Decision(True, share, int(st[0]), 0, math.ceil((share - st[0]) / rate))
-            return Decision(False, share, 0, math.ceil((1 - tokens) / rate), reset_ms)
-        if isinstance(spec, Quota):
-            # The calendar period in the quota's zone (zoneinfo for names).
+            st[0] = min(float(share), st[0] + (now - st[1]) * 1000 * self._rate(spec, share))
+            st[1] = now
+        elif isinstance(spec, Quota):
             end = spec.period_end(now)
-            if not st or st[0] != end:
-                st[:] = [end, 0.0]
-            reset_ms = max(1, math.ceil((end - now) * 1000))
-            if st[1] + 1 <= share:
-                st[1] += 1
-                return Decision(True, share, int(share - st[1]), 0, reset_ms)
-            return Decision(False, share, 0, reset_ms, reset_ms)
-        window_ms = spec.window_ms
-        start = math.floor(now * 1000 / window_ms) * window_ms
-        if not st or st[0] != start:
-            st[:] = [float(start), 0.0]
-        reset_ms = max(1, math.ceil(start + window_ms - now * 1000))
-        if st[1] + 1 <= share:
-            st[1] += 1
-            return Decision(True, share, int(share - st[1]), 0, reset_ms)
-        return Decision(False, share, 0, reset_ms, reset_ms)
+            if not st or st[1] != end:
+                st[:] = [float(share), end]
+        else:
+            start = math.floor(now * 1000 / spec.window_ms) * spec.window_ms
+            if not st or st[1] != start:
+                st[:] = [float(share), float(start)]
+        return st
+
+    @staticmethod
+    def _rate(spec: TokenBucket | LeakyBucket, share: int) -> float:
+        """The share's refill in units per ms."""
+        count, per_ms = (
+            (spec.refill_count, spec.refill_ms)
+            if isinstance(spec, TokenBucket)
+            else (spec.leak_count, spec.leak_ms)
+        )
+        return count * share / _limit_of(spec) / per_ms
+
+    def _fields(
+        self, st: list[float], spec: Algorithm, share: int, now: float, allowed: bool
+    ) -> Decision:
+        """The account's own fields: its share as the limit, what it has left."""
+        remaining = max(0, math.floor(st[0]))
+        if isinstance(spec, (TokenBucket, LeakyBucket)):
+            rate = self._rate(spec, share)
+            reset_ms = math.ceil((share - st[0]) / rate) if rate else 0
+            wait_ms = 0 if allowed else math.ceil((1 - st[0]) / rate)
+            return Decision(allowed, share, remaining, wait_ms, reset_ms)
+        assert not isinstance(spec, Concurrency)
+        end_ms = st[1] * 1000 if isinstance(spec, Quota) else st[1] + spec.window_ms
+        reset_ms = max(1, math.ceil(end_ms - now * 1000))
+        return Decision(allowed, share, remaining, 0 if allowed else reset_ms, reset_ms)
+
+    def has_room(self, rule: str, key: str, spec: Algorithm, share: int, now: float) -> bool:
+        return self._account(rule, key, spec, share, now)[0] >= 1
+
+    def charge(
+        self, rule: str, key: str, spec: Algorithm, share: int, now: float, units: int = 1
+    ) -> Decision:
+        """Forced: takes `units` even beyond what is left (at most `share`
+        units of debt); the account's fields after it."""
+        st = self._account(rule, key, spec, share, now)
+        st[0] = max(st[0] - units, -float(share))
+        return self._fields(st, spec, share, now, True)
+
+    def denial(self, rule: str, key: str, spec: Algorithm, share: int, now: float) -> Decision:
+        """The account's fields for a request it has no unit for."""
+        st = self._account(rule, key, spec, share, now)
+        return self._fields(st, spec, share, now, False)
+
+    def decide(self, rule: str, key: str, spec: Algorithm, share: int, now: float) -> Decision:
+        """One unit if the account has it (taken), else a denial."""
+        if not self.has_room(rule, key, spec, share, now):
+            return self.denial(rule, key, spec, share, now)
+        return self.charge(rule, key, spec, share, now)
 
 
 @dataclasses.dataclass
@@ -266,13 +331,14 @@ class RateLimitMiddleware:
         rules: Sequence[Rule],
         key: Callable[[Scope], str | None],
         fallback: FallbackMode = FallbackMode.LOCAL_ONLY,
-        deadline: float = 0.005,
+        deadline: float = 0.1,
         deny_cache_max: float = 1.0,
         instances: int = 1,
         breaker_failures: int = 5,
         breaker_open_for: float = 1.0,
         x_ratelimit_headers: bool = False,
         on_missing_key: str = "deny",
+        connections: int = 16,
     ) -> None:
         if not rules:
             raise BadArgument("at least one rule")
@@ -293,12 +359,14 @@ class RateLimitMiddleware:
         self.breaker_open_for = breaker_open_for
         self.x_ratelimit_headers = x_ratelimit_headers
         self.on_missing_key = on_missing_key
+        self.connections = connections
         self.stats = Stats()
         self._algorithms: list[Algorithm] | None = None
         if not any(isinstance(r.spec, Policy) for r in self.rules):
             self._algorithms = [r.spec for r in self.rules]  # type: ignore[misc]
             check_zones(self.rules, self._algorithms)
         self._ready = False
+        self._resolving: asyncio.Lock | None = None
         self._failures = 0
         self._open = False
         self._open_until = 0.0
@@ -308,15 +376,30 @@ class RateLimitMiddleware:
     # -- setup ----------------------------------------------------------
 
     async def startup(self) -> None:
-        """`MODULE LIST` and the rules' policies; done by the first request if
-        not called (raises `ModuleNotLoaded`, `BadArgument` for a missing policy)."""
-        await self._resolve()
+        """Opens a connection and checks it (`PING`, `MODULE LIST`), and reads
+        the rules' policies, before the first request: run by the ASGI
+        lifespan's startup, else by the first request (raises
+        `ModuleNotLoaded`, `BadArgument` for a missing policy; Redis away is
+        logged, and the fallback serves until it answers)."""
+        try:
+            await self._resolve()
+        except (RedisError, OSError, asyncio.TimeoutError) as e:
+            log.warning("redis-ratelimit: Redis away at start-up (%s); the fallback serves", e)
 
     async def _resolve(self) -> None:
         """The algorithm of each rule (policies read once, for `w` and the fallback)."""
         if self._ready:
             return
+        if self._resolving is None:
+            self._resolving = asyncio.Lock()
+        async with self._resolving:  # one check for a burst of first requests
+            if not self._ready:
+                await self._check_and_read()
+
+    async def _check_and_read(self) -> None:
+        await self.client.redis.ping()
         await self.client.check_module()
+        await self._open_connections()
         if self._algorithms is None:
             algos: list[Algorithm] = []
             for r in self.rules:
@@ -331,9 +414,24 @@ class RateLimitMiddleware:
             self._algorithms = algos
         self._ready = True
 
+    async def _open_connections(self) -> None:
+        """Opens `connections` connections of a standalone client's pool at
+        once (a connection costs a connect and redis-py's handshake, several
+        round trips: a cold burst that opened one per request missed its
+        deadline on a loaded host)."""
+        pool = getattr(self.client.redis, "connection_pool", None)
+        if pool is None or self.connections <= 1:
+            return
+        wanted = min(self.connections, getattr(pool, "max_connections", self.connections))
+        name = ("PING",) if _takes_command_name(pool) else ()
+        opened = await asyncio.gather(*(pool.get_connection(*name) for _ in range(wanted)))
+        for conn in opened:
+            await pool.release(conn)
+
     def share(self, algo: Algorithm) -> int:
-        total = _limit_of(algo)
-        return max(1, min(total, math.ceil(total / self.instances * 1.1)))
+        """This instance's share: `ceil(limit / instances * 1.1)`, at least 1
+        (in integers: a float's 10 * 1.1 is 11.000000000000002)."""
+        return max(1, -(-_limit_of(algo) * 11 // (self.instances * 10)))
 
     # -- deciding -------------------------------------------------------
 
@@ -351,22 +449,24 @@ class RateLimitMiddleware:
             self.stats.breaker_skipped += 1
             if now >= self._open_until:
                 self._start_probe()
-            return self._decided_locally(identity, keys, now)
+            return self._decided_locally(keys, [])
         held: list[Held] = []
+        # The rules whose call is on its way: a lost answer may have been counted.
+        sent: list[int] = []
         try:
             self.stats.redis_calls += 1
-            d, index = await asyncio.wait_for(self._call(keys, held), self.deadline)
+            d, index = await asyncio.wait_for(self._call(keys, held, sent), self.deadline)
         except asyncio.TimeoutError:
             self.stats.redis_timeouts += 1
             self._failed(now)
             self._release_later(held)
-            return self._decided_locally(identity, keys, now)
+            return self._decided_locally(keys, sent)
         except (RedisError, OSError) as e:
             self.stats.redis_errors += 1
             log.warning("redis-ratelimit: Redis failed (%s); the fallback decides", e)
             self._failed(now)
             self._release_later(held)
-            return self._decided_locally(identity, keys, now)
+            return self._decided_locally(keys, sent if answer_lost(e) else [])
         except BaseException:
             self._release_later(held)
             raise
@@ -383,40 +483,54 @@ class RateLimitMiddleware:
         return d, index, "redis", held
 
     def _decided_locally(
-        self, identity: str, keys: list[str], now: float
+        self, keys: list[str], lost: list[int]
     ) -> tuple[Decision, int, str, list[Held]]:
-        d, index, held = self._fallback(identity, keys, now)
+        d, index, held = self._fallback(keys, lost)
         return d, index, "fallback", held
 
     def _algorithm(self, index: int) -> Algorithm | None:
         algos = self._algorithms or []
         return algos[index] if index < len(algos) else None
 
-    async def _call(self, keys: list[str], held: list[Held]) -> tuple[Decision, int]:
+    async def _call(
+        self, keys: list[str], held: list[Held], sent: list[int]
+    ) -> tuple[Decision, int]:
         """Leases first (each its own call: RL.ALL refuses CONCURRENCY), then
-        the rate rules in one call; a denial gives the leases back."""
+        the rate rules in one call; a denial gives the leases back. `sent`:
+        the rules of the call on its way. Every unit Redis admits is charged
+        to this instance's accounts."""
         algos = self._algorithms or [r.spec for r in self.rules]  # type: ignore[misc]
         leased = [i for i, a in enumerate(algos) if isinstance(a, Concurrency)]
         rated = [i for i in range(len(self.rules)) if i not in leased]
         decisions: list[tuple[Decision, int]] = []
         for i in leased:
+            sent[:] = [i]
             d = await self.client.limit(keys[i], self.rules[i].spec)
+            sent.clear()
             if d.lease is not None:
+                # Held in the account too until its release: the fallback
+                # counts it among this instance's requests in flight.
+                self.local.hold(self.rules[i].name, keys[i], self.share(algos[i]), force=True)
                 held.append((keys[i], self.rules[i].name, d.lease))
             if not d.allowed:
                 return d, i
             decisions.append((d, i))
-        if len(rated) == 1:
-            i = rated[0]
-            d = await self.client.limit(keys[i], self.rules[i].spec)
+        if rated:
+            sent[:] = rated
+            if len(rated) == 1:
+                i = rated[0]
+                d = await self.client.limit(keys[i], self.rules[i].spec)
+                index = i
+            else:
+                d = await self.client.all([(keys[i], self.rules[i].spec) for i in rated])
+                index = rated[d.denied_by or 0] if not d.allowed else self._rated_rule_of(d, rated)
+            sent.clear()
             if not d.allowed:
-                return d, i
-            decisions.append((d, i))
-        elif rated:
-            d = await self.client.all([(keys[i], self.rules[i].spec) for i in rated])
-            if not d.allowed:
-                return d, rated[d.denied_by or 0]
-            decisions.append((d, self._rated_rule_of(d, rated)))
+                return d, index
+            now = time.time()
+            for i in rated:
+                self.local.charge(self.rules[i].name, keys[i], algos[i], self.share(algos[i]), now)
+            decisions.append((d, index))
         return min(decisions, key=lambda di: di[0].remaining)
 
     def _rated_rule_of(self, d: Decision, rated: list[int]) -> int:
@@ -431,8 +545,8 @@ class RateLimitMiddleware:
         """Gives back what an admitted request held; a failure is logged (the
         lease then ends at its expiry)."""
         for key, rule, lease in held:
+            self.local.unhold(rule, key)
             if lease is None:
-                self.local.unhold(rule, key)
                 continue
             try:
                 await asyncio.wait_for(
@@ -479,38 +593,89 @@ class RateLimitMiddleware:
 
         self._probe = asyncio.ensure_future(probe())
 
-    def _fallback(
-        self, identity: str, keys: list[str], now: float
-    ) -> tuple[Decision, int, list[Held]]:
-        """(decision, rule index, the local units an admission holds)."""
+    def _fallback(self, keys: list[str], lost: list[int]) -> tuple[Decision, int, list[Held]]:
+        """(decision, rule index, the local units an admission holds).
+
+        `lost`: the rules whose call's answer was lost (a timeout, a
+        connection dropped after sending): Redis may have counted the request
+        there, so it is charged to their accounts whatever is decided."""
         algos = self._algorithms or []
-        if self.fallback is FallbackMode.FAIL_OPEN or not algos:
-            limit = _limit_of(algos[0]) if algos else 0
+        if not algos:
             self.stats.fallback_admitted += 1
-            return Decision(True, limit, limit, 0, 0), 0, []
-        if self.fallback is FallbackMode.FAIL_CLOSED:
-            self.stats.fallback_denied += 1
-            wait = math.ceil(self.breaker_open_for * 1000)
-            return Decision(False, _limit_of(algos[0]), 0, wait, wait), 0, []
-        best: tuple[Decision, int] | None = None
-        held: list[Held] = []
+            return Decision(True, 0, 0, 0, 0), 0, []
+        now, mono = time.time(), time.monotonic()
+        shares = [self.share(a) for a in algos]
+        if self.fallback is not FallbackMode.LOCAL_ONLY:
+            for i in lost:
+                self._charge_lost(i, keys[i], algos[i], shares[i], now, mono)
+            if self.fallback is FallbackMode.FAIL_CLOSED:
+                self.stats.fallback_denied += 1
+                wait = math.ceil(self.breaker_open_for * 1000)
+                return Decision(False, _limit_of(algos[0]), 0, wait, wait), 0, []
+            self.stats.fallback_admitted += 1
+            d, index = self._account_fields(keys, algos, shares, now)
+            return d, index, []
+        # Local only: admitted if every account has a unit, all or nothing.
+        denied: tuple[Decision, int] | None = None
         for i, (a, r, k) in enumerate(zip(algos, self.rules, keys)):
             if isinstance(a, Concurrency):
-                d = self.local.hold(r.name, k, self.share(a))
-                if d.allowed:
-                    held.append((k, r.name, None))
+                room = self.local._held(r.name, k, mono) < shares[i]
             else:
-                d = self.local.decide(r.name, k, a, self.share(a), time.time())
-            if not d.allowed:
-                self.stats.fallback_denied += 1
-                for key, rule, _ in held:
-                    self.local.unhold(rule, key)
-                return d, i, []
+                room = self.local.has_room(r.name, k, a, shares[i], now)
+            if not room and denied is None:
+                if isinstance(a, Concurrency):
+                    denied = Decision(False, shares[i], 0, 1000, 1000), i
+                else:
+                    denied = self.local.denial(r.name, k, a, shares[i], now), i
+        held: list[Held] = []
+        best: tuple[Decision, int] | None = None
+        for i, (a, r, k) in enumerate(zip(algos, self.rules, keys)):
+            if i in lost:
+                d = self._charge_lost(i, k, a, shares[i], now, mono)
+            elif denied is not None:
+                continue
+            elif isinstance(a, Concurrency):
+                d = self.local.hold(r.name, k, shares[i], now=mono)
+                held.append((k, r.name, None))
+            else:
+                d = self.local.charge(r.name, k, a, shares[i], now)
             if best is None or d.remaining < best[0].remaining:
                 best = d, i
+        if denied is not None:
+            self.stats.fallback_denied += 1
+            return denied[0], denied[1], []
         self.stats.fallback_admitted += 1
         assert best is not None
-        return best[0], best[1], held
+        return dataclasses.replace(best[0], allowed=True, wait_ms=0), best[1], held
+
+    def _charge_lost(
+        self, i: int, key: str, algo: Algorithm, share: int, now: float, mono: float
+    ) -> Decision:
+        """Charges a lost call's unit to rule `i`'s account: a rate unit, or
+        a lease held until it would have expired."""
+        name = self.rules[i].name
+        if isinstance(algo, Concurrency):
+            return self.local.hold_lost(name, key, share, algo.lease_ms, mono)
+        return self.local.charge(name, key, algo, share, now)
+
+    def _account_fields(
+        self, keys: list[str], algos: list[Algorithm], shares: list[int], now: float
+    ) -> tuple[Decision, int]:
+        """A fail-open admission: the fields of the rate account with the
+        least left (never a full quota)."""
+        best: tuple[Decision, int] | None = None
+        mono = time.monotonic()
+        for i, (a, r, k) in enumerate(zip(algos, self.rules, keys)):
+            if isinstance(a, Concurrency):
+                held = self.local._held(r.name, k, mono)
+                d = Decision(True, shares[i], max(shares[i] - held, 0), 0, 0)
+            else:
+                st = self.local._account(r.name, k, a, shares[i], now)
+                d = self.local._fields(st, a, shares[i], now, True)
+            if best is None or d.remaining < best[0].remaining:
+                best = d, i
+        assert best is not None
+        return best
 
     # -- HTTP -----------------------------------------------------------
 
@@ -568,6 +733,9 @@ class RateLimitMiddleware:
         await send({"type": "http.response.body", "body": raw})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self.app(scope, self._startup_on(receive, send), send)
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -589,7 +757,7 @@ class RateLimitMiddleware:
             raise
         if not self._ready:  # Redis away before its first answer: the fallback
             keys = [r.key_for(identity) for r in self.rules]
-            d, index, held = self._fallback(identity, keys, time.monotonic())
+            d, index, held = self._fallback(keys, [])
         else:
             d, index, _, held = await self.decide(identity)
         extra = self.headers(d, index) if self._algorithms is not None else []
@@ -637,6 +805,24 @@ class RateLimitMiddleware:
                 task = self._release_later(held)
                 if task is not None:
                     await asyncio.shield(task)
+
+    def _startup_on(self, receive: Receive, send: Send) -> Receive:
+        """The lifespan's `receive`, which runs `startup` before the app sees
+        `lifespan.startup`: the server serves no request before it is done.
+        A failure (the module missing, a policy not set) fails the start-up,
+        with its message, whatever the app does with lifespan events."""
+
+        async def receive_after_startup() -> Message:
+            message = await receive()
+            if message.get("type") == "lifespan.startup":
+                try:
+                    await self.startup()
+                except Exception as e:
+                    await send({"type": "lifespan.startup.failed", "message": str(e)})
+                    raise
+            return message
+
+        return receive_after_startup
 
 
 def client_ip(scope: Scope) -> str | None:

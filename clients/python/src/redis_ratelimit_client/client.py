@@ -54,6 +54,7 @@ from .model import (
     check_policy_name,
     decode,
     module_version,
+    not_sent,
     parse_log,
     parse_policy,
     policy_set_args,
@@ -124,6 +125,11 @@ def send_many_once(client: redis.Redis, commands: Sequence[Sequence[Arg]]) -> li
     if borrowed:
         conn = pool.get_connection("RL") if _takes_command_name(pool) else pool.get_connection()
     try:
+        try:
+            conn.connect()  # a no-op on an open connection
+        except BaseException as e:
+            not_sent(e)
+            raise
         conn.send_packed_command(conn.pack_commands(commands))
         replies: list[Any] = []
         error: ResponseError | None = None

@@ -37,7 +37,7 @@ class ModuleNotLoaded(RateLimitError):
     def __init__(self, server: str) -> None:
         super().__init__(
             f"the redis-ratelimit module is not loaded on {server}: start it with "
-            "--loadmodule /path/to/libredis_ratelimit_client.so (a managed server that cannot "
+            "--loadmodule /path/to/libredis_ratelimit.so (a managed server that cannot "
             "load modules cannot run the RL.* commands)"
         )
         self.server = server
@@ -72,6 +72,19 @@ class Denied(RateLimitError):
         super().__init__(f"key {shown!r}: denied ({wait})")
         self.key = key
         self.decision = decision
+
+
+def not_sent(exc: BaseException) -> BaseException:
+    """Marks a failure that happened before the command was written (the
+    connection could not be opened): nothing can have been counted."""
+    exc._rl_not_sent = True  # type: ignore[attr-defined]
+    return exc
+
+
+def answer_lost(exc: BaseException) -> bool:
+    """Whether a failed call may still have been executed by the server: its
+    command was (or may have been) sent, and its answer never came back."""
+    return not getattr(exc, "_rl_not_sent", False)
 
 
 def _check_int(name: str, value: object, low: int, high: int = MAX_PARAM) -> int:
