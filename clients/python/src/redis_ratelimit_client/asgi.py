@@ -612,6 +612,10 @@ class RateLimitMiddleware:
                 self.stats.fallback_denied += 1
                 wait = math.ceil(self.breaker_open_for * 1000)
                 return Decision(False, _limit_of(algos[0]), 0, wait, wait), 0, []
+            # Fail open: charged too (forced), so the fields count down.
+            for i, (a, r, k) in enumerate(zip(algos, self.rules, keys)):
+                if i not in lost and not isinstance(a, Concurrency):
+                    self.local.charge(r.name, k, a, shares[i], now)
             self.stats.fallback_admitted += 1
             d, index = self._account_fields(keys, algos, shares, now)
             return d, index, []
