@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Callable
 
 import pytest
 import redis
@@ -191,3 +192,36 @@ def test_bad_costs_raise_and_write_nothing(storage: RLStorage, r: redis.Redis) -
         with pytest.raises(BadArgument, match="amount"):
             strategy(storage).hit(item, "neg", cost="2")  # type: ignore[arg-type]
     assert r.dbsize() == 0
+
+
+def poll_until_true(check: Callable[[], bool]) -> tuple[float, float]:
+    """Calls `check` until it answers True: (the instant before the last call
+    that answered False, the instant after the first that answered True)."""
+    last_false = time.time()
+    while True:
+        before = time.time()
+        if check():
+            return last_false, time.time()
+        last_false = before
+
+
+def test_sliding_window_counter_reset_is_when_the_oldest_unit_leaves(storage: RLStorage) -> None:
+    """The issue's repro at a tenth of its scale: 2 per second; hits at t0
+    and t0 + 0.5; denied at t0 + 0.6. The reset is when `test()` is true
+    again (the oldest unit leaves), not when the newest does."""
+    limiter = strategies.SlidingWindowCounterRateLimiter(storage)
+    item = parse("2/second")
+    t0 = time.time()
+    assert limiter.hit(item, "reset")
+    poll_until_true(lambda: time.time() >= t0 + 0.5)
+    assert limiter.hit(item, "reset")
+    poll_until_true(lambda: time.time() >= t0 + 0.6)
+    assert not limiter.test(item, "reset")
+    before = time.time()
+    reset, remaining = limiter.get_window_stats(item, "reset")
+    took = time.time() - before
+    assert remaining == 0
+    last_false, first_true = poll_until_true(lambda: limiter.test(item, "reset"))
+    # The reset is the server's wait added to the client's clock after the
+    # reply: late by at most the call's own time, never early.
+    assert last_false - 0.002 <= reset <= first_true + took + 0.002, (t0, reset, last_false)

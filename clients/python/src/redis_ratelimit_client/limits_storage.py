@@ -190,25 +190,28 @@ class _Keys:
 
     def sliding_peek(self, key: str, expiry: int) -> list[Arg]:
         # The sum of the buckets does not depend on the limit: peek with the
-        # largest one, which cannot deny and changes nothing.
+        # largest one, which cannot deny at COST 0. The second peek of the
+        # script (COST remaining + 1) answers when the oldest unit leaves.
         window = self.window_ms(expiry)
         return [
-            "RL.HASHWINDOW",
+            "EVAL",
+            OLDEST_PEEK,
+            1,
             self.sliding(key),
+            "RL.HASHWINDOW",
             MAX_PARAM,
             window,
             window // SLIDING_COUNTER_BUCKETS,
-            "COST",
-            0,
         ]
 
     @staticmethod
     def sliding_window(reply: Sequence[int], expiry: int) -> tuple[int, float, int, float]:
-        count = int(reply[1]) - int(reply[2])
+        count, wait_ms = int(reply[0]), int(reply[1])
         if count <= 0:
             return 0, 0.0, 0, 0.0
-        # limits takes `ttl % expiry` as the time to the reset: keep it inside.
-        ttl = min(int(reply[4]) / 1000.0, expiry - 0.001)
+        # limits takes `ttl % expiry` as the time to the reset: keep it inside
+        # (a unit less than a bucket old may leave up to a bucket after expiry).
+        ttl = min(wait_ms / 1000.0, expiry - 0.001)
         return 0, 0.0, count, ttl
 
 
