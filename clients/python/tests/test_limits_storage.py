@@ -225,3 +225,38 @@ def test_sliding_window_counter_reset_is_when_the_oldest_unit_leaves(storage: RL
     # The reset is the server's wait added to the client's clock after the
     # reply: late by at most the call's own time, never early.
     assert last_false - 0.002 <= reset <= first_true + took + 0.002, (t0, reset, last_false)
+
+
+def test_peeks_send_the_script_by_its_sha(storage: RLStorage, r: redis.Redis) -> None:
+    """`get_window_stats` runs on every response with headers on: the peek
+    script goes by its SHA1, in full once after a `NOSCRIPT`."""
+    moving = strategies.MovingWindowRateLimiter(storage)
+    counter = strategies.SlidingWindowCounterRateLimiter(storage)
+    item = parse("10/minute")
+    moving.hit(item, "sha")
+    counter.hit(item, "sha")
+    r.script_flush()
+    r.config_resetstat()
+    for _ in range(5):
+        assert moving.get_window_stats(item, "sha").remaining == 9
+        assert counter.get_window_stats(item, "sha").remaining == 9
+    stats = r.info("commandstats")
+    assert stats["cmdstat_eval"]["calls"] == 1  # the NOSCRIPT after the flush
+    assert stats["cmdstat_evalsha"]["calls"] >= 9
+
+
+def test_async_peeks_send_the_script_by_its_sha(server: Server, r: redis.Redis) -> None:
+    async def go() -> None:
+        s = storage_from_string(f"async+redis+rl://127.0.0.1:{server.port}")
+        moving = aio_strategies.MovingWindowRateLimiter(s)
+        item = parse("10/minute")
+        await moving.hit(item, "sha")
+        r.script_flush()
+        r.config_resetstat()
+        for _ in range(3):
+            assert (await moving.get_window_stats(item, "sha")).remaining == 9
+        stats = r.info("commandstats")
+        assert stats["cmdstat_eval"]["calls"] == 1
+        assert stats["cmdstat_evalsha"]["calls"] >= 2
+
+    asyncio.run(go())

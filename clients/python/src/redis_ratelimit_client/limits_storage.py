@@ -14,7 +14,8 @@ What each strategy runs:
   `remaining` r, a peek of `COST r+1` (which cannot pass) answers in
   `wait_ms` the time until the oldest entry leaves; the oldest entry was
   made at `now + wait_ms - window`. Both peeks run in one server-side script,
-  atomically, and write nothing.
+  atomically, and write nothing; it is sent by its SHA1 (`EVALSHA`), in full
+  only when a server answers `NOSCRIPT`.
 - sliding-window counter: `RL.HASHWINDOW` with 10 buckets per window (native,
   fixed memory, O(1)); the decision is the module's: the sum of the buckets
   covering the window plus the cost must fit the limit. `get_sliding_window`
@@ -26,6 +27,7 @@ What each strategy runs:
 
 from __future__ import annotations
 
+import hashlib
 import time
 import urllib.parse
 from collections.abc import Sequence
@@ -37,10 +39,11 @@ from limits.aio.storage import SlidingWindowCounterSupport as AsyncSlidingWindow
 from limits.aio.storage import Storage as AsyncStorage
 from limits.errors import ConfigurationError
 from limits.storage import MovingWindowSupport, SlidingWindowCounterSupport, Storage
+from redis.exceptions import NoScriptError
 
 from .aio import AsyncClient
 from .client import Arg, Client
-from .model import MAX_PARAM, RateLimitError
+from .model import MAX_PARAM, RateLimitError, ServerError
 
 #: Buckets per window of the sliding-window counter (`RL.HASHWINDOW`).
 SLIDING_COUNTER_BUCKETS = 10
@@ -67,6 +70,19 @@ if b[1] == 1 then
 end
 return {count, b[4]}
 """
+#: The script's SHA1: peeks send `EVALSHA`, and `EVAL` (which loads it) only
+#: when a server answers `NOSCRIPT` (a restart, a `SCRIPT FLUSH`, a new node).
+OLDEST_PEEK_SHA = hashlib.sha1(OLDEST_PEEK.encode()).hexdigest()
+
+
+def is_noscript(e: ServerError) -> bool:
+    return isinstance(e.__cause__, NoScriptError)
+
+
+def with_script(args: list[Arg]) -> list[Arg]:
+    """An `EVALSHA` of the peek script as the `EVAL` that loads it."""
+    assert args[0] == "EVALSHA"
+    return ["EVAL", OLDEST_PEEK, *args[2:]]
 
 
 def _uri_parts(uri: str) -> tuple[str, urllib.parse.ParseResult]:
@@ -159,8 +175,8 @@ class _Keys:
 
     def moving_peek(self, key: str, limit: int, expiry: int) -> list[Arg]:
         return [
-            "EVAL",
-            OLDEST_PEEK,
+            "EVALSHA",
+            OLDEST_PEEK_SHA,
             1,
             self.moving(key),
             "RL.SLIDING",
@@ -194,8 +210,8 @@ class _Keys:
         # script (COST remaining + 1) answers when the oldest unit leaves.
         window = self.window_ms(expiry)
         return [
-            "EVAL",
-            OLDEST_PEEK,
+            "EVALSHA",
+            OLDEST_PEEK_SHA,
             1,
             self.sliding(key),
             "RL.HASHWINDOW",
@@ -295,9 +311,17 @@ class RLStorage(Storage, MovingWindowSupport, SlidingWindowCounterSupport):
         )
         return bool(int(reply[0]))
 
+    def _peek(self, key: str, args: list[Arg]) -> Any:
+        try:
+            return self.client._send(key, args)
+        except ServerError as e:
+            if not is_noscript(e):
+                raise
+            return self.client._send(key, with_script(args))
+
     def get_moving_window(self, key: str, limit: int, expiry: int) -> tuple[float, int]:
         _check_limit_args(limit, expiry, 0)
-        reply = self.client._send(self.keys.moving(key), self.keys.moving_peek(key, limit, expiry))
+        reply = self._peek(self.keys.moving(key), self.keys.moving_peek(key, limit, expiry))
         return self.keys.moving_window(reply, expiry)
 
     def acquire_sliding_window_entry(
@@ -310,7 +334,7 @@ class RLStorage(Storage, MovingWindowSupport, SlidingWindowCounterSupport):
         return bool(int(reply[0]))
 
     def get_sliding_window(self, key: str, expiry: int) -> tuple[int, float, int, float]:
-        reply = self.client._send(self.keys.sliding(key), self.keys.sliding_peek(key, expiry))
+        reply = self._peek(self.keys.sliding(key), self.keys.sliding_peek(key, expiry))
         return self.keys.sliding_window(reply, expiry)
 
     def clear_sliding_window(self, key: str, expiry: int) -> None:
@@ -379,10 +403,18 @@ class AsyncRLStorage(AsyncStorage, AsyncMovingWindowSupport, AsyncSlidingWindowC
         )
         return bool(int(reply[0]))
 
+    async def _peek(self, key: str, args: list[Arg]) -> Any:
+        c = await self.client()
+        try:
+            return await c._send(key, args)
+        except ServerError as e:
+            if not is_noscript(e):
+                raise
+            return await c._send(key, with_script(args))
+
     async def get_moving_window(self, key: str, limit: int, expiry: int) -> tuple[float, int]:
         _check_limit_args(limit, expiry, 0)
-        c = await self.client()
-        reply = await c._send(self.keys.moving(key), self.keys.moving_peek(key, limit, expiry))
+        reply = await self._peek(self.keys.moving(key), self.keys.moving_peek(key, limit, expiry))
         return self.keys.moving_window(reply, expiry)
 
     async def acquire_sliding_window_entry(
@@ -396,8 +428,7 @@ class AsyncRLStorage(AsyncStorage, AsyncMovingWindowSupport, AsyncSlidingWindowC
         return bool(int(reply[0]))
 
     async def get_sliding_window(self, key: str, expiry: int) -> tuple[int, float, int, float]:
-        c = await self.client()
-        reply = await c._send(self.keys.sliding(key), self.keys.sliding_peek(key, expiry))
+        reply = await self._peek(self.keys.sliding(key), self.keys.sliding_peek(key, expiry))
         return self.keys.sliding_window(reply, expiry)
 
     async def clear_sliding_window(self, key: str, expiry: int) -> None:
