@@ -260,3 +260,34 @@ def test_async_peeks_send_the_script_by_its_sha(server: Server, r: redis.Redis) 
         assert stats["cmdstat_evalsha"]["calls"] >= 2
 
     asyncio.run(go())
+
+
+def test_check_is_false_on_a_server_without_the_module(plain_server: Server) -> None:
+    """flask-limiter's in-memory fallback returns to the storage when
+    `check()` says True: a server that cannot run RL.* must say False."""
+    assert not storage_from_string(f"redis+rl://127.0.0.1:{plain_server.port}").check()
+
+    async def go() -> bool:
+        s = storage_from_string(f"async+redis+rl://127.0.0.1:{plain_server.port}")
+        return bool(await s.check())
+
+    assert not asyncio.run(go())
+
+
+def test_a_restart_without_the_module_is_module_not_loaded(own_server: Server) -> None:
+    from redis_ratelimit_client import Client
+
+    s = storage_from_string(f"redis+rl://127.0.0.1:{own_server.port}")
+    limiter = strategies.MovingWindowRateLimiter(s)
+    rl = Client(own_server.client())
+    assert limiter.hit(parse("5/minute"), "x") and rl.sliding("y", 5, 60_000).allowed
+    assert s.check()
+    own_server.kill()
+    own_server.module = False
+    own_server.start()
+    port = str(own_server.port)
+    with pytest.raises(ModuleNotLoaded, match=port):
+        limiter.hit(parse("5/minute"), "x")
+    with pytest.raises(ModuleNotLoaded, match=port):
+        rl.sliding("y", 5, 60_000)
+    assert not s.check()

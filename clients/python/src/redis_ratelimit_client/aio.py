@@ -170,7 +170,7 @@ class AsyncClient:
             try:
                 return await send_many_once(target, commands)
             except ResponseError as e:
-                raise map_error(e, key) from e
+                raise map_error(e, key, server_name(self.redis)) from e
         rc = self.redis
         assert isinstance(rc, AsyncRedisCluster)
         if not rc.nodes_manager.default_node:
@@ -189,10 +189,11 @@ class AsyncClient:
                 if is_moved(e) and attempt == 0:
                     await rc.nodes_manager.initialize()
                     continue
-                raise map_error(e, key) from e
+                raise map_error(e, key, node.name if node else "the cluster") from e
         raise AssertionError("unreachable")
 
     async def _everywhere(self, args: Sequence[Arg]) -> list[Any]:
+        server = server_name(self.redis)
         try:
             if not self.is_cluster:
                 assert isinstance(self.redis, aioredis.Redis)
@@ -201,9 +202,13 @@ class AsyncClient:
             assert isinstance(rc, AsyncRedisCluster)
             if not rc.nodes_manager.default_node:
                 await rc.initialize()
-            return [await self._node_call(n, args) for n in rc.get_primaries()]
+            out = []
+            for n in rc.get_primaries():
+                server = n.name
+                out.append(await self._node_call(n, args))
+            return out
         except ResponseError as e:
-            raise map_error(e, None) from e
+            raise map_error(e, None, server) from e
 
     async def check_module(self) -> int:
         """`MODULE LIST` on every master: the module's version (the lowest in

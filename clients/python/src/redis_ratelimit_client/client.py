@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import re
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any, Callable, Union
@@ -77,8 +78,18 @@ def server_name(client: Any) -> str:
     return str(name) if name else repr(client)
 
 
-def map_error(exc: ResponseError, key: Key | None) -> Exception:
+#: A server without the module: "unknown command 'RL.SLIDING', with args ..."
+#: (Redis 6.2 quoted it with a backtick).
+_UNKNOWN_RL = re.compile(r"unknown command [`']?(RL|CL)\.", re.IGNORECASE)
+
+
+def map_error(exc: ResponseError, key: Key | None, server: str = "the server") -> Exception:
+    """An error reply as the kit's error: `ModuleNotLoaded` for an `RL.*`
+    command the server does not know (it lost the module, say a restart
+    without `--loadmodule`), `WrongType`, else `ServerError`."""
     text = str(exc)
+    if _UNKNOWN_RL.search(text):
+        return ModuleNotLoaded(server)
     if text.startswith("WRONGTYPE"):
         shown = key.decode("utf-8", "replace") if isinstance(key, bytes) else (key or "")
         return WrongType(shown, text)
@@ -203,7 +214,7 @@ class Client:
             try:
                 return send_many_once(target, commands)
             except ResponseError as e:
-                raise map_error(e, key) from e
+                raise map_error(e, key, server_name(self.redis)) from e
         rc = self.redis
         assert isinstance(rc, RedisCluster)
         for attempt in (0, 1):
@@ -215,7 +226,7 @@ class Client:
                 if is_moved(e) and attempt == 0:
                     rc.nodes_manager.initialize()
                     continue
-                raise map_error(e, key) from e
+                raise map_error(e, key, node.name) from e
         raise AssertionError("unreachable")
 
     def _everywhere(self, args: Sequence[Arg]) -> list[Any]:
@@ -224,7 +235,7 @@ class Client:
             try:
                 out.append(send_once(r, args))
             except ResponseError as e:
-                raise map_error(e, None) from e
+                raise map_error(e, None, server_name(r)) from e
         return out
 
     def check_module(self) -> int:

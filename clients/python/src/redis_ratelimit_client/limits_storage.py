@@ -283,8 +283,11 @@ class RLStorage(Storage, MovingWindowSupport, SlidingWindowCounterSupport):
         return time.time() + max(pttl, 0) / 1000.0
 
     def check(self) -> bool:
+        """True if every master answers and has the module (`MODULE LIST`):
+        flask-limiter's in-memory fallback returns to this storage on it."""
         try:
-            return bool(self.redis.ping())
+            Client(self.redis, check_module=True)
+            return True
         except Exception:
             return False
 
@@ -378,8 +381,10 @@ class AsyncRLStorage(AsyncStorage, AsyncMovingWindowSupport, AsyncSlidingWindowC
         return time.time() + max(pttl, 0) / 1000.0
 
     async def check(self) -> bool:
+        """True if every master answers and has the module (`MODULE LIST`)."""
         try:
-            return bool(await self.redis.ping())
+            await AsyncClient.create(self.redis, check_module=True)
+            return True
         except Exception:
             return False
 
