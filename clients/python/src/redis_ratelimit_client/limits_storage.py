@@ -3,9 +3,13 @@
 Importing `redis_ratelimit_client` registers the schemes (`limits` registers a
 storage class by its `STORAGE_SCHEME` when the class is created):
 
-- `redis+rl://[user:password@]host:port[/db]`, `redis+rl+cluster://h1:p1,h2:p2`,
+- `redis+rl://[user:password@]host:port[/db]`, `rediss+rl://...` (TLS),
+  `redis+rl+unix:///path/to/redis.sock[?db=n]`, `redis+rl+cluster://h1:p1,h2:p2`,
   `redis+rl+sentinel://h1:p1,h2:p2/service_name`: `RLStorage`
-- `async+redis+rl://...`, `async+redis+rl+cluster://...`: `AsyncRLStorage`
+- the same with `async+` in front (`async+redis+rl://...`,
+  `async+rediss+rl://...`, `async+redis+rl+unix://...`,
+  `async+redis+rl+cluster://...`, `async+redis+rl+sentinel://...`):
+  `AsyncRLStorage`
 
 What each strategy runs:
 
@@ -101,14 +105,53 @@ def _locations(parsed: urllib.parse.ParseResult) -> list[tuple[str, int]]:
     return out
 
 
-def _redis_url(parsed: urllib.parse.ParseResult) -> str:
-    return urllib.parse.urlunparse(parsed._replace(scheme="redis"))
+#: The redis-py URL scheme of each standalone scheme.
+_STANDALONE = {
+    "redis+rl": "redis",
+    "rediss+rl": "rediss",
+    "redis+rl+unix": "unix",
+    "async+redis+rl": "redis",
+    "async+rediss+rl": "rediss",
+    "async+redis+rl+unix": "unix",
+}
+
+
+def _redis_url(uri: str, parsed: urllib.parse.ParseResult) -> str:
+    """The redis-py URL of a standalone URI; a missing host (or socket path)
+    is named, not left to redis-py's "must specify one of the schemes"."""
+    scheme = _STANDALONE[parsed.scheme]
+    if scheme == "unix":
+        if not parsed.path or parsed.path == "/":
+            raise ConfigurationError(
+                f"missing socket path in {uri!r}: write {parsed.scheme}:///path/to/redis.sock"
+            )
+        # urlunparse would drop the `//` of an empty netloc: unix:/path
+        query = f"?{parsed.query}" if parsed.query else ""
+        return f"unix://{parsed.netloc}{parsed.path}{query}"
+    if not parsed.hostname:
+        raise ConfigurationError(
+            f"missing host in {uri!r}: write {parsed.scheme}://[user:password@]host[:port][/db]"
+        )
+    return urllib.parse.urlunparse(parsed._replace(scheme=scheme))
+
+
+def _sentinel_args(
+    uri: str, parsed: urllib.parse.ParseResult, options: dict[str, Any]
+) -> tuple[list[tuple[str, int]], str, dict[str, Any]]:
+    """(the Sentinels, the service name, the password for both)."""
+    service = parsed.path.strip("/") or str(options.pop("service_name", ""))
+    if not service:
+        raise ConfigurationError(f"{parsed.scheme}:// needs the service name as its path")
+    kw = {}
+    if parsed.password:
+        kw["password"] = urllib.parse.unquote(parsed.password)
+    return _locations(parsed), service, kw
 
 
 def sync_client_for(uri: str, options: dict[str, Any]) -> Any:
     scheme, parsed = _uri_parts(uri)
-    if scheme == "redis+rl":
-        return redis.Redis.from_url(_redis_url(parsed), **options)
+    if scheme in ("redis+rl", "rediss+rl", "redis+rl+unix"):
+        return redis.Redis.from_url(_redis_url(uri, parsed), **options)
     if scheme == "redis+rl+cluster":
         from redis.cluster import ClusterNode, RedisCluster
 
@@ -119,13 +162,8 @@ def sync_client_for(uri: str, options: dict[str, Any]) -> Any:
     if scheme == "redis+rl+sentinel":
         from redis.sentinel import Sentinel
 
-        service = parsed.path.strip("/") or str(options.pop("service_name", ""))
-        if not service:
-            raise ConfigurationError("redis+rl+sentinel:// needs the service name as its path")
-        kw = {}
-        if parsed.password:
-            kw["password"] = urllib.parse.unquote(parsed.password)
-        return Sentinel(_locations(parsed), sentinel_kwargs=kw, **options).master_for(service, **kw)
+        sentinels, service, kw = _sentinel_args(uri, parsed, options)
+        return Sentinel(sentinels, sentinel_kwargs=kw, **options).master_for(service, **kw)
     raise ConfigurationError(f"unknown scheme {scheme!r}")
 
 
@@ -133,13 +171,20 @@ def async_client_for(uri: str, options: dict[str, Any]) -> Any:
     scheme, parsed = _uri_parts(uri)
     import redis.asyncio as aioredis
 
-    if scheme == "async+redis+rl":
-        return aioredis.Redis.from_url(_redis_url(parsed), **options)
+    if scheme in ("async+redis+rl", "async+rediss+rl", "async+redis+rl+unix"):
+        return aioredis.Redis.from_url(_redis_url(uri, parsed), **options)
     if scheme == "async+redis+rl+cluster":
         from redis.asyncio.cluster import ClusterNode, RedisCluster
 
         nodes = [ClusterNode(h, p) for h, p in _locations(parsed)]
+        if parsed.password:
+            options.setdefault("password", urllib.parse.unquote(parsed.password))
         return RedisCluster(startup_nodes=nodes, **options)
+    if scheme == "async+redis+rl+sentinel":
+        from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+
+        sentinels, service, kw = _sentinel_args(uri, parsed, options)
+        return AsyncSentinel(sentinels, sentinel_kwargs=kw, **options).master_for(service, **kw)
     raise ConfigurationError(f"unknown scheme {scheme!r}")
 
 
@@ -247,7 +292,13 @@ class RLStorage(Storage, MovingWindowSupport, SlidingWindowCounterSupport):
     `connection` (an existing redis-py client to use instead).
     """
 
-    STORAGE_SCHEME = ["redis+rl", "redis+rl+cluster", "redis+rl+sentinel"]
+    STORAGE_SCHEME = [
+        "redis+rl",
+        "rediss+rl",
+        "redis+rl+unix",
+        "redis+rl+cluster",
+        "redis+rl+sentinel",
+    ]
     DEPENDENCIES = ["redis"]
 
     def __init__(self, uri: str, wrap_exceptions: bool = False, **options: Any) -> None:
@@ -347,7 +398,13 @@ class RLStorage(Storage, MovingWindowSupport, SlidingWindowCounterSupport):
 class AsyncRLStorage(AsyncStorage, AsyncMovingWindowSupport, AsyncSlidingWindowCounterSupport):
     """The asyncio form: `async+redis+rl://host:port` (`redis.asyncio`)."""
 
-    STORAGE_SCHEME = ["async+redis+rl", "async+redis+rl+cluster"]
+    STORAGE_SCHEME = [
+        "async+redis+rl",
+        "async+rediss+rl",
+        "async+redis+rl+unix",
+        "async+redis+rl+cluster",
+        "async+redis+rl+sentinel",
+    ]
     DEPENDENCIES = ["redis"]
 
     def __init__(self, uri: str, wrap_exceptions: bool = False, **options: Any) -> None:
