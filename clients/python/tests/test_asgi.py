@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 import threading
 import time
@@ -43,8 +44,13 @@ def test_a_denial_is_a_429_with_the_ietf_fields_and_a_problem(
 ) -> None:
     mw = app_with(server.port, [Rule(Sliding(2, 1000), "per-user")], x_ratelimit_headers=True)
     with running(serve_asgi(mw)) as web, httpx.Client(base_url=web.base) as http:
+        before = time.time()
         ok = http.get("/", headers={"x-user": "alice"})
+        after = time.time()
         assert ok.status_code == 200 and ok.text == "hello"
+        # As flask-limiter and slowapi: the reset as a Unix time, in seconds
+        # (the window of 1 s began during the request).
+        assert before < int(ok.headers["X-RateLimit-Reset"]) <= math.ceil(after + 1)
         assert ok.headers["RateLimit-Policy"] == '"per-user";q=2;w=1'
         assert re.fullmatch(r'"per-user";r=1;t=[12]', ok.headers["RateLimit"])
         assert ok.headers["X-RateLimit-Limit"] == "2"

@@ -701,7 +701,8 @@ class RateLimitMiddleware:
             out += [
                 (b"x-ratelimit-limit", str(d.limit).encode()),
                 (b"x-ratelimit-remaining", str(d.remaining).encode()),
-                (b"x-ratelimit-reset", str(t).encode()),
+                # As flask-limiter and slowapi: the Unix time (s) of the reset.
+                (b"x-ratelimit-reset", str(math.ceil(time.time() + d.reset_ms / 1000)).encode()),
             ]
         return out
 
