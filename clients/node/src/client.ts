@@ -1,9 +1,9 @@
 import { Decision, toInt } from './decision.js';
-import { checkInteger, checkString, describe, fromServerError, RLArgumentError, RLDeniedError, RLError, RLModuleNotLoadedError } from './errors.js';
+import { checkInteger, checkString, describe, fromServerError, isServerReply, RLArgumentError, RLConnectionError, RLDeniedError, RLError, RLModuleNotLoadedError } from './errors.js';
 import { Lease, type LeaseOptions, type LeaseRule } from './lease.js';
 import { ConnectionPool } from './pool.js';
 import { blockArgs, optionArgs, ruleArgs, type AcquireOptions, type CallOptions, type ConcurrencyParams, type QuotaParams, type Rule, type Spec } from './rules.js';
-import { dedicatedConnector, ownConnection, toTransport, type ConnectionFactory, type RedisLike, type Transport } from './transport.js';
+import { dedicatedConnector, ownConnection, toTransport, whenReady, type ConnectionFactory, type RedisLike, type Transport } from './transport.js';
 
 interface Events {
   once?: (event: string, fn: () => void) => unknown;
@@ -69,9 +69,12 @@ export class RL {
   /** The application's client, whose `end` closes the acquire connections. */
   private readonly events: Events | undefined;
   private readonly onClientEnd = () => this.close();
+  /** What the application gave, for `checkModule`'s wait for readiness. */
+  private readonly client: RedisLike;
 
   constructor(client: RedisLike, options: RLOptions = {}) {
     this.transport = toTransport(client);
+    this.client = client;
     if (options === null || typeof options !== 'object') {
       throw new RLArgumentError('options', `RL options must be an object, got ${describe(options)}`);
     }
@@ -93,14 +96,26 @@ export class RL {
   }
 
   /**
-   * Checks `MODULE LIST` on every master for the module; throws
-   * `RLModuleNotLoadedError` naming what is missing.
+   * Waits until the client is ready (at most `timeoutMs`, default 10,000),
+   * then checks `MODULE LIST` on every master for the module; throws
+   * `RLModuleNotLoadedError` naming what is missing, or `RLConnectionError`
+   * when Redis cannot be reached (the client closed, never connected, not
+   * ready in time, or the connection lost).
    */
-  async checkModule(): Promise<ModuleInfo> {
+  async checkModule(opts: { timeoutMs?: number } = {}): Promise<ModuleInfo> {
+    const timeoutMs = checkInteger('timeoutMs', opts?.timeoutMs ?? 10_000, 0);
+    try {
+      await whenReady(this.client, timeoutMs);
+    } catch (err) {
+      throw new RLConnectionError(`cannot check for the ratelimit module: ${(err as Error).message}`, { cause: err });
+    }
     let replies: unknown[];
     try {
       replies = await this.transport.eachMaster(['MODULE', 'LIST']);
     } catch (err) {
+      if (!isServerReply(err)) {
+        throw new RLConnectionError(`cannot check for the ratelimit module: MODULE LIST got no answer (${(err as Error).message})`, { cause: err });
+      }
       throw new RLModuleNotLoadedError(
         `cannot check for the ratelimit module: MODULE LIST failed (${(err as Error).message})`,
         { cause: err },
@@ -121,7 +136,7 @@ export class RL {
   }
 
   /** Any limiter rule on `key`. */
-  limit(key: string, rule: Rule, opts?: CallOptions): Promise<Decision> {
+  async limit(key: string, rule: Rule, opts?: CallOptions): Promise<Decision> {
     checkString('key', key);
     const [name, params] = ruleArgs(rule);
     const args = [`RL.${name}`, key, ...params, ...optionArgs(opts)];
@@ -161,21 +176,21 @@ export class RL {
     return this.limit(key, { algorithm: 'quota', ...p }, opts);
   }
   /** `RL.HIT name key`: the policy `name` applied to the limiter in `key`. */
-  hit(policy: string, key: string, opts?: CallOptions): Promise<Decision> {
+  async hit(policy: string, key: string, opts?: CallOptions): Promise<Decision> {
     checkPolicyName(policy);
     checkString('key', key);
     return this.decide(key, ['RL.HIT', policy, key, ...optionArgs(opts)], 'lease');
   }
 
   /** `RL.RELEASE`: ends the lease; false when it had already ended (released, or expired). */
-  release(key: string, lease: number): Promise<boolean> {
+  async release(key: string, lease: number): Promise<boolean> {
     checkString('key', key);
     const args = ['RL.RELEASE', key, String(checkLeaseId(lease))];
     return this.send(key, args).then((r) => toInt(r) === 1);
   }
 
   /** `RL.RENEW`: the lease lasts `leaseMs` from now; false when it had already ended. */
-  renew(key: string, lease: number, leaseMs: number): Promise<boolean> {
+  async renew(key: string, lease: number, leaseMs: number): Promise<boolean> {
     checkString('key', key);
     const args = ['RL.RENEW', key, String(checkLeaseId(lease)), String(checkInteger('leaseMs', leaseMs, 1))];
     return this.send(key, args).then((r) => toInt(r) === 1);
@@ -193,7 +208,7 @@ export class RL {
    * `rule` is any rule, a concurrency rule (`decision.lease` is the lease:
    * `lease()` makes it a handle), or `{ policy }` for `RL.HIT`.
    */
-  acquire(key: string, rule: Spec, opts: AcquireOptions): Promise<Decision> {
+  async acquire(key: string, rule: Spec, opts: AcquireOptions): Promise<Decision> {
     checkString('key', key);
     const timeoutMs = acquireTimeout(opts);
     const cost = optionArgs({ cost: opts.cost });
@@ -206,7 +221,7 @@ export class RL {
   }
 
   /** `RL.ALL ... BLOCK`: `acquire` for several limiters, admitted when all of them admit at once. */
-  acquireAll(limits: ReadonlyArray<{ key: string; rule: Spec }>, opts: AcquireOptions): Promise<Decision> {
+  async acquireAll(limits: ReadonlyArray<{ key: string; rule: Spec }>, opts: AcquireOptions): Promise<Decision> {
     const timeoutMs = acquireTimeout(opts);
     const args = [...allArgs(limits), ...optionArgs({ cost: opts.cost }), ...blockArgs(timeoutMs)];
     return this.held(args[2] as string, args, 'deniedBy', timeoutMs, opts.signal);
@@ -221,7 +236,7 @@ export class RL {
    * `rule` is `{ limit, leaseMs }`, or `{ policy, leaseMs? }` for a
    * CONCURRENCY policy (`leaseMs` is what `renew` extends it by).
    */
-  lease(key: string, rule: LeaseRule, opts: LeaseOptions = {}): Promise<Lease> {
+  async lease(key: string, rule: LeaseRule, opts: LeaseOptions = {}): Promise<Lease> {
     checkString('key', key);
     if (rule === null || typeof rule !== 'object') {
       throw new RLArgumentError('rule', `rule must be { limit, leaseMs } or { policy }, got ${describe(rule)}`);
@@ -278,7 +293,7 @@ export class RL {
    * is the 0-based index of the first that denied. In a cluster the keys
    * must share a slot (a hash tag such as `{order:create}`).
    */
-  all(limits: ReadonlyArray<{ key: string; rule: Spec }>, opts?: Pick<CallOptions, 'cost'>): Promise<Decision> {
+  async all(limits: ReadonlyArray<{ key: string; rule: Spec }>, opts?: Pick<CallOptions, 'cost'>): Promise<Decision> {
     const args = [...allArgs(limits), ...optionArgs({ cost: opts?.cost })];
     return this.decide(args[2] as string, args, 'deniedBy');
   }

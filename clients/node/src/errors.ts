@@ -34,6 +34,13 @@ export class RLArgumentError extends RLError {
  */
 export class RLModuleNotLoadedError extends RLError {}
 
+/**
+ * Redis could not be reached: `checkModule` found the client closed, not
+ * connected, or not ready within its timeout, or `MODULE LIST` was lost with
+ * the connection. `cause` is the client's own error, when there is one.
+ */
+export class RLConnectionError extends RLError {}
+
 /** The server answered something that is not a limiter reply. */
 export class RLProtocolError extends RLError {}
 
@@ -119,4 +126,15 @@ export function fromServerError(err: unknown, command: string): Error {
     return new RLArgumentError(argument, `${command}: ${msg}`, { cause: err });
   }
   return err;
+}
+
+/**
+ * An error reply of the server (ioredis's `ReplyError`, node-redis's
+ * `ErrorReply`: `ERR ...`, `NOPERM ...`), as opposed to a connection that
+ * failed or a command that got no answer.
+ */
+export function isServerReply(err: unknown): boolean {
+  if (!(err instanceof Error)) return false;
+  const name = err.constructor?.name;
+  return name === 'ReplyError' || name === 'ErrorReply' || name === 'SimpleError' || name === 'BlobError';
 }

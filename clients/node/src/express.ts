@@ -1,3 +1,4 @@
+import { beforeDeadline, isOutage, LocalAccount, shareOf } from './account.js';
 import { RL } from './client.js';
 import type { Decision } from './decision.js';
 import { checkInteger, describe, RLArgumentError, RLError, RLModuleNotLoadedError } from './errors.js';
@@ -10,9 +11,21 @@ export interface ClientRateLimitInfo {
   resetTime: Date | undefined;
 }
 
+/** What rate-limit-redis says a Redis reply may be. */
+export type RedisReply = boolean | number | string | Array<boolean | number | string>;
+
+/** rate-limit-redis's argument of `sendCommandCluster`. */
+export interface SendCommandClusterDetails {
+  key?: string;
+  isReadOnly: boolean;
+  command: string[];
+}
+
 /** The part of express-rate-limit's options (v7, v8) that `init` reads. */
 export interface ExpressRateLimitOptions {
   windowMs: number;
+  /** When true, a Redis failure is decided by the store's local account instead of reaching express-rate-limit. */
+  passOnStoreError?: boolean;
   limit?: number | ((...args: never[]) => unknown);
   /** v6/v7's name for `limit`. */
   max?: number | ((...args: never[]) => unknown);
@@ -46,7 +59,18 @@ export interface RLStoreOptions {
   limit?: number;
   /** rate-limit-redis's option; accepted for the rename, not needed: the module keeps the expiry right itself. */
   resetExpiryOnChange?: boolean;
+  /**
+   * With express-rate-limit's `passOnStoreError`: the app instances sharing
+   * these counts (default 1). Each keeps an account per key at its share,
+   * ceil(limit / instances x 1.1); see `init`.
+   */
+  instances?: number;
+  /** With `passOnStoreError`: ms to wait for Redis before the account decides (default 100). */
+  deadlineMs?: number;
 }
+
+/** `ratelimit.sliding-max-limit`'s own bound: no server takes a sliding limit above it. */
+const SLIDING_LIMIT_BOUND = 16_777_215;
 
 /**
  * An express-rate-limit (v7, v8) store whose counts come from the module:
@@ -73,6 +97,10 @@ export class RLStore {
   private readonly window: 'sliding' | 'fixed' | Period;
   private readonly zone: string | undefined;
   private readonly limitOption: number | undefined;
+  private readonly instances: number;
+  private readonly deadlineMs: number;
+  /** With `passOnStoreError`: what Redis may have counted for this instance. */
+  private account: LocalAccount | undefined;
   private configError: Error | undefined = new RLError('RLStore: init() was not called; pass the store to rateLimit({ store })');
   private trackDenials = false;
   /** key -> reset times (ms) of the denials this store answered and not yet seen decremented. */
@@ -90,11 +118,13 @@ export class RLStore {
     if (sendCommandCluster !== undefined && typeof sendCommandCluster !== 'function') {
       throw new RLArgumentError('sendCommandCluster', `sendCommandCluster must be a function, got ${describe(sendCommandCluster)}`);
     }
+    // As rate-limit-redis, the functions are called with `this` bound to the store.
     if (sendCommandCluster) {
-      const viaAny = sendCommand ?? ((...command: string[]) => sendCommandCluster({ key: '', isReadOnly: false, command }));
-      this.rl = new RL(fromSendCommand(viaAny, sendCommandCluster));
+      const cluster = sendCommandCluster.bind(this);
+      const viaAny = sendCommand?.bind(this) ?? ((...command: string[]) => cluster({ key: '', isReadOnly: false, command }));
+      this.rl = new RL(fromSendCommand(viaAny, cluster));
     } else if (sendCommand) {
-      this.rl = new RL(fromSendCommand(sendCommand));
+      this.rl = new RL(fromSendCommand(sendCommand.bind(this)));
     } else if (client !== undefined) {
       this.rl = new RL(toTransport(client));
     } else {
@@ -118,23 +148,39 @@ export class RLStore {
     }
     this.zone = checkZone(options.zone);
     this.limitOption = options.limit === undefined ? undefined : checkInteger('limit', options.limit, 1);
+    this.instances = checkInteger('instances', options.instances ?? 1, 1);
+    this.deadlineMs = checkInteger('deadlineMs', options.deadlineMs ?? 100, 1);
   }
 
-  /** Settles when the `MODULE LIST` check that `init` starts is done; never rejects. */
+  /** Settles when the checks that `init` starts are done; never rejects. */
   ready: Promise<void> = Promise.resolve();
 
   /**
    * Called by express-rate-limit with its options. Bad options throw at
-   * once. It then checks `MODULE LIST` in the background: a server without
-   * the module is reported at start-up, as a process warning (code
-   * `RL_MODULE_NOT_LOADED`; express-rate-limit 7 would crash on a rejected
-   * promise from `init`), and every request then fails with that error.
+   * once. It then checks in the background, once connected, that the
+   * server has the module (`MODULE LIST`) and takes the limit and window (a
+   * `COST 0` call, which creates nothing): a server without the module, or
+   * a limit above `ratelimit.sliding-max-limit`, is reported at start-up as
+   * a process warning (code `RL_MODULE_NOT_LOADED`, `RL_STORE_REFUSED`;
+   * express-rate-limit 7 would crash on a rejected promise from `init`),
+   * and every request then fails with that error.
+   *
+   * With `passOnStoreError`, express-rate-limit would let every request
+   * through when Redis fails, including those Redis counted before its
+   * answer was lost. The store then answers those itself, from an account
+   * per key at its share (every unit Redis admitted for this instance and
+   * every unit whose answer was lost is charged to it, forced): admitted
+   * while the account has room, else a 429; Redis failures no longer reach
+   * express-rate-limit, and waiting for Redis stops at `deadlineMs`.
    */
   init(options: ExpressRateLimitOptions): void {
     this.configure(options);
-    this.ready = this.checkModule().catch((err: Error) => {
-      process.emitWarning(err.message, { code: 'RL_MODULE_NOT_LOADED' });
-    });
+    this.account = options.passOnStoreError === true && this.limit > 0 ? new LocalAccount(shareOf(this.limit, this.instances), this.windowMs) : undefined;
+    this.ready = this.checkModule()
+      .then(() => this.checkLimits())
+      .catch((err: Error) => {
+        process.emitWarning(err.message, { code: err instanceof RLModuleNotLoadedError ? 'RL_MODULE_NOT_LOADED' : 'RL_STORE_REFUSED' });
+      });
   }
 
   /**
@@ -149,6 +195,24 @@ export class RLStore {
       if (err instanceof RLModuleNotLoadedError && !(err.cause instanceof Error)) {
         this.configError = err;
         throw err;
+      }
+    }
+  }
+
+  /**
+   * A `COST 0` call with the limit and window (it creates nothing): rejects
+   * with the server's `RLArgumentError` (a limit above
+   * `ratelimit.sliding-max-limit`, naming it) and keeps it for every
+   * request; any other failure decides nothing.
+   */
+  private async checkLimits(): Promise<void> {
+    if (this.limit === 0 || this.configError) return;
+    try {
+      await this.call('\u0000init-check', { cost: 0 });
+    } catch (err) {
+      if (err instanceof RLArgumentError) {
+        this.configError = new RLArgumentError(err.argument, `RLStore: the server refuses this store's ${err.argument}: ${err.message}`, { cause: err });
+        throw this.configError;
       }
     }
   }
@@ -168,6 +232,13 @@ export class RLStore {
         this.limit = this.limitOption;
       } else {
         this.limit = checkInteger('limit', limit, 0);
+      }
+      if (this.window === 'sliding' && this.limit > SLIDING_LIMIT_BOUND) {
+        throw new RLArgumentError(
+          'limit',
+          `RLStore: limit ${this.limit} is above what RL.SLIDING can take (ratelimit.sliding-max-limit, at most ${SLIDING_LIMIT_BOUND}; 100000 by default): ` +
+            "lower it, or count with window: 'fixed'",
+        );
       }
       this.trackDenials = options.skipFailedRequests === true;
       if (this.window !== 'sliding' && this.window !== 'fixed' && this.windowMs !== PERIOD_SECONDS[this.window] * 1000) {
@@ -193,13 +264,39 @@ export class RLStore {
     if (this.configError) throw this.configError;
     const now = Date.now();
     if (this.limit === 0) return { totalHits: 1, resetTime: new Date(now + this.windowMs) };
-    const d = await this.call(key, {});
+    let d: Decision;
+    if (this.account) {
+      try {
+        d = await beforeDeadline(this.call(key, {}), this.deadlineMs);
+      } catch (err) {
+        if (!isOutage(err)) throw err;
+        return this.fallback(key, now);
+      }
+      if (d.allowed) this.account.charge(key, 1);
+    } else {
+      d = await this.call(key, {});
+    }
     if (d.allowed) return { totalHits: d.limit - d.remaining, resetTime: new Date(now + d.resetMs) };
     // A denial: one more than the limit, so express-rate-limit answers 429;
     // reset when the same request would pass (Retry-After and draft-8's t).
     const resetTime = now + (d.waitMs >= 0 ? d.waitMs : d.resetMs);
     if (this.trackDenials) this.rememberDenial(key, resetTime, now);
     return { totalHits: d.limit + 1, resetTime: new Date(resetTime) };
+  }
+
+  /**
+   * Redis failed or missed the deadline (with `passOnStoreError`): the unit
+   * may have been counted there, so it is charged to the account, and the
+   * request is admitted only if the account had room for it.
+   */
+  private fallback(key: string, now: number): ClientRateLimitInfo {
+    const account = this.account as LocalAccount;
+    if (account.take(key, 1, now)) {
+      return { totalHits: Math.min(account.held(key, now), this.limit), resetTime: new Date(now + this.windowMs) };
+    }
+    const resetTime = now + account.msUntilRoom(key, 1, now);
+    if (this.trackDenials) this.rememberDenial(key, resetTime, now);
+    return { totalHits: this.limit + 1, resetTime: new Date(resetTime) };
   }
 
   /** Gives back a unit, unless this is the decrement of a 429 this store answered. */

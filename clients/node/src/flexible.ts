@@ -1,14 +1,29 @@
 import { RL } from './client.js';
 import type { Decision } from './decision.js';
 import { toInt } from './decision.js';
+import { beforeDeadline, isOutage as isFailure, LocalAccount, shareOf } from './account.js';
 import { checkInteger, describe, RLArgumentError, RLError } from './errors.js';
+import { flexiblePeer } from './peer.js';
 import type { RedisLike } from './transport.js';
 
-/**
- * rate-limiter-flexible's result: the same fields, getters and JSON, so code
- * that reads `msBeforeNext` or `remainingPoints` needs no change.
- */
-export class RateLimiterRes {
+/** rate-limiter-flexible's result: its fields, getters and JSON. */
+export interface RateLimiterRes {
+  remainingPoints: number;
+  msBeforeNext: number;
+  consumedPoints: number;
+  isFirstInDuration: boolean;
+  toJSON(): { remainingPoints: number; msBeforeNext: number; consumedPoints: number; isFirstInDuration: boolean };
+  toString(): string;
+}
+
+/** `new RateLimiterRes(remainingPoints, msBeforeNext, consumedPoints, isFirstInDuration)`. */
+export interface RateLimiterResConstructor {
+  new (remainingPoints?: number, msBeforeNext?: number, consumedPoints?: number, isFirstInDuration?: boolean): RateLimiterRes;
+  readonly prototype: RateLimiterRes;
+}
+
+/** Stands in for rate-limiter-flexible's class when the application does not have the package. */
+class KitRateLimiterRes implements RateLimiterRes {
   remainingPoints: number;
   msBeforeNext: number;
   consumedPoints: number;
@@ -34,6 +49,14 @@ export class RateLimiterRes {
     return JSON.stringify(this.toJSON());
   }
 }
+
+/**
+ * rate-limiter-flexible's own `RateLimiterRes` class when the application
+ * has the package (so its `BurstyRateLimiter`, `RateLimiterUnion` and
+ * `instanceof` checks recognise a limit), else a class with the same fields,
+ * getters and JSON.
+ */
+export const RateLimiterRes: RateLimiterResConstructor = (flexiblePeer?.RateLimiterRes as RateLimiterResConstructor | undefined) ?? KitRateLimiterRes;
 
 /** What an insurance limiter must offer: rate-limiter-flexible's methods (a `RateLimiterMemory`, say). */
 export interface InsuranceLimiter {
@@ -62,8 +85,28 @@ export interface RateLimiterRLOptions {
   inMemoryBlockOnConsumed?: number;
   /** Seconds of that in-memory block (default: the rest of the window). */
   inMemoryBlockDuration?: number;
-  /** Decides instead of Redis when Redis fails. */
+  /**
+   * Decides instead of Redis when Redis fails or misses `deadlineMs`, but
+   * only within this instance's account: see `instances`.
+   */
   insuranceLimiter?: InsuranceLimiter;
+  /**
+   * With an `insuranceLimiter`: the processes sharing these keys (default
+   * 1). Each keeps an account per key at its share, ceil(points / instances
+   * x 1.1): every point Redis admitted for it and every point of a call whose
+   * answer was lost is charged to it, and the insurance limiter is asked only
+   * while the account has room, so it never adds to what Redis may already
+   * have counted.
+   */
+  instances?: number;
+  /**
+   * With an `insuranceLimiter`: ms to wait for Redis before the insurance
+   * decides (default 100). The call goes on in Redis and may be counted
+   * there, so its points are charged to the account. Without an insurance
+   * limiter there is nothing else to decide, and the client's own timeouts
+   * apply.
+   */
+  deadlineMs?: number;
   /** `sliding` (default): `RL.SLIDING`, exact. `fixed`: `RL.FIXEDWINDOW`, windows aligned to the epoch. */
   window?: 'sliding' | 'fixed';
   /** Not supported (refused when true): delays belong to the caller; the leaky bucket (`RL.LEAKYBUCKET`) shapes in the server. */
@@ -76,23 +119,34 @@ type Key = string | number;
  * A drop-in for rate-limiter-flexible's `RateLimiterRedis` on the module:
  * the same options, methods, promise behaviour (resolve a `RateLimiterRes`
  * when allowed, reject one when limited, reject an `Error` when Redis fails
- * and there is no `insuranceLimiter`) and fields. `reward` is `REFUND`,
- * `penalty` is `COST n FORCE`, and a block is a plain key with a TTL, read in
- * the same round trip as the limiter. docs/clients.md lists where results
- * differ from `RateLimiterRedis`.
+ * and there is no `insuranceLimiter`; never a synchronous throw) and fields.
+ * `reward` is `REFUND`, `penalty` is `COST n FORCE`, and a block is a plain
+ * key with a TTL, read only when blocks are in use (`blockDuration`, or
+ * `block()` called on this limiter). With rate-limiter-flexible installed
+ * it is one of its `RateLimiterCompatibleAbstract`s and its results are its
+ * `RateLimiterRes`. docs/clients.md lists where results differ from
+ * `RateLimiterRedis`.
  */
 export class RateLimiterRL {
   readonly points: number;
   readonly duration: number;
   readonly keyPrefix: string;
   readonly blockDuration: number;
+  /** rate-limiter-flexible's field; always false (the option is refused). */
+  readonly execEvenly = false;
   readonly inMemoryBlockOnConsumed: number;
   readonly inMemoryBlockDuration: number;
   readonly insuranceLimiter: InsuranceLimiter | undefined;
+  readonly instances: number;
+  readonly deadlineMs: number;
   private readonly rl: RL;
   private readonly window: 'sliding' | 'fixed';
   /** rlKey -> unix ms until which it is blocked in memory. */
   private readonly memoryBlocks = new Map<string, number>();
+  /** Set once this limiter wrote a block: consume then reads block keys too. */
+  private blocksWritten = false;
+  /** With an insurance limiter: what Redis may have counted for this instance. */
+  private readonly account: LocalAccount | undefined;
 
   constructor(opts: RateLimiterRLOptions) {
     if (opts === null || typeof opts !== 'object') {
@@ -128,24 +182,29 @@ export class RateLimiterRL {
     if (opts.execEvenly) {
       throw new RLArgumentError('execEvenly', 'execEvenly is not supported by RateLimiterRL; RL.LEAKYBUCKET spaces actions evenly in the server');
     }
+    this.instances = checkInteger('instances', opts.instances ?? 1, 1);
+    this.deadlineMs = checkInteger('deadlineMs', opts.deadlineMs ?? 100, 1);
     if (opts.insuranceLimiter !== undefined) {
       const ins = opts.insuranceLimiter as unknown as Record<string, unknown>;
       if (!ins || typeof ins['consume'] !== 'function') {
         throw new RLArgumentError('insuranceLimiter', 'insuranceLimiter must be a rate limiter (RateLimiterMemory, say)');
       }
       opts.insuranceLimiter.blockDuration = this.blockDuration;
+      this.account = new LocalAccount(shareOf(this.points, this.instances), this.msDuration);
     }
     this.insuranceLimiter = opts.insuranceLimiter;
     this.rl = new RL(opts.storeClient);
   }
 
   /**
-   * `MODULE LIST` on every master: rejects `RLModuleNotLoadedError` when the
-   * module is missing. Call it at start-up to fail there rather than on the
-   * first request.
+   * Waits until the client is connected (at most `timeoutMs`, default
+   * 10,000), then `MODULE LIST` on every master: rejects
+   * `RLModuleNotLoadedError` when the module is missing and
+   * `RLConnectionError` when Redis cannot be reached. Call it at start-up to
+   * fail there rather than on the first request.
    */
-  async checkModule(): Promise<void> {
-    await this.rl.checkModule();
+  async checkModule(opts?: { timeoutMs?: number }): Promise<void> {
+    await this.rl.checkModule(opts);
   }
 
   get msDuration(): number {
@@ -153,6 +212,10 @@ export class RateLimiterRL {
   }
   get msBlockDuration(): number {
     return this.blockDuration * 1000;
+  }
+  /** This instance's share of `points` (its account's size with an insurance limiter). */
+  get share(): number {
+    return shareOf(this.points, this.instances);
   }
 
   /** `keyPrefix:key`, as rate-limiter-flexible. */
@@ -164,15 +227,24 @@ export class RateLimiterRL {
   }
 
   /** Resolves when allowed, rejects a `RateLimiterRes` when limited. */
-  consume(key: Key, pointsToConsume = 1, options: object = {}): Promise<RateLimiterRes> {
+  async consume(key: Key, pointsToConsume = 1, options: object = {}): Promise<RateLimiterRes> {
     const cost = checkPoints('pointsToConsume', pointsToConsume);
-    return this.insured('consume', [key, pointsToConsume, options], () => this.doConsume(key, cost));
+    if (!this.account) return this.doConsume(key, cost);
+    let res: RateLimiterRes;
+    try {
+      res = await beforeDeadline(this.doConsume(key, cost), this.deadlineMs);
+    } catch (err) {
+      if (!isOutage(err)) throw err;
+      return this.fallbackConsume(key, cost, pointsToConsume, options);
+    }
+    this.account.charge(this.getKey(key), cost);
+    return res;
   }
 
   /** Takes points even over the limit (`COST n FORCE`); resolves. */
-  penalty(key: Key, points = 1, options: object = {}): Promise<RateLimiterRes> {
+  async penalty(key: Key, points = 1, options: object = {}): Promise<RateLimiterRes> {
     const cost = checkPoints('points', points);
-    return this.insured('penalty', [key, points, options], async () => {
+    const res = await this.insured('penalty', [key, points, options], async () => {
       const d = await this.limiter(key, { cost, force: true });
       // FORCE answers as the call without it would have: remaining after
       // taking the units if they fitted, else before (the rest is debt,
@@ -181,10 +253,12 @@ export class RateLimiterRL {
       const consumed = Math.min(d.limit - d.remaining + cost, 2 * d.limit);
       return new RateLimiterRes(0, d.resetMs, consumed, false);
     });
+    this.account?.charge(this.getKey(key), cost);
+    return res;
   }
 
   /** Gives points back (`REFUND n`), never above a fresh key's; resolves. */
-  reward(key: Key, points = 1, options: object = {}): Promise<RateLimiterRes> {
+  async reward(key: Key, points = 1, options: object = {}): Promise<RateLimiterRes> {
     const n = checkPoints('points', points);
     return this.insured('reward', [key, points, options], async () => {
       const d = await this.limiter(key, { refund: n });
@@ -192,19 +266,24 @@ export class RateLimiterRL {
     });
   }
 
-  /** The key's state without consuming (`COST 0`), or null for a fresh key. */
-  get(key: Key, options: object = {}): Promise<RateLimiterRes | null> {
+  /**
+   * The key's state without consuming, or null for a fresh key. A key in
+   * debt (after `penalty`) reports all its points, as `penalty` did: the
+   * peek (`COST 0`) is sent with a limit of twice `points`, which the debt
+   * never exceeds, so that `remaining` counts below empty too.
+   */
+  async get(key: Key, options: object = {}): Promise<RateLimiterRes | null> {
     return this.insured('get', [key, options], async () => {
-      const [blockMs, d] = await Promise.all([this.blockTtl(key), this.limiter(key, { cost: 0 })]);
+      const [blockMs, d] = await Promise.all([this.blockTtl(key), this.peek(key)]);
       if (blockMs > 0 || blockMs === -1) return new RateLimiterRes(0, blockMs, this.points + 1, false);
       const used = d.limit - d.remaining;
       if (used <= 0) return null;
-      return this.resFrom(d, 0, used);
+      return new RateLimiterRes(Math.max(this.points - used, 0), d.resetMs, used, false);
     });
   }
 
   /** Deletes the limiter and its block; resolves true when something was there. */
-  delete(key: Key, options: object = {}): Promise<boolean> {
+  async delete(key: Key, options: object = {}): Promise<boolean> {
     return this.insured('delete', [key, options], async () => {
       const rlKey = this.getKey(key);
       this.memoryBlocks.delete(rlKey);
@@ -213,10 +292,23 @@ export class RateLimiterRL {
     });
   }
 
-  /** Blocks the key for `secDuration` seconds (0: until deleted). */
-  block(key: Key, secDuration: number, options: object = {}): Promise<RateLimiterRes> {
+  /**
+   * Blocks the key for `secDuration` seconds (0: until deleted). From then
+   * on this limiter reads block keys on every consume; other limiters read
+   * them when they have a `blockDuration` or wrote a block themselves.
+   */
+  async block(key: Key, secDuration: number, options: object = {}): Promise<RateLimiterRes> {
     const s = checkInteger('secDuration', secDuration, 0);
     return this.insured('block', [key, secDuration, options], () => this.setBlock(key, s * 1000));
+  }
+
+  /**
+   * rate-limiter-flexible's `set` (the count of a key, for `secDuration`):
+   * not supported, rejects an `RLError`. The module's count is made by
+   * `consume` and `penalty`, and given back by `reward` and `delete`.
+   */
+  async set(_key: Key, _points: number, _secDuration: number, _options: object = {}): Promise<RateLimiterRes> {
+    throw new RLError('RateLimiterRL does not support set(): the module counts what consume and penalty take; use penalty, reward or delete');
   }
 
   /** What the in-memory block still holds for `rlKey` (ms), 0 if none. */
@@ -239,8 +331,10 @@ export class RateLimiterRL {
     const rlKey = this.getKey(key);
     const inMemory = this.getInMemoryBlockMsBeforeExpire(rlKey);
     if (inMemory > 0) throw new RateLimiterRes(0, inMemory);
-    // The block key and the limiter in one round trip (two commands in flight).
-    const [blockMs, d] = await Promise.all([this.blockTtl(key), this.limiter(key, { cost })]);
+    // One command per decision; the block key only where blocks are in use
+    // (then both in one round trip).
+    const blocks = this.blockDuration > 0 || this.blocksWritten;
+    const [blockMs, d] = blocks ? await Promise.all([this.blockTtl(key), this.limiter(key, { cost })]) : [0, await this.limiter(key, { cost })];
     if (blockMs > 0 || blockMs === -1) {
       // Blocked: what the limiter just took goes back.
       if (d.allowed && cost > 0) await this.limiter(key, { refund: cost });
@@ -268,6 +362,21 @@ export class RateLimiterRL {
     return res;
   }
 
+  /**
+   * Redis failed or missed the deadline: the call may have been counted
+   * there, so its points are charged to the account, and the insurance
+   * limiter decides only if the account had room for them.
+   */
+  private async fallbackConsume(key: Key, cost: number, pointsToConsume: unknown, options: object): Promise<RateLimiterRes> {
+    const account = this.account as LocalAccount;
+    const rlKey = this.getKey(key);
+    if (!account.take(rlKey, cost)) {
+      throw new RateLimiterRes(0, account.msUntilRoom(rlKey, cost), account.held(rlKey), false);
+    }
+    const ins = this.insuranceLimiter as InsuranceLimiter;
+    return ins.consume(key, pointsToConsume as number, options) as Promise<RateLimiterRes>;
+  }
+
   private resFrom(d: Decision, changed: number, consumed: number): RateLimiterRes {
     // A cost above `points` never passes (wait_ms -1): like RateLimiterRedis,
     // say the window, after which it is refused again.
@@ -278,6 +387,7 @@ export class RateLimiterRL {
   private async setBlock(key: Key, ms: number): Promise<RateLimiterRes> {
     const bk = this.blockKey(key);
     const lk = this.limiterKey(key);
+    this.blocksWritten = true;
     // The block replaces the count, as in RateLimiterRedis: the key is fresh after it.
     await Promise.all([this.rl.send(bk, ms > 0 ? ['SET', bk, '1', 'PX', String(ms)] : ['SET', bk, '1']), this.rl.send(lk, ['DEL', lk])]);
     return new RateLimiterRes(0, ms > 0 ? ms : -1, this.points + 1);
@@ -290,9 +400,24 @@ export class RateLimiterRL {
     return t === -2 ? 0 : t;
   }
 
-  private limiter(key: Key, opts: { cost?: number; refund?: number; force?: boolean }): Promise<Decision> {
+  /**
+   * The key's state, debt included: a peek with twice the limit, which the
+   * debt never exceeds (the server's `FORCE` bound), so `limit - remaining`
+   * counts below empty; where the server refuses that limit
+   * (`ratelimit.sliding-max-limit`), a peek with `points`.
+   */
+  private async peek(key: Key): Promise<Decision> {
+    try {
+      return await this.limiter(key, { cost: 0 }, 2 * this.points);
+    } catch (err) {
+      if (!(err instanceof RLArgumentError && err.argument === 'limit')) throw err;
+      return this.limiter(key, { cost: 0 });
+    }
+  }
+
+  private limiter(key: Key, opts: { cost?: number; refund?: number; force?: boolean }, limit = this.points): Promise<Decision> {
     const k = this.limiterKey(key);
-    const p = { limit: this.points, windowMs: this.msDuration };
+    const p = { limit, windowMs: this.msDuration };
     return this.window === 'sliding' ? this.rl.sliding(k, p, opts) : this.rl.fixedWindow(k, p, opts);
   }
 
@@ -316,12 +441,22 @@ export class RateLimiterRL {
     try {
       return await op();
     } catch (err) {
-      // Limited, bad input, or a server without the module: not a Redis failure.
-      if (err instanceof RateLimiterRes || err instanceof RLError || !this.insuranceLimiter) throw err;
+      if (!this.insuranceLimiter || !isOutage(err)) throw err;
       const fn = this.insuranceLimiter[name] as (...a: unknown[]) => Promise<T>;
       return fn.apply(this.insuranceLimiter, params);
     }
   }
+}
+
+// With rate-limiter-flexible installed, RateLimiterRL is one of its
+// compatible limiters: RateLimiterUnion, RLWrapperTimeouts and insured
+// limiters check `instanceof RateLimiterCompatibleAbstract`. Its getters
+// (which throw) are shadowed by RateLimiterRL's own fields and methods.
+if (flexiblePeer) Object.setPrototypeOf(RateLimiterRL.prototype, flexiblePeer.RateLimiterCompatibleAbstract.prototype);
+
+/** Redis failed or did not answer in time: not a limit, not bad input, not a server without the module. */
+function isOutage(err: unknown): boolean {
+  return !(err instanceof RateLimiterRes) && isFailure(err);
 }
 
 function checkPoints(argument: string, points: unknown): number {

@@ -267,3 +267,57 @@ export function ownConnection(client: RedisLike): DedicatedConnection {
     },
   };
 }
+
+/**
+ * Settles when `client` can take commands: at once when it is ready (or is a
+ * `sendCommand` function or a `Transport`, which say nothing of it); after
+ * its `ready` event while it connects, at most `timeoutMs`. Rejects with a
+ * message (for `RLConnectionError`) when it is closed, was never connected,
+ * or is still not ready by then. An ioredis client made with `lazyConnect`
+ * and not yet connected is connected, as its first command would.
+ */
+export async function whenReady(client: RedisLike, timeoutMs: number): Promise<void> {
+  if (client === null || typeof client !== 'object') return;
+  const c = client as Dict;
+  let name: string;
+  if (typeof c['status'] === 'string' && isFn(c['call'])) {
+    name = c['isCluster'] === true ? 'the ioredis cluster' : 'the ioredis client';
+    const status = c['status'];
+    if (status === 'ready') return;
+    if (status === 'end') throw new Error(`${name} is closed (status end)`);
+    if (status === 'wait' && isFn(c['connect'])) (c['connect'] as AnyFn).call(c).catch(() => {});
+  } else if (isFn(c['sendCommand']) && typeof c['isOpen'] === 'boolean') {
+    name = isFn(c['getSlotRandomNode']) ? 'the node-redis cluster' : 'the node-redis client';
+    if (!c['isOpen']) throw new Error(`${name} is not connected: await client.connect() first`);
+    // A cluster is open once its connect() resolved; a client says isReady.
+    if (c['isReady'] !== false) return;
+  } else {
+    return;
+  }
+  const on = c['on'] as ((e: string, f: (...a: unknown[]) => void) => void) | undefined;
+  const off = (c['off'] ?? c['removeListener']) as ((e: string, f: (...a: unknown[]) => void) => void) | undefined;
+  if (!isFn(on) || !isFn(off)) return;
+  let lastError: unknown;
+  await new Promise<void>((resolve, reject) => {
+    const done = (err?: Error) => {
+      clearTimeout(timer);
+      off.call(c, 'ready', onReady);
+      off.call(c, 'end', onEnd);
+      off.call(c, 'error', onError);
+      if (err) reject(err);
+      else resolve();
+    };
+    const onReady = () => done();
+    const onEnd = () => done(new Error(`${name} closed before it was ready${lastError instanceof Error ? ` (${lastError.message})` : ''}`));
+    const onError = (err: unknown) => {
+      lastError = err;
+    };
+    const timer = setTimeout(
+      () => done(new Error(`${name} was not ready within ${timeoutMs} ms${lastError instanceof Error ? ` (${lastError.message})` : ''}`)),
+      timeoutMs,
+    );
+    on.call(c, 'ready', onReady);
+    on.call(c, 'end', onEnd);
+    on.call(c, 'error', onError);
+  });
+}

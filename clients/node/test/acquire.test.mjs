@@ -5,7 +5,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import express from 'express';
 import { RL, RLDeadlineError, RLDeniedError, concurrencyLimit } from 'redis-ratelimit';
-import { clientKinds, clusterKinds, sleep, startCluster, startServer } from './servers.mjs';
+import { clientKinds, clusterKinds, sleep, startCluster, startServer, STILL_MS } from './servers.mjs';
 
 /** Whether the module under test takes BLOCK (a module built before it refuses the option). */
 async function moduleHasBlock() {
@@ -151,13 +151,13 @@ describe('acquire', { skip }, () => {
           assert.equal(d.allowed, true);
           const limits = [
             { key: `{${k('all')}}:a`, rule: { policy } },
-            { key: `{${k('all')}}:b`, rule: { algorithm: 'fixedwindow', limit: 10, windowMs: 60_000 } },
+            { key: `{${k('all')}}:b`, rule: { algorithm: 'fixedwindow', limit: 10, windowMs: STILL_MS } },
           ];
           assert.equal((await rl.all(limits)).allowed, true);
           assert.equal((await rl.all(limits)).deniedBy, 0);
           const both = await rl.acquireAll(limits, { timeoutMs: 5000 });
           assert.deepEqual([both.allowed, both.deniedBy], [true, null]);
-          assert.equal((await rl.fixedWindow(`{${k('all')}}:b`, { limit: 10, windowMs: 60_000 }, { cost: 0 })).remaining, 8);
+          assert.equal((await rl.fixedWindow(`{${k('all')}}:b`, { limit: 10, windowMs: STILL_MS }, { cost: 0 })).remaining, 8);
         } finally {
           await rl.policyDel(policy);
         }

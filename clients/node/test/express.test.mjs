@@ -7,8 +7,8 @@ import { rateLimit as rateLimit8 } from 'express-rate-limit';
 import { rateLimit as rateLimit7 } from 'erl7';
 import { createClient, createCluster } from 'redis';
 import { Cluster, Redis } from 'ioredis';
-import { RL, RLArgumentError, RLModuleNotLoadedError, RLStore } from 'redis-ratelimit';
-import { sleep, startCluster, startServer } from './servers.mjs';
+import RLStoreDefault, { RL, RLArgumentError, RLModuleNotLoadedError, RLStore } from 'redis-ratelimit';
+import { sleep, startCluster, startServer, STILL_MS } from './servers.mjs';
 
 let server;
 let client;
@@ -165,7 +165,7 @@ describe('RLStore', () => {
 
   test('a fixed window on request (RL.FIXEDWINDOW)', async () => {
     const store = storeOn(client, { window: 'fixed', prefix: 'fixed:' });
-    store.init({ windowMs: 60_000, limit: 1 });
+    store.init({ windowMs: STILL_MS, limit: 1 });
     assert.equal((await store.increment('u')).totalHits, 1);
     assert.equal((await store.increment('u')).totalHits, 2);
     // The key is the fixed window's: the sliding log refuses it.
@@ -215,6 +215,59 @@ describe('RLStore', () => {
       process.off('warning', onWarning);
       c.destroy();
       await plain.stop();
+    }
+  });
+
+  test('a rename of rate-limit-redis: sendCommand and sendCommandCluster are called with this bound to the store; a default export', async () => {
+    assert.equal(RLStoreDefault, RLStore);
+    const seen = [];
+    const store = new RLStore({
+      sendCommand: function (...args) {
+        seen.push(this);
+        return client.sendCommand(args);
+      },
+      prefix: 'bound:',
+    });
+    store.init({ windowMs: 60_000, limit: 2 });
+    assert.equal((await store.increment('u')).totalHits, 1);
+    const clustered = new RLStore({
+      sendCommandCluster: function ({ command }) {
+        seen.push(this);
+        return client.sendCommand(command);
+      },
+      prefix: 'bound-cluster:',
+    });
+    clustered.init({ windowMs: 60_000, limit: 2 });
+    assert.equal((await clustered.increment('u')).totalHits, 1);
+    await Promise.all([store.ready, clustered.ready]);
+    assert.ok(seen.length >= 2);
+    assert.ok(seen.every((t) => t === store || t === clustered));
+    assert.ok(seen.includes(store) && seen.includes(clustered));
+  });
+
+  test('a limit above ratelimit.sliding-max-limit is refused at init, naming the bound', async () => {
+    const warnings = [];
+    const onWarning = (w) => warnings.push(w);
+    process.on('warning', onWarning);
+    try {
+      const store = storeOn(client, { prefix: 'toolarge:' });
+      store.init({ windowMs: 60_000, limit: 200_000 });
+      await store.ready;
+      await new Promise((r) => setImmediate(r));
+      const w = warnings.find((x) => x.code === 'RL_STORE_REFUSED');
+      assert.ok(w && /sliding-max-limit \(100000\)/.test(w.message), `warnings: ${warnings.map((x) => x.message)}`);
+      await assert.rejects(store.increment('u'), (e) => e instanceof RLArgumentError && e.argument === 'limit' && /sliding-max-limit \(100000\)/.test(e.message));
+      // Above any server's bound: refused at once.
+      const huge = storeOn(client, { prefix: 'huge:' });
+      assert.throws(() => huge.init({ windowMs: 60_000, limit: 20_000_000 }), (e) => e instanceof RLArgumentError && e.argument === 'limit' && /sliding-max-limit/.test(e.message));
+      // A fixed window has no such bound.
+      const fixed = storeOn(client, { prefix: 'largefixed:', window: 'fixed' });
+      fixed.init({ windowMs: 60_000, limit: 200_000 });
+      await fixed.ready;
+      assert.equal((await fixed.increment('u')).totalHits, 1);
+      assert.equal(await client.exists('toolarge:\u0000init-check:rl'), 0, 'the check creates nothing');
+    } finally {
+      process.off('warning', onWarning);
     }
   });
 
@@ -268,7 +321,7 @@ describe('RLStore', () => {
     }
   });
 
-  test('Redis killed mid-run: passOnStoreError lets requests through, without it they fail', async () => {
+  test('Redis killed mid-run: with passOnStoreError the store’s account decides, without it requests fail', async () => {
     const doomed = await startServer();
     const c = createClient({ url: doomed.url, disableOfflineQueue: true, socket: { reconnectStrategy: false } });
     c.on('error', () => {});
@@ -283,7 +336,11 @@ describe('RLStore', () => {
       await doomed.kill();
       await sleep(100);
       console.error = logger.error;
+      // Redis admitted 1 for this instance; its share of a limit of 1 is
+      // ceil(1 x 1.1) = 2: one more passes, then 429s, never a pass-through.
       assert.equal((await get(`${passing.url}/ok`, 'k')).status, 200);
+      assert.equal((await get(`${passing.url}/ok`, 'k')).status, 429);
+      assert.equal((await get(`${passing.url}/ok`, 'other')).status, 200, 'another key has its own account');
       assert.equal((await get(`${failing.url}/ok`, 'k')).status, 500);
     } finally {
       console.error = origError;

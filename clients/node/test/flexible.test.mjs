@@ -3,10 +3,19 @@
 // module, compared point by point; then what only RateLimiterRL has to show.
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
-import { RateLimiterMemory, RateLimiterRedis, RateLimiterRes as FlexRes } from 'rate-limiter-flexible';
+import http from 'node:http';
+import {
+  BurstyRateLimiter,
+  RateLimiterCompatibleAbstract,
+  RateLimiterMemory,
+  RateLimiterQueue,
+  RateLimiterRedis,
+  RateLimiterRes as FlexRes,
+  RateLimiterUnion,
+} from 'rate-limiter-flexible';
 import { createClient } from 'redis';
 import { Redis } from 'ioredis';
-import { RateLimiterRL, RateLimiterRes, RLArgumentError, RLModuleNotLoadedError } from 'redis-ratelimit';
+import { RateLimiterRL, RateLimiterRes, RLArgumentError, RLConnectionError, RLError, RLModuleNotLoadedError } from 'redis-ratelimit';
 import { clusterKinds, sleep, startCluster, startServer } from './servers.mjs';
 
 let withModule;
@@ -61,7 +70,8 @@ function shape(v) {
 /**
  * Runs `steps` (each (limiter, key) => promise, or a number: ms to sleep) on
  * both limiters and compares every result; msBeforeNext within `slackMs`
- * (the two servers' clocks and the sliding log's 1 ms of rounding up).
+ * (the two servers' clocks and the sliding log's 1 ms of rounding up), plus
+ * the time the steps took.
  * The one difference by design, listed in docs/clients.md: a denied consume
  * takes nothing in the module, while RateLimiterRedis's counter also counts
  * it; at the steps in `deniedCounted`, where RateLimiterRedis's count holds
@@ -76,17 +86,23 @@ async function compare(kind, options, steps, { slackMs = 40, deniedCounted = [] 
     const ours = new RateLimiterRL({ storeClient: mc, ...options });
     const theirs = new RateLimiterRedis({ storeClient: pc, ...c.flexOptions, ...options });
     let n = 0;
+    // Where the two windows start apart (a fixed window from the first
+    // consume, a sliding one per point), they differ by the time the steps
+    // themselves took: on a loaded host, more than slackMs.
+    let busyMs = 0;
     for (const step of steps) {
       if (typeof step === 'number') {
         await sleep(step);
         continue;
       }
       n++;
+      const t0 = Date.now();
       const [a, b] = await Promise.all([outcome(step(theirs, key)), outcome(step(ours, key))]);
-      const where = `step ${n}: RateLimiterRedis ${JSON.stringify(a)}, RateLimiterRL ${JSON.stringify(b)}`;
+      busyMs += Date.now() - t0;
+      const where = `step ${n}: RateLimiterRedis ${JSON.stringify(a)}, RateLimiterRL ${JSON.stringify(b)}, steps took ${busyMs} ms`;
       assert.equal(b.how, a.how, where);
       if (typeof a.msBeforeNext === 'number') {
-        assert.ok(Math.abs(a.msBeforeNext - b.msBeforeNext) <= slackMs, where);
+        assert.ok(Math.abs(a.msBeforeNext - b.msBeforeNext) <= slackMs + busyMs, where);
         delete a.msBeforeNext;
         delete b.msBeforeNext;
       }
@@ -198,10 +214,21 @@ describe('RateLimiterRL', () => {
     ];
     for (const [make, argument] of bad) assert.throws(make, (e) => e instanceof RLArgumentError && e.argument === argument, argument);
     const l = new RateLimiterRL({ storeClient: io, points: 5 });
-    assert.throws(() => l.consume('u', -1), (e) => e.argument === 'pointsToConsume');
-    assert.throws(() => l.consume('u', 1.5), (e) => e.argument === 'pointsToConsume');
-    assert.throws(() => l.penalty('u', -3), (e) => e.argument === 'points');
-    assert.throws(() => l.block('u', -1), (e) => e.argument === 'secDuration');
+    const calls = [
+      [() => l.consume('u', -1), 'pointsToConsume'],
+      [() => l.consume('u', 1.5), 'pointsToConsume'],
+      [() => l.penalty('u', -3), 'points'],
+      [() => l.reward('u', 'x'), 'points'],
+      [() => l.block('u', -1), 'secDuration'],
+    ];
+    for (const [call, argument] of calls) {
+      // A rejected promise, never a synchronous throw: `.then().catch()` handles it.
+      let p;
+      assert.doesNotThrow(() => {
+        p = call();
+      }, argument);
+      await assert.rejects(p, (e) => e instanceof RLArgumentError && e.argument === argument, argument);
+    }
     assert.equal(await io.dbsize(), 0);
   });
 
@@ -266,6 +293,163 @@ describe('RateLimiterRL', () => {
       }
     } finally {
       await cl.stop();
+    }
+  });
+});
+
+let serial = 0;
+const uniq = (name) => `${name}:${process.pid}:${++serial}`;
+
+describe('RateLimiterRL among rate-limiter-flexible’s own classes', () => {
+  let io;
+  before(async () => {
+    io = await clients.ioredis.make(withModule.port);
+  });
+  after(() => io.disconnect());
+
+  test('its results are rate-limiter-flexible’s RateLimiterRes, resolved and rejected', async () => {
+    assert.equal(RateLimiterRes, FlexRes);
+    const l = new RateLimiterRL({ storeClient: io, points: 1, duration: 5, keyPrefix: uniq('res') });
+    const ok = await l.consume('u');
+    assert.ok(ok instanceof FlexRes);
+    const limited = await l.consume('u').catch((e) => e);
+    assert.ok(limited instanceof FlexRes, 'the rejection is a RateLimiterRes');
+    assert.ok((await l.get('u')) instanceof FlexRes);
+    assert.ok((await l.penalty('u')) instanceof FlexRes);
+    assert.ok((await l.reward('u')) instanceof FlexRes);
+    assert.ok((await l.block('u', 1)) instanceof FlexRes);
+  });
+
+  test('BurstyRateLimiter serves from the burst limiter once RateLimiterRL is out of points', async () => {
+    const bursty = new BurstyRateLimiter(
+      new RateLimiterRL({ storeClient: io, points: 2, duration: 10, keyPrefix: uniq('bursty') }),
+      new RateLimiterMemory({ points: 3, duration: 10, keyPrefix: uniq('burst') }),
+    );
+    const outcomes = [];
+    for (let i = 0; i < 6; i++) outcomes.push(await bursty.consume('u').then(() => 'ok', (e) => (e instanceof FlexRes ? 'limited' : e)));
+    assert.deepEqual(outcomes, ['ok', 'ok', 'ok', 'ok', 'ok', 'limited']);
+  });
+
+  test('RateLimiterUnion, RateLimiterQueue and instanceof take it as one of rate-limiter-flexible’s limiters', async () => {
+    const ours = new RateLimiterRL({ storeClient: io, points: 2, duration: 10, keyPrefix: uniq('union') });
+    assert.ok(ours instanceof RateLimiterCompatibleAbstract);
+    assert.equal(ours.execEvenly, false);
+    const union = new RateLimiterUnion(ours, new RateLimiterMemory({ points: 5, duration: 10, keyPrefix: 'mem' }));
+    const first = await union.consume('u');
+    assert.equal(first[ours.keyPrefix].remainingPoints, 1);
+    await union.consume('u');
+    const limited = await union.consume('u').catch((e) => e);
+    assert.ok(limited[ours.keyPrefix] instanceof FlexRes, 'RateLimiterRL denied, named by its keyPrefix');
+    const queue = new RateLimiterQueue(new RateLimiterRL({ storeClient: io, points: 2, duration: 10, keyPrefix: uniq('queue') }));
+    assert.equal(await queue.removeTokens(1), 1);
+    // rate-limiter-flexible's set() is not supported: a rejection, not a throw.
+    await assert.rejects(ours.set('u', 1, 1), (e) => e instanceof RLError && /set\(\)/.test(e.message));
+  });
+
+  test('a bad argument in a plain node:http handler with .then().catch() is a 500, not an uncaught exception', async () => {
+    const l = new RateLimiterRL({ storeClient: io, points: 5, duration: 5, keyPrefix: uniq('http') });
+    const server = http.createServer((req, res) => {
+      const points = Number(new URL(req.url, 'http://x').searchParams.get('points'));
+      l.consume('u', points)
+        .then(() => res.end('ok'))
+        .catch((r) => {
+          res.statusCode = r instanceof Error ? 500 : 429;
+          res.end();
+        });
+    });
+    await new Promise((r) => server.listen(0, '127.0.0.1', r));
+    try {
+      const url = `http://127.0.0.1:${server.address().port}`;
+      assert.equal((await fetch(`${url}/?points=1`)).status, 200);
+      assert.equal((await fetch(`${url}/?points=-1`)).status, 500);
+      assert.equal((await fetch(`${url}/?points=9`)).status, 429);
+    } finally {
+      server.close();
+    }
+  });
+
+  test('consume is one command per decision without blocks; with them the block is read in the same round trip', async () => {
+    const calls = async () => {
+      const stats = await io.info('commandstats');
+      const n = (cmd) => Number(new RegExp(`cmdstat_${cmd}:calls=(\\d+)`, 'i').exec(stats)?.[1] ?? 0);
+      return { sliding: n('RL.SLIDING'), pttl: n('pttl') };
+    };
+    const plain = new RateLimiterRL({ storeClient: io, points: 100, duration: 10, keyPrefix: uniq('one') });
+    const before = await calls();
+    for (let i = 0; i < 10; i++) await plain.consume('u');
+    const afterPlain = await calls();
+    assert.deepEqual([afterPlain.sliding - before.sliding, afterPlain.pttl - before.pttl], [10, 0]);
+    // A limiter that blocks reads the block key; so does one after its own block().
+    const blocking = new RateLimiterRL({ storeClient: io, points: 100, duration: 10, blockDuration: 5, keyPrefix: uniq('two') });
+    for (let i = 0; i < 3; i++) await blocking.consume('u');
+    const afterBlocking = await calls();
+    assert.equal(afterBlocking.pttl - afterPlain.pttl, 3);
+    await plain.block('banned', 5);
+    const refused = await plain.consume('banned').catch((e) => e);
+    assert.ok(refused instanceof FlexRes && refused.msBeforeNext > 4000, 'its own block holds');
+  });
+
+  test('get while in penalty debt reports what penalty reported', async () => {
+    const l = new RateLimiterRL({ storeClient: io, points: 3, duration: 10, keyPrefix: uniq('debt') });
+    await l.consume('u', 3);
+    const p = await l.penalty('u', 2);
+    assert.equal(p.consumedPoints, 5);
+    const g = await l.get('u');
+    assert.deepEqual([g.consumedPoints, g.remainingPoints], [5, 0]);
+    assert.ok(g.msBeforeNext > 9000);
+    // The peek changed nothing: the debt still denies, and the key is the same.
+    await assert.rejects(l.consume('u'), FlexRes);
+    assert.equal((await l.get('u')).consumedPoints, 5);
+    const fixed = new RateLimiterRL({ storeClient: io, points: 3, duration: 3600, window: 'fixed', keyPrefix: uniq('debt-fixed') });
+    await fixed.penalty('u', 5);
+    assert.equal((await fixed.get('u')).consumedPoints, 5);
+  });
+});
+
+describe('checkModule before the client is ready', () => {
+  test('ioredis with the kit’s example settings (enableOfflineQueue: false), just created: waits and finds the module', async () => {
+    const c = new Redis({ port: withModule.port, host: '127.0.0.1', enableOfflineQueue: false });
+    c.on('error', () => {});
+    try {
+      await new RateLimiterRL({ storeClient: c, points: 5 }).checkModule();
+    } finally {
+      c.disconnect();
+    }
+  });
+
+  test('ioredis with lazyConnect, never connected: connected and checked', async () => {
+    const c = new Redis({ port: withModule.port, host: '127.0.0.1', enableOfflineQueue: false, lazyConnect: true });
+    c.on('error', () => {});
+    try {
+      await new RateLimiterRL({ storeClient: c, points: 5 }).checkModule();
+    } finally {
+      c.disconnect();
+    }
+  });
+
+  test('node-redis connecting: waits for ready; never connected: a connection error that says so', async () => {
+    const c = createClient({ url: withModule.url, disableOfflineQueue: true });
+    c.on('error', () => {});
+    const connecting = c.connect();
+    try {
+      await new RateLimiterRL({ storeClient: c, points: 5 }).checkModule();
+    } finally {
+      await connecting;
+      c.destroy();
+    }
+    const idle = createClient({ url: withModule.url });
+    await assert.rejects(new RateLimiterRL({ storeClient: idle, points: 5 }).checkModule(), (e) => e instanceof RLConnectionError && /connect\(\)/.test(e.message));
+  });
+
+  test('Redis unreachable: a connection error, not "module not loaded"', async () => {
+    const gone = await startServer({ module: false });
+    await gone.stop();
+    const c = new Redis({ port: gone.port, host: '127.0.0.1', enableOfflineQueue: false, retryStrategy: () => null });
+    c.on('error', () => {});
+    try {
+      await assert.rejects(new RateLimiterRL({ storeClient: c, points: 5 }).checkModule(), (e) => e instanceof RLConnectionError && !(e instanceof RLModuleNotLoadedError));
+    } finally {
+      c.disconnect();
     }
   });
 });

@@ -1,7 +1,10 @@
 // The package as users load it: ESM import, CommonJS require, and types for both.
 import assert from 'node:assert/strict';
-import { existsSync } from 'node:fs';
+import { execFileSync } from 'node:child_process';
+import { copyFileSync, cpSync, existsSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import { createRequire } from 'node:module';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { test } from 'node:test';
 import * as esm from 'redis-ratelimit';
 
@@ -25,4 +28,32 @@ test('keySlot agrees with Redis Cluster (CRC16, hash tags)', () => {
   assert.equal(esm.keySlot('foo'), 12182);
   assert.equal(esm.keySlot('{user1000}.following'), esm.keySlot('{user1000}.followers'));
   assert.equal(esm.keySlot('123456789'), 0x31c3 % 16384);
+});
+
+test('with rate-limiter-flexible installed both builds answer its RateLimiterRes and extend its RateLimiterCompatibleAbstract; without it, their own', () => {
+  const cjs = require('redis-ratelimit');
+  const flex = require('rate-limiter-flexible');
+  for (const build of [cjs, esm]) {
+    assert.equal(build.RateLimiterRes, flex.RateLimiterRes);
+    assert.equal(Object.getPrototypeOf(build.RateLimiterRL.prototype), flex.RateLimiterCompatibleAbstract.prototype);
+  }
+  assert.equal(cjs.default, cjs.RLStore);
+  // The package alone, where rate-limiter-flexible cannot be found.
+  const dir = mkdtempSync(join(tmpdir(), 'rl-no-flexible-'));
+  try {
+    const pkg = join(dir, 'node_modules', 'redis-ratelimit');
+    mkdirSync(pkg, { recursive: true });
+    cpSync(new URL('../dist', import.meta.url), join(pkg, 'dist'), { recursive: true });
+    copyFileSync(new URL('../package.json', import.meta.url), join(pkg, 'package.json'));
+    const check = `
+      const r = new RateLimiterRes(1, 2, 3, true);
+      if (JSON.stringify(r) !== '{"remainingPoints":1,"msBeforeNext":2,"consumedPoints":3,"isFirstInDuration":true}') throw new Error(String(r));
+      if (Object.getPrototypeOf(RateLimiterRL.prototype) !== Object.prototype) throw new Error('extends something');
+      console.log('own');`;
+    const esmOut = execFileSync(process.execPath, ['--input-type=module', '-e', `import { RateLimiterRes, RateLimiterRL } from 'redis-ratelimit';${check}`], { cwd: dir });
+    const cjsOut = execFileSync(process.execPath, ['-e', `const { RateLimiterRes, RateLimiterRL } = require('redis-ratelimit');${check}`], { cwd: dir });
+    assert.equal(`${esmOut}${cjsOut}`, 'own\nown\n');
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
 });

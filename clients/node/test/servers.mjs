@@ -1,6 +1,7 @@
 // Real servers for the tests: redis-server with the module (RL_MODULE) on a
 // free loopback port, plain ones (for rate-limiter-flexible's own stores),
 // and a 3-master cluster of the suite's own. Each is stopped by stop().
+import assert from 'node:assert/strict';
 import { spawn, execFileSync } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import net from 'node:net';
@@ -49,6 +50,14 @@ function ping(port) {
 }
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+/**
+ * A fixed window's length for tests that read a window across calls: windows
+ * are aligned to the epoch, so a one-minute window turns over at every minute
+ * boundary, which a test's wait may straddle. 2^40 ms windows (the module's
+ * bound) turn over in 2004 and 2039 only.
+ */
+export const STILL_MS = 2 ** 40;
 
 /**
  * Starts a server; { module: false } for a plain one. Returns
@@ -229,3 +238,15 @@ export async function clusterKinds() {
 }
 
 export { sleep };
+
+/**
+ * `call()` returns a promise that rejects as `check` says, and never throws
+ * synchronously (a `.then().catch()` caller would miss the throw).
+ */
+export async function rejectsAtOnce(call, check, message) {
+  let p;
+  assert.doesNotThrow(() => {
+    p = call();
+  }, message);
+  await assert.rejects(p, check, message);
+}

@@ -5,7 +5,7 @@ import { rateLimit, type Store } from 'express-rate-limit';
 import { rateLimit as rateLimit7, type Store as Store7 } from 'erl7';
 import { createClient } from 'redis';
 import { Redis } from 'ioredis';
-import { RateLimiterMemory, type RateLimiterRes as FlexRes } from 'rate-limiter-flexible';
+import { BurstyRateLimiter, RateLimiterMemory, RateLimiterUnion, RateLimiterQueue, type RateLimiterLike, type RateLimiterRes as FlexRes } from 'rate-limiter-flexible';
 import express, { type Request, type Response } from 'express';
 import { Decision, Lease, PERIOD_SECONDS, RL, RLDeniedError, RLStore, RateLimiterRL, RateLimiterRes, concurrencyLimit } from 'redis-ratelimit';
 import type { Period, QuotaParams, Rule } from 'redis-ratelimit';
@@ -19,6 +19,18 @@ rateLimit({ windowMs: 60_000, limit: 100, store });
 rateLimit7({ windowMs: 60_000, limit: 100, store: store7 });
 
 const limiter = new RateLimiterRL({ storeClient: redis, points: 5, duration: 1, insuranceLimiter: new RateLimiterMemory({ points: 1, duration: 1 }) });
+// Where rate-limiter-flexible takes one of its limiters.
+const like: RateLimiterLike = limiter;
+export const bursty = new BurstyRateLimiter(limiter, new RateLimiterMemory({ points: 10, duration: 1 }));
+export const union = new RateLimiterUnion(like, new RateLimiterMemory({ points: 10, duration: 1 }));
+export const queue = new RateLimiterQueue(limiter);
+export async function flexible(): Promise<FlexRes> {
+  const r: FlexRes = await bursty.consume('k');
+  const mine: RateLimiterRes = await limiter.consume('k');
+  if (mine instanceof RateLimiterRes) return r;
+  return new RateLimiterRes(1, 2, 3, false);
+}
+
 export async function use(): Promise<number> {
   const d: Decision = await new RL(client).sliding('k', { limit: 5, windowMs: 1000 });
   const r: RateLimiterRes = await limiter.consume('k');
