@@ -19,8 +19,15 @@ from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from redis_ratelimit_client import Concurrency, FixedWindow, Policy, Sliding, TokenBucket
+from redis_ratelimit_client import (
+    Concurrency,
+    FixedWindow,
+    Policy,
+    Sliding,
+    TokenBucket,
+)
 from redis_ratelimit_client.asgi import FallbackMode, RateLimitMiddleware, Rule, header
+from redis_ratelimit_client.model import Algorithm
 
 
 def hello(request: object) -> PlainTextResponse:
@@ -324,3 +331,25 @@ def test_a_concurrency_policy_rule_takes_leases(server: Server, r: redis.Redis) 
         gate.set()
         assert first.result().status_code == 200
         wait_until(lambda: get("/").status_code == 200, 10, "the lease back")
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [Sliding(5, 1000), FixedWindow(5, 1000), TokenBucket(5, 5, 1000)],
+    ids=["sliding", "fixed_window", "token_bucket"],
+)
+def test_a_one_second_window_says_t_1_right_after_its_first_admission(
+    server: Server, r: redis.Redis, spec: Algorithm
+) -> None:
+    """`t` is `ceil(reset_ms / 1000)`, the draft's delay in whole seconds,
+    never shorter than the wait: a window of 1 s that began with this request
+    resets within 1 s, so `t=1`, never `t=2` (the server's `reset_ms` never
+    exceeds the window). Not the hash window: its units leave at bucket
+    boundaries, up to a bucket after the window, and its `t` says so."""
+    mw = app_with(server.port, [Rule(spec, "per-user")])
+    with running(serve_asgi(mw)) as web, httpx.Client(base_url=web.base) as http:
+        for user in ("a", "b", "c"):
+            ok = http.get("/", headers={"x-user": user})
+            assert ok.status_code == 200
+            assert ok.headers["RateLimit"] == '"per-user";r=4;t=1'
+            assert ok.headers["RateLimit-Policy"] == '"per-user";q=5;w=1'
