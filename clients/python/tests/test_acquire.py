@@ -19,7 +19,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 import redis.sentinel
-from conftest import Cluster, Sentinel, Server, has_block, wait_until
+from conftest import FIXED_MS, Cluster, Sentinel, Server, has_block, wait_until
 
 from redis_ratelimit_client import (
     AsyncClient,
@@ -126,7 +126,7 @@ def test_acquire_waits_for_a_token_bucket_refill(c: Client) -> None:
 
 
 def test_acquire_on_a_policy_and_on_all(c: Client) -> None:
-    c.policy_set("api", FixedWindow(1, 60_000))
+    c.policy_set("api", FixedWindow(1, FIXED_MS))
     assert c.acquire("p:1", Policy("api"), timeout_ms=1000).allowed
     assert not c.acquire("p:1", Policy("api"), timeout_ms=200).allowed
     rules = [("{o}:a", TokenBucket(1, 1, 300)), ("{o}:b", Sliding(10, 60_000))]

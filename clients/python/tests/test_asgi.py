@@ -14,7 +14,7 @@ import httpx
 import pytest
 import redis
 import redis.asyncio as aioredis
-from conftest import Server, running, serve_asgi, wait_until
+from conftest import FIXED_MS, FIXED_W, Server, running, serve_asgi, wait_until
 from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
@@ -81,7 +81,7 @@ def test_a_denial_is_a_429_with_the_ietf_fields_and_a_problem(
 def test_several_rules_go_through_one_all_and_policies_are_read(
     server: Server, r: redis.Redis
 ) -> None:
-    r.execute_command("RL.POLICY", "SET", "global-api", "FIXEDWINDOW", 3, 60_000)
+    r.execute_command("RL.POLICY", "SET", "global-api", "FIXEDWINDOW", 3, FIXED_MS)
     rules = [
         Rule(TokenBucket(10, 10, 1000), "per-user", key_prefix="{api}:user:"),
         Rule(Policy("global-api"), "global", fixed_key="{api}:global"),
@@ -91,7 +91,9 @@ def test_several_rules_go_through_one_all_and_policies_are_read(
         codes = [http.get("/", headers={"x-user": f"u{i}"}).status_code for i in range(4)]
         assert codes == [200, 200, 200, 429]
         denied = http.get("/", headers={"x-user": "u9"})
-        assert denied.headers["RateLimit-Policy"] == ('"per-user";q=10;w=1, "global";q=3;w=60')
+        assert denied.headers["RateLimit-Policy"] == (
+            f'"per-user";q=10;w=1, "global";q=3;w={FIXED_W}'
+        )
         assert denied.headers["RateLimit"].startswith('"global";r=0;t=')
         assert json.loads(denied.text)["violated-policies"] == ["global"]
     # All or nothing: the denied users kept their tokens.
@@ -99,7 +101,7 @@ def test_several_rules_go_through_one_all_and_policies_are_read(
 
 
 def test_the_deny_cache_answers_without_a_round_trip(server: Server, r: redis.Redis) -> None:
-    mw = app_with(server.port, [Rule(FixedWindow(1, 60_000), "per-user")])
+    mw = app_with(server.port, [Rule(FixedWindow(1, FIXED_MS), "per-user")])
     with running(serve_asgi(mw)) as web, httpx.Client(base_url=web.base) as http:
         assert http.get("/", headers={"x-user": "a"}).status_code == 200
         assert http.get("/", headers={"x-user": "a"}).status_code == 429

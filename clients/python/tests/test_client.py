@@ -9,7 +9,7 @@ import time
 import pytest
 import redis
 import redis.asyncio as aioredis
-from conftest import Cluster, Sentinel, Server, wait_until
+from conftest import FIXED_MS, Cluster, Sentinel, Server, wait_until
 
 import redis_ratelimit_client as rr
 from redis_ratelimit_client import (
@@ -39,8 +39,8 @@ def test_every_limiter_command_answers_a_decision(c: Client) -> None:
     assert (d.allowed, d.limit, d.remaining) == (True, 3, 2)
     assert c.sliding("sl", 2, 1000).remaining == 1
     assert c.hash_window("hw", 10, 1000, 100).remaining == 9
-    assert c.fixed_window("fw", 1, 60_000).remaining == 0
-    denied = c.fixed_window("fw", 1, 60_000)
+    assert c.fixed_window("fw", 1, FIXED_MS).remaining == 0
+    denied = c.fixed_window("fw", 1, FIXED_MS)
     assert not denied.allowed and denied.wait_ms > 0
     assert denied.retry_after == pytest.approx(denied.wait_ms / 1000)
     assert denied.reset_after == pytest.approx(denied.reset_ms / 1000)
@@ -77,7 +77,7 @@ def test_policies_and_hit(c: Client) -> None:
 
 
 def test_all_is_all_or_nothing_and_says_which_denied(c: Client, r: redis.Redis) -> None:
-    rules = [("{o}:user", TokenBucket(5, 5, 1000)), ("{o}:all", FixedWindow(1, 60_000))]
+    rules = [("{o}:user", TokenBucket(5, 5, 1000)), ("{o}:all", FixedWindow(1, FIXED_MS))]
     assert c.all(rules).allowed
     d = c.all(rules)
     assert not d.allowed and d.denied_by == 1
@@ -86,8 +86,8 @@ def test_all_is_all_or_nothing_and_says_which_denied(c: Client, r: redis.Redis) 
 
 def test_the_deny_log(c: Client) -> None:
     c.log_reset()
-    c.fixed_window("fw", 1, 60_000)
-    c.fixed_window("fw", 1, 60_000)
+    c.fixed_window("fw", 1, FIXED_MS)
+    c.fixed_window("fw", 1, FIXED_MS)
     assert c.log_len() == 1
     [e] = c.log_get(5)
     assert (e.key, e.source, e.cost) == ("fw", "RL.FIXEDWINDOW", 1) and e.wait_ms > 0
@@ -168,9 +168,9 @@ def test_asyncio_form(server: Server, r: redis.Redis) -> None:
         assert (await a.token_bucket("at", 2, 1, 1000)).allowed
         assert (await a.leaky_bucket("al", 2, 1, 1000)).allowed
         assert (await a.hash_window("ah", 2, 1000, 100)).allowed
-        assert (await a.fixed_window("af", 1, 1000)).allowed
-        assert not (await a.fixed_window("af", 1, 1000)).allowed
-        await a.policy_set("p", FixedWindow(1, 60_000))
+        assert (await a.fixed_window("af", 1, FIXED_MS)).allowed
+        assert not (await a.fixed_window("af", 1, FIXED_MS)).allowed
+        await a.policy_set("p", FixedWindow(1, FIXED_MS))
         assert await a.policy_list() == ["p"]
         assert (await a.hit("p", "ak")).allowed
         assert (await a.all([("{x}a", Sliding(5, 1000)), ("{x}b", Policy("p"))])).allowed
@@ -258,8 +258,8 @@ def test_cluster_routes_every_call_to_the_owner_without_moved(cluster: Cluster) 
         a = await AsyncClient.create(arc)
         for k in keys:
             assert not (await a.sliding(k, 1, 60_000)).allowed
-            assert (await a.fixed_window(f"af:{k}", 1, 60_000)).allowed
-        await a.policy_set("p2", FixedWindow(1, 60_000))
+            assert (await a.fixed_window(f"af:{k}", 1, FIXED_MS)).allowed
+        await a.policy_set("p2", FixedWindow(1, FIXED_MS))
         assert (await a.hit("p2", "hk1")).allowed and not (await a.hit("p2", "hk1")).allowed
         await arc.aclose()
 

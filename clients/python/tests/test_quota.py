@@ -16,7 +16,7 @@ import httpx
 import pytest
 import redis
 import redis.asyncio as aioredis
-from conftest import Server, running, serve_asgi
+from conftest import Server, running, serve_asgi, wait_until
 from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
@@ -47,6 +47,31 @@ def to_end(period: str, offset_s: int) -> int:
 
 def near_end(got_ms: int, *ends: int) -> bool:
     return any((e - 2) * 1000 <= got_ms <= (e + 1) * 1000 for e in ends)
+
+
+#: Every calendar period these tests count in. A count read across a
+#: period's end starts again, so no test runs within 2 minutes of one's end.
+PERIODS = [
+    Quota(1, "DAY"),  # also the ends of UTC weeks, months and years
+    Quota(1, "DAY", "+05:30"),
+    Quota(1, "DAY", "Asia/Tokyo"),
+    Quota(1, "DAY", "Europe/Paris"),
+    Quota(1, "WEEK", "America/New_York"),
+    Quota(1, "WEEK", "Europe/Paris"),
+]
+ROOM_S = 120
+
+
+@pytest.fixture(autouse=True)
+def clear_of_period_ends() -> None:
+    """Polls until every period above has `ROOM_S` left: a wait of at most
+    2 minutes, near one of the few period ends of a day."""
+
+    def room() -> float:
+        now = time.time()
+        return min(q.period_end(now) - now for q in PERIODS)
+
+    wait_until(lambda: room() >= ROOM_S, ROOM_S + 30, "2 minutes before any period ends")
 
 
 @pytest.fixture
