@@ -136,9 +136,20 @@ export async function startCluster() {
 export async function clientKinds() {
   const { createClient } = await import('redis');
   const redis4 = await import('redis4');
+  const redis6 = await import('redis6');
   const { Redis } = await import('ioredis');
   const io6 = await import('ioredis6');
   return [
+    {
+      name: 'node-redis v6',
+      async make(port) {
+        const c = redis6.createClient({ url: `redis://127.0.0.1:${port}` });
+        c.on('error', () => {});
+        await c.connect();
+        return c;
+      },
+      close: (c) => c.destroy(),
+    },
     {
       name: 'node-redis v5',
       async make(port) {
@@ -185,9 +196,20 @@ export async function clientKinds() {
 export async function clusterKinds() {
   const { createCluster } = await import('redis');
   const redis4 = await import('redis4');
+  const redis6 = await import('redis6');
   const { Cluster } = await import('ioredis');
   const io6 = await import('ioredis6');
   return [
+    {
+      name: 'node-redis v6 cluster',
+      async make(ports) {
+        const c = redis6.createCluster({ rootNodes: ports.map((p) => ({ url: `redis://127.0.0.1:${p}` })) });
+        c.on('error', () => {});
+        await c.connect();
+        return c;
+      },
+      close: (c) => c.destroy(),
+    },
     {
       name: 'node-redis v5 cluster',
       async make(ports) {
