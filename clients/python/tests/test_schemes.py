@@ -65,9 +65,11 @@ def one_per_minute_async(storage: Any) -> list[bool]:
 
 
 def native_keys(server: Server) -> list[bytes]:
+    """The storage's keys on `server` that hold the native sliding log (then deleted)."""
     c = server.client()
-    keys = [k for k in c.keys("*") if c.type(k) == b"rl-slilog"]
-    c.flushall()
+    keys = [k for k in c.keys("LIMITS:*") if c.type(k) == b"rl-slilog"]
+    if keys:
+        c.delete(*keys)
     return keys
 
 
