@@ -120,7 +120,15 @@ public final class Limiter implements AutoCloseable {
     private final Share share;
     private final DenyCache denyCache;
     private final LocalLimiters local;
-    private final LocalLimiters fallbackLocal;
+    /**
+     * Each rule's account at this instance's share, per key, for the rules
+     * without a local level (a global rule's account is its local level):
+     * charged with every unit Redis admitted, or may have admitted, for this
+     * instance, and the only thing the local-only fallback admits from.
+     */
+    private final LocalLimiters accounts;
+    /** Units the fallback admitted without Redis, over every key: when above 0, a call that Redis answers settles its keys. */
+    private final java.util.concurrent.atomic.AtomicLong owed = new java.util.concurrent.atomic.AtomicLong();
     private final FallbackMode fallback;
     private final CircuitBreaker breaker;
     private final Duration openFor;
@@ -133,7 +141,7 @@ public final class Limiter implements AutoCloseable {
         this.share = b.share;
         this.denyCache = b.denyCache ? new DenyCache(b.denyCacheMax, b.denyCacheCapacity) : null;
         this.local = new LocalLimiters(b.localCapacity);
-        this.fallbackLocal = new LocalLimiters(b.localCapacity);
+        this.accounts = new LocalLimiters(b.localCapacity);
         this.fallback = b.fallback;
         this.openFor = b.breakerOpenFor;
         // Opens after `failures` consecutive unavailable or late calls; one probe when half open.
@@ -282,26 +290,29 @@ public final class Limiter implements AutoCloseable {
             }
         }
         boolean tookLocally = !takes.isEmpty() && cost > 0;
+        Taken taken = null;
         if (tookLocally) {
-            LocalLimiters.Denied denied = local.takeAll(takes, cost);
-            if (denied != null) {
-                int i = positions.get(denied.index());
+            LocalLimiters.Outcome o = local.take(takes, cost);
+            if (!o.allowed()) {
+                int i = positions.get(o.index());
                 stats.localDenied.increment();
-                Decision d = denied.decision();
+                Decision d = o.decision();
                 return CompletableFuture.completedFuture(new Decision(false, rules.get(i).rule().spec().limit(), 0,
                         d.waitMs(), d.resetMs(), OptionalInt.of(i), Path.LOCAL));
             }
+            taken = new Taken(takes, positions.get(o.index()), o.decision());
         }
+        Taken localTaken = taken;
         if (!breaker.tryAcquirePermission()) {
             stats.breakerSkipped.increment();
-            return CompletableFuture.completedFuture(fallback(set, keys, cost, tookLocally ? takes : List.of()));
+            return CompletableFuture.completedFuture(fallback(set, keys, cost, localTaken, false));
         }
         if (breaker.getState() == CircuitBreaker.State.HALF_OPEN) {
             // The one call let through half open is a PING, not a limiter write: a
             // write that timed out may have been admitted, and would count twice.
             stats.breakerSkipped.increment();
             probe();
-            return CompletableFuture.completedFuture(fallback(set, keys, cost, tookLocally ? takes : List.of()));
+            return CompletableFuture.completedFuture(fallback(set, keys, cost, localTaken, false));
         }
         stats.redisCalls.increment();
         long start = System.nanoTime();
@@ -316,6 +327,15 @@ public final class Limiter implements AutoCloseable {
             if (err == null) {
                 breaker.onSuccess(took, TimeUnit.NANOSECONDS);
                 (d.allowed() ? stats.redisAdmitted : stats.redisDenied).increment();
+                if (d.allowed() && cost > 0) {
+                    List<LocalLimiters.Take> charged = accountTakes(set, keys, null);
+                    if (!charged.isEmpty()) {
+                        accounts.charge(charged, cost);
+                    }
+                }
+                if (owed.get() > 0) {
+                    settle(set, keys);
+                }
                 if (!d.allowed() && tookLocally) {
                     // Another rule (a user's own limit) denied: the share is not spent on it.
                     local.giveBack(takes, cost);
@@ -333,6 +353,9 @@ public final class Limiter implements AutoCloseable {
             }
             Throwable e = err instanceof CompletionException && err.getCause() != null ? err.getCause() : err;
             breaker.onError(took, TimeUnit.NANOSECONDS, e);
+            // A timeout or a lost connection leaves the call's fate unknown: Redis may have
+            // admitted it. An error reply means Redis counted nothing.
+            boolean lost = e instanceof RateLimitTimeoutException || e instanceof RedisUnavailableException;
             if (e instanceof RateLimitTimeoutException) {
                 stats.redisTimeouts.increment();
             } else if (e instanceof RedisUnavailableException) {
@@ -346,7 +369,7 @@ public final class Limiter implements AutoCloseable {
                 }
             }
             LOG.log(Level.DEBUG, "redis-ratelimit: Redis failed, fallback " + fallback + " decides: " + e);
-            return fallback(set, keys, cost, tookLocally ? takes : List.of());
+            return fallback(set, keys, cost, localTaken, lost);
         });
     }
 
@@ -382,36 +405,122 @@ public final class Limiter implements AutoCloseable {
         return client.allAsync(limits, units);
     }
 
-    /** The fallback's decision; a denial gives back what the local level took for it. */
-    private Decision fallback(RuleSet set, List<String> keys, long cost, List<LocalLimiters.Take> localTakes) {
+    /**
+     * Sends Redis, as {@code COST n FORCE}, the units the fallback admitted on
+     * these keys while Redis was not asked: once Redis answers again it
+     * counts them, and admits no more in their window than its limit leaves.
+     * Not retried: a lost settlement only loosens the bound by its units.
+     */
+    private void settle(RuleSet set, List<String> keys) {
+        List<RuleSet.Checked> rules = set.checked();
+        for (int i = 0; i < rules.size(); i++) {
+            RuleSet.Checked c = rules.get(i);
+            if (c.fallback() == null) {
+                continue;
+            }
+            long units = (c.local() != null ? local : accounts).settle(cacheKey(c, keys.get(i)));
+            if (units == 0) {
+                continue;
+            }
+            owed.addAndGet(-units);
+            Rule r = c.rule();
+            CompletionStage<Decision> sent;
+            try {
+                sent = r.policy() != null ? client.hitAsync(r.policy(), keys.get(i), Units.force(units))
+                        : client.limitAsync(keys.get(i), r.spec(), Units.force(units));
+            } catch (RuntimeException e) {
+                sent = CompletableFuture.failedFuture(e);
+            }
+            sent.whenComplete((v, e) -> {
+                if (e != null) {
+                    LOG.log(Level.DEBUG, "redis-ratelimit: could not settle " + units + " units on " + keys.get(0) + ": " + e);
+                }
+            });
+        }
+    }
+
+    /** What the local level took for a request, and the fields of its tightest account. */
+    private record Taken(List<LocalLimiters.Take> takes, int position, Decision decision) {
+    }
+
+    /**
+     * The accounts of the rules that have no local level: enforced rate rules
+     * (a rule in shadow or off never denies on the server; nor here). With
+     * {@code positions}, each take's rule.
+     */
+    private List<LocalLimiters.Take> accountTakes(RuleSet set, List<String> keys, List<Integer> positions) {
+        List<RuleSet.Checked> rules = set.checked();
+        List<LocalLimiters.Take> out = new ArrayList<>(rules.size());
+        for (int i = 0; i < rules.size(); i++) {
+            RuleSet.Checked c = rules.get(i);
+            if (c.fallback() != null && c.local() == null && c.rule().mode() == PolicyMode.ENFORCE) {
+                out.add(new LocalLimiters.Take(cacheKey(c, keys.get(i)), c.fallback()));
+                if (positions != null) {
+                    positions.add(i);
+                }
+            }
+        }
+        return out;
+    }
+
+    /**
+     * The fallback's decision. The local-only fallback admits only what each
+     * rule's account still has, so it never adds to what Redis may already
+     * have counted for this instance. When the call's answer was
+     * {@code lost}, its units stay charged whatever the fallback decides;
+     * otherwise a denial gives back what the local level took.
+     */
+    private Decision fallback(RuleSet set, List<String> keys, long cost, Taken localTaken, boolean lost) {
         List<RuleSet.Checked> rules = set.checked();
         Decision d = switch (fallback) {
             case FAIL_OPEN -> admittedByFallback(rules);
             case FAIL_CLOSED -> new Decision(false, rules.get(0).rule().spec() == null ? 0 : rules.get(0).rule().spec().limit(),
                     0, openFor.toMillis(), openFor.toMillis(), OptionalInt.of(0), Path.FALLBACK);
             case LOCAL_ONLY -> {
-                List<LocalLimiters.Take> takes = new ArrayList<>();
                 List<Integer> positions = new ArrayList<>();
-                for (int i = 0; i < rules.size(); i++) {
-                    RuleSet.Checked c = rules.get(i);
-                    // A rule in shadow or off never denies on the server; nor here.
-                    if (c.fallback() != null && c.rule().mode() == PolicyMode.ENFORCE) {
-                        takes.add(new LocalLimiters.Take(cacheKey(c, keys.get(i)), c.fallback()));
-                        positions.add(i);
+                List<LocalLimiters.Take> takes = cost == 0 ? List.of() : accountTakes(set, keys, positions);
+                LocalLimiters.Outcome o = takes.isEmpty() ? null : accounts.take(takes, cost);
+                if (o != null && !o.allowed()) {
+                    if (lost) {
+                        accounts.charge(takes, cost);
                     }
+                    Decision l = o.decision();
+                    yield new Decision(false, rules.get(positions.get(o.index())).rule().spec().limit(), l.remaining(),
+                            l.waitMs(), l.resetMs(), OptionalInt.of(positions.get(o.index())), Path.FALLBACK);
                 }
-                LocalLimiters.Denied denied = takes.isEmpty() || cost == 0 ? null : fallbackLocal.takeAll(takes, cost);
-                if (denied == null) {
+                // The fields of the account left with the fewest units: what this admission used.
+                int at = -1;
+                Decision by = null;
+                if (o != null) {
+                    at = positions.get(o.index());
+                    by = o.decision();
+                }
+                if (localTaken != null && (by == null || localTaken.decision().remaining() < by.remaining())) {
+                    at = localTaken.position();
+                    by = localTaken.decision();
+                }
+                if (by == null) {
                     yield admittedByFallback(rules);
                 }
-                Decision l = denied.decision();
-                yield new Decision(false, l.limit(), l.remaining(), l.waitMs(), l.resetMs(),
-                        OptionalInt.of(positions.get(denied.index())), Path.FALLBACK);
+                if (!lost) {
+                    // Redis never saw these units: they are sent to it when it answers again.
+                    if (o != null) {
+                        accounts.owe(takes, cost);
+                        owed.addAndGet(cost * takes.size());
+                    }
+                    if (localTaken != null) {
+                        local.owe(localTaken.takes(), cost);
+                        owed.addAndGet(cost * localTaken.takes().size());
+                    }
+                }
+                long limit = rules.get(at).rule().spec().limit();
+                yield new Decision(true, limit, Math.min(limit, by.remaining()), by.waitMs(), by.resetMs(),
+                        OptionalInt.empty(), Path.FALLBACK);
             }
         };
         (d.allowed() ? stats.fallbackAdmitted : stats.fallbackDenied).increment();
-        if (!d.allowed() && !localTakes.isEmpty()) {
-            local.giveBack(localTakes, cost);
+        if (!d.allowed() && localTaken != null && !lost) {
+            local.giveBack(localTaken.takes(), cost);
         }
         return d;
     }

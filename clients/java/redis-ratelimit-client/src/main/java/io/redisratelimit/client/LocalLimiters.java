@@ -12,7 +12,8 @@ import java.util.concurrent.locks.ReentrantLock;
 /**
  * In-process limiters, one per rule and key, bounded by a size cap and
  * dropped when idle. Used by the local level (at the instance's share of a
- * global rule) and by the local-only fallback. Each algorithm is kept in the
+ * global rule) and as each rule's account at that share, which the
+ * local-only fallback admits from. Each algorithm is kept in the
  * same shape as the server's: a bucket refilling continuously, a fixed window
  * aligned to the epoch, and for the sliding and hash windows a weighted
  * two-window counter (approximate, as a local share is anyway).
@@ -28,6 +29,7 @@ final class LocalLimiters {
         long end;           // quota: the end of the period counted, epoch ms
         long count;
         long previous;
+        long owed;          // units admitted here that Redis never saw (the call was not sent)
     }
 
     /** A request against one limiter. */
@@ -38,6 +40,14 @@ final class LocalLimiters {
     record Denied(int index, Decision decision) {
     }
 
+    /**
+     * What a take decided: denied by the take at {@code index}, or admitted, where
+     * {@code index} is the take left with the fewest units and {@code decision}
+     * its fields (what the admission reports).
+     */
+    record Outcome(boolean allowed, int index, Decision decision) {
+    }
+
     private final Cache<String, State> states;
 
     LocalLimiters(long capacity) {
@@ -46,6 +56,56 @@ final class LocalLimiters {
 
     /** All or nothing: consumes {@code cost} from every limiter, or denies naming the first that cannot. */
     Denied takeAll(List<Take> takes, long cost) {
+        Outcome o = take(takes, cost, false);
+        return o.allowed() ? null : new Denied(o.index(), o.decision());
+    }
+
+    /** {@link #takeAll}, answering the admission's fields too. */
+    Outcome take(List<Take> takes, long cost) {
+        return take(takes, cost, false);
+    }
+
+    /**
+     * Consumes {@code cost} from every limiter whether it has room or not (a
+     * limiter may go into debt, which it pays back as it refills): units that
+     * Redis counted, or may have counted, for this instance.
+     */
+    void charge(List<Take> takes, long cost) {
+        take(takes, cost, true);
+    }
+
+    /** Notes that Redis never saw these units (the fallback admitted them without a call). */
+    void owe(List<Take> takes, long cost) {
+        for (Take t : takes) {
+            State s = states.getIfPresent(t.key());
+            if (s != null) {
+                s.lock.lock();
+                try {
+                    s.owed += cost;
+                } finally {
+                    s.lock.unlock();
+                }
+            }
+        }
+    }
+
+    /** The units owed to Redis on this limiter, now cleared. */
+    long settle(String key) {
+        State s = states.getIfPresent(key);
+        if (s == null) {
+            return 0;
+        }
+        s.lock.lock();
+        try {
+            long owed = s.owed;
+            s.owed = 0;
+            return owed;
+        } finally {
+            s.lock.unlock();
+        }
+    }
+
+    private Outcome take(List<Take> takes, long cost, boolean forced) {
         List<State> held = new ArrayList<>(takes.size());
         List<Integer> order = new ArrayList<>();
         for (int i = 0; i < takes.size(); i++) {
@@ -62,18 +122,27 @@ final class LocalLimiters {
         try {
             long nowNanos = System.nanoTime();
             long nowMs = System.currentTimeMillis();
+            int tightest = 0;
+            Decision admitted = null;
             for (int i = 0; i < takes.size(); i++) {
                 State s = byIndex[i];
                 refresh(s, takes.get(i).spec(), nowNanos, nowMs);
+                if (forced) {
+                    continue;
+                }
                 Decision d = peek(s, cost, nowMs);
                 if (!d.allowed()) {
-                    return new Denied(i, d);
+                    return new Outcome(false, i, d);
+                }
+                if (admitted == null || d.remaining() < admitted.remaining()) {
+                    tightest = i;
+                    admitted = d;
                 }
             }
             for (State s : byIndex) {
                 consume(s, cost);
             }
-            return null;
+            return new Outcome(true, tightest, admitted);
         } finally {
             for (State s : held) {
                 s.lock.unlock();
@@ -155,7 +224,7 @@ final class LocalLimiters {
                     return admitted(limit, (long) Math.floor(s.level - cost), 0);
                 }
                 long wait = (long) Math.ceil((cost - s.level) * p.get(2) / p.get(1));
-                return new Decision(false, limit, (long) Math.floor(s.level), Math.max(1, wait),
+                return new Decision(false, limit, Math.max(0, (long) Math.floor(s.level)), Math.max(1, wait),
                         (long) Math.ceil((limit - s.level) * p.get(2) / p.get(1)), null, Path.LOCAL);
             }
             case LEAKYBUCKET -> {
@@ -163,7 +232,7 @@ final class LocalLimiters {
                     return admitted(limit, (long) Math.floor(limit - s.level - cost), 0);
                 }
                 long wait = (long) Math.ceil((s.level + cost - limit) * p.get(2) / p.get(1));
-                return new Decision(false, limit, (long) Math.floor(limit - s.level), Math.max(1, wait),
+                return new Decision(false, limit, Math.max(0, (long) Math.floor(limit - s.level)), Math.max(1, wait),
                         (long) Math.ceil(s.level * p.get(2) / p.get(1)), null, Path.LOCAL);
             }
             case QUOTA -> {
@@ -171,7 +240,7 @@ final class LocalLimiters {
                 if (s.count + cost <= limit) {
                     return admitted(limit, limit - s.count - cost, reset);
                 }
-                return new Decision(false, limit, limit - s.count, reset, reset, null, Path.LOCAL);
+                return new Decision(false, limit, Math.max(0, limit - s.count), reset, reset, null, Path.LOCAL);
             }
             case FIXEDWINDOW -> {
                 long w = p.get(1);
@@ -179,7 +248,7 @@ final class LocalLimiters {
                 if (s.count + cost <= limit) {
                     return admitted(limit, limit - s.count - cost, reset);
                 }
-                return new Decision(false, limit, limit - s.count, Math.max(1, reset), reset, null, Path.LOCAL);
+                return new Decision(false, limit, Math.max(0, limit - s.count), Math.max(1, reset), reset, null, Path.LOCAL);
             }
             default -> {
                 long w = p.get(1);

@@ -31,11 +31,12 @@ public final class RateLimitClient implements AutoCloseable {
     /** The oldest module the kit works with: {@code MODULE LIST}'s {@code ver}, major * 10000 + minor * 100 + patch. */
     public static final long MIN_MODULE_VERSION = 100;
     /**
-     * The default deadline of one call: a few milliseconds, since a limiter
-     * that waits longer is worse than the fallback (10 rather than the Rust
-     * kit's 5, for the JVM's collector pauses).
+     * The default deadline of one call, the same in every kit: 100 ms, which a
+     * healthy Redis meets on a loaded host, a cold JVM included (measured in
+     * docs/clients.md). A tighter deadline sends answers Redis did give to the
+     * fallback, and a call that timed out may have been counted.
      */
-    public static final Duration DEFAULT_DEADLINE = Duration.ofMillis(10);
+    public static final Duration DEFAULT_DEADLINE = Duration.ofMillis(100);
 
     private final Driver driver;
     private final Duration deadline;
@@ -53,7 +54,7 @@ public final class RateLimitClient implements AutoCloseable {
     }
 
     /**
-     * Checks {@code MODULE LIST} on every master: a server without the
+     * Opens the connection ({@code PING}) and checks {@code MODULE LIST} on every master: a server without the
      * {@code ratelimit} module, or with an older one, is a
      * {@link ModuleMissingException} here, not an open breaker later.
      */
@@ -61,6 +62,8 @@ public final class RateLimitClient implements AutoCloseable {
         if (deadline == null || deadline.isNegative() || deadline.isZero()) {
             throw new BadArgumentException("deadline", "must be above 0");
         }
+        // Opened and checked now, so that the first requests pay neither the connection nor the first round trip.
+        await(driver.send(new Command("PING", List.of(), -1, false)), "PING", Duration.ofSeconds(10));
         List<Object> replies = await(driver.sendToMasters(new Command("MODULE", List.of("LIST"), -1, true)),
                 "MODULE LIST", Duration.ofSeconds(10));
         long version = Long.MAX_VALUE;

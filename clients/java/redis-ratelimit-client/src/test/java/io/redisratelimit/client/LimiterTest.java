@@ -210,6 +210,30 @@ class LimiterTest {
     }
 
     @Test
+    void theFallbacksAdmissionsCarryTheFieldsOfTheAccountThatAdmitted() throws Exception {
+        Limiter limiter = Limiter.builder(client(Drivers.LETTUCE)).fallback(FallbackMode.LOCAL_ONLY).instances(2)
+                .breaker(1, Duration.ofSeconds(5)).build();
+        RuleSet rules = limiter.rules(Rule.of("per-user", Spec.fixedWindow(5, Windows.FIXED_MS)));
+        server.kill9();
+        long share = Share.instances(2).of(5);
+        assertEquals(3, share, "ceil(5 / 2 * 1.1)");
+        for (long left = share - 1; left >= 0; left--) {
+            Decision d = limiter.check(rules, "u");
+            assertEquals(Path.FALLBACK, d.path());
+            assertTrue(d.allowed());
+            assertEquals(5, d.limit(), "the rule's limit");
+            assertEquals(left, d.remaining(), "what the account has left, not a full quota");
+            assertTrue(d.resetMs() > 0, "the account's window ends: " + d);
+        }
+        assertFalse(limiter.check(rules, "u").allowed());
+    }
+
+    @Test
+    void theDefaultDeadlineIsOneAHealthyRedisMeetsOnALoadedHost() {
+        assertEquals(Duration.ofMillis(100), RateLimitClient.DEFAULT_DEADLINE);
+    }
+
+    @Test
     void aLimiterCallIsNeverRetried() throws Exception {
         Limiter limiter = Limiter.builder(client(Drivers.LETTUCE)).fallback(FallbackMode.FAIL_OPEN)
                 .deadline(Duration.ofMillis(50)).build();

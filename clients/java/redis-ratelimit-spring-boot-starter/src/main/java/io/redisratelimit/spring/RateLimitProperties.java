@@ -34,8 +34,8 @@ public class RateLimitProperties {
     private String app;
     /** The driver: lettuce (default) or jedis. */
     private String driver = "lettuce";
-    /** Deadline of one call to Redis; past it the fallback decides. */
-    private Duration deadline = Duration.ofMillis(10);
+    /** Deadline of one call to Redis; past it the fallback decides (100 ms, which a healthy Redis meets on a loaded host). */
+    private Duration deadline = Duration.ofMillis(100);
     /** Instances sharing each global rule: each takes ceil(total / instances * 1.1) in process. */
     private long instances = 1;
     /** The in-process level in front of Redis, for rules marked global. */
