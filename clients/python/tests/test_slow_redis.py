@@ -25,7 +25,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 from redis_ratelimit_client import Sliding, TokenBucket
-from redis_ratelimit_client.asgi import RateLimitMiddleware, Rule, header
+from redis_ratelimit_client.asgi import LocalLimiter, RateLimitMiddleware, Rule, header
 from redis_ratelimit_client.model import Algorithm
 
 LIMIT = 5
@@ -137,3 +137,24 @@ def test_lifespan_startup_fails_clearly_without_the_module(plain_server: Server)
     asyncio.run(lifespan())
     assert sent[0]["type"] == "lifespan.startup.failed"
     assert str(plain_server.port) in str(sent[0]["message"])
+
+
+def test_a_sliding_rules_account_turns_over_with_the_rule() -> None:
+    """The account of a sliding window is a sliding log of what was charged:
+    units Redis admitted just before a fixed boundary of the window's length
+    still fill the account after it (a fixed-window account started afresh
+    there, and the fallback admitted its share on top within one window)."""
+    local = LocalLimiter()
+    spec, share = Sliding(LIMIT, 1000), SHARE
+    t = 1_800_000_000.75  # 250 ms before a boundary of 1 s windows
+    for _ in range(LIMIT):  # Redis admitted 5 for this instance
+        local.charge("r", "k", spec, share, t)
+    assert not local.has_room("r", "k", spec, share, t + 0.5)
+    d = local.denial("r", "k", spec, share, t + 0.5)
+    assert (d.allowed, d.limit, d.remaining, d.wait_ms) == (False, share, 0, 500)
+    assert local.has_room("r", "k", spec, share, t + 1.0)  # the window has slid past them
+    # Debt is bounded: at most 2 x share units are kept, the newest.
+    for _ in range(100):
+        local.charge("r", "k", spec, share, t + 1.0)
+    assert local._log("r", "k", spec, t + 1.0).total == 2 * share
+    assert local.has_room("r", "k", spec, share, t + 2.0)

@@ -14,6 +14,7 @@ when the app fails or the request is cancelled.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import enum
 import json
@@ -166,8 +167,9 @@ class DenyCache:
 
 class LocalLimiter:
     """This instance's accounts: per rule and key, its share `s` of the limit,
-    in process; a bucket for the buckets, a fixed window for the windows, the
-    calendar period for quotas, a count of requests in flight for concurrency.
+    in process; a bucket for the buckets, a sliding log for the sliding log
+    and the hash window, a fixed window for the fixed window, the calendar
+    period for quotas, a count of requests in flight for concurrency.
 
     The same accounts serve two purposes. Every unit Redis admitted for this
     instance, and every unit of a call whose answer was lost (it may have been
@@ -180,6 +182,7 @@ class LocalLimiter:
     def __init__(self, max_entries: int = 100_000) -> None:
         self.max_entries = max_entries
         self._state: dict[tuple[str, str], list[float]] = {}
+        self._logs: dict[tuple[str, str], _Log] = {}
         self._in_flight: dict[tuple[str, str], int] = {}
         #: Leases whose grant may have been lost: held until their expiry.
         self._lost_leases: dict[tuple[str, str], list[float]] = {}
@@ -225,9 +228,10 @@ class LocalLimiter:
     # -- rates --------------------------------------------------------------
 
     def _account(self, rule: str, key: str, spec: Algorithm, share: int, now: float) -> list[float]:
-        """The account, brought to `now`: `[available, time or window start or
-        period end]`; `available` below 0 is debt."""
-        assert not isinstance(spec, Concurrency), "concurrency goes through hold()"
+        """A bucket, fixed window or quota account, brought to `now`:
+        `[available, time or window start or period end]`; `available` below
+        0 is debt."""
+        assert not isinstance(spec, (Concurrency, Sliding, HashWindow))
         if (rule, key) not in self._state and len(self._state) >= self.max_entries:
             self._state.clear()
         st = self._state.setdefault((rule, key), [])
@@ -246,6 +250,14 @@ class LocalLimiter:
                 st[:] = [float(share), float(start)]
         return st
 
+    def _log(self, rule: str, key: str, spec: Sliding | HashWindow, now: float) -> _Log:
+        """A sliding log or hash window's account, its departed units gone."""
+        if (rule, key) not in self._logs and len(self._logs) >= self.max_entries:
+            self._logs.clear()
+        log = self._logs.setdefault((rule, key), _Log())
+        log.prune(now * 1000, spec.window_ms)
+        return log
+
     @staticmethod
     def _rate(spec: TokenBucket | LeakyBucket, share: int) -> float:
         """The share's refill in units per ms."""
@@ -257,21 +269,31 @@ class LocalLimiter:
         return count * share / _limit_of(spec) / per_ms
 
     def _fields(
-        self, st: list[float], spec: Algorithm, share: int, now: float, allowed: bool
+        self, rule: str, key: str, spec: Algorithm, share: int, now: float, allowed: bool
     ) -> Decision:
         """The account's own fields: its share as the limit, what it has left."""
+        assert not isinstance(spec, Concurrency)
+        if isinstance(spec, (Sliding, HashWindow)):
+            log = self._log(rule, key, spec, now)
+            remaining = max(0, share - log.total)
+            reset_ms = log.reset_ms(now * 1000, spec.window_ms)
+            wait_ms = 0 if allowed else log.wait_ms(now * 1000, spec.window_ms, share)
+            return Decision(allowed, share, remaining, wait_ms, reset_ms)
+        st = self._account(rule, key, spec, share, now)
         remaining = max(0, math.floor(st[0]))
         if isinstance(spec, (TokenBucket, LeakyBucket)):
             rate = self._rate(spec, share)
             reset_ms = math.ceil((share - st[0]) / rate) if rate else 0
             wait_ms = 0 if allowed else math.ceil((1 - st[0]) / rate)
             return Decision(allowed, share, remaining, wait_ms, reset_ms)
-        assert not isinstance(spec, Concurrency)
         end_ms = st[1] * 1000 if isinstance(spec, Quota) else st[1] + spec.window_ms
         reset_ms = max(1, math.ceil(end_ms - now * 1000))
         return Decision(allowed, share, remaining, 0 if allowed else reset_ms, reset_ms)
 
     def has_room(self, rule: str, key: str, spec: Algorithm, share: int, now: float) -> bool:
+        assert not isinstance(spec, Concurrency)
+        if isinstance(spec, (Sliding, HashWindow)):
+            return self._log(rule, key, spec, now).total <= share - 1
         return self._account(rule, key, spec, share, now)[0] >= 1
 
     def charge(
@@ -279,20 +301,78 @@ class LocalLimiter:
     ) -> Decision:
         """Forced: takes `units` even beyond what is left (at most `share`
         units of debt); the account's fields after it."""
-        st = self._account(rule, key, spec, share, now)
-        st[0] = max(st[0] - units, -float(share))
-        return self._fields(st, spec, share, now, True)
+        assert not isinstance(spec, Concurrency)
+        if isinstance(spec, (Sliding, HashWindow)):
+            self._log(rule, key, spec, now).add(now * 1000, units, 2 * share)
+        else:
+            st = self._account(rule, key, spec, share, now)
+            st[0] = max(st[0] - units, -float(share))
+        return self._fields(rule, key, spec, share, now, True)
+
+    def fields(self, rule: str, key: str, spec: Algorithm, share: int, now: float) -> Decision:
+        """The account's fields as they stand (an admission's)."""
+        return self._fields(rule, key, spec, share, now, True)
 
     def denial(self, rule: str, key: str, spec: Algorithm, share: int, now: float) -> Decision:
         """The account's fields for a request it has no unit for."""
-        st = self._account(rule, key, spec, share, now)
-        return self._fields(st, spec, share, now, False)
+        return self._fields(rule, key, spec, share, now, False)
 
     def decide(self, rule: str, key: str, spec: Algorithm, share: int, now: float) -> Decision:
         """One unit if the account has it (taken), else a denial."""
         if not self.has_room(rule, key, spec, share, now):
             return self.denial(rule, key, spec, share, now)
         return self.charge(rule, key, spec, share, now)
+
+
+class _Log:
+    """The account of a sliding log or a hash window: the units charged in
+    its window as `[ms, units]`, oldest first, and their total, so that it
+    turns over as the rule does (a fixed window would start afresh at its
+    boundary while the rule's window still holds the units before it).
+
+    At most `keep` (2 x share: the share plus as much debt) units are kept,
+    the newest: the account has a unit only while at most share - 1 are in
+    its window, and by then every older unit has left too, so dropping the
+    oldest beyond that changes no decision.
+    """
+
+    __slots__ = ("entries", "total")
+
+    def __init__(self) -> None:
+        self.entries: collections.deque[list[float]] = collections.deque()
+        self.total = 0
+
+    def prune(self, now_ms: float, window_ms: int) -> None:
+        while self.entries and self.entries[0][0] + window_ms <= now_ms:
+            self.total -= int(self.entries.popleft()[1])
+
+    def add(self, now_ms: float, units: int, keep: int) -> None:
+        if self.entries and self.entries[-1][0] == now_ms:
+            self.entries[-1][1] += units
+        else:
+            self.entries.append([now_ms, float(units)])
+        self.total += units
+        while self.total > keep:
+            oldest = self.entries[0]
+            extra = self.total - keep
+            if oldest[1] <= extra:
+                self.total -= int(self.entries.popleft()[1])
+            else:
+                oldest[1] -= extra
+                self.total -= extra
+
+    def reset_ms(self, now_ms: float, window_ms: int) -> int:
+        """Until the newest unit leaves (the account idle again)."""
+        return max(0, math.ceil(self.entries[-1][0] + window_ms - now_ms)) if self.entries else 0
+
+    def wait_ms(self, now_ms: float, window_ms: int, share: int) -> int:
+        """Until enough units leave for one more to fit the share."""
+        need = self.total - (share - 1)
+        for ms, units in self.entries:
+            need -= int(units)
+            if need <= 0:
+                return max(1, math.ceil(ms + window_ms - now_ms))
+        return 1
 
 
 @dataclasses.dataclass
@@ -674,8 +754,7 @@ class RateLimitMiddleware:
                 held = self.local._held(r.name, k, mono)
                 d = Decision(True, shares[i], max(shares[i] - held, 0), 0, 0)
             else:
-                st = self.local._account(r.name, k, a, shares[i], now)
-                d = self.local._fields(st, a, shares[i], now, True)
+                d = self.local.fields(r.name, k, a, shares[i], now)
             if best is None or d.remaining < best[0].remaining:
                 best = d, i
         assert best is not None
