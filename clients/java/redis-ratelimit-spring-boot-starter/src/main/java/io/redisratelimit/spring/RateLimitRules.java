@@ -136,6 +136,28 @@ public final class RateLimitRules {
         return app + ":";
     }
 
+    /**
+     * What the server's policies are when this rule set has been pushed: a
+     * SHA-256 over each policy's name, spec, mode and roll-out, in name order.
+     * Two instances with the same rules have the same digest.
+     */
+    public String digest() {
+        java.util.TreeMap<String, String> byPolicy = new java.util.TreeMap<>();
+        for (Entry e : entries.values()) {
+            Rule r = e.rule();
+            byPolicy.put(r.policy(), r.spec() + " " + r.mode() + " " + r.rollout());
+        }
+        try {
+            java.security.MessageDigest sha = java.security.MessageDigest.getInstance("SHA-256");
+            for (Map.Entry<String, String> e : byPolicy.entrySet()) {
+                sha.update((e.getKey() + "\n" + e.getValue() + "\n").getBytes(java.nio.charset.StandardCharsets.UTF_8));
+            }
+            return java.util.HexFormat.of().formatHex(sha.digest());
+        } catch (java.security.NoSuchAlgorithmException ex) {
+            throw new IllegalStateException("SHA-256 is required of every Java platform", ex);
+        }
+    }
+
     public Map<String, Entry> entries() {
         return entries;
     }

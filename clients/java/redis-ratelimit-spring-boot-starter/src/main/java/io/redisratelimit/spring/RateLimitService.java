@@ -9,6 +9,7 @@ import io.redisratelimit.client.RateLimitException;
 import io.redisratelimit.client.Rule;
 import io.redisratelimit.client.RuleSet;
 import io.redisratelimit.client.Spec;
+import io.redisratelimit.client.driver.Command;
 
 import java.lang.System.Logger.Level;
 import java.time.Duration;
@@ -26,6 +27,15 @@ import java.util.function.Supplier;
  * keeps the server's policies equal to the properties (pushed at start-up
  * and on every environment refresh; a rule removed from the properties is
  * deleted, and only policies with this application's prefix are touched).
+ *
+ * <p>Every push first writes the rule set's {@linkplain RateLimitRules#digest
+ * digest} to {@code rl:policies:<app>}: the server's record of which rule set
+ * its policies come from. An instance that finds one of its policies missing
+ * (a server restarted without persistence) re-creates only the missing
+ * policies, and only when that record is its own rule set's: when another
+ * instance has pushed a different set since (a refresh this instance has not
+ * seen yet), it restores nothing, so that it never undoes a newer change;
+ * it says so in the log and in {@link #outOfDate()} until its own refresh.
  */
 public class RateLimitService {
     private static final System.Logger LOG = System.getLogger(RateLimitService.class.getName());
@@ -54,11 +64,13 @@ public class RateLimitService {
     }
 
     private final java.util.concurrent.atomic.AtomicLong lastRepush = new java.util.concurrent.atomic.AtomicLong();
+    private final java.util.concurrent.atomic.AtomicLong repairs = new java.util.concurrent.atomic.AtomicLong();
+    private volatile boolean outOfDate;
 
     /**
-     * The server lost this application's policies (a restart without
-     * persistence, a new node): push the running rules again, off the
-     * request's thread, at most once a second. Until then the fallback decides.
+     * A policy of this application is missing on the server: repair it off the
+     * request's thread, at most once a second ({@link #repair}). Until then
+     * the fallback decides.
      */
     private void repushSoon() {
         long now = System.nanoTime();
@@ -68,15 +80,91 @@ public class RateLimitService {
         }
         Thread t = new Thread(() -> {
             try {
-                synchronized (this) {
-                    push(rules);
-                }
+                repair();
             } catch (RuntimeException ex) {
                 LOG.log(Level.WARNING, "redis-ratelimit: could not push the policies again: " + ex.getMessage());
+            } finally {
+                repairs.incrementAndGet();
             }
         }, "redis-ratelimit-repush");
         t.setDaemon(true);
         t.start();
+    }
+
+    /**
+     * Re-creates this application's missing policies, if the server's record
+     * says its policies come from this instance's rule set; pushes the whole
+     * set when the record is gone too (the server lost everything); restores
+     * nothing when another instance pushed a different set since.
+     */
+    synchronized void repair() {
+        RateLimitRules mine = rules;
+        String digest = mine.digest();
+        String current = readRecord(mine.app());
+        if (current == null) {
+            writeRecord(mine.app(), digest);
+            push(mine);
+            LOG.log(Level.INFO, "redis-ratelimit: the server had lost this application's policies; pushed them again");
+            return;
+        }
+        if (!current.equals(digest)) {
+            outOfDate = true;
+            LOG.log(Level.WARNING, "redis-ratelimit: a policy of '" + mine.app() + "' is missing and the server's policies come from"
+                    + " another rule set (pushed by a refreshed instance): not restoring it, so as not to undo a newer change."
+                    + " This instance's ratelimit.* rules are out of date until its next refresh; meanwhile the fallback decides"
+                    + " the rules the server no longer has");
+            return;
+        }
+        List<String> present = limiter.client().policyList();
+        List<String> restored = new ArrayList<>();
+        for (RateLimitRules.Entry e : mine.entries().values()) {
+            Rule r = e.rule();
+            if (!present.contains(r.policy())) {
+                limiter.client().policySet(r.policy(), r.spec(), r.mode(), r.rollout());
+                restored.add(r.policy());
+            }
+        }
+        LOG.log(Level.INFO, "redis-ratelimit: re-created the missing policies " + restored);
+    }
+
+    /** The number of policy repairs finished (a policy found missing), whatever they did. */
+    public long policyRepairs() {
+        return repairs.get();
+    }
+
+    /**
+     * Whether another instance pushed a rule set other than this instance's
+     * since its last push: its rules are out of date until its next refresh.
+     */
+    public boolean outOfDate() {
+        return outOfDate;
+    }
+
+    /** The key holding the digest of the rule set the server's policies of {@code app} come from. */
+    public static String recordKey(String app) {
+        return "rl:policies:" + app;
+    }
+
+    private String readRecord(String app) {
+        Object v = call(new Command("GET", List.of(recordKey(app)), 0, false));
+        return v == null ? null : v.toString();
+    }
+
+    private void writeRecord(String app, String digest) {
+        call(new Command("SET", List.of(recordKey(app), digest), 0, false));
+    }
+
+    private Object call(Command c) {
+        try {
+            return limiter.client().driver().send(c).get(Math.max(1000, limiter.client().deadline().toMillis()), java.util.concurrent.TimeUnit.MILLISECONDS);
+        } catch (java.util.concurrent.ExecutionException e) {
+            throw e.getCause() instanceof RuntimeException r ? r : new RateLimitException(c.name() + ": " + e.getCause(), e.getCause());
+        } catch (java.util.concurrent.TimeoutException e) {
+            throw new io.redisratelimit.client.RateLimitTimeoutException(c.name(), Duration.ofMillis(Math.max(1000, limiter.client().deadline().toMillis())));
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+            throw new RateLimitException(c.name() + ": interrupted", e);
+        }
     }
 
     public Limiter limiter() {
@@ -99,8 +187,11 @@ public class RateLimitService {
      */
     public synchronized void sync() {
         RateLimitRules next = properties.get();
+        // The record first: an instance that finds a policy missing from here on knows its rules are not the newest.
+        writeRecord(next.app(), next.digest());
         push(next);
         rules = next;
+        outOfDate = false;
         sets.clear();
     }
 
