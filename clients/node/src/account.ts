@@ -1,4 +1,4 @@
-import { checkInteger, RLConnectionError, RLDeadlineError, RLError } from './errors.js';
+import { checkInteger, isServerReply, RLConnectionError, RLDeadlineError, RLError } from './errors.js';
 
 /**
  * The instance's share of a limit shared by `instances` processes:
@@ -57,13 +57,20 @@ export class LocalAccount {
   }
 
   /**
-   * Charges `units` (forced, as `charge`) and says whether the account had
-   * room for them: the fallback's decision for a call whose answer was lost.
+   * The fallback's decision: whether the account has room for `units`.
+   * `lost` (the call's answer was lost, so Redis may have counted it):
+   * the units are charged either way, forced. Otherwise (an error reply:
+   * Redis applied nothing) only when they are admitted.
    */
-  take(key: string, units: number, now = Date.now()): boolean {
-    const before = this.held(key, now);
-    this.charge(key, units, now);
-    return before + units <= this.share;
+  take(key: string, units: number, lost: boolean, now = Date.now()): boolean {
+    const room = this.held(key, now) + units <= this.share;
+    if (room || lost) this.charge(key, units, now);
+    return room;
+  }
+
+  /** What the account still has for `key` (its share less what it holds). */
+  remaining(key: string, now = Date.now()): number {
+    return Math.max(this.share - this.held(key, now), 0);
   }
 
   /** ms until `units` more would fit below the share (0: they fit now). */
@@ -106,6 +113,15 @@ export function beforeDeadline<T>(op: Promise<T>, ms: number): Promise<T> {
   });
   op.catch(() => {}); // settled after the deadline: nobody waits for it any more
   return Promise.race([op, late]).finally(() => clearTimeout(timer));
+}
+
+/**
+ * Whether the answer to a call that failed with `err` was lost (a deadline
+ * missed, a connection dropped), so that Redis may have counted it; an
+ * error reply means Redis applied nothing.
+ */
+export function answerLost(err: unknown): boolean {
+  return !isServerReply(err);
 }
 
 /**

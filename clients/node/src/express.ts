@@ -1,4 +1,4 @@
-import { beforeDeadline, isOutage, LocalAccount, shareOf } from './account.js';
+import { answerLost, beforeDeadline, isOutage, LocalAccount, shareOf } from './account.js';
 import { RL } from './client.js';
 import type { Decision } from './decision.js';
 import { checkInteger, describe, RLArgumentError, RLError, RLModuleNotLoadedError } from './errors.js';
@@ -270,7 +270,7 @@ export class RLStore {
         d = await beforeDeadline(this.call(key, {}), this.deadlineMs);
       } catch (err) {
         if (!isOutage(err)) throw err;
-        return this.fallback(key, now);
+        return this.fallback(key, now, answerLost(err));
       }
       if (d.allowed) this.account.charge(key, 1);
     } else {
@@ -285,14 +285,17 @@ export class RLStore {
   }
 
   /**
-   * Redis failed or missed the deadline (with `passOnStoreError`): the unit
-   * may have been counted there, so it is charged to the account, and the
-   * request is admitted only if the account had room for it.
+   * Redis failed or missed the deadline (with `passOnStoreError`): a unit
+   * whose answer was lost may have been counted there, so it is charged to
+   * the account either way, and the request is admitted only if the
+   * account had room for it. An admission's fields are the account's: its
+   * remaining (with the limit, so `totalHits` is the limit less it) and its
+   * reset.
    */
-  private fallback(key: string, now: number): ClientRateLimitInfo {
+  private fallback(key: string, now: number, lost: boolean): ClientRateLimitInfo {
     const account = this.account as LocalAccount;
-    if (account.take(key, 1, now)) {
-      return { totalHits: Math.min(account.held(key, now), this.limit), resetTime: new Date(now + this.windowMs) };
+    if (account.take(key, 1, lost, now)) {
+      return { totalHits: Math.max(this.limit - account.remaining(key, now), 1), resetTime: new Date(now + this.windowMs) };
     }
     const resetTime = now + account.msUntilRoom(key, 1, now);
     if (this.trackDenials) this.rememberDenial(key, resetTime, now);

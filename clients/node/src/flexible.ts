@@ -1,7 +1,7 @@
 import { RL } from './client.js';
 import type { Decision } from './decision.js';
 import { toInt } from './decision.js';
-import { beforeDeadline, isOutage as isFailure, LocalAccount, shareOf } from './account.js';
+import { answerLost, beforeDeadline, isOutage as isFailure, LocalAccount, shareOf } from './account.js';
 import { checkInteger, describe, RLArgumentError, RLError } from './errors.js';
 import { flexiblePeer } from './peer.js';
 import type { RedisLike } from './transport.js';
@@ -235,7 +235,7 @@ export class RateLimiterRL {
       res = await beforeDeadline(this.doConsume(key, cost), this.deadlineMs);
     } catch (err) {
       if (!isOutage(err)) throw err;
-      return this.fallbackConsume(key, cost, pointsToConsume, options);
+      return this.fallbackConsume(key, cost, pointsToConsume, options, answerLost(err));
     }
     this.account.charge(this.getKey(key), cost);
     return res;
@@ -363,14 +363,15 @@ export class RateLimiterRL {
   }
 
   /**
-   * Redis failed or missed the deadline: the call may have been counted
-   * there, so its points are charged to the account, and the insurance
-   * limiter decides only if the account had room for them.
+   * Redis failed or missed the deadline: a call whose answer was lost may
+   * have been counted there, so its points are charged to the account
+   * either way, and the insurance limiter decides only if the account had
+   * room for them.
    */
-  private async fallbackConsume(key: Key, cost: number, pointsToConsume: unknown, options: object): Promise<RateLimiterRes> {
+  private async fallbackConsume(key: Key, cost: number, pointsToConsume: unknown, options: object, lost: boolean): Promise<RateLimiterRes> {
     const account = this.account as LocalAccount;
     const rlKey = this.getKey(key);
-    if (!account.take(rlKey, cost)) {
+    if (!account.take(rlKey, cost, lost)) {
       throw new RateLimiterRes(0, account.msUntilRoom(rlKey, cost), account.held(rlKey), false);
     }
     const ins = this.insuranceLimiter as InsuranceLimiter;
