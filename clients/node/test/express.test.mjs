@@ -321,6 +321,25 @@ describe('RLStore', () => {
     }
   });
 
+  test('passOnStoreError with Redis unreachable: admissions carry the account’s remaining, then 429 at the share', async () => {
+    const closed = createClient({ url: server.url }); // never connected: every command fails at once
+    const logger = { error() {}, warn() {}, info() {} };
+    // A limit of 10 over 2 instances: a share of 6.
+    const a = await app(
+      rateLimit8({ windowMs: 60_000, limit: 10, keyGenerator: byKey, passOnStoreError: true, standardHeaders: 'draft-8', logger, validate: false, store: storeOn(closed, { instances: 2, prefix: 'share:' }) }),
+    );
+    try {
+      const remaining = [];
+      for (let i = 0; i < 7; i++) {
+        const r = await get(`${a.url}/ok`, 'k');
+        remaining.push(r.status === 200 ? Number(/r=(\d+)/.exec(r.headers.get('ratelimit'))[1]) : r.status);
+      }
+      assert.deepEqual(remaining, [5, 4, 3, 2, 1, 0, 429]);
+    } finally {
+      await a.close();
+    }
+  });
+
   test('Redis killed mid-run: with passOnStoreError the store’s account decides, without it requests fail', async () => {
     const doomed = await startServer();
     const c = createClient({ url: doomed.url, disableOfflineQueue: true, socket: { reconnectStrategy: false } });
