@@ -16,9 +16,14 @@ const limiter = new RateLimiterRL({
   points: 5,
   duration: 15,
   blockDuration: 60,
-  // Redis down: each instance limits on its own, at its share.
+  // Redis down or slower than 100 ms: each instance limits on its own, never
+  // beyond its share of what Redis may already have counted (instances: 3 -> 2).
+  instances: 3,
   insuranceLimiter: new RateLimiterMemory({ points: 2, duration: 15 }),
 });
+
+// Waits for the connection (the offline queue is off), then checks MODULE LIST.
+await limiter.checkModule();
 
 const server = http.createServer(async (req, res) => {
   try {
