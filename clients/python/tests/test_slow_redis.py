@@ -90,7 +90,10 @@ def test_slow_spells_never_admit_more_than_the_bound(
         sleeper.join()
         wait_until(lambda: mw.stats.probes_ok or not mw._open, 10, "Redis back in use")
         codes += statuses(web.base, 3)
-    assert mw.stats.redis_timeouts >= 6, "the spells made calls miss their deadline"
+    # The spells sent requests to the fallback: by a missed deadline, or by
+    # the breaker that the misses opened.
+    fallback = mw.stats.fallback_admitted + mw.stats.fallback_denied
+    assert mw.stats.redis_timeouts >= 1 and fallback >= 6, (mw.stats, codes)
     assert codes.count(200) <= BOUND, f"{codes.count(200)} admitted against {LIMIT}: {codes}"
 
 
