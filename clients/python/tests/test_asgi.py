@@ -355,3 +355,24 @@ def test_a_one_second_window_says_t_1_right_after_its_first_admission(
             assert ok.status_code == 200
             assert ok.headers["RateLimit"] == '"per-user";r=4;t=1'
             assert ok.headers["RateLimit-Policy"] == '"per-user";q=5;w=1'
+
+
+def test_an_error_reply_is_decided_by_the_fallback_and_charges_nothing(
+    server: Server, r: redis.Redis
+) -> None:
+    """An error reply (here WRONGTYPE: the rule's key holds a string) is an
+    answer: Redis applied nothing, so the account is not charged for it, and
+    the fallback decides the request (it was a 500)."""
+    r.set("rl:per-user:z", "not a limiter")
+    mw = app_with(
+        server.port,
+        [Rule(Sliding(4, 60_000), "per-user")],
+        instances=2,  # a share of 3
+        breaker_failures=100,
+    )
+    with running(serve_asgi(mw)) as web, httpx.Client(base_url=web.base) as http:
+        codes = [http.get("/", headers={"x-user": "z"}).status_code for _ in range(5)]
+    assert codes == [200, 200, 200, 429, 429]
+    assert mw.stats.redis_errors == 5 and mw.stats.fallback_admitted == 3
+    # The account holds the 3 units the fallback admitted, not the 5 calls.
+    assert mw.local._log("per-user", "rl:per-user:z", Sliding(4, 60_000), time.time()).total == 3

@@ -154,7 +154,7 @@ def test_a_sliding_rules_account_turns_over_with_the_rule() -> None:
         local.charge("r", "k", spec, share, t)
     assert not local.has_room("r", "k", spec, share, t + 0.5)
     d = local.denial("r", "k", spec, share, t + 0.5)
-    assert (d.allowed, d.limit, d.remaining, d.wait_ms) == (False, share, 0, 500)
+    assert (d.allowed, d.limit, d.remaining, d.wait_ms) == (False, LIMIT, 0, 500)
     assert local.has_room("r", "k", spec, share, t + 1.0)  # the window has slid past them
     # Debt is bounded: at most 2 x share units are kept, the newest.
     for _ in range(100):

@@ -37,12 +37,15 @@ from .model import (
     FixedWindow,
     HashWindow,
     LeakyBucket,
+    ModuleNotLoaded,
     Policy,
     Quota,
     RateLimitError,
+    ServerError,
     Sliding,
     Spec,
     TokenBucket,
+    WrongType,
     answer_lost,
 )
 
@@ -271,24 +274,25 @@ class LocalLimiter:
     def _fields(
         self, rule: str, key: str, spec: Algorithm, share: int, now: float, allowed: bool
     ) -> Decision:
-        """The account's own fields: its share as the limit, what it has left."""
+        """The account's own fields: what it has left, and when it is idle
+        again, with the rule's limit."""
         assert not isinstance(spec, Concurrency)
         if isinstance(spec, (Sliding, HashWindow)):
             log = self._log(rule, key, spec, now)
             remaining = max(0, share - log.total)
             reset_ms = log.reset_ms(now * 1000, spec.window_ms)
             wait_ms = 0 if allowed else log.wait_ms(now * 1000, spec.window_ms, share)
-            return Decision(allowed, share, remaining, wait_ms, reset_ms)
+            return Decision(allowed, _limit_of(spec), remaining, wait_ms, reset_ms)
         st = self._account(rule, key, spec, share, now)
         remaining = max(0, math.floor(st[0]))
         if isinstance(spec, (TokenBucket, LeakyBucket)):
             rate = self._rate(spec, share)
             reset_ms = math.ceil((share - st[0]) / rate) if rate else 0
             wait_ms = 0 if allowed else math.ceil((1 - st[0]) / rate)
-            return Decision(allowed, share, remaining, wait_ms, reset_ms)
+            return Decision(allowed, _limit_of(spec), remaining, wait_ms, reset_ms)
         end_ms = st[1] * 1000 if isinstance(spec, Quota) else st[1] + spec.window_ms
         reset_ms = max(1, math.ceil(end_ms - now * 1000))
-        return Decision(allowed, share, remaining, 0 if allowed else reset_ms, reset_ms)
+        return Decision(allowed, _limit_of(spec), remaining, 0 if allowed else reset_ms, reset_ms)
 
     def has_room(self, rule: str, key: str, spec: Algorithm, share: int, now: float) -> bool:
         assert not isinstance(spec, Concurrency)
@@ -510,8 +514,10 @@ class RateLimitMiddleware:
 
     def share(self, algo: Algorithm) -> int:
         """This instance's share: `ceil(limit / instances * 1.1)`, at least 1
-        (in integers: a float's 10 * 1.1 is 11.000000000000002)."""
-        return max(1, -(-_limit_of(algo) * 11 // (self.instances * 10)))
+        and at most the limit (in integers: a float's 10 * 1.1 is
+        11.000000000000002)."""
+        limit = _limit_of(algo)
+        return max(1, min(limit, -(-limit * 11 // (self.instances * 10))))
 
     # -- deciding -------------------------------------------------------
 
@@ -541,7 +547,10 @@ class RateLimitMiddleware:
             self._failed(now)
             self._release_later(held)
             return self._decided_locally(keys, sent)
-        except (RedisError, OSError) as e:
+        except (RedisError, OSError, ServerError, ModuleNotLoaded, WrongType) as e:
+            # A lost answer is charged; an error reply (READONLY after a
+            # failover, LOADING, the module gone, WRONGTYPE) charges nothing:
+            # Redis applied nothing.
             self.stats.redis_errors += 1
             log.warning("redis-ratelimit: Redis failed (%s); the fallback decides", e)
             self._failed(now)
@@ -708,7 +717,7 @@ class RateLimitMiddleware:
                 room = self.local.has_room(r.name, k, a, shares[i], now)
             if not room and denied is None:
                 if isinstance(a, Concurrency):
-                    denied = Decision(False, shares[i], 0, 1000, 1000), i
+                    denied = Decision(False, _limit_of(a), 0, 1000, 1000), i
                 else:
                     denied = self.local.denial(r.name, k, a, shares[i], now), i
         held: list[Held] = []
@@ -720,6 +729,7 @@ class RateLimitMiddleware:
                 continue
             elif isinstance(a, Concurrency):
                 d = self.local.hold(r.name, k, shares[i], now=mono)
+                d = dataclasses.replace(d, limit=_limit_of(a))
                 held.append((k, r.name, None))
             else:
                 d = self.local.charge(r.name, k, a, shares[i], now)
@@ -739,7 +749,8 @@ class RateLimitMiddleware:
         a lease held until it would have expired."""
         name = self.rules[i].name
         if isinstance(algo, Concurrency):
-            return self.local.hold_lost(name, key, share, algo.lease_ms, mono)
+            d = self.local.hold_lost(name, key, share, algo.lease_ms, mono)
+            return dataclasses.replace(d, limit=algo.limit)
         return self.local.charge(name, key, algo, share, now)
 
     def _account_fields(
@@ -752,7 +763,7 @@ class RateLimitMiddleware:
         for i, (a, r, k) in enumerate(zip(algos, self.rules, keys)):
             if isinstance(a, Concurrency):
                 held = self.local._held(r.name, k, mono)
-                d = Decision(True, shares[i], max(shares[i] - held, 0), 0, 0)
+                d = Decision(True, _limit_of(a), max(shares[i] - held, 0), 0, 0)
             else:
                 d = self.local.fields(r.name, k, a, shares[i], now)
             if best is None or d.remaining < best[0].remaining:

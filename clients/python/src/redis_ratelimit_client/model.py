@@ -83,7 +83,12 @@ def not_sent(exc: BaseException) -> BaseException:
 
 def answer_lost(exc: BaseException) -> bool:
     """Whether a failed call may still have been executed by the server: its
-    command was (or may have been) sent, and its answer never came back."""
+    command was (or may have been) sent, and its answer never came back. An
+    error reply is an answer: the server applied nothing."""
+    from redis.exceptions import BusyLoadingError, ResponseError
+
+    if isinstance(exc, (ResponseError, BusyLoadingError, RateLimitError)):
+        return False
     return not getattr(exc, "_rl_not_sent", False)
 
 
