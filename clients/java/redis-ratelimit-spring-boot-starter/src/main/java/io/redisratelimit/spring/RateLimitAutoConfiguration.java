@@ -177,16 +177,43 @@ public class RateLimitAutoConfiguration {
         }
     }
 
+    /**
+     * The settings read at start-up only, by property name: a refresh that
+     * changes one is refused with an error naming it (never ignored silently).
+     */
+    static java.util.Map<String, String> startupSettings(RateLimitProperties p) {
+        java.util.Map<String, String> m = new java.util.LinkedHashMap<>();
+        m.put("ratelimit.driver", p.getDriver());
+        m.put("ratelimit.deadline", String.valueOf(p.getDeadline()));
+        m.put("ratelimit.instances", String.valueOf(p.getInstances()));
+        m.put("ratelimit.local-level", String.valueOf(p.isLocalLevel()));
+        m.put("ratelimit.fallback", p.getFallback());
+        m.put("ratelimit.headers", String.valueOf(p.isHeaders()));
+        m.put("ratelimit.deny-cache.enabled", String.valueOf(p.getDenyCache().isEnabled()));
+        m.put("ratelimit.deny-cache.max", String.valueOf(p.getDenyCache().getMax()));
+        m.put("ratelimit.deny-cache.capacity", String.valueOf(p.getDenyCache().getCapacity()));
+        m.put("ratelimit.breaker.failures", String.valueOf(p.getBreaker().getFailures()));
+        m.put("ratelimit.breaker.open-for", String.valueOf(p.getBreaker().getOpenFor()));
+        return m;
+    }
+
     @Configuration(proxyBeanMethods = false)
     @ConditionalOnClass(name = "org.springframework.cloud.context.environment.EnvironmentChangeEvent")
     static class Refresh {
         @Bean
-        ApplicationListener<org.springframework.cloud.context.environment.EnvironmentChangeEvent> rateLimitRefresh(RateLimitService service) {
+        ApplicationListener<org.springframework.cloud.context.environment.EnvironmentChangeEvent> rateLimitRefresh(RateLimitService service,
+                                                                                                                  Environment env) {
+            // A copy: Spring Cloud rebinds the properties bean itself on a refresh.
+            java.util.Map<String, String> running = startupSettings(
+                    Binder.get(env).bind("ratelimit", RateLimitProperties.class).orElseGet(RateLimitProperties::new));
             return event -> {
                 boolean ours = event.getKeys().isEmpty() || event.getKeys().stream().anyMatch(k -> k.startsWith("ratelimit."));
                 if (!ours) {
                     return;
                 }
+                RateLimitProperties now = Binder.get(env).bind("ratelimit", RateLimitProperties.class).orElseGet(RateLimitProperties::new);
+                service.enabled(now.isEnabled());
+                service.settingsRefreshed(running, startupSettings(now));
                 try {
                     service.sync();
                 } catch (RateLimitConfigException e) {

@@ -66,6 +66,51 @@ public class RateLimitService {
     private final java.util.concurrent.atomic.AtomicLong lastRepush = new java.util.concurrent.atomic.AtomicLong();
     private final java.util.concurrent.atomic.AtomicLong repairs = new java.util.concurrent.atomic.AtomicLong();
     private volatile boolean outOfDate;
+    private volatile boolean enabled = true;
+    private volatile List<String> notApplied = List.of();
+
+    /**
+     * Whether the starter limits at all: {@code ratelimit.enabled}, which
+     * follows a refresh. Off, the interceptor, the filter and
+     * {@code @RateLimited} let every request through without a decision.
+     */
+    public boolean enabled() {
+        return enabled;
+    }
+
+    public void enabled(boolean on) {
+        if (on != enabled) {
+            enabled = on;
+            LOG.log(Level.WARNING, "redis-ratelimit: ratelimit.enabled is now " + on + (on ? "" : ": no request is limited"));
+        }
+    }
+
+    /**
+     * The settings read at start-up only whose refreshed value differs from the
+     * running one, each as {@code name: running -> refreshed}: not applied
+     * until a restart (logged as an error at each refresh, and shown by the
+     * health indicator).
+     */
+    public List<String> settingsNotApplied() {
+        return notApplied;
+    }
+
+    /** Compares the refreshed start-up-only settings with the running ones; differences are refused loudly. */
+    public void settingsRefreshed(Map<String, String> running, Map<String, String> refreshed) {
+        List<String> differ = new ArrayList<>();
+        for (Map.Entry<String, String> e : running.entrySet()) {
+            String now = refreshed.get(e.getKey());
+            if (!java.util.Objects.equals(e.getValue(), now)) {
+                differ.add(e.getKey() + ": " + e.getValue() + " -> " + now);
+            }
+        }
+        notApplied = List.copyOf(differ);
+        if (!differ.isEmpty()) {
+            LOG.log(Level.ERROR, "redis-ratelimit: refused the refresh of " + differ + ": these settings are read at start-up"
+                    + " only and keep their running values until the application restarts (the rules and ratelimit.enabled"
+                    + " follow a refresh)");
+        }
+    }
 
     /**
      * A policy of this application is missing on the server: repair it off the

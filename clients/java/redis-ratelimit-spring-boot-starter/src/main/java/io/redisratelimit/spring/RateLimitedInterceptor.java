@@ -49,7 +49,7 @@ public class RateLimitedInterceptor implements MethodInterceptor {
         if (a == null) {
             a = AnnotatedElementUtils.findMergedAnnotation(target, RateLimited.class);
         }
-        if (a == null) {
+        if (a == null || !service.enabled()) {
             return invocation.proceed();
         }
         List<String> rules = List.of(a.rule());

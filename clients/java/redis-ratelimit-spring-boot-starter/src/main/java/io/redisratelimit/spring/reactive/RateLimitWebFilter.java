@@ -47,6 +47,9 @@ public class RateLimitWebFilter implements WebFilter {
 
     @Override
     public Mono<Void> filter(ServerWebExchange exchange, WebFilterChain chain) {
+        if (!service.enabled()) {
+            return chain.filter(exchange);
+        }
         ServerHttpRequest request = exchange.getRequest();
         String path = request.getPath().pathWithinApplication().value();
         List<String> names = new ArrayList<>();

@@ -46,7 +46,7 @@ public class RateLimitHandlerInterceptor implements HandlerInterceptor {
 
     @Override
     public boolean preHandle(HttpServletRequest request, HttpServletResponse response, Object handler) throws Exception {
-        if (request.getDispatcherType() == DispatcherType.ASYNC) {
+        if (request.getDispatcherType() == DispatcherType.ASYNC || !service.enabled()) {
             // Decided when the request came in; this is its second dispatch.
             return true;
         }

@@ -141,6 +141,37 @@ class RefreshTest {
     }
 
     @Test
+    void theSwitchFollowsARefresh() {
+        String user = "e-" + UUID.randomUUID();
+        assertEquals(200, post(user));
+        assertEquals(200, post(user));
+        assertEquals(429, post(user));
+        try {
+            change(Map.of("ratelimit.enabled", "false"));
+            for (int i = 0; i < 5; i++) {
+                assertEquals(200, post(user), "off: nothing is limited");
+            }
+        } finally {
+            change(Map.of("ratelimit.enabled", "true"));
+        }
+        assertEquals(429, post(user), "on again");
+    }
+
+    @Test
+    void aStartUpOnlySettingIsRefusedLoudlyNotIgnored() {
+        try {
+            change(Map.of("ratelimit.deadline", "5s", "ratelimit.breaker.failures", "9"));
+            assertEquals(java.util.List.of("ratelimit.deadline: PT2S -> PT5S", "ratelimit.breaker.failures: 5 -> 9"),
+                    service.settingsNotApplied());
+        } finally {
+            centre().remove("ratelimit.deadline");
+            centre().remove("ratelimit.breaker.failures");
+            context.publishEvent(new EnvironmentChangeEvent(context, java.util.Set.of("ratelimit.deadline")));
+        }
+        assertEquals(java.util.List.of(), service.settingsNotApplied(), "back to the running values");
+    }
+
+    @Test
     void aBadRefreshedRuleIsRefusedAndTheRunningRulesStay() {
         change(Map.of("ratelimit.rules.order-create.algorithm", "nosuch"));
         assertEquals(Spec.fixedWindow(2, Windows.FIXED_MS), service.policy("order-create").orElseThrow().spec());
