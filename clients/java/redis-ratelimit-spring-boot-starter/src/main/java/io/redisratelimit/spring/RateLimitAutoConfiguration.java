@@ -98,10 +98,41 @@ public class RateLimitAutoConfiguration {
 
     @Bean
     @ConditionalOnMissingBean
-    public RateLimitService rateLimitService(Limiter limiter, Environment env, ObjectProvider<RateLimitService.Listener> listeners) {
+    public RateLimitService rateLimitService(Limiter limiter, Environment env, ObjectProvider<RateLimitService.Listener> listeners,
+                                             RateLimitProperties p) {
         RateLimitService service = new RateLimitService(limiter, rulesFromEnvironment(env), listeners.orderedStream().toList());
+        service.missingKey(RateLimitService.MissingKey.parse(p.getMissingKey()));
         service.sync();
         return service;
+    }
+
+    /**
+     * Checks every {@code @RateLimited} key expression when its bean is
+     * created: one naming no parameter of its method fails the start-up.
+     */
+    @Bean
+    @Role(BeanDefinition.ROLE_INFRASTRUCTURE)
+    public static org.springframework.beans.factory.config.BeanPostProcessor rateLimitedKeyCheck() {
+        org.springframework.core.ParameterNameDiscoverer names = new org.springframework.core.DefaultParameterNameDiscoverer();
+        return new org.springframework.beans.factory.config.BeanPostProcessor() {
+            @Override
+            public Object postProcessBeforeInitialization(Object bean, String beanName) {
+                Class<?> type = org.springframework.util.ClassUtils.getUserClass(bean);
+                RateLimited onClass = org.springframework.core.annotation.AnnotatedElementUtils.findMergedAnnotation(type, RateLimited.class);
+                for (java.lang.reflect.Method m : org.springframework.util.ReflectionUtils.getUniqueDeclaredMethods(type,
+                        org.springframework.util.ReflectionUtils.USER_DECLARED_METHODS)) {
+                    RateLimited a = org.springframework.core.annotation.AnnotatedElementUtils.findMergedAnnotation(m, RateLimited.class);
+                    if (a == null && onClass != null && java.lang.reflect.Modifier.isPublic(m.getModifiers())
+                            && m.getDeclaringClass() != Object.class) {
+                        a = onClass;
+                    }
+                    if (a != null) {
+                        RateLimitKeys.checkAnnotated(m, a.key(), names.getParameterNames(m));
+                    }
+                }
+                return bean;
+            }
+        };
     }
 
     @Bean
@@ -213,6 +244,12 @@ public class RateLimitAutoConfiguration {
                 }
                 RateLimitProperties now = Binder.get(env).bind("ratelimit", RateLimitProperties.class).orElseGet(RateLimitProperties::new);
                 service.enabled(now.isEnabled());
+                try {
+                    service.missingKey(RateLimitService.MissingKey.parse(now.getMissingKey()));
+                } catch (RateLimitConfigException e) {
+                    System.getLogger(RateLimitAutoConfiguration.class.getName()).log(System.Logger.Level.ERROR,
+                            "redis-ratelimit: refused the refreshed " + e.getMessage() + "; keeping " + service.missingKey());
+                }
                 service.settingsRefreshed(running, startupSettings(now));
                 try {
                     service.sync();

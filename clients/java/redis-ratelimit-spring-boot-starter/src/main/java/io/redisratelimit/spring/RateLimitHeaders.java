@@ -54,6 +54,13 @@ public final class RateLimitHeaders {
     }
 
     /** The problem body, for writers without Spring's message converters. */
+    /** The 400 problem of a request whose key expression gave nothing ({@code ratelimit.missing-key: deny}). */
+    public static String keyMissingJson(String rule, String expression, String instance) {
+        return "{\"type\":\"about:blank\",\"title\":\"Bad Request\",\"status\":400,\"detail\":\""
+                + escape("no rate-limit key: " + expression + " of rule \"" + rule + "\" gave nothing") + "\",\"instance\":\""
+                + escape(instance) + "\"}";
+    }
+
     public static String problemJson(String rule, Decision d) {
         return "{\"type\":\"" + QUOTA_EXCEEDED + "\",\"title\":\"" + TITLE + "\",\"status\":429,\"detail\":\""
                 + escape(detail(rule, d)) + "\",\"violated-policies\":[\"" + escape(rule) + "\"]}";

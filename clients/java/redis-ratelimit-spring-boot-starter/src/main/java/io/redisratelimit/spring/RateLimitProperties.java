@@ -42,6 +42,12 @@ public class RateLimitProperties {
     private boolean localLevel = true;
     /** What decides when Redis cannot: local-only, fail-open or fail-closed. */
     private String fallback = "local-only";
+    /**
+     * When a key expression gives nothing (null or empty: a missing header, a
+     * null argument): deny (400, the request is not decided) or admit (let it
+     * through undecided, counted). Never a key shared by every such caller.
+     */
+    private String missingKey = "deny";
     /** Send the IETF RateLimit and RateLimit-Policy fields on admitted responses too. */
     private boolean headers = true;
     private final DenyCache denyCache = new DenyCache();
@@ -282,6 +288,14 @@ public class RateLimitProperties {
 
     public void setFallback(String fallback) {
         this.fallback = fallback;
+    }
+
+    public String getMissingKey() {
+        return missingKey;
+    }
+
+    public void setMissingKey(String missingKey) {
+        this.missingKey = missingKey;
     }
 
     public boolean isHeaders() {

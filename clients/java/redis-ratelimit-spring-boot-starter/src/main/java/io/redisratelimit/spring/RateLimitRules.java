@@ -76,6 +76,9 @@ public final class RateLimitRules {
             if (spec.concurrency() && r.isGlobal()) {
                 throw new RateLimitConfigException(p + ".global", "a concurrency rule has no local level: its leases are counted in the server", null);
             }
+            if (r.getKey() != null && !r.getKey().isBlank()) {
+                RateLimitKeys.checkRoute(p + ".key", r.getKey());
+            }
             if (r.getCost() < 0) {
                 throw new RateLimitConfigException(p + ".cost", "must be at least 0, got " + r.getCost(), null);
             }

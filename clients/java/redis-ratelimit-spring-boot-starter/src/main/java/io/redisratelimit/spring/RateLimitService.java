@@ -67,6 +67,50 @@ public class RateLimitService {
     private final java.util.concurrent.atomic.AtomicLong repairs = new java.util.concurrent.atomic.AtomicLong();
     private volatile boolean outOfDate;
     private volatile boolean enabled = true;
+    private volatile MissingKey missingKey = MissingKey.DENY;
+    private final java.util.concurrent.atomic.AtomicLong missingKeys = new java.util.concurrent.atomic.AtomicLong();
+
+    /** What a request whose key expression gives nothing gets: {@code ratelimit.missing-key}. */
+    public enum MissingKey {
+        /** Not decided: 400 from the route rules, {@link RateLimitKeyMissingException} from {@code @RateLimited}. */
+        DENY,
+        /** Let through undecided, and counted ({@link #missingKeys()}). */
+        ADMIT;
+
+        public static MissingKey parse(String s) {
+            if (s != null) {
+                for (MissingKey m : values()) {
+                    if (m.name().equalsIgnoreCase(s.trim())) {
+                        return m;
+                    }
+                }
+            }
+            throw new RateLimitConfigException("ratelimit.missing-key", "must be deny or admit, got '" + s + "'", null);
+        }
+    }
+
+    public MissingKey missingKey() {
+        return missingKey;
+    }
+
+    public void missingKey(MissingKey m) {
+        missingKey = m;
+    }
+
+    /**
+     * A request whose key expression gave nothing: counted, and the
+     * configured outcome returned. Never decided under a shared key.
+     */
+    public MissingKey keyMissing(List<String> rules, String expression) {
+        missingKeys.incrementAndGet();
+        LOG.log(Level.DEBUG, "redis-ratelimit: the key " + expression + " of " + rules + " gave nothing: " + missingKey);
+        return missingKey;
+    }
+
+    /** Requests whose key expression gave nothing, since start-up. */
+    public long missingKeys() {
+        return missingKeys.get();
+    }
     private volatile List<String> notApplied = List.of();
 
     /**

@@ -59,10 +59,13 @@ public class RateLimitedInterceptor implements MethodInterceptor {
             MethodBasedEvaluationContext ctx = new MethodBasedEvaluationContext(invocation.getThis(), specific,
                     invocation.getArguments(), names);
             Object v = e.getValue(ctx);
-            identity = v == null ? "-" : v.toString();
-            if (identity.isEmpty()) {
-                identity = "-";
+            if (v == null || v.toString().isEmpty()) {
+                if (service.keyMissing(rules, a.key()) == RateLimitService.MissingKey.ADMIT) {
+                    return invocation.proceed();
+                }
+                throw new RateLimitKeyMissingException(rules, a.key());
             }
+            identity = v.toString();
         }
         Permit permit = service.admit(rules, identity, a.cost());
         Decision d = permit.decision();

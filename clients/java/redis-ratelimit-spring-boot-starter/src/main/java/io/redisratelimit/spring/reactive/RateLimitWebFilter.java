@@ -58,8 +58,19 @@ public class RateLimitWebFilter implements WebFilter {
         for (RateLimitRules.Entry e : service.rules().entries().values()) {
             for (String pattern : e.routes()) {
                 if (matcher.match(pattern, path)) {
+                    String identity = identity(e, request);
+                    if (identity == null) {
+                        if (service.keyMissing(List.of(e.name()), e.keyExpression()) == RateLimitService.MissingKey.ADMIT) {
+                            break;
+                        }
+                        ServerHttpResponse response = exchange.getResponse();
+                        response.setStatusCode(HttpStatus.BAD_REQUEST);
+                        response.getHeaders().setContentType(MediaType.APPLICATION_PROBLEM_JSON);
+                        byte[] body = RateLimitHeaders.keyMissingJson(e.name(), e.keyExpression(), path).getBytes(StandardCharsets.UTF_8);
+                        return response.writeWith(Mono.just(response.bufferFactory().wrap(body)));
+                    }
                     names.add(e.name());
-                    identities.add(identity(e, request));
+                    identities.add(identity);
                     cost = Math.max(cost, e.cost());
                     break;
                 }
@@ -103,6 +114,6 @@ public class RateLimitWebFilter implements WebFilter {
         StandardEvaluationContext ctx = new StandardEvaluationContext(request);
         ctx.setVariable("request", request);
         Object v = x.getValue(ctx);
-        return v == null || v.toString().isEmpty() ? "-" : v.toString();
+        return v == null || v.toString().isEmpty() ? null : v.toString();
     }
 }

@@ -26,6 +26,12 @@ public class RateLimitExceptionHandler {
         this.service = service;
     }
 
+    @ExceptionHandler(io.redisratelimit.spring.RateLimitKeyMissingException.class)
+    public ResponseEntity<ProblemDetail> keyMissing(io.redisratelimit.spring.RateLimitKeyMissingException e) {
+        ProblemDetail body = ProblemDetail.forStatusAndDetail(HttpStatus.BAD_REQUEST, e.getMessage());
+        return ResponseEntity.status(HttpStatus.BAD_REQUEST).contentType(MediaType.APPLICATION_PROBLEM_JSON).body(body);
+    }
+
     @ExceptionHandler(RateLimitExceededException.class)
     public ResponseEntity<ProblemDetail> tooManyRequests(RateLimitExceededException e) {
         ProblemDetail body = ProblemDetail.forStatusAndDetail(HttpStatus.TOO_MANY_REQUESTS, RateLimitHeaders.detail(e.rule(), e.decision()));

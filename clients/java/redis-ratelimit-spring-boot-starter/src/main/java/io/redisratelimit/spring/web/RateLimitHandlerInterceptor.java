@@ -57,8 +57,19 @@ public class RateLimitHandlerInterceptor implements HandlerInterceptor {
         for (RateLimitRules.Entry e : service.rules().entries().values()) {
             for (String pattern : e.routes()) {
                 if (matcher.match(pattern, path)) {
+                    String identity = identity(e, request);
+                    if (identity == null) {
+                        if (service.keyMissing(List.of(e.name()), e.keyExpression()) == RateLimitService.MissingKey.ADMIT) {
+                            break;
+                        }
+                        response.setStatus(400);
+                        response.setContentType(MediaType.APPLICATION_PROBLEM_JSON_VALUE);
+                        response.getOutputStream().write(RateLimitHeaders.keyMissingJson(e.name(), e.keyExpression(),
+                                request.getRequestURI()).getBytes(StandardCharsets.UTF_8));
+                        return false;
+                    }
                     names.add(e.name());
-                    identities.add(identity(e, request));
+                    identities.add(identity);
                     cost = Math.max(cost, e.cost());
                     break;
                 }
@@ -103,6 +114,6 @@ public class RateLimitHandlerInterceptor implements HandlerInterceptor {
         StandardEvaluationContext ctx = new StandardEvaluationContext(request);
         ctx.setVariable("request", request);
         Object v = x.getValue(ctx);
-        return v == null || v.toString().isEmpty() ? "-" : v.toString();
+        return v == null || v.toString().isEmpty() ? null : v.toString();
     }
 }

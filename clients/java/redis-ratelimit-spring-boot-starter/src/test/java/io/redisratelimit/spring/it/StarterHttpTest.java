@@ -113,6 +113,18 @@ class StarterHttpTest {
     }
 
     @Test
+    void aRequestWithoutItsKeyIsRefusedNotCountedUnderOneSharedKey() {
+        for (int i = 0; i < 5; i++) {
+            HttpResponse<String> r = Http.send("GET", port, "/search", null);
+            assertEquals(400, r.statusCode(), "no X-User: the key expression gives nothing");
+            assertEquals("application/problem+json", r.headers().firstValue("Content-Type").orElseThrow());
+            assertTrue(r.body().contains("no rate-limit key") && r.body().contains("\"instance\":\"/search\""), r.body());
+        }
+        String user = "k-" + UUID.randomUUID();
+        assertEquals(200, Http.send("GET", port, "/search", user).statusCode(), "a caller with a key is decided as usual");
+    }
+
+    @Test
     void aRouteRuleIsEnforcedByTheInterceptorBeforeTheHandler() {
         String user = "s-" + UUID.randomUUID();
         for (int i = 0; i < 3; i++) {

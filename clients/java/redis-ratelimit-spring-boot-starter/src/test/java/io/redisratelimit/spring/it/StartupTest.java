@@ -44,6 +44,37 @@ class StartupTest {
                 });
     }
 
+    /** A key naming a parameter the method does not have (#user on userId). */
+    static class MisnamedKey {
+        @io.redisratelimit.spring.RateLimited(rule = "order-create", key = "#user")
+        public String create(String userId) {
+            return userId;
+        }
+    }
+
+    @Test
+    void aKeyThatNamesNoParameterFailsAtStartUp() {
+        runner.withPropertyValues("ratelimit.rules.order-create.algorithm=tokenbucket", "ratelimit.rules.order-create.params=5,5,1000")
+                .withBean(MisnamedKey.class)
+                .run(ctx -> {
+                    Throwable t = root(ctx.getStartupFailure());
+                    assertInstanceOf(RateLimitConfigException.class, t);
+                    assertTrue(t.getMessage().contains("#user names no parameter") && t.getMessage().contains("MisnamedKey.create")
+                            && t.getMessage().contains("[#userId]"), t.getMessage());
+                });
+    }
+
+    @Test
+    void aRouteKeyNamingAnythingButTheRequestFailsAtStartUp() {
+        runner.withPropertyValues("ratelimit.rules.s.algorithm=sliding", "ratelimit.rules.s.params=5,1000",
+                        "ratelimit.rules.s.routes=/s", "ratelimit.rules.s.key=#req.getHeader('X-User')")
+                .run(ctx -> {
+                    Throwable t = root(ctx.getStartupFailure());
+                    assertInstanceOf(RateLimitConfigException.class, t);
+                    assertEquals("ratelimit.rules.s.key", ((RateLimitConfigException) t).property());
+                });
+    }
+
     @Test
     void aZeroCapacityFailsAtStartUpNamingTheProperty() {
         runner.withPropertyValues("ratelimit.rules.order-create.algorithm=tokenbucket", "ratelimit.rules.order-create.params=0,5,1000")
