@@ -263,6 +263,16 @@ public class RateLimitAutoConfiguration {
     }
 
     @Configuration(proxyBeanMethods = false)
+    @ConditionalOnClass(name = "org.springframework.boot.actuate.health.HealthIndicator")
+    static class Health {
+        @Bean
+        @ConditionalOnMissingBean(name = "rateLimitHealthIndicator")
+        io.redisratelimit.spring.actuate.RateLimitHealthIndicator rateLimitHealthIndicator(RateLimitService service) {
+            return new io.redisratelimit.spring.actuate.RateLimitHealthIndicator(service);
+        }
+    }
+
+    @Configuration(proxyBeanMethods = false)
     @ConditionalOnWebApplication
     @ConditionalOnClass(name = "org.springframework.http.ProblemDetail")
     static class Web {
