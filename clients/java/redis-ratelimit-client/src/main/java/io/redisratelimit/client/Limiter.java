@@ -355,7 +355,8 @@ public final class Limiter implements AutoCloseable {
             breaker.onError(took, TimeUnit.NANOSECONDS, e);
             // A timeout or a lost connection leaves the call's fate unknown: Redis may have
             // admitted it. An error reply means Redis counted nothing.
-            boolean lost = e instanceof RateLimitTimeoutException || e instanceof RedisUnavailableException;
+            boolean lost = e instanceof RateLimitTimeoutException
+                    || e instanceof RedisUnavailableException && !(e instanceof NotConnectedException);
             if (e instanceof RateLimitTimeoutException) {
                 stats.redisTimeouts.increment();
             } else if (e instanceof RedisUnavailableException) {

@@ -77,6 +77,18 @@ public final class RateLimitClient implements AutoCloseable {
         return new RateLimitClient(driver, deadline, version);
     }
 
+    /**
+     * A client over a driver that is not connected yet ({@link
+     * io.redisratelimit.client.driver.DeferredDriver}): nothing is checked
+     * now, the driver checks when it connects; {@link #moduleVersion()} is 0.
+     */
+    public static RateLimitClient connecting(Driver driver, Duration deadline) {
+        if (deadline == null || deadline.isNegative() || deadline.isZero()) {
+            throw new BadArgumentException("deadline", "must be above 0");
+        }
+        return new RateLimitClient(driver, deadline, 0);
+    }
+
     private static long moduleVersion(Object reply) {
         if (reply instanceof List<?> modules) {
             for (Object m : modules) {

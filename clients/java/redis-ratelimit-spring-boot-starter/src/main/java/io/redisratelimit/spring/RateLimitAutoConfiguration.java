@@ -62,7 +62,28 @@ public class RateLimitAutoConfiguration {
     @Bean(destroyMethod = "close")
     @ConditionalOnMissingBean
     public Driver rateLimitDriver(RateLimitProperties p, RedisProperties redis) {
-        return RedisDrivers.create(p.getDriver(), redis);
+        java.util.function.Supplier<Driver> open = () -> RedisDrivers.create(p.getDriver(), redis);
+        Driver d = null;
+        try {
+            d = open.get();
+            // Opened and checked now; a server without the module fails the start-up here.
+            RateLimitClient.connect(d, java.time.Duration.ofSeconds(10));
+            return d;
+        } catch (io.redisratelimit.client.RedisUnavailableException | io.redisratelimit.client.RateLimitTimeoutException e) {
+            if (d != null) {
+                d.close();
+            }
+            // Redis is away: start in the fallback, and connect (and push the policies) when it answers.
+            System.getLogger(RateLimitAutoConfiguration.class.getName()).log(System.Logger.Level.WARNING,
+                    "redis-ratelimit: cannot reach " + RedisDrivers.describe(redis) + " at start-up (" + e.getMessage()
+                            + "): starting in the fallback (" + p.getFallback() + "); the policies are pushed when Redis answers");
+            return new io.redisratelimit.client.driver.DeferredDriver(open, RedisDrivers.cluster(redis), java.time.Duration.ofSeconds(1));
+        } catch (RuntimeException e) {
+            if (d != null) {
+                d.close();
+            }
+            throw e;
+        }
     }
 
     /** The driver bean closes the connection; the client and limiter over it close nothing of their own. */
@@ -71,6 +92,9 @@ public class RateLimitAutoConfiguration {
     public RateLimitClient rateLimitClient(Driver driver, RateLimitProperties p) {
         if (p.getDeadline() == null || p.getDeadline().isZero() || p.getDeadline().isNegative()) {
             throw new RateLimitConfigException("ratelimit.deadline", "must be above 0", null);
+        }
+        if (driver instanceof io.redisratelimit.client.driver.DeferredDriver deferred && !deferred.connected()) {
+            return RateLimitClient.connecting(driver, p.getDeadline());
         }
         return RateLimitClient.connect(driver, p.getDeadline());
     }
@@ -102,7 +126,12 @@ public class RateLimitAutoConfiguration {
                                              RateLimitProperties p) {
         RateLimitService service = new RateLimitService(limiter, rulesFromEnvironment(env), listeners.orderedStream().toList());
         service.missingKey(RateLimitService.MissingKey.parse(p.getMissingKey()));
-        service.sync();
+        if (limiter.client().driver() instanceof io.redisratelimit.client.driver.DeferredDriver deferred && !deferred.connected()) {
+            // The rules were checked when the service read them; they reach the server once it answers.
+            deferred.onConnected(service::sync);
+        } else {
+            service.sync();
+        }
         return service;
     }
 

@@ -35,6 +35,25 @@ final class RedisDrivers {
         };
     }
 
+    /** Whether the properties name a cluster. */
+    static boolean cluster(RedisProperties p) {
+        return p.getCluster() != null && p.getCluster().getNodes() != null && !p.getCluster().getNodes().isEmpty();
+    }
+
+    /** Where the properties point, for messages: host:port, the url, the Sentinel master or the cluster's nodes. */
+    static String describe(RedisProperties p) {
+        if (cluster(p)) {
+            return "the cluster " + p.getCluster().getNodes();
+        }
+        if (p.getSentinel() != null && p.getSentinel().getMaster() != null) {
+            return "the Sentinel master '" + p.getSentinel().getMaster() + "' at " + p.getSentinel().getNodes();
+        }
+        if (p.getUrl() != null) {
+            return p.getUrl().replaceAll("//[^@/]*@", "//");
+        }
+        return p.getHost() + ":" + p.getPort();
+    }
+
     private static Driver lettuce(RedisProperties p) {
         if (p.getCluster() != null && p.getCluster().getNodes() != null && !p.getCluster().getNodes().isEmpty()) {
             List<RedisURI> seeds = p.getCluster().getNodes().stream().map(n -> {

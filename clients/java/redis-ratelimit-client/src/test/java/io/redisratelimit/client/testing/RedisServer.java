@@ -65,6 +65,17 @@ public final class RedisServer implements AutoCloseable {
         }
     }
 
+    /** A server with the module on a port chosen before (an application was started against it while no server was there). */
+    public static RedisServer startOn(int port) {
+        try {
+            RedisServer s = new RedisServer(port, Files.createTempDirectory("rl-java-redis"), List.of());
+            s.launch();
+            return s;
+        } catch (IOException e) {
+            throw new IllegalStateException(e);
+        }
+    }
+
     /** A server without the module: the start-up check must refuse it. */
     public static RedisServer startWithoutModule() {
         try {
