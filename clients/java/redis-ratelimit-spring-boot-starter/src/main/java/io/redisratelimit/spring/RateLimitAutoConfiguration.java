@@ -78,6 +78,9 @@ public class RateLimitAutoConfiguration {
                     "redis-ratelimit: cannot reach " + RedisDrivers.describe(redis) + " at start-up (" + e.getMessage()
                             + "): starting in the fallback (" + p.getFallback() + "); the policies are pushed when Redis answers");
             return new io.redisratelimit.client.driver.DeferredDriver(open, RedisDrivers.cluster(redis), java.time.Duration.ofSeconds(1));
+        } catch (io.redisratelimit.client.ModuleMissingException e) {
+            d.close();
+            throw new io.redisratelimit.client.ModuleMissingException(RedisDrivers.describe(redis) + ": " + e.getMessage());
         } catch (RuntimeException e) {
             if (d != null) {
                 d.close();

@@ -66,6 +66,13 @@ public final class RateLimitHeaders {
                 + escape(detail(rule, d)) + "\",\"violated-policies\":[\"" + escape(rule) + "\"]}";
     }
 
+    /** The problem body with {@code instance}, the request's path, as the annotation's 429 has it. */
+    public static String problemJson(String rule, Decision d, String instance) {
+        return "{\"type\":\"" + QUOTA_EXCEEDED + "\",\"title\":\"" + TITLE + "\",\"status\":429,\"detail\":\""
+                + escape(detail(rule, d)) + "\",\"instance\":\"" + escape(instance) + "\",\"violated-policies\":[\""
+                + escape(rule) + "\"]}";
+    }
+
     private static String escape(String s) {
         StringBuilder b = new StringBuilder();
         for (char c : s.toCharArray()) {

@@ -132,6 +132,8 @@ public class RateLimitProperties {
         private boolean global;
         /** Path patterns the servlet interceptor limits (/api/orders/**); none: only @RateLimited uses the rule. */
         private List<String> routes = new ArrayList<>();
+        /** For routes: the HTTP methods limited (POST, GET...); none: every method. GET and POST of one path are then counted apart by two rules. */
+        private List<String> methods = new ArrayList<>();
         /** For routes: SpEL over #request giving the identity (default the client's address). */
         private String key;
         /** Units each request takes. */
@@ -215,6 +217,14 @@ public class RateLimitProperties {
 
         public void setRoutes(List<String> routes) {
             this.routes = routes;
+        }
+
+        public List<String> getMethods() {
+            return methods;
+        }
+
+        public void setMethods(List<String> methods) {
+            this.methods = methods;
         }
 
         public String getKey() {

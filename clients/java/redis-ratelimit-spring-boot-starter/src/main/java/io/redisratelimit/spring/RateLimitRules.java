@@ -18,7 +18,11 @@ import java.util.Map;
  */
 public final class RateLimitRules {
     /** A checked rule with what the starter needs beside the client's {@link Rule}. */
-    public record Entry(String name, Rule rule, List<String> routes, String keyExpression, long cost) {
+    public record Entry(String name, Rule rule, List<String> routes, List<String> methods, String keyExpression, long cost) {
+        /** Whether a route rule applies to a request of this HTTP method (every method when none is named). */
+        public boolean appliesTo(String method) {
+            return methods.isEmpty() || methods.contains(method);
+        }
     }
 
     private final String app;
@@ -66,7 +70,8 @@ public final class RateLimitRules {
             }
             PolicyMode mode;
             try {
-                mode = PolicyMode.parse(r.getMode());
+                // Unquoted YAML `mode: off` arrives as "false".
+                mode = "false".equals(r.getMode()) ? PolicyMode.OFF : PolicyMode.parse(r.getMode());
             } catch (BadArgumentException ex) {
                 throw new RateLimitConfigException(p + ".mode", ex.reason(), ex);
             }
@@ -101,7 +106,15 @@ public final class RateLimitRules {
             } catch (BadArgumentException ex) {
                 throw new RateLimitConfigException(p, ex.getMessage(), ex);
             }
-            out.put(name, new Entry(name, rule, List.copyOf(r.getRoutes()), r.getKey(), r.getCost()));
+            List<String> methods = new java.util.ArrayList<>();
+            for (String m : r.getMethods()) {
+                String upper = m.trim().toUpperCase(java.util.Locale.ROOT);
+                if (!List.of("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE").contains(upper)) {
+                    throw new RateLimitConfigException(p + ".methods", "'" + m + "' is not an HTTP method", null);
+                }
+                methods.add(upper);
+            }
+            out.put(name, new Entry(name, rule, List.copyOf(r.getRoutes()), List.copyOf(methods), r.getKey(), r.getCost()));
         }
         return new RateLimitRules(app, out);
     }

@@ -56,6 +56,9 @@ public class RateLimitWebFilter implements WebFilter {
         List<String> identities = new ArrayList<>();
         long cost = 0;
         for (RateLimitRules.Entry e : service.rules().entries().values()) {
+            if (!e.appliesTo(request.getMethod().name())) {
+                continue;
+            }
             for (String pattern : e.routes()) {
                 if (matcher.match(pattern, path)) {
                     String identity = identity(e, request);
@@ -92,15 +95,15 @@ public class RateLimitWebFilter implements WebFilter {
                 // Held until the response is written, or the exchange fails or is cancelled.
                 return chain.filter(exchange).doFinally(signal -> permit.releaseAsync());
             }
-            return deny(response, names, d);
+            return deny(response, names, d, path);
         });
     }
 
-    private Mono<Void> deny(ServerHttpResponse response, List<String> names, Decision d) {
+    private Mono<Void> deny(ServerHttpResponse response, List<String> names, Decision d, String path) {
         RateLimitHeaders.of(service, names, d).forEach(response.getHeaders()::set);
         response.setStatusCode(HttpStatus.TOO_MANY_REQUESTS);
         response.getHeaders().setContentType(MediaType.APPLICATION_PROBLEM_JSON);
-        byte[] body = RateLimitHeaders.problemJson(service.reported(names, d), d).getBytes(StandardCharsets.UTF_8);
+        byte[] body = RateLimitHeaders.problemJson(service.reported(names, d), d, path).getBytes(StandardCharsets.UTF_8);
         DataBuffer buffer = response.bufferFactory().wrap(body);
         return response.writeWith(Mono.just(buffer));
     }

@@ -55,6 +55,9 @@ public class RateLimitHandlerInterceptor implements HandlerInterceptor {
         List<String> identities = new ArrayList<>();
         long cost = 0;
         for (RateLimitRules.Entry e : service.rules().entries().values()) {
+            if (!e.appliesTo(request.getMethod())) {
+                continue;
+            }
             for (String pattern : e.routes()) {
                 if (matcher.match(pattern, path)) {
                     String identity = identity(e, request);
@@ -93,7 +96,7 @@ public class RateLimitHandlerInterceptor implements HandlerInterceptor {
         RateLimitHeaders.of(service, names, d).forEach(response::setHeader);
         response.setStatus(429);
         response.setContentType(MediaType.APPLICATION_PROBLEM_JSON_VALUE);
-        response.getOutputStream().write(RateLimitHeaders.problemJson(rule, d).getBytes(StandardCharsets.UTF_8));
+        response.getOutputStream().write(RateLimitHeaders.problemJson(rule, d, request.getRequestURI()).getBytes(StandardCharsets.UTF_8));
         return false;
     }
 

@@ -40,6 +40,13 @@ public class OrderApp {
             return Map.of("results", 0);
         }
 
+        /** One path, two methods: a route rule can limit one of them. */
+        @org.springframework.web.bind.annotation.RequestMapping(path = "/both", method = {
+                org.springframework.web.bind.annotation.RequestMethod.GET, org.springframework.web.bind.annotation.RequestMethod.POST})
+        public Map<String, Object> both() {
+            return Map.of("ok", true);
+        }
+
         @GetMapping("/bare")
         public Map<String, Object> bare() {
             return Map.of("ok", true);

@@ -36,6 +36,11 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
         "ratelimit.rules.search.params=3,60000",
         "ratelimit.rules.search.routes=/search/**,/search",
         "ratelimit.rules.search.key=#request.getHeader('X-User')",
+        "ratelimit.rules.both-post.algorithm=sliding",
+        "ratelimit.rules.both-post.params=1,60000",
+        "ratelimit.rules.both-post.routes=/both",
+        "ratelimit.rules.both-post.methods=post",
+        "ratelimit.rules.both-post.key=#request.getHeader('X-User')",
         "ratelimit.rules.quote.algorithm=sliding",
         "ratelimit.rules.quote.params=2,60000",
 })
@@ -113,6 +118,16 @@ class StarterHttpTest {
     }
 
     @Test
+    void aRouteRuleCanNameItsMethodsSoGetAndPostAreCountedApart() {
+        String user = "m-" + UUID.randomUUID();
+        assertEquals(200, Http.send("POST", port, "/both", user).statusCode());
+        assertEquals(429, Http.send("POST", port, "/both", user).statusCode());
+        for (int i = 0; i < 3; i++) {
+            assertEquals(200, Http.send("GET", port, "/both", user).statusCode(), "the rule names POST only");
+        }
+    }
+
+    @Test
     void aRequestWithoutItsKeyIsRefusedNotCountedUnderOneSharedKey() {
         for (int i = 0; i < 5; i++) {
             HttpResponse<String> r = Http.send("GET", port, "/search", null);
@@ -137,6 +152,7 @@ class StarterHttpTest {
         assertEquals(429, denied.statusCode());
         assertEquals("application/problem+json", denied.headers().firstValue("Content-Type").orElseThrow());
         assertTrue(denied.body().contains("\"violated-policies\":[\"search\"]"), denied.body());
+        assertTrue(denied.body().contains("\"instance\":\"/search\""), "as the annotation's 429: " + denied.body());
         assertTrue(denied.headers().firstValue("Retry-After").isPresent());
         assertEquals(200, Http.send("GET", port, "/bare", user).statusCode(), "other routes are not limited");
     }

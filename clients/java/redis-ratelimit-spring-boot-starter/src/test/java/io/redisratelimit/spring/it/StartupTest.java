@@ -76,6 +76,18 @@ class StartupTest {
     }
 
     @Test
+    void unquotedYamlOffIsTheKillSwitch() {
+        // YAML 1.1 reads an unquoted `mode: off` as the boolean false, which reaches the binder as "false".
+        runner.withPropertyValues("ratelimit.app=yaml-off-it", "ratelimit.rules.x.algorithm=sliding", "ratelimit.rules.x.params=5,1000",
+                        "ratelimit.rules.x.mode=false")
+                .run(ctx -> {
+                    assertTrue(ctx.getStartupFailure() == null, String.valueOf(ctx.getStartupFailure()));
+                    assertEquals(io.redisratelimit.client.PolicyMode.OFF,
+                            ctx.getBean(RateLimitService.class).policy("x").orElseThrow().mode());
+                });
+    }
+
+    @Test
     void aZeroCapacityFailsAtStartUpNamingTheProperty() {
         runner.withPropertyValues("ratelimit.rules.order-create.algorithm=tokenbucket", "ratelimit.rules.order-create.params=0,5,1000")
                 .run(ctx -> {
@@ -189,6 +201,11 @@ class StartupTest {
             runner.withPropertyValues("spring.data.redis.port=" + bare.port()).run(ctx -> {
                 Throwable t = root(ctx.getStartupFailure());
                 assertInstanceOf(ModuleMissingException.class, t);
+                assertTrue(t.getMessage().contains(":" + bare.port() + ": "), "names the server: " + t.getMessage());
+                org.springframework.boot.diagnostics.FailureAnalysis a = new io.redisratelimit.spring.RateLimitFailureAnalyzer()
+                        .analyze(ctx.getStartupFailure());
+                assertTrue(a != null && a.getDescription().contains(":" + bare.port()) && a.getAction().contains("loadmodule"),
+                        "Spring Boot's failure report, on top: " + (a == null ? null : a.getDescription()));
             });
         }
     }
