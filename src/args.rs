@@ -173,12 +173,7 @@ pub fn parse_options(rest: &[&[u8]]) -> Result<Options, Error> {
             if zone.is_some() {
                 return Err(Error::DuplicateOption("TZ"));
             }
-            zone = Some(calendar::zone(value).ok_or_else(|| {
-                Error::Syntax(format!(
-                    "TZ must be UTC, a fixed offset such as +05:30, or a time zone name such as America/New_York, not '{}'",
-                    Error::quote(value)
-                ))
-            })?);
+            zone = Some(calendar::zone(value).map_err(|bad| Error::Syntax(bad.message(value)))?);
         } else if name.eq_ignore_ascii_case(b"END") {
             let value = value.ok_or(Error::MissingValue("END"))?;
             if end.is_some() {

@@ -40,47 +40,101 @@ fn zones() -> MutexGuard<'static, Vec<(Box<[u8]>, TimeZone)>> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// The widest fixed offset a call may name, in seconds: +/-18:00, the range
+/// of java.time's `ZoneOffset` (and of every zone in the database, whose
+/// widest is +14:00), so that the server and the kits accept the same zones.
+const MAX_OFFSET_S: i32 = 18 * 3600;
+
+/// The widest fixed offset builds before the +/-18:00 bound accepted
+/// (+/-25:59), which their RDB files may still hold in a policy.
+const STORED_MAX_OFFSET_S: i32 = 25 * 3600 + 59 * 60;
+
+/// Why a `TZ` value is refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BadZone {
+    /// Neither UTC, an offset, nor a name the database knows.
+    Unknown,
+    /// A fixed offset beyond +/-18:00.
+    OffsetOutOfRange,
+}
+
+impl BadZone {
+    /// The error text for `value`, naming `TZ`.
+    pub fn message(self, value: &[u8]) -> String {
+        match self {
+            BadZone::Unknown => format!(
+                "TZ must be UTC, a fixed offset such as +05:30, or a time zone name such as America/New_York, not '{}'",
+                crate::error::Error::quote(value)
+            ),
+            BadZone::OffsetOutOfRange => format!(
+                "TZ offset must be between -18:00 and +18:00, not '{}'",
+                crate::error::Error::quote(value)
+            ),
+        }
+    }
+}
+
 /// The zone a call names (`TZ zone`): `UTC`, `Z`, a fixed offset
-/// `+HH:MM` / `-HH:MM` (up to 25:59), or an IANA name the database knows
-/// (in any case). `None` if it is none of them.
-pub fn zone(name: &[u8]) -> Option<Zone> {
+/// `+HH:MM` / `-HH:MM` from -18:00 to +18:00, or an IANA name the database
+/// knows (in any case).
+pub fn zone(name: &[u8]) -> Result<Zone, BadZone> {
+    intern(name, MAX_OFFSET_S)
+}
+
+/// The zone of a policy read from an RDB file: as [`zone`], and the fixed
+/// offsets up to +/-25:59 that older builds accepted, so that a file they
+/// wrote still loads.
+pub fn stored_zone(name: &[u8]) -> Option<Zone> {
+    intern(name, STORED_MAX_OFFSET_S).ok()
+}
+
+fn intern(name: &[u8], max_offset_s: i32) -> Result<Zone, BadZone> {
     if name.eq_ignore_ascii_case(b"UTC") || name.eq_ignore_ascii_case(b"Z") {
-        return Some(UTC);
+        return Ok(UTC);
+    }
+    // Before the table: an offset an RDB file brought in is no licence for
+    // a call to name it.
+    let offset = fixed_offset(name);
+    if offset.is_some_and(|seconds| seconds.abs() > max_offset_s) {
+        return Err(BadZone::OffsetOutOfRange);
     }
     let mut table = zones();
     if let Some(i) = table.iter().position(|(known, _)| **known == *name) {
-        return Some(Zone(i as u32 + 1));
+        return Ok(Zone(i as u32 + 1));
     }
-    let tz = fixed_offset(name).or_else(|| {
-        let text = std::str::from_utf8(name).ok()?;
-        // Names only: no paths, no POSIX TZ strings.
-        if text.is_empty() || text.len() > 64 || text.starts_with('/') || text.contains("..") {
-            return None;
-        }
-        TimeZone::get(text).ok()
-    })?;
+    let tz = match offset {
+        Some(seconds) => Offset::from_seconds(seconds).ok().map(TimeZone::fixed),
+        None => std::str::from_utf8(name).ok().and_then(|text| {
+            // Names only: no paths, no POSIX TZ strings.
+            if text.is_empty() || text.len() > 64 || text.starts_with('/') || text.contains("..") {
+                return None;
+            }
+            TimeZone::get(text).ok()
+        }),
+    }
+    .ok_or(BadZone::Unknown)?;
     table.push((Box::from(name), tz));
-    Some(Zone(table.len() as u32))
+    Ok(Zone(table.len() as u32))
 }
 
-/// `+HH:MM` or `-HH:MM`.
-fn fixed_offset(name: &[u8]) -> Option<TimeZone> {
+/// `+HH:MM` or `-HH:MM`, in seconds east of UTC (any two-digit hours;
+/// minutes up to 59).
+fn fixed_offset(name: &[u8]) -> Option<i32> {
     let [sign, h1, h2, b':', m1, m2] = *name else {
         return None;
     };
     let digit = |b: u8| b.is_ascii_digit().then(|| i32::from(b - b'0'));
     let hours = digit(h1)? * 10 + digit(h2)?;
     let minutes = digit(m1)? * 10 + digit(m2)?;
-    if hours > 25 || minutes > 59 {
+    if minutes > 59 {
         return None;
     }
     let seconds = (hours * 60 + minutes) * 60;
-    let seconds = match sign {
-        b'+' => seconds,
-        b'-' => -seconds,
-        _ => return None,
-    };
-    Offset::from_seconds(seconds).ok().map(TimeZone::fixed)
+    match sign {
+        b'+' => Some(seconds),
+        b'-' => Some(-seconds),
+        _ => None,
+    }
 }
 
 /// The name of `zone`, as the call that named it first wrote it (`UTC`
@@ -213,21 +267,67 @@ mod tests {
 
     #[test]
     fn zones_are_utc_offsets_or_names_the_database_knows() {
-        assert_eq!(zone(b"UTC"), Some(UTC));
-        assert_eq!(zone(b"utc"), Some(UTC));
-        assert!(zone(b"+08:00").is_some());
+        assert_eq!(zone(b"UTC"), Ok(UTC));
+        assert_eq!(zone(b"utc"), Ok(UTC));
+        assert!(zone(b"+08:00").is_ok());
         assert_eq!(zone(b"Europe/Paris"), zone(b"Europe/Paris"));
         for bad in [
             &b""[..],
             b"Mars/Olympus",
             b"+8",
-            b"+26:00",
             b"+05:60",
+            b"*05:00",
             b"../etc/passwd",
             b"/etc/localtime",
             b"EST5EDT,M3.2.0,M11.1.0",
         ] {
-            assert_eq!(zone(bad), None, "{:?}", String::from_utf8_lossy(bad));
+            assert_eq!(
+                zone(bad),
+                Err(BadZone::Unknown),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
         }
+    }
+
+    /// Fixed offsets go from -18:00 to +18:00, as java.time's `ZoneOffset`
+    /// (which the Java kit parses zones with) accepts them.
+    #[test]
+    fn fixed_offsets_are_at_most_18_hours_either_way() {
+        for good in [&b"+18:00"[..], b"-18:00", b"+14:00", b"-00:00", b"+17:59"] {
+            assert!(zone(good).is_ok(), "{:?}", String::from_utf8_lossy(good));
+        }
+        for bad in [
+            &b"+18:01"[..],
+            b"-18:01",
+            b"+19:00",
+            b"+25:00",
+            b"-25:59",
+            b"+26:00",
+            b"+99:59",
+        ] {
+            assert_eq!(
+                zone(bad),
+                Err(BadZone::OffsetOutOfRange),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        assert_eq!(
+            BadZone::OffsetOutOfRange.message(b"+25:00"),
+            "TZ offset must be between -18:00 and +18:00, not '+25:00'"
+        );
+    }
+
+    /// An RDB file of a build that took offsets up to 25:59 still loads,
+    /// and what it brought in gives a call no licence to name such an
+    /// offset.
+    #[test]
+    fn stored_offsets_up_to_25_59_load_but_calls_cannot_name_them() {
+        let stored = stored_zone(b"+25:30").expect("an older build's offset");
+        assert_eq!(name(stored), b"+25:30");
+        assert_eq!(zone(b"+25:30"), Err(BadZone::OffsetOutOfRange));
+        assert_eq!(stored_zone(b"+26:00"), None);
+        assert_eq!(stored_zone(b"Europe/Paris"), zone(b"Europe/Paris").ok());
     }
 }

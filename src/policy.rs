@@ -161,12 +161,7 @@ pub fn parse_rule(args: &[&[u8]]) -> Result<Rule, Error> {
             if zone.is_some() {
                 return Err(Error::DuplicateOption("TZ"));
             }
-            zone = Some(calendar::zone(value).ok_or_else(|| {
-                Error::Syntax(format!(
-                    "TZ must be UTC, a fixed offset such as +05:30, or a time zone name such as America/New_York, not '{}'",
-                    Error::quote(value)
-                ))
-            })?);
+            zone = Some(calendar::zone(value).map_err(|bad| Error::Syntax(bad.message(value)))?);
         } else {
             return Err(Error::Syntax(format!(
                 "unknown option '{}' (expected MODE or ROLLOUT{})",
@@ -358,7 +353,7 @@ pub fn decode(
             return None;
         }
         let zone = if zoned {
-            calendar::zone(&bytes()?)?
+            calendar::stored_zone(&bytes()?)?
         } else {
             calendar::UTC
         };
@@ -622,6 +617,31 @@ mod tests {
         let refs: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
         assert_eq!(decode_fields(&unsigned, &refs), Some(all));
         assert!(parse_rule(&[b"FIXEDWINDOW", b"1", b"1000", b"TZ", b"UTC"]).is_err());
+    }
+
+    /// A policy an older build stored with a fixed offset beyond 18 hours
+    /// (it took up to 25:59) still loads, while `RL.POLICY SET` refuses
+    /// such an offset naming `TZ`.
+    #[test]
+    fn an_offset_beyond_18_hours_loads_from_an_older_file_but_is_refused_in_a_call() {
+        assert_eq!(
+            parse_rule(&[b"QUOTA", b"5", b"DAY", b"TZ", b"+25:00"]),
+            Err(Error::Syntax(
+                "TZ offset must be between -18:00 and +18:00, not '+25:00'".into()
+            ))
+        );
+        // What an older build wrote: this build's form with the other zone.
+        let rule = parse_rule(&[b"QUOTA", b"5", b"DAY", b"TZ", b"+08:00"]).unwrap();
+        let mut unsigned = Vec::new();
+        let mut bytes: Vec<Vec<u8>> = Vec::new();
+        encode_rules(&[(b"old".to_vec(), rule)], &mut |f: Field| match f {
+            Field::Unsigned(v) => unsigned.push(v),
+            Field::Bytes(b) if b == b"+08:00" => bytes.push(b"+25:00".to_vec()),
+            Field::Bytes(b) => bytes.push(b.to_vec()),
+        });
+        let refs: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
+        let loaded = decode_fields(&unsigned, &refs).expect("an older build's file loads");
+        assert_eq!(calendar::name(loaded[0].1.zone), b"+25:00");
     }
 
     #[test]

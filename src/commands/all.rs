@@ -135,12 +135,8 @@ pub(crate) fn parse<'a>(all: &'a [&'a [u8]]) -> Result<Call<'a>, Error> {
                     .is_some_and(|w| w.eq_ignore_ascii_case(b"TZ"))
             {
                 let value = all.get(cursor + 1).ok_or(Error::MissingValue("TZ"))?;
-                zone = Some(calendar::zone(value).ok_or_else(|| {
-                    Error::Syntax(format!(
-                        "spec {}: TZ must be UTC, a fixed offset such as +05:30, or a time zone name such as America/New_York, not '{}'",
-                        i + 1,
-                        Error::quote(value)
-                    ))
+                zone = Some(calendar::zone(value).map_err(|bad| {
+                    Error::Syntax(format!("spec {}: {}", i + 1, bad.message(value)))
                 })?);
                 cursor += 2;
             }

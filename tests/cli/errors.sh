@@ -33,6 +33,9 @@ expect_match "too few arguments: the usual arity error" \
 expect "AT is internal" \
   "ERR AT is reserved for replication and AOF loading" \
   "$(cli RL.TOKENBUCKET "$key" 5 1 1000 AT 1700000000000000)"
+expect "a fixed offset beyond 18 hours names TZ" \
+  "ERR TZ offset must be between -18:00 and +18:00, not '+25:00'" \
+  "$(cli RL.QUOTA "$key" 5 DAY TZ +25:00)"
 expect "none of that wrote anything" "0" "$(cli EXISTS "$key")"
 
 # A key of another type is refused, and left alone.

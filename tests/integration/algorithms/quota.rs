@@ -314,3 +314,37 @@ fn a_policy_counts_its_quota_in_its_zone_and_keeps_it_across_a_restart() {
         );
     });
 }
+
+/// A fixed offset goes from -18:00 to +18:00, the range of java.time's
+/// `ZoneOffset` (which the Java kit parses zones with): beyond it the
+/// command, a policy and an inline spec of `RL.ALL` are errors naming `TZ`,
+/// and nothing is written.
+#[test]
+fn fixed_offsets_beyond_18_hours_are_refused_naming_tz() {
+    for_each_server(|kind| {
+        let server = Server::start(kind, &[]);
+        let mut con = server.conn();
+        for offset in ["+18:00", "-18:00"] {
+            let key = format!("in{offset}");
+            let r = quota(&mut con, &[&key, "5", "DAY", "TZ", offset]);
+            assert_eq!((r.allowed, r.remaining), (true, 4), "{offset}: {r:?}");
+            let _: i64 = query(&mut con, &["DEL", &key]);
+        }
+        for offset in ["+25:00", "-25:00", "+18:01", "-19:00", "+99:00"] {
+            let expected =
+                format!("ERR TZ offset must be between -18:00 and +18:00, not '{offset}'");
+            let call = ["RL.QUOTA", "q", "5", "DAY", "TZ", offset];
+            assert_eq!(query_err(&mut con, &call), expected);
+            let call = ["RL.POLICY", "SET", "p", "QUOTA", "5", "DAY", "TZ", offset];
+            assert_eq!(query_err(&mut con, &call), expected);
+            let call = ["RL.ALL", "1", "q", "QUOTA", "5", "DAY", "TZ", offset];
+            assert_eq!(
+                query_err(&mut con, &call),
+                format!("ERR spec 1: {}", &expected[4..])
+            );
+        }
+        let policies: Vec<Value> = query(&mut con, &["RL.POLICY", "LIST"]);
+        assert!(policies.is_empty(), "{policies:?}");
+        assert_eq!(dbsize(&mut con), 0, "nothing written on an error");
+    });
+}
