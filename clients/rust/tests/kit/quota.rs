@@ -4,6 +4,8 @@
 //! `RL.ALL`, inline quotas in `RL.ALL`,
 //! and a quota rule in the limiter and the tower layer (with its `w` of a
 //! day, a global quota on the local level, and a zoned rule on its own).
+//! Each test starts clear of the ends of the periods it counts in
+//! ([`clear_of`]), so that none turns over while it runs.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -36,6 +38,24 @@ fn to_end(period: Period, offset_s: i64) -> i64 {
     next * 86_400 - offset_s - now_s()
 }
 
+/// The least time between the start of a test and the end of a period it
+/// counts in: a test's spans are seconds, even on a loaded host.
+const CLEAR_S: i64 = 60;
+
+/// Polls the clock while the end of one of `periods` (each at its offset
+/// east of UTC) is less than [`CLEAR_S`] away, so that no period the test
+/// counts in turns over during it (the days and weeks; months and years are
+/// only checked against their longest length). At most a minute, and only
+/// near a day's end somewhere.
+async fn clear_of(periods: &[(Period, i64)]) {
+    while periods
+        .iter()
+        .any(|&(p, offset)| to_end(p, offset) < CLEAR_S)
+    {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// `got_ms` is the time to one of the `ends` (seconds), within the clock's
 /// second and the call's rounding up.
 fn near_end(got_ms: u64, ends: &[i64]) -> bool {
@@ -55,6 +75,14 @@ async fn client_of(server: &Server) -> Client {
 async fn the_typed_call_counts_per_calendar_period_in_a_zone() {
     let server = Server::start(Kind::Redis);
     let client = client_of(&server).await;
+    // UTC, +05:30, and New York's weeks in winter and in summer time.
+    clear_of(&[
+        (Period::Day, 0),
+        (Period::Day, 19_800),
+        (Period::Week, -5 * 3600),
+        (Period::Week, -4 * 3600),
+    ])
+    .await;
 
     // UTC by default: 3 a day.
     let d = client
@@ -209,6 +237,7 @@ async fn bad_limits_and_zones_are_refused_before_sending_naming_the_argument() {
 async fn quota_policies_go_through_rl_hit_and_quotas_through_rl_all() {
     let server = Server::start(Kind::Redis);
     let client = client_of(&server).await;
+    clear_of(&[(Period::Day, 0), (Period::Day, 9 * 3600), (Period::Week, 0)]).await;
     let spec = Spec::quota(2, Period::Day, None).unwrap();
     client
         .policy_set("daily", &spec, PolicyMode::Enforce, 100)
@@ -318,6 +347,14 @@ async fn a_quota_rule_in_the_layer_answers_429_until_the_period_ends() {
     };
     let http = Http::default();
 
+    // UTC's days, and Paris's weeks in winter and in summer time.
+    clear_of(&[
+        (Period::Day, 0),
+        (Period::Week, 3600),
+        (Period::Week, 2 * 3600),
+    ])
+    .await;
+
     // A daily quota per user and a sliding window: one RL.ALL; w = 86400.
     let url = serve(
         by_user(limiter(false).await)
@@ -388,6 +425,7 @@ async fn a_global_quota_takes_its_share_on_the_local_level() {
     let server = Server::start(Kind::Valkey);
     let client = Client::standalone(&server.url()).await.unwrap();
     // 10 a day over 5 instances: ceil(10 * 1.1 / 5) = 3 locally.
+    clear_of(&[(Period::Day, 9 * 3600)]).await;
     let limiter = Limiter::builder(client)
         .deadline(Duration::from_secs(5))
         .local_level(true)
