@@ -11,7 +11,7 @@
 //! Environment (all optional): `RL_URL` (redis://127.0.0.1:6379/),
 //! `RL_CLUSTER` (comma-separated node URLs, instead of `RL_URL`),
 //! `PORT` (3000), `RL_INSTANCES` (1), `RL_FALLBACK` (local, open, closed),
-//! `RL_DEADLINE_MS` (5), `RL_USER_LIMIT` (5), `RL_USER_WINDOW_MS` (1000),
+//! `RL_DEADLINE_MS` (100, the kit's default), `RL_USER_LIMIT` (5), `RL_USER_WINDOW_MS` (1000),
 //! `RL_GLOBAL_LIMIT` (15000), `RL_PREFIX` (rl:), `RL_LOCAL` (1),
 //! `RL_DENY_CACHE` (1), `RL_BREAKER_OPEN_MS` (1000), `RL_X_HEADERS` (0),
 //! `RL_BARE` (0: 1 serves without the layer, for the benchmark).
@@ -83,7 +83,10 @@ async fn main() {
     let limiter = Limiter::builder(client)
         .instances(env_u64("RL_INSTANCES", 1))
         .fallback(fallback)
-        .deadline(Duration::from_millis(env_u64("RL_DEADLINE_MS", 5)))
+        .deadline(Duration::from_millis(env_u64(
+            "RL_DEADLINE_MS",
+            redis_ratelimit_client::DEFAULT_DEADLINE.as_millis() as u64,
+        )))
         .local_level(env_u64("RL_LOCAL", 1) == 1)
         .deny_cache(env_u64("RL_DENY_CACHE", 1) == 1)
         .breaker(BreakerConfig {

@@ -19,7 +19,8 @@ pub enum Error {
     /// The server answered an error reply (`ERR ...`, `WRONGTYPE ...`).
     Server(String),
     /// The server did not answer within the call's deadline. The call may
-    /// still have been applied: the kit never retries it.
+    /// still have been applied: the kit never retries it, and the limiter
+    /// counts it as admitted in the instance's account.
     Timeout(Duration),
     /// No connection to the server (refused, reset, closed).
     Connection(String),
@@ -61,6 +62,22 @@ impl Error {
         matches!(self, Error::Timeout(_) | Error::Connection(_))
     }
 
+    /// Whether the server may have applied the call although no decision
+    /// came back: a timeout, a connection lost (the kit cannot tell a call
+    /// lost in flight from one never sent, so it counts both), a reply it
+    /// could not read. Not for an error reply, which the server sends
+    /// instead of applying the call (`LOADING`, `READONLY`, `WRONGTYPE`...).
+    /// The [`crate::Limiter`] charges such a call to the instance's account,
+    /// so that its fallback never admits on top of what Redis may have
+    /// counted.
+    pub fn may_have_applied(&self) -> bool {
+        match self {
+            Error::Timeout(_) | Error::Protocol(_) => true,
+            Error::Connection(msg) => !answered_unavailable(msg),
+            _ => false,
+        }
+    }
+
     pub(crate) fn bad(rule: &str, arg: &str, reason: impl Into<String>) -> Self {
         Error::BadArgument {
             rule: rule.to_string(),
@@ -82,6 +99,13 @@ const UNAVAILABLE_CODES: &[&str] = &[
     "ASK",
     "BUSY",
 ];
+
+/// A [`Error::Connection`] made from the server's own unavailability reply
+/// (its message starts with the code: see [`server_error`] and `From`).
+fn answered_unavailable(msg: &str) -> bool {
+    let code = msg.split(' ').next().unwrap_or_default();
+    UNAVAILABLE_CODES.contains(&code)
+}
 
 pub(crate) fn server_error(e: &redis::ServerError) -> Error {
     let text = format!("{} {}", e.code(), e.details().unwrap_or_default());

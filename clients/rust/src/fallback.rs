@@ -11,13 +11,20 @@ use std::time::{Duration, Instant};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FallbackMode {
     /// Admit: availability over protection (the limiter guards a cost, not
-    /// a safety property).
+    /// a safety property). No bound on what is admitted while it decides.
     FailOpen,
     /// Deny (`Retry-After` of the breaker's open time): protection over
-    /// availability (login attempts, paid APIs).
+    /// availability (login attempts, paid APIs). Admits nothing beyond what
+    /// Redis admitted.
     FailClosed,
-    /// Every rule in process at this instance's share of its limit: the
-    /// middle ground, and the default.
+    /// Every rule in process against this instance's account at its share
+    /// of the limit, `s = ceil(limit / instances * 1.1)`: the middle ground,
+    /// and the default. The account is charged with every unit Redis
+    /// admitted for this instance and every unit of a call whose answer was
+    /// lost, so the fallback admits only what Redis cannot already have
+    /// counted for this instance: one instance admits at most `limit` per
+    /// window of a key, N instances at most `limit + (N - 1) * s` (see
+    /// docs/clients.md, "Deadline, fallback and the over-admission bound").
     LocalOnly,
 }
 
@@ -180,6 +187,9 @@ stats! {
     deny_cache_hits,
     /// Requests the fallback admitted.
     fallback_admitted,
+    /// Units owed sent to Redis (`COST n FORCE`): what the fallback had
+    /// admitted for a key without a call, sent before its next call.
+    owed_sent,
     /// Requests the fallback denied.
     fallback_denied,
     /// Requests decided by the fallback because the breaker was open (no call).

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis_ratelimit_core::{ConcurrencyParams, Request, Wait};
+use redis_ratelimit_core::{ConcurrencyParams, Decision as CoreDecision, Request, Wait};
 
 use crate::client::{hit_cmd, limiter_cmd, Client};
 use crate::decision::{Decision, Path};
@@ -78,7 +78,10 @@ impl LimiterBuilder {
         self.breaker = breaker;
         self
     }
-    /// The deadline of one call (5 ms by default).
+    /// The deadline of one call ([`crate::DEFAULT_DEADLINE`], 100 ms, by
+    /// default). A call that misses it may still be applied: its units are
+    /// charged to the instance's account, and the fallback decides the
+    /// request.
     pub fn deadline(mut self, deadline: Duration) -> Self {
         self.client = self.client.with_deadline(deadline);
         self
@@ -95,7 +98,7 @@ impl LimiterBuilder {
                     .deny_cache
                     .then(|| DenyCache::new(self.deny_max, self.deny_cap)),
                 local: LocalLimiters::new(self.local_cap),
-                fallback_local: LocalLimiters::new(self.local_cap),
+                accounts: LocalLimiters::new(self.local_cap),
                 fallback: self.fallback,
                 breaker: Breaker::new(self.breaker),
                 stats: Stats::default(),
@@ -109,8 +112,13 @@ struct Inner {
     local_level: bool,
     share: Share,
     deny_cache: Option<DenyCache>,
+    /// The local level of the global rules: also their accounts.
     local: LocalLimiters,
-    fallback_local: LocalLimiters,
+    /// The instance's accounts of the other rules, at its share: charged
+    /// with every unit Redis admitted for this instance and every unit of a
+    /// call whose answer was lost, so that the local-only fallback admits
+    /// only what Redis cannot already have counted for this instance.
+    accounts: LocalLimiters,
     fallback: FallbackMode,
     breaker: Breaker,
     stats: Stats,
@@ -304,6 +312,8 @@ impl Limiter {
             }
         }
 
+        // The local level of the global rules: their accounts, taken before
+        // the call.
         let locals: Vec<(usize, (String, Spec))> = set
             .rules
             .iter()
@@ -314,29 +324,35 @@ impl Limiter {
             })
             .collect();
         let local_limits: Vec<(String, Spec)> = locals.iter().map(|(_, l)| l.clone()).collect();
+        let mut taken = Vec::new();
         if !local_limits.is_empty() {
-            if let Err((pos, d)) = inner.local.take_all(&local_limits, cost) {
-                let i = locals[pos].0;
-                Stats::add(&inner.stats.local_denied);
-                tracing::debug!(rule = %set.rules[i].rule.name, key = %keys[i], "denied by the local level");
-                let total = set.rules[i].spec.map_or(d.limit, |s| s.limit());
-                let mut out = core_decision(d, Path::Local);
-                out.limit = total;
-                out.remaining = 0;
-                out.denied_by = Some(i);
-                return out;
+            match inner.local.take_all(&local_limits, cost) {
+                Ok(decisions) => taken = decisions,
+                Err((pos, d)) => {
+                    let i = locals[pos].0;
+                    Stats::add(&inner.stats.local_denied);
+                    tracing::debug!(rule = %set.rules[i].rule.name, key = %keys[i], "denied by the local level");
+                    let total = set.rules[i].spec.map_or(d.limit, |s| s.limit());
+                    let mut out = core_decision(d, Path::Local);
+                    out.limit = total;
+                    out.remaining = 0;
+                    out.denied_by = Some(i);
+                    return out;
+                }
             }
         }
+        let taken: Vec<(usize, CoreDecision)> = locals.iter().map(|(i, _)| *i).zip(taken).collect();
 
         let gate = inner.breaker.gate();
         let answer = match gate {
             Gate::Call => {
+                self.settle(set, &keys, &locals).await;
                 Stats::add(&inner.stats.redis_calls);
                 let result = self.call_redis(set, &keys, cost).await;
                 match result {
                     Ok(d) => {
                         inner.breaker.success();
-                        Ok(d)
+                        Answer::Redis(d)
                     }
                     Err(e) => {
                         match &e {
@@ -350,25 +366,35 @@ impl Limiter {
                         } else {
                             tracing::warn!(error = %e, "redis-ratelimit: Redis failed, fallback {:?} decides", inner.fallback);
                         }
-                        Err(())
+                        if e.may_have_applied() {
+                            Answer::Lost
+                        } else {
+                            Answer::NotApplied
+                        }
                     }
                 }
             }
             Gate::Skip => {
                 Stats::add(&inner.stats.breaker_skipped);
-                Err(())
+                Answer::NotApplied
             }
             Gate::Probe => {
                 Stats::add(&inner.stats.breaker_skipped);
                 self.probe();
-                Err(())
+                Answer::NotApplied
             }
         };
 
         match answer {
-            Ok(mut d) => {
+            Answer::Redis(mut d) => {
                 if d.allowed {
                     Stats::add(&inner.stats.redis_admitted);
+                    if inner.fallback == FallbackMode::LocalOnly {
+                        let accounts = self.accounts(set, &keys, &locals);
+                        let plain: Vec<(String, Spec)> =
+                            accounts.into_iter().map(|(_, a)| a).collect();
+                        inner.accounts.charge_all(&plain, cost);
+                    }
                 } else {
                     Stats::add(&inner.stats.redis_denied);
                     inner.local.refund_all(&local_limits, cost);
@@ -382,17 +408,78 @@ impl Limiter {
                 }
                 d
             }
-            Err(()) => {
-                let d = self.fallback(set, &keys, cost, &locals);
+            Answer::Lost | Answer::NotApplied => {
+                let lost = matches!(answer, Answer::Lost);
+                let d = self.fallback(set, &keys, cost, &locals, &taken, lost);
                 if d.allowed {
                     Stats::add(&inner.stats.fallback_admitted);
                 } else {
                     Stats::add(&inner.stats.fallback_denied);
-                    inner.local.refund_all(&local_limits, cost);
+                    // A call that may have been applied keeps its units on
+                    // the local level: Redis may have counted them.
+                    if !lost {
+                        inner.local.refund_all(&local_limits, cost);
+                    }
                 }
                 d
             }
         }
+    }
+
+    /// Sends Redis the units the fallback admitted for these keys while no
+    /// call was sent (the breaker open, an error reply), as `COST n FORCE`,
+    /// before the request's own call: so Redis counts them, and one
+    /// instance stays within `max(limit, s)` when Redis answers again in the
+    /// same window. Sent once, never retried (a lost one may have been
+    /// applied; an account is already charged with them either way).
+    async fn settle(&self, set: &RuleSet, keys: &[String], locals: &[(usize, (String, Spec))]) {
+        let inner = &*self.inner;
+        if inner.fallback != FallbackMode::LocalOnly {
+            return;
+        }
+        let local: Vec<(String, Spec)> = locals.iter().map(|(_, l)| l.clone()).collect();
+        let accounts = self.accounts(set, keys, locals);
+        let plain: Vec<(String, Spec)> = accounts.iter().map(|(_, a)| a.clone()).collect();
+        let owed = locals
+            .iter()
+            .map(|(i, _)| *i)
+            .zip(inner.local.take_owed(&local))
+            .chain(
+                accounts
+                    .iter()
+                    .map(|(i, _)| *i)
+                    .zip(inner.accounts.take_owed(&plain)),
+            );
+        for (i, units) in owed.filter(|&(_, units)| units > 0) {
+            let units = Request::Force(units);
+            Stats::add(&inner.stats.owed_sent);
+            let sent = match &set.rules[i].kind {
+                RuleKind::Inline(spec) => inner.client.apply(&keys[i], spec, units).await,
+                RuleKind::Policy(name) => inner.client.hit(name, &keys[i], units).await,
+            };
+            if let Err(e) = sent {
+                tracing::debug!(error = %e, key = %keys[i], "redis-ratelimit: units owed not settled");
+            }
+        }
+    }
+
+    /// The instance's accounts of the rules that have no local level: at
+    /// the instance's share, keyed like the local level.
+    fn accounts(
+        &self,
+        set: &RuleSet,
+        keys: &[String],
+        locals: &[(usize, (String, Spec))],
+    ) -> Vec<(usize, (String, Spec))> {
+        set.rules
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !locals.iter().any(|(j, _)| j == i))
+            .filter_map(|(i, r)| {
+                r.fallback
+                    .map(|s| (i, (format!("{}\0{}", r.signature, keys[i]), s)))
+            })
+            .collect()
     }
 
     async fn call_redis(
@@ -551,12 +638,17 @@ impl Limiter {
         });
     }
 
+    /// Decides a request that Redis did not answer. `lost`: the call was
+    /// sent and may have been applied, so whatever the fallback decides,
+    /// its units stay charged to the instance's accounts.
     fn fallback(
         &self,
         set: &RuleSet,
         keys: &[String],
         cost: u64,
         locals: &[(usize, (String, Spec))],
+        taken: &[(usize, CoreDecision)],
+        lost: bool,
     ) -> Decision {
         let inner = &*self.inner;
         let limit = set.rules[0].spec.map_or(0, |s| s.limit());
@@ -573,22 +665,43 @@ impl Limiter {
             }
             FallbackMode::LocalOnly => {
                 // Global rules were taken by the local level already; the
-                // others are taken here, at the instance's share.
-                let limits: Vec<(usize, (String, Spec))> = set
-                    .rules
-                    .iter()
-                    .enumerate()
-                    .filter(|(i, _)| !locals.iter().any(|(j, _)| j == i))
-                    .filter_map(|(i, r)| {
-                        r.fallback
-                            .map(|s| (i, (format!("{}\0{}", r.signature, keys[i]), s)))
-                    })
-                    .collect();
-                let plain: Vec<(String, Spec)> = limits.iter().map(|(_, l)| l.clone()).collect();
-                match inner.fallback_local.take_all(&plain, cost) {
-                    Ok(()) => Decision::from_fields(true, limit, limit, 0, 0, Path::Fallback),
+                // others are taken from their accounts here.
+                let accounts = self.accounts(set, keys, locals);
+                let plain: Vec<(String, Spec)> = accounts.iter().map(|(_, a)| a.clone()).collect();
+                match inner.accounts.take_all(&plain, cost) {
+                    Ok(decisions) => {
+                        if !lost {
+                            // Redis never saw this request: owed to it.
+                            let local: Vec<(String, Spec)> =
+                                locals.iter().map(|(_, l)| l.clone()).collect();
+                            inner.local.owe_all(&local, cost);
+                            inner.accounts.owe_all(&plain, cost);
+                        }
+                        let admitted = accounts.iter().map(|(i, _)| *i).zip(decisions);
+                        // The fields of the account that admitted with the
+                        // least left, as RL.ALL answers the most restrictive.
+                        let tightest = taken
+                            .iter()
+                            .copied()
+                            .chain(admitted)
+                            .min_by_key(|(_, d)| d.remaining);
+                        match tightest {
+                            Some((i, d)) => {
+                                let mut out = core_decision(d, Path::Fallback);
+                                out.limit = set.rules[i].spec.map_or(d.limit, |s| s.limit());
+                                out
+                            }
+                            // No rule the kit can count in process (a policy
+                            // it could not read): nothing to report but the
+                            // admission.
+                            None => Decision::from_fields(true, limit, limit, 0, 0, Path::Fallback),
+                        }
+                    }
                     Err((pos, d)) => {
-                        let i = limits[pos].0;
+                        if lost {
+                            inner.accounts.charge_all(&plain, cost);
+                        }
+                        let i = accounts[pos].0;
                         let mut out = core_decision(d, Path::Fallback);
                         out.limit = set.rules[i].spec.map_or(d.limit, |s| s.limit());
                         out.remaining = 0;
@@ -599,6 +712,17 @@ impl Limiter {
             }
         }
     }
+}
+
+/// What became of the call to Redis.
+enum Answer {
+    /// Redis answered.
+    Redis(Decision),
+    /// The call was sent and may have been applied: a timeout, a lost
+    /// connection.
+    Lost,
+    /// Nothing was applied: the breaker is open, or an error reply.
+    NotApplied,
 }
 
 fn core_decision(d: redis_ratelimit_core::Decision, path: Path) -> Decision {

@@ -1,14 +1,17 @@
 //! In-process limiters with the core crate's algorithms: the local level
-//! in front of Redis, and the local-only fallback. Bounded: idle limiters
-//! are dropped first, then the ones idle soonest.
+//! in front of Redis, and the instance's accounts that the local-only
+//! fallback decides against. Bounded: idle limiters are dropped first, then
+//! the ones idle soonest, a tenth of the cap at a time so that a full map
+//! does not sort itself at every new key.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use redis_ratelimit_core::{
-    decide, run, Algorithm, Concurrency, FixedWindow, HashWindow, LeakyBucket, Micros, Outcome,
-    Quota, Request, SlidingLog, TokenBucket,
+    decide, run, Algorithm, Concurrency, Decision, FixedWindow, HashWindow, LeakyBucket, Micros,
+    Outcome, Quota, Request, SlidingLog, TokenBucket,
 };
 
 use crate::rule::Spec;
@@ -26,6 +29,9 @@ enum State {
 struct Entry {
     state: State,
     idle_at_ms: u64,
+    /// Units the fallback admitted from this account without a call to
+    /// Redis (the breaker open, an error reply): Redis never counted them.
+    owed: u64,
 }
 
 /// The wall clock, as the core crate counts it.
@@ -53,11 +59,13 @@ macro_rules! step {
             *$slot = Some(Entry {
                 state: State::$variant(<$alg>::idle(params, $now)),
                 idle_at_ms: 0,
+                owed: 0,
             });
         }
         let Some(Entry {
             state: State::$variant(state),
             idle_at_ms,
+            ..
         }) = $slot
         else {
             unreachable!("just set")
@@ -102,6 +110,9 @@ fn step(
 pub(crate) struct LocalLimiters {
     map: Mutex<HashMap<String, Entry>>,
     cap: usize,
+    /// Entries that owe units (changed under the map's lock), so that a
+    /// call need not look when none do.
+    owing: AtomicUsize,
 }
 
 impl LocalLimiters {
@@ -109,17 +120,54 @@ impl LocalLimiters {
         LocalLimiters {
             map: Mutex::new(HashMap::new()),
             cap: cap.max(1),
+            owing: AtomicUsize::new(0),
         }
     }
 
+    /// Records that the fallback admitted `cost` from each of `limits`
+    /// (just taken) without a call to Redis.
+    pub(crate) fn owe_all(&self, limits: &[(String, Spec)], cost: u64) {
+        if limits.is_empty() || cost == 0 {
+            return;
+        }
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        for (key, _) in limits {
+            if let Some(entry) = map.get_mut(key) {
+                if entry.owed == 0 {
+                    self.owing.fetch_add(1, Ordering::Relaxed);
+                }
+                entry.owed = entry.owed.saturating_add(cost);
+            }
+        }
+    }
+
+    /// The units each of `limits` owes Redis, which the caller now sends;
+    /// the debts are cleared.
+    pub(crate) fn take_owed(&self, limits: &[(String, Spec)]) -> Vec<u64> {
+        if self.owing.load(Ordering::Relaxed) == 0 {
+            return vec![0; limits.len()];
+        }
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        let mut owed = Vec::with_capacity(limits.len());
+        for (key, _) in limits {
+            let units = map.get_mut(key).map_or(0, |e| std::mem::take(&mut e.owed));
+            if units > 0 {
+                self.owing.fetch_sub(1, Ordering::Relaxed);
+            }
+            owed.push(units);
+        }
+        owed
+    }
+
     /// All or nothing over `limits`: if every one admits `cost`, takes it
-    /// from each and answers `Ok`; otherwise takes nothing and answers the
-    /// position and decision of the first that denied.
+    /// from each and answers their decisions, in order; otherwise takes
+    /// nothing and answers the position and decision of the first that
+    /// denied.
     pub(crate) fn take_all(
         &self,
         limits: &[(String, Spec)],
         cost: u64,
-    ) -> Result<(), (usize, redis_ratelimit_core::Decision)> {
+    ) -> Result<Vec<Decision>, (usize, Decision)> {
         let now = now();
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         for (i, (key, spec)) in limits.iter().enumerate() {
@@ -132,17 +180,43 @@ impl LocalLimiters {
                 return Err((i, outcome.decision));
             }
         }
-        if map.len() + limits.len() > self.cap {
-            evict(&mut map, self.cap.saturating_sub(limits.len()), now);
+        Ok(self.apply_all(&mut map, limits, Request::Cost(cost), now))
+    }
+
+    /// Charges `cost` to every one of `limits`, admitted or not (`COST n
+    /// FORCE`: an account may go into debt, at most its limit beyond
+    /// empty): units that Redis admitted for this instance, or may have
+    /// (a call whose answer was lost).
+    pub(crate) fn charge_all(&self, limits: &[(String, Spec)], cost: u64) {
+        if limits.is_empty() || cost == 0 {
+            return;
         }
+        let now = now();
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        self.apply_all(&mut map, limits, Request::Force(cost), now);
+    }
+
+    fn apply_all(
+        &self,
+        map: &mut HashMap<String, Entry>,
+        limits: &[(String, Spec)],
+        request: Request,
+        now: Micros,
+    ) -> Vec<Decision> {
+        if map.len() + limits.len() > self.cap {
+            let keep = self.cap - self.cap / 10;
+            let dropped = evict(map, keep.saturating_sub(limits.len()), now);
+            self.owing.fetch_sub(dropped, Ordering::Relaxed);
+        }
+        let mut decisions = Vec::with_capacity(limits.len());
         for (key, spec) in limits {
             let mut slot = map.remove(key);
-            step(spec, &mut slot, Request::Cost(cost), now, false);
+            decisions.push(step(spec, &mut slot, request, now, false).decision);
             if let Some(entry) = slot {
                 map.insert(key.clone(), entry);
             }
         }
-        Ok(())
+        decisions
     }
 
     /// Gives back what [`Self::take_all`] took (Redis denied the request).
@@ -168,18 +242,27 @@ impl LocalLimiters {
 }
 
 /// Drops idle limiters, then the ones idle soonest, until `map` holds at
-/// most `keep`.
-fn evict(map: &mut HashMap<String, Entry>, keep: usize, now: Micros) {
+/// most `keep`; answers how many of those dropped owed units (their debts
+/// are forgotten: the bound on memory comes first).
+fn evict(map: &mut HashMap<String, Entry>, keep: usize, now: Micros) -> usize {
     let now_ms = now.as_ms_floor();
-    map.retain(|_, e| e.idle_at_ms > now_ms);
+    let mut dropped = 0;
+    map.retain(|_, e| {
+        let live = e.idle_at_ms > now_ms;
+        dropped += (!live && e.owed > 0) as usize;
+        live
+    });
     if map.len() > keep {
         let mut by_idle: Vec<(u64, String)> =
             map.iter().map(|(k, e)| (e.idle_at_ms, k.clone())).collect();
         by_idle.sort_unstable();
         for (_, key) in by_idle.into_iter().take(map.len() - keep) {
-            map.remove(&key);
+            if map.remove(&key).is_some_and(|e| e.owed > 0) {
+                dropped += 1;
+            }
         }
     }
+    dropped
 }
 
 #[cfg(test)]
@@ -203,6 +286,39 @@ mod tests {
         assert!(local.take_all(&limits[..1], 1).is_err());
         local.refund_all(&limits[..1], 1);
         assert!(local.take_all(&limits[..1], 1).is_ok());
+    }
+
+    #[test]
+    fn a_forced_charge_goes_into_debt_and_the_account_admits_nothing_until_it_is_paid() {
+        let local = LocalLimiters::new(10);
+        let account = vec![("a".to_string(), sliding(3))];
+        let d = local.take_all(&account, 1).unwrap();
+        assert_eq!((d[0].allowed, d[0].remaining), (true, 2));
+        // Two units Redis admitted, and two of a call whose answer was lost.
+        local.charge_all(&account, 2);
+        local.charge_all(&account, 2);
+        let (_, d) = local.take_all(&account, 1).unwrap_err();
+        assert_eq!((d.allowed, d.remaining), (false, 0));
+        // Five units held of three: two back still leave it full.
+        local.refund_all(&account, 2);
+        assert!(local.take_all(&account, 1).is_err());
+        local.refund_all(&account, 2);
+        let d = local.take_all(&account, 1).unwrap();
+        assert_eq!((d[0].allowed, d[0].remaining), (true, 1));
+    }
+
+    #[test]
+    fn units_owed_are_handed_over_once() {
+        let local = LocalLimiters::new(10);
+        let limits = vec![("a".to_string(), sliding(5)), ("b".to_string(), sliding(5))];
+        assert_eq!(local.take_owed(&limits), [0, 0]);
+        local.take_all(&limits, 2).unwrap();
+        local.owe_all(&limits[..1], 2);
+        local.take_all(&limits, 1).unwrap();
+        local.owe_all(&limits, 1);
+        assert_eq!(local.take_owed(&limits), [3, 1]);
+        assert_eq!(local.take_owed(&limits), [0, 0]);
+        assert_eq!(local.owing.load(Ordering::Relaxed), 0);
     }
 
     #[test]

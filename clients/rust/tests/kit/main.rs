@@ -14,3 +14,4 @@ mod leases;
 mod quota;
 mod savings;
 mod sentinel;
+mod slow_spells;
