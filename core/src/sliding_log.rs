@@ -13,7 +13,9 @@
 //! admit c    iff held + c <= limit, then append (ceil_ms(now), c)
 //! wait       = time until the oldest entries holding held + c - limit units
 //!              have left, found by binary search on the running counts
-//! reset      = newest entry's ms + window_ms - now
+//! reset      = newest entry's ms + window_ms - now, but window_ms when
+//!              the newest entry is the current millisecond's (and never
+//!              below a denial's wait)
 //! ```
 //!
 //! Memory: an entry is one `u64` (40 bits of milliseconds from the log's
@@ -111,6 +113,18 @@ fn evaluate(
             .saturating_sub(now.as_us())
             .div_ceil(1000)
     };
+    // An entry of the current millisecond holds requests of this very
+    // millisecond, at or before now, which leave the exact window at most
+    // `window_ms` from now. Its stamp, rounded up, keeps them up to 1 ms
+    // longer (late, never early; the key's expiry covers it), which reset_ms
+    // does not count: a 1 s window says 1000, not 1001.
+    let reset_after = |ms: u64| {
+        if ms == now.as_ms_ceil() {
+            window_ms
+        } else {
+            leaves_after(ms)
+        }
+    };
     // Entries that have left the window count for nothing. They are removed
     // only when a call is admitted, so that a denial leaves the state bit for
     // bit; until then they are skipped by binary search.
@@ -128,12 +142,12 @@ fn evaluate(
             limit: params.limit,
             remaining: remaining - cost,
             wait: Wait::Ms(0),
-            reset_ms: leaves_after(stamp(state, now)),
+            reset_ms: reset_after(stamp(state, now)),
         };
         return (decision, first);
     }
     let reset_ms = match state.newest_ms() {
-        Some(ms) if held > 0 => leaves_after(ms),
+        Some(ms) if held > 0 => reset_after(ms),
         _ => 0,
     };
     let wait = if cost == 0 {
@@ -146,6 +160,12 @@ fn evaluate(
         let excess = held + cost - params.limit;
         let k = state.search(first, |i| state.units_through(i) - before >= excess);
         Wait::Ms(leaves_after(state.epoch_ms + offset_of(state.entries[k])))
+    };
+    // A denial that waits for this millisecond's entry waits for its late
+    // millisecond too; the limiter is no sooner idle than it is admitted.
+    let reset_ms = match wait {
+        Wait::Ms(wait_ms) => reset_ms.max(wait_ms),
+        Wait::Never => reset_ms,
     };
     let decision = Decision {
         allowed: cost == 0,
@@ -527,6 +547,33 @@ mod tests {
         assert!(hit(&mut s, &p, 1, at(11)).allowed);
     }
 
+    /// Right after a first admission the log is idle again a window later:
+    /// `reset_ms` is the window, not the window plus the millisecond its
+    /// entry was rounded up to (`t=2` on a 1 s window in every kit).
+    #[test]
+    fn reset_is_at_most_the_window_right_after_a_first_admission() {
+        let p = params(5, 1000);
+        for us in [0, 1, 300, 999] {
+            let now = T0.saturating_add_us(us);
+            let mut s = SlidingLog::idle(&p, now);
+            let d = hit(&mut s, &p, 1, now);
+            assert_eq!((d.allowed, d.reset_ms), (true, 1000), "at +{us} us");
+            // A peek in the same microsecond says the same; a denial that
+            // must wait for the entry waits for its late millisecond, and
+            // reset_ms is never below wait_ms.
+            assert_eq!(hit(&mut s, &p, 0, now).reset_ms, 1000);
+            let late = if us % 1000 == 0 { 1000 } else { 1001 };
+            let denied = hit(&mut s, &p, 5, now);
+            assert_eq!(
+                (denied.allowed, denied.wait, denied.reset_ms),
+                (false, Wait::Ms(late), late)
+            );
+            // The entry still leaves late, never early, and the key lives
+            // at least as long as reset_ms says.
+            assert!(SlidingLog::idle_at_ms(&s, &p) * 1000 >= now.as_us() + d.reset_ms * 1000);
+        }
+    }
+
     #[test]
     fn requests_in_one_millisecond_share_an_entry() {
         let p = params(100, 1000);
@@ -644,6 +691,39 @@ mod tests {
                     }
                 }
                 prop_assert!(s.is_valid());
+            }
+        }
+
+        /// On a clock that never steps back, `reset_ms` never exceeds the
+        /// window after an admission or a peek; it is never below a
+        /// denial's `wait_ms`; and the key (which expires at the state's idle instant)
+        /// has at least that PTTL after an admission.
+        #[test]
+        fn reset_never_exceeds_the_window(
+            limit in 1u64..20,
+            window_ms in prop_oneof![1u64..5, 1u64..2000],
+            steps in prop::collection::vec((0u64..3_000_000, 0u64..5, prop::bool::weighted(0.1)), 1..100),
+        ) {
+            let p = params(limit, window_ms);
+            let mut now = T0.as_us();
+            let mut latest = now;
+            let mut s = SlidingLog::idle(&p, T0);
+            for (dt, cost, back) in steps {
+                now = if back { now - dt.min(now - T0.as_us()) } else { now + dt };
+                latest = latest.max(now);
+                let d = hit(&mut s, &p, cost, Micros::from_us(now));
+                if now == latest && (d.allowed || cost == 0) {
+                    prop_assert!(d.reset_ms <= window_ms, "{:?}", d);
+                }
+                if let Wait::Ms(wait_ms) = d.wait {
+                    prop_assert!(wait_ms <= d.reset_ms, "{:?}", d);
+                }
+                if d.allowed && cost > 0 {
+                    // What PTTL says right after the call (Redis counts in
+                    // whole milliseconds) is at least reset_ms.
+                    let pttl = SlidingLog::idle_at_ms(&s, &p) - now / 1000;
+                    prop_assert!(pttl >= d.reset_ms, "PTTL {} < {:?}", pttl, d);
+                }
             }
         }
 

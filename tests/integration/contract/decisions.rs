@@ -295,6 +295,43 @@ fn request_is_admitted_after_waiting_wait_ms() {
     });
 }
 
+/// Right after a first admission, a limiter is idle again within its
+/// nominal window (the `w` of `RateLimit-Policy`), so that
+/// `t = ceil(reset_ms / 1000)` is 1 on a 1 s window: no millisecond that a
+/// stamp was rounded up to shows in `reset_ms`. The hash window is the
+/// exception by design: a unit counts until its whole bucket has left the
+/// window, up to `bucket_ms` beyond it. Forty fresh keys each, so that the
+/// calls land at many microseconds within a millisecond.
+#[test]
+fn reset_right_after_a_first_admission_is_at_most_the_window() {
+    let cases: &[(&str, &[&str], i64)] = &[
+        ("RL.SLIDING", &["5", "1000", "COST", "5"], 1000),
+        ("RL.SLIDING", &["5", "1000"], 1000),
+        ("RL.SLIDING", &["1", "1"], 1),
+        ("RL.FIXEDWINDOW", &["5", "1000", "COST", "5"], 1000),
+        ("RL.TOKENBUCKET", &["5", "5", "1000", "COST", "5"], 1000),
+        ("RL.TOKENBUCKET", &["3", "3", "1000", "COST", "3"], 1000),
+        ("RL.TOKENBUCKET", &["7", "3", "1000", "COST", "7"], 2334),
+        ("RL.LEAKYBUCKET", &["3", "3", "1000", "COST", "3"], 1000),
+        ("RL.CONCURRENCY", &["5", "1000", "COST", "5"], 1000),
+        ("RL.HASHWINDOW", &["5", "1000", "100", "COST", "5"], 1100),
+    ];
+    for_each_server(|kind| {
+        let server = Server::start(kind, &[]);
+        let mut con = server.conn();
+        for (i, (command, args, window_ms)) in cases.iter().enumerate() {
+            for n in 0..40 {
+                let key = format!("first:{i}:{n}");
+                let mut words = vec![*command, key.as_str()];
+                words.extend_from_slice(args);
+                let reply: Vec<i64> = query(&mut con, &words);
+                assert_eq!(reply[0], 1, "{words:?}: {reply:?}");
+                assert_between(&format!("{words:?}: reset_ms"), reply[4], 0, *window_ms);
+            }
+        }
+    });
+}
+
 #[test]
 fn command_info_declares_the_key_and_write_fast_flags() {
     for_each_algorithm_on_each_server(|alg, con| {

@@ -360,13 +360,16 @@ pub const SLIDING_LOG: Algorithm = Algorithm {
     slow: &[SLOW],
     other: &["60000"],
     fast: &["5", "200"],
-    // The entry is stamped at the next whole millisecond: 200 or 201.
-    fast_reset_ms: (199, 201),
+    // The entry is stamped at the next whole millisecond, and reset_ms is
+    // the window all the same.
+    fast_reset_ms: (199, 200),
     short: &["3", "300"],
     short_wait_max_ms: 301,
     aligned: false,
     shapes: false,
-    expiry_beyond_reset_ms: 0,
+    // The key expires when its newest entry leaves, at the millisecond the
+    // entry was rounded up to; reset_ms counts from the request.
+    expiry_beyond_reset_ms: 1,
     build: build_sliding_logs,
     random_params: |random| {
         vec![
