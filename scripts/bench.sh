@@ -47,10 +47,10 @@ WORK="$RL_WORK"
 log() { echo "bench: $*" >&2; }
 
 # --- server -----------------------------------------------------------------
-# The floor (bench/floor, built with the workspace): the minimal module
+# The floor (bench/floor, which `make bench` builds): the minimal module
 # command on a limiter's key path, loaded beside the module.
 FLOOR="${RL_FLOOR:-$RL_ROOT/target/release/libratelimit_bench_floor.so}"
-[ -f "$FLOOR" ] || { echo "bench: no floor module at $FLOOR (make build), skipping its rows" >&2; FLOOR=""; }
+[ -f "$FLOOR" ] || { echo "bench: no floor module at $FLOOR (make bench builds it: cargo build --release -p ratelimit-bench-floor), skipping its rows" >&2; FLOOR=""; }
 
 start_server() {
   if [ -n "$FLOOR" ]; then rl_start "$WORK/server" --loadmodule "$FLOOR"; else rl_start "$WORK/server"; fi
