@@ -150,9 +150,19 @@ public class RateLimitAutoConfiguration {
             @Override
             public Object postProcessBeforeInitialization(Object bean, String beanName) {
                 Class<?> type = org.springframework.util.ClassUtils.getUserClass(bean);
+                if (!org.springframework.core.annotation.AnnotationUtils.isCandidateClass(type, RateLimited.class)) {
+                    return bean;
+                }
                 RateLimited onClass = org.springframework.core.annotation.AnnotatedElementUtils.findMergedAnnotation(type, RateLimited.class);
-                for (java.lang.reflect.Method m : org.springframework.util.ReflectionUtils.getUniqueDeclaredMethods(type,
-                        org.springframework.util.ReflectionUtils.USER_DECLARED_METHODS)) {
+                java.lang.reflect.Method[] methods;
+                try {
+                    methods = org.springframework.util.ReflectionUtils.getUniqueDeclaredMethods(type,
+                            org.springframework.util.ReflectionUtils.USER_DECLARED_METHODS);
+                } catch (LinkageError e) {
+                    // A method whose signature names a class that is not there: the bean cannot be advised either.
+                    return bean;
+                }
+                for (java.lang.reflect.Method m : methods) {
                     RateLimited a = org.springframework.core.annotation.AnnotatedElementUtils.findMergedAnnotation(m, RateLimited.class);
                     if (a == null && onClass != null && java.lang.reflect.Modifier.isPublic(m.getModifiers())
                             && m.getDeclaringClass() != Object.class) {
