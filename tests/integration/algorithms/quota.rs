@@ -303,7 +303,7 @@ fn a_policy_counts_its_quota_in_its_zone_and_keeps_it_across_a_restart() {
         );
         assert!(err.contains("unknown option 'TZ'"), "{err}");
         // The zone survives an RDB save and a restart (the policies' RDB form).
-        let _: String = query(&mut con, &["SAVE"]);
+        save(&mut con);
         drop(con);
         server.restart();
         let mut con = server.conn();

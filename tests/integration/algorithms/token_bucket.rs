@@ -280,7 +280,7 @@ fn a_bucket_key_is_as_small_as_its_state_allows() {
         let keys: Vec<String> = query(&mut con, &["KEYS", "*"]);
         assert_same_dataset(&server, &replica, &keys);
         let digest = debug_digest(&mut con);
-        let _: () = query(&mut con, &["SAVE"]);
+        save(&mut con);
         drop(con);
         server.restart();
         let mut con = server.conn();

@@ -109,7 +109,7 @@ fn limiters_survive_save_and_restart() {
         let mut con = server.conn();
         let built = build_all(kind, &mut con);
         let before = before_restart(&mut con, built);
-        let _: () = query(&mut con, &["SAVE"]);
+        save(&mut con);
         server.restart();
         assert_restored(kind, "SAVE and restart", &server, &before);
     });

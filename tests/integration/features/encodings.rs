@@ -351,7 +351,7 @@ fn encoding_2_survives_an_rdb_restart() {
         let mut con = server.conn();
         build_wide(&mut con);
         let dumps = wide_dumps(&mut con, "");
-        let _: () = query(&mut con, &["SAVE"]);
+        save(&mut con);
         server.restart();
         let mut con = server.conn();
         assert_eq!(wide_dumps(&mut con, ""), dumps);
@@ -524,7 +524,7 @@ fn an_rdb_written_pinned_to_encoding_1_loads_unpinned() {
             );
         }
         build_wide(&mut con);
-        let _: () = query(&mut con, &["SAVE"]);
+        save(&mut con);
         let rdb = fs::read(pinned.dir.join("dump.rdb")).expect("the pinned RDB");
         let mut server = Server::start(kind, &[]);
         fs::write(server.dir.join("dump.rdb"), rdb).expect("write dump.rdb");

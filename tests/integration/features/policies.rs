@@ -1442,7 +1442,7 @@ fn policies_survive_save_and_restart() {
         let mut con = server.conn();
         set_every_kind(&mut con);
         hit_cost(&mut con, "tb", "user:1", "3");
-        let _: () = query(&mut con, &["SAVE"]);
+        save(&mut con);
         server.restart();
         let mut con = server.conn();
         assert_eq!(all_rules(&mut con), sorted(every_kind_rules()));
@@ -1507,7 +1507,7 @@ fn loading_a_dataset_replaces_the_policies_of_the_node() {
         let server = Server::start(kind, &[]);
         let mut con = server.conn();
         set_policy(&mut con, &["a", "FIXEDWINDOW", "1", "1000"]);
-        let _: () = query(&mut con, &["SAVE"]);
+        save(&mut con);
         set_policy(&mut con, &["b", "FIXEDWINDOW", "2", "1000"]);
         let _: i64 = query(&mut con, &["RL.POLICY", "DEL", "a"]);
         // Loads the RDB saved above, without saving first.

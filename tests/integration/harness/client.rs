@@ -227,3 +227,18 @@ pub fn error_replies_via(con: &mut Connection) -> u64 {
         .and_then(|v| v.parse().ok())
         .expect("total_error_replies in INFO stats")
 }
+
+/// `SAVE`, once no background save is running: the one a replica's full
+/// sync started may still be writing when the replica is already in sync
+/// (on Redis 8 it outlives the sync), and `SAVE` refuses to run beside it.
+pub fn save(con: &mut Connection) {
+    poll_until(
+        "a background save to end before SAVE",
+        Duration::from_secs(20),
+        || {
+            info_field(&info_via(con, "persistence"), "rdb_bgsave_in_progress").as_deref()
+                == Some("0")
+        },
+    );
+    let _: () = query(con, &["SAVE"]);
+}

