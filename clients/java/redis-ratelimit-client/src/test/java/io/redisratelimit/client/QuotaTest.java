@@ -42,6 +42,11 @@ class QuotaTest {
         }
     }
 
+    @org.junit.jupiter.api.BeforeEach
+    void awayFromMidnight() throws InterruptedException {
+        io.redisratelimit.client.testing.Windows.awayFromMidnight();
+    }
+
     @AfterAll
     void stop() {
         clients.values().forEach(RateLimitClient::close);

@@ -56,6 +56,11 @@ class QuotaHttpTest {
     @LocalServerPort
     int port;
 
+    @org.junit.jupiter.api.BeforeEach
+    void awayFromMidnight() throws InterruptedException {
+        io.redisratelimit.client.testing.Windows.awayFromMidnight();
+    }
+
     private static long secondsToEnd(ZoneId zone, boolean month) {
         LocalDate today = LocalDate.now(zone);
         LocalDate end = month ? today.withDayOfMonth(1).plusMonths(1) : today.plusDays(1);

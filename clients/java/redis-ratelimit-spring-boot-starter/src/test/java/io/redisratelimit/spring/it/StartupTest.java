@@ -153,7 +153,8 @@ class StartupTest {
     }
 
     @Test
-    void aZonedQuotaIsAPolicyLikeTheOthersWithItsModeAndRollout() {
+    void aZonedQuotaIsAPolicyLikeTheOthersWithItsModeAndRollout() throws InterruptedException {
+        Windows.awayFromMidnight();
         runner.withPropertyValues("ratelimit.app=quota-it", "ratelimit.rules.daily.algorithm=quota", "ratelimit.rules.daily.params=2",
                         "ratelimit.rules.daily.period=Day", "ratelimit.rules.paris.algorithm=quota", "ratelimit.rules.paris.params=1",
                         "ratelimit.rules.paris.period=month", "ratelimit.rules.paris.zone=Europe/Paris",
