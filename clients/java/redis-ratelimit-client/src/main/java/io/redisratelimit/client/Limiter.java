@@ -314,6 +314,10 @@ public final class Limiter implements AutoCloseable {
             probe();
             return CompletableFuture.completedFuture(fallback(set, keys, cost, localTaken, false));
         }
+        if (owed.get() > 0) {
+            // Sent ahead of the call on the same connection, so Redis counts them before deciding it.
+            settle(set, keys);
+        }
         stats.redisCalls.increment();
         long start = System.nanoTime();
         CompletionStage<Decision> call;
@@ -332,9 +336,6 @@ public final class Limiter implements AutoCloseable {
                     if (!charged.isEmpty()) {
                         accounts.charge(charged, cost);
                     }
-                }
-                if (owed.get() > 0) {
-                    settle(set, keys);
                 }
                 if (!d.allowed() && tookLocally) {
                     // Another rule (a user's own limit) denied: the share is not spent on it.
@@ -408,7 +409,7 @@ public final class Limiter implements AutoCloseable {
 
     /**
      * Sends Redis, as {@code COST n FORCE}, the units the fallback admitted on
-     * these keys while Redis was not asked: once Redis answers again it
+     * these keys while Redis was not asked, before the keys' next call: Redis
      * counts them, and admits no more in their window than its limit leaves.
      * Not retried: a lost settlement only loosens the bound by its units.
      */
