@@ -7,6 +7,11 @@
 #   expect_between WHAT LOW HIGH ACTUAL   passes if LOW <= ACTUAL <= HIGH
 #   fields REPLY LIST            some integers of a reply, by position (cut -f):
 #                                fields "1 5 4 0 1000" 1-3  ->  "1 5 4"
+#   away_from_window_end WINDOW_MS MARGIN_MS
+#                                returns once the server's clock is at least
+#                                MARGIN_MS before the end of its epoch-aligned
+#                                window of WINDOW_MS (polls TIME), so that calls
+#                                made within MARGIN_MS land in one window
 #   done_testing                 exits 1 if anything failed
 #
 # Run one example by hand against a server with the module loaded:
@@ -49,6 +54,18 @@ expect_between() {
 
 fields() {
   cut -d' ' -f"$2" <<<"$1"
+}
+
+away_from_window_end() {
+  local window_ms=$1 margin_ms=$2 time now_ms polls=0
+  while :; do
+    time=$(cli TIME)
+    now_ms=$(( $(fields "$time" 1) * 1000 + 10#$(fields "$time" 2) / 1000 ))
+    (( window_ms - now_ms % window_ms >= margin_ms )) && return 0
+    # At most one window (and a little) of polling.
+    (( polls++ < window_ms / 20 + 100 )) || { echo "  FAIL: the server's clock does not move"; exit 1; }
+    sleep 0.02
+  done
 }
 
 done_testing() {

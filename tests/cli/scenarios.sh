@@ -59,6 +59,9 @@ u3='example:{order:api}:user:3'
 keys+=("$small" "$u1" "$u2" "$u3")
 cli DEL "$small" "$u1" "$u2" "$u3" >/dev/null
 small_api=(TOKENBUCKET 5 5 1000 FIXEDWINDOW 3 1000)
+# The endpoint's windows are aligned on the second: the burst must land in
+# one of them, so it starts with at least 500 ms of it left.
+away_from_window_end 1000 500
 replies=$(burst <<EOF
 RL.ALL 2 $u1 $small ${small_api[*]}
 RL.ALL 2 $u1 $small ${small_api[*]}

@@ -52,6 +52,10 @@ fn each_period_ends_where_its_zones_calendar_says() {
     for_each_server(|kind| {
         let server = Server::start(kind, &[]);
         let mut con = server.conn();
+        // Calls across a period's end would count in two periods: every
+        // zone here starts its days, weeks, months and years on a multiple
+        // of 30 minutes UTC, so 20 s clear of one, the test runs in one.
+        away_from_window_end(&mut con, 1_800_000, 20_000);
         for (i, (period, zone)) in [
             ("DAY", "UTC"),
             ("DAY", "+05:30"),
@@ -99,6 +103,10 @@ fn the_limit_holds_until_the_period_ends_and_a_new_zone_keeps_the_count() {
     for_each_server(|kind| {
         let server = Server::start(kind, &[]);
         let mut con = server.conn();
+        // Calls across a period's end would count in two periods: every
+        // zone here starts its days, weeks, months and years on a multiple
+        // of 30 minutes UTC, so 20 s clear of one, the test runs in one.
+        away_from_window_end(&mut con, 1_800_000, 20_000);
         assert!(quota(&mut con, &["k", "2", "MONTH", "COST", "2"]).allowed);
         let denied = quota(&mut con, &["k", "2", "MONTH"]);
         assert!(!denied.allowed, "{denied:?}");
@@ -125,6 +133,10 @@ fn replicas_and_the_aof_agree_without_their_own_zone_database() {
         let mut master = Server::start(kind, &["--appendonly", "yes"]);
         let replica = replica_of(&master);
         let mut con = master.conn();
+        // Calls across a period's end would count in two periods: every
+        // zone here starts its days, weeks, months and years on a multiple
+        // of 30 minutes UTC, so 20 s clear of one, the test runs in one.
+        away_from_window_end(&mut con, 1_800_000, 20_000);
         let keys: Vec<String> = (0..4).map(|i| format!("r{i}")).collect();
         for (key, (period, zone)) in keys.iter().zip([
             ("DAY", "America/New_York"),
@@ -165,6 +177,10 @@ fn policies_and_rl_all_take_quotas_and_bad_input_is_named() {
     for_each_server(|kind| {
         let server = Server::start(kind, &[]);
         let mut con = server.conn();
+        // Calls across a period's end would count in two periods: every
+        // zone here starts its days, weeks, months and years on a multiple
+        // of 30 minutes UTC, so 20 s clear of one, the test runs in one.
+        away_from_window_end(&mut con, 1_800_000, 20_000);
         let _: String = query(
             &mut con,
             &["RL.POLICY", "SET", "daily", "QUOTA", "1", "DAY"],
@@ -229,6 +245,10 @@ fn a_policy_counts_its_quota_in_its_zone_and_keeps_it_across_a_restart() {
     for_each_server(|kind| {
         let mut server = Server::start(kind, &["--appendonly", "yes"]);
         let mut con = server.conn();
+        // Calls across a period's end would count in two periods: every
+        // zone here starts its days, weeks, months and years on a multiple
+        // of 30 minutes UTC, so 20 s clear of one, the test runs in one.
+        away_from_window_end(&mut con, 1_800_000, 20_000);
         let set = [
             "RL.POLICY",
             "SET",
