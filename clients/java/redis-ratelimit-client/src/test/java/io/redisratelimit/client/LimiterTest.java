@@ -54,6 +54,7 @@ class LimiterTest {
         assertEquals(825, Share.instances(20).of(15_000));
         assertEquals(6, Share.instances(2).of(10));
         assertEquals(1, Share.instances(1000).of(5));
+        assertEquals(5, Share.instances(1).of(5), "at most the limit: one instance takes it whole");
         assertEquals(Spec.tokenBucket(6, 3, 1000), Spec.tokenBucket(10, 5, 1000).share(Share.instances(2)));
     }
 
@@ -88,7 +89,7 @@ class LimiterTest {
         assertTrue(limiter.check(rules, "x").allowed());
         Decision d = limiter.check(rules, "x");
         assertFalse(d.allowed());
-        assertEquals(Path.REDIS, d.path(), "the local share (11) admits; Redis denies");
+        assertEquals(Path.REDIS, d.path(), "the local share (10) admits; Redis denies");
     }
 
     @Test
@@ -109,7 +110,7 @@ class LimiterTest {
         for (int i = 0; i < 9; i++) {
             others += limiter.check(rules, "user" + i).allowed() ? 1 : 0;
         }
-        assertEquals(9, others, "the local share (11) was not spent on evil's denied requests");
+        assertEquals(9, others, "the local share (10) was not spent on evil's denied requests");
         assertEquals(0, limiter.stats().localDenied());
     }
 
