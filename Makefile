@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 MODULE := target/release/libredis_ratelimit.so
 
-.PHONY: all setup build run test test-setup test-unit test-integration test-cli test-kit-rust test-kit-java test-kit-python test-kit-node lint lint-python bench bench-floor bench-compare bench-kit-rust bench-kit-java example example-java trace cluster cluster-stop clean fuzz
+.PHONY: all setup build run test test-setup test-unit test-integration test-cli test-kit-rust test-kit-java test-kit-python test-kit-node lint lint-python bench bench-floor bench-compare bench-kit-rust bench-kit-java bench-kit-node example example-java trace cluster cluster-stop clean fuzz
 
 all: build
 
@@ -91,7 +91,7 @@ lint:
 bench-floor: build
 	cargo build --release -p ratelimit-bench-floor
 
-bench: build bench-floor bench-kit-rust bench-kit-java
+bench: build bench-floor bench-kit-rust bench-kit-java bench-kit-node
 	RL_MODULE=$(CURDIR)/$(MODULE) scripts/bench.sh
 	RL_MODULE=$(CURDIR)/$(MODULE) python3 bench/limits_python.py
 	RL_MODULE=$(CURDIR)/$(MODULE) python3 bench/blocking.py
@@ -111,6 +111,11 @@ bench-kit-rust: build
 # deny cache (clients/java/bench.sh).
 bench-kit-java: build
 	RL_MODULE=$(CURDIR)/$(MODULE) clients/java/bench.sh
+
+# The Node kit's side: RateLimiterRL (one RL.SLIDING per consume) against
+# rate-limiter-flexible's RateLimiterRedis, side by side at 64 callers.
+bench-kit-node: build
+	cd clients/node && npm run --silent build && RL_MODULE=$(abspath $(MODULE)) node bench/flexible.mjs
 
 # The pictures of docs/algorithms.md, from a real run against the module.
 trace: build
