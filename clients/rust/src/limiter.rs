@@ -342,11 +342,19 @@ impl Limiter {
             }
         }
         let taken: Vec<(usize, CoreDecision)> = locals.iter().map(|(i, _)| *i).zip(taken).collect();
+        // The other rules' accounts, keyed once per decision: only the
+        // local-only fallback keeps them.
+        let accounts = if inner.fallback == FallbackMode::LocalOnly {
+            self.accounts(set, &keys, &locals)
+        } else {
+            Accounts::default()
+        };
 
         let gate = inner.breaker.gate();
         let answer = match gate {
             Gate::Call => {
-                self.settle(set, &keys, &locals).await;
+                self.settle(set, &keys, &locals, &local_limits, &accounts)
+                    .await;
                 Stats::add(&inner.stats.redis_calls);
                 let result = self.call_redis(set, &keys, cost).await;
                 match result {
@@ -390,10 +398,7 @@ impl Limiter {
                 if d.allowed {
                     Stats::add(&inner.stats.redis_admitted);
                     if inner.fallback == FallbackMode::LocalOnly {
-                        let accounts = self.accounts(set, &keys, &locals);
-                        let plain: Vec<(String, Spec)> =
-                            accounts.into_iter().map(|(_, a)| a).collect();
-                        inner.accounts.charge_all(&plain, cost);
+                        inner.accounts.charge_all(&accounts.limits, cost);
                     }
                 } else {
                     Stats::add(&inner.stats.redis_denied);
@@ -410,7 +415,7 @@ impl Limiter {
             }
             Answer::Lost | Answer::NotApplied => {
                 let lost = matches!(answer, Answer::Lost);
-                let d = self.fallback(set, &keys, cost, &locals, &taken, lost);
+                let d = self.fallback(set, cost, &local_limits, &accounts, &taken, lost);
                 if d.allowed {
                     Stats::add(&inner.stats.fallback_admitted);
                 } else {
@@ -432,23 +437,28 @@ impl Limiter {
     /// instance stays within `max(limit, s)` when Redis answers again in the
     /// same window. Sent once, never retried (a lost one may have been
     /// applied; an account is already charged with them either way).
-    async fn settle(&self, set: &RuleSet, keys: &[String], locals: &[(usize, (String, Spec))]) {
+    async fn settle(
+        &self,
+        set: &RuleSet,
+        keys: &[String],
+        locals: &[(usize, (String, Spec))],
+        local_limits: &[(String, Spec)],
+        accounts: &Accounts,
+    ) {
         let inner = &*self.inner;
         if inner.fallback != FallbackMode::LocalOnly {
             return;
         }
-        let local: Vec<(String, Spec)> = locals.iter().map(|(_, l)| l.clone()).collect();
-        let accounts = self.accounts(set, keys, locals);
-        let plain: Vec<(String, Spec)> = accounts.iter().map(|(_, a)| a.clone()).collect();
         let owed = locals
             .iter()
             .map(|(i, _)| *i)
-            .zip(inner.local.take_owed(&local))
+            .zip(inner.local.take_owed(local_limits))
             .chain(
                 accounts
+                    .rules
                     .iter()
-                    .map(|(i, _)| *i)
-                    .zip(inner.accounts.take_owed(&plain)),
+                    .copied()
+                    .zip(inner.accounts.take_owed(&accounts.limits)),
             );
         for (i, units) in owed.filter(|&(_, units)| units > 0) {
             let units = Request::Force(units);
@@ -470,8 +480,9 @@ impl Limiter {
         set: &RuleSet,
         keys: &[String],
         locals: &[(usize, (String, Spec))],
-    ) -> Vec<(usize, (String, Spec))> {
-        set.rules
+    ) -> Accounts {
+        let (rules, limits) = set
+            .rules
             .iter()
             .enumerate()
             .filter(|(i, _)| !locals.iter().any(|(j, _)| j == i))
@@ -479,7 +490,8 @@ impl Limiter {
                 r.fallback
                     .map(|s| (i, (format!("{}\0{}", r.signature, keys[i]), s)))
             })
-            .collect()
+            .unzip();
+        Accounts { rules, limits }
     }
 
     async fn call_redis(
@@ -644,9 +656,9 @@ impl Limiter {
     fn fallback(
         &self,
         set: &RuleSet,
-        keys: &[String],
         cost: u64,
-        locals: &[(usize, (String, Spec))],
+        local_limits: &[(String, Spec)],
+        accounts: &Accounts,
         taken: &[(usize, CoreDecision)],
         lost: bool,
     ) -> Decision {
@@ -666,18 +678,14 @@ impl Limiter {
             FallbackMode::LocalOnly => {
                 // Global rules were taken by the local level already; the
                 // others are taken from their accounts here.
-                let accounts = self.accounts(set, keys, locals);
-                let plain: Vec<(String, Spec)> = accounts.iter().map(|(_, a)| a.clone()).collect();
-                match inner.accounts.take_all(&plain, cost) {
+                match inner.accounts.take_all(&accounts.limits, cost) {
                     Ok(decisions) => {
                         if !lost {
                             // Redis never saw this request: owed to it.
-                            let local: Vec<(String, Spec)> =
-                                locals.iter().map(|(_, l)| l.clone()).collect();
-                            inner.local.owe_all(&local, cost);
-                            inner.accounts.owe_all(&plain, cost);
+                            inner.local.owe_all(local_limits, cost);
+                            inner.accounts.owe_all(&accounts.limits, cost);
                         }
-                        let admitted = accounts.iter().map(|(i, _)| *i).zip(decisions);
+                        let admitted = accounts.rules.iter().copied().zip(decisions);
                         // The fields of the account that admitted with the
                         // least left, as RL.ALL answers the most restrictive.
                         let tightest = taken
@@ -699,9 +707,9 @@ impl Limiter {
                     }
                     Err((pos, d)) => {
                         if lost {
-                            inner.accounts.charge_all(&plain, cost);
+                            inner.accounts.charge_all(&accounts.limits, cost);
                         }
-                        let i = accounts[pos].0;
+                        let i = accounts.rules[pos];
                         let mut out = core_decision(d, Path::Fallback);
                         out.limit = set.rules[i].spec.map_or(d.limit, |s| s.limit());
                         out.remaining = 0;
@@ -712,6 +720,15 @@ impl Limiter {
             }
         }
     }
+}
+
+/// The accounts of one decision's rules that have no local level: which
+/// rule each is (its position in the set), and its key and spec at the
+/// instance's share, as the account maps take them.
+#[derive(Default)]
+struct Accounts {
+    rules: Vec<usize>,
+    limits: Vec<(String, Spec)>,
 }
 
 /// What became of the call to Redis.
