@@ -331,7 +331,8 @@ public final class Limiter implements AutoCloseable {
             if (err == null) {
                 breaker.onSuccess(took, TimeUnit.NANOSECONDS);
                 (d.allowed() ? stats.redisAdmitted : stats.redisDenied).increment();
-                if (d.allowed() && cost > 0) {
+                // Only the local-only fallback reads the accounts.
+                if (d.allowed() && cost > 0 && fallback == FallbackMode.LOCAL_ONLY) {
                     List<LocalLimiters.Take> charged = accountTakes(set, keys, null);
                     if (!charged.isEmpty()) {
                         accounts.charge(charged, cost);
