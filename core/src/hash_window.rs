@@ -31,6 +31,7 @@
 //! they can have been admitted), and are kept while that bucket is in the
 //! new window.
 
+use super::block::{Block, InBlock};
 use super::{Algorithm, Decision, IntegerParam, Micros, Parameters, StateFields, Wait};
 use crate::error::{param, ParamError};
 
@@ -92,43 +93,47 @@ impl HashWindowParams {
     }
 }
 
-/// The ring of bucket counts of one limiter.
+/// The ring of bucket counts of one limiter, in one allocation
+/// ([`Block`]): its header, then its counters.
 ///
 /// Two states are equal when they hold the same counts, whatever the width
 /// each keeps them at.
 #[derive(Clone, Debug)]
 pub struct HashWindowState {
-    pub(crate) bucket_ms: u64,
-    /// Index (Unix ms / bucket_ms) of the newest bucket in the ring.
-    pub(crate) newest: u64,
-    /// Units in the ring.
-    pub(crate) sum: u64,
-    /// Bucket `j` is `counts.get(j % len)`, for `newest - len < j <= newest`.
-    pub(crate) counts: Counts,
+    /// Words [`BUCKET_MS`], [`NEWEST`], [`SUM`] and [`SHAPE`], then the
+    /// counters: bucket `j` is counter `j % len`, for
+    /// `newest - len < j <= newest`.
+    block: Block,
 }
+
+/// The words of a ring's block: the length of a bucket (`BUCKET_MS`); the
+/// index (Unix ms / bucket_ms) of the newest bucket in the ring (`NEWEST`);
+/// the units in the ring (`SUM`); the number of counters (low 32 bits of
+/// `SHAPE`) and their width in bytes (its high 32 bits); the counters from
+/// `COUNTS`, packed little-endian into words at their width (counter 0 in
+/// the low bits of the first word).
+const BUCKET_MS: usize = 0;
+const NEWEST: usize = 1;
+const SUM: usize = 2;
+const SHAPE: usize = 3;
+const COUNTS: usize = 4;
 
 impl PartialEq for HashWindowState {
     fn eq(&self, other: &Self) -> bool {
-        (self.bucket_ms, self.newest, self.sum) == (other.bucket_ms, other.newest, other.sum)
-            && self.counts.len() == other.counts.len()
-            && (0..self.counts.len()).all(|i| self.counts.get(i) == other.counts.get(i))
+        let header = |s: &Self| (s.bucket_ms(), s.newest(), s.sum(), s.len());
+        header(self) == header(other) && (0..self.len()).all(|i| self.get(i) == other.get(i))
     }
 }
 
 impl Eq for HashWindowState {}
 
-/// The counters of a ring, all at one width: 2 bytes while every count fits
-/// in a `u16`, widened as a whole to 4 and then 8 bytes when a count would
-/// not fit (a forced call, or a limit lowered below what is held, can leave
-/// counts above `limit`: the width follows the values, never the limit).
-/// Adding widens; nothing on the hot path narrows (an idle ring, a layout
-/// conversion and encoding 1's loader start at the narrowest width that
-/// fits).
-#[derive(Clone, Debug)]
-pub(crate) enum Counts {
-    U16(Box<[u16]>),
-    U32(Box<[u32]>),
-    U64(Box<[u64]>),
+impl InBlock for HashWindowState {
+    fn into_block(self) -> Block {
+        self.block
+    }
+    fn from_block(block: Block) -> Self {
+        HashWindowState { block }
+    }
 }
 
 /// The width, in bytes, that holds `value`: 2, 4 or 8.
@@ -142,58 +147,103 @@ pub fn width_for(value: u64) -> usize {
     }
 }
 
-impl Counts {
-    /// `len` zero counters, at the narrowest width.
-    fn zeros(len: usize) -> Counts {
-        Counts::U16(vec![0; len].into_boxed_slice())
+/// The counters of a ring are all at one width: 2 bytes while every count
+/// fits in a `u16`, widened as a whole to 4 and then 8 bytes when a count
+/// would not fit (a forced call, or a limit lowered below what is held, can
+/// leave counts above `limit`: the width follows the values, never the
+/// limit). Adding widens; nothing on the hot path narrows (an idle ring, a
+/// layout conversion and encoding 1's loader start at the narrowest width
+/// that fits).
+impl HashWindowState {
+    /// A ring of `len` zero counters at `width` bytes each.
+    fn zeroed(bucket_ms: u64, newest: u64, len: usize, width: usize) -> HashWindowState {
+        let mut block = Block::zeroed(COUNTS + (len * width).div_ceil(8));
+        let words = block.words_mut();
+        words[BUCKET_MS] = bucket_ms;
+        words[NEWEST] = newest;
+        words[SHAPE] = (width as u64) << 32 | len as u64;
+        HashWindowState { block }
     }
 
-    /// The counters `values`, at `width` bytes each (2, 4 or 8; `None` if a
-    /// value does not fit).
-    fn from_values(values: &[u64], width: usize) -> Option<Counts> {
-        fn narrow<T: TryFrom<u64>>(values: &[u64]) -> Option<Box<[T]>> {
-            values.iter().map(|&v| T::try_from(v).ok()).collect()
+    /// A ring of the counters `values`, at `width` bytes each (2, 4 or 8;
+    /// `None` if a value does not fit).
+    fn from_values(
+        bucket_ms: u64,
+        newest: u64,
+        sum: u64,
+        values: &[u64],
+        width: usize,
+    ) -> Option<HashWindowState> {
+        if !matches!(width, 2 | 4 | 8) || values.iter().any(|&v| width_for(v) > width) {
+            return None;
         }
-        Some(match width {
-            2 => Counts::U16(narrow(values)?),
-            4 => Counts::U32(narrow(values)?),
-            8 => Counts::U64(values.into()),
-            _ => return None,
-        })
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        match self {
-            Counts::U16(c) => c.len(),
-            Counts::U32(c) => c.len(),
-            Counts::U64(c) => c.len(),
+        let mut state = HashWindowState::zeroed(bucket_ms, newest, values.len(), width);
+        state.set_word(SUM, sum);
+        for (slot, &value) in values.iter().enumerate() {
+            state.put(slot, value);
         }
+        Some(state)
     }
 
-    /// Bytes per counter: 2, 4 or 8.
-    pub(crate) fn width(&self) -> usize {
-        match self {
-            Counts::U16(_) => 2,
-            Counts::U32(_) => 4,
-            Counts::U64(_) => 8,
-        }
+    #[inline(always)]
+    fn word(&self, i: usize) -> u64 {
+        self.block.words()[i]
+    }
+    #[inline(always)]
+    fn set_word(&mut self, i: usize, value: u64) {
+        self.block.words_mut()[i] = value;
     }
 
-    pub(crate) fn get(&self, slot: usize) -> u64 {
-        match self {
-            Counts::U16(c) => u64::from(c[slot]),
-            Counts::U32(c) => u64::from(c[slot]),
-            Counts::U64(c) => c[slot],
+    fn bucket_ms(&self) -> u64 {
+        self.word(BUCKET_MS)
+    }
+    /// Index (Unix ms / bucket_ms) of the newest bucket in the ring.
+    pub(crate) fn newest(&self) -> u64 {
+        self.word(NEWEST)
+    }
+    /// Units in the ring.
+    pub(crate) fn sum(&self) -> u64 {
+        self.word(SUM)
+    }
+    /// Counters in the ring.
+    #[inline(always)]
+    fn len(&self) -> usize {
+        (self.word(SHAPE) & 0xffff_ffff) as usize
+    }
+
+    /// Bytes per counter of the ring: 2 while every count fits in a `u16`,
+    /// then 4, then 8 (see [`width_for`]).
+    #[inline(always)]
+    pub fn counter_width(&self) -> usize {
+        (self.word(SHAPE) >> 32) as usize
+    }
+
+    /// Bytes of the counters, at their width.
+    pub fn counter_bytes(&self) -> usize {
+        self.len() * self.counter_width()
+    }
+
+    /// Counter `slot`.
+    #[inline(always)]
+    fn get(&self, slot: usize) -> u64 {
+        match self.counter_width() {
+            2 => (self.word(COUNTS + slot / 4) >> (slot % 4 * 16)) & 0xffff,
+            4 => (self.word(COUNTS + slot / 2) >> (slot % 2 * 32)) & 0xffff_ffff,
+            _ => self.word(COUNTS + slot),
         }
     }
 
     /// Sets a counter to a value that fits the width.
+    #[inline(always)]
     fn put(&mut self, slot: usize, value: u64) {
-        match self {
-            Counts::U16(c) => c[slot] = value as u16,
-            Counts::U32(c) => c[slot] = value as u32,
-            Counts::U64(c) => c[slot] = value,
-        }
+        let (at, shift, mask) = match self.counter_width() {
+            2 => (COUNTS + slot / 4, slot % 4 * 16, 0xffff),
+            4 => (COUNTS + slot / 2, slot % 2 * 32, 0xffff_ffff),
+            _ => (COUNTS + slot, 0, u64::MAX),
+        };
+        debug_assert!(value <= mask);
+        let word = self.word(at) & !(mask << shift) | value << shift;
+        self.set_word(at, word);
     }
 
     /// Adds `units` to a counter, widening the whole ring first if the new
@@ -201,9 +251,8 @@ impl Counts {
     fn add(&mut self, slot: usize, units: u64) {
         let value = self.get(slot) + units;
         let width = width_for(value);
-        if width > self.width() {
-            let values: Vec<u64> = (0..self.len()).map(|i| self.get(i)).collect();
-            *self = Counts::from_values(&values, width).expect("wider counters hold every value");
+        if width > self.counter_width() {
+            *self = self.with_width(width);
         }
         self.put(slot, value);
     }
@@ -214,62 +263,54 @@ impl Counts {
         self.put(slot, value);
     }
 
-    /// Zeroes every counter, at the same width.
-    fn clear(&mut self) {
-        match self {
-            Counts::U16(c) => c.fill(0),
-            Counts::U32(c) => c.fill(0),
-            Counts::U64(c) => c.fill(0),
-        }
+    /// The same ring with its counters at `width` bytes (which holds them).
+    pub(crate) fn with_width(&self, width: usize) -> HashWindowState {
+        let values: Vec<u64> = self.values().collect();
+        HashWindowState::from_values(self.bucket_ms(), self.newest(), self.sum(), &values, width)
+            .expect("the width holds every count")
     }
 
-    fn values(&self) -> impl Iterator<Item = u64> + '_ {
+    /// Zeroes every counter, at the same width.
+    fn clear(&mut self) {
+        self.block.words_mut()[COUNTS..].fill(0);
+    }
+
+    pub(crate) fn values(&self) -> impl Iterator<Item = u64> + '_ {
         (0..self.len()).map(|i| self.get(i))
     }
 
-    /// The counters, little-endian at their width (encoding 2's byte string).
+    /// The counters, little-endian at their width (encoding 2's byte
+    /// string): the counters' words' bytes, as they are packed.
     fn to_le_bytes(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.len() * self.width());
-        match self {
-            Counts::U16(c) => c
-                .iter()
-                .for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
-            Counts::U32(c) => c
-                .iter()
-                .for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
-            Counts::U64(c) => c
-                .iter()
-                .for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
-        }
+        let mut out: Vec<u8> = self.block.words()[COUNTS..]
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .collect();
+        out.truncate(self.counter_bytes());
         out
     }
 
-    /// `len` counters of `width` bytes from `bytes`, which must hold exactly
-    /// them.
-    fn from_le_bytes(bytes: &[u8], len: usize, width: usize) -> Option<Counts> {
+    /// A ring of `len` counters of `width` bytes from `bytes`, which must
+    /// hold exactly them.
+    fn from_le_bytes(
+        bucket_ms: u64,
+        newest: u64,
+        sum: u64,
+        bytes: &[u8],
+        len: usize,
+        width: usize,
+    ) -> Option<HashWindowState> {
         if !matches!(width, 2 | 4 | 8) || len.checked_mul(width)? != bytes.len() {
             return None;
         }
-        Some(match width {
-            2 => Counts::U16(
-                bytes
-                    .chunks_exact(2)
-                    .map(|b| u16::from_le_bytes([b[0], b[1]]))
-                    .collect(),
-            ),
-            4 => Counts::U32(
-                bytes
-                    .chunks_exact(4)
-                    .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                    .collect(),
-            ),
-            _ => Counts::U64(
-                bytes
-                    .chunks_exact(8)
-                    .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
-                    .collect(),
-            ),
-        })
+        let mut state = HashWindowState::zeroed(bucket_ms, newest, len, width);
+        state.set_word(SUM, sum);
+        for (i, chunk) in bytes.chunks(8).enumerate() {
+            let mut word = [0; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            state.set_word(COUNTS + i, u64::from_le_bytes(word));
+        }
+        Some(state)
     }
 }
 
@@ -286,7 +327,7 @@ fn evaluate(
     let n = state.n();
     let bucket_us = params.bucket_ms * 1000;
     // Never before the newest bucket: a step back reopens nothing.
-    let current = (now.as_us() / bucket_us).max(state.newest);
+    let current = (now.as_us() / bucket_us).max(state.newest());
     let held = state.held_at(current);
     let leaves_after = |bucket: u64| {
         ((bucket + n) * bucket_us)
@@ -315,7 +356,7 @@ fn evaluate(
         // (no bucket before the epoch: a window may reach back past it)
         let mut bucket = (current + 1).saturating_sub(n);
         loop {
-            if bucket <= state.newest {
+            if bucket <= state.newest() {
                 freed += state.count(bucket);
             }
             if freed >= excess {
@@ -333,7 +374,7 @@ fn evaluate(
         reset_ms: if held == 0 {
             0
         } else {
-            leaves_after(state.newest)
+            leaves_after(state.newest())
         },
     };
     (decision, current)
@@ -341,95 +382,93 @@ fn evaluate(
 
 impl HashWindowState {
     fn n(&self) -> u64 {
-        self.counts.len() as u64
+        self.len() as u64
     }
 
     fn same_layout(&self, params: &HashWindowParams) -> bool {
-        self.bucket_ms == params.bucket_ms && self.n() == params.ring_len()
+        self.bucket_ms() == params.bucket_ms && self.n() == params.ring_len()
     }
 
     fn count(&self, bucket: u64) -> u64 {
-        self.counts.get((bucket % self.n()) as usize)
-    }
-
-    /// Bytes per counter of the ring: 2 while every count fits in a `u16`,
-    /// then 4, then 8 (see [`width_for`]).
-    pub fn counter_width(&self) -> usize {
-        self.counts.width()
+        self.get((bucket % self.n()) as usize)
     }
 
     /// Units of the buckets still in the window when bucket `current` is
     /// the newest (`current >= newest`).
     fn held_at(&self, current: u64) -> u64 {
         let n = self.n();
-        if current >= self.newest + n {
+        let newest = self.newest();
+        if current >= newest + n {
             return 0;
         }
         // buckets newest-n+1 ..= current-n have left; bucket j - n has the
         // slot of j (counted directly: j - n is below zero in the first n
         // buckets since the epoch, which a clock or AT before 2004 reaches)
-        let gone: u64 = (self.newest + 1..=current).map(|j| self.count(j)).sum();
-        self.sum - gone
+        let gone: u64 = (newest + 1..=current).map(|j| self.count(j)).sum();
+        self.sum() - gone
     }
 
     /// Moves the ring so that `current` is the newest bucket.
     fn advance(&mut self, current: u64) {
         let n = self.n();
-        if current >= self.newest + n {
-            self.counts.clear();
-            self.sum = 0;
+        let newest = self.newest();
+        if current >= newest + n {
+            self.clear();
+            self.set_word(SUM, 0);
         } else {
-            for j in self.newest + 1..=current {
+            let mut sum = self.sum();
+            for j in newest + 1..=current {
                 let slot = (j % n) as usize;
-                self.sum -= self.counts.get(slot);
-                self.counts.put(slot, 0);
+                sum -= self.get(slot);
+                self.put(slot, 0);
             }
+            self.set_word(SUM, sum);
         }
-        self.newest = self.newest.max(current);
+        self.set_word(NEWEST, newest.max(current));
     }
 
     /// The same units in the ring of other parameters, at bucket time `now`.
     fn converted(&self, params: &HashWindowParams, now: Micros) -> HashWindowState {
         let mut new = HashWindow::idle(params, now);
         let n_new = new.n();
-        let current = new.newest;
+        let current = new.newest();
         let oldest_live = (current + 1).saturating_sub(n_new);
-        for j in (self.newest + 1).saturating_sub(self.n())..=self.newest {
+        for j in (self.newest() + 1).saturating_sub(self.n())..=self.newest() {
             let units = self.count(j);
             if units == 0 {
                 continue;
             }
-            let last_ms = (j + 1) * self.bucket_ms - 1;
+            let last_ms = (j + 1) * self.bucket_ms() - 1;
             let target = last_ms / params.bucket_ms;
             if target < oldest_live {
                 continue;
             }
-            if target > new.newest {
+            if target > new.newest() {
                 new.advance(target);
             }
-            new.counts.add((target % n_new) as usize, units);
-            new.sum += units;
+            new.add((target % n_new) as usize, units);
+            new.set_word(SUM, new.sum() + units);
         }
         new
     }
 
     /// Checks the invariants a loaded state must hold.
     pub(crate) fn is_valid(&self) -> bool {
-        let n = self.counts.len() as u64;
+        let n = self.n();
         // The ring has one bucket more than the window (`ring_len`): the
         // window, `(n - 1) * bucket_ms`, is what the parser bounds.
         n >= 1
-            && (1..=super::MAX_PARAM).contains(&self.bucket_ms)
+            && (1..=super::MAX_PARAM).contains(&self.bucket_ms())
             && (n - 1)
-                .checked_mul(self.bucket_ms)
+                .checked_mul(self.bucket_ms())
                 .is_some_and(|w| w <= super::MAX_PARAM)
             && self
-                .newest
-                .checked_mul(self.bucket_ms)
+                .newest()
+                .checked_mul(self.bucket_ms())
                 .is_some_and(|ms| ms <= super::MAX_STATE_MS)
-            && self.counts.values().try_fold(0u64, |a, c| a.checked_add(c)) == Some(self.sum)
+            && self.values().try_fold(0u64, |a, c| a.checked_add(c)) == Some(self.sum())
             // a forced call may leave up to twice the limit counted
-            && self.sum <= 2 * super::MAX_PARAM
+            && self.sum() <= 2 * super::MAX_PARAM
     }
 }
 
@@ -454,18 +493,18 @@ impl Parameters for HashWindowParams {
 /// counts.
 impl StateFields for HashWindowState {
     fn to_fields(&self, out: &mut impl FnMut(u64)) {
-        out(self.bucket_ms);
-        out(self.newest);
-        out(self.sum);
-        out(self.counts.len() as u64);
-        for count in self.counts.values() {
+        out(self.bucket_ms());
+        out(self.newest());
+        out(self.sum());
+        out(self.n());
+        for count in self.values() {
             out(count);
         }
     }
 
-    /// Its bucket counts, at their width.
+    /// Its block: the header and the counts at their width.
     fn heap_bytes(&self) -> usize {
-        self.counts.len() * self.counts.width()
+        self.block.bytes()
     }
 
     fn from_fields(next: &mut impl FnMut() -> Option<u64>) -> Option<Self> {
@@ -483,12 +522,7 @@ impl StateFields for HashWindowState {
         }
         // The narrowest width that holds them all.
         let width = width_for(counts.iter().copied().max().unwrap_or(0));
-        let state = HashWindowState {
-            bucket_ms,
-            newest,
-            sum,
-            counts: Counts::from_values(&counts, width)?,
-        };
+        let state = HashWindowState::from_values(bucket_ms, newest, sum, &counts, width)?;
         state.is_valid().then_some(state)
     }
 
@@ -499,12 +533,12 @@ impl StateFields for HashWindowState {
     /// little-endian at that width (the string's length is checked against
     /// the two).
     fn to_compact(&self, out: &mut impl FnMut(u64), bytes: &mut impl FnMut(&[u8])) {
-        out(self.bucket_ms);
-        out(self.newest);
-        out(self.sum);
-        out(self.counts.len() as u64);
-        out(self.counts.width() as u64);
-        bytes(&self.counts.to_le_bytes());
+        out(self.bucket_ms());
+        out(self.newest());
+        out(self.sum());
+        out(self.n());
+        out(self.counter_width() as u64);
+        bytes(&self.to_le_bytes());
     }
 
     fn from_compact(
@@ -520,13 +554,14 @@ impl StateFields for HashWindowState {
         if len > MAX_BUCKETS + 1 || !matches!(width, 2 | 4 | 8) {
             return None;
         }
-        let counts = Counts::from_le_bytes(&bytes()?, len as usize, width as usize)?;
-        let state = HashWindowState {
+        let state = HashWindowState::from_le_bytes(
             bucket_ms,
             newest,
             sum,
-            counts,
-        };
+            &bytes()?,
+            len as usize,
+            width as usize,
+        )?;
         state.is_valid().then_some(state)
     }
 }
@@ -536,12 +571,12 @@ impl Algorithm for HashWindow {
     type State = HashWindowState;
 
     fn idle(params: &HashWindowParams, now: Micros) -> HashWindowState {
-        HashWindowState {
-            bucket_ms: params.bucket_ms,
-            newest: now.as_ms_floor() / params.bucket_ms,
-            sum: 0,
-            counts: Counts::zeros(params.ring_len() as usize),
-        }
+        HashWindowState::zeroed(
+            params.bucket_ms,
+            now.as_ms_floor() / params.bucket_ms,
+            params.ring_len() as usize,
+            2,
+        )
     }
 
     fn apply(
@@ -562,8 +597,8 @@ impl Algorithm for HashWindow {
         if decision.allowed && cost > 0 {
             let n = state.n();
             state.advance(current);
-            state.counts.add((current % n) as usize, cost);
-            state.sum += cost;
+            state.add((current % n) as usize, cost);
+            state.set_word(SUM, state.sum() + cost);
         }
         decision
     }
@@ -610,8 +645,8 @@ impl Algorithm for HashWindow {
         }
         state.advance(current);
         let n = state.n();
-        state.counts.add((current % n) as usize, take);
-        state.sum += take;
+        state.add((current % n) as usize, take);
+        state.set_word(SUM, state.sum() + take);
         (decision, true)
     }
 
@@ -630,7 +665,7 @@ impl Algorithm for HashWindow {
             return changed;
         }
         let bucket_us = params.bucket_ms * 1000;
-        let current = (now.as_us() / bucket_us).max(state.newest);
+        let current = (now.as_us() / bucket_us).max(state.newest());
         let mut left = units.min(state.held_at(current));
         if left == 0 {
             return false;
@@ -640,9 +675,9 @@ impl Algorithm for HashWindow {
         let n = state.n();
         for bucket in ((current + 1).saturating_sub(n)..=current).rev() {
             let slot = (bucket % n) as usize;
-            let back = left.min(state.counts.get(slot));
-            state.counts.sub(slot, back);
-            state.sum -= back;
+            let back = left.min(state.get(slot));
+            state.sub(slot, back);
+            state.set_word(SUM, state.sum() - back);
             left -= back;
             if left == 0 {
                 break;
@@ -652,7 +687,7 @@ impl Algorithm for HashWindow {
     }
 
     fn idle_at_ms(state: &HashWindowState, _params: &HashWindowParams) -> u64 {
-        (state.newest + state.n()) * state.bucket_ms
+        (state.newest() + state.n()) * state.bucket_ms()
     }
 }
 
@@ -751,7 +786,7 @@ mod tests {
         hit(&mut s, &p, 3, at(0));
         let d = hit(&mut s, &p, 3, at(5000));
         assert!(d.allowed);
-        assert_eq!(s.sum, 3);
+        assert_eq!(s.sum(), 3);
     }
 
     #[test]
@@ -841,14 +876,11 @@ mod tests {
     /// The same ring with every counter at 8 bytes: the u64 ring every
     /// build before compact counters kept, the model of the widths' tests.
     fn at_u64(s: &HashWindowState) -> HashWindowState {
-        let values: Vec<u64> = s.counts.values().collect();
-        let mut wide = s.clone();
-        wide.counts = Counts::from_values(&values, 8).unwrap();
-        wide
+        s.with_width(8)
     }
 
     fn widest_count(s: &HashWindowState) -> u64 {
-        s.counts.values().max().unwrap_or(0)
+        s.values().max().unwrap_or(0)
     }
 
     /// Encoding 2's form: the same counters, at the same width, byte for
@@ -858,7 +890,7 @@ mod tests {
         let mut string = Vec::new();
         s.to_compact(&mut |f| fields.push(f), &mut |b| string = b.to_vec());
         assert_eq!(fields[4] as usize, s.counter_width());
-        assert_eq!(string.len(), s.counts.len() * s.counter_width());
+        assert_eq!(string.len(), s.counter_bytes());
         let mut next = fields.iter().copied();
         let mut strings = Some(string).into_iter();
         let back =
@@ -871,16 +903,16 @@ mod tests {
     fn counters_widen_as_a_whole_and_never_narrow_on_calls() {
         let p = params(MAX_PARAM, 6000, 1000);
         let mut s = HashWindow::idle(&p, at(0));
-        assert_eq!((s.counter_width(), s.heap_bytes()), (2, 7 * 2));
+        assert_eq!((s.counter_width(), s.counter_bytes()), (2, 7 * 2));
         assert!(hit(&mut s, &p, 65_535, at(0)).allowed);
         assert_eq!(s.counter_width(), 2);
         assert!(hit(&mut s, &p, 1, at(0)).allowed);
-        assert_eq!((s.counter_width(), s.heap_bytes()), (4, 7 * 4));
+        assert_eq!((s.counter_width(), s.counter_bytes()), (4, 7 * 4));
         assert!(hit(&mut s, &p, 1 << 32, at(1000)).allowed);
         assert_eq!(s.counter_width(), 8);
         // the big counts leave the window: the width stays
         assert!(hit(&mut s, &p, 1, at(60_000)).allowed);
-        assert_eq!((s.sum, s.counter_width()), (1, 8));
+        assert_eq!((s.sum(), s.counter_width()), (1, 8));
         compact_round_trip(&s);
         // encoding 1's loader and a layout conversion start narrow again
         let mut fields = Vec::new();
@@ -893,7 +925,8 @@ mod tests {
         assert_eq!(s.counter_width(), 2);
     }
 
-    /// The SPEC's 60-bucket window with limit 1000: 61 counters of 2 bytes.
+    /// The SPEC's 60-bucket window with limit 1000: 61 counters of 2 bytes,
+    /// in one block with the 40-byte header (word 0 and four words).
     #[test]
     fn a_sixty_bucket_window_keeps_two_bytes_a_bucket() {
         let p = params(1000, 60_000, 1000);
@@ -901,7 +934,8 @@ mod tests {
         for i in 0..60 {
             assert!(hit(&mut s, &p, 16, at(i * 1000)).allowed);
         }
-        assert_eq!(s.heap_bytes(), 122);
+        assert_eq!(s.counter_bytes(), 122);
+        assert_eq!(s.heap_bytes(), 40 + 128);
     }
 
     #[test]
@@ -1018,7 +1052,8 @@ mod tests {
                 prop_assert_eq!(model.counter_width(), 8);
                 widest = widest.max(width_for(widest_count(&model)));
                 prop_assert_eq!(s.counter_width(), widest);
-                prop_assert_eq!(s.heap_bytes(), s.counts.len() * widest);
+                prop_assert_eq!(s.counter_bytes(), s.len() * widest);
+                prop_assert_eq!(s.heap_bytes(), 8 * (5 + s.counter_bytes().div_ceil(8)));
                 prop_assert!(s.is_valid());
                 compact_round_trip(&s);
             }

@@ -70,6 +70,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod block;
 pub mod cell;
 pub mod concurrency;
 pub mod contract;
@@ -789,24 +790,18 @@ mod state_fields {
             &[0x0006_618e_408e_d5c4, 3],
         );
         let entries = [1, 0x1200_0002, 0x2300_0003, 0x2a00_0005];
-        pin(
-            SlidingLogState {
-                epoch_ms: 0x01a2_30b4_5dcd,
-                admitted: 5,
-                held: 5,
-                entries: entries.into_iter().collect(),
-            },
-            &[&[0x01a2_30b4_5dcd, 5, 5, 4][..], &entries].concat(),
-        );
-        pin(
-            HashWindowState {
-                bucket_ms: 1 << 40,
-                newest: 1,
-                sum: 5,
-                counts: hash_window::Counts::U16(vec![0, 5].into_boxed_slice()),
-            },
-            &[1 << 40, 1, 5, 2, 0, 5],
-        );
+        let p = sliding_log::SlidingLogParams::new(5, 1000).unwrap();
+        let epoch_ms = 0x01a2_30b4_5dcd;
+        let mut log = SlidingLog::idle(&p, Micros::from_ms(epoch_ms));
+        for (ms, cost) in [(0, 1), (0x12, 1), (0x23, 1), (0x2a, 2)] {
+            assert!(SlidingLog::apply(&mut log, &p, cost, Micros::from_ms(epoch_ms + ms)).allowed);
+        }
+        pin(log, &[&[epoch_ms, 5, 5, 4][..], &entries].concat());
+        // (built by calls: the states keep their fields in one block)
+        let p = hash_window::HashWindowParams::new(5, 1 << 40, 1 << 40).unwrap();
+        let mut ring = HashWindow::idle(&p, Micros::from_ms(0));
+        assert!(HashWindow::apply(&mut ring, &p, 5, Micros::from_ms(1 << 40)).allowed);
+        pin(ring, &[1 << 40, 1, 5, 2, 0, 5]);
     }
 
     #[test]

@@ -26,7 +26,7 @@ use crate::algorithms::Listed;
 use crate::args::ParamList;
 use crate::datatype::{Encoder, NativeState};
 use crate::error::Error;
-use crate::ffi::Words;
+use crate::ffi::{Packing, Stored, Words};
 use crate::limiter::{Micros, Request};
 use crate::replicate;
 
@@ -51,7 +51,8 @@ enum Value {
     Other(Vec<u8>),
 }
 
-/// A limiter state behind a box, as the key space holds it.
+/// A limiter state as the key space holds it: behind its value pointer,
+/// packed as the server's keys pack it ([`Stored`]).
 trait Held: Any + Debug {
     fn as_any_mut(&mut self) -> &mut dyn Any;
     fn as_any(&self) -> &dyn Any;
@@ -59,7 +60,7 @@ trait Held: Any + Debug {
     fn fields(&self) -> (&'static str, Vec<u64>);
 }
 
-impl<S: NativeState + Debug> Held for S {
+impl<S: NativeState + Packing + Debug> Held for Stored<S> {
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
     }
@@ -74,7 +75,7 @@ impl<S: NativeState + Debug> Held for S {
             }
         }
         let mut fields = Fields(Vec::new());
-        self.encode(&mut fields);
+        self.with_ref(|state| state.encode(&mut fields));
         (std::any::type_name::<S>(), fields.0)
     }
 }
@@ -260,7 +261,7 @@ impl Memory {
         self.keys.borrow_mut().insert(
             key.to_vec(),
             Entry {
-                value: Value::Limiter(Box::new(state)),
+                value: Value::Limiter(Box::new(Stored::new(state))),
                 expires_at: None,
             },
         );
@@ -269,7 +270,10 @@ impl Memory {
     /// The state of `L` in `key`, if it holds one (and has not expired).
     pub fn state<L: Listed>(&self, key: &[u8]) -> Option<L::State> {
         match &self.live(key)?.value {
-            Value::Limiter(held) => held.as_any().downcast_ref::<L::State>().cloned(),
+            Value::Limiter(held) => held
+                .as_any()
+                .downcast_ref::<Stored<L::State>>()
+                .map(|stored| stored.with_ref(L::State::clone)),
             Value::Other(_) => None,
         }
     }
@@ -482,10 +486,12 @@ impl Store for MemoryKey<'_> {
         let mut keys = self.call.space.keys.borrow_mut();
         match keys.get_mut(self.name).map(|e| &mut e.value) {
             None => Ok(None),
-            Some(Value::Limiter(held)) => match held.as_any_mut().downcast_mut::<L::State>() {
-                Some(state) => Ok(Some(f(state))),
-                None => Err(Error::WrongType),
-            },
+            Some(Value::Limiter(held)) => {
+                match held.as_any_mut().downcast_mut::<Stored<L::State>>() {
+                    Some(stored) => Ok(Some(stored.with_mut(f))),
+                    None => Err(Error::WrongType),
+                }
+            }
             Some(Value::Other(_)) => Err(Error::WrongType),
         }
     }
@@ -495,7 +501,7 @@ impl Store for MemoryKey<'_> {
         self.call.space.keys.borrow_mut().insert(
             self.name.to_vec(),
             Entry {
-                value: Value::Limiter(Box::new(state)),
+                value: Value::Limiter(Box::new(Stored::new(state))),
                 expires_at: None,
             },
         );

@@ -54,12 +54,16 @@ pub unsafe trait Repr<V>: 'static {
     /// Gives `value` to the server as a value pointer.
     fn into_ptr(value: V) -> *mut c_void;
     /// Runs `f` on the value behind `ptr`, lent mutably; and, if the value
-    /// now needs another pointer (its packing changed), that pointer, which
-    /// the caller must store in place of `ptr` (already freed).
+    /// now needs another pointer (its packing changed, or its block moved),
+    /// that pointer, which the caller must store in place of `ptr` (already
+    /// freed).
     ///
     /// # Safety
     /// `ptr` is a live value pointer of this representation, lent to no one
-    /// else while `f` runs.
+    /// else while `f` runs; and `f` does not unwind (a value may have moved
+    /// before a panic, and only the pointer returned here knows where: the
+    /// caller catches a panic inside `f`, stores the pointer, then resumes
+    /// it).
     unsafe fn with_mut<R>(
         ptr: *mut c_void,
         f: impl FnOnce(&mut V) -> R,
@@ -81,6 +85,20 @@ pub unsafe trait Repr<V>: 'static {
     /// # Safety
     /// A live value pointer.
     unsafe fn allocated(ptr: *const c_void, size_of: Option<BlockSize>) -> usize;
+    /// Bytes of the value behind `ptr` (`MEMORY USAGE`, without the
+    /// server's wrappers): what is allocated for the pointer, and what the
+    /// value owns beyond it (`heap_bytes`).
+    ///
+    /// # Safety
+    /// A live value pointer.
+    unsafe fn memory(
+        ptr: *const c_void,
+        size_of: Option<BlockSize>,
+        heap_bytes: impl FnOnce(&V) -> usize,
+    ) -> usize {
+        // SAFETY: a live value pointer (the caller's contract).
+        unsafe { Self::allocated(ptr, size_of) + Self::with_ref(ptr, heap_bytes) }
+    }
 }
 
 /// The server allocator's size of a block (`RedisModule_MallocSize`).
@@ -369,10 +387,7 @@ unsafe extern "C" fn mem_usage<T: TypeMethods>(value: *const c_void) -> usize {
         let size_of = unsafe { raw::RedisModule_MallocSize };
         // SAFETY: a value of type `T`, allocated (if at all) by the server's
         // allocator.
-        let allocated = unsafe { T::Repr::allocated(value, size_of) };
-        // SAFETY: a value of type `T`.
-        let heap = unsafe { T::Repr::with_ref(value, T::heap_bytes) };
-        allocated + heap + SERVER_WRAPPERS
+        unsafe { T::Repr::memory(value, size_of, T::heap_bytes) + SERVER_WRAPPERS }
     })
 }
 

@@ -97,7 +97,14 @@ impl Key<'_> {
                 // a time is lent (`Loan`), `f` cannot keep the reference,
                 // and no value is replaced or freed meanwhile (`set_value`
                 // refuses, and needs `&mut self` besides).
-                let (result, moved) = unsafe { T::Repr::with_mut(value, |v| f(Slot::Ours(v))) };
+                // A panic in `f` is caught inside it (as `with_mut` requires)
+                // and resumed once the value's pointer is stored: a value
+                // may have moved before it.
+                let (result, moved) = unsafe {
+                    T::Repr::with_mut(value, |v| {
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(Slot::Ours(v))))
+                    })
+                };
                 if let Some(moved) = moved {
                     // SAFETY: an open key holding a value of type `kind`,
                     // opened for writing; the old pointer is already freed
@@ -116,7 +123,7 @@ impl Key<'_> {
                         "a key's value could not be replaced in place"
                     );
                 }
-                return Ok(result);
+                return Ok(result.unwrap_or_else(|panic| std::panic::resume_unwind(panic)));
             }
         }
         Err(Error::WrongType)

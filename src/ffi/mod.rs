@@ -19,6 +19,8 @@
 //! - `string.rs`: module strings the module owns (the words and numbers it
 //!   propagates);
 //! - `key.rs`: an open key: type check, value, expiry, write signals;
+//! - `packed.rs`, `thin.rs`: how each state sits in its key's value
+//!   pointer (packed into it, or one block behind it);
 //! - `datatype.rs`: the native types' callbacks and their RDB, AOF and
 //!   digest streams;
 //! - `info.rs`, `config.rs`, `events.rs`: the `INFO` section, module
@@ -67,6 +69,7 @@ mod key;
 mod packed;
 mod register;
 mod string;
+mod thin;
 
 pub use alloc::{allocations, ModuleAlloc};
 pub use argv::{Argv, RString, Words};
@@ -85,7 +88,8 @@ pub use entry::command;
 pub use events::ServerEvent;
 pub use info::InfoContext;
 pub use key::{Key, Slot};
-pub use packed::{rates as bucket_rates, Packing};
+#[allow(unused_imports)] // `Stored`: the in-memory key space's
+pub use packed::{rates as bucket_rates, Packing, Stored};
 pub(crate) use register::module;
 pub use register::{load_module, Command, KeySpec, Load, Subcommand};
 pub use string::SharedString;

@@ -44,6 +44,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use super::datatype::{BlockSize, Boxed, Repr};
+use super::thin::ThinRepr;
 use crate::limiter::fixed_window::FixedWindowState;
 use crate::limiter::leaky_bucket::LeakyBucketState;
 use crate::limiter::quota::QuotaState;
@@ -484,8 +485,10 @@ unsafe impl<S: Counter> Repr<S> for CounterRepr {
 }
 
 /// How each algorithm's state sits in its key: the token and leaky
-/// buckets packed (this file: in the value pointer itself when the state
-/// fits), every other state in a box.
+/// buckets, the fixed window and the quota packed (this file: in the value
+/// pointer itself when the state fits), the sliding log and the hash window
+/// in one block behind a thin pointer (`thin.rs`), the concurrency limiter
+/// in a box.
 pub trait Packing: Sized {
     type Repr: Repr<Self>;
 }
@@ -502,10 +505,74 @@ packing! {
     crate::limiter::token_bucket::TokenBucketState => BucketRepr,
     crate::limiter::leaky_bucket::LeakyBucketState => BucketRepr,
     crate::limiter::fixed_window::FixedWindowState => CounterRepr,
-    crate::limiter::sliding_log::SlidingLogState => Boxed,
-    crate::limiter::hash_window::HashWindowState => Boxed,
+    crate::limiter::sliding_log::SlidingLogState => ThinRepr,
+    crate::limiter::hash_window::HashWindowState => ThinRepr,
     crate::limiter::concurrency::ConcurrencyState => Boxed,
     crate::limiter::quota::QuotaState => CounterRepr,
+}
+
+/// A state held as a key holds it: behind the value pointer of its
+/// representation ([`Packing`]), owned, and freed on drop. The in-memory key
+/// space of the unit tests and the fuzz targets (`crate::commands::memory`)
+/// keeps its states in these, so they run every packing as the server does.
+#[cfg_attr(not(test), allow(dead_code))] // the module itself holds keys
+pub struct Stored<S: Packing + 'static> {
+    ptr: *mut c_void,
+    _state: std::marker::PhantomData<S>,
+}
+
+#[cfg_attr(not(test), allow(dead_code))]
+impl<S: Packing + 'static> Stored<S> {
+    /// `value`, given to its representation.
+    pub fn new(value: S) -> Self {
+        Stored {
+            ptr: S::Repr::into_ptr(value),
+            _state: std::marker::PhantomData,
+        }
+    }
+
+    /// Runs `f` on the state, lent mutably, as `Key::with_value` does (a
+    /// panic in `f` is resumed once the value's new pointer is kept).
+    pub fn with_mut<R>(&mut self, f: impl FnOnce(&mut S) -> R) -> R {
+        // SAFETY: the live pointer this value owns, lent to no one else
+        // (`&mut self`); `f` cannot unwind out of `with_mut`.
+        let (result, moved) = unsafe {
+            S::Repr::with_mut(self.ptr, |state| {
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(state)))
+            })
+        };
+        if let Some(moved) = moved {
+            self.ptr = moved;
+        }
+        result.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    }
+
+    /// Runs `f` on the state.
+    pub fn with_ref<R>(&self, f: impl FnOnce(&S) -> R) -> R {
+        // SAFETY: the live pointer this value owns, not lent mutably (`&self`).
+        unsafe { S::Repr::with_ref(self.ptr, f) }
+    }
+
+    /// Bytes of the state outside the server's wrappers, as `MEMORY USAGE`
+    /// counts them without the server's allocator (`heap_bytes`, the
+    /// state's own count of what it owns beyond its size).
+    pub fn memory(&self, heap_bytes: impl FnOnce(&S) -> usize) -> usize {
+        // SAFETY: the live pointer this value owns.
+        unsafe { S::Repr::memory(self.ptr, None, heap_bytes) }
+    }
+}
+
+impl<S: Packing + 'static> Drop for Stored<S> {
+    fn drop(&mut self) {
+        // SAFETY: the live pointer this value owns, given up once.
+        unsafe { S::Repr::free(self.ptr) }
+    }
+}
+
+impl<S: Packing + std::fmt::Debug + 'static> std::fmt::Debug for Stored<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.with_ref(|state| state.fmt(f))
+    }
 }
 
 #[cfg(test)]
@@ -539,6 +606,25 @@ mod tests {
     }
 
     const NOW: u64 = 1_764_600_000_000_000; // 2025-12-01
+
+    /// A stored state's memory is what its packing allocates: nothing for
+    /// a bucket in the pointer, the one block of a sliding log.
+    #[test]
+    fn stored_states_count_what_their_packing_allocates() {
+        use crate::limiter::sliding_log::{SlidingLogParams, SlidingLogState};
+        use crate::limiter::{Algorithm, Micros, SlidingLog, StateFields};
+        let bucket = Stored::new(state(NOW + 12_345, 0, 1, 60_000));
+        assert_eq!(bucket.memory(TokenBucketState::heap_bytes), 0);
+        let p = SlidingLogParams::new(10, 1000).unwrap();
+        let mut log = Stored::new(SlidingLog::idle(&p, Micros::from_us(NOW)));
+        assert_eq!(log.memory(SlidingLogState::heap_bytes), 48);
+        for ms in 0..4 {
+            let d = log.with_mut(|s| SlidingLog::apply(s, &p, 1, Micros::from_us(NOW + ms * 1000)));
+            assert!(d.allowed);
+        }
+        // grown from 6 words to 8 (3 entries), then 16 (11 entries)
+        assert_eq!(log.memory(SlidingLogState::heap_bytes), 128);
+    }
 
     #[test]
     fn a_bucket_of_one_token_per_period_fits_in_the_pointer() {

@@ -310,6 +310,9 @@ fn extreme_parameters_are_exact() {
 
 /// 2 bytes a bucket while every count fits in 16 bits, whatever the
 /// traffic; a count that does not widens the whole ring (4 bytes a bucket).
+/// `MEMORY USAGE` counts the ring's block as the allocator sized it: up to
+/// a quarter more than asked for (jemalloc has four size classes in each
+/// doubling), the 40-byte header beside it.
 #[test]
 fn memory_is_fixed_per_key_2_bytes_per_bucket_until_a_count_needs_more() {
     for_each_server(|kind| {
@@ -324,7 +327,7 @@ fn memory_is_fixed_per_key_2_bytes_per_bucket_until_a_count_needs_more() {
             rl(&mut con, &["RL.HASHWINDOW", &key, "1000", window, bucket]);
             let first: i64 = query(&mut con, &["MEMORY", "USAGE", &key]);
             assert!(
-                first >= 2 * buckets && first <= 2 * buckets + 200,
+                first >= 2 * buckets && first <= 2 * buckets * 5 / 4 + 200,
                 "{buckets} buckets: MEMORY USAGE {first}"
             );
             for _ in 0..20 {
@@ -356,7 +359,7 @@ fn memory_is_fixed_per_key_2_bytes_per_bucket_until_a_count_needs_more() {
         assert!(r.allowed);
         let wide: i64 = query(&mut con, &["MEMORY", "USAGE", "hw:3600"]);
         assert!(
-            wide >= narrow + 2 * 3600 && wide <= narrow + 2 * 3600 + 200,
+            wide >= narrow + 2 * 3600 && wide <= 4 * 3600 * 5 / 4 + 200,
             "3600 buckets widened: MEMORY USAGE {narrow} then {wide}"
         );
         // A new layout takes the memory of its own bucket count.

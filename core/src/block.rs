@@ -1,0 +1,89 @@
+//! One allocation for a state of variable size: a header and a body of
+//! 64-bit words in a single `Box<[u64]>`.
+//!
+//! The sliding log (its header and its ring of entries) and the hash window
+//! (its header and its counters) each keep their whole state in one
+//! [`Block`]. A call then reads one block, where two allocations (a header
+//! pointing at a buffer) cost a second cache miss on every call over a large
+//! keyspace.
+//!
+//! Word 0 of a block is its own length in words, and nothing in this crate
+//! writes it but [`Block`]'s constructors: [`Block::words`] and
+//! [`Block::words_mut`] give the words after it. So a host may keep a block
+//! behind a thin pointer (its first word's address, the module's value
+//! pointer: `src/ffi/thin.rs`) and rebuild the `Box<[u64]>` from that
+//! pointer and word 0 ([`Block::into_boxed`], [`Block::from_boxed`]).
+
+/// Words of state in one allocation, with its length in word 0 (see the
+/// module documentation).
+#[derive(Clone, Debug)]
+pub struct Block(Box<[u64]>);
+
+impl Block {
+    /// A block of `words` zeroed words after word 0.
+    pub(crate) fn zeroed(words: usize) -> Block {
+        let mut all = vec![0; words + 1].into_boxed_slice();
+        all[0] = all.len() as u64;
+        Block(all)
+    }
+
+    /// The words after word 0.
+    #[inline(always)]
+    pub(crate) fn words(&self) -> &[u64] {
+        &self.0[1..]
+    }
+
+    /// The words after word 0, to change.
+    #[inline(always)]
+    pub(crate) fn words_mut(&mut self) -> &mut [u64] {
+        &mut self.0[1..]
+    }
+
+    /// Bytes of the allocation (as the state's own size does not count it).
+    pub fn bytes(&self) -> usize {
+        self.0.len() * std::mem::size_of::<u64>()
+    }
+
+    /// The allocation, word 0 being its length in words.
+    #[inline(always)]
+    pub fn into_boxed(self) -> Box<[u64]> {
+        self.0
+    }
+
+    /// A block from an allocation that [`Block::into_boxed`] gave; `None`
+    /// when word 0 is not its length.
+    #[inline(always)]
+    pub fn from_boxed(all: Box<[u64]>) -> Option<Block> {
+        (all.first() == Some(&(all.len() as u64))).then_some(Block(all))
+    }
+}
+
+/// A state kept whole in one [`Block`]: what a host may keep behind a thin
+/// pointer.
+pub trait InBlock: Sized {
+    /// The state's block.
+    fn into_block(self) -> Block;
+    /// The state that [`InBlock::into_block`] gave this block. A block of
+    /// another state is not undefined behaviour, but the state's calls may
+    /// then answer nonsense or panic.
+    fn from_block(block: Block) -> Self;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn word_zero_is_the_length_and_out_of_reach() {
+        let mut b = Block::zeroed(3);
+        assert_eq!(b.words(), &[0, 0, 0]);
+        b.words_mut()[0] = 7;
+        assert_eq!(b.bytes(), 32);
+        let all = b.clone().into_boxed();
+        assert_eq!(&all[..], &[4, 7, 0, 0]);
+        let back = Block::from_boxed(all).expect("its own block");
+        assert_eq!(back.words(), &[7, 0, 0]);
+        assert!(Block::from_boxed(vec![3, 0].into_boxed_slice()).is_none());
+        assert!(Block::from_boxed(Vec::new().into_boxed_slice()).is_none());
+    }
+}
