@@ -11,13 +11,15 @@
 #
 # Knobs: COMPARE_ROUNDS (5), COMPARE_N (requests per run, 300000),
 # COMPARE_CALLS (calls per command under callgrind, on 100 live keys, 2000;
-# 0 skips it).
+# 0 skips it), COMPARE_CACHE_KEYS (keys of the cache simulation, each called
+# once to create it and once measured, 20000; 0 skips it).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 ROUNDS="${COMPARE_ROUNDS:-5}"
 N="${COMPARE_N:-300000}"
 CALLS="${COMPARE_CALLS:-2000}"
+CACHE_KEYS="${COMPARE_CACHE_KEYS:-3000}"
 BEFORE="${RL_MODULE_BEFORE:-}"
 
 RL_NAME=compare
@@ -158,5 +160,69 @@ if [ "$CALLS" -gt 0 ] && command -v valgrind >/dev/null && command -v callgrind_
     a="${IR[after,$id]:-0}"
     awk -v id="$id" -v b="$b" -v a="$a" -v n="$CALLS" \
       'BEGIN { if (b > 0) printf "%-14s %14.0f %14.0f %15.3fx\n", id, b / n, a / n, a / b }'
+  done
+fi
+
+# Data cache misses per call over many keys (callgrind's cache simulation,
+# deterministic): each key is called nine times, then a tenth, measured,
+# each pass in another order, so a key is called after most other keys
+# were touched, as a call over a large keyspace finds it. What a state's layout costs in misses,
+# which the instruction counts above cannot show.
+CACHE_WORKLOADS=(
+  "tokenbucket|RL.TOKENBUCKET tb:__rand_int__ 1000 1 1000"
+  "sliding|RL.SLIDING sl:__rand_int__ 1000 60000"
+  "hashwindow|RL.HASHWINDOW hw:__rand_int__ 1000 60000 1000"
+)
+if [ "$CACHE_KEYS" -gt 0 ] && command -v valgrind >/dev/null && command -v callgrind_control >/dev/null; then
+  echo
+  echo "Data cache misses per call inside the command's function (callgrind --cache-sim, $CACHE_KEYS keys each called ten times in shuffled orders, the tenth measured; L1 32 KiB, LL 8 MiB):"
+  printf "%-14s %14s %14s %14s %14s\n" "command" "before D1" "after D1" "before LL" "after LL"
+  declare -A MISS
+  for side in before after; do
+    module="$BEFORE"
+    [ "$side" = after ] && module="$AFTER"
+    port="$(rl_free_port)"
+    dir="$WORK/cache-$side"
+    mkdir -p "$dir"
+    valgrind --tool=callgrind --cache-sim=yes --D1=32768,8,64 --LL=8388608,16,64 \
+      --collect-atstart=no --toggle-collect=RedisModuleCommandDispatcher \
+      --callgrind-out-file="$dir/out.%p" \
+      redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" \
+      --loadmodule "$module" >"$dir/valgrind.log" 2>&1 &
+    pid=$!
+    RL_PIDS+=("$pid")
+    for _ in $(seq 600); do rl_answers "$port" && break; sleep 0.1; done
+    if ! rl_answers "$port"; then
+      log "the $side server did not start under valgrind; its log:"
+      tail -n 5 "$dir/valgrind.log" >&2
+      continue
+    fi
+    for w in "${CACHE_WORKLOADS[@]}"; do
+      id="${w%%|*}"
+      cmd="${w#*|}"
+      # Created in one shuffled order, measured in another (a fixed seed:
+      # both builds see the same orders), so that no key's neighbour in
+      # memory is the next one called, as with random keys.
+      calls() { seq "$CACHE_KEYS" | shuf --random-source=<(yes "$1") | while read -r i; do echo "${cmd//__rand_int__/$i}"; done; }
+      # Nine calls a key first: live keys (a log of 9 entries), where
+      # neither build's ring grows on the measured tenth call.
+      for pass in $(seq 9); do calls "create-$pass" | redis-cli -p "$port" >/dev/null; done
+      callgrind_control --zero "$pid" >/dev/null
+      calls measure | redis-cli -p "$port" >/dev/null
+      callgrind_control --dump="$id" "$pid" >/dev/null
+      file="$(ls -t "$dir"/out.* | head -1)"
+      # The summary's events, named by the `events:` line.
+      MISS["$side,$id"]="$(awk '/^events:/ { for (i = 2; i <= NF; i++) col[$i] = i - 1 }
+        /^summary:/ { printf "%d %d", $(col["D1mr"] + 1) + $(col["D1mw"] + 1), $(col["DLmr"] + 1) + $(col["DLmw"] + 1) }' "$file")"
+    done
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+  for w in "${CACHE_WORKLOADS[@]}"; do
+    id="${w%%|*}"
+    read -r bd bl <<<"${MISS[before,$id]:-0 0}"
+    read -r ad al <<<"${MISS[after,$id]:-0 0}"
+    awk -v id="$id" -v bd="$bd" -v bl="$bl" -v ad="$ad" -v al="$al" -v n="$CACHE_KEYS" \
+      'BEGIN { printf "%-14s %14.2f %14.2f %14.2f %14.2f\n", id, bd / n, ad / n, bl / n, al / n }'
   done
 fi

@@ -100,23 +100,28 @@ impl HashWindowParams {
 /// each keeps them at.
 #[derive(Clone, Debug)]
 pub struct HashWindowState {
-    /// Words [`BUCKET_MS`], [`NEWEST`], [`SUM`] and [`SHAPE`], then the
-    /// counters: bucket `j` is counter `j % len`, for
-    /// `newest - len < j <= newest`.
+    /// Words [`BUCKET_MS`], [`NEWEST`] and [`SUM`], then the counters:
+    /// bucket `j` is counter `j % len`, for `newest - len < j <= newest`.
+    /// The block's tag is the ring's shape: the number of counters (low 24
+    /// bits, at most [`MAX_BUCKETS`] + 1) and their width in bytes (the
+    /// high 8).
     block: Block,
 }
 
 /// The words of a ring's block: the length of a bucket (`BUCKET_MS`); the
 /// index (Unix ms / bucket_ms) of the newest bucket in the ring (`NEWEST`);
-/// the units in the ring (`SUM`); the number of counters (low 32 bits of
-/// `SHAPE`) and their width in bytes (its high 32 bits); the counters from
-/// `COUNTS`, packed little-endian into words at their width (counter 0 in
-/// the low bits of the first word).
+/// the units in the ring (`SUM`); the counters from `COUNTS`, packed
+/// little-endian into words at their width (counter 0 in the low bits of
+/// the first word). With word 0, a 32-byte header: 61 counters of 2 bytes
+/// take a block of 160 bytes, a size class of the server's allocator.
 const BUCKET_MS: usize = 0;
 const NEWEST: usize = 1;
 const SUM: usize = 2;
-const SHAPE: usize = 3;
-const COUNTS: usize = 4;
+const COUNTS: usize = 3;
+
+/// The bits of the block's tag that hold the number of counters.
+const LEN_MASK: u32 = (1 << 24) - 1;
+const _: () = assert!(MAX_BUCKETS < LEN_MASK as u64);
 
 impl PartialEq for HashWindowState {
     fn eq(&self, other: &Self) -> bool {
@@ -161,7 +166,7 @@ impl HashWindowState {
         let words = block.words_mut();
         words[BUCKET_MS] = bucket_ms;
         words[NEWEST] = newest;
-        words[SHAPE] = (width as u64) << 32 | len as u64;
+        block.set_tag((width as u32) << 24 | len as u32);
         HashWindowState { block }
     }
 
@@ -208,14 +213,14 @@ impl HashWindowState {
     /// Counters in the ring.
     #[inline(always)]
     fn len(&self) -> usize {
-        (self.word(SHAPE) & 0xffff_ffff) as usize
+        (self.block.tag() & LEN_MASK) as usize
     }
 
     /// Bytes per counter of the ring: 2 while every count fits in a `u16`,
     /// then 4, then 8 (see [`width_for`]).
     #[inline(always)]
     pub fn counter_width(&self) -> usize {
-        (self.word(SHAPE) >> 32) as usize
+        (self.block.tag() >> 24) as usize
     }
 
     /// Bytes of the counters, at their width.
@@ -926,7 +931,7 @@ mod tests {
     }
 
     /// The SPEC's 60-bucket window with limit 1000: 61 counters of 2 bytes,
-    /// in one block with the 40-byte header (word 0 and four words).
+    /// in one block with the 32-byte header (word 0 and three words).
     #[test]
     fn a_sixty_bucket_window_keeps_two_bytes_a_bucket() {
         let p = params(1000, 60_000, 1000);
@@ -935,7 +940,7 @@ mod tests {
             assert!(hit(&mut s, &p, 16, at(i * 1000)).allowed);
         }
         assert_eq!(s.counter_bytes(), 122);
-        assert_eq!(s.heap_bytes(), 40 + 128);
+        assert_eq!(s.heap_bytes(), 32 + 128);
     }
 
     #[test]
@@ -1053,7 +1058,7 @@ mod tests {
                 widest = widest.max(width_for(widest_count(&model)));
                 prop_assert_eq!(s.counter_width(), widest);
                 prop_assert_eq!(s.counter_bytes(), s.len() * widest);
-                prop_assert_eq!(s.heap_bytes(), 8 * (5 + s.counter_bytes().div_ceil(8)));
+                prop_assert_eq!(s.heap_bytes(), 8 * (4 + s.counter_bytes().div_ceil(8)));
                 prop_assert!(s.is_valid());
                 compact_round_trip(&s);
             }

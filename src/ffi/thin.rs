@@ -5,9 +5,9 @@
 //! a buffer. A call over a large keyspace then misses the cache once, not
 //! twice (`docs/benchmarks.md`).
 //!
-//! The block's word 0 is its length in words, written by the core's
-//! `Block` alone, so the pointer and that word rebuild the `Box<[u64]>`
-//! exactly as it was allocated. Commands see only the state: `with_mut`
+//! The low half of the block's word 0 is its length in words, written by
+//! the core's `Block` alone, so the pointer and that word rebuild the
+//! `Box<[u64]>` exactly as it was allocated. Commands see only the state: `with_mut`
 //! rebuilds it on the stack around the block and gives back the block's new
 //! address when a call moved it (a ring grown, shrunk or widened).
 //!
@@ -18,7 +18,7 @@ use std::mem::ManuallyDrop;
 use std::os::raw::c_void;
 
 use super::datatype::{BlockSize, Repr};
-use crate::limiter::block::{Block, InBlock};
+use crate::limiter::block::{Block, InBlock, LENGTH};
 
 /// A state in one block behind a thin pointer.
 pub struct ThinRepr;
@@ -27,12 +27,14 @@ pub struct ThinRepr;
 ///
 /// # Safety
 /// `ptr` is a live value pointer made by [`ThinRepr`]: the first word of a
-/// `Box<[u64]>` whose word 0 is its length, lent to no one else meanwhile.
+/// `Box<[u64]>` whose word 0 holds its length ([`LENGTH`]), lent to no one
+/// else meanwhile.
 #[inline(always)]
 unsafe fn rebuild(ptr: *const c_void) -> ManuallyDrop<Box<[u64]>> {
     let first = ptr.cast::<u64>().cast_mut();
-    // SAFETY: word 0 of a live block (the caller's contract) is its length.
-    let len = unsafe { *first } as usize;
+    // SAFETY: word 0 of a live block (the caller's contract) holds its
+    // length.
+    let len = (unsafe { *first } & LENGTH) as usize;
     // SAFETY: the block was a `Box<[u64]>` of `len` words at `first`, given
     // up by `into_ptr` or `with_mut`; `ManuallyDrop` keeps it from being
     // freed twice.
@@ -44,7 +46,7 @@ unsafe fn rebuild(ptr: *const c_void) -> ManuallyDrop<Box<[u64]>> {
 fn state<S: InBlock>(words: ManuallyDrop<Box<[u64]>>) -> ManuallyDrop<S> {
     match Block::from_boxed(ManuallyDrop::into_inner(words)) {
         Some(block) => ManuallyDrop::new(S::from_block(block)),
-        // Word 0 is the length it was read as: rebuilt, the block matches.
+        // Word 0 holds the length it was read as: the block matches.
         None => unreachable!("a thin value pointer's block holds its length"),
     }
 }
@@ -57,7 +59,7 @@ fn address<S: InBlock>(state: S) -> *mut c_void {
         .cast()
 }
 
-// SAFETY: a block is never empty (word 0 is its length), so its address is
+// SAFETY: a block is never empty (word 0 holds its length), so its address is
 // a real allocation, never null; each function takes an address `into_ptr`
 // or `with_mut` gave, whose block it rebuilds exactly (`rebuild`); the block
 // a call moved away from is freed by the state's own reallocation, and the
@@ -98,8 +100,11 @@ unsafe impl<S: InBlock + 'static> Repr<S> for ThinRepr {
         match size_of {
             // SAFETY: a block of the server's allocator.
             Some(size_of) => unsafe { size_of(ptr.cast_mut()) },
-            // SAFETY: a live value pointer: word 0 is the block's length.
-            None => (unsafe { *ptr.cast::<u64>() }) as usize * std::mem::size_of::<u64>(),
+            None => {
+                // SAFETY: a live value pointer: word 0 holds the block's length.
+                let word = unsafe { *ptr.cast::<u64>() };
+                (word & LENGTH) as usize * std::mem::size_of::<u64>()
+            }
         }
     }
 

@@ -312,7 +312,7 @@ fn extreme_parameters_are_exact() {
 /// traffic; a count that does not widens the whole ring (4 bytes a bucket).
 /// `MEMORY USAGE` counts the ring's block as the allocator sized it: up to
 /// a quarter more than asked for (jemalloc has four size classes in each
-/// doubling), the 40-byte header beside it.
+/// doubling), the 32-byte header beside it.
 #[test]
 fn memory_is_fixed_per_key_2_bytes_per_bucket_until_a_count_needs_more() {
     for_each_server(|kind| {
