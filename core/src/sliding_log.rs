@@ -522,14 +522,17 @@ impl StateFields for SlidingLogState {
         if len > MAX_LOADED_ENTRIES {
             return None;
         }
-        let len = len as usize;
-        let mut state = SlidingLogState::with_capacity(epoch_ms, len.max(IDLE_CAPACITY));
+        // Read first, allocated after: a declared length allocates only as
+        // many entries as the payload really holds.
+        let mut entries = Vec::new();
+        for _ in 0..len {
+            entries.push(next()?);
+        }
+        let mut state = SlidingLogState::with_capacity(epoch_ms, entries.len().max(IDLE_CAPACITY));
         state.set_word(ADMITTED, admitted);
         state.set_word(HELD, held);
-        state.set_ring(0, len);
-        for i in 0..len {
-            state.set_word(ENTRIES + i, next()?);
-        }
+        state.set_ring(0, entries.len());
+        state.block.words_mut()[ENTRIES..ENTRIES + entries.len()].copy_from_slice(&entries);
         state.is_valid().then_some(state)
     }
 }

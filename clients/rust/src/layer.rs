@@ -424,17 +424,7 @@ impl Shared {
             }
             r
         } else {
-            let detail = match d.retry_after_s() {
-                Some(s) => format!("rate limit {rule:?} exceeded; retry after {s} s"),
-                None => format!("rate limit {rule:?} exceeded; this request can never pass"),
-            };
-            problem(
-                StatusCode::TOO_MANY_REQUESTS,
-                QUOTA_EXCEEDED,
-                "Request cannot be satisfied as assigned quota has been exceeded",
-                &detail,
-                Some(rule),
-            )
+            problem_response(StatusCode::TOO_MANY_REQUESTS, denial_body(rule, d))
         };
         self.add_headers(response.headers_mut(), &[(rule, d)]);
         response
@@ -443,7 +433,7 @@ impl Shared {
 
 /// A `RateLimit-Policy` item: `"name";q=<limit>;w=<window s>`, without `w`
 /// for concurrency.
-fn policy_item(name: &str, spec: &Spec) -> String {
+pub(crate) fn policy_item(name: &str, spec: &Spec) -> String {
     match spec.window_s() {
         Some(w) => format!("\"{name}\";q={};w={w}", spec.limit()),
         None => format!("\"{name}\";q={}", spec.limit()),
@@ -451,7 +441,7 @@ fn policy_item(name: &str, spec: &Spec) -> String {
 }
 
 /// The `RateLimit` item of a reply: `"name";r=<remaining>;t=<ceil(reset_ms / 1000)>`.
-fn ratelimit_item(name: &str, d: &Decision) -> String {
+pub(crate) fn ratelimit_item(name: &str, d: &Decision) -> String {
     format!(
         "\"{name}\";r={};t={}",
         d.remaining,
@@ -459,13 +449,29 @@ fn ratelimit_item(name: &str, d: &Decision) -> String {
     )
 }
 
-fn problem<B>(
+/// The problem+json body of a denial by `rule` (RFC 9457, with the
+/// `violated-policies` member of the rate-limit fields draft).
+pub(crate) fn denial_body(rule: &str, d: &Decision) -> String {
+    let detail = match d.retry_after_s() {
+        Some(s) => format!("rate limit {rule:?} exceeded; retry after {s} s"),
+        None => format!("rate limit {rule:?} exceeded; this request can never pass"),
+    };
+    problem_body(
+        StatusCode::TOO_MANY_REQUESTS,
+        QUOTA_EXCEEDED,
+        "Request cannot be satisfied as assigned quota has been exceeded",
+        &detail,
+        Some(rule),
+    )
+}
+
+fn problem_body(
     status: StatusCode,
     kind: &str,
     title: &str,
     detail: &str,
     violated: Option<&str>,
-) -> Response<RateLimitBody<B>> {
+) -> String {
     let mut body = serde_json::json!({
         "type": kind,
         "title": title,
@@ -475,7 +481,21 @@ fn problem<B>(
     if let Some(v) = violated {
         body["violated-policies"] = serde_json::json!([v]);
     }
-    let mut r = Response::new(Either::Right(Full::new(Bytes::from(body.to_string()))));
+    body.to_string()
+}
+
+fn problem<B>(
+    status: StatusCode,
+    kind: &str,
+    title: &str,
+    detail: &str,
+    violated: Option<&str>,
+) -> Response<RateLimitBody<B>> {
+    problem_response(status, problem_body(status, kind, title, detail, violated))
+}
+
+fn problem_response<B>(status: StatusCode, body: String) -> Response<RateLimitBody<B>> {
+    let mut r = Response::new(Either::Right(Full::new(Bytes::from(body))));
     *r.status_mut() = status;
     r.headers_mut().insert(
         http::header::CONTENT_TYPE,

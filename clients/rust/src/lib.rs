@@ -40,6 +40,8 @@
 
 mod acquire;
 mod client;
+#[cfg(test)]
+mod contract;
 mod decision;
 mod deny_cache;
 mod error;

@@ -150,15 +150,15 @@ const fn utc_name() -> [u8; MAX_ZONE] {
     name
 }
 
-/// `+HH:MM` or `-HH:MM` (hours up to 25, as the module takes them), in
-/// seconds east of UTC.
+/// `+HH:MM` or `-HH:MM` from -18:00 to +18:00 (as the module takes them,
+/// and java.time's `ZoneOffset`), in seconds east of UTC.
 fn fixed_offset(b: &[u8]) -> Option<i64> {
     let [sign, h1, h2, b':', m1, m2] = *b else {
         return None;
     };
     let digit = |c: u8| c.is_ascii_digit().then(|| i64::from(c - b'0'));
     let (hours, minutes) = (digit(h1)? * 10 + digit(h2)?, digit(m1)? * 10 + digit(m2)?);
-    if hours > 25 || minutes > 59 {
+    if minutes > 59 || hours * 60 + minutes > 18 * 60 {
         return None;
     }
     let s = (hours * 60 + minutes) * 60;
@@ -663,7 +663,7 @@ mod quota_tests {
             "utc",
             "Z",
             "+05:30",
-            "-25:59",
+            "-18:00",
             "America/New_York",
             "Etc/GMT+5",
         ] {
@@ -672,6 +672,8 @@ mod quota_tests {
         for bad in [
             "",
             "+26:00",
+            "-25:59",
+            "+18:01",
             "+5:30",
             "05:30",
             "/etc/x",

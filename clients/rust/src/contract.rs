@@ -1,0 +1,525 @@
+//! The contract file every kit is tested against (`clients/contract/`):
+//! written from the core crate (algorithms, parameters and their rules,
+//! periods, golden decisions) and from this kit's HTTP answer (the header and
+//! problem-body vectors), and checked: this test fails when the checked-in
+//! file differs from what it would write. `RL_CONTRACT_WRITE=1 cargo test
+//! -p redis-ratelimit-client contract` rewrites it (then every kit's
+//! conformance test says what it must follow).
+//!
+//! The file is data: no kit reads Rust. Its format is described in
+//! `clients/contract/README.md`.
+
+use redis_ratelimit_core::{
+    quota::utc_period_end, Algorithm, Concurrency, FixedWindow, HashWindow, LeakyBucket, Micros,
+    ParamError, Parameters, Period, Quota, QuotaParams, Request, SlidingLog, TokenBucket, Wait,
+    MAX_PARAM, MAX_SPAN_MS,
+};
+use serde_json::{json, Value};
+
+use crate::decision::Path;
+use crate::layer::{denial_body, policy_item, ratelimit_item};
+use crate::rule::{period_nominal_s, period_word, Spec, Zone};
+use crate::Decision;
+
+/// Where the file lives, from this crate's directory.
+const FILE: &str = "../contract/contract.json";
+
+/// The parameter a [`ParamError`] names: the argument out of range,
+/// `bucket_ms` for a bucket that does not divide its window, `span` for a
+/// span too long.
+fn named(e: &ParamError) -> &'static str {
+    match e {
+        ParamError::Range { arg, .. } => arg,
+        ParamError::BucketDoesNotDivide => "bucket_ms",
+        ParamError::SpanTooLong { .. } | ParamError::SpanOutOfRange { .. } => "span",
+    }
+}
+
+/// A small deterministic generator (xorshift64*), so the file is the same
+/// on every machine.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
+        items[self.below(items.len() as u64) as usize]
+    }
+}
+
+/// One algorithm of the file: its word, its parameters' type, and the
+/// parameter sets its validation cases and golden sequences start from.
+trait Row: Algorithm<Params: Parameters> {
+    const WORD: &'static str;
+    /// A valid parameter set, the base of the validation cases.
+    const BASE: &'static [u64];
+    /// Cases across parameters (spans, divisions, bounds).
+    const CROSS: &'static [&'static [u64]];
+    /// Parameter sets the golden sequences switch between (each valid).
+    const GOLDEN: &'static [&'static [u64]];
+    /// The parameters a call at `now` runs with (a quota's period end).
+    fn at(params: Self::Params, _now: Micros) -> Self::Params {
+        params
+    }
+}
+
+const M: u64 = MAX_PARAM;
+
+impl Row for TokenBucket {
+    const WORD: &'static str = "TOKENBUCKET";
+    const BASE: &'static [u64] = &[10, 1, 1000];
+    const CROSS: &'static [&'static [u64]] = &[
+        &[M, 1, M],
+        &[1 << 30, 1, 1 << 20],
+        &[1 << 30, 1, 1 << 21],
+        &[M, M, M],
+    ];
+    const GOLDEN: &'static [&'static [u64]] = &[
+        &[5, 1, 1000],
+        &[10, 3, 1000],
+        &[100, 7, 60_000],
+        &[1, 1, 1],
+        &[M, M, 1],
+        &[3, 2, 7],
+    ];
+}
+
+impl Row for LeakyBucket {
+    const WORD: &'static str = "LEAKYBUCKET";
+    const BASE: &'static [u64] = &[10, 1, 1000];
+    const CROSS: &'static [&'static [u64]] = &[&[M, 1, M], &[1 << 30, 1, 1 << 20], &[M, M, M]];
+    const GOLDEN: &'static [&'static [u64]] = &[
+        &[5, 1, 1000],
+        &[10, 3, 1000],
+        &[2, 1, 10_000],
+        &[1, 1, 1],
+        &[M, M, 1],
+    ];
+}
+
+impl Row for FixedWindow {
+    const WORD: &'static str = "FIXEDWINDOW";
+    const BASE: &'static [u64] = &[10, 1000];
+    const CROSS: &'static [&'static [u64]] = &[&[M, M]];
+    const GOLDEN: &'static [&'static [u64]] = &[
+        &[5, 1000],
+        &[10, 60_000],
+        &[1, 1],
+        &[M, 7],
+        &[3, 86_400_000],
+    ];
+}
+
+impl Row for SlidingLog {
+    const WORD: &'static str = "SLIDING";
+    const BASE: &'static [u64] = &[10, 1000];
+    const CROSS: &'static [&'static [u64]] = &[&[(1 << 24) - 1, M], &[1 << 24, 1]];
+    const GOLDEN: &'static [&'static [u64]] = &[
+        &[5, 1000],
+        &[10, 1500],
+        &[1, 1],
+        &[(1 << 24) - 1, 60_000],
+        &[3, 7],
+    ];
+}
+
+impl Row for HashWindow {
+    const WORD: &'static str = "HASHWINDOW";
+    const BASE: &'static [u64] = &[10, 60_000, 1000];
+    const CROSS: &'static [&'static [u64]] = &[
+        &[10, 1000, 300],
+        &[10, 1000, 1000],
+        &[10, 1_000_000, 1],
+        &[10, 1_000_001, 1],
+        &[10, M, M],
+        &[10, M, 1 << 20],
+        &[10, M, 1 << 19],
+        &[10, 1000, 2000],
+    ];
+    const GOLDEN: &'static [&'static [u64]] = &[
+        &[5, 1000, 100],
+        &[10, 60_000, 1000],
+        &[1, 1, 1],
+        &[M, 6000, 2000],
+        &[7, 3000, 1000],
+    ];
+}
+
+impl Row for Quota {
+    const WORD: &'static str = "QUOTA";
+    const BASE: &'static [u64] = &[10, 0];
+    const CROSS: &'static [&'static [u64]] = &[&[M, 3], &[1, 4]];
+    const GOLDEN: &'static [&'static [u64]] = &[&[5, 0], &[10, 1], &[3, 2], &[M, 3], &[1, 0]];
+    fn at(params: QuotaParams, now: Micros) -> QuotaParams {
+        params.at_end(utc_period_end(params.period(), now))
+    }
+}
+
+impl Row for Concurrency {
+    const WORD: &'static str = "CONCURRENCY";
+    const BASE: &'static [u64] = &[10, 60_000];
+    const CROSS: &'static [&'static [u64]] = &[&[(1 << 24) - 1, M], &[1 << 24, 1]];
+    /// No golden sequences: a kit holds requests in flight, not leases.
+    const GOLDEN: &'static [&'static [u64]] = &[];
+}
+
+/// The parameters of `R`, in order, with their ranges and keywords.
+fn params_of<R: Row>() -> Value {
+    R::Params::INTEGERS
+        .iter()
+        .map(|p| json!({"name": p.name, "min": p.min, "max": p.max, "keywords": p.keywords}))
+        .collect()
+}
+
+/// What the core says of `values`: accepted, or the parameter its error
+/// names and the error's text.
+fn verdict<R: Row>(values: &[u64]) -> Value {
+    match R::Params::from_integers(values) {
+        Ok(_) => json!({"params": values, "ok": true}),
+        Err(e) => {
+            json!({"params": values, "ok": false, "names": named(&e), "message": e.to_string()})
+        }
+    }
+}
+
+/// Each parameter just inside and just outside its range, the others at
+/// their base, then the cases across parameters.
+fn validation_of<R: Row>() -> Vec<Value> {
+    let mut cases = vec![verdict::<R>(R::BASE)];
+    for (i, p) in R::Params::INTEGERS.iter().enumerate() {
+        let mut values: Vec<u64> = vec![p.min, p.max, p.max + 1];
+        if p.min > 0 {
+            values.insert(0, p.min - 1);
+        }
+        for v in values {
+            let mut set = R::BASE.to_vec();
+            set[i] = v;
+            cases.push(verdict::<R>(&set));
+        }
+    }
+    cases.extend(R::CROSS.iter().map(|set| verdict::<R>(set)));
+    cases
+}
+
+fn decision_json(d: &redis_ratelimit_core::Decision) -> Value {
+    let wait = match d.wait {
+        Wait::Ms(ms) => ms as i64,
+        Wait::Never => -1,
+    };
+    json!([d.allowed as u8, d.limit, d.remaining, wait, d.reset_ms])
+}
+
+/// Sequences of calls on one key from idle: each step's parameters (a
+/// sequence switches between two sets), instant in microseconds, request
+/// and the core's decision.
+fn golden_of<R: Row>(seed: u64) -> Vec<Value> {
+    const T0_US: u64 = 1_767_225_600_000_000 - 3_000; // 2026-01-01, 3 ms before midnight
+    let mut rng = Rng(seed);
+    let mut sequences = Vec::new();
+    if R::GOLDEN.is_empty() {
+        return sequences;
+    }
+    for s in 0..8 {
+        let a = R::GOLDEN[s % R::GOLDEN.len()];
+        let b = rng.pick(R::GOLDEN);
+        let mut now = T0_US + rng.below(2_000_000);
+        let first = R::Params::from_integers(a).expect("a golden parameter set is valid");
+        let mut state = R::idle(&R::at(first, Micros::from_us(now)), Micros::from_us(now));
+        let mut steps = Vec::new();
+        let mut current = a;
+        for _ in 0..24 {
+            now += match rng.below(10) {
+                0 => 0,
+                1..=3 => rng.below(1_000),
+                4..=6 => rng.below(1_000_000),
+                7 => rng.below(10_000_000),
+                8 => rng.below(100_000_000),
+                _ => rng.below(100_000_000_000), // up to a day and more
+            };
+            if rng.below(8) == 0 {
+                current = if current == a { b } else { a };
+            }
+            let params = R::Params::from_integers(current).expect("valid");
+            let limit_hint = current[0].min(20);
+            let request = match rng.below(10) {
+                0 => Request::Cost(0),
+                1..=5 => Request::Cost(1),
+                6 => Request::Cost(1 + rng.below(limit_hint + 1)),
+                7 => Request::Force(1 + rng.below(limit_hint + 1)),
+                8 => Request::Refund(1 + rng.below(limit_hint)),
+                _ => Request::Cost(current[0].saturating_add(rng.below(2))),
+            };
+            let at = Micros::from_us(now);
+            let outcome =
+                redis_ratelimit_core::run::<R>(&mut state, &R::at(params, at), request, at);
+            let req = match request {
+                Request::Cost(n) => json!({"cost": n}),
+                Request::Force(n) => json!({"force": n}),
+                Request::Refund(n) => json!({"refund": n}),
+            };
+            steps.push(json!({
+                "params": current,
+                "at_us": now,
+                "request": req,
+                "decision": decision_json(&outcome.decision),
+            }));
+        }
+        sequences.push(json!({"steps": steps}));
+    }
+    sequences
+}
+
+fn algorithm<R: Row>(seed: u64) -> Value {
+    json!({
+        "word": R::WORD,
+        "command": format!("RL.{}", R::WORD),
+        "params": params_of::<R>(),
+        "validation": validation_of::<R>(),
+        "golden": golden_of::<R>(seed),
+    })
+}
+
+/// `w` of `RateLimit-Policy` for each algorithm's golden and base sets.
+fn policy_windows() -> Vec<Value> {
+    let mut out = Vec::new();
+    let mut add = |word: &str, sets: &[&[u64]]| {
+        for set in sets {
+            let spec = Spec::parse("r", word, set).expect("valid");
+            out.push(json!({"algorithm": word, "params": set, "w": spec.window_s()}));
+        }
+    };
+    add("TOKENBUCKET", TokenBucket::GOLDEN);
+    add(
+        "TOKENBUCKET",
+        &[&[10, 3, 1000], &[15_000, 15_000, 1000], &[5, 1, 1000]],
+    );
+    add("LEAKYBUCKET", LeakyBucket::GOLDEN);
+    add("FIXEDWINDOW", FixedWindow::GOLDEN);
+    add("SLIDING", SlidingLog::GOLDEN);
+    add("HASHWINDOW", HashWindow::GOLDEN);
+    add("QUOTA", Quota::GOLDEN);
+    add("CONCURRENCY", &[&[10, 60_000]]);
+    out
+}
+
+/// Rules and decisions, and the exact fields and body they give.
+fn header_vectors() -> Vec<Value> {
+    /// `allowed, limit, remaining, wait_ms, reset_ms`.
+    type Fields = (bool, u64, u64, i64, u64);
+    let cases: &[(&str, &str, &[u64], Fields)] = &[
+        (
+            "per-user",
+            "TOKENBUCKET",
+            &[5, 1, 1000],
+            (true, 5, 4, 0, 1000),
+        ),
+        (
+            "per-user",
+            "TOKENBUCKET",
+            &[5, 1, 1000],
+            (false, 5, 0, 1, 5000),
+        ),
+        (
+            "per-user",
+            "TOKENBUCKET",
+            &[10, 3, 1000],
+            (false, 10, 0, 334, 3334),
+        ),
+        ("per-user", "SLIDING", &[5, 1000], (true, 5, 4, 0, 1000)),
+        ("per-user", "SLIDING", &[5, 1000], (false, 5, 0, 1001, 1001)),
+        (
+            "api",
+            "FIXEDWINDOW",
+            &[100, 60_000],
+            (false, 100, 0, 59_999, 59_999),
+        ),
+        (
+            "api",
+            "HASHWINDOW",
+            &[100, 60_000, 1000],
+            (true, 100, 0, 0, 60_000),
+        ),
+        (
+            "daily",
+            "QUOTA",
+            &[1000, 0],
+            (false, 1000, 0, 3_600_000, 3_600_000),
+        ),
+        ("big", "TOKENBUCKET", &[5, 1, 1000], (false, 5, 5, -1, 0)),
+        (
+            "q\"uote",
+            "LEAKYBUCKET",
+            &[2, 1, 10_000],
+            (false, 2, 0, 10_000, 20_000),
+        ),
+        (
+            "slots",
+            "CONCURRENCY",
+            &[10, 60_000],
+            (false, 10, 0, 1000, 60_000),
+        ),
+    ];
+    cases
+        .iter()
+        .map(
+            |&(name, word, params, (allowed, limit, remaining, wait_ms, reset_ms))| {
+                let spec = Spec::parse(name, word, params).expect("valid");
+                let d = Decision::from_fields(
+                    allowed,
+                    limit,
+                    remaining,
+                    wait_ms,
+                    reset_ms,
+                    Path::Redis,
+                );
+                json!({
+                    "rule": name,
+                    "algorithm": word,
+                    "params": params,
+                    "decision": [allowed as u8, limit, remaining, wait_ms, reset_ms],
+                    "ratelimit_policy": policy_item(name, &spec),
+                    "ratelimit": ratelimit_item(name, &d),
+                    "retry_after": if allowed { Value::Null } else { json!(d.retry_after_s()) },
+                    "body": if allowed { Value::Null } else { json!(denial_body(name, &d)) },
+                })
+            },
+        )
+        .collect()
+}
+
+/// `TZ` values: accepted by the server and every kit; refused by every kit
+/// (their syntax); refused by the server alone (a name its time-zone
+/// database does not know: a kit without one cannot tell).
+fn zones() -> Value {
+    let accepted = [
+        "UTC",
+        "utc",
+        "Z",
+        "+05:30",
+        "-18:00",
+        "+18:00",
+        "-00:00",
+        "+17:59",
+        "America/New_York",
+        "Europe/Paris",
+        "Asia/Kolkata",
+    ];
+    let refused = [
+        "+18:01",
+        "-18:01",
+        "+25:00",
+        "+5:30",
+        "05:30",
+        "+05:60",
+        "+0530",
+        "",
+        "/etc/localtime",
+        "../UTC",
+        "America/../UTC",
+    ];
+    for name in accepted {
+        assert!(Zone::new(name).is_ok(), "this kit refuses {name:?}");
+    }
+    json!({
+        "accepted": accepted,
+        "refused": refused,
+        "refused_by_server_only": ["Mars/Olympus_Mons"],
+        "grammar": "UTC or Z (any case); +HH:MM or -HH:MM from -18:00 to +18:00 (two-digit hours, minutes 00 to 59); or an IANA time-zone name the server's database knows (at most 64 bytes, no leading '/', no '..')",
+    })
+}
+
+/// The whole file.
+fn contract() -> Value {
+    let periods: Vec<Value> = (0..4)
+        .map(|i| {
+            let p = Period::from_index(i).expect("four periods");
+            json!({"word": period_word(p), "index": i, "nominal_s": period_nominal_s(p)})
+        })
+        .collect();
+    json!({
+        "version": 1,
+        "about": "The contract every client kit is tested against. Written by clients/rust/src/contract.rs from the core crate and the Rust kit's HTTP answer; RL_CONTRACT_WRITE=1 cargo test -p redis-ratelimit-client contract rewrites it. Format: clients/contract/README.md.",
+        "max_param": MAX_PARAM,
+        "max_span_ms": MAX_SPAN_MS,
+        "decision_fields": ["allowed", "limit", "remaining", "wait_ms", "reset_ms"],
+        "requests": {
+            "cost": "COST n (default 1): take n units if the limiter admits them; COST 0 peeks",
+            "force": "COST n FORCE: take n units even if denied (debt of at most a limit beyond empty); n >= 1",
+            "refund": "REFUND n: give back up to n units held; n >= 1; never with COST or FORCE",
+        },
+        "algorithms": [
+            algorithm::<TokenBucket>(1),
+            algorithm::<LeakyBucket>(2),
+            algorithm::<FixedWindow>(3),
+            algorithm::<SlidingLog>(4),
+            algorithm::<HashWindow>(5),
+            algorithm::<Quota>(6),
+            algorithm::<Concurrency>(7),
+        ],
+        "periods": periods,
+        "zones": zones(),
+        "policy_window": policy_windows(),
+        "headers": header_vectors(),
+    })
+}
+
+#[test]
+fn the_contract_file_is_what_the_core_writes() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(FILE);
+    let text = serde_json::to_string_pretty(&contract()).expect("serializable") + "\n";
+    if std::env::var_os("RL_CONTRACT_WRITE").is_some() {
+        std::fs::create_dir_all(path.parent().expect("a folder")).expect("the folder");
+        std::fs::write(&path, &text).expect("written");
+        return;
+    }
+    let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        on_disk == text,
+        "{} is not what the core writes: run RL_CONTRACT_WRITE=1 cargo test -p redis-ratelimit-client contract, then make every kit's conformance test pass",
+        path.display()
+    );
+}
+
+/// The Rust kit's own conformance: its rules accept and refuse what the
+/// contract does, naming the same parameter.
+#[test]
+fn this_kit_validates_as_the_contract_says() {
+    let contract = contract();
+    for alg in contract["algorithms"].as_array().expect("algorithms") {
+        let word = alg["word"].as_str().expect("word");
+        for case in alg["validation"].as_array().expect("cases") {
+            let params: Vec<u64> = case["params"]
+                .as_array()
+                .expect("params")
+                .iter()
+                .map(|v| v.as_u64().expect("u64"))
+                .collect();
+            match (Spec::parse("r", word, &params), case["ok"].as_bool()) {
+                (Ok(_), Some(true)) => {}
+                (Err(crate::Error::BadArgument { arg, .. }), Some(false)) => {
+                    assert_eq!(
+                        arg,
+                        case["names"].as_str().expect("names"),
+                        "{word} {params:?}"
+                    )
+                }
+                (got, _) => panic!("{word} {params:?}: {got:?}, the contract says {case}"),
+            }
+        }
+    }
+    let zones = &contract["zones"];
+    for name in zones["refused"].as_array().expect("refused") {
+        let name = name.as_str().expect("str");
+        assert!(
+            Zone::new(name).is_err(),
+            "this kit accepts the zone {name:?}"
+        );
+    }
+}
