@@ -523,3 +523,43 @@ fn this_kit_validates_as_the_contract_says() {
         );
     }
 }
+
+/// The Rust kit's local level (what the fallback and the in-process level
+/// run) reproduces every golden decision, through its own step.
+#[test]
+fn this_kit_local_level_reproduces_the_golden_decisions() {
+    let contract = contract();
+    let mut checked = 0;
+    for alg in contract["algorithms"].as_array().expect("algorithms") {
+        let word = alg["word"].as_str().expect("word");
+        for sequence in alg["golden"].as_array().expect("golden") {
+            let mut slot = None;
+            for step in sequence["steps"].as_array().expect("steps") {
+                let params: Vec<u64> = step["params"]
+                    .as_array()
+                    .expect("params")
+                    .iter()
+                    .map(|v| v.as_u64().expect("u64"))
+                    .collect();
+                let spec = Spec::parse("r", word, &params).expect("valid");
+                let r = &step["request"];
+                let request = if let Some(n) = r["cost"].as_u64() {
+                    Request::Cost(n)
+                } else if let Some(n) = r["force"].as_u64() {
+                    Request::Force(n)
+                } else {
+                    Request::Refund(r["refund"].as_u64().expect("a request"))
+                };
+                let at = Micros::from_us(step["at_us"].as_u64().expect("at_us"));
+                let got = crate::local::step(&spec, &mut slot, request, at, false);
+                assert_eq!(
+                    decision_json(&got.decision),
+                    step["decision"],
+                    "{word} at {at:?}: {request:?}"
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 1000, "{checked} decisions");
+}

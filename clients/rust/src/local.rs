@@ -26,7 +26,7 @@ enum State {
     Quota(<Quota as Algorithm>::State),
 }
 
-struct Entry {
+pub(crate) struct Entry {
     state: State,
     idle_at_ms: u64,
     /// Units the fallback admitted from this account without a call to
@@ -82,7 +82,7 @@ macro_rules! step {
     }};
 }
 
-fn step(
+pub(crate) fn step(
     spec: &Spec,
     slot: &mut Option<Entry>,
     request: Request,
