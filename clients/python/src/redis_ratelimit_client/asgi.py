@@ -58,6 +58,22 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 QUOTA_EXCEEDED = "https://iana.org/assignments/http-problem-types#quota-exceeded"
+#: The `title` of a denial's problem body.
+DENIED_TITLE = "Request cannot be satisfied as assigned quota has been exceeded"
+
+
+def denial_detail(rule: str, d: Decision) -> str:
+    """The `detail` of a denial's problem body, the same for every algorithm
+    (a concurrency cap's too): the rule's name as a JSON string."""
+    name = json.dumps(rule, ensure_ascii=False)
+    if d.retry_after_s is None:
+        return f"rate limit {name} exceeded; this request can never pass"
+    return f"rate limit {name} exceeded; retry after {d.retry_after_s} s"
+
+
+def problem_json(body: dict[str, object]) -> bytes:
+    """A problem+json body: compact, its members in name order, UTF-8."""
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 class FallbackMode(str, enum.Enum):
@@ -813,7 +829,7 @@ class RateLimitMiddleware:
         }
         if violated is not None:
             body["violated-policies"] = [violated]
-        raw = json.dumps(body, sort_keys=True).encode()
+        raw = problem_json(body)
         await send(
             {
                 "type": "http.response.start",
@@ -858,21 +874,7 @@ class RateLimitMiddleware:
         extra = self.headers(d, index) if self._algorithms is not None else []
         if not d.allowed:
             name = self.rules[index].name
-            leased = isinstance(self._algorithm(index), Concurrency)
-            what = "concurrency limit" if leased else "rate limit"
-            detail = (
-                f"{what} {json.dumps(name)} exceeded; retry after {d.retry_after_s} s"
-                if d.retry_after_s is not None
-                else f"{what} {json.dumps(name)} exceeded; this request can never pass"
-            )
-            await self._problem(
-                send,
-                429,
-                "Request cannot be satisfied as assigned quota has been exceeded",
-                detail,
-                extra,
-                name,
-            )
+            await self._problem(send, 429, DENIED_TITLE, denial_detail(name, d), extra, name)
             return
 
         released = False

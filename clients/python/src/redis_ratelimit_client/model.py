@@ -19,6 +19,13 @@ MAX_PARAM = 1 << 40
 MAX_LEASE = (1 << 63) - 1
 #: The largest `limit` of `RL.CONCURRENCY`.
 MAX_CONCURRENCY = (1 << 24) - 1
+#: The largest `limit` of `RL.SLIDING` (a log of at most 2^24 - 1 entries).
+MAX_SLIDING = (1 << 24) - 1
+#: The longest a limiter may take to get back to idle, in ms (2^50): a
+#: bucket's `capacity * refill_ms / refill_count` at most.
+MAX_SPAN_MS = 1 << 50
+#: The most buckets of a hash window (`window_ms / bucket_ms`).
+MAX_BUCKETS = 1_000_000
 #: The module's name in `MODULE LIST`.
 MODULE_NAME = "ratelimit"
 
@@ -28,7 +35,16 @@ class RateLimitError(Exception):
 
 
 class BadArgument(RateLimitError, ValueError):
-    """A parameter the module would refuse, caught before sending."""
+    """A parameter the module would refuse, caught before sending.
+
+    `param`: the parameter the error is about, as the server names it
+    (`capacity`, `bucket_ms`, `window_ms / bucket_ms`, `span`, `period`,
+    `zone`, ...); None when it is about no one parameter.
+    """
+
+    def __init__(self, *args: object, param: str | None = None) -> None:
+        super().__init__(*args)
+        self.param = param
 
 
 class ModuleNotLoaded(RateLimitError):
@@ -95,10 +111,23 @@ def answer_lost(exc: BaseException) -> bool:
 def _check_int(name: str, value: object, low: int, high: int = MAX_PARAM) -> int:
     # bool is an int in Python; True as a capacity is a bug, not a 1.
     if isinstance(value, bool) or not isinstance(value, int):
-        raise BadArgument(f"{name} must be an integer, not {type(value).__name__}")
+        raise BadArgument(f"{name} must be an integer, not {type(value).__name__}", param=name)
     if not low <= value <= high:
-        raise BadArgument(f"{name} must be an integer from {low} to {high}, not {value}")
+        raise BadArgument(
+            f"{name} must be an integer from {low} to {high}, not {value}", param=name
+        )
     return value
+
+
+def _check_span(capacity: int, count: int, per_ms: int, what: str) -> None:
+    """The server's bound on a bucket: `capacity * per_ms / count` (the time
+    from empty to full, or from full to empty) at most `MAX_SPAN_MS`."""
+    if capacity * per_ms > MAX_SPAN_MS * count:
+        raise BadArgument(
+            f"span: {what} is too long: a limiter may take at most {MAX_SPAN_MS} ms to get "
+            "back to idle",
+            param="span",
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +141,12 @@ class TokenBucket:
         _check_int("capacity", self.capacity, 1)
         _check_int("refill_count", self.refill_count, 1)
         _check_int("refill_ms", self.refill_ms, 1)
+        _check_span(
+            self.capacity,
+            self.refill_count,
+            self.refill_ms,
+            "capacity * refill_ms / refill_count (the time to fill the bucket)",
+        )
 
     def params(self) -> list[int]:
         return [self.capacity, self.refill_count, self.refill_ms]
@@ -132,6 +167,12 @@ class LeakyBucket:
         _check_int("capacity", self.capacity, 1)
         _check_int("leak_count", self.leak_count, 1)
         _check_int("leak_ms", self.leak_ms, 1)
+        _check_span(
+            self.capacity,
+            self.leak_count,
+            self.leak_ms,
+            "capacity * leak_ms / leak_count (the time to drain a full queue)",
+        )
 
     def params(self) -> list[int]:
         return [self.capacity, self.leak_count, self.leak_ms]
@@ -147,7 +188,7 @@ class Sliding:
     ALGORITHM = "SLIDING"
 
     def __post_init__(self) -> None:
-        _check_int("limit", self.limit, 1)
+        _check_int("limit", self.limit, 1, MAX_SLIDING)
         _check_int("window_ms", self.window_ms, 1)
 
     def params(self) -> list[int]:
@@ -169,7 +210,13 @@ class HashWindow:
         _check_int("window_ms", self.window_ms, 1)
         _check_int("bucket_ms", self.bucket_ms, 1)
         if self.window_ms % self.bucket_ms:
-            raise BadArgument("bucket_ms must divide window_ms")
+            raise BadArgument("bucket_ms must divide window_ms", param="bucket_ms")
+        if self.window_ms // self.bucket_ms > MAX_BUCKETS:
+            raise BadArgument(
+                f"window_ms / bucket_ms must be an integer from 1 to {MAX_BUCKETS}, "
+                f"not {self.window_ms // self.bucket_ms}",
+                param="window_ms / bucket_ms",
+            )
 
     def params(self) -> list[int]:
         return [self.limit, self.window_ms, self.bucket_ms]
@@ -248,19 +295,22 @@ def check_period(period: object) -> Period:
         return period
     if isinstance(period, str) and period.upper() in Period.__members__:
         return Period[period.upper()]
-    raise BadArgument(f"period must be one of DAY, WEEK, MONTH, YEAR, not {period!r}")
+    raise BadArgument(
+        f"period must be one of DAY, WEEK, MONTH, YEAR, not {period!r}", param="period"
+    )
 
 
 def check_zone(zone: object) -> str | None:
     """A quota's zone as the module takes it: None or `UTC` (the default), a
-    fixed offset `+HH:MM`/`-HH:MM` (hours up to 25), or an IANA name such as
+    fixed offset `+HH:MM`/`-HH:MM` from -18:00 to +18:00, or an IANA name such as
     `America/New_York` (whether the server knows the name is its answer).
     None for UTC; `BadArgument` naming `zone`."""
     if zone is None:
         return None
     bad = BadArgument(
         "zone: TZ must be UTC, a fixed offset such as +05:30, or a time zone name "
-        f"such as America/New_York, not {zone!r}"
+        f"such as America/New_York, not {zone!r}",
+        param="zone",
     )
     if not isinstance(zone, str):
         raise bad
@@ -268,7 +318,7 @@ def check_zone(zone: object) -> str | None:
         return None
     if zone and zone[0] in "+-":
         m = _OFFSET.match(zone)
-        if not m or int(m.group(1)) > 25 or int(m.group(2)) > 59:
+        if not m or int(m.group(2)) > 59 or int(m.group(1)) * 60 + int(m.group(2)) > 18 * 60:
             raise bad
         return zone
     if not _ZONE_NAME.match(zone) or ".." in zone:

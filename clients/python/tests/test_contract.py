@@ -1,0 +1,230 @@
+"""The kit against the contract file (clients/contract/contract.json, format in
+clients/contract/README.md): every algorithm's parameter rules, the zones,
+the `RateLimit-Policy` windows and the HTTP answer's header and body vectors.
+
+Nothing here needs a server: the checks are the kit's own, before sending.
+The golden decision sequences are not checked here yet (the local limiter
+counts in floating point): tests/golden_report.py counts its differences.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from redis_ratelimit_client.aio import AsyncClient
+from redis_ratelimit_client.asgi import RateLimitMiddleware, Rule
+from redis_ratelimit_client.model import (
+    MAX_PARAM,
+    Algorithm,
+    BadArgument,
+    Concurrency,
+    Decision,
+    FixedWindow,
+    HashWindow,
+    LeakyBucket,
+    Quota,
+    Sliding,
+    Spec,
+    TokenBucket,
+    check_zone,
+)
+
+CONTRACT_PATH = Path(__file__).resolve().parent / ".." / ".." / "contract" / "contract.json"
+CONTRACT: dict[str, Any] = json.loads(CONTRACT_PATH.read_text(encoding="utf-8"))
+
+KIT: dict[str, type[Any]] = {
+    "TOKENBUCKET": TokenBucket,
+    "LEAKYBUCKET": LeakyBucket,
+    "FIXEDWINDOW": FixedWindow,
+    "SLIDING": Sliding,
+    "HASHWINDOW": HashWindow,
+    "QUOTA": Quota,
+    "CONCURRENCY": Concurrency,
+}
+ALGORITHMS: dict[str, dict[str, Any]] = {a["word"]: a for a in CONTRACT["algorithms"]}
+
+
+def build(word: str, params: list[int]) -> Algorithm:
+    """The kit's spec of an algorithm from the contract's integers: a keyword
+    parameter (a quota's period) by its word when the index has one, else as
+    the integer itself (which the kit must refuse)."""
+    words = [p["keywords"] for p in ALGORITHMS[word]["params"]]
+    args: list[object] = [kw[v] if kw and 0 <= v < len(kw) else v for kw, v in zip(words, params)]
+    spec: Algorithm = KIT[word](*args)
+    return spec
+
+
+def cases(ok: bool) -> list[Any]:
+    return [
+        pytest.param(a["word"], v, id=f"{a['word']}-{i}-{'-'.join(map(str, v['params']))}")
+        for a in CONTRACT["algorithms"]
+        for i, v in enumerate(a["validation"])
+        if v["ok"] is ok
+    ]
+
+
+def test_the_contract_is_version_1_and_the_bounds_are_the_kits() -> None:
+    assert CONTRACT["version"] == 1
+    assert CONTRACT["max_param"] == MAX_PARAM
+    assert CONTRACT["decision_fields"] == [f.name for f in dataclasses.fields(Decision)][:5]
+
+
+def test_every_algorithm_has_a_kit_spec_with_its_parameters_in_order() -> None:
+    assert sorted(ALGORITHMS) == sorted(KIT)
+    for word, algo in ALGORITHMS.items():
+        cls = KIT[word]
+        assert cls.ALGORITHM == word
+        names = [p["name"] for p in algo["params"]]
+        # Quota's zone comes after the contract's parameters (a keyword option).
+        assert [f.name for f in dataclasses.fields(cls)][: len(names)] == names, word
+        # Every algorithm has cases, both ways.
+        assert {v["ok"] for v in algo["validation"]} == {True, False}, word
+
+
+@pytest.mark.parametrize(("word", "case"), cases(True))
+def test_the_kit_accepts_what_the_server_accepts(word: str, case: dict[str, Any]) -> None:
+    spec = build(word, case["params"])
+    assert spec.ALGORITHM == word
+
+
+@pytest.mark.parametrize(("word", "case"), cases(False))
+def test_the_kit_refuses_what_the_server_refuses_naming_the_same_parameter(
+    word: str, case: dict[str, Any]
+) -> None:
+    with pytest.raises(BadArgument) as caught:
+        build(word, case["params"])
+    assert caught.value.param == case["names"], str(caught.value)
+    assert str(caught.value).startswith(case["names"]), str(caught.value)
+
+
+@pytest.mark.parametrize("zone", CONTRACT["zones"]["accepted"])
+def test_zones_the_server_accepts_are_accepted(zone: str) -> None:
+    check_zone(zone)
+    assert Quota(10, "DAY", zone).limit == 10
+
+
+@pytest.mark.parametrize("zone", CONTRACT["zones"]["refused_by_server_only"])
+def test_zones_refused_by_the_server_alone_pass_the_syntax(zone: str) -> None:
+    assert check_zone(zone) == zone
+
+
+@pytest.mark.parametrize("zone", CONTRACT["zones"]["refused"])
+def test_zones_refused_on_syntax_are_refused(zone: str) -> None:
+    with pytest.raises(BadArgument) as caught:
+        check_zone(zone)
+    assert caught.value.param == "zone"
+    with pytest.raises(BadArgument):
+        Quota(10, "DAY", zone)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(c, id=f"{c['algorithm']}-{'-'.join(map(str, c['params']))}")
+        for c in CONTRACT["policy_window"]
+    ],
+)
+def test_policy_window(case: dict[str, Any]) -> None:
+    assert build(case["algorithm"], case["params"]).window_s() == case["w"]
+
+
+# -- the HTTP answer, through the middleware ------------------------------
+
+
+class _Redis:
+    """What the middleware asks of a redis client before deciding."""
+
+    async def ping(self) -> bool:
+        return True
+
+
+class _Client(AsyncClient):
+    """Answers every limiter call with one decision: the vector's."""
+
+    def __init__(self, decision: Decision) -> None:
+        super().__init__(_Redis())  # type: ignore[arg-type]
+        self.decision = decision
+        self.calls: list[tuple[object, Spec]] = []
+
+    async def check_module(self) -> int:
+        return 1
+
+    async def limit(
+        self,
+        key: Any,
+        spec: Spec,
+        cost: int = 1,
+        *,
+        force: bool = False,
+        refund: int | None = None,
+    ) -> Decision:
+        assert (cost, force, refund) == (1, False, None)
+        self.calls.append((key, spec))
+        return self.decision
+
+
+def _serve(case: dict[str, Any]) -> tuple[int, dict[str, str], bytes, _Client]:
+    """One request through the middleware whose one rule is the vector's."""
+    d = case["decision"]
+    decision = Decision(bool(d[0]), d[1], d[2], d[3], d[4])
+    client = _Client(decision)
+
+    async def app(scope: Any, receive: Callable[..., Any], send: Callable[..., Any]) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"hello"})
+
+    mw = RateLimitMiddleware(
+        app,
+        client=client,
+        rules=[Rule(build(case["algorithm"], case["params"]), case["rule"])],
+        key=lambda scope: "alice",
+        deny_cache_max=0,
+    )
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "GET", "path": "/", "headers": []}
+    asyncio.run(mw(scope, receive, send))
+    start, body = sent[0], sent[-1]
+    assert start["type"] == "http.response.start" and body["type"] == "http.response.body"
+    headers: dict[str, str] = {}
+    for k, v in start["headers"]:
+        assert k.decode("latin-1") not in headers, k
+        headers[k.decode("latin-1")] = v.decode("latin-1")
+    return start["status"], headers, body["body"], client
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(c, id=f"{i}-{c['algorithm']}-{c['rule']}")
+        for i, c in enumerate(CONTRACT["headers"])
+    ],
+)
+def test_headers_and_problem_body(case: dict[str, Any]) -> None:
+    status, headers, body, client = _serve(case)
+    assert len(client.calls) == 1 and client.calls[0][0] == f"rl:{case['rule']}:alice"
+    assert headers["ratelimit-policy"] == case["ratelimit_policy"]
+    assert headers["ratelimit"] == case["ratelimit"]
+    assert headers.get("retry-after") == (
+        None if case["retry_after"] is None else str(case["retry_after"])
+    )
+    if case["body"] is None:
+        assert case["decision"][0] == 1
+        assert status == 200 and body == b"hello"
+    else:
+        assert status == 429
+        assert headers["content-type"] == "application/problem+json"
+        assert body == case["body"].encode("utf-8")
+        assert headers["content-length"] == str(len(body))
