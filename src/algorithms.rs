@@ -635,6 +635,27 @@ mod tests {
         }
     }
 
+    /// The table serves every algorithm of the core, in the core's order
+    /// (`limiter::for_each_algorithm`, which the core's and the contract
+    /// file's per-algorithm tests iterate), under the core's word.
+    #[test]
+    fn the_table_has_a_row_for_every_algorithm_of_the_core() {
+        struct Words(Vec<&'static str>);
+        impl crate::limiter::EachAlgorithm for Words {
+            fn visit<A: crate::limiter::Sampled + crate::limiter::contract::Guarantee>(
+                &mut self,
+                word: &'static str,
+            ) {
+                self.0.push(word);
+            }
+        }
+        let mut core = Words(Vec::new());
+        crate::limiter::for_each_algorithm(&mut core);
+        let mut table = Vec::new();
+        for_each_algorithm!(L => table.push(L::WORD.to_str().expect("ASCII")));
+        assert_eq!(table, core.0);
+    }
+
     /// `COMMAND DOCS` names the parameters as the core does in errors.
     #[test]
     fn documented_parameters_are_the_cores() {

@@ -156,3 +156,51 @@ fn paths_are_read_in_every_form() {
     assert_eq!(named("type $d L = $crate::limiter::$Alg;"), ["limiter"]);
     assert!(named("// see crate::commands").is_empty());
 }
+
+/// The lists of `src/ffi/`'s files, in `src/ffi/mod.rs`'s documentation
+/// and in `docs/design.md`'s table ("One home for the module API"), name
+/// every file there is, and no file that is not.
+#[test]
+fn the_lists_of_ffi_files_are_the_files() {
+    let mut files: Vec<String> = std::fs::read_dir(format!("{ROOT}/src/ffi"))
+        .expect("src/ffi is readable")
+        .map(|e| e.expect("an entry").file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".rs"))
+        .collect();
+    files.sort();
+    // `name.rs` in backquotes, as the lists spell them.
+    let quoted = |text: &str, prefix: &str| -> Vec<String> {
+        let mut names: Vec<String> = text
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .filter_map(|s| s.strip_prefix(prefix))
+            .filter(|s| s.ends_with(".rs") && !s.contains('/'))
+            .map(String::from)
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    };
+    let module = std::fs::read_to_string(format!("{ROOT}/src/ffi/mod.rs")).expect("mod.rs");
+    let doc: String = module
+        .lines()
+        .take_while(|line| line.starts_with("//!"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let without_mod: Vec<String> = files.iter().filter(|f| *f != "mod.rs").cloned().collect();
+    assert_eq!(quoted(&doc, ""), without_mod, "src/ffi/mod.rs's list of files");
+    let design = std::fs::read_to_string(format!("{ROOT}/docs/design.md")).expect("design.md");
+    let section = design
+        .split("## One home for the module API")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("docs/design.md has the section");
+    let table: String = section
+        .lines()
+        .filter(|line| line.starts_with("| `ffi/"))
+        .map(|line| line.split(" | ").next().unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert_eq!(quoted(&table, "ffi/"), files, "docs/design.md's table of src/ffi/");
+}

@@ -8,9 +8,9 @@
 //! keyspace.
 //!
 //! The low 32 bits of word 0 are the block's own length in words, and
-//! nothing in this crate writes them but [`Block`]'s constructors:
-//! [`Block::words`] and [`Block::words_mut`] give the words after it, and
-//! the high 32 bits are the state's own ([`Block::tag`]). So a host may keep
+//! nothing in this crate writes them but [`Block`]'s constructors: the
+//! crate reads and writes only the words after it, and the high 32 bits of
+//! word 0 are the state's own (its tag). So a host may keep
 //! a block behind a thin pointer (its first word's address, the module's
 //! value pointer: `src/ffi/thin.rs`) and rebuild the `Box<[u64]>` from that
 //! pointer and word 0 ([`Block::into_boxed`], [`Block::from_boxed`]).

@@ -40,7 +40,7 @@ use crate::{Algorithm, Decision, Micros, Request, Wait, MAX_SPAN_MS, MAX_TIME_US
 ///   admitted after `wait_ms` and not one millisecond before (unless the
 ///   state is more than MAX_SPAN_MS away from now, see below);
 /// - from idle, with a clock that only goes forward, the algorithm's own
-///   guarantee holds on what it admitted ([`Fuzzed::check_admissions`]).
+///   guarantee holds on what it admitted ([`Guarantee::check_admissions`]).
 pub fn run_steps<A: Guarantee>(
     state: &mut A::State,
     params: &A::Params,

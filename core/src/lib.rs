@@ -2,14 +2,17 @@
 //! `(state, parameters, request, now) -> (decision, state')`.
 //!
 //! The Redis module (the `RL.*` commands) runs this crate inside the server,
-//! and a client can run it in its own process: the same five algorithms, in
+//! and a client can run it in its own process: the same seven algorithms, in
 //! integer arithmetic, with no Redis, no I/O, no clock and no `unsafe`. The
 //! caller owns each limiter's state, reads the clock once per call, and
 //! chooses where the state lives (a Redis key, a map in memory).
 //!
 //! - [`TokenBucket`], [`LeakyBucket`] (a shaping queue), [`FixedWindow`],
-//!   [`SlidingLog`] (exact) and [`HashWindow`] (sliding, in fixed memory):
-//!   each an [`Algorithm`], with its parameters and state types.
+//!   [`SlidingLog`] (exact), [`HashWindow`] (sliding, in fixed memory),
+//!   [`Concurrency`] (leases) and [`Quota`] (calendar periods): each an
+//!   [`Algorithm`], with its parameters and state types, listed once in
+//!   [`for_each_algorithm`], which every per-algorithm test iterates.
+//!   ([`Throttle`] is redis-cell's `CL.THROTTLE`, a drop-in beside them.)
 //! - Parameters can only be built valid: [`TokenBucketParams::new`] and its
 //!   siblings check every rule and return a [`ParamError`] that names the
 //!   argument at fault. Each type lists its integers, their names and
@@ -93,6 +96,83 @@ pub use quota::{Period, Quota, QuotaParams, QuotaState};
 pub use sliding_log::{SlidingLog, SlidingLogParams, SlidingLogState};
 pub use time::Micros;
 pub use token_bucket::{TokenBucket, TokenBucketParams, TokenBucketState};
+
+/// What runs something on every algorithm of the crate:
+/// [`for_each_algorithm`] calls [`EachAlgorithm::visit`] once per
+/// algorithm, with its command word.
+pub trait EachAlgorithm {
+    /// Called for algorithm `A`, whose command is `RL.<word>`.
+    fn visit<A: Sampled + contract::Guarantee>(&mut self, word: &'static str);
+}
+
+/// The crate's algorithms, in the order of the module's table, each given
+/// to `each`. Per-algorithm tests (the core's, the module's, the contract
+/// file's) iterate this list, so a new algorithm is in all of them at once.
+pub fn for_each_algorithm(each: &mut impl EachAlgorithm) {
+    each.visit::<TokenBucket>("TOKENBUCKET");
+    each.visit::<FixedWindow>("FIXEDWINDOW");
+    each.visit::<LeakyBucket>("LEAKYBUCKET");
+    each.visit::<SlidingLog>("SLIDING");
+    each.visit::<HashWindow>("HASHWINDOW");
+    each.visit::<Concurrency>("CONCURRENCY");
+    each.visit::<Quota>("QUOTA");
+}
+
+/// The number of algorithms [`for_each_algorithm`] visits.
+pub const ALGORITHMS: usize = 7;
+
+/// Parameters for tests: every algorithm can give some with a given limit
+/// under which, from a given instant on, nothing refills, leaks or leaves a
+/// window for a long time.
+pub trait Sampled: Algorithm {
+    /// `limit` units (1 to [`MAX_PARAM`]; at most 2^24 - 1 where the
+    /// algorithm bounds it lower) that stay consumed for at least a day
+    /// after `now`.
+    fn held_for_a_day(limit: u64, now: Micros) -> Self::Params;
+}
+
+const DAY_MS: u64 = 24 * 3600 * 1000;
+
+impl Sampled for TokenBucket {
+    fn held_for_a_day(limit: u64, _now: Micros) -> TokenBucketParams {
+        TokenBucketParams::new(limit, 1, 400 * DAY_MS).expect("valid")
+    }
+}
+impl Sampled for LeakyBucket {
+    fn held_for_a_day(limit: u64, _now: Micros) -> LeakyBucketParams {
+        LeakyBucketParams::new(limit, 1, 400 * DAY_MS).expect("valid")
+    }
+}
+impl Sampled for FixedWindow {
+    /// A window of 400 days, aligned on the epoch: `now` must not be in its
+    /// last day (the tests' instants are far from it).
+    fn held_for_a_day(limit: u64, _now: Micros) -> FixedWindowParams {
+        FixedWindowParams::new(limit, 400 * DAY_MS).expect("valid")
+    }
+}
+impl Sampled for SlidingLog {
+    fn held_for_a_day(limit: u64, _now: Micros) -> SlidingLogParams {
+        SlidingLogParams::new(limit, 400 * DAY_MS).expect("valid")
+    }
+}
+impl Sampled for HashWindow {
+    fn held_for_a_day(limit: u64, _now: Micros) -> HashWindowParams {
+        HashWindowParams::new(limit, 40 * DAY_MS, DAY_MS).expect("valid")
+    }
+}
+impl Sampled for Concurrency {
+    fn held_for_a_day(limit: u64, _now: Micros) -> ConcurrencyParams {
+        ConcurrencyParams::new(limit, 400 * DAY_MS).expect("valid")
+    }
+}
+impl Sampled for Quota {
+    /// A yearly quota whose period ends 400 days after `now`.
+    fn held_for_a_day(limit: u64, now: Micros) -> QuotaParams {
+        QuotaParams::new(limit, Period::Year)
+            .expect("valid")
+            .at_end(now.saturating_add_ms(400 * DAY_MS))
+    }
+}
 
 /// The largest value any integer parameter (and `COST`) may take: 2^40.
 pub const MAX_PARAM: u64 = 1 << 40;
@@ -483,7 +563,7 @@ pub(crate) mod testkit {
     }
 }
 
-/// `REFUND` and `FORCE`, one contract for all five algorithms, at a single
+/// `REFUND` and `FORCE`, one contract for every algorithm, at a single
 /// instant (so nothing refills or leaves the window between the steps) and
 /// against a brute-force model: a plain count of units held.
 #[cfg(test)]
@@ -502,48 +582,41 @@ mod refund_and_force {
     /// One request on a limiter under test.
     type Call<'a> = dyn FnMut(Request) -> Outcome + 'a;
 
-    /// The five algorithms with `limit` units and no refill for a year.
+    /// Every algorithm of the crate ([`for_each_algorithm`]) with `limit`
+    /// units that stay consumed.
     fn for_each_algorithm(limit: u64, check: &mut dyn FnMut(&str, &mut Call)) {
-        const YEAR_MS: u64 = 365 * 24 * 3600 * 1000;
-        fn runner<A: Algorithm>(params: A::Params) -> impl FnMut(Request) -> Outcome {
-            let mut state = A::idle(&params, T0);
-            move |request| {
-                let before = state.clone();
-                let predicted = decide::<A>(&state, &params, request, T0);
-                let outcome = run::<A>(&mut state, &params, request, T0);
-                assert_eq!(predicted, outcome, "decide and run disagree on {request:?}");
-                assert_eq!(
-                    outcome.changed,
-                    state != before,
-                    "changed is wrong for {request:?}"
-                );
-                outcome
+        struct Each<'c> {
+            limit: u64,
+            check: &'c mut dyn FnMut(&str, &mut Call),
+            seen: usize,
+        }
+        impl EachAlgorithm for Each<'_> {
+            fn visit<A: Sampled + contract::Guarantee>(&mut self, word: &'static str) {
+                let params = A::held_for_a_day(self.limit, T0);
+                let mut state = A::idle(&params, T0);
+                let mut call = move |request| {
+                    let before = state.clone();
+                    let predicted = decide::<A>(&state, &params, request, T0);
+                    let outcome = run::<A>(&mut state, &params, request, T0);
+                    assert_eq!(predicted, outcome, "decide and run disagree on {request:?}");
+                    assert_eq!(
+                        outcome.changed,
+                        state != before,
+                        "changed is wrong for {request:?}"
+                    );
+                    outcome
+                };
+                (self.check)(word, &mut call);
+                self.seen += 1;
             }
         }
-        check(
-            "token bucket",
-            &mut runner::<TokenBucket>(TokenBucketParams::new(limit, 1, YEAR_MS).unwrap()),
-        );
-        check(
-            "leaky bucket",
-            &mut runner::<LeakyBucket>(LeakyBucketParams::new(limit, 1, YEAR_MS).unwrap()),
-        );
-        check(
-            "fixed window",
-            &mut runner::<FixedWindow>(FixedWindowParams::new(limit, 3_600_000).unwrap()),
-        );
-        check(
-            "sliding log",
-            &mut runner::<SlidingLog>(SlidingLogParams::new(limit, YEAR_MS).unwrap()),
-        );
-        check(
-            "hash window",
-            &mut runner::<HashWindow>(HashWindowParams::new(limit, 3_600_000, 60_000).unwrap()),
-        );
-        check(
-            "concurrency",
-            &mut runner::<Concurrency>(ConcurrencyParams::new(limit, YEAR_MS).unwrap()),
-        );
+        let mut each = Each {
+            limit,
+            check,
+            seen: 0,
+        };
+        super::for_each_algorithm(&mut each);
+        assert_eq!(each.seen, ALGORITHMS);
     }
 
     #[test]

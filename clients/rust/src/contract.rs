@@ -435,6 +435,22 @@ fn zones() -> Value {
     })
 }
 
+/// The core's algorithms, by command word ([`redis_ratelimit_core::for_each_algorithm`]).
+fn core_words() -> Vec<&'static str> {
+    struct Words(Vec<&'static str>);
+    impl redis_ratelimit_core::EachAlgorithm for Words {
+        fn visit<A: redis_ratelimit_core::Sampled + redis_ratelimit_core::contract::Guarantee>(
+            &mut self,
+            word: &'static str,
+        ) {
+            self.0.push(word);
+        }
+    }
+    let mut words = Words(Vec::new());
+    redis_ratelimit_core::for_each_algorithm(&mut words);
+    words.0
+}
+
 /// The whole file.
 fn contract() -> Value {
     let periods: Vec<Value> = (0..4)
@@ -443,6 +459,28 @@ fn contract() -> Value {
             json!({"word": period_word(p), "index": i, "nominal_s": period_nominal_s(p)})
         })
         .collect();
+    let algorithms = vec![
+        algorithm::<TokenBucket>(1),
+        algorithm::<LeakyBucket>(2),
+        algorithm::<FixedWindow>(3),
+        algorithm::<SlidingLog>(4),
+        algorithm::<HashWindow>(5),
+        algorithm::<Quota>(6),
+        algorithm::<Concurrency>(7),
+    ];
+    // Every algorithm of the core has its entry: a new one turns this red
+    // until it has a row here, and then every kit's conformance test.
+    let mut described: Vec<&str> = algorithms
+        .iter()
+        .map(|a| a["word"].as_str().expect("word"))
+        .collect();
+    let mut core = core_words();
+    described.sort_unstable();
+    core.sort_unstable();
+    assert_eq!(
+        described, core,
+        "the contract must describe every algorithm of the core"
+    );
     json!({
         "version": 1,
         "about": "The contract every client kit is tested against. Written by clients/rust/src/contract.rs from the core crate and the Rust kit's HTTP answer; RL_CONTRACT_WRITE=1 cargo test -p redis-ratelimit-client contract rewrites it. Format: clients/contract/README.md.",
@@ -454,15 +492,7 @@ fn contract() -> Value {
             "force": "COST n FORCE: take n units even if denied (debt of at most a limit beyond empty); n >= 1",
             "refund": "REFUND n: give back up to n units held; n >= 1; never with COST or FORCE",
         },
-        "algorithms": [
-            algorithm::<TokenBucket>(1),
-            algorithm::<LeakyBucket>(2),
-            algorithm::<FixedWindow>(3),
-            algorithm::<SlidingLog>(4),
-            algorithm::<HashWindow>(5),
-            algorithm::<Quota>(6),
-            algorithm::<Concurrency>(7),
-        ],
+        "algorithms": algorithms,
         "periods": periods,
         "zones": zones(),
         "policy_window": policy_windows(),
