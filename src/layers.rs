@@ -164,7 +164,12 @@ fn paths_are_read_in_every_form() {
 fn the_lists_of_ffi_files_are_the_files() {
     let mut files: Vec<String> = std::fs::read_dir(format!("{ROOT}/src/ffi"))
         .expect("src/ffi is readable")
-        .map(|e| e.expect("an entry").file_name().to_string_lossy().into_owned())
+        .map(|e| {
+            e.expect("an entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
         .filter(|name| name.ends_with(".rs"))
         .collect();
     files.sort();
@@ -189,7 +194,11 @@ fn the_lists_of_ffi_files_are_the_files() {
         .collect::<Vec<_>>()
         .join("\n");
     let without_mod: Vec<String> = files.iter().filter(|f| *f != "mod.rs").cloned().collect();
-    assert_eq!(quoted(&doc, ""), without_mod, "src/ffi/mod.rs's list of files");
+    assert_eq!(
+        quoted(&doc, ""),
+        without_mod,
+        "src/ffi/mod.rs's list of files"
+    );
     let design = std::fs::read_to_string(format!("{ROOT}/docs/design.md")).expect("design.md");
     let section = design
         .split("## One home for the module API")
@@ -202,5 +211,9 @@ fn the_lists_of_ffi_files_are_the_files() {
         .map(|line| line.split(" | ").next().unwrap_or_default())
         .collect::<Vec<_>>()
         .join(" ");
-    assert_eq!(quoted(&table, "ffi/"), files, "docs/design.md's table of src/ffi/");
+    assert_eq!(
+        quoted(&table, "ffi/"),
+        files,
+        "docs/design.md's table of src/ffi/"
+    );
 }
