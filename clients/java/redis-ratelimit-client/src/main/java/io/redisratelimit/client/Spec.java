@@ -13,6 +13,16 @@ public final class Spec {
     public static final long MAX_PARAM = 1L << 40;
     /** The largest {@code limit} of a concurrency cap: 2^24 - 1. */
     public static final long MAX_CONCURRENCY = (1L << 24) - 1;
+    /** The largest {@code limit} of a sliding log (one entry per unit): 2^24 - 1. */
+    public static final long MAX_SLIDING = (1L << 24) - 1;
+    /**
+     * The longest a limiter may take to get back to idle, in ms: 2^50. A
+     * bucket whose {@code capacity * refill_ms / refill_count} (or
+     * {@code leak_ms / leak_count}) is longer is refused, naming {@code span}.
+     */
+    public static final long MAX_SPAN_MS = 1L << 50;
+    /** The most buckets a hash window counts in: {@code window_ms / bucket_ms} at most 10^6. */
+    public static final long MAX_BUCKETS = 1_000_000;
 
     private final Algorithm algorithm;
     private final long[] params;
@@ -72,7 +82,7 @@ public final class Spec {
     /**
      * {@code QUOTA limit PERIOD TZ zone}: at most {@code limit} units per
      * calendar period in {@code zone}: {@code UTC} (or null), a fixed offset
-     * {@code +HH:MM} / {@code -HH:MM} (up to 25:59), or an IANA name
+     * {@code +HH:MM} / {@code -HH:MM} (from -18:00 to +18:00), or an IANA name
      * ({@code America/New_York}). The zone's syntax is checked here, whether
      * the server's database knows a name when the call is made. A quota in
      * another zone than UTC goes in its own {@code RL.QUOTA} call or in a
@@ -99,7 +109,7 @@ public final class Spec {
         if (zone.matches("[+-][0-9]{2}:[0-9]{2}")) {
             int hours = Integer.parseInt(zone.substring(1, 3));
             int minutes = Integer.parseInt(zone.substring(4, 6));
-            if (hours > 25 || minutes > 59) {
+            if (minutes > 59 || hours > 18 || (hours == 18 && minutes > 0)) {
                 throw new BadArgumentException("zone", why);
             }
             return zone;
@@ -135,8 +145,7 @@ public final class Spec {
             if (zone.charAt(0) == '+' || zone.charAt(0) == '-') {
                 int seconds = (Integer.parseInt(zone.substring(1, 3)) * 3600 + Integer.parseInt(zone.substring(4, 6)) * 60)
                         * (zone.charAt(0) == '-' ? -1 : 1);
-                // Java stops at +-18:00; the server goes to 25:59.
-                return java.time.ZoneOffset.ofTotalSeconds(Math.max(-18 * 3600, Math.min(18 * 3600, seconds)));
+                return java.time.ZoneOffset.ofTotalSeconds(seconds);
             }
             return java.time.ZoneId.of(zone);
         } catch (java.time.DateTimeException e) {
@@ -149,7 +158,14 @@ public final class Spec {
         return algorithm == Algorithm.CONCURRENCY;
     }
 
-    /** Checks the arity and every parameter's range (1 to 2^40; a bucket dividing its window). */
+    /**
+     * Checks the arity and every parameter's range as the server does, in the
+     * command's order: 1 to 2^40 (a sliding log's or a concurrency cap's limit
+     * 1 to 2^24 - 1); a bucket dividing its window into at most 10^6 buckets;
+     * a bucket filling (or draining) within {@link #MAX_SPAN_MS}. A refusal
+     * is a {@link BadArgumentException} naming the parameter, or
+     * {@code window_ms / bucket_ms}, or {@code span}.
+     */
     public static Spec of(Algorithm algorithm, long... params) {
         if (algorithm == Algorithm.QUOTA) {
             throw new BadArgumentException("period", "a quota takes a period: Spec.quota(limit, Period.DAY)");
@@ -160,15 +176,34 @@ public final class Spec {
                     + " takes " + names.size() + " parameters " + names + ", got " + params.length);
         }
         for (int i = 0; i < params.length; i++) {
-            if (params[i] < 1 || params[i] > MAX_PARAM) {
-                throw new BadArgumentException(names.get(i), "must be an integer from 1 to " + MAX_PARAM + ", got " + params[i]);
+            long max = i > 0 ? MAX_PARAM : switch (algorithm) {
+                case CONCURRENCY -> MAX_CONCURRENCY;
+                case SLIDING -> MAX_SLIDING;
+                default -> MAX_PARAM;
+            };
+            if (params[i] < 1 || params[i] > max) {
+                throw new BadArgumentException(names.get(i), "must be an integer from 1 to " + max + ", got " + params[i]);
             }
         }
-        if (algorithm == Algorithm.CONCURRENCY && params[0] > MAX_CONCURRENCY) {
-            throw new BadArgumentException("limit", "must be an integer from 1 to " + MAX_CONCURRENCY + ", got " + params[0]);
+        if (algorithm == Algorithm.HASHWINDOW) {
+            if (params[1] % params[2] != 0) {
+                throw new BadArgumentException("bucket_ms", "must divide window_ms (" + params[1] + " % " + params[2] + " != 0)");
+            }
+            if (params[1] / params[2] > MAX_BUCKETS) {
+                throw new BadArgumentException("window_ms / bucket_ms", "must be an integer from 1 to " + MAX_BUCKETS
+                        + ", got " + params[1] / params[2]);
+            }
         }
-        if (algorithm == Algorithm.HASHWINDOW && params[1] % params[2] != 0) {
-            throw new BadArgumentException("bucket_ms", "must divide window_ms (" + params[1] + " % " + params[2] + " != 0)");
+        if (algorithm == Algorithm.TOKENBUCKET || algorithm == Algorithm.LEAKYBUCKET) {
+            // capacity * ms <= MAX_SPAN_MS * count, exactly (each side up to 2^90).
+            java.math.BigInteger fill = java.math.BigInteger.valueOf(params[0]).multiply(java.math.BigInteger.valueOf(params[2]));
+            if (fill.compareTo(java.math.BigInteger.valueOf(MAX_SPAN_MS).multiply(java.math.BigInteger.valueOf(params[1]))) > 0) {
+                String what = algorithm == Algorithm.TOKENBUCKET
+                        ? "capacity * refill_ms / refill_count (the time to fill the bucket)"
+                        : "capacity * leak_ms / leak_count (the time to drain a full queue)";
+                throw new BadArgumentException("span", what + " is too long: a limiter may take at most " + MAX_SPAN_MS
+                        + " ms to get back to idle");
+            }
         }
         return new Spec(algorithm, params.clone());
     }

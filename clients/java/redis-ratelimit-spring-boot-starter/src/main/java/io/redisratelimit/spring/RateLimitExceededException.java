@@ -12,8 +12,7 @@ public class RateLimitExceededException extends RuntimeException {
     private final List<String> rules;
 
     public RateLimitExceededException(List<String> rules, String rule, Decision decision) {
-        super("rate limit \"" + rule + "\" exceeded" + (decision.never() ? "; this request can never pass"
-                : "; retry after " + decision.retryAfterSeconds().getAsLong() + " s"));
+        super(RateLimitHeaders.detail(rule, decision));
         this.decision = decision;
         this.rule = rule;
         this.rules = List.copyOf(rules);

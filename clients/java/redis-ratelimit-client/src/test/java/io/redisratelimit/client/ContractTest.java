@@ -1,0 +1,164 @@
+package io.redisratelimit.client;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import io.redisratelimit.client.testing.Contract;
+import org.junit.jupiter.api.DynamicTest;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.TestFactory;
+
+import java.time.ZoneId;
+import java.time.ZoneOffset;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.List;
+import java.util.stream.Stream;
+
+import static org.junit.jupiter.api.Assertions.assertDoesNotThrow;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertNull;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+import static org.junit.jupiter.api.DynamicTest.dynamicTest;
+
+/**
+ * The kit against {@code clients/contract/contract.json}: its spec
+ * validation accepts exactly the server's cases and refuses the others naming
+ * the same parameter, its zone syntax is the server's, its algorithms, periods
+ * and {@code RateLimit-Policy} windows are the contract's. (The HTTP vectors
+ * are the starter's: {@code ContractHeadersTest} there.)
+ */
+class ContractTest {
+    @Test
+    void theFileIsVersionOneWithTheKitsBounds() {
+        JsonNode c = Contract.json();
+        assertEquals(1, c.get("version").asInt());
+        assertEquals(Spec.MAX_PARAM, c.get("max_param").longValue());
+        assertEquals(Spec.MAX_SPAN_MS, c.get("max_span_ms").longValue());
+        assertEquals(List.of("allowed", "limit", "remaining", "wait_ms", "reset_ms"), texts(c.get("decision_fields")));
+    }
+
+    @Test
+    void everyAlgorithmHasTheContractsCommandAndParameters() {
+        List<String> words = new ArrayList<>();
+        for (JsonNode a : Contract.json().get("algorithms")) {
+            String word = a.get("word").asText();
+            words.add(word);
+            Algorithm algorithm = Algorithm.valueOf(word);
+            assertEquals(a.get("command").asText(), algorithm.command(), word);
+            List<String> names = new ArrayList<>();
+            a.get("params").forEach(p -> names.add(p.get("name").asText()));
+            // A quota's period is a parameter of the command; the kit keeps it beside the limit.
+            List<String> kit = new ArrayList<>(algorithm.paramNames());
+            if (algorithm == Algorithm.QUOTA) {
+                kit.add("period");
+            }
+            assertEquals(names, kit, word);
+        }
+        assertEquals(Arrays.stream(Algorithm.values()).map(Enum::name).sorted().toList(), words.stream().sorted().toList());
+    }
+
+    @Test
+    void periodsHaveTheContractsWordsIndicesAndNominalLengths() {
+        JsonNode periods = Contract.json().get("periods");
+        assertEquals(Period.values().length, periods.size());
+        List<String> keywords = texts(Contract.algorithm("QUOTA").get("params").get(1).get("keywords"));
+        for (JsonNode p : periods) {
+            Period period = Period.values()[p.get("index").asInt()];
+            assertEquals(p.get("word").asText(), period.word());
+            assertEquals(p.get("word").asText(), keywords.get(p.get("index").asInt()));
+            assertEquals(p.get("nominal_s").longValue(), period.nominalSeconds(), period.word());
+            assertEquals(period, Period.parse(p.get("word").asText().toLowerCase(java.util.Locale.ROOT)));
+        }
+    }
+
+    @TestFactory
+    Stream<DynamicTest> validation() {
+        List<DynamicTest> tests = new ArrayList<>();
+        for (JsonNode a : Contract.json().get("algorithms")) {
+            String word = a.get("word").asText();
+            int i = 0;
+            for (JsonNode v : a.get("validation")) {
+                long[] params = Contract.longs(v.get("params"));
+                boolean ok = v.get("ok").asBoolean();
+                String name = word + " #" + i++ + " " + Arrays.toString(params) + (ok ? " ok" : " refused naming " + v.get("names").asText());
+                tests.add(dynamicTest(name, () -> {
+                    if (ok) {
+                        Spec spec = assertDoesNotThrow(() -> Contract.spec(word, params), name);
+                        assertEquals(word, spec.algorithm().name());
+                        assertEquals(params[0], spec.limit());
+                        if (spec.algorithm() == Algorithm.QUOTA) {
+                            assertEquals(Period.values()[(int) params[1]], spec.period());
+                        } else {
+                            assertEquals(Arrays.stream(params).boxed().toList(), spec.params());
+                        }
+                    } else {
+                        BadArgumentException e = assertThrows(BadArgumentException.class, () -> Contract.spec(word, params), name);
+                        assertEquals(v.get("names").asText(), e.argument(), name + ": " + e.getMessage());
+                    }
+                }));
+            }
+        }
+        return tests.stream();
+    }
+
+    @TestFactory
+    Stream<DynamicTest> zonesAccepted() {
+        return texts(Contract.json().get("zones").get("accepted")).stream().map(zone -> dynamicTest("accepts '" + zone + "'", () -> {
+            Spec spec = assertDoesNotThrow(() -> Spec.quota(10, Period.DAY, zone));
+            boolean utc = zone.equalsIgnoreCase("UTC") || zone.equalsIgnoreCase("Z");
+            ZoneId expected = utc ? ZoneOffset.UTC
+                    : zone.startsWith("+") || zone.startsWith("-") ? ZoneOffset.of(zone) : ZoneId.of(zone);
+            if (utc) {
+                assertNull(spec.zone());
+                assertFalse(spec.zoned());
+            } else {
+                assertEquals(zone, spec.zone());
+                assertEquals(List.of("QUOTA", "10", "DAY", "TZ", zone), spec.words());
+            }
+            // The in-process level counts the quota's periods in this zone.
+            assertEquals(expected, spec.zoneId(), zone);
+        }));
+    }
+
+    @TestFactory
+    Stream<DynamicTest> zonesRefused() {
+        return texts(Contract.json().get("zones").get("refused")).stream().map(zone -> dynamicTest("refuses '" + zone + "'", () -> {
+            BadArgumentException e = assertThrows(BadArgumentException.class, () -> Spec.quota(10, Period.DAY, zone), zone);
+            assertEquals("zone", e.argument());
+        }));
+    }
+
+    @TestFactory
+    Stream<DynamicTest> zonesTheServerAloneRefuses() {
+        // Syntax the kit takes: only the server's time-zone database can refuse the name.
+        return texts(Contract.json().get("zones").get("refused_by_server_only")).stream().map(zone -> dynamicTest("leaves '" + zone + "' to the server", () ->
+                assertEquals(zone, Spec.quota(10, Period.DAY, zone).zone())));
+    }
+
+    @TestFactory
+    Stream<DynamicTest> policyWindows() {
+        List<DynamicTest> tests = new ArrayList<>();
+        for (JsonNode p : Contract.json().get("policy_window")) {
+            String word = p.get("algorithm").asText();
+            long[] params = Contract.longs(p.get("params"));
+            tests.add(dynamicTest(word + " " + Arrays.toString(params) + " w=" + p.get("w"), () -> {
+                Spec spec = Contract.spec(word, params);
+                if (p.get("w").isNull()) {
+                    // No window: the RateLimit-Policy item leaves w out.
+                    assertTrue(spec.concurrency(), word);
+                } else {
+                    assertFalse(spec.concurrency(), word);
+                    assertEquals(p.get("w").longValue(), spec.windowSeconds());
+                }
+            }));
+        }
+        return tests.stream();
+    }
+
+    private static List<String> texts(JsonNode array) {
+        List<String> out = new ArrayList<>();
+        array.forEach(n -> out.add(n.asText()));
+        return out;
+    }
+}
