@@ -2,7 +2,9 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import { RL } from './client.js';
 import type { Decision } from './decision.js';
 import { checkInteger, checkString, describe, RLArgumentError, RLDeniedError } from './errors.js';
+import { denialBody } from './http.js';
 import type { Lease } from './lease.js';
+import { MAX_HELD } from './rules.js';
 import type { RedisLike } from './transport.js';
 
 /** `concurrencyLimit`'s options. */
@@ -79,7 +81,7 @@ export function concurrencyLimit<Req extends IncomingMessage = IncomingMessage, 
     rule = { policy: checkString('policy', options.policy) };
     if (options.leaseMs !== undefined) rule.leaseMs = checkInteger('leaseMs', options.leaseMs, 1);
   } else {
-    rule = { limit: checkInteger('limit', options.limit, 1), leaseMs: checkInteger('leaseMs', options.leaseMs, 1) };
+    rule = { limit: checkInteger('limit', options.limit, 1, MAX_HELD), leaseMs: checkInteger('leaseMs', options.leaseMs, 1) };
   }
   if (options.autoRenew && rule.leaseMs === undefined) {
     throw new RLArgumentError('leaseMs', 'autoRenew needs the leaseMs to renew by, also with a policy');
@@ -102,7 +104,7 @@ export function concurrencyLimit<Req extends IncomingMessage = IncomingMessage, 
         return;
       }
       if (typeof key !== 'string' || key.length === 0) {
-        problem(res, 400, 'Bad Request', 'the concurrency-limit key of this request could not be computed', name);
+        problem(res, 400, 'Bad Request', 'the concurrency-limit key of this request could not be computed');
         return;
       }
       // A client that leaves while the lease is waited for calls the wait
@@ -121,7 +123,7 @@ export function concurrencyLimit<Req extends IncomingMessage = IncomingMessage, 
           const retry = err.decision.retryAfterS;
           if (retry !== null) res.setHeader('Retry-After', String(retry));
           if (handler) handler(req, res, next, err.decision);
-          else problem(res, 429, 'Too Many Requests', `at most ${err.decision.limit} requests of this client may run at once`, name);
+          else denial(res, name, err.decision);
         } else if (options.passOnStoreError && !(err instanceof RLArgumentError)) {
           next();
         } else {
@@ -160,16 +162,23 @@ function setFields(res: ServerResponse, name: string, d: Decision, x: boolean): 
   }
 }
 
-function problem(res: ServerResponse, status: number, title: string, detail: string, name: string): void {
+/** The 429 of a denial: the problem body every kit answers (`denialBody`). */
+function denial(res: ServerResponse, name: string, d: Decision): void {
   if (res.headersSent) {
     res.end();
     return;
   }
-  const body =
-    status === 429
-      ? { type: 'https://iana.org/assignments/http-problem-types#quota-exceeded', title, status, detail, 'violated-policies': [name] }
-      : { title, status, detail };
+  res.statusCode = 429;
+  res.setHeader('Content-Type', 'application/problem+json');
+  res.end(denialBody(name, d));
+}
+
+function problem(res: ServerResponse, status: number, title: string, detail: string): void {
+  if (res.headersSent) {
+    res.end();
+    return;
+  }
   res.statusCode = status;
   res.setHeader('Content-Type', 'application/problem+json');
-  res.end(JSON.stringify(body));
+  res.end(JSON.stringify({ title, status, detail }));
 }

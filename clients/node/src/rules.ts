@@ -19,7 +19,7 @@ export type Period = 'day' | 'week' | 'month' | 'year';
 
 /**
  * `RL.QUOTA`'s parameters: at most `limit` units per calendar `period` in
- * `zone`: `'UTC'` (the default), a fixed offset (`'+05:30'`, up to 25:59) or
+ * `zone`: `'UTC'` (the default), a fixed offset (`'+05:30'`, -18:00 to +18:00) or
  * an IANA name (`'America/New_York'`). A quota in another zone than UTC goes
  * in its own call or in a policy (`rl.policySet`, sent with `TZ zone`, which
  * `rl.hit` and `rl.all`'s `{ policy }` count in); an inline rule of `rl.all`
@@ -56,7 +56,7 @@ export function checkZone(zone: unknown, where = 'zone'): string | undefined {
   if (/^(utc|z)$/i.test(zone)) return undefined;
   const offset = /^[+-](\d{2}):(\d{2})$/.exec(zone);
   if (offset) {
-    if (Number(offset[1]) > 25 || Number(offset[2]) > 59) throw new RLArgumentError(where, `${ZONE_HELP}, got ${JSON.stringify(zone)}`);
+    if (Number(offset[2]) > 59 || Number(offset[1]) * 60 + Number(offset[2]) > 18 * 60) throw new RLArgumentError(where, `${ZONE_HELP}, got ${JSON.stringify(zone)}`);
     return zone;
   }
   if (zone.length > 64 || zone.includes('..') || !/^[A-Za-z][A-Za-z0-9_+-]*(\/[A-Za-z0-9_+-]+)*$/.test(zone)) {
@@ -84,27 +84,70 @@ export interface CallOptions {
   refund?: number;
 }
 
-/** The command name and parameters of a rule (without the key). */
+/** The bound of every parameter, 2^40, as the server's. */
+export const MAX_PARAM = 2 ** 40;
+/** The most a limiter may take to get back to idle, 2^50 ms, as the server's. */
+export const MAX_SPAN_MS = 2 ** 50;
+/** The limit of a sliding log or a concurrency limiter, which keep an entry per unit: 2^24 - 1. */
+export const MAX_HELD = 2 ** 24 - 1;
+/** The most buckets a hash window has (`windowMs / bucketMs`). */
+export const MAX_BUCKETS = 1_000_000;
+
+/**
+ * Refuses a bucket that would take more than `MAX_SPAN_MS` to get back to
+ * idle (`capacity * ms / count`, exactly), naming `span`.
+ */
+function checkSpan(capacity: number, count: number, ms: number, what: string): void {
+  if (BigInt(capacity) * BigInt(ms) > BigInt(MAX_SPAN_MS) * BigInt(count)) {
+    throw new RLArgumentError('span', `the span of this rule, ${what}, is too long: a limiter may take at most ${MAX_SPAN_MS} ms to get back to idle`);
+  }
+}
+
+/**
+ * The command name and parameters of a rule (without the key), checked as
+ * the server checks them: each parameter an integer from 1 to 2^40 (a sliding
+ * log's and a concurrency limiter's `limit` to 2^24 - 1); a hash window's
+ * `bucketMs` dividing `windowMs` into at most a million buckets; a bucket
+ * back to idle within 2^50 ms (refused naming `span`).
+ */
 export function ruleArgs(rule: Rule, where = 'rule'): [string, string[]] {
   if (rule === null || typeof rule !== 'object') {
     throw new RLArgumentError(where, `${where} must be an object with an algorithm, got ${describe(rule)}`);
   }
-  const i = (name: string, min = 1) => String(checkInteger(name, (rule as unknown as Record<string, unknown>)[name], min));
+  const r = rule as unknown as Record<string, unknown>;
+  const n = (name: string, max = MAX_PARAM) => checkInteger(name, r[name], 1, max);
   switch (rule.algorithm) {
-    case 'tokenbucket':
-      return ['TOKENBUCKET', [i('capacity'), i('refillCount'), i('refillMs')]];
-    case 'leakybucket':
-      return ['LEAKYBUCKET', [i('capacity'), i('leakCount'), i('leakMs')]];
+    case 'tokenbucket': {
+      const [capacity, count, ms] = [n('capacity'), n('refillCount'), n('refillMs')];
+      checkSpan(capacity, count, ms, 'capacity * refillMs / refillCount (the time to fill the bucket)');
+      return ['TOKENBUCKET', [capacity, count, ms].map(String)];
+    }
+    case 'leakybucket': {
+      const [capacity, count, ms] = [n('capacity'), n('leakCount'), n('leakMs')];
+      checkSpan(capacity, count, ms, 'capacity * leakMs / leakCount (the time to drain a full queue)');
+      return ['LEAKYBUCKET', [capacity, count, ms].map(String)];
+    }
     case 'sliding':
-      return ['SLIDING', [i('limit'), i('windowMs')]];
-    case 'hashwindow':
-      return ['HASHWINDOW', [i('limit'), i('windowMs'), i('bucketMs')]];
+      return ['SLIDING', [n('limit', MAX_HELD), n('windowMs')].map(String)];
+    case 'hashwindow': {
+      const [limit, windowMs, bucketMs] = [n('limit'), n('windowMs'), n('bucketMs')];
+      if (windowMs % bucketMs !== 0) {
+        throw new RLArgumentError('bucketMs', `bucketMs must divide windowMs, got windowMs ${windowMs} and bucketMs ${bucketMs}`);
+      }
+      if (windowMs / bucketMs > MAX_BUCKETS) {
+        throw new RLArgumentError(
+          'windowMs / bucketMs',
+          `windowMs / bucketMs must be an integer from 1 to ${MAX_BUCKETS}, got ${windowMs / bucketMs}`,
+        );
+      }
+      return ['HASHWINDOW', [limit, windowMs, bucketMs].map(String)];
+    }
     case 'fixedwindow':
-      return ['FIXEDWINDOW', [i('limit'), i('windowMs')]];
+      return ['FIXEDWINDOW', [n('limit'), n('windowMs')].map(String)];
     case 'concurrency':
-      return ['CONCURRENCY', [i('limit'), i('leaseMs')]];
+      return ['CONCURRENCY', [n('limit', MAX_HELD), n('leaseMs')].map(String)];
     case 'quota': {
-      const limit = i('limit');
+      const limit = String(n('limit'));
       const period = checkPeriod(rule.period);
       const zone = checkZone(rule.zone);
       return ['QUOTA', zone === undefined ? [limit, period] : [limit, period, 'TZ', zone]];

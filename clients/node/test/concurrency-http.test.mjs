@@ -197,6 +197,7 @@ describe('concurrencyLimit', () => {
   test('bad options are clear errors', () => {
     const cases = [
       [{ client, leaseMs: 1000 }, 'limit'],
+      [{ client, limit: 2 ** 24, leaseMs: 1000 }, 'limit'],
       [{ client, limit: 1 }, 'leaseMs'],
       [{ client, limit: 1, leaseMs: 1000, policy: 'p' }, 'limit'],
       [{ client, policy: 'p', autoRenew: true }, 'leaseMs'],

@@ -1,0 +1,201 @@
+// The Node kit against the contract every kit is tested against
+// (clients/contract/contract.json, written by the core crate and the Rust
+// kit; format in clients/contract/README.md): each algorithm's validation
+// cases against the kit's own rule check (accepted or refused, naming the
+// same parameter), the zones against its zone check, and the header vectors
+// against its RateLimit-Policy, RateLimit, Retry-After and problem+json body,
+// byte for byte. No server: nothing here is sent anywhere.
+//
+// The golden decision sequences are not run: the Node kit has no in-process
+// algorithms (no local level, no local-only fallback at a share) to run them on.
+import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import http from 'node:http';
+import { after, describe, test } from 'node:test';
+import { Decision, RLArgumentError, concurrencyLimit } from 'redis-ratelimit';
+import { checkZone, ruleArgs } from '../dist/esm/rules.js';
+import { denialBody, policyItem, policyWindowS, rateLimitItem, retryAfterS } from '../dist/esm/http.js';
+
+const contract = JSON.parse(readFileSync(new URL('../../contract/contract.json', import.meta.url), 'utf8'));
+
+/** The contract's parameter names (`refill_ms`) in the kit's spelling (`refillMs`); `span` and `window_ms / bucket_ms` alike. */
+const camel = (name) => name.replace(/_([a-z])/g, (_, c) => c.toUpperCase());
+
+const algorithms = new Map(contract.algorithms.map((a) => [a.word, a]));
+
+/** The kit's rule for an algorithm word and the contract's integers (a period by its index). */
+function ruleOf(word, params) {
+  const a = algorithms.get(word);
+  assert.ok(a, `no algorithm ${word} in the contract`);
+  assert.equal(params.length, a.params.length, `${word}: ${JSON.stringify(params)}`);
+  const rule = { algorithm: word.toLowerCase() };
+  a.params.forEach((p, i) => {
+    const v = params[i];
+    // A keyword parameter (a quota's period) is a word in the kit; an index
+    // past the words has none, and goes as the number.
+    rule[camel(p.name)] = p.keywords.length > 0 ? (p.keywords[v]?.toLowerCase() ?? v) : v;
+  });
+  return rule;
+}
+
+test('version 1, and the bounds the kit checks against', () => {
+  assert.equal(contract.version, 1);
+  assert.equal(contract.max_param, 2 ** 40);
+  assert.equal(contract.max_span_ms, 2 ** 50);
+  assert.deepEqual(contract.decision_fields, ['allowed', 'limit', 'remaining', 'wait_ms', 'reset_ms']);
+  assert.deepEqual(
+    [...algorithms.keys()].sort(),
+    ['CONCURRENCY', 'FIXEDWINDOW', 'HASHWINDOW', 'LEAKYBUCKET', 'QUOTA', 'SLIDING', 'TOKENBUCKET'],
+  );
+});
+
+describe('validation: the kit accepts the ok cases and refuses the others, naming the same parameter', () => {
+  for (const a of contract.algorithms) {
+    test(a.word, () => {
+      assert.ok(a.validation.length > 0);
+      const wrong = [];
+      for (const v of a.validation) {
+        const rule = ruleOf(a.word, v.params);
+        let got;
+        try {
+          const [word, args] = ruleArgs(rule);
+          assert.equal(word, a.word);
+          got = { ok: true, args };
+        } catch (err) {
+          if (!(err instanceof RLArgumentError)) throw err;
+          got = { ok: false, names: err.argument, message: err.message };
+        }
+        const want = v.ok ? 'accepted' : `refused naming ${camel(v.names)}`;
+        if (got.ok !== v.ok || (!v.ok && got.names !== camel(v.names))) {
+          wrong.push(`${JSON.stringify(v.params)}: want ${want}, got ${got.ok ? 'accepted' : `refused naming ${got.names} (${got.message})`}`);
+        } else if (v.ok) {
+          // What is sent: the integers as given, a period as its word.
+          const sent = a.params.map((p, i) => (p.keywords.length > 0 ? p.keywords[v.params[i]] : String(v.params[i])));
+          assert.deepEqual(got.args, sent);
+        }
+      }
+      assert.deepEqual(wrong, [], `${a.word}: ${wrong.length} of ${a.validation.length} cases differ`);
+    });
+  }
+});
+
+describe('zones', () => {
+  const quota = (zone) => ({ algorithm: 'quota', limit: 10, period: 'day', zone });
+  test('accepted: by checkZone and in a quota rule', () => {
+    assert.ok(contract.zones.accepted.length > 0);
+    const wrong = [];
+    for (const z of contract.zones.accepted) {
+      try {
+        const checked = checkZone(z);
+        // UTC goes without TZ; anything else as given.
+        assert.equal(checked, /^(utc|z)$/i.test(z) ? undefined : z, JSON.stringify(z));
+        const [, args] = ruleArgs(quota(z));
+        assert.deepEqual(args, checked === undefined ? ['10', 'DAY'] : ['10', 'DAY', 'TZ', z]);
+      } catch (err) {
+        if (!(err instanceof RLArgumentError)) throw err;
+        wrong.push(`${JSON.stringify(z)}: refused (${err.message})`);
+      }
+    }
+    assert.deepEqual(wrong, []);
+  });
+  test('refused on syntax, naming zone', () => {
+    assert.ok(contract.zones.refused.length > 0);
+    const wrong = [];
+    for (const z of contract.zones.refused) {
+      for (const check of [() => checkZone(z), () => ruleArgs(quota(z))]) {
+        try {
+          check();
+          wrong.push(`${JSON.stringify(z)}: accepted`);
+        } catch (err) {
+          if (!(err instanceof RLArgumentError)) throw err;
+          if (err.argument !== 'zone') wrong.push(`${JSON.stringify(z)}: refused naming ${err.argument}`);
+        }
+      }
+    }
+    assert.deepEqual(wrong, []);
+  });
+  test('refused by the server only: the kit lets the server say', () => {
+    for (const z of contract.zones.refused_by_server_only) {
+      assert.equal(checkZone(z), z);
+    }
+  });
+});
+
+test("periods: the kit's words and nominal lengths", async () => {
+  const { PERIOD_SECONDS } = await import('redis-ratelimit');
+  assert.deepEqual(
+    contract.periods.map((p) => [p.word, p.index, p.nominal_s]),
+    Object.entries(PERIOD_SECONDS).map(([word, s], i) => [word.toUpperCase(), i, s]),
+  );
+  assert.deepEqual(algorithms.get('QUOTA').params[1].keywords, contract.periods.map((p) => p.word));
+});
+
+test('policy_window: the w of RateLimit-Policy', () => {
+  assert.ok(contract.policy_window.length > 0);
+  const wrong = [];
+  for (const p of contract.policy_window) {
+    const w = policyWindowS(ruleOf(p.algorithm, p.params));
+    if (w !== p.w) wrong.push(`${p.algorithm} ${JSON.stringify(p.params)}: want ${p.w}, got ${w}`);
+  }
+  assert.deepEqual(wrong, []);
+});
+
+describe('headers: RateLimit-Policy, RateLimit, Retry-After and the problem body, byte for byte', () => {
+  contract.headers.forEach((h, n) => {
+    test(`${n}: ${h.algorithm} ${JSON.stringify(h.params)} ${JSON.stringify(h.decision)}`, () => {
+      const [allowed, limit, remaining, waitMs, resetMs] = h.decision;
+      assert.ok(allowed === 0 || allowed === 1);
+      const d = new Decision(allowed === 1, limit, remaining, waitMs, resetMs);
+      assert.equal(policyItem(h.rule, ruleOf(h.algorithm, h.params)), h.ratelimit_policy);
+      assert.equal(rateLimitItem(h.rule, d), h.ratelimit);
+      assert.equal(retryAfterS(d), h.retry_after);
+      assert.equal(d.allowed ? null : denialBody(h.rule, d), h.body);
+    });
+  });
+});
+
+// concurrencyLimit, the kit's HTTP layer, answers a concurrency denial with
+// the contract's fields and body: a server stand-in answers the vector's
+// decision to RL.CONCURRENCY.
+describe('concurrencyLimit answers the CONCURRENCY vector', () => {
+  const vectors = contract.headers.filter((h) => h.algorithm === 'CONCURRENCY');
+  let server;
+  let reply;
+  const sent = [];
+  after(() => server?.close());
+  test('at least one vector', () => assert.ok(vectors.length > 0));
+  for (const h of vectors) {
+    test(`${h.rule} ${JSON.stringify(h.params)} ${JSON.stringify(h.decision)}`, async () => {
+      const [limit, leaseMs] = h.params;
+      const mw = concurrencyLimit({
+        client: async (...args) => {
+          sent.push(args);
+          return reply;
+        },
+        name: h.rule,
+        limit,
+        leaseMs,
+        keyGenerator: () => 'k',
+      });
+      server?.close();
+      server = http.createServer((req, res) => mw(req, res, () => res.end('admitted')));
+      await new Promise((r) => server.listen(0, '127.0.0.1', r));
+      const url = `http://127.0.0.1:${server.address().port}/`;
+      reply = h.decision.length === 5 && h.decision[0] === 1 ? [...h.decision, 1] : h.decision;
+      sent.length = 0;
+      const r = await fetch(url);
+      assert.deepEqual(sent, [['RL.CONCURRENCY', `rl:${h.rule}:k`, String(limit), String(leaseMs)]]);
+      assert.equal(r.headers.get('ratelimit-policy'), h.ratelimit_policy);
+      assert.equal(r.headers.get('ratelimit'), h.ratelimit);
+      assert.equal(r.headers.get('retry-after'), h.retry_after === null ? null : String(h.retry_after));
+      const body = await r.text();
+      if (h.body === null) {
+        assert.equal(r.status, 200);
+      } else {
+        assert.equal(r.status, 429);
+        assert.equal(r.headers.get('content-type'), 'application/problem+json');
+        assert.equal(body, h.body);
+      }
+    });
+  }
+});
