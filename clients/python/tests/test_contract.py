@@ -3,8 +3,9 @@ clients/contract/README.md): every algorithm's parameter rules, the zones,
 the `RateLimit-Policy` windows and the HTTP answer's header and body vectors.
 
 Nothing here needs a server: the checks are the kit's own, before sending.
-The golden decision sequences are not checked here yet (the local limiter
-counts in floating point): tests/golden_report.py counts its differences.
+Every golden decision sequence runs through the local limiter's accounts
+(`LocalLimiter.run`, the core's algorithms in `algorithms.py`) at a share
+equal to the limit: each decision must be the vector's, exactly.
 """
 
 from __future__ import annotations
@@ -17,8 +18,16 @@ from typing import Any, Callable
 
 import pytest
 
+from redis_ratelimit_client import algorithms
 from redis_ratelimit_client.aio import AsyncClient
-from redis_ratelimit_client.asgi import RateLimitMiddleware, Rule
+from redis_ratelimit_client.asgi import (
+    LocalLimiter,
+    Micros,
+    RateLimitMiddleware,
+    Rule,
+    _limit_of,
+    share_of,
+)
 from redis_ratelimit_client.model import (
     MAX_PARAM,
     Algorithm,
@@ -132,6 +141,85 @@ def test_zones_refused_on_syntax_are_refused(zone: str) -> None:
 )
 def test_policy_window(case: dict[str, Any]) -> None:
     assert build(case["algorithm"], case["params"]).window_s() == case["w"]
+
+
+# -- golden decision sequences, through the local limiter -----------------
+
+#: The algorithms whose golden sequences the local level must reproduce.
+GOLDEN_WORDS = ["TOKENBUCKET", "LEAKYBUCKET", "FIXEDWINDOW", "SLIDING", "HASHWINDOW", "QUOTA"]
+
+
+def golden_step(local: LocalLimiter, word: str, step: dict[str, Any]) -> list[int]:
+    """One golden step on the account `("golden", "k")` of `local`, through
+    the path the middleware's accounts take, at a share equal to the limit:
+    the decision's five integers."""
+    spec = build(word, step["params"])
+    ((kind, units),) = step["request"].items()
+    d = local.run(
+        "golden",
+        "k",
+        spec,
+        _limit_of(spec),
+        algorithms.Request(kind, units),
+        Micros(step["at_us"]),
+    )
+    return [int(d.allowed), d.limit, d.remaining, d.wait_ms, d.reset_ms]
+
+
+@pytest.mark.parametrize(
+    ("word", "n"),
+    [
+        pytest.param(w, n, id=f"{w}-{n}")
+        for w in GOLDEN_WORDS
+        for n in range(len(ALGORITHMS[w]["golden"]))
+    ],
+)
+def test_golden_sequences_through_the_local_limiter(word: str, n: int) -> None:
+    steps = ALGORITHMS[word]["golden"][n]["steps"]
+    assert steps
+    local = LocalLimiter()
+    for i, step in enumerate(steps):
+        got = golden_step(local, word, step)
+        assert got == step["decision"], (
+            f"{word} #{n} step {i}: {step['params']} {step['request']} at {step['at_us']} us"
+        )
+
+
+def test_every_golden_algorithm_has_sequences_with_every_request() -> None:
+    """The golden check covers each algorithm's COST, FORCE and REFUND, and
+    parameter changes (what it would miss otherwise is said here)."""
+    for word in GOLDEN_WORDS:
+        seqs = ALGORITHMS[word]["golden"]
+        kinds = {k for s in seqs for step in s["steps"] for k in step["request"]}
+        assert kinds == {"cost", "force", "refund"}, word
+        assert any(len({tuple(st["params"]) for st in s["steps"]}) > 1 for s in seqs), word
+
+
+def test_a_share_scales_the_limit_and_a_buckets_refill_as_the_rust_kit() -> None:
+    """`ceil(n * 11 / (instances * 10))`, at least 1, at most `n`: over 2
+    instances a bucket of 10 refilled 3 a second is one of 6 refilled 2."""
+    assert [share_of(n, 2) for n in (1, 3, 4, 10)] == [1, 2, 3, 6]
+    assert share_of(15_000, 20) == 825 and share_of(10, 1) == 10
+    local = LocalLimiter(instances=2)
+    spec = TokenBucket(10, 3, 1000)
+    now = Micros(1_767_225_600_000_000)
+    # 6 taken; the next token 500 ms later (2 a second), not 333 ms.
+    for _ in range(6):
+        assert local.decide("r", "k", spec, 6, now).allowed
+    d = local.decide("r", "k", spec, 6, now)
+    assert (d.allowed, d.limit, d.remaining, d.wait_ms) == (False, 10, 0, 500)
+    assert local.decide("r", "k", spec, 6, Micros(now + 500_000)).allowed
+
+
+def test_a_refund_gives_units_back_to_the_account() -> None:
+    local = LocalLimiter()
+    spec = Sliding(3, 1000)
+    now = Micros(1_767_225_600_000_000)
+    assert local.charge("r", "k", spec, 3, now, units=3).remaining == 0
+    assert not local.has_room("r", "k", spec, 3, now)
+    d = local.refund("r", "k", spec, 3, now, units=2)
+    assert (d.allowed, d.remaining) == (True, 2)
+    assert local.has_room("r", "k", spec, 3, now)
 
 
 # -- the HTTP answer, through the middleware ------------------------------

@@ -14,7 +14,6 @@ when the app fails or the request is cancelled.
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import enum
 import json
@@ -22,14 +21,16 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, MutableMapping, Sequence
-from typing import Any, Callable, Union
+from typing import Any, Callable, NamedTuple, Union
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from . import algorithms
 from .aio import AsyncClient
 from .client import _takes_command_name
 from .model import (
+    _OFFSET,
     Algorithm,
     BadArgument,
     Concurrency,
@@ -38,6 +39,7 @@ from .model import (
     HashWindow,
     LeakyBucket,
     ModuleNotLoaded,
+    Period,
     Policy,
     Quota,
     RateLimitError,
@@ -185,23 +187,35 @@ class DenyCache:
 
 
 class LocalLimiter:
-    """This instance's accounts: per rule and key, its share `s` of the limit,
-    in process; a bucket for the buckets, a sliding log for the sliding log
-    and the hash window, a fixed window for the fixed window, the calendar
-    period for quotas, a count of requests in flight for concurrency.
+    """This instance's accounts: per rule and key, the core's algorithm at
+    this instance's share `s` of the limit, in process (`algorithms.py`, in
+    integer arithmetic: the same decisions as the server's at that share),
+    and a count of requests in flight for concurrency.
+
+    An account is the rule's algorithm with `s` for its limit or capacity;
+    a bucket's refill count is scaled as the capacity is, `ceil(count * 11
+    / (instances * 10))` (at least 1, at most the count), so its refill
+    period stays. A change of the rule's parameters (or of the share)
+    carries what was consumed over, as the server does; a change of
+    algorithm starts the account afresh.
 
     The same accounts serve two purposes. Every unit Redis admitted for this
     instance, and every unit of a call whose answer was lost (it may have been
-    counted), is charged to them, forced: an account may go into debt, at most
-    `s` units beyond empty, as the server's `FORCE`. The local-only fallback
+    counted), is charged to them, forced (`COST n FORCE`: an account may go
+    into debt, at most `s` units beyond empty). The local-only fallback
     admits only what an account still has, so it never adds to what Redis may
     already have counted for this instance. Bounded like the deny cache.
+
+    `now` is Unix time: a `Micros` (whole microseconds, what the middleware
+    passes: `Micros.now()`), or seconds as a float (`time.time()`), taken to
+    the nearest microsecond. Requests in flight count by `time.monotonic()`.
     """
 
-    def __init__(self, max_entries: int = 100_000) -> None:
+    def __init__(self, max_entries: int = 100_000, instances: int = 1) -> None:
         self.max_entries = max_entries
-        self._state: dict[tuple[str, str], list[float]] = {}
-        self._logs: dict[tuple[str, str], _Log] = {}
+        #: Instances sharing each limit: the refill of a bucket's share.
+        self.instances = instances
+        self._accounts: dict[tuple[str, str], tuple[Any, Any]] = {}
         self._in_flight: dict[tuple[str, str], int] = {}
         #: Leases whose grant may have been lost: held until their expiry.
         self._lost_leases: dict[tuple[str, str], list[float]] = {}
@@ -246,153 +260,181 @@ class LocalLimiter:
 
     # -- rates --------------------------------------------------------------
 
-    def _account(self, rule: str, key: str, spec: Algorithm, share: int, now: float) -> list[float]:
-        """A bucket, fixed window or quota account, brought to `now`:
-        `[available, time or window start or period end]`; `available` below
-        0 is debt."""
-        assert not isinstance(spec, (Concurrency, Sliding, HashWindow))
-        if (rule, key) not in self._state and len(self._state) >= self.max_entries:
-            self._state.clear()
-        st = self._state.setdefault((rule, key), [])
+    def _local(self, spec: Algorithm, share: int, now_us: int) -> tuple[Any, tuple[int, ...]]:
+        """The account's algorithm and its parameters at the share."""
+        assert not isinstance(spec, Concurrency)
         if isinstance(spec, (TokenBucket, LeakyBucket)):
-            if not st:
-                st += [float(share), now]
-            st[0] = min(float(share), st[0] + (now - st[1]) * 1000 * self._rate(spec, share))
-            st[1] = now
-        elif isinstance(spec, Quota):
-            end = spec.period_end(now)
-            if not st or st[1] != end:
-                st[:] = [float(share), end]
-        else:
-            start = math.floor(now * 1000 / spec.window_ms) * spec.window_ms
-            if not st or st[1] != start:
-                st[:] = [float(share), float(start)]
-        return st
-
-    def _log(self, rule: str, key: str, spec: Sliding | HashWindow, now: float) -> _Log:
-        """A sliding log or hash window's account, its departed units gone."""
-        if (rule, key) not in self._logs and len(self._logs) >= self.max_entries:
-            self._logs.clear()
-        log = self._logs.setdefault((rule, key), _Log())
-        log.prune(now * 1000, spec.window_ms)
-        return log
-
-    @staticmethod
-    def _rate(spec: TokenBucket | LeakyBucket, share: int) -> float:
-        """The share's refill in units per ms."""
-        count, per_ms = (
-            (spec.refill_count, spec.refill_ms)
-            if isinstance(spec, TokenBucket)
-            else (spec.leak_count, spec.leak_ms)
+            algo = (
+                algorithms.TokenBucket if isinstance(spec, TokenBucket) else algorithms.LeakyBucket
+            )
+            count, per_ms = spec.params()[1:]
+            return algo, (share, share_of(count, self.instances), per_ms)
+        if isinstance(spec, FixedWindow):
+            return algorithms.FixedWindow, (share, spec.window_ms)
+        if isinstance(spec, Sliding):
+            return algorithms.SlidingLog, (share, spec.window_ms)
+        if isinstance(spec, HashWindow):
+            return algorithms.HashWindow, (share, spec.window_ms, spec.bucket_ms)
+        return algorithms.Quota, (
+            share,
+            _PERIODS.index(Period(spec.period)),
+            _quota_end(spec, now_us),
         )
-        return count * share / _limit_of(spec) / per_ms
 
-    def _fields(
-        self, rule: str, key: str, spec: Algorithm, share: int, now: float, allowed: bool
+    def _account(
+        self, rule: str, key: str, spec: Algorithm, share: int, now_us: int
+    ) -> tuple[Any, tuple[int, ...], Any]:
+        """The account's algorithm, parameters and state (idle if new, or if
+        the rule's algorithm changed)."""
+        algo, params = self._local(spec, share, now_us)
+        entry = self._accounts.get((rule, key))
+        if entry is None or entry[0] is not algo:
+            if entry is None and len(self._accounts) >= self.max_entries:
+                self._accounts.clear()
+            entry = (algo, algo.idle(params, now_us))
+            self._accounts[(rule, key)] = entry
+        return algo, params, entry[1]
+
+    def run(
+        self,
+        rule: str,
+        key: str,
+        spec: Algorithm,
+        share: int,
+        request: algorithms.Request,
+        now: float | Micros,
     ) -> Decision:
-        """The account's own fields: what it has left, and when it is idle
-        again, with the rule's limit."""
-        assert not isinstance(spec, Concurrency)
-        if isinstance(spec, (Sliding, HashWindow)):
-            log = self._log(rule, key, spec, now)
-            remaining = max(0, share - log.total)
-            reset_ms = log.reset_ms(now * 1000, spec.window_ms)
-            wait_ms = 0 if allowed else log.wait_ms(now * 1000, spec.window_ms, share)
-            return Decision(allowed, _limit_of(spec), remaining, wait_ms, reset_ms)
-        st = self._account(rule, key, spec, share, now)
-        remaining = max(0, math.floor(st[0]))
-        if isinstance(spec, (TokenBucket, LeakyBucket)):
-            rate = self._rate(spec, share)
-            reset_ms = math.ceil((share - st[0]) / rate) if rate else 0
-            wait_ms = 0 if allowed else math.ceil((1 - st[0]) / rate)
-            return Decision(allowed, _limit_of(spec), remaining, wait_ms, reset_ms)
-        end_ms = st[1] * 1000 if isinstance(spec, Quota) else st[1] + spec.window_ms
-        reset_ms = max(1, math.ceil(end_ms - now * 1000))
-        return Decision(allowed, _limit_of(spec), remaining, 0 if allowed else reset_ms, reset_ms)
+        """One request on the account (`COST n`, `COST n FORCE`, `REFUND n`),
+        as the core's `run` answers it at the share; `limit` is the rule's."""
+        now_us = _micros(now)
+        algo, params, state = self._account(rule, key, spec, share, now_us)
+        d, _ = algorithms.run(algo, state, params, request, now_us)
+        return Decision(d.allowed, _limit_of(spec), d.remaining, d.wait_ms, d.reset_ms)
 
-    def has_room(self, rule: str, key: str, spec: Algorithm, share: int, now: float) -> bool:
-        assert not isinstance(spec, Concurrency)
-        if isinstance(spec, (Sliding, HashWindow)):
-            return self._log(rule, key, spec, now).total <= share - 1
-        return self._account(rule, key, spec, share, now)[0] >= 1
+    def peek(
+        self,
+        rule: str,
+        key: str,
+        spec: Algorithm,
+        share: int,
+        request: algorithms.Request,
+        now: float | Micros,
+    ) -> Decision:
+        """What `run` would answer, changing nothing."""
+        now_us = _micros(now)
+        algo, params, state = self._account(rule, key, spec, share, now_us)
+        d, _ = algorithms.decide(algo, state, params, request, now_us)
+        return Decision(d.allowed, _limit_of(spec), d.remaining, d.wait_ms, d.reset_ms)
+
+    def has_room(
+        self, rule: str, key: str, spec: Algorithm, share: int, now: float | Micros
+    ) -> bool:
+        """Whether the account has a unit left."""
+        return self.peek(rule, key, spec, share, _COST_1, now).allowed
 
     def charge(
-        self, rule: str, key: str, spec: Algorithm, share: int, now: float, units: int = 1
+        self,
+        rule: str,
+        key: str,
+        spec: Algorithm,
+        share: int,
+        now: float | Micros,
+        units: int = 1,
     ) -> Decision:
-        """Forced: takes `units` even beyond what is left (at most `share`
-        units of debt); the account's fields after it."""
-        assert not isinstance(spec, Concurrency)
-        if isinstance(spec, (Sliding, HashWindow)):
-            self._log(rule, key, spec, now).add(now * 1000, units, 2 * share)
-        else:
-            st = self._account(rule, key, spec, share, now)
-            st[0] = max(st[0] - units, -float(share))
-        return self._fields(rule, key, spec, share, now, True)
+        """Forced (`COST units FORCE`): takes `units` even beyond what is left
+        (at most `share` units of debt); what `COST units` would have
+        answered, admitted."""
+        return self.run(rule, key, spec, share, algorithms.Request(algorithms.FORCE, units), now)
 
-    def fields(self, rule: str, key: str, spec: Algorithm, share: int, now: float) -> Decision:
-        """The account's fields as they stand (an admission's)."""
-        return self._fields(rule, key, spec, share, now, True)
+    def refund(
+        self,
+        rule: str,
+        key: str,
+        spec: Algorithm,
+        share: int,
+        now: float | Micros,
+        units: int = 1,
+    ) -> Decision:
+        """`REFUND units`: gives back up to `units` the account holds
+        consumed; its fields after it."""
+        return self.run(rule, key, spec, share, algorithms.Request(algorithms.REFUND, units), now)
 
-    def denial(self, rule: str, key: str, spec: Algorithm, share: int, now: float) -> Decision:
-        """The account's fields for a request it has no unit for."""
-        return self._fields(rule, key, spec, share, now, False)
+    def fields(
+        self, rule: str, key: str, spec: Algorithm, share: int, now: float | Micros
+    ) -> Decision:
+        """The account's fields as they stand (`COST 0`: an admission's)."""
+        return self.run(rule, key, spec, share, _COST_0, now)
 
-    def decide(self, rule: str, key: str, spec: Algorithm, share: int, now: float) -> Decision:
+    def denial(
+        self, rule: str, key: str, spec: Algorithm, share: int, now: float | Micros
+    ) -> Decision:
+        """The account's answer to one more unit, as a denial (when it has
+        none left: `wait_ms` says when it will)."""
+        return dataclasses.replace(self.peek(rule, key, spec, share, _COST_1, now), allowed=False)
+
+    def decide(
+        self, rule: str, key: str, spec: Algorithm, share: int, now: float | Micros
+    ) -> Decision:
         """One unit if the account has it (taken), else a denial."""
-        if not self.has_room(rule, key, spec, share, now):
-            return self.denial(rule, key, spec, share, now)
-        return self.charge(rule, key, spec, share, now)
+        return self.run(rule, key, spec, share, _COST_1, now)
+
+    def _log(self, rule: str, key: str, spec: Sliding | HashWindow, now: float | Micros) -> _Held:
+        """Units a sliding log or hash window account holds in its window."""
+        now_us = _micros(now)
+        entry = self._accounts.get((rule, key))
+        if entry is None:
+            return _Held(0)
+        state = entry[1]
+        if isinstance(state, algorithms.LogState):
+            return _Held(state.live_units(state.first_live(spec.window_ms, now_us)))
+        assert isinstance(state, algorithms.RingState)
+        return _Held(state.held_at(max(now_us // (state.bucket_ms * 1000), state.newest)))
 
 
-class _Log:
-    """The account of a sliding log or a hash window: the units charged in
-    its window as `[ms, units]`, oldest first, and their total, so that it
-    turns over as the rule does (a fixed window would start afresh at its
-    boundary while the rule's window still holds the units before it).
+class Micros(int):
+    """Unix time in whole microseconds, as the accounts count it."""
 
-    At most `keep` (2 x share: the share plus as much debt) units are kept,
-    the newest: the account has a unit only while at most share - 1 are in
-    its window, and by then every older unit has left too, so dropping the
-    oldest beyond that changes no decision.
-    """
+    @staticmethod
+    def now() -> Micros:
+        return Micros(time.time_ns() // 1000)
 
-    __slots__ = ("entries", "total")
 
-    def __init__(self) -> None:
-        self.entries: collections.deque[list[float]] = collections.deque()
-        self.total = 0
+def _micros(now: float | Micros) -> int:
+    """`now` in microseconds: a `Micros` as it is, seconds to the nearest."""
+    if isinstance(now, Micros):
+        return int(now)
+    return round(now * 1_000_000)
 
-    def prune(self, now_ms: float, window_ms: int) -> None:
-        while self.entries and self.entries[0][0] + window_ms <= now_ms:
-            self.total -= int(self.entries.popleft()[1])
 
-    def add(self, now_ms: float, units: int, keep: int) -> None:
-        if self.entries and self.entries[-1][0] == now_ms:
-            self.entries[-1][1] += units
-        else:
-            self.entries.append([now_ms, float(units)])
-        self.total += units
-        while self.total > keep:
-            oldest = self.entries[0]
-            extra = self.total - keep
-            if oldest[1] <= extra:
-                self.total -= int(self.entries.popleft()[1])
-            else:
-                oldest[1] -= extra
-                self.total -= extra
+class _Held(NamedTuple):
+    total: int
 
-    def reset_ms(self, now_ms: float, window_ms: int) -> int:
-        """Until the newest unit leaves (the account idle again)."""
-        return max(0, math.ceil(self.entries[-1][0] + window_ms - now_ms)) if self.entries else 0
 
-    def wait_ms(self, now_ms: float, window_ms: int, share: int) -> int:
-        """Until enough units leave for one more to fit the share."""
-        need = self.total - (share - 1)
-        for ms, units in self.entries:
-            need -= int(units)
-            if need <= 0:
-                return max(1, math.ceil(ms + window_ms - now_ms))
-        return 1
+_COST_0 = algorithms.Request(algorithms.COST, 0)
+_COST_1 = algorithms.Request(algorithms.COST, 1)
+_PERIODS = list(Period)
+
+
+def share_of(total: int, instances: int) -> int:
+    """One instance's part of `total`: `ceil(total * 11 / (instances * 10))`,
+    at least 1 and at most `total` (as the Rust kit's `Share::Instances`)."""
+    return max(1, min(total, -(-total * 11 // (max(instances, 1) * 10))))
+
+
+def _quota_end(spec: Quota, now_us: int) -> int:
+    """The end (Unix us) of the quota's period that contains `now_us`; 0 in
+    UTC (the algorithm's own calendar, in integers). A fixed offset shifts
+    UTC's calendar; a zone name is read from the time-zone database."""
+    if spec.zone is None:
+        return 0
+    period = _PERIODS.index(Period(spec.period))
+    m = _OFFSET.match(spec.zone)
+    if m:
+        minutes = int(m.group(1)) * 60 + int(m.group(2))
+        off_us = (-1 if spec.zone[0] == "-" else 1) * minutes * 60_000_000
+        return algorithms.utc_period_end(period, now_us + off_us) - off_us
+    # Period edges are whole seconds in every zone.
+    return round(spec.period_end(now_us // 1_000_000)) * 1_000_000
 
 
 @dataclasses.dataclass
@@ -453,8 +495,8 @@ class RateLimitMiddleware:
         self.fallback = FallbackMode(fallback)
         self.deadline = deadline
         self.deny_cache = DenyCache(deny_cache_max)
-        self.local = LocalLimiter()
         self.instances = instances
+        self.local = LocalLimiter(instances=instances)
         self.breaker_failures = breaker_failures
         self.breaker_open_for = breaker_open_for
         self.x_ratelimit_headers = x_ratelimit_headers
@@ -532,8 +574,7 @@ class RateLimitMiddleware:
         """This instance's share: `ceil(limit / instances * 1.1)`, at least 1
         and at most the limit (in integers: a float's 10 * 1.1 is
         11.000000000000002)."""
-        limit = _limit_of(algo)
-        return max(1, min(limit, -(-limit * 11 // (self.instances * 10))))
+        return share_of(_limit_of(algo), self.instances)
 
     # -- deciding -------------------------------------------------------
 
@@ -632,7 +673,7 @@ class RateLimitMiddleware:
             sent.clear()
             if not d.allowed:
                 return d, index
-            now = time.time()
+            now = Micros.now()
             for i in rated:
                 self.local.charge(self.rules[i].name, keys[i], algos[i], self.share(algos[i]), now)
             decisions.append((d, index))
@@ -708,7 +749,7 @@ class RateLimitMiddleware:
         if not algos:
             self.stats.fallback_admitted += 1
             return Decision(True, 0, 0, 0, 0), 0, []
-        now, mono = time.time(), time.monotonic()
+        now, mono = Micros.now(), time.monotonic()
         shares = [self.share(a) for a in algos]
         if self.fallback is not FallbackMode.LOCAL_ONLY:
             for i in lost:
@@ -759,7 +800,7 @@ class RateLimitMiddleware:
         return dataclasses.replace(best[0], allowed=True, wait_ms=0), best[1], held
 
     def _charge_lost(
-        self, i: int, key: str, algo: Algorithm, share: int, now: float, mono: float
+        self, i: int, key: str, algo: Algorithm, share: int, now: Micros, mono: float
     ) -> Decision:
         """Charges a lost call's unit to rule `i`'s account: a rate unit, or
         a lease held until it would have expired."""
@@ -770,7 +811,7 @@ class RateLimitMiddleware:
         return self.local.charge(name, key, algo, share, now)
 
     def _account_fields(
-        self, keys: list[str], algos: list[Algorithm], shares: list[int], now: float
+        self, keys: list[str], algos: list[Algorithm], shares: list[int], now: Micros
     ) -> tuple[Decision, int]:
         """A fail-open admission: the fields of the rate account with the
         least left (never a full quota)."""
