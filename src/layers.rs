@@ -217,3 +217,82 @@ fn the_lists_of_ffi_files_are_the_files() {
         "docs/design.md's table of src/ffi/"
     );
 }
+
+/// The files of `src/commands/` form no import circle: a file names
+/// (`super::file`, outside comments) only files that do not name it back,
+/// directly or through others. `mod.rs`, the dispatcher and the table of
+/// commands, is their root and not counted.
+#[test]
+fn the_command_files_form_no_circle() {
+    let dir = format!("{ROOT}/src/commands");
+    let mut files: Vec<(String, String)> = std::fs::read_dir(&dir)
+        .expect("src/commands is readable")
+        .map(|e| e.expect("an entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "rs"))
+        .map(|p| {
+            let stem = p
+                .file_stem()
+                .expect("a name")
+                .to_string_lossy()
+                .into_owned();
+            (stem, std::fs::read_to_string(&p).expect("a source file"))
+        })
+        .filter(|(stem, _)| stem != "mod")
+        .collect();
+    files.sort();
+    let names: Vec<&str> = files.iter().map(|(n, _)| n.as_str()).collect();
+    let edges: Vec<Vec<usize>> = files
+        .iter()
+        .map(|(from, text)| {
+            let mut to: Vec<usize> = text
+                .lines()
+                .map(|line| line.split("//").next().unwrap_or_default())
+                .flat_map(|code| code.split("super::").skip(1).map(String::from))
+                .filter_map(|rest| {
+                    let name: String = rest
+                        .chars()
+                        .take_while(|c| c.is_alphanumeric() || *c == '_')
+                        .collect();
+                    names.iter().position(|n| *n == name)
+                })
+                .filter(|&i| names[i] != from)
+                .collect();
+            to.sort_unstable();
+            to.dedup();
+            to
+        })
+        .collect();
+    // Depth-first, with the path so far: a file met again on it closes a
+    // circle, which is answered.
+    fn visit(
+        i: usize,
+        edges: &[Vec<usize>],
+        path: &mut Vec<usize>,
+        done: &mut [bool],
+    ) -> Result<(), Vec<usize>> {
+        if let Some(at) = path.iter().position(|&p| p == i) {
+            return Err(path[at..].to_vec());
+        }
+        if done[i] {
+            return Ok(());
+        }
+        path.push(i);
+        for &j in &edges[i] {
+            visit(j, edges, path, done)?;
+        }
+        path.pop();
+        done[i] = true;
+        Ok(())
+    }
+    let mut done = vec![false; files.len()];
+    for i in 0..files.len() {
+        if let Err(circle) = visit(i, &edges, &mut Vec::new(), &mut done) {
+            let circle: Vec<&str> = circle.iter().map(|&p| names[p]).collect();
+            panic!("src/commands/ has an import circle through {circle:?}");
+        }
+    }
+    assert!(
+        edges.iter().any(|e| !e.is_empty()),
+        "no edge read: the check reads nothing"
+    );
+}

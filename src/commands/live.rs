@@ -122,8 +122,8 @@ impl Host for Live<'_> {
             &strings,
             backstop,
             waiter,
-            super::wait::retry,
-            super::wait::timeout,
+            retry,
+            timeout,
             crate::blocking::forget,
         );
         crate::blocking::set_client(waiter, client);
@@ -294,3 +294,31 @@ macro_rules! live {
     };
 }
 pub(crate) use live;
+
+/// The server retries blocked call `waiter`: whether it replied. The call
+/// runs again through the one dispatcher, as its first turn did.
+fn retry(ctx: &Context, argv: &Argv, waiter: u64) -> Result<bool, Error> {
+    if crate::blocking::waits_behind(waiter, crate::clock::now()) {
+        return Ok(false);
+    }
+    if !crate::blocking::served_here(waiter) {
+        // The key moved to another node (a slot migration deleted it here):
+        // the server redirects the client; nothing is decided here.
+        let now = crate::clock::now();
+        crate::blocking::keep(waiter, Some(now.saturating_add_ms(100)), now);
+        return Ok(false);
+    }
+    let live = Live::with_turn(ctx, argv, Turn::Retry(waiter));
+    super::dispatch(&live)?;
+    Ok(!live.kept_waiting())
+}
+
+/// The server's own timeout of blocked call `waiter` (a backstop: its timer
+/// answers at the deadline first).
+fn timeout(ctx: &Context, argv: &Argv, waiter: u64) -> Result<(), Error> {
+    if !crate::blocking::served_here(waiter) {
+        return Err(Error::KeyMoved);
+    }
+    let live = Live::with_turn(ctx, argv, Turn::Timeout(waiter));
+    super::dispatch(&live)
+}

@@ -237,8 +237,9 @@ pub fn companion_command<L: Listed>(which: Companion) -> Command {
 /// Runs the step of the command the call names (`RL.POLICY` and `RL.LOG`
 /// with their subcommand), after the server's arity check, as the server
 /// would dispatch it: for hosts other than the live server, which
-/// dispatches by itself.
-#[cfg(any(test, feature = "fuzzing"))]
+/// dispatches a call by itself, and for the live server's retries of a
+/// blocked call (`live.rs`), so that no other table of command names
+/// exists.
 pub fn dispatch<H: Host>(host: &H) -> Result<(), crate::error::Error> {
     use crate::algorithms::for_each_algorithm;
     use crate::error::Error;

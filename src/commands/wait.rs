@@ -13,12 +13,15 @@
 //!
 //! On one key, waiters go in arrival order: a call behind a queue takes
 //! nothing, and its `wait_ms` counts the queue in ([`behind`]).
+//!
+//! The retries themselves are the runner's (`live.rs`): a blocked call
+//! re-enters through the one dispatcher (`super::dispatch`), so this file
+//! names no step and no command.
 
 use super::host::{Host, Store, Turn};
-use crate::algorithms::{for_each_algorithm, Listed};
+use crate::algorithms::Listed;
 use crate::blocking::{self, Place};
 use crate::error::Error;
-use crate::ffi::{Argv, Context};
 use crate::limiter::{self, Decision, Micros, Request, Wait};
 
 /// What a single-key call may do before its limiter decides.
@@ -195,49 +198,4 @@ pub(super) fn answered<H: Host>(host: &H, decision: &Decision) {
         Turn::Retry(waiter) => blocking::done(waiter, decision.allowed, true),
         Turn::Timeout(waiter) => blocking::done(waiter, decision.allowed, false),
     }
-}
-
-/// The server retries blocked call `waiter`: whether it replied.
-pub(super) fn retry(ctx: &Context, argv: &Argv, waiter: u64) -> Result<bool, Error> {
-    if blocking::waits_behind(waiter, crate::clock::now()) {
-        return Ok(false);
-    }
-    if !blocking::served_here(waiter) {
-        // The key moved to another node (a slot migration deleted it here):
-        // the server redirects the client; nothing is decided here.
-        let now = crate::clock::now();
-        blocking::keep(waiter, Some(now.saturating_add_ms(100)), now);
-        return Ok(false);
-    }
-    let live = super::live::Live::with_turn(ctx, argv, Turn::Retry(waiter));
-    blocked_step(&live)?;
-    Ok(!live.kept_waiting())
-}
-
-/// The server's own timeout of blocked call `waiter` (a backstop: its timer
-/// answers at the deadline first).
-pub(super) fn timeout(ctx: &Context, argv: &Argv, waiter: u64) -> Result<(), Error> {
-    if !blocking::served_here(waiter) {
-        return Err(Error::KeyMoved);
-    }
-    let live = super::live::Live::with_turn(ctx, argv, Turn::Timeout(waiter));
-    blocked_step(&live)
-}
-
-/// Runs the step of a blocked call again: the commands that take `BLOCK`.
-fn blocked_step<H: Host>(host: &H) -> Result<(), Error> {
-    let words = host.all_words();
-    let command = words.first().copied().unwrap_or_default();
-    for_each_algorithm!(L => {
-        if command.eq_ignore_ascii_case(L::ROW.command.to_bytes()) {
-            return super::limiter::step::<L, H>(host);
-        }
-    });
-    if command.eq_ignore_ascii_case(b"RL.HIT") {
-        return super::policy::hit(host);
-    }
-    if command.eq_ignore_ascii_case(b"RL.ALL") {
-        return super::all::step(host);
-    }
-    Err(Error::Internal)
 }
