@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::limiter::{ParamError, MAX_PARAM, MAX_SPAN_MS};
+use crate::limiter::{ParamError, MAX_PARAM};
 
 /// Everything a command can refuse. Rendered to a reply in [`Error::message`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,14 +75,22 @@ impl Error {
             Error::WrongType => {
                 "WRONGTYPE Operation against a key holding the wrong kind of value".to_string()
             }
-            Error::Range { arg, min, max } => {
-                format!("ERR {arg} must be an integer from {min} to {max}")
-            }
-            Error::SpanTooLong { what } => format!(
-                "ERR {what} is too long: a limiter may take at most {MAX_SPAN_MS} ms to get back to idle"
+            // The parameters' errors read as the core crate words them (one
+            // rendering, `ParamError`'s), so that a client running the
+            // algorithms in process tells its users the same.
+            Error::Range { arg, min, max } => format!(
+                "ERR {}",
+                ParamError::Range {
+                    arg,
+                    min: *min,
+                    max: *max
+                }
             ),
-            Error::BucketDoesNotDivide => "ERR bucket_ms must divide window_ms".to_string(),
-            Error::SpanOutOfRange { what, bound } => format!("ERR {what} must be {bound}"),
+            Error::SpanTooLong { what } => format!("ERR {}", ParamError::SpanTooLong { what }),
+            Error::BucketDoesNotDivide => format!("ERR {}", ParamError::BucketDoesNotDivide),
+            Error::SpanOutOfRange { what, bound } => {
+                format!("ERR {}", ParamError::SpanOutOfRange { what, bound })
+            }
             Error::Usage(text) => text.to_string(),
             Error::NotATime(key) => format!(
                 "ERR key '{key}' holds a string that is not a CL.THROTTLE state (a time in Unix nanoseconds)"

@@ -67,8 +67,10 @@ pub struct Client {
     deadline: Duration,
 }
 
-/// How many units a call takes or gives back: re-exported from the core
-/// crate (`COST n`, `COST n FORCE`, `REFUND n`).
+/// The former name of [`Request`] (how many units a call takes or gives
+/// back: `COST n`, `COST n FORCE`, `REFUND n`), kept for one release: the
+/// kits now call it `Request` in every language.
+#[deprecated(since = "0.2.0", note = "use `Request`, the same type")]
 pub type Units = Request;
 
 fn manager_config() -> ConnectionManagerConfig {
@@ -293,7 +295,7 @@ impl Client {
     }
 
     /// Any limiter command, on `key`, with a checked spec.
-    pub async fn apply(&self, key: &str, spec: &Spec, units: Units) -> Result<Decision, Error> {
+    pub async fn apply(&self, key: &str, spec: &Spec, units: Request) -> Result<Decision, Error> {
         self.decision(limiter_cmd(key, spec, units)?, key, Sixth::Lease)
             .await
     }
@@ -303,7 +305,7 @@ impl Client {
         algorithm: &str,
         key: &str,
         params: &[u64],
-        units: Units,
+        units: Request,
     ) -> Result<Decision, Error> {
         let spec = Spec::parse(&format!("RL.{algorithm}"), algorithm, params)?;
         self.apply(key, &spec, units).await
@@ -316,7 +318,7 @@ impl Client {
         capacity: u64,
         refill_count: u64,
         refill_ms: u64,
-        units: Units,
+        units: Request,
     ) -> Result<Decision, Error> {
         self.inline(
             "TOKENBUCKET",
@@ -333,7 +335,7 @@ impl Client {
         key: &str,
         limit: u64,
         window_ms: u64,
-        units: Units,
+        units: Request,
     ) -> Result<Decision, Error> {
         self.inline("FIXEDWINDOW", key, &[limit, window_ms], units)
             .await
@@ -346,7 +348,7 @@ impl Client {
         capacity: u64,
         leak_count: u64,
         leak_ms: u64,
-        units: Units,
+        units: Request,
     ) -> Result<Decision, Error> {
         self.inline("LEAKYBUCKET", key, &[capacity, leak_count, leak_ms], units)
             .await
@@ -358,7 +360,7 @@ impl Client {
         key: &str,
         limit: u64,
         window_ms: u64,
-        units: Units,
+        units: Request,
     ) -> Result<Decision, Error> {
         self.inline("SLIDING", key, &[limit, window_ms], units)
             .await
@@ -371,7 +373,7 @@ impl Client {
         limit: u64,
         window_ms: u64,
         bucket_ms: u64,
-        units: Units,
+        units: Request,
     ) -> Result<Decision, Error> {
         self.inline("HASHWINDOW", key, &[limit, window_ms, bucket_ms], units)
             .await
@@ -386,7 +388,7 @@ impl Client {
         key: &str,
         limit: u64,
         lease_ms: u64,
-        units: Units,
+        units: Request,
     ) -> Result<Decision, Error> {
         self.inline("CONCURRENCY", key, &[limit, lease_ms], units)
             .await
@@ -403,7 +405,7 @@ impl Client {
         limit: u64,
         period: Period,
         zone: Option<&str>,
-        units: Units,
+        units: Request,
     ) -> Result<Decision, Error> {
         let spec = Spec::quota(limit, period, zone)?;
         self.apply(key, &spec, units).await
@@ -444,7 +446,7 @@ impl Client {
     /// `RL.HIT policy key [...]`, sent to the owner of `key` (its second
     /// argument), not of the policy name. On a `CONCURRENCY` policy, an
     /// admission carries its [`Decision::lease`].
-    pub async fn hit(&self, policy: &str, key: &str, units: Units) -> Result<Decision, Error> {
+    pub async fn hit(&self, policy: &str, key: &str, units: Request) -> Result<Decision, Error> {
         self.decision(hit_cmd(policy, key, units)?, key, Sixth::Lease)
             .await
     }
@@ -475,7 +477,7 @@ impl Client {
         &self,
         key: &str,
         spec: &Spec,
-        units: Units,
+        units: Request,
         timeout: Duration,
     ) -> Result<Decision, Error> {
         self.blocking(limiter_cmd(key, spec, units)?, key, Sixth::Lease, timeout)
@@ -487,7 +489,7 @@ impl Client {
         &self,
         policy: &str,
         key: &str,
-        units: Units,
+        units: Request,
         timeout: Duration,
     ) -> Result<Decision, Error> {
         self.blocking(hit_cmd(policy, key, units)?, key, Sixth::Lease, timeout)
@@ -836,7 +838,7 @@ fn text(v: &Value) -> Option<String> {
     }
 }
 
-fn check_units(command: &str, units: Units) -> Result<(), Error> {
+fn check_units(command: &str, units: Request) -> Result<(), Error> {
     let (arg, n) = match units {
         Request::Cost(n) | Request::Force(n) => ("COST", n),
         Request::Refund(n) => ("REFUND", n),
@@ -862,14 +864,14 @@ fn check_lease(command: &str, lease: u64) -> Result<(), Error> {
     Ok(())
 }
 
-fn lease_units(command: &str, cost: u64) -> Result<Units, Error> {
+fn lease_units(command: &str, cost: u64) -> Result<Request, Error> {
     if cost == 0 {
         return Err(Error::bad(command, "COST", "a lease holds at least 1 unit"));
     }
     Ok(Request::Cost(cost))
 }
 
-pub(crate) fn limiter_cmd(key: &str, spec: &Spec, units: Units) -> Result<Cmd, Error> {
+pub(crate) fn limiter_cmd(key: &str, spec: &Spec, units: Request) -> Result<Cmd, Error> {
     check_units(spec.algorithm(), units)?;
     let mut cmd = redis::cmd(&format!("RL.{}", spec.algorithm()));
     cmd.arg(key).arg(spec.args());
@@ -877,7 +879,7 @@ pub(crate) fn limiter_cmd(key: &str, spec: &Spec, units: Units) -> Result<Cmd, E
     Ok(cmd)
 }
 
-pub(crate) fn hit_cmd(policy: &str, key: &str, units: Units) -> Result<Cmd, Error> {
+pub(crate) fn hit_cmd(policy: &str, key: &str, units: Request) -> Result<Cmd, Error> {
     check_units("RL.HIT", units)?;
     crate::Rule::policy(policy).check()?;
     let mut cmd = redis::cmd("RL.HIT");
@@ -934,7 +936,7 @@ pub(crate) fn utc_only(rule: &str, spec: &Spec, what: &str) -> Result<(), Error>
     }
 }
 
-fn units_args(cmd: &mut Cmd, units: Units) {
+fn units_args(cmd: &mut Cmd, units: Request) {
     match units {
         Request::Cost(1) => {}
         Request::Cost(n) => {

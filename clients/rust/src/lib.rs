@@ -53,9 +53,10 @@ mod local;
 mod retry;
 mod rule;
 
-pub use client::{
-    Client, LogEntry, PolicyInfo, PolicyMode, Units, DEFAULT_DEADLINE, MIN_MODULE_VERSION,
-};
+/// Deprecated: [`Request`] (kept for one release; see CHANGELOG.md).
+#[allow(deprecated)]
+pub use client::Units;
+pub use client::{Client, LogEntry, PolicyInfo, PolicyMode, DEFAULT_DEADLINE, MIN_MODULE_VERSION};
 pub use decision::{Decision, Path};
 pub use error::Error;
 pub use fallback::{BreakerConfig, FallbackMode, StatsSnapshot};
