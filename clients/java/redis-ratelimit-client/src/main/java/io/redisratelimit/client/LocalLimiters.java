@@ -4,31 +4,30 @@ import com.github.benmanes.caffeine.cache.Cache;
 import com.github.benmanes.caffeine.cache.Caffeine;
 
 import java.time.Duration;
+import java.time.Instant;
 import java.util.ArrayList;
 import java.util.Comparator;
 import java.util.List;
 import java.util.concurrent.locks.ReentrantLock;
+import java.util.function.LongSupplier;
 
 /**
  * In-process limiters, one per rule and key, bounded by a size cap and
  * dropped when idle. Used by the local level (at the instance's share of a
  * global rule) and as each rule's account at that share, which the
- * local-only fallback admits from. Each algorithm is kept in the
- * same shape as the server's: a bucket refilling continuously, a fixed window
- * aligned to the epoch, and for the sliding and hash windows a weighted
- * two-window counter (approximate, as a local share is anyway).
+ * local-only fallback admits from. Each limiter is the server's own
+ * algorithm ({@link CoreAlgorithms}, the core's state machines in integer
+ * arithmetic): at a share equal to the limit it answers what the server would
+ * for the same calls at the same instants, {@code reset_ms} and
+ * {@code wait_ms} included. A change of parameters carries what was consumed
+ * over, as the server does; a change of algorithm starts afresh.
  */
 final class LocalLimiters {
     /** One limiter. Guarded by its lock; several are locked in key order. */
     static final class State {
         final ReentrantLock lock = new ReentrantLock();
-        Spec spec;
-        double level;       // buckets: tokens (token bucket) or queued units (leaky bucket)
-        long lastNanos;
-        long window = Long.MIN_VALUE;
-        long end;           // quota: the end of the period counted, epoch ms
-        long count;
-        long previous;
+        Algorithm algorithm;
+        CoreAlgorithms.State core;
         long owed;          // units admitted here that Redis never saw (the call was not sent)
     }
 
@@ -49,9 +48,23 @@ final class LocalLimiters {
     }
 
     private final Cache<String, State> states;
+    /** Unix microseconds. */
+    private final LongSupplier clockUs;
 
     LocalLimiters(long capacity) {
+        this(capacity, LocalLimiters::wallClockUs);
+    }
+
+    /** With {@code clockUs} as the clock (Unix microseconds). */
+    LocalLimiters(long capacity, LongSupplier clockUs) {
         states = Caffeine.newBuilder().maximumSize(Math.max(1, capacity)).expireAfterAccess(Duration.ofMinutes(10)).build();
+        this.clockUs = clockUs;
+    }
+
+    /** The wall clock in Unix microseconds (the server's time base; a step back never gives units back). */
+    static long wallClockUs() {
+        Instant t = Instant.now();
+        return t.getEpochSecond() * 1_000_000L + t.getNano() / 1_000;
     }
 
     /** All or nothing: consumes {@code cost} from every limiter, or denies naming the first that cannot. */
@@ -66,9 +79,10 @@ final class LocalLimiters {
     }
 
     /**
-     * Consumes {@code cost} from every limiter whether it has room or not (a
-     * limiter may go into debt, which it pays back as it refills): units that
-     * Redis counted, or may have counted, for this instance.
+     * Consumes {@code cost} from every limiter whether it has room or not
+     * ({@code COST n FORCE}: a limiter may go into debt, at most its limit
+     * beyond empty, which it pays back as it refills): units that Redis
+     * counted, or may have counted, for this instance.
      */
     void charge(List<Take> takes, long cost) {
         take(takes, cost, true);
@@ -120,27 +134,27 @@ final class LocalLimiters {
             byIndex[i] = s;
         }
         try {
-            long nowNanos = System.nanoTime();
-            long nowMs = System.currentTimeMillis();
+            long nowUs = clockUs.getAsLong();
+            if (!forced) {
+                // All or nothing: every limiter decides first, nothing changes on a denial.
+                for (int i = 0; i < takes.size(); i++) {
+                    Spec spec = takes.get(i).spec();
+                    refresh(byIndex[i], spec, nowUs);
+                    CoreAlgorithms.Verdict v = byIndex[i].core.decide(params(spec, nowUs), cost, nowUs);
+                    if (!v.allowed()) {
+                        return new Outcome(false, i, v.toDecision());
+                    }
+                }
+            }
             int tightest = 0;
             Decision admitted = null;
+            CoreAlgorithms.Request request = forced ? CoreAlgorithms.Request.force(cost) : CoreAlgorithms.Request.cost(cost);
             for (int i = 0; i < takes.size(); i++) {
-                State s = byIndex[i];
-                refresh(s, takes.get(i).spec(), nowNanos, nowMs);
-                if (forced) {
-                    continue;
-                }
-                Decision d = peek(s, cost, nowMs);
-                if (!d.allowed()) {
-                    return new Outcome(false, i, d);
-                }
+                Decision d = step(byIndex[i], takes.get(i).spec(), request, nowUs);
                 if (admitted == null || d.remaining() < admitted.remaining()) {
                     tightest = i;
                     admitted = d;
                 }
-            }
-            for (State s : byIndex) {
-                consume(s, cost);
             }
             return new Outcome(true, tightest, admitted);
         } finally {
@@ -152,7 +166,8 @@ final class LocalLimiters {
 
     /**
      * Gives back what {@link #takeAll} consumed, when Redis denied the request
-     * after the local level admitted it: a denial consumes nothing anywhere.
+     * after the local level admitted it: a denial consumes nothing anywhere
+     * ({@code REFUND cost} on each limiter).
      */
     void giveBack(List<Take> takes, long cost) {
         for (Take t : takes) {
@@ -162,13 +177,8 @@ final class LocalLimiters {
             }
             s.lock.lock();
             try {
-                if (s.spec == null) {
-                    continue;
-                }
-                switch (s.spec.algorithm()) {
-                    case TOKENBUCKET -> s.level = Math.min(s.spec.params().get(0), s.level + cost);
-                    case LEAKYBUCKET -> s.level = Math.max(0, s.level - cost);
-                    default -> s.count = Math.max(0, s.count - cost);
+                if (s.core != null && s.algorithm == t.spec().algorithm()) {
+                    step(s, t.spec(), CoreAlgorithms.Request.refund(cost), clockUs.getAsLong());
                 }
             } finally {
                 s.lock.unlock();
@@ -176,103 +186,45 @@ final class LocalLimiters {
         }
     }
 
-    private static void refresh(State s, Spec spec, long nowNanos, long nowMs) {
-        List<Long> p = spec.params();
-        if (s.spec == null || s.spec.algorithm() != spec.algorithm() || s.spec.period() != spec.period()) {
-            s.spec = spec;
-            s.level = spec.algorithm() == Algorithm.TOKENBUCKET ? p.get(0) : 0;
-            s.lastNanos = nowNanos;
-            s.window = Long.MIN_VALUE;
-            s.count = 0;
-            s.previous = 0;
-        }
-        s.spec = spec;
-        double elapsedMs = Math.max(0, nowNanos - s.lastNanos) / 1e6;
-        s.lastNanos = nowNanos;
-        switch (spec.algorithm()) {
-            case TOKENBUCKET -> s.level = Math.min(p.get(0), s.level + elapsedMs * p.get(1) / p.get(2));
-            case LEAKYBUCKET -> s.level = Math.max(0, s.level - elapsedMs * p.get(1) / p.get(2));
-            case QUOTA -> {
-                if (s.window == Long.MIN_VALUE || nowMs >= s.end) {
-                    long[] bounds = spec.period().bounds(nowMs, spec.zoneId());
-                    s.window = bounds[0];
-                    s.end = bounds[1];
-                    s.count = 0;
-                }
-            }
-            default -> {
-                long w = p.get(1);
-                long window = Math.floorDiv(nowMs, w);
-                if (window != s.window) {
-                    s.previous = window == s.window + 1 ? s.count : 0;
-                    s.count = 0;
-                    s.window = window;
-                }
-            }
+    /**
+     * One request on one limiter at the clock's instant, as the server would
+     * run it ({@code COST n}, {@code COST n FORCE}, {@code REFUND n}): the
+     * step {@link #take}, {@link #charge} and {@link #giveBack} take on each
+     * limiter.
+     */
+    Decision request(Take take, CoreAlgorithms.Request request) {
+        State s = states.get(take.key(), k -> new State());
+        s.lock.lock();
+        try {
+            return step(s, take.spec(), request, clockUs.getAsLong());
+        } finally {
+            s.lock.unlock();
         }
     }
 
-    private static Decision peek(State s, long cost, long nowMs) {
-        List<Long> p = s.spec.params();
-        long limit = p.get(0);
-        if (cost > limit) {
-            return new Decision(false, limit, 0, -1, 0, null, Path.LOCAL);
-        }
-        switch (s.spec.algorithm()) {
-            case TOKENBUCKET -> {
-                if (s.level >= cost) {
-                    return admitted(limit, (long) Math.floor(s.level - cost), 0);
-                }
-                long wait = (long) Math.ceil((cost - s.level) * p.get(2) / p.get(1));
-                return new Decision(false, limit, Math.max(0, (long) Math.floor(s.level)), Math.max(1, wait),
-                        (long) Math.ceil((limit - s.level) * p.get(2) / p.get(1)), null, Path.LOCAL);
-            }
-            case LEAKYBUCKET -> {
-                if (s.level + cost <= limit) {
-                    return admitted(limit, (long) Math.floor(limit - s.level - cost), 0);
-                }
-                long wait = (long) Math.ceil((s.level + cost - limit) * p.get(2) / p.get(1));
-                return new Decision(false, limit, Math.max(0, (long) Math.floor(limit - s.level)), Math.max(1, wait),
-                        (long) Math.ceil(s.level * p.get(2) / p.get(1)), null, Path.LOCAL);
-            }
-            case QUOTA -> {
-                long reset = Math.max(1, s.end - nowMs);
-                if (s.count + cost <= limit) {
-                    return admitted(limit, limit - s.count - cost, reset);
-                }
-                return new Decision(false, limit, Math.max(0, limit - s.count), reset, reset, null, Path.LOCAL);
-            }
-            case FIXEDWINDOW -> {
-                long w = p.get(1);
-                long reset = (s.window + 1) * w - nowMs;
-                if (s.count + cost <= limit) {
-                    return admitted(limit, limit - s.count - cost, reset);
-                }
-                return new Decision(false, limit, Math.max(0, limit - s.count), Math.max(1, reset), reset, null, Path.LOCAL);
-            }
-            default -> {
-                long w = p.get(1);
-                long intoWindow = nowMs - s.window * w;
-                double weight = (double) (w - intoWindow) / w;
-                double used = s.previous * weight + s.count;
-                long reset = (s.window + 2) * w - nowMs;
-                if (used + cost <= limit) {
-                    return admitted(limit, (long) Math.floor(limit - used - cost), reset);
-                }
-                return new Decision(false, limit, Math.max(0, (long) Math.floor(limit - used)), Math.max(1, w - intoWindow), reset, null, Path.LOCAL);
-            }
+    private static Decision step(State s, Spec spec, CoreAlgorithms.Request request, long nowUs) {
+        refresh(s, spec, nowUs);
+        return CoreAlgorithms.run(s.core, params(spec, nowUs), request, nowUs).decision().toDecision();
+    }
+
+    /** A limiter of the spec's algorithm: idle at {@code now} if there was none, or one of another algorithm. */
+    private static void refresh(State s, Spec spec, long nowUs) {
+        if (s.core == null || s.algorithm != spec.algorithm()) {
+            s.core = CoreAlgorithms.idle(spec.algorithm(), params(spec, nowUs), nowUs);
+            s.algorithm = spec.algorithm();
         }
     }
 
-    private static Decision admitted(long limit, long remaining, long reset) {
-        return new Decision(true, limit, Math.max(0, remaining), 0, Math.max(0, reset), null, Path.LOCAL);
-    }
-
-    private static void consume(State s, long cost) {
-        switch (s.spec.algorithm()) {
-            case TOKENBUCKET -> s.level -= cost;
-            case LEAKYBUCKET -> s.level += cost;
-            default -> s.count += cost;
+    /**
+     * The core's parameters of a spec: its integers; for a quota the limit,
+     * the period's index and the end of the period holding {@code now} in the
+     * quota's zone (0 in UTC, which the algorithm computes itself).
+     */
+    static long[] params(Spec spec, long nowUs) {
+        if (spec.algorithm() == Algorithm.QUOTA) {
+            long endUs = spec.zoned() ? spec.period().bounds(Math.floorDiv(nowUs, 1000), spec.zoneId())[1] * 1000 : 0;
+            return new long[] {spec.limit(), spec.period().ordinal(), endUs};
         }
+        return spec.params().stream().mapToLong(Long::longValue).toArray();
     }
 }

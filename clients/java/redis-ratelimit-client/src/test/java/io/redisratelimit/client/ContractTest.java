@@ -156,6 +156,81 @@ class ContractTest {
         return tests.stream();
     }
 
+    /** The algorithms whose golden sequences the in-process limiters must reproduce. */
+    static final List<String> GOLDEN = List.of("TOKENBUCKET", "LEAKYBUCKET", "FIXEDWINDOW", "SLIDING", "HASHWINDOW", "QUOTA");
+
+    /**
+     * Every golden sequence through the in-process limiters, as the local
+     * level and the local-only fallback run them ({@link LocalLimiters} at a
+     * share equal to the limit, its clock at each step's instant): a cost
+     * through {@code take} (every limiter decides, then runs), a forced cost
+     * or a refund through the per-limiter step {@code charge} and
+     * {@code giveBack} take. Every decision must equal the vector, all five
+     * integers.
+     */
+    @TestFactory
+    Stream<DynamicTest> goldenSequences() {
+        List<DynamicTest> tests = new ArrayList<>();
+        for (String word : GOLDEN) {
+            JsonNode golden = Contract.algorithm(word).get("golden");
+            assertTrue(golden != null && golden.size() > 0, word + " has golden sequences");
+            int i = 0;
+            for (JsonNode sequence : golden) {
+                String name = word + " golden #" + i++;
+                tests.add(dynamicTest(name, () -> {
+                    List<String> wrong = goldenMismatches(word, sequence);
+                    assertEquals(List.of(), wrong, name + ": " + wrong.size() + " of " + sequence.get("steps").size() + " decisions differ");
+                }));
+            }
+        }
+        return tests.stream();
+    }
+
+    @Test
+    void goldenSequencesCoverEveryRequestKind() {
+        int steps = 0;
+        java.util.Set<String> kinds = new java.util.TreeSet<>();
+        for (String word : GOLDEN) {
+            for (JsonNode sequence : Contract.algorithm(word).get("golden")) {
+                for (JsonNode step : sequence.get("steps")) {
+                    kinds.add(step.get("request").fieldNames().next());
+                    steps++;
+                }
+            }
+        }
+        assertEquals(java.util.Set.of("cost", "force", "refund"), kinds);
+        assertTrue(steps >= 6 * 100, steps + " golden decisions");
+    }
+
+    /** The steps of one golden sequence whose decision differs from the vector (empty when all match). */
+    static List<String> goldenMismatches(String word, JsonNode sequence) {
+        long[] clock = {0};
+        LocalLimiters limiters = new LocalLimiters(16, () -> clock[0]);
+        List<String> wrong = new ArrayList<>();
+        int n = 0;
+        for (JsonNode step : sequence.get("steps")) {
+            clock[0] = step.get("at_us").longValue();
+            LocalLimiters.Take take = new LocalLimiters.Take("k", Contract.spec(word, Contract.longs(step.get("params"))));
+            JsonNode request = step.get("request");
+            Decision d;
+            if (request.has("cost")) {
+                d = limiters.take(List.of(take), request.get("cost").longValue()).decision();
+            } else if (request.has("force")) {
+                d = limiters.request(take, CoreAlgorithms.Request.force(request.get("force").longValue()));
+            } else {
+                d = limiters.request(take, CoreAlgorithms.Request.refund(request.get("refund").longValue()));
+            }
+            long[] got = {d.allowed() ? 1 : 0, d.limit(), d.remaining(), d.waitMs(), d.resetMs()};
+            long[] expected = Contract.longs(step.get("decision"));
+            if (!Arrays.equals(got, expected)) {
+                wrong.add("step " + n + " " + step.get("params") + " at " + clock[0] + " " + request + ": expected "
+                        + Arrays.toString(expected) + ", got " + Arrays.toString(got));
+            }
+            n++;
+        }
+        return wrong;
+    }
+
     private static List<String> texts(JsonNode array) {
         List<String> out = new ArrayList<>();
         array.forEach(n -> out.add(n.asText()));
