@@ -107,6 +107,31 @@ awk '
     }
   }' "$RESULTS"
 
+# Starts side `side`'s build (before or after) under callgrind in
+# $WORK/<folder>, counting inside the module's command dispatcher, with
+# callgrind's options after the folder; sets `port`, `pid` and `dir`, and
+# fails (logging the server's last lines) if it does not answer.
+under_callgrind() {
+  local side="$1" folder="$2" module="$BEFORE"
+  shift 2
+  [ "$side" = after ] && module="$AFTER"
+  port="$(rl_free_port)"
+  dir="$WORK/$folder"
+  mkdir -p "$dir"
+  valgrind --tool=callgrind --collect-atstart=no --toggle-collect=RedisModuleCommandDispatcher \
+    "$@" --callgrind-out-file="$dir/out.%p" \
+    redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" \
+    --loadmodule "$module" >"$dir/valgrind.log" 2>&1 &
+  pid=$!
+  RL_PIDS+=("$pid")
+  for _ in $(seq 600); do rl_answers "$port" && break; sleep 0.1; done
+  if ! rl_answers "$port"; then
+    log "the $side server did not start under valgrind; its log:"
+    tail -n 5 "$dir/valgrind.log" >&2
+    return 1
+  fi
+}
+
 # Instructions per call under callgrind: each build's server alone, the
 # same calls on 100 live keys, counted from a zeroed counter.
 if [ "$CALLS" -gt 0 ] && command -v valgrind >/dev/null && command -v callgrind_control >/dev/null; then
@@ -115,27 +140,11 @@ if [ "$CALLS" -gt 0 ] && command -v valgrind >/dev/null && command -v callgrind_
   printf "%-14s %14s %14s %16s\n" "command" "before" "after" "after / before"
   declare -A IR
   for side in before after; do
-    module="$BEFORE"
-    [ "$side" = after ] && module="$AFTER"
-    port="$(rl_free_port)"
-    dir="$WORK/cg-$side"
-    mkdir -p "$dir"
     # Only what runs inside a command's own function: the module's dispatcher
     # (the module's code and the module API calls it makes), INCR's
     # `incrCommand`; not the event loop, the socket reads and writes, the
     # propagation after the command or serverCron.
-    valgrind --tool=callgrind --collect-atstart=no --toggle-collect=RedisModuleCommandDispatcher \
-      --toggle-collect=incrCommand --callgrind-out-file="$dir/out.%p" \
-      redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" \
-      --loadmodule "$module" >"$dir/valgrind.log" 2>&1 &
-    pid=$!
-    RL_PIDS+=("$pid")
-    for _ in $(seq 600); do rl_answers "$port" && break; sleep 0.1; done
-    if ! rl_answers "$port"; then
-      log "the $side server did not start under valgrind; its log:"
-      tail -n 5 "$dir/valgrind.log" >&2
-      continue
-    fi
+    under_callgrind "$side" "cg-$side" --toggle-collect=incrCommand || continue
     redis-cli -p "$port" RL.POLICY SET bench-tb TOKENBUCKET 1000 1 1000 >/dev/null
     for w in "${WORKLOADS[@]}"; do
       id="${w%%|*}"
@@ -179,24 +188,7 @@ if [ "$CACHE_KEYS" -gt 0 ] && command -v valgrind >/dev/null && command -v callg
   printf "%-14s %14s %14s %14s %14s\n" "command" "before D1" "after D1" "before LL" "after LL"
   declare -A MISS
   for side in before after; do
-    module="$BEFORE"
-    [ "$side" = after ] && module="$AFTER"
-    port="$(rl_free_port)"
-    dir="$WORK/cache-$side"
-    mkdir -p "$dir"
-    valgrind --tool=callgrind --cache-sim=yes --D1=32768,8,64 --LL=8388608,16,64 \
-      --collect-atstart=no --toggle-collect=RedisModuleCommandDispatcher \
-      --callgrind-out-file="$dir/out.%p" \
-      redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" \
-      --loadmodule "$module" >"$dir/valgrind.log" 2>&1 &
-    pid=$!
-    RL_PIDS+=("$pid")
-    for _ in $(seq 600); do rl_answers "$port" && break; sleep 0.1; done
-    if ! rl_answers "$port"; then
-      log "the $side server did not start under valgrind; its log:"
-      tail -n 5 "$dir/valgrind.log" >&2
-      continue
-    fi
+    under_callgrind "$side" "cache-$side" --cache-sim=yes --D1=32768,8,64 --LL=8388608,16,64 || continue
     for w in "${CACHE_WORKLOADS[@]}"; do
       id="${w%%|*}"
       cmd="${w#*|}"

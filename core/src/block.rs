@@ -57,6 +57,18 @@ impl Block {
         &mut self.0[1..]
     }
 
+    /// Word `i` after word 0.
+    #[inline(always)]
+    pub(crate) fn get(&self, i: usize) -> u64 {
+        self.0[1 + i]
+    }
+
+    /// Sets word `i` after word 0.
+    #[inline(always)]
+    pub(crate) fn set(&mut self, i: usize, value: u64) {
+        self.0[1 + i] = value;
+    }
+
     /// Bytes of the allocation (as the state's own size does not count it).
     pub fn bytes(&self) -> usize {
         self.0.len() * std::mem::size_of::<u64>()

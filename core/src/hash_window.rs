@@ -183,32 +183,23 @@ impl HashWindowState {
             return None;
         }
         let mut state = HashWindowState::zeroed(bucket_ms, newest, values.len(), width);
-        state.set_word(SUM, sum);
+        state.block.set(SUM, sum);
         for (slot, &value) in values.iter().enumerate() {
             state.put(slot, value);
         }
         Some(state)
     }
 
-    #[inline(always)]
-    fn word(&self, i: usize) -> u64 {
-        self.block.words()[i]
-    }
-    #[inline(always)]
-    fn set_word(&mut self, i: usize, value: u64) {
-        self.block.words_mut()[i] = value;
-    }
-
     fn bucket_ms(&self) -> u64 {
-        self.word(BUCKET_MS)
+        self.block.get(BUCKET_MS)
     }
     /// Index (Unix ms / bucket_ms) of the newest bucket in the ring.
     pub(crate) fn newest(&self) -> u64 {
-        self.word(NEWEST)
+        self.block.get(NEWEST)
     }
     /// Units in the ring.
     pub(crate) fn sum(&self) -> u64 {
-        self.word(SUM)
+        self.block.get(SUM)
     }
     /// Counters in the ring.
     #[inline(always)]
@@ -232,9 +223,9 @@ impl HashWindowState {
     #[inline(always)]
     fn get(&self, slot: usize) -> u64 {
         match self.counter_width() {
-            2 => (self.word(COUNTS + slot / 4) >> (slot % 4 * 16)) & 0xffff,
-            4 => (self.word(COUNTS + slot / 2) >> (slot % 2 * 32)) & 0xffff_ffff,
-            _ => self.word(COUNTS + slot),
+            2 => (self.block.get(COUNTS + slot / 4) >> (slot % 4 * 16)) & 0xffff,
+            4 => (self.block.get(COUNTS + slot / 2) >> (slot % 2 * 32)) & 0xffff_ffff,
+            _ => self.block.get(COUNTS + slot),
         }
     }
 
@@ -247,8 +238,8 @@ impl HashWindowState {
             _ => (COUNTS + slot, 0, u64::MAX),
         };
         debug_assert!(value <= mask);
-        let word = self.word(at) & !(mask << shift) | value << shift;
-        self.set_word(at, word);
+        let word = self.block.get(at) & !(mask << shift) | value << shift;
+        self.block.set(at, word);
     }
 
     /// Adds `units` to a counter, widening the whole ring first if the new
@@ -309,11 +300,11 @@ impl HashWindowState {
             return None;
         }
         let mut state = HashWindowState::zeroed(bucket_ms, newest, len, width);
-        state.set_word(SUM, sum);
+        state.block.set(SUM, sum);
         for (i, chunk) in bytes.chunks(8).enumerate() {
             let mut word = [0; 8];
             word[..chunk.len()].copy_from_slice(chunk);
-            state.set_word(COUNTS + i, u64::from_le_bytes(word));
+            state.block.set(COUNTS + i, u64::from_le_bytes(word));
         }
         Some(state)
     }
@@ -419,7 +410,7 @@ impl HashWindowState {
         let newest = self.newest();
         if current >= newest + n {
             self.clear();
-            self.set_word(SUM, 0);
+            self.block.set(SUM, 0);
         } else {
             let mut sum = self.sum();
             for j in newest + 1..=current {
@@ -427,9 +418,9 @@ impl HashWindowState {
                 sum -= self.get(slot);
                 self.put(slot, 0);
             }
-            self.set_word(SUM, sum);
+            self.block.set(SUM, sum);
         }
-        self.set_word(NEWEST, newest.max(current));
+        self.block.set(NEWEST, newest.max(current));
     }
 
     /// The same units in the ring of other parameters, at bucket time `now`.
@@ -452,7 +443,7 @@ impl HashWindowState {
                 new.advance(target);
             }
             new.add((target % n_new) as usize, units);
-            new.set_word(SUM, new.sum() + units);
+            new.block.set(SUM, new.sum() + units);
         }
         new
     }
@@ -603,7 +594,7 @@ impl Algorithm for HashWindow {
             let n = state.n();
             state.advance(current);
             state.add((current % n) as usize, cost);
-            state.set_word(SUM, state.sum() + cost);
+            state.block.set(SUM, state.sum() + cost);
         }
         decision
     }
@@ -651,7 +642,7 @@ impl Algorithm for HashWindow {
         state.advance(current);
         let n = state.n();
         state.add((current % n) as usize, take);
-        state.set_word(SUM, state.sum() + take);
+        state.block.set(SUM, state.sum() + take);
         (decision, true)
     }
 
@@ -682,7 +673,7 @@ impl Algorithm for HashWindow {
             let slot = (bucket % n) as usize;
             let back = left.min(state.get(slot));
             state.sub(slot, back);
-            state.set_word(SUM, state.sum() - back);
+            state.block.set(SUM, state.sum() - back);
             left -= back;
             if left == 0 {
                 break;

@@ -220,39 +220,30 @@ impl SlidingLogState {
         SlidingLogState { block }
     }
 
-    #[inline(always)]
-    fn word(&self, i: usize) -> u64 {
-        self.block.words()[i]
-    }
-    #[inline(always)]
-    fn set_word(&mut self, i: usize, value: u64) {
-        self.block.words_mut()[i] = value;
-    }
-
     /// The Unix millisecond entries' offsets count from.
     fn epoch_ms(&self) -> u64 {
-        self.word(EPOCH)
+        self.block.get(EPOCH)
     }
     /// Units ever admitted into this log (modulo 2^64).
     fn admitted(&self) -> u64 {
-        self.word(ADMITTED)
+        self.block.get(ADMITTED)
     }
     /// Units held by the entries.
     fn held(&self) -> u64 {
-        self.word(HELD)
+        self.block.get(HELD)
     }
     /// Index in the ring of the oldest entry.
     #[inline(always)]
     fn head(&self) -> usize {
-        (self.word(RING) & 0xffff_ffff) as usize
+        (self.block.get(RING) & 0xffff_ffff) as usize
     }
     /// Entries in the log.
     #[inline(always)]
     fn len(&self) -> usize {
-        (self.word(RING) >> 32) as usize
+        (self.block.get(RING) >> 32) as usize
     }
     fn set_ring(&mut self, head: usize, len: usize) {
-        self.set_word(RING, (len as u64) << 32 | head as u64);
+        self.block.set(RING, (len as u64) << 32 | head as u64);
     }
     /// Entries the ring has room for.
     #[inline(always)]
@@ -271,12 +262,12 @@ impl SlidingLogState {
     #[inline(always)]
     fn entry(&self, i: usize) -> u64 {
         debug_assert!(i < self.len());
-        self.word(self.slot(i))
+        self.block.get(self.slot(i))
     }
     fn set_entry(&mut self, i: usize, value: u64) {
         debug_assert!(i < self.len());
         let slot = self.slot(i);
-        self.set_word(slot, value);
+        self.block.set(slot, value);
     }
 
     /// Moves the log into a block with room for `capacity` entries (at
@@ -285,11 +276,11 @@ impl SlidingLogState {
         let len = self.len();
         debug_assert!(capacity >= len);
         let mut moved = SlidingLogState::with_capacity(self.epoch_ms(), capacity);
-        moved.set_word(ADMITTED, self.admitted());
-        moved.set_word(HELD, self.held());
+        moved.block.set(ADMITTED, self.admitted());
+        moved.block.set(HELD, self.held());
         moved.set_ring(0, len);
         for i in 0..len {
-            moved.set_word(ENTRIES + i, self.entry(i));
+            moved.block.set(ENTRIES + i, self.entry(i));
         }
         *self = moved;
     }
@@ -369,7 +360,7 @@ impl SlidingLogState {
     fn expire(&mut self, first: usize) {
         if first > 0 {
             let held = self.held() - self.units_through(first - 1);
-            self.set_word(HELD, held);
+            self.block.set(HELD, held);
             self.drop_oldest(first);
         }
         // Give memory back once the ring is mostly empty (its block halved
@@ -384,13 +375,13 @@ impl SlidingLogState {
     /// Appends `cost` units at millisecond `ms` (never before the newest).
     fn push(&mut self, ms: u64, cost: u64) {
         if self.len() == 0 {
-            self.set_word(EPOCH, ms);
+            self.block.set(EPOCH, ms);
         } else if ms - self.epoch_ms() > MAX_OFFSET_MS {
             self.rebase();
         }
         let admitted = self.admitted().wrapping_add(cost);
-        self.set_word(ADMITTED, admitted);
-        self.set_word(HELD, self.held() + cost);
+        self.block.set(ADMITTED, admitted);
+        self.block.set(HELD, self.held() + cost);
         let offset = ms - self.epoch_ms();
         match self.newest() {
             Some(last) if offset_of(last) == offset => {
@@ -424,9 +415,9 @@ impl SlidingLogState {
             };
             let in_last = self.units_through(len - 1) - below;
             let back = units.min(in_last);
-            self.set_word(HELD, self.held() - back);
+            self.block.set(HELD, self.held() - back);
             let admitted = self.admitted().wrapping_sub(back);
-            self.set_word(ADMITTED, admitted);
+            self.block.set(ADMITTED, admitted);
             units -= back;
             if back == in_last {
                 self.pop_entry();
@@ -447,7 +438,7 @@ impl SlidingLogState {
             let e = self.entry(i);
             self.set_entry(i, entry(offset_of(e) - shift, e));
         }
-        self.set_word(EPOCH, self.epoch_ms() + shift);
+        self.block.set(EPOCH, self.epoch_ms() + shift);
     }
 
     /// Checks the invariants a loaded state must hold.
@@ -529,8 +520,8 @@ impl StateFields for SlidingLogState {
             entries.push(next()?);
         }
         let mut state = SlidingLogState::with_capacity(epoch_ms, entries.len().max(IDLE_CAPACITY));
-        state.set_word(ADMITTED, admitted);
-        state.set_word(HELD, held);
+        state.block.set(ADMITTED, admitted);
+        state.block.set(HELD, held);
         state.set_ring(0, entries.len());
         state.block.words_mut()[ENTRIES..ENTRIES + entries.len()].copy_from_slice(&entries);
         state.is_valid().then_some(state)
