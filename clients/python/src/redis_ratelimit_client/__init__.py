@@ -6,29 +6,31 @@ storage schemes with `limits` when `limits` is installed.
 
 from .aio import AsyncClient
 from .client import Client
-from .lease import AsyncLease, Lease
-from .model import (
-    MAX_PARAM,
+from .decision import Decision
+from .errors import (
     BadArgument,
-    Concurrency,
-    Decision,
     Denied,
+    ModuleNotLoaded,
+    ProtocolError,
+    RateLimitError,
+    ServerError,
+    WrongType,
+)
+from .lease import AsyncLease, Lease
+from .protocol import LogEntry
+from .spec import (
+    MAX_PARAM,
+    Concurrency,
     FixedWindow,
     HashWindow,
     LeakyBucket,
-    LogEntry,
-    ModuleNotLoaded,
     Period,
     Policy,
     PolicyMode,
-    ProtocolError,
     Quota,
-    RateLimitError,
-    ServerError,
     Sliding,
     Spec,
     TokenBucket,
-    WrongType,
 )
 
 try:  # the storage needs `limits` 5.x (pip install ./clients/python[limits]; Python 3.10+)

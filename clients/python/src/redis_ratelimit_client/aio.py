@@ -1,7 +1,9 @@
 """The typed calls on `redis.asyncio`: standalone, Sentinel-managed and cluster.
 
 The same calls as `redis_ratelimit_client.Client`, awaited; each is one command sent
-once to the master that owns the key, never retried by the kit.
+once to the master that owns the key, never retried by the kit. Their
+arguments and the replies' meaning are `protocol.py`'s, shared with
+`client.py`.
 """
 
 from __future__ import annotations
@@ -18,27 +20,52 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .blocking import AsyncDedicatedPools
-from .client import (
+from .decision import Decision
+from .errors import ModuleNotLoaded, not_sent
+from .lease import AsyncLease, renew_interval
+from .protocol import (
+    LOG_LEN,
+    LOG_RESET,
+    MODULE_LIST,
+    POLICY_LIST,
     Arg,
     Key,
+    LogEntry,
     _takes_command_name,
+    acquire_deadline,
+    all_args,
+    block_args,
     is_moved,
     lease_ms_of,
     lease_of,
     limit_args,
+    log_get_args,
     map_error,
+    module_version,
+    parse_live,
+    parse_log_len,
+    parse_logs,
+    parse_policy,
+    parse_policy_del,
+    parse_policy_list,
+    policy_del_args,
+    policy_get_args,
+    policy_set_args,
+    release_args,
+    renew_args,
     server_name,
 )
-from .lease import AsyncLease, renew_interval
-from .model import (
+from .protocol import check_key as check_key
+from .protocol import check_lease as check_lease
+from .protocol import check_lease_ms as check_lease_ms
+from .protocol import decode as decode
+from .protocol import parse_log as parse_log
+from .spec import (
     Algorithm,
     Concurrency,
-    Decision,
     FixedWindow,
     HashWindow,
     LeakyBucket,
-    LogEntry,
-    ModuleNotLoaded,
     PeriodLike,
     Policy,
     PolicyMode,
@@ -46,21 +73,9 @@ from .model import (
     Sliding,
     Spec,
     TokenBucket,
-    _check_int,
-    acquire_deadline,
-    all_args,
-    block_args,
-    check_key,
-    check_lease,
-    check_lease_ms,
-    check_policy_name,
-    decode,
-    module_version,
-    not_sent,
-    parse_log,
-    parse_policy,
-    policy_set_args,
 )
+from .spec import _check_int as _check_int
+from .spec import check_policy_name as check_policy_name
 
 
 async def send_once(client: aioredis.Redis, args: Sequence[Arg]) -> Any:
@@ -215,7 +230,7 @@ class AsyncClient:
         a cluster), kept in `module_version`."""
         if not self.is_cluster:
             assert isinstance(self.redis, aioredis.Redis)
-            v = module_version(await send_once(self.redis, ["MODULE", "LIST"]))
+            v = module_version(await send_once(self.redis, MODULE_LIST))
             if v is None:
                 raise ModuleNotLoaded(server_name(self.redis))
             self.module_version = v
@@ -226,7 +241,7 @@ class AsyncClient:
             await rc.initialize()
         versions = []
         for n in rc.get_primaries():
-            v = module_version(await self._node_call(n, ["MODULE", "LIST"]))
+            v = module_version(await self._node_call(n, MODULE_LIST))
             if v is None:
                 raise ModuleNotLoaded(n.name)
             versions.append(v)
@@ -355,13 +370,10 @@ class AsyncClient:
         return await self.limit(key, Concurrency(limit, lease_ms), cost, force=force, refund=refund)
 
     async def release(self, key: Key, lease: int) -> bool:
-        check_key(key)
-        return bool(int(await self._send(key, ["RL.RELEASE", key, check_lease(lease)])))
+        return parse_live(await self._send(key, release_args(key, lease)))
 
     async def renew(self, key: Key, lease: int, lease_ms: int) -> bool:
-        check_key(key)
-        args: list[Arg] = ["RL.RENEW", key, check_lease(lease), check_lease_ms(lease_ms)]
-        return bool(int(await self._send(key, args)))
+        return parse_live(await self._send(key, renew_args(key, lease, lease_ms)))
 
     @contextlib.asynccontextmanager
     async def lease(
@@ -426,24 +438,20 @@ class AsyncClient:
         await self._everywhere(policy_set_args(name, spec, mode, rollout))
 
     async def policy_get(self, name: str) -> dict[str, object] | None:
-        return parse_policy(await self._send(None, ["RL.POLICY", "GET", check_policy_name(name)]))
+        return parse_policy(await self._send(None, policy_get_args(name)))
 
     async def policy_del(self, name: str) -> bool:
-        replies = await self._everywhere(["RL.POLICY", "DEL", check_policy_name(name)])
-        return any(int(r) for r in replies)
+        return parse_policy_del(await self._everywhere(policy_del_args(name)))
 
     async def policy_list(self) -> list[str]:
-        names = decode(await self._send(None, ["RL.POLICY", "LIST"]))
-        return [str(n) for n in names] if isinstance(names, list) else []
+        return parse_policy_list(await self._send(None, POLICY_LIST))
 
     async def log_get(self, count: int = 10) -> list[LogEntry]:
-        _check_int("count", count, 0)
-        replies = await self._everywhere(["RL.LOG", "GET", count])
-        entries = [e for r in replies for e in parse_log(r)]
-        return sorted(entries, key=lambda e: e.unix_ms, reverse=True)[:count]
+        args = log_get_args(count)
+        return parse_logs(await self._everywhere(args), count)
 
     async def log_len(self) -> int:
-        return sum(int(r) for r in await self._everywhere(["RL.LOG", "LEN"]))
+        return parse_log_len(await self._everywhere(LOG_LEN))
 
     async def log_reset(self) -> None:
-        await self._everywhere(["RL.LOG", "RESET"])
+        await self._everywhere(LOG_RESET)

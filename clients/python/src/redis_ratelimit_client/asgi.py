@@ -28,28 +28,33 @@ from redis.exceptions import RedisError
 
 from . import algorithms
 from .aio import AsyncClient
-from .client import _takes_command_name
-from .model import (
-    _OFFSET,
-    Algorithm,
+from .decision import Decision
+from .errors import (
     BadArgument,
-    Concurrency,
-    Decision,
-    FixedWindow,
-    HashWindow,
-    LeakyBucket,
     ModuleNotLoaded,
-    Period,
-    Policy,
-    Quota,
     RateLimitError,
     ServerError,
-    Sliding,
-    Spec,
-    TokenBucket,
     WrongType,
     answer_lost,
 )
+from .protocol import _takes_command_name
+from .protocol import spec_from_policy as spec_from_policy
+from .spec import (
+    _OFFSET,
+    Algorithm,
+    Concurrency,
+    FixedWindow,
+    HashWindow,
+    LeakyBucket,
+    Period,
+    Policy,
+    Quota,
+    Sliding,
+    TokenBucket,
+)
+from .spec import Rule as Rule
+from .spec import Spec as Spec
+from .spec import _limit_of as _limit_of
 
 log = logging.getLogger("redis_ratelimit_client")
 
@@ -86,55 +91,9 @@ class FallbackMode(str, enum.Enum):
     LOCAL_ONLY = "local_only"
 
 
-@dataclasses.dataclass(frozen=True)
-class Rule:
-    """A named limit: an algorithm inline, or a `Policy` kept in the server.
-
-    The limiter key is `key_prefix + identity` (default prefix
-    `rl:<name>:`), or `fixed_key` for a limit shared by everyone.
-    """
-
-    spec: Spec
-    name: str
-    key_prefix: str | None = None
-    fixed_key: str | None = None
-
-    def key_for(self, identity: str) -> str:
-        if self.fixed_key is not None:
-            return self.fixed_key
-        prefix = self.key_prefix if self.key_prefix is not None else f"rl:{self.name}:"
-        return prefix + identity
-
-
-def _limit_of(spec: Algorithm) -> int:
-    return spec.capacity if isinstance(spec, (TokenBucket, LeakyBucket)) else spec.limit
-
-
 #: What an admitted request holds until its response is done, as (key, rule
 #: name, lease id): a lease in Redis, or with None a unit of the local fallback.
 Held = tuple[str, str, Union[int, None]]
-
-
-def spec_from_policy(policy: dict[str, object]) -> Algorithm:
-    """The algorithm of an `RL.POLICY GET` reply."""
-    algo = str(policy.get("algorithm", "")).upper()
-    raw = list(policy.get("params", []))  # type: ignore[call-overload]
-    if algo == "QUOTA" and len(raw) == 2:
-        # `[limit, "DAY"]`: the period as its word; a `zone` field when not UTC.
-        zone = policy.get("zone")
-        return Quota(int(raw[0]), str(raw[1]), None if zone is None else str(zone))  # type: ignore[arg-type]
-    params = [int(p) for p in raw]
-    table: dict[str, Callable[..., Algorithm]] = {
-        "TOKENBUCKET": TokenBucket,
-        "LEAKYBUCKET": LeakyBucket,
-        "SLIDING": Sliding,
-        "HASHWINDOW": HashWindow,
-        "FIXEDWINDOW": FixedWindow,
-        "CONCURRENCY": Concurrency,
-    }
-    if algo not in table:
-        raise BadArgument(f"policy {policy.get('name')!r} has algorithm {algo!r}, unknown here")
-    return table[algo](*params)
 
 
 def check_zones(rules: Sequence[Rule], algos: Sequence[Algorithm]) -> None:

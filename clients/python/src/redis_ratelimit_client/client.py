@@ -5,16 +5,18 @@ that owns the key: the kit never retries a limiter write (a call that timed
 out may have been admitted), whatever `retry` the redis-py client was built
 with. A `MOVED` reply (nothing was executed) refreshes the cluster's slot
 table and is the one case sent again.
+
+The commands' arguments and the replies' meaning are `protocol.py`'s, shared
+with `aio.py`; the names this module exported before they moved there (the
+`X as X` imports) stay importable from here.
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
-import re
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any, Callable, Union
+from typing import Any, Callable
 
 import redis
 from redis.cluster import RedisCluster
@@ -23,99 +25,71 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .blocking import DedicatedPools
+from .decision import Decision
+from .errors import BadArgument as BadArgument
+from .errors import Denied as Denied
+from .errors import ModuleNotLoaded, not_sent
+from .errors import ServerError as ServerError
+from .errors import WrongType as WrongType
 from .lease import Lease, renew_interval
-from .model import (
-    ALGORITHMS,
+from .protocol import _TAKES_COMMAND_NAME as _TAKES_COMMAND_NAME
+from .protocol import _UNKNOWN_RL as _UNKNOWN_RL
+from .protocol import (
+    LOG_LEN,
+    LOG_RESET,
+    MODULE_LIST,
+    POLICY_LIST,
+    Arg,
+    Key,
+    LogEntry,
+    acquire_deadline,
+    all_args,
+    block_args,
+    is_moved,
+    lease_ms_of,
+    lease_of,
+    limit_args,
+    log_get_args,
+    map_error,
+    module_version,
+    parse_live,
+    parse_log_len,
+    parse_logs,
+    parse_policy,
+    parse_policy_del,
+    parse_policy_list,
+    policy_del_args,
+    policy_get_args,
+    policy_set_args,
+    release_args,
+    renew_args,
+    server_name,
+)
+from .protocol import _takes_command_name as _takes_command_name
+from .protocol import check_key as check_key
+from .protocol import check_lease as check_lease
+from .protocol import check_lease_ms as check_lease_ms
+from .protocol import decode as decode
+from .protocol import parse_log as parse_log
+from .protocol import request_args as request_args
+from .protocol import spec_args as spec_args
+from .spec import ALGORITHMS as ALGORITHMS
+from .spec import (
     Algorithm,
-    BadArgument,
     Concurrency,
-    Decision,
-    Denied,
     FixedWindow,
     HashWindow,
     LeakyBucket,
-    LogEntry,
-    ModuleNotLoaded,
     PeriodLike,
     Policy,
     PolicyMode,
     Quota,
-    ServerError,
     Sliding,
     Spec,
     TokenBucket,
-    WrongType,
-    _check_int,
-    acquire_deadline,
-    all_args,
-    block_args,
-    check_key,
-    check_lease,
-    check_lease_ms,
-    check_policy_name,
-    decode,
-    module_version,
-    not_sent,
-    parse_log,
-    parse_policy,
-    policy_set_args,
-    request_args,
-    spec_args,
 )
-
-Key = Union[str, bytes]
-Arg = Union[str, bytes, int]
-
-
-def server_name(client: Any) -> str:
-    """host:port (or the socket path) of a redis-py client, for messages."""
-    kw = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
-    if "path" in kw:
-        return f"unix:{kw['path']}"
-    if "host" in kw:
-        return f"{kw['host']}:{kw.get('port', 6379)}"
-    name = getattr(client, "name", None)
-    return str(name) if name else repr(client)
-
-
-#: A server without the module: "unknown command 'RL.SLIDING', with args ..."
-#: (Redis 6.2 quoted it with a backtick).
-_UNKNOWN_RL = re.compile(r"unknown command [`']?(RL|CL)\.", re.IGNORECASE)
-
-
-def map_error(exc: ResponseError, key: Key | None, server: str = "the server") -> Exception:
-    """An error reply as the kit's error: `ModuleNotLoaded` for an `RL.*`
-    command the server does not know (it lost the module, say a restart
-    without `--loadmodule`), `WrongType`, else `ServerError`."""
-    text = str(exc)
-    if _UNKNOWN_RL.search(text):
-        return ModuleNotLoaded(server)
-    if text.startswith("WRONGTYPE"):
-        shown = key.decode("utf-8", "replace") if isinstance(key, bytes) else (key or "")
-        return WrongType(shown, text)
-    return ServerError(text)
-
-
-def is_moved(exc: ResponseError) -> bool:
-    return type(exc).__name__ == "MovedError" or str(exc).startswith("MOVED")
-
-
-_TAKES_COMMAND_NAME: dict[type, bool] = {}
-
-
-def _takes_command_name(pool: Any) -> bool:
-    """redis-py 5 requires `get_connection(command_name)`; 6+ deprecates it."""
-    cls = type(pool)
-    known = _TAKES_COMMAND_NAME.get(cls)
-    if known is None:
-        try:
-            params = inspect.signature(cls.get_connection).parameters
-            p = params.get("command_name")
-            known = p is not None and p.default is inspect.Parameter.empty
-        except (TypeError, ValueError):
-            known = True
-        _TAKES_COMMAND_NAME[cls] = known
-    return known
+from .spec import _check_int as _check_int
+from .spec import check_policy_name as check_policy_name
 
 
 def send_once(client: redis.Redis, args: Sequence[Arg]) -> Any:
@@ -244,7 +218,7 @@ class Client:
         without it."""
         versions = []
         for r in self._masters():
-            v = module_version(send_once(r, ["MODULE", "LIST"]))
+            v = module_version(send_once(r, MODULE_LIST))
             if v is None:
                 raise ModuleNotLoaded(server_name(r))
             versions.append(v)
@@ -389,15 +363,12 @@ class Client:
 
     def release(self, key: Key, lease: int) -> bool:
         """`RL.RELEASE key lease`: True if the lease was live (it is now ended)."""
-        check_key(key)
-        return bool(int(self._send(key, ["RL.RELEASE", key, check_lease(lease)])))
+        return parse_live(self._send(key, release_args(key, lease)))
 
     def renew(self, key: Key, lease: int, lease_ms: int) -> bool:
         """`RL.RENEW key lease lease_ms`: True if the lease was live (it now
         ends `lease_ms` from now)."""
-        check_key(key)
-        args: list[Arg] = ["RL.RENEW", key, check_lease(lease), check_lease_ms(lease_ms)]
-        return bool(int(self._send(key, args)))
+        return parse_live(self._send(key, renew_args(key, lease, lease_ms)))
 
     @contextlib.contextmanager
     def lease(
@@ -476,56 +447,21 @@ class Client:
         self._everywhere(policy_set_args(name, spec, mode, rollout))
 
     def policy_get(self, name: str) -> dict[str, object] | None:
-        return parse_policy(self._send(None, ["RL.POLICY", "GET", check_policy_name(name)]))
+        return parse_policy(self._send(None, policy_get_args(name)))
 
     def policy_del(self, name: str) -> bool:
         """`RL.POLICY DEL` on every master; True if any had it."""
-        return any(int(r) for r in self._everywhere(["RL.POLICY", "DEL", check_policy_name(name)]))
+        return parse_policy_del(self._everywhere(policy_del_args(name)))
 
     def policy_list(self) -> list[str]:
-        names = decode(self._send(None, ["RL.POLICY", "LIST"]))
-        return [str(n) for n in names] if isinstance(names, list) else []
+        return parse_policy_list(self._send(None, POLICY_LIST))
 
     def log_get(self, count: int = 10) -> list[LogEntry]:
         """The newest denials (of every master in a cluster, newest first)."""
-        _check_int("count", count, 0)
-        entries = [e for r in self._everywhere(["RL.LOG", "GET", count]) for e in parse_log(r)]
-        return sorted(entries, key=lambda e: e.unix_ms, reverse=True)[:count]
+        return parse_logs(self._everywhere(log_get_args(count)), count)
 
     def log_len(self) -> int:
-        return sum(int(r) for r in self._everywhere(["RL.LOG", "LEN"]))
+        return parse_log_len(self._everywhere(LOG_LEN))
 
     def log_reset(self) -> None:
-        self._everywhere(["RL.LOG", "RESET"])
-
-
-def limit_args(key: Key, spec: Spec, cost: int, force: bool, refund: int | None) -> list[Arg]:
-    check_key(key)
-    req = request_args(cost, force=force, refund=refund)
-    if isinstance(spec, Policy):
-        return ["RL.HIT", spec.name, key, *req]
-    if not isinstance(spec, ALGORITHMS):
-        raise BadArgument(f"a spec must be an algorithm or a Policy, not {type(spec).__name__}")
-    if isinstance(spec, Quota):
-        return ["RL.QUOTA", key, *spec.command_args(), *req]
-    return [f"RL.{spec.ALGORITHM}", key, *spec_args(spec)[1:], *req]
-
-
-def lease_ms_of(spec: object, cost: int, renew_ms: int | None) -> int | None:
-    """Checks a lease's spec and cost; the `lease_ms` it is renewed with."""
-    if not isinstance(spec, (Concurrency, Policy)):
-        raise BadArgument(f"a lease needs a Concurrency or a Policy, not {type(spec).__name__}")
-    _check_int("COST", cost, 1)
-    if renew_ms is not None:
-        return check_lease_ms(renew_ms)
-    return spec.lease_ms if isinstance(spec, Concurrency) else None
-
-
-def lease_of(client: Any, key: Key, d: Decision, lease_ms: int | None, spec: Spec, cls: Any) -> Any:
-    """The lease of an admission, or `Denied`."""
-    if not d.allowed:
-        raise Denied(key, d)
-    if d.lease is None:
-        name = spec.name if isinstance(spec, Policy) else spec
-        raise BadArgument(f"policy {name!r} is not a CONCURRENCY policy: it grants no lease")
-    return cls(client, key, d, lease_ms)
+        self._everywhere(LOG_RESET)

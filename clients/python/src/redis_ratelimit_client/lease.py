@@ -21,11 +21,13 @@ from typing import TYPE_CHECKING
 
 from redis.exceptions import RedisError
 
-from .model import BadArgument, Decision
+from .decision import Decision
+from .errors import BadArgument
 
 if TYPE_CHECKING:
     from .aio import AsyncClient
-    from .client import Client, Key
+    from .client import Client
+    from .protocol import Key
 
 
 log = logging.getLogger("redis_ratelimit_client")

@@ -46,8 +46,10 @@ from limits.storage import MovingWindowSupport, SlidingWindowCounterSupport, Sto
 from redis.exceptions import NoScriptError
 
 from .aio import AsyncClient
-from .client import Arg, Client
-from .model import MAX_PARAM, RateLimitError, ServerError
+from .client import Client
+from .errors import RateLimitError, ServerError
+from .protocol import Arg
+from .spec import MAX_PARAM
 
 #: Buckets per window of the sliding-window counter (`RL.HASHWINDOW`).
 SLIDING_COUNTER_BUCKETS = 10
@@ -208,7 +210,7 @@ class _Keys:
         return int(expiry) * 1000
 
     def incr(self, key: str, expiry: int, amount: int) -> list[list[Arg]]:
-        from .model import _check_int
+        from .spec import _check_int
 
         _check_int("expiry", expiry, 1)
         _check_int("amount", amount, 0)
@@ -277,7 +279,7 @@ class _Keys:
 
 
 def _check_limit_args(limit: int, expiry: int, amount: int) -> None:
-    from .model import _check_int
+    from .spec import _check_int
 
     _check_int("limit", limit, 1)
     _check_int("expiry", expiry, 1)

@@ -1,0 +1,369 @@
+"""The algorithms with their parameters, policies and the middleware's rules.
+
+Specs can only be built valid: a bad parameter raises `BadArgument` before
+anything is sent, so nothing is written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import enum
+import re
+from typing import Literal, Union
+
+from .errors import BadArgument
+
+#: The largest numeric parameter the module accepts (2^40).
+MAX_PARAM = 1 << 40
+#: The largest lease id (lease ids are positive integers below 2^63).
+MAX_LEASE = (1 << 63) - 1
+#: The largest `limit` of `RL.CONCURRENCY`.
+MAX_CONCURRENCY = (1 << 24) - 1
+#: The largest `limit` of `RL.SLIDING` (a log of at most 2^24 - 1 entries).
+MAX_SLIDING = (1 << 24) - 1
+#: The longest a limiter may take to get back to idle, in ms (2^50): a
+#: bucket's `capacity * refill_ms / refill_count` at most.
+MAX_SPAN_MS = 1 << 50
+#: The most buckets of a hash window (`window_ms / bucket_ms`).
+MAX_BUCKETS = 1_000_000
+
+
+def _check_int(name: str, value: object, low: int, high: int = MAX_PARAM) -> int:
+    # bool is an int in Python; True as a capacity is a bug, not a 1.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadArgument(f"{name} must be an integer, not {type(value).__name__}", param=name)
+    if not low <= value <= high:
+        raise BadArgument(
+            f"{name} must be an integer from {low} to {high}, not {value}", param=name
+        )
+    return value
+
+
+def _check_span(capacity: int, count: int, per_ms: int, what: str) -> None:
+    """The server's bound on a bucket: `capacity * per_ms / count` (the time
+    from empty to full, or from full to empty) at most `MAX_SPAN_MS`."""
+    if capacity * per_ms > MAX_SPAN_MS * count:
+        raise BadArgument(
+            f"span: {what} is too long: a limiter may take at most {MAX_SPAN_MS} ms to get "
+            "back to idle",
+            param="span",
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenBucket:
+    capacity: int
+    refill_count: int
+    refill_ms: int
+    ALGORITHM = "TOKENBUCKET"
+
+    def __post_init__(self) -> None:
+        _check_int("capacity", self.capacity, 1)
+        _check_int("refill_count", self.refill_count, 1)
+        _check_int("refill_ms", self.refill_ms, 1)
+        _check_span(
+            self.capacity,
+            self.refill_count,
+            self.refill_ms,
+            "capacity * refill_ms / refill_count (the time to fill the bucket)",
+        )
+
+    def params(self) -> list[int]:
+        return [self.capacity, self.refill_count, self.refill_ms]
+
+    def window_s(self) -> int:
+        """`w` of `RateLimit-Policy`: the time to refill the whole bucket."""
+        return -(-self.capacity * self.refill_ms // (self.refill_count * 1000))
+
+
+@dataclasses.dataclass(frozen=True)
+class LeakyBucket:
+    capacity: int
+    leak_count: int
+    leak_ms: int
+    ALGORITHM = "LEAKYBUCKET"
+
+    def __post_init__(self) -> None:
+        _check_int("capacity", self.capacity, 1)
+        _check_int("leak_count", self.leak_count, 1)
+        _check_int("leak_ms", self.leak_ms, 1)
+        _check_span(
+            self.capacity,
+            self.leak_count,
+            self.leak_ms,
+            "capacity * leak_ms / leak_count (the time to drain a full queue)",
+        )
+
+    def params(self) -> list[int]:
+        return [self.capacity, self.leak_count, self.leak_ms]
+
+    def window_s(self) -> int:
+        return -(-self.capacity * self.leak_ms // (self.leak_count * 1000))
+
+
+@dataclasses.dataclass(frozen=True)
+class Sliding:
+    limit: int
+    window_ms: int
+    ALGORITHM = "SLIDING"
+
+    def __post_init__(self) -> None:
+        _check_int("limit", self.limit, 1, MAX_SLIDING)
+        _check_int("window_ms", self.window_ms, 1)
+
+    def params(self) -> list[int]:
+        return [self.limit, self.window_ms]
+
+    def window_s(self) -> int:
+        return -(-self.window_ms // 1000)
+
+
+@dataclasses.dataclass(frozen=True)
+class HashWindow:
+    limit: int
+    window_ms: int
+    bucket_ms: int
+    ALGORITHM = "HASHWINDOW"
+
+    def __post_init__(self) -> None:
+        _check_int("limit", self.limit, 1)
+        _check_int("window_ms", self.window_ms, 1)
+        _check_int("bucket_ms", self.bucket_ms, 1)
+        if self.window_ms % self.bucket_ms:
+            raise BadArgument("bucket_ms must divide window_ms", param="bucket_ms")
+        if self.window_ms // self.bucket_ms > MAX_BUCKETS:
+            raise BadArgument(
+                f"window_ms / bucket_ms must be an integer from 1 to {MAX_BUCKETS}, "
+                f"not {self.window_ms // self.bucket_ms}",
+                param="window_ms / bucket_ms",
+            )
+
+    def params(self) -> list[int]:
+        return [self.limit, self.window_ms, self.bucket_ms]
+
+    def window_s(self) -> int:
+        return -(-self.window_ms // 1000)
+
+
+@dataclasses.dataclass(frozen=True)
+class FixedWindow:
+    limit: int
+    window_ms: int
+    ALGORITHM = "FIXEDWINDOW"
+
+    def __post_init__(self) -> None:
+        _check_int("limit", self.limit, 1)
+        _check_int("window_ms", self.window_ms, 1)
+
+    def params(self) -> list[int]:
+        return [self.limit, self.window_ms]
+
+    def window_s(self) -> int:
+        return -(-self.window_ms // 1000)
+
+
+@dataclasses.dataclass(frozen=True)
+class Concurrency:
+    """At most `limit` units held at once, by leases that end at a release or
+    `lease_ms` after they were granted or last renewed (`RL.CONCURRENCY`)."""
+
+    limit: int
+    lease_ms: int
+    ALGORITHM = "CONCURRENCY"
+
+    def __post_init__(self) -> None:
+        _check_int("limit", self.limit, 1, MAX_CONCURRENCY)
+        _check_int("lease_ms", self.lease_ms, 1)
+
+    def params(self) -> list[int]:
+        return [self.limit, self.lease_ms]
+
+    def window_s(self) -> int | None:
+        """No `w` in `RateLimit-Policy`: concurrency has no window."""
+        return None
+
+
+class Period(str, enum.Enum):
+    """A calendar period of `RL.QUOTA`: a day, an ISO week (from Monday), a
+    month, a year. A plain string (`"DAY"`, `"day"`, ...) is taken too."""
+
+    DAY = "DAY"
+    WEEK = "WEEK"
+    MONTH = "MONTH"
+    YEAR = "YEAR"
+
+
+#: What a period may be given as.
+PeriodLike = Union[Period, Literal["DAY", "WEEK", "MONTH", "YEAR", "day", "week", "month", "year"]]
+#: `w` of `RateLimit-Policy` for a quota: the period's nominal length in
+#: seconds (a month is 30 days, a year 365).
+PERIOD_NOMINAL_S = {
+    Period.DAY: 86_400,
+    Period.WEEK: 604_800,
+    Period.MONTH: 2_592_000,
+    Period.YEAR: 31_536_000,
+}
+_OFFSET = re.compile(r"[+-]([0-9]{2}):([0-9]{2})\Z")
+_ZONE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9/_+-]{0,63}\Z")
+
+
+def check_period(period: object) -> Period:
+    """A `Period` from itself or its word in any case; `BadArgument` naming `period`."""
+    if isinstance(period, Period):
+        return period
+    if isinstance(period, str) and period.upper() in Period.__members__:
+        return Period[period.upper()]
+    raise BadArgument(
+        f"period must be one of DAY, WEEK, MONTH, YEAR, not {period!r}", param="period"
+    )
+
+
+def check_zone(zone: object) -> str | None:
+    """A quota's zone as the module takes it: None or `UTC` (the default), a
+    fixed offset `+HH:MM`/`-HH:MM` from -18:00 to +18:00, or an IANA name such as
+    `America/New_York` (whether the server knows the name is its answer).
+    None for UTC; `BadArgument` naming `zone`."""
+    if zone is None:
+        return None
+    bad = BadArgument(
+        "zone: TZ must be UTC, a fixed offset such as +05:30, or a time zone name "
+        f"such as America/New_York, not {zone!r}",
+        param="zone",
+    )
+    if not isinstance(zone, str):
+        raise bad
+    if zone.upper() in ("UTC", "Z"):
+        return None
+    if zone and zone[0] in "+-":
+        m = _OFFSET.match(zone)
+        if not m or int(m.group(2)) > 59 or int(m.group(1)) * 60 + int(m.group(2)) > 18 * 60:
+            raise bad
+        return zone
+    if not _ZONE_NAME.match(zone) or ".." in zone:
+        raise bad
+    return zone
+
+
+def _tzinfo(zone: str | None) -> datetime.tzinfo:
+    if zone is None:
+        return datetime.timezone.utc
+    m = _OFFSET.match(zone)
+    if m:
+        minutes = int(m.group(1)) * 60 + int(m.group(2))
+        sign = -1 if zone[0] == "-" else 1
+        return datetime.timezone(datetime.timedelta(minutes=sign * minutes))
+    import zoneinfo  # Python 3.9+; the system's tz database, or the tzdata package
+
+    return zoneinfo.ZoneInfo(zone)
+
+
+@dataclasses.dataclass(frozen=True)
+class Quota:
+    """At most `limit` units per calendar `period` in `zone` (`RL.QUOTA`).
+
+    `zone`: None (UTC), a fixed offset (`"+05:30"`) or an IANA name
+    (`"America/New_York"`, with its 23- and 25-hour days). A policy keeps
+    its zone (`RL.POLICY SET ... TZ`); `RL.ALL`'s inline specs count in UTC
+    only, so a zoned inline quota is applied with its own `RL.QUOTA ... TZ`.
+    """
+
+    limit: int
+    period: PeriodLike
+    zone: str | None = None
+    ALGORITHM = "QUOTA"
+
+    def __post_init__(self) -> None:
+        _check_int("limit", self.limit, 1)
+        object.__setattr__(self, "period", check_period(self.period))
+        object.__setattr__(self, "zone", check_zone(self.zone))
+
+    def params(self) -> list[str | int]:
+        """`limit PERIOD`, as policies and `RL.ALL` take them (without the zone)."""
+        return [self.limit, Period(self.period).value]
+
+    def command_args(self) -> list[str | int]:
+        """`limit PERIOD [TZ zone]`, as `RL.QUOTA` takes them after the key."""
+        return [*self.params(), *(["TZ", self.zone] if self.zone is not None else [])]
+
+    def window_s(self) -> int:
+        """`w` of `RateLimit-Policy`: the period's nominal length in seconds
+        (86400 a day, 604800 a week, 2592000 a month, 31536000 a year)."""
+        return PERIOD_NOMINAL_S[Period(self.period)]
+
+    def period_end(self, now: float) -> float:
+        """The end (Unix seconds) of the period that contains `now` in the zone:
+        the first instant of the next day, Monday, month or year there."""
+        tz = _tzinfo(self.zone)
+        date = datetime.datetime.fromtimestamp(now, tz).date()
+        period = Period(self.period)
+        if period is Period.DAY:
+            nxt = date + datetime.timedelta(days=1)
+        elif period is Period.WEEK:
+            nxt = date + datetime.timedelta(days=7 - date.weekday())
+        elif period is Period.MONTH:
+            nxt = (date.replace(day=1) + datetime.timedelta(days=32)).replace(day=1)
+        else:
+            nxt = datetime.date(date.year + 1, 1, 1)
+        midnight = datetime.datetime(nxt.year, nxt.month, nxt.day, tzinfo=tz)
+        # A zone that skips midnight: its first instant is the skip's end (fold
+        # and the gap are resolved by the round trip through UTC).
+        return midnight.astimezone(datetime.timezone.utc).timestamp()
+
+
+def check_policy_name(name: object) -> str:
+    if not isinstance(name, str):
+        raise BadArgument(f"policy name must be a str, not {type(name).__name__}")
+    if not 1 <= len(name) <= 256 or any(not "!" <= c <= "~" for c in name):
+        raise BadArgument(
+            f"policy name must be 1 to 256 bytes of printable ASCII without spaces, not {name!r}"
+        )
+    return name
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """A rule kept in the server (`RL.POLICY SET`), applied by name."""
+
+    name: str
+
+    def __post_init__(self) -> None:
+        check_policy_name(self.name)
+
+
+#: An algorithm with its parameters.
+Algorithm = Union[TokenBucket, LeakyBucket, Sliding, HashWindow, FixedWindow, Concurrency, Quota]
+#: What a limiter key is checked against: an algorithm, or a policy name.
+Spec = Union[Algorithm, Policy]
+#: The algorithm classes, for isinstance.
+ALGORITHMS = (TokenBucket, LeakyBucket, Sliding, HashWindow, FixedWindow, Concurrency, Quota)
+
+
+class PolicyMode(str, enum.Enum):
+    ENFORCE = "ENFORCE"
+    SHADOW = "SHADOW"
+    OFF = "OFF"
+
+
+def _limit_of(spec: Algorithm) -> int:
+    return spec.capacity if isinstance(spec, (TokenBucket, LeakyBucket)) else spec.limit
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """A named limit: an algorithm inline, or a `Policy` kept in the server.
+
+    The limiter key is `key_prefix + identity` (default prefix
+    `rl:<name>:`), or `fixed_key` for a limit shared by everyone.
+    """
+
+    spec: Spec
+    name: str
+    key_prefix: str | None = None
+    fixed_key: str | None = None
+
+    def key_for(self, identity: str) -> str:
+        if self.fixed_key is not None:
+            return self.fixed_key
+        prefix = self.key_prefix if self.key_prefix is not None else f"rl:{self.name}:"
+        return prefix + identity
