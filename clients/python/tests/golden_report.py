@@ -1,4 +1,4 @@
-"""How far the kit's LocalLimiter (asgi.py, its accounts running the core's
+"""How far the kit's LocalLimiter (local.py, its accounts running the core's
 algorithms of algorithms.py) is from the contract's golden decision
 sequences: a diagnostic, not a test (pytest does not collect it; the test
 is `test_golden_sequences_through_the_local_limiter` in test_contract.py,
@@ -32,7 +32,7 @@ sys.path.insert(0, str(HERE))
 
 from test_contract import ALGORITHMS, GOLDEN_WORDS, golden_step  # noqa: E402
 
-from redis_ratelimit_client.asgi import LocalLimiter  # noqa: E402
+from redis_ratelimit_client.local import LocalLimiter  # noqa: E402
 
 
 def report(verbose: bool = False) -> dict[str, dict[str, int]]:

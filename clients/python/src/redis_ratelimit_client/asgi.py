@@ -9,6 +9,10 @@ share) when Redis errors, misses the deadline or the breaker is open.
 A `Concurrency` rule caps the requests in flight per key: a lease is taken
 when the request starts and released when its response has been sent, or
 when the app fails or the request is cancelled.
+
+The deny cache is `deny_cache.py`'s, the local accounts (`LocalLimiter`)
+`local.py`'s, the HTTP fields and the problem body `headers.py`'s, the rules
+`spec.py`'s; every name this module exported stays importable from here.
 """
 
 from __future__ import annotations
@@ -16,19 +20,19 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import enum
-import json
 import logging
 import math
 import time
 from collections.abc import Awaitable, MutableMapping, Sequence
-from typing import Any, Callable, NamedTuple, Union
+from typing import Any, Callable, Union
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from . import algorithms
+from . import algorithms as algorithms
 from .aio import AsyncClient
 from .decision import Decision
+from .deny_cache import DenyCache as DenyCache
 from .errors import (
     BadArgument,
     ModuleNotLoaded,
@@ -37,23 +41,37 @@ from .errors import (
     WrongType,
     answer_lost,
 )
+from .headers import DENIED_TITLE as DENIED_TITLE
+from .headers import QUOTA_EXCEEDED as QUOTA_EXCEEDED
+from .headers import denial_detail as denial_detail
+from .headers import problem, ratelimit_headers
+from .headers import problem_json as problem_json
+from .local import _COST_0 as _COST_0
+from .local import _COST_1 as _COST_1
+from .local import _PERIODS as _PERIODS
+from .local import LocalLimiter as LocalLimiter
+from .local import Micros as Micros
+from .local import _Held as _Held
+from .local import _micros as _micros
+from .local import _quota_end as _quota_end
+from .local import share_of as share_of
 from .protocol import _takes_command_name
 from .protocol import spec_from_policy as spec_from_policy
+from .spec import _OFFSET as _OFFSET
 from .spec import (
-    _OFFSET,
     Algorithm,
     Concurrency,
-    FixedWindow,
-    HashWindow,
-    LeakyBucket,
-    Period,
     Policy,
     Quota,
-    Sliding,
-    TokenBucket,
 )
+from .spec import FixedWindow as FixedWindow
+from .spec import HashWindow as HashWindow
+from .spec import LeakyBucket as LeakyBucket
+from .spec import Period as Period
 from .spec import Rule as Rule
+from .spec import Sliding as Sliding
 from .spec import Spec as Spec
+from .spec import TokenBucket as TokenBucket
 from .spec import _limit_of as _limit_of
 
 log = logging.getLogger("redis_ratelimit_client")
@@ -63,24 +81,6 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-QUOTA_EXCEEDED = "https://iana.org/assignments/http-problem-types#quota-exceeded"
-#: The `title` of a denial's problem body.
-DENIED_TITLE = "Request cannot be satisfied as assigned quota has been exceeded"
-
-
-def denial_detail(rule: str, d: Decision) -> str:
-    """The `detail` of a denial's problem body, the same for every algorithm
-    (a concurrency cap's too): the rule's name as a JSON string."""
-    name = json.dumps(rule, ensure_ascii=False)
-    if d.retry_after_s is None:
-        return f"rate limit {name} exceeded; this request can never pass"
-    return f"rate limit {name} exceeded; retry after {d.retry_after_s} s"
-
-
-def problem_json(body: dict[str, object]) -> bytes:
-    """A problem+json body: compact, its members in name order, UTF-8."""
-    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 class FallbackMode(str, enum.Enum):
@@ -108,292 +108,6 @@ def check_zones(rules: Sequence[Rule], algos: Sequence[Algorithm]) -> None:
                     f"zone: a quota in {a.zone!r} beside other rules would go in one RL.ALL, "
                     "which counts quotas in UTC only: give it a middleware of its own"
                 )
-
-
-class DenyCache:
-    """Denials remembered in process for `min(wait_ms, max)`; bounded."""
-
-    def __init__(self, max_s: float = 1.0, max_entries: int = 10_000) -> None:
-        self.max_s = max_s
-        self.max_entries = max_entries
-        self._entries: dict[tuple[str, str], tuple[float, float, Decision]] = {}
-
-    def get(self, rule: str, key: str, now: float) -> Decision | None:
-        hit = self._entries.get((rule, key))
-        if hit is None:
-            return None
-        stored, until, d = hit
-        if now >= until:
-            del self._entries[(rule, key)]
-            return None
-        # wait_ms and reset_ms count down, so Retry-After does.
-        elapsed = int((now - stored) * 1000)
-        return dataclasses.replace(
-            d, wait_ms=max(d.wait_ms - elapsed, 1), reset_ms=max(d.reset_ms - elapsed, 0)
-        )
-
-    def put(self, rule: str, key: str, d: Decision, now: float) -> None:
-        if d.wait_ms <= 0 or self.max_s <= 0:
-            return
-        if len(self._entries) >= self.max_entries:
-            self._entries = {k: v for k, v in self._entries.items() if v[1] > now}
-            if len(self._entries) >= self.max_entries:
-                del self._entries[min(self._entries, key=lambda k: self._entries[k][1])]
-        self._entries[(rule, key)] = (now, now + min(d.wait_ms / 1000.0, self.max_s), d)
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-
-class LocalLimiter:
-    """This instance's accounts: per rule and key, the core's algorithm at
-    this instance's share `s` of the limit, in process (`algorithms.py`, in
-    integer arithmetic: the same decisions as the server's at that share),
-    and a count of requests in flight for concurrency.
-
-    An account is the rule's algorithm with `s` for its limit or capacity;
-    a bucket's refill count is scaled as the capacity is, `ceil(count * 11
-    / (instances * 10))` (at least 1, at most the count), so its refill
-    period stays. A change of the rule's parameters (or of the share)
-    carries what was consumed over, as the server does; a change of
-    algorithm starts the account afresh.
-
-    The same accounts serve two purposes. Every unit Redis admitted for this
-    instance, and every unit of a call whose answer was lost (it may have been
-    counted), is charged to them, forced (`COST n FORCE`: an account may go
-    into debt, at most `s` units beyond empty). The local-only fallback
-    admits only what an account still has, so it never adds to what Redis may
-    already have counted for this instance. Bounded like the deny cache.
-
-    `now` is Unix time: a `Micros` (whole microseconds, what the middleware
-    passes: `Micros.now()`), or seconds as a float (`time.time()`), taken to
-    the nearest microsecond. Requests in flight count by `time.monotonic()`.
-    """
-
-    def __init__(self, max_entries: int = 100_000, instances: int = 1) -> None:
-        self.max_entries = max_entries
-        #: Instances sharing each limit: the refill of a bucket's share.
-        self.instances = instances
-        self._accounts: dict[tuple[str, str], tuple[Any, Any]] = {}
-        self._in_flight: dict[tuple[str, str], int] = {}
-        #: Leases whose grant may have been lost: held until their expiry.
-        self._lost_leases: dict[tuple[str, str], list[float]] = {}
-
-    # -- requests in flight (concurrency rules) ---------------------------
-
-    def _held(self, rule: str, key: str, now: float) -> int:
-        lost = self._lost_leases.get((rule, key))
-        if lost:
-            lost[:] = [t for t in lost if t > now]
-            if not lost:
-                del self._lost_leases[(rule, key)]
-        return self._in_flight.get((rule, key), 0) + len(lost or [])
-
-    def hold(
-        self, rule: str, key: str, share: int, *, force: bool = False, now: float | None = None
-    ) -> Decision:
-        """One unit held until `unhold`: admitted while fewer than `share`
-        are held; `force` holds it anyway (a lease Redis granted)."""
-        held = self._held(rule, key, time.monotonic() if now is None else now)
-        if held >= share and not force:
-            return Decision(False, share, 0, 1000, 1000)
-        self._in_flight[(rule, key)] = self._in_flight.get((rule, key), 0) + 1
-        return Decision(True, share, max(share - held - 1, 0), 0, 0)
-
-    def unhold(self, rule: str, key: str) -> None:
-        held = self._in_flight.get((rule, key), 0) - 1
-        if held > 0:
-            self._in_flight[(rule, key)] = held
-        else:
-            self._in_flight.pop((rule, key), None)
-
-    def hold_lost(self, rule: str, key: str, share: int, lease_ms: int, now: float) -> Decision:
-        """A lease call whose answer was lost: the lease may exist in Redis,
-        so a unit stays held until it would have expired, whatever the
-        decision; admitted if a unit was free before it."""
-        held = self._held(rule, key, now)
-        self._lost_leases.setdefault((rule, key), []).append(now + lease_ms / 1000.0)
-        if held >= share:
-            return Decision(False, share, 0, min(lease_ms, 1000), lease_ms)
-        return Decision(True, share, max(share - held - 1, 0), 0, lease_ms)
-
-    # -- rates --------------------------------------------------------------
-
-    def _local(self, spec: Algorithm, share: int, now_us: int) -> tuple[Any, tuple[int, ...]]:
-        """The account's algorithm and its parameters at the share."""
-        assert not isinstance(spec, Concurrency)
-        if isinstance(spec, (TokenBucket, LeakyBucket)):
-            algo = (
-                algorithms.TokenBucket if isinstance(spec, TokenBucket) else algorithms.LeakyBucket
-            )
-            count, per_ms = spec.params()[1:]
-            return algo, (share, share_of(count, self.instances), per_ms)
-        if isinstance(spec, FixedWindow):
-            return algorithms.FixedWindow, (share, spec.window_ms)
-        if isinstance(spec, Sliding):
-            return algorithms.SlidingLog, (share, spec.window_ms)
-        if isinstance(spec, HashWindow):
-            return algorithms.HashWindow, (share, spec.window_ms, spec.bucket_ms)
-        return algorithms.Quota, (
-            share,
-            _PERIODS.index(Period(spec.period)),
-            _quota_end(spec, now_us),
-        )
-
-    def _account(
-        self, rule: str, key: str, spec: Algorithm, share: int, now_us: int
-    ) -> tuple[Any, tuple[int, ...], Any]:
-        """The account's algorithm, parameters and state (idle if new, or if
-        the rule's algorithm changed)."""
-        algo, params = self._local(spec, share, now_us)
-        entry = self._accounts.get((rule, key))
-        if entry is None or entry[0] is not algo:
-            if entry is None and len(self._accounts) >= self.max_entries:
-                self._accounts.clear()
-            entry = (algo, algo.idle(params, now_us))
-            self._accounts[(rule, key)] = entry
-        return algo, params, entry[1]
-
-    def run(
-        self,
-        rule: str,
-        key: str,
-        spec: Algorithm,
-        share: int,
-        request: algorithms.Request,
-        now: float | Micros,
-    ) -> Decision:
-        """One request on the account (`COST n`, `COST n FORCE`, `REFUND n`),
-        as the core's `run` answers it at the share; `limit` is the rule's."""
-        now_us = _micros(now)
-        algo, params, state = self._account(rule, key, spec, share, now_us)
-        d, _ = algorithms.run(algo, state, params, request, now_us)
-        return Decision(d.allowed, _limit_of(spec), d.remaining, d.wait_ms, d.reset_ms)
-
-    def peek(
-        self,
-        rule: str,
-        key: str,
-        spec: Algorithm,
-        share: int,
-        request: algorithms.Request,
-        now: float | Micros,
-    ) -> Decision:
-        """What `run` would answer, changing nothing."""
-        now_us = _micros(now)
-        algo, params, state = self._account(rule, key, spec, share, now_us)
-        d, _ = algorithms.decide(algo, state, params, request, now_us)
-        return Decision(d.allowed, _limit_of(spec), d.remaining, d.wait_ms, d.reset_ms)
-
-    def has_room(
-        self, rule: str, key: str, spec: Algorithm, share: int, now: float | Micros
-    ) -> bool:
-        """Whether the account has a unit left."""
-        return self.peek(rule, key, spec, share, _COST_1, now).allowed
-
-    def charge(
-        self,
-        rule: str,
-        key: str,
-        spec: Algorithm,
-        share: int,
-        now: float | Micros,
-        units: int = 1,
-    ) -> Decision:
-        """Forced (`COST units FORCE`): takes `units` even beyond what is left
-        (at most `share` units of debt); what `COST units` would have
-        answered, admitted."""
-        return self.run(rule, key, spec, share, algorithms.Request(algorithms.FORCE, units), now)
-
-    def refund(
-        self,
-        rule: str,
-        key: str,
-        spec: Algorithm,
-        share: int,
-        now: float | Micros,
-        units: int = 1,
-    ) -> Decision:
-        """`REFUND units`: gives back up to `units` the account holds
-        consumed; its fields after it."""
-        return self.run(rule, key, spec, share, algorithms.Request(algorithms.REFUND, units), now)
-
-    def fields(
-        self, rule: str, key: str, spec: Algorithm, share: int, now: float | Micros
-    ) -> Decision:
-        """The account's fields as they stand (`COST 0`: an admission's)."""
-        return self.run(rule, key, spec, share, _COST_0, now)
-
-    def denial(
-        self, rule: str, key: str, spec: Algorithm, share: int, now: float | Micros
-    ) -> Decision:
-        """The account's answer to one more unit, as a denial (when it has
-        none left: `wait_ms` says when it will)."""
-        return dataclasses.replace(self.peek(rule, key, spec, share, _COST_1, now), allowed=False)
-
-    def decide(
-        self, rule: str, key: str, spec: Algorithm, share: int, now: float | Micros
-    ) -> Decision:
-        """One unit if the account has it (taken), else a denial."""
-        return self.run(rule, key, spec, share, _COST_1, now)
-
-    def _log(self, rule: str, key: str, spec: Sliding | HashWindow, now: float | Micros) -> _Held:
-        """Units a sliding log or hash window account holds in its window."""
-        now_us = _micros(now)
-        entry = self._accounts.get((rule, key))
-        if entry is None:
-            return _Held(0)
-        state = entry[1]
-        if isinstance(state, algorithms.LogState):
-            return _Held(state.live_units(state.first_live(spec.window_ms, now_us)))
-        assert isinstance(state, algorithms.RingState)
-        return _Held(state.held_at(max(now_us // (state.bucket_ms * 1000), state.newest)))
-
-
-class Micros(int):
-    """Unix time in whole microseconds, as the accounts count it."""
-
-    @staticmethod
-    def now() -> Micros:
-        return Micros(time.time_ns() // 1000)
-
-
-def _micros(now: float | Micros) -> int:
-    """`now` in microseconds: a `Micros` as it is, seconds to the nearest."""
-    if isinstance(now, Micros):
-        return int(now)
-    return round(now * 1_000_000)
-
-
-class _Held(NamedTuple):
-    total: int
-
-
-_COST_0 = algorithms.Request(algorithms.COST, 0)
-_COST_1 = algorithms.Request(algorithms.COST, 1)
-_PERIODS = list(Period)
-
-
-def share_of(total: int, instances: int) -> int:
-    """One instance's part of `total`: `ceil(total * 11 / (instances * 10))`,
-    at least 1 and at most `total` (as the Rust kit's `Share::Instances`)."""
-    return max(1, min(total, -(-total * 11 // (max(instances, 1) * 10))))
-
-
-def _quota_end(spec: Quota, now_us: int) -> int:
-    """The end (Unix us) of the quota's period that contains `now_us`; 0 in
-    UTC (the algorithm's own calendar, in integers). A fixed offset shifts
-    UTC's calendar; a zone name is read from the time-zone database."""
-    if spec.zone is None:
-        return 0
-    period = _PERIODS.index(Period(spec.period))
-    m = _OFFSET.match(spec.zone)
-    if m:
-        minutes = int(m.group(1)) * 60 + int(m.group(2))
-        off_us = (-1 if spec.zone[0] == "-" else 1) * minutes * 60_000_000
-        return algorithms.utc_period_end(period, now_us + off_us) - off_us
-    # Period edges are whole seconds in every zone.
-    return round(spec.period_end(now_us // 1_000_000)) * 1_000_000
 
 
 @dataclasses.dataclass
@@ -790,27 +504,9 @@ class RateLimitMiddleware:
     # -- HTTP -----------------------------------------------------------
 
     def headers(self, d: Decision, index: int) -> list[tuple[bytes, bytes]]:
+        """The rate-limit fields of a response about rule `index` (`headers.py`)."""
         algos = self._algorithms or []
-        policy = ", ".join(
-            f'"{r.name}";q={_limit_of(a)}' + ("" if w is None else f";w={w}")
-            for r, a in zip(self.rules, algos)
-            for w in [a.window_s()]
-        )
-        t = -(-d.reset_ms // 1000)
-        out = [
-            (b"ratelimit-policy", policy.encode()),
-            (b"ratelimit", f'"{self.rules[index].name}";r={d.remaining};t={t}'.encode()),
-        ]
-        if not d.allowed and d.retry_after_s is not None:
-            out.append((b"retry-after", str(d.retry_after_s).encode()))
-        if self.x_ratelimit_headers:
-            out += [
-                (b"x-ratelimit-limit", str(d.limit).encode()),
-                (b"x-ratelimit-remaining", str(d.remaining).encode()),
-                # As flask-limiter and slowapi: the Unix time (s) of the reset.
-                (b"x-ratelimit-reset", str(math.ceil(time.time() + d.reset_ms / 1000)).encode()),
-            ]
-        return out
+        return ratelimit_headers(self.rules, algos, d, index, self.x_ratelimit_headers)
 
     async def _problem(
         self,
@@ -821,26 +517,8 @@ class RateLimitMiddleware:
         extra: list[tuple[bytes, bytes]],
         violated: str | None,
     ) -> None:
-        body: dict[str, object] = {
-            "detail": detail,
-            "status": status,
-            "title": title,
-            "type": QUOTA_EXCEEDED if status == 429 else "about:blank",
-        }
-        if violated is not None:
-            body["violated-policies"] = [violated]
-        raw = problem_json(body)
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [
-                    (b"content-type", b"application/problem+json"),
-                    (b"content-length", str(len(raw)).encode()),
-                    *extra,
-                ],
-            }
-        )
+        raw, fields = problem(status, title, detail, violated)
+        await send({"type": "http.response.start", "status": status, "headers": [*fields, *extra]})
         await send({"type": "http.response.body", "body": raw})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
