@@ -46,7 +46,7 @@ public enum Algorithm {
                 return a;
             }
         }
-        throw new BadArgumentException("algorithm", "unknown algorithm '" + name
+        throw new InvalidArgumentException("algorithm", "unknown algorithm '" + name
                 + "' (one of tokenbucket, leakybucket, sliding, hashwindow, fixedwindow, concurrency, quota)");
     }
 }

@@ -86,12 +86,12 @@ public record Decision(boolean allowed, long limit, long remaining, long waitMs,
      */
     static Decision fromReply(String command, Object reply) {
         if (!(reply instanceof List<?> items) || (items.size() != 5 && items.size() != 6)) {
-            throw new UnexpectedReplyException(command, reply);
+            throw new ProtocolException(command, reply);
         }
         long[] f = new long[items.size()];
         for (int i = 0; i < f.length; i++) {
             if (!(items.get(i) instanceof Long n)) {
-                throw new UnexpectedReplyException(command, reply);
+                throw new ProtocolException(command, reply);
             }
             f[i] = n;
         }

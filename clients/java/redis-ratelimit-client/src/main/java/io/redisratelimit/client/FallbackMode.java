@@ -14,7 +14,7 @@ public enum FallbackMode {
         try {
             return valueOf(n);
         } catch (IllegalArgumentException e) {
-            throw new BadArgumentException("fallback", "must be fail-open, fail-closed or local-only, got '" + s + "'");
+            throw new InvalidArgumentException("fallback", "must be fail-open, fail-closed or local-only, got '" + s + "'");
         }
     }
 }

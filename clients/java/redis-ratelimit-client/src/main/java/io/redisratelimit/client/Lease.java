@@ -62,7 +62,7 @@ public final class Lease implements AutoCloseable {
     public static Lease of(RateLimitClient client, String key, Decision admitted, Duration leaseTime) {
         Args.key(key);
         if (!admitted.allowed() || admitted.lease() < 1) {
-            throw new BadArgumentException("lease", "the decision holds no lease: " + admitted);
+            throw new InvalidArgumentException("lease", "the decision holds no lease: " + admitted);
         }
         return new Lease(client, key, admitted, leaseTime);
     }
@@ -103,7 +103,7 @@ public final class Lease implements AutoCloseable {
     /** {@code RL.RENEW key lease lease_ms} for the lease time it was granted with: true when it is still held. */
     public boolean renew() {
         if (leaseTime == null) {
-            throw new BadArgumentException("lease_ms", "this lease's time is unknown: renew(Duration)");
+            throw new InvalidArgumentException("lease_ms", "this lease's time is unknown: renew(Duration)");
         }
         return renew(leaseTime);
     }
@@ -123,7 +123,7 @@ public final class Lease implements AutoCloseable {
     /** Renews in the background every third of its lease time, until it is released (or found ended). */
     public Lease autoRenew() {
         if (leaseTime == null) {
-            throw new BadArgumentException("lease_ms", "this lease's time is unknown: autoRenew(every, leaseTime)");
+            throw new InvalidArgumentException("lease_ms", "this lease's time is unknown: autoRenew(every, leaseTime)");
         }
         return autoRenew(Duration.ofMillis(Math.max(1, leaseTime.toMillis() / 3)), leaseTime);
     }
@@ -131,7 +131,7 @@ public final class Lease implements AutoCloseable {
     /** Renews for {@code leaseTime} every {@code every} in the background, until it is released (or found ended). */
     public synchronized Lease autoRenew(Duration every, Duration leaseTime) {
         if (every == null || every.isNegative() || every.isZero()) {
-            throw new BadArgumentException("every", "must be above 0");
+            throw new InvalidArgumentException("every", "must be above 0");
         }
         Args.positive("lease_ms", leaseTime == null ? 0 : leaseTime.toMillis());
         if (renewal != null || ended()) {

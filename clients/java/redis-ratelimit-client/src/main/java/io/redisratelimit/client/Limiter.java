@@ -73,7 +73,7 @@ public final class Limiter implements AutoCloseable {
         /** The longest a denial is cached (1 s by default), so a raised limit or the kill switch reaches users within it. */
         public Builder denyCacheMax(Duration max) {
             if (max.isNegative()) {
-                throw new BadArgumentException("deny-cache.max", "must be at least 0");
+                throw new InvalidArgumentException("deny-cache.max", "must be at least 0");
             }
             denyCacheMax = max;
             return this;
@@ -97,7 +97,7 @@ public final class Limiter implements AutoCloseable {
         /** Consecutive failures (timeouts, lost connections) that open the breaker, and how long it stays open. */
         public Builder breaker(int failures, Duration openFor) {
             if (failures < 1) {
-                throw new BadArgumentException("breaker.failures", "must be at least 1");
+                throw new InvalidArgumentException("breaker.failures", "must be at least 1");
             }
             breakerFailures = failures;
             breakerOpenFor = openFor;
@@ -204,24 +204,24 @@ public final class Limiter implements AutoCloseable {
     /** Checks the rules (every parameter, before anything is sent) into a set decided together. */
     public RuleSet rules(List<Rule> rules) {
         if (rules == null || rules.isEmpty()) {
-            throw new BadArgumentException("rules", "at least one rule");
+            throw new InvalidArgumentException("rules", "at least one rule");
         }
         if (rules.size() > 1 && client.driver().cluster()) {
             String first = rules.get(0).hashTag();
             for (Rule r : rules) {
                 if (r.hashTag() == null || !r.hashTag().equals(first)) {
-                    throw new BadArgumentException("key", "rule '" + r.name() + "': in a cluster, the keys of several rules"
+                    throw new InvalidArgumentException("key", "rule '" + r.name() + "': in a cluster, the keys of several rules"
                             + " (one RL.ALL) need one hash tag, such as {api}:user: and {api}:global");
                 }
             }
         }
         for (Rule r : rules) {
             if (rules.size() > 1 && r.concurrency()) {
-                throw new BadArgumentException("rules", "rule '" + r.name() + "' caps concurrency: RL.ALL refuses it,"
+                throw new InvalidArgumentException("rules", "rule '" + r.name() + "' caps concurrency: RL.ALL refuses it,"
                         + " so it is a set of its own (its lease is released when the work is done)");
             }
             if (rules.size() > 1 && r.policy() == null && r.spec().zoned()) {
-                throw new BadArgumentException("zone", "rule '" + r.name() + "' is a quota in " + r.spec().zone()
+                throw new InvalidArgumentException("zone", "rule '" + r.name() + "' is a quota in " + r.spec().zone()
                         + ": RL.ALL's inline quotas count in UTC only, so it is a set of its own"
                         + " (or a policy rule, Rule.policy, which RL.ALL ... POLICY counts in its zone)");
             }
@@ -260,14 +260,14 @@ public final class Limiter implements AutoCloseable {
     public CompletionStage<Decision> checkAsync(RuleSet set, List<String> identities, long cost) {
         List<RuleSet.Checked> rules = set.checked();
         if (identities.size() != rules.size()) {
-            throw new BadArgumentException("identities", "one per rule: " + rules.size() + " rules, " + identities.size() + " identities");
+            throw new InvalidArgumentException("identities", "one per rule: " + rules.size() + " rules, " + identities.size() + " identities");
         }
         List<String> keys = new ArrayList<>(rules.size());
         for (int i = 0; i < rules.size(); i++) {
             keys.add(Args.key(rules.get(i).rule().keyFor(identities.get(i))));
         }
         if (cost < 0 || cost > Spec.MAX_PARAM) {
-            throw new BadArgumentException("cost", "must be an integer from 0 to " + Spec.MAX_PARAM + ", got " + cost);
+            throw new InvalidArgumentException("cost", "must be an integer from 0 to " + Spec.MAX_PARAM + ", got " + cost);
         }
         // A concurrency denial's wait is only the time until leases expire: a release frees room
         // earlier, so it is never cached.
@@ -395,7 +395,7 @@ public final class Limiter implements AutoCloseable {
 
     private CompletionStage<Decision> send(RuleSet set, List<String> keys, long cost) {
         List<RuleSet.Checked> rules = set.checked();
-        Units units = Units.cost(cost);
+        Request units = Request.cost(cost);
         if (rules.size() == 1) {
             Rule r = rules.get(0).rule();
             return r.policy() != null ? client.hitAsync(r.policy(), keys.get(0), units) : client.limitAsync(keys.get(0), r.spec(), units);
@@ -429,8 +429,8 @@ public final class Limiter implements AutoCloseable {
             Rule r = c.rule();
             CompletionStage<Decision> sent;
             try {
-                sent = r.policy() != null ? client.hitAsync(r.policy(), keys.get(i), Units.force(units))
-                        : client.limitAsync(keys.get(i), r.spec(), Units.force(units));
+                sent = r.policy() != null ? client.hitAsync(r.policy(), keys.get(i), Request.force(units))
+                        : client.limitAsync(keys.get(i), r.spec(), Request.force(units));
             } catch (RuntimeException e) {
                 sent = CompletableFuture.failedFuture(e);
             }

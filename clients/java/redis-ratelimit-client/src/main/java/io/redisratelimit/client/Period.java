@@ -33,7 +33,7 @@ public enum Period {
         return nominalSeconds;
     }
 
-    /** Parses {@code day}, {@code DAY}, {@code Week}, ...; anything else is a {@link BadArgumentException} naming {@code period}. */
+    /** Parses {@code day}, {@code DAY}, {@code Week}, ...; anything else is a {@link InvalidArgumentException} naming {@code period}. */
     public static Period parse(String word) {
         if (word != null) {
             for (Period p : values()) {
@@ -42,7 +42,7 @@ public enum Period {
                 }
             }
         }
-        throw new BadArgumentException("period", "must be one of day, week, month, year, not '" + word + "'");
+        throw new InvalidArgumentException("period", "must be one of day, week, month, year, not '" + word + "'");
     }
 
     /** The period holding {@code now} in {@code zone}: its start and end, in epoch ms. */

@@ -13,7 +13,7 @@ public enum PolicyMode {
         try {
             return valueOf(s.trim().toUpperCase(java.util.Locale.ROOT));
         } catch (RuntimeException e) {
-            throw new BadArgumentException("mode", "must be enforce, shadow or off, got '" + s + "'");
+            throw new InvalidArgumentException("mode", "must be enforce, shadow or off, got '" + s + "'");
         }
     }
 }

@@ -60,7 +60,7 @@ public final class RateLimitClient implements AutoCloseable {
      */
     public static RateLimitClient connect(Driver driver, Duration deadline) {
         if (deadline == null || deadline.isNegative() || deadline.isZero()) {
-            throw new BadArgumentException("deadline", "must be above 0");
+            throw new InvalidArgumentException("deadline", "must be above 0");
         }
         // Opened and checked now, so that the first requests pay neither the connection nor the first round trip.
         await(driver.send(new Command("PING", List.of(), -1, false)), "PING", Duration.ofSeconds(10));
@@ -84,7 +84,7 @@ public final class RateLimitClient implements AutoCloseable {
      */
     public static RateLimitClient connecting(Driver driver, Duration deadline) {
         if (deadline == null || deadline.isNegative() || deadline.isZero()) {
-            throw new BadArgumentException("deadline", "must be above 0");
+            throw new InvalidArgumentException("deadline", "must be above 0");
         }
         return new RateLimitClient(driver, deadline, 0);
     }
@@ -124,7 +124,7 @@ public final class RateLimitClient implements AutoCloseable {
     /** A client over the same driver with another deadline. */
     public RateLimitClient withDeadline(Duration newDeadline) {
         if (newDeadline == null || newDeadline.isNegative() || newDeadline.isZero()) {
-            throw new BadArgumentException("deadline", "must be above 0");
+            throw new InvalidArgumentException("deadline", "must be above 0");
         }
         return new RateLimitClient(driver, newDeadline, moduleVersion);
     }
@@ -136,7 +136,7 @@ public final class RateLimitClient implements AutoCloseable {
     // ---- limiters ----------------------------------------------------------
 
     /** {@code RL.<ALGORITHM> key <params> [COST n [FORCE] | REFUND n]}. */
-    public CompletionStage<Decision> limitAsync(String key, Spec spec, Units units) {
+    public CompletionStage<Decision> limitAsync(String key, Spec spec, Request units) {
         List<String> args = new ArrayList<>();
         args.add(Args.key(key));
         args.addAll(spec.words().subList(1, spec.words().size()));
@@ -145,15 +145,15 @@ public final class RateLimitClient implements AutoCloseable {
     }
 
     public CompletionStage<Decision> limitAsync(String key, Spec spec) {
-        return limitAsync(key, spec, Units.ONE);
+        return limitAsync(key, spec, Request.ONE);
     }
 
-    public Decision limit(String key, Spec spec, Units units) {
+    public Decision limit(String key, Spec spec, Request units) {
         return sync(limitAsync(key, spec, units), spec.algorithm().command(), units);
     }
 
     public Decision limit(String key, Spec spec) {
-        return limit(key, spec, Units.ONE);
+        return limit(key, spec, Request.ONE);
     }
 
     public Decision tokenBucket(String key, long capacity, long refillCount, long refillMs) {
@@ -182,63 +182,63 @@ public final class RateLimitClient implements AutoCloseable {
      * UTC). The decision's {@code resetMs} is the time until the period ends,
      * a denial's {@code waitMs} the time until the next one starts.
      */
-    public CompletionStage<Decision> quotaAsync(String key, long limit, Period period, String zone, Units units) {
+    public CompletionStage<Decision> quotaAsync(String key, long limit, Period period, String zone, Request units) {
         return limitAsync(key, Spec.quota(limit, period, zone), units);
     }
 
     public CompletionStage<Decision> quotaAsync(String key, long limit, Period period, String zone) {
-        return quotaAsync(key, limit, period, zone, Units.ONE);
+        return quotaAsync(key, limit, period, zone, Request.ONE);
     }
 
     public CompletionStage<Decision> quotaAsync(String key, long limit, Period period) {
-        return quotaAsync(key, limit, period, null, Units.ONE);
+        return quotaAsync(key, limit, period, null, Request.ONE);
     }
 
-    public Decision quota(String key, long limit, Period period, String zone, Units units) {
+    public Decision quota(String key, long limit, Period period, String zone, Request units) {
         return limit(key, Spec.quota(limit, period, zone), units);
     }
 
     public Decision quota(String key, long limit, Period period, String zone) {
-        return quota(key, limit, period, zone, Units.ONE);
+        return quota(key, limit, period, zone, Request.ONE);
     }
 
     public Decision quota(String key, long limit, Period period) {
-        return quota(key, limit, period, null, Units.ONE);
+        return quota(key, limit, period, null, Request.ONE);
     }
 
     /** {@code RL.HIT policy key [COST n [FORCE] | REFUND n]}: routed by the key (its second argument). */
-    public CompletionStage<Decision> hitAsync(String policy, String key, Units units) {
+    public CompletionStage<Decision> hitAsync(String policy, String key, Request units) {
         List<String> args = new ArrayList<>(List.of(Args.policyName(policy), Args.key(key)));
         units.appendTo(args);
         return decision(new Command("RL.HIT", args, 1, true), units);
     }
 
     public CompletionStage<Decision> hitAsync(String policy, String key) {
-        return hitAsync(policy, key, Units.ONE);
+        return hitAsync(policy, key, Request.ONE);
     }
 
-    public Decision hit(String policy, String key, Units units) {
+    public Decision hit(String policy, String key, Request units) {
         return sync(hitAsync(policy, key, units), "RL.HIT", units);
     }
 
     public Decision hit(String policy, String key) {
-        return hit(policy, key, Units.ONE);
+        return hit(policy, key, Request.ONE);
     }
 
     /**
      * {@code RL.ALL numkeys key... spec... [COST n]}: all or nothing.
      * In a cluster the keys must share a slot ({@code {order:create}:...}).
      */
-    public CompletionStage<Decision> allAsync(List<Limit> limits, Units units) {
+    public CompletionStage<Decision> allAsync(List<Limit> limits, Request units) {
         return decision(new Command("RL.ALL", allArgs(limits, units), 1, true), units);
     }
 
-    private static List<String> allArgs(List<Limit> limits, Units units) {
+    private static List<String> allArgs(List<Limit> limits, Request units) {
         if (limits == null || limits.isEmpty()) {
-            throw new BadArgumentException("numkeys", "RL.ALL takes at least one limit");
+            throw new InvalidArgumentException("numkeys", "RL.ALL takes at least one limit");
         }
         if (units.refund() || units.force()) {
-            throw new BadArgumentException("cost", "RL.ALL takes COST n only");
+            throw new InvalidArgumentException("cost", "RL.ALL takes COST n only");
         }
         List<String> args = new ArrayList<>();
         args.add(Integer.toString(limits.size()));
@@ -257,12 +257,12 @@ public final class RateLimitClient implements AutoCloseable {
         return args;
     }
 
-    public Decision all(List<Limit> limits, Units units) {
+    public Decision all(List<Limit> limits, Request units) {
         return sync(allAsync(limits, units), "RL.ALL", units);
     }
 
     public Decision all(List<Limit> limits) {
-        return all(limits, Units.ONE);
+        return all(limits, Request.ONE);
     }
 
     // ---- concurrency: leases --------------------------------------------
@@ -272,16 +272,16 @@ public final class RateLimitClient implements AutoCloseable {
      * units held at once. An admission's {@link Decision#lease()} is the id to
      * give back with {@link #release}; {@link #lease} wraps it in a handle.
      */
-    public CompletionStage<Decision> concurrencyAsync(String key, long limit, long leaseMs, Units units) {
+    public CompletionStage<Decision> concurrencyAsync(String key, long limit, long leaseMs, Request units) {
         return limitAsync(key, Spec.concurrency(limit, leaseMs), units);
     }
 
-    public Decision concurrency(String key, long limit, long leaseMs, Units units) {
+    public Decision concurrency(String key, long limit, long leaseMs, Request units) {
         return limit(key, Spec.concurrency(limit, leaseMs), units);
     }
 
     public Decision concurrency(String key, long limit, long leaseMs) {
-        return concurrency(key, limit, leaseMs, Units.ONE);
+        return concurrency(key, limit, leaseMs, Request.ONE);
     }
 
     /** {@code RL.RELEASE key lease}: true when the lease was held until now, false when it had already ended. */
@@ -312,7 +312,7 @@ public final class RateLimitClient implements AutoCloseable {
      * {@code wait} for room as {@link #acquireAsync} does ({@code BLOCK}, on
      * a connection of its own; {@link Duration#ZERO} waits without a limit).
      */
-    public CompletionStage<Lease> leaseAsync(String key, long limit, long leaseMs, Units units, Duration wait) {
+    public CompletionStage<Lease> leaseAsync(String key, long limit, long leaseMs, Request units, Duration wait) {
         Spec spec = Spec.concurrency(limit, leaseMs);
         CompletionStage<Decision> d = wait == null ? limitAsync(key, spec, units) : acquireAsync(key, spec, units, wait);
         return d.thenApply(decision -> {
@@ -325,15 +325,15 @@ public final class RateLimitClient implements AutoCloseable {
 
     /** One unit of a concurrency cap, answered at once: {@code try (Lease l = rl.lease(key, 3, 30_000)) { ... }}. */
     public Lease lease(String key, long limit, long leaseMs) {
-        return lease(key, limit, leaseMs, Units.ONE, null);
+        return lease(key, limit, leaseMs, Request.ONE, null);
     }
 
     /** One unit of a concurrency cap, waiting up to {@code wait} for room. */
     public Lease lease(String key, long limit, long leaseMs, Duration wait) {
-        return lease(key, limit, leaseMs, Units.ONE, wait);
+        return lease(key, limit, leaseMs, Request.ONE, wait);
     }
 
-    public Lease lease(String key, long limit, long leaseMs, Units units, Duration wait) {
+    public Lease lease(String key, long limit, long leaseMs, Request units, Duration wait) {
         Duration limitOfWait = wait == null ? deadline.plusSeconds(1) : acquireDeadline(wait);
         return await(leaseAsync(key, limit, leaseMs, units, wait).toCompletableFuture(), "RL.CONCURRENCY",
                 limitOfWait == null ? null : limitOfWait.plusSeconds(1));
@@ -352,7 +352,7 @@ public final class RateLimitClient implements AutoCloseable {
      * may act: for an admitted leaky bucket, once its {@code wait_ms} has
      * passed.
      */
-    public CompletionStage<Decision> acquireAsync(String key, Spec spec, Units units, Duration timeout) {
+    public CompletionStage<Decision> acquireAsync(String key, Spec spec, Request units, Duration timeout) {
         List<String> args = new ArrayList<>();
         args.add(Args.key(key));
         args.addAll(spec.words().subList(1, spec.words().size()));
@@ -361,49 +361,49 @@ public final class RateLimitClient implements AutoCloseable {
     }
 
     public CompletionStage<Decision> acquireAsync(String key, Spec spec, Duration timeout) {
-        return acquireAsync(key, spec, Units.ONE, timeout);
+        return acquireAsync(key, spec, Request.ONE, timeout);
     }
 
-    /** The blocking form of {@link #acquireAsync(String, Spec, Units, Duration)}: a denial is a decision with {@code allowed} false. */
-    public Decision acquire(String key, Spec spec, Units units, Duration timeout) {
+    /** The blocking form of {@link #acquireAsync(String, Spec, Request, Duration)}: a denial is a decision with {@code allowed} false. */
+    public Decision acquire(String key, Spec spec, Request units, Duration timeout) {
         return awaitAcquire(acquireAsync(key, spec, units, timeout), spec.algorithm().command(), timeout);
     }
 
     public Decision acquire(String key, Spec spec, Duration timeout) {
-        return acquire(key, spec, Units.ONE, timeout);
+        return acquire(key, spec, Request.ONE, timeout);
     }
 
     /**
      * {@code RL.HIT policy key [COST n] BLOCK timeout_ms}, as
-     * {@link #acquireAsync(String, Spec, Units, Duration)}. For a leaky-bucket
+     * {@link #acquireAsync(String, Spec, Request, Duration)}. For a leaky-bucket
      * policy the reply's {@code wait_ms} is waited too.
      */
-    public CompletionStage<Decision> acquireHitAsync(String policy, String key, Units units, Duration timeout) {
+    public CompletionStage<Decision> acquireHitAsync(String policy, String key, Request units, Duration timeout) {
         List<String> args = new ArrayList<>(List.of(Args.policyName(policy), Args.key(key)));
         units.appendTo(args);
         return acquire(new Command("RL.HIT", args, 1, true), units, timeout, true);
     }
 
-    public Decision acquireHit(String policy, String key, Units units, Duration timeout) {
+    public Decision acquireHit(String policy, String key, Request units, Duration timeout) {
         return awaitAcquire(acquireHitAsync(policy, key, units, timeout), "RL.HIT", timeout);
     }
 
     public Decision acquireHit(String policy, String key, Duration timeout) {
-        return acquireHit(policy, key, Units.ONE, timeout);
+        return acquireHit(policy, key, Request.ONE, timeout);
     }
 
     /** {@code RL.ALL ... [COST n] BLOCK timeout_ms}: admitted when every limiter admits at once. */
-    public CompletionStage<Decision> acquireAllAsync(List<Limit> limits, Units units, Duration timeout) {
+    public CompletionStage<Decision> acquireAllAsync(List<Limit> limits, Request units, Duration timeout) {
         List<String> args = allArgs(limits, units);
         return acquire(new Command("RL.ALL", args, 1, true), units, timeout, true);
     }
 
-    public Decision acquireAll(List<Limit> limits, Units units, Duration timeout) {
+    public Decision acquireAll(List<Limit> limits, Request units, Duration timeout) {
         return awaitAcquire(acquireAllAsync(limits, units, timeout), "RL.ALL", timeout);
     }
 
     public Decision acquireAll(List<Limit> limits, Duration timeout) {
-        return acquireAll(limits, Units.ONE, timeout);
+        return acquireAll(limits, Request.ONE, timeout);
     }
 
     /** The deadline of an acquire: its BLOCK timeout plus {@code max(1 s, 10 %)}; null (none) for a wait without a limit. */
@@ -414,11 +414,11 @@ public final class RateLimitClient implements AutoCloseable {
 
     private static long blockMs(Duration timeout) {
         if (timeout == null || timeout.isNegative()) {
-            throw new BadArgumentException("timeout_ms", "must be at least 0 (0 waits without a limit), got " + timeout);
+            throw new InvalidArgumentException("timeout_ms", "must be at least 0 (0 waits without a limit), got " + timeout);
         }
         long ms = timeout.toMillis();
         if (ms > Spec.MAX_PARAM) {
-            throw new BadArgumentException("timeout_ms", "must be at most " + Spec.MAX_PARAM + " ms, got " + ms);
+            throw new InvalidArgumentException("timeout_ms", "must be at most " + Spec.MAX_PARAM + " ms, got " + ms);
         }
         if (ms == 0 && !timeout.isZero()) {
             ms = 1;
@@ -426,9 +426,9 @@ public final class RateLimitClient implements AutoCloseable {
         return ms;
     }
 
-    private CompletionStage<Decision> acquire(Command base, Units units, Duration timeout, boolean mayQueue) {
+    private CompletionStage<Decision> acquire(Command base, Request units, Duration timeout, boolean mayQueue) {
         if (units.refund() || units.force()) {
-            throw new BadArgumentException("block", "BLOCK waits for COST n, not FORCE or REFUND");
+            throw new InvalidArgumentException("block", "BLOCK waits for COST n, not FORCE or REFUND");
         }
         long ms = blockMs(timeout);
         List<String> args = new ArrayList<>(base.args());
@@ -461,7 +461,7 @@ public final class RateLimitClient implements AutoCloseable {
         if (reply instanceof Long n && (n == 0 || n == 1)) {
             return n == 1;
         }
-        throw new UnexpectedReplyException(c.name(), reply);
+        throw new ProtocolException(c.name(), reply);
     }
 
     // ---- policies ----------------------------------------------------------
@@ -474,7 +474,7 @@ public final class RateLimitClient implements AutoCloseable {
      */
     public CompletionStage<Void> policySetAsync(String name, Spec spec, PolicyMode mode, int rollout) {
         if (rollout < 0 || rollout > 100) {
-            throw new BadArgumentException("rollout", "must be a percent from 0 to 100, got " + rollout);
+            throw new InvalidArgumentException("rollout", "must be a percent from 0 to 100, got " + rollout);
         }
         List<String> args = new ArrayList<>(List.of("SET", Args.policyName(name)));
         args.addAll(spec.words());
@@ -563,12 +563,12 @@ public final class RateLimitClient implements AutoCloseable {
 
     // ---- plumbing ----------------------------------------------------------
 
-    private CompletionStage<Decision> decision(Command command, Units units) {
+    private CompletionStage<Decision> decision(Command command, Request units) {
         return timed(command, units).thenApply(reply -> Decision.fromReply(command.name(), reply));
     }
 
 
-    private CompletableFuture<Object> timed(Command command, Units units) {
+    private CompletableFuture<Object> timed(Command command, Request units) {
         return within(command, deadline);
     }
 
@@ -615,10 +615,10 @@ public final class RateLimitClient implements AutoCloseable {
         if (r instanceof Long n) {
             return n;
         }
-        throw new UnexpectedReplyException(command.name(), r);
+        throw new ProtocolException(command.name(), r);
     }
 
-    private <T> T sync(CompletionStage<T> stage, String command, Units units) {
+    private <T> T sync(CompletionStage<T> stage, String command, Request units) {
         Duration d = deadline;
         // The async form already bounds the call; this only guards a driver that never answers.
         return await(stage.toCompletableFuture(), command, d == null ? null : d.plusSeconds(1));
@@ -678,7 +678,7 @@ public final class RateLimitClient implements AutoCloseable {
             Algorithm a = Algorithm.parse(algorithm);
             spec = a == Algorithm.QUOTA && params.size() == 1 ? Spec.quota(params.get(0), Period.parse(period), zone)
                     : Spec.of(a, params);
-        } catch (BadArgumentException e) {
+        } catch (InvalidArgumentException e) {
             spec = null;
         }
         return Optional.of(new PolicyInfo(name, algorithm, List.copyOf(params), spec,

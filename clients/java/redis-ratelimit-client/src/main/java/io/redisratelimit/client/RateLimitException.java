@@ -2,10 +2,11 @@ package io.redisratelimit.client;
 
 /**
  * The one exception type of the kit. Its subclasses say what went wrong:
- * {@link BadArgumentException} (refused before anything was sent),
+ * {@link InvalidArgumentException} (refused before anything was sent),
  * {@link ServerErrorException} (the server answered an error),
  * {@link RateLimitTimeoutException} (no answer within the deadline: the call
  * may have been admitted, so it is never retried),
+ * {@link ProtocolException} (a reply of a shape the command never sends),
  * {@link RedisUnavailableException} (no connection),
  * {@link ModuleMissingException} (the server has no {@code ratelimit} module).
  */

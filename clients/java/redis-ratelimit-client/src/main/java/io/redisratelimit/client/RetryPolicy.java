@@ -28,7 +28,7 @@ public final class RetryPolicy {
 
     private RetryPolicy(Duration base, Duration maxJitter, int maxRetries, Duration totalCap, Sleeper sleeper) {
         if (maxRetries < 0) {
-            throw new BadArgumentException("max-retries", "must be at least 0");
+            throw new InvalidArgumentException("max-retries", "must be at least 0");
         }
         this.base = base;
         this.maxJitter = maxJitter;

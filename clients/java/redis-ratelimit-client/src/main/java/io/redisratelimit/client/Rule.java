@@ -16,10 +16,10 @@ public record Rule(String name, Spec spec, String policy, String keyPrefix, Stri
 
     public Rule {
         if (name == null || name.isEmpty()) {
-            throw new BadArgumentException("name", "a rule has a name");
+            throw new InvalidArgumentException("name", "a rule has a name");
         }
         if (spec == null && policy == null) {
-            throw new BadArgumentException("spec", "rule '" + name + "' has neither a spec nor a policy");
+            throw new InvalidArgumentException("spec", "rule '" + name + "' has neither a spec nor a policy");
         }
         if (policy != null) {
             Args.policyName(policy);
@@ -31,7 +31,7 @@ public record Rule(String name, Spec spec, String policy, String keyPrefix, Stri
             mode = PolicyMode.ENFORCE;
         }
         if (rollout < 0 || rollout > 100) {
-            throw new BadArgumentException("rollout", "must be a percent from 0 to 100, got " + rollout);
+            throw new InvalidArgumentException("rollout", "must be a percent from 0 to 100, got " + rollout);
         }
     }
 

@@ -9,14 +9,14 @@ package io.redisratelimit.client;
 public record Share(double ratio) {
     public Share {
         if (!(ratio > 0) || Double.isInfinite(ratio)) {
-            throw new BadArgumentException("share", "must be a ratio above 0, got " + ratio);
+            throw new InvalidArgumentException("share", "must be a ratio above 0, got " + ratio);
         }
     }
 
     /** {@code 1.1 / instances}. */
     public static Share instances(long instances) {
         if (instances < 1) {
-            throw new BadArgumentException("instances", "must be at least 1, got " + instances);
+            throw new InvalidArgumentException("instances", "must be at least 1, got " + instances);
         }
         return new Share(1.1 / instances);
     }

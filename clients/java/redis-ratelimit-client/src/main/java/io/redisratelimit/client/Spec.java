@@ -92,15 +92,15 @@ public final class Spec {
      */
     public static Spec quota(long limit, Period period, String zone) {
         if (period == null) {
-            throw new BadArgumentException("period", "must be one of day, week, month, year, not null");
+            throw new InvalidArgumentException("period", "must be one of day, week, month, year, not null");
         }
         if (limit < 1 || limit > MAX_PARAM) {
-            throw new BadArgumentException("limit", "must be an integer from 1 to " + MAX_PARAM + ", got " + limit);
+            throw new InvalidArgumentException("limit", "must be an integer from 1 to " + MAX_PARAM + ", got " + limit);
         }
         return new Spec(Algorithm.QUOTA, new long[] {limit}, period, checkZone(zone));
     }
 
-    /** The zone, or null for UTC ({@code UTC} or {@code Z} in any case); a {@link BadArgumentException} naming {@code zone} for a bad one. */
+    /** The zone, or null for UTC ({@code UTC} or {@code Z} in any case); a {@link InvalidArgumentException} naming {@code zone} for a bad one. */
     static String checkZone(String zone) {
         if (zone == null || zone.equalsIgnoreCase("UTC") || zone.equalsIgnoreCase("Z")) {
             return null;
@@ -110,13 +110,13 @@ public final class Spec {
             int hours = Integer.parseInt(zone.substring(1, 3));
             int minutes = Integer.parseInt(zone.substring(4, 6));
             if (minutes > 59 || hours > 18 || (hours == 18 && minutes > 0)) {
-                throw new BadArgumentException("zone", why);
+                throw new InvalidArgumentException("zone", why);
             }
             return zone;
         }
         if (zone.length() > 64 || zone.startsWith("/") || zone.contains("..")
                 || !zone.matches("[A-Za-z][A-Za-z0-9_+\\-]*(/[A-Za-z0-9_+\\-]+)*")) {
-            throw new BadArgumentException("zone", why);
+            throw new InvalidArgumentException("zone", why);
         }
         return zone;
     }
@@ -163,16 +163,16 @@ public final class Spec {
      * command's order: 1 to 2^40 (a sliding log's or a concurrency cap's limit
      * 1 to 2^24 - 1); a bucket dividing its window into at most 10^6 buckets;
      * a bucket filling (or draining) within {@link #MAX_SPAN_MS}. A refusal
-     * is a {@link BadArgumentException} naming the parameter, or
+     * is a {@link InvalidArgumentException} naming the parameter, or
      * {@code window_ms / bucket_ms}, or {@code span}.
      */
     public static Spec of(Algorithm algorithm, long... params) {
         if (algorithm == Algorithm.QUOTA) {
-            throw new BadArgumentException("period", "a quota takes a period: Spec.quota(limit, Period.DAY)");
+            throw new InvalidArgumentException("period", "a quota takes a period: Spec.quota(limit, Period.DAY)");
         }
         List<String> names = algorithm.paramNames();
         if (params.length != names.size()) {
-            throw new BadArgumentException("params", algorithm.name().toLowerCase(java.util.Locale.ROOT)
+            throw new InvalidArgumentException("params", algorithm.name().toLowerCase(java.util.Locale.ROOT)
                     + " takes " + names.size() + " parameters " + names + ", got " + params.length);
         }
         for (int i = 0; i < params.length; i++) {
@@ -182,15 +182,15 @@ public final class Spec {
                 default -> MAX_PARAM;
             };
             if (params[i] < 1 || params[i] > max) {
-                throw new BadArgumentException(names.get(i), "must be an integer from 1 to " + max + ", got " + params[i]);
+                throw new InvalidArgumentException(names.get(i), "must be an integer from 1 to " + max + ", got " + params[i]);
             }
         }
         if (algorithm == Algorithm.HASHWINDOW) {
             if (params[1] % params[2] != 0) {
-                throw new BadArgumentException("bucket_ms", "must divide window_ms (" + params[1] + " % " + params[2] + " != 0)");
+                throw new InvalidArgumentException("bucket_ms", "must divide window_ms (" + params[1] + " % " + params[2] + " != 0)");
             }
             if (params[1] / params[2] > MAX_BUCKETS) {
-                throw new BadArgumentException("window_ms / bucket_ms", "must be an integer from 1 to " + MAX_BUCKETS
+                throw new InvalidArgumentException("window_ms / bucket_ms", "must be an integer from 1 to " + MAX_BUCKETS
                         + ", got " + params[1] / params[2]);
             }
         }
@@ -201,7 +201,7 @@ public final class Spec {
                 String what = algorithm == Algorithm.TOKENBUCKET
                         ? "capacity * refill_ms / refill_count (the time to fill the bucket)"
                         : "capacity * leak_ms / leak_count (the time to drain a full queue)";
-                throw new BadArgumentException("span", what + " is too long: a limiter may take at most " + MAX_SPAN_MS
+                throw new InvalidArgumentException("span", what + " is too long: a limiter may take at most " + MAX_SPAN_MS
                         + " ms to get back to idle");
             }
         }

@@ -184,7 +184,7 @@ class AcquireTest {
         try {
             String k = key("hit");
             Decision first = rl.hit(name, k);
-            CompletableFuture<Decision> second = rl.acquireHitAsync(name, k, Units.ONE, LONG).toCompletableFuture();
+            CompletableFuture<Decision> second = rl.acquireHitAsync(name, k, Request.ONE, LONG).toCompletableFuture();
             blocked(rl, 1);
             assertFalse(second.isDone());
             assertTrue(rl.release(k, first.lease()));
@@ -198,7 +198,7 @@ class AcquireTest {
         assertTrue(rl.all(both).allowed());
         Decision all = rl.acquireAll(both, LONG);
         assertTrue(all.allowed(), all.toString());
-        assertEquals(98, rl.limit(tag + ":b", Spec.fixedWindow(100, Windows.FIXED_MS), Units.cost(0)).remaining());
+        assertEquals(98, rl.limit(tag + ":b", Spec.fixedWindow(100, Windows.FIXED_MS), Request.cost(0)).remaining());
     }
 
     @ParameterizedTest
@@ -207,7 +207,7 @@ class AcquireTest {
         RateLimitClient rl = clients.get(d);
         String k = key("leasewait");
         Lease held = rl.lease(k, 1, 10_000);
-        CompletableFuture<Lease> waiting = rl.leaseAsync(k, 1, 10_000, Units.ONE, LONG).toCompletableFuture();
+        CompletableFuture<Lease> waiting = rl.leaseAsync(k, 1, 10_000, Request.ONE, LONG).toCompletableFuture();
         blocked(rl, 1);
         assertFalse(waiting.isDone());
         held.close();

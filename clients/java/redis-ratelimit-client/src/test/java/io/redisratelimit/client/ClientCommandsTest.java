@@ -73,7 +73,7 @@ class ClientCommandsTest {
         assertTrue(no.retryAfter().toMillis() > 0 && no.retryAfter().toMillis() <= 1000, no.toString());
         assertEquals(1, no.retryAfterSeconds().getAsLong());
         assertTrue(no.resetAfter().toMillis() > 4000, no.toString());
-        Decision never = rl.limit(k, Spec.tokenBucket(5, 1, 1000), Units.cost(6));
+        Decision never = rl.limit(k, Spec.tokenBucket(5, 1, 1000), Request.cost(6));
         assertTrue(never.never());
         assertTrue(never.retryAfterSeconds().isEmpty());
     }
@@ -87,11 +87,11 @@ class ClientCommandsTest {
         assertEquals(9, rl.hashWindow(key("hw"), 9, 1000, 100).limit());
         assertEquals(10, rl.fixedWindow(key("fw"), 10, 1000).limit());
         String k = key("peek");
-        Decision peek = rl.limit(k, Spec.fixedWindow(3, Windows.FIXED_MS), Units.cost(0));
+        Decision peek = rl.limit(k, Spec.fixedWindow(3, Windows.FIXED_MS), Request.cost(0));
         assertEquals(3, peek.remaining());
-        rl.limit(k, Spec.fixedWindow(3, Windows.FIXED_MS), Units.force(5));
-        assertEquals(0, rl.limit(k, Spec.fixedWindow(3, Windows.FIXED_MS), Units.cost(0)).remaining());
-        Decision refunded = rl.limit(k, Spec.fixedWindow(3, Windows.FIXED_MS), Units.refund(2));
+        rl.limit(k, Spec.fixedWindow(3, Windows.FIXED_MS), Request.force(5));
+        assertEquals(0, rl.limit(k, Spec.fixedWindow(3, Windows.FIXED_MS), Request.cost(0)).remaining());
+        Decision refunded = rl.limit(k, Spec.fixedWindow(3, Windows.FIXED_MS), Request.refund(2));
         assertTrue(refunded.allowed());
     }
 
@@ -124,7 +124,7 @@ class ClientCommandsTest {
         assertFalse(denied.allowed());
         assertEquals(1, denied.deniedBy().getAsInt());
         // Nothing was taken from the user's limiter by the denial.
-        assertEquals(3, rl.limit(user.key(), user.spec(), Units.cost(0)).remaining());
+        assertEquals(3, rl.limit(user.key(), user.spec(), Request.cost(0)).remaining());
     }
 
     @ParameterizedTest
@@ -193,10 +193,10 @@ class ClientCommandsTest {
     void inAClusterRulesWithoutOneSharedHashTagAreRefusedWhenTheSetIsBuilt(Drivers d) {
         Limiter limiter = Limiter.builder(clients.get(d)).build();
         Rule user = Rule.of("per-user", Spec.sliding(5, 1000)).keyPrefix("{api}:user:");
-        BadArgumentException e = assertThrows(BadArgumentException.class,
+        InvalidArgumentException e = assertThrows(InvalidArgumentException.class,
                 () -> limiter.rules(user, Rule.of("global", Spec.tokenBucket(10, 10, 1000)).fixedKey("global")));
-        assertEquals("key", e.argument());
-        assertThrows(BadArgumentException.class,
+        assertEquals("key", e.parameter());
+        assertThrows(InvalidArgumentException.class,
                 () -> limiter.rules(user, Rule.of("global", Spec.tokenBucket(10, 10, 1000)).fixedKey("{other}:global")));
         RuleSet ok = limiter.rules(user, Rule.of("global", Spec.tokenBucket(10, 10, 1000)).fixedKey("{api}:global").asGlobal());
         assertTrue(limiter.check(ok, "u-" + UUID.randomUUID()).allowed());
@@ -206,14 +206,14 @@ class ClientCommandsTest {
     @ParameterizedTest
     @EnumSource(Drivers.class)
     void aBadArgumentIsRefusedBeforeAnythingIsSent(Drivers d) {
-        BadArgumentException e = assertThrows(BadArgumentException.class, () -> clients.get(d).tokenBucket(key("bad"), 0, 1, 1000));
-        assertEquals("capacity", e.argument());
-        assertEquals("cost", assertThrows(BadArgumentException.class, () -> Units.cost(-1)).argument());
-        assertEquals("bucket_ms", assertThrows(BadArgumentException.class, () -> Spec.hashWindow(10, 1000, 300)).argument());
-        assertEquals("name", assertThrows(BadArgumentException.class, () -> clients.get(d).hit("has space", "k")).argument());
-        assertEquals("key", assertThrows(BadArgumentException.class, () -> clients.get(d).fixedWindow("", 1, 1)).argument());
-        assertEquals("rollout", assertThrows(BadArgumentException.class,
-                () -> clients.get(d).policySet("p", Spec.fixedWindow(1, 1), PolicyMode.ENFORCE, 101)).argument());
+        InvalidArgumentException e = assertThrows(InvalidArgumentException.class, () -> clients.get(d).tokenBucket(key("bad"), 0, 1, 1000));
+        assertEquals("capacity", e.parameter());
+        assertEquals("cost", assertThrows(InvalidArgumentException.class, () -> Request.cost(-1)).parameter());
+        assertEquals("bucket_ms", assertThrows(InvalidArgumentException.class, () -> Spec.hashWindow(10, 1000, 300)).parameter());
+        assertEquals("name", assertThrows(InvalidArgumentException.class, () -> clients.get(d).hit("has space", "k")).parameter());
+        assertEquals("key", assertThrows(InvalidArgumentException.class, () -> clients.get(d).fixedWindow("", 1, 1)).parameter());
+        assertEquals("rollout", assertThrows(InvalidArgumentException.class,
+                () -> clients.get(d).policySet("p", Spec.fixedWindow(1, 1), PolicyMode.ENFORCE, 101)).parameter());
     }
 
     @ParameterizedTest
@@ -265,10 +265,10 @@ class ClientCommandsTest {
         // Whether it did depends on the driver (Lettuce drops a call that timed
         // out before it was written; Jedis has written it): the call counts
         // once or not at all, never twice.
-        long first = clients.get(d).limit(k, Spec.fixedWindow(10, Windows.FIXED_MS), Units.cost(0)).remaining();
+        long first = clients.get(d).limit(k, Spec.fixedWindow(10, Windows.FIXED_MS), Request.cost(0)).remaining();
         assertTrue(first == 9 || first == 10, "consumed at most once: " + first);
         for (int i = 0; i < 20; i++) {
-            long again = clients.get(d).limit(k, Spec.fixedWindow(10, Windows.FIXED_MS), Units.cost(0)).remaining();
+            long again = clients.get(d).limit(k, Spec.fixedWindow(10, Windows.FIXED_MS), Request.cost(0)).remaining();
             assertEquals(first, again, "the late call is not sent again");
             Thread.sleep(10);
         }

@@ -85,7 +85,7 @@ class ConcurrencyTest {
             ids.add(ok.lease());
         }
         assertEquals(3, ids.size());
-        Decision no = rl.concurrencyAsync(k, 3, 60_000, Units.ONE).toCompletableFuture().get();
+        Decision no = rl.concurrencyAsync(k, 3, 60_000, Request.ONE).toCompletableFuture().get();
         assertFalse(no.allowed());
         assertEquals(0, no.lease());
         assertTrue(no.waitMs() > 0 && no.waitMs() <= 60_000, no.toString());
@@ -97,7 +97,7 @@ class ConcurrencyTest {
         assertTrue(rl.renewAsync(k, other, Duration.ofSeconds(30)).toCompletableFuture().get());
         assertFalse(rl.renew(k, 999_999_999L, Duration.ofSeconds(30)), "an unknown lease renews nothing");
         assertFalse(rl.release(k, 999_999_999L), "an unknown lease releases nothing");
-        Decision cost = rl.concurrency(key("cost"), 5, 60_000, Units.cost(4));
+        Decision cost = rl.concurrency(key("cost"), 5, 60_000, Request.cost(4));
         assertEquals(1, cost.remaining());
     }
 
@@ -105,15 +105,15 @@ class ConcurrencyTest {
     @EnumSource(Drivers.class)
     void badArgumentsAreRefusedBeforeSendingNamingTheArgument(Drivers d) {
         RateLimitClient rl = clients.get(d);
-        assertEquals("limit", assertThrows(BadArgumentException.class, () -> rl.concurrency("k", 0, 1000)).argument());
-        assertEquals("lease_ms", assertThrows(BadArgumentException.class, () -> rl.concurrency("k", 1, 0)).argument());
-        assertEquals("lease", assertThrows(BadArgumentException.class, () -> rl.release("k", 0)).argument());
-        assertEquals("key", assertThrows(BadArgumentException.class, () -> rl.release("", 1)).argument());
-        assertEquals("lease_ms", assertThrows(BadArgumentException.class, () -> rl.renew("k", 1, Duration.ZERO)).argument());
-        assertEquals("timeout_ms", assertThrows(BadArgumentException.class,
-                () -> rl.acquire("k", Spec.concurrency(1, 1000), Duration.ofMillis(-1))).argument());
-        assertEquals("spec", assertThrows(BadArgumentException.class,
-                () -> Limit.of("{a}:k", Spec.concurrency(1, 1000))).argument(), "RL.ALL refuses CONCURRENCY");
+        assertEquals("limit", assertThrows(InvalidArgumentException.class, () -> rl.concurrency("k", 0, 1000)).parameter());
+        assertEquals("lease_ms", assertThrows(InvalidArgumentException.class, () -> rl.concurrency("k", 1, 0)).parameter());
+        assertEquals("lease", assertThrows(InvalidArgumentException.class, () -> rl.release("k", 0)).parameter());
+        assertEquals("key", assertThrows(InvalidArgumentException.class, () -> rl.release("", 1)).parameter());
+        assertEquals("lease_ms", assertThrows(InvalidArgumentException.class, () -> rl.renew("k", 1, Duration.ZERO)).parameter());
+        assertEquals("timeout_ms", assertThrows(InvalidArgumentException.class,
+                () -> rl.acquire("k", Spec.concurrency(1, 1000), Duration.ofMillis(-1))).parameter());
+        assertEquals("spec", assertThrows(InvalidArgumentException.class,
+                () -> Limit.of("{a}:k", Spec.concurrency(1, 1000))).parameter(), "RL.ALL refuses CONCURRENCY");
     }
 
     @ParameterizedTest
@@ -157,7 +157,7 @@ class ConcurrencyTest {
         assertTrue(admitted.get() >= limit, "admitted " + admitted.get());
         assertEquals(16 * 25, admitted.get() + denied.get());
         // Every lease was released: the cap is free again.
-        assertEquals(limit, rl.concurrency(k, limit, 60_000, Units.cost(0)).remaining());
+        assertEquals(limit, rl.concurrency(k, limit, 60_000, Request.cost(0)).remaining());
     }
 
     @ParameterizedTest
@@ -189,15 +189,15 @@ class ConcurrencyTest {
         Lease a = rl.lease(lapsing, 1, leaseMs);
         Lease b = rl.lease(renewed, 1, leaseMs).autoRenew();
         long start = System.nanoTime();
-        eventually("the unrenewed lease frees its unit", () -> rl.concurrency(lapsing, 1, 60_000, Units.cost(0)).remaining() == 1);
+        eventually("the unrenewed lease frees its unit", () -> rl.concurrency(lapsing, 1, 60_000, Request.cost(0)).remaining() == 1);
         // Time has to pass here, well beyond lease_ms, for the renewals to matter.
         while (System.nanoTime() - start < TimeUnit.MILLISECONDS.toNanos(leaseMs * 3)) {
             Thread.sleep(50);
         }
-        assertEquals(0, rl.concurrency(renewed, 1, leaseMs, Units.cost(0)).remaining(), "renewed past lease_ms: still held");
+        assertEquals(0, rl.concurrency(renewed, 1, leaseMs, Request.cost(0)).remaining(), "renewed past lease_ms: still held");
         assertFalse(b.ended());
         assertTrue(b.release());
-        assertEquals(1, rl.concurrency(renewed, 1, leaseMs, Units.cost(0)).remaining());
+        assertEquals(1, rl.concurrency(renewed, 1, leaseMs, Request.cost(0)).remaining());
         assertFalse(a.release(), "it had expired");
         Lease c = rl.lease(key("manual"), 1, leaseMs);
         assertTrue(c.renew());
@@ -230,7 +230,7 @@ class ConcurrencyTest {
                 Decision four = limiter.check(set, "-");
                 assertTrue(four.allowed(), "a concurrency denial is never cached: " + four);
                 assertEquals(Path.REDIS, four.path());
-                assertThrows(BadArgumentException.class, () -> limiter.rules(
+                assertThrows(InvalidArgumentException.class, () -> limiter.rules(
                         Rule.of("rate", Spec.fixedWindow(5, 1000)).keyPrefix("{x}:"),
                         Rule.of("cap", Spec.concurrency(1, 1000)).keyPrefix("{x}:")));
             }

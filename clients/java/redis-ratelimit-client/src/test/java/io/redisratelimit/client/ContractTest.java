@@ -93,8 +93,8 @@ class ContractTest {
                             assertEquals(Arrays.stream(params).boxed().toList(), spec.params());
                         }
                     } else {
-                        BadArgumentException e = assertThrows(BadArgumentException.class, () -> Contract.spec(word, params), name);
-                        assertEquals(v.get("names").asText(), e.argument(), name + ": " + e.getMessage());
+                        InvalidArgumentException e = assertThrows(InvalidArgumentException.class, () -> Contract.spec(word, params), name);
+                        assertEquals(v.get("names").asText(), e.parameter(), name + ": " + e.getMessage());
                     }
                 }));
             }
@@ -124,8 +124,8 @@ class ContractTest {
     @TestFactory
     Stream<DynamicTest> zonesRefused() {
         return texts(Contract.json().get("zones").get("refused")).stream().map(zone -> dynamicTest("refuses '" + zone + "'", () -> {
-            BadArgumentException e = assertThrows(BadArgumentException.class, () -> Spec.quota(10, Period.DAY, zone), zone);
-            assertEquals("zone", e.argument());
+            InvalidArgumentException e = assertThrows(InvalidArgumentException.class, () -> Spec.quota(10, Period.DAY, zone), zone);
+            assertEquals("zone", e.parameter());
         }));
     }
 

@@ -76,7 +76,7 @@ class LimiterTest {
         StatsSnapshot s = limiter.stats();
         assertEquals(6, s.redisCalls());
         assertEquals(94, s.localDenied());
-        assertEquals(4, client.limit(total, Spec.fixedWindow(10, Windows.FIXED_MS), Units.cost(0)).remaining());
+        assertEquals(4, client.limit(total, Spec.fixedWindow(10, Windows.FIXED_MS), Request.cost(0)).remaining());
     }
 
     @Test
@@ -84,7 +84,7 @@ class LimiterTest {
         Limiter limiter = Limiter.builder(client(Drivers.LETTUCE)).instances(1).denyCache(false).build();
         String total = "rl:total:" + UUID.randomUUID();
         // Another instance already took 9 of the 10.
-        client.limit(total, Spec.fixedWindow(10, Windows.FIXED_MS), Units.cost(9));
+        client.limit(total, Spec.fixedWindow(10, Windows.FIXED_MS), Request.cost(9));
         RuleSet rules = limiter.rules(Rule.of("total", Spec.fixedWindow(10, Windows.FIXED_MS)).fixedKey(total).asGlobal());
         assertTrue(limiter.check(rules, "x").allowed());
         Decision d = limiter.check(rules, "x");
@@ -244,9 +244,9 @@ class LimiterTest {
         Decision d = limiter.check(rules, user);
         assertEquals(Path.FALLBACK, d.path());
         assertEquals(1, limiter.stats().redisTimeouts());
-        poll("the pause ends", Duration.ofSeconds(3), () -> client.limit("rl:retry:" + user, Spec.fixedWindow(10, Windows.FIXED_MS), Units.cost(0)).remaining() < 10);
+        poll("the pause ends", Duration.ofSeconds(3), () -> client.limit("rl:retry:" + user, Spec.fixedWindow(10, Windows.FIXED_MS), Request.cost(0)).remaining() < 10);
         Thread.sleep(200);
-        assertEquals(9, client.limit("rl:retry:" + user, Spec.fixedWindow(10, Windows.FIXED_MS), Units.cost(0)).remaining(),
+        assertEquals(9, client.limit("rl:retry:" + user, Spec.fixedWindow(10, Windows.FIXED_MS), Request.cost(0)).remaining(),
                 "the late call counted once");
     }
 }

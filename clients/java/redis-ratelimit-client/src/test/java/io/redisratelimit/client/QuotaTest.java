@@ -87,10 +87,10 @@ class QuotaTest {
         Decision no = rl.quota(k, 3, Period.DAY);
         assertFalse(no.allowed());
         assertNear(untilEnd(Period.DAY, ZoneOffset.UTC), no.waitMs(), "a denial waits for the next day");
-        assertTrue(rl.quota(k, 3, Period.DAY, null, Units.cost(4)).never(), "a cost above the limit can never pass");
-        assertTrue(rl.quota(k, 3, Period.DAY, "UTC", Units.refund(1)).allowed());
+        assertTrue(rl.quota(k, 3, Period.DAY, null, Request.cost(4)).never(), "a cost above the limit can never pass");
+        assertTrue(rl.quota(k, 3, Period.DAY, "UTC", Request.refund(1)).allowed());
         assertTrue(rl.quota(k, 3, Period.DAY).allowed(), "the refunded unit");
-        assertEquals(0, rl.quota(k, 3, Period.DAY, null, Units.cost(0)).remaining());
+        assertEquals(0, rl.quota(k, 3, Period.DAY, null, Request.cost(0)).remaining());
     }
 
     @ParameterizedTest
@@ -110,13 +110,13 @@ class QuotaTest {
     @Test
     void theArgumentsAreCheckedBeforeAnythingIsSent() {
         RateLimitClient rl = clients.get(Drivers.LETTUCE);
-        assertEquals("limit", assertThrows(BadArgumentException.class, () -> rl.quota(key("bad"), 0, Period.DAY)).argument());
-        assertEquals("limit", assertThrows(BadArgumentException.class, () -> Spec.quota(Spec.MAX_PARAM + 1, Period.DAY)).argument());
-        assertEquals("period", assertThrows(BadArgumentException.class, () -> rl.quota(key("bad"), 5, null)).argument());
-        assertEquals("period", assertThrows(BadArgumentException.class, () -> Period.parse("fortnight")).argument());
-        assertEquals("period", assertThrows(BadArgumentException.class, () -> Spec.of(Algorithm.QUOTA, 5)).argument());
+        assertEquals("limit", assertThrows(InvalidArgumentException.class, () -> rl.quota(key("bad"), 0, Period.DAY)).parameter());
+        assertEquals("limit", assertThrows(InvalidArgumentException.class, () -> Spec.quota(Spec.MAX_PARAM + 1, Period.DAY)).parameter());
+        assertEquals("period", assertThrows(InvalidArgumentException.class, () -> rl.quota(key("bad"), 5, null)).parameter());
+        assertEquals("period", assertThrows(InvalidArgumentException.class, () -> Period.parse("fortnight")).parameter());
+        assertEquals("period", assertThrows(InvalidArgumentException.class, () -> Spec.of(Algorithm.QUOTA, 5)).parameter());
         for (String zone : new String[] {"", "+8", "+26:00", "+05:60", "../etc/passwd", "/etc/localtime", "EST5EDT,M3.2.0,M11.1.0", "Mars Olympus"}) {
-            assertEquals("zone", assertThrows(BadArgumentException.class, () -> rl.quota(key("bad"), 5, Period.DAY, zone)).argument(), zone);
+            assertEquals("zone", assertThrows(InvalidArgumentException.class, () -> rl.quota(key("bad"), 5, Period.DAY, zone)).parameter(), zone);
         }
         assertEquals(Period.WEEK, Period.parse("week"));
         assertEquals(Period.MONTH, Period.parse("Month"));
@@ -159,8 +159,8 @@ class QuotaTest {
         Decision denied = rl.all(limits);
         assertFalse(denied.allowed());
         assertEquals(0, denied.deniedBy().getAsInt());
-        assertEquals("zone", assertThrows(BadArgumentException.class,
-                () -> Limit.of(a, Spec.quota(1, Period.DAY, "Europe/Paris"))).argument());
+        assertEquals("zone", assertThrows(InvalidArgumentException.class,
+                () -> Limit.of(a, Spec.quota(1, Period.DAY, "Europe/Paris"))).parameter());
     }
 
     @ParameterizedTest
@@ -195,7 +195,7 @@ class QuotaTest {
         assertFalse(denied.allowed());
         assertEquals(1, denied.deniedBy().getAsInt());
         assertNear(untilEnd(Period.DAY, ny), denied.waitMs(), "RL.ALL waits for the New York day");
-        assertEquals(8, rl.quota(b, 10, Period.DAY, null, Units.cost(0)).remaining(), "the denial changed nothing");
+        assertEquals(8, rl.quota(b, 10, Period.DAY, null, Request.cost(0)).remaining(), "the denial changed nothing");
 
         // The mode, the roll-out and a fixed offset go with the zone; a UTC one has no TZ.
         rl.policySet(name, Spec.quota(5, Period.WEEK, "+05:30"), PolicyMode.SHADOW, 40);
@@ -255,7 +255,7 @@ class QuotaTest {
         assertEquals(3, admitted);
         Rule paris = Rule.of("paris", Spec.quota(3, Period.DAY, "Europe/Paris")).keyPrefix("{q}:paris:" + UUID.randomUUID() + ":");
         assertTrue(limiter.check(limiter.rules(paris), "u").allowed(), "a zoned quota on its own: RL.QUOTA ... TZ");
-        assertEquals("zone", assertThrows(BadArgumentException.class, () -> limiter.rules(paris, perSecond)).argument(),
+        assertEquals("zone", assertThrows(InvalidArgumentException.class, () -> limiter.rules(paris, perSecond)).parameter(),
                 "an inline RL.ALL spec counts in UTC only");
 
         // As a policy, a zoned quota goes in a set with other rules: RL.ALL ... POLICY counts in its zone.

@@ -73,7 +73,7 @@ class SlowSpellsTest {
             }
             slow.join();
             // A peek is a write: it is answered once the pause is over.
-            client.withDeadline(Duration.ofSeconds(10)).limit("rl:spells:" + user, Spec.fixedWindow(LIMIT, Windows.FIXED_MS), Units.cost(0));
+            client.withDeadline(Duration.ofSeconds(10)).limit("rl:spells:" + user, Spec.fixedWindow(LIMIT, Windows.FIXED_MS), Request.cost(0));
             // Requests of another user close the breaker (its probe), so that Redis decides again.
             String other = UUID.randomUUID().toString();
             long until = System.nanoTime() + Duration.ofSeconds(10).toNanos();
@@ -88,7 +88,7 @@ class SlowSpellsTest {
         StatsSnapshot stats = limiter.stats();
         assertTrue(stats.redisTimeouts() > 0 && stats.fallbackAdmitted() + stats.fallbackDenied() > 0,
                 "the spells sent requests to the fallback: " + stats);
-        long counted = client.limit("rl:spells:" + user, Spec.fixedWindow(LIMIT, Windows.FIXED_MS), Units.cost(0)).remaining();
+        long counted = client.limit("rl:spells:" + user, Spec.fixedWindow(LIMIT, Windows.FIXED_MS), Request.cost(0)).remaining();
         assertTrue(admitted <= bound, "admitted " + admitted + " of a limit of " + LIMIT + " (bound " + bound
                 + ", Redis has " + (LIMIT - counted) + " counted): " + stats);
     }

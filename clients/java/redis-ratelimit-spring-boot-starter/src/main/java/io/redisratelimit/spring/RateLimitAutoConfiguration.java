@@ -4,7 +4,7 @@ import io.micrometer.core.instrument.MeterRegistry;
 import io.redisratelimit.client.FallbackMode;
 import io.redisratelimit.client.Limiter;
 import io.redisratelimit.client.RateLimitClient;
-import io.redisratelimit.client.BadArgumentException;
+import io.redisratelimit.client.InvalidArgumentException;
 import io.redisratelimit.client.driver.Driver;
 import io.redisratelimit.spring.web.RateLimitExceptionHandler;
 import io.redisratelimit.spring.web.RateLimitHandlerInterceptor;
@@ -108,7 +108,7 @@ public class RateLimitAutoConfiguration {
         FallbackMode fallback;
         try {
             fallback = FallbackMode.parse(p.getFallback());
-        } catch (BadArgumentException e) {
+        } catch (InvalidArgumentException e) {
             throw new RateLimitConfigException("ratelimit.fallback", e.reason(), e);
         }
         if (p.getInstances() < 1) {

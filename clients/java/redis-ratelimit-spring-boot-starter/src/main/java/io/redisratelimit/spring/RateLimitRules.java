@@ -1,7 +1,7 @@
 package io.redisratelimit.spring;
 
 import io.redisratelimit.client.Algorithm;
-import io.redisratelimit.client.BadArgumentException;
+import io.redisratelimit.client.InvalidArgumentException;
 import io.redisratelimit.client.PolicyMode;
 import io.redisratelimit.client.Rule;
 import io.redisratelimit.client.Spec;
@@ -46,7 +46,7 @@ public final class RateLimitRules {
             Algorithm algorithm;
             try {
                 algorithm = Algorithm.parse(r.getAlgorithm());
-            } catch (BadArgumentException ex) {
+            } catch (InvalidArgumentException ex) {
                 throw new RateLimitConfigException(p + ".algorithm", ex.reason(), ex);
             }
             Spec spec;
@@ -60,19 +60,19 @@ public final class RateLimitRules {
                     }
                     spec = Spec.of(algorithm, r.getParams());
                 }
-            } catch (BadArgumentException ex) {
-                int i = algorithm.paramNames().indexOf(ex.argument());
+            } catch (InvalidArgumentException ex) {
+                int i = algorithm.paramNames().indexOf(ex.parameter());
                 if (i < 0) {
                     throw new RateLimitConfigException(p + ".params", ex.reason(), ex);
                 }
-                throw new RateLimitConfigException(p + ".params[" + i + "]", ex.argument() + " " + ex.reason()
+                throw new RateLimitConfigException(p + ".params[" + i + "]", ex.parameter() + " " + ex.reason()
                         + " (" + algorithm.name().toLowerCase(java.util.Locale.ROOT) + " takes " + algorithm.paramNames() + ")", ex);
             }
             PolicyMode mode;
             try {
                 // Unquoted YAML `mode: off` arrives as "false".
                 mode = "false".equals(r.getMode()) ? PolicyMode.OFF : PolicyMode.parse(r.getMode());
-            } catch (BadArgumentException ex) {
+            } catch (InvalidArgumentException ex) {
                 throw new RateLimitConfigException(p + ".mode", ex.reason(), ex);
             }
             if (r.getRollout() < 0 || r.getRollout() > 100) {
@@ -103,7 +103,7 @@ public final class RateLimitRules {
                 if (r.isGlobal()) {
                     rule = rule.asGlobal();
                 }
-            } catch (BadArgumentException ex) {
+            } catch (InvalidArgumentException ex) {
                 throw new RateLimitConfigException(p, ex.getMessage(), ex);
             }
             List<String> methods = new java.util.ArrayList<>();
@@ -130,13 +130,13 @@ public final class RateLimitRules {
         io.redisratelimit.client.Period period;
         try {
             period = io.redisratelimit.client.Period.parse(r.getPeriod());
-        } catch (BadArgumentException ex) {
+        } catch (InvalidArgumentException ex) {
             throw new RateLimitConfigException(p + ".period", ex.reason(), ex);
         }
         try {
             return Spec.quota(r.getParams().get(0), period, r.getZone());
-        } catch (BadArgumentException ex) {
-            if (ex.argument().equals("zone")) {
+        } catch (InvalidArgumentException ex) {
+            if (ex.parameter().equals("zone")) {
                 throw new RateLimitConfigException(p + ".zone", ex.reason(), ex);
             }
             throw ex;

@@ -1,7 +1,7 @@
 package io.redisratelimit.spring.it;
 
 import io.redisratelimit.client.RateLimitClient;
-import io.redisratelimit.client.Units;
+import io.redisratelimit.client.Request;
 import io.redisratelimit.client.testing.RedisServer;
 import io.redisratelimit.spring.RateLimitService;
 import io.redisratelimit.spring.RateLimited;
@@ -136,7 +136,7 @@ class ConcurrencyHttpTest {
 
     private long free(String key, long limit) {
         RateLimitClient rl = service.client().withDeadline(java.time.Duration.ofSeconds(2));
-        return rl.concurrency(key, limit, 60_000, Units.cost(0)).remaining();
+        return rl.concurrency(key, limit, 60_000, Request.cost(0)).remaining();
     }
 
     private List<CompletableFuture<HttpResponse<String>>> fire(int n, String path, String user) {

@@ -1,6 +1,6 @@
 package io.redisratelimit.spring.it;
 
-import io.redisratelimit.client.Units;
+import io.redisratelimit.client.Request;
 import io.redisratelimit.client.testing.RedisServer;
 import io.redisratelimit.spring.RateLimitService;
 import org.junit.jupiter.api.Test;
@@ -79,7 +79,7 @@ class WebFluxConcurrencyTest {
     }
 
     private long free(String key) {
-        return service.client().withDeadline(Duration.ofSeconds(2)).concurrency(key, 2, 60_000, Units.cost(0)).remaining();
+        return service.client().withDeadline(Duration.ofSeconds(2)).concurrency(key, 2, 60_000, Request.cost(0)).remaining();
     }
 
     @Test
