@@ -21,7 +21,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .blocking import AsyncDedicatedPools
 from .decision import Decision
-from .errors import ModuleNotLoaded, not_sent
+from .errors import ModuleNotLoaded as ModuleNotLoaded
+from .errors import not_sent
 from .lease import AsyncLease, renew_interval
 from .protocol import (
     LOG_LEN,
@@ -39,9 +40,9 @@ from .protocol import (
     lease_ms_of,
     lease_of,
     limit_args,
+    loaded_version,
     log_get_args,
     map_error,
-    module_version,
     parse_live,
     parse_log_len,
     parse_logs,
@@ -59,6 +60,7 @@ from .protocol import check_key as check_key
 from .protocol import check_lease as check_lease
 from .protocol import check_lease_ms as check_lease_ms
 from .protocol import decode as decode
+from .protocol import module_version as module_version
 from .protocol import parse_log as parse_log
 from .spec import (
     Algorithm,
@@ -230,10 +232,8 @@ class AsyncClient:
         a cluster), kept in `module_version`."""
         if not self.is_cluster:
             assert isinstance(self.redis, aioredis.Redis)
-            v = module_version(await send_once(self.redis, MODULE_LIST))
-            if v is None:
-                raise ModuleNotLoaded(server_name(self.redis))
-            self.module_version = v
+            reply = await send_once(self.redis, MODULE_LIST)
+            self.module_version = v = loaded_version(reply, server_name(self.redis))
             return v
         rc = self.redis
         assert isinstance(rc, AsyncRedisCluster)
@@ -241,10 +241,7 @@ class AsyncClient:
             await rc.initialize()
         versions = []
         for n in rc.get_primaries():
-            v = module_version(await self._node_call(n, MODULE_LIST))
-            if v is None:
-                raise ModuleNotLoaded(n.name)
-            versions.append(v)
+            versions.append(loaded_version(await self._node_call(n, MODULE_LIST), n.name))
         self.module_version = low = min(versions)
         return low
 

@@ -28,9 +28,10 @@ from .blocking import DedicatedPools
 from .decision import Decision
 from .errors import BadArgument as BadArgument
 from .errors import Denied as Denied
-from .errors import ModuleNotLoaded, not_sent
+from .errors import ModuleNotLoaded as ModuleNotLoaded
 from .errors import ServerError as ServerError
 from .errors import WrongType as WrongType
+from .errors import not_sent
 from .lease import Lease, renew_interval
 from .protocol import _TAKES_COMMAND_NAME as _TAKES_COMMAND_NAME
 from .protocol import _UNKNOWN_RL as _UNKNOWN_RL
@@ -49,9 +50,9 @@ from .protocol import (
     lease_ms_of,
     lease_of,
     limit_args,
+    loaded_version,
     log_get_args,
     map_error,
-    module_version,
     parse_live,
     parse_log_len,
     parse_logs,
@@ -70,6 +71,7 @@ from .protocol import check_key as check_key
 from .protocol import check_lease as check_lease
 from .protocol import check_lease_ms as check_lease_ms
 from .protocol import decode as decode
+from .protocol import module_version as module_version
 from .protocol import parse_log as parse_log
 from .protocol import request_args as request_args
 from .protocol import spec_args as spec_args
@@ -218,10 +220,7 @@ class Client:
         without it."""
         versions = []
         for r in self._masters():
-            v = module_version(send_once(r, MODULE_LIST))
-            if v is None:
-                raise ModuleNotLoaded(server_name(r))
-            versions.append(v)
+            versions.append(loaded_version(send_once(r, MODULE_LIST), server_name(r)))
         self.module_version = low = min(versions)
         return low
 

@@ -305,6 +305,15 @@ def module_version(reply: object) -> int | None:
     return None
 
 
+def loaded_version(reply: object, server: str) -> int:
+    """The module's version in `server`'s `MODULE LIST` reply, or
+    `ModuleNotLoaded` naming the server."""
+    v = module_version(reply)
+    if v is None:
+        raise ModuleNotLoaded(server)
+    return v
+
+
 def module_loaded(reply: object) -> bool:
     """Whether a `MODULE LIST` reply names the `ratelimit` module."""
     return module_version(reply) is not None
