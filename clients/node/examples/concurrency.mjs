@@ -6,10 +6,10 @@
 //   for i in 1 2 3; do curl -s -o /dev/null -w '%{http_code} ' -H 'x-user: ann' localhost:3002/report & done; wait
 import express from 'express';
 import { createClient } from 'redis';
-import { RL, RLDeniedError, concurrencyLimit } from 'redis-ratelimit';
+import { Client, RLDeniedError, concurrencyLimit } from 'redis-ratelimit';
 
 const client = await createClient({ url: process.env.REDIS_URL ?? 'redis://127.0.0.1:6379' }).connect();
-const rl = new RL(client);
+const rl = new Client(client);
 await rl.checkModule();
 
 const app = express();

@@ -7,11 +7,11 @@
 import express from 'express';
 import { rateLimit } from 'express-rate-limit';
 import { createClient } from 'redis';
-import { RL, RLStore } from 'redis-ratelimit';
+import { Client, RLStore } from 'redis-ratelimit';
 
 const client = createClient({ url: process.env.REDIS_URL ?? 'redis://127.0.0.1:6379' });
 await client.connect();
-await new RL(client).checkModule(); // fails at start-up, not per request, on a server without the module
+await new Client(client).checkModule(); // fails at start-up, not per request, on a server without the module
 
 const app = express();
 app.use(

@@ -1,4 +1,4 @@
-import { checkInteger, isServerReply, RLConnectionError, RLDeadlineError, RLError } from './errors.js';
+import { checkInteger, isServerReply, RLConnectionError, TimeoutError, RLError } from './errors.js';
 
 /**
  * The instance's share of a limit shared by `instances` processes:
@@ -103,13 +103,13 @@ export class LocalAccount {
 }
 
 /**
- * Rejects `RLDeadlineError` when `op` has not settled within `ms`. `op` goes
+ * Rejects `TimeoutError` when `op` has not settled within `ms`. `op` goes
  * on: Redis may still count it, which is why the fallback charges it.
  */
 export function beforeDeadline<T>(op: Promise<T>, ms: number): Promise<T> {
   let timer: NodeJS.Timeout | undefined;
   const late = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new RLDeadlineError(`no answer from Redis within ${ms} ms`)), ms);
+    timer = setTimeout(() => reject(new TimeoutError(`no answer from Redis within ${ms} ms`)), ms);
   });
   op.catch(() => {}); // settled after the deadline: nobody waits for it any more
   return Promise.race([op, late]).finally(() => clearTimeout(timer));
@@ -130,5 +130,5 @@ export function answerLost(err: unknown): boolean {
  * which the fallback must not hide.
  */
 export function isOutage(err: unknown): boolean {
-  return !(err instanceof RLError) || err instanceof RLDeadlineError || err instanceof RLConnectionError;
+  return !(err instanceof RLError) || err instanceof TimeoutError || err instanceof RLConnectionError;
 }

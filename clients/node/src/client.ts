@@ -1,8 +1,8 @@
 import { Decision, toInt } from './decision.js';
-import { checkInteger, checkString, describe, fromServerError, isServerReply, RLArgumentError, RLConnectionError, RLDeniedError, RLError, RLModuleNotLoadedError } from './errors.js';
+import { checkInteger, checkString, describe, fromServerError, isServerReply, InvalidArgumentError, RLConnectionError, RLDeniedError, RLError, ModuleMissingError } from './errors.js';
 import { Lease, type LeaseOptions, type LeaseRule } from './lease.js';
 import { ConnectionPool } from './pool.js';
-import { blockArgs, optionArgs, ruleArgs, type AcquireOptions, type CallOptions, type ConcurrencyParams, type QuotaParams, type Rule, type Spec } from './rules.js';
+import { blockArgs, costRequest, optionArgs, ruleArgs, type AcquireOptions, type CallOptions, type ConcurrencyParams, type QuotaParams, type Request, type Spec, type SpecOrPolicy } from './rules.js';
 import { dedicatedConnector, ownConnection, toTransport, whenReady, type ConnectionFactory, type RedisLike, type Transport } from './transport.js';
 
 interface Events {
@@ -10,8 +10,8 @@ interface Events {
   off?: (event: string, fn: () => void) => unknown;
 }
 
-/** `new RL(client, options)`: how `acquire` gets connections of its own. */
-export interface RLOptions {
+/** `new Client(client, options)`: how `acquire` gets connections of its own. */
+export interface ClientOptions {
   /**
    * Opens a connected node-redis or ioredis client for `acquire` (and
    * leases that wait). By default the kit duplicates the client it was given
@@ -54,13 +54,13 @@ export interface ModuleInfo {
  * its key; arguments are checked before anything is sent.
  *
  * ```ts
- * const rl = new RL(createClient())
+ * const rl = new Client(createClient())
  * await rl.checkModule()
  * const d = await rl.sliding('user:42', { limit: 100, windowMs: 60_000 })
  * if (!d.allowed) res.set('Retry-After', String(d.retryAfterS))
  * ```
  */
-export class RL {
+export class Client {
   readonly transport: Transport;
   private readonly openConnection: ConnectionFactory | undefined;
   private readonly maxIdle: number;
@@ -72,15 +72,15 @@ export class RL {
   /** What the application gave, for `checkModule`'s wait for readiness. */
   private readonly client: RedisLike;
 
-  constructor(client: RedisLike, options: RLOptions = {}) {
+  constructor(client: RedisLike, options: ClientOptions = {}) {
     this.transport = toTransport(client);
     this.client = client;
     if (options === null || typeof options !== 'object') {
-      throw new RLArgumentError('options', `RL options must be an object, got ${describe(options)}`);
+      throw new InvalidArgumentError('options', `Client options must be an object, got ${describe(options)}`);
     }
     const { connect } = options;
     if (connect !== undefined && typeof connect !== 'function') {
-      throw new RLArgumentError('connect', `connect must be a function returning a connected client, got ${describe(connect)}`);
+      throw new InvalidArgumentError('connect', `connect must be a function returning a connected client, got ${describe(connect)}`);
     }
     this.maxIdle = checkInteger('maxIdleConnections', options.maxIdleConnections ?? 4, 0);
     this.idleMs = checkInteger('idleConnectionMs', options.idleConnectionMs ?? 30_000, 1);
@@ -98,7 +98,7 @@ export class RL {
   /**
    * Waits until the client is ready (at most `timeoutMs`, default 10,000),
    * then checks `MODULE LIST` on every master for the module; throws
-   * `RLModuleNotLoadedError` naming what is missing, or `RLConnectionError`
+   * `ModuleMissingError` naming what is missing, or `RLConnectionError`
    * when Redis cannot be reached (the client closed, never connected, not
    * ready in time, or the connection lost).
    */
@@ -116,7 +116,7 @@ export class RL {
       if (!isServerReply(err)) {
         throw new RLConnectionError(`cannot check for the ratelimit module: MODULE LIST got no answer (${(err as Error).message})`, { cause: err });
       }
-      throw new RLModuleNotLoadedError(
+      throw new ModuleMissingError(
         `cannot check for the ratelimit module: MODULE LIST failed (${(err as Error).message})`,
         { cause: err },
       );
@@ -125,7 +125,7 @@ export class RL {
     for (const reply of replies) {
       const mod = parseModuleList(reply).find((m) => m.name === 'ratelimit');
       if (!mod) {
-        throw new RLModuleNotLoadedError(
+        throw new ModuleMissingError(
           'the ratelimit module is not loaded on this server (MODULE LIST does not show it); ' +
             'start redis-server with --loadmodule /path/to/libredis_ratelimit.so',
         );
@@ -136,26 +136,26 @@ export class RL {
   }
 
   /** Any limiter rule on `key`. */
-  async limit(key: string, rule: Rule, opts?: CallOptions): Promise<Decision> {
+  async limit(key: string, rule: Spec, opts?: Request | CallOptions): Promise<Decision> {
     checkString('key', key);
     const [name, params] = ruleArgs(rule);
     const args = [`RL.${name}`, key, ...params, ...optionArgs(opts)];
     return this.decide(key, args, name === 'CONCURRENCY' ? 'lease' : 'none');
   }
 
-  tokenBucket(key: string, p: { capacity: number; refillCount: number; refillMs: number }, opts?: CallOptions) {
+  tokenBucket(key: string, p: { capacity: number; refillCount: number; refillMs: number }, opts?: Request | CallOptions) {
     return this.limit(key, { algorithm: 'tokenbucket', ...p }, opts);
   }
-  leakyBucket(key: string, p: { capacity: number; leakCount: number; leakMs: number }, opts?: CallOptions) {
+  leakyBucket(key: string, p: { capacity: number; leakCount: number; leakMs: number }, opts?: Request | CallOptions) {
     return this.limit(key, { algorithm: 'leakybucket', ...p }, opts);
   }
-  sliding(key: string, p: { limit: number; windowMs: number }, opts?: CallOptions) {
+  sliding(key: string, p: { limit: number; windowMs: number }, opts?: Request | CallOptions) {
     return this.limit(key, { algorithm: 'sliding', ...p }, opts);
   }
-  hashWindow(key: string, p: { limit: number; windowMs: number; bucketMs: number }, opts?: CallOptions) {
+  hashWindow(key: string, p: { limit: number; windowMs: number; bucketMs: number }, opts?: Request | CallOptions) {
     return this.limit(key, { algorithm: 'hashwindow', ...p }, opts);
   }
-  fixedWindow(key: string, p: { limit: number; windowMs: number }, opts?: CallOptions) {
+  fixedWindow(key: string, p: { limit: number; windowMs: number }, opts?: Request | CallOptions) {
     return this.limit(key, { algorithm: 'fixedwindow', ...p }, opts);
   }
   /**
@@ -163,7 +163,7 @@ export class RL {
    * for `leaseMs`; `decision.lease` is its id (null when denied). End it with
    * `release`, keep it with `renew`; `lease()` and `withLease()` do both.
    */
-  concurrency(key: string, p: ConcurrencyParams, opts?: CallOptions) {
+  concurrency(key: string, p: ConcurrencyParams, opts?: Request | CallOptions) {
     return this.limit(key, { algorithm: 'concurrency', ...p }, opts);
   }
   /**
@@ -172,11 +172,11 @@ export class RL {
    * `resetMs` is the time until the period ends; a denial's `waitMs` the
    * time until the next one starts.
    */
-  quota(key: string, p: QuotaParams, opts?: CallOptions) {
+  quota(key: string, p: QuotaParams, opts?: Request | CallOptions) {
     return this.limit(key, { algorithm: 'quota', ...p }, opts);
   }
   /** `RL.HIT name key`: the policy `name` applied to the limiter in `key`. */
-  async hit(policy: string, key: string, opts?: CallOptions): Promise<Decision> {
+  async hit(policy: string, key: string, opts?: Request | CallOptions): Promise<Decision> {
     checkPolicyName(policy);
     checkString('key', key);
     return this.decide(key, ['RL.HIT', policy, key, ...optionArgs(opts)], 'lease');
@@ -203,15 +203,15 @@ export class RL {
    * admitted leaky bucket, after its `waitMs`. A denial (the timeout passed,
    * or the request can never wait its way in) resolves a denied `Decision`,
    * as the other calls. Never retried; past the timeout plus
-   * max(1 s, 10 %) without a reply it rejects with `RLDeadlineError`.
+   * max(1 s, 10 %) without a reply it rejects with `TimeoutError`.
    *
    * `rule` is any rule, a concurrency rule (`decision.lease` is the lease:
    * `lease()` makes it a handle), or `{ policy }` for `RL.HIT`.
    */
-  async acquire(key: string, rule: Spec, opts: AcquireOptions): Promise<Decision> {
+  async acquire(key: string, rule: SpecOrPolicy, opts: AcquireOptions): Promise<Decision> {
     checkString('key', key);
     const timeoutMs = acquireTimeout(opts);
-    const cost = optionArgs({ cost: opts.cost });
+    const cost = optionArgs(costRequest(opts.cost));
     if (rule && typeof rule === 'object' && 'policy' in rule) {
       return this.held(key, ['RL.HIT', checkPolicyName(rule.policy), key, ...cost, ...blockArgs(timeoutMs)], 'lease', timeoutMs, opts.signal);
     }
@@ -221,9 +221,9 @@ export class RL {
   }
 
   /** `RL.ALL ... BLOCK`: `acquire` for several limiters, admitted when all of them admit at once. */
-  async acquireAll(limits: ReadonlyArray<{ key: string; rule: Spec }>, opts: AcquireOptions): Promise<Decision> {
+  async acquireAll(limits: ReadonlyArray<{ key: string; rule: SpecOrPolicy }>, opts: AcquireOptions): Promise<Decision> {
     const timeoutMs = acquireTimeout(opts);
-    const args = [...allArgs(limits), ...optionArgs({ cost: opts.cost }), ...blockArgs(timeoutMs)];
+    const args = [...allArgs(limits), ...optionArgs(costRequest(opts.cost)), ...blockArgs(timeoutMs)];
     return this.held(args[2] as string, args, 'deniedBy', timeoutMs, opts.signal);
   }
 
@@ -239,21 +239,21 @@ export class RL {
   async lease(key: string, rule: LeaseRule, opts: LeaseOptions = {}): Promise<Lease> {
     checkString('key', key);
     if (rule === null || typeof rule !== 'object') {
-      throw new RLArgumentError('rule', `rule must be { limit, leaseMs } or { policy }, got ${describe(rule)}`);
+      throw new InvalidArgumentError('rule', `rule must be { limit, leaseMs } or { policy }, got ${describe(rule)}`);
     }
     if (opts === null || typeof opts !== 'object') {
-      throw new RLArgumentError('options', `lease options must be an object, got ${describe(opts)}`);
+      throw new InvalidArgumentError('options', `lease options must be an object, got ${describe(opts)}`);
     }
-    const spec: Spec = 'policy' in rule ? { policy: rule.policy } : { algorithm: 'concurrency', limit: rule.limit, leaseMs: rule.leaseMs };
+    const spec: SpecOrPolicy = 'policy' in rule ? { policy: rule.policy } : { algorithm: 'concurrency', limit: rule.limit, leaseMs: rule.leaseMs };
     const leaseMs = rule.leaseMs === undefined ? undefined : checkInteger('leaseMs', rule.leaseMs, 1);
     if (opts.autoRenew && leaseMs === undefined) {
-      throw new RLArgumentError('leaseMs', 'autoRenew needs the leaseMs to renew by: give { policy, leaseMs }');
+      throw new InvalidArgumentError('leaseMs', 'autoRenew needs the leaseMs to renew by: give { policy, leaseMs }');
     }
     const decided =
       opts.timeoutMs === undefined
         ? 'policy' in spec
-          ? this.hit(spec.policy, key, { cost: opts.cost })
-          : this.limit(key, spec, { cost: opts.cost })
+          ? this.hit(spec.policy, key, costRequest(opts.cost))
+          : this.limit(key, spec, costRequest(opts.cost))
         : this.acquire(key, spec, { timeoutMs: opts.timeoutMs, cost: opts.cost, signal: opts.signal });
     return decided.then((d) => {
       if (!d.allowed) {
@@ -272,7 +272,7 @@ export class RL {
    * running `fn` when no lease is granted. Options as `lease()`.
    */
   async withLease<T>(key: string, rule: LeaseRule, fn: (lease: Lease) => T | Promise<T>, opts: LeaseOptions = {}): Promise<T> {
-    if (typeof fn !== 'function') throw new RLArgumentError('fn', `fn must be a function, got ${describe(fn)}`);
+    if (typeof fn !== 'function') throw new InvalidArgumentError('fn', `fn must be a function, got ${describe(fn)}`);
     const lease = await this.lease(key, rule, opts);
     let failed = false;
     try {
@@ -293,8 +293,8 @@ export class RL {
    * is the 0-based index of the first that denied. In a cluster the keys
    * must share a slot (a hash tag such as `{order:create}`).
    */
-  async all(limits: ReadonlyArray<{ key: string; rule: Spec }>, opts?: Pick<CallOptions, 'cost'>): Promise<Decision> {
-    const args = [...allArgs(limits), ...optionArgs({ cost: opts?.cost })];
+  async all(limits: ReadonlyArray<{ key: string; rule: SpecOrPolicy }>, opts?: { cost?: number }): Promise<Decision> {
+    const args = [...allArgs(limits), ...optionArgs(costRequest(opts?.cost))];
     return this.decide(args[2] as string, args, 'deniedBy');
   }
 
@@ -304,12 +304,12 @@ export class RL {
    * America/New_York`): `rl.hit` and `rl.all` with `{ policy }` then count
    * in that zone.
    */
-  async policySet(name: string, rule: Rule, opts: PolicyOptions = {}): Promise<void> {
+  async policySet(name: string, rule: Spec, opts: PolicyOptions = {}): Promise<void> {
     checkPolicyName(name);
     const [alg, params] = ruleArgs(rule);
     const args = ['RL.POLICY', 'SET', name, alg, ...params];
     if (opts.mode !== undefined) {
-      if (!['ENFORCE', 'SHADOW', 'OFF'].includes(opts.mode)) throw new RLArgumentError('mode', `mode must be ENFORCE, SHADOW or OFF, got ${String(opts.mode)}`);
+      if (!['ENFORCE', 'SHADOW', 'OFF'].includes(opts.mode)) throw new InvalidArgumentError('mode', `mode must be ENFORCE, SHADOW or OFF, got ${String(opts.mode)}`);
       args.push('MODE', opts.mode);
     }
     if (opts.rollout !== undefined) args.push('ROLLOUT', String(checkInteger('rollout', opts.rollout, 0, 100)));
@@ -394,7 +394,7 @@ export class RL {
     if (!this.openConnection) {
       throw new RLError(
         'acquire needs connections of its own (a held reply would stall every command on a shared one), and this client cannot be ' +
-          'duplicated: pass a node-redis or ioredis client, or new RL(client, { connect: () => a connected client })',
+          'duplicated: pass a node-redis or ioredis client, or new Client(client, { connect: () => a connected client })',
       );
     }
     if (!this.connections) {
@@ -415,9 +415,9 @@ export class RL {
 }
 
 /** `RL.ALL numkeys key... spec...`, checked; a concurrency rule is refused (leases do not combine). */
-function allArgs(limits: ReadonlyArray<{ key: string; rule: Spec }>): string[] {
+function allArgs(limits: ReadonlyArray<{ key: string; rule: SpecOrPolicy }>): string[] {
   if (!Array.isArray(limits) || limits.length === 0) {
-    throw new RLArgumentError('limits', 'RL.ALL needs at least one { key, rule }');
+    throw new InvalidArgumentError('limits', 'RL.ALL needs at least one { key, rule }');
   }
   const keys = limits.map((l, n) => checkString(`limits[${n}].key`, l?.key));
   const specs: string[] = [];
@@ -426,10 +426,10 @@ function allArgs(limits: ReadonlyArray<{ key: string; rule: Spec }>): string[] {
     else {
       const [name, params] = ruleArgs(l.rule, `limits[${n}].rule`);
       if (name === 'CONCURRENCY') {
-        throw new RLArgumentError(`limits[${n}].rule`, `limits[${n}].rule: RL.ALL cannot take a concurrency rule (a lease is released on its own key)`);
+        throw new InvalidArgumentError(`limits[${n}].rule`, `limits[${n}].rule: RL.ALL cannot take a concurrency rule (a lease is released on its own key)`);
       }
       if (params.includes('TZ')) {
-        throw new RLArgumentError(
+        throw new InvalidArgumentError(
           `limits[${n}].rule.zone`,
           `limits[${n}].rule: RL.ALL's inline quotas count in UTC only, got zone ${JSON.stringify((l.rule as QuotaParams).zone)}: ` +
             'make it a policy (rl.policySet, then { policy } counts in its zone) or decide it with its own rl.quota call',
@@ -443,24 +443,24 @@ function allArgs(limits: ReadonlyArray<{ key: string; rule: Spec }>): string[] {
 
 function acquireTimeout(opts: AcquireOptions): number {
   if (opts === null || typeof opts !== 'object') {
-    throw new RLArgumentError('timeoutMs', `acquire needs { timeoutMs } (0 waits without a limit), got ${describe(opts)}`);
+    throw new InvalidArgumentError('timeoutMs', `acquire needs { timeoutMs } (0 waits without a limit), got ${describe(opts)}`);
   }
   if (opts.signal !== undefined && !(opts.signal instanceof AbortSignal)) {
-    throw new RLArgumentError('signal', `signal must be an AbortSignal, got ${describe(opts.signal)}`);
+    throw new InvalidArgumentError('signal', `signal must be an AbortSignal, got ${describe(opts.signal)}`);
   }
   return checkInteger('timeoutMs', opts.timeoutMs, 0);
 }
 
 function checkLeaseId(lease: unknown): number {
   if (typeof lease !== 'number' || !Number.isSafeInteger(lease) || lease < 1) {
-    throw new RLArgumentError('lease', `lease must be a lease id (a positive integer, decision.lease), got ${describe(lease)}`);
+    throw new InvalidArgumentError('lease', `lease must be a lease id (a positive integer, decision.lease), got ${describe(lease)}`);
   }
   return lease;
 }
 
 function checkPolicyName(name: unknown): string {
   if (typeof name !== 'string' || !/^[!-~]{1,256}$/.test(name)) {
-    throw new RLArgumentError('policy', `a policy name is 1 to 256 printable ASCII bytes without spaces, got ${JSON.stringify(name)}`);
+    throw new InvalidArgumentError('policy', `a policy name is 1 to 256 printable ASCII bytes without spaces, got ${JSON.stringify(name)}`);
   }
   return name;
 }

@@ -1,7 +1,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import { RL } from './client.js';
+import { Client } from './client.js';
 import type { Decision } from './decision.js';
-import { checkInteger, checkString, describe, RLArgumentError, RLDeniedError } from './errors.js';
+import { checkInteger, checkString, describe, InvalidArgumentError, RLDeniedError } from './errors.js';
 import { denialBody } from './http.js';
 import type { Lease } from './lease.js';
 import { MAX_HELD } from './rules.js';
@@ -9,8 +9,8 @@ import type { RedisLike } from './transport.js';
 
 /** `concurrencyLimit`'s options. */
 export interface ConcurrencyLimitOptions<Req extends IncomingMessage = IncomingMessage, Res extends ServerResponse = ServerResponse> {
-  /** A node-redis or ioredis client or cluster, or an `RL` (whose acquire connections are then shared). */
-  client: RedisLike | RL;
+  /** A node-redis or ioredis client or cluster, or a `Client` (whose acquire connections are then shared). */
+  client: RedisLike | Client;
   /** Requests in flight per key. With `policy`, the policy's limit applies instead. */
   limit?: number;
   /**
@@ -61,36 +61,36 @@ export function concurrencyLimit<Req extends IncomingMessage = IncomingMessage, 
   options: ConcurrencyLimitOptions<Req, Res>,
 ): (req: Req, res: Res, next: Next) => void {
   if (options === null || typeof options !== 'object') {
-    throw new RLArgumentError('options', `concurrencyLimit options must be an object, got ${describe(options)}`);
+    throw new InvalidArgumentError('options', `concurrencyLimit options must be an object, got ${describe(options)}`);
   }
   const name = options.name ?? 'concurrency';
   checkString('name', name);
-  if (/["\\]/.test(name)) throw new RLArgumentError('name', `name goes in a quoted header field: no " or \\, got ${JSON.stringify(name)}`);
+  if (/["\\]/.test(name)) throw new InvalidArgumentError('name', `name goes in a quoted header field: no " or \\, got ${JSON.stringify(name)}`);
   const prefix = options.prefix ?? `rl:${name}:`;
-  if (typeof prefix !== 'string') throw new RLArgumentError('prefix', `prefix must be a string, got ${describe(prefix)}`);
+  if (typeof prefix !== 'string') throw new InvalidArgumentError('prefix', `prefix must be a string, got ${describe(prefix)}`);
   const { keyGenerator, handler } = options;
   if (keyGenerator !== undefined && typeof keyGenerator !== 'function') {
-    throw new RLArgumentError('keyGenerator', `keyGenerator must be a function, got ${describe(keyGenerator)}`);
+    throw new InvalidArgumentError('keyGenerator', `keyGenerator must be a function, got ${describe(keyGenerator)}`);
   }
   if (handler !== undefined && typeof handler !== 'function') {
-    throw new RLArgumentError('handler', `handler must be a function, got ${describe(handler)}`);
+    throw new InvalidArgumentError('handler', `handler must be a function, got ${describe(handler)}`);
   }
   let rule: { limit: number; leaseMs: number } | { policy: string; leaseMs?: number };
   if (options.policy !== undefined) {
-    if (options.limit !== undefined) throw new RLArgumentError('limit', 'give limit and leaseMs, or a policy, not both');
+    if (options.limit !== undefined) throw new InvalidArgumentError('limit', 'give limit and leaseMs, or a policy, not both');
     rule = { policy: checkString('policy', options.policy) };
     if (options.leaseMs !== undefined) rule.leaseMs = checkInteger('leaseMs', options.leaseMs, 1);
   } else {
     rule = { limit: checkInteger('limit', options.limit, 1, MAX_HELD), leaseMs: checkInteger('leaseMs', options.leaseMs, 1) };
   }
   if (options.autoRenew && rule.leaseMs === undefined) {
-    throw new RLArgumentError('leaseMs', 'autoRenew needs the leaseMs to renew by, also with a policy');
+    throw new InvalidArgumentError('leaseMs', 'autoRenew needs the leaseMs to renew by, also with a policy');
   }
   const timeoutMs = options.timeoutMs === undefined ? undefined : checkInteger('timeoutMs', options.timeoutMs, 0);
   if (options.client === undefined || options.client === null) {
-    throw new RLArgumentError('client', 'concurrencyLimit needs a client: node-redis or ioredis, or an RL');
+    throw new InvalidArgumentError('client', 'concurrencyLimit needs a client: node-redis or ioredis, or a Client');
   }
-  const rl = options.client instanceof RL ? options.client : new RL(options.client);
+  const rl = options.client instanceof Client ? options.client : new Client(options.client);
   const leaseOptions = { timeoutMs, autoRenew: options.autoRenew === true };
   const keyOf = keyGenerator ?? ((req: Req) => (req as { ip?: string }).ip ?? req.socket.remoteAddress);
 
@@ -124,7 +124,7 @@ export function concurrencyLimit<Req extends IncomingMessage = IncomingMessage, 
           if (retry !== null) res.setHeader('Retry-After', String(retry));
           if (handler) handler(req, res, next, err.decision);
           else denial(res, name, err.decision);
-        } else if (options.passOnStoreError && !(err instanceof RLArgumentError)) {
+        } else if (options.passOnStoreError && !(err instanceof InvalidArgumentError)) {
           next();
         } else {
           next(err);

@@ -1,4 +1,4 @@
-import { RLProtocolError } from './errors.js';
+import { ProtocolError } from './errors.js';
 
 /**
  * What a limiter answered: the five integers of every limiter reply
@@ -48,7 +48,7 @@ export class Decision {
   /** Parses a limiter reply of 5 integers, or 6 with `sixth` saying what the 6th is. */
   static fromReply(reply: unknown, sixth: 'deniedBy' | 'lease' | 'none' = 'none'): Decision {
     if (!Array.isArray(reply) || (reply.length !== 5 && reply.length !== 6)) {
-      throw new RLProtocolError(`expected a limiter reply of 5 or 6 integers, got ${JSON.stringify(reply)}`);
+      throw new ProtocolError(`expected a limiter reply of 5 or 6 integers, got ${JSON.stringify(reply)}`);
     }
     const n = reply.map((v) => toInt(v));
     const [allowed, limit, remaining, waitMs, resetMs] = n as [number, number, number, number, number];
@@ -60,7 +60,7 @@ export class Decision {
       if (sixth === 'lease' && x > 0) {
         // Lease ids are kept as numbers: exact below 2^53, which ids (of the
         // order of the server's clock in microseconds) stay under.
-        if (!Number.isSafeInteger(x)) throw new RLProtocolError(`lease id ${String(reply[5])} is beyond 2^53`);
+        if (!Number.isSafeInteger(x)) throw new ProtocolError(`lease id ${String(reply[5])} is beyond 2^53`);
         lease = x;
       }
     }
@@ -72,5 +72,5 @@ export function toInt(v: unknown): number {
   if (typeof v === 'number' && Number.isInteger(v)) return v;
   if (typeof v === 'bigint') return Number(v);
   if (typeof v === 'string' && /^-?\d+$/.test(v)) return Number(v);
-  throw new RLProtocolError(`expected an integer in the reply, got ${JSON.stringify(v)}`);
+  throw new ProtocolError(`expected an integer in the reply, got ${JSON.stringify(v)}`);
 }

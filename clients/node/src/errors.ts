@@ -18,7 +18,7 @@ export class RLError extends Error {
  * written), or one the server refused (`ERR ...`, which names it too).
  * `argument` is the option or parameter at fault.
  */
-export class RLArgumentError extends RLError {
+export class InvalidArgumentError extends RLError {
   readonly argument: string;
   constructor(argument: string, message: string, options?: { cause?: unknown }) {
     super(message, options);
@@ -32,7 +32,7 @@ export class RLArgumentError extends RLError {
  * modules cannot run this kit; failing loudly beats a breaker tripping on
  * every request.
  */
-export class RLModuleNotLoadedError extends RLError {}
+export class ModuleMissingError extends RLError {}
 
 /**
  * Redis could not be reached: `checkModule` found the client closed, not
@@ -42,7 +42,7 @@ export class RLModuleNotLoadedError extends RLError {}
 export class RLConnectionError extends RLError {}
 
 /** The server answered something that is not a limiter reply. */
-export class RLProtocolError extends RLError {}
+export class ProtocolError extends RLError {}
 
 /**
  * A denial where the caller asked for a grant it cannot go on without: a
@@ -64,18 +64,39 @@ export class RLDeniedError extends RLError {
  * waiting. It may have been admitted just before; the kit does not retry it
  * (a lease that was granted expires by itself).
  */
-export class RLDeadlineError extends RLError {}
+export class TimeoutError extends RLError {}
+
+// The former names, kept for one release: the same class objects, so
+// `err instanceof RLModuleNotLoadedError` holds for a `ModuleMissingError`
+// and the reverse. (An error's `name` is the new class name.)
+
+/** @deprecated use `InvalidArgumentError` (the same class). */
+export const RLArgumentError = InvalidArgumentError;
+/** @deprecated use `InvalidArgumentError` (the same class). */
+export type RLArgumentError = InvalidArgumentError;
+/** @deprecated use `ModuleMissingError` (the same class). */
+export const RLModuleNotLoadedError = ModuleMissingError;
+/** @deprecated use `ModuleMissingError` (the same class). */
+export type RLModuleNotLoadedError = ModuleMissingError;
+/** @deprecated use `ProtocolError` (the same class). */
+export const RLProtocolError = ProtocolError;
+/** @deprecated use `ProtocolError` (the same class). */
+export type RLProtocolError = ProtocolError;
+/** @deprecated use `TimeoutError` (the same class). */
+export const RLDeadlineError = TimeoutError;
+/** @deprecated use `TimeoutError` (the same class). */
+export type RLDeadlineError = TimeoutError;
 
 /** Checks that `value` is an integer in [min, max]; names `argument` if not. */
 export function checkInteger(argument: string, value: unknown, min: number, max = 2 ** 40): number {
   if (typeof value !== 'number' || !Number.isInteger(value)) {
-    throw new RLArgumentError(argument, `${argument} must be an integer, got ${describe(value)}`);
+    throw new InvalidArgumentError(argument, `${argument} must be an integer, got ${describe(value)}`);
   }
   if (value < min) {
-    throw new RLArgumentError(argument, `${argument} must be at least ${min}, got ${value}`);
+    throw new InvalidArgumentError(argument, `${argument} must be at least ${min}, got ${value}`);
   }
   if (value > max) {
-    throw new RLArgumentError(argument, `${argument} must be at most ${max}, got ${value}`);
+    throw new InvalidArgumentError(argument, `${argument} must be at most ${max}, got ${value}`);
   }
   return value;
 }
@@ -83,7 +104,7 @@ export function checkInteger(argument: string, value: unknown, min: number, max 
 /** Checks that `value` is a non-empty string; names `argument` if not. */
 export function checkString(argument: string, value: unknown): string {
   if (typeof value !== 'string' || value.length === 0) {
-    throw new RLArgumentError(argument, `${argument} must be a non-empty string, got ${describe(value)}`);
+    throw new InvalidArgumentError(argument, `${argument} must be a non-empty string, got ${describe(value)}`);
   }
   return value;
 }
@@ -105,13 +126,13 @@ export function fromServerError(err: unknown, command: string): Error {
   if (!(err instanceof Error)) return new RLError(String(err));
   const msg = err.message;
   if (/unknown option 'BLOCK'/i.test(msg)) {
-    return new RLModuleNotLoadedError(
+    return new ModuleMissingError(
       `${command}: this version of the ratelimit module predates BLOCK, which acquire needs (${msg})`,
       { cause: err },
     );
   }
   if (/unknown command/i.test(msg) && /RL\.|CL\./i.test(msg)) {
-    return new RLModuleNotLoadedError(
+    return new ModuleMissingError(
       `${command} is unknown to this server: the ratelimit module is not loaded (load it with --loadmodule), ` +
         `or its version predates ${command} (${msg})`,
       { cause: err },
@@ -123,7 +144,7 @@ export function fromServerError(err: unknown, command: string): Error {
     // error`) are about the command.
     const first = /^ERR ([A-Za-z_]+) (must|is|are|should|cannot|out)\b/.exec(msg)?.[1];
     const argument = first ?? command;
-    return new RLArgumentError(argument, `${command}: ${msg}`, { cause: err });
+    return new InvalidArgumentError(argument, `${command}: ${msg}`, { cause: err });
   }
   return err;
 }

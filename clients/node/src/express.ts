@@ -1,8 +1,8 @@
 import { answerLost, beforeDeadline, isOutage, LocalAccount, shareOf } from './account.js';
-import { RL } from './client.js';
+import { Client } from './client.js';
 import type { Decision } from './decision.js';
-import { checkInteger, describe, RLArgumentError, RLError, RLModuleNotLoadedError } from './errors.js';
-import { checkPeriod, checkZone, PERIOD_SECONDS, type Period } from './rules.js';
+import { checkInteger, describe, InvalidArgumentError, RLError, ModuleMissingError } from './errors.js';
+import { checkPeriod, checkZone, PERIOD_SECONDS, Request, type Period } from './rules.js';
 import { fromSendCommand, toTransport, type RedisLike, type SendCommandClusterFn, type SendCommandFn } from './transport.js';
 
 /** What express-rate-limit's `increment` and `get` return. */
@@ -93,7 +93,7 @@ export class RLStore {
   limit = 0;
   windowMs = 0;
 
-  private readonly rl: RL;
+  private readonly rl: Client;
   private readonly window: 'sliding' | 'fixed' | Period;
   private readonly zone: string | undefined;
   private readonly limitOption: number | undefined;
@@ -109,29 +109,29 @@ export class RLStore {
 
   constructor(options: RLStoreOptions = {}) {
     if (options === null || typeof options !== 'object') {
-      throw new RLArgumentError('options', `RLStore options must be an object, got ${describe(options)}`);
+      throw new InvalidArgumentError('options', `RLStore options must be an object, got ${describe(options)}`);
     }
     const { sendCommand, sendCommandCluster, client } = options;
     if (sendCommand !== undefined && typeof sendCommand !== 'function') {
-      throw new RLArgumentError('sendCommand', `sendCommand must be a function, got ${describe(sendCommand)}`);
+      throw new InvalidArgumentError('sendCommand', `sendCommand must be a function, got ${describe(sendCommand)}`);
     }
     if (sendCommandCluster !== undefined && typeof sendCommandCluster !== 'function') {
-      throw new RLArgumentError('sendCommandCluster', `sendCommandCluster must be a function, got ${describe(sendCommandCluster)}`);
+      throw new InvalidArgumentError('sendCommandCluster', `sendCommandCluster must be a function, got ${describe(sendCommandCluster)}`);
     }
     // As rate-limit-redis, the functions are called with `this` bound to the store.
     if (sendCommandCluster) {
       const cluster = sendCommandCluster.bind(this);
       const viaAny = sendCommand?.bind(this) ?? ((...command: string[]) => cluster({ key: '', isReadOnly: false, command }));
-      this.rl = new RL(fromSendCommand(viaAny, cluster));
+      this.rl = new Client(fromSendCommand(viaAny, cluster));
     } else if (sendCommand) {
-      this.rl = new RL(fromSendCommand(sendCommand.bind(this)));
+      this.rl = new Client(fromSendCommand(sendCommand.bind(this)));
     } else if (client !== undefined) {
-      this.rl = new RL(toTransport(client));
+      this.rl = new Client(toTransport(client));
     } else {
-      throw new RLArgumentError('sendCommand', 'RLStore needs sendCommand (as rate-limit-redis), sendCommandCluster or client');
+      throw new InvalidArgumentError('sendCommand', 'RLStore needs sendCommand (as rate-limit-redis), sendCommandCluster or client');
     }
     if (options.prefix !== undefined && typeof options.prefix !== 'string') {
-      throw new RLArgumentError('prefix', `prefix must be a string, got ${describe(options.prefix)}`);
+      throw new InvalidArgumentError('prefix', `prefix must be a string, got ${describe(options.prefix)}`);
     }
     this.prefix = options.prefix ?? 'rl:';
     const window = options.window ?? 'sliding';
@@ -139,12 +139,12 @@ export class RLStore {
       try {
         checkPeriod(window, 'window');
       } catch {
-        throw new RLArgumentError('window', `window must be 'sliding', 'fixed', 'day', 'week', 'month' or 'year', got ${describe(window)}`);
+        throw new InvalidArgumentError('window', `window must be 'sliding', 'fixed', 'day', 'week', 'month' or 'year', got ${describe(window)}`);
       }
     }
     this.window = window === 'sliding' || window === 'fixed' ? window : ((window as string).toLowerCase() as Period);
     if (options.zone !== undefined && (this.window === 'sliding' || this.window === 'fixed')) {
-      throw new RLArgumentError('zone', `zone goes with a calendar window ('day', 'week', 'month', 'year'), not '${this.window}'`);
+      throw new InvalidArgumentError('zone', `zone goes with a calendar window ('day', 'week', 'month', 'year'), not '${this.window}'`);
     }
     this.zone = checkZone(options.zone);
     this.limitOption = options.limit === undefined ? undefined : checkInteger('limit', options.limit, 1);
@@ -179,12 +179,12 @@ export class RLStore {
     this.ready = this.checkModule()
       .then(() => this.checkLimits())
       .catch((err: Error) => {
-        process.emitWarning(err.message, { code: err instanceof RLModuleNotLoadedError ? 'RL_MODULE_NOT_LOADED' : 'RL_STORE_REFUSED' });
+        process.emitWarning(err.message, { code: err instanceof ModuleMissingError ? 'RL_MODULE_NOT_LOADED' : 'RL_STORE_REFUSED' });
       });
   }
 
   /**
-   * Rejects with `RLModuleNotLoadedError` when `MODULE LIST` answers without
+   * Rejects with `ModuleMissingError` when `MODULE LIST` answers without
    * the module; a `MODULE LIST` that cannot run (an ACL, Redis not up yet)
    * decides nothing: the commands themselves will say.
    */
@@ -192,7 +192,7 @@ export class RLStore {
     try {
       await this.rl.checkModule();
     } catch (err) {
-      if (err instanceof RLModuleNotLoadedError && !(err.cause instanceof Error)) {
+      if (err instanceof ModuleMissingError && !(err.cause instanceof Error)) {
         this.configError = err;
         throw err;
       }
@@ -201,17 +201,17 @@ export class RLStore {
 
   /**
    * A `COST 0` call with the limit and window (it creates nothing): rejects
-   * with the server's `RLArgumentError` (a limit above
+   * with the server's `InvalidArgumentError` (a limit above
    * `ratelimit.sliding-max-limit`, naming it) and keeps it for every
    * request; any other failure decides nothing.
    */
   private async checkLimits(): Promise<void> {
     if (this.limit === 0 || this.configError) return;
     try {
-      await this.call('\u0000init-check', { cost: 0 });
+      await this.call('\u0000init-check', Request.cost(0));
     } catch (err) {
-      if (err instanceof RLArgumentError) {
-        this.configError = new RLArgumentError(err.argument, `RLStore: the server refuses this store's ${err.argument}: ${err.message}`, { cause: err });
+      if (err instanceof InvalidArgumentError) {
+        this.configError = new InvalidArgumentError(err.argument, `RLStore: the server refuses this store's ${err.argument}: ${err.message}`, { cause: err });
         throw this.configError;
       }
     }
@@ -223,7 +223,7 @@ export class RLStore {
       const limit = options.limit ?? options.max ?? 5;
       if (typeof limit === 'function') {
         if (this.limitOption === undefined) {
-          throw new RLArgumentError(
+          throw new InvalidArgumentError(
             'limit',
             'RLStore: a function-valued limit runs after the count is taken, so the server cannot apply it; ' +
               'give the number to the store instead: new RLStore({ ..., limit: 100 })',
@@ -234,7 +234,7 @@ export class RLStore {
         this.limit = checkInteger('limit', limit, 0);
       }
       if (this.window === 'sliding' && this.limit > SLIDING_LIMIT_BOUND) {
-        throw new RLArgumentError(
+        throw new InvalidArgumentError(
           'limit',
           `RLStore: limit ${this.limit} is above what RL.SLIDING can take (ratelimit.sliding-max-limit, at most ${SLIDING_LIMIT_BOUND}; 100000 by default): ` +
             "lower it, or count with window: 'fixed'",
@@ -267,14 +267,14 @@ export class RLStore {
     let d: Decision;
     if (this.account) {
       try {
-        d = await beforeDeadline(this.call(key, {}), this.deadlineMs);
+        d = await beforeDeadline(this.call(key), this.deadlineMs);
       } catch (err) {
         if (!isOutage(err)) throw err;
         return this.fallback(key, now, answerLost(err));
       }
       if (d.allowed) this.account.charge(key, 1);
     } else {
-      d = await this.call(key, {});
+      d = await this.call(key);
     }
     if (d.allowed) return { totalHits: d.limit - d.remaining, resetTime: new Date(now + d.resetMs) };
     // A denial: one more than the limit, so express-rate-limit answers 429;
@@ -307,7 +307,7 @@ export class RLStore {
     if (this.configError) throw this.configError;
     if (this.limit === 0) return;
     if (this.takeDenial(key, Date.now())) return;
-    await this.call(key, { refund: 1 });
+    await this.call(key, Request.refund(1));
   }
 
   async resetKey(key: string): Promise<void> {
@@ -321,13 +321,13 @@ export class RLStore {
     if (this.configError) throw this.configError;
     if (this.limit === 0) return undefined;
     const now = Date.now();
-    const d = await this.call(key, { cost: 0 });
+    const d = await this.call(key, Request.cost(0));
     const used = d.limit - d.remaining;
     if (used <= 0) return undefined;
     return { totalHits: used, resetTime: new Date(now + d.resetMs) };
   }
 
-  private call(key: string, opts: { cost?: number; refund?: number }): Promise<Decision> {
+  private call(key: string, opts?: Request): Promise<Decision> {
     const p = { limit: this.limit, windowMs: this.windowMs };
     const k = this.keyFor(key);
     if (this.window === 'sliding') return this.rl.sliding(k, p, opts);

@@ -1,9 +1,10 @@
-import { RL } from './client.js';
+import { Client } from './client.js';
 import type { Decision } from './decision.js';
 import { toInt } from './decision.js';
 import { answerLost, beforeDeadline, isOutage as isFailure, LocalAccount, shareOf } from './account.js';
-import { checkInteger, describe, RLArgumentError, RLError } from './errors.js';
+import { checkInteger, describe, InvalidArgumentError, RLError } from './errors.js';
 import { flexiblePeer } from './peer.js';
+import { Request } from './rules.js';
 import type { RedisLike } from './transport.js';
 
 /** rate-limiter-flexible's result: its fields, getters and JSON. */
@@ -139,7 +140,7 @@ export class RateLimiterRL {
   readonly insuranceLimiter: InsuranceLimiter | undefined;
   readonly instances: number;
   readonly deadlineMs: number;
-  private readonly rl: RL;
+  private readonly rl: Client;
   private readonly window: 'sliding' | 'fixed';
   /** rlKey -> unix ms until which it is blocked in memory. */
   private readonly memoryBlocks = new Map<string, number>();
@@ -150,56 +151,56 @@ export class RateLimiterRL {
 
   constructor(opts: RateLimiterRLOptions) {
     if (opts === null || typeof opts !== 'object') {
-      throw new RLArgumentError('options', `RateLimiterRL options must be an object, got ${describe(opts)}`);
+      throw new InvalidArgumentError('options', `RateLimiterRL options must be an object, got ${describe(opts)}`);
     }
     if (opts.storeClient === undefined || opts.storeClient === null) {
-      throw new RLArgumentError('storeClient', 'storeClient is not set: pass a node-redis or ioredis client');
+      throw new InvalidArgumentError('storeClient', 'storeClient is not set: pass a node-redis or ioredis client');
     }
     this.points = checkInteger('points', opts.points ?? 4, 1);
     const duration = opts.duration ?? 1;
     if (duration === 0) {
-      throw new RLArgumentError('duration', 'duration 0 (points that never expire) is not supported: the module limits per window');
+      throw new InvalidArgumentError('duration', 'duration 0 (points that never expire) is not supported: the module limits per window');
     }
     this.duration = checkInteger('duration', duration, 1, 2 ** 40 / 1000);
     if (opts.keyPrefix !== undefined && typeof opts.keyPrefix !== 'string') {
-      throw new RLArgumentError('keyPrefix', `keyPrefix must be a string, got ${describe(opts.keyPrefix)}`);
+      throw new InvalidArgumentError('keyPrefix', `keyPrefix must be a string, got ${describe(opts.keyPrefix)}`);
     }
     this.keyPrefix = opts.keyPrefix ?? 'rlflx';
     this.blockDuration = checkInteger('blockDuration', opts.blockDuration ?? 0, 0);
     this.inMemoryBlockOnConsumed = checkInteger('inMemoryBlockOnConsumed', opts.inMemoryBlockOnConsumed ?? 0, 0);
     if (this.inMemoryBlockOnConsumed > 0 && this.inMemoryBlockOnConsumed < this.points) {
-      throw new RLArgumentError('inMemoryBlockOnConsumed', 'inMemoryBlockOnConsumed must be at least points');
+      throw new InvalidArgumentError('inMemoryBlockOnConsumed', 'inMemoryBlockOnConsumed must be at least points');
     }
     this.inMemoryBlockDuration = checkInteger('inMemoryBlockDuration', opts.inMemoryBlockDuration ?? 0, 0);
     if (this.inMemoryBlockDuration > 0 && this.inMemoryBlockOnConsumed === 0) {
-      throw new RLArgumentError('inMemoryBlockDuration', 'inMemoryBlockDuration needs inMemoryBlockOnConsumed');
+      throw new InvalidArgumentError('inMemoryBlockDuration', 'inMemoryBlockDuration needs inMemoryBlockOnConsumed');
     }
     const window = opts.window ?? 'sliding';
     if (window !== 'sliding' && window !== 'fixed') {
-      throw new RLArgumentError('window', `window must be 'sliding' or 'fixed', got ${describe(window)}`);
+      throw new InvalidArgumentError('window', `window must be 'sliding' or 'fixed', got ${describe(window)}`);
     }
     this.window = window;
     if (opts.execEvenly) {
-      throw new RLArgumentError('execEvenly', 'execEvenly is not supported by RateLimiterRL; RL.LEAKYBUCKET spaces actions evenly in the server');
+      throw new InvalidArgumentError('execEvenly', 'execEvenly is not supported by RateLimiterRL; RL.LEAKYBUCKET spaces actions evenly in the server');
     }
     this.instances = checkInteger('instances', opts.instances ?? 1, 1);
     this.deadlineMs = checkInteger('deadlineMs', opts.deadlineMs ?? 100, 1);
     if (opts.insuranceLimiter !== undefined) {
       const ins = opts.insuranceLimiter as unknown as Record<string, unknown>;
       if (!ins || typeof ins['consume'] !== 'function') {
-        throw new RLArgumentError('insuranceLimiter', 'insuranceLimiter must be a rate limiter (RateLimiterMemory, say)');
+        throw new InvalidArgumentError('insuranceLimiter', 'insuranceLimiter must be a rate limiter (RateLimiterMemory, say)');
       }
       opts.insuranceLimiter.blockDuration = this.blockDuration;
       this.account = new LocalAccount(shareOf(this.points, this.instances), this.msDuration);
     }
     this.insuranceLimiter = opts.insuranceLimiter;
-    this.rl = new RL(opts.storeClient);
+    this.rl = new Client(opts.storeClient);
   }
 
   /**
    * Waits until the client is connected (at most `timeoutMs`, default
    * 10,000), then `MODULE LIST` on every master: rejects
-   * `RLModuleNotLoadedError` when the module is missing and
+   * `ModuleMissingError` when the module is missing and
    * `RLConnectionError` when Redis cannot be reached. Call it at start-up to
    * fail there rather than on the first request.
    */
@@ -245,7 +246,7 @@ export class RateLimiterRL {
   async penalty(key: Key, points = 1, options: object = {}): Promise<RateLimiterRes> {
     const cost = checkPoints('points', points);
     const res = await this.insured('penalty', [key, points, options], async () => {
-      const d = await this.limiter(key, { cost, force: true });
+      const d = await this.limiter(key, Request.force(cost));
       // FORCE answers as the call without it would have: remaining after
       // taking the units if they fitted, else before (the rest is debt,
       // at most `points` beyond empty).
@@ -261,7 +262,7 @@ export class RateLimiterRL {
   async reward(key: Key, points = 1, options: object = {}): Promise<RateLimiterRes> {
     const n = checkPoints('points', points);
     return this.insured('reward', [key, points, options], async () => {
-      const d = await this.limiter(key, { refund: n });
+      const d = await this.limiter(key, Request.refund(n));
       return this.resFrom(d, -n, d.limit - d.remaining);
     });
   }
@@ -334,10 +335,10 @@ export class RateLimiterRL {
     // One command per decision; the block key only where blocks are in use
     // (then both in one round trip).
     const blocks = this.blockDuration > 0 || this.blocksWritten;
-    const [blockMs, d] = blocks ? await Promise.all([this.blockTtl(key), this.limiter(key, { cost })]) : [0, await this.limiter(key, { cost })];
+    const [blockMs, d] = blocks ? await Promise.all([this.blockTtl(key), this.limiter(key, Request.cost(cost))]) : [0, await this.limiter(key, Request.cost(cost))];
     if (blockMs > 0 || blockMs === -1) {
       // Blocked: what the limiter just took goes back.
-      if (d.allowed && cost > 0) await this.limiter(key, { refund: cost });
+      if (d.allowed && cost > 0) await this.limiter(key, Request.refund(cost));
       throw new RateLimiterRes(0, blockMs, this.points + 1 + cost, false);
     }
     const consumed = d.allowed ? d.limit - d.remaining : d.limit - d.remaining + cost;
@@ -409,14 +410,14 @@ export class RateLimiterRL {
    */
   private async peek(key: Key): Promise<Decision> {
     try {
-      return await this.limiter(key, { cost: 0 }, 2 * this.points);
+      return await this.limiter(key, Request.cost(0), 2 * this.points);
     } catch (err) {
-      if (!(err instanceof RLArgumentError && err.argument === 'limit')) throw err;
-      return this.limiter(key, { cost: 0 });
+      if (!(err instanceof InvalidArgumentError && err.argument === 'limit')) throw err;
+      return this.limiter(key, Request.cost(0));
     }
   }
 
-  private limiter(key: Key, opts: { cost?: number; refund?: number; force?: boolean }, limit = this.points): Promise<Decision> {
+  private limiter(key: Key, opts: Request, limit = this.points): Promise<Decision> {
     const k = this.limiterKey(key);
     const p = { limit, windowMs: this.msDuration };
     return this.window === 'sliding' ? this.rl.sliding(k, p, opts) : this.rl.fixedWindow(k, p, opts);

@@ -1,5 +1,5 @@
 import type { Decision } from './decision.js';
-import { PERIOD_SECONDS, ruleArgs, type Period, type Rule } from './rules.js';
+import { PERIOD_SECONDS, ruleArgs, type Period, type Spec } from './rules.js';
 
 /**
  * The HTTP answer of a limiter's decision, as every kit writes it (the
@@ -20,7 +20,7 @@ export const QUOTA_EXCEEDED_TITLE = 'Request cannot be satisfied as assigned quo
  * the buckets, the period's nominal length for a quota (`PERIOD_SECONDS`);
  * null for concurrency, which has no window.
  */
-export function policyWindowS(rule: Rule): number | null {
+export function policyWindowS(rule: Spec): number | null {
   ruleArgs(rule);
   let ms: bigint;
   switch (rule.algorithm) {
@@ -44,7 +44,7 @@ export function policyWindowS(rule: Rule): number | null {
 }
 
 /** A `RateLimit-Policy` item: `"name";q=<limit>;w=<window s>`, without `w` for concurrency. */
-export function policyItem(name: string, rule: Rule): string {
+export function policyItem(name: string, rule: Spec): string {
   const w = policyWindowS(rule);
   const q = 'capacity' in rule ? rule.capacity : rule.limit;
   return w === null ? `"${name}";q=${q}` : `"${name}";q=${q};w=${w}`;

@@ -1,10 +1,11 @@
-export { RL } from './client.js';
-export type { ModuleInfo, PolicyOptions, LogEntry, RLOptions } from './client.js';
+export { Client } from './client.js';
+export type { ModuleInfo, PolicyOptions, LogEntry, ClientOptions } from './client.js';
 export { Decision } from './decision.js';
-export { RLError, RLArgumentError, RLModuleNotLoadedError, RLProtocolError, RLDeniedError, RLDeadlineError, RLConnectionError } from './errors.js';
+export { RLError, InvalidArgumentError, ModuleMissingError, ProtocolError, TimeoutError, RLDeniedError, RLConnectionError } from './errors.js';
 export { Lease } from './lease.js';
 export type { LeaseRule, LeaseOptions } from './lease.js';
-export type { Rule, Spec, CallOptions, AcquireOptions, ConcurrencyParams, QuotaParams, Period } from './rules.js';
+export { Request } from './rules.js';
+export type { Spec, SpecOrPolicy, AcquireOptions, ConcurrencyParams, QuotaParams, Period } from './rules.js';
 export { PERIOD_SECONDS } from './rules.js';
 export { toTransport, fromSendCommand, keySlot } from './transport.js';
 export type { Transport, SendCommandFn, SendCommandClusterFn, RedisLike } from './transport.js';
@@ -14,3 +15,19 @@ export { RateLimiterRL, RateLimiterRes } from './flexible.js';
 export type { RateLimiterRLOptions, InsuranceLimiter, RateLimiterResConstructor } from './flexible.js';
 export { concurrencyLimit } from './concurrency.js';
 export type { ConcurrencyLimitOptions } from './concurrency.js';
+
+// The former names, kept for one release (CHANGELOG.md). Each is the same
+// class or type as its new name, so `instanceof` holds either way.
+import { Client, type ClientOptions } from './client.js';
+/** @deprecated use `Client` (the same class). */
+export const RL = Client;
+/** @deprecated use `Client` (the same class). */
+export type RL = Client;
+/** @deprecated use `ClientOptions` (the same type). */
+export type RLOptions = ClientOptions;
+export { RLArgumentError, RLModuleNotLoadedError, RLProtocolError, RLDeadlineError } from './errors.js';
+/**
+ * @deprecated use `Spec` (the same type). This kit has no named rule with a
+ * key scope (what the Rust and Java kits call `Rule`).
+ */
+export type { Rule, CallOptions } from './rules.js';

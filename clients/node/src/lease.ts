@@ -1,6 +1,6 @@
-import type { RL } from './client.js';
+import type { Client } from './client.js';
 import type { Decision } from './decision.js';
-import { RLArgumentError, RLError } from './errors.js';
+import { InvalidArgumentError, RLError } from './errors.js';
 import type { ConcurrencyParams } from './rules.js';
 
 /** What a lease is taken on: `RL.CONCURRENCY`'s parameters, or a CONCURRENCY policy (`leaseMs`: what `renew` extends it by). */
@@ -48,7 +48,7 @@ export class Lease {
   private renewing = false;
 
   constructor(
-    private readonly rl: RL,
+    private readonly rl: Client,
     /** The limiter's key. */
     readonly key: string,
     id: number,
@@ -79,7 +79,7 @@ export class Lease {
   /** The lease lasts `leaseMs` from now (`RL.RENEW`); false when it had already ended. */
   async renew(leaseMs: number | undefined = this.leaseMs): Promise<boolean> {
     if (leaseMs === undefined) {
-      throw new RLArgumentError('leaseMs', 'renew(leaseMs): this lease came from a policy without leaseMs');
+      throw new InvalidArgumentError('leaseMs', 'renew(leaseMs): this lease came from a policy without leaseMs');
     }
     if (this.releasing || this.id === 0) return false;
     const alive = await this.rl.renew(this.key, this.id, leaseMs);

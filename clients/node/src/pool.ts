@@ -1,4 +1,4 @@
-import { RLDeadlineError } from './errors.js';
+import { TimeoutError } from './errors.js';
 import type { ConnectionFactory, DedicatedConnection, Transport } from './transport.js';
 
 /**
@@ -22,7 +22,7 @@ export class ConnectionPool {
    * Runs `send` on a connection of its own. When no reply came within
    * `deadlineMs` (null: none), or `signal` aborts first, the connection is
    * closed, so the server forgets the request (consuming nothing), and the
-   * promise rejects: with `RLDeadlineError`, or the signal's reason.
+   * promise rejects: with `TimeoutError`, or the signal's reason.
    */
   async run<T>(send: (t: Transport) => Promise<T>, deadlineMs: number | null, what: string, signal?: AbortSignal): Promise<T> {
     signal?.throwIfAborted();
@@ -34,7 +34,7 @@ export class ConnectionPool {
       if (deadlineMs !== null) {
         timer = setTimeout(() => {
           abandoned = true;
-          reject(new RLDeadlineError(`${what}: no reply within ${deadlineMs} ms; the connection was closed and the request was not retried`));
+          reject(new TimeoutError(`${what}: no reply within ${deadlineMs} ms; the connection was closed and the request was not retried`));
         }, deadlineMs);
       }
       if (signal) {
@@ -85,7 +85,7 @@ export class ConnectionPool {
     const conn = await this.open();
     if (this.closed) {
       conn.close();
-      throw new Error('the RL client was closed');
+      throw new Error('the Client was closed');
     }
     this.busy.add(conn);
     return conn;

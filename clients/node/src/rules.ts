@@ -1,11 +1,10 @@
-import { checkInteger, checkString, RLArgumentError, describe } from './errors.js';
+import { checkInteger, checkString, InvalidArgumentError, describe } from './errors.js';
 
 /**
- * A limiter rule: an algorithm and its parameters, or a policy kept in the
- * server. The same rules as the Rust kit's `Rule`, spelled in JavaScript's
- * case; durations are milliseconds.
+ * An algorithm and its parameters: what the Rust and Java kits call `Spec`,
+ * spelled in JavaScript's case; durations are milliseconds.
  */
-export type Rule =
+export type Spec =
   | { algorithm: 'tokenbucket'; capacity: number; refillCount: number; refillMs: number }
   | { algorithm: 'leakybucket'; capacity: number; leakCount: number; leakMs: number }
   | { algorithm: 'sliding'; limit: number; windowMs: number }
@@ -40,7 +39,7 @@ const ZONE_HELP = 'zone must be UTC, a fixed offset such as +05:30, or a time zo
 export function checkPeriod(period: unknown, where = 'period'): string {
   const p = typeof period === 'string' ? period.toLowerCase() : undefined;
   if (p === undefined || !Object.prototype.hasOwnProperty.call(PERIOD_SECONDS, p)) {
-    throw new RLArgumentError(where, `${where} must be 'day', 'week', 'month' or 'year', got ${describe(period)}`);
+    throw new InvalidArgumentError(where, `${where} must be 'day', 'week', 'month' or 'year', got ${describe(period)}`);
   }
   return p.toUpperCase();
 }
@@ -48,19 +47,19 @@ export function checkPeriod(period: unknown, where = 'period'): string {
 /**
  * A zone, checked for its form: `undefined` for UTC (`'UTC'`, `'Z'` in any
  * case, or none), else the zone as given. Whether the server's database
- * knows a name is for the server to say (`RLArgumentError` naming TZ).
+ * knows a name is for the server to say (`InvalidArgumentError` naming TZ).
  */
 export function checkZone(zone: unknown, where = 'zone'): string | undefined {
   if (zone === undefined || zone === null) return undefined;
-  if (typeof zone !== 'string') throw new RLArgumentError(where, `${ZONE_HELP}, got ${describe(zone)}`);
+  if (typeof zone !== 'string') throw new InvalidArgumentError(where, `${ZONE_HELP}, got ${describe(zone)}`);
   if (/^(utc|z)$/i.test(zone)) return undefined;
   const offset = /^[+-](\d{2}):(\d{2})$/.exec(zone);
   if (offset) {
-    if (Number(offset[2]) > 59 || Number(offset[1]) * 60 + Number(offset[2]) > 18 * 60) throw new RLArgumentError(where, `${ZONE_HELP}, got ${JSON.stringify(zone)}`);
+    if (Number(offset[2]) > 59 || Number(offset[1]) * 60 + Number(offset[2]) > 18 * 60) throw new InvalidArgumentError(where, `${ZONE_HELP}, got ${JSON.stringify(zone)}`);
     return zone;
   }
   if (zone.length > 64 || zone.includes('..') || !/^[A-Za-z][A-Za-z0-9_+-]*(\/[A-Za-z0-9_+-]+)*$/.test(zone)) {
-    throw new RLArgumentError(where, `${ZONE_HELP}, got ${JSON.stringify(zone)}`);
+    throw new InvalidArgumentError(where, `${ZONE_HELP}, got ${JSON.stringify(zone)}`);
   }
   return zone;
 }
@@ -71,10 +70,42 @@ export interface ConcurrencyParams {
   leaseMs: number;
 }
 
-/** A rule, or a policy by name (for `RL.ALL`). */
-export type Spec = Rule | { policy: string };
+/** A spec, or a policy kept in the server by name (`acquire`, `RL.ALL`). */
+export type SpecOrPolicy = Spec | { policy: string };
 
-/** What a call takes besides its rule. */
+/**
+ * @deprecated use `Spec` (the same type). The kit has no named rule with a
+ * key scope, which the Rust and Java kits call `Rule`; this name is kept for
+ * one release.
+ */
+export type Rule = Spec;
+
+/**
+ * What a call asks of the limiter: take `n` units (`COST n`; 0 inspects
+ * without consuming), take them even when denied, leaving the limiter in debt
+ * (`COST n FORCE`), or give `n` back (`REFUND n`). One of the three, so a
+ * forced refund cannot be written; build one with `Request.cost(n)`,
+ * `Request.force(n)`, `Request.refund(n)` (checked there, naming `cost` or
+ * `refund`).
+ */
+export type Request =
+  | { readonly kind: 'cost'; readonly n: number }
+  | { readonly kind: 'force'; readonly n: number }
+  | { readonly kind: 'refund'; readonly n: number };
+
+export const Request = Object.freeze({
+  /** `COST n`: take `n` units if the limiter admits them (0 inspects). */
+  cost: (n: number): Request => Object.freeze({ kind: 'cost' as const, n: checkInteger('cost', n, 0) }),
+  /** `COST n FORCE`: take `n` units even when denied. */
+  force: (n: number): Request => Object.freeze({ kind: 'force' as const, n: checkInteger('cost', n, 0) }),
+  /** `REFUND n`: give back up to `n` units. */
+  refund: (n: number): Request => Object.freeze({ kind: 'refund' as const, n: checkInteger('refund', n, 0) }),
+});
+
+/**
+ * @deprecated pass a `Request` (`Request.cost(n)`, `Request.force(n)`,
+ * `Request.refund(n)`) instead; these options stay for one release.
+ */
 export interface CallOptions {
   /** Units this request takes (default 1; 0 inspects without consuming). */
   cost?: number;
@@ -99,7 +130,7 @@ export const MAX_BUCKETS = 1_000_000;
  */
 function checkSpan(capacity: number, count: number, ms: number, what: string): void {
   if (BigInt(capacity) * BigInt(ms) > BigInt(MAX_SPAN_MS) * BigInt(count)) {
-    throw new RLArgumentError('span', `the span of this rule, ${what}, is too long: a limiter may take at most ${MAX_SPAN_MS} ms to get back to idle`);
+    throw new InvalidArgumentError('span', `the span of this rule, ${what}, is too long: a limiter may take at most ${MAX_SPAN_MS} ms to get back to idle`);
   }
 }
 
@@ -110,9 +141,9 @@ function checkSpan(capacity: number, count: number, ms: number, what: string): v
  * `bucketMs` dividing `windowMs` into at most a million buckets; a bucket
  * back to idle within 2^50 ms (refused naming `span`).
  */
-export function ruleArgs(rule: Rule, where = 'rule'): [string, string[]] {
+export function ruleArgs(rule: Spec, where = 'rule'): [string, string[]] {
   if (rule === null || typeof rule !== 'object') {
-    throw new RLArgumentError(where, `${where} must be an object with an algorithm, got ${describe(rule)}`);
+    throw new InvalidArgumentError(where, `${where} must be an object with an algorithm, got ${describe(rule)}`);
   }
   const r = rule as unknown as Record<string, unknown>;
   const n = (name: string, max = MAX_PARAM) => checkInteger(name, r[name], 1, max);
@@ -132,10 +163,10 @@ export function ruleArgs(rule: Rule, where = 'rule'): [string, string[]] {
     case 'hashwindow': {
       const [limit, windowMs, bucketMs] = [n('limit'), n('windowMs'), n('bucketMs')];
       if (windowMs % bucketMs !== 0) {
-        throw new RLArgumentError('bucketMs', `bucketMs must divide windowMs, got windowMs ${windowMs} and bucketMs ${bucketMs}`);
+        throw new InvalidArgumentError('bucketMs', `bucketMs must divide windowMs, got windowMs ${windowMs} and bucketMs ${bucketMs}`);
       }
       if (windowMs / bucketMs > MAX_BUCKETS) {
-        throw new RLArgumentError(
+        throw new InvalidArgumentError(
           'windowMs / bucketMs',
           `windowMs / bucketMs must be an integer from 1 to ${MAX_BUCKETS}, got ${windowMs / bucketMs}`,
         );
@@ -153,7 +184,7 @@ export function ruleArgs(rule: Rule, where = 'rule'): [string, string[]] {
       return ['QUOTA', zone === undefined ? [limit, period] : [limit, period, 'TZ', zone]];
     }
     default:
-      throw new RLArgumentError(
+      throw new InvalidArgumentError(
         'algorithm',
         `algorithm must be tokenbucket, leakybucket, sliding, hashwindow, fixedwindow, concurrency or quota, got ${describe(
           (rule as { algorithm?: unknown }).algorithm,
@@ -162,12 +193,32 @@ export function ruleArgs(rule: Rule, where = 'rule'): [string, string[]] {
   }
 }
 
-/** The options of a call, checked, as arguments. */
-export function optionArgs(opts: CallOptions = {}): string[] {
+/** `Request.cost(cost)`, or none when `cost` is not given (the server's default, 1). */
+export function costRequest(cost: number | undefined): Request | undefined {
+  return cost === undefined ? undefined : Request.cost(cost);
+}
+
+/** A request (or the deprecated options of a call), checked, as arguments. */
+export function optionArgs(opts: Request | CallOptions = {}): string[] {
   const out: string[] = [];
+  if (opts !== null && typeof opts === 'object' && 'kind' in opts) {
+    switch (opts.kind) {
+      case 'cost':
+        return ['COST', String(checkInteger('cost', opts.n, 0))];
+      case 'force':
+        return ['COST', String(checkInteger('cost', opts.n, 0)), 'FORCE'];
+      case 'refund':
+        return ['REFUND', String(checkInteger('refund', opts.n, 0))];
+      default:
+        throw new InvalidArgumentError('request', `a request is Request.cost(n), Request.force(n) or Request.refund(n), got kind ${describe((opts as { kind: unknown }).kind)}`);
+    }
+  }
+  if (opts === null || typeof opts !== 'object') {
+    throw new InvalidArgumentError('request', `a request is Request.cost(n), Request.force(n) or Request.refund(n), got ${describe(opts)}`);
+  }
   if (opts.refund !== undefined) {
-    if (opts.cost !== undefined) throw new RLArgumentError('refund', 'refund and cost cannot be given together');
-    if (opts.force) throw new RLArgumentError('force', 'force goes with cost, not with refund');
+    if (opts.cost !== undefined) throw new InvalidArgumentError('refund', 'refund and cost cannot be given together');
+    if (opts.force) throw new InvalidArgumentError('force', 'force goes with cost, not with refund');
     out.push('REFUND', String(checkInteger('refund', opts.refund, 0)));
   } else if (opts.cost !== undefined || opts.force) {
     out.push('COST', String(checkInteger('cost', opts.cost ?? 1, 0)));

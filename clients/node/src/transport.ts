@@ -196,7 +196,7 @@ export interface DedicatedConnection {
   close(): void;
 }
 
-/** What opens dedicated connections (see `RLOptions.connect`). */
+/** What opens dedicated connections (see `ClientOptions.connect`). */
 export type ConnectionFactory = () => Promise<DedicatedConnection>;
 
 /**
@@ -249,7 +249,7 @@ async function connectOrClose(d: Dict): Promise<DedicatedConnection> {
 }
 
 /**
- * A client the application opened for acquire (`RLOptions.connect`), as a
+ * A client the application opened for acquire (`ClientOptions.connect`), as a
  * dedicated connection: node-redis or ioredis, connected.
  */
 export function ownConnection(client: RedisLike): DedicatedConnection {

@@ -4,7 +4,7 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import express from 'express';
-import { RL, RLDeadlineError, RLDeniedError, concurrencyLimit } from 'redis-ratelimit';
+import { Client, TimeoutError, RLDeniedError, concurrencyLimit } from 'redis-ratelimit';
 import { clientKinds, clusterKinds, sleep, startCluster, startServer, STILL_MS } from './servers.mjs';
 
 /** Whether the module under test takes BLOCK (a module built before it refuses the option). */
@@ -75,7 +75,7 @@ describe('acquire', { skip }, () => {
       before(async () => {
         kind = (await clientKinds()).find((c) => c.name === kindName);
         client = await kind.make(server.port);
-        rl = new RL(client);
+        rl = new Client(client);
       });
       after(() => {
         rl.close();
@@ -197,17 +197,17 @@ describe('acquire', { skip }, () => {
     });
   }
 
-  test('no reply within timeoutMs + 1 s: RLDeadlineError, and the connection is dropped, not reused', async () => {
+  test('no reply within timeoutMs + 1 s: TimeoutError, and the connection is dropped, not reused', async () => {
     const kind = (await clientKinds()).find((c) => c.name === 'ioredis');
     const client = await kind.make(server.port);
-    const rl = new RL(client);
+    const rl = new Client(client);
     const rule = { algorithm: 'tokenbucket', capacity: 1, refillCount: 1, refillMs: 1000 };
     try {
       // An acquire connection opened (and idle) before the server stops answering.
       assert.equal((await rl.acquire('deadline', rule, { timeoutMs: 100 })).allowed, true);
       await rl.send(undefined, ['CLIENT', 'PAUSE', '3000', 'ALL']);
       const started = Date.now();
-      await assert.rejects(rl.acquire('deadline', rule, { timeoutMs: 100 }), RLDeadlineError);
+      await assert.rejects(rl.acquire('deadline', rule, { timeoutMs: 100 }), TimeoutError);
       const took = Date.now() - started;
       assert.ok(took >= 1000 && took < 3000, `${took} ms`);
       await rl.send(undefined, ['CLIENT', 'UNPAUSE']);
@@ -223,7 +223,7 @@ describe('acquire', { skip }, () => {
   test('an aborted acquire closes its connection: the server forgets the request, nothing is consumed', async () => {
     const kind = (await clientKinds()).find((c) => c.name === 'node-redis v5');
     const client = await kind.make(server.port);
-    const rl = new RL(client);
+    const rl = new Client(client);
     const rule = { algorithm: 'concurrency', limit: 1, leaseMs: 5000 };
     try {
       const holder = await rl.concurrency('aborted', rule);
@@ -260,7 +260,7 @@ describe('acquire', { skip }, () => {
     const http = await new Promise((resolve) => {
       const s = a.listen(0, '127.0.0.1', () => resolve(s));
     });
-    const rl = new RL(client);
+    const rl = new Client(client);
     try {
       const url = `http://127.0.0.1:${http.address().port}/`;
       const replies = [fetch(url), fetch(url), fetch(url)];
@@ -288,12 +288,12 @@ describe('acquire', { skip }, () => {
     test(`on ${kindName}: waits at the key’s owner, without a MOVED, and a release wakes it`, async () => {
       const kind = (await clusterKinds()).find((c) => c.name === kindName);
       const client = await kind.make(cluster.ports);
-      const rl = new RL(client);
+      const rl = new Client(client);
       const nodes = [];
       try {
         const { createClient } = await import('redis');
         for (const port of cluster.ports) nodes.push(await createClient({ url: `redis://127.0.0.1:${port}` }).connect());
-        const nodeRls = nodes.map((n) => new RL(n));
+        const nodeRls = nodes.map((n) => new Client(n));
         const moved = cluster.errorstat('MOVED');
         for (let i = 0; i < 2; i++) {
           const key = `${kindName}:acq:${i}`;

@@ -1,7 +1,7 @@
 // Typed calls on every client, standalone and cluster, against real servers.
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
-import { Decision, RL, RLArgumentError, RLModuleNotLoadedError } from 'redis-ratelimit';
+import { Decision, Client, InvalidArgumentError, ModuleMissingError } from 'redis-ratelimit';
 import { clientKinds, clusterKinds, rejectsAtOnce, startCluster, startServer, STILL_MS } from './servers.mjs';
 
 let server;
@@ -22,7 +22,7 @@ for (const kind of await clientKinds()) {
     // Commands of the contract that this build of the module may not have yet.
     before(async () => {
       client = await kind.make(server.port);
-      rl = new RL(client);
+      rl = new Client(client);
     });
     after(() => kind.close(client));
 
@@ -129,10 +129,10 @@ for (const kind of await clientKinds()) {
         [() => rl.tokenBucket(key, { capacity: 2 ** 30, refillCount: 1, refillMs: 2 ** 21 }), 'span'],
       ];
       for (const [call, argument] of cases) {
-        await rejectsAtOnce(call, (e) => e instanceof RLArgumentError && e.argument === argument && e.message.includes(argument), argument);
+        await rejectsAtOnce(call, (e) => e instanceof InvalidArgumentError && e.argument === argument && e.message.includes(argument), argument);
       }
-      // The server's own check (sliding-max-limit) comes back as an RLArgumentError too.
-      await assert.rejects(rl.sliding(key, { limit: 100_001, windowMs: 1000 }), (e) => e instanceof RLArgumentError && e.argument === 'limit' && /sliding-max-limit/.test(e.message));
+      // The server's own check (sliding-max-limit) comes back as an InvalidArgumentError too.
+      await assert.rejects(rl.sliding(key, { limit: 100_001, windowMs: 1000 }), (e) => e instanceof InvalidArgumentError && e.argument === 'limit' && /sliding-max-limit/.test(e.message));
       assert.equal(await rl.send(key, ['EXISTS', key]), 0);
     });
   });
@@ -144,9 +144,9 @@ describe('a server without the module', () => {
       const kind = (await clientKinds()).find((c) => c.name === name);
       const client = await kind.make(plain.port);
       try {
-        const rl = new RL(client);
-        await assert.rejects(rl.checkModule(), (e) => e instanceof RLModuleNotLoadedError && /not loaded/.test(e.message));
-        await assert.rejects(rl.sliding('k', { limit: 1, windowMs: 1000 }), (e) => e instanceof RLModuleNotLoadedError && /--loadmodule/.test(e.message));
+        const rl = new Client(client);
+        await assert.rejects(rl.checkModule(), (e) => e instanceof ModuleMissingError && /not loaded/.test(e.message));
+        await assert.rejects(rl.sliding('k', { limit: 1, windowMs: 1000 }), (e) => e instanceof ModuleMissingError && /--loadmodule/.test(e.message));
         assert.equal(await rl.send('k', ['EXISTS', 'k']), 0);
       } finally {
         kind.close(client);
@@ -161,7 +161,7 @@ for (const kind of await clusterKinds()) {
     let rl;
     before(async () => {
       client = await kind.make(cluster.ports);
-      rl = new RL(client);
+      rl = new Client(client);
     });
     after(() => kind.close(client));
 

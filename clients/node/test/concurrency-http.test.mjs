@@ -7,7 +7,7 @@ import { after, before, describe, test } from 'node:test';
 import express from 'express';
 import { createClient } from 'redis';
 import { Redis } from 'ioredis';
-import { RL, RLArgumentError, concurrencyLimit } from 'redis-ratelimit';
+import { Client, InvalidArgumentError, concurrencyLimit } from 'redis-ratelimit';
 import { sleep, startServer } from './servers.mjs';
 
 let server;
@@ -18,7 +18,7 @@ before(async () => {
   client = createClient({ url: server.url });
   client.on('error', () => {});
   await client.connect();
-  rl = new RL(client);
+  rl = new Client(client);
 });
 after(async () => {
   rl?.close();
@@ -207,7 +207,7 @@ describe('concurrencyLimit', () => {
       [{ limit: 1, leaseMs: 1000 }, 'client'],
     ];
     for (const [options, argument] of cases) {
-      assert.throws(() => concurrencyLimit(options), (e) => e instanceof RLArgumentError && e.argument === argument, argument);
+      assert.throws(() => concurrencyLimit(options), (e) => e instanceof InvalidArgumentError && e.argument === argument, argument);
     }
   });
 });

@@ -3,7 +3,7 @@
 // against real servers.
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
-import { Decision, Lease, RL, RLArgumentError, RLDeniedError, RLModuleNotLoadedError } from 'redis-ratelimit';
+import { Decision, Lease, Client, InvalidArgumentError, RLDeniedError, ModuleMissingError } from 'redis-ratelimit';
 import { clientKinds, clusterKinds, rejectsAtOnce, sleep, startCluster, startServer } from './servers.mjs';
 
 let server;
@@ -37,7 +37,7 @@ for (const kind of await clientKinds()) {
     const k = (name) => `${kind.name}:${name}`;
     before(async () => {
       client = await kind.make(server.port);
-      rl = new RL(client);
+      rl = new Client(client);
     });
     after(() => {
       rl.close();
@@ -112,9 +112,9 @@ for (const kind of await clientKinds()) {
         [() => rl.acquire(key, { algorithm: 'concurrency', ...p }), 'timeoutMs'],
       ];
       for (const [call, argument] of cases) {
-        await rejectsAtOnce(call, (e) => e instanceof RLArgumentError && e.argument === argument && e.message.includes(argument), argument);
+        await rejectsAtOnce(call, (e) => e instanceof InvalidArgumentError && e.argument === argument && e.message.includes(argument), argument);
       }
-      await assert.rejects(rl.withLease(key, p, 'not a function'), (e) => e instanceof RLArgumentError && e.argument === 'fn');
+      await assert.rejects(rl.withLease(key, p, 'not a function'), (e) => e instanceof InvalidArgumentError && e.argument === 'fn');
       assert.equal(await rl.send(key, ['EXISTS', key]), 0);
     });
   });
@@ -129,7 +129,7 @@ for (const name of ['node-redis v5', 'ioredis']) {
     before(async () => {
       kind = (await clientKinds()).find((c) => c.name === name);
       client = await kind.make(server.port);
-      rl = new RL(client);
+      rl = new Client(client);
     });
     after(() => {
       rl.close();
@@ -233,7 +233,7 @@ for (const name of ['node-redis v5', 'ioredis']) {
         await assert.rejects(rl.lease(k('p'), { policy }), RLDeniedError);
         assert.equal(await lease.release(), true);
         const bare = await rl.lease(k('p'), { policy });
-        await assert.rejects(bare.renew(), (e) => e instanceof RLArgumentError && e.argument === 'leaseMs');
+        await assert.rejects(bare.renew(), (e) => e instanceof InvalidArgumentError && e.argument === 'leaseMs');
         assert.equal(await bare.renew(5000), true);
         // In SHADOW mode an over-the-limit call is admitted without a lease: nothing to give back.
         await rl.policySet(policy, { algorithm: 'concurrency', limit: 1, leaseMs: 5000 }, { mode: 'SHADOW' });
@@ -256,7 +256,7 @@ describe('acquire connections', () => {
       const doomed = await startServer();
       const kind = (await clientKinds()).find((c) => c.name === name);
       const client = await kind.make(doomed.port);
-      const rl = new RL(client);
+      const rl = new Client(client);
       try {
         await doomed.kill();
         await assert.rejects(rl.acquire('gone', { algorithm: 'concurrency', limit: 1, leaseMs: 1000 }, { timeoutMs: 100 }), (e) => e instanceof Error);
@@ -270,15 +270,15 @@ describe('acquire connections', () => {
   test('a sendCommand function cannot be duplicated: acquire says what to give instead', async () => {
     const client = await (await clientKinds())[0].make(server.port);
     try {
-      const rl = new RL((...args) => client.sendCommand(args));
+      const rl = new Client((...args) => client.sendCommand(args));
       await assert.rejects(rl.acquire('k', { algorithm: 'sliding', limit: 1, windowMs: 1000 }, { timeoutMs: 10 }), /connections of its own.*connect/);
-      const own = new RL((...args) => client.sendCommand(args), { connect: () => (async () => { const c = client.duplicate(); await c.connect(); return c; })() });
+      const own = new Client((...args) => client.sendCommand(args), { connect: () => (async () => { const c = client.duplicate(); await c.connect(); return c; })() });
       try {
         const d = await own.acquire('k', { algorithm: 'sliding', limit: 1, windowMs: 1000 }, { timeoutMs: 100 });
         assert.equal(d.allowed, true);
       } catch (e) {
         // Sent on the connection given, to a module build without BLOCK.
-        assert.ok(e instanceof RLModuleNotLoadedError && /predates BLOCK/.test(e.message), e.message);
+        assert.ok(e instanceof ModuleMissingError && /predates BLOCK/.test(e.message), e.message);
       } finally {
         own.close();
       }
@@ -292,7 +292,7 @@ for (const kind of (await clusterKinds()).filter((c) => c.name === 'node-redis v
   describe(`leases on ${kind.name}`, () => {
     test('concurrency, renew and release reach the key’s owner without a MOVED', async () => {
       const client = await kind.make(cluster.ports);
-      const rl = new RL(client);
+      const rl = new Client(client);
       try {
         const moved = cluster.errorstat('MOVED');
         for (let i = 0; i < 20; i++) {

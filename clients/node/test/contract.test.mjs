@@ -12,7 +12,7 @@ import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import http from 'node:http';
 import { after, describe, test } from 'node:test';
-import { Decision, RLArgumentError, concurrencyLimit } from 'redis-ratelimit';
+import { Decision, InvalidArgumentError, concurrencyLimit } from 'redis-ratelimit';
 import { checkZone, ruleArgs } from '../dist/esm/rules.js';
 import { denialBody, policyItem, policyWindowS, rateLimitItem, retryAfterS } from '../dist/esm/http.js';
 
@@ -62,7 +62,7 @@ describe('validation: the kit accepts the ok cases and refuses the others, namin
           assert.equal(word, a.word);
           got = { ok: true, args };
         } catch (err) {
-          if (!(err instanceof RLArgumentError)) throw err;
+          if (!(err instanceof InvalidArgumentError)) throw err;
           got = { ok: false, names: err.argument, message: err.message };
         }
         const want = v.ok ? 'accepted' : `refused naming ${camel(v.names)}`;
@@ -92,7 +92,7 @@ describe('zones', () => {
         const [, args] = ruleArgs(quota(z));
         assert.deepEqual(args, checked === undefined ? ['10', 'DAY'] : ['10', 'DAY', 'TZ', z]);
       } catch (err) {
-        if (!(err instanceof RLArgumentError)) throw err;
+        if (!(err instanceof InvalidArgumentError)) throw err;
         wrong.push(`${JSON.stringify(z)}: refused (${err.message})`);
       }
     }
@@ -107,7 +107,7 @@ describe('zones', () => {
           check();
           wrong.push(`${JSON.stringify(z)}: accepted`);
         } catch (err) {
-          if (!(err instanceof RLArgumentError)) throw err;
+          if (!(err instanceof InvalidArgumentError)) throw err;
           if (err.argument !== 'zone') wrong.push(`${JSON.stringify(z)}: refused naming ${err.argument}`);
         }
       }

@@ -7,7 +7,7 @@ import { rateLimit as rateLimit8 } from 'express-rate-limit';
 import { rateLimit as rateLimit7 } from 'erl7';
 import { createClient, createCluster } from 'redis';
 import { Cluster, Redis } from 'ioredis';
-import RLStoreDefault, { RL, RLArgumentError, RLModuleNotLoadedError, RLStore } from 'redis-ratelimit';
+import RLStoreDefault, { Client, InvalidArgumentError, ModuleMissingError, RLStore } from 'redis-ratelimit';
 import { sleep, startCluster, startServer, STILL_MS } from './servers.mjs';
 
 let server;
@@ -18,7 +18,7 @@ before(async () => {
   client = createClient({ url: server.url });
   client.on('error', () => {});
   await client.connect();
-  rl = new RL(client);
+  rl = new Client(client);
 });
 after(async () => {
   client?.destroy();
@@ -187,8 +187,8 @@ describe('RLStore', () => {
 
   test('a function-valued limit is refused unless the store has its own limit', async () => {
     const store = storeOn(client);
-    assert.throws(() => store.init({ windowMs: 1000, limit: () => 5 }), (e) => e instanceof RLArgumentError && e.argument === 'limit' && /function-valued/.test(e.message));
-    await assert.rejects(store.increment('fn'), (e) => e instanceof RLArgumentError && e.argument === 'limit');
+    assert.throws(() => store.init({ windowMs: 1000, limit: () => 5 }), (e) => e instanceof InvalidArgumentError && e.argument === 'limit' && /function-valued/.test(e.message));
+    await assert.rejects(store.increment('fn'), (e) => e instanceof InvalidArgumentError && e.argument === 'limit');
     const own = storeOn(client, { limit: 1, prefix: 'own:' });
     own.init({ windowMs: 60_000, limit: () => 1 });
     assert.equal((await own.increment('fn')).totalHits, 1);
@@ -209,7 +209,7 @@ describe('RLStore', () => {
       await store.ready;
       await new Promise((r) => setImmediate(r));
       assert.ok(warnings.some((w) => w.code === 'RL_MODULE_NOT_LOADED' && /not loaded/.test(w.message)));
-      await assert.rejects(store.increment('u'), (e) => e instanceof RLModuleNotLoadedError && /--loadmodule/.test(e.message));
+      await assert.rejects(store.increment('u'), (e) => e instanceof ModuleMissingError && /--loadmodule/.test(e.message));
       assert.equal(await c.dbSize(), 0);
     } finally {
       process.off('warning', onWarning);
@@ -256,10 +256,10 @@ describe('RLStore', () => {
       await new Promise((r) => setImmediate(r));
       const w = warnings.find((x) => x.code === 'RL_STORE_REFUSED');
       assert.ok(w && /sliding-max-limit \(100000\)/.test(w.message), `warnings: ${warnings.map((x) => x.message)}`);
-      await assert.rejects(store.increment('u'), (e) => e instanceof RLArgumentError && e.argument === 'limit' && /sliding-max-limit \(100000\)/.test(e.message));
+      await assert.rejects(store.increment('u'), (e) => e instanceof InvalidArgumentError && e.argument === 'limit' && /sliding-max-limit \(100000\)/.test(e.message));
       // Above any server's bound: refused at once.
       const huge = storeOn(client, { prefix: 'huge:' });
-      assert.throws(() => huge.init({ windowMs: 60_000, limit: 20_000_000 }), (e) => e instanceof RLArgumentError && e.argument === 'limit' && /sliding-max-limit/.test(e.message));
+      assert.throws(() => huge.init({ windowMs: 60_000, limit: 20_000_000 }), (e) => e instanceof InvalidArgumentError && e.argument === 'limit' && /sliding-max-limit/.test(e.message));
       // A fixed window has no such bound.
       const fixed = storeOn(client, { prefix: 'largefixed:', window: 'fixed' });
       fixed.init({ windowMs: 60_000, limit: 200_000 });

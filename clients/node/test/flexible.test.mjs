@@ -15,7 +15,7 @@ import {
 } from 'rate-limiter-flexible';
 import { createClient } from 'redis';
 import { Redis } from 'ioredis';
-import { RateLimiterRL, RateLimiterRes, RLArgumentError, RLConnectionError, RLError, RLModuleNotLoadedError } from 'redis-ratelimit';
+import { RateLimiterRL, RateLimiterRes, InvalidArgumentError, RLConnectionError, RLError, ModuleMissingError } from 'redis-ratelimit';
 import { clusterKinds, sleep, startCluster, startServer } from './servers.mjs';
 
 let withModule;
@@ -212,7 +212,7 @@ describe('RateLimiterRL', () => {
       [() => new RateLimiterRL({ storeClient: io, insuranceLimiter: {} }), 'insuranceLimiter'],
       [() => new RateLimiterRL({ storeClient: io, execEvenly: true }), 'execEvenly'],
     ];
-    for (const [make, argument] of bad) assert.throws(make, (e) => e instanceof RLArgumentError && e.argument === argument, argument);
+    for (const [make, argument] of bad) assert.throws(make, (e) => e instanceof InvalidArgumentError && e.argument === argument, argument);
     const l = new RateLimiterRL({ storeClient: io, points: 5 });
     const calls = [
       [() => l.consume('u', -1), 'pointsToConsume'],
@@ -227,7 +227,7 @@ describe('RateLimiterRL', () => {
       assert.doesNotThrow(() => {
         p = call();
       }, argument);
-      await assert.rejects(p, (e) => e instanceof RLArgumentError && e.argument === argument, argument);
+      await assert.rejects(p, (e) => e instanceof InvalidArgumentError && e.argument === argument, argument);
     }
     assert.equal(await io.dbsize(), 0);
   });
@@ -236,8 +236,8 @@ describe('RateLimiterRL', () => {
     const pc = await clients.ioredis.make(plain.port);
     try {
       const l = new RateLimiterRL({ storeClient: pc, points: 5, insuranceLimiter: new RateLimiterMemory({ points: 5, duration: 1 }) });
-      await assert.rejects(l.checkModule(), (e) => e instanceof RLModuleNotLoadedError && /MODULE LIST/.test(e.message));
-      await assert.rejects(l.consume('u'), (e) => e instanceof RLModuleNotLoadedError && /not loaded/.test(e.message));
+      await assert.rejects(l.checkModule(), (e) => e instanceof ModuleMissingError && /MODULE LIST/.test(e.message));
+      await assert.rejects(l.consume('u'), (e) => e instanceof ModuleMissingError && /not loaded/.test(e.message));
       assert.equal(await pc.exists('rlflx:u:rl', 'rlflx:u:rl:block'), 0);
     } finally {
       pc.disconnect();
@@ -447,7 +447,7 @@ describe('checkModule before the client is ready', () => {
     const c = new Redis({ port: gone.port, host: '127.0.0.1', enableOfflineQueue: false, retryStrategy: () => null });
     c.on('error', () => {});
     try {
-      await assert.rejects(new RateLimiterRL({ storeClient: c, points: 5 }).checkModule(), (e) => e instanceof RLConnectionError && !(e instanceof RLModuleNotLoadedError));
+      await assert.rejects(new RateLimiterRL({ storeClient: c, points: 5 }).checkModule(), (e) => e instanceof RLConnectionError && !(e instanceof ModuleMissingError));
     } finally {
       c.disconnect();
     }

@@ -13,7 +13,7 @@ const require = createRequire(import.meta.url);
 test('ESM and CommonJS export the same names', () => {
   const cjs = require('redis-ratelimit');
   assert.deepEqual(Object.keys(cjs).sort(), Object.keys(esm).sort());
-  for (const name of ['RL', 'Decision', 'RLStore', 'RateLimiterRL', 'RateLimiterRes', 'RLArgumentError', 'RLModuleNotLoadedError']) {
+  for (const name of ['Client', 'Decision', 'RLStore', 'RateLimiterRL', 'RateLimiterRes', 'InvalidArgumentError', 'ModuleMissingError']) {
     assert.equal(typeof cjs[name], 'function', name);
   }
 });

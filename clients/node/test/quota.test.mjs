@@ -5,7 +5,7 @@ import { after, before, describe, test } from 'node:test';
 import express from 'express';
 import { rateLimit } from 'express-rate-limit';
 import { createClient } from 'redis';
-import { PERIOD_SECONDS, RL, RLArgumentError, RLStore } from 'redis-ratelimit';
+import { PERIOD_SECONDS, Client, InvalidArgumentError, RLStore } from 'redis-ratelimit';
 import { clientKinds, clusterKinds, rejectsAtOnce, startCluster, startServer } from './servers.mjs';
 
 let server;
@@ -76,7 +76,7 @@ for (const kind of await clientKinds()) {
     const k = (name) => `q:${kind.name}:${name}:${Math.random()}`;
     before(async () => {
       client = await kind.make(server.port);
-      rl = new RL(client);
+      rl = new Client(client);
     });
     after(() => {
       rl.close();
@@ -134,11 +134,11 @@ for (const kind of await clientKinds()) {
         [() => rl.quota(key, { limit: 5, period: 'day' }, { cost: -1 }), 'cost'],
       ];
       for (const [call, argument] of cases) {
-        await rejectsAtOnce(call, (e) => e instanceof RLArgumentError && e.argument === argument, argument);
+        await rejectsAtOnce(call, (e) => e instanceof InvalidArgumentError && e.argument === argument, argument);
       }
       assert.equal((await rl.quota(key, { limit: 5, period: 'DAY' })).allowed, true, 'any case');
       await assert.rejects(rl.quota(key, { limit: 5, period: 'day', zone: 'Mars/Olympus' }),
-        (e) => e instanceof RLArgumentError && e.argument === 'TZ' && /TZ must be UTC/.test(e.message));
+        (e) => e instanceof InvalidArgumentError && e.argument === 'TZ' && /TZ must be UTC/.test(e.message));
     });
 
     test('a quota policy is hit and read back', () =>
@@ -211,7 +211,7 @@ for (const kind of await clientKinds()) {
         const no = await rl.all(limits);
         assert.deepEqual([no.allowed, no.deniedBy], [false, 1]);
         await rejectsAtOnce(() => rl.all([limits[0], { key: k('all:c'), rule: { algorithm: 'quota', limit: 1, period: 'day', zone: 'Europe/Paris' } }]),
-          (e) => e instanceof RLArgumentError && e.argument === 'limits[1].rule.zone');
+          (e) => e instanceof InvalidArgumentError && e.argument === 'limits[1].rule.zone');
         const key = k('acq');
         const rule = { algorithm: 'quota', limit: 1, period: 'day', zone: 'Europe/Paris' };
         assert.equal((await rl.acquire(key, rule, { timeoutMs: 200 })).allowed, true);
@@ -229,7 +229,7 @@ for (const kind of await clusterKinds()) {
     test('calls go to the key’s owner; a quota policy is on every master', () =>
       inOnePeriod([['week', '+09:00'], ['day'], ['day', 'Asia/Tokyo']], async () => {
         const client = await kind.make(cluster.ports);
-        const rl = new RL(client);
+        const rl = new Client(client);
         try {
           for (let i = 0; i < 20; i++) {
             assert.equal((await rl.quota(`q:cl:${kind.name}:${i}:${Math.random()}`, { limit: 1, period: 'week', zone: '+09:00' })).allowed, true);
@@ -321,9 +321,9 @@ describe('RLStore with a calendar window', () => {
         await a.close();
       }
       const send = (...args) => client.sendCommand(args);
-      assert.throws(() => new RLStore({ sendCommand: send, window: 'fortnight' }), (e) => e instanceof RLArgumentError && e.argument === 'window');
-      assert.throws(() => new RLStore({ sendCommand: send, window: 'sliding', zone: '+01:00' }), (e) => e instanceof RLArgumentError && e.argument === 'zone');
-      assert.throws(() => new RLStore({ sendCommand: send, window: 'day', zone: 'Mars Olympus' }), (e) => e instanceof RLArgumentError && e.argument === 'zone');
+      assert.throws(() => new RLStore({ sendCommand: send, window: 'fortnight' }), (e) => e instanceof InvalidArgumentError && e.argument === 'window');
+      assert.throws(() => new RLStore({ sendCommand: send, window: 'sliding', zone: '+01:00' }), (e) => e instanceof InvalidArgumentError && e.argument === 'zone');
+      assert.throws(() => new RLStore({ sendCommand: send, window: 'day', zone: 'Mars Olympus' }), (e) => e instanceof InvalidArgumentError && e.argument === 'zone');
       assert.equal(DAY, PERIOD_SECONDS.day * 1000);
       const warned = new Promise((resolve) => process.once('warning', resolve));
       rateLimit({ windowMs: 60_000, limit: 1, store: new RLStore({ sendCommand: send, window: 'week' }) });

@@ -3,7 +3,7 @@
 // clients. Skipped when no valkey-server is given.
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
-import { RL, RLDeniedError, RLModuleNotLoadedError, RLStore, RateLimiterRL, RateLimiterRes } from 'redis-ratelimit';
+import { Client, RLDeniedError, ModuleMissingError, RLStore, RateLimiterRL, RateLimiterRes } from 'redis-ratelimit';
 import { clientKinds, startServer } from './servers.mjs';
 
 const VALKEY = process.env.VALKEY_SERVER;
@@ -20,7 +20,7 @@ describe('on Valkey', { skip: VALKEY ? false : 'VALKEY_SERVER is not set' }, () 
       const k = (await clientKinds())[kind];
       const c = await k.make(server.port);
       try {
-        const rl = new RL(c);
+        const rl = new Client(c);
         assert.equal((await rl.checkModule()).name, 'ratelimit');
         const d = await rl.tokenBucket(`${k.name}:tb`, { capacity: 2, refillCount: 1, refillMs: 60_000 });
         assert.deepEqual([d.allowed, d.limit, d.remaining], [true, 2, 1]);
@@ -41,7 +41,7 @@ describe('on Valkey', { skip: VALKEY ? false : 'VALKEY_SERVER is not set' }, () 
     test(`leases and acquire (client ${kind})`, async () => {
       const k = (await clientKinds())[kind];
       const c = await k.make(server.port);
-      const rl = new RL(c);
+      const rl = new Client(c);
       try {
         const rule = { limit: 1, leaseMs: 5000 };
         const lease = await rl.lease(`${k.name}:lease`, rule);
@@ -54,7 +54,7 @@ describe('on Valkey', { skip: VALKEY ? false : 'VALKEY_SERVER is not set' }, () 
           acquired = await rl.acquire(`${k.name}:acq`, { algorithm: 'concurrency', ...rule }, { timeoutMs: 1000 });
         } catch (e) {
           // A module build without BLOCK: acquire says so.
-          assert.ok(e instanceof RLModuleNotLoadedError && /predates BLOCK/.test(e.message), e.message);
+          assert.ok(e instanceof ModuleMissingError && /predates BLOCK/.test(e.message), e.message);
           return;
         }
         assert.equal(acquired.allowed, true);

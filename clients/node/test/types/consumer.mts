@@ -7,8 +7,9 @@ import { createClient } from 'redis';
 import { Redis } from 'ioredis';
 import { BurstyRateLimiter, RateLimiterMemory, RateLimiterUnion, RateLimiterQueue, type RateLimiterLike, type RateLimiterRes as FlexRes } from 'rate-limiter-flexible';
 import express, { type Request, type Response } from 'express';
-import { Decision, Lease, PERIOD_SECONDS, RL, RLDeniedError, RLStore, RateLimiterRL, RateLimiterRes, concurrencyLimit } from 'redis-ratelimit';
-import type { Period, QuotaParams, Rule } from 'redis-ratelimit';
+import { Decision, Lease, PERIOD_SECONDS, Client, RLDeniedError, RLStore, RateLimiterRL, RateLimiterRes, concurrencyLimit } from 'redis-ratelimit';
+import { InvalidArgumentError, ModuleMissingError, Request as RLRequest, RL, RLArgumentError, RLModuleNotLoadedError, TimeoutError, RLDeadlineError } from 'redis-ratelimit';
+import type { ClientOptions, Period, QuotaParams, RLOptions, Rule, Spec, SpecOrPolicy } from 'redis-ratelimit';
 
 const client = createClient();
 const redis = new Redis();
@@ -32,7 +33,7 @@ export async function flexible(): Promise<FlexRes> {
 }
 
 export async function use(): Promise<number> {
-  const d: Decision = await new RL(client).sliding('k', { limit: 5, windowMs: 1000 });
+  const d: Decision = await new Client(client).sliding('k', { limit: 5, windowMs: 1000 });
   const r: RateLimiterRes = await limiter.consume('k');
   const f: Pick<FlexRes, 'msBeforeNext' | 'remainingPoints' | 'consumedPoints' | 'isFirstInDuration'> = r;
   return d.remaining + f.msBeforeNext;
@@ -40,11 +41,11 @@ export async function use(): Promise<number> {
 
 // Calendar quotas: the period as a literal, the zone optional; a rule wherever rules go.
 export async function quotas(): Promise<number> {
-  const rl = new RL(client);
+  const rl = new Client(client);
   const period: Period = 'month';
   const q: QuotaParams = { limit: 1000, period, zone: 'America/New_York' };
   const d: Decision = await rl.quota('tenant:acme', q);
-  const rule: Rule = { algorithm: 'quota', limit: 100, period: 'day' };
+  const rule: Spec = { algorithm: 'quota', limit: 100, period: 'day' };
   await rl.policySet('exports', rule);
   await rl.policySet('exports-ny', { algorithm: 'quota', limit: 100, period: 'day', zone: 'America/New_York' }, { mode: 'SHADOW', rollout: 10 });
   const zone: string | number | undefined = (await rl.policyGet('exports-ny'))?.['zone'];
@@ -57,7 +58,7 @@ export async function quotas(): Promise<number> {
 
 // Leases and acquire, and the concurrency cap in an Express app.
 export async function leases(): Promise<number> {
-  const rl = new RL(client, { maxIdleConnections: 2 });
+  const rl = new Client(client, { maxIdleConnections: 2 });
   const waited: Decision = await rl.acquire('k', { algorithm: 'tokenbucket', capacity: 5, refillCount: 5, refillMs: 1000 }, { timeoutMs: 2000 });
   const d = await rl.concurrency('jobs', { limit: 4, leaseMs: 30_000 });
   if (d.lease !== null) await rl.release('jobs', d.lease);
@@ -79,3 +80,33 @@ app.use(concurrencyLimit<Request, Response>({ client, limit: 2, leaseMs: 60_000,
 app.get('/', concurrencyLimit({ client, policy: 'p', timeoutMs: 1000 }), (_req, res) => {
   res.send('ok');
 });
+
+// The shared names, and the former ones (deprecated, the same classes and types).
+export async function names(): Promise<number> {
+  const options: ClientOptions = { maxIdleConnections: 1 };
+  const rl = new Client(client, options);
+  const d = await rl.tokenBucket('k', { capacity: 5, refillCount: 1, refillMs: 1000 }, RLRequest.force(2));
+  await rl.hit('p', 'k', RLRequest.refund(1));
+  await rl.sliding('k', { limit: 5, windowMs: 1000 }, { cost: 2, force: true });
+  const request: RLRequest = RLRequest.cost(0);
+  // @ts-expect-error: a request is a cost, a forced cost or a refund, never a forced refund.
+  const forcedRefund: RLRequest = { kind: 'refund', n: 1, force: true };
+  void forcedRefund;
+  await rl.fixedWindow('k', { limit: 5, windowMs: 1000 }, request);
+  const old: RL = new RL(client);
+  const same: Client = old;
+  const oldOptions: RLOptions = options;
+  const oldRule: Rule = { algorithm: 'sliding', limit: 1, windowMs: 1000 };
+  const spec: Spec = oldRule;
+  const either: SpecOrPolicy[] = [spec, { policy: 'p' }];
+  void [same, oldOptions, either];
+  try {
+    await rl.checkModule();
+  } catch (e) {
+    if (e instanceof RLArgumentError) return e.argument.length;
+    if (e instanceof InvalidArgumentError) return e.argument.length;
+    if (e instanceof RLModuleNotLoadedError || e instanceof ModuleMissingError) return 0;
+    if (e instanceof RLDeadlineError || e instanceof TimeoutError) return 1;
+  }
+  return d.remaining;
+}
