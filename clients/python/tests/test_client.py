@@ -14,11 +14,11 @@ from conftest import FIXED_MS, Cluster, Sentinel, Server, wait_until
 import redis_ratelimit_client as rr
 from redis_ratelimit_client import (
     AsyncClient,
-    BadArgument,
     Client,
     Decision,
     FixedWindow,
-    ModuleNotLoaded,
+    InvalidArgument,
+    ModuleMissing,
     Policy,
     PolicyMode,
     Sliding,
@@ -114,7 +114,7 @@ def test_the_deny_log(c: Client) -> None:
     ],
 )
 def test_bad_input_raises_before_anything_is_written(c: Client, r: redis.Redis, call) -> None:
-    with pytest.raises(BadArgument):
+    with pytest.raises(InvalidArgument):
         call(c)
     assert r.dbsize() == 0 and r.execute_command("RL.POLICY", "LIST") == []
 
@@ -136,12 +136,12 @@ def test_a_server_error_is_a_server_error(c: Client) -> None:
 
 
 def test_module_missing_names_the_server(plain_server: Server) -> None:
-    with pytest.raises(ModuleNotLoaded, match=f"127.0.0.1:{plain_server.port}"):
+    with pytest.raises(ModuleMissing, match=f"127.0.0.1:{plain_server.port}"):
         Client(plain_server.client())
     assert plain_server.client().dbsize() == 0
 
     async def go() -> None:
-        with pytest.raises(ModuleNotLoaded, match=f":{plain_server.port}"):
+        with pytest.raises(ModuleMissing, match=f":{plain_server.port}"):
             await AsyncClient.create(aioredis.Redis(port=plain_server.port))
 
     asyncio.run(go())
@@ -177,7 +177,7 @@ def test_asyncio_form(server: Server, r: redis.Redis) -> None:
         d = await a.all([("{x}a", Sliding(5, 1000)), ("{x}b", Policy("p"))])
         assert not d.allowed and d.denied_by == 1
         assert await a.log_len() >= 1
-        with pytest.raises(BadArgument):
+        with pytest.raises(InvalidArgument):
             await a.sliding("as", -1, 1000)
         await a.redis.aclose()
 

@@ -31,11 +31,11 @@ from redis_ratelimit_client.asgi import (
 from redis_ratelimit_client.model import (
     MAX_PARAM,
     Algorithm,
-    BadArgument,
     Concurrency,
     Decision,
     FixedWindow,
     HashWindow,
+    InvalidArgument,
     LeakyBucket,
     Quota,
     Sliding,
@@ -106,7 +106,7 @@ def test_the_kit_accepts_what_the_server_accepts(word: str, case: dict[str, Any]
 def test_the_kit_refuses_what_the_server_refuses_naming_the_same_parameter(
     word: str, case: dict[str, Any]
 ) -> None:
-    with pytest.raises(BadArgument) as caught:
+    with pytest.raises(InvalidArgument) as caught:
         build(word, case["params"])
     assert caught.value.param == case["names"], str(caught.value)
     assert str(caught.value).startswith(case["names"]), str(caught.value)
@@ -125,10 +125,10 @@ def test_zones_refused_by_the_server_alone_pass_the_syntax(zone: str) -> None:
 
 @pytest.mark.parametrize("zone", CONTRACT["zones"]["refused"])
 def test_zones_refused_on_syntax_are_refused(zone: str) -> None:
-    with pytest.raises(BadArgument) as caught:
+    with pytest.raises(InvalidArgument) as caught:
         check_zone(zone)
     assert caught.value.param == "zone"
-    with pytest.raises(BadArgument):
+    with pytest.raises(InvalidArgument):
         Quota(10, "DAY", zone)
 
 

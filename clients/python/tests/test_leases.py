@@ -15,10 +15,10 @@ from conftest import Cluster, Server, wait_until
 
 from redis_ratelimit_client import (
     AsyncClient,
-    BadArgument,
     Client,
     Concurrency,
     Denied,
+    InvalidArgument,
     Policy,
     Sliding,
     TokenBucket,
@@ -136,12 +136,12 @@ def test_a_concurrency_policy_grants_leases_through_hit(c: Client) -> None:
     assert d.allowed and d.lease is not None and d.remaining == 1
     with c.lease("exports:acme", Policy("exports")) as lease:
         assert lease.decision.remaining == 0
-        with pytest.raises(BadArgument, match="renew_ms"):
+        with pytest.raises(InvalidArgument, match="renew_ms"):
             lease.renew()
         assert lease.renew(30_000)
     assert c.release("exports:acme", d.lease)
     c.policy_set("rate", Sliding(5, 60_000))
-    with pytest.raises(BadArgument, match="not a CONCURRENCY policy"):
+    with pytest.raises(InvalidArgument, match="not a CONCURRENCY policy"):
         with c.lease("k", Policy("rate")):
             pass
 
@@ -171,21 +171,22 @@ def test_a_concurrency_policy_grants_leases_through_hit(c: Client) -> None:
     ],
 )
 def test_bad_input_names_the_argument_and_writes_nothing(c: Client, r: redis.Redis, call) -> None:
-    with pytest.raises(BadArgument):
+    with pytest.raises(InvalidArgument):
         call(c)
     assert r.dbsize() == 0
 
 
 def test_bad_input_messages_name_the_argument(c: Client) -> None:
-    with pytest.raises(BadArgument, match="lease must be an integer from 0 to 9223372036854775807"):
+    msg = "lease must be an integer from 0 to 9223372036854775807"
+    with pytest.raises(InvalidArgument, match=msg):
         c.release("k", -1)
-    with pytest.raises(BadArgument, match="lease_ms must be"):
+    with pytest.raises(InvalidArgument, match="lease_ms must be"):
         c.renew("k", 1, 0)
-    with pytest.raises(BadArgument, match="limit must be an integer from 1 to 16777215"):
+    with pytest.raises(InvalidArgument, match="limit must be an integer from 1 to 16777215"):
         Concurrency(0, 1000)
-    with pytest.raises(BadArgument, match="timeout_ms must be"):
+    with pytest.raises(InvalidArgument, match="timeout_ms must be"):
         c.acquire("k", Sliding(1, 1000), timeout_ms=-5)
-    with pytest.raises(BadArgument, match="CONCURRENCY cannot be used here"):
+    with pytest.raises(InvalidArgument, match="CONCURRENCY cannot be used here"):
         c.all([("{a}1", Sliding(1, 1000)), ("{a}2", Concurrency(1, 1000))])
 
 

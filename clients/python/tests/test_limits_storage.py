@@ -15,7 +15,7 @@ from limits.errors import StorageError
 from limits.storage import storage_from_string
 
 import redis_ratelimit_client  # noqa: F401  (registers redis+rl:// and async+redis+rl://)
-from redis_ratelimit_client import AsyncRLStorage, ModuleNotLoaded, RLStorage
+from redis_ratelimit_client import AsyncRLStorage, ModuleMissing, RLStorage
 
 
 @pytest.fixture
@@ -134,7 +134,7 @@ def test_a_limit_the_log_cannot_hold_is_an_error(storage: RLStorage) -> None:
 
 def test_missing_module_and_dead_server_are_clear(plain_server: Server, own_server: Server) -> None:
     s = storage_from_string(f"redis+rl://127.0.0.1:{plain_server.port}")
-    with pytest.raises(ModuleNotLoaded, match=str(plain_server.port)):
+    with pytest.raises(ModuleMissing, match=str(plain_server.port)):
         strategies.MovingWindowRateLimiter(s).hit(parse("1/second"), "x")
     wrapped = storage_from_string(
         f"redis+rl://127.0.0.1:{own_server.port}", wrap_exceptions=True, socket_timeout=1
@@ -179,7 +179,7 @@ def test_cluster_scheme(cluster: Cluster) -> None:
 
 
 def test_bad_costs_raise_and_write_nothing(storage: RLStorage, r: redis.Redis) -> None:
-    from redis_ratelimit_client import BadArgument
+    from redis_ratelimit_client import InvalidArgument
 
     item = parse("5/minute")
     for strategy in (
@@ -187,9 +187,9 @@ def test_bad_costs_raise_and_write_nothing(storage: RLStorage, r: redis.Redis) -
         strategies.FixedWindowRateLimiter,
         strategies.SlidingWindowCounterRateLimiter,
     ):
-        with pytest.raises(BadArgument, match="amount"):
+        with pytest.raises(InvalidArgument, match="amount"):
             strategy(storage).hit(item, "neg", cost=-1)
-        with pytest.raises(BadArgument, match="amount"):
+        with pytest.raises(InvalidArgument, match="amount"):
             strategy(storage).hit(item, "neg", cost="2")  # type: ignore[arg-type]
     assert r.dbsize() == 0
 
@@ -286,8 +286,8 @@ def test_a_restart_without_the_module_is_module_not_loaded(own_server: Server) -
     own_server.module = False
     own_server.start()
     port = str(own_server.port)
-    with pytest.raises(ModuleNotLoaded, match=port):
+    with pytest.raises(ModuleMissing, match=port):
         limiter.hit(parse("5/minute"), "x")
-    with pytest.raises(ModuleNotLoaded, match=port):
+    with pytest.raises(ModuleMissing, match=port):
         rl.sliding("y", 5, 60_000)
     assert not s.check()

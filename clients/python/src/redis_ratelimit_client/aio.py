@@ -21,6 +21,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .blocking import AsyncDedicatedPools
 from .decision import Decision
+from .errors import ModuleMissing as ModuleMissing
 from .errors import ModuleNotLoaded as ModuleNotLoaded
 from .errors import not_sent
 from .lease import AsyncLease, renew_interval

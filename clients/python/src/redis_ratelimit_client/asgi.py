@@ -34,8 +34,8 @@ from .aio import AsyncClient
 from .decision import Decision
 from .deny_cache import DenyCache as DenyCache
 from .errors import (
-    BadArgument,
-    ModuleNotLoaded,
+    InvalidArgument,
+    ModuleMissing,
     RateLimitError,
     ServerError,
     WrongType,
@@ -104,7 +104,7 @@ def check_zones(rules: Sequence[Rule], algos: Sequence[Algorithm]) -> None:
     if len(rated) > 1:
         for a in rated:
             if isinstance(a, Quota) and a.zone is not None:
-                raise BadArgument(
+                raise InvalidArgument(
                     f"zone: a quota in {a.zone!r} beside other rules would go in one RL.ALL, "
                     "which counts quotas in UTC only: give it a middleware of its own"
                 )
@@ -156,11 +156,11 @@ class RateLimitMiddleware:
         connections: int = 16,
     ) -> None:
         if not rules:
-            raise BadArgument("at least one rule")
+            raise InvalidArgument("at least one rule")
         if len({r.name for r in rules}) != len(rules):
-            raise BadArgument("rule names must differ")
+            raise InvalidArgument("rule names must differ")
         if instances < 1:
-            raise BadArgument("instances must be at least 1")
+            raise InvalidArgument("instances must be at least 1")
         self.app = app
         self.client = client if isinstance(client, AsyncClient) else AsyncClient(client)
         self.rules = list(rules)
@@ -194,7 +194,7 @@ class RateLimitMiddleware:
         """Opens a connection and checks it (`PING`, `MODULE LIST`), and reads
         the rules' policies, before the first request: run by the ASGI
         lifespan's startup, else by the first request (raises
-        `ModuleNotLoaded`, `BadArgument` for a missing policy; Redis away is
+        `ModuleMissing`, `InvalidArgument` for a missing policy; Redis away is
         logged, and the fallback serves until it answers)."""
         try:
             await self._resolve()
@@ -221,7 +221,7 @@ class RateLimitMiddleware:
                 if isinstance(r.spec, Policy):
                     p = await self.client.policy_get(r.spec.name)
                     if p is None:
-                        raise BadArgument(f"policy {r.spec.name!r} is not set on the server")
+                        raise InvalidArgument(f"policy {r.spec.name!r} is not set on the server")
                     algos.append(spec_from_policy(p))
                 else:
                     algos.append(r.spec)
@@ -277,7 +277,7 @@ class RateLimitMiddleware:
             self._failed(now)
             self._release_later(held)
             return self._decided_locally(keys, sent)
-        except (RedisError, OSError, ServerError, ModuleNotLoaded, WrongType) as e:
+        except (RedisError, OSError, ServerError, ModuleMissing, WrongType) as e:
             # A lost answer is charged; an error reply (READONLY after a
             # failover, LOADING, the module gone, WRONGTYPE) charges nothing:
             # Redis applied nothing.

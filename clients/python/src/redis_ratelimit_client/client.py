@@ -28,6 +28,8 @@ from .blocking import DedicatedPools
 from .decision import Decision
 from .errors import BadArgument as BadArgument
 from .errors import Denied as Denied
+from .errors import InvalidArgument as InvalidArgument
+from .errors import ModuleMissing as ModuleMissing
 from .errors import ModuleNotLoaded as ModuleNotLoaded
 from .errors import ServerError as ServerError
 from .errors import WrongType as WrongType
@@ -142,7 +144,7 @@ class Client:
 
     `client` is a `redis.Redis` (also one from `Sentinel.master_for`) or a
     `redis.cluster.RedisCluster`. `check_module=True` asks `MODULE LIST` at
-    once (every master in a cluster) and raises `ModuleNotLoaded` naming the
+    once (every master in a cluster) and raises `ModuleMissing` naming the
     server that lacks it.
     """
 
@@ -216,7 +218,7 @@ class Client:
 
     def check_module(self) -> int:
         """`MODULE LIST` on every master: the module's version (the lowest in
-        a cluster), kept in `module_version`; `ModuleNotLoaded` names a server
+        a cluster), kept in `module_version`; `ModuleMissing` names a server
         without it."""
         versions = []
         for r in self._masters():

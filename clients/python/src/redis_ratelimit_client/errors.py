@@ -13,7 +13,7 @@ class RateLimitError(Exception):
     """Base class of every error this package raises."""
 
 
-class BadArgument(RateLimitError, ValueError):
+class InvalidArgument(RateLimitError, ValueError):
     """A parameter the module would refuse, caught before sending.
 
     `param`: the parameter the error is about, as the server names it
@@ -26,7 +26,7 @@ class BadArgument(RateLimitError, ValueError):
         self.param = param
 
 
-class ModuleNotLoaded(RateLimitError):
+class ModuleMissing(RateLimitError):
     """The server answered `MODULE LIST` without the `ratelimit` module."""
 
     def __init__(self, server: str) -> None:
@@ -36,6 +36,15 @@ class ModuleNotLoaded(RateLimitError):
             "load modules cannot run the RL.* commands)"
         )
         self.server = server
+
+
+# The former names, kept for one release: the same class objects, so
+# `except BadArgument` catches an `InvalidArgument` and the reverse.
+
+#: Deprecated: use `InvalidArgument` (the same class); removed in the next release.
+BadArgument = InvalidArgument
+#: Deprecated: use `ModuleMissing` (the same class); removed in the next release.
+ModuleNotLoaded = ModuleMissing
 
 
 class WrongType(RateLimitError):

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from redis.exceptions import RedisError
 
 from .decision import Decision
-from .errors import BadArgument
+from .errors import InvalidArgument
 
 if TYPE_CHECKING:
     from .aio import AsyncClient
@@ -56,7 +56,7 @@ class Lease:
         """`RL.RENEW`: True if the lease was live and now ends `lease_ms` from now."""
         ms = lease_ms if lease_ms is not None else self.lease_ms
         if ms is None:
-            raise BadArgument("renew needs lease_ms (a policy's lease: give renew_ms)")
+            raise InvalidArgument("renew needs lease_ms (a policy's lease: give renew_ms)")
         ok = self.client.renew(self.key, self.id, ms)
         if not ok:
             self.lost = True
@@ -120,7 +120,7 @@ class AsyncLease:
     async def renew(self, lease_ms: int | None = None) -> bool:
         ms = lease_ms if lease_ms is not None else self.lease_ms
         if ms is None:
-            raise BadArgument("renew needs lease_ms (a policy's lease: give renew_ms)")
+            raise InvalidArgument("renew needs lease_ms (a policy's lease: give renew_ms)")
         ok = await self.client.renew(self.key, self.id, ms)
         if not ok:
             self.lost = True
@@ -173,8 +173,8 @@ class AsyncLease:
 def renew_interval(lease_ms: int | None, renew_every: float | None) -> float:
     if renew_every is not None:
         if renew_every <= 0:
-            raise BadArgument("renew_every must be positive")
+            raise InvalidArgument("renew_every must be positive")
         return renew_every
     if lease_ms is None:
-        raise BadArgument("renewing a policy's lease needs renew_ms")
+        raise InvalidArgument("renewing a policy's lease needs renew_ms")
     return lease_ms / 3000.0

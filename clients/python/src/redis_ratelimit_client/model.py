@@ -11,6 +11,8 @@ from __future__ import annotations
 from .decision import Decision as Decision
 from .errors import BadArgument as BadArgument
 from .errors import Denied as Denied
+from .errors import InvalidArgument as InvalidArgument
+from .errors import ModuleMissing as ModuleMissing
 from .errors import ModuleNotLoaded as ModuleNotLoaded
 from .errors import ProtocolError as ProtocolError
 from .errors import RateLimitError as RateLimitError

@@ -15,7 +15,7 @@ from typing import Any, Callable, Union
 from redis.exceptions import ResponseError
 
 from .decision import Decision
-from .errors import BadArgument, Denied, ModuleNotLoaded, ProtocolError, ServerError, WrongType
+from .errors import Denied, InvalidArgument, ModuleMissing, ProtocolError, ServerError, WrongType
 from .spec import (
     ALGORITHMS,
     MAX_LEASE,
@@ -43,7 +43,7 @@ MODULE_NAME = "ratelimit"
 
 def check_key(key: object, what: str = "key") -> str | bytes:
     if not isinstance(key, (str, bytes)) or len(key) == 0:
-        raise BadArgument(f"{what} must be a non-empty str or bytes, not {key!r}")
+        raise InvalidArgument(f"{what} must be a non-empty str or bytes, not {key!r}")
     return key
 
 
@@ -73,7 +73,7 @@ def utc_only(spec: object, where: str) -> None:
     """`RL.ALL`'s inline specs count quotas in UTC only (a policy's quota
     counts in the policy's zone)."""
     if isinstance(spec, Quota) and spec.zone is not None:
-        raise BadArgument(
+        raise InvalidArgument(
             f"zone: {where} counts a quota in UTC only, not in {spec.zone!r}: apply a zoned "
             "quota with its own RL.QUOTA call"
         )
@@ -84,7 +84,7 @@ def spec_args(spec: Spec) -> list[str | int]:
         return ["POLICY", spec.name]
     if isinstance(spec, ALGORITHMS):
         return [spec.ALGORITHM, *spec.params()]
-    raise BadArgument(f"a spec must be an algorithm or a Policy, not {type(spec).__name__}")
+    raise InvalidArgument(f"a spec must be an algorithm or a Policy, not {type(spec).__name__}")
 
 
 def request_args(
@@ -93,9 +93,9 @@ def request_args(
     """`COST n [FORCE]` or `REFUND n`; checked before sending."""
     if refund is not None:
         if force:
-            raise BadArgument("REFUND cannot be given with FORCE")
+            raise InvalidArgument("REFUND cannot be given with FORCE")
         if cost != 1:
-            raise BadArgument("REFUND cannot be given with COST")
+            raise InvalidArgument("REFUND cannot be given with COST")
         return ["REFUND", _check_int("REFUND", refund, 0)]
     _check_int("COST", cost, 0)
     args: list[str | int] = []
@@ -112,7 +112,7 @@ def limit_args(key: Key, spec: Spec, cost: int, force: bool, refund: int | None)
     if isinstance(spec, Policy):
         return ["RL.HIT", spec.name, key, *req]
     if not isinstance(spec, ALGORITHMS):
-        raise BadArgument(f"a spec must be an algorithm or a Policy, not {type(spec).__name__}")
+        raise InvalidArgument(f"a spec must be an algorithm or a Policy, not {type(spec).__name__}")
     if isinstance(spec, Quota):
         return ["RL.QUOTA", key, *spec.command_args(), *req]
     return [f"RL.{spec.ALGORITHM}", key, *spec_args(spec)[1:], *req]
@@ -121,7 +121,7 @@ def limit_args(key: Key, spec: Spec, cost: int, force: bool, refund: int | None)
 def lease_ms_of(spec: object, cost: int, renew_ms: int | None) -> int | None:
     """Checks a lease's spec and cost; the `lease_ms` it is renewed with."""
     if not isinstance(spec, (Concurrency, Policy)):
-        raise BadArgument(f"a lease needs a Concurrency or a Policy, not {type(spec).__name__}")
+        raise InvalidArgument(f"a lease needs a Concurrency or a Policy, not {type(spec).__name__}")
     _check_int("COST", cost, 1)
     if renew_ms is not None:
         return check_lease_ms(renew_ms)
@@ -134,14 +134,14 @@ def lease_of(client: Any, key: Key, d: Decision, lease_ms: int | None, spec: Spe
         raise Denied(key, d)
     if d.lease is None:
         name = spec.name if isinstance(spec, Policy) else spec
-        raise BadArgument(f"policy {name!r} is not a CONCURRENCY policy: it grants no lease")
+        raise InvalidArgument(f"policy {name!r} is not a CONCURRENCY policy: it grants no lease")
     return cls(client, key, d, lease_ms)
 
 
 def policy_set_args(name: str, spec: Algorithm, mode: PolicyMode, rollout: int) -> list[str | int]:
     check_policy_name(name)
     if isinstance(spec, Policy):
-        raise BadArgument("a policy is an algorithm, not another Policy")
+        raise InvalidArgument("a policy is an algorithm, not another Policy")
     _check_int("ROLLOUT", rollout, 0, 100)
     # A quota's zone is an option of the policy: RL.HIT and RL.ALL ... POLICY
     # count in it (a module whose policies take TZ).
@@ -163,14 +163,14 @@ def all_args(
     limits: Sequence[tuple[str | bytes, Spec]], cost: int, force: bool
 ) -> list[str | bytes | int]:
     if not 1 <= len(limits) <= 16:
-        raise BadArgument("RL.ALL takes 1 to 16 limiters")
+        raise InvalidArgument("RL.ALL takes 1 to 16 limiters")
     keys = [check_key(k) for k, _ in limits]
     if len(set(keys)) != len(keys):
-        raise BadArgument("RL.ALL: a key is given twice")
+        raise InvalidArgument("RL.ALL: a key is given twice")
     args: list[str | bytes | int] = ["RL.ALL", len(keys), *keys]
     for i, (_, spec) in enumerate(limits):
         if isinstance(spec, Concurrency):
-            raise BadArgument(
+            raise InvalidArgument(
                 f"RL.ALL spec {i + 1}: CONCURRENCY cannot be used here "
                 "(a lease must be released on its own key)"
             )
@@ -307,10 +307,10 @@ def module_version(reply: object) -> int | None:
 
 def loaded_version(reply: object, server: str) -> int:
     """The module's version in `server`'s `MODULE LIST` reply, or
-    `ModuleNotLoaded` naming the server."""
+    `ModuleMissing` naming the server."""
     v = module_version(reply)
     if v is None:
-        raise ModuleNotLoaded(server)
+        raise ModuleMissing(server)
     return v
 
 
@@ -337,7 +337,7 @@ def spec_from_policy(policy: dict[str, object]) -> Algorithm:
         "CONCURRENCY": Concurrency,
     }
     if algo not in table:
-        raise BadArgument(f"policy {policy.get('name')!r} has algorithm {algo!r}, unknown here")
+        raise InvalidArgument(f"policy {policy.get('name')!r} has algorithm {algo!r}, unknown here")
     return table[algo](*params)
 
 
@@ -361,12 +361,12 @@ _UNKNOWN_RL = re.compile(r"unknown command [`']?(RL|CL)\.", re.IGNORECASE)
 
 
 def map_error(exc: ResponseError, key: Key | None, server: str = "the server") -> Exception:
-    """An error reply as the kit's error: `ModuleNotLoaded` for an `RL.*`
+    """An error reply as the kit's error: `ModuleMissing` for an `RL.*`
     command the server does not know (it lost the module, say a restart
     without `--loadmodule`), `WrongType`, else `ServerError`."""
     text = str(exc)
     if _UNKNOWN_RL.search(text):
-        return ModuleNotLoaded(server)
+        return ModuleMissing(server)
     if text.startswith("WRONGTYPE"):
         shown = key.decode("utf-8", "replace") if isinstance(key, bytes) else (key or "")
         return WrongType(shown, text)

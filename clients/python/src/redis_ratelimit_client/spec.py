@@ -1,6 +1,6 @@
 """The algorithms with their parameters, policies and the middleware's rules.
 
-Specs can only be built valid: a bad parameter raises `BadArgument` before
+Specs can only be built valid: a bad parameter raises `InvalidArgument` before
 anything is sent, so nothing is written.
 """
 
@@ -12,7 +12,7 @@ import enum
 import re
 from typing import Literal, Union
 
-from .errors import BadArgument
+from .errors import InvalidArgument
 
 #: The largest numeric parameter the module accepts (2^40).
 MAX_PARAM = 1 << 40
@@ -32,9 +32,9 @@ MAX_BUCKETS = 1_000_000
 def _check_int(name: str, value: object, low: int, high: int = MAX_PARAM) -> int:
     # bool is an int in Python; True as a capacity is a bug, not a 1.
     if isinstance(value, bool) or not isinstance(value, int):
-        raise BadArgument(f"{name} must be an integer, not {type(value).__name__}", param=name)
+        raise InvalidArgument(f"{name} must be an integer, not {type(value).__name__}", param=name)
     if not low <= value <= high:
-        raise BadArgument(
+        raise InvalidArgument(
             f"{name} must be an integer from {low} to {high}, not {value}", param=name
         )
     return value
@@ -44,7 +44,7 @@ def _check_span(capacity: int, count: int, per_ms: int, what: str) -> None:
     """The server's bound on a bucket: `capacity * per_ms / count` (the time
     from empty to full, or from full to empty) at most `MAX_SPAN_MS`."""
     if capacity * per_ms > MAX_SPAN_MS * count:
-        raise BadArgument(
+        raise InvalidArgument(
             f"span: {what} is too long: a limiter may take at most {MAX_SPAN_MS} ms to get "
             "back to idle",
             param="span",
@@ -131,9 +131,9 @@ class HashWindow:
         _check_int("window_ms", self.window_ms, 1)
         _check_int("bucket_ms", self.bucket_ms, 1)
         if self.window_ms % self.bucket_ms:
-            raise BadArgument("bucket_ms must divide window_ms", param="bucket_ms")
+            raise InvalidArgument("bucket_ms must divide window_ms", param="bucket_ms")
         if self.window_ms // self.bucket_ms > MAX_BUCKETS:
-            raise BadArgument(
+            raise InvalidArgument(
                 f"window_ms / bucket_ms must be an integer from 1 to {MAX_BUCKETS}, "
                 f"not {self.window_ms // self.bucket_ms}",
                 param="window_ms / bucket_ms",
@@ -209,12 +209,12 @@ _ZONE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9/_+-]{0,63}\Z")
 
 
 def check_period(period: object) -> Period:
-    """A `Period` from itself or its word in any case; `BadArgument` naming `period`."""
+    """A `Period` from itself or its word in any case; `InvalidArgument` naming `period`."""
     if isinstance(period, Period):
         return period
     if isinstance(period, str) and period.upper() in Period.__members__:
         return Period[period.upper()]
-    raise BadArgument(
+    raise InvalidArgument(
         f"period must be one of DAY, WEEK, MONTH, YEAR, not {period!r}", param="period"
     )
 
@@ -223,10 +223,10 @@ def check_zone(zone: object) -> str | None:
     """A quota's zone as the module takes it: None or `UTC` (the default), a
     fixed offset `+HH:MM`/`-HH:MM` from -18:00 to +18:00, or an IANA name such as
     `America/New_York` (whether the server knows the name is its answer).
-    None for UTC; `BadArgument` naming `zone`."""
+    None for UTC; `InvalidArgument` naming `zone`."""
     if zone is None:
         return None
-    bad = BadArgument(
+    bad = InvalidArgument(
         "zone: TZ must be UTC, a fixed offset such as +05:30, or a time zone name "
         f"such as America/New_York, not {zone!r}",
         param="zone",
@@ -313,9 +313,9 @@ class Quota:
 
 def check_policy_name(name: object) -> str:
     if not isinstance(name, str):
-        raise BadArgument(f"policy name must be a str, not {type(name).__name__}")
+        raise InvalidArgument(f"policy name must be a str, not {type(name).__name__}")
     if not 1 <= len(name) <= 256 or any(not "!" <= c <= "~" for c in name):
-        raise BadArgument(
+        raise InvalidArgument(
             f"policy name must be 1 to 256 bytes of printable ASCII without spaces, not {name!r}"
         )
     return name
