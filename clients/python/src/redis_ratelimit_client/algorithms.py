@@ -29,7 +29,7 @@ consumed over, as in the core.
 from __future__ import annotations
 
 import copy
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 #: `wait_ms` of a request that can never be admitted.
 NEVER = -1
@@ -284,6 +284,32 @@ def _window_end_us(window_ms: int, t_us: int) -> int:
     return t_us - t_us % window_us + window_us
 
 
+class _Counted(Protocol):
+    """A count in a window or a period (the fixed window, the quota)."""
+
+    @staticmethod
+    def apply(state: CountState, params: tuple[int, ...], cost: int, now_us: int) -> Answer: ...
+
+    @staticmethod
+    def _current(state: CountState, params: tuple[int, ...], now_us: int) -> tuple[int, int]: ...
+
+
+def _force_count(
+    kind: type[_Counted], state: CountState, params: tuple[int, ...], cost: int, now_us: int
+) -> tuple[Answer, bool]:
+    """`COST n FORCE` on a count in a window or a period, the same for both
+    (as in the core): answered as unforced, at most a limit of debt."""
+    d = kind.apply(state, params, cost, now_us)
+    if d.allowed or cost == 0:
+        return d, d.allowed and cost > 0
+    mark, count = kind._current(state, params, now_us)
+    forced = min(count + cost, 2 * params[0])
+    if forced <= count:
+        return d, False
+    state.at_us, state.count = mark, forced
+    return d, True
+
+
 class FixedWindow:
     """`(limit, window_ms)`: windows aligned on the epoch (fixed_window.rs);
     the state's `at_us` is the last admitted request's instant."""
@@ -315,15 +341,7 @@ class FixedWindow:
     def force(
         state: CountState, params: tuple[int, ...], cost: int, now_us: int
     ) -> tuple[Answer, bool]:
-        d = FixedWindow.apply(state, params, cost, now_us)
-        if d.allowed or cost == 0:
-            return d, d.allowed and cost > 0
-        now_eff, count = FixedWindow._current(state, params, now_us)
-        forced = min(count + cost, 2 * params[0])
-        if forced <= count:
-            return d, False
-        state.at_us, state.count = now_eff, forced
-        return d, True
+        return _force_count(FixedWindow, state, params, cost, now_us)
 
     @staticmethod
     def refund(state: CountState, params: tuple[int, ...], units: int, now_us: int) -> bool:
@@ -411,15 +429,7 @@ class Quota:
     def force(
         state: CountState, params: tuple[int, ...], cost: int, now_us: int
     ) -> tuple[Answer, bool]:
-        d = Quota.apply(state, params, cost, now_us)
-        if d.allowed or cost == 0:
-            return d, d.allowed and cost > 0
-        end_us, count = Quota._current(state, params, now_us)
-        forced = min(count + cost, 2 * params[0])
-        if forced <= count:
-            return d, False
-        state.at_us, state.count = end_us, forced
-        return d, True
+        return _force_count(Quota, state, params, cost, now_us)
 
     @staticmethod
     def refund(state: CountState, params: tuple[int, ...], units: int, now_us: int) -> bool:
