@@ -301,9 +301,38 @@ final class CoreAlgorithms {
     // -------------------------------------------------------- fixed window
 
     /** {@code fixed_window.rs}: params {@code limit, window_ms}. */
-    static final class FixedWindow extends State {
-        long lastUs;
+    /**
+     * A count in a window (the fixed window) or a period (the quota): what
+     * {@code COST n FORCE} does is the same for both, as in the core.
+     */
+    abstract static class Counted extends State {
         long count;
+
+        /** The mark a call counts at (an instant or a period's end), and its count. */
+        abstract long[] current(long[] p, long nowUs);
+
+        /** Keeps the mark {@link #current} gave. */
+        abstract void mark(long at);
+
+        @Override
+        final Outcome force(long[] p, long cost, long nowUs) {
+            Verdict d = apply(p, cost, nowUs);
+            if (d.allowed() || cost == 0) {
+                return new Outcome(d, d.allowed() && cost > 0);
+            }
+            long[] cur = current(p, nowUs);
+            long forced = Math.min(cur[1] + cost, 2 * p[0]);
+            if (forced <= cur[1]) {
+                return new Outcome(d, false);
+            }
+            mark(cur[0]);
+            count = forced;
+            return new Outcome(d, true);
+        }
+    }
+
+    static final class FixedWindow extends Counted {
+        long lastUs;
 
         FixedWindow(long nowUs) {
             lastUs = nowUs;
@@ -315,7 +344,8 @@ final class CoreAlgorithms {
         }
 
         /** The instant a call counts at, and its window's count. */
-        private long[] current(long[] p, long nowUs) {
+        @Override
+        long[] current(long[] p, long nowUs) {
             long eff = Math.max(nowUs, lastUs);
             boolean same = windowEndUs(p, lastUs) == windowEndUs(p, eff);
             return new long[] {eff, same ? count : 0};
@@ -350,19 +380,8 @@ final class CoreAlgorithms {
         }
 
         @Override
-        Outcome force(long[] p, long cost, long nowUs) {
-            Verdict d = apply(p, cost, nowUs);
-            if (d.allowed() || cost == 0) {
-                return new Outcome(d, d.allowed() && cost > 0);
-            }
-            long[] cur = current(p, nowUs);
-            long forced = Math.min(cur[1] + cost, 2 * p[0]);
-            if (forced <= cur[1]) {
-                return new Outcome(d, false);
-            }
-            lastUs = cur[0];
-            count = forced;
-            return new Outcome(d, true);
+        void mark(long at) {
+            lastUs = at;
         }
 
         @Override
@@ -802,16 +821,16 @@ final class CoreAlgorithms {
     private static final long DAY_US = 86_400_000_000L;
 
     /** {@code quota.rs}: params {@code limit, period index, end_us} (0: the UTC period). */
-    static final class Quota extends State {
+    static final class Quota extends Counted {
         long endUs;
-        long count;
 
         private static long endAfter(long[] p, long nowUs) {
             long end = p[2] > nowUs ? p[2] : utcPeriodEnd(Period.values()[(int) p[1]], nowUs);
             return Math.max(end, nowUs + 1);
         }
 
-        private long[] current(long[] p, long nowUs) {
+        @Override
+        long[] current(long[] p, long nowUs) {
             return nowUs < endUs ? new long[] {endUs, count} : new long[] {endAfter(p, nowUs), 0};
         }
 
@@ -844,19 +863,8 @@ final class CoreAlgorithms {
         }
 
         @Override
-        Outcome force(long[] p, long cost, long nowUs) {
-            Verdict d = apply(p, cost, nowUs);
-            if (d.allowed() || cost == 0) {
-                return new Outcome(d, d.allowed() && cost > 0);
-            }
-            long[] cur = current(p, nowUs);
-            long forced = Math.min(cur[1] + cost, 2 * p[0]);
-            if (forced <= cur[1]) {
-                return new Outcome(d, false);
-            }
-            endUs = cur[0];
-            count = forced;
-            return new Outcome(d, true);
+        void mark(long at) {
+            endUs = at;
         }
 
         @Override
