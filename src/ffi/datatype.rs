@@ -101,6 +101,31 @@ pub unsafe trait Repr<V>: 'static {
     }
 }
 
+/// [`Repr::with_mut`] for an `f` that may panic: the panic is caught inside
+/// the call, the value's new pointer (if it moved) handed to `store`, and
+/// only then the panic resumed, so that whoever holds the pointer never
+/// keeps a freed one.
+///
+/// # Safety
+/// As [`Repr::with_mut`], but for the unwinding of `f`.
+#[inline(always)]
+pub(super) unsafe fn with_mut_stored<V, P: Repr<V>, R>(
+    ptr: *mut c_void,
+    f: impl FnOnce(&mut V) -> R,
+    store: impl FnOnce(*mut c_void),
+) -> R {
+    // SAFETY: the caller's contract; `f` cannot unwind out of `with_mut`.
+    let (result, moved) = unsafe {
+        P::with_mut(ptr, |value| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(value)))
+        })
+    };
+    if let Some(moved) = moved {
+        store(moved);
+    }
+    result.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+}
+
 /// The server allocator's size of a block (`RedisModule_MallocSize`).
 pub type BlockSize = unsafe extern "C" fn(*mut c_void) -> usize;
 

@@ -9,7 +9,7 @@ use redis_module::raw;
 
 use super::argv::RString;
 use super::context::Context;
-use super::datatype::{DataType, Repr, TypeMethods};
+use super::datatype::{with_mut_stored, DataType, Repr, TypeMethods};
 use crate::error::Error;
 
 /// A key opened for reading and writing, closed when dropped.
@@ -91,21 +91,7 @@ impl Key<'_> {
                 // SAFETY: an open key holding a module value.
                 let value = unsafe { api!(RedisModule_ModuleTypeGetValue)(self.ptr) };
                 let _loan = Loan::start();
-                // SAFETY: the value of a key of type `kind` is a value
-                // pointer of `T::Repr` (`DataType` explains why), and no
-                // other reference to it exists while `f` runs: one value at
-                // a time is lent (`Loan`), `f` cannot keep the reference,
-                // and no value is replaced or freed meanwhile (`set_value`
-                // refuses, and needs `&mut self` besides).
-                // A panic in `f` is caught inside it (as `with_mut` requires)
-                // and resumed once the value's pointer is stored: a value
-                // may have moved before it.
-                let (result, moved) = unsafe {
-                    T::Repr::with_mut(value, |v| {
-                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(Slot::Ours(v))))
-                    })
-                };
-                if let Some(moved) = moved {
+                let store = |moved| {
                     // SAFETY: an open key holding a value of type `kind`,
                     // opened for writing; the old pointer is already freed
                     // (`Repr::with_mut`), so it is not asked back.
@@ -122,8 +108,19 @@ impl Key<'_> {
                         raw::REDISMODULE_OK as c_int,
                         "a key's value could not be replaced in place"
                     );
-                }
-                return Ok(result.unwrap_or_else(|panic| std::panic::resume_unwind(panic)));
+                };
+                // SAFETY: the value of a key of type `kind` is a value
+                // pointer of `T::Repr` (`DataType` explains why), and no
+                // other reference to it exists while `f` runs: one value at
+                // a time is lent (`Loan`), `f` cannot keep the reference,
+                // and no value is replaced or freed meanwhile (`set_value`
+                // refuses, and needs `&mut self` besides). A panic in `f`
+                // is resumed once the value's pointer is stored: a value may
+                // have moved before it.
+                let result = unsafe {
+                    with_mut_stored::<T::Value, T::Repr, R>(value, |v| f(Slot::Ours(v)), store)
+                };
+                return Ok(result);
             }
         }
         Err(Error::WrongType)

@@ -43,7 +43,7 @@ use std::os::raw::c_void;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use super::datatype::{BlockSize, Boxed, Repr};
+use super::datatype::{with_mut_stored, BlockSize, Boxed, Repr};
 use super::thin::ThinRepr;
 use crate::limiter::fixed_window::FixedWindowState;
 use crate::limiter::leaky_bucket::LeakyBucketState;
@@ -534,17 +534,10 @@ impl<S: Packing + 'static> Stored<S> {
     /// Runs `f` on the state, lent mutably, as `Key::with_value` does (a
     /// panic in `f` is resumed once the value's new pointer is kept).
     pub fn with_mut<R>(&mut self, f: impl FnOnce(&mut S) -> R) -> R {
+        let ptr = &mut self.ptr;
         // SAFETY: the live pointer this value owns, lent to no one else
-        // (`&mut self`); `f` cannot unwind out of `with_mut`.
-        let (result, moved) = unsafe {
-            S::Repr::with_mut(self.ptr, |state| {
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(state)))
-            })
-        };
-        if let Some(moved) = moved {
-            self.ptr = moved;
-        }
-        result.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        // (`&mut self`).
+        unsafe { with_mut_stored::<S, S::Repr, R>(*ptr, f, |moved| *ptr = moved) }
     }
 
     /// Runs `f` on the state.
