@@ -33,6 +33,7 @@ from redis_ratelimit_client import (
     Sliding,
     TokenBucket,
 )
+from redis_ratelimit_client.request import Request
 
 
 @pytest.fixture
@@ -89,7 +90,7 @@ def test_a_timeout_is_the_denial_at_about_the_timeout(c: Client) -> None:
     c.concurrency("full", 1, 60_000)
     started = time.monotonic()
     assert not c.acquire("full", Concurrency(1, 60_000), timeout_ms=400).allowed
-    assert c.acquire("full", Concurrency(1, 60_000), cost=2, timeout_ms=10_000).never
+    assert c.acquire("full", Concurrency(1, 60_000), Request.cost(2), timeout_ms=10_000).never
     assert time.monotonic() - started < 2.0
 
 
@@ -133,7 +134,7 @@ def test_acquire_on_a_policy_and_on_all(c: Client) -> None:
     assert c.acquire_all(rules, timeout_ms=1000).allowed
     d = c.acquire_all(rules, timeout_ms=5000)
     assert d.allowed and d.denied_by is None
-    assert c.sliding("{o}:b", 10, 60_000, cost=0).remaining == 8
+    assert c.sliding("{o}:b", 10, 60_000, Request.cost(0)).remaining == 8
 
 
 def test_block_zero_waits_without_a_limit(
@@ -154,14 +155,14 @@ def test_a_lease_can_wait_for_its_units(
 
     def wait_then_hold() -> tuple[int, int]:
         with c.lease("report", spec, timeout_ms=20_000) as lease:
-            return lease.id, c.concurrency("report", 1, 1500, cost=0).remaining
+            return lease.id, c.concurrency("report", 1, 1500, Request.cost(0)).remaining
 
     entered = in_thread(pool, wait_then_hold)
     wait_until(lambda: blocked(r), 10, "the second lease to wait")
     # Granted when the crashed holder's lease expired; released at the block's end.
     second, remaining = entered.result(10)
     assert crashed.lease is not None and second > crashed.lease and remaining == 0
-    assert c.concurrency("report", 1, 1500, cost=0).remaining == 1
+    assert c.concurrency("report", 1, 1500, Request.cost(0)).remaining == 1
     with c.lease("report", spec):
         with pytest.raises(Denied) as denied:
             with c.lease("report", spec, timeout_ms=300):
@@ -202,7 +203,7 @@ def test_asyncio_acquire(server: Server, r: redis.Redis, c: Client) -> None:
         async with a.lease("ajobs", Concurrency(1, 10_000), timeout_ms=20_000) as lease:
             assert lease.id > 0
         await releaser
-        assert (await a.concurrency("ajobs", 1, 10_000, cost=0)).remaining == 1
+        assert (await a.concurrency("ajobs", 1, 10_000, Request.cost(0))).remaining == 1
 
         spec = LeakyBucket(5, 1, 300)
         await a.limit("ashape", spec)
@@ -224,7 +225,7 @@ def test_asyncio_acquire(server: Server, r: redis.Redis, c: Client) -> None:
             await task
         while blocked(r):
             await asyncio.sleep(0.02)
-        assert (await a.concurrency("acancel", 2, 10_000, cost=0)).remaining == 0
+        assert (await a.concurrency("acancel", 2, 10_000, Request.cost(0))).remaining == 0
         assert r.info("ratelimit")["ratelimit_blocked_admitted"] == admitted_before
         await a.close()
         await a.redis.aclose()

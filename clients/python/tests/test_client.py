@@ -25,6 +25,7 @@ from redis_ratelimit_client import (
     TokenBucket,
     WrongType,
 )
+from redis_ratelimit_client.request import Request
 
 
 @pytest.fixture
@@ -48,17 +49,17 @@ def test_every_limiter_command_answers_a_decision(c: Client) -> None:
 
 
 def test_a_cost_above_the_limit_can_never_pass(c: Client) -> None:
-    d = c.sliding("big", 3, 1000, cost=4)
+    d = c.sliding("big", 3, 1000, Request.cost(4))
     assert not d.allowed and d.never and d.wait_ms == -1
     assert d.retry_after == 0.0 and d.retry_after_s is None
 
 
 def test_cost_force_and_refund(c: Client, r: redis.Redis) -> None:
-    assert c.sliding("k", 5, 10_000, cost=5).remaining == 0
-    forced = c.sliding("k", 5, 10_000, cost=1, force=True)
+    assert c.sliding("k", 5, 10_000, Request.cost(5)).remaining == 0
+    forced = c.sliding("k", 5, 10_000, Request.force(1))
     assert forced.allowed
-    assert c.sliding("k", 5, 10_000, refund=3).remaining == 2
-    peek = c.sliding("k", 5, 10_000, cost=0)
+    assert c.sliding("k", 5, 10_000, Request.refund(3)).remaining == 2
+    peek = c.sliding("k", 5, 10_000, Request.cost(0))
     assert peek.allowed and peek.remaining == 2
 
 
@@ -81,7 +82,7 @@ def test_all_is_all_or_nothing_and_says_which_denied(c: Client, r: redis.Redis) 
     assert c.all(rules).allowed
     d = c.all(rules)
     assert not d.allowed and d.denied_by == 1
-    assert c.token_bucket("{o}:user", 5, 5, 1000, cost=0).remaining == 4
+    assert c.token_bucket("{o}:user", 5, 5, 1000, Request.cost(0)).remaining == 4
 
 
 def test_the_deny_log(c: Client) -> None:
@@ -99,13 +100,13 @@ def test_the_deny_log(c: Client) -> None:
         lambda c: c.sliding("k", 0, 1000),
         lambda c: c.sliding("k", True, 1000),
         lambda c: c.sliding("k", "5", 1000),
-        lambda c: c.sliding("k", 5, 1000, cost=-1),
-        lambda c: c.sliding("k", 5, 1000, cost=1.5),
+        lambda c: c.sliding("k", 5, 1000, Request.cost(-1)),
+        lambda c: c.sliding("k", 5, 1000, Request.cost(1.5)),
         lambda c: c.sliding("k", 1 << 41, 1000),
         lambda c: c.sliding("", 5, 1000),
         lambda c: c.sliding(None, 5, 1000),
-        lambda c: c.sliding("k", 5, 1000, refund=-2),
-        lambda c: c.sliding("k", 5, 1000, cost=2, refund=1),
+        lambda c: c.sliding("k", 5, 1000, Request.refund(-2)),
+        lambda c: c.sliding("k", 5, 1000, "2"),
         lambda c: c.hash_window("k", 5, 1000, 300),
         lambda c: c.hit("bad name", "k"),
         lambda c: c.policy_set("p", Sliding(5, 1000), rollout=101),
@@ -127,7 +128,7 @@ def test_wrongtype_names_the_key_and_leaves_it_untouched(c: Client, r: redis.Red
     with pytest.raises(WrongType):
         c.sliding("tb", 5, 1000)
     assert r.get("str") == b"v"
-    assert c.token_bucket("tb", 5, 1, 1000, cost=0).remaining == 4
+    assert c.token_bucket("tb", 5, 1, 1000, Request.cost(0)).remaining == 4
 
 
 def test_a_server_error_is_a_server_error(c: Client) -> None:
@@ -158,7 +159,7 @@ def test_a_timed_out_write_is_not_sent_again(server: Server, r: redis.Redis) -> 
     with pytest.raises(redis.TimeoutError):
         client.sliding("once", 10, 60_000)
     sleeper.join()
-    assert client.sliding("once", 10, 60_000, cost=0).remaining == 9
+    assert client.sliding("once", 10, 60_000, Request.cost(0)).remaining == 9
 
 
 def test_asyncio_form(server: Server, r: redis.Redis) -> None:
@@ -205,7 +206,7 @@ def test_a_sentinel_failover_is_followed_with_the_state(sentinel_with_replica: S
     sen = sentinel_with_replica
     s = redis.sentinel.Sentinel([("127.0.0.1", sen.port)], socket_timeout=2)
     c = Client(s.master_for("rlmaster", socket_timeout=2))
-    assert c.sliding("fo", 3, 60_000, cost=2).remaining == 1
+    assert c.sliding("fo", 3, 60_000, Request.cost(2)).remaining == 1
     assert sen.replica is not None
     replica = sen.replica.client()
     wait_until(

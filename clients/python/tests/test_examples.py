@@ -11,6 +11,8 @@ import pytest
 import redis
 from conftest import Server, has_block, running, serve_asgi, serve_wsgi
 
+from redis_ratelimit_client.request import Request
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
@@ -66,4 +68,4 @@ def test_report_workers_example(
     module = load("report_workers", server, monkeypatch)
     assert module.main() == 0
     assert capsys.readouterr().out.strip() == "6 reports, at most 2 at once"
-    assert module.rl.concurrency("rl:reports", 2, 10_000, cost=0).remaining == 2
+    assert module.rl.concurrency("rl:reports", 2, 10_000, Request.cost(0)).remaining == 2

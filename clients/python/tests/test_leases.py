@@ -23,6 +23,7 @@ from redis_ratelimit_client import (
     Sliding,
     TokenBucket,
 )
+from redis_ratelimit_client.request import Request
 
 
 @pytest.fixture
@@ -32,7 +33,7 @@ def c(r: redis.Redis) -> Client:
 
 def held(c: Client, key: str, limit: int) -> int:
     """Units held now on `key` (a COST 0 peek)."""
-    return limit - c.concurrency(key, limit, 1000, cost=0).remaining
+    return limit - c.concurrency(key, limit, 1000, Request.cost(0)).remaining
 
 
 def test_concurrency_grants_leases_up_to_the_limit(c: Client) -> None:
@@ -45,7 +46,7 @@ def test_concurrency_grants_leases_up_to_the_limit(c: Client) -> None:
     denied = c.concurrency("jobs", 2, 30_000)
     assert not denied.allowed and denied.lease is None
     assert 0 < denied.wait_ms <= 30_000 and denied.retry_after_s == 30
-    assert c.concurrency("jobs", 2, 30_000, cost=3).never
+    assert c.concurrency("jobs", 2, 30_000, Request.cost(3)).never
     # A release frees at once, long before the lease's expiry; only once.
     assert c.release("jobs", a.lease) is True
     assert c.release("jobs", a.lease) is False
@@ -162,7 +163,7 @@ def test_a_concurrency_policy_grants_leases_through_hit(c: Client) -> None:
         lambda c: c.renew("k", 1.5, 1000),
         lambda c: c.all([("{a}1", Concurrency(1, 1000))]),
         lambda c: c.lease("k", TokenBucket(1, 1, 1)).__enter__(),
-        lambda c: c.lease("k", Concurrency(1, 1000), cost=0).__enter__(),
+        lambda c: c.lease("k", Concurrency(1, 1000), Request.cost(0)).__enter__(),
         lambda c: c.lease("k", Concurrency(1, 1000), renew=True, renew_every=0).__enter__(),
         lambda c: c.lease("k", Policy("p"), renew=True).__enter__(),
         lambda c: c.acquire("k", Concurrency(1, 1000), timeout_ms=-1),
@@ -209,12 +210,15 @@ def test_asyncio_leases(server: Server, r: redis.Redis) -> None:
             with pytest.raises(Denied):
                 async with a.lease("alease", spec):
                     pass
-        assert lease.released and (await a.concurrency("alease", 1, 600, cost=0)).remaining == 1
+        assert (
+            lease.released
+            and (await a.concurrency("alease", 1, 600, Request.cost(0))).remaining == 1
+        )
 
         with pytest.raises(KeyError):
             async with a.lease("alease", spec):
                 raise KeyError("failed")
-        assert (await a.concurrency("alease", 1, 600, cost=0)).remaining == 1
+        assert (await a.concurrency("alease", 1, 600, Request.cost(0))).remaining == 1
 
         # A cancelled holder still gives its lease back.
         entered = asyncio.Event()
@@ -226,11 +230,11 @@ def test_asyncio_leases(server: Server, r: redis.Redis) -> None:
 
         task = asyncio.ensure_future(holder())
         await entered.wait()
-        assert (await a.concurrency("alease", 1, 30_000, cost=0)).remaining == 0
+        assert (await a.concurrency("alease", 1, 30_000, Request.cost(0))).remaining == 0
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert (await a.concurrency("alease", 1, 30_000, cost=0)).remaining == 1
+        assert (await a.concurrency("alease", 1, 30_000, Request.cost(0))).remaining == 1
 
         # 30 tasks on 4 units: never more than 4 held.
         in_flight, peak = [0], [0]
@@ -248,7 +252,7 @@ def test_asyncio_leases(server: Server, r: redis.Redis) -> None:
 
         await asyncio.gather(*[worker() for _ in range(30)])
         assert 1 <= peak[0] <= 4
-        assert (await a.concurrency("apeak", 4, 10_000, cost=0)).remaining == 4
+        assert (await a.concurrency("apeak", 4, 10_000, Request.cost(0))).remaining == 4
         await a.redis.aclose()
 
     asyncio.run(go())
@@ -265,7 +269,7 @@ def test_cluster_routes_leases_to_the_owner(cluster: Cluster) -> None:
         with c.lease(k, Concurrency(1, 30_000)) as lease:
             assert c.renew(k, lease.id, 30_000)
             assert not c.concurrency(k, 1, 30_000).allowed
-        assert c.concurrency(k, 1, 30_000, cost=0).remaining == 1
+        assert c.concurrency(k, 1, 30_000, Request.cost(0)).remaining == 1
 
     async def go() -> None:
         from redis.asyncio.cluster import ClusterNode as ANode
@@ -276,7 +280,7 @@ def test_cluster_routes_leases_to_the_owner(cluster: Cluster) -> None:
         for k in keys:
             async with a.lease(k, Concurrency(1, 30_000)) as lease:
                 assert await a.renew(k, lease.id, 30_000)
-            assert (await a.concurrency(k, 1, 30_000, cost=0)).remaining == 1
+            assert (await a.concurrency(k, 1, 30_000, Request.cost(0))).remaining == 1
         await arc.aclose()
 
     asyncio.run(go())

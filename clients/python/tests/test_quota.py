@@ -33,6 +33,7 @@ from redis_ratelimit_client import (
     Sliding,
 )
 from redis_ratelimit_client.asgi import LocalLimiter, RateLimitMiddleware, Rule, header
+from redis_ratelimit_client.request import Request
 
 UTC = datetime.timezone.utc
 
@@ -80,15 +81,15 @@ def c(r: redis.Redis) -> Client:
 
 
 def test_the_typed_call_counts_per_calendar_period_in_a_zone(c: Client, r: redis.Redis) -> None:
-    d = c.quota("q:utc", 3, "DAY", cost=2)
+    d = c.quota("q:utc", 3, "DAY", request=Request.cost(2))
     assert (d.allowed, d.limit, d.remaining, d.wait_ms) == (True, 3, 1, 0)
     assert near_end(d.reset_ms, to_end("DAY", 0)), d
     assert near_end(r.pttl("q:utc"), to_end("DAY", 0))
-    denied = c.quota("q:utc", 3, Period.DAY, cost=2)
+    denied = c.quota("q:utc", 3, Period.DAY, request=Request.cost(2))
     assert not denied.allowed and denied.remaining == 1
     assert near_end(denied.wait_ms, to_end("DAY", 0)), denied
-    assert c.quota("q:utc", 3, "day", cost=4).never
-    assert c.quota("q:utc", 3, "DAY", refund=2).remaining == 3
+    assert c.quota("q:utc", 3, "day", request=Request.cost(4)).never
+    assert c.quota("q:utc", 3, "DAY", request=Request.refund(2)).remaining == 3
 
     d = c.quota("q:ist", 10, "DAY", "+05:30")
     assert d.allowed and d.remaining == 9
@@ -104,7 +105,7 @@ def test_the_typed_call_counts_per_calendar_period_in_a_zone(c: Client, r: redis
 def test_the_asyncio_form(server: Server, r: redis.Redis) -> None:
     async def go() -> None:
         ac = AsyncClient(aioredis.Redis(port=server.port))
-        d = await ac.quota("aq", 2, "WEEK", "Europe/Paris", cost=2)
+        d = await ac.quota("aq", 2, "WEEK", "Europe/Paris", Request.cost(2))
         assert d.allowed and d.remaining == 0
         d = await ac.quota("aq", 2, "WEEK", "Europe/Paris")
         assert not d.allowed and d.retry_after > 0
@@ -147,11 +148,11 @@ def test_quota_policies_go_through_rl_hit_and_quotas_through_rl_all(
     c.policy_set("tokyo", Quota(2, "DAY", "Asia/Tokyo"))
     info = c.policy_get("tokyo")
     assert info is not None and info["zone"] == "Asia/Tokyo" and info["params"] == [2, "DAY"]
-    d = c.hit("tokyo", "t1", cost=2)
+    d = c.hit("tokyo", "t1", Request.cost(2))
     assert d.allowed and near_end(d.reset_ms, to_end("DAY", 9 * 3600)), d
 
     weekly, burst = Quota(3, "WEEK"), Sliding(10, 60_000)
-    assert c.all([("a:w", weekly), ("a:s", burst)], cost=3).remaining == 0
+    assert c.all([("a:w", weekly), ("a:s", burst)], Request.cost(3)).remaining == 0
     d = c.all([("a:s", burst), ("a:w", weekly)])
     assert (d.allowed, d.denied_by) == (False, 1)
     assert near_end(d.wait_ms, to_end("WEEK", 0)), d

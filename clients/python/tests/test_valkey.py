@@ -20,6 +20,7 @@ from redis_ratelimit_client import (
     TokenBucket,
     WrongType,
 )
+from redis_ratelimit_client.request import Request
 
 
 def test_typed_calls_on_valkey(valkey: Server) -> None:
@@ -68,13 +69,13 @@ def test_leases_on_valkey(valkey: Server) -> None:
                 raise AssertionError("a second lease of 1")
         except Denied:
             pass
-    assert c.concurrency("vl", 1, 30_000, cost=0).remaining == 1
+    assert c.concurrency("vl", 1, 30_000, Request.cost(0)).remaining == 1
 
     async def go() -> None:
         a = await AsyncClient.create(aioredis.Redis(port=valkey.port))
         async with a.lease("avl", Concurrency(1, 30_000)) as lease:
             assert lease.id > 0
-        assert (await a.concurrency("avl", 1, 30_000, cost=0)).remaining == 1
+        assert (await a.concurrency("avl", 1, 30_000, Request.cost(0))).remaining == 1
         await a.redis.aclose()
 
     asyncio.run(go())

@@ -20,6 +20,7 @@ from .errors import (
 )
 from .lease import AsyncLease, Lease
 from .protocol import LogEntry
+from .request import Request, RequestKind
 from .spec import (
     MAX_PARAM,
     Concurrency,
@@ -68,6 +69,8 @@ __all__ = [
     "ProtocolError",
     "Quota",
     "RateLimitError",
+    "Request",
+    "RequestKind",
     "ServerError",
     "Sliding",
     "Spec",

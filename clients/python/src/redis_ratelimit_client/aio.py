@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Coroutine, Sequence
 from typing import Any, Callable
 
 import redis.asyncio as aioredis
@@ -20,6 +20,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .blocking import AsyncDedicatedPools
+from .calls import TypedCalls
 from .decision import Decision
 from .errors import ModuleMissing as ModuleMissing
 from .errors import ModuleNotLoaded as ModuleNotLoaded
@@ -56,6 +57,7 @@ from .protocol import (
     release_args,
     renew_args,
     server_name,
+    waiting,
 )
 from .protocol import check_key as check_key
 from .protocol import check_lease as check_lease
@@ -63,20 +65,22 @@ from .protocol import check_lease_ms as check_lease_ms
 from .protocol import decode as decode
 from .protocol import module_version as module_version
 from .protocol import parse_log as parse_log
+from .request import Request as Request
+from .request import RequestLike, to_request
 from .spec import (
     Algorithm,
     Concurrency,
-    FixedWindow,
-    HashWindow,
-    LeakyBucket,
-    PeriodLike,
     Policy,
     PolicyMode,
-    Quota,
-    Sliding,
     Spec,
-    TokenBucket,
 )
+from .spec import FixedWindow as FixedWindow
+from .spec import HashWindow as HashWindow
+from .spec import LeakyBucket as LeakyBucket
+from .spec import PeriodLike as PeriodLike
+from .spec import Quota as Quota
+from .spec import Sliding as Sliding
+from .spec import TokenBucket as TokenBucket
 from .spec import _check_int as _check_int
 from .spec import check_policy_name as check_policy_name
 
@@ -118,7 +122,7 @@ async def send_many_once(client: aioredis.Redis, commands: Sequence[Sequence[Arg
         await pool.release(conn)
 
 
-class AsyncClient:
+class AsyncClient(TypedCalls[Coroutine[Any, Any, Decision]]):
     """The module's commands on `redis.asyncio.Redis` or its `RedisCluster`.
 
     Build it with `await AsyncClient.create(client)`, which checks
@@ -247,125 +251,30 @@ class AsyncClient:
         return low
 
     async def limit(
-        self, key: Key, spec: Spec, cost: int = 1, *, force: bool = False, refund: int | None = None
+        self,
+        key: Key,
+        spec: Spec,
+        request: RequestLike = None,
+        *,
+        cost: int | None = None,
+        force: bool | None = None,
+        refund: int | None = None,
     ) -> Decision:
-        args = limit_args(key, spec, cost, force, refund)
+        """One limiter call: `RL.<ALGORITHM> key ...`, or `RL.HIT` for a Policy."""
+        args = limit_args(key, spec, to_request(request, cost, force, refund))
         return Decision.from_reply(await self._send(key, args))
 
-    async def token_bucket(
-        self,
-        key: Key,
-        capacity: int,
-        refill_count: int,
-        refill_ms: int,
-        cost: int = 1,
-        *,
-        force: bool = False,
-        refund: int | None = None,
-    ) -> Decision:
-        return await self.limit(
-            key, TokenBucket(capacity, refill_count, refill_ms), cost, force=force, refund=refund
-        )
-
-    async def leaky_bucket(
-        self,
-        key: Key,
-        capacity: int,
-        leak_count: int,
-        leak_ms: int,
-        cost: int = 1,
-        *,
-        force: bool = False,
-        refund: int | None = None,
-    ) -> Decision:
-        return await self.limit(
-            key, LeakyBucket(capacity, leak_count, leak_ms), cost, force=force, refund=refund
-        )
-
-    async def sliding(
-        self,
-        key: Key,
-        limit: int,
-        window_ms: int,
-        cost: int = 1,
-        *,
-        force: bool = False,
-        refund: int | None = None,
-    ) -> Decision:
-        return await self.limit(key, Sliding(limit, window_ms), cost, force=force, refund=refund)
-
-    async def hash_window(
-        self,
-        key: Key,
-        limit: int,
-        window_ms: int,
-        bucket_ms: int,
-        cost: int = 1,
-        *,
-        force: bool = False,
-        refund: int | None = None,
-    ) -> Decision:
-        return await self.limit(
-            key, HashWindow(limit, window_ms, bucket_ms), cost, force=force, refund=refund
-        )
-
-    async def fixed_window(
-        self,
-        key: Key,
-        limit: int,
-        window_ms: int,
-        cost: int = 1,
-        *,
-        force: bool = False,
-        refund: int | None = None,
-    ) -> Decision:
-        return await self.limit(
-            key, FixedWindow(limit, window_ms), cost, force=force, refund=refund
-        )
-
-    async def quota(
-        self,
-        key: Key,
-        limit: int,
-        period: PeriodLike,
-        zone: str | None = None,
-        cost: int = 1,
-        *,
-        force: bool = False,
-        refund: int | None = None,
-    ) -> Decision:
-        """`RL.QUOTA key limit DAY|WEEK|MONTH|YEAR [TZ zone]` (None: UTC)."""
-        return await self.limit(key, Quota(limit, period, zone), cost, force=force, refund=refund)
-
-    async def hit(
-        self,
-        policy: str,
-        key: Key,
-        cost: int = 1,
-        *,
-        force: bool = False,
-        refund: int | None = None,
-    ) -> Decision:
-        return await self.limit(key, Policy(policy), cost, force=force, refund=refund)
-
     async def all(
-        self, limits: Sequence[tuple[Key, Spec]], cost: int = 1, *, force: bool = False
-    ) -> Decision:
-        args = all_args(limits, cost, force)
-        return Decision.from_reply(await self._send(limits[0][0], args), all_reply=True)
-
-    async def concurrency(
         self,
-        key: Key,
-        limit: int,
-        lease_ms: int,
-        cost: int = 1,
+        limits: Sequence[tuple[Key, Spec]],
+        request: RequestLike = None,
         *,
-        force: bool = False,
-        refund: int | None = None,
+        cost: int | None = None,
+        force: bool | None = None,
     ) -> Decision:
-        """`RL.CONCURRENCY key limit lease_ms`: `decision.lease` is the lease granted."""
-        return await self.limit(key, Concurrency(limit, lease_ms), cost, force=force, refund=refund)
+        """`RL.ALL`: all or nothing; in a cluster the keys share one slot."""
+        args = all_args(limits, to_request(request, cost, force, refundable=False))
+        return Decision.from_reply(await self._send(limits[0][0], args), all_reply=True)
 
     async def release(self, key: Key, lease: int) -> bool:
         return parse_live(await self._send(key, release_args(key, lease)))
@@ -378,8 +287,9 @@ class AsyncClient:
         self,
         key: Key,
         spec: Concurrency | Policy,
-        cost: int = 1,
+        request: RequestLike = None,
         *,
+        cost: int | None = None,
         timeout_ms: int | None = None,
         renew: bool = False,
         renew_ms: int | None = None,
@@ -387,12 +297,13 @@ class AsyncClient:
     ) -> AsyncIterator[AsyncLease]:
         """`async with`: as `Client.lease`, renewing in a background task; the
         release also runs when the block is cancelled."""
-        lease_ms = lease_ms_of(spec, cost, renew_ms)
+        req = to_request(request, cost, refundable=False)
+        lease_ms = lease_ms_of(spec, req, renew_ms)
         every = renew_interval(lease_ms, renew_every) if renew else 0.0
         if timeout_ms is None:
-            d = await self.limit(key, spec, cost)
+            d = await self.limit(key, spec, req)
         else:
-            d = await self.acquire(key, spec, cost, timeout_ms=timeout_ms)
+            d = await self.acquire(key, spec, req, timeout_ms=timeout_ms)
         held: AsyncLease = lease_of(self, key, d, lease_ms, spec, AsyncLease)
         if renew:
             held.start_renewing(every)
@@ -401,18 +312,33 @@ class AsyncClient:
         finally:
             await held._end()
 
-    async def acquire(self, key: Key, spec: Spec, cost: int = 1, *, timeout_ms: int) -> Decision:
+    async def acquire(
+        self,
+        key: Key,
+        spec: Spec,
+        request: RequestLike = None,
+        *,
+        cost: int | None = None,
+        timeout_ms: int,
+    ) -> Decision:
         """As `Client.acquire`, awaited: on a connection of its own, with the
         BLOCK timeout plus max(1 s, 10 %) as its deadline, sent once; an
         admitted leaky bucket resolves after its `wait_ms`."""
-        args = [*limit_args(key, spec, cost, False, None), *block_args(timeout_ms)]
+        req = waiting(to_request(request, cost))
+        args = [*limit_args(key, spec, req), *block_args(timeout_ms)]
         d = Decision.from_reply(await self._send_blocking(key, args, timeout_ms))
         return await self._after_wait(d)
 
     async def acquire_all(
-        self, limits: Sequence[tuple[Key, Spec]], cost: int = 1, *, timeout_ms: int
+        self,
+        limits: Sequence[tuple[Key, Spec]],
+        request: RequestLike = None,
+        *,
+        cost: int | None = None,
+        timeout_ms: int,
     ) -> Decision:
-        args = [*all_args(limits, cost, False), *block_args(timeout_ms)]
+        req = waiting(to_request(request, cost))
+        args = [*all_args(limits, req), *block_args(timeout_ms)]
         reply = await self._send_blocking(limits[0][0], args, timeout_ms)
         return await self._after_wait(Decision.from_reply(reply, all_reply=True))
 

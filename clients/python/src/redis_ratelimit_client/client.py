@@ -25,6 +25,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .blocking import DedicatedPools
+from .calls import TypedCalls
 from .decision import Decision
 from .errors import BadArgument as BadArgument
 from .errors import Denied as Denied
@@ -67,6 +68,7 @@ from .protocol import (
     release_args,
     renew_args,
     server_name,
+    waiting,
 )
 from .protocol import _takes_command_name as _takes_command_name
 from .protocol import check_key as check_key
@@ -77,21 +79,23 @@ from .protocol import module_version as module_version
 from .protocol import parse_log as parse_log
 from .protocol import request_args as request_args
 from .protocol import spec_args as spec_args
+from .request import Request as Request
+from .request import RequestLike, to_request
 from .spec import ALGORITHMS as ALGORITHMS
 from .spec import (
     Algorithm,
     Concurrency,
-    FixedWindow,
-    HashWindow,
-    LeakyBucket,
-    PeriodLike,
     Policy,
     PolicyMode,
-    Quota,
-    Sliding,
     Spec,
-    TokenBucket,
 )
+from .spec import FixedWindow as FixedWindow
+from .spec import HashWindow as HashWindow
+from .spec import LeakyBucket as LeakyBucket
+from .spec import PeriodLike as PeriodLike
+from .spec import Quota as Quota
+from .spec import Sliding as Sliding
+from .spec import TokenBucket as TokenBucket
 from .spec import _check_int as _check_int
 from .spec import check_policy_name as check_policy_name
 
@@ -139,7 +143,7 @@ def send_many_once(client: redis.Redis, commands: Sequence[Sequence[Arg]]) -> li
             pool.release(conn)
 
 
-class Client:
+class Client(TypedCalls[Decision]):
     """The module's commands on a redis-py client.
 
     `client` is a `redis.Redis` (also one from `Sentinel.master_for`) or a
@@ -232,135 +236,27 @@ class Client:
         self,
         key: Key,
         spec: Spec,
-        cost: int = 1,
+        request: RequestLike = None,
         *,
-        force: bool = False,
+        cost: int | None = None,
+        force: bool | None = None,
         refund: int | None = None,
     ) -> Decision:
         """One limiter call: `RL.<ALGORITHM> key ...`, or `RL.HIT` for a Policy."""
-        args = limit_args(key, spec, cost, force, refund)
+        args = limit_args(key, spec, to_request(request, cost, force, refund))
         return Decision.from_reply(self._send(key, args))
 
-    def token_bucket(
-        self,
-        key: Key,
-        capacity: int,
-        refill_count: int,
-        refill_ms: int,
-        cost: int = 1,
-        *,
-        force: bool = False,
-        refund: int | None = None,
-    ) -> Decision:
-        return self.limit(
-            key, TokenBucket(capacity, refill_count, refill_ms), cost, force=force, refund=refund
-        )
-
-    def leaky_bucket(
-        self,
-        key: Key,
-        capacity: int,
-        leak_count: int,
-        leak_ms: int,
-        cost: int = 1,
-        *,
-        force: bool = False,
-        refund: int | None = None,
-    ) -> Decision:
-        return self.limit(
-            key, LeakyBucket(capacity, leak_count, leak_ms), cost, force=force, refund=refund
-        )
-
-    def sliding(
-        self,
-        key: Key,
-        limit: int,
-        window_ms: int,
-        cost: int = 1,
-        *,
-        force: bool = False,
-        refund: int | None = None,
-    ) -> Decision:
-        return self.limit(key, Sliding(limit, window_ms), cost, force=force, refund=refund)
-
-    def hash_window(
-        self,
-        key: Key,
-        limit: int,
-        window_ms: int,
-        bucket_ms: int,
-        cost: int = 1,
-        *,
-        force: bool = False,
-        refund: int | None = None,
-    ) -> Decision:
-        return self.limit(
-            key, HashWindow(limit, window_ms, bucket_ms), cost, force=force, refund=refund
-        )
-
-    def fixed_window(
-        self,
-        key: Key,
-        limit: int,
-        window_ms: int,
-        cost: int = 1,
-        *,
-        force: bool = False,
-        refund: int | None = None,
-    ) -> Decision:
-        return self.limit(key, FixedWindow(limit, window_ms), cost, force=force, refund=refund)
-
-    def quota(
-        self,
-        key: Key,
-        limit: int,
-        period: PeriodLike,
-        zone: str | None = None,
-        cost: int = 1,
-        *,
-        force: bool = False,
-        refund: int | None = None,
-    ) -> Decision:
-        """`RL.QUOTA key limit DAY|WEEK|MONTH|YEAR [TZ zone]`: at most `limit`
-        units per calendar period in `zone` (None: UTC). `reset_after` runs to
-        the end of the period, a denial's `retry_after` to the next one."""
-        return self.limit(key, Quota(limit, period, zone), cost, force=force, refund=refund)
-
-    def hit(
-        self,
-        policy: str,
-        key: Key,
-        cost: int = 1,
-        *,
-        force: bool = False,
-        refund: int | None = None,
-    ) -> Decision:
-        """`RL.HIT policy key`: routed by `key` (argv[2]), not by the name."""
-        return self.limit(key, Policy(policy), cost, force=force, refund=refund)
-
     def all(
-        self, limits: Sequence[tuple[Key, Spec]], cost: int = 1, *, force: bool = False
+        self,
+        limits: Sequence[tuple[Key, Spec]],
+        request: RequestLike = None,
+        *,
+        cost: int | None = None,
+        force: bool | None = None,
     ) -> Decision:
         """`RL.ALL`: all or nothing; in a cluster the keys share one slot."""
-        args = all_args(limits, cost, force)
+        args = all_args(limits, to_request(request, cost, force, refundable=False))
         return Decision.from_reply(self._send(limits[0][0], args), all_reply=True)
-
-    # -- leases -----------------------------------------------------------
-
-    def concurrency(
-        self,
-        key: Key,
-        limit: int,
-        lease_ms: int,
-        cost: int = 1,
-        *,
-        force: bool = False,
-        refund: int | None = None,
-    ) -> Decision:
-        """`RL.CONCURRENCY key limit lease_ms`: `decision.lease` is the lease
-        granted (None when denied). A lost reply is covered by the lease's
-        expiry: it is never sent again."""
-        return self.limit(key, Concurrency(limit, lease_ms), cost, force=force, refund=refund)
 
     def release(self, key: Key, lease: int) -> bool:
         """`RL.RELEASE key lease`: True if the lease was live (it is now ended)."""
@@ -376,8 +272,9 @@ class Client:
         self,
         key: Key,
         spec: Concurrency | Policy,
-        cost: int = 1,
+        request: RequestLike = None,
         *,
+        cost: int | None = None,
         timeout_ms: int | None = None,
         renew: bool = False,
         renew_ms: int | None = None,
@@ -391,12 +288,13 @@ class Client:
         `renew_every` seconds (a third of the lease by default) with
         `renew_ms` (default: the spec's `lease_ms`; a policy's lease needs it).
         """
-        lease_ms = lease_ms_of(spec, cost, renew_ms)
+        req = to_request(request, cost, refundable=False)
+        lease_ms = lease_ms_of(spec, req, renew_ms)
         every = renew_interval(lease_ms, renew_every) if renew else 0.0
         if timeout_ms is None:
-            d = self.limit(key, spec, cost)
+            d = self.limit(key, spec, req)
         else:
-            d = self.acquire(key, spec, cost, timeout_ms=timeout_ms)
+            d = self.acquire(key, spec, req, timeout_ms=timeout_ms)
         held = lease_of(self, key, d, lease_ms, spec, Lease)
         if renew:
             held.start_renewing(every)
@@ -407,7 +305,15 @@ class Client:
 
     # -- waiting: BLOCK ---------------------------------------------------
 
-    def acquire(self, key: Key, spec: Spec, cost: int = 1, *, timeout_ms: int) -> Decision:
+    def acquire(
+        self,
+        key: Key,
+        spec: Spec,
+        request: RequestLike = None,
+        *,
+        cost: int | None = None,
+        timeout_ms: int,
+    ) -> Decision:
         """Waits in the server (`BLOCK timeout_ms`, 0: without a limit) until
         the request is admitted, then returns the admission; a denial (the
         timeout passed, or it could never wait that little) is returned as
@@ -417,15 +323,22 @@ class Client:
         It runs on a connection of its own (never the client's shared ones),
         whose socket timeout is the BLOCK timeout plus max(1 s, 10 %). It is
         sent once, never retried."""
-        args = [*limit_args(key, spec, cost, False, None), *block_args(timeout_ms)]
+        req = waiting(to_request(request, cost))
+        args = [*limit_args(key, spec, req), *block_args(timeout_ms)]
         d = Decision.from_reply(self._send_blocking(key, args, timeout_ms))
         return self._after_wait(d)
 
     def acquire_all(
-        self, limits: Sequence[tuple[Key, Spec]], cost: int = 1, *, timeout_ms: int
+        self,
+        limits: Sequence[tuple[Key, Spec]],
+        request: RequestLike = None,
+        *,
+        cost: int | None = None,
+        timeout_ms: int,
     ) -> Decision:
         """`RL.ALL ... BLOCK timeout_ms`: waits until every limiter admits at once."""
-        args = [*all_args(limits, cost, False), *block_args(timeout_ms)]
+        req = waiting(to_request(request, cost))
+        args = [*all_args(limits, req), *block_args(timeout_ms)]
         d = Decision.from_reply(self._send_blocking(limits[0][0], args, timeout_ms), all_reply=True)
         return self._after_wait(d)
 

@@ -16,6 +16,7 @@ from redis.exceptions import ResponseError
 
 from .decision import Decision
 from .errors import Denied, InvalidArgument, ModuleMissing, ProtocolError, ServerError, WrongType
+from .request import Request, RequestKind
 from .spec import (
     ALGORITHMS,
     MAX_LEASE,
@@ -61,6 +62,16 @@ def block_args(timeout_ms: object) -> list[str | int]:
     return ["BLOCK", _check_int("timeout_ms", timeout_ms, 0)]
 
 
+def waiting(request: Request) -> Request:
+    """A blocking call's request: a cost (it waits until the units are taken)."""
+    if request.kind is not RequestKind.COST:
+        raise InvalidArgument(
+            "a blocking call waits for Request.cost(n), not a forced cost or a refund",
+            param=request.option if request.kind is RequestKind.REFUND else "FORCE",
+        )
+    return request
+
+
 def acquire_deadline(timeout_ms: int) -> float | None:
     """The socket timeout of a blocking acquire, in seconds: the BLOCK timeout
     plus a margin of max(1 s, 10 %); None (no limit) for BLOCK 0."""
@@ -90,25 +101,20 @@ def spec_args(spec: Spec) -> list[str | int]:
 def request_args(
     cost: int = 1, *, force: bool = False, refund: int | None = None
 ) -> list[str | int]:
-    """`COST n [FORCE]` or `REFUND n`; checked before sending."""
+    """`COST n [FORCE]` or `REFUND n`; checked before sending. Deprecated
+    form of `Request.args()`, kept for one release."""
     if refund is not None:
         if force:
-            raise InvalidArgument("REFUND cannot be given with FORCE")
+            raise InvalidArgument("REFUND cannot be given with FORCE", param="REFUND")
         if cost != 1:
-            raise InvalidArgument("REFUND cannot be given with COST")
-        return ["REFUND", _check_int("REFUND", refund, 0)]
-    _check_int("COST", cost, 0)
-    args: list[str | int] = []
-    if cost != 1 or force:
-        args += ["COST", cost]
-    if force:
-        args.append("FORCE")
-    return args
+            raise InvalidArgument("REFUND cannot be given with COST", param="REFUND")
+        return Request.refund(refund).args()
+    return (Request.force(cost) if force else Request.cost(cost)).args()
 
 
-def limit_args(key: Key, spec: Spec, cost: int, force: bool, refund: int | None) -> list[Arg]:
+def limit_args(key: Key, spec: Spec, request: Request) -> list[Arg]:
     check_key(key)
-    req = request_args(cost, force=force, refund=refund)
+    req = request.args()
     if isinstance(spec, Policy):
         return ["RL.HIT", spec.name, key, *req]
     if not isinstance(spec, ALGORITHMS):
@@ -118,11 +124,14 @@ def limit_args(key: Key, spec: Spec, cost: int, force: bool, refund: int | None)
     return [f"RL.{spec.ALGORITHM}", key, *spec_args(spec)[1:], *req]
 
 
-def lease_ms_of(spec: object, cost: int, renew_ms: int | None) -> int | None:
-    """Checks a lease's spec and cost; the `lease_ms` it is renewed with."""
+def lease_ms_of(spec: object, request: Request, renew_ms: int | None) -> int | None:
+    """Checks a lease's spec and request (a cost of at least one unit); the
+    `lease_ms` it is renewed with."""
     if not isinstance(spec, (Concurrency, Policy)):
         raise InvalidArgument(f"a lease needs a Concurrency or a Policy, not {type(spec).__name__}")
-    _check_int("COST", cost, 1)
+    if request.kind is not RequestKind.COST:
+        raise InvalidArgument("a lease is taken with Request.cost(n)", param=request.option)
+    _check_int("COST", request.units, 1)
     if renew_ms is not None:
         return check_lease_ms(renew_ms)
     return spec.lease_ms if isinstance(spec, Concurrency) else None
@@ -160,7 +169,7 @@ def policy_set_args(name: str, spec: Algorithm, mode: PolicyMode, rollout: int) 
 
 
 def all_args(
-    limits: Sequence[tuple[str | bytes, Spec]], cost: int, force: bool
+    limits: Sequence[tuple[str | bytes, Spec]], request: Request
 ) -> list[str | bytes | int]:
     if not 1 <= len(limits) <= 16:
         raise InvalidArgument("RL.ALL takes 1 to 16 limiters")
@@ -176,7 +185,12 @@ def all_args(
             )
         utc_only(spec, f"RL.ALL (spec {i + 1})")
         args += spec_args(spec)
-    args += request_args(cost, force=force)
+    if request.kind is RequestKind.REFUND:
+        raise InvalidArgument(
+            "REFUND is not an option of RL.ALL: refund each limiter with its own command",
+            param="REFUND",
+        )
+    args += request.args()
     return args
 
 
