@@ -14,6 +14,7 @@ import http from 'node:http';
 import { after, describe, test } from 'node:test';
 import { Decision, InvalidArgumentError, concurrencyLimit } from 'redis-ratelimit';
 import { checkZone, ruleArgs } from '../dist/esm/rules.js';
+import { BY_WORD, run } from '../dist/esm/algorithms.js';
 import { denialBody, policyItem, policyWindowS, rateLimitItem, retryAfterS } from '../dist/esm/http.js';
 
 const contract = JSON.parse(readFileSync(new URL('../../contract/contract.json', import.meta.url), 'utf8'));
@@ -198,4 +199,43 @@ describe('concurrencyLimit answers the CONCURRENCY vector', () => {
       }
     });
   }
+});
+
+// Every golden sequence, from idle at its first step's instant, each step
+// through the core's `run` in process; a quota's period in UTC (its end 0).
+describe('golden decision sequences: every decision exactly the core\'s', () => {
+  const total = { steps: 0, wrong: 0 };
+  for (const a of contract.algorithms) {
+    if (a.golden.length === 0) continue;
+    test(a.word, () => {
+      const algo = BY_WORD[a.word];
+      assert.ok(algo, `no in-process algorithm for ${a.word}`);
+      const wrong = [];
+      a.golden.forEach((g, n) => {
+        assert.ok(g.steps.length > 0);
+        let state;
+        g.steps.forEach((step, i) => {
+          const params = step.params.map(BigInt);
+          if (a.word === 'QUOTA') params.push(0n);
+          const now = BigInt(step.at_us);
+          state ??= algo.idle(params, now);
+          const [[kind, units]] = Object.entries(step.request);
+          const [d] = run(algo, state, params, { kind, n: BigInt(units) }, now);
+          const got = [d.allowed ? 1 : 0, Number(d.limit), Number(d.remaining), Number(d.waitMs), Number(d.resetMs)];
+          total.steps += 1;
+          if (JSON.stringify(got) !== JSON.stringify(step.decision)) {
+            total.wrong += 1;
+            wrong.push(`sequence ${n} step ${i} ${JSON.stringify(step)}: got ${JSON.stringify(got)}`);
+          }
+        });
+      });
+      assert.deepEqual(wrong.slice(0, 10), [], `${a.word}: ${wrong.length} decisions differ`);
+    });
+  }
+  test('all 1,152 decisions were run', () => {
+    const expected = contract.algorithms.reduce((n, a) => n + a.golden.reduce((m, g) => m + g.steps.length, 0), 0);
+    assert.ok(expected > 0);
+    assert.equal(total.steps, expected);
+    assert.equal(total.wrong, 0);
+  });
 });
