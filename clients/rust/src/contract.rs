@@ -451,6 +451,104 @@ fn core_words() -> Vec<&'static str> {
     words.0
 }
 
+/// The server's text for an integer option out of its range: the core's
+/// rendering of a range error, as the module sends it.
+fn range_message(word: &'static str) -> String {
+    let error = ParamError::Range {
+        arg: word,
+        min: 0,
+        max: MAX_PARAM,
+    };
+    format!("ERR {error}")
+}
+
+/// The options' rules: each request a tagged value can hold, the blocking
+/// timeouts, and the words the server refuses that a tagged request cannot
+/// even build. `tests/integration` sends every `args` to a real server and
+/// checks the reply against `ok` and `message`.
+fn options() -> Value {
+    let max = MAX_PARAM as i128;
+    let values = [0, 1, max, max + 1, -1];
+    let mut requests = Vec::new();
+    for (kind, word) in [("cost", "COST"), ("force", "COST"), ("refund", "REFUND")] {
+        for n in values {
+            let mut args = vec![
+                if kind == "refund" { "REFUND" } else { "COST" }.to_string(),
+                n.to_string(),
+            ];
+            if kind == "force" {
+                args.push("FORCE".to_string());
+            }
+            let mut case =
+                json!({"request": {kind: n}, "args": args, "ok": (0..=max).contains(&n)});
+            if !(0..=max).contains(&n) {
+                case["names"] = json!(word);
+                case["message"] = json!(range_message(word));
+            }
+            requests.push(case);
+        }
+    }
+    let blocks: Vec<Value> = values
+        .iter()
+        .map(|&n| {
+            let mut case =
+                json!({"block_ms": n, "args": ["BLOCK", n.to_string()], "ok": (0..=max).contains(&n)});
+            if !(0..=max).contains(&n) {
+                case["names"] = json!("BLOCK");
+                case["message"] = json!(range_message("BLOCK"));
+            }
+            case
+        })
+        .collect();
+    let refused = |args: &[&str], message: &str| json!({"args": args, "message": message});
+    json!({
+        "words": [
+            {"word": "COST", "min": 0, "max": MAX_PARAM, "default": 1},
+            {"word": "FORCE", "flag": true},
+            {"word": "REFUND", "min": 0, "max": MAX_PARAM},
+            {"word": "BLOCK", "min": 0, "max": MAX_PARAM, "unit": "ms"},
+        ],
+        "requests": requests,
+        "blocks": blocks,
+        "refused_words": [
+            refused(&["REFUND", "1", "FORCE"], "ERR REFUND cannot be given with FORCE"),
+            refused(&["COST", "1", "REFUND", "1"], "ERR REFUND cannot be given with COST"),
+            refused(&["COST", "1", "COST", "2"], "ERR COST given more than once"),
+            refused(&["REFUND", "1", "REFUND", "1"], "ERR REFUND given more than once"),
+            refused(&["FORCE", "FORCE"], "ERR FORCE given more than once"),
+            refused(&["BLOCK", "1", "BLOCK", "1"], "ERR BLOCK given more than once"),
+            refused(&["COST"], "ERR COST needs a value"),
+            refused(&["REFUND"], "ERR REFUND needs a value"),
+            refused(&["BLOCK"], "ERR BLOCK needs a value"),
+            refused(&["COST", "x"], &range_message("COST")),
+            refused(&["SOON", "1"], "ERR unknown option 'SOON' (expected COST, FORCE, REFUND or BLOCK)"),
+        ],
+    })
+}
+
+/// The replies' fields in order: every limiter command answers the five
+/// decision fields; `RL.CONCURRENCY` adds the lease granted, `RL.ALL` the
+/// 1-based position of the limiter that denied; `RL.HIT` answers as its
+/// policy's algorithm.
+fn replies() -> Value {
+    let five = ["allowed", "limit", "remaining", "wait_ms", "reset_ms"];
+    let mut replies: Vec<Value> = core_words()
+        .into_iter()
+        .map(|word| {
+            let mut fields: Vec<&str> = five.to_vec();
+            if word == "CONCURRENCY" {
+                fields.push("lease");
+            }
+            json!({"command": format!("RL.{word}"), "fields": fields})
+        })
+        .collect();
+    replies.push(json!({"command": "RL.HIT", "fields": "as the policy's algorithm"}));
+    let mut all = five.to_vec();
+    all.push("denied_by");
+    replies.push(json!({"command": "RL.ALL", "fields": all}));
+    Value::Array(replies)
+}
+
 /// The whole file.
 fn contract() -> Value {
     let periods: Vec<Value> = (0..4)
@@ -489,9 +587,11 @@ fn contract() -> Value {
         "decision_fields": ["allowed", "limit", "remaining", "wait_ms", "reset_ms"],
         "requests": {
             "cost": "COST n (default 1): take n units if the limiter admits them; COST 0 peeks",
-            "force": "COST n FORCE: take n units even if denied (debt of at most a limit beyond empty); n >= 1",
-            "refund": "REFUND n: give back up to n units held; n >= 1; never with COST or FORCE",
+            "force": "COST n FORCE: take n units even if denied (debt of at most a limit beyond empty); COST 0 FORCE does nothing",
+            "refund": "REFUND n: give back up to n units held; REFUND 0 does nothing; never with COST or FORCE",
         },
+        "options": options(),
+        "replies": replies(),
         "algorithms": algorithms,
         "periods": periods,
         "zones": zones(),
@@ -592,4 +692,111 @@ fn this_kit_local_level_reproduces_the_golden_decisions() {
         }
     }
     assert!(checked >= 1000, "{checked} decisions");
+}
+
+/// The Rust kit's requests accept and refuse what the contract's options
+/// do, naming the same option; a value below 0 cannot be built (`u64`),
+/// nor can a refund with FORCE or COST (`Request` is one of the three).
+/// A blocking timeout is a `Duration` here, so the `blocks` cases below 0
+/// cannot be built either, and a longer one waits without a limit.
+#[test]
+fn this_kit_builds_requests_as_the_contract_says() {
+    let contract = contract();
+    let spec = Spec::parse("r", "TOKENBUCKET", &[10, 1, 1000]).expect("valid");
+    let mut checked = 0;
+    for case in contract["options"]["requests"]
+        .as_array()
+        .expect("requests")
+    {
+        let (kind, value) = case["request"]
+            .as_object()
+            .and_then(|r| r.iter().next())
+            .expect("a request");
+        let Some(n) = value.as_u64() else {
+            continue; // below 0: a u64 cannot hold it
+        };
+        let request = match kind.as_str() {
+            "cost" => Request::Cost(n),
+            "force" => Request::Force(n),
+            _ => Request::Refund(n),
+        };
+        let got = crate::client::limiter_cmd("k", &spec, request);
+        match (got, case["ok"].as_bool()) {
+            (Ok(cmd), Some(true)) => {
+                // The words sent are the contract's (COST 1 may be left out:
+                // it is the default).
+                let sent: Vec<String> = cmd
+                    .args_iter()
+                    .skip(5)
+                    .map(|a| match a {
+                        redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
+                        _ => String::new(),
+                    })
+                    .collect();
+                let want: Vec<String> = case["args"]
+                    .as_array()
+                    .expect("args")
+                    .iter()
+                    .map(|a| a.as_str().expect("str").to_string())
+                    .collect();
+                if !(sent.is_empty() && want == ["COST", "1"]) {
+                    assert_eq!(sent, want, "{case}");
+                }
+            }
+            (Err(crate::Error::BadArgument { arg, .. }), Some(false)) => {
+                assert_eq!(arg, case["names"].as_str().expect("names"), "{case}")
+            }
+            (got, _) => panic!("{case}: {got:?}"),
+        }
+        checked += 1;
+    }
+    assert!(checked >= 12, "{checked} cases");
+}
+
+/// The reply parser takes the contract's fields in their order: the five
+/// decision fields, and the sixth of `RL.CONCURRENCY` (the lease) and of
+/// `RL.ALL` (`denied_by`).
+#[test]
+fn this_kit_parses_replies_as_the_contract_says() {
+    use crate::decision::Sixth;
+    let contract = contract();
+    for reply in contract["replies"].as_array().expect("replies") {
+        let command = reply["command"].as_str().expect("command");
+        let Some(fields) = reply["fields"].as_array() else {
+            continue; // RL.HIT: as its policy's algorithm
+        };
+        let names: Vec<&str> = fields.iter().map(|f| f.as_str().expect("str")).collect();
+        assert_eq!(
+            names[..5],
+            ["allowed", "limit", "remaining", "wait_ms", "reset_ms"]
+        );
+        let values: Vec<redis::Value> = [0, 7, 3, 40, 900, 12][..names.len()]
+            .iter()
+            .map(|&i| redis::Value::Int(i))
+            .collect();
+        let sixth = if command == "RL.ALL" {
+            Sixth::DeniedBy
+        } else {
+            Sixth::Lease
+        };
+        let d = Decision::from_reply(redis::Value::Array(values), sixth).expect(command);
+        assert_eq!(
+            (
+                d.allowed,
+                d.limit,
+                d.remaining,
+                d.wait_ms,
+                d.reset_after.as_millis()
+            ),
+            (false, 7, 3, 40, 900),
+            "{command}"
+        );
+        match names.get(5) {
+            None => assert_eq!((d.lease, d.denied_by), (None, None), "{command}"),
+            Some(&"lease") => assert_eq!(d.lease, Some(12), "{command}"),
+            // The reply's position counts from 1, the kit's index from 0.
+            Some(&"denied_by") => assert_eq!(d.denied_by, Some(11), "{command}"),
+            Some(other) => panic!("{command}: a sixth field {other} this kit does not know"),
+        }
+    }
 }
