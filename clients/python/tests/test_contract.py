@@ -43,6 +43,7 @@ from redis_ratelimit_client.model import (
     TokenBucket,
     check_zone,
 )
+from redis_ratelimit_client.request import Request, RequestLike
 
 CONTRACT_PATH = Path(__file__).resolve().parent / ".." / ".." / "contract" / "contract.json"
 CONTRACT: dict[str, Any] = json.loads(CONTRACT_PATH.read_text(encoding="utf-8"))
@@ -247,12 +248,13 @@ class _Client(AsyncClient):
         self,
         key: Any,
         spec: Spec,
-        cost: int = 1,
+        request: RequestLike = None,
         *,
-        force: bool = False,
+        cost: int | None = None,
+        force: bool | None = None,
         refund: int | None = None,
     ) -> Decision:
-        assert (cost, force, refund) == (1, False, None)
+        assert request == Request.cost(1) and (cost, force, refund) == (None, None, None)
         self.calls.append((key, spec))
         return self.decision
 

@@ -1,4 +1,4 @@
-"""redis-ratelimit-client: typed calls on redis-py, a `limits` storage and an ASGI middleware.
+"""redis-ratelimit-client: typed calls on redis-py, a `Limiter`, a `limits` storage, ASGI middleware
 
 Importing this package registers the `redis+rl://` and `async+redis+rl://`
 storage schemes with `limits` when `limits` is installed.
@@ -19,6 +19,7 @@ from .errors import (
     WrongType,
 )
 from .lease import AsyncLease, Lease
+from .limiter import Admission, AsyncLimiter, FallbackMode, Limiter
 from .protocol import LogEntry
 from .request import Request, RequestKind
 from .spec import (
@@ -31,6 +32,7 @@ from .spec import (
     Policy,
     PolicyMode,
     Quota,
+    Rule,
     Sliding,
     Spec,
     TokenBucket,
@@ -48,6 +50,11 @@ __version__ = "0.2.0"
 
 __all__ = [
     "MAX_PARAM",
+    "Admission",
+    "AsyncLimiter",
+    "FallbackMode",
+    "Limiter",
+    "Rule",
     "AsyncClient",
     "AsyncLease",
     "BadArgument",

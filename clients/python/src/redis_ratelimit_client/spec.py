@@ -355,12 +355,24 @@ class Rule:
 
     The limiter key is `key_prefix + identity` (default prefix
     `rl:<name>:`), or `fixed_key` for a limit shared by everyone.
+
+    `global_`: a limit shared by every instance (a hot key): a `Limiter`
+    admits from this instance's share of it in process first (the local
+    level), and asks Redis only for what the share admitted.
     """
 
     spec: Spec
     name: str
     key_prefix: str | None = None
     fixed_key: str | None = None
+    global_: bool = False
+
+    def __post_init__(self) -> None:
+        if self.global_ and isinstance(self.spec, Concurrency):
+            raise InvalidArgument(
+                f"rule {self.name!r}: a CONCURRENCY rule holds leases; it has no local level",
+                param="global_",
+            )
 
     def key_for(self, identity: str) -> str:
         if self.fixed_key is not None:

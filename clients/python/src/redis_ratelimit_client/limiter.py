@@ -1,0 +1,828 @@
+"""The two-level limiter, usable without any web framework (as the Rust kit's
+`limiter.rs` and the Java kit's `Limiter`): a deny cache, then the local
+level of the global rules, then one round trip to Redis within a deadline,
+and behind it a fallback (fail open, fail closed, or local only) with a
+circuit breaker when Redis errors, misses the deadline or the breaker is
+open.
+
+`Limiter` runs on the sync `Client`, `AsyncLimiter` on `AsyncClient` (the
+ASGI middleware's). Both share everything but the sending: the decision's
+steps are one text (`_Limiting`), and the calls a decision sends are one
+generator (`_calls`) that each drives its own way. So a Flask or a worker
+process has the same limiter as a Starlette app.
+
+The units the local-only fallback admitted while no call reached Redis
+(the breaker open, an error reply) are owed to Redis: they are sent as
+`COST n FORCE` before the key's next call once Redis answers, so Redis
+counts them and one instance stays within its share plus the limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+import logging
+import math
+import time
+from collections.abc import Generator, Sequence
+from typing import Any, Union
+
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from .aio import AsyncClient
+from .client import Client
+from .decision import Decision
+from .deny_cache import DenyCache
+from .errors import (
+    InvalidArgument,
+    ModuleMissing,
+    ServerError,
+    WrongType,
+    answer_lost,
+)
+from .local import LocalLimiter, Micros, share_of
+from .protocol import Key, _takes_command_name, spec_from_policy
+from .request import ONE, Request, RequestKind
+from .spec import Algorithm, Concurrency, Policy, Quota, Rule, Spec, _limit_of
+
+log = logging.getLogger("redis_ratelimit_client")
+
+
+class FallbackMode(str, enum.Enum):
+    """What decides while Redis is away."""
+
+    FAIL_OPEN = "fail_open"
+    FAIL_CLOSED = "fail_closed"
+    LOCAL_ONLY = "local_only"
+
+
+#: What an admitted request holds until its work is done, as (key, rule
+#: name, lease id): a lease in Redis, or with None a unit of the local fallback.
+Held = tuple[str, str, Union[int, None]]
+
+#: The errors of a call that the fallback answers: Redis away or late, or an
+#: error reply that applied nothing (READONLY after a failover, LOADING, the
+#: module gone, WRONGTYPE).
+REDIS_FAILURES = (RedisError, OSError, ServerError, ModuleMissing, WrongType)
+
+
+def check_zones(rules: Sequence[Rule], algos: Sequence[Algorithm]) -> None:
+    """Several rate rules go in one `RL.ALL`, whose inline specs count quotas
+    in UTC: an inline zoned quota must then be the only one (beside
+    concurrency caps). A zoned quota policy counts in its zone anywhere."""
+    rated = [r.spec for r, a in zip(rules, algos) if not isinstance(a, Concurrency)]
+    if len(rated) > 1:
+        for a in rated:
+            if isinstance(a, Quota) and a.zone is not None:
+                raise InvalidArgument(
+                    f"zone: a quota in {a.zone!r} beside other rules would go in one RL.ALL, "
+                    "which counts quotas in UTC only: give it a limiter of its own",
+                    param="zone",
+                )
+
+
+@dataclasses.dataclass
+class Stats:
+    """The counters of every path a decision took."""
+
+    redis_calls: int = 0
+    redis_admitted: int = 0
+    redis_denied: int = 0
+    redis_errors: int = 0
+    redis_timeouts: int = 0
+    deny_cache_hits: int = 0
+    local_denied: int = 0
+    fallback_admitted: int = 0
+    fallback_denied: int = 0
+    breaker_skipped: int = 0
+    breaker_opened: int = 0
+    probes: int = 0
+    probes_ok: int = 0
+    key_missing: int = 0
+    leases_released: int = 0
+    release_errors: int = 0
+    #: `COST n FORCE` calls sent for units the fallback admitted without Redis.
+    owed_sent: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Admission:
+    """A limiter's answer: the decision, the rule it is about (an index in
+    the rules), the path that decided (`redis`, `local`, `deny_cache` or
+    `fallback`), and what an admission holds until its work is done (give
+    it to `release`)."""
+
+    decision: Decision
+    index: int
+    path: str
+    held: list[Held] = dataclasses.field(default_factory=list)
+
+    @property
+    def allowed(self) -> bool:
+        return self.decision.allowed
+
+
+#: One call a decision sends: `(key, spec, request)`, or for several rate
+#: rules at once (`RL.ALL`) `(None, [(key, spec), ...], request)`.
+Call = tuple[Union[Key, None], Any, Request]
+
+
+@dataclasses.dataclass
+class _Plan:
+    """One decision on its way: its keys and request, the units the local
+    level took, the rules of the call on its way (a lost answer may have
+    been counted there), and the leases taken."""
+
+    keys: list[str]
+    request: Request
+    taken: dict[int, Decision] = dataclasses.field(default_factory=dict)
+    sent: list[int] = dataclasses.field(default_factory=list)
+    held: list[Held] = dataclasses.field(default_factory=list)
+
+
+class _Limiting:
+    """Everything of a limiter but its sending: the rules, the deny cache,
+    the accounts (`local.py`), the breaker, the fallback and the stats."""
+
+    def __init__(
+        self,
+        *,
+        rules: Sequence[Rule],
+        fallback: FallbackMode = FallbackMode.LOCAL_ONLY,
+        deadline: float = 0.1,
+        deny_cache_max: float = 1.0,
+        instances: int = 1,
+        breaker_failures: int = 5,
+        breaker_open_for: float = 1.0,
+    ) -> None:
+        if not rules:
+            raise InvalidArgument("at least one rule", param="rules")
+        if len({r.name for r in rules}) != len(rules):
+            raise InvalidArgument("rule names must differ", param="rules")
+        if isinstance(instances, bool) or not isinstance(instances, int) or instances < 1:
+            raise InvalidArgument("instances must be an integer of at least 1", param="instances")
+        if not deadline > 0:
+            raise InvalidArgument("deadline must be more than 0 s", param="deadline")
+        if isinstance(breaker_failures, bool) or not isinstance(breaker_failures, int):
+            raise InvalidArgument("breaker_failures must be an integer", param="breaker_failures")
+        if breaker_failures < 1:
+            raise InvalidArgument("breaker_failures must be at least 1", param="breaker_failures")
+        if not breaker_open_for >= 0:
+            raise InvalidArgument("breaker_open_for must be 0 s or more", param="breaker_open_for")
+        self.rules = list(rules)
+        self.fallback = FallbackMode(fallback)
+        self.deadline = deadline
+        self.deny_cache = DenyCache(deny_cache_max)
+        self.instances = instances
+        self.local = LocalLimiter(instances=instances)
+        self.breaker_failures = breaker_failures
+        self.breaker_open_for = breaker_open_for
+        self.stats = Stats()
+        #: Units the local-only fallback admitted without Redis, per
+        #: (rule index, key): sent as `COST n FORCE` once Redis answers.
+        self.owed: dict[tuple[int, str], int] = {}
+        self.max_owed = 100_000
+        self._algorithms: list[Algorithm] | None = None
+        if not any(isinstance(r.spec, Policy) for r in self.rules):
+            self._algorithms = [r.spec for r in self.rules]  # type: ignore[misc]
+            check_zones(self.rules, self._algorithms)
+        self._ready = False
+        self._failures = 0
+        self._open = False
+        self._open_until = 0.0
+
+    @property
+    def ready(self) -> bool:
+        """Whether the rules are known (their policies read) and Redis answered."""
+        return self._ready
+
+    @property
+    def breaker_open(self) -> bool:
+        """Whether the breaker is open: the fallback decides without a call."""
+        return self._open
+
+    def share(self, algo: Algorithm) -> int:
+        """This instance's share: `ceil(limit / instances * 1.1)`, at least 1
+        and at most the limit (in integers: a float's 10 * 1.1 is
+        11.000000000000002)."""
+        return share_of(_limit_of(algo), self.instances)
+
+    def _resolved(self, policies: dict[int, dict[str, object] | None]) -> None:
+        """The rules' algorithms, given the policies read for the rules that
+        name one."""
+        algos: list[Algorithm] = []
+        for i, r in enumerate(self.rules):
+            if isinstance(r.spec, Policy):
+                p = policies.get(i)
+                if p is None:
+                    raise InvalidArgument(
+                        f"policy {r.spec.name!r} is not set on the server", param="policy"
+                    )
+                algos.append(spec_from_policy(p))
+            else:
+                algos.append(r.spec)
+        check_zones(self.rules, algos)
+        for r, a in zip(self.rules, algos):
+            if r.global_ and isinstance(a, Concurrency):
+                raise InvalidArgument(
+                    f"rule {r.name!r}: a CONCURRENCY policy holds leases; it has no local level",
+                    param="global_",
+                )
+        self._algorithms = algos
+
+    def _algorithm(self, index: int) -> Algorithm | None:
+        algos = self._algorithms or []
+        return algos[index] if index < len(algos) else None
+
+    @staticmethod
+    def _checked(request: Request | None) -> Request:
+        if request is None:
+            return ONE
+        if not isinstance(request, Request):
+            raise InvalidArgument(
+                f"request must be a Request, not {type(request).__name__}", param="request"
+            )
+        if request.kind is not RequestKind.COST:
+            raise InvalidArgument(
+                "a limiter decides Request.cost(n): a forced cost or a refund goes to the "
+                "client's typed calls",
+                param=request.option,
+            )
+        return request
+
+    # -- the steps before the call ----------------------------------------
+
+    def _begin(self, identity: str, request: Request | None) -> Admission | _Plan:
+        """The deny cache, then the local level: an answer without a round
+        trip, or the plan of the call."""
+        req = self._checked(request)
+        if not isinstance(identity, str):
+            raise InvalidArgument(f"identity must be a str, not {identity!r}", param="identity")
+        keys = [r.key_for(identity) for r in self.rules]
+        now = time.monotonic()
+        for i, (r, k) in enumerate(zip(self.rules, keys)):
+            cached = self.deny_cache.get(r.name, k, now)
+            if cached is not None:
+                self.stats.deny_cache_hits += 1
+                return Admission(cached, i, "deny_cache")
+        plan = _Plan(keys, req)
+        if not self._ready:  # Redis away before its first answer: the fallback
+            return self._decided_locally(plan, lost=False)
+        # The local level of the global rules: taken before the call, from
+        # this instance's share; all or nothing.
+        at = Micros.now()
+        for i, (r, a) in enumerate(zip(self.rules, self._algorithms or [])):
+            if not r.global_ or isinstance(a, Concurrency):
+                continue
+            d = self.local.run(r.name, keys[i], a, self.share(a), req.core(), at)
+            if not d.allowed:
+                self._give_back(plan, at)
+                self.stats.local_denied += 1
+                return Admission(dataclasses.replace(d, remaining=0), i, "local")
+            plan.taken[i] = d
+        return plan
+
+    def _give_back(self, plan: _Plan, at: Micros) -> None:
+        """Refunds what the local level took for a request that was denied."""
+        for i in plan.taken:
+            a = self._algorithm(i)
+            assert a is not None and not isinstance(a, Concurrency)
+            r = self.rules[i]
+            self.local.refund(r.name, plan.keys[i], a, self.share(a), at, plan.request.units)
+        plan.taken.clear()
+
+    def _gate(self, now: float) -> tuple[bool, bool]:
+        """(whether to call Redis, whether a probe is due)."""
+        if not self._open:
+            return True, False
+        self.stats.breaker_skipped += 1
+        return False, now >= self._open_until
+
+    # -- the calls ------------------------------------------------------------
+
+    def _calls(self, plan: _Plan) -> Generator[Call, Decision, tuple[Decision, int]]:
+        """The calls of one decision, each answered with its decision: first
+        the units owed to these keys (`COST n FORCE`, their answers
+        ignored), then the leases (each its own call: RL.ALL refuses
+        CONCURRENCY), then the rate rules in one call; a denial gives the
+        leases back. `plan.sent`: the rules of the call on its way. Every
+        unit Redis admits is charged to this instance's accounts."""
+        keys, req = plan.keys, plan.request
+        for i, r in enumerate(self.rules):
+            units = self.owed.pop((i, keys[i]), 0)
+            if units:
+                self.stats.owed_sent += 1
+                yield keys[i], r.spec, Request.force(units)
+        algos = self._algorithms or [r.spec for r in self.rules]  # type: ignore[misc]
+        leased = [i for i, a in enumerate(algos) if isinstance(a, Concurrency)]
+        rated = [i for i in range(len(self.rules)) if i not in leased]
+        decisions: list[tuple[Decision, int]] = []
+        for i in leased:
+            plan.sent[:] = [i]
+            d = yield keys[i], self.rules[i].spec, ONE
+            plan.sent.clear()
+            if d.lease is not None:
+                # Held in the account too until its release: the fallback
+                # counts it among this instance's requests in flight.
+                self.local.hold(self.rules[i].name, keys[i], self.share(algos[i]), force=True)
+                plan.held.append((keys[i], self.rules[i].name, d.lease))
+            if not d.allowed:
+                return d, i
+            decisions.append((d, i))
+        if rated:
+            plan.sent[:] = rated
+            if len(rated) == 1:
+                index = rated[0]
+                d = yield keys[index], self.rules[index].spec, req
+            else:
+                d = yield None, [(keys[i], self.rules[i].spec) for i in rated], req
+                index = rated[d.denied_by or 0] if not d.allowed else self._rated_rule_of(d, rated)
+            plan.sent.clear()
+            if not d.allowed:
+                return d, index
+            now = Micros.now()
+            for i in rated:
+                if i not in plan.taken:
+                    a = algos[i]
+                    self.local.charge(self.rules[i].name, keys[i], a, self.share(a), now, req.units)
+            decisions.append((d, index))
+        return min(decisions, key=lambda di: di[0].remaining)
+
+    def _rated_rule_of(self, d: Decision, rated: list[int]) -> int:
+        """The rule an admitted RL.ALL reported (the most restrictive one)."""
+        algos = self._algorithms or []
+        for i in rated:
+            if i < len(algos) and _limit_of(algos[i]) == d.limit:
+                return i
+        return rated[0]
+
+    # -- the steps after the call ----------------------------------------------
+
+    def _answered(self, plan: _Plan, d: Decision, index: int) -> Admission:
+        """Redis answered: the breaker closes; a denial is cached (not a
+        concurrency one, which may end at the next release), gives back
+        the local level's units and the leases."""
+        self._failures = 0
+        if d.allowed:
+            self.stats.redis_admitted += 1
+            return Admission(d, index, "redis", plan.held)
+        self.stats.redis_denied += 1
+        if not isinstance(self._algorithm(index), Concurrency):
+            self.deny_cache.put(self.rules[index].name, plan.keys[index], d, time.monotonic())
+        self._give_back(plan, Micros.now())
+        return Admission(d, index, "redis")
+
+    def _failed(self, plan: _Plan, e: BaseException | None) -> Admission:
+        """Redis failed (`e`; None: the deadline passed): the breaker counts
+        it and the fallback decides. A lost answer is charged; an error
+        reply charges nothing: Redis applied nothing."""
+        if e is None:
+            self.stats.redis_timeouts += 1
+            lost = True
+        else:
+            self.stats.redis_errors += 1
+            log.warning("redis-ratelimit: Redis failed (%s); the fallback decides", e)
+            lost = answer_lost(e)
+        self._failures += 1
+        if self._failures >= self.breaker_failures and not self._open:
+            self._open = True
+            self.stats.breaker_opened += 1
+            log.warning("redis-ratelimit: breaker open for %.1f s", self.breaker_open_for)
+            self._open_until = time.monotonic() + self.breaker_open_for
+        return self._decided_locally(plan, lost)
+
+    def _probed(self, ok: bool) -> None:
+        if not ok:
+            self._open_until = time.monotonic() + self.breaker_open_for
+            return
+        self.stats.probes_ok += 1
+        self._failures = 0
+        self._open = False
+        log.info("redis-ratelimit: Redis answers again; breaker closed")
+
+    # -- the fallback ------------------------------------------------------------
+
+    def _decided_locally(self, plan: _Plan, lost: bool) -> Admission:
+        """The fallback's answer. `lost`: the answer of the call on its way
+        (`plan.sent`) was lost; Redis may have counted the request there."""
+        lost_rules = list(plan.sent) if lost else []
+        d, index, held = self._fallback(plan, lost_rules)
+        if d.allowed:
+            self.stats.fallback_admitted += 1
+            if self.fallback is FallbackMode.LOCAL_ONLY:
+                self._owe(plan, lost_rules)
+        else:
+            self.stats.fallback_denied += 1
+            if not lost:
+                self._give_back(plan, Micros.now())
+        return Admission(d, index, "fallback", [*plan.held, *held])
+
+    def _owe(self, plan: _Plan, lost: list[int]) -> None:
+        """The rate units the fallback admitted that no call brought to
+        Redis: owed to it."""
+        if len(self.owed) >= self.max_owed:
+            self.owed.clear()
+        for i, a in enumerate(self._algorithms or []):
+            if i not in lost and not isinstance(a, Concurrency):
+                k = (i, plan.keys[i])
+                self.owed[k] = self.owed.get(k, 0) + plan.request.units
+
+    def _fallback(self, plan: _Plan, lost: list[int]) -> tuple[Decision, int, list[Held]]:
+        """(decision, rule index, the local units an admission holds).
+
+        `lost`: the rules whose call's answer was lost (a timeout, a
+        connection dropped after sending): Redis may have counted the request
+        there, so it is charged to their accounts whatever is decided. The
+        local level's units (`plan.taken`) are charged already."""
+        algos = self._algorithms or []
+        keys, units = plan.keys, plan.request.units
+        if not algos:
+            return Decision(True, 0, 0, 0, 0), 0, []
+        now, mono = Micros.now(), time.monotonic()
+        shares = [self.share(a) for a in algos]
+        if self.fallback is not FallbackMode.LOCAL_ONLY:
+            for i in lost:
+                if i not in plan.taken:
+                    self._charge_lost(i, keys[i], algos[i], shares[i], units, now, mono)
+            if self.fallback is FallbackMode.FAIL_CLOSED:
+                wait = math.ceil(self.breaker_open_for * 1000)
+                return Decision(False, _limit_of(algos[0]), 0, wait, wait), 0, []
+            # Fail open: charged too (forced), so the fields count down.
+            for i, (a, r, k) in enumerate(zip(algos, self.rules, keys)):
+                if i not in lost and i not in plan.taken and not isinstance(a, Concurrency):
+                    self.local.charge(r.name, k, a, shares[i], now, units)
+            d, index = self._account_fields(keys, algos, shares, now)
+            return d, index, []
+        # Local only: admitted if every account has the units, all or nothing.
+        denied: tuple[Decision, int] | None = None
+        for i, (a, r, k) in enumerate(zip(algos, self.rules, keys)):
+            if i in plan.taken:
+                continue
+            if isinstance(a, Concurrency):
+                room = self.local._held(r.name, k, mono) < shares[i]
+            else:
+                room = self.local.peek(r.name, k, a, shares[i], plan.request.core(), now).allowed
+            if not room and denied is None:
+                if isinstance(a, Concurrency):
+                    denied = Decision(False, _limit_of(a), 0, 1000, 1000), i
+                else:
+                    d = self.local.peek(r.name, k, a, shares[i], plan.request.core(), now)
+                    denied = dataclasses.replace(d, allowed=False), i
+        held: list[Held] = []
+        best: tuple[Decision, int] | None = None
+        for i, (a, r, k) in enumerate(zip(algos, self.rules, keys)):
+            if i in plan.taken:
+                d = plan.taken[i]
+            elif i in lost:
+                d = self._charge_lost(i, k, a, shares[i], units, now, mono)
+            elif denied is not None:
+                continue
+            elif isinstance(a, Concurrency):
+                d = self.local.hold(r.name, k, shares[i], now=mono)
+                d = dataclasses.replace(d, limit=_limit_of(a))
+                held.append((k, r.name, None))
+            else:
+                d = self.local.charge(r.name, k, a, shares[i], now, units)
+            if best is None or d.remaining < best[0].remaining:
+                best = d, i
+        if denied is not None:
+            return denied[0], denied[1], []
+        assert best is not None
+        return dataclasses.replace(best[0], allowed=True, wait_ms=0), best[1], held
+
+    def _charge_lost(
+        self, i: int, key: str, algo: Algorithm, share: int, units: int, now: Micros, mono: float
+    ) -> Decision:
+        """Charges a lost call's units to rule `i`'s account: rate units, or
+        a lease held until it would have expired."""
+        name = self.rules[i].name
+        if isinstance(algo, Concurrency):
+            d = self.local.hold_lost(name, key, share, algo.lease_ms, mono)
+            return dataclasses.replace(d, limit=algo.limit)
+        return self.local.charge(name, key, algo, share, now, units)
+
+    def _account_fields(
+        self, keys: list[str], algos: list[Algorithm], shares: list[int], now: Micros
+    ) -> tuple[Decision, int]:
+        """A fail-open admission: the fields of the rate account with the
+        least left (never a full quota)."""
+        best: tuple[Decision, int] | None = None
+        mono = time.monotonic()
+        for i, (a, r, k) in enumerate(zip(algos, self.rules, keys)):
+            if isinstance(a, Concurrency):
+                held = self.local._held(r.name, k, mono)
+                d = Decision(True, _limit_of(a), max(shares[i] - held, 0), 0, 0)
+            else:
+                d = self.local.fields(r.name, k, a, shares[i], now)
+            if best is None or d.remaining < best[0].remaining:
+                best = d, i
+        assert best is not None
+        return best
+
+
+class AsyncLimiter(_Limiting):
+    """The limiter on `redis.asyncio` (`AsyncClient`): `await check(identity)`.
+
+    `rules`: the rules every request is checked against (a `Rule` with
+    `global_=True` gets a local level). `deadline`: the seconds a decision
+    waits for Redis before the fallback decides. `instances`: the instances
+    sharing each limit (the share of each is `ceil(limit / instances *
+    1.1)`). `connections`: the pool's connections opened at start-up. The
+    breaker opens after `breaker_failures` failures in a row; after
+    `breaker_open_for` seconds one `PING` in the background probes, and its
+    answer closes it.
+    """
+
+    def __init__(
+        self,
+        client: AsyncClient | Any,
+        rules: Sequence[Rule],
+        *,
+        fallback: FallbackMode = FallbackMode.LOCAL_ONLY,
+        deadline: float = 0.1,
+        deny_cache_max: float = 1.0,
+        instances: int = 1,
+        breaker_failures: int = 5,
+        breaker_open_for: float = 1.0,
+        connections: int = 16,
+    ) -> None:
+        super().__init__(
+            rules=rules,
+            fallback=fallback,
+            deadline=deadline,
+            deny_cache_max=deny_cache_max,
+            instances=instances,
+            breaker_failures=breaker_failures,
+            breaker_open_for=breaker_open_for,
+        )
+        self.client = client if isinstance(client, AsyncClient) else AsyncClient(client)
+        self.connections = connections
+        self._resolving: asyncio.Lock | None = None
+        self._probe: asyncio.Task[None] | None = None
+        self._releasing: set[asyncio.Task[None]] = set()
+
+    async def startup(self) -> None:
+        """Checks the server (`PING`, `MODULE LIST`) and reads the rules'
+        policies, once: raises `ModuleMissing`, `InvalidArgument` for a
+        missing policy, and Redis's error when it is away (until it
+        answers, `check` lets the fallback decide)."""
+        if self._ready:
+            return
+        if self._resolving is None:
+            self._resolving = asyncio.Lock()
+        async with self._resolving:  # one check for a burst of first requests
+            if not self._ready:
+                await self._check_and_read()
+
+    async def _check_and_read(self) -> None:
+        await self.client.redis.ping()
+        await self.client.check_module()
+        await self._connected()
+        if self._algorithms is None:
+            policies: dict[int, dict[str, object] | None] = {}
+            for i, r in enumerate(self.rules):
+                if isinstance(r.spec, Policy):
+                    policies[i] = await self.client.policy_get(r.spec.name)
+            self._resolved(policies)
+        self._ready = True
+
+    async def _connected(self) -> None:
+        """Opens `connections` connections of a standalone client's pool at
+        once (a connection costs a connect and redis-py's handshake, several
+        round trips: a cold burst that opened one per request missed its
+        deadline on a loaded host)."""
+        pool = getattr(self.client.redis, "connection_pool", None)
+        if pool is None or self.connections <= 1:
+            return
+        wanted = min(self.connections, getattr(pool, "max_connections", self.connections))
+        name = ("PING",) if _takes_command_name(pool) else ()
+        opened = await asyncio.gather(*(pool.get_connection(*name) for _ in range(wanted)))
+        for conn in opened:
+            await pool.release(conn)
+
+    async def check(self, identity: str, request: Request | None = None) -> Admission:
+        """Decides one request (`Request.cost(n)`, default one unit) of
+        `identity` under every rule. Never fails for Redis: where it cannot
+        answer, the fallback decides, and `Admission.path` says which path
+        did. Give `Admission.held` to `release` when the work is done."""
+        if not self._ready:
+            try:
+                await self.startup()
+            except (RedisError, OSError, asyncio.TimeoutError) as e:
+                log.warning("redis-ratelimit: cannot read the rules yet (%s)", e)
+        begun = self._begin(identity, request)
+        if isinstance(begun, Admission):
+            return begun
+        plan = begun
+        call, probe = self._gate(time.monotonic())
+        if not call:
+            if probe:
+                self._start_probe()
+            return self._decided_locally(plan, lost=False)
+        self.stats.redis_calls += 1
+        try:
+            d, index = await asyncio.wait_for(self._drive(plan), self.deadline)
+        except asyncio.TimeoutError:
+            self._release_later(plan.held)
+            plan.held = []
+            return self._failed(plan, None)
+        except REDIS_FAILURES as e:
+            self._release_later(plan.held)
+            plan.held = []
+            return self._failed(plan, e)
+        except BaseException:
+            self._release_later(plan.held)
+            raise
+        if not d.allowed:
+            self._release_later(plan.held)
+            plan.held = []
+        return self._answered(plan, d, index)
+
+    async def _drive(self, plan: _Plan) -> tuple[Decision, int]:
+        calls = self._calls(plan)
+        try:
+            call = next(calls)
+            while True:
+                call = calls.send(await self._send(call))
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+    async def _send(self, call: Call) -> Decision:
+        key, spec, req = call
+        if key is None:
+            return await self.client.all(spec, req)
+        return await self.client.limit(key, spec, req)
+
+    async def release(self, held: list[Held]) -> None:
+        """Gives back what an admission held; a failure is logged (the lease
+        then ends at its expiry)."""
+        for key, rule, lease in held:
+            self.local.unhold(rule, key)
+            if lease is None:
+                continue
+            try:
+                await asyncio.wait_for(
+                    self.client.release(key, lease), max(self.deadline * 10, 0.1)
+                )
+                self.stats.leases_released += 1
+            except (RedisError, OSError, asyncio.TimeoutError) as e:
+                self.stats.release_errors += 1
+                log.warning("redis-ratelimit: releasing lease %d of %r failed (%s)", lease, key, e)
+
+    def _release_later(self, held: list[Held]) -> asyncio.Task[None] | None:
+        """Releases in a task of its own, which a cancellation cannot stop."""
+        if not held:
+            return None
+        task = asyncio.ensure_future(self.release(list(held)))
+        self._releasing.add(task)
+        task.add_done_callback(self._releasing.discard)
+        return task
+
+    def _start_probe(self) -> None:
+        """After `breaker_open_for`, one PING in the background; its answer
+        closes the breaker."""
+        if self._probe is not None and not self._probe.done():
+            return
+
+        async def probe() -> None:
+            self.stats.probes += 1
+            try:
+                await asyncio.wait_for(self.client.redis.ping(), max(self.deadline * 10, 0.1))
+            except Exception:
+                self._probed(False)
+                return
+            self._probed(True)
+
+        self._probe = asyncio.ensure_future(probe())
+
+
+class Limiter(_Limiting):
+    """The limiter on the sync `Client` (Flask, Django, workers, scripts):
+    `check(identity)`, as `AsyncLimiter`.
+
+    A sync call cannot be cut short: the deadline is the redis-py client's
+    `socket_timeout` (build it with one, say `redis.Redis(...,
+    socket_timeout=0.1)`). When the breaker's `breaker_open_for` has
+    passed, the next decision probes with one `PING` before it calls.
+    """
+
+    def __init__(
+        self,
+        client: Client | Any,
+        rules: Sequence[Rule],
+        *,
+        fallback: FallbackMode = FallbackMode.LOCAL_ONLY,
+        deny_cache_max: float = 1.0,
+        instances: int = 1,
+        breaker_failures: int = 5,
+        breaker_open_for: float = 1.0,
+    ) -> None:
+        super().__init__(
+            rules=rules,
+            fallback=fallback,
+            deny_cache_max=deny_cache_max,
+            instances=instances,
+            breaker_failures=breaker_failures,
+            breaker_open_for=breaker_open_for,
+        )
+        self.client = client if isinstance(client, Client) else Client(client, check_module=False)
+
+    def startup(self) -> None:
+        """As `AsyncLimiter.startup`."""
+        if self._ready:
+            return
+        self.client.redis.ping()
+        self.client.check_module()
+        if self._algorithms is None:
+            policies: dict[int, dict[str, object] | None] = {}
+            for i, r in enumerate(self.rules):
+                if isinstance(r.spec, Policy):
+                    policies[i] = self.client.policy_get(r.spec.name)
+            self._resolved(policies)
+        self._ready = True
+
+    def check(self, identity: str, request: Request | None = None) -> Admission:
+        """As `AsyncLimiter.check`."""
+        if not self._ready:
+            try:
+                self.startup()
+            except (RedisError, OSError) as e:
+                log.warning("redis-ratelimit: cannot read the rules yet (%s)", e)
+        begun = self._begin(identity, request)
+        if isinstance(begun, Admission):
+            return begun
+        plan = begun
+        call, probe = self._gate(time.monotonic())
+        if not call:
+            if not (probe and self._probe()):
+                return self._decided_locally(plan, lost=False)
+        self.stats.redis_calls += 1
+        try:
+            d, index = self._drive(plan)
+        except RedisTimeoutError:
+            self.release(plan.held)
+            plan.held = []
+            return self._failed(plan, None)
+        except REDIS_FAILURES as e:
+            self.release(plan.held)
+            plan.held = []
+            return self._failed(plan, e)
+        except BaseException:
+            self.release(plan.held)
+            raise
+        if not d.allowed:
+            self.release(plan.held)
+            plan.held = []
+        return self._answered(plan, d, index)
+
+    def _drive(self, plan: _Plan) -> tuple[Decision, int]:
+        calls = self._calls(plan)
+        try:
+            call = next(calls)
+            while True:
+                call = calls.send(self._send(call))
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+    def _send(self, call: Call) -> Decision:
+        key, spec, req = call
+        if key is None:
+            return self.client.all(spec, req)
+        return self.client.limit(key, spec, req)
+
+    def _probe(self) -> bool:
+        self.stats.probes += 1
+        try:
+            self.client.redis.ping()
+        except Exception:
+            self._probed(False)
+            return False
+        self._probed(True)
+        return True
+
+    def release(self, held: list[Held]) -> None:
+        """As `AsyncLimiter.release`."""
+        for key, rule, lease in held:
+            self.local.unhold(rule, key)
+            if lease is None:
+                continue
+            try:
+                self.client.release(key, lease)
+                self.stats.leases_released += 1
+            except (RedisError, OSError) as e:
+                self.stats.release_errors += 1
+                log.warning("redis-ratelimit: releasing lease %d of %r failed (%s)", lease, key, e)
+
+
+__all__ = [
+    "Admission",
+    "AsyncLimiter",
+    "FallbackMode",
+    "Held",
+    "Limiter",
+    "Spec",
+    "Stats",
+    "check_zones",
+]
