@@ -66,7 +66,7 @@ from .protocol import decode as decode
 from .protocol import module_version as module_version
 from .protocol import parse_log as parse_log
 from .request import Request as Request
-from .request import RequestLike, to_request
+from .request import RequestLike, deprecated_request, to_request
 from .spec import (
     Algorithm,
     Concurrency,
@@ -102,7 +102,19 @@ async def send_many_once(client: aioredis.Redis, commands: Sequence[Sequence[Arg
             await conn.connect()  # a no-op on an open connection
         except BaseException as e:
             not_sent(e)
+            if isinstance(e, (RedisConnectionError, RedisTimeoutError, OSError)):
+                await conn.disconnect()
             raise
+        return await _exchange(conn, commands)
+    finally:
+        await pool.release(conn)
+
+
+async def _exchange(conn: Any, commands: Sequence[Sequence[Arg]]) -> list[Any]:
+    """Writes commands at once on `conn` and reads every reply; an error
+    reply is raised after all are read, so the connection stays in step. A
+    connection that failed is closed."""
+    try:
         await conn.send_packed_command(conn.pack_commands(commands))
         replies: list[Any] = []
         error: ResponseError | None = None
@@ -118,8 +130,6 @@ async def send_many_once(client: aioredis.Redis, commands: Sequence[Sequence[Arg
     except (RedisConnectionError, RedisTimeoutError, OSError):
         await conn.disconnect()
         raise
-    finally:
-        await pool.release(conn)
 
 
 class AsyncClient(TypedCalls[Coroutine[Any, Any, Decision]]):
@@ -157,21 +167,7 @@ class AsyncClient(TypedCalls[Coroutine[Any, Any, Decision]]):
         # A node's own connection, one write, every reply read, no retry.
         conn = node.acquire_connection()
         try:
-            await conn.send_packed_command(conn.pack_commands(commands))
-            replies: list[Any] = []
-            error: ResponseError | None = None
-            for _ in commands:
-                try:
-                    replies.append(await conn.read_response())
-                except ResponseError as e:
-                    error = error or e
-                    replies.append(e)
-            if error is not None:
-                raise error
-            return replies
-        except (RedisConnectionError, RedisTimeoutError, OSError):
-            await conn.disconnect()
-            raise
+            return await _exchange(conn, commands)
         finally:
             node.release(conn)
 
@@ -255,13 +251,10 @@ class AsyncClient(TypedCalls[Coroutine[Any, Any, Decision]]):
         key: Key,
         spec: Spec,
         request: RequestLike = None,
-        *,
-        cost: int | None = None,
-        force: bool | None = None,
-        refund: int | None = None,
+        **deprecated: Any,
     ) -> Decision:
         """One limiter call: `RL.<ALGORITHM> key ...`, or `RL.HIT` for a Policy."""
-        args = limit_args(key, spec, to_request(request, cost, force, refund))
+        args = limit_args(key, spec, deprecated_request(request, deprecated))
         return Decision.from_reply(await self._send(key, args))
 
     async def all(

@@ -29,7 +29,7 @@ consumed over, as in the core.
 from __future__ import annotations
 
 import copy
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 #: `wait_ms` of a request that can never be admitted.
 NEVER = -1
@@ -284,33 +284,65 @@ def _window_end_us(window_ms: int, t_us: int) -> int:
     return t_us - t_us % window_us + window_us
 
 
-class _Counted(Protocol):
-    """A count in a window or a period (the fixed window, the quota)."""
+class _Count:
+    """A count in a window or a period (the fixed window, the quota): the
+    same rules for both, as in the core. A kind says where the count stands
+    (`_current`: the state's mark and count at `now_us`) and where its
+    window ends (`_end`)."""
+
+    #: The least wait of a denial, in ms.
+    MIN_WAIT_MS = 0
 
     @staticmethod
-    def apply(state: CountState, params: tuple[int, ...], cost: int, now_us: int) -> Answer: ...
+    def _current(state: CountState, params: tuple[int, ...], now_us: int) -> tuple[int, int]:
+        raise NotImplementedError
 
     @staticmethod
-    def _current(state: CountState, params: tuple[int, ...], now_us: int) -> tuple[int, int]: ...
+    def _end(params: tuple[int, ...], mark: int) -> int:
+        raise NotImplementedError
+
+    @classmethod
+    def apply(cls, state: CountState, params: tuple[int, ...], cost: int, now_us: int) -> Answer:
+        """`COST cost`: admitted while it fits, the state then marked; a
+        denial waits for the end of the window."""
+        limit = params[0]
+        mark, count = cls._current(state, params, now_us)
+        end_us = cls._end(params, mark)
+        to_end_ms = _ceil_div(end_us - min(now_us, end_us), 1000)
+        remaining = max(limit - count, 0)
+        if 0 < cost <= remaining:
+            state.at_us, state.count = mark, count + cost
+            return Answer(True, limit, remaining - cost, 0, to_end_ms)
+        wait = 0 if cost == 0 else NEVER if cost > limit else max(to_end_ms, cls.MIN_WAIT_MS)
+        return Answer(cost == 0, limit, remaining, wait, 0 if count == 0 else to_end_ms)
+
+    @classmethod
+    def force(
+        cls, state: CountState, params: tuple[int, ...], cost: int, now_us: int
+    ) -> tuple[Answer, bool]:
+        """`COST n FORCE`: answered as unforced, at most a limit of debt."""
+        d = cls.apply(state, params, cost, now_us)
+        if d.allowed or cost == 0:
+            return d, d.allowed and cost > 0
+        mark, count = cls._current(state, params, now_us)
+        forced = min(count + cost, 2 * params[0])
+        if forced <= count:
+            return d, False
+        state.at_us, state.count = mark, forced
+        return d, True
+
+    @classmethod
+    def refund(cls, state: CountState, params: tuple[int, ...], units: int, now_us: int) -> bool:
+        """`REFUND units`: up to what the current window holds."""
+        _, count = cls._current(state, params, now_us)
+        back = min(units, count)
+        if back == 0:
+            return False
+        state.count = count - back
+        return True
 
 
-def _force_count(
-    kind: type[_Counted], state: CountState, params: tuple[int, ...], cost: int, now_us: int
-) -> tuple[Answer, bool]:
-    """`COST n FORCE` on a count in a window or a period, the same for both
-    (as in the core): answered as unforced, at most a limit of debt."""
-    d = kind.apply(state, params, cost, now_us)
-    if d.allowed or cost == 0:
-        return d, d.allowed and cost > 0
-    mark, count = kind._current(state, params, now_us)
-    forced = min(count + cost, 2 * params[0])
-    if forced <= count:
-        return d, False
-    state.at_us, state.count = mark, forced
-    return d, True
-
-
-class FixedWindow:
+class FixedWindow(_Count):
     """`(limit, window_ms)`: windows aligned on the epoch (fixed_window.rs);
     the state's `at_us` is the last admitted request's instant."""
 
@@ -325,32 +357,8 @@ class FixedWindow:
         return CountState(now_us, 0)
 
     @staticmethod
-    def apply(state: CountState, params: tuple[int, ...], cost: int, now_us: int) -> Answer:
-        limit, window_ms = params
-        now_eff, count = FixedWindow._current(state, params, now_us)
-        end_us = _window_end_us(window_ms, now_eff)
-        to_end_ms = _ceil_div(end_us - min(now_us, end_us), 1000)
-        remaining = max(limit - count, 0)
-        if 0 < cost <= remaining:
-            state.at_us, state.count = now_eff, count + cost
-            return Answer(True, limit, remaining - cost, 0, to_end_ms)
-        wait = 0 if cost == 0 else NEVER if cost > limit else to_end_ms
-        return Answer(cost == 0, limit, remaining, wait, 0 if count == 0 else to_end_ms)
-
-    @staticmethod
-    def force(
-        state: CountState, params: tuple[int, ...], cost: int, now_us: int
-    ) -> tuple[Answer, bool]:
-        return _force_count(FixedWindow, state, params, cost, now_us)
-
-    @staticmethod
-    def refund(state: CountState, params: tuple[int, ...], units: int, now_us: int) -> bool:
-        _, count = FixedWindow._current(state, params, now_us)
-        back = min(units, count)
-        if back == 0:
-            return False
-        state.count = count - back
-        return True
+    def _end(params: tuple[int, ...], mark: int) -> int:
+        return _window_end_us(params[1], mark)
 
 
 _DAY_US = 86_400_000_000
@@ -396,9 +404,11 @@ def utc_period_end(period: int, now_us: int) -> int:
     return min(next_day * _DAY_US, MAX_TIME_US)
 
 
-class Quota:
+class Quota(_Count):
     """`(limit, period, end_us)`: a count per calendar period (quota.rs);
     the state's `at_us` is the end of the period it counts in."""
+
+    MIN_WAIT_MS = 1
 
     @staticmethod
     def _current(state: CountState, params: tuple[int, ...], now_us: int) -> tuple[int, int]:
@@ -414,31 +424,8 @@ class Quota:
         return CountState(0, 0)
 
     @staticmethod
-    def apply(state: CountState, params: tuple[int, ...], cost: int, now_us: int) -> Answer:
-        limit = params[0]
-        end_us, count = Quota._current(state, params, now_us)
-        to_end_ms = _ceil_div(end_us - min(now_us, end_us), 1000)
-        remaining = max(limit - count, 0)
-        if 0 < cost <= remaining:
-            state.at_us, state.count = end_us, count + cost
-            return Answer(True, limit, remaining - cost, 0, to_end_ms)
-        wait = 0 if cost == 0 else NEVER if cost > limit else max(to_end_ms, 1)
-        return Answer(cost == 0, limit, remaining, wait, 0 if count == 0 else to_end_ms)
-
-    @staticmethod
-    def force(
-        state: CountState, params: tuple[int, ...], cost: int, now_us: int
-    ) -> tuple[Answer, bool]:
-        return _force_count(Quota, state, params, cost, now_us)
-
-    @staticmethod
-    def refund(state: CountState, params: tuple[int, ...], units: int, now_us: int) -> bool:
-        end_us, count = Quota._current(state, params, now_us)
-        back = min(units, count)
-        if back == 0:
-            return False
-        state.at_us, state.count = end_us, count - back
-        return True
+    def _end(params: tuple[int, ...], mark: int) -> int:
+        return mark
 
 
 # -- sliding log --------------------------------------------------------------

@@ -10,10 +10,10 @@ between its sync and async trees.
 
 from __future__ import annotations
 
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from .protocol import Key
-from .request import RequestLike, to_request
+from .request import RequestLike, deprecated_request
 from .spec import (
     Concurrency,
     FixedWindow,
@@ -35,8 +35,9 @@ class TypedCalls(Generic[R]):
     """The typed calls on top of `limit`.
 
     `request`: a `Request` (`Request.cost(n)`, `Request.force(n)`,
-    `Request.refund(n)`; default `COST 1`). `cost=`, `force=`, `refund=`
-    (or a bare int) are the former form, deprecated.
+    `Request.refund(n)`; default `COST 1`). `**deprecated`: the former
+    `cost=`, `force=`, `refund=` (a bare int is the former cost), taken for
+    one release with a `DeprecationWarning`.
     """
 
     def limit(
@@ -44,13 +45,13 @@ class TypedCalls(Generic[R]):
         key: Key,
         spec: Spec,
         request: RequestLike = None,
-        *,
-        cost: int | None = None,
-        force: bool | None = None,
-        refund: int | None = None,
+        **deprecated: Any,
     ) -> R:
         """One limiter call: `RL.<ALGORITHM> key ...`, or `RL.HIT` for a Policy."""
         raise NotImplementedError
+
+    def _typed(self, key: Key, spec: Spec, request: RequestLike, deprecated: dict[str, Any]) -> R:
+        return self.limit(key, spec, deprecated_request(request, deprecated, stacklevel=5))
 
     def token_bucket(
         self,
@@ -59,14 +60,10 @@ class TypedCalls(Generic[R]):
         refill_count: int,
         refill_ms: int,
         request: RequestLike = None,
-        *,
-        cost: int | None = None,
-        force: bool | None = None,
-        refund: int | None = None,
+        **deprecated: Any,
     ) -> R:
         """`RL.TOKENBUCKET key capacity refill_count refill_ms`."""
-        req = to_request(request, cost, force, refund)
-        return self.limit(key, TokenBucket(capacity, refill_count, refill_ms), req)
+        return self._typed(key, TokenBucket(capacity, refill_count, refill_ms), request, deprecated)
 
     def leaky_bucket(
         self,
@@ -75,14 +72,10 @@ class TypedCalls(Generic[R]):
         leak_count: int,
         leak_ms: int,
         request: RequestLike = None,
-        *,
-        cost: int | None = None,
-        force: bool | None = None,
-        refund: int | None = None,
+        **deprecated: Any,
     ) -> R:
         """`RL.LEAKYBUCKET key capacity leak_count leak_ms`."""
-        req = to_request(request, cost, force, refund)
-        return self.limit(key, LeakyBucket(capacity, leak_count, leak_ms), req)
+        return self._typed(key, LeakyBucket(capacity, leak_count, leak_ms), request, deprecated)
 
     def sliding(
         self,
@@ -90,14 +83,10 @@ class TypedCalls(Generic[R]):
         limit: int,
         window_ms: int,
         request: RequestLike = None,
-        *,
-        cost: int | None = None,
-        force: bool | None = None,
-        refund: int | None = None,
+        **deprecated: Any,
     ) -> R:
         """`RL.SLIDING key limit window_ms`."""
-        req = to_request(request, cost, force, refund)
-        return self.limit(key, Sliding(limit, window_ms), req)
+        return self._typed(key, Sliding(limit, window_ms), request, deprecated)
 
     def hash_window(
         self,
@@ -106,14 +95,10 @@ class TypedCalls(Generic[R]):
         window_ms: int,
         bucket_ms: int,
         request: RequestLike = None,
-        *,
-        cost: int | None = None,
-        force: bool | None = None,
-        refund: int | None = None,
+        **deprecated: Any,
     ) -> R:
         """`RL.HASHWINDOW key limit window_ms bucket_ms`."""
-        req = to_request(request, cost, force, refund)
-        return self.limit(key, HashWindow(limit, window_ms, bucket_ms), req)
+        return self._typed(key, HashWindow(limit, window_ms, bucket_ms), request, deprecated)
 
     def fixed_window(
         self,
@@ -121,14 +106,10 @@ class TypedCalls(Generic[R]):
         limit: int,
         window_ms: int,
         request: RequestLike = None,
-        *,
-        cost: int | None = None,
-        force: bool | None = None,
-        refund: int | None = None,
+        **deprecated: Any,
     ) -> R:
         """`RL.FIXEDWINDOW key limit window_ms`."""
-        req = to_request(request, cost, force, refund)
-        return self.limit(key, FixedWindow(limit, window_ms), req)
+        return self._typed(key, FixedWindow(limit, window_ms), request, deprecated)
 
     def quota(
         self,
@@ -137,30 +118,22 @@ class TypedCalls(Generic[R]):
         period: PeriodLike,
         zone: str | None = None,
         request: RequestLike = None,
-        *,
-        cost: int | None = None,
-        force: bool | None = None,
-        refund: int | None = None,
+        **deprecated: Any,
     ) -> R:
         """`RL.QUOTA key limit DAY|WEEK|MONTH|YEAR [TZ zone]`: at most `limit`
         units per calendar period in `zone` (None: UTC). `reset_after` runs to
         the end of the period, a denial's `retry_after` to the next one."""
-        req = to_request(request, cost, force, refund)
-        return self.limit(key, Quota(limit, period, zone), req)
+        return self._typed(key, Quota(limit, period, zone), request, deprecated)
 
     def hit(
         self,
         policy: str,
         key: Key,
         request: RequestLike = None,
-        *,
-        cost: int | None = None,
-        force: bool | None = None,
-        refund: int | None = None,
+        **deprecated: Any,
     ) -> R:
         """`RL.HIT policy key`: routed by `key` (argv[2]), not by the name."""
-        req = to_request(request, cost, force, refund)
-        return self.limit(key, Policy(policy), req)
+        return self._typed(key, Policy(policy), request, deprecated)
 
     def concurrency(
         self,
@@ -168,13 +141,9 @@ class TypedCalls(Generic[R]):
         limit: int,
         lease_ms: int,
         request: RequestLike = None,
-        *,
-        cost: int | None = None,
-        force: bool | None = None,
-        refund: int | None = None,
+        **deprecated: Any,
     ) -> R:
         """`RL.CONCURRENCY key limit lease_ms`: `decision.lease` is the lease
         granted (None when denied). A lost reply is covered by the lease's
         expiry: it is never sent again."""
-        req = to_request(request, cost, force, refund)
-        return self.limit(key, Concurrency(limit, lease_ms), req)
+        return self._typed(key, Concurrency(limit, lease_ms), request, deprecated)

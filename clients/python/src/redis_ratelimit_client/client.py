@@ -80,7 +80,7 @@ from .protocol import parse_log as parse_log
 from .protocol import request_args as request_args
 from .protocol import spec_args as spec_args
 from .request import Request as Request
-from .request import RequestLike, to_request
+from .request import RequestLike, deprecated_request, to_request
 from .spec import ALGORITHMS as ALGORITHMS
 from .spec import (
     Algorithm,
@@ -237,13 +237,10 @@ class Client(TypedCalls[Decision]):
         key: Key,
         spec: Spec,
         request: RequestLike = None,
-        *,
-        cost: int | None = None,
-        force: bool | None = None,
-        refund: int | None = None,
+        **deprecated: Any,
     ) -> Decision:
         """One limiter call: `RL.<ALGORITHM> key ...`, or `RL.HIT` for a Policy."""
-        args = limit_args(key, spec, to_request(request, cost, force, refund))
+        args = limit_args(key, spec, deprecated_request(request, deprecated))
         return Decision.from_reply(self._send(key, args))
 
     def all(

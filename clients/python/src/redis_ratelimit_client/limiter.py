@@ -232,6 +232,25 @@ class _Limiting:
                 )
         self._algorithms = algos
 
+    def _policies(self) -> list[tuple[int, str]]:
+        """The rules that name a policy, to read before the first decision."""
+        if self._algorithms is not None:
+            return []
+        return [(i, r.spec.name) for i, r in enumerate(self.rules) if isinstance(r.spec, Policy)]
+
+    def _leases(self, held: list[Held]) -> list[tuple[str, int]]:
+        """Gives back the local units of `held`; the leases left to release."""
+        for key, rule, _ in held:
+            self.local.unhold(rule, key)
+        return [(key, lease) for key, _, lease in held if lease is not None]
+
+    def _released(self, key: str, lease: int, error: BaseException | None) -> None:
+        if error is None:
+            self.stats.leases_released += 1
+            return
+        self.stats.release_errors += 1
+        log.warning("redis-ratelimit: releasing lease %d of %r failed (%s)", lease, key, error)
+
     def _algorithm(self, index: int) -> Algorithm | None:
         algos = self._algorithms or []
         return algos[index] if index < len(algos) else None
@@ -282,7 +301,31 @@ class _Limiting:
                 self.stats.local_denied += 1
                 return Admission(dataclasses.replace(d, remaining=0), i, "local")
             plan.taken[i] = d
+        if self._open:
+            self.stats.breaker_skipped += 1
+            due = time.monotonic() >= self._open_until
+            if not (due and self._due_probe()):
+                return self._decided_locally(plan, lost=False)
+        self.stats.redis_calls += 1
         return plan
+
+    def _due_probe(self) -> bool:
+        """The breaker's time is up: probe Redis; whether this decision may call it."""
+        raise NotImplementedError
+
+    def _outcome(
+        self, plan: _Plan, outcome: tuple[Decision, int] | BaseException | None
+    ) -> tuple[Admission, list[Held]]:
+        """The answer of a call (`(decision, rule index)`, its error, or None
+        when the deadline passed), and the leases to give back (those of a
+        denial or a failure)."""
+        back, plan.held = plan.held, []
+        if isinstance(outcome, tuple):
+            d, index = outcome
+            if d.allowed:
+                plan.held, back = back, []
+            return self._answered(plan, d, index), back
+        return self._failed(plan, outcome), back
 
     def _give_back(self, plan: _Plan, at: Micros) -> None:
         """Refunds what the local level took for a request that was denied."""
@@ -292,13 +335,6 @@ class _Limiting:
             r = self.rules[i]
             self.local.refund(r.name, plan.keys[i], a, self.share(a), at, plan.request.units)
         plan.taken.clear()
-
-    def _gate(self, now: float) -> tuple[bool, bool]:
-        """(whether to call Redis, whether a probe is due)."""
-        if not self._open:
-            return True, False
-        self.stats.breaker_skipped += 1
-        return False, now >= self._open_until
 
     # -- the calls ------------------------------------------------------------
 
@@ -581,11 +617,7 @@ class AsyncLimiter(_Limiting):
         await self.client.check_module()
         await self._connected()
         if self._algorithms is None:
-            policies: dict[int, dict[str, object] | None] = {}
-            for i, r in enumerate(self.rules):
-                if isinstance(r.spec, Policy):
-                    policies[i] = await self.client.policy_get(r.spec.name)
-            self._resolved(policies)
+            self._resolved({i: await self.client.policy_get(n) for i, n in self._policies()})
         self._ready = True
 
     async def _connected(self) -> None:
@@ -612,33 +644,22 @@ class AsyncLimiter(_Limiting):
                 await self.startup()
             except (RedisError, OSError, asyncio.TimeoutError) as e:
                 log.warning("redis-ratelimit: cannot read the rules yet (%s)", e)
-        begun = self._begin(identity, request)
-        if isinstance(begun, Admission):
-            return begun
-        plan = begun
-        call, probe = self._gate(time.monotonic())
-        if not call:
-            if probe:
-                self._start_probe()
-            return self._decided_locally(plan, lost=False)
-        self.stats.redis_calls += 1
+        plan = self._begin(identity, request)
+        if isinstance(plan, Admission):
+            return plan
+        outcome: tuple[Decision, int] | BaseException | None
         try:
-            d, index = await asyncio.wait_for(self._drive(plan), self.deadline)
+            outcome = await asyncio.wait_for(self._drive(plan), self.deadline)
         except asyncio.TimeoutError:
-            self._release_later(plan.held)
-            plan.held = []
-            return self._failed(plan, None)
+            outcome = None
         except REDIS_FAILURES as e:
-            self._release_later(plan.held)
-            plan.held = []
-            return self._failed(plan, e)
+            outcome = e
         except BaseException:
             self._release_later(plan.held)
             raise
-        if not d.allowed:
-            self._release_later(plan.held)
-            plan.held = []
-        return self._answered(plan, d, index)
+        admission, back = self._outcome(plan, outcome)
+        self._release_later(back)
+        return admission
 
     async def _drive(self, plan: _Plan) -> tuple[Decision, int]:
         calls = self._calls(plan)
@@ -658,18 +679,14 @@ class AsyncLimiter(_Limiting):
     async def release(self, held: list[Held]) -> None:
         """Gives back what an admission held; a failure is logged (the lease
         then ends at its expiry)."""
-        for key, rule, lease in held:
-            self.local.unhold(rule, key)
-            if lease is None:
-                continue
+        for key, lease in self._leases(held):
             try:
                 await asyncio.wait_for(
                     self.client.release(key, lease), max(self.deadline * 10, 0.1)
                 )
-                self.stats.leases_released += 1
+                self._released(key, lease, None)
             except (RedisError, OSError, asyncio.TimeoutError) as e:
-                self.stats.release_errors += 1
-                log.warning("redis-ratelimit: releasing lease %d of %r failed (%s)", lease, key, e)
+                self._released(key, lease, e)
 
     def _release_later(self, held: list[Held]) -> asyncio.Task[None] | None:
         """Releases in a task of its own, which a cancellation cannot stop."""
@@ -680,11 +697,11 @@ class AsyncLimiter(_Limiting):
         task.add_done_callback(self._releasing.discard)
         return task
 
-    def _start_probe(self) -> None:
+    def _due_probe(self) -> bool:
         """After `breaker_open_for`, one PING in the background; its answer
-        closes the breaker."""
+        closes the breaker. Meanwhile the fallback decides."""
         if self._probe is not None and not self._probe.done():
-            return
+            return False
 
         async def probe() -> None:
             self.stats.probes += 1
@@ -696,6 +713,7 @@ class AsyncLimiter(_Limiting):
             self._probed(True)
 
         self._probe = asyncio.ensure_future(probe())
+        return False
 
 
 class Limiter(_Limiting):
@@ -736,11 +754,7 @@ class Limiter(_Limiting):
         self.client.redis.ping()
         self.client.check_module()
         if self._algorithms is None:
-            policies: dict[int, dict[str, object] | None] = {}
-            for i, r in enumerate(self.rules):
-                if isinstance(r.spec, Policy):
-                    policies[i] = self.client.policy_get(r.spec.name)
-            self._resolved(policies)
+            self._resolved({i: self.client.policy_get(n) for i, n in self._policies()})
         self._ready = True
 
     def check(self, identity: str, request: Request | None = None) -> Admission:
@@ -750,32 +764,22 @@ class Limiter(_Limiting):
                 self.startup()
             except (RedisError, OSError) as e:
                 log.warning("redis-ratelimit: cannot read the rules yet (%s)", e)
-        begun = self._begin(identity, request)
-        if isinstance(begun, Admission):
-            return begun
-        plan = begun
-        call, probe = self._gate(time.monotonic())
-        if not call:
-            if not (probe and self._probe()):
-                return self._decided_locally(plan, lost=False)
-        self.stats.redis_calls += 1
+        plan = self._begin(identity, request)
+        if isinstance(plan, Admission):
+            return plan
+        outcome: tuple[Decision, int] | BaseException | None
         try:
-            d, index = self._drive(plan)
+            outcome = self._drive(plan)
         except RedisTimeoutError:
-            self.release(plan.held)
-            plan.held = []
-            return self._failed(plan, None)
+            outcome = None
         except REDIS_FAILURES as e:
-            self.release(plan.held)
-            plan.held = []
-            return self._failed(plan, e)
+            outcome = e
         except BaseException:
             self.release(plan.held)
             raise
-        if not d.allowed:
-            self.release(plan.held)
-            plan.held = []
-        return self._answered(plan, d, index)
+        admission, back = self._outcome(plan, outcome)
+        self.release(back)
+        return admission
 
     def _drive(self, plan: _Plan) -> tuple[Decision, int]:
         calls = self._calls(plan)
@@ -792,7 +796,9 @@ class Limiter(_Limiting):
             return self.client.all(spec, req)
         return self.client.limit(key, spec, req)
 
-    def _probe(self) -> bool:
+    def _due_probe(self) -> bool:
+        """After `breaker_open_for`, this decision probes with one PING;
+        its answer closes the breaker and lets it call."""
         self.stats.probes += 1
         try:
             self.client.redis.ping()
@@ -804,16 +810,12 @@ class Limiter(_Limiting):
 
     def release(self, held: list[Held]) -> None:
         """As `AsyncLimiter.release`."""
-        for key, rule, lease in held:
-            self.local.unhold(rule, key)
-            if lease is None:
-                continue
+        for key, lease in self._leases(held):
             try:
                 self.client.release(key, lease)
-                self.stats.leases_released += 1
+                self._released(key, lease, None)
             except (RedisError, OSError) as e:
-                self.stats.release_errors += 1
-                log.warning("redis-ratelimit: releasing lease %d of %r failed (%s)", lease, key, e)
+                self._released(key, lease, e)
 
 
 __all__ = [

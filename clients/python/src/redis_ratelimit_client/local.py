@@ -144,12 +144,16 @@ class LocalLimiter:
         share: int,
         request: algorithms.Request,
         now: float | Micros,
+        *,
+        peek: bool = False,
     ) -> Decision:
         """One request on the account (`COST n`, `COST n FORCE`, `REFUND n`),
-        as the core's `run` answers it at the share; `limit` is the rule's."""
+        as the core's `run` answers it at the share; `limit` is the rule's.
+        `peek`: what it would answer, changing nothing."""
         now_us = _micros(now)
         algo, params, state = self._account(rule, key, spec, share, now_us)
-        d, _ = algorithms.run(algo, state, params, request, now_us)
+        step = algorithms.decide if peek else algorithms.run
+        d, _ = step(algo, state, params, request, now_us)
         return Decision(d.allowed, _limit_of(spec), d.remaining, d.wait_ms, d.reset_ms)
 
     def peek(
@@ -162,10 +166,7 @@ class LocalLimiter:
         now: float | Micros,
     ) -> Decision:
         """What `run` would answer, changing nothing."""
-        now_us = _micros(now)
-        algo, params, state = self._account(rule, key, spec, share, now_us)
-        d, _ = algorithms.decide(algo, state, params, request, now_us)
-        return Decision(d.allowed, _limit_of(spec), d.remaining, d.wait_ms, d.reset_ms)
+        return self.run(rule, key, spec, share, request, now, peek=True)
 
     def has_room(
         self, rule: str, key: str, spec: Algorithm, share: int, now: float | Micros

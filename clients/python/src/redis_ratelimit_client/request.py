@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import warnings
-from typing import Union
+from typing import Any, Union
 
 from . import algorithms
 from .errors import InvalidArgument
@@ -142,3 +142,19 @@ def to_request(
     if not refundable and req.kind is RequestKind.REFUND:
         raise InvalidArgument("REFUND is not an option of this call", param="REFUND")
     return req
+
+
+#: The former keywords of a request, deprecated.
+DEPRECATED = ("cost", "force", "refund")
+
+
+def deprecated_request(
+    request: RequestLike, deprecated: dict[str, Any], *, stacklevel: int = 4
+) -> Request:
+    """`to_request` for a typed call that takes the former keywords as
+    `**deprecated`: any other keyword is a `TypeError`, as Python's own."""
+    unknown = sorted(set(deprecated) - set(DEPRECATED))
+    if unknown:
+        raise TypeError(f"got an unexpected keyword argument {unknown[0]!r}")
+    cost, force, refund = (deprecated.get(k) for k in DEPRECATED)
+    return to_request(request, cost, force, refund, stacklevel=stacklevel)
