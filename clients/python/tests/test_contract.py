@@ -28,6 +28,7 @@ from redis_ratelimit_client.asgi import (
     _limit_of,
     share_of,
 )
+from redis_ratelimit_client.errors import ProtocolError
 from redis_ratelimit_client.model import (
     MAX_PARAM,
     Algorithm,
@@ -43,7 +44,8 @@ from redis_ratelimit_client.model import (
     TokenBucket,
     check_zone,
 )
-from redis_ratelimit_client.request import Request, RequestLike
+from redis_ratelimit_client.protocol import block_args
+from redis_ratelimit_client.request import Request, RequestKind, RequestLike
 
 CONTRACT_PATH = Path(__file__).resolve().parent / ".." / ".." / "contract" / "contract.json"
 CONTRACT: dict[str, Any] = json.loads(CONTRACT_PATH.read_text(encoding="utf-8"))
@@ -318,3 +320,84 @@ def test_headers_and_problem_body(case: dict[str, Any]) -> None:
         assert headers["content-type"] == "application/problem+json"
         assert body == case["body"].encode("utf-8")
         assert headers["content-length"] == str(len(body))
+
+
+# -- the options (COST, FORCE, REFUND, BLOCK) and the reply fields ----------
+
+OPTIONS: dict[str, Any] = CONTRACT["options"]
+WORDS: dict[str, dict[str, Any]] = {w["word"]: w for w in OPTIONS["words"]}
+#: The kit's name for an option where it is not the option's word: a
+#: blocking call's timeout is the `timeout_ms` argument (`acquire`, `lease`).
+KIT_NAMES = {"BLOCK": "timeout_ms"}
+#: What `Request.args()` leaves out: the default `COST 1`.
+DEFAULT_COST = ["COST", str(WORDS["COST"]["default"])]
+
+
+def named(word: str, param: str | None) -> bool:
+    return param is not None and param.lower() == KIT_NAMES.get(word, word).lower()
+
+
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, id=json.dumps(c["request"])) for c in OPTIONS["requests"]]
+)
+def test_a_tagged_request_is_accepted_or_refused_as_the_server_does(case: dict[str, Any]) -> None:
+    ((kind, units),) = case["request"].items()
+    build = {"cost": Request.cost, "force": Request.force, "refund": Request.refund}[kind]
+    if case["ok"]:
+        req = build(units)
+        assert (req.kind.value, req.units) == (kind, units)
+        assert ([str(a) for a in req.args()] or DEFAULT_COST) == case["args"]
+    else:
+        with pytest.raises(InvalidArgument) as e:
+            build(units)
+        assert named(case["names"], e.value.param), (case["names"], e.value.param)
+        assert str(e.value).startswith(case["message"].removeprefix("ERR "))
+
+
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, id=str(c["block_ms"])) for c in OPTIONS["blocks"]]
+)
+def test_a_blocking_timeout_is_accepted_or_refused_as_the_server_does(case: dict[str, Any]) -> None:
+    if case["ok"]:
+        assert [str(a) for a in block_args(case["block_ms"])] == case["args"]
+    else:
+        with pytest.raises(InvalidArgument) as e:
+            block_args(case["block_ms"])
+        assert named(case["names"], e.value.param), (case["names"], e.value.param)
+
+
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, id=" ".join(c["args"])) for c in OPTIONS["refused_words"]]
+)
+def test_words_the_server_refuses_cannot_be_built(case: dict[str, Any]) -> None:
+    """A request has one kind and its units, so no request of any kind and
+    units gives these words (REFUND with FORCE, an option twice, ...)."""
+    values = {int(a) for a in case["args"] if a.lstrip("-").isdigit()} | {0, 1, 2}
+    for kind in RequestKind:
+        for units in values:
+            try:
+                req = Request(kind, units)
+            except InvalidArgument:
+                continue
+            built = [str(a) for a in req.args()] or DEFAULT_COST
+            assert built != case["args"]
+    assert set(RequestKind) == {RequestKind(k) for k in ("cost", "force", "refund")}
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c["command"]) for c in CONTRACT["replies"]])
+def test_the_reply_parser_takes_the_fields_in_their_order(case: dict[str, Any]) -> None:
+    fields = case["fields"]
+    if not isinstance(fields, list):  # RL.HIT: as its policy's algorithm
+        assert case["command"] == "RL.HIT"
+        return
+    all_reply = case["command"] == "RL.ALL"
+    reply = [1, *range(11, 10 + len(fields))]
+    d = Decision.from_reply(reply, all_reply=all_reply)
+    # The kit's denied_by counts from 0; the reply's from 1.
+    expected = {f: v - 1 if f == "denied_by" else v for f, v in zip(fields, reply)}
+    expected["allowed"] = True
+    assert {f: getattr(d, f) for f in fields} == expected
+    # Fewer than the five decision fields, or more than six, is no reply.
+    for wrong in (reply[:4], [*reply, *[99] * (7 - len(reply))]):
+        with pytest.raises(ProtocolError):
+            Decision.from_reply(wrong, all_reply=all_reply)
