@@ -3,5 +3,6 @@
 
 mod decisions;
 mod errors;
+mod file;
 mod persistence;
 mod replication;

@@ -1,0 +1,235 @@
+//! The contract file the client kits are tested against
+//! (`clients/contract/contract.json`, written from the core crate), checked
+//! against real servers: every validation case of every algorithm, every
+//! zone, every option case and every reply shape. So what the kits follow
+//! is what the servers answer, word for word, not only what the core says.
+//!
+//! Every call here is a `COST 0` call or a refusal: none writes anything,
+//! which the test checks too (`DBSIZE` stays 0).
+
+use serde_json::Value as Json;
+
+use crate::harness::contract::flushed;
+use crate::harness::*;
+
+fn contract() -> Json {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/contract/contract.json");
+    let text = std::fs::read_to_string(&path).expect("clients/contract/contract.json");
+    serde_json::from_str(&text).expect("the contract is JSON")
+}
+
+fn strings(v: &Json) -> Vec<String> {
+    v.as_array()
+        .expect("an array")
+        .iter()
+        .map(|a| a.as_str().expect("a string").to_string())
+        .collect()
+}
+
+/// A call's words: the algorithm's parameters as the server reads them (a
+/// period by its word), or `None` for a period index no word stands for
+/// (a case for the kits' own integer form only).
+fn words(alg: &Json, key: &str, params: &Json) -> Option<Vec<String>> {
+    let mut words = vec![
+        alg["command"].as_str().expect("command").to_string(),
+        key.into(),
+    ];
+    for (param, value) in alg["params"]
+        .as_array()
+        .expect("params")
+        .iter()
+        .zip(params.as_array().expect("params").iter())
+    {
+        let value = value.as_u64().expect("an integer");
+        let keywords = strings(&param["keywords"]);
+        if keywords.is_empty() {
+            words.push(value.to_string());
+        } else {
+            words.push(keywords.get(value as usize)?.clone());
+        }
+    }
+    Some(words)
+}
+
+fn send(con: &mut Connection, words: &[String]) -> Result<Value, String> {
+    let words: Vec<&str> = words.iter().map(String::as_str).collect();
+    command(&words)
+        .query::<Value>(con)
+        .map_err(|e| error_text(&e))
+}
+
+/// The number of integers a reply holds (0 for anything else).
+fn fields(reply: &Value) -> usize {
+    match reply {
+        Value::Array(items) if items.iter().all(|i| matches!(i, Value::Int(_))) => items.len(),
+        _ => 0,
+    }
+}
+
+#[test]
+fn the_contract_files_cases_hold_on_every_server() {
+    let contract = contract();
+    let replies: Vec<(String, usize)> = contract["replies"]
+        .as_array()
+        .expect("replies")
+        .iter()
+        .filter_map(|r| {
+            Some((
+                r["command"].as_str()?.to_string(),
+                r["fields"].as_array()?.len(),
+            ))
+        })
+        .collect();
+    let reply_len = |command: &str| {
+        replies
+            .iter()
+            .find(|(c, _)| c == command)
+            .unwrap_or_else(|| panic!("the contract has no reply shape for {command}"))
+            .1
+    };
+    for_each_server(|kind| {
+        let server = Server::start(kind, &[]);
+        let mut con = flushed(&server);
+        // The contract holds the core's rules; an operator's bounds below
+        // them (`ratelimit.sliding-max-limit`, default 100,000, and
+        // `ratelimit.hashwindow-max-buckets`, default 3,600) are the
+        // server's own, so they are opened to their largest here.
+        let _: () = query(
+            &mut con,
+            &["CONFIG", "SET", "ratelimit.sliding-max-limit", "16777215"],
+        );
+        let _: () = query(
+            &mut con,
+            &[
+                "CONFIG",
+                "SET",
+                "ratelimit.hashwindow-max-buckets",
+                "1000000",
+            ],
+        );
+        let mut checked = 0;
+        for alg in contract["algorithms"].as_array().expect("algorithms") {
+            let command = alg["command"].as_str().expect("command");
+            for case in alg["validation"].as_array().expect("validation") {
+                let Some(mut call) = words(alg, "k", &case["params"]) else {
+                    // A period index beyond the words: the server names the
+                    // period too, in its own words.
+                    let mut call = words(alg, "k", &json_with_period(&case["params"], 0))
+                        .expect("period 0 has a word");
+                    let last = call.len() - 1;
+                    call[last] = case["params"][1].to_string();
+                    let err = send(&mut con, &call).expect_err("refused");
+                    assert!(err.starts_with("ERR period "), "{call:?}: {err}");
+                    continue;
+                };
+                call.extend(["COST".into(), "0".into()]);
+                match (send(&mut con, &call), case["ok"].as_bool()) {
+                    (Ok(reply), Some(true)) => {
+                        assert_eq!(fields(&reply), reply_len(command), "{call:?}: {reply:?}")
+                    }
+                    (Err(err), Some(false)) => assert_eq!(
+                        err,
+                        format!("ERR {}", case["message"].as_str().expect("message")),
+                        "{call:?}"
+                    ),
+                    (got, _) => panic!("{kind}: {call:?} answered {got:?}; the contract: {case}"),
+                }
+                checked += 1;
+            }
+        }
+        // Zones, on a quota.
+        let quota = contract["algorithms"]
+            .as_array()
+            .expect("algorithms")
+            .iter()
+            .find(|a| a["word"] == "QUOTA")
+            .expect("the quota");
+        let zones = &contract["zones"];
+        for (list, ok) in [
+            ("accepted", true),
+            ("refused", false),
+            ("refused_by_server_only", false),
+        ] {
+            for zone in strings(&zones[list]) {
+                let mut call = words(quota, "q", &serde_json::json!([10, 0])).expect("DAY");
+                call.extend(["COST".into(), "0".into(), "TZ".into(), zone.clone()]);
+                let got = send(&mut con, &call);
+                assert_eq!(got.is_ok(), ok, "{kind}: {call:?}: {got:?}");
+                if let Err(err) = got {
+                    assert!(err.starts_with("ERR TZ "), "{call:?}: {err}");
+                }
+                checked += 1;
+            }
+        }
+        // Options, on a token bucket that admits everything asked of it
+        // (a COST above its capacity is denied, which writes nothing).
+        let options = &contract["options"];
+        let base: Vec<String> = ["RL.TOKENBUCKET", "o", "10", "1", "1000"]
+            .map(String::from)
+            .to_vec();
+        let mut cases: Vec<&Json> = Vec::new();
+        cases.extend(options["requests"].as_array().expect("requests"));
+        cases.extend(options["blocks"].as_array().expect("blocks"));
+        for case in cases {
+            let mut call = base.clone();
+            call.extend(strings(&case["args"]));
+            if case.get("block_ms").is_some() {
+                // A wait that must not happen: a peek is admitted at once.
+                call.extend(["COST".into(), "0".into()]);
+            }
+            match (send(&mut con, &call), case["ok"].as_bool()) {
+                (Ok(reply), Some(true)) => assert_eq!(fields(&reply), 5, "{call:?}"),
+                (Err(err), Some(false)) => {
+                    assert_eq!(err, case["message"].as_str().expect("message"), "{call:?}")
+                }
+                (got, _) => panic!("{kind}: {call:?} answered {got:?}; the contract: {case}"),
+            }
+            // An admitted COST n or COST n FORCE took units: start again.
+            let _: () = query(&mut con, &["FLUSHALL"]);
+            checked += 1;
+        }
+        for case in options["refused_words"].as_array().expect("refused_words") {
+            let mut call = base.clone();
+            call.extend(strings(&case["args"]));
+            let err = send(&mut con, &call).expect_err("refused");
+            assert_eq!(
+                err,
+                case["message"].as_str().expect("message"),
+                "{kind}: {call:?}"
+            );
+            checked += 1;
+        }
+        assert_eq!(
+            dbsize(&mut con),
+            0,
+            "{kind}: a refusal or a peek wrote a key"
+        );
+        // RL.ALL's reply: the five fields and denied_by.
+        let all = send(
+            &mut con,
+            &[
+                "RL.ALL",
+                "1",
+                "a",
+                "TOKENBUCKET",
+                "10",
+                "1",
+                "1000",
+                "COST",
+                "0",
+            ]
+            .map(String::from),
+        )
+        .expect("RL.ALL");
+        assert_eq!(fields(&all), reply_len("RL.ALL"), "{all:?}");
+        assert!(checked >= 140, "{kind}: {checked} cases");
+    });
+}
+
+/// The parameters with the period (the second) replaced.
+fn json_with_period(params: &Json, period: u64) -> Json {
+    let mut params = params.clone();
+    params[1] = Json::from(period);
+    params
+}
