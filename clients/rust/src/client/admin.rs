@@ -1,0 +1,254 @@
+//! The administration calls: `RL.POLICY` (set, get, delete, list) and
+//! `RL.LOG` (the denial log), and their answers.
+
+use redis::cluster_routing::ResponsePolicy;
+use redis::Value;
+use redis_ratelimit_core::Period;
+
+use super::connect::Target;
+use super::{text, Client};
+use crate::rule::{Spec, Zone};
+use crate::Error;
+
+impl Client {
+    /// `RL.POLICY SET name <spec> MODE mode ROLLOUT percent [TZ zone]`, on
+    /// every master (`TZ` for a quota in a zone other than UTC: `RL.HIT` and
+    /// `RL.ALL ... POLICY` then count in it; it needs a module whose
+    /// policies take `TZ`).
+    pub async fn policy_set(
+        &self,
+        name: &str,
+        spec: &Spec,
+        mode: PolicyMode,
+        rollout: u8,
+    ) -> Result<(), Error> {
+        crate::Rule::policy(name).check()?;
+        if rollout > 100 {
+            return Err(Error::bad(name, "ROLLOUT", "must be 0 to 100"));
+        }
+        let mut cmd = redis::cmd("RL.POLICY");
+        cmd.arg("SET")
+            .arg(name)
+            .arg(spec.algorithm())
+            .arg(spec.params_args())
+            .arg("MODE")
+            .arg(mode.word())
+            .arg("ROLLOUT")
+            .arg(rollout);
+        // A quota's zone is an option of the policy (the module counts
+        // RL.HIT and RL.ALL ... POLICY in it).
+        if let Some(zone) = spec.zone().filter(|z| !z.is_utc()) {
+            cmd.arg("TZ").arg(zone.as_str());
+        }
+        self.send(cmd, Target::AllMasters(ResponsePolicy::AllSucceeded))
+            .await
+            .map(drop)
+    }
+
+    /// `RL.POLICY GET name`: the rule and its counters, or `None`.
+    pub async fn policy_get(&self, name: &str) -> Result<Option<PolicyInfo>, Error> {
+        let mut cmd = redis::cmd("RL.POLICY");
+        cmd.arg("GET").arg(name);
+        let reply = self.send(cmd, Target::Any).await?;
+        let fields = match reply {
+            Value::Nil => return Ok(None),
+            Value::Array(f) => f,
+            Value::Map(pairs) => pairs.into_iter().flat_map(|(k, v)| [k, v]).collect(),
+            other => return Err(Error::Protocol(format!("RL.POLICY GET: {other:?}"))),
+        };
+        let mut info = PolicyInfo {
+            name: name.to_string(),
+            spec: None,
+            mode: String::new(),
+            rollout: 100,
+            calls: 0,
+            admitted: 0,
+            denied: 0,
+            shadow_denied: 0,
+        };
+        let mut algorithm = String::new();
+        let mut params: Vec<u64> = Vec::new();
+        let mut zone = None;
+        for pair in fields.chunks(2) {
+            let [k, v] = pair else { continue };
+            let int = match v {
+                Value::Int(i) => *i,
+                _ => 0,
+            };
+            match text(k).as_deref() {
+                Some("algorithm") => algorithm = text(v).unwrap_or_default(),
+                Some("params") => {
+                    if let Value::Array(ps) = v {
+                        // Integers, and a quota's period as its word.
+                        params = ps
+                            .iter()
+                            .filter_map(|p| match p {
+                                Value::Int(i) => Some(*i as u64),
+                                other => text(other)
+                                    .and_then(|w| crate::rule::parse_period(&w).ok())
+                                    .map(Period::index),
+                            })
+                            .collect();
+                    }
+                }
+                Some("mode") => info.mode = text(v).unwrap_or_default(),
+                Some("rollout") => info.rollout = int as u8,
+                Some("zone") => zone = text(v),
+                Some("calls") => info.calls = int as u64,
+                Some("admitted") => info.admitted = int as u64,
+                Some("denied") => info.denied = int as u64,
+                Some("shadow_denied") => info.shadow_denied = int as u64,
+                _ => {}
+            }
+        }
+        info.spec = Spec::parse(name, &algorithm, &params).ok();
+        if let (Some(Spec::Quota(p, _)), Some(zone)) = (info.spec, zone) {
+            info.spec = Zone::new(&zone).ok().map(|z| Spec::Quota(p, z));
+        }
+        Ok(Some(info))
+    }
+
+    /// `RL.POLICY DEL name`, on every master: whether it existed (on any).
+    pub async fn policy_del(&self, name: &str) -> Result<bool, Error> {
+        let mut cmd = redis::cmd("RL.POLICY");
+        cmd.arg("DEL").arg(name);
+        let reply = self
+            .send(
+                cmd,
+                Target::AllMasters(ResponsePolicy::Aggregate(
+                    redis::cluster_routing::AggregateOp::Sum,
+                )),
+            )
+            .await?;
+        Ok(matches!(reply, Value::Int(n) if n > 0))
+    }
+
+    /// `RL.POLICY LIST`: the names, sorted.
+    pub async fn policy_list(&self) -> Result<Vec<String>, Error> {
+        let mut cmd = redis::cmd("RL.POLICY");
+        cmd.arg("LIST");
+        match self.send(cmd, Target::Any).await? {
+            Value::Array(names) => Ok(names.iter().filter_map(text).collect()),
+            other => Err(Error::Protocol(format!("RL.POLICY LIST: {other:?}"))),
+        }
+    }
+
+    /// `RL.LOG GET count`: the most recent denials, newest first (of every
+    /// master, in a cluster).
+    pub async fn log_get(&self, count: u64) -> Result<Vec<LogEntry>, Error> {
+        let mut cmd = redis::cmd("RL.LOG");
+        cmd.arg("GET").arg(count);
+        let reply = self
+            .send(cmd, Target::AllMasters(ResponsePolicy::CombineArrays))
+            .await?;
+        let Value::Array(entries) = reply else {
+            return Err(Error::Protocol(format!("RL.LOG GET: {reply:?}")));
+        };
+        let mut out = Vec::new();
+        for entry in entries {
+            let Value::Array(f) = entry else { continue };
+            if f.len() < 6 {
+                continue;
+            }
+            let int = |v: &Value| match v {
+                Value::Int(i) => *i,
+                _ => 0,
+            };
+            out.push(LogEntry {
+                id: int(&f[0]) as u64,
+                unix_ms: int(&f[1]) as u64,
+                key: text(&f[2]).unwrap_or_default(),
+                source: text(&f[3]).unwrap_or_default(),
+                cost: int(&f[4]) as u64,
+                wait_ms: int(&f[5]),
+            });
+        }
+        Ok(out)
+    }
+
+    /// `RL.LOG LEN` (summed over the masters of a cluster).
+    pub async fn log_len(&self) -> Result<u64, Error> {
+        let mut cmd = redis::cmd("RL.LOG");
+        cmd.arg("LEN");
+        let reply = self
+            .send(
+                cmd,
+                Target::AllMasters(ResponsePolicy::Aggregate(
+                    redis::cluster_routing::AggregateOp::Sum,
+                )),
+            )
+            .await?;
+        match reply {
+            Value::Int(n) => Ok(n.max(0) as u64),
+            other => Err(Error::Protocol(format!("RL.LOG LEN: {other:?}"))),
+        }
+    }
+
+    /// `RL.LOG RESET` (on every master).
+    pub async fn log_reset(&self) -> Result<(), Error> {
+        let mut cmd = redis::cmd("RL.LOG");
+        cmd.arg("RESET");
+        self.send(cmd, Target::AllMasters(ResponsePolicy::AllSucceeded))
+            .await
+            .map(drop)
+    }
+}
+
+/// `MODE` of a policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PolicyMode {
+    /// Denies what the limiter denies.
+    Enforce,
+    /// Counts, consumes what it admits, always answers allowed.
+    Shadow,
+    /// The kill switch: allowed at once, no state touched.
+    Off,
+}
+
+impl PolicyMode {
+    fn word(self) -> &'static str {
+        match self {
+            PolicyMode::Enforce => "ENFORCE",
+            PolicyMode::Shadow => "SHADOW",
+            PolicyMode::Off => "OFF",
+        }
+    }
+}
+
+/// `RL.POLICY GET`'s answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicyInfo {
+    /// The policy's name.
+    pub name: String,
+    /// Its rule (`None` for an algorithm this kit does not know).
+    pub spec: Option<Spec>,
+    /// `ENFORCE`, `SHADOW` or `OFF`.
+    pub mode: String,
+    /// The percentage of keys enforced.
+    pub rollout: u8,
+    /// Calls, admitted, denied and shadow denials counted by the server.
+    pub calls: u64,
+    /// See `calls`.
+    pub admitted: u64,
+    /// See `calls`.
+    pub denied: u64,
+    /// See `calls`.
+    pub shadow_denied: u64,
+}
+
+/// One entry of `RL.LOG GET`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogEntry {
+    /// Grows by one per denial logged.
+    pub id: u64,
+    /// When, in Unix milliseconds.
+    pub unix_ms: u64,
+    /// The limiter key (cut to 128 bytes).
+    pub key: String,
+    /// The command, `policy:<name>`, or `RL.ALL <ALGORITHM>`.
+    pub source: String,
+    /// The units asked.
+    pub cost: u64,
+    /// The denial's wait.
+    pub wait_ms: i64,
+}
