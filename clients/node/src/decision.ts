@@ -1,6 +1,14 @@
 import { ProtocolError } from './errors.js';
 
 /**
+ * Which path decided (the `Limiter`'s): Redis, the local level (a global
+ * rule's share, in process), the deny cache, or the fallback (Redis failed,
+ * missed its deadline, or the breaker is open). A typed call's decision is
+ * always `'redis'`. As the Rust kit's `Path`.
+ */
+export type Path = 'redis' | 'local' | 'denyCache' | 'fallback';
+
+/**
  * What a limiter answered: the five integers of every limiter reply
  * (`[allowed, limit, remaining, wait_ms, reset_ms]`) and `denied_by` for
  * `RL.ALL`, or the `lease` of `RL.CONCURRENCY`. The same fields, under the
@@ -28,6 +36,8 @@ export class Decision {
      * lease granted, to give to `release` and `renew`; null when denied.
      */
     readonly lease: number | null = null,
+    /** Which path decided: `'redis'` for a typed call; the `Limiter` says which of its paths. */
+    readonly path: Path = 'redis',
   ) {}
 
   /** A denial that no wait can turn into an admission (cost above the limit). */

@@ -1,6 +1,12 @@
 export { Client } from './client.js';
 export type { ModuleInfo, PolicyOptions, LogEntry, ClientOptions } from './client.js';
 export { Decision } from './decision.js';
+export type { Path } from './decision.js';
+export { Limiter, RuleSet } from './limiter.js';
+export type { LimiterRule, LimiterOptions, CheckedRule } from './limiter.js';
+export type { FallbackMode, BreakerOptions, StatName, StatsSnapshot } from './fallback.js';
+export { STAT_NAMES } from './fallback.js';
+export type { Share } from './local.js';
 export { RLError, InvalidArgumentError, ModuleMissingError, ProtocolError, TimeoutError, RLDeniedError, RLConnectionError } from './errors.js';
 export { Lease } from './lease.js';
 export type { LeaseRule, LeaseOptions } from './lease.js';

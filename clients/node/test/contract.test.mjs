@@ -15,6 +15,7 @@ import { after, describe, test } from 'node:test';
 import { Decision, InvalidArgumentError, concurrencyLimit } from 'redis-ratelimit';
 import { checkZone, ruleArgs } from '../dist/esm/rules.js';
 import { BY_WORD, run } from '../dist/esm/algorithms.js';
+import { LocalLimiters, localSpec } from '../dist/esm/local.js';
 import { denialBody, policyItem, policyWindowS, rateLimitItem, retryAfterS } from '../dist/esm/http.js';
 
 const contract = JSON.parse(readFileSync(new URL('../../contract/contract.json', import.meta.url), 'utf8'));
@@ -202,7 +203,10 @@ describe('concurrencyLimit answers the CONCURRENCY vector', () => {
 });
 
 // Every golden sequence, from idle at its first step's instant, each step
-// through the core's `run` in process; a quota's period in UTC (its end 0).
+// twice: through the core's `run` in process (a quota's period in UTC, its
+// end 0), and through the path the Limiter's local level and local-only
+// fallback take (`LocalLimiters.run` on the kit's spec, at a share equal
+// to the limit).
 describe('golden decision sequences: every decision exactly the core\'s', () => {
   const total = { steps: 0, wrong: 0 };
   for (const a of contract.algorithms) {
@@ -214,6 +218,7 @@ describe('golden decision sequences: every decision exactly the core\'s', () => 
       a.golden.forEach((g, n) => {
         assert.ok(g.steps.length > 0);
         let state;
+        const local = new LocalLimiters(4);
         g.steps.forEach((step, i) => {
           const params = step.params.map(BigInt);
           if (a.word === 'QUOTA') params.push(0n);
@@ -221,21 +226,24 @@ describe('golden decision sequences: every decision exactly the core\'s', () => 
           state ??= algo.idle(params, now);
           const [[kind, units]] = Object.entries(step.request);
           const [d] = run(algo, state, params, { kind, n: BigInt(units) }, now);
-          const got = [d.allowed ? 1 : 0, Number(d.limit), Number(d.remaining), Number(d.waitMs), Number(d.resetMs)];
-          total.steps += 1;
-          if (JSON.stringify(got) !== JSON.stringify(step.decision)) {
-            total.wrong += 1;
-            wrong.push(`sequence ${n} step ${i} ${JSON.stringify(step)}: got ${JSON.stringify(got)}`);
+          const viaLocal = local.run('golden\0k', localSpec(ruleOf(a.word, step.params)), { kind, n: BigInt(units) }, now);
+          for (const [path, x] of [['run', d], ['LocalLimiters', viaLocal]]) {
+            const got = [x.allowed ? 1 : 0, Number(x.limit), Number(x.remaining), Number(x.waitMs), Number(x.resetMs)];
+            total.steps += 1;
+            if (JSON.stringify(got) !== JSON.stringify(step.decision)) {
+              total.wrong += 1;
+              wrong.push(`sequence ${n} step ${i} ${JSON.stringify(step)} through ${path}: got ${JSON.stringify(got)}`);
+            }
           }
         });
       });
       assert.deepEqual(wrong.slice(0, 10), [], `${a.word}: ${wrong.length} decisions differ`);
     });
   }
-  test('all 1,152 decisions were run', () => {
+  test('all 1,152 decisions were run, each both ways', () => {
     const expected = contract.algorithms.reduce((n, a) => n + a.golden.reduce((m, g) => m + g.steps.length, 0), 0);
     assert.ok(expected > 0);
-    assert.equal(total.steps, expected);
+    assert.equal(total.steps, 2 * expected);
     assert.equal(total.wrong, 0);
   });
 });

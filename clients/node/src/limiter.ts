@@ -1,0 +1,522 @@
+/**
+ * The two-level limiter: the deny cache, then the local level (global
+ * rules), then one round trip to Redis within a deadline, and the fallback
+ * with its circuit breaker when Redis cannot answer (as the Rust kit's
+ * limiter.rs and the Java kit's `Limiter`).
+ */
+import { beforeDeadline } from './account.js';
+import type { Answer } from './algorithms.js';
+import { Client } from './client.js';
+import { Decision, type Path } from './decision.js';
+import { DenyCache } from './denyCache.js';
+import { checkInteger, checkString, describe, InvalidArgumentError, isServerReply, RLConnectionError, RLError, TimeoutError } from './errors.js';
+import { Breaker, checkFallbackMode, Stats, type BreakerOptions, type FallbackMode, type StatName, type StatsSnapshot } from './fallback.js';
+import { checkShare, localSpec, LocalLimiters, scaled, type LocalSpec, type Share } from './local.js';
+import { Request, ruleArgs, type Period, type Spec, type SpecOrPolicy } from './rules.js';
+import type { RedisLike } from './transport.js';
+
+/**
+ * One limit of a `Limiter`: what the server applies (an inline `spec`, or a
+ * `policy` kept in the server by name), the limiter key, its name (for
+ * headers and logs), and whether it is global. What the Rust and Java kits
+ * call `Rule` (in this kit `Rule` is, for one more release, the deprecated
+ * name of `Spec`).
+ */
+export interface LimiterRule {
+  /** An algorithm and its parameters, sent with every call. */
+  spec?: Spec;
+  /** Or the policy of that name (`RL.POLICY SET`), applied with `RL.HIT`. */
+  policy?: string;
+  /** The name in logs and headers (default: the algorithm in lower case, or the policy's name). */
+  name?: string;
+  /** The key is this prefix followed by the request's identity (default `rl:<name>:`). */
+  keyPrefix?: string;
+  /** Or this one key for every request (a global limit). */
+  key?: string;
+  /**
+   * With the local level on, each instance first takes its share of the
+   * limit in process; what the share denies never reaches Redis. Inline
+   * rules only (not a quota in a named zone).
+   */
+  global?: boolean;
+}
+
+/** `new Limiter(client, options)`; every option has a default. */
+export interface LimiterOptions {
+  /** The local level of global rules (default true). */
+  localLevel?: boolean;
+  /** Instances sharing each limit: each takes `ceil(total / instances x 1.1)` locally and in the fallback (default 1). */
+  instances?: number;
+  /** Or another share: `{ ratio: r }` takes `ceil(total x r)`. */
+  share?: Share;
+  /** The deny cache (default true). */
+  denyCache?: boolean;
+  /** The longest a denial is cached, in ms (default 1,000), so that a raised limit reaches users within it. */
+  denyCacheMaxMs?: number;
+  /** The most denials cached at once (default 10,000). */
+  denyCacheCapacity?: number;
+  /** The most in-process limiters held, each map (default 100,000). */
+  localCapacity?: number;
+  /** What decides when Redis cannot (default `'localOnly'`). */
+  fallback?: FallbackMode;
+  /** When the breaker opens and for how long. */
+  breaker?: BreakerOptions;
+  /**
+   * The deadline of one call in ms (default 100). A call that misses it may
+   * still be applied: its units are charged to the instance's account, and
+   * the fallback decides the request.
+   */
+  deadlineMs?: number;
+}
+
+/** One checked rule of a `RuleSet`. */
+export interface CheckedRule {
+  readonly name: string;
+  /** What the server applies: the spec, or `{ policy }`. */
+  readonly kind: SpecOrPolicy;
+  /** The algorithm and parameters (for a policy: as the server had it when the set was built; null if unknown). */
+  readonly spec: Spec | null;
+  readonly global: boolean;
+  /** The limiter key of `identity`. */
+  keyFor(identity: string): string;
+  /** The local level's share, for a global rule when the level is on. */
+  readonly local: LocalSpec | null;
+  /** The local-only fallback's share. */
+  readonly fallback: LocalSpec | null;
+  /** Identifies the rule in the deny cache and the local maps. */
+  readonly signature: string;
+}
+
+/** Rules checked together, all or nothing (several go through `RL.ALL`). Built by `Limiter.ruleSet`. */
+export class RuleSet {
+  constructor(readonly rules: readonly CheckedRule[]) {}
+}
+
+type Limits = Array<readonly [string, LocalSpec]>;
+
+/** What became of the call to Redis. */
+type Outcome = { kind: 'redis'; d: Decision } | { kind: 'lost' } | { kind: 'notApplied' };
+
+/**
+ * Rate limiting over a `Client`, in two levels, with a deny cache and a
+ * fallback:
+ *
+ * 1. the deny cache: a key Redis denied is denied in process until its
+ *    wait ends (at most `denyCacheMaxMs`), without a round trip;
+ * 2. the local level: a global rule's share of its limit is taken in
+ *    process first (the core's algorithms, src/algorithms.ts); what the
+ *    share denies never reaches Redis;
+ * 3. one call to Redis within `deadlineMs` (several rules: one `RL.ALL`);
+ * 4. when Redis errors, misses the deadline or the breaker is open, the
+ *    fallback decides (`'failOpen'`, `'failClosed'`, `'localOnly'`). Units
+ *    the local-only fallback admitted without a call are owed to Redis and
+ *    sent as `COST n FORCE` before the key's next call.
+ *
+ * ```ts
+ * const limiter = new Limiter(createClient(), { instances: 4 })
+ * const rules = await limiter.ruleSet([{ spec: { algorithm: 'sliding', limit: 100, windowMs: 60_000 }, name: 'api' }])
+ * const d = await limiter.check(rules, userId)
+ * if (!d.allowed) res.set('Retry-After', String(d.retryAfterS))
+ * ```
+ */
+export class Limiter {
+  readonly client: Client;
+  readonly fallbackMode: FallbackMode;
+  readonly deadlineMs: number;
+  private readonly localLevel: boolean;
+  private readonly share: Share;
+  private readonly denyCache: DenyCache | null;
+  /** The local level of the global rules: also their accounts. */
+  private readonly local: LocalLimiters;
+  /**
+   * The instance's accounts of the other rules, at its share: charged with
+   * every unit Redis admitted for this instance and every unit of a call
+   * whose answer was lost, so that the local-only fallback admits only
+   * what Redis cannot already have counted for this instance.
+   */
+  private readonly accounts: LocalLimiters;
+  private readonly breaker: Breaker;
+  private readonly counters = new Stats();
+
+  constructor(client: Client | RedisLike, options: LimiterOptions = {}) {
+    if (options === null || typeof options !== 'object') {
+      throw new InvalidArgumentError('options', `Limiter options must be an object, got ${describe(options)}`);
+    }
+    this.client = client instanceof Client ? client : new Client(client);
+    const flag = (name: keyof LimiterOptions, dflt: boolean): boolean => {
+      const v = options[name];
+      if (v === undefined) return dflt;
+      if (typeof v !== 'boolean') throw new InvalidArgumentError(name, `${name} must be true or false, got ${describe(v)}`);
+      return v;
+    };
+    this.localLevel = flag('localLevel', true);
+    if (options.share !== undefined && options.instances !== undefined) {
+      throw new InvalidArgumentError('share', 'give instances or share, not both');
+    }
+    this.share = options.share !== undefined ? checkShare(options.share) : { instances: checkInteger('instances', options.instances ?? 1, 1) };
+    const denyMax = checkInteger('denyCacheMaxMs', options.denyCacheMaxMs ?? 1000, 0);
+    const denyCap = checkInteger('denyCacheCapacity', options.denyCacheCapacity ?? 10_000, 1);
+    this.denyCache = flag('denyCache', true) && denyMax > 0 ? new DenyCache(denyMax, denyCap) : null;
+    const cap = checkInteger('localCapacity', options.localCapacity ?? 100_000, 1);
+    this.local = new LocalLimiters(cap);
+    this.accounts = new LocalLimiters(cap);
+    this.fallbackMode = checkFallbackMode(options.fallback ?? 'localOnly');
+    this.breaker = new Breaker(options.breaker ?? {});
+    this.deadlineMs = checkInteger('deadlineMs', options.deadlineMs ?? 100, 1);
+  }
+
+  /** A reading of the counters of every path, under the Rust kit's names (`redis_calls`, `deny_cache_hits`...). */
+  stats(): StatsSnapshot {
+    return this.counters.snapshot();
+  }
+
+  /** The counters as `[name, value]` pairs, in the Rust kit's order (for an exporter). */
+  statsPairs(): Array<[StatName, number]> {
+    return this.counters.pairs();
+  }
+
+  /** Whether the breaker is open (or half-open, probing). */
+  get breakerOpen(): boolean {
+    return this.breaker.isOpen;
+  }
+
+  /**
+   * Checks `rules` (every parameter, before anything is sent) and reads the
+   * policies' rules from the server, for the local-only fallback. A bad
+   * rule is an `InvalidArgumentError` naming its parameter; so is a policy
+   * the server does not have.
+   */
+  async ruleSet(rules: readonly LimiterRule[]): Promise<RuleSet> {
+    if (!Array.isArray(rules) || rules.length === 0) {
+      throw new InvalidArgumentError('rules', `rules must be a non-empty array of rules, got ${describe(rules)}`);
+    }
+    const several = rules.length > 1;
+    const checked: CheckedRule[] = [];
+    for (const rule of rules) checked.push(await this.checkRule(rule, several));
+    return new RuleSet(checked);
+  }
+
+  private async checkRule(rule: LimiterRule, several: boolean): Promise<CheckedRule> {
+    if (rule === null || typeof rule !== 'object') {
+      throw new InvalidArgumentError('rule', `a rule is { spec } or { policy }, with name, keyPrefix or key, global; got ${describe(rule)}`);
+    }
+    const hasSpec = rule.spec !== undefined;
+    const hasPolicy = rule.policy !== undefined;
+    if (hasSpec === hasPolicy) {
+      throw new InvalidArgumentError(hasSpec ? 'policy' : 'spec', 'a rule has either a spec or a policy');
+    }
+    if (rule.keyPrefix !== undefined && rule.key !== undefined) {
+      throw new InvalidArgumentError('key', 'a rule has either a keyPrefix or a key');
+    }
+    const global = rule.global ?? false;
+    if (typeof global !== 'boolean') throw new InvalidArgumentError('global', `global must be true or false, got ${describe(global)}`);
+    let spec: Spec | null;
+    let kind: SpecOrPolicy;
+    let signature: string;
+    let name: string;
+    if (hasSpec) {
+      const [word, args] = ruleArgs(rule.spec as Spec, 'spec');
+      spec = rule.spec as Spec;
+      kind = spec;
+      signature = `${word} ${args.join(' ')}`;
+      name = rule.name ?? word.toLowerCase();
+      if (word === 'CONCURRENCY') {
+        throw new InvalidArgumentError('algorithm', 'a CONCURRENCY rule holds a lease for the length of the work: use concurrencyLimit, or Client.lease');
+      }
+      if (several && args.includes('TZ')) {
+        throw new InvalidArgumentError('zone', "several rules go in one RL.ALL, whose inline quotas count in UTC only: make the zoned quota a policy (client.policySet, then { policy })");
+      }
+    } else {
+      const policy = checkString('policy', rule.policy);
+      if (global) throw new InvalidArgumentError('global', 'only inline rules can be global (a policy is kept in the server)');
+      const info = await this.client.policyGet(policy);
+      if (info === null) throw new InvalidArgumentError('policy', `no policy ${JSON.stringify(policy)} on the server (RL.POLICY SET it first)`);
+      spec = specOfPolicy(info);
+      if (spec?.algorithm === 'concurrency') {
+        throw new InvalidArgumentError('algorithm', `the policy ${JSON.stringify(policy)} is a CONCURRENCY rule, which holds a lease for the length of the work: use concurrencyLimit, or Client.lease`);
+      }
+      kind = { policy };
+      signature = `POLICY ${policy}`;
+      name = rule.name ?? policy;
+    }
+    checkString('name', name);
+    const prefix = rule.key === undefined ? checkString('keyPrefix', rule.keyPrefix ?? `rl:${name}:`) : undefined;
+    const fixed = rule.key === undefined ? undefined : checkString('key', rule.key);
+    const inProcess = spec === null ? null : localSpec(spec);
+    if (global && inProcess === null) {
+      throw new InvalidArgumentError('global', 'a quota in a named time zone cannot be global: the local level reads no time-zone database (use UTC or a fixed offset)');
+    }
+    const share = inProcess === null ? null : scaled(inProcess, this.share);
+    return {
+      name,
+      kind,
+      spec,
+      global,
+      keyFor: (identity) => (fixed !== undefined ? fixed : `${prefix}${identity}`),
+      local: global && this.localLevel ? share : null,
+      fallback: share,
+      signature,
+    };
+  }
+
+  /**
+   * Decides one request of `cost` units (default 1) for `identity` under
+   * every rule of `set`. Never rejects for Redis: where Redis cannot
+   * answer, the fallback decides, and `decision.path` says which path did.
+   * Rejects only on bad arguments.
+   */
+  async check(set: RuleSet, identity: string, cost = 1): Promise<Decision> {
+    if (!(set instanceof RuleSet)) throw new InvalidArgumentError('set', `set must be a RuleSet (limiter.ruleSet(rules)), got ${describe(set)}`);
+    checkString('identity', identity);
+    const units = BigInt(checkInteger('cost', cost, 0));
+    const rules = set.rules;
+    const keys = rules.map((r) => r.keyFor(identity));
+    const cacheKey = (i: number) => `${(rules[i] as CheckedRule).signature}\0${keys[i]}`;
+
+    if (this.denyCache !== null) {
+      for (let i = 0; i < rules.length; i++) {
+        const d = this.denyCache.get(cacheKey(i));
+        if (d !== undefined) {
+          this.counters.add('deny_cache_hits');
+          return withFields(d, { deniedBy: i });
+        }
+      }
+    }
+
+    // The local level of the global rules: their accounts, taken before the call.
+    const localIdx: number[] = [];
+    const localLimits: Limits = [];
+    rules.forEach((r, i) => {
+      if (r.local !== null) {
+        localIdx.push(i);
+        localLimits.push([cacheKey(i), r.local]);
+      }
+    });
+    let taken: Array<[number, Answer]> = [];
+    if (localLimits.length > 0) {
+      const t = this.local.takeAll(localLimits, units);
+      if (!t.ok) {
+        const i = localIdx[t.pos] as number;
+        this.counters.add('local_denied');
+        return fromAnswer(t.answer, 'local', limitOf(rules[i] as CheckedRule, t.answer), { remaining: 0, deniedBy: i });
+      }
+      taken = t.answers.map((a, n) => [localIdx[n] as number, a]);
+    }
+    // The other rules' accounts: only the local-only fallback keeps them.
+    const accountIdx: number[] = [];
+    const accountLimits: Limits = [];
+    if (this.fallbackMode === 'localOnly') {
+      rules.forEach((r, i) => {
+        if (r.local === null && r.fallback !== null) {
+          accountIdx.push(i);
+          accountLimits.push([cacheKey(i), r.fallback]);
+        }
+      });
+    }
+
+    let outcome: Outcome;
+    const gate = this.breaker.gate();
+    if (gate === 'call') {
+      await this.settle(rules, keys, localIdx, localLimits, accountIdx, accountLimits);
+      this.counters.add('redis_calls');
+      try {
+        const d = await beforeDeadline(this.callRedis(rules, keys, cost), this.deadlineMs);
+        this.breaker.success();
+        outcome = { kind: 'redis', d };
+      } catch (err) {
+        const failure = classify(err);
+        this.counters.add(failure === 'timeout' ? 'redis_timeouts' : failure === 'unavailable' ? 'redis_unavailable' : 'redis_errors');
+        if (failure !== 'error' && this.breaker.failure()) {
+          this.counters.add('breaker_opened');
+          process.emitWarning(`redis-ratelimit: circuit breaker open, fallback ${this.fallbackMode} decides (${(err as Error)?.message})`, { code: 'RL_BREAKER_OPEN' });
+        }
+        outcome = failure === 'error' ? { kind: 'notApplied' } : { kind: 'lost' };
+      }
+    } else {
+      this.counters.add('breaker_skipped');
+      if (gate === 'probe') this.probe();
+      outcome = { kind: 'notApplied' };
+    }
+
+    if (outcome.kind === 'redis') {
+      let d = outcome.d;
+      if (d.allowed) {
+        this.counters.add('redis_admitted');
+        if (this.fallbackMode === 'localOnly') this.accounts.chargeAll(accountLimits, units);
+      } else {
+        this.counters.add('redis_denied');
+        this.local.refundAll(localLimits, units);
+        const i = d.deniedBy ?? 0;
+        d = withFields(d, { deniedBy: i });
+        this.denyCache?.put(cacheKey(i), d);
+      }
+      return d;
+    }
+    const lost = outcome.kind === 'lost';
+    const d = this.fallback(rules, units, localLimits, accountIdx, accountLimits, taken, lost);
+    if (d.allowed) this.counters.add('fallback_admitted');
+    else {
+      this.counters.add('fallback_denied');
+      // A call that may have been applied keeps its units on the local
+      // level: Redis may have counted them.
+      if (!lost) this.local.refundAll(localLimits, units);
+    }
+    return d;
+  }
+
+  /**
+   * Sends Redis the units the fallback admitted for these keys while no
+   * call was sent (the breaker open, an error reply), as `COST n FORCE`,
+   * before the request's own call, so that Redis counts them. Sent once,
+   * never retried (a lost one may have been applied; the account is
+   * charged with them either way).
+   */
+  private async settle(rules: readonly CheckedRule[], keys: string[], localIdx: number[], localLimits: Limits, accountIdx: number[], accountLimits: Limits): Promise<void> {
+    if (this.fallbackMode !== 'localOnly') return;
+    const owed: Array<[number, bigint]> = [];
+    this.local.takeOwed(localLimits).forEach((u, n) => owed.push([localIdx[n] as number, u]));
+    this.accounts.takeOwed(accountLimits).forEach((u, n) => owed.push([accountIdx[n] as number, u]));
+    for (const [i, units] of owed) {
+      if (units === 0n) continue;
+      this.counters.add('owed_sent');
+      const rule = rules[i] as CheckedRule;
+      const request = Request.force(Number(units));
+      const key = keys[i] as string;
+      const sent = 'policy' in rule.kind ? this.client.hit(rule.kind.policy, key, request) : this.client.limit(key, rule.kind, request);
+      await beforeDeadline(sent, this.deadlineMs).catch(() => {
+        // not settled: Redis is failing again, and the request's own call will say so
+      });
+    }
+  }
+
+  private callRedis(rules: readonly CheckedRule[], keys: string[], cost: number): Promise<Decision> {
+    if (rules.length === 1) {
+      const rule = rules[0] as CheckedRule;
+      const key = keys[0] as string;
+      const request = Request.cost(cost);
+      return 'policy' in rule.kind ? this.client.hit(rule.kind.policy, key, request) : this.client.limit(key, rule.kind, request);
+    }
+    return this.client.all(
+      rules.map((r, i) => ({ key: keys[i] as string, rule: r.kind })),
+      { cost },
+    );
+  }
+
+  /** One `PING` in the background; the breaker closes when it answers. */
+  private probe(): void {
+    this.counters.add('probes');
+    beforeDeadline(this.client.send(undefined, ['PING']), this.deadlineMs).then(
+      () => {
+        this.counters.add('probes_ok');
+        this.breaker.probeSucceeded();
+      },
+      () => {
+        this.breaker.failure();
+      },
+    );
+  }
+
+  /**
+   * Decides a request that Redis did not answer. `lost`: the call was sent
+   * and may have been applied, so whatever the fallback decides, its units
+   * stay charged to the instance's accounts.
+   */
+  private fallback(rules: readonly CheckedRule[], units: bigint, localLimits: Limits, accountIdx: number[], accountLimits: Limits, taken: Array<[number, Answer]>, lost: boolean): Decision {
+    const first = rules[0] as CheckedRule;
+    const limit = first.spec === null ? 0 : specLimit(first.spec);
+    switch (this.fallbackMode) {
+      case 'failOpen':
+        return new Decision(true, limit, limit, 0, 0, null, null, 'fallback');
+      case 'failClosed': {
+        const wait = Math.max(this.breaker.openForMs, 1);
+        return new Decision(false, limit, 0, wait, wait, 0, null, 'fallback');
+      }
+      case 'localOnly': {
+        // Global rules were taken by the local level already; the others
+        // are taken from their accounts here.
+        const t = this.accounts.takeAll(accountLimits, units);
+        if (t.ok) {
+          if (!lost) {
+            // Redis never saw this request: owed to it.
+            this.local.oweAll(localLimits, units);
+            this.accounts.oweAll(accountLimits, units);
+          }
+          // The fields of the account that admitted with the least left,
+          // as RL.ALL answers the most restrictive.
+          let tightest: [number, Answer] | undefined;
+          for (const pair of [...taken, ...t.answers.map((a, n): [number, Answer] => [accountIdx[n] as number, a])]) {
+            if (tightest === undefined || pair[1].remaining < tightest[1].remaining) tightest = pair;
+          }
+          if (tightest === undefined) {
+            // No rule the kit can count in process (a policy it could not read).
+            return new Decision(true, limit, limit, 0, 0, null, null, 'fallback');
+          }
+          const [i, a] = tightest;
+          return fromAnswer(a, 'fallback', limitOf(rules[i] as CheckedRule, a), {});
+        }
+        if (lost) this.accounts.chargeAll(accountLimits, units);
+        const i = accountIdx[t.pos] as number;
+        return fromAnswer(t.answer, 'fallback', limitOf(rules[i] as CheckedRule, t.answer), { remaining: 0, deniedBy: i });
+      }
+    }
+  }
+}
+
+/** Why a call failed: no answer within the deadline, the connection, or an error reply (nothing applied). */
+function classify(err: unknown): 'timeout' | 'unavailable' | 'error' {
+  if (err instanceof TimeoutError) return 'timeout';
+  if (err instanceof RLConnectionError) return 'unavailable';
+  if (err instanceof RLError || isServerReply(err)) return 'error';
+  // The clients' own: a socket closed, a connection refused, a command timeout.
+  return 'unavailable';
+}
+
+/** A spec's limit: its capacity or units per window. */
+function specLimit(spec: Spec): number {
+  return 'capacity' in spec ? spec.capacity : spec.limit;
+}
+
+function limitOf(rule: CheckedRule, a: Answer): number {
+  return rule.spec === null ? Number(a.limit) : specLimit(rule.spec);
+}
+
+function fromAnswer(a: Answer, path: Path, limit: number, over: { remaining?: number; deniedBy?: number }): Decision {
+  return new Decision(a.allowed, limit, over.remaining ?? Number(a.remaining), Number(a.waitMs), Number(a.resetMs), over.deniedBy ?? null, null, path);
+}
+
+function withFields(d: Decision, over: { deniedBy: number }): Decision {
+  return new Decision(d.allowed, d.limit, d.remaining, d.waitMs, d.resetMs, over.deniedBy, d.lease, d.path);
+}
+
+const NAMES: Record<string, string[]> = {
+  TOKENBUCKET: ['capacity', 'refillCount', 'refillMs'],
+  LEAKYBUCKET: ['capacity', 'leakCount', 'leakMs'],
+  SLIDING: ['limit', 'windowMs'],
+  HASHWINDOW: ['limit', 'windowMs', 'bucketMs'],
+  FIXEDWINDOW: ['limit', 'windowMs'],
+  CONCURRENCY: ['limit', 'leaseMs'],
+};
+
+/** The spec of what `RL.POLICY GET` answered, or null when it cannot be read. */
+export function specOfPolicy(info: Record<string, unknown>): Spec | null {
+  const word = String(info['algorithm'] ?? '').toUpperCase();
+  const params = info['params'];
+  if (!Array.isArray(params)) return null;
+  let spec: Record<string, unknown>;
+  if (word === 'QUOTA') {
+    spec = { algorithm: 'quota', limit: Number(params[0]), period: String(params[1]).toLowerCase() as Period };
+    const zone = info['zone'] === undefined ? 'UTC' : String(info['zone']);
+    if (!/^utc$/i.test(zone)) spec['zone'] = zone;
+  } else {
+    const names = NAMES[word];
+    if (names === undefined || names.length !== params.length) return null;
+    spec = { algorithm: word.toLowerCase() };
+    names.forEach((n, i) => (spec[n] = Number(params[i])));
+  }
+  try {
+    ruleArgs(spec as unknown as Spec);
+    return spec as unknown as Spec;
+  } catch {
+    return null;
+  }
+}
