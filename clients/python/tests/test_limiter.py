@@ -8,6 +8,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import pytest
@@ -17,7 +18,7 @@ from conftest import FIXED_MS, Server, wait_until
 
 from redis_ratelimit_client import FixedWindow, InvalidArgument, Request, Sliding
 from redis_ratelimit_client.limiter import AsyncLimiter, FallbackMode, Limiter
-from redis_ratelimit_client.spec import Concurrency, Rule
+from redis_ratelimit_client.spec import Concurrency, Policy, Rule
 
 
 @contextmanager
@@ -214,3 +215,37 @@ def test_the_async_limiter_falls_back_within_its_deadline_and_probes(own_server:
         await lim.client.redis.aclose()
 
     asyncio.run(main())
+
+
+def test_a_concurrency_rule_holds_a_lease_until_released(server: Server, r: redis.Redis) -> None:
+    lim = Limiter(server.client(), [Rule(Concurrency(1, 30_000), "jobs", fixed_key="jobs")])
+    first = lim.check("a")
+    assert first.allowed and first.path == "redis" and len(first.held) == 1
+    second = lim.check("b")
+    assert not second.allowed and second.held == [] and lim.stats.deny_cache_hits == 0
+    lim.release(first.held)
+    assert lim.stats.leases_released == 1
+    third = lim.check("c")
+    assert third.allowed and third.path == "redis"
+    lim.release(third.held)
+
+
+def test_a_policy_rule_is_read_once_and_can_be_global(server: Server, r: redis.Redis) -> None:
+    r.execute_command("RL.POLICY", "SET", "api", "SLIDING", 4, 60_000)
+    rules = [
+        Rule(Policy("api"), "api", fixed_key="{t}api", global_=True),
+        Rule(Sliding(3, 60_000), "user", key_prefix="{t}user:"),
+    ]
+    lim = Limiter(server.client(), rules, instances=2)  # the api's share: ceil(4 * 1.1 / 2) = 3
+    paths = [lim.check(u) for u in ("a", "a", "b", "c")]
+    assert [a.path for a in paths] == ["redis", "redis", "redis", "local"]
+    assert lim.stats.local_denied == 1
+    assert int(r.execute_command("RL.HIT", "api", "{t}api", "COST", 0)[2]) == 1
+
+
+def test_threads_share_one_limiter(server: Server, r: redis.Redis) -> None:
+    lim = Limiter(server.client(), [Rule(Sliding(50, 60_000), "t", fixed_key="t", global_=True)])
+    with ThreadPoolExecutor(8) as pool:
+        admitted = sum(pool.map(lambda _: lim.check("x").allowed, range(80)))
+    assert admitted == 50 and lim.stats.local_denied == 30
+    assert remaining(r, "t", 50, 60_000) == 0

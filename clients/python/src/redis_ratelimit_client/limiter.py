@@ -24,6 +24,7 @@ import dataclasses
 import enum
 import logging
 import math
+import threading
 import time
 from collections.abc import Generator, Sequence
 from typing import Any, Union
@@ -724,6 +725,9 @@ class Limiter(_Limiting):
     `socket_timeout` (build it with one, say `redis.Redis(...,
     socket_timeout=0.1)`). When the breaker's `breaker_open_for` has
     passed, the next decision probes with one `PING` before it calls.
+
+    Threads may share one: its state changes under a lock, which no call to
+    Redis holds (but the start-up and the breaker's one probe).
     """
 
     def __init__(
@@ -746,16 +750,18 @@ class Limiter(_Limiting):
             breaker_open_for=breaker_open_for,
         )
         self.client = client if isinstance(client, Client) else Client(client, check_module=False)
+        self._lock = threading.RLock()
 
     def startup(self) -> None:
         """As `AsyncLimiter.startup`."""
-        if self._ready:
-            return
-        self.client.redis.ping()
-        self.client.check_module()
-        if self._algorithms is None:
-            self._resolved({i: self.client.policy_get(n) for i, n in self._policies()})
-        self._ready = True
+        with self._lock:  # one check for a burst of first requests
+            if self._ready:
+                return
+            self.client.redis.ping()
+            self.client.check_module()
+            if self._algorithms is None:
+                self._resolved({i: self.client.policy_get(n) for i, n in self._policies()})
+            self._ready = True
 
     def check(self, identity: str, request: Request | None = None) -> Admission:
         """As `AsyncLimiter.check`."""
@@ -764,7 +770,8 @@ class Limiter(_Limiting):
                 self.startup()
             except (RedisError, OSError) as e:
                 log.warning("redis-ratelimit: cannot read the rules yet (%s)", e)
-        plan = self._begin(identity, request)
+        with self._lock:
+            plan = self._begin(identity, request)
         if isinstance(plan, Admission):
             return plan
         outcome: tuple[Decision, int] | BaseException | None
@@ -777,16 +784,21 @@ class Limiter(_Limiting):
         except BaseException:
             self.release(plan.held)
             raise
-        admission, back = self._outcome(plan, outcome)
+        with self._lock:
+            admission, back = self._outcome(plan, outcome)
         self.release(back)
         return admission
 
     def _drive(self, plan: _Plan) -> tuple[Decision, int]:
+        """The calls, sent without the lock; each step between them under it."""
         calls = self._calls(plan)
         try:
-            call = next(calls)
+            with self._lock:
+                call = next(calls)
             while True:
-                call = calls.send(self._send(call))
+                answer = self._send(call)
+                with self._lock:
+                    call = calls.send(answer)
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
 
@@ -810,12 +822,16 @@ class Limiter(_Limiting):
 
     def release(self, held: list[Held]) -> None:
         """As `AsyncLimiter.release`."""
-        for key, lease in self._leases(held):
+        with self._lock:
+            leases = self._leases(held)
+        for key, lease in leases:
+            error: BaseException | None = None
             try:
                 self.client.release(key, lease)
-                self._released(key, lease, None)
             except (RedisError, OSError) as e:
-                self._released(key, lease, e)
+                error = e
+            with self._lock:
+                self._released(key, lease, error)
 
 
 __all__ = [
