@@ -12,8 +12,8 @@ import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import http from 'node:http';
 import { after, describe, test } from 'node:test';
-import { Decision, InvalidArgumentError, concurrencyLimit } from 'redis-ratelimit';
-import { checkZone, ruleArgs } from '../dist/esm/rules.js';
+import { Decision, InvalidArgumentError, ProtocolError, Request, concurrencyLimit } from 'redis-ratelimit';
+import { blockArgs, checkZone, optionArgs, ruleArgs } from '../dist/esm/rules.js';
 import { BY_WORD, run } from '../dist/esm/algorithms.js';
 import { LocalLimiters, localSpec } from '../dist/esm/local.js';
 import { denialBody, policyItem, policyWindowS, rateLimitItem, retryAfterS } from '../dist/esm/http.js';
@@ -246,4 +246,109 @@ describe('golden decision sequences: every decision exactly the core\'s', () => 
     assert.equal(total.steps, 2 * expected);
     assert.equal(total.wrong, 0);
   });
+});
+
+// The options: each request case built with the kit's tagged Request
+// (Request.cost, .force, .refund), accepted or refused as the contract
+// says, naming the same option (the kit's names `cost` and `refund`,
+// compared case-insensitively); each blocking timeout through `blockArgs`
+// (acquire's `timeoutMs`: the one entry of the map from the contract's
+// BLOCK to the kit's names); no request of any kind builds a refused word
+// combination.
+describe('options: requests, blocking timeouts and refused words', () => {
+  const kitName = { COST: 'cost', REFUND: 'refund', BLOCK: 'timeoutMs' };
+  test('words: COST, FORCE, REFUND, BLOCK with the bounds the kit checks', () => {
+    assert.deepEqual(contract.options.words.map((w) => w.word), ['COST', 'FORCE', 'REFUND', 'BLOCK']);
+    for (const w of contract.options.words.filter((w) => !w.flag)) {
+      assert.equal(w.min, 0);
+      assert.equal(w.max, 2 ** 40);
+    }
+  });
+  test('requests', () => {
+    assert.ok(contract.options.requests.length > 0);
+    const wrong = [];
+    for (const c of contract.options.requests) {
+      const [[kind, n]] = Object.entries(c.request);
+      let got;
+      try {
+        got = { ok: true, args: optionArgs(Request[kind](n)) };
+      } catch (err) {
+        if (!(err instanceof InvalidArgumentError)) throw err;
+        got = { ok: false, names: err.argument };
+      }
+      if (got.ok !== c.ok) wrong.push(`${JSON.stringify(c.request)}: want ${c.ok ? 'accepted' : 'refused'}, got ${JSON.stringify(got)}`);
+      else if (got.ok && JSON.stringify(got.args) !== JSON.stringify(c.args)) wrong.push(`${JSON.stringify(c.request)}: sends ${JSON.stringify(got.args)}, want ${JSON.stringify(c.args)}`);
+      else if (!got.ok && got.names !== kitName[c.names]) wrong.push(`${JSON.stringify(c.request)}: refused naming ${got.names}, want ${c.names}`);
+    }
+    assert.deepEqual(wrong, []);
+  });
+  test('blocks', () => {
+    assert.ok(contract.options.blocks.length > 0);
+    const wrong = [];
+    for (const b of contract.options.blocks) {
+      let got;
+      try {
+        got = { ok: true, args: blockArgs(b.block_ms) };
+      } catch (err) {
+        if (!(err instanceof InvalidArgumentError)) throw err;
+        got = { ok: false, names: err.argument };
+      }
+      if (got.ok !== b.ok) wrong.push(`${b.block_ms}: want ${b.ok ? 'accepted' : 'refused'}, got ${JSON.stringify(got)}`);
+      else if (got.ok && JSON.stringify(got.args) !== JSON.stringify(b.args)) wrong.push(`${b.block_ms}: sends ${JSON.stringify(got.args)}`);
+      else if (!got.ok && got.names !== kitName[b.names]) wrong.push(`${b.block_ms}: refused naming ${got.names}, want ${b.names}`);
+    }
+    assert.deepEqual(wrong, []);
+  });
+  test('refused words: no tagged request builds them', () => {
+    assert.ok(contract.options.refused_words.length > 0);
+    const built = new Set();
+    for (const kind of ['cost', 'force', 'refund']) {
+      for (const n of [0, 1, 2, 2 ** 40]) built.add(JSON.stringify(optionArgs(Request[kind](n))));
+    }
+    for (const r of contract.options.refused_words) assert.ok(!built.has(JSON.stringify(r.args)), JSON.stringify(r.args));
+    // Nor the deprecated options object: REFUND with FORCE or COST is refused, naming it.
+    assert.throws(() => optionArgs({ refund: 1, force: true }), (e) => e instanceof InvalidArgumentError && e.argument === 'force');
+    assert.throws(() => optionArgs({ refund: 1, cost: 1 }), (e) => e instanceof InvalidArgumentError && e.argument === 'refund');
+  });
+});
+
+// The replies: each command's fields, in order, through the kit's parser
+// (`Decision.fromReply`, with the sixth field the kit's calls give it: the
+// lease of RL.CONCURRENCY, denied_by of RL.ALL, 1-based on the wire and
+// 0-based in the kit); a reply short of the five is refused (a sixth field
+// stays optional in the parser: RL.HIT answers as its policy's algorithm).
+describe('replies: Decision.fromReply takes exactly the fields, in order', () => {
+  const sixth = { 'RL.CONCURRENCY': 'lease', 'RL.ALL': 'deniedBy' };
+  const read = {
+    allowed: (d) => (d.allowed ? 1 : 0),
+    limit: (d) => d.limit,
+    remaining: (d) => d.remaining,
+    wait_ms: (d) => d.waitMs,
+    reset_ms: (d) => d.resetMs,
+    lease: (d) => d.lease,
+    denied_by: (d) => (d.deniedBy === null ? 0 : d.deniedBy + 1),
+  };
+  test('every limiter command is there', () => {
+    assert.deepEqual(
+      contract.replies.map((r) => r.command).sort(),
+      [...[...algorithms.keys()].map((w) => `RL.${w}`), 'RL.ALL', 'RL.HIT'].sort(),
+    );
+  });
+  for (const r of contract.replies) {
+    test(r.command, () => {
+      if (!Array.isArray(r.fields)) {
+        // RL.HIT answers as its policy's algorithm: the kit parses it with a lease field allowed.
+        assert.equal(r.command, 'RL.HIT');
+        return;
+      }
+      assert.deepEqual(r.fields.slice(0, 5), contract.decision_fields);
+      const reply = r.fields.map((f, i) => (f === 'allowed' ? 1 : 10 + i));
+      const d = Decision.fromReply(reply, sixth[r.command] ?? 'none');
+      r.fields.forEach((f, i) => {
+        assert.ok(read[f], `a field the kit does not know: ${f}`);
+        assert.equal(read[f](d), reply[i], `${r.command} field ${i} (${f})`);
+      });
+      assert.throws(() => Decision.fromReply(reply.slice(0, 4), sixth[r.command] ?? 'none'), ProtocolError);
+    });
+  }
 });
