@@ -1,4 +1,5 @@
 import { answerLost, beforeDeadline, isOutage, LocalAccount, shareOf } from './account.js';
+import { Breaker, startProbe, type BreakerOptions } from './fallback.js';
 import { Client } from './client.js';
 import type { Decision } from './decision.js';
 import { checkInteger, describe, InvalidArgumentError, RLError, ModuleMissingError } from './errors.js';
@@ -67,6 +68,13 @@ export interface RLStoreOptions {
   instances?: number;
   /** With `passOnStoreError`: ms to wait for Redis before the account decides (default 100). */
   deadlineMs?: number;
+  /**
+   * With `passOnStoreError`: the `Limiter`'s circuit breaker (express-rate-limit
+   * has none). After `failures` consecutive timeouts or lost connections
+   * (default 5) the account decides without a call for `openForMs` (default
+   * 1,000), then one `PING` probes Redis and closes it. `false` turns it off.
+   */
+  breaker?: BreakerOptions | false;
 }
 
 /** `ratelimit.sliding-max-limit`'s own bound: no server takes a sliding limit above it. */
@@ -101,6 +109,9 @@ export class RLStore {
   private readonly deadlineMs: number;
   /** With `passOnStoreError`: what Redis may have counted for this instance. */
   private account: LocalAccount | undefined;
+  private readonly breakerOptions: BreakerOptions | false;
+  /** With `passOnStoreError` (and `breaker` not false): spares a dead Redis a deadline per request. */
+  breaker: Breaker | undefined;
   private configError: Error | undefined = new RLError('RLStore: init() was not called; pass the store to rateLimit({ store })');
   private trackDenials = false;
   /** key -> reset times (ms) of the denials this store answered and not yet seen decremented. */
@@ -150,6 +161,8 @@ export class RLStore {
     this.limitOption = options.limit === undefined ? undefined : checkInteger('limit', options.limit, 1);
     this.instances = checkInteger('instances', options.instances ?? 1, 1);
     this.deadlineMs = checkInteger('deadlineMs', options.deadlineMs ?? 100, 1);
+    this.breakerOptions = options.breaker === false ? false : options.breaker === undefined ? {} : options.breaker;
+    if (this.breakerOptions !== false) new Breaker(this.breakerOptions); // checked now, naming the bad option
   }
 
   /** Settles when the checks that `init` starts are done; never rejects. */
@@ -176,6 +189,7 @@ export class RLStore {
   init(options: ExpressRateLimitOptions): void {
     this.configure(options);
     this.account = options.passOnStoreError === true && this.limit > 0 ? new LocalAccount(shareOf(this.limit, this.instances), this.windowMs) : undefined;
+    this.breaker = this.account !== undefined && this.breakerOptions !== false ? new Breaker(this.breakerOptions) : undefined;
     this.ready = this.checkModule()
       .then(() => this.checkLimits())
       .catch((err: Error) => {
@@ -266,12 +280,21 @@ export class RLStore {
     if (this.limit === 0) return { totalHits: 1, resetTime: new Date(now + this.windowMs) };
     let d: Decision;
     if (this.account) {
+      const gate = this.breaker?.gate() ?? 'call';
+      if (gate !== 'call') {
+        // Open: the account decides without a call (nothing sent, nothing lost).
+        if (gate === 'probe') void startProbe(this.breaker as Breaker, () => this.rl.send(undefined, ['PING']), this.deadlineMs);
+        return this.fallback(key, now, false);
+      }
       try {
         d = await beforeDeadline(this.call(key), this.deadlineMs);
       } catch (err) {
         if (!isOutage(err)) throw err;
-        return this.fallback(key, now, answerLost(err));
+        const lost = answerLost(err);
+        if (lost) this.breaker?.failure();
+        return this.fallback(key, now, lost);
       }
+      this.breaker?.success();
       if (d.allowed) this.account.charge(key, 1);
     } else {
       d = await this.call(key);

@@ -167,3 +167,29 @@ export class Stats {
     return STAT_NAMES.map((n) => [n, this.counts.get(n) ?? 0]);
   }
 }
+
+/**
+ * Starts the breaker's probe: one call (a `PING`) in the background within
+ * `deadlineMs`; its answer closes the breaker, its failure opens it again.
+ * Resolves true when it closed it.
+ */
+export function startProbe(breaker: Breaker, ping: () => Promise<unknown>, deadlineMs: number): Promise<boolean> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const late = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`no answer within ${deadlineMs} ms`)), deadlineMs);
+  });
+  const call = ping();
+  call.catch(() => {});
+  return Promise.race([call, late])
+    .then(
+      () => {
+        breaker.probeSucceeded();
+        return true;
+      },
+      () => {
+        breaker.failure();
+        return false;
+      },
+    )
+    .finally(() => clearTimeout(timer));
+}

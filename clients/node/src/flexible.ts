@@ -2,6 +2,7 @@ import { Client } from './client.js';
 import type { Decision } from './decision.js';
 import { toInt } from './decision.js';
 import { answerLost, beforeDeadline, isOutage as isFailure, LocalAccount, shareOf } from './account.js';
+import { Breaker, startProbe, type BreakerOptions } from './fallback.js';
 import { checkInteger, describe, InvalidArgumentError, RLError } from './errors.js';
 import { flexiblePeer } from './peer.js';
 import { Request } from './rules.js';
@@ -108,6 +109,14 @@ export interface RateLimiterRLOptions {
    * apply.
    */
   deadlineMs?: number;
+  /**
+   * With an `insuranceLimiter`: the `Limiter`'s circuit breaker on
+   * `consume` (rate-limiter-flexible has none). After `failures`
+   * consecutive timeouts or lost connections (default 5) the account and
+   * the insurance limiter decide without a call for `openForMs` (default
+   * 1,000), then one `PING` probes Redis and closes it. `false` turns it off.
+   */
+  breaker?: BreakerOptions | false;
   /** `sliding` (default): `RL.SLIDING`, exact. `fixed`: `RL.FIXEDWINDOW`, windows aligned to the epoch. */
   window?: 'sliding' | 'fixed';
   /** Not supported (refused when true): delays belong to the caller; the leaky bucket (`RL.LEAKYBUCKET`) shapes in the server. */
@@ -148,6 +157,8 @@ export class RateLimiterRL {
   private blocksWritten = false;
   /** With an insurance limiter: what Redis may have counted for this instance. */
   private readonly account: LocalAccount | undefined;
+  /** With an insurance limiter (and `breaker` not false): spares a dead Redis a deadline per consume. */
+  readonly breaker: Breaker | undefined;
 
   constructor(opts: RateLimiterRLOptions) {
     if (opts === null || typeof opts !== 'object') {
@@ -193,6 +204,11 @@ export class RateLimiterRL {
       opts.insuranceLimiter.blockDuration = this.blockDuration;
       this.account = new LocalAccount(shareOf(this.points, this.instances), this.msDuration);
     }
+    if (opts.breaker !== undefined && opts.breaker !== false && (opts.breaker === null || typeof opts.breaker !== 'object')) {
+      throw new InvalidArgumentError('breaker', `breaker must be { failures, openForMs } or false, got ${describe(opts.breaker)}`);
+    }
+    const breaker = opts.breaker === false ? undefined : new Breaker(opts.breaker ?? {});
+    this.breaker = this.account !== undefined ? breaker : undefined;
     this.insuranceLimiter = opts.insuranceLimiter;
     this.rl = new Client(opts.storeClient);
   }
@@ -231,13 +247,26 @@ export class RateLimiterRL {
   async consume(key: Key, pointsToConsume = 1, options: object = {}): Promise<RateLimiterRes> {
     const cost = checkPoints('pointsToConsume', pointsToConsume);
     if (!this.account) return this.doConsume(key, cost);
+    const gate = this.breaker?.gate() ?? 'call';
+    if (gate !== 'call') {
+      // Open: the account and the insurance limiter decide without a call.
+      if (gate === 'probe') void startProbe(this.breaker as Breaker, () => this.rl.send(undefined, ['PING']), this.deadlineMs);
+      return this.fallbackConsume(key, cost, pointsToConsume, options, false);
+    }
     let res: RateLimiterRes;
     try {
       res = await beforeDeadline(this.doConsume(key, cost), this.deadlineMs);
     } catch (err) {
-      if (!isOutage(err)) throw err;
-      return this.fallbackConsume(key, cost, pointsToConsume, options, answerLost(err));
+      if (!isOutage(err)) {
+        // A denial is an answer.
+        if (err instanceof RateLimiterRes) this.breaker?.success();
+        throw err;
+      }
+      const lost = answerLost(err);
+      if (lost) this.breaker?.failure();
+      return this.fallbackConsume(key, cost, pointsToConsume, options, lost);
     }
+    this.breaker?.success();
     this.account.charge(this.getKey(key), cost);
     return res;
   }

@@ -10,7 +10,7 @@ import { Client } from './client.js';
 import { Decision, type Path } from './decision.js';
 import { DenyCache } from './denyCache.js';
 import { checkInteger, checkString, describe, InvalidArgumentError, isServerReply, RLConnectionError, RLError, TimeoutError } from './errors.js';
-import { Breaker, checkFallbackMode, Stats, type BreakerOptions, type FallbackMode, type StatName, type StatsSnapshot } from './fallback.js';
+import { Breaker, checkFallbackMode, startProbe, Stats, type BreakerOptions, type FallbackMode, type StatName, type StatsSnapshot } from './fallback.js';
 import { checkShare, localSpec, LocalLimiters, scaled, type LocalSpec, type Share } from './local.js';
 import { Request, ruleArgs, type Period, type Spec, type SpecOrPolicy } from './rules.js';
 import type { RedisLike } from './transport.js';
@@ -405,15 +405,9 @@ export class Limiter {
   /** One `PING` in the background; the breaker closes when it answers. */
   private probe(): void {
     this.counters.add('probes');
-    beforeDeadline(this.client.send(undefined, ['PING']), this.deadlineMs).then(
-      () => {
-        this.counters.add('probes_ok');
-        this.breaker.probeSucceeded();
-      },
-      () => {
-        this.breaker.failure();
-      },
-    );
+    void startProbe(this.breaker, () => this.client.send(undefined, ['PING']), this.deadlineMs).then((closed) => {
+      if (closed) this.counters.add('probes_ok');
+    });
   }
 
   /**
