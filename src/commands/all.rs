@@ -14,10 +14,10 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
+use super::apply::{apply_to_key, decide_on_key};
 use super::host::{Host, Origin};
-use super::limiter::{apply_to_key, decide_on_key};
-use super::policy::{off_decision, shadowed, Through};
 use super::reply_decision_and;
+use super::step::{off_decision, shadowed, Step, Through};
 use super::wait;
 use crate::algorithms::{with_algorithm, Listed, Site, Spec};
 use crate::args::{parse_int, parse_options, Options};
@@ -175,196 +175,295 @@ pub(crate) fn parse<'a>(all: &'a [&'a [u8]]) -> Result<Call<'a>, Error> {
     })
 }
 
-/// `RL.ALL numkeys key [key ...] <spec> [<spec> ...] [COST n [FORCE]]`.
+/// `RL.ALL numkeys key [key ...] <spec> [<spec> ...] [COST n [FORCE]]`:
+/// the stages of `super::step`, on every key of the call.
 pub fn step<H: Host>(host: &H) -> Result<(), Error> {
     let args = host.words::<MAX_ARGS>()?;
-    let Call {
-        keys,
-        mut limits,
-        options,
-    } = parse(&args)?;
-    let replicated = host.origin() == Origin::Replicated;
-    if !replicated {
-        for limit in limits
+    let call = parse(&args)?;
+    super::step::run(
+        host,
+        AllCall {
+            call,
+            replicated: host.origin() == Origin::Replicated,
+        },
+    )
+}
+
+/// One `RL.ALL` call, through the stages.
+struct AllCall<'a> {
+    call: Call<'a>,
+    replicated: bool,
+}
+
+/// What the limiters of a call decided, before any of them changed.
+struct AllMade<K> {
+    /// Each limiter's key (none for a policy that is off).
+    opened: SmallVec<[Option<K>; MAX_KEYS]>,
+    /// Each limiter's outcome, and whether its key holds nothing yet.
+    actual: SmallVec<[(Outcome, bool); MAX_KEYS]>,
+    /// Each limiter's decision as the caller sees it (a dry run admits).
+    answered: Decisions,
+    /// The first limiter that denied.
+    denied_by: Option<usize>,
+}
+
+impl<K> AllMade<K> {
+    /// Whether the call takes the units of the limiter with this outcome.
+    fn takes(&self, (outcome, _): &(Outcome, bool)) -> bool {
+        self.denied_by.is_none() && outcome.changed
+    }
+}
+
+impl<'h, H: Host + 'h> Step<'h, H> for AllCall<'_> {
+    type Made = AllMade<H::Key<'h>>;
+
+    fn now(&self, host: &H) -> Micros {
+        host.now()
+    }
+
+    fn bounds(&mut self, now: Micros) -> Result<(), Error> {
+        let limits = &mut self.call.limits;
+        if !self.replicated {
+            for limit in limits
+                .iter()
+                .filter(|l| matches!(l.source, Source::Inline { .. }))
+            {
+                with_algorithm!(limit.spec, L, p => (L::ROW.bounds)(&p))?;
+            }
+        }
+        for limit in limits.iter_mut() {
+            // A calendar quota learns where its period ends (in its policy's
+            // zone; an inline quota counts in UTC).
+            let zone = match limit.source {
+                Source::Policy { zone, .. } => limit.spec.has_zone().then_some(zone),
+                Source::Inline { zone, .. } => zone,
+            };
+            limit.spec = with_algorithm!(limit.spec, L, p => {
+                let mut p = p;
+                (L::ROW.resolve)(&mut p, zone, None, now)?;
+                L::spec(p)
+            });
+        }
+        Ok(())
+    }
+
+    fn decide(&mut self, host: &'h H, now: Micros) -> Result<Option<Self::Made>, Error> {
+        let Call {
+            keys,
+            limits,
+            options,
+        } = &self.call;
+        let request = options.request;
+        let cost = request.cost();
+        // Decide everywhere first; nothing changes yet. A limiter that is
+        // off is not even looked at; a shadowed one never denies the call.
+        let mut opened: SmallVec<[Option<H::Key<'h>>; MAX_KEYS]> = limits
             .iter()
-            .filter(|l| matches!(l.source, Source::Inline { .. }))
+            .enumerate()
+            .map(|(i, l)| (!l.is_off()).then(|| host.open_key(2 + i)))
+            .collect();
+        let mut actual: SmallVec<[(Outcome, bool); MAX_KEYS]> = SmallVec::new();
+        // A limiter with a queue of blocked requests takes nothing they wait
+        // for: it denies (a dry run still admits).
+        let queues = wait::takes(request) && blocking::any();
+        let db = if queues { host.db() } else { 0 };
+        for (i, (limit, key)) in limits.iter().zip(opened.iter_mut()).enumerate() {
+            let place = if queues && !limit.is_shadow() {
+                blocking::place(db, keys[i], host.turn().waiter())
+            } else {
+                Place::Free
+            };
+            actual.push(match (key, &limit.source) {
+                (Some(key), _) => with_algorithm!(limit.spec, L, p => match place {
+                    Place::Behind(ahead) => wait::behind::<L>(key, &p, cost, now, &ahead).map(|decision| {
+                        (Outcome { decision, changed: false }, false)
+                    }),
+                    _ => decide_on_key::<L>(key, &p, request, now),
+                })?,
+                (None, Source::Policy { .. }) => (
+                    Outcome {
+                        decision: off_decision(limit.spec),
+                        changed: false,
+                    },
+                    false,
+                ),
+                (None, Source::Inline { .. }) => unreachable!("inline limiters are never off"),
+            });
+        }
+        let answered: Decisions = limits
+            .iter()
+            .zip(&actual)
+            // A dry run answers allowed and never makes the caller wait.
+            .map(|(l, (o, _))| {
+                if l.is_shadow() {
+                    shadowed(o.decision)
+                } else {
+                    o.decision
+                }
+            })
+            .collect();
+        let denied_by = answered.iter().position(|d| !d.allowed);
+        let made = AllMade {
+            opened,
+            actual,
+            answered,
+            denied_by,
+        };
+        // Out of memory is decided once, before any limiter changes: a key
+        // the call would create fails the whole call, all or nothing.
+        if !self.replicated
+            && made.actual.iter().any(|a| made.takes(a) && a.1)
+            && host.out_of_memory()
         {
-            with_algorithm!(limit.spec, L, p => (L::ROW.bounds)(&p))?;
+            return Err(Error::OutOfMemory);
+        }
+        Ok(Some(made))
+    }
+
+    /// Admitted: the first limiter's fields; denied: with the longest wait
+    /// of the limiters that denied, which a `BLOCK` waits for.
+    fn answer(made: &Self::Made) -> Decision {
+        let wait = match made.denied_by {
+            None => made.answered[0].wait,
+            Some(_) => made
+                .answered
+                .iter()
+                .filter(|d| !d.allowed)
+                .map(|d| d.wait)
+                .max_by_key(|&w| wait_rank(w))
+                .unwrap_or(Wait::Ms(0)),
+        };
+        Decision {
+            allowed: made.denied_by.is_none(),
+            wait,
+            ..made.answered[0]
         }
     }
-    let now: Micros = host.now();
-    for limit in limits.iter_mut() {
-        // A calendar quota learns where its period ends (in its policy's
-        // zone; an inline quota counts in UTC).
-        let zone = match limit.source {
-            Source::Policy { zone, .. } => limit.spec.has_zone().then_some(zone),
-            Source::Inline { zone, .. } => zone,
-        };
-        limit.spec = with_algorithm!(limit.spec, L, p => {
-            let mut p = p;
-            (L::ROW.resolve)(&mut p, zone, None, now)?;
-            L::spec(p)
-        });
-    }
-    let request = options.request;
-    let cost = request.cost();
 
-    // Decide everywhere first; nothing changes yet. A limiter that is off is
-    // not even looked at; a shadowed one never denies the call.
-    let mut opened: SmallVec<[Option<H::Key<'_>>; MAX_KEYS]> = limits
-        .iter()
-        .enumerate()
-        .map(|(i, l)| (!l.is_off()).then(|| host.open_key(2 + i)))
-        .collect();
-    let mut actual: SmallVec<[(Outcome, bool); MAX_KEYS]> = SmallVec::new();
-    // A limiter with a queue of blocked requests takes nothing they wait
-    // for: it denies (a dry run still admits).
-    let queues = wait::takes(request) && blocking::any();
-    let db = if queues { host.db() } else { 0 };
-    for (i, (limit, key)) in limits.iter().zip(opened.iter_mut()).enumerate() {
-        let place = if queues && !limit.is_shadow() {
-            blocking::place(db, keys[i], host.turn().waiter())
-        } else {
-            Place::Free
-        };
-        actual.push(match (key, &limit.source) {
-            (Some(key), _) => with_algorithm!(limit.spec, L, p => match place {
-                Place::Behind(ahead) => wait::behind::<L>(key, &p, cost, now, &ahead).map(|decision| {
-                    (Outcome { decision, changed: false }, false)
-                }),
-                _ => decide_on_key::<L>(key, &p, request, now),
-            })?,
-            (None, Source::Policy { .. }) => (
-                Outcome {
-                    decision: off_decision(limit.spec),
-                    changed: false,
-                },
-                false,
-            ),
-            (None, Source::Inline { .. }) => unreachable!("inline limiters are never off"),
-        });
-    }
-    let answered: Decisions = limits
-        .iter()
-        .zip(&actual)
-        // A dry run answers allowed and never makes the caller wait.
-        .map(|(l, (o, _))| {
-            if l.is_shadow() {
-                shadowed(o.decision)
-            } else {
-                o.decision
-            }
-        })
-        .collect();
-    let denied_by = answered.iter().position(|d| !d.allowed);
-    if denied_by.is_some() {
+    fn park(&self, host: &H, made: &Self::Made, now: Micros) -> bool {
         // With BLOCK, the call waits until every limiter admits at once.
-        let longest = answered
-            .iter()
-            .filter(|d| !d.allowed)
-            .map(|d| d.wait)
-            .max_by_key(|&w| match w {
-                Wait::Never => u64::MAX,
-                Wait::Ms(ms) => ms,
-            })
-            .unwrap_or(Wait::Ms(0));
-        let denial = Decision {
-            allowed: false,
-            wait: longest,
-            ..answered[0]
-        };
+        if made.denied_by.is_none() {
+            return false;
+        }
+        let keys = self.call.keys;
         let args: SmallVec<[usize; MAX_KEYS]> = (2..2 + keys.len()).collect();
         let waits = wait::Waits {
             queued: false,
             released_early: false,
         };
-        if wait::park(
+        let options = &self.call.options;
+        wait::park(
             host,
             &args,
             keys,
             waits,
-            &denial,
-            request,
+            &<Self as Step<'h, H>>::answer(made),
+            options.request,
             options.block,
             now,
-        ) {
-            return Ok(());
-        }
-    }
-    // All admitted: each limiter whose state the request changes takes its
-    // units (a shadowed one that would deny takes nothing).
-    let takes = |(outcome, _): &(Outcome, bool)| denied_by.is_none() && outcome.changed;
-    // Out of memory is decided once, before any limiter changes: a key the
-    // call would create fails the whole call, all or nothing.
-    if !replicated && actual.iter().any(|a| takes(a) && a.1) && host.out_of_memory() {
-        return Err(Error::OutOfMemory);
+        )
     }
 
-    for (i, (limit, planned)) in limits.iter().zip(&actual).enumerate() {
-        let decision = &planned.0.decision;
-        if limit.is_off() {
-            if let Source::Policy { stats, .. } = &limit.source {
-                stats.outcomes.calls.bump();
+    fn record(&self, made: &Self::Made, now: Micros) {
+        let cost = self.call.options.request.cost();
+        for (limit, planned) in self.call.limits.iter().zip(&made.actual) {
+            let decision = &planned.0.decision;
+            if limit.is_off() {
+                if let Source::Policy { stats, .. } = &limit.source {
+                    stats.outcomes.calls.bump();
+                }
+                continue;
             }
-            continue;
+            // What this limiter did: its own decision if the call went
+            // through or it denied; a peek if another limiter denied the
+            // call.
+            let outcome = if made.takes(planned) || !decision.allowed || cost == 0 {
+                cost
+            } else {
+                0
+            };
+            with_algorithm!(limit.spec, L, _p => L::stats().record(decision, outcome));
+            if let Source::Policy { stats, .. } = &limit.source {
+                stats.outcomes.record(decision, outcome);
+                if !decision.allowed && limit.is_shadow() {
+                    stats.shadow_denied.bump();
+                }
+            }
         }
-        let key = opened[i].as_mut().expect("opened");
-        let take = takes(planned);
-        if take {
+        let overall = Decision {
+            allowed: made.denied_by.is_none(),
+            ..made.answered[0]
+        };
+        crate::stats::ALL.record(&overall, cost);
+        if let Some(i) = made.denied_by {
+            let limit = &self.call.limits[i];
+            let source: [&[u8]; 2] = match limit.source {
+                Source::Policy { name, .. } => [b"RL.ALL policy:", name],
+                Source::Inline { .. } => [b"RL.ALL ", limit.spec.name().as_bytes()],
+            };
+            deny_log::record(
+                now.as_ms_floor(),
+                self.call.keys[i],
+                &source,
+                cost,
+                made.answered[i].wait.as_reply(),
+            );
+        }
+    }
+
+    /// All admitted: each limiter whose state the request changes takes its
+    /// units (a shadowed one that would deny takes nothing), and each
+    /// change goes out as its own pinned call.
+    fn commit(&self, host: &H, made: &mut Self::Made, now: Micros) -> Result<(), Error> {
+        let request = self.call.options.request;
+        for (i, limit) in self.call.limits.iter().enumerate() {
+            let planned = made.actual[i];
+            if !made.takes(&planned) {
+                continue;
+            }
+            let key = made.opened[i]
+                .as_mut()
+                .expect("an admitting limiter is open");
             let applied = with_algorithm!(limit.spec, L, p => apply_to_key::<L, H>(host, key, &p, request, now, false))?;
             debug_assert_eq!(applied.outcome, planned.0);
             propagate(host, limit, 2 + i, request, now);
             super::host::Store::written(key, c"rl.all", applied.expiry_written);
         }
-        // What this limiter did: its own decision if the call went through
-        // or it denied; a peek if another limiter denied the call.
-        let outcome = if take || !decision.allowed || cost == 0 {
-            cost
-        } else {
-            0
-        };
-        with_algorithm!(limit.spec, L, _p => L::stats().record(decision, outcome));
-        if let Source::Policy { stats, .. } = &limit.source {
-            stats.outcomes.record(decision, outcome);
-            if !decision.allowed && limit.is_shadow() {
-                stats.shadow_denied.bump();
-            }
-        }
+        Ok(())
     }
-    let overall = Decision {
-        allowed: denied_by.is_none(),
-        ..answered[0]
-    };
-    wait::answered(host, &overall);
-    crate::stats::ALL.record(&overall, cost);
-    if let Some(i) = denied_by {
-        let source: [&[u8]; 2] = match limits[i].source {
-            Source::Policy { name, .. } => [b"RL.ALL policy:", name],
-            Source::Inline { .. } => [b"RL.ALL ", limits[i].spec.name().as_bytes()],
-        };
-        deny_log::record(
-            now.as_ms_floor(),
-            keys[i],
-            &source,
-            cost,
-            answered[i].wait.as_reply(),
+
+    fn reply(self, host: &H, made: Self::Made) {
+        let AllMade {
+            opened,
+            answered,
+            denied_by,
+            ..
+        } = made;
+        drop(opened);
+        // A limiter that is off answers nothing about the call: it never
+        // shapes the reply, unless every limiter is off.
+        let live: Decisions = self
+            .call
+            .limits
+            .iter()
+            .zip(&answered)
+            .filter(|(l, _)| !l.is_off())
+            .map(|(_, d)| *d)
+            .collect();
+        reply(
+            host,
+            if live.is_empty() { &answered } else { &live },
+            denied_by,
         );
     }
-    drop(opened);
-    // A limiter that is off answers nothing about the call: it never shapes
-    // the reply, unless every limiter is off.
-    let live: Decisions = limits
-        .iter()
-        .zip(&answered)
-        .filter(|(l, _)| !l.is_off())
-        .map(|(_, d)| *d)
-        .collect();
-    reply(
-        host,
-        if live.is_empty() { &answered } else { &live },
-        denied_by,
-    );
-    Ok(())
+}
+
+/// A wait's rank: never is the longest.
+fn wait_rank(w: Wait) -> u64 {
+    match w {
+        Wait::Never => u64::MAX,
+        Wait::Ms(ms) => ms,
+    }
 }
 
 type Decisions = SmallVec<[Decision; MAX_KEYS]>;
@@ -435,10 +534,6 @@ fn propagate<H: Host>(host: &H, limit: &Limit, key: usize, request: Request, now
 /// limiter that makes the caller wait longest (never, if any can never
 /// admit).
 fn reply<H: Host>(host: &H, decisions: &[Decision], denied_by: Option<usize>) {
-    let wait_rank = |w: Wait| match w {
-        Wait::Never => u64::MAX,
-        Wait::Ms(ms) => ms,
-    };
     let mut chosen = match denied_by {
         None => *decisions
             .iter()

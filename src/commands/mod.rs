@@ -8,6 +8,7 @@
 //! key space (`memory.rs`).
 
 pub mod all;
+mod apply;
 pub mod host;
 pub mod lease;
 pub mod limiter;
@@ -18,6 +19,7 @@ pub mod log;
 pub mod memory;
 pub mod policy;
 pub mod setstate;
+mod step;
 #[cfg(test)]
 mod tests_steps;
 pub mod throttle;

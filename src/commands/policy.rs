@@ -1,20 +1,15 @@
 //! `RL.POLICY SET|GET|DEL|LIST` and `RL.HIT name key [COST n]`: rules kept in
 //! the server (see `crate::policy` for what modes and roll-outs mean).
 
-use super::host::{Host, Origin, Store, Turn};
-use super::limiter::{apply_to_key, Applied};
+use super::host::{Host, Origin};
 use super::live::live;
-use super::wait::{self, Gate, Waits};
+use super::step::{OneKey, Through, Via};
 use super::{reply_lines, MAX_ARGS};
-use crate::algorithms::{
-    with_algorithm, words_allowed, Listed, ReplyShape, Site, Spec, POLICY_KEYWORDS,
-};
-use crate::args::{parse_options, Params};
-use crate::deny_log;
+use crate::algorithms::{with_algorithm, words_allowed, Listed, Site, POLICY_KEYWORDS};
+use crate::args::parse_options;
 use crate::error::Error;
 use crate::ffi::{command, Arg, Subcommand};
-use crate::limiter::{Decision, Wait};
-use crate::policy::{self, Mode, Rule};
+use crate::policy;
 
 /// `RL.POLICY HELP`
 pub(super) fn help<H: Host>(host: &H) -> Result<(), Error> {
@@ -203,43 +198,6 @@ pub(super) fn list<H: Host>(host: &H) -> Result<(), Error> {
     Ok(())
 }
 
-/// What a call through a rule does with the key: enforce, shadow or nothing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Through {
-    Enforce,
-    Shadow,
-    Off,
-}
-
-impl Through {
-    pub fn of(rule: &Rule, key: &[u8]) -> Through {
-        match rule.mode {
-            Mode::Off => Through::Off,
-            _ if rule.enforces(key) => Through::Enforce,
-            _ => Through::Shadow,
-        }
-    }
-}
-
-/// The answer of a limiter that is off: allowed, nothing looked at.
-pub fn off_decision(spec: Spec) -> Decision {
-    let limit = spec.limit();
-    Decision {
-        allowed: true,
-        limit,
-        remaining: limit,
-        wait: Wait::Ms(0),
-        reset_ms: 0,
-    }
-}
-
-/// A shadowed decision as the caller sees it: allowed, with no wait.
-pub fn shadowed(mut decision: Decision) -> Decision {
-    decision.allowed = true;
-    decision.wait = Wait::Ms(0);
-    decision
-}
-
 /// `RL.HIT name key [COST n [FORCE] | REFUND n] [BLOCK timeout_ms]`
 #[inline(always)]
 pub fn hit<H: Host>(host: &H) -> Result<(), Error> {
@@ -265,79 +223,16 @@ pub fn hit<H: Host>(host: &H) -> Result<(), Error> {
     }
     let (rule, stats) =
         policy::get(name).ok_or_else(|| Error::UnknownPolicy(Error::quote(name)))?;
-    let request = options.request;
-    let cost = request.cost();
     let through = Through::of(&rule, key);
-    if through == Through::Off {
-        stats.outcomes.calls.bump();
-        let off = off_decision(rule.spec);
-        wait::answered(host, &off);
-        with_algorithm!(rule.spec, L, _p => L::ROW.reply.send(host, &off, 0));
-        return Ok(());
-    }
-    let now = host.now();
-    let mut open = host.open_key(2);
-    with_algorithm!(rule.spec, L, p => {
-        let mut p = p;
-        (L::ROW.resolve)(&mut p, rule.spec.has_zone().then_some(rule.zone), None, now)?;
-        // A dry run never makes the caller wait, nor waits itself.
-        let waits = through == Through::Enforce;
-        let gate = if waits {
-            wait::gate::<L, H>(host, &mut open, key, &p, request, now)?
-        } else {
-            Gate::Open
-        };
-        let applied = match gate {
-            Gate::Open => apply_to_key::<L, H>(host, &mut open, &p, request, now, true)?,
-            Gate::Wait => {
-                host.keep_waiting();
-                return Ok(());
-            }
-            Gate::Behind(decision) => Applied::unchanged(decision),
-        };
-        let decision = applied.outcome.decision;
-        let shape = Waits {
-            queued: true,
-            released_early: L::ROW.reply == ReplyShape::Lease,
-        };
-        if waits && wait::park(host, &[2], &[key], shape, &decision, request, options.block, now) {
-            return Ok(());
-        }
-        wait::answered(host, &decision);
-        L::stats().record(&decision, cost);
-        if applied.outcome.changed {
-            host.propagate_limiter_with(
-                L::ROW.command,
-                2,
-                || p.values(),
-                request,
-                now,
-                (L::ROW.period_end)(&p),
-            );
-            open.written(c"rl.hit", applied.expiry_written);
-            if host.turn() == Turn::Call {
-                host.signal_ready(2);
-            }
-        }
-        drop(open);
-        stats.outcomes.record(&decision, cost);
-        let lease = applied.lease;
-        let answer = if decision.allowed || cost == 0 {
-            decision
-        } else if through == Through::Enforce {
-            deny_log::record(
-                now.as_ms_floor(),
-                key,
-                &[b"policy:", name],
-                cost,
-                decision.wait.as_reply(),
-            );
-            decision
-        } else {
-            stats.shadow_denied.bump();
-            shadowed(decision)
-        };
-        L::ROW.reply.send(host, &answer, lease);
-    });
-    Ok(())
+    let zone = rule.spec.has_zone().then_some(rule.zone);
+    with_algorithm!(rule.spec, L, p => super::step::run(
+        host,
+        OneKey::<L> {
+            key,
+            params: p,
+            request: options.request,
+            block: options.block,
+            via: Via::Policy { name, stats, through, zone },
+        },
+    ))
 }
