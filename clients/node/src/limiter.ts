@@ -94,6 +94,8 @@ export class RuleSet {
 
 type Limits = Array<readonly [string, LocalSpec]>;
 
+const MAX_COST = 1n << 40n;
+
 /** What became of the call to Redis. */
 type Outcome = { kind: 'redis'; d: Decision } | { kind: 'lost' } | { kind: 'notApplied' };
 
@@ -380,7 +382,8 @@ export class Limiter {
       if (units === 0n) continue;
       this.counters.add('owed_sent');
       const rule = rules[i] as CheckedRule;
-      const request = Request.force(Number(units));
+      // At most 2^40 in one call (the bound of COST): more would be a debt beyond any limit anyway.
+      const request = Request.force(Number(units < MAX_COST ? units : MAX_COST));
       const key = keys[i] as string;
       const sent = 'policy' in rule.kind ? this.client.hit(rule.kind.policy, key, request) : this.client.limit(key, rule.kind, request);
       await beforeDeadline(sent, this.deadlineMs).catch(() => {

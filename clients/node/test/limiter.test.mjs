@@ -309,3 +309,28 @@ describe('Redis killed', () => {
     }
   });
 });
+
+describe('bounds on memory', () => {
+  test('the deny cache holds at most its capacity, the newest kept', async () => {
+    const { DenyCache } = await import('../dist/esm/denyCache.js');
+    const { Decision } = await import('redis-ratelimit');
+    const cache = new DenyCache(1000, 100);
+    for (let i = 0; i < 10_000; i++) cache.put(`k${i}`, new Decision(false, 5, 0, 1000 + i, 60_000), 0);
+    assert.equal(cache.size, 100);
+    assert.equal(cache.get('k9999', 1).path, 'denyCache');
+    assert.equal(cache.get('k9999', 1).waitMs, 1000 + 9999 - 1);
+    // Neither an admission nor a denial that can never pass is cached.
+    cache.put('never', new Decision(false, 5, 0, -1, 0), 0);
+    cache.put('ok', new Decision(true, 5, 4, 0, 0), 0);
+    assert.equal(cache.get('never', 1), undefined);
+    assert.equal(cache.get('ok', 1), undefined);
+  });
+  test('the local limiters hold at most their capacity', async () => {
+    const { LocalLimiters, localSpec } = await import('../dist/esm/local.js');
+    const local = new LocalLimiters(1000);
+    const spec = localSpec(fixed(5));
+    for (let i = 0; i < 20_000; i++) local.run(`k${i}`, spec, { kind: 'cost', n: 1n });
+    assert.ok(local.size <= 1000, `${local.size}`);
+    assert.equal(local.run('k19999', spec, { kind: 'cost', n: 0n }).remaining, 4n, 'the newest stays');
+  });
+});

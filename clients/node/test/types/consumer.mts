@@ -110,3 +110,25 @@ export async function names(): Promise<number> {
   }
   return d.remaining;
 }
+
+// The Limiter: rules, options, the decision's path, the counters.
+import { Limiter, RuleSet, STAT_NAMES, type LimiterOptions, type LimiterRule, type FallbackMode, type Path, type StatsSnapshot } from 'redis-ratelimit';
+export async function twoLevels(): Promise<[boolean, Path, number, StatsSnapshot]> {
+  const mode: FallbackMode = 'localOnly';
+  const options: LimiterOptions = { instances: 4, fallback: mode, deadlineMs: 100, breaker: { failures: 5, openForMs: 1000 }, denyCacheMaxMs: 1000 };
+  const lim = new Limiter(new Client(client), options);
+  const rules: LimiterRule[] = [
+    { name: 'user', spec: { algorithm: 'sliding', limit: 100, windowMs: 60_000 } },
+    { key: 'rl:api', global: true, spec: { algorithm: 'tokenbucket', capacity: 1000, refillCount: 1000, refillMs: 1000 } },
+    { policy: 'POST:/orders' },
+  ];
+  const set: RuleSet = await lim.ruleSet(rules);
+  const d: Decision = await lim.check(set, 'alice', 2);
+  const first: string = STAT_NAMES[0];
+  const pairs: Array<[string, number]> = lim.statsPairs();
+  void first;
+  void pairs;
+  void new Limiter(redis, { share: { ratio: 0.25 }, localLevel: false, denyCache: false });
+  return [d.allowed, d.path, d.deniedBy ?? -1, lim.stats()];
+}
+export const breakers = [new RLStore({ client: redis, breaker: { failures: 3 } }), new RateLimiterRL({ storeClient: redis, breaker: false })];
