@@ -9,7 +9,7 @@ import express from 'express';
 import { rateLimit } from 'express-rate-limit';
 import { Redis } from 'ioredis';
 import { RateLimiterMemory } from 'rate-limiter-flexible';
-import { RateLimiterRL, RLStore } from 'redis-ratelimit';
+import { Limiter, RateLimiterRL, RLStore } from 'redis-ratelimit';
 import { startServer } from './servers.mjs';
 
 const LIMIT = 5;
@@ -70,6 +70,24 @@ async function burst(decide, client) {
 }
 
 describe('Redis slow for short spells during a burst for one key', () => {
+  test('the Limiter (local-only fallback) admits at most max(limit, share), and Redis counted them all', async (t) => {
+    const c = new Redis({ port: server.port, host: '127.0.0.1' });
+    try {
+      const limiter = new Limiter(c, { deadlineMs: 100, denyCache: false });
+      const rules = await limiter.ruleSet([{ spec: { algorithm: 'fixedwindow', limit: LIMIT, windowMs: WINDOW_S * 1000 }, key: `slow:${process.pid}:limiter` }]);
+      const admitted = await burst(async () => (await limiter.check(rules, 'user')).allowed, c);
+      const s = limiter.stats();
+      t.diagnostic(`admitted ${admitted} of a limit of ${LIMIT} (${s.redis_admitted} by Redis, ${s.fallback_admitted} by the fallback, ${s.redis_timeouts} timeouts)`);
+      // One instance: its share is the limit itself.
+      assert.ok(admitted <= LIMIT, `admitted ${admitted} of a limit of ${LIMIT}`);
+      assert.ok(s.redis_timeouts > 0, 'the spells made calls miss the deadline');
+      const d = await limiter.client.fixedWindow(`slow:${process.pid}:limiter`, { limit: LIMIT, windowMs: WINDOW_S * 1000 }, { cost: 0 });
+      assert.equal(d.remaining, 0);
+    } finally {
+      c.disconnect();
+    }
+  });
+
   test('RateLimiterRL with an insurance limiter admits at most max(limit, share)', async (t) => {
     const c = timedClient();
     try {
