@@ -5,6 +5,7 @@ import java.util.Arrays;
 import java.util.Iterator;
 import java.util.Map;
 import java.util.TreeMap;
+import java.util.function.LongUnaryOperator;
 
 /**
  * The core's rate algorithms ({@code core/src/*.rs}) ported exactly, in
@@ -123,6 +124,21 @@ final class CoreAlgorithms {
 
     private static long satSub(long a, long b) {
         return a > b ? a - b : 0;
+    }
+
+    /**
+     * A denial's wait, one rule for the counting algorithms: none for
+     * {@code COST 0} (an inspection), never (-1) for more than the limit,
+     * else {@code until} the {@code excess} units over the limit have left.
+     */
+    private static long denialWait(long cost, long limit, long excess, LongUnaryOperator until) {
+        if (cost == 0) {
+            return 0;
+        }
+        if (cost > limit) {
+            return -1;
+        }
+        return until.applyAsLong(excess);
     }
 
     // ---------------------------------------------------------------- GCRA
@@ -300,10 +316,10 @@ final class CoreAlgorithms {
 
     // -------------------------------------------------------- fixed window
 
-    /** {@code fixed_window.rs}: params {@code limit, window_ms}. */
     /**
-     * A count in a window (the fixed window) or a period (the quota): what
-     * {@code COST n FORCE} does is the same for both, as in the core.
+     * A count in a window (the fixed window) or a period (the quota): the
+     * decision, {@code COST n FORCE} and {@code REFUND n} are the same for
+     * both, as in the core; they differ only in where a window ends.
      */
     abstract static class Counted extends State {
         long count;
@@ -329,8 +345,58 @@ final class CoreAlgorithms {
             count = forced;
             return new Outcome(d, true);
         }
+
+        /** The end of the window or period that a mark of {@link #current} is in, in microseconds. */
+        abstract long endOf(long[] p, long mark);
+
+        /**
+         * A call of {@code cost} units: admitted while the count leaves room
+         * (kept when {@code commit}), else the wait to the end (which is after
+         * {@code nowUs}), or never for more than the limit; {@code COST 0}
+         * inspects.
+         */
+        private Verdict evaluate(long[] p, long cost, long nowUs, boolean commit) {
+            long[] cur = current(p, nowUs);
+            long count = cur[1];
+            long end = endOf(p, cur[0]);
+            long toEndMs = ceilDiv(end - Math.min(nowUs, end), 1000);
+            long limit = p[0];
+            long remaining = satSub(limit, count);
+            if (cost > 0 && cost <= remaining) {
+                if (commit) {
+                    mark(cur[0]);
+                    this.count = count + cost;
+                }
+                return new Verdict(true, limit, remaining - cost, 0, toEndMs);
+            }
+            long wait = denialWait(cost, limit, count + cost - limit, excess -> Math.max(toEndMs, 1));
+            return new Verdict(cost == 0, limit, remaining, wait, count == 0 ? 0 : toEndMs);
+        }
+
+        @Override
+        final Verdict apply(long[] p, long cost, long nowUs) {
+            return evaluate(p, cost, nowUs, true);
+        }
+
+        @Override
+        final Verdict decide(long[] p, long cost, long nowUs) {
+            return evaluate(p, cost, nowUs, false);
+        }
+
+        /** Gives back at most the current count (a count of the current window or period, which keeps its mark). */
+        @Override
+        final boolean refund(long[] p, long units, long nowUs) {
+            long count = current(p, nowUs)[1];
+            long back = Math.min(units, count);
+            if (back == 0) {
+                return false;
+            }
+            this.count = count - back;
+            return true;
+        }
     }
 
+    /** {@code fixed_window.rs}: params {@code limit, window_ms}. */
     static final class FixedWindow extends Counted {
         long lastUs;
 
@@ -351,48 +417,14 @@ final class CoreAlgorithms {
             return new long[] {eff, same ? count : 0};
         }
 
-        private Verdict evaluate(long[] p, long cost, long nowUs, boolean commit) {
-            long[] cur = current(p, nowUs);
-            long count = cur[1];
-            long endUs = windowEndUs(p, cur[0]);
-            long toEndMs = ceilDiv(endUs - Math.min(nowUs, endUs), 1000);
-            long limit = p[0];
-            long remaining = satSub(limit, count);
-            if (cost > 0 && cost <= remaining) {
-                if (commit) {
-                    lastUs = cur[0];
-                    this.count = count + cost;
-                }
-                return new Verdict(true, limit, remaining - cost, 0, toEndMs);
-            }
-            long wait = cost == 0 ? 0 : cost > limit ? -1 : toEndMs;
-            return new Verdict(cost == 0, limit, remaining, wait, count == 0 ? 0 : toEndMs);
-        }
-
         @Override
-        Verdict apply(long[] p, long cost, long nowUs) {
-            return evaluate(p, cost, nowUs, true);
-        }
-
-        @Override
-        Verdict decide(long[] p, long cost, long nowUs) {
-            return evaluate(p, cost, nowUs, false);
+        long endOf(long[] p, long mark) {
+            return windowEndUs(p, mark);
         }
 
         @Override
         void mark(long at) {
             lastUs = at;
-        }
-
-        @Override
-        boolean refund(long[] p, long units, long nowUs) {
-            long count = current(p, nowUs)[1];
-            long back = Math.min(units, count);
-            if (back == 0) {
-                return false;
-            }
-            this.count = count - back;
-            return true;
         }
     }
 
@@ -523,16 +555,8 @@ final class CoreAlgorithms {
                 long newest = newestMs();
                 reset = newest == nowCeilMs ? windowMs : leavesAfter(newest, windowMs, nowUs);
             }
-            long wait;
-            if (cost == 0) {
-                wait = 0;
-            } else if (cost > limit) {
-                wait = -1;
-            } else {
-                long excess = held + cost - limit;
-                int k = search(first, i -> unitsThrough(i) - before >= excess);
-                wait = leavesAfter(msOf(k), windowMs, nowUs);
-            }
+            long wait = denialWait(cost, limit, held + cost - limit, excess ->
+                    leavesAfter(msOf(search(first, i -> unitsThrough(i) - before >= excess)), windowMs, nowUs));
             if (wait >= 0) {
                 reset = Math.max(reset, wait);
             }
@@ -683,13 +707,7 @@ final class CoreAlgorithms {
             if (cost > 0 && cost <= remaining) {
                 return new Verdict(true, limit, remaining - cost, 0, leavesAfter(current, bucketUs, nowUs));
             }
-            long wait;
-            if (cost == 0) {
-                wait = 0;
-            } else if (cost > limit) {
-                wait = -1;
-            } else {
-                long excess = held + cost - limit;
+            long wait = denialWait(cost, limit, held + cost - limit, excess -> {
                 long freed = 0;
                 long from = Math.max(current + 1 - n, 0);
                 long bucket = from;
@@ -703,8 +721,8 @@ final class CoreAlgorithms {
                         break;
                     }
                 }
-                wait = leavesAfter(bucket, bucketUs, nowUs);
-            }
+                return leavesAfter(bucket, bucketUs, nowUs);
+            });
             return new Verdict(cost == 0, limit, remaining, wait, held == 0 ? 0 : leavesAfter(newest, bucketUs, nowUs));
         }
 
@@ -834,49 +852,15 @@ final class CoreAlgorithms {
             return nowUs < endUs ? new long[] {endUs, count} : new long[] {endAfter(p, nowUs), 0};
         }
 
-        private Verdict evaluate(long[] p, long cost, long nowUs, boolean commit) {
-            long[] cur = current(p, nowUs);
-            long end = cur[0];
-            long count = cur[1];
-            long toEndMs = ceilDiv(end - Math.min(nowUs, end), 1000);
-            long limit = p[0];
-            long remaining = satSub(limit, count);
-            if (cost > 0 && cost <= remaining) {
-                if (commit) {
-                    endUs = end;
-                    this.count = count + cost;
-                }
-                return new Verdict(true, limit, remaining - cost, 0, toEndMs);
-            }
-            long wait = cost == 0 ? 0 : cost > limit ? -1 : Math.max(toEndMs, 1);
-            return new Verdict(cost == 0, limit, remaining, wait, count == 0 ? 0 : toEndMs);
-        }
-
+        /** A quota's mark is its period's end. */
         @Override
-        Verdict apply(long[] p, long cost, long nowUs) {
-            return evaluate(p, cost, nowUs, true);
-        }
-
-        @Override
-        Verdict decide(long[] p, long cost, long nowUs) {
-            return evaluate(p, cost, nowUs, false);
+        long endOf(long[] p, long mark) {
+            return mark;
         }
 
         @Override
         void mark(long at) {
             endUs = at;
-        }
-
-        @Override
-        boolean refund(long[] p, long units, long nowUs) {
-            long[] cur = current(p, nowUs);
-            long back = Math.min(units, cur[1]);
-            if (back == 0) {
-                return false;
-            }
-            endUs = cur[0];
-            count = cur[1] - back;
-            return true;
         }
     }
 
