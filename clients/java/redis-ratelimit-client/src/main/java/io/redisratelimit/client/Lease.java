@@ -39,7 +39,7 @@ public final class Lease implements AutoCloseable {
         return t;
     });
 
-    private final RateLimitClient client;
+    private final Client client;
     private final String key;
     private final Decision decision;
     private final Duration leaseTime;
@@ -47,7 +47,7 @@ public final class Lease implements AutoCloseable {
     private volatile boolean lost;
     private volatile ScheduledFuture<?> renewal;
 
-    private Lease(RateLimitClient client, String key, Decision decision, Duration leaseTime) {
+    private Lease(Client client, String key, Decision decision, Duration leaseTime) {
         this.client = client;
         this.key = key;
         this.decision = decision;
@@ -59,7 +59,7 @@ public final class Lease implements AutoCloseable {
      * {@code RL.HIT} on a concurrency policy), on {@code key}, granted for
      * {@code leaseTime} (what {@link #renew()} asks again; null when unknown).
      */
-    public static Lease of(RateLimitClient client, String key, Decision admitted, Duration leaseTime) {
+    public static Lease of(Client client, String key, Decision admitted, Duration leaseTime) {
         Args.key(key);
         if (!admitted.allowed() || admitted.lease() < 1) {
             throw new InvalidArgumentException("lease", "the decision holds no lease: " + admitted);
@@ -88,7 +88,7 @@ public final class Lease implements AutoCloseable {
 
     /** {@code RL.RELEASE key lease}: true when it was held until now, false when it had already ended. Once only. */
     public boolean release() {
-        return RateLimitClient.await(releaseAsync().toCompletableFuture(), "RL.RELEASE", MIN_DEADLINE.plus(client.deadline()).plusSeconds(1));
+        return Client.await(releaseAsync().toCompletableFuture(), "RL.RELEASE", MIN_DEADLINE.plus(client.deadline()).plusSeconds(1));
     }
 
     /** The asynchronous form of {@link #release()}; a second call answers false without a round trip. */

@@ -15,7 +15,7 @@ import java.util.concurrent.CompletionStage;
 import java.util.concurrent.TimeUnit;
 
 /**
- * Rate limiting over a {@link RateLimitClient}: the deny cache, then the local
+ * Rate limiting over a {@link Client}: the deny cache, then the local
  * level (for global rules), then one round trip to Redis within the deadline,
  * and the fallback with a Resilience4j circuit breaker when Redis cannot
  * answer. {@link #check} never fails: where Redis cannot decide, the fallback
@@ -32,7 +32,7 @@ public final class Limiter implements AutoCloseable {
 
     /** Builds a {@link Limiter}; every setting has a default. */
     public static final class Builder {
-        private final RateLimitClient client;
+        private final Client client;
         private boolean localLevel = true;
         private Share share = Share.instances(1);
         private boolean denyCache = true;
@@ -44,7 +44,7 @@ public final class Limiter implements AutoCloseable {
         private Duration breakerOpenFor = Duration.ofSeconds(1);
         private Duration deadline;
 
-        private Builder(RateLimitClient client) {
+        private Builder(Client client) {
             this.client = client;
         }
 
@@ -115,7 +115,7 @@ public final class Limiter implements AutoCloseable {
         }
     }
 
-    private final RateLimitClient client;
+    private final Client client;
     private final boolean localLevel;
     private final Share share;
     private final DenyCache denyCache;
@@ -166,11 +166,11 @@ public final class Limiter implements AutoCloseable {
         });
     }
 
-    public static Builder builder(RateLimitClient client) {
+    public static Builder builder(Client client) {
         return new Builder(client);
     }
 
-    public RateLimitClient client() {
+    public Client client() {
         return client;
     }
 

@@ -1,21 +1,14 @@
 package io.redisratelimit.client;
 
-import io.redisratelimit.client.testing.Windows;
 import io.redisratelimit.client.driver.Command;
-import io.redisratelimit.client.driver.Driver;
-import io.redisratelimit.client.testing.RedisCluster;
 import io.redisratelimit.client.testing.RedisServer;
-import org.junit.jupiter.api.AfterAll;
+import io.redisratelimit.client.testing.Windows;
 import org.junit.jupiter.api.Assumptions;
-import org.junit.jupiter.api.BeforeAll;
-import org.junit.jupiter.api.TestInstance;
 import org.junit.jupiter.params.ParameterizedTest;
 import org.junit.jupiter.params.provider.EnumSource;
 
 import java.time.Duration;
-import java.util.EnumMap;
 import java.util.List;
-import java.util.Map;
 import java.util.UUID;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.TimeUnit;
@@ -30,24 +23,16 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
  * and cluster. Skipped, saying so, on a module without {@code BLOCK} (unless
  * {@code RL_REQUIRE_BLOCK=1}, which makes that a failure).
  */
-@TestInstance(TestInstance.Lifecycle.PER_CLASS)
-class AcquireTest {
+class AcquireTest extends EveryDriver {
     private static final Duration LONG = Duration.ofSeconds(20);
 
-    private RedisServer server;
-    private RedisCluster cluster;
-    private final Map<Drivers, RateLimitClient> clients = new EnumMap<>(Drivers.class);
-
-    @BeforeAll
-    void start() {
-        server = RedisServer.start();
-        RateLimitClient probe = RateLimitClient.connect(Drivers.LETTUCE.standalone(server), Duration.ofSeconds(2));
+    @Override
+    void beforeConnecting(RedisServer standalone) {
+        Client probe = Client.connect(Drivers.LETTUCE.standalone(standalone), Duration.ofSeconds(2));
         try {
             probe.acquire(key("probe"), Spec.tokenBucket(1, 1, 1000), Duration.ofMillis(10));
         } catch (ServerErrorException e) {
             probe.close();
-            server.close();
-            server = null;
             boolean required = "1".equals(System.getenv("RL_REQUIRE_BLOCK"));
             if (required || !String.valueOf(e.getMessage()).contains("BLOCK")) {
                 throw e;
@@ -55,22 +40,6 @@ class AcquireTest {
             Assumptions.assumeTrue(false, "the module has no BLOCK yet (" + e.getMessage() + "): acquire tests skipped");
         }
         probe.close();
-        cluster = RedisCluster.start();
-        for (Drivers d : Drivers.values()) {
-            Driver driver = d.cluster() ? d.cluster(cluster) : d.standalone(server);
-            clients.put(d, RateLimitClient.connect(driver, Duration.ofSeconds(2)));
-        }
-    }
-
-    @AfterAll
-    void stop() {
-        clients.values().forEach(RateLimitClient::close);
-        if (cluster != null) {
-            cluster.close();
-        }
-        if (server != null) {
-            server.close();
-        }
     }
 
     private static String key(String what) {
@@ -82,7 +51,7 @@ class AcquireTest {
     }
 
     /** Polls until the servers hold at least {@code n} blocked clients ({@code INFO clients}). */
-    private static void blocked(RateLimitClient rl, long n) throws InterruptedException {
+    private static void blocked(Client rl, long n) throws InterruptedException {
         Command info = new Command("INFO", List.of("clients"), -1, false);
         long until = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
         while (true) {
@@ -105,7 +74,7 @@ class AcquireTest {
     @ParameterizedTest
     @EnumSource(Drivers.class)
     void anAcquireWaitsForARelease(Drivers d) throws Exception {
-        RateLimitClient rl = clients.get(d);
+        Client rl = client(d);
         String k = key("wait");
         // The lease ends within the wait (or the server would deny at once); the release comes first.
         Lease held = rl.lease(k, 1, 10_000);
@@ -127,7 +96,7 @@ class AcquireTest {
     @ParameterizedTest
     @EnumSource(Drivers.class)
     void anAcquireThatTimesOutAnswersTheDenialAtItsTimeout(Drivers d) throws Exception {
-        RateLimitClient rl = clients.get(d);
+        Client rl = client(d);
         String k = key("timeout");
         // The lease ends in 1 s, within the 1.5 s wait; renewing it (a write) keeps it past the wait.
         Lease held = rl.lease(k, 1, 1000);
@@ -149,7 +118,7 @@ class AcquireTest {
     @ParameterizedTest
     @EnumSource(Drivers.class)
     void anAcquireOfAnOpenLimiterAnswersAtOnceAndTheBlockingFormWaitsForTokens(Drivers d) {
-        RateLimitClient rl = clients.get(d);
+        Client rl = client(d);
         String k = key("tb");
         Spec spec = Spec.tokenBucket(1, 1, 500);
         assertTrue(rl.acquire(k, spec, LONG).allowed());
@@ -163,7 +132,7 @@ class AcquireTest {
     @ParameterizedTest
     @EnumSource(Drivers.class)
     void anAdmittedLeakyBucketAcquireResolvesAfterItsWait(Drivers d) {
-        RateLimitClient rl = clients.get(d);
+        Client rl = client(d);
         String k = key("lb");
         Spec spec = Spec.leakyBucket(10, 1, 400);
         assertTrue(rl.limit(k, spec).allowed());
@@ -178,7 +147,7 @@ class AcquireTest {
     @ParameterizedTest
     @EnumSource(Drivers.class)
     void acquireWorksThroughAPolicyAndAcrossSeveralLimiters(Drivers d) throws Exception {
-        RateLimitClient rl = clients.get(d);
+        Client rl = client(d);
         String name = "test:acq:" + d + ":" + UUID.randomUUID();
         rl.policySet(name, Spec.concurrency(1, 10_000), PolicyMode.ENFORCE, 100);
         try {
@@ -204,7 +173,7 @@ class AcquireTest {
     @ParameterizedTest
     @EnumSource(Drivers.class)
     void aLeaseCanWaitForRoom(Drivers d) throws Exception {
-        RateLimitClient rl = clients.get(d);
+        Client rl = client(d);
         String k = key("leasewait");
         Lease held = rl.lease(k, 1, 10_000);
         CompletableFuture<Lease> waiting = rl.leaseAsync(k, 1, 10_000, Request.ONE, LONG).toCompletableFuture();

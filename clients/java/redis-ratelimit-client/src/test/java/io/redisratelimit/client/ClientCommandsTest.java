@@ -1,20 +1,14 @@
 package io.redisratelimit.client;
 
-import io.redisratelimit.client.testing.Windows;
 import io.redisratelimit.client.driver.Driver;
-import io.redisratelimit.client.testing.RedisCluster;
 import io.redisratelimit.client.testing.RedisServer;
-import org.junit.jupiter.api.AfterAll;
-import org.junit.jupiter.api.BeforeAll;
-import org.junit.jupiter.api.TestInstance;
+import io.redisratelimit.client.testing.Windows;
 import org.junit.jupiter.params.ParameterizedTest;
 import org.junit.jupiter.params.provider.EnumSource;
 
 import java.time.Duration;
 import java.util.ArrayList;
-import java.util.EnumMap;
 import java.util.List;
-import java.util.Map;
 import java.util.Optional;
 import java.util.UUID;
 import java.util.concurrent.CompletionStage;
@@ -25,32 +19,7 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 /** Every typed call, on Lettuce and Jedis, against a standalone server and a three-master cluster. */
-@TestInstance(TestInstance.Lifecycle.PER_CLASS)
-class ClientCommandsTest {
-    private RedisServer server;
-    private RedisCluster cluster;
-    private final Map<Drivers, RateLimitClient> clients = new EnumMap<>(Drivers.class);
-
-    @BeforeAll
-    void start() {
-        server = RedisServer.start();
-        cluster = RedisCluster.start();
-        for (Drivers d : Drivers.values()) {
-            Driver driver = d.cluster() ? d.cluster(cluster) : d.standalone(server);
-            clients.put(d, RateLimitClient.connect(driver, Duration.ofSeconds(2)));
-        }
-    }
-
-    @AfterAll
-    void stop() {
-        clients.values().forEach(RateLimitClient::close);
-        if (cluster != null) {
-            cluster.close();
-        }
-        if (server != null) {
-            server.close();
-        }
-    }
+class ClientCommandsTest extends EveryDriver {
 
     private static String key(String what) {
         return "t:" + what + ":" + UUID.randomUUID();
@@ -59,7 +28,7 @@ class ClientCommandsTest {
     @ParameterizedTest
     @EnumSource(Drivers.class)
     void aTokenBucketAdmitsItsCapacityThenDeniesWithTheWait(Drivers d) {
-        RateLimitClient rl = clients.get(d);
+        Client rl = client(d);
         String k = key("tb");
         for (int i = 0; i < 5; i++) {
             Decision ok = rl.tokenBucket(k, 5, 1, 1000);
@@ -81,7 +50,7 @@ class ClientCommandsTest {
     @ParameterizedTest
     @EnumSource(Drivers.class)
     void everyAlgorithmAnswersItsLimit(Drivers d) {
-        RateLimitClient rl = clients.get(d);
+        Client rl = client(d);
         assertEquals(7, rl.leakyBucket(key("lb"), 7, 1, 100).limit());
         assertEquals(8, rl.sliding(key("sl"), 8, 1000).limit());
         assertEquals(9, rl.hashWindow(key("hw"), 9, 1000, 100).limit());
@@ -98,7 +67,7 @@ class ClientCommandsTest {
     @ParameterizedTest
     @EnumSource(Drivers.class)
     void theAsyncFormAnswersTheSame(Drivers d) throws Exception {
-        RateLimitClient rl = clients.get(d);
+        Client rl = client(d);
         String k = key("async");
         List<CompletionStage<Decision>> calls = new ArrayList<>();
         for (int i = 0; i < 20; i++) {
@@ -114,7 +83,7 @@ class ClientCommandsTest {
     @ParameterizedTest
     @EnumSource(Drivers.class)
     void allIsAllOrNothingAndNamesTheLimiterThatDenied(Drivers d) {
-        RateLimitClient rl = clients.get(d);
+        Client rl = client(d);
         String tag = "{" + UUID.randomUUID() + "}";
         Limit user = Limit.of(tag + ":user:1", Spec.fixedWindow(5, Windows.FIXED_MS));
         Limit total = Limit.of(tag + ":total", Spec.fixedWindow(2, Windows.FIXED_MS));
@@ -130,7 +99,7 @@ class ClientCommandsTest {
     @ParameterizedTest
     @EnumSource(Drivers.class)
     void policiesAreSetReadListedHitAndDeleted(Drivers d) {
-        RateLimitClient rl = clients.get(d);
+        Client rl = client(d);
         String name = "test:" + d + ":" + UUID.randomUUID();
         rl.policySet(name, Spec.tokenBucket(2, 1, 60_000), PolicyMode.ENFORCE, 100);
         Optional<PolicyInfo> info = rl.policyGet(name);
@@ -157,7 +126,7 @@ class ClientCommandsTest {
     @ParameterizedTest
     @EnumSource(value = Drivers.class, names = {"LETTUCE_CLUSTER", "JEDIS_CLUSTER"})
     void inAClusterEveryCallGoesToTheKeysOwnerAndPoliciesToEveryMaster(Drivers d) throws Exception {
-        RateLimitClient rl = clients.get(d);
+        Client rl = client(d);
         String name = "test:route:" + d;
         rl.policySet(name, Spec.fixedWindow(100, Windows.FIXED_MS), PolicyMode.ENFORCE, 100);
         for (RedisServer n : cluster.nodes()) {
@@ -191,7 +160,7 @@ class ClientCommandsTest {
     @ParameterizedTest
     @EnumSource(value = Drivers.class, names = {"LETTUCE_CLUSTER", "JEDIS_CLUSTER"})
     void inAClusterRulesWithoutOneSharedHashTagAreRefusedWhenTheSetIsBuilt(Drivers d) {
-        Limiter limiter = Limiter.builder(clients.get(d)).build();
+        Limiter limiter = Limiter.builder(client(d)).build();
         Rule user = Rule.of("per-user", Spec.sliding(5, 1000)).keyPrefix("{api}:user:");
         InvalidArgumentException e = assertThrows(InvalidArgumentException.class,
                 () -> limiter.rules(user, Rule.of("global", Spec.tokenBucket(10, 10, 1000)).fixedKey("global")));
@@ -206,14 +175,14 @@ class ClientCommandsTest {
     @ParameterizedTest
     @EnumSource(Drivers.class)
     void aBadArgumentIsRefusedBeforeAnythingIsSent(Drivers d) {
-        InvalidArgumentException e = assertThrows(InvalidArgumentException.class, () -> clients.get(d).tokenBucket(key("bad"), 0, 1, 1000));
+        InvalidArgumentException e = assertThrows(InvalidArgumentException.class, () -> client(d).tokenBucket(key("bad"), 0, 1, 1000));
         assertEquals("capacity", e.parameter());
         assertEquals("cost", assertThrows(InvalidArgumentException.class, () -> Request.cost(-1)).parameter());
         assertEquals("bucket_ms", assertThrows(InvalidArgumentException.class, () -> Spec.hashWindow(10, 1000, 300)).parameter());
-        assertEquals("name", assertThrows(InvalidArgumentException.class, () -> clients.get(d).hit("has space", "k")).parameter());
-        assertEquals("key", assertThrows(InvalidArgumentException.class, () -> clients.get(d).fixedWindow("", 1, 1)).parameter());
+        assertEquals("name", assertThrows(InvalidArgumentException.class, () -> client(d).hit("has space", "k")).parameter());
+        assertEquals("key", assertThrows(InvalidArgumentException.class, () -> client(d).fixedWindow("", 1, 1)).parameter());
         assertEquals("rollout", assertThrows(InvalidArgumentException.class,
-                () -> clients.get(d).policySet("p", Spec.fixedWindow(1, 1), PolicyMode.ENFORCE, 101)).parameter());
+                () -> client(d).policySet("p", Spec.fixedWindow(1, 1), PolicyMode.ENFORCE, 101)).parameter());
     }
 
     @ParameterizedTest
@@ -222,9 +191,9 @@ class ClientCommandsTest {
         String k = "{wrongtype}" + UUID.randomUUID();
         RedisServer owner = d.cluster() ? ownerOf(k) : server;
         owner.command("SET", k, "x");
-        ServerErrorException e = assertThrows(ServerErrorException.class, () -> clients.get(d).tokenBucket(k, 5, 1, 1000));
+        ServerErrorException e = assertThrows(ServerErrorException.class, () -> client(d).tokenBucket(k, 5, 1, 1000));
         assertTrue(e.getMessage().contains("WRONGTYPE"), e.getMessage());
-        ServerErrorException missing = assertThrows(ServerErrorException.class, () -> clients.get(d).hit("no-such-policy-" + d, k));
+        ServerErrorException missing = assertThrows(ServerErrorException.class, () -> client(d).hit("no-such-policy-" + d, k));
         assertTrue(missing.getMessage().contains("ERR"), missing.getMessage());
     }
 
@@ -252,7 +221,7 @@ class ClientCommandsTest {
     @ParameterizedTest
     @EnumSource(value = Drivers.class, names = {"LETTUCE", "JEDIS"})
     void aLateReplyIsATimeoutAndIsNotSentAgain(Drivers d) throws Exception {
-        RateLimitClient fast = clients.get(d).withDeadline(Duration.ofMillis(100));
+        Client fast = client(d).withDeadline(Duration.ofMillis(100));
         String k = key("late");
         // The pause is long beside the deadline, so that a loaded machine
         // (a starved timer thread) still ends the call by its deadline.
@@ -265,10 +234,10 @@ class ClientCommandsTest {
         // Whether it did depends on the driver (Lettuce drops a call that timed
         // out before it was written; Jedis has written it): the call counts
         // once or not at all, never twice.
-        long first = clients.get(d).limit(k, Spec.fixedWindow(10, Windows.FIXED_MS), Request.cost(0)).remaining();
+        long first = client(d).limit(k, Spec.fixedWindow(10, Windows.FIXED_MS), Request.cost(0)).remaining();
         assertTrue(first == 9 || first == 10, "consumed at most once: " + first);
         for (int i = 0; i < 20; i++) {
-            long again = clients.get(d).limit(k, Spec.fixedWindow(10, Windows.FIXED_MS), Request.cost(0)).remaining();
+            long again = client(d).limit(k, Spec.fixedWindow(10, Windows.FIXED_MS), Request.cost(0)).remaining();
             assertEquals(first, again, "the late call is not sent again");
             Thread.sleep(10);
         }
@@ -279,7 +248,7 @@ class ClientCommandsTest {
     void aServerWithoutTheModuleIsRefusedAtStartUp(Drivers d) {
         try (RedisServer bare = RedisServer.startWithoutModule()) {
             Driver driver = d.standalone(bare);
-            ModuleMissingException e = assertThrows(ModuleMissingException.class, () -> RateLimitClient.connect(driver));
+            ModuleMissingException e = assertThrows(ModuleMissingException.class, () -> Client.connect(driver));
             assertTrue(e.getMessage().contains("no 'ratelimit' module"), e.getMessage());
             driver.close();
         }
@@ -288,6 +257,6 @@ class ClientCommandsTest {
     @ParameterizedTest
     @EnumSource(Drivers.class)
     void theModuleVersionIsKnown(Drivers d) {
-        assertTrue(clients.get(d).moduleVersion() >= RateLimitClient.MIN_MODULE_VERSION);
+        assertTrue(client(d).moduleVersion() >= Client.MIN_MODULE_VERSION);
     }
 }

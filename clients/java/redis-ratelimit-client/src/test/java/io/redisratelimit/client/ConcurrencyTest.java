@@ -1,20 +1,12 @@
 package io.redisratelimit.client;
 
-import io.redisratelimit.client.driver.Driver;
-import io.redisratelimit.client.testing.RedisCluster;
-import io.redisratelimit.client.testing.RedisServer;
-import org.junit.jupiter.api.AfterAll;
-import org.junit.jupiter.api.BeforeAll;
-import org.junit.jupiter.api.TestInstance;
 import org.junit.jupiter.params.ParameterizedTest;
 import org.junit.jupiter.params.provider.EnumSource;
 
 import java.time.Duration;
 import java.util.ArrayList;
-import java.util.EnumMap;
 import java.util.HashSet;
 import java.util.List;
-import java.util.Map;
 import java.util.Set;
 import java.util.UUID;
 import java.util.concurrent.ExecutorService;
@@ -29,32 +21,7 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 /** RL.CONCURRENCY, RL.RELEASE and RL.RENEW typed, and leases as handles, on both drivers, standalone and cluster. */
-@TestInstance(TestInstance.Lifecycle.PER_CLASS)
-class ConcurrencyTest {
-    private RedisServer server;
-    private RedisCluster cluster;
-    private final Map<Drivers, RateLimitClient> clients = new EnumMap<>(Drivers.class);
-
-    @BeforeAll
-    void start() {
-        server = RedisServer.start();
-        cluster = RedisCluster.start();
-        for (Drivers d : Drivers.values()) {
-            Driver driver = d.cluster() ? d.cluster(cluster) : d.standalone(server);
-            clients.put(d, RateLimitClient.connect(driver, Duration.ofSeconds(2)));
-        }
-    }
-
-    @AfterAll
-    void stop() {
-        clients.values().forEach(RateLimitClient::close);
-        if (cluster != null) {
-            cluster.close();
-        }
-        if (server != null) {
-            server.close();
-        }
-    }
+class ConcurrencyTest extends EveryDriver {
 
     private static String key(String what) {
         return "t:" + what + ":" + UUID.randomUUID();
@@ -72,7 +39,7 @@ class ConcurrencyTest {
     @ParameterizedTest
     @EnumSource(Drivers.class)
     void concurrencyGrantsLimitLeasesWithIdsThenDeniesWithoutOne(Drivers d) throws Exception {
-        RateLimitClient rl = clients.get(d);
+        Client rl = client(d);
         String k = key("cc");
         Set<Long> ids = new HashSet<>();
         for (int i = 0; i < 3; i++) {
@@ -104,7 +71,7 @@ class ConcurrencyTest {
     @ParameterizedTest
     @EnumSource(Drivers.class)
     void badArgumentsAreRefusedBeforeSendingNamingTheArgument(Drivers d) {
-        RateLimitClient rl = clients.get(d);
+        Client rl = client(d);
         assertEquals("limit", assertThrows(InvalidArgumentException.class, () -> rl.concurrency("k", 0, 1000)).parameter());
         assertEquals("lease_ms", assertThrows(InvalidArgumentException.class, () -> rl.concurrency("k", 1, 0)).parameter());
         assertEquals("lease", assertThrows(InvalidArgumentException.class, () -> rl.release("k", 0)).parameter());
@@ -119,7 +86,7 @@ class ConcurrencyTest {
     @ParameterizedTest
     @EnumSource(Drivers.class)
     void neverMoreThanLimitLeasesAreHeldUnderConcurrentUse(Drivers d) throws Exception {
-        RateLimitClient rl = clients.get(d);
+        Client rl = client(d);
         String k = key("many");
         int limit = 4;
         AtomicInteger inFlight = new AtomicInteger();
@@ -163,7 +130,7 @@ class ConcurrencyTest {
     @ParameterizedTest
     @EnumSource(Drivers.class)
     void aLeaseInTryWithResourcesIsReleasedAtTheEndOfTheBlock(Drivers d) {
-        RateLimitClient rl = clients.get(d);
+        Client rl = client(d);
         String k = key("twr");
         Lease kept;
         try (Lease lease = rl.lease(k, 1, 60_000)) {
@@ -182,7 +149,7 @@ class ConcurrencyTest {
     @ParameterizedTest
     @EnumSource(Drivers.class)
     void anUnrenewedLeaseEndsAfterLeaseMsAndARenewedOneIsKept(Drivers d) throws Exception {
-        RateLimitClient rl = clients.get(d);
+        Client rl = client(d);
         String lapsing = key("lapse");
         String renewed = key("renew");
         long leaseMs = 400;
@@ -209,7 +176,7 @@ class ConcurrencyTest {
     @ParameterizedTest
     @EnumSource(Drivers.class)
     void aConcurrencyPolicyGivesLeasesThroughHitAndTheLimiter(Drivers d) {
-        RateLimitClient rl = clients.get(d);
+        Client rl = client(d);
         String name = "test:cc:" + d + ":" + UUID.randomUUID();
         rl.policySet(name, Spec.concurrency(2, 60_000), PolicyMode.ENFORCE, 100);
         try {

@@ -25,7 +25,8 @@ import static org.junit.jupiter.api.Assertions.fail;
 
 /**
  * The names deprecated in 0.2.0 still work for one release: {@code Units}
- * (now {@link Request}), {@code BadArgumentException} (now
+ * (now {@link Request}), {@code RateLimitClient} (now {@link Client}),
+ * {@code BadArgumentException} (now
  * {@link InvalidArgumentException}) and {@code UnexpectedReplyException} (now
  * {@link ProtocolException}). Old calls behave as the new ones against a real
  * server, and old catch blocks catch what the kit throws. The only place in
@@ -35,19 +36,19 @@ import static org.junit.jupiter.api.Assertions.fail;
 @TestInstance(TestInstance.Lifecycle.PER_CLASS)
 class DeprecatedNamesTest {
     private RedisServer server;
-    private final Map<Drivers, RateLimitClient> clients = new EnumMap<>(Drivers.class);
+    private final Map<Drivers, Client> clients = new EnumMap<>(Drivers.class);
 
     @BeforeAll
     void start() {
         server = RedisServer.start();
         for (Drivers d : List.of(Drivers.LETTUCE, Drivers.JEDIS)) {
-            clients.put(d, RateLimitClient.connect(d.standalone(server), Duration.ofSeconds(2)));
+            clients.put(d, Client.connect(d.standalone(server), Duration.ofSeconds(2)));
         }
     }
 
     @AfterAll
     void stop() {
-        clients.values().forEach(RateLimitClient::close);
+        clients.values().forEach(Client::close);
         if (server != null) {
             server.close();
         }
@@ -103,7 +104,7 @@ class DeprecatedNamesTest {
     @ParameterizedTest
     @EnumSource(value = Drivers.class, names = {"LETTUCE", "JEDIS"})
     void unitsAreAcceptedWhereRequestsAreAndDecideTheSame(Drivers d) {
-        RateLimitClient rl = clients.get(d);
+        Client rl = clients.get(d);
         Spec spec = Spec.fixedWindow(5, 60_000);
         String oldKey = key("units");
         String newKey = key("request");
@@ -145,7 +146,7 @@ class DeprecatedNamesTest {
     @ParameterizedTest
     @EnumSource(value = Drivers.class, names = {"LETTUCE", "JEDIS"})
     void anOldCatchBlockCatchesTheClientsRefusals(Drivers d) {
-        RateLimitClient rl = clients.get(d);
+        Client rl = clients.get(d);
         try {
             rl.fixedWindow("", 1, 1000);
             fail("an empty key was sent");
@@ -161,6 +162,26 @@ class DeprecatedNamesTest {
         }
         // The new name catches the same.
         assertEquals("capacity", assertThrows(InvalidArgumentException.class, () -> rl.tokenBucket(key("bad"), 0, 1, 1000)).parameter());
+    }
+
+    /** Code written against the old name compiles and runs: its factories and withDeadline answer the old type. */
+    @ParameterizedTest
+    @EnumSource(value = Drivers.class, names = {"LETTUCE", "JEDIS"})
+    void rateLimitClientIsAClientUnderTheOldName(Drivers d) {
+        try (RateLimitClient old = RateLimitClient.connect(d.standalone(server), Duration.ofSeconds(2))) {
+            Client asClient = old;
+            assertTrue(old.moduleVersion() >= RateLimitClient.MIN_MODULE_VERSION);
+            assertEquals(Client.DEFAULT_DEADLINE, RateLimitClient.DEFAULT_DEADLINE);
+            assertEquals(Duration.ofSeconds(2), old.deadline());
+            RateLimitClient faster = old.withDeadline(Duration.ofSeconds(1));
+            assertEquals(Duration.ofSeconds(1), faster.deadline());
+            assertSame(old.driver(), faster.driver());
+            String k = key("old-client");
+            assertTrue(asClient.fixedWindow(k, 1, 60_000).allowed());
+            assertFalse(faster.fixedWindow(k, 1, 60_000).allowed(), "the same key, counted once");
+            // The kit takes it wherever it takes a client.
+            assertSame(old, Limiter.builder(old).build().client());
+        }
     }
 
     @Test

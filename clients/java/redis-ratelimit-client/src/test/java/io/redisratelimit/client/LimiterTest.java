@@ -1,7 +1,7 @@
 package io.redisratelimit.client;
 
-import io.redisratelimit.client.testing.Windows;
 import io.redisratelimit.client.testing.RedisServer;
+import io.redisratelimit.client.testing.Windows;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
@@ -19,7 +19,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 /** The two levels, the deny cache and the fallback with its breaker, against a real server killed with -9. */
 class LimiterTest {
     private RedisServer server;
-    private RateLimitClient client;
+    private Client client;
 
     @BeforeEach
     void start() {
@@ -34,8 +34,8 @@ class LimiterTest {
         server.close();
     }
 
-    private RateLimitClient client(Drivers d) {
-        client = RateLimitClient.connect(d.standalone(server), Duration.ofMillis(500));
+    private Client client(Drivers d) {
+        client = Client.connect(d.standalone(server), Duration.ofMillis(500));
         return client;
     }
 
@@ -231,7 +231,7 @@ class LimiterTest {
 
     @Test
     void theDefaultDeadlineIsOneAHealthyRedisMeetsOnALoadedHost() {
-        assertEquals(Duration.ofMillis(100), RateLimitClient.DEFAULT_DEADLINE);
+        assertEquals(Duration.ofMillis(100), Client.DEFAULT_DEADLINE);
     }
 
     @Test

@@ -1,21 +1,13 @@
 package io.redisratelimit.client;
 
-import io.redisratelimit.client.driver.Driver;
-import io.redisratelimit.client.testing.RedisCluster;
-import io.redisratelimit.client.testing.RedisServer;
-import org.junit.jupiter.api.AfterAll;
-import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Test;
-import org.junit.jupiter.api.TestInstance;
 import org.junit.jupiter.params.ParameterizedTest;
 import org.junit.jupiter.params.provider.EnumSource;
 
 import java.time.Duration;
 import java.time.ZoneId;
 import java.time.ZoneOffset;
-import java.util.EnumMap;
 import java.util.List;
-import java.util.Map;
 import java.util.UUID;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
@@ -26,36 +18,11 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 /** RL.QUOTA: the typed calls, as a policy, in RL.ALL and in the limiter, on Lettuce and Jedis, standalone and cluster. */
-@TestInstance(TestInstance.Lifecycle.PER_CLASS)
-class QuotaTest {
-    private RedisServer server;
-    private RedisCluster cluster;
-    private final Map<Drivers, RateLimitClient> clients = new EnumMap<>(Drivers.class);
-
-    @BeforeAll
-    void start() {
-        server = RedisServer.start();
-        cluster = RedisCluster.start();
-        for (Drivers d : Drivers.values()) {
-            Driver driver = d.cluster() ? d.cluster(cluster) : d.standalone(server);
-            clients.put(d, RateLimitClient.connect(driver, Duration.ofSeconds(2)));
-        }
-    }
+class QuotaTest extends EveryDriver {
 
     @org.junit.jupiter.api.BeforeEach
     void awayFromMidnight() throws InterruptedException {
         io.redisratelimit.client.testing.Windows.awayFromMidnight();
-    }
-
-    @AfterAll
-    void stop() {
-        clients.values().forEach(RateLimitClient::close);
-        if (cluster != null) {
-            cluster.close();
-        }
-        if (server != null) {
-            server.close();
-        }
     }
 
     private static String key(String what) {
@@ -75,7 +42,7 @@ class QuotaTest {
     @ParameterizedTest
     @EnumSource(Drivers.class)
     void aDailyQuotaAdmitsItsLimitThenDeniesUntilTheNextDay(Drivers d) {
-        RateLimitClient rl = clients.get(d);
+        Client rl = client(d);
         String k = key("day");
         for (int i = 0; i < 3; i++) {
             Decision ok = rl.quota(k, 3, Period.DAY);
@@ -96,7 +63,7 @@ class QuotaTest {
     @ParameterizedTest
     @EnumSource(Drivers.class)
     void everyPeriodAndZoneEndsWhereJavasCalendarEndsIt(Drivers d) throws Exception {
-        RateLimitClient rl = clients.get(d);
+        Client rl = client(d);
         for (Period p : Period.values()) {
             for (String zone : new String[] {null, "+05:30", "-09:00", "America/New_York", "Asia/Kolkata"}) {
                 ZoneId id = zone == null ? ZoneOffset.UTC : ZoneId.of(zone);
@@ -109,7 +76,7 @@ class QuotaTest {
 
     @Test
     void theArgumentsAreCheckedBeforeAnythingIsSent() {
-        RateLimitClient rl = clients.get(Drivers.LETTUCE);
+        Client rl = client(Drivers.LETTUCE);
         assertEquals("limit", assertThrows(InvalidArgumentException.class, () -> rl.quota(key("bad"), 0, Period.DAY)).parameter());
         assertEquals("limit", assertThrows(InvalidArgumentException.class, () -> Spec.quota(Spec.MAX_PARAM + 1, Period.DAY)).parameter());
         assertEquals("period", assertThrows(InvalidArgumentException.class, () -> rl.quota(key("bad"), 5, null)).parameter());
@@ -130,14 +97,14 @@ class QuotaTest {
     @Test
     void aZoneTheServerDoesNotKnowIsAServerError() {
         ServerErrorException e = assertThrows(ServerErrorException.class,
-                () -> clients.get(Drivers.JEDIS).quota(key("mars"), 5, Period.DAY, "Mars/Olympus"));
+                () -> client(Drivers.JEDIS).quota(key("mars"), 5, Period.DAY, "Mars/Olympus"));
         assertTrue(e.getMessage().contains("TZ must be UTC"), e.getMessage());
     }
 
     @ParameterizedTest
     @EnumSource(Drivers.class)
     void aQuotaPolicyIsHitAndReadBackAndGoesInAll(Drivers d) {
-        RateLimitClient rl = clients.get(d);
+        Client rl = client(d);
         String name = "test:quota:" + d;
         rl.policySet(name, Spec.quota(2, Period.MONTH), PolicyMode.ENFORCE, 100);
         PolicyInfo info = rl.policyGet(name).orElseThrow();
@@ -166,7 +133,7 @@ class QuotaTest {
     @ParameterizedTest
     @EnumSource(Drivers.class)
     void aZonedQuotaPolicyIsReadBackAndCountsInItsZoneThroughHitAndAll(Drivers d) {
-        RateLimitClient rl = clients.get(d);
+        Client rl = client(d);
         String name = "test:quota-ny:" + d;
         ZoneId ny = ZoneId.of("America/New_York");
         Spec spec = Spec.quota(2, Period.DAY, "America/New_York");
@@ -216,14 +183,14 @@ class QuotaTest {
     void aPolicyTheServerAnswersWithAZoneIsParsed() {
         List<Object> reply = List.of("name", "p", "algorithm", "QUOTA", "params", List.of(100L, "MONTH"), "mode", "ENFORCE",
                 "rollout", 100L, "zone", "Asia/Kolkata", "calls", 3L, "admitted", 2L, "denied", 1L, "shadow_denied", 0L);
-        PolicyInfo info = RateLimitClient.parsePolicy("p", reply).orElseThrow();
+        PolicyInfo info = Client.parsePolicy("p", reply).orElseThrow();
         assertEquals(Spec.quota(100, Period.MONTH, "Asia/Kolkata"), info.spec());
         assertEquals("Asia/Kolkata", info.zone());
         assertEquals(3, info.calls());
         assertEquals(0, info.shadowDenied());
         List<Object> sliding = List.of("name", "s", "algorithm", "SLIDING", "params", List.of(10L, 1000L), "mode", "SHADOW",
                 "rollout", 50L, "calls", 0L, "admitted", 0L, "denied", 0L, "shadow_denied", 0L);
-        PolicyInfo other = RateLimitClient.parsePolicy("s", sliding).orElseThrow();
+        PolicyInfo other = Client.parsePolicy("s", sliding).orElseThrow();
         assertNull(other.zone(), "the other algorithms have no zone field");
         assertEquals(Spec.sliding(10, 1000), other.spec());
         assertEquals(50, other.rollout());
@@ -231,7 +198,7 @@ class QuotaTest {
 
     @Test
     void anAcquireOfAnExhaustedQuotaIsDeniedAtItsTimeout() {
-        RateLimitClient rl = clients.get(Drivers.LETTUCE);
+        Client rl = client(Drivers.LETTUCE);
         String k = key("acq");
         Spec spec = Spec.quota(1, Period.DAY, "Europe/Paris");
         assertTrue(rl.acquire(k, spec, Duration.ofMillis(200)).allowed());
@@ -244,7 +211,7 @@ class QuotaTest {
     @ParameterizedTest
     @EnumSource(value = Drivers.class, names = {"LETTUCE", "JEDIS_CLUSTER"})
     void theLimiterTakesQuotaRulesAndTheLocalLevelCountsThem(Drivers d) {
-        Limiter limiter = Limiter.builder(clients.get(d)).build();
+        Limiter limiter = Limiter.builder(client(d)).build();
         Rule daily = Rule.of("daily", Spec.quota(3, Period.DAY)).keyPrefix("{q}:daily:" + UUID.randomUUID() + ":").asGlobal();
         Rule perSecond = Rule.of("burst", Spec.sliding(100, 1000)).keyPrefix("{q}:burst:" + UUID.randomUUID() + ":");
         RuleSet set = limiter.rules(daily, perSecond);
@@ -261,7 +228,7 @@ class QuotaTest {
         // As a policy, a zoned quota goes in a set with other rules: RL.ALL ... POLICY counts in its zone.
         String policy = "test:quota-tokyo:" + d;
         Spec tokyo = Spec.quota(2, Period.DAY, "Asia/Tokyo");
-        clients.get(d).policySet(policy, tokyo, PolicyMode.ENFORCE, 100);
+        client(d).policySet(policy, tokyo, PolicyMode.ENFORCE, 100);
         try {
             Rule zoned = Rule.policy("tokyo", policy, tokyo).keyPrefix("{q}:tokyo:" + UUID.randomUUID() + ":").asGlobal();
             RuleSet both = limiter.rules(zoned, perSecond);
@@ -271,7 +238,7 @@ class QuotaTest {
             assertFalse(no.allowed());
             assertNear(untilEnd(Period.DAY, ZoneId.of("Asia/Tokyo")), no.waitMs(), "until midnight in Tokyo");
         } finally {
-            clients.get(d).policyDel(policy);
+            client(d).policyDel(policy);
         }
     }
 

@@ -1,8 +1,8 @@
 package io.redisratelimit.client;
 
-import io.redisratelimit.client.testing.Windows;
 import io.redisratelimit.client.driver.Driver;
 import io.redisratelimit.client.testing.RedisServer;
+import io.redisratelimit.client.testing.Windows;
 import org.junit.jupiter.params.ParameterizedTest;
 import org.junit.jupiter.params.provider.EnumSource;
 
@@ -47,8 +47,8 @@ class SentinelFailoverTest {
             awaitSentinelKnowsReplica(sentinel, replica);
 
             Driver driver = d.sentinel(sentinel, MASTER);
-            try (RateLimitClient rl = RateLimitClient.connect(driver, Duration.ofSeconds(2))) {
-                assertTrue(rl.moduleVersion() >= RateLimitClient.MIN_MODULE_VERSION);
+            try (Client rl = Client.connect(driver, Duration.ofSeconds(2))) {
+                assertTrue(rl.moduleVersion() >= Client.MIN_MODULE_VERSION);
                 String k = "t:sentinel:" + UUID.randomUUID();
                 for (int i = 0; i < 3; i++) {
                     assertTrue(rl.fixedWindow(k, 3, WINDOW_MS).allowed(), "call " + (i + 1));
@@ -91,7 +91,7 @@ class SentinelFailoverTest {
 
                 // MODULE LIST passes on the promoted master too, over the same driver
                 // (not closed here: rl closes the driver).
-                assertTrue(RateLimitClient.connect(driver, Duration.ofSeconds(2)).moduleVersion() >= RateLimitClient.MIN_MODULE_VERSION);
+                assertTrue(Client.connect(driver, Duration.ofSeconds(2)).moduleVersion() >= Client.MIN_MODULE_VERSION);
             }
         }
     }

@@ -26,7 +26,7 @@ class SlowSpellsTest {
     private static final long INSTANCES = 2;
 
     private RedisServer server;
-    private RateLimitClient client;
+    private Client client;
 
     @BeforeEach
     void start() {
@@ -44,7 +44,7 @@ class SlowSpellsTest {
     @ParameterizedTest
     @EnumSource(value = Drivers.class, names = {"LETTUCE", "JEDIS"})
     void aBurstThroughSlowSpellsStaysWithinTheBound(Drivers d) throws Exception {
-        client = RateLimitClient.connect(d.standalone(server), Duration.ofMillis(30));
+        client = Client.connect(d.standalone(server), Duration.ofMillis(30));
         Limiter limiter = Limiter.builder(client).fallback(FallbackMode.LOCAL_ONLY).instances(INSTANCES)
                 .denyCache(false).breaker(1, Duration.ofMillis(100)).build();
         RuleSet rules = limiter.rules(Rule.of("per-user", Spec.fixedWindow(LIMIT, Windows.FIXED_MS)).keyPrefix("rl:spells:"));

@@ -1,10 +1,10 @@
 package io.redisratelimit.spring;
 
 import io.micrometer.core.instrument.MeterRegistry;
+import io.redisratelimit.client.Client;
 import io.redisratelimit.client.FallbackMode;
-import io.redisratelimit.client.Limiter;
-import io.redisratelimit.client.RateLimitClient;
 import io.redisratelimit.client.InvalidArgumentException;
+import io.redisratelimit.client.Limiter;
 import io.redisratelimit.client.driver.Driver;
 import io.redisratelimit.spring.web.RateLimitExceptionHandler;
 import io.redisratelimit.spring.web.RateLimitHandlerInterceptor;
@@ -67,7 +67,7 @@ public class RateLimitAutoConfiguration {
         try {
             d = open.get();
             // Opened and checked now; a server without the module fails the start-up here.
-            RateLimitClient.connect(d, java.time.Duration.ofSeconds(10));
+            Client.connect(d, java.time.Duration.ofSeconds(10));
             return d;
         } catch (io.redisratelimit.client.RedisUnavailableException | io.redisratelimit.client.RateLimitTimeoutException e) {
             if (d != null) {
@@ -92,19 +92,19 @@ public class RateLimitAutoConfiguration {
     /** The driver bean closes the connection; the client and limiter over it close nothing of their own. */
     @Bean(destroyMethod = "")
     @ConditionalOnMissingBean
-    public RateLimitClient rateLimitClient(Driver driver, RateLimitProperties p) {
+    public Client rateLimitClient(Driver driver, RateLimitProperties p) {
         if (p.getDeadline() == null || p.getDeadline().isZero() || p.getDeadline().isNegative()) {
             throw new RateLimitConfigException("ratelimit.deadline", "must be above 0", null);
         }
         if (driver instanceof io.redisratelimit.client.driver.DeferredDriver deferred && !deferred.connected()) {
-            return RateLimitClient.connecting(driver, p.getDeadline());
+            return Client.connecting(driver, p.getDeadline());
         }
-        return RateLimitClient.connect(driver, p.getDeadline());
+        return Client.connect(driver, p.getDeadline());
     }
 
     @Bean(destroyMethod = "")
     @ConditionalOnMissingBean
-    public Limiter rateLimitLimiter(RateLimitClient client, RateLimitProperties p) {
+    public Limiter rateLimitLimiter(Client client, RateLimitProperties p) {
         FallbackMode fallback;
         try {
             fallback = FallbackMode.parse(p.getFallback());

@@ -1,10 +1,10 @@
 package io.redisratelimit.spring;
 
+import io.redisratelimit.client.Client;
 import io.redisratelimit.client.Decision;
 import io.redisratelimit.client.Lease;
 import io.redisratelimit.client.Limiter;
 import io.redisratelimit.client.PolicyInfo;
-import io.redisratelimit.client.RateLimitClient;
 import io.redisratelimit.client.RateLimitException;
 import io.redisratelimit.client.Rule;
 import io.redisratelimit.client.RuleSet;
@@ -260,7 +260,7 @@ public class RateLimitService {
         return limiter;
     }
 
-    public RateLimitClient client() {
+    public Client client() {
         return limiter.client();
     }
 
@@ -285,7 +285,7 @@ public class RateLimitService {
     }
 
     private void push(RateLimitRules next) {
-        RateLimitClient client = limiter.client();
+        Client client = limiter.client();
         for (RateLimitRules.Entry e : next.entries().values()) {
             client.policySet(e.rule().policy(), e.rule().spec(), e.rule().mode(), e.rule().rollout());
         }

@@ -1,8 +1,8 @@
 package io.redisratelimit.client.driver;
 
+import io.redisratelimit.client.Client;
 import io.redisratelimit.client.ModuleMissingException;
 import io.redisratelimit.client.NotConnectedException;
-import io.redisratelimit.client.RateLimitClient;
 
 import java.lang.System.Logger.Level;
 import java.time.Duration;
@@ -51,7 +51,7 @@ public final class DeferredDriver implements Driver {
             Driver d = null;
             try {
                 d = factory.get();
-                RateLimitClient.connect(d, Duration.ofSeconds(1));
+                Client.connect(d, Duration.ofSeconds(1));
                 if (closed) {
                     d.close();
                     return;

@@ -1,6 +1,6 @@
 package io.redisratelimit.spring.it;
 
-import io.redisratelimit.client.RateLimitClient;
+import io.redisratelimit.client.Client;
 import io.redisratelimit.client.Request;
 import io.redisratelimit.client.testing.RedisServer;
 import io.redisratelimit.spring.RateLimitService;
@@ -135,7 +135,7 @@ class ConcurrencyHttpTest {
     }
 
     private long free(String key, long limit) {
-        RateLimitClient rl = service.client().withDeadline(java.time.Duration.ofSeconds(2));
+        Client rl = service.client().withDeadline(java.time.Duration.ofSeconds(2));
         return rl.concurrency(key, limit, 60_000, Request.cost(0)).remaining();
     }
 
