@@ -80,12 +80,13 @@ public record Decision(boolean allowed, long limit, long remaining, long waitMs,
     }
 
     /**
-     * Parses a five-integer reply, or a six-integer one: for {@code RL.ALL}
-     * the sixth is {@code denied_by}, for the others (a concurrency cap) the
-     * lease.
+     * Parses a reply of the width the contract gives {@code command}: six
+     * integers for {@code RL.ALL} (the sixth {@code denied_by}) and
+     * {@code RL.CONCURRENCY} (the sixth the lease), five or six for
+     * {@code RL.HIT} (as its policy's algorithm), five for the others.
      */
     static Decision fromReply(String command, Object reply) {
-        if (!(reply instanceof List<?> items) || (items.size() != 5 && items.size() != 6)) {
+        if (!(reply instanceof List<?> items) || !replyWidth(command, items.size())) {
             throw new ProtocolException(command, reply);
         }
         long[] f = new long[items.size()];
@@ -99,5 +100,13 @@ public record Decision(boolean allowed, long limit, long remaining, long waitMs,
         OptionalInt deniedBy = all && f.length == 6 && f[5] > 0 ? OptionalInt.of((int) f[5] - 1) : OptionalInt.empty();
         long lease = !all && f.length == 6 ? Math.max(0, f[5]) : 0;
         return new Decision(f[0] == 1, Math.max(0, f[1]), Math.max(0, f[2]), f[3], Math.max(0, f[4]), deniedBy, Path.REDIS, lease);
+    }
+
+    private static boolean replyWidth(String command, int size) {
+        return switch (command) {
+            case "RL.ALL", "RL.CONCURRENCY" -> size == 6;
+            case "RL.HIT" -> size == 5 || size == 6;
+            default -> size == 5;
+        };
     }
 }

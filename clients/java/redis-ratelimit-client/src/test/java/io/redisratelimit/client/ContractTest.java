@@ -6,11 +6,16 @@ import org.junit.jupiter.api.DynamicTest;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.TestFactory;
 
+import java.time.Duration;
 import java.time.ZoneId;
 import java.time.ZoneOffset;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
+import java.util.Locale;
+import java.util.Map;
+import java.util.Set;
+import java.util.TreeSet;
 import java.util.stream.Stream;
 
 import static org.junit.jupiter.api.Assertions.assertDoesNotThrow;
@@ -25,8 +30,10 @@ import static org.junit.jupiter.api.DynamicTest.dynamicTest;
  * The kit against {@code clients/contract/contract.json}: its spec
  * validation accepts exactly the server's cases and refuses the others naming
  * the same parameter, its zone syntax is the server's, its algorithms, periods
- * and {@code RateLimit-Policy} windows are the contract's. (The HTTP vectors
- * are the starter's: {@code ContractHeadersTest} there.)
+ * and {@code RateLimit-Policy} windows are the contract's; its requests and
+ * blocking timeouts are accepted and refused as the server's options are, and
+ * its reply parser takes each command's fields in the contract's order. (The
+ * HTTP vectors are the starter's: {@code ContractHeadersTest} there.)
  */
 class ContractTest {
     @Test
@@ -229,6 +236,159 @@ class ContractTest {
             n++;
         }
         return wrong;
+    }
+
+    // ---- options and replies --------------------------------------------
+
+    /**
+     * The kit's argument names where they are not the option the server
+     * names: the blocking calls take a {@code Duration} checked as
+     * {@code timeout_ms}, which the server receives as {@code BLOCK}. Other
+     * names ({@code cost}, {@code refund}) are the option's, compared
+     * without case.
+     */
+    private static final Map<String, String> OPTION_OF = Map.of("timeout_ms", "BLOCK");
+
+    private static String option(String parameter) {
+        return OPTION_OF.getOrDefault(parameter, parameter).toUpperCase(Locale.ROOT);
+    }
+
+    /** The tagged request a case describes ({@code {"cost": n}}, {@code {"force": n}} or {@code {"refund": n}}). */
+    private static Request request(JsonNode tagged) {
+        String kind = tagged.fieldNames().next();
+        long n = tagged.get(kind).longValue();
+        return switch (kind) {
+            case "cost" -> Request.cost(n);
+            case "force" -> Request.force(n);
+            case "refund" -> Request.refund(n);
+            default -> throw new AssertionError("a request of an unknown kind: " + tagged);
+        };
+    }
+
+    /** The words the kit sends for {@code r}: {@code COST 1}, the default, is not sent. */
+    private static List<String> words(Request r) {
+        List<String> args = new ArrayList<>();
+        r.appendTo(args);
+        return args;
+    }
+
+    @TestFactory
+    Stream<DynamicTest> requestsAreAcceptedAndRefusedAsTheServerDoes() {
+        List<DynamicTest> tests = new ArrayList<>();
+        for (JsonNode c : Contract.json().get("options").get("requests")) {
+            boolean ok = c.get("ok").asBoolean();
+            List<String> args = texts(c.get("args"));
+            tests.add(dynamicTest(c.get("request") + (ok ? " ok" : " refused naming " + c.get("names").asText()), () -> {
+                if (ok) {
+                    Request r = assertDoesNotThrow(() -> request(c.get("request")));
+                    assertEquals(c.get("request").elements().next().longValue(), r.n());
+                    assertEquals(args.equals(List.of("COST", "1")) ? List.of() : args, words(r));
+                } else {
+                    InvalidArgumentException e = assertThrows(InvalidArgumentException.class, () -> request(c.get("request")));
+                    assertEquals(c.get("names").asText(), option(e.parameter()), e.getMessage());
+                }
+            }));
+        }
+        return tests.stream();
+    }
+
+    @TestFactory
+    Stream<DynamicTest> blockingTimeoutsAreAcceptedAndRefusedAsTheServerDoes() {
+        List<DynamicTest> tests = new ArrayList<>();
+        for (JsonNode c : Contract.json().get("options").get("blocks")) {
+            long ms = c.get("block_ms").longValue();
+            boolean ok = c.get("ok").asBoolean();
+            tests.add(dynamicTest("BLOCK " + ms + (ok ? " ok" : " refused"), () -> {
+                if (ok) {
+                    assertEquals(texts(c.get("args")), List.of("BLOCK", Long.toString(Client.blockMs(Duration.ofMillis(ms)))));
+                } else {
+                    InvalidArgumentException e = assertThrows(InvalidArgumentException.class, () -> Client.blockMs(Duration.ofMillis(ms)));
+                    assertEquals(c.get("names").asText(), option(e.parameter()), e.getMessage());
+                }
+            }));
+        }
+        return tests.stream();
+    }
+
+    /** No request of any kind, with any of the values the cases use, sends words the server refuses. */
+    @Test
+    void theRefusedWordsCannotBeBuilt() {
+        List<List<String>> refused = new ArrayList<>();
+        Set<Long> values = new TreeSet<>(List.of(0L, 1L, 2L, Spec.MAX_PARAM));
+        for (JsonNode c : Contract.json().get("options").get("refused_words")) {
+            List<String> args = texts(c.get("args"));
+            refused.add(args);
+            args.stream().filter(a -> a.matches("[0-9]+")).forEach(a -> values.add(Long.parseLong(a)));
+        }
+        assertFalse(refused.isEmpty());
+        for (long n : values) {
+            for (Request r : List.of(Request.cost(n), Request.force(n), Request.refund(n))) {
+                assertFalse(refused.contains(words(r)), r + " sends " + words(r));
+            }
+        }
+        // The one constructor that could hold both is the kit's own, and it refuses them.
+        assertEquals("force", assertThrows(InvalidArgumentException.class, () -> new Request(1, true, true)).parameter());
+    }
+
+    /**
+     * Each reply of the contract's width parses into a decision with every
+     * field where the contract puts it (the wire's {@code denied_by} is
+     * 1-based, the kit's 0-based); a field fewer or more is refused. {@code RL.HIT}
+     * answers as its policy's algorithm: five fields, or six with a lease.
+     */
+    @TestFactory
+    Stream<DynamicTest> repliesParseWithTheContractsFieldsInOrder() {
+        List<DynamicTest> tests = new ArrayList<>();
+        for (JsonNode r : Contract.json().get("replies")) {
+            String command = r.get("command").asText();
+            JsonNode fields = r.get("fields");
+            tests.add(dynamicTest(command + " " + fields, () -> {
+                List<List<String>> shapes = fields.isArray() ? List.of(texts(fields))
+                        : List.of(texts(Contract.json().get("decision_fields")),
+                                texts(contractReply("RL.CONCURRENCY").get("fields")));
+                for (List<String> names : shapes) {
+                    List<Object> wire = new ArrayList<>();
+                    for (int i = 0; i < names.size(); i++) {
+                        wire.add(i == 0 ? 1L : 10L + i);
+                    }
+                    Decision d = Decision.fromReply(command, wire);
+                    for (int i = 0; i < names.size(); i++) {
+                        assertEquals(wire.get(i), field(d, names.get(i)), command + " field " + i + " " + names.get(i));
+                    }
+                }
+                // A field fewer or more than the contract's widths is refused.
+                int fewest = shapes.stream().mapToInt(List::size).min().orElseThrow();
+                int most = shapes.stream().mapToInt(List::size).max().orElseThrow();
+                for (int width : List.of(fewest - 1, most + 1)) {
+                    List<Object> wire = new ArrayList<>(java.util.Collections.nCopies(width, 1L));
+                    assertThrows(ProtocolException.class, () -> Decision.fromReply(command, wire), command + " of " + width);
+                }
+            }));
+        }
+        return tests.stream();
+    }
+
+    private static JsonNode contractReply(String command) {
+        for (JsonNode r : Contract.json().get("replies")) {
+            if (r.get("command").asText().equals(command)) {
+                return r;
+            }
+        }
+        throw new AssertionError("no reply for " + command);
+    }
+
+    /** A decision's field by the contract's name, as the wire has it. */
+    private static long field(Decision d, String name) {
+        return switch (name) {
+            case "allowed" -> d.allowed() ? 1 : 0;
+            case "limit" -> d.limit();
+            case "remaining" -> d.remaining();
+            case "wait_ms" -> d.waitMs();
+            case "reset_ms" -> d.resetMs();
+            case "lease" -> d.lease();
+            case "denied_by" -> d.deniedBy().orElseThrow() + 1;
+            default -> throw new AssertionError("the kit's Decision has no field '" + name + "'");
+        };
     }
 
     private static List<String> texts(JsonNode array) {
