@@ -4,15 +4,12 @@ import io.redisratelimit.client.Decision;
 import io.redisratelimit.spring.RateLimitHeaders;
 import io.redisratelimit.spring.RateLimitRules;
 import io.redisratelimit.spring.RateLimitService;
+import io.redisratelimit.spring.RouteMatcher;
 import org.springframework.core.io.buffer.DataBuffer;
-import org.springframework.expression.Expression;
-import org.springframework.expression.spel.standard.SpelExpressionParser;
-import org.springframework.expression.spel.support.StandardEvaluationContext;
 import org.springframework.http.HttpStatus;
 import org.springframework.http.MediaType;
 import org.springframework.http.server.reactive.ServerHttpRequest;
 import org.springframework.http.server.reactive.ServerHttpResponse;
-import org.springframework.util.AntPathMatcher;
 import org.springframework.web.server.ServerWebExchange;
 import org.springframework.web.server.WebFilter;
 import org.springframework.web.server.WebFilterChain;
@@ -20,10 +17,7 @@ import reactor.core.publisher.Mono;
 
 import java.net.InetSocketAddress;
 import java.nio.charset.StandardCharsets;
-import java.util.ArrayList;
 import java.util.List;
-import java.util.Map;
-import java.util.concurrent.ConcurrentHashMap;
 
 /**
  * Route-level rules for WebFlux, as the servlet interceptor does them, without
@@ -36,13 +30,12 @@ import java.util.concurrent.ConcurrentHashMap;
 public class RateLimitWebFilter implements WebFilter {
     private final RateLimitService service;
     private final boolean headers;
-    private final AntPathMatcher matcher = new AntPathMatcher();
-    private final SpelExpressionParser parser = new SpelExpressionParser();
-    private final Map<String, Expression> expressions = new ConcurrentHashMap<>();
+    private final RouteMatcher routes;
 
     public RateLimitWebFilter(RateLimitService service, boolean headers) {
         this.service = service;
         this.headers = headers;
+        this.routes = new RouteMatcher(service);
     }
 
     @Override
@@ -52,37 +45,20 @@ public class RateLimitWebFilter implements WebFilter {
         }
         ServerHttpRequest request = exchange.getRequest();
         String path = request.getPath().pathWithinApplication().value();
-        List<String> names = new ArrayList<>();
-        List<String> identities = new ArrayList<>();
-        long cost = 0;
-        for (RateLimitRules.Entry e : service.rules().entries().values()) {
-            if (!e.appliesTo(request.getMethod().name())) {
-                continue;
-            }
-            for (String pattern : e.routes()) {
-                if (matcher.match(pattern, path)) {
-                    String identity = identity(e, request);
-                    if (identity == null) {
-                        if (service.keyMissing(List.of(e.name()), e.keyExpression()) == RateLimitService.MissingKey.ADMIT) {
-                            break;
-                        }
-                        ServerHttpResponse response = exchange.getResponse();
-                        response.setStatusCode(HttpStatus.BAD_REQUEST);
-                        response.getHeaders().setContentType(MediaType.APPLICATION_PROBLEM_JSON);
-                        byte[] body = RateLimitHeaders.keyMissingJson(e.name(), e.keyExpression(), path).getBytes(StandardCharsets.UTF_8);
-                        return response.writeWith(Mono.just(response.bufferFactory().wrap(body)));
-                    }
-                    names.add(e.name());
-                    identities.add(identity);
-                    cost = Math.max(cost, e.cost());
-                    break;
-                }
-            }
+        RouteMatcher.Match match = routes.match(request.getMethod().name(), path, request, () -> peer(request));
+        if (match.missingKey() != null) {
+            RateLimitRules.Entry e = match.missingKey();
+            ServerHttpResponse response = exchange.getResponse();
+            response.setStatusCode(HttpStatus.BAD_REQUEST);
+            response.getHeaders().setContentType(MediaType.APPLICATION_PROBLEM_JSON);
+            byte[] body = RateLimitHeaders.keyMissingJson(e.name(), e.keyExpression(), path).getBytes(StandardCharsets.UTF_8);
+            return response.writeWith(Mono.just(response.bufferFactory().wrap(body)));
         }
-        if (names.isEmpty()) {
+        if (match.none()) {
             return chain.filter(exchange);
         }
-        return Mono.fromCompletionStage(service.admitAsync(names, identities, cost)).flatMap(permit -> {
+        List<String> names = match.names();
+        return Mono.fromCompletionStage(service.admitAsync(names, match.identities(), match.cost())).flatMap(permit -> {
             Decision d = permit.decision();
             ServerHttpResponse response = exchange.getResponse();
             if (d.allowed()) {
@@ -108,15 +84,9 @@ public class RateLimitWebFilter implements WebFilter {
         return response.writeWith(Mono.just(buffer));
     }
 
-    private String identity(RateLimitRules.Entry e, ServerHttpRequest request) {
-        if (e.keyExpression() == null || e.keyExpression().isBlank()) {
-            InetSocketAddress remote = request.getRemoteAddress();
-            return remote == null ? "-" : remote.getAddress() == null ? remote.getHostString() : remote.getAddress().getHostAddress();
-        }
-        Expression x = expressions.computeIfAbsent(e.keyExpression(), parser::parseExpression);
-        StandardEvaluationContext ctx = new StandardEvaluationContext(request);
-        ctx.setVariable("request", request);
-        Object v = x.getValue(ctx);
-        return v == null || v.toString().isEmpty() ? null : v.toString();
+    /** The client's address: the key of a rule without a key expression. */
+    private static String peer(ServerHttpRequest request) {
+        InetSocketAddress remote = request.getRemoteAddress();
+        return remote == null ? "-" : remote.getAddress() == null ? remote.getHostString() : remote.getAddress().getHostAddress();
     }
 }

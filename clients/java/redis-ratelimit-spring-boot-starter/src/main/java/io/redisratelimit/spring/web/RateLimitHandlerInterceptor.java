@@ -4,22 +4,16 @@ import io.redisratelimit.client.Decision;
 import io.redisratelimit.spring.RateLimitHeaders;
 import io.redisratelimit.spring.RateLimitRules;
 import io.redisratelimit.spring.RateLimitService;
+import io.redisratelimit.spring.RouteMatcher;
 import io.redisratelimit.spring.Permit;
 import jakarta.servlet.DispatcherType;
 import jakarta.servlet.http.HttpServletRequest;
 import jakarta.servlet.http.HttpServletResponse;
-import org.springframework.expression.Expression;
-import org.springframework.expression.spel.standard.SpelExpressionParser;
-import org.springframework.expression.spel.support.StandardEvaluationContext;
 import org.springframework.http.MediaType;
-import org.springframework.util.AntPathMatcher;
 import org.springframework.web.servlet.HandlerInterceptor;
 
 import java.nio.charset.StandardCharsets;
-import java.util.ArrayList;
 import java.util.List;
-import java.util.Map;
-import java.util.concurrent.ConcurrentHashMap;
 
 /**
  * Route-level rules: every rule whose {@code routes} match the request's path
@@ -32,13 +26,12 @@ import java.util.concurrent.ConcurrentHashMap;
 public class RateLimitHandlerInterceptor implements HandlerInterceptor {
     private final RateLimitService service;
     private final boolean headers;
-    private final AntPathMatcher matcher = new AntPathMatcher();
-    private final SpelExpressionParser parser = new SpelExpressionParser();
-    private final Map<String, Expression> expressions = new ConcurrentHashMap<>();
+    private final RouteMatcher routes;
 
     public RateLimitHandlerInterceptor(RateLimitService service, boolean headers) {
         this.service = service;
         this.headers = headers;
+        this.routes = new RouteMatcher(service);
     }
 
     /** The request's {@link Permit} while its handler works (rules that cap concurrency). */
@@ -51,37 +44,20 @@ public class RateLimitHandlerInterceptor implements HandlerInterceptor {
             return true;
         }
         String path = request.getRequestURI().substring(request.getContextPath().length());
-        List<String> names = new ArrayList<>();
-        List<String> identities = new ArrayList<>();
-        long cost = 0;
-        for (RateLimitRules.Entry e : service.rules().entries().values()) {
-            if (!e.appliesTo(request.getMethod())) {
-                continue;
-            }
-            for (String pattern : e.routes()) {
-                if (matcher.match(pattern, path)) {
-                    String identity = identity(e, request);
-                    if (identity == null) {
-                        if (service.keyMissing(List.of(e.name()), e.keyExpression()) == RateLimitService.MissingKey.ADMIT) {
-                            break;
-                        }
-                        response.setStatus(400);
-                        response.setContentType(MediaType.APPLICATION_PROBLEM_JSON_VALUE);
-                        response.getOutputStream().write(RateLimitHeaders.keyMissingJson(e.name(), e.keyExpression(),
-                                request.getRequestURI()).getBytes(StandardCharsets.UTF_8));
-                        return false;
-                    }
-                    names.add(e.name());
-                    identities.add(identity);
-                    cost = Math.max(cost, e.cost());
-                    break;
-                }
-            }
+        RouteMatcher.Match match = routes.match(request.getMethod(), path, request, request::getRemoteAddr);
+        if (match.missingKey() != null) {
+            RateLimitRules.Entry e = match.missingKey();
+            response.setStatus(400);
+            response.setContentType(MediaType.APPLICATION_PROBLEM_JSON_VALUE);
+            response.getOutputStream().write(RateLimitHeaders.keyMissingJson(e.name(), e.keyExpression(),
+                    request.getRequestURI()).getBytes(StandardCharsets.UTF_8));
+            return false;
         }
-        if (names.isEmpty()) {
+        if (match.none()) {
             return true;
         }
-        Permit permit = service.admit(names, identities, cost);
+        List<String> names = match.names();
+        Permit permit = service.admit(names, match.identities(), match.cost());
         Decision d = permit.decision();
         if (d.allowed()) {
             if (!permit.leases().isEmpty()) {
@@ -107,16 +83,5 @@ public class RateLimitHandlerInterceptor implements HandlerInterceptor {
             request.removeAttribute(PERMIT);
             permit.close();
         }
-    }
-
-    private String identity(RateLimitRules.Entry e, HttpServletRequest request) {
-        if (e.keyExpression() == null || e.keyExpression().isBlank()) {
-            return request.getRemoteAddr();
-        }
-        Expression x = expressions.computeIfAbsent(e.keyExpression(), parser::parseExpression);
-        StandardEvaluationContext ctx = new StandardEvaluationContext(request);
-        ctx.setVariable("request", request);
-        Object v = x.getValue(ctx);
-        return v == null || v.toString().isEmpty() ? null : v.toString();
     }
 }

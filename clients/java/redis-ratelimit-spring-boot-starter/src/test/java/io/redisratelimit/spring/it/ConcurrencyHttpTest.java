@@ -2,7 +2,6 @@ package io.redisratelimit.spring.it;
 
 import io.redisratelimit.client.Client;
 import io.redisratelimit.client.Request;
-import io.redisratelimit.client.testing.RedisServer;
 import io.redisratelimit.spring.RateLimitService;
 import io.redisratelimit.spring.RateLimited;
 import org.junit.jupiter.api.AfterEach;
@@ -10,10 +9,7 @@ import org.junit.jupiter.api.Test;
 import org.springframework.beans.factory.annotation.Autowired;
 import org.springframework.boot.autoconfigure.SpringBootApplication;
 import org.springframework.boot.test.context.SpringBootTest;
-import org.springframework.boot.test.web.server.LocalServerPort;
 import org.springframework.context.annotation.Bean;
-import org.springframework.test.context.DynamicPropertyRegistry;
-import org.springframework.test.context.DynamicPropertySource;
 import org.springframework.web.bind.annotation.GetMapping;
 import org.springframework.web.bind.annotation.RequestHeader;
 import org.springframework.web.bind.annotation.RestController;
@@ -53,7 +49,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
         "ratelimit.rules.exports.algorithm=concurrency",
         "ratelimit.rules.exports.params=2,60000",
 })
-class ConcurrencyHttpTest {
+class ConcurrencyHttpTest extends OnSharedRedis {
     /** Requests inside a handler, and the gate that lets them finish. */
     static final AtomicInteger INSIDE = new AtomicInteger();
     static final Semaphore GATE = new Semaphore(0);
@@ -107,15 +103,6 @@ class ConcurrencyHttpTest {
             return 7;
         }
     }
-
-    @DynamicPropertySource
-    static void redis(DynamicPropertyRegistry r) {
-        RedisServer s = SharedRedis.get();
-        r.add("spring.data.redis.port", s::port);
-    }
-
-    @LocalServerPort
-    int port;
 
     @Autowired
     RateLimitService service;

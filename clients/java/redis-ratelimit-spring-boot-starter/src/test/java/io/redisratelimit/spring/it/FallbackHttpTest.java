@@ -1,15 +1,10 @@
 package io.redisratelimit.spring.it;
 
 import io.micrometer.core.instrument.MeterRegistry;
-import io.redisratelimit.client.testing.RedisServer;
-import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.Test;
 import org.springframework.beans.factory.annotation.Autowired;
 import org.springframework.boot.test.context.SpringBootTest;
-import org.springframework.boot.test.web.server.LocalServerPort;
 import org.springframework.test.annotation.DirtiesContext;
-import org.springframework.test.context.DynamicPropertyRegistry;
-import org.springframework.test.context.DynamicPropertySource;
 
 import java.net.http.HttpResponse;
 
@@ -32,22 +27,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
         "ratelimit.rules.quote.params=2,60000",
 })
 @DirtiesContext
-class FallbackHttpTest {
-    private static RedisServer server;
-
-    @DynamicPropertySource
-    static void redis(DynamicPropertyRegistry r) {
-        server = RedisServer.start();
-        r.add("spring.data.redis.port", server::port);
-    }
-
-    @AfterAll
-    static void stop() {
-        server.close();
-    }
-
-    @LocalServerPort
-    int port;
+class FallbackHttpTest extends OwnRedis {
     @Autowired
     MeterRegistry meters;
 

@@ -1,13 +1,8 @@
 package io.redisratelimit.spring.it;
 
-import io.redisratelimit.client.testing.RedisServer;
-import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.Test;
 import org.springframework.boot.test.context.SpringBootTest;
-import org.springframework.boot.test.web.server.LocalServerPort;
 import org.springframework.test.annotation.DirtiesContext;
-import org.springframework.test.context.DynamicPropertyRegistry;
-import org.springframework.test.context.DynamicPropertySource;
 
 import java.net.http.HttpResponse;
 import java.time.Duration;
@@ -36,22 +31,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
         "management.endpoint.health.show-details=always",
 })
 @DirtiesContext
-class HealthHttpTest {
-    private static RedisServer server;
-
-    @DynamicPropertySource
-    static void redis(DynamicPropertyRegistry r) {
-        server = RedisServer.start();
-        r.add("spring.data.redis.port", server::port);
-    }
-
-    @AfterAll
-    static void stop() {
-        server.close();
-    }
-
-    @LocalServerPort
-    int port;
+class HealthHttpTest extends OwnRedis {
 
     @Test
     void theInstanceStaysUpWhileItsFallbackServesAndSaysSo() throws Exception {

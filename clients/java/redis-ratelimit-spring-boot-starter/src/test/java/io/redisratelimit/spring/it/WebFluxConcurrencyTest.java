@@ -1,15 +1,11 @@
 package io.redisratelimit.spring.it;
 
 import io.redisratelimit.client.Request;
-import io.redisratelimit.client.testing.RedisServer;
 import io.redisratelimit.spring.RateLimitService;
 import org.junit.jupiter.api.Test;
 import org.springframework.beans.factory.annotation.Autowired;
 import org.springframework.boot.autoconfigure.SpringBootApplication;
 import org.springframework.boot.test.context.SpringBootTest;
-import org.springframework.boot.test.web.server.LocalServerPort;
-import org.springframework.test.context.DynamicPropertyRegistry;
-import org.springframework.test.context.DynamicPropertySource;
 import org.springframework.web.bind.annotation.GetMapping;
 import org.springframework.web.bind.annotation.RestController;
 import reactor.core.publisher.Mono;
@@ -37,7 +33,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
         "ratelimit.rules.inflight.routes=/held,/fails",
         "ratelimit.rules.inflight.key=#request.headers.getFirst('X-User')",
 })
-class WebFluxConcurrencyTest {
+class WebFluxConcurrencyTest extends OnSharedRedis {
     static final AtomicInteger INSIDE = new AtomicInteger();
     static volatile CompletableFuture<String> gate = new CompletableFuture<>();
 
@@ -57,15 +53,6 @@ class WebFluxConcurrencyTest {
             return Mono.error(new IllegalStateException("the handler failed"));
         }
     }
-
-    @DynamicPropertySource
-    static void redis(DynamicPropertyRegistry r) {
-        RedisServer s = SharedRedis.get();
-        r.add("spring.data.redis.port", s::port);
-    }
-
-    @LocalServerPort
-    int port;
 
     @Autowired
     RateLimitService service;

@@ -1,12 +1,8 @@
 package io.redisratelimit.spring.it;
 
-import io.redisratelimit.client.testing.RedisServer;
 import org.junit.jupiter.api.Test;
 import org.springframework.boot.autoconfigure.SpringBootApplication;
 import org.springframework.boot.test.context.SpringBootTest;
-import org.springframework.boot.test.web.server.LocalServerPort;
-import org.springframework.test.context.DynamicPropertyRegistry;
-import org.springframework.test.context.DynamicPropertySource;
 import org.springframework.web.bind.annotation.GetMapping;
 import org.springframework.web.bind.annotation.RestController;
 import reactor.core.publisher.Mono;
@@ -27,7 +23,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
         "ratelimit.rules.items.routes=/items/**",
         "ratelimit.rules.items.key=#request.headers.getFirst('X-User')",
 })
-class WebFluxTest {
+class WebFluxTest extends OnSharedRedis {
     @SpringBootApplication
     @RestController
     static class ReactiveApp {
@@ -36,15 +32,6 @@ class WebFluxTest {
             return Mono.just("[]");
         }
     }
-
-    @DynamicPropertySource
-    static void redis(DynamicPropertyRegistry r) {
-        RedisServer s = SharedRedis.get();
-        r.add("spring.data.redis.port", s::port);
-    }
-
-    @LocalServerPort
-    int port;
 
     @Test
     void theFilterAdmitsTheLimitThenAnswersTheProblem() {
