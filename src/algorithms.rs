@@ -30,8 +30,10 @@ use crate::args::{ParamList, Params, BLOCK, COST_OR_REFUND};
 use crate::calendar::{self, Zone};
 use crate::config;
 use crate::error::Error;
-use crate::ffi::{Arg, DataType};
+use crate::ffi::{Arg, Boxed, BucketRepr, CounterRepr, DataType, NumericConfig, Repr, ThinRepr};
+use crate::limiter::hash_window::HashWindowParams;
 use crate::limiter::quota::QuotaParams;
+use crate::limiter::sliding_log::SlidingLogParams;
 use crate::limiter::{
     Algorithm, Concurrency, FixedWindow, HashWindow, LeakyBucket, Micros, Parameters, Quota,
     SlidingLog, TokenBucket,
@@ -39,7 +41,7 @@ use crate::limiter::{
 use crate::stats::Outcomes;
 
 self::algorithms! { $
-    TokenBucket => Row {
+    TokenBucket: BucketRepr => Row {
         command: c"RL.TOKENBUCKET",
         key: KeyFormat::Native { type_name: c"rl-tokbkt", encoding: 1 },
         summary: c"Token bucket with continuous refill: admits a request of COST units (default 1) if the bucket holds them",
@@ -54,7 +56,7 @@ self::algorithms! { $
         ],
         ..Row::LIMITER
     },
-    FixedWindow => Row {
+    FixedWindow: CounterRepr => Row {
         command: c"RL.FIXEDWINDOW",
         key: KeyFormat::Native { type_name: c"rl-fixwin", encoding: 1 },
         summary: c"Fixed window counter aligned on the Unix epoch: admits a request of COST units (default 1) if the window has room",
@@ -68,7 +70,7 @@ self::algorithms! { $
         ],
         ..Row::LIMITER
     },
-    LeakyBucket => Row {
+    LeakyBucket: BucketRepr => Row {
         command: c"RL.LEAKYBUCKET",
         key: KeyFormat::Native { type_name: c"rl-leakbk", encoding: 1 },
         summary: c"Leaky bucket as a shaping queue: admits a request of COST units if the queue has room, and tells in wait_ms when its turn comes",
@@ -83,7 +85,7 @@ self::algorithms! { $
         ],
         ..Row::LIMITER
     },
-    SlidingLog => Row {
+    SlidingLog: ThinRepr => Row {
         command: c"RL.SLIDING",
         key: KeyFormat::Native { type_name: c"rl-slilog", encoding: 1 },
         summary: c"Exact sliding log: admits a request of COST units if no window_ms interval would hold more than limit units",
@@ -95,10 +97,14 @@ self::algorithms! { $
             COST_OR_REFUND,
             BLOCK,
         ],
-        bounds: config::sliding_bounds,
+        bound: Some(Bound {
+            what: "limit",
+            config: &config::SLIDING_MAX_LIMIT,
+            of: SlidingLogParams::limit,
+        }),
         ..Row::LIMITER
     },
-    HashWindow => Row {
+    HashWindow: ThinRepr => Row {
         command: c"RL.HASHWINDOW",
         key: KeyFormat::Native { type_name: c"rl-hashwn", encoding: 2 },
         summary: c"Sliding window approximated by fixed buckets: admits a request of COST units if the buckets covering window_ms have room",
@@ -111,10 +117,14 @@ self::algorithms! { $
             COST_OR_REFUND,
             BLOCK,
         ],
-        bounds: config::hash_window_bounds,
+        bound: Some(Bound {
+            what: "window_ms / bucket_ms",
+            config: &config::HASHWINDOW_MAX_BUCKETS,
+            of: HashWindowParams::buckets,
+        }),
         ..Row::LIMITER
     },
-    Concurrency => Row {
+    Concurrency: Boxed => Row {
         command: c"RL.CONCURRENCY",
         key: KeyFormat::Native { type_name: c"rl-concur", encoding: 1 },
         summary: c"Concurrency limiter: grants a lease of COST units (default 1) if the leases held leave room under limit; a lease ends at RL.RELEASE or lease_ms after it was granted or renewed",
@@ -133,7 +143,7 @@ self::algorithms! { $
         companions: &[Companion::Release, Companion::Renew],
         ..Row::LIMITER
     },
-    Quota => Row {
+    Quota: CounterRepr => Row {
         command: c"RL.QUOTA",
         key: KeyFormat::Native { type_name: c"rl-quotas", encoding: 1 },
         summary: c"Calendar quota: admits a request of COST units if the day, ISO week, month or year it falls in, in its time zone (TZ, default UTC), has room",
@@ -180,9 +190,9 @@ pub struct Row<L: Algorithm> {
     pub acl: &'static CStr,
     /// Where a spec may name the algorithm.
     pub specs: Specs,
-    /// Bounds the module configs put on client calls (never on replicated
-    /// ones: the master accepted them).
-    pub bounds: fn(&L::Params) -> Result<(), Error>,
+    /// The bound a module config puts on client calls (never on replicated
+    /// ones: the master accepted them), if any.
+    pub bound: Option<Bound<L>>,
     /// The reply of its command and of `RL.HIT`.
     pub reply: ReplyShape,
     /// Commands that come with it, registered with it.
@@ -194,6 +204,38 @@ pub struct Row<L: Algorithm> {
     /// The end of the call's period, which a calendar quota's pinned call
     /// carries (`END unix_us`), so that replicas never read a tz database.
     pub period_end: fn(&L::Params) -> Option<Micros>,
+}
+
+/// A bound an operator sets on one quantity of a call's parameters: a
+/// module config (`ratelimit.<name>`), below the core's own range, for what
+/// a key may cost in memory.
+pub struct Bound<L: Algorithm> {
+    /// What it bounds, as its error names it.
+    pub what: &'static str,
+    /// The config that holds the largest value.
+    pub config: &'static NumericConfig,
+    /// The quantity, from the parameters.
+    pub of: fn(&L::Params) -> u64,
+}
+
+impl<L: Algorithm> Row<L> {
+    /// Checks a client's call against the row's bound: `ERR <what> is above
+    /// ratelimit.<config> (<max>)`.
+    #[inline(always)]
+    pub fn check_bound(&self, params: &L::Params) -> Result<(), Error> {
+        let Some(bound) = &self.bound else {
+            return Ok(());
+        };
+        let max = config::get(bound.config.value);
+        if (bound.of)(params) > max {
+            return Err(Error::AboveConfig {
+                what: bound.what,
+                config: bound.config.name.to_str().unwrap_or("config"),
+                max,
+            });
+        }
+        Ok(())
+    }
 }
 
 /// See [`Row::resolve`].
@@ -251,7 +293,7 @@ impl<L: Algorithm> Row<L> {
             policies: true,
             all: true,
         },
-        bounds: |_| Ok(()),
+        bound: None,
         reply: ReplyShape::Decision,
         companions: &[],
         resolve: resolve_nothing::<L::Params>,
@@ -300,7 +342,11 @@ pub struct Specs {
 }
 
 /// An algorithm of the table, with what the table says of it.
-pub trait Listed: Algorithm<State: crate::ffi::Packing> + Sized + 'static {
+pub trait Listed: Algorithm + Sized + 'static {
+    /// How its state sits in its key's value pointer (`crate::ffi`): packed
+    /// into the pointer when it fits (`BucketRepr`, `CounterRepr`), one
+    /// block behind it (`ThinRepr`), or a box (`Boxed`). The row names it.
+    type Repr: Repr<Self::State>;
     /// Its row.
     const ROW: Row<Self>;
     /// Its row's position in the table.
@@ -532,7 +578,7 @@ pub fn words_allowed(site: Site) -> Vec<&'static str> {
 ///
 /// (`$` is passed in so that the generated macros can have arguments.)
 macro_rules! algorithms {
-    ($d:tt $($Alg:ident => $row:expr),+ $(,)?) => {
+    ($d:tt $($Alg:ident : $Repr:ty => $row:expr),+ $(,)?) => {
         /// One algorithm with validated parameters: a spec of `RL.ALL` or a
         /// policy.
         #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -558,6 +604,7 @@ macro_rules! algorithms {
 
         $(
             impl Listed for $Alg {
+                type Repr = $Repr;
                 const ROW: Row<Self> = $row;
                 const INDEX: usize = Position::$Alg as usize;
                 const EVENT: &'static CStr = {

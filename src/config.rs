@@ -11,16 +11,32 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::blocking;
 use crate::deny_log;
-use crate::error::Error;
 use crate::ffi::NumericConfig;
-use crate::limiter::hash_window::HashWindowParams;
-use crate::limiter::sliding_log::{self, SlidingLogParams};
+use crate::limiter::sliding_log;
 
-/// Largest `limit` of `RL.SLIDING` (each held unit costs up to 8 bytes).
-pub static SLIDING_MAX_LIMIT: AtomicU64 = AtomicU64::new(100_000);
+/// Largest `limit` of `RL.SLIDING` (each held unit costs up to 8 bytes):
+/// the bound its row in the table of algorithms puts on a call.
+pub static SLIDING_MAX_LIMIT: NumericConfig = NumericConfig {
+    name: c"sliding-max-limit",
+    value: &SLIDING_MAX_LIMIT_VALUE,
+    min: 1,
+    max: sliding_log::MAX_LIMIT,
+    changed: None,
+    immutable: false,
+};
+static SLIDING_MAX_LIMIT_VALUE: AtomicU64 = AtomicU64::new(100_000);
+
 /// Largest `window_ms / bucket_ms` of `RL.HASHWINDOW` (2 to 8 bytes per
-/// bucket, as its counts need).
-pub static HASHWINDOW_MAX_BUCKETS: AtomicU64 = AtomicU64::new(3600);
+/// bucket, as its counts need): the bound its row puts on a call.
+pub static HASHWINDOW_MAX_BUCKETS: NumericConfig = NumericConfig {
+    name: c"hashwindow-max-buckets",
+    value: &HASHWINDOW_MAX_BUCKETS_VALUE,
+    min: 1,
+    max: 1_000_000,
+    changed: None,
+    immutable: false,
+};
+static HASHWINDOW_MAX_BUCKETS_VALUE: AtomicU64 = AtomicU64::new(3600);
 
 /// The encoding every native type writes (RDB, `DUMP`), at most its newest:
 /// 2 (the default) writes the newest encodings, 1 pins every type to
@@ -31,24 +47,10 @@ pub static WRITE_ENCODING: AtomicU64 = AtomicU64::new(2);
 
 /// Every config the module registers (names without the `ratelimit.`
 /// prefix).
-pub static NUMERIC: [NumericConfig; 5] = [
-    NumericConfig {
-        name: c"sliding-max-limit",
-        value: &SLIDING_MAX_LIMIT,
-        min: 1,
-        max: sliding_log::MAX_LIMIT,
-        changed: None,
-        immutable: false,
-    },
-    NumericConfig {
-        name: c"hashwindow-max-buckets",
-        value: &HASHWINDOW_MAX_BUCKETS,
-        min: 1,
-        max: 1_000_000,
-        changed: None,
-        immutable: false,
-    },
-    NumericConfig {
+pub static NUMERIC: [&NumericConfig; 5] = [
+    &SLIDING_MAX_LIMIT,
+    &HASHWINDOW_MAX_BUCKETS,
+    &NumericConfig {
         name: c"log-max-len",
         value: &deny_log::MAX_LEN,
         min: 0,
@@ -56,7 +58,7 @@ pub static NUMERIC: [NumericConfig; 5] = [
         changed: Some(|max_len| deny_log::trim(max_len as usize)),
         immutable: false,
     },
-    NumericConfig {
+    &NumericConfig {
         name: c"max-blocked",
         value: &blocking::MAX_BLOCKED,
         min: 0,
@@ -64,7 +66,7 @@ pub static NUMERIC: [NumericConfig; 5] = [
         changed: None,
         immutable: false,
     },
-    NumericConfig {
+    &NumericConfig {
         name: c"write-encoding",
         value: &WRITE_ENCODING,
         min: 1,
@@ -117,31 +119,4 @@ pub fn parse_load_arguments(args: &[&[u8]]) -> Result<Vec<(&'static AtomicU64, u
         parsed.push((config.value, value));
     }
     Ok(parsed)
-}
-
-/// `RL.SLIDING`'s bound: `limit` at most `ratelimit.sliding-max-limit`.
-pub fn sliding_bounds(params: &SlidingLogParams) -> Result<(), Error> {
-    let max = get(&SLIDING_MAX_LIMIT);
-    if params.limit() > max {
-        return Err(Error::AboveConfig {
-            what: "limit",
-            config: "sliding-max-limit",
-            max,
-        });
-    }
-    Ok(())
-}
-
-/// `RL.HASHWINDOW`'s bound: at most `ratelimit.hashwindow-max-buckets`
-/// buckets.
-pub fn hash_window_bounds(params: &HashWindowParams) -> Result<(), Error> {
-    let max = get(&HASHWINDOW_MAX_BUCKETS);
-    if params.buckets() > max {
-        return Err(Error::AboveConfig {
-            what: "window_ms / bucket_ms",
-            config: "hashwindow-max-buckets",
-            max,
-        });
-    }
-    Ok(())
 }

@@ -26,7 +26,7 @@
 //!
 //! How a state sits in memory is another matter, which no encoding sees:
 //! the token and leaky buckets pack theirs into the key's value pointer
-//! when it fits (`crate::ffi::Packing`, `src/ffi/packed.rs`), and every
+//! when it fits (the representation its row names, `Listed::Repr`: `src/ffi/packed.rs`), and every
 //! callback here gets the state unpacked.
 //!
 //! The policies' aux data rides on the token bucket type, whose encoding
@@ -34,7 +34,7 @@
 //! data, which carries its own version inside its payload (`crate::policy`).
 
 use crate::algorithms::{for_each_algorithm, Listed};
-use crate::ffi::{AuxData, Digest, Load, Packing, RdbIo, Rewrite, TypeMethods};
+use crate::ffi::{AuxData, Digest, Load, RdbIo, Rewrite, TypeMethods};
 
 use crate::limiter::StateFields;
 use crate::policy;
@@ -178,7 +178,7 @@ impl Decoder for RdbIo {
 /// The native type of each algorithm: its state, in its row's encoding.
 impl<L: Listed> TypeMethods for L {
     type Value = L::State;
-    type Repr = <L::State as Packing>::Repr;
+    type Repr = L::Repr;
 
     fn load(rdb: &mut RdbIo, encoding: i32) -> Option<L::State> {
         L::State::decode(rdb, encoding)

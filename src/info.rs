@@ -50,5 +50,5 @@ pub fn section(info: &mut InfoContext) {
     info.field("deny_log_max_len", config::get(&deny_log::MAX_LEN));
     info.field("propagation_pinned", replicate::pinned() as u64);
     info.field("module_allocations", ffi::allocations());
-    info.field("bucket_rates", ffi::bucket_rates() as u64);
+    info.field("bucket_rates", crate::packing::rates() as u64);
 }

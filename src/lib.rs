@@ -30,6 +30,7 @@ mod info;
 /// The check that `src/` keeps the layers of `docs/design.md`.
 #[cfg(test)]
 mod layers;
+mod packing;
 /// The algorithms live in the core crate (`core/`, `redis-ratelimit-core`):
 /// pure state machines without Redis. `crate::limiter` is its name here.
 pub use redis_ratelimit_core as limiter;

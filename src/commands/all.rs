@@ -228,7 +228,7 @@ impl<'h, H: Host + 'h> Step<'h, H> for AllCall<'_> {
                 .iter()
                 .filter(|l| matches!(l.source, Source::Inline { .. }))
             {
-                with_algorithm!(limit.spec, L, p => (L::ROW.bounds)(&p))?;
+                with_algorithm!(limit.spec, L, p => L::ROW.check_bound(&p))?;
             }
         }
         for limit in limits.iter_mut() {

@@ -26,7 +26,7 @@ use crate::algorithms::Listed;
 use crate::args::ParamList;
 use crate::datatype::{Encoder, NativeState};
 use crate::error::Error;
-use crate::ffi::{Packing, Stored, Words};
+use crate::ffi::{Repr, Stored, Words};
 use crate::limiter::{Micros, Request};
 use crate::replicate;
 
@@ -60,7 +60,7 @@ trait Held: Any + Debug {
     fn fields(&self) -> (&'static str, Vec<u64>);
 }
 
-impl<S: NativeState + Packing + Debug> Held for Stored<S> {
+impl<S: NativeState + Debug, R: Repr<S>> Held for Stored<S, R> {
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
     }
@@ -261,7 +261,7 @@ impl Memory {
         self.keys.borrow_mut().insert(
             key.to_vec(),
             Entry {
-                value: Value::Limiter(Box::new(Stored::new(state))),
+                value: Value::Limiter(Box::new(Stored::<_, L::Repr>::new(state))),
                 expires_at: None,
             },
         );
@@ -272,7 +272,7 @@ impl Memory {
         match &self.live(key)?.value {
             Value::Limiter(held) => held
                 .as_any()
-                .downcast_ref::<Stored<L::State>>()
+                .downcast_ref::<Stored<L::State, L::Repr>>()
                 .map(|stored| stored.with_ref(L::State::clone)),
             Value::Other(_) => None,
         }
@@ -487,7 +487,10 @@ impl Store for MemoryKey<'_> {
         match keys.get_mut(self.name).map(|e| &mut e.value) {
             None => Ok(None),
             Some(Value::Limiter(held)) => {
-                match held.as_any_mut().downcast_mut::<Stored<L::State>>() {
+                match held
+                    .as_any_mut()
+                    .downcast_mut::<Stored<L::State, L::Repr>>()
+                {
                     Some(stored) => Ok(Some(stored.with_mut(f))),
                     None => Err(Error::WrongType),
                 }
@@ -501,7 +504,7 @@ impl Store for MemoryKey<'_> {
         self.call.space.keys.borrow_mut().insert(
             self.name.to_vec(),
             Entry {
-                value: Value::Limiter(Box::new(Stored::new(state))),
+                value: Value::Limiter(Box::new(Stored::<_, L::Repr>::new(state))),
                 expires_at: None,
             },
         );

@@ -123,7 +123,7 @@ pub(super) fn set<H: Host>(host: &H) -> Result<(), Error> {
     let rule = policy::parse_rule(&args[3..])?;
     policy::check_room_for(name)?;
     if host.origin() == Origin::Client {
-        with_algorithm!(rule.spec, L, p => (L::ROW.bounds)(&p))?;
+        with_algorithm!(rule.spec, L, p => L::ROW.check_bound(&p))?;
     }
     policy::set(name, rule);
     // Deterministic: replicas and the AOF replay it as it is.

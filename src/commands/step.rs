@@ -161,7 +161,7 @@ impl<'h, H: Host + 'h, L: Listed> Step<'h, H> for OneKey<'_, L> {
         let (zone, end) = match self.via {
             Via::Command { at, end, zone } => {
                 if at.is_none() {
-                    (L::ROW.bounds)(&self.params)?;
+                    L::ROW.check_bound(&self.params)?;
                 }
                 (zone, end)
             }

@@ -27,7 +27,10 @@ impl Load<'_> {
     /// Registers `configs` and loads their values from the server's
     /// configuration. Servers before 7.0 have no module configs: the values
     /// stay as they are.
-    pub fn register_configs(&self, configs: &'static [NumericConfig]) -> Result<(), &'static str> {
+    pub fn register_configs(
+        &self,
+        configs: &'static [&'static NumericConfig],
+    ) -> Result<(), &'static str> {
         // SAFETY: plain reads of function pointers set at load (absent before 7.0).
         let (Some(register), Some(load)) =
             (unsafe { raw::RedisModule_RegisterNumericConfig }, unsafe {
@@ -36,7 +39,7 @@ impl Load<'_> {
         else {
             return Ok(());
         };
-        for config in configs {
+        for &config in configs {
             // SAFETY: the load context, a NUL-terminated name, callbacks that
             // live as long as the module, and a `privdata` that is a
             // `&'static NumericConfig`, as the callbacks read it.

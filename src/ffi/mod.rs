@@ -19,8 +19,10 @@
 //! - `string.rs`: module strings the module owns (the words and numbers it
 //!   propagates);
 //! - `key.rs`: an open key: type check, value, expiry, write signals;
-//! - `packed.rs`, `thin.rs`: how each state sits in its key's value
-//!   pointer (packed into it, or one block behind it);
+//! - `packed.rs`, `thin.rs`: the loans of a key's value pointer for the
+//!   states packed into it (the forms themselves are `crate::packing`'s, safe
+//!   arithmetic) or kept in one block behind it; the row of each algorithm
+//!   (`src/algorithms.rs`) says which representation its state has;
 //! - `datatype.rs`: the native types' callbacks and their RDB, AOF and
 //!   digest streams;
 //! - `info.rs`, `config.rs`, `events.rs`: the `INFO` section, module
@@ -80,7 +82,8 @@ pub use block::{
 pub use clock::wall_clock_us;
 pub use config::NumericConfig;
 pub use context::{Context, Head, Level, Word, MAX_NUMBERS};
-pub use datatype::{AuxData, DataType, Digest, RdbIo, Rewrite, TypeMethods};
+pub use datatype::Boxed;
+pub use datatype::{AuxData, DataType, Digest, RdbIo, Repr, Rewrite, TypeMethods};
 #[cfg(test)]
 pub use docs::words;
 pub use docs::Arg;
@@ -89,7 +92,8 @@ pub use events::ServerEvent;
 pub use info::InfoContext;
 pub use key::{Key, Slot};
 #[allow(unused_imports)] // `Stored`: the in-memory key space's
-pub use packed::{rates as bucket_rates, Packing, Stored};
+pub use packed::{BucketRepr, CounterRepr, Stored};
 pub(crate) use register::module;
 pub use register::{load_module, Command, KeySpec, Load, Subcommand};
 pub use string::SharedString;
+pub use thin::ThinRepr;

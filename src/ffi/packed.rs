@@ -1,233 +1,18 @@
-//! How a token bucket's (and a leaky bucket's) state sits in its key: in
-//! the key's value pointer itself when it fits, else in a 16-byte block,
-//! else in the 32 bytes of the whole state.
-//!
-//! The state is four integers (`TokenBucketState`): the theoretical arrival
-//! time in whole microseconds (`tat_us`) and in ticks below one
-//! (`tat_frac < refill_count`), and the refill rate the TAT is expressed in
-//! (`refill_count` per `refill_ms`), which a call under other parameters
-//! needs to carry what was consumed over. Kept as they are, they take a
-//! 32-byte block beside the server's own 32 bytes of wrappers: 165 bytes a
-//! key, against 118 for the smallest key with a TTL (`SET k 12345678 PX`).
-//!
-//! A server has few distinct rates (one per limit its application defines),
-//! so a rate is interned: a process-wide table gives each distinct
-//! `(refill_count, refill_ms)` a small number, the first time a key stores
-//! it. The forms, told apart by the two low bits of the pointer (a block is
-//! aligned on 8 bytes at least, so those bits are 0 in its address):
-//!
-//! | form | low bits | holds | when |
-//! |---|---|---|---|
-//! | in the pointer | `..1` | rate number (12 bits), `tat_us` - 2020-01-01 (51 bits) | `refill_count` = 1 (so `tat_frac` = 0), one of the first 4,096 rates, a TAT from 2020 to 2091 |
-//! | compact block | `.00` | `tat_us`, `tat_frac` (32 bits), rate number (32 bits): 16 bytes | `tat_frac` < 2^32, the rate interned |
-//! | whole block | `.10` | the state as it is: 32 bytes | everything else (a rate table full, a TAT before 2020) |
-//!
-//! The table holds at most [`MAX_RATES`] rates (16 bytes each), never
-//! forgets one (a key may still name it) and lives in the process only:
-//! RDB, `DUMP`, the AOF and replicas get the state's four integers as
-//! before (the types' encoding 1 is unchanged), so numbers never leave the
-//! process, and a replica or a restarted server numbers rates as it meets
-//! them. A forked child (`BGSAVE`) reads the table as it was at the fork,
-//! which is all its keys name.
-//!
-//! Commands see only the state (`Repr::with_mut` unpacks it on the stack and
-//! packs it back): the algorithms do not know the packing exists.
-//!
-//! The fixed window and the calendar quota keep an instant and a count
-//! (`CounterRepr`): in the pointer while the count is below 4,096 and the
-//! instant between 2020 and 2091 (12 and 51 bits), else in a box of their 16
-//! bytes.
+//! The value pointer's loans for the packed states: a token or leaky
+//! bucket's, a fixed window's and a quota's state in the key's value pointer
+//! itself when it fits, else in a block. The forms, the rate table and the
+//! bit layouts are `crate::packing` (safe arithmetic); this file makes,
+//! lends and frees what a pointer holds. Which representation each state
+//! has is said by its row in the table of algorithms (`src/algorithms.rs`).
 
-use std::collections::HashMap;
 use std::os::raw::c_void;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Mutex;
 
-use super::datatype::{with_mut_stored, BlockSize, Boxed, Repr};
-use super::thin::ThinRepr;
-use crate::limiter::fixed_window::FixedWindowState;
-use crate::limiter::leaky_bucket::LeakyBucketState;
-use crate::limiter::quota::QuotaState;
-use crate::limiter::token_bucket::TokenBucketState;
-use crate::limiter::StateFields;
-
-/// Most rates the process numbers; a key of any other rate keeps its whole
-/// state in a block of 32 bytes.
-pub const MAX_RATES: usize = 1 << 16;
-
-/// Rates numbered below this fit in the pointer form.
-const WORD_RATES: u32 = 1 << 12;
-
-/// 2020-01-01T00:00:00Z in Unix microseconds: the origin of the TAT in the
-/// pointer form.
-const WORD_EPOCH_US: u64 = 1_577_836_800_000_000;
-
-/// Bits of the TAT in the pointer form: 2^51 us, 71 years from 2020.
-const WORD_TAT_BITS: u32 = 51;
-
-const TAG_WORD: usize = 0b01;
-const TAG_WHOLE: usize = 0b10;
-const TAG_MASK: usize = 0b11;
-
-const _: () = assert!(
-    usize::BITS == 64,
-    "the pointer form packs 64 bits into a value pointer"
-);
-
-/// The process's numbered rates: `RATES[n]` is rate `n`; `INDEX` finds the
-/// number of a rate (under its lock, taken only when a key stores a rate
-/// other than the one it held, and not even then when it is the rate the
-/// last such key stored).
-struct Rates {
-    len: AtomicUsize,
-    count: [AtomicU64; MAX_RATES],
-    ms: [AtomicU64; MAX_RATES],
-}
-
-static RATES: Rates = Rates {
-    len: AtomicUsize::new(0),
-    count: [const { AtomicU64::new(0) }; MAX_RATES],
-    ms: [const { AtomicU64::new(0) }; MAX_RATES],
+use super::datatype::{with_mut_stored, BlockSize, Repr};
+use crate::packing::{
+    counter_from_parts, counter_parts, counter_word, form_of, from_parts, parts, rate,
+    unpack_compact, Compact, Counter, Form, Gcra, TAG_MASK, TAG_WHOLE, TAG_WORD, WORD_EPOCH_US,
+    WORD_RATES,
 };
-
-static INDEX: Mutex<Option<HashMap<(u64, u64), u32>>> = Mutex::new(None);
-
-thread_local! {
-    /// The rate most recently numbered on this thread, and its number.
-    static LAST: std::cell::Cell<(u64, u64, u32)> = const { std::cell::Cell::new((0, 0, 0)) };
-}
-
-/// Rate `n`: `(refill_count, refill_ms)`.
-#[inline(always)]
-fn rate(n: u32) -> (u64, u64) {
-    let n = n as usize;
-    debug_assert!(n < RATES.len.load(Ordering::Acquire));
-    (
-        RATES.count[n].load(Ordering::Acquire),
-        RATES.ms[n].load(Ordering::Acquire),
-    )
-}
-
-/// The number of rate `(count, ms)`, numbering it if it is new; `None`
-/// once the table is full.
-#[inline]
-fn number(count: u64, ms: u64) -> Option<u32> {
-    let (last_count, last_ms, last) = LAST.with(|l| l.get());
-    if (last_count, last_ms) == (count, ms) && count != 0 {
-        return Some(last);
-    }
-    let n = number_slow(count, ms)?;
-    LAST.with(|l| l.set((count, ms, n)));
-    Some(n)
-}
-
-#[cold]
-fn number_slow(count: u64, ms: u64) -> Option<u32> {
-    let mut index = INDEX
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    let index = index.get_or_insert_with(HashMap::new);
-    if let Some(&n) = index.get(&(count, ms)) {
-        return Some(n);
-    }
-    let n = RATES.len.load(Ordering::Relaxed);
-    if n >= MAX_RATES {
-        return None;
-    }
-    RATES.count[n].store(count, Ordering::Release);
-    RATES.ms[n].store(ms, Ordering::Release);
-    RATES.len.store(n + 1, Ordering::Release);
-    index.insert((count, ms), n as u32);
-    Some(n as u32)
-}
-
-/// Rates numbered so far (`INFO ratelimit`'s `bucket_rates`).
-pub fn rates() -> usize {
-    RATES.len.load(Ordering::Relaxed)
-}
-
-/// A GCRA state's four integers: `tat_us, tat_frac, refill_count,
-/// refill_ms`, as `StateFields` lists them.
-pub trait Gcra: StateFields + Clone + 'static {
-    fn to_parts(&self) -> [u64; 4];
-    fn from_parts(parts: [u64; 4]) -> Option<Self>;
-}
-
-macro_rules! gcra {
-    ($($state:ty),+) => {
-        $(impl Gcra for $state {
-            #[inline(always)]
-            fn to_parts(&self) -> [u64; 4] {
-                <$state>::to_parts(self)
-            }
-            #[inline(always)]
-            fn from_parts(parts: [u64; 4]) -> Option<Self> {
-                <$state>::from_parts(parts)
-            }
-        })+
-    };
-}
-
-gcra!(TokenBucketState, LeakyBucketState);
-
-#[inline(always)]
-fn parts<S: Gcra>(state: &S) -> [u64; 4] {
-    state.to_parts()
-}
-
-#[inline(always)]
-fn from_parts<S: Gcra>(parts: [u64; 4]) -> S {
-    // Only ever parts of a valid state, packed and unpacked exactly.
-    match S::from_parts(parts) {
-        Some(state) => state,
-        None => unreachable!("a packed bucket state unpacks to a valid state"),
-    }
-}
-
-/// The 16-byte form.
-#[derive(Clone, Copy)]
-#[repr(C, align(8))]
-struct Compact {
-    tat_us: u64,
-    tat_frac: u32,
-    rate: u32,
-}
-
-/// The form `parts` packs into, with the rate's number if it has one
-/// (`known`: the number of the rate the state held before, if it is the
-/// same rate).
-enum Form {
-    Word(usize),
-    Compact(Compact),
-    Whole,
-}
-
-#[inline(always)]
-fn form_of(parts: [u64; 4], known: Option<(u64, u64, u32)>) -> Form {
-    let [tat_us, tat_frac, count, ms] = parts;
-    let n = match known {
-        Some((c, m, n)) if (c, m) == (count, ms) => Some(n),
-        _ => number(count, ms),
-    };
-    let Some(n) = n else {
-        return Form::Whole;
-    };
-    if count == 1 && n < WORD_RATES {
-        if let Some(offset) = tat_us.checked_sub(WORD_EPOCH_US) {
-            if offset < 1 << WORD_TAT_BITS {
-                return Form::Word(((offset as usize) << 13) | ((n as usize) << 1) | TAG_WORD);
-            }
-        }
-    }
-    match u32::try_from(tat_frac) {
-        Ok(tat_frac) => Form::Compact(Compact {
-            tat_us,
-            tat_frac,
-            rate: n,
-        }),
-        Err(_) => Form::Whole,
-    }
-}
 
 /// What a value pointer of the bucket holds, and the rate's number.
 enum Held {
@@ -249,12 +34,6 @@ fn held(ptr: *const c_void) -> Held {
     } else {
         Held::Compact(bits as *mut Compact)
     }
-}
-
-#[inline(always)]
-fn unpack_compact(c: &Compact) -> [u64; 4] {
-    let (count, ms) = rate(c.rate);
-    [c.tat_us, c.tat_frac as u64, count, ms]
 }
 
 /// A new pointer for `state` in `form`.
@@ -363,59 +142,6 @@ unsafe impl<S: Gcra> Repr<S> for BucketRepr {
     }
 }
 
-/// A state of an instant and a count (fixed window: the last counted
-/// call; calendar quota: the end of its period), as `StateFields` lists
-/// them.
-pub trait Counter: StateFields + Clone + 'static {
-    fn to_parts(&self) -> [u64; 2];
-    fn from_parts(parts: [u64; 2]) -> Option<Self>;
-}
-
-macro_rules! counter {
-    ($($state:ty),+) => {
-        $(impl Counter for $state {
-            #[inline(always)]
-            fn to_parts(&self) -> [u64; 2] {
-                <$state>::to_parts(self)
-            }
-            #[inline(always)]
-            fn from_parts(parts: [u64; 2]) -> Option<Self> {
-                <$state>::from_parts(parts)
-            }
-        })+
-    };
-}
-
-counter!(FixedWindowState, QuotaState);
-
-/// Bits of the count in the pointer form of a counter.
-const COUNT_BITS: u32 = 12;
-
-/// The pointer form of a counter: its count (12 bits) and its instant
-/// since 2020 (51 bits), if both fit.
-#[inline(always)]
-fn counter_word([at_us, count]: [u64; 2]) -> Option<usize> {
-    let offset = at_us.checked_sub(WORD_EPOCH_US)?;
-    (offset < 1 << WORD_TAT_BITS && count < 1 << COUNT_BITS)
-        .then_some(((offset as usize) << (COUNT_BITS + 1)) | ((count as usize) << 1) | TAG_WORD)
-}
-
-#[inline(always)]
-fn counter_parts(bits: usize) -> [u64; 2] {
-    [
-        WORD_EPOCH_US + (bits >> (COUNT_BITS + 1)) as u64,
-        ((bits >> 1) & ((1 << COUNT_BITS) - 1)) as u64,
-    ]
-}
-
-#[inline(always)]
-fn counter_from_parts<S: Counter>(parts: [u64; 2]) -> S {
-    match S::from_parts(parts) {
-        Some(state) => state,
-        None => unreachable!("a packed counter unpacks to a valid state"),
-    }
-}
-
 /// The representation of a counter (fixed window, calendar quota): in the
 /// value pointer while its count is below 4,096 and its instant between
 /// 2020 and 2091, else in a box of its 16 bytes (where it then stays: a
@@ -484,66 +210,40 @@ unsafe impl<S: Counter> Repr<S> for CounterRepr {
     }
 }
 
-/// How each algorithm's state sits in its key: the token and leaky
-/// buckets, the fixed window and the quota packed (this file: in the value
-/// pointer itself when the state fits), the sliding log and the hash window
-/// in one block behind a thin pointer (`thin.rs`), the concurrency limiter
-/// in a box.
-pub trait Packing: Sized {
-    type Repr: Repr<Self>;
-}
-
-macro_rules! packing {
-    ($($state:ty => $repr:ty),+ $(,)?) => {
-        $(impl Packing for $state {
-            type Repr = $repr;
-        })+
-    };
-}
-
-packing! {
-    crate::limiter::token_bucket::TokenBucketState => BucketRepr,
-    crate::limiter::leaky_bucket::LeakyBucketState => BucketRepr,
-    crate::limiter::fixed_window::FixedWindowState => CounterRepr,
-    crate::limiter::sliding_log::SlidingLogState => ThinRepr,
-    crate::limiter::hash_window::HashWindowState => ThinRepr,
-    crate::limiter::concurrency::ConcurrencyState => Boxed,
-    crate::limiter::quota::QuotaState => CounterRepr,
-}
-
 /// A state held as a key holds it: behind the value pointer of its
-/// representation ([`Packing`]), owned, and freed on drop. The in-memory key
+/// representation `R` (the one its algorithm's row names), owned, and freed
+/// on drop. The in-memory key
 /// space of the unit tests and the fuzz targets (`crate::commands::memory`)
 /// keeps its states in these, so they run every packing as the server does.
 #[cfg_attr(not(test), allow(dead_code))] // the module itself holds keys
-pub struct Stored<S: Packing + 'static> {
+pub struct Stored<S: 'static, R: Repr<S>> {
     ptr: *mut c_void,
-    _state: std::marker::PhantomData<S>,
+    _state: std::marker::PhantomData<(S, R)>,
 }
 
 #[cfg_attr(not(test), allow(dead_code))]
-impl<S: Packing + 'static> Stored<S> {
+impl<S: 'static, R: Repr<S>> Stored<S, R> {
     /// `value`, given to its representation.
     pub fn new(value: S) -> Self {
         Stored {
-            ptr: S::Repr::into_ptr(value),
+            ptr: R::into_ptr(value),
             _state: std::marker::PhantomData,
         }
     }
 
     /// Runs `f` on the state, lent mutably, as `Key::with_value` does (a
     /// panic in `f` is resumed once the value's new pointer is kept).
-    pub fn with_mut<R>(&mut self, f: impl FnOnce(&mut S) -> R) -> R {
+    pub fn with_mut<T>(&mut self, f: impl FnOnce(&mut S) -> T) -> T {
         let ptr = &mut self.ptr;
         // SAFETY: the live pointer this value owns, lent to no one else
         // (`&mut self`).
-        unsafe { with_mut_stored::<S, S::Repr, R>(*ptr, f, |moved| *ptr = moved) }
+        unsafe { with_mut_stored::<S, R, T>(*ptr, f, |moved| *ptr = moved) }
     }
 
     /// Runs `f` on the state.
-    pub fn with_ref<R>(&self, f: impl FnOnce(&S) -> R) -> R {
+    pub fn with_ref<T>(&self, f: impl FnOnce(&S) -> T) -> T {
         // SAFETY: the live pointer this value owns, not lent mutably (`&self`).
-        unsafe { S::Repr::with_ref(self.ptr, f) }
+        unsafe { R::with_ref(self.ptr, f) }
     }
 
     /// Bytes of the state outside the server's wrappers, as `MEMORY USAGE`
@@ -551,18 +251,18 @@ impl<S: Packing + 'static> Stored<S> {
     /// state's own count of what it owns beyond its size).
     pub fn memory(&self, heap_bytes: impl FnOnce(&S) -> usize) -> usize {
         // SAFETY: the live pointer this value owns.
-        unsafe { S::Repr::memory(self.ptr, None, heap_bytes) }
+        unsafe { R::memory(self.ptr, None, heap_bytes) }
     }
 }
 
-impl<S: Packing + 'static> Drop for Stored<S> {
+impl<S: 'static, R: Repr<S>> Drop for Stored<S, R> {
     fn drop(&mut self) {
         // SAFETY: the live pointer this value owns, given up once.
-        unsafe { S::Repr::free(self.ptr) }
+        unsafe { R::free(self.ptr) }
     }
 }
 
-impl<S: Packing + std::fmt::Debug + 'static> std::fmt::Debug for Stored<S> {
+impl<S: std::fmt::Debug + 'static, R: Repr<S>> std::fmt::Debug for Stored<S, R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.with_ref(|state| state.fmt(f))
     }
@@ -571,6 +271,10 @@ impl<S: Packing + std::fmt::Debug + 'static> std::fmt::Debug for Stored<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limiter::fixed_window::FixedWindowState;
+    use crate::limiter::token_bucket::TokenBucketState;
+    use crate::limiter::StateFields;
+    use crate::packing::*;
     use proptest::prelude::*;
 
     fn state(tat_us: u64, tat_frac: u64, count: u64, ms: u64) -> TokenBucketState {
@@ -606,10 +310,13 @@ mod tests {
     fn stored_states_count_what_their_packing_allocates() {
         use crate::limiter::sliding_log::{SlidingLogParams, SlidingLogState};
         use crate::limiter::{Algorithm, Micros, SlidingLog, StateFields};
-        let bucket = Stored::new(state(NOW + 12_345, 0, 1, 60_000));
+        let bucket = Stored::<_, BucketRepr>::new(state(NOW + 12_345, 0, 1, 60_000));
         assert_eq!(bucket.memory(TokenBucketState::heap_bytes), 0);
         let p = SlidingLogParams::new(10, 1000).unwrap();
-        let mut log = Stored::new(SlidingLog::idle(&p, Micros::from_us(NOW)));
+        let mut log = Stored::<_, super::super::thin::ThinRepr>::new(SlidingLog::idle(
+            &p,
+            Micros::from_us(NOW),
+        ));
         assert_eq!(log.memory(SlidingLogState::heap_bytes), 48);
         for ms in 0..4 {
             let d = log.with_mut(|s| SlidingLog::apply(s, &p, 1, Micros::from_us(NOW + ms * 1000)));
