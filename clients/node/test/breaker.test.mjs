@@ -42,7 +42,7 @@ describe('RLStore with passOnStoreError', () => {
       },
       prefix: `brk:${process.pid}:`,
       deadlineMs: 50,
-      breaker: { failures: 2, openForMs: 200 },
+      breaker: { failures: 2, openForMs: 1000 },
     });
     store.init({ windowMs: 3_600_000, limit: 10, passOnStoreError: true });
     await store.ready;
@@ -94,7 +94,7 @@ describe('RateLimiterRL with an insurance limiter', () => {
         duration: 3600,
         keyPrefix: `brk:${process.pid}:flex`,
         deadlineMs: 50,
-        breaker: { failures: 2, openForMs: 200 },
+        breaker: { failures: 2, openForMs: 1000 },
         insuranceLimiter: new RateLimiterMemory({ points: 10, duration: 3600 }),
       });
       await limiter.consume('u');
