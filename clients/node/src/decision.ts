@@ -55,10 +55,16 @@ export class Decision {
     return this.waitMs < 0 ? null : Math.ceil(this.waitMs / 1000);
   }
 
-  /** Parses a limiter reply of 5 integers, or 6 with `sixth` saying what the 6th is. */
+  /**
+   * Parses a limiter reply: 5 integers (`sixth` 'none': the rate limiters),
+   * 6 (`'deniedBy'`: `RL.ALL`), or 5 or 6 (`'lease'`: `RL.CONCURRENCY`, and
+   * `RL.HIT`, which answers as its policy's algorithm). Any other width is
+   * a `ProtocolError` (the contract's `replies`).
+   */
   static fromReply(reply: unknown, sixth: 'deniedBy' | 'lease' | 'none' = 'none'): Decision {
-    if (!Array.isArray(reply) || (reply.length !== 5 && reply.length !== 6)) {
-      throw new ProtocolError(`expected a limiter reply of 5 or 6 integers, got ${JSON.stringify(reply)}`);
+    const widths = sixth === 'none' ? [5] : sixth === 'deniedBy' ? [6] : [5, 6];
+    if (!Array.isArray(reply) || !widths.includes(reply.length)) {
+      throw new ProtocolError(`expected a limiter reply of ${widths.join(' or ')} integers, got ${JSON.stringify(reply)}`);
     }
     const n = reply.map((v) => toInt(v));
     const [allowed, limit, remaining, waitMs, resetMs] = n as [number, number, number, number, number];

@@ -315,8 +315,8 @@ describe('options: requests, blocking timeouts and refused words', () => {
 // The replies: each command's fields, in order, through the kit's parser
 // (`Decision.fromReply`, with the sixth field the kit's calls give it: the
 // lease of RL.CONCURRENCY, denied_by of RL.ALL, 1-based on the wire and
-// 0-based in the kit); a reply short of the five is refused (a sixth field
-// stays optional in the parser: RL.HIT answers as its policy's algorithm).
+// 0-based in the kit); a reply of another width is refused (the lease stays
+// optional: RL.HIT answers as its policy's algorithm, five fields or six).
 describe('replies: Decision.fromReply takes exactly the fields, in order', () => {
   const sixth = { 'RL.CONCURRENCY': 'lease', 'RL.ALL': 'deniedBy' };
   const read = {
@@ -349,6 +349,10 @@ describe('replies: Decision.fromReply takes exactly the fields, in order', () =>
         assert.equal(read[f](d), reply[i], `${r.command} field ${i} (${f})`);
       });
       assert.throws(() => Decision.fromReply(reply.slice(0, 4), sixth[r.command] ?? 'none'), ProtocolError);
+      if (r.command !== 'RL.CONCURRENCY') {
+        const other = r.fields.length === 5 ? [...reply, 1] : reply.slice(0, 5);
+        assert.throws(() => Decision.fromReply(other, sixth[r.command] ?? 'none'), ProtocolError, `${r.command}: ${other.length} fields`);
+      }
     });
   }
 });
