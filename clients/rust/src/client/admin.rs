@@ -1,7 +1,7 @@
 //! The administration calls: `RL.POLICY` (set, get, delete, list) and
 //! `RL.LOG` (the denial log), and their answers.
 
-use redis::cluster_routing::ResponsePolicy;
+use redis::cluster_routing::{AggregateOp, ResponsePolicy};
 use redis::Value;
 use redis_ratelimit_core::Period;
 
@@ -9,6 +9,11 @@ use super::connect::Target;
 use super::{text, Client};
 use crate::rule::{Spec, Zone};
 use crate::Error;
+
+/// Every master, the replies summed: a count of node state (`RL.POLICY DEL`,
+/// `RL.LOG LEN`).
+const SUM_OF_MASTERS: Target<'static> =
+    Target::AllMasters(ResponsePolicy::Aggregate(AggregateOp::Sum));
 
 impl Client {
     /// `RL.POLICY SET name <spec> MODE mode ROLLOUT percent [TZ zone]`, on
@@ -112,14 +117,7 @@ impl Client {
     pub async fn policy_del(&self, name: &str) -> Result<bool, Error> {
         let mut cmd = redis::cmd("RL.POLICY");
         cmd.arg("DEL").arg(name);
-        let reply = self
-            .send(
-                cmd,
-                Target::AllMasters(ResponsePolicy::Aggregate(
-                    redis::cluster_routing::AggregateOp::Sum,
-                )),
-            )
-            .await?;
+        let reply = self.send(cmd, SUM_OF_MASTERS).await?;
         Ok(matches!(reply, Value::Int(n) if n > 0))
     }
 
@@ -170,14 +168,7 @@ impl Client {
     pub async fn log_len(&self) -> Result<u64, Error> {
         let mut cmd = redis::cmd("RL.LOG");
         cmd.arg("LEN");
-        let reply = self
-            .send(
-                cmd,
-                Target::AllMasters(ResponsePolicy::Aggregate(
-                    redis::cluster_routing::AggregateOp::Sum,
-                )),
-            )
-            .await?;
+        let reply = self.send(cmd, SUM_OF_MASTERS).await?;
         match reply {
             Value::Int(n) => Ok(n.max(0) as u64),
             other => Err(Error::Protocol(format!("RL.LOG LEN: {other:?}"))),

@@ -22,7 +22,7 @@ use crate::fallback::Stats;
 use crate::lease::LeaseGuard;
 use crate::limiter::Hold;
 
-/// The service [`RateLimitLayer`] builds.
+/// The service [`RateLimitLayer`](super::RateLimitLayer) builds.
 #[derive(Clone)]
 pub struct RateLimit<S> {
     pub(super) inner: S,
