@@ -18,7 +18,9 @@ import java.util.function.Supplier;
  * {@code methods} is the request's (or it names none) and one of its
  * {@code routes} (Ant patterns) the path; its key is its SpEL
  * {@code key} over {@code #request} (the request object), or the client's
- * address when it has none.
+ * address when it has none. Public only because the interceptor and the
+ * filter live in their own packages ({@code web}, {@code reactive}); an
+ * application has no use for it.
  */
 public final class RouteMatcher {
     private final RateLimitService service;
