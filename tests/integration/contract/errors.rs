@@ -1,7 +1,8 @@
 //! Bad input, for every limiter command: each refusal is an error reply that
 //! names what is wrong, and writes nothing (the key stays absent or
 //! untouched, `DBSIZE` unchanged). The algorithms are described in
-//! `harness/contract.rs`; a refusal only one of them has is in its `refusals`.
+//! `harness/contract.rs`; a refusal only one of them has is in its `refusals`,
+//! and a parameter that is a word (a quota's period) is refused as a word.
 //!
 //! One server per server kind serves every algorithm in turn.
 
@@ -42,20 +43,59 @@ fn assert_err_naming(err: &str, name: &str, words: &[&str]) {
 fn bad_parameters_are_named_and_write_nothing() {
     for_each_algorithm_on_each_server(|alg, con| {
         let valid = alg.valid();
-        for (position, &(name, max)) in alg.params.iter().enumerate() {
-            let out_of_range = (max + 1).to_string();
-            for bad in NOT_A_PARAMETER.iter().chain([&out_of_range.as_str()]) {
-                let mut params = valid.clone();
-                params[position] = bad;
-                let words = alg.words(alg.key, &params);
-                let err = query_err(con, &words);
-                assert_err_naming(&err, name, &words);
-                if *bad == "0" || *bad == out_of_range {
-                    assert_eq!(
-                        err,
-                        format!("ERR {name} must be an integer from 1 to {max}"),
-                        "{words:?}"
-                    );
+        for (position, param) in alg.params.iter().enumerate() {
+            let with = |value: &str| -> Vec<String> {
+                let mut params: Vec<&str> = valid.clone();
+                params[position] = value;
+                alg.words(alg.key, &params)
+                    .iter()
+                    .map(|w| w.to_string())
+                    .collect()
+            };
+            match *param {
+                Param::Integer(name, max) => {
+                    let out_of_range = (max + 1).to_string();
+                    for bad in NOT_A_PARAMETER.iter().chain([&out_of_range.as_str()]) {
+                        let words = with(bad);
+                        let words: Vec<&str> = words.iter().map(String::as_str).collect();
+                        let err = query_err(con, &words);
+                        assert_err_naming(&err, name, &words);
+                        if *bad == "0" || *bad == out_of_range {
+                            assert_eq!(
+                                err,
+                                format!("ERR {name} must be an integer from 1 to {max}"),
+                                "{words:?}"
+                            );
+                        }
+                    }
+                }
+                Param::Word(name, accepted) => {
+                    // Anything but one of the words (in any case) or its
+                    // index among them.
+                    let past = accepted.len().to_string();
+                    let is_index = |v: &&&str| v.parse::<usize>().is_ok_and(|i| i < accepted.len());
+                    let refused = NOT_A_PARAMETER.iter().filter(|v| !is_index(v));
+                    for bad in refused.chain([&past.as_str(), &"FORTNIGHT", &"DAYS"]) {
+                        let words = with(bad);
+                        let words: Vec<&str> = words.iter().map(String::as_str).collect();
+                        assert_eq!(
+                            query_err(con, &words),
+                            format!(
+                                "ERR {name} must be one of {}, not '{bad}'",
+                                accepted.join(", ")
+                            ),
+                            "{words:?}"
+                        );
+                    }
+                    for (i, word) in accepted.iter().enumerate() {
+                        for good in [word.to_string(), word.to_lowercase(), i.to_string()] {
+                            let mut args = with(&good).split_off(2);
+                            args.extend(["COST".to_string(), "0".to_string()]);
+                            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                            let r = alg.call(con, alg.key, &args);
+                            assert!(r.allowed, "{alg} {args:?}: {r:?}");
+                        }
+                    }
                 }
             }
         }
@@ -138,7 +178,7 @@ fn command_and_option_names_are_case_insensitive() {
             let mut words = vec![command, alg.key];
             words.extend(alg.valid());
             words.extend([cost, "2"]);
-            let r = rl(con, &words);
+            let r = alg.reply(&query::<Vec<i64>>(con, &words));
             assert_eq!((r.allowed, r.remaining), (true, 3), "{words:?}: {r:?}");
             let _: i64 = query(con, &["DEL", alg.key]);
         }
@@ -186,9 +226,9 @@ fn errors_leave_an_existing_limiter_untouched() {
             with(&["COST", "1", "COST"]),
             with(&["AT", "1"]),
         ];
-        for position in 0..valid.len() {
+        for (position, param) in alg.params.iter().enumerate() {
             let mut params = valid.clone();
-            params[position] = "0";
+            params[position] = param.refused();
             calls.push(params);
         }
         calls.extend(alg.refusals.iter().map(|(args, _)| args.to_vec()));

@@ -254,7 +254,7 @@ fn admitted_call_gives_a_key_without_expiry_its_expiry_back() {
         let _: String = query(con, &call);
         let replies: Vec<Value> = query(con, &["EXEC"]);
         assert_eq!(replies[1], Value::Int(1), "{alg}: PERSIST {key}");
-        let r = Reply::from_value(&replies[2]);
+        let r = alg.reply_of(&replies[2]);
         assert_expiry_follows(alg, con, key, &r, "just after PERSIST");
     });
 }
@@ -325,12 +325,12 @@ fn exercise(alg: &Algorithm, con: &mut Connection, key: &str) {
     let calls = alg
         .exercise
         .iter()
-        .map(|args| alg.words(key, args))
-        .chain([another.words(key, another.exercise[0])]);
-    for words in calls {
+        .map(|args| (alg, alg.words(key, args)))
+        .chain([(another, another.words(key, another.exercise[0]))]);
+    for (alg, words) in calls {
         match command(&words).query::<Value>(con) {
             Ok(value) => {
-                Reply::from_value(&value);
+                alg.reply_of(&value);
             }
             Err(e) => {
                 let text = error_text(&e);

@@ -84,7 +84,7 @@ fn replica_state_equals_master_after_mixed_traffic() {
                     }
                     _ => query(&mut m, &words),
                 };
-                Reply::from_value(&reply);
+                alg.reply_of(&reply);
             }
             wait_for_sync(&master, &replica);
             let keys: Vec<String> = query(&mut m, &["KEYS", &format!("{}:traffic:*", alg.key)]);
@@ -135,10 +135,10 @@ fn denials_and_cost_zero_propagate_nothing() {
             let key = alg.key;
             let new = format!("{key}:new");
             let another = alg.another();
-            let mut refused: Vec<Vec<&str>> = (0..alg.params.len())
-                .map(|position| {
+            let mut refused: Vec<Vec<&str>> = (alg.params.iter().enumerate())
+                .map(|(position, param)| {
                     let mut params = alg.valid();
-                    params[position] = "0";
+                    params[position] = param.refused();
                     params
                 })
                 .collect();
@@ -247,16 +247,35 @@ fn incremental_aof(server: &Server) -> Vec<Vec<String>> {
     commands
 }
 
-/// The AOF's commands of `alg` (its key), the time pinned by `AT` left out.
-fn logged_calls(logged: &[Vec<String>], alg: &Algorithm) -> Vec<(Vec<String>, u64)> {
+/// A propagated call of `alg`: its words with the values of `AT` (the
+/// master's time) and `END` (the period's end) left out, and those values.
+#[derive(Debug)]
+struct Logged {
+    shape: Vec<String>,
+    at_us: u64,
+    end_us: Option<u64>,
+}
+
+/// The AOF's commands of `alg` (its key).
+fn logged_calls(logged: &[Vec<String>], alg: &Algorithm) -> Vec<Logged> {
     logged
         .iter()
         .filter(|words| words[0].eq_ignore_ascii_case(alg.command) && words[1] == alg.key)
         .map(|words| {
-            let (at_us, shape) = words.split_last().unwrap();
-            let mut shape = shape.to_vec();
+            let mut shape = words.to_vec();
             shape[0] = shape[0].to_ascii_uppercase();
-            (shape, at_us.parse().expect("AT is an integer"))
+            let mut take = |option: &str| {
+                let at = shape.iter().position(|w| w == option)?;
+                let value = shape.remove(at + 1);
+                Some(value.parse::<u64>().expect("an integer"))
+            };
+            let at_us = take("AT").expect("AT");
+            let end_us = take("END");
+            Logged {
+                shape,
+                at_us,
+                end_us,
+            }
         })
         .collect()
 }
@@ -283,12 +302,15 @@ fn admitted_calls_propagate_with_the_masters_time_pinned() {
         for_each_algorithm(kind, |alg| {
             let (before_us, after_us) = call_times[alg.index()];
             let calls = logged_calls(&logged, alg);
-            let shapes: Vec<&Vec<String>> = calls.iter().map(|(shape, _)| shape).collect();
+            let shapes: Vec<&Vec<String>> = calls.iter().map(|call| &call.shape).collect();
             let expected: Vec<Vec<String>> = ["1", "3"]
                 .iter()
                 .map(|cost| {
                     let mut words = alg.words(alg.key, &alg.valid());
                     words.extend(["COST", cost, "AT"]);
+                    if alg.pins_period_end {
+                        words.push("END");
+                    }
                     words.iter().map(|w| w.to_string()).collect()
                 })
                 .collect();
@@ -297,12 +319,19 @@ fn admitted_calls_propagate_with_the_masters_time_pinned() {
                 expected.iter().collect::<Vec<_>>(),
                 "{alg}: limiter commands in the AOF: {calls:?}"
             );
-            for (_, at_us) in &calls {
+            for call in &calls {
+                let at_us = call.at_us;
                 assert!(
-                    (before_us..=after_us).contains(at_us),
+                    (before_us..=after_us).contains(&at_us),
                     "{alg}: AT {at_us} is not the master's time of the call \
                      ({before_us}..={after_us})"
                 );
+                // The end of the period the call counted in: here the end
+                // of the aligned one that holds its time.
+                if let (Some(end_us), Some(window_ms)) = (call.end_us, alg.aligned) {
+                    let window_us = window_ms(&alg.valid()) * 1000;
+                    assert_eq!(end_us, (at_us / window_us + 1) * window_us, "{alg}: END");
+                }
             }
         });
     });

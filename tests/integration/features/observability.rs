@@ -7,21 +7,21 @@ use std::fs;
 use std::path::Path;
 
 use super::policies::rollout_bucket;
+use crate::harness::contract::ALGORITHMS;
 use crate::harness::*;
 
 /// 2^40 ms: nothing refills, leaks or leaves a window while a test runs (a
 /// fixed window aligned on it that holds "now" ends in 2039).
 const LONG: &str = "1099511627776";
 
-const ALGORITHMS: [&str; 7] = [
-    "tokenbucket",
-    "fixedwindow",
-    "leakybucket",
-    "sliding",
-    "hashwindow",
-    "concurrency",
-    "quota",
-];
+/// Each algorithm's name in `INFO ratelimit` (`tokenbucket_calls`): its
+/// spec word in lower case, in the table's order, which is the module's.
+fn algorithm_words() -> Vec<String> {
+    ALGORITHMS
+        .iter()
+        .map(|alg| alg.setstate_name.to_lowercase())
+        .collect()
+}
 
 // ---------------------------------------------------------------------------
 // Helpers
@@ -157,7 +157,11 @@ fn assert_moves(
 /// For every algorithm, and for RL.ALL: calls = admitted + denied + peeks.
 fn assert_calls_add_up(con: &mut Connection) {
     let c = counters(con);
-    for prefix in ALGORITHMS.iter().chain(&["throttle", "all"]) {
+    for prefix in algorithm_words()
+        .iter()
+        .map(String::as_str)
+        .chain(["throttle", "all"])
+    {
         let get = |f: &str| c[&format!("ratelimit_{prefix}_{f}")];
         assert_eq!(
             get("calls"),
@@ -256,7 +260,11 @@ fn info_ratelimit_shows_every_counter_from_the_start() {
         let mut con = server.conn();
         let names: Vec<String> = info_fields(&mut con).into_iter().map(|(n, _)| n).collect();
         let mut expected = Vec::new();
-        for prefix in ALGORITHMS.iter().chain(&["throttle", "all"]) {
+        for prefix in algorithm_words()
+            .iter()
+            .map(String::as_str)
+            .chain(["throttle", "all"])
+        {
             for field in ["calls", "admitted", "denied", "peeks"] {
                 expected.push(format!("ratelimit_{prefix}_{field}"));
             }
@@ -302,33 +310,36 @@ fn each_algorithm_counts_admitted_denied_and_peeks_and_nothing_else_moves() {
         let server = Server::start(kind, &[]);
         let mut con = server.conn();
         // Limit 1 everywhere: the second call is denied.
-        let calls: [(&str, &[&str]); 5] = [
-            ("tokenbucket", &["RL.TOKENBUCKET", "k:tb", "1", "1", LONG]),
-            ("fixedwindow", &["RL.FIXEDWINDOW", "k:fw", "1", LONG]),
-            ("leakybucket", &["RL.LEAKYBUCKET", "k:lb", "1", "1", LONG]),
-            ("sliding", &["RL.SLIDING", "k:sl", "1", LONG]),
-            ("hashwindow", &["RL.HASHWINDOW", "k:hw", "1", LONG, LONG]),
-        ];
-        for (alg, words) in calls {
-            let f = |field: &str| format!("{alg}_{field}");
+        for alg in &ALGORITHMS {
+            let word = alg.setstate_name.to_lowercase();
+            let f = |field: &str| format!("{word}_{field}");
+            let key = format!("k:{}", alg.key);
+            let params = alg.slow_params("1");
+            let call = |con: &mut Connection, key: &str, options: &[&'static str]| {
+                let mut args = params.clone();
+                args.extend_from_slice(options);
+                alg.call(con, key, &args)
+            };
+            let words = alg.words(&key, &params);
+            alg.away_from_window_end(&mut con, &params);
             assert_moves(
                 &mut con,
                 &format!("{words:?} admitted"),
                 &[(&f("calls"), 1), (&f("admitted"), 1)],
-                |con| assert!(rl(con, words).allowed),
+                |con| assert!(call(con, &key, &[]).allowed),
             );
             assert_moves(
                 &mut con,
                 &format!("{words:?} denied"),
                 &[(&f("calls"), 1), (&f("denied"), 1), ("deny_log_len", 1)],
-                |con| assert!(!rl(con, words).allowed),
+                |con| assert!(!call(con, &key, &[]).allowed),
             );
             assert_moves(
                 &mut con,
                 &format!("{words:?} COST 0"),
                 &[(&f("calls"), 1), (&f("peeks"), 1)],
                 |con| {
-                    rl(con, &[words, &["COST", "0"]].concat());
+                    call(con, &key, &["COST", "0"]);
                 },
             );
             assert_moves(
@@ -336,10 +347,7 @@ fn each_algorithm_counts_admitted_denied_and_peeks_and_nothing_else_moves() {
                 &format!("{words:?} COST 0 on a missing key"),
                 &[(&f("calls"), 1), (&f("peeks"), 1)],
                 |con| {
-                    let mut peek = words.to_vec();
-                    peek[1] = "absent";
-                    peek.extend(["COST", "0"]);
-                    rl(con, &peek);
+                    call(con, "absent", &["COST", "0"]);
                 },
             );
             assert_moves(
@@ -347,22 +355,15 @@ fn each_algorithm_counts_admitted_denied_and_peeks_and_nothing_else_moves() {
                 &format!("{words:?} COST 2 (never fits)"),
                 &[(&f("calls"), 1), (&f("denied"), 1), ("deny_log_len", 1)],
                 |con| {
-                    let r = rl(con, &[words, &["COST", "2"]].concat());
+                    let r = call(con, &key, &["COST", "2"]);
                     assert_eq!((r.allowed, r.wait_ms), (false, -1));
                 },
             );
         }
         assert_calls_add_up(&mut con);
         let c = counters(&mut con);
-        for alg in ALGORITHMS {
-            // RL.CONCURRENCY (six integers) and RL.QUOTA (a period word)
-            // are not called here: nothing moved.
-            let calls = if alg == "concurrency" || alg == "quota" {
-                0
-            } else {
-                5
-            };
-            assert_eq!(c[&format!("ratelimit_{alg}_calls")], calls, "{alg}");
+        for word in algorithm_words() {
+            assert_eq!(c[&format!("ratelimit_{word}_calls")], 5, "{word}");
         }
     });
 }

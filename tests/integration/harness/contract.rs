@@ -1,11 +1,18 @@
-//! The five limiter commands described as data, so that a contract every one
-//! of them keeps (denials change nothing, replicas converge, state survives a
-//! restart, bad input is refused, ...) is written once and checked for all
-//! of them: see the tests in `contract/`. What only one algorithm promises
-//! stays in its own file in `algorithms/` (`token_bucket.rs`, ...).
+//! The seven limiter commands described as data, so that a contract every
+//! one of them keeps (denials change nothing, replicas converge, state
+//! survives a restart, bad input is refused, ...) is written once and checked
+//! for all of them: see the tests in `contract/` and in `features/`
+//! (`refund_force.rs`, `notifications.rs`, `observability.rs`). What only one
+//! algorithm promises stays in its own file in `algorithms/`
+//! (`token_bucket.rs`, ...). The table holds every algorithm the core has, a
+//! test below checks (`the_table_has_every_algorithm_of_the_core`).
 //!
-//! Every algorithm's first parameter is its limit (a capacity or a count per
-//! window), so a test states the limit and the table the rest.
+//! Every algorithm's first parameter is its limit (a capacity, a count per
+//! window or period, or units held at once), so a test states the limit and
+//! the table the rest. Where a promise cannot be checked for one of them
+//! within a test (a quota's shortest period is a day), its row says so as
+//! data (an `Option` left `None`), and the test skips that row by reading
+//! it.
 
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -31,28 +38,37 @@ pub struct Algorithm {
     pub type_name: &'static str,
     /// The key a test uses for it (other keys start with it).
     pub key: &'static str,
-    /// Its parameters in order, as errors name them, each with the largest
-    /// value it accepts (the smallest is 1).
-    pub params: &'static [(&'static str, u64)],
+    /// Its parameters in order, as errors name them.
+    pub params: &'static [Param],
     /// The parameters after the limit under which nothing leaves, drains or
     /// refills during a test.
     pub slow: &'static [&'static str],
     /// Other valid parameters after the limit, as a caller may switch to.
     pub other: &'static [&'static str],
-    /// Parameters (limit first) under which a key is idle again within a
-    /// fraction of a second, and the bounds `(above, at_most)` of the
-    /// `reset_ms` a first call there reports.
-    pub fast: &'static [&'static str],
-    pub fast_reset_ms: (i64, i64),
+    /// Parameters under which a key is idle again within a fraction of a
+    /// second; `None` where no key can be (a quota's shortest period is a
+    /// day).
+    pub fast: Option<Fast>,
     /// Parameters with a limit of 3 under which units come back within a
-    /// second, and the longest `wait_ms` a denial there may report.
-    pub short: &'static [&'static str],
-    pub short_wait_max_ms: i64,
-    /// Windows aligned on the epoch (the second parameter is the window):
-    /// calls that must land in one window first move away from its end.
-    pub aligned: bool,
+    /// second; `None` where none can (a quota's units come back when its
+    /// period ends, at the earliest at the next midnight).
+    pub short: Option<Short>,
+    /// Periods aligned on the epoch: the length in ms of the aligned period
+    /// of a parameter list (limit first), so that calls that must land in
+    /// one period first move away from its end; `None` for limiters without
+    /// aligned periods.
+    pub aligned: Option<fn(&[&str]) -> u64>,
+    /// Its propagated calls carry, besides the master's time (`AT`), the end
+    /// of the call's period (`END unix_us`), so that replicas read no
+    /// time-zone database.
+    pub pins_period_end: bool,
     /// An admitted request may be told to wait for its turn (`wait_ms` > 0).
     pub shapes: bool,
+    /// `COMMAND INFO` flags it `fast` (O(1) or about). `RL.CONCURRENCY` is
+    /// not: a call walks the leases held on the key.
+    pub fast_flag: bool,
+    /// Its reply has a sixth integer, the lease granted (0 when none was).
+    pub lease: bool,
     /// How far the key's expiry may lie beyond the `reset_ms` of the call
     /// that set it, besides the contract's slack (see
     /// [`Algorithm::latest_expiry_ms`]): 1 where the expiry is an instant
@@ -71,6 +87,40 @@ pub struct Algorithm {
     /// Refusals of its own beyond a parameter out of range: arguments after
     /// the key, and the exact error.
     pub refusals: &'static [(&'static [&'static str], &'static str)],
+}
+
+/// One parameter of a limiter command.
+pub enum Param {
+    /// An integer from 1 to its largest value, and its name.
+    Integer(&'static str, u64),
+    /// One of a few words, in any case, or its index among them (what a
+    /// call propagated from a policy, whose parameters are numbers, says):
+    /// a quota's period.
+    Word(&'static str, &'static [&'static str]),
+}
+
+impl Param {
+    /// A value it refuses.
+    pub fn refused(&self) -> &'static str {
+        match self {
+            Param::Integer(..) => "0",
+            Param::Word(..) => "FORTNIGHT",
+        }
+    }
+}
+
+/// See [`Algorithm::fast`]: the parameters (limit first), and the bounds
+/// `(above, at_most)` of the `reset_ms` a first call there reports.
+pub struct Fast {
+    pub params: &'static [&'static str],
+    pub reset_ms: (i64, i64),
+}
+
+/// See [`Algorithm::short`]: the parameters (limit 3 first), and the longest
+/// `wait_ms` a denial there may report.
+pub struct Short {
+    pub params: &'static [&'static str],
+    pub wait_max_ms: i64,
 }
 
 impl fmt::Display for Algorithm {
@@ -118,7 +168,40 @@ impl Algorithm {
 
     /// A call that must succeed.
     pub fn call(&self, con: &mut Connection, key: &str, args: &[&str]) -> Reply {
-        rl(con, &self.words(key, args))
+        self.reply(&query::<Vec<i64>>(con, &self.words(key, args)))
+    }
+
+    /// Its reply: the five integers of every limiter, then the lease where
+    /// it has one, which is 0 unless the call was admitted.
+    pub fn reply(&self, ints: &[i64]) -> Reply {
+        if !self.lease {
+            return Reply::from_ints(ints);
+        }
+        assert_eq!(ints.len(), 6, "{self} replies six integers: {ints:?}");
+        let reply = Reply::from_ints(&ints[..5]);
+        assert!(
+            ints[5] >= 0 && (reply.allowed || ints[5] == 0),
+            "{self}: a lease of {} with {reply:?}",
+            ints[5]
+        );
+        reply
+    }
+
+    /// Its reply, from a `Value` (of a transaction or a script).
+    pub fn reply_of(&self, value: &Value) -> Reply {
+        match value {
+            Value::Array(items) => {
+                let ints: Vec<i64> = items
+                    .iter()
+                    .map(|item| match item {
+                        Value::Int(i) => *i,
+                        other => panic!("{self} reply holds a non-integer: {other:?}"),
+                    })
+                    .collect();
+                self.reply(&ints)
+            }
+            other => panic!("{self} reply is not an array: {other:?}"),
+        }
     }
 
     /// A call that must fail; its error.
@@ -145,11 +228,11 @@ impl Algorithm {
         self.call(con, key, &args)
     }
 
-    /// For windows aligned on the epoch: waits, if needed, until the window
+    /// For periods aligned on the epoch: waits, if needed, until the period
     /// of `params` has at least half of it (at most `SLACK_MS`) left.
     pub fn away_from_window_end(&self, con: &mut Connection, params: &[&str]) {
-        if self.aligned {
-            let window_ms: u64 = params[1].parse().expect("a window in ms");
+        if let Some(window_ms) = self.aligned {
+            let window_ms = window_ms(params);
             away_from_window_end(con, window_ms, (window_ms / 2).min(SLACK_MS as u64));
         }
     }
@@ -245,18 +328,25 @@ pub const TOKEN_BUCKET: Algorithm = Algorithm {
     type_name: "rl-tokbkt",
     key: "tb",
     params: &[
-        ("capacity", MAX_PARAM),
-        ("refill_count", MAX_PARAM),
-        ("refill_ms", MAX_PARAM),
+        Param::Integer("capacity", MAX_PARAM),
+        Param::Integer("refill_count", MAX_PARAM),
+        Param::Integer("refill_ms", MAX_PARAM),
     ],
     slow: &["1", SLOW],
     other: &["3", "999999"],
-    fast: &["3", "1", "100"],
-    fast_reset_ms: (0, 100),
-    short: &["3", "1", "300"],
-    short_wait_max_ms: 600,
-    aligned: false,
+    fast: Some(Fast {
+        params: &["3", "1", "100"],
+        reset_ms: (0, 100),
+    }),
+    short: Some(Short {
+        params: &["3", "1", "300"],
+        wait_max_ms: 600,
+    }),
+    aligned: None,
+    pins_period_end: false,
     shapes: false,
+    fast_flag: true,
+    lease: false,
     expiry_beyond_reset_ms: 1,
     build: build_token_buckets,
     random_params: random_bucket_params,
@@ -295,15 +385,25 @@ pub const FIXED_WINDOW: Algorithm = Algorithm {
     setstate_name: "FIXEDWINDOW",
     type_name: "rl-fixwin",
     key: "fw",
-    params: &[("limit", MAX_PARAM), ("window_ms", MAX_PARAM)],
+    params: &[
+        Param::Integer("limit", MAX_PARAM),
+        Param::Integer("window_ms", MAX_PARAM),
+    ],
     slow: &[SLOW],
     other: &["60000"],
-    fast: &["5", "200"],
-    fast_reset_ms: (0, 200),
-    short: &["3", "300"],
-    short_wait_max_ms: 300,
-    aligned: true,
+    fast: Some(Fast {
+        params: &["5", "200"],
+        reset_ms: (0, 200),
+    }),
+    short: Some(Short {
+        params: &["3", "300"],
+        wait_max_ms: 300,
+    }),
+    aligned: Some(second_param_window),
+    pins_period_end: false,
     shapes: false,
+    fast_flag: true,
+    lease: false,
     expiry_beyond_reset_ms: 1,
     build: build_fixed_windows,
     random_params: |random| {
@@ -323,18 +423,25 @@ pub const LEAKY_BUCKET: Algorithm = Algorithm {
     type_name: "rl-leakbk",
     key: "lb",
     params: &[
-        ("capacity", MAX_PARAM),
-        ("leak_count", MAX_PARAM),
-        ("leak_ms", MAX_PARAM),
+        Param::Integer("capacity", MAX_PARAM),
+        Param::Integer("leak_count", MAX_PARAM),
+        Param::Integer("leak_ms", MAX_PARAM),
     ],
     slow: &["1", SLOW],
     other: &["7", "999999"],
-    fast: &["3", "1", "100"],
-    fast_reset_ms: (0, 100),
-    short: &["3", "1", "300"],
-    short_wait_max_ms: 600,
-    aligned: false,
+    fast: Some(Fast {
+        params: &["3", "1", "100"],
+        reset_ms: (0, 100),
+    }),
+    short: Some(Short {
+        params: &["3", "1", "300"],
+        wait_max_ms: 600,
+    }),
+    aligned: None,
+    pins_period_end: false,
     shapes: true,
+    fast_flag: true,
+    lease: false,
     expiry_beyond_reset_ms: 1,
     build: build_leaky_buckets,
     random_params: random_bucket_params,
@@ -356,17 +463,27 @@ pub const SLIDING_LOG: Algorithm = Algorithm {
     setstate_name: "SLIDING",
     type_name: "rl-slilog",
     key: "sl",
-    params: &[("limit", 16_777_215), ("window_ms", MAX_PARAM)],
+    params: &[
+        Param::Integer("limit", 16_777_215),
+        Param::Integer("window_ms", MAX_PARAM),
+    ],
     slow: &[SLOW],
     other: &["60000"],
-    fast: &["5", "200"],
     // The entry is stamped at the next whole millisecond, and reset_ms is
     // the window all the same.
-    fast_reset_ms: (199, 200),
-    short: &["3", "300"],
-    short_wait_max_ms: 301,
-    aligned: false,
+    fast: Some(Fast {
+        params: &["5", "200"],
+        reset_ms: (199, 200),
+    }),
+    short: Some(Short {
+        params: &["3", "300"],
+        wait_max_ms: 301,
+    }),
+    aligned: None,
+    pins_period_end: false,
     shapes: false,
+    fast_flag: true,
+    lease: false,
     // The key expires when its newest entry leaves, at the millisecond the
     // entry was rounded up to; reset_ms counts from the request.
     expiry_beyond_reset_ms: 1,
@@ -397,19 +514,26 @@ pub const HASH_WINDOW: Algorithm = Algorithm {
     type_name: "rl-hashwn",
     key: "hw",
     params: &[
-        ("limit", MAX_PARAM),
-        ("window_ms", MAX_PARAM),
-        ("bucket_ms", MAX_PARAM),
+        Param::Integer("limit", MAX_PARAM),
+        Param::Integer("window_ms", MAX_PARAM),
+        Param::Integer("bucket_ms", MAX_PARAM),
     ],
     // Ten buckets of 100 s.
     slow: &[SLOW, "100000"],
     other: &["60000", "1000"],
-    fast: &["5", "300", "100"],
-    fast_reset_ms: (100, 400),
-    short: &["3", "300", "100"],
-    short_wait_max_ms: 400,
-    aligned: false,
+    fast: Some(Fast {
+        params: &["5", "300", "100"],
+        reset_ms: (100, 400),
+    }),
+    short: Some(Short {
+        params: &["3", "300", "100"],
+        wait_max_ms: 400,
+    }),
+    aligned: None,
+    pins_period_end: false,
     shapes: false,
+    fast_flag: true,
+    lease: false,
     expiry_beyond_reset_ms: 0,
     build: build_hash_windows,
     random_params: |random| {
@@ -456,13 +580,191 @@ pub const HASH_WINDOW: Algorithm = Algorithm {
     ],
 };
 
-pub static ALGORITHMS: [Algorithm; 5] = [
+/// A day, in ms: every period of a quota in UTC (a day, an ISO week from
+/// Monday, a month, a year) starts at a UTC midnight, a multiple of it since
+/// the epoch.
+const DAY_MS: u64 = 86_400_000;
+
+/// [`Algorithm::aligned`] of a fixed window: its second parameter.
+fn second_param_window(params: &[&str]) -> u64 {
+    params[1].parse().expect("a window in ms")
+}
+
+pub const QUOTA: Algorithm = Algorithm {
+    command: "RL.QUOTA",
+    setstate_name: "QUOTA",
+    type_name: "rl-quotas",
+    key: "qu",
+    params: &[
+        Param::Integer("limit", MAX_PARAM),
+        Param::Word("period", &["DAY", "WEEK", "MONTH", "YEAR"]),
+    ],
+    // In UTC (no TZ): a period ends at a UTC midnight, which
+    // `away_from_window_end` keeps clear of.
+    slow: &["DAY"],
+    other: &["WEEK"],
+    // Its shortest period is a day: neither idle again nor refilled within
+    // a test.
+    fast: None,
+    short: None,
+    aligned: Some(|_| DAY_MS),
+    pins_period_end: true,
+    shapes: false,
+    fast_flag: true,
+    lease: false,
+    // The key expires at its period's end, a whole millisecond.
+    expiry_beyond_reset_ms: 0,
+    build: build_quotas,
+    random_params: |random| {
+        let mut params = vec![
+            random.pick(&["2", "10", "10", "1000"]),
+            random.pick(&["DAY", "WEEK", "MONTH", "YEAR", "day"]),
+        ];
+        match random.next() % 4 {
+            0 => params.extend(["TZ", "+05:30"]),
+            1 => params.extend(["TZ", "America/New_York"]),
+            _ => {}
+        }
+        params
+    },
+    exercise: &[
+        &["10", "DAY", "COST", "0"],
+        &["10", "DAY"],
+        &["10", "MONTH", "COST", "5"],
+        &["3", "YEAR", "TZ", "America/New_York"],
+    ],
+    // End of period (2027-01-01 UTC), count.
+    setstate_fields: &["1", "1798761600000000", "1"],
+    refusals: &[
+        (
+            &["5", "DAY", "TZ", "Mars/Olympus"],
+            "ERR TZ must be UTC, a fixed offset such as +05:30, or a time zone name such as \
+             America/New_York, not 'Mars/Olympus'",
+        ),
+        (
+            &["5", "4"],
+            "ERR period must be one of DAY, WEEK, MONTH, YEAR, not '4'",
+        ),
+        (
+            &["5", "DAY", "END", "1798761600000000"],
+            "ERR END is reserved for replication and AOF loading",
+        ),
+    ],
+};
+
+pub const CONCURRENCY: Algorithm = Algorithm {
+    command: "RL.CONCURRENCY",
+    setstate_name: "CONCURRENCY",
+    type_name: "rl-concur",
+    key: "cc",
+    params: &[
+        Param::Integer("limit", 16_777_215),
+        Param::Integer("lease_ms", MAX_PARAM),
+    ],
+    // Units come back when a lease ends: released, or lease_ms after it
+    // was granted.
+    slow: &[SLOW],
+    other: &["60000"],
+    fast: Some(Fast {
+        params: &["5", "100"],
+        // Until the lease ends, lease_ms from the call.
+        reset_ms: (99, 100),
+    }),
+    short: Some(Short {
+        params: &["3", "300"],
+        wait_max_ms: 300,
+    }),
+    aligned: None,
+    pins_period_end: false,
+    shapes: false,
+    fast_flag: false,
+    lease: true,
+    expiry_beyond_reset_ms: 1,
+    build: build_concurrency,
+    random_params: |random| {
+        vec![
+            random.pick(&["2", "10", "10", "1000"]),
+            random.pick(&["1", "50", "1000", "60000", "3600000"]),
+        ]
+    },
+    exercise: &[
+        &["10", SLOW, "COST", "0"],
+        &["10", SLOW, "COST", "3"],
+        &["10", SLOW],
+        &["3", "10"],
+        &["100000", "1", "COST", "7"],
+    ],
+    // last_us, last_id, one lease: id, expires_us, units.
+    setstate_fields: &[
+        "1",
+        "1700000000000000",
+        "1700000000000000",
+        "1",
+        "1700000000000000",
+        "1700000001000000",
+        "1",
+    ],
+    refusals: &[],
+};
+
+/// In the module's order (its rows in `src/algorithms.rs`), which `INFO
+/// ratelimit` follows.
+pub static ALGORITHMS: [Algorithm; 7] = [
     TOKEN_BUCKET,
     FIXED_WINDOW,
     LEAKY_BUCKET,
     SLIDING_LOG,
     HASH_WINDOW,
+    CONCURRENCY,
+    QUOTA,
 ];
+
+/// The table holds every algorithm the module serves, each once: those of
+/// `clients/contract/contract.json`, which the core crate writes from its
+/// own list of algorithms (the Rust kit's test `contract` fails while the
+/// checked-in file differs from what the core would write). So an algorithm
+/// added to the core turns this red until it has a row here, and with it
+/// every contract test above. The file is preferred to the server's command
+/// list, where nothing tells a limiter command from a companion
+/// (`RL.RELEASE`) or another command (`RL.HIT`) but a list kept by hand.
+#[test]
+fn the_table_has_every_algorithm_of_the_core() {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/contract/contract.json");
+    let text = std::fs::read_to_string(&path).expect("clients/contract/contract.json");
+    let contract: serde_json::Value = serde_json::from_str(&text).expect("the contract is JSON");
+    let mut core: Vec<&str> = contract["algorithms"]
+        .as_array()
+        .expect("algorithms")
+        .iter()
+        .map(|alg| alg["command"].as_str().expect("a command"))
+        .collect();
+    core.sort_unstable();
+    let mut table: Vec<&str> = ALGORITHMS.iter().map(|alg| alg.command).collect();
+    table.sort_unstable();
+    assert_eq!(
+        table, core,
+        "the table's commands and the core's algorithms"
+    );
+    core.dedup();
+    assert_eq!(
+        core.len(),
+        ALGORITHMS.len(),
+        "an algorithm twice in the table"
+    );
+    // And each row's names agree with the core's word for it.
+    for alg in &ALGORITHMS {
+        let word = contract["algorithms"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["command"] == alg.command)
+            .and_then(|a| a["word"].as_str())
+            .expect("a word");
+        assert_eq!(alg.setstate_name, word, "{alg}");
+        assert_eq!(alg.command, format!("RL.{word}"), "{alg}");
+    }
+}
 
 // ---------------------------------------------------------------------------
 // Builders: limiters whose states outlive a test, after traffic of every kind.
@@ -587,4 +889,77 @@ fn build_hash_windows(con: &mut Connection, key: &str) -> Vec<Built> {
         Built::new(fine, &["1000", "7200", "2"], false),
         Built::new(ring, &["90", "80000", "4000"], true),
     ]
+}
+
+/// Quotas in UTC and in another zone. Every zone here starts its periods on
+/// a multiple of 30 minutes UTC: half a minute clear of one, the calls land
+/// in one period.
+fn build_quotas(con: &mut Connection, key: &str) -> Vec<Built> {
+    let zoned = format!("{key}:zoned");
+    away_from_window_end(con, 1_800_000, 30_000);
+    for cost in COSTS {
+        rl(con, &["RL.QUOTA", key, "10", "DAY", "COST", cost]);
+        rl(
+            con,
+            &[
+                "RL.QUOTA",
+                &zoned,
+                "10",
+                "MONTH",
+                "TZ",
+                "Asia/Tokyo",
+                "COST",
+                cost,
+            ],
+        );
+    }
+    rl(con, &["RL.QUOTA", key, "10", "DAY", "COST", "12", "FORCE"]);
+    rl(con, &["RL.QUOTA", key, "10", "DAY", "REFUND", "11"]);
+    // A parameter change: another limit and period (the count stays in the
+    // month it was counted in).
+    let params = ["12", "YEAR", "TZ", "Asia/Tokyo"];
+    rl(con, &[&["RL.QUOTA", zoned.as_str()][..], &params].concat());
+    vec![
+        Built::new(key.to_string(), &["10", "DAY"], true),
+        Built::new(zoned, &params, true),
+    ]
+}
+
+/// Leases of several sizes, one of them released and one renewed.
+fn build_concurrency(con: &mut Connection, key: &str) -> Vec<Built> {
+    let long = format!("{key}:long");
+    let mut leases = Vec::new();
+    for cost in COSTS {
+        leases.push(lease_of(
+            con,
+            &["RL.CONCURRENCY", key, "10", SLOW, "COST", cost],
+        ));
+        lease_of(
+            con,
+            &["RL.CONCURRENCY", &long, "10", "7777777", "COST", cost],
+        );
+    }
+    lease_of(
+        con,
+        &["RL.CONCURRENCY", key, "10", SLOW, "COST", "12", "FORCE"],
+    );
+    lease_of(con, &["RL.CONCURRENCY", key, "10", SLOW, "REFUND", "11"]);
+    // The lease of 3 released, the one of 2 renewed.
+    let (three, two) = (leases[1].to_string(), leases[4].to_string());
+    let released: i64 = query(con, &["RL.RELEASE", key, &three]);
+    let renewed: i64 = query(con, &["RL.RENEW", key, &two, "2000000"]);
+    assert_eq!((released, renewed), (1, 1), "leases {leases:?}");
+    // A parameter change.
+    lease_of(con, &["RL.CONCURRENCY", &long, "12", "9999999"]);
+    vec![
+        Built::new(key.to_string(), &["10", SLOW], true),
+        Built::new(long, &["12", "9999999"], true),
+    ]
+}
+
+/// The lease an `RL.CONCURRENCY` call was granted (0 if none).
+fn lease_of(con: &mut Connection, words: &[&str]) -> i64 {
+    let ints: Vec<i64> = query(con, words);
+    CONCURRENCY.reply(&ints);
+    ints[5]
 }

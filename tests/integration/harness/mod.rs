@@ -5,7 +5,7 @@
 //! - `client`: connections, commands and replies, `INFO` readings;
 //! - `traffic`: mixed limiter traffic for load and fault tests;
 //! - `cluster`: a real Redis Cluster of such servers;
-//! - `contract`: the five limiter commands as data, for the contract tests;
+//! - `contract`: the seven limiter commands as data, for the contract tests;
 //! - `payload`: `DUMP` payloads taken apart and sealed again.
 //!
 //! Synchronisation is always by polling a condition with a deadline, never by
