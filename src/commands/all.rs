@@ -247,7 +247,12 @@ impl<'h, H: Host + 'h> Step<'h, H> for AllCall<'_> {
         Ok(())
     }
 
-    fn decide(&mut self, host: &'h H, now: Micros) -> Result<Option<Self::Made>, Error> {
+    fn decide(
+        &mut self,
+        host: &'h H,
+        now: Micros,
+        slot: &mut Option<Self::Made>,
+    ) -> Result<bool, Error> {
         let Call {
             keys,
             limits,
@@ -255,25 +260,33 @@ impl<'h, H: Host + 'h> Step<'h, H> for AllCall<'_> {
         } = &self.call;
         let request = options.request;
         let cost = request.cost();
+        // Filled in place: the call's keys and decisions stay where the
+        // later stages read them.
+        let made = slot.insert(AllMade {
+            opened: SmallVec::new(),
+            actual: SmallVec::new(),
+            answered: SmallVec::new(),
+            denied_by: None,
+        });
         // Decide everywhere first; nothing changes yet. A limiter that is
         // off is not even looked at; a shadowed one never denies the call.
-        let mut opened: SmallVec<[Option<H::Key<'h>>; MAX_KEYS]> = limits
-            .iter()
-            .enumerate()
-            .map(|(i, l)| (!l.is_off()).then(|| host.open_key(2 + i)))
-            .collect();
-        let mut actual: SmallVec<[(Outcome, bool); MAX_KEYS]> = SmallVec::new();
+        made.opened.extend(
+            limits
+                .iter()
+                .enumerate()
+                .map(|(i, l)| (!l.is_off()).then(|| host.open_key(2 + i))),
+        );
         // A limiter with a queue of blocked requests takes nothing they wait
         // for: it denies (a dry run still admits).
         let queues = wait::takes(request) && blocking::any();
         let db = if queues { host.db() } else { 0 };
-        for (i, (limit, key)) in limits.iter().zip(opened.iter_mut()).enumerate() {
+        for (i, (limit, key)) in limits.iter().zip(made.opened.iter_mut()).enumerate() {
             let place = if queues && !limit.is_shadow() {
                 blocking::place(db, keys[i], host.turn().waiter())
             } else {
                 Place::Free
             };
-            actual.push(match (key, &limit.source) {
+            made.actual.push(match (key, &limit.source) {
                 (Some(key), _) => with_algorithm!(limit.spec, L, p => match place {
                     Place::Behind(ahead) => wait::behind::<L>(key, &p, cost, now, &ahead).map(|decision| {
                         (Outcome { decision, changed: false }, false)
@@ -290,25 +303,16 @@ impl<'h, H: Host + 'h> Step<'h, H> for AllCall<'_> {
                 (None, Source::Inline { .. }) => unreachable!("inline limiters are never off"),
             });
         }
-        let answered: Decisions = limits
-            .iter()
-            .zip(&actual)
-            // A dry run answers allowed and never makes the caller wait.
-            .map(|(l, (o, _))| {
-                if l.is_shadow() {
-                    shadowed(o.decision)
-                } else {
-                    o.decision
-                }
-            })
-            .collect();
-        let denied_by = answered.iter().position(|d| !d.allowed);
-        let made = AllMade {
-            opened,
-            actual,
-            answered,
-            denied_by,
-        };
+        // A dry run answers allowed and never makes the caller wait.
+        let answered = limits.iter().zip(&made.actual).map(|(l, (o, _))| {
+            if l.is_shadow() {
+                shadowed(o.decision)
+            } else {
+                o.decision
+            }
+        });
+        made.answered.extend(answered);
+        made.denied_by = made.answered.iter().position(|d| !d.allowed);
         // Out of memory is decided once, before any limiter changes: a key
         // the call would create fails the whole call, all or nothing.
         if !self.replicated
@@ -317,7 +321,7 @@ impl<'h, H: Host + 'h> Step<'h, H> for AllCall<'_> {
         {
             return Err(Error::OutOfMemory);
         }
-        Ok(Some(made))
+        Ok(true)
     }
 
     /// Admitted: the first limiter's fields; denied: with the longest wait
@@ -432,28 +436,23 @@ impl<'h, H: Host + 'h> Step<'h, H> for AllCall<'_> {
         Ok(())
     }
 
-    fn reply(self, host: &H, made: Self::Made) {
-        let AllMade {
-            opened,
-            answered,
-            denied_by,
-            ..
-        } = made;
-        drop(opened);
+    fn reply(self, host: &H, made: &mut Self::Made) {
+        made.opened.clear();
+        let answered = &made.answered;
         // A limiter that is off answers nothing about the call: it never
         // shapes the reply, unless every limiter is off.
         let live: Decisions = self
             .call
             .limits
             .iter()
-            .zip(&answered)
+            .zip(answered)
             .filter(|(l, _)| !l.is_off())
             .map(|(_, d)| *d)
             .collect();
         reply(
             host,
-            if live.is_empty() { &answered } else { &live },
-            denied_by,
+            if live.is_empty() { answered } else { &live },
+            made.denied_by,
         );
     }
 }

@@ -3,7 +3,7 @@
 
 use super::host::{Host, Origin};
 use super::live::live;
-use super::step::{OneKey, Through, Via};
+use super::step::{OneKey, Policy, Through};
 use super::{reply_lines, MAX_ARGS};
 use crate::algorithms::{with_algorithm, words_allowed, Listed, Site, POLICY_KEYWORDS};
 use crate::args::parse_options;
@@ -227,12 +227,17 @@ pub fn hit<H: Host>(host: &H) -> Result<(), Error> {
     let zone = rule.spec.has_zone().then_some(rule.zone);
     with_algorithm!(rule.spec, L, p => super::step::run(
         host,
-        OneKey::<L> {
+        OneKey::<L, _> {
             key,
             params: p,
             request: options.request,
             block: options.block,
-            via: Via::Policy { name, stats, through, zone },
+            via: Policy {
+                name,
+                stats,
+                through,
+                zone,
+            },
         },
     ))
 }

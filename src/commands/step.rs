@@ -28,6 +28,7 @@
 //! compiles to the straight line it was written as before (`make
 //! bench-compare` counts the instructions).
 
+use std::ffi::CStr;
 use std::sync::Arc;
 
 use super::apply::{apply_to_key, Applied};
@@ -52,9 +53,15 @@ pub(super) trait Step<'h, H: Host + 'h> {
     fn now(&self, host: &H) -> Micros;
     /// 1. Bounds.
     fn bounds(&mut self, now: Micros) -> Result<(), Error>;
-    /// 2 and 3. Gate, and decide or apply; `None` when a blocked call stays
-    /// blocked, untouched.
-    fn decide(&mut self, host: &'h H, now: Micros) -> Result<Option<Self::Made>, Error>;
+    /// 2 and 3. Gate, and decide or apply, into `made` (filled in place:
+    /// `RL.ALL`'s is large); `false` when a blocked call stays blocked,
+    /// untouched.
+    fn decide(
+        &mut self,
+        host: &'h H,
+        now: Micros,
+        made: &mut Option<Self::Made>,
+    ) -> Result<bool, Error>;
     /// What the call is answered (a denial: how long it would wait).
     fn answer(made: &Self::Made) -> Decision;
     /// 4. Park: whether the call waits instead of answering now.
@@ -64,7 +71,7 @@ pub(super) trait Step<'h, H: Host + 'h> {
     /// 6. Commit: take what is still to take, propagate, signal.
     fn commit(&self, host: &H, made: &mut Self::Made, now: Micros) -> Result<(), Error>;
     /// 7. Reply.
-    fn reply(self, host: &H, made: Self::Made);
+    fn reply(self, host: &H, made: &mut Self::Made);
 }
 
 /// Runs the stages of `step` in order: the one skeleton.
@@ -72,51 +79,206 @@ pub(super) trait Step<'h, H: Host + 'h> {
 pub(super) fn run<'h, H: Host + 'h, S: Step<'h, H>>(host: &'h H, mut step: S) -> Result<(), Error> {
     let now = step.now(host);
     step.bounds(now)?;
-    let Some(mut made) = step.decide(host, now)? else {
+    let mut slot = None;
+    if !step.decide(host, now, &mut slot)? {
         host.keep_waiting();
         return Ok(());
+    }
+    let Some(made) = slot.as_mut() else {
+        unreachable!("a decided call has made its decision");
     };
-    if step.park(host, &made, now) {
+    if step.park(host, made, now) {
         return Ok(());
     }
-    wait::answered(host, &S::answer(&made));
-    step.record(&made, now);
-    step.commit(host, &mut made, now)?;
+    wait::answered(host, &S::answer(made));
+    step.record(made, now);
+    step.commit(host, made, now)?;
     step.reply(host, made);
     Ok(())
 }
 
-/// Where a single-key call comes from.
-pub(super) enum Via<'a> {
-    /// The algorithm's own command: the key is argument 1, the parameters
-    /// follow it.
-    Command {
-        /// A replicated call (its instant pinned, the operator's bounds not
-        /// applied: the master accepted it).
-        at: Option<Micros>,
-        /// A calendar quota's period end, pinned by the master.
-        end: Option<Micros>,
-        /// The quota's zone (`TZ`).
-        zone: Option<Zone>,
-    },
-    /// `RL.HIT name key`: the key is argument 2, the parameters the
-    /// policy's.
-    Policy {
-        name: &'a [u8],
-        stats: Arc<PolicyStats>,
-        through: Through,
-        /// A calendar quota's zone, if the policy is one.
-        zone: Option<Zone>,
-    },
+/// Where a single-key call comes from: its algorithm's own command
+/// ([`Command`]) or a policy (`RL.HIT`, [`Policy`]). A type, not a value,
+/// so that each command compiles to its own straight line.
+pub(super) trait Via {
+    /// The argument the key is.
+    const KEY_ARG: usize;
+    /// The call's instant.
+    fn now(&self, host: &impl Host) -> Micros;
+    /// How the call goes through: enforced, shadowed or off.
+    fn through(&self) -> Through;
+    /// 1. The operator's bounds, and the parameters resolved at `now`.
+    fn bounds<L: Listed>(&self, params: &mut L::Params, now: Micros) -> Result<(), Error>;
+    /// Whether a call that would create its key is refused when memory is
+    /// short.
+    fn check_memory(&self) -> bool;
+    /// 5. Stats and deny log.
+    fn record<L: Listed>(&self, key: &[u8], decision: &Decision, cost: u64, now: Micros);
+    /// 6. Propagates a change; the keyspace event.
+    fn propagate<L: Listed, H: Host>(
+        &self,
+        host: &H,
+        params: &L::Params,
+        request: Request,
+        now: Micros,
+    ) -> &'static CStr;
+}
+
+/// The algorithm's own command: the key is argument 1, the parameters follow
+/// it.
+pub(super) struct Command {
+    /// A replicated call's pinned instant (the operator's bounds are not
+    /// applied to it: the master accepted it).
+    pub at: Option<Micros>,
+    /// A calendar quota's period end, pinned by the master.
+    pub end: Option<Micros>,
+    /// The quota's zone (`TZ`).
+    pub zone: Option<Zone>,
+}
+
+impl Via for Command {
+    const KEY_ARG: usize = 1;
+
+    #[inline(always)]
+    fn now(&self, host: &impl Host) -> Micros {
+        self.at.unwrap_or_else(|| host.now())
+    }
+
+    #[inline(always)]
+    fn through(&self) -> Through {
+        Through::Enforce
+    }
+
+    #[inline(always)]
+    fn bounds<L: Listed>(&self, params: &mut L::Params, now: Micros) -> Result<(), Error> {
+        if self.at.is_none() {
+            L::ROW.check_bound(params)?;
+        }
+        (L::ROW.resolve)(params, self.zone, self.end, now)
+    }
+
+    #[inline(always)]
+    fn check_memory(&self) -> bool {
+        self.at.is_none()
+    }
+
+    #[inline(always)]
+    fn record<L: Listed>(&self, key: &[u8], decision: &Decision, cost: u64, now: Micros) {
+        L::stats().record(decision, cost);
+        if !decision.allowed {
+            deny_log::record(
+                now.as_ms_floor(),
+                key,
+                &[L::ROW.command.to_bytes()],
+                cost,
+                decision.wait.as_reply(),
+            );
+        }
+    }
+
+    #[inline(always)]
+    fn propagate<L: Listed, H: Host>(
+        &self,
+        host: &H,
+        params: &L::Params,
+        request: Request,
+        now: Micros,
+    ) -> &'static CStr {
+        let end = (L::ROW.period_end)(params);
+        host.propagate_limiter(
+            L::ROW.command,
+            1,
+            2..2 + L::Params::COUNT,
+            request,
+            now,
+            end,
+        );
+        L::EVENT
+    }
+}
+
+/// `RL.HIT name key`: the key is argument 2, the parameters the policy's.
+pub(super) struct Policy<'a> {
+    pub name: &'a [u8],
+    pub stats: Arc<PolicyStats>,
+    pub through: Through,
+    /// A calendar quota's zone, if the policy is one.
+    pub zone: Option<Zone>,
+}
+
+impl Via for Policy<'_> {
+    const KEY_ARG: usize = 2;
+
+    #[inline(always)]
+    fn now(&self, host: &impl Host) -> Micros {
+        host.now()
+    }
+
+    #[inline(always)]
+    fn through(&self) -> Through {
+        self.through
+    }
+
+    #[inline(always)]
+    fn bounds<L: Listed>(&self, params: &mut L::Params, now: Micros) -> Result<(), Error> {
+        // A policy's bounds were checked when it was set; one that is off
+        // looks at nothing.
+        if self.through == Through::Off {
+            return Ok(());
+        }
+        (L::ROW.resolve)(params, self.zone, None, now)
+    }
+
+    #[inline(always)]
+    fn check_memory(&self) -> bool {
+        true
+    }
+
+    #[inline(always)]
+    fn record<L: Listed>(&self, key: &[u8], decision: &Decision, cost: u64, now: Micros) {
+        let stats = &self.stats;
+        if self.through == Through::Off {
+            stats.outcomes.calls.bump();
+            return;
+        }
+        L::stats().record(decision, cost);
+        stats.outcomes.record(decision, cost);
+        if !decision.allowed && cost > 0 {
+            if self.through == Through::Enforce {
+                deny_log::record(
+                    now.as_ms_floor(),
+                    key,
+                    &[b"policy:", self.name],
+                    cost,
+                    decision.wait.as_reply(),
+                );
+            } else {
+                stats.shadow_denied.bump();
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn propagate<L: Listed, H: Host>(
+        &self,
+        host: &H,
+        params: &L::Params,
+        request: Request,
+        now: Micros,
+    ) -> &'static CStr {
+        let end = (L::ROW.period_end)(params);
+        host.propagate_limiter_with(L::ROW.command, 2, || params.values(), request, now, end);
+        c"rl.hit"
+    }
 }
 
 /// One limiter's call, through its command or a policy.
-pub(super) struct OneKey<'a, L: Listed> {
+pub(super) struct OneKey<'a, L: Listed, V: Via> {
     pub key: &'a [u8],
     pub params: L::Params,
     pub request: Request,
     pub block: Option<u64>,
-    pub via: Via<'a>,
+    pub via: V,
 }
 
 /// What a single-key call decided, with its key (none for a policy that is
@@ -126,66 +288,35 @@ pub(super) struct OneMade<K> {
     applied: Applied,
 }
 
-impl<L: Listed> OneKey<'_, L> {
-    /// The argument the key is.
-    #[inline(always)]
-    fn key_arg(&self) -> usize {
-        match self.via {
-            Via::Command { .. } => 1,
-            Via::Policy { .. } => 2,
-        }
-    }
-
-    #[inline(always)]
-    fn through(&self) -> Through {
-        match self.via {
-            Via::Command { .. } => Through::Enforce,
-            Via::Policy { through, .. } => through,
-        }
-    }
-}
-
-impl<'h, H: Host + 'h, L: Listed> Step<'h, H> for OneKey<'_, L> {
+impl<'h, H: Host + 'h, L: Listed, V: Via> Step<'h, H> for OneKey<'_, L, V> {
     type Made = OneMade<H::Key<'h>>;
 
     #[inline(always)]
     fn now(&self, host: &H) -> Micros {
-        match self.via {
-            Via::Command { at: Some(at), .. } => at,
-            _ => host.now(),
-        }
+        self.via.now(host)
     }
 
     #[inline(always)]
     fn bounds(&mut self, now: Micros) -> Result<(), Error> {
-        let (zone, end) = match self.via {
-            Via::Command { at, end, zone } => {
-                if at.is_none() {
-                    L::ROW.check_bound(&self.params)?;
-                }
-                (zone, end)
-            }
-            // A policy that is off looks at nothing.
-            Via::Policy {
-                through: Through::Off,
-                ..
-            } => return Ok(()),
-            // A policy's bounds were checked when it was set.
-            Via::Policy { zone, .. } => (zone, None),
-        };
-        (L::ROW.resolve)(&mut self.params, zone, end, now)
+        self.via.bounds::<L>(&mut self.params, now)
     }
 
     #[inline(always)]
-    fn decide(&mut self, host: &'h H, now: Micros) -> Result<Option<Self::Made>, Error> {
-        let through = self.through();
+    fn decide(
+        &mut self,
+        host: &'h H,
+        now: Micros,
+        made: &mut Option<Self::Made>,
+    ) -> Result<bool, Error> {
+        let through = self.via.through();
         if through == Through::Off {
-            return Ok(Some(OneMade {
+            *made = Some(OneMade {
                 key: None,
                 applied: Applied::unchanged(off_decision(L::spec(self.params))),
-            }));
+            });
+            return Ok(true);
         }
-        let mut key = host.open_key(self.key_arg());
+        let mut key = host.open_key(V::KEY_ARG);
         // A dry run never makes the caller wait, nor waits itself.
         let gate = if through == Through::Enforce {
             wait::gate::<L, H>(host, &mut key, self.key, &self.params, self.request, now)?
@@ -193,26 +324,22 @@ impl<'h, H: Host + 'h, L: Listed> Step<'h, H> for OneKey<'_, L> {
             Gate::Open
         };
         let applied = match gate {
-            Gate::Open => {
-                // A replicated call is never refused for memory: the master
-                // took it.
-                let check_memory = !matches!(self.via, Via::Command { at: Some(_), .. });
-                apply_to_key::<L, H>(
-                    host,
-                    &mut key,
-                    &self.params,
-                    self.request,
-                    now,
-                    check_memory,
-                )?
-            }
-            Gate::Wait => return Ok(None),
+            Gate::Open => apply_to_key::<L, H>(
+                host,
+                &mut key,
+                &self.params,
+                self.request,
+                now,
+                self.via.check_memory(),
+            )?,
+            Gate::Wait => return Ok(false),
             Gate::Behind(decision) => Applied::unchanged(decision),
         };
-        Ok(Some(OneMade {
+        *made = Some(OneMade {
             key: Some(key),
             applied,
-        }))
+        });
+        Ok(true)
     }
 
     #[inline(always)]
@@ -226,10 +353,10 @@ impl<'h, H: Host + 'h, L: Listed> Step<'h, H> for OneKey<'_, L> {
             queued: true,
             released_early: L::ROW.reply == ReplyShape::Lease,
         };
-        self.through() == Through::Enforce
+        self.via.through() == Through::Enforce
             && wait::park(
                 host,
-                &[self.key_arg()],
+                &[V::KEY_ARG],
                 &[self.key],
                 waits,
                 &made.applied.outcome.decision,
@@ -242,46 +369,8 @@ impl<'h, H: Host + 'h, L: Listed> Step<'h, H> for OneKey<'_, L> {
     #[inline(always)]
     fn record(&self, made: &Self::Made, now: Micros) {
         let decision = &made.applied.outcome.decision;
-        let cost = self.request.cost();
-        match &self.via {
-            Via::Command { .. } => {
-                L::stats().record(decision, cost);
-                if !decision.allowed {
-                    deny_log::record(
-                        now.as_ms_floor(),
-                        self.key,
-                        &[L::ROW.command.to_bytes()],
-                        cost,
-                        decision.wait.as_reply(),
-                    );
-                }
-            }
-            Via::Policy { stats, through, .. } if *through == Through::Off => {
-                stats.outcomes.calls.bump();
-            }
-            Via::Policy {
-                name,
-                stats,
-                through,
-                ..
-            } => {
-                L::stats().record(decision, cost);
-                stats.outcomes.record(decision, cost);
-                if !decision.allowed && cost > 0 {
-                    if *through == Through::Enforce {
-                        deny_log::record(
-                            now.as_ms_floor(),
-                            self.key,
-                            &[b"policy:", name],
-                            cost,
-                            decision.wait.as_reply(),
-                        );
-                    } else {
-                        stats.shadow_denied.bump();
-                    }
-                }
-            }
-        }
+        self.via
+            .record::<L>(self.key, decision, self.request.cost(), now);
     }
 
     #[inline(always)]
@@ -293,51 +382,31 @@ impl<'h, H: Host + 'h, L: Listed> Step<'h, H> for OneKey<'_, L> {
         if !applied.outcome.changed {
             return Ok(());
         }
-        let end = (L::ROW.period_end)(&self.params);
-        let event = match self.via {
-            Via::Command { .. } => {
-                host.propagate_limiter(
-                    L::ROW.command,
-                    1,
-                    2..2 + L::Params::COUNT,
-                    self.request,
-                    now,
-                    end,
-                );
-                L::EVENT
-            }
-            Via::Policy { .. } => {
-                host.propagate_limiter_with(
-                    L::ROW.command,
-                    2,
-                    || self.params.values(),
-                    self.request,
-                    now,
-                    end,
-                );
-                c"rl.hit"
-            }
-        };
+        let event = self
+            .via
+            .propagate::<L, H>(host, &self.params, self.request, now);
         key.written(event, applied.expiry_written);
         if host.turn() == Turn::Call {
             // A release, a refund or new parameters may let waiters in.
-            host.signal_ready(self.key_arg());
+            host.signal_ready(V::KEY_ARG);
         }
         Ok(())
     }
 
     #[inline(always)]
-    fn reply(self, host: &H, made: Self::Made) {
-        let OneMade { key, applied } = made;
-        drop(key);
+    fn reply(self, host: &H, made: &mut Self::Made) {
+        drop(made.key.take());
+        let applied = &made.applied;
         let decision = applied.outcome.decision;
         // A shadowed denial is answered allowed.
-        let answer =
-            if !decision.allowed && self.request.cost() > 0 && self.through() == Through::Shadow {
-                shadowed(decision)
-            } else {
-                decision
-            };
+        let answer = if !decision.allowed
+            && self.request.cost() > 0
+            && self.via.through() == Through::Shadow
+        {
+            shadowed(decision)
+        } else {
+            decision
+        };
         L::ROW.reply.send(host, &answer, applied.lease);
     }
 }
