@@ -2,7 +2,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import { Client } from './client.js';
 import type { Decision } from './decision.js';
 import { checkInteger, checkString, describe, InvalidArgumentError, RLDeniedError } from './errors.js';
-import { denialBody } from './http.js';
+import { denialBody } from './headers.js';
 import type { Lease } from './lease.js';
 import { MAX_HELD } from './rules.js';
 import type { RedisLike } from './transport.js';

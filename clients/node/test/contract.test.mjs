@@ -16,7 +16,7 @@ import { Decision, InvalidArgumentError, ProtocolError, Request, concurrencyLimi
 import { blockArgs, checkZone, optionArgs, ruleArgs } from '../dist/esm/rules.js';
 import { BY_WORD, run } from '../dist/esm/algorithms.js';
 import { LocalLimiters, localSpec } from '../dist/esm/local.js';
-import { denialBody, policyItem, policyWindowS, rateLimitItem, retryAfterS } from '../dist/esm/http.js';
+import { denialBody, policyItem, policyWindowS, rateLimitItem, retryAfterS } from '../dist/esm/headers.js';
 
 const contract = JSON.parse(readFileSync(new URL('../../contract/contract.json', import.meta.url), 'utf8'));
 
