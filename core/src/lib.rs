@@ -81,6 +81,7 @@ mod error;
 pub mod fixed_window;
 pub mod hash_window;
 pub mod leaky_bucket;
+pub mod protection;
 pub mod quota;
 pub mod sliding_log;
 mod time;
