@@ -180,19 +180,26 @@ pub(crate) fn parse<'a>(all: &'a [&'a [u8]]) -> Result<Call<'a>, Error> {
 pub fn step<H: Host>(host: &H) -> Result<(), Error> {
     let args = host.words::<MAX_ARGS>()?;
     let call = parse(&args)?;
-    super::step::run(
-        host,
-        AllCall {
-            call,
-            replicated: host.origin() == Origin::Replicated,
+    let mut all = AllCall::<H> {
+        call,
+        replicated: host.origin() == Origin::Replicated,
+        made: AllMade {
+            opened: SmallVec::new(),
+            actual: SmallVec::new(),
+            answered: SmallVec::new(),
+            denied_by: None,
         },
-    )
+    };
+    super::step::run(host, &mut all)
 }
 
-/// One `RL.ALL` call, through the stages.
-struct AllCall<'a> {
+/// One `RL.ALL` call, through the stages. What its limiters decide stays
+/// in it (`made`), where every stage reads it: it is large, and moving it
+/// between the stages would cost more than the call's own work.
+struct AllCall<'a, 'h, H: Host + 'h> {
     call: Call<'a>,
     replicated: bool,
+    made: AllMade<H::Key<'h>>,
 }
 
 /// What the limiters of a call decided, before any of them changed.
@@ -214,8 +221,8 @@ impl<K> AllMade<K> {
     }
 }
 
-impl<'h, H: Host + 'h> Step<'h, H> for AllCall<'_> {
-    type Made = AllMade<H::Key<'h>>;
+impl<'h, H: Host + 'h> Step<'h, H> for AllCall<'_, 'h, H> {
+    type Made = ();
 
     fn now(&self, host: &H) -> Micros {
         host.now()
@@ -247,12 +254,7 @@ impl<'h, H: Host + 'h> Step<'h, H> for AllCall<'_> {
         Ok(())
     }
 
-    fn decide(
-        &mut self,
-        host: &'h H,
-        now: Micros,
-        slot: &mut Option<Self::Made>,
-    ) -> Result<bool, Error> {
+    fn decide(&mut self, host: &'h H, now: Micros) -> Result<Option<()>, Error> {
         let Call {
             keys,
             limits,
@@ -260,14 +262,7 @@ impl<'h, H: Host + 'h> Step<'h, H> for AllCall<'_> {
         } = &self.call;
         let request = options.request;
         let cost = request.cost();
-        // Filled in place: the call's keys and decisions stay where the
-        // later stages read them.
-        let made = slot.insert(AllMade {
-            opened: SmallVec::new(),
-            actual: SmallVec::new(),
-            answered: SmallVec::new(),
-            denied_by: None,
-        });
+        let made = &mut self.made;
         // Decide everywhere first; nothing changes yet. A limiter that is
         // off is not even looked at; a shadowed one never denies the call.
         made.opened.extend(
@@ -321,12 +316,13 @@ impl<'h, H: Host + 'h> Step<'h, H> for AllCall<'_> {
         {
             return Err(Error::OutOfMemory);
         }
-        Ok(true)
+        Ok(Some(()))
     }
 
     /// Admitted: the first limiter's fields; denied: with the longest wait
     /// of the limiters that denied, which a `BLOCK` waits for.
-    fn answer(made: &Self::Made) -> Decision {
+    fn answer(&self, _: &()) -> Decision {
+        let made = &self.made;
         let wait = match made.denied_by {
             None => made.answered[0].wait,
             Some(_) => made
@@ -344,7 +340,8 @@ impl<'h, H: Host + 'h> Step<'h, H> for AllCall<'_> {
         }
     }
 
-    fn park(&self, host: &H, made: &Self::Made, now: Micros) -> bool {
+    fn park(&self, host: &H, _: &(), now: Micros) -> bool {
+        let made = &self.made;
         // With BLOCK, the call waits until every limiter admits at once.
         if made.denied_by.is_none() {
             return false;
@@ -361,14 +358,15 @@ impl<'h, H: Host + 'h> Step<'h, H> for AllCall<'_> {
             &args,
             keys,
             waits,
-            &<Self as Step<'h, H>>::answer(made),
+            &<Self as Step<'h, H>>::answer(self, &()),
             options.request,
             options.block,
             now,
         )
     }
 
-    fn record(&self, made: &Self::Made, now: Micros) {
+    fn record(&self, _: &(), now: Micros) {
+        let made = &self.made;
         let cost = self.call.options.request.cost();
         for (limit, planned) in self.call.limits.iter().zip(&made.actual) {
             let decision = &planned.0.decision;
@@ -418,7 +416,8 @@ impl<'h, H: Host + 'h> Step<'h, H> for AllCall<'_> {
     /// All admitted: each limiter whose state the request changes takes its
     /// units (a shadowed one that would deny takes nothing), and each
     /// change goes out as its own pinned call.
-    fn commit(&self, host: &H, made: &mut Self::Made, now: Micros) -> Result<(), Error> {
+    fn commit(&mut self, host: &H, _: &mut (), now: Micros) -> Result<(), Error> {
+        let made = &mut self.made;
         let request = self.call.options.request;
         for (i, limit) in self.call.limits.iter().enumerate() {
             let planned = made.actual[i];
@@ -436,7 +435,8 @@ impl<'h, H: Host + 'h> Step<'h, H> for AllCall<'_> {
         Ok(())
     }
 
-    fn reply(self, host: &H, made: &mut Self::Made) {
+    fn reply(&mut self, host: &H, _: ()) {
+        let made = &mut self.made;
         made.opened.clear();
         let answered = &made.answered;
         // A limiter that is off answers nothing about the call: it never

@@ -30,7 +30,7 @@ pub fn step<L: Listed, H: Host>(host: &H) -> Result<(), Error> {
     }
     super::step::run(
         host,
-        OneKey::<L, _> {
+        &mut OneKey::<L, _> {
             key: args[1],
             params,
             request: options.request,

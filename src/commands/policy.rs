@@ -227,7 +227,7 @@ pub fn hit<H: Host>(host: &H) -> Result<(), Error> {
     let zone = rule.spec.has_zone().then_some(rule.zone);
     with_algorithm!(rule.spec, L, p => super::step::run(
         host,
-        OneKey::<L, _> {
+        &mut OneKey::<L, _> {
             key,
             params: p,
             request: options.request,

@@ -53,46 +53,39 @@ pub(super) trait Step<'h, H: Host + 'h> {
     fn now(&self, host: &H) -> Micros;
     /// 1. Bounds.
     fn bounds(&mut self, now: Micros) -> Result<(), Error>;
-    /// 2 and 3. Gate, and decide or apply, into `made` (filled in place:
-    /// `RL.ALL`'s is large); `false` when a blocked call stays blocked,
-    /// untouched.
-    fn decide(
-        &mut self,
-        host: &'h H,
-        now: Micros,
-        made: &mut Option<Self::Made>,
-    ) -> Result<bool, Error>;
+    /// 2 and 3. Gate, and decide or apply; `None` when a blocked call stays
+    /// blocked, untouched.
+    fn decide(&mut self, host: &'h H, now: Micros) -> Result<Option<Self::Made>, Error>;
     /// What the call is answered (a denial: how long it would wait).
-    fn answer(made: &Self::Made) -> Decision;
+    fn answer(&self, made: &Self::Made) -> Decision;
     /// 4. Park: whether the call waits instead of answering now.
     fn park(&self, host: &H, made: &Self::Made, now: Micros) -> bool;
     /// 5. Stats and deny log.
     fn record(&self, made: &Self::Made, now: Micros);
     /// 6. Commit: take what is still to take, propagate, signal.
-    fn commit(&self, host: &H, made: &mut Self::Made, now: Micros) -> Result<(), Error>;
+    fn commit(&mut self, host: &H, made: &mut Self::Made, now: Micros) -> Result<(), Error>;
     /// 7. Reply.
-    fn reply(self, host: &H, made: &mut Self::Made);
+    fn reply(&mut self, host: &H, made: Self::Made);
 }
 
 /// Runs the stages of `step` in order: the one skeleton.
 #[inline(always)]
-pub(super) fn run<'h, H: Host + 'h, S: Step<'h, H>>(host: &'h H, mut step: S) -> Result<(), Error> {
+pub(super) fn run<'h, H: Host + 'h, S: Step<'h, H>>(
+    host: &'h H,
+    step: &mut S,
+) -> Result<(), Error> {
     let now = step.now(host);
     step.bounds(now)?;
-    let mut slot = None;
-    if !step.decide(host, now, &mut slot)? {
+    let Some(mut made) = step.decide(host, now)? else {
         host.keep_waiting();
         return Ok(());
-    }
-    let Some(made) = slot.as_mut() else {
-        unreachable!("a decided call has made its decision");
     };
-    if step.park(host, made, now) {
+    if step.park(host, &made, now) {
         return Ok(());
     }
-    wait::answered(host, &S::answer(made));
-    step.record(made, now);
-    step.commit(host, made, now)?;
+    wait::answered(host, &step.answer(&made));
+    step.record(&made, now);
+    step.commit(host, &mut made, now)?;
     step.reply(host, made);
     Ok(())
 }
@@ -302,19 +295,13 @@ impl<'h, H: Host + 'h, L: Listed, V: Via> Step<'h, H> for OneKey<'_, L, V> {
     }
 
     #[inline(always)]
-    fn decide(
-        &mut self,
-        host: &'h H,
-        now: Micros,
-        made: &mut Option<Self::Made>,
-    ) -> Result<bool, Error> {
+    fn decide(&mut self, host: &'h H, now: Micros) -> Result<Option<Self::Made>, Error> {
         let through = self.via.through();
         if through == Through::Off {
-            *made = Some(OneMade {
+            return Ok(Some(OneMade {
                 key: None,
                 applied: Applied::unchanged(off_decision(L::spec(self.params))),
-            });
-            return Ok(true);
+            }));
         }
         let mut key = host.open_key(V::KEY_ARG);
         // A dry run never makes the caller wait, nor waits itself.
@@ -332,18 +319,17 @@ impl<'h, H: Host + 'h, L: Listed, V: Via> Step<'h, H> for OneKey<'_, L, V> {
                 now,
                 self.via.check_memory(),
             )?,
-            Gate::Wait => return Ok(false),
+            Gate::Wait => return Ok(None),
             Gate::Behind(decision) => Applied::unchanged(decision),
         };
-        *made = Some(OneMade {
+        Ok(Some(OneMade {
             key: Some(key),
             applied,
-        });
-        Ok(true)
+        }))
     }
 
     #[inline(always)]
-    fn answer(made: &Self::Made) -> Decision {
+    fn answer(&self, made: &Self::Made) -> Decision {
         made.applied.outcome.decision
     }
 
@@ -374,7 +360,7 @@ impl<'h, H: Host + 'h, L: Listed, V: Via> Step<'h, H> for OneKey<'_, L, V> {
     }
 
     #[inline(always)]
-    fn commit(&self, host: &H, made: &mut Self::Made, now: Micros) -> Result<(), Error> {
+    fn commit(&mut self, host: &H, made: &mut Self::Made, now: Micros) -> Result<(), Error> {
         let applied = &made.applied;
         let Some(key) = made.key.as_mut() else {
             return Ok(());
@@ -394,9 +380,9 @@ impl<'h, H: Host + 'h, L: Listed, V: Via> Step<'h, H> for OneKey<'_, L, V> {
     }
 
     #[inline(always)]
-    fn reply(self, host: &H, made: &mut Self::Made) {
-        drop(made.key.take());
-        let applied = &made.applied;
+    fn reply(&mut self, host: &H, made: Self::Made) {
+        let OneMade { key, applied } = made;
+        drop(key);
         let decision = applied.outcome.decision;
         // A shadowed denial is answered allowed.
         let answer = if !decision.allowed
