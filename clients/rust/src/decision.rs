@@ -6,7 +6,8 @@ use redis::Value;
 
 use crate::Error;
 
-/// Which path decided a request (each has its counter in [`crate::Stats`]).
+/// Which path decided a request (each has its counter in
+/// [`crate::StatsSnapshot`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Path {
     /// The server's limiter.
