@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 import redis
@@ -249,3 +250,84 @@ def test_threads_share_one_limiter(server: Server, r: redis.Redis) -> None:
         admitted = sum(pool.map(lambda _: lim.check("x").allowed, range(80)))
     assert admitted == 50 and lim.stats.local_denied == 30
     assert remaining(r, "t", 50, 60_000) == 0
+
+
+class CountingConnection(redis.Connection):
+    """Counts the writes it sends (a handshake's, a PING's; redis-py's own
+    retries included)."""
+
+    sends = 0
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        type(self).sends += 1
+        super().send_packed_command(command, check_health)
+
+
+def test_the_sync_probe_is_one_ping_without_redis_py_retries(own_server: Server) -> None:
+    # redis-py (6 and later) retries a timed-out command by default, up to
+    # 10 times with backoff: a probe under the limiter's lock then stalled
+    # every thread for seconds, well beyond the socket_timeout deadline.
+    client = quick(own_server)
+    client.connection_pool.connection_class = CountingConnection
+    lim = Limiter(
+        client, [Rule(Sliding(10, 60_000), "s")], breaker_failures=1, breaker_open_for=0.05
+    )
+    assert lim.check("u").path == "redis"
+    with stopped(own_server):
+        assert lim.check("u").path == "fallback" and lim.breaker_open
+        wait_until(lambda: time.monotonic() >= lim._open_until, 5, "the breaker to be due")
+        CountingConnection.sends = 0
+        probed = lim.check("u")
+        assert probed.path == "fallback" and lim.stats.probes == 1
+        assert CountingConnection.sends == 1
+        assert lim.breaker_open
+    wait_until(lambda: time.monotonic() >= lim._open_until, 5, "the breaker to be due")
+    wait_until(lambda: lim.check("u").path == "redis", 10, "Redis back in use")
+
+
+def test_a_sync_startup_against_a_stopped_redis_is_not_retried_per_request(
+    own_server: Server,
+) -> None:
+    # Before Redis first answered, every check ran the start-up again (a
+    # PING with redis-py's retries, under the lock): a dead Redis cost every
+    # request its timeouts. Now one attempt per breaker_open_for.
+    client = quick(own_server)
+    client.connection_pool.connection_class = CountingConnection
+    lim = Limiter(client, [Rule(Sliding(10, 60_000), "s")], breaker_open_for=60)
+    with stopped(own_server):
+        CountingConnection.sends = 0
+        assert [lim.check("u").path for _ in range(3)] == ["fallback"] * 3
+        assert CountingConnection.sends == 1 and not lim.ready
+    lim._startup_after = 0.0  # as if breaker_open_for had passed
+    wait_until(lambda: lim.check("u").path == "redis", 10, "Redis in use")
+    assert lim.ready
+
+
+def test_a_cancelled_check_gives_back_the_local_units_no_call_took(own_server: Server) -> None:
+    # The lease call goes first; cancelled while it waits, the check never
+    # sent the global rule's call, so the unit its local level took must
+    # come back (it was kept: every cancellation shrank the share for good).
+    # The lease call on its way may have been granted: held until its expiry.
+    window = FixedWindow(2, 60_000)
+
+    async def main() -> None:
+        lim = AsyncLimiter(
+            aioredis.Redis(port=own_server.port, socket_timeout=30),
+            [Rule(Concurrency(5, 60_000), "c"), Rule(window, "g", global_=True)],
+            deadline=30,
+            connections=2,
+        )
+        await lim.startup()
+        with stopped(own_server):
+            task = asyncio.ensure_future(lim.check("u"))
+            await until(lambda: lim.stats.redis_calls == 1)
+            await asyncio.sleep(0)  # the lease call is on its way
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        now = time.time()
+        assert lim.local.peek("g", "rl:g:u", window, 2, Request.cost(2).core(), now).allowed
+        assert lim.local._held("c", "rl:c:u", time.monotonic()) == 1  # the lost lease
+        await lim.client.redis.aclose()
+
+    asyncio.run(main())

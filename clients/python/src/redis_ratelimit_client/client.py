@@ -105,6 +105,19 @@ def send_once(client: redis.Redis, args: Sequence[Arg]) -> Any:
     return send_many_once(client, [args])[0]
 
 
+def connect_once(conn: Any) -> None:
+    """Connects `conn` (a no-op when open) with one attempt. redis-py's
+    `connect()` runs the connect and handshake under the client's `retry`
+    (since redis-py 6, 10 times with backoff by default): against a stopped
+    server one call then took some 11 socket timeouts plus seconds of
+    backoff, far beyond the limiter's deadline."""
+    once = getattr(conn, "connect_check_health", None)
+    if once is None:  # redis-py before 6: connect() tries once
+        conn.connect()
+    else:
+        once(check_health=True, retry_socket_connect=False)
+
+
 def send_many_once(client: redis.Redis, commands: Sequence[Sequence[Arg]]) -> list[Any]:
     """Sends commands in one write on one connection (one round trip), once.
 
@@ -119,7 +132,7 @@ def send_many_once(client: redis.Redis, commands: Sequence[Sequence[Arg]]) -> li
         conn = pool.get_connection("RL") if _takes_command_name(pool) else pool.get_connection()
     try:
         try:
-            conn.connect()  # a no-op on an open connection
+            connect_once(conn)  # a no-op on an open connection
         except BaseException as e:
             not_sent(e)
             raise

@@ -29,11 +29,12 @@ import time
 from collections.abc import Generator, Sequence
 from typing import Any, Union
 
+import redis
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .aio import AsyncClient
-from .client import Client
+from .client import Client, connect_once
 from .decision import Decision
 from .deny_cache import DenyCache
 from .errors import (
@@ -336,6 +337,26 @@ class _Limiting:
             r = self.rules[i]
             self.local.refund(r.name, plan.keys[i], a, self.share(a), at, plan.request.units)
         plan.taken.clear()
+
+    def _abandoned(self, plan: _Plan) -> list[Held]:
+        """A decision cut short (a cancellation, an interrupt): the call on
+        its way (`plan.sent`) may have been counted, so it is charged as a
+        lost one (a lease held until its expiry); the local level's units
+        of the rules no call took to Redis are given back. The leases
+        taken, to give back."""
+        algos = self._algorithms or []
+        now, mono = Micros.now(), time.monotonic()
+        for i in plan.sent:
+            if i not in plan.taken and i < len(algos):
+                a = algos[i]
+                self._charge_lost(i, plan.keys[i], a, self.share(a), plan.request.units, now, mono)
+        for i in [i for i in plan.taken if i not in plan.sent]:
+            a = algos[i]
+            r = self.rules[i]
+            self.local.refund(r.name, plan.keys[i], a, self.share(a), now, plan.request.units)
+            del plan.taken[i]
+        back, plan.held = plan.held, []
+        return back
 
     # -- the calls ------------------------------------------------------------
 
@@ -656,7 +677,7 @@ class AsyncLimiter(_Limiting):
         except REDIS_FAILURES as e:
             outcome = e
         except BaseException:
-            self._release_later(plan.held)
+            self._release_later(self._abandoned(plan))
             raise
         admission, back = self._outcome(plan, outcome)
         self._release_later(back)
@@ -727,7 +748,9 @@ class Limiter(_Limiting):
     passed, the next decision probes with one `PING` before it calls.
 
     Threads may share one: its state changes under a lock, which no call to
-    Redis holds (but the start-up and the breaker's one probe).
+    Redis holds (but the start-up and the breaker's one probe, each one
+    attempt without redis-py's retries). While Redis has not answered yet,
+    the start-up is tried again at most once per `breaker_open_for`.
     """
 
     def __init__(
@@ -751,13 +774,33 @@ class Limiter(_Limiting):
         )
         self.client = client if isinstance(client, Client) else Client(client, check_module=False)
         self._lock = threading.RLock()
+        #: The monotonic time before which `check` does not try the start-up again.
+        self._startup_after = 0.0
+
+    def _ping(self) -> None:
+        """One PING, one attempt, on a connection of its own (the lock is
+        held): a pool's connection is connected under the client's `retry`,
+        by default 10 more attempts with backoff since redis-py 6, which
+        stalled every thread for seconds. A cluster client PINGs as it does."""
+        rc = self.client.redis
+        pool = getattr(rc, "connection_pool", None)
+        if not isinstance(rc, redis.Redis) or pool is None:
+            rc.ping()
+            return
+        conn = pool.connection_class(**pool.connection_kwargs)
+        try:
+            connect_once(conn)
+            conn.send_command("PING")
+            conn.read_response()
+        finally:
+            conn.disconnect()
 
     def startup(self) -> None:
         """As `AsyncLimiter.startup`."""
         with self._lock:  # one check for a burst of first requests
             if self._ready:
                 return
-            self.client.redis.ping()
+            self._ping()
             self.client.check_module()
             if self._algorithms is None:
                 self._resolved({i: self.client.policy_get(n) for i, n in self._policies()})
@@ -765,11 +808,14 @@ class Limiter(_Limiting):
 
     def check(self, identity: str, request: Request | None = None) -> Admission:
         """As `AsyncLimiter.check`."""
-        if not self._ready:
-            try:
-                self.startup()
-            except (RedisError, OSError) as e:
-                log.warning("redis-ratelimit: cannot read the rules yet (%s)", e)
+        if not self._ready and time.monotonic() >= self._startup_after:
+            with self._lock:
+                try:
+                    if time.monotonic() >= self._startup_after:
+                        self.startup()
+                except (RedisError, OSError) as e:
+                    self._startup_after = time.monotonic() + self.breaker_open_for
+                    log.warning("redis-ratelimit: cannot read the rules yet (%s)", e)
         with self._lock:
             plan = self._begin(identity, request)
         if isinstance(plan, Admission):
@@ -782,7 +828,9 @@ class Limiter(_Limiting):
         except REDIS_FAILURES as e:
             outcome = e
         except BaseException:
-            self.release(plan.held)
+            with self._lock:
+                back = self._abandoned(plan)
+            self.release(back)
             raise
         with self._lock:
             admission, back = self._outcome(plan, outcome)
@@ -813,7 +861,7 @@ class Limiter(_Limiting):
         its answer closes the breaker and lets it call."""
         self.stats.probes += 1
         try:
-            self.client.redis.ping()
+            self._ping()
         except Exception:
             self._probed(False)
             return False
