@@ -107,7 +107,9 @@ fn blocked_requests_are_admitted_in_arrival_order() {
     for_each_server(|kind| {
         let server = Server::start(kind, &[]);
         let mut con = server.conn();
-        let params = ["3", "1", "150"];
+        // One token per 1.5 s: the first waiter waits 4.5 s, long enough for
+        // the others to block behind it on a loaded host.
+        let params = ["3", "1", "1500"];
         let call = |cost: &str| {
             let mut words = vec!["RL.TOKENBUCKET", "q"];
             words.extend(params);
@@ -117,7 +119,7 @@ fn blocked_requests_are_admitted_in_arrival_order() {
         assert!(
             rl(
                 &mut con,
-                &["RL.TOKENBUCKET", "q", "3", "1", "150", "COST", "3"]
+                &["RL.TOKENBUCKET", "q", "3", "1", "1500", "COST", "3"]
             )
             .allowed
         );
@@ -419,9 +421,12 @@ fn rl_hit_blocks_on_an_enforced_policy() {
 
 #[test]
 fn blocked_admissions_reach_the_replica_and_the_aof() {
-    // Buckets of 100 emptied at once, one token back per 200 ms: the keys
-    // stay 20 s from idle, so none expires while the replica, the AOF and
-    // the restart are compared.
+    // Buckets of 100 emptied at once, one token back per 2 s: each waiter
+    // stays blocked at least 2 s, far longer than the next one takes to
+    // block on a loaded host (at 200 ms, a waiter could be admitted before
+    // the next had blocked, and the count of blocked requests never reached
+    // what the test waits for); the keys stay 200 s from idle, so none
+    // expires while the replica, the AOF and the restart are compared.
     for_each_server(|kind| {
         let mut master = Server::start(kind, &["--appendonly", "yes"]);
         let replica = replica_of(&master);
@@ -431,7 +436,7 @@ fn blocked_admissions_reach_the_replica_and_the_aof() {
             assert!(
                 rl(
                     &mut con,
-                    &["RL.TOKENBUCKET", key, "100", "1", "200", "COST", "100"]
+                    &["RL.TOKENBUCKET", key, "100", "1", "2000", "COST", "100"]
                 )
                 .allowed
             );
@@ -441,7 +446,7 @@ fn blocked_admissions_reach_the_replica_and_the_aof() {
             for j in 0..2 {
                 waiters.push(call_in_thread(
                     &master,
-                    &["RL.TOKENBUCKET", key, "100", "1", "200", "BLOCK", "10000"],
+                    &["RL.TOKENBUCKET", key, "100", "1", "2000", "BLOCK", "10000"],
                 ));
                 until_blocked(&master, (i * 2 + j + 1) as u64);
             }
@@ -454,7 +459,7 @@ fn blocked_admissions_reach_the_replica_and_the_aof() {
                 "r0",
                 "100",
                 "1",
-                "200",
+                "2000",
                 "COST",
                 "2",
                 "BLOCK",
