@@ -2,9 +2,9 @@
  * In-process limiters with the core's algorithms (src/algorithms.ts): the
  * `Limiter`'s local level in front of Redis, and the instance's accounts
  * that its local-only fallback decides against (as the Rust kit's local.rs
- * and the Java kit's `LocalLimiters`). Bounded: past the cap, the oldest
- * limiters go, a tenth of the cap at a time, so that a full map does not
- * sweep itself at every new key.
+ * and the Java kit's `LocalLimiters`). Bounded: past the cap, the limiters
+ * back to idle go, then those nearest to idle, a tenth of the cap at a
+ * time, so that a full map does not sweep itself at every new key.
  */
 import { BY_WORD, decide, run, utcPeriodEnd as utcEnd, type AlgoRequest, type Algorithm, type AlgorithmWord, type Answer, type State } from './algorithms.js';
 import { checkInteger, describe, InvalidArgumentError } from './errors.js';
@@ -112,6 +112,8 @@ export function nowUs(): bigint {
 interface Entry {
   algo: Algorithm;
   state: State;
+  /** The spec it was last run with (to read, at eviction, when it is back to idle). */
+  spec: LocalSpec;
   /** Units the fallback admitted from this account without a call to Redis: Redis never counted them. */
   owed: bigint;
 }
@@ -134,28 +136,50 @@ export class LocalLimiters {
   private entry(key: string, spec: LocalSpec, now: bigint, create: boolean): Entry | undefined {
     const algo = BY_WORD[spec.word] as Algorithm;
     let e = this.map.get(key);
-    if (e !== undefined && e.algo === algo) return e;
+    if (e !== undefined && e.algo === algo) {
+      e.spec = spec;
+      return e;
+    }
     if (!create) return undefined;
     if (e !== undefined && e.owed > 0n) this.owing -= 1;
-    e = { algo, state: algo.idle(paramsAt(spec, now), now), owed: 0n };
+    e = { algo, state: algo.idle(paramsAt(spec, now), now), spec, owed: 0n };
     this.map.set(key, e);
     return e;
   }
 
-  /** Past the cap, drops the oldest limiters (their debts are forgotten: the bound on memory comes first). */
-  private bound(adding: number): void {
+  /**
+   * Past the cap, drops the limiters back to idle (nothing is lost with
+   * them), then, down to the cap less a tenth, those nearest to idle (as
+   * the Rust kit's `evict`): never the oldest for being old, which would
+   * hand an emptied account a fresh share. Their debts are forgotten: the
+   * bound on memory comes first.
+   */
+  private bound(adding: number, now: bigint): void {
     if (this.map.size + adding <= this.capacity) return;
     const keep = Math.max(this.capacity - Math.ceil(this.capacity / 10) - adding, 0);
+    const byIdle: Array<[bigint, string]> = [];
     for (const [k, e] of this.map) {
-      if (this.map.size <= keep) break;
-      if (e.owed > 0n) this.owing -= 1;
-      this.map.delete(k);
+      // A COST 0 (what the core's `run` does with it): reset_ms is the time until idle.
+      const resetMs = e.algo.apply(e.state, paramsAt(e.spec, now), 0n, now).resetMs;
+      if (resetMs <= 0n) this.drop(k, e);
+      else byIdle.push([resetMs, k]);
     }
+    if (this.map.size <= keep) return;
+    byIdle.sort((a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0));
+    for (const [, k] of byIdle) {
+      if (this.map.size <= keep) break;
+      this.drop(k, this.map.get(k) as Entry);
+    }
+  }
+
+  private drop(key: string, e: Entry): void {
+    if (e.owed > 0n) this.owing -= 1;
+    this.map.delete(key);
   }
 
   /** One request on one limiter, as the core's `run` answers it. */
   run(key: string, spec: LocalSpec, request: AlgoRequest, now = nowUs()): Answer {
-    if (!this.map.has(key)) this.bound(1);
+    if (!this.map.has(key)) this.bound(1, now);
     const e = this.entry(key, spec, now, true) as Entry;
     return run(e.algo, e.state, paramsAt(spec, now), request, now)[0];
   }
@@ -197,7 +221,7 @@ export class LocalLimiters {
   }
 
   private applyAll(limits: ReadonlyArray<readonly [string, LocalSpec]>, request: AlgoRequest, now: bigint): Answer[] {
-    this.bound(limits.length);
+    this.bound(limits.length, now);
     return limits.map(([key, spec]) => {
       const e = this.entry(key, spec, now, true) as Entry;
       return run(e.algo, e.state, paramsAt(spec, now), request, now)[0];

@@ -311,6 +311,27 @@ describe('Redis killed', () => {
 });
 
 describe('bounds on memory', () => {
+  test('past localCapacity, a key its account has emptied is not the one dropped: the fallback never admits it a second share', async () => {
+    const doomed = await startServer();
+    const c = new Redis({ port: doomed.port, host: '127.0.0.1', maxRetriesPerRequest: 1 });
+    c.on('error', () => {});
+    try {
+      const limiter = new Limiter(c, { fallback: 'localOnly', deadlineMs: 100, localCapacity: 10, denyCache: false, breaker: { failures: 1, openForMs: 60_000 } });
+      // A bucket of 3 that refills one unit in STILL_MS: an emptied account stays empty.
+      const rules = await limiter.ruleSet([{ spec: { algorithm: 'tokenbucket', capacity: 3, refillCount: 1, refillMs: STILL_MS } }]);
+      await doomed.kill();
+      const hot = [];
+      for (let i = 0; i < 4; i++) hot.push((await limiter.check(rules, 'hot')).allowed);
+      assert.deepEqual(hot, [true, true, true, false], 'the share of 3, then denied');
+      assert.equal(limiter.breakerOpen, true);
+      // Other identities fill the map past its capacity, each one unit from idle.
+      for (let i = 0; i < 30; i++) assert.equal((await limiter.check(rules, `other${i}`)).allowed, true);
+      const again = await limiter.check(rules, 'hot');
+      assert.deepEqual([again.allowed, again.path], [false, 'fallback'], 'the emptied account was kept: no second share');
+    } finally {
+      c.disconnect();
+    }
+  });
   test('the deny cache holds at most its capacity, the newest kept', async () => {
     const { DenyCache } = await import('../dist/esm/denyCache.js');
     const { Decision } = await import('redis-ratelimit');
