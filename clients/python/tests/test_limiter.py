@@ -331,3 +331,49 @@ def test_a_cancelled_check_gives_back_the_local_units_no_call_took(own_server: S
         await lim.client.redis.aclose()
 
     asyncio.run(main())
+
+
+def test_a_sync_call_that_reconnects_tries_once_within_the_socket_timeout(
+    own_server: Server,
+) -> None:
+    # After a timeout the connection is dropped; the next call connects
+    # again, which redis-py (6 and later) retries 10 times with backoff by
+    # default: each decision until the breaker opened took some 11 socket
+    # timeouts and seconds of backoff instead of one timeout.
+    client = quick(own_server)
+    client.connection_pool.connection_class = CountingConnection
+    lim = Limiter(client, [Rule(Sliding(10, 60_000), "s")], breaker_failures=5)
+    assert lim.check("u").path == "redis"
+    with stopped(own_server):
+        assert lim.check("u").path == "fallback"  # its connection is dropped
+        CountingConnection.sends = 0
+        assert lim.check("u").path == "fallback" and lim.stats.redis_timeouts == 2
+        assert CountingConnection.sends == 1
+    wait_until(lambda: lim.check("u").path == "redis", 10, "Redis in use")
+    assert client.connection_pool.connection_kwargs["retry"].get_retries() > 0  # untouched
+
+
+def test_an_async_start_up_against_a_stopped_redis_is_bounded_and_not_repeated(
+    own_server: Server,
+) -> None:
+    # Before Redis first answered, every check awaited the start-up with no
+    # bound but the client's socket_timeout (times redis-py's retries), and
+    # the next request waited its turn to try again.
+    async def main() -> None:
+        lim = AsyncLimiter(
+            aioredis.Redis(port=own_server.port, socket_timeout=60),
+            [Rule(Sliding(10, 60_000), "s")],
+            deadline=0.05,
+            breaker_open_for=60,
+            connections=2,
+        )
+        with stopped(own_server):
+            first = await asyncio.wait_for(lim.check("u"), 30)
+            assert first.path == "fallback" and not lim.ready
+            again = await asyncio.wait_for(lim.check("u"), 30)  # no new attempt
+            assert again.path == "fallback" and lim._starting is not None
+        await until(lambda: lim.ready)  # the attempt goes on, and Redis answers it
+        assert (await lim.check("u")).path == "redis"
+        await lim.client.redis.aclose()
+
+    asyncio.run(main())

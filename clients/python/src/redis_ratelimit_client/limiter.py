@@ -30,8 +30,10 @@ from collections.abc import Generator, Sequence
 from typing import Any, Union
 
 import redis
+from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
 
 from .aio import AsyncClient
 from .client import Client, connect_once
@@ -590,7 +592,9 @@ class AsyncLimiter(_Limiting):
     1.1)`). `connections`: the pool's connections opened at start-up. The
     breaker opens after `breaker_failures` failures in a row; after
     `breaker_open_for` seconds one `PING` in the background probes, and its
-    answer closes it.
+    answer closes it. Until Redis first answered, a check awaits the
+    start-up at most `max(deadline * 10, 1 s)`, and after a failure tries
+    it again at most once per `breaker_open_for`.
     """
 
     def __init__(
@@ -618,6 +622,10 @@ class AsyncLimiter(_Limiting):
         self.client = client if isinstance(client, AsyncClient) else AsyncClient(client)
         self.connections = connections
         self._resolving: asyncio.Lock | None = None
+        #: The start-up `check` runs, and the monotonic time before which it
+        #: does not try it again after a failure.
+        self._starting: asyncio.Future[None] | None = None
+        self._startup_after = 0.0
         self._probe: asyncio.Task[None] | None = None
         self._releasing: set[asyncio.Task[None]] = set()
 
@@ -661,11 +669,8 @@ class AsyncLimiter(_Limiting):
         `identity` under every rule. Never fails for Redis: where it cannot
         answer, the fallback decides, and `Admission.path` says which path
         did. Give `Admission.held` to `release` when the work is done."""
-        if not self._ready:
-            try:
-                await self.startup()
-            except (RedisError, OSError, asyncio.TimeoutError) as e:
-                log.warning("redis-ratelimit: cannot read the rules yet (%s)", e)
+        if not self._ready and time.monotonic() >= self._startup_after:
+            await self._started()
         plan = self._begin(identity, request)
         if isinstance(plan, Admission):
             return plan
@@ -682,6 +687,19 @@ class AsyncLimiter(_Limiting):
         admission, back = self._outcome(plan, outcome)
         self._release_later(back)
         return admission
+
+    async def _started(self) -> None:
+        """The start-up, awaited at most `max(deadline * 10, 1 s)` (it goes
+        on in the background); after a failure it is tried again at most
+        once per `breaker_open_for`, and meanwhile the fallback decides."""
+        if self._starting is None or self._starting.done():
+            self._starting = asyncio.ensure_future(self.startup())
+            self._starting.add_done_callback(_retrieved)
+        try:
+            await asyncio.wait_for(asyncio.shield(self._starting), max(self.deadline * 10, 1.0))
+        except (RedisError, OSError, asyncio.TimeoutError) as e:
+            self._startup_after = time.monotonic() + self.breaker_open_for
+            log.warning("redis-ratelimit: cannot read the rules yet (%s)", str(e) or "no answer")
 
     async def _drive(self, plan: _Plan) -> tuple[Decision, int]:
         calls = self._calls(plan)
@@ -744,8 +762,12 @@ class Limiter(_Limiting):
 
     A sync call cannot be cut short: the deadline is the redis-py client's
     `socket_timeout` (build it with one, say `redis.Redis(...,
-    socket_timeout=0.1)`). When the breaker's `breaker_open_for` has
-    passed, the next decision probes with one `PING` before it calls.
+    socket_timeout=0.1)`). redis-py reconnects under the client's `retry`
+    (since redis-py 6, 10 more attempts with backoff by default), beyond
+    that deadline: given a `redis.Redis` on a plain pool with such a retry,
+    the limiter opens a pool of its own to the same server that connects
+    once. When the breaker's `breaker_open_for` has passed, the next
+    decision probes with one `PING` before it calls.
 
     Threads may share one: its state changes under a lock, which no call to
     Redis holds (but the start-up and the breaker's one probe, each one
@@ -772,6 +794,8 @@ class Limiter(_Limiting):
             breaker_failures=breaker_failures,
             breaker_open_for=breaker_open_for,
         )
+        if isinstance(client, redis.Redis):
+            client = _connecting_once(client)
         self.client = client if isinstance(client, Client) else Client(client, check_module=False)
         self._lock = threading.RLock()
         #: The monotonic time before which `check` does not try the start-up again.
@@ -880,6 +904,29 @@ class Limiter(_Limiting):
                 error = e
             with self._lock:
                 self._released(key, lease, error)
+
+
+def _retrieved(task: asyncio.Future[None]) -> None:
+    """A start-up nobody awaits any more: its error is logged by `check`."""
+    if not task.cancelled():
+        task.exception()
+
+
+def _connecting_once(client: redis.Redis) -> redis.Redis:
+    """`client`, or when its pool connects under a `retry` that tries again
+    (redis-py 6 and later: 10 more attempts with backoff by default) the
+    same server on a pool of the limiter's own that connects once: a call
+    that had to reconnect to a stopped server took some 11 socket timeouts
+    and seconds of backoff, not the one timeout that is the deadline."""
+    pool = client.connection_pool
+    retry = pool.connection_kwargs.get("retry")
+    if type(pool) is not redis.ConnectionPool or retry is None or retry.get_retries() == 0:
+        return client
+    kwargs = {**pool.connection_kwargs, "retry": Retry(NoBackoff(), 0)}
+    own = redis.ConnectionPool(
+        connection_class=pool.connection_class, max_connections=pool.max_connections, **kwargs
+    )
+    return redis.Redis(connection_pool=own)
 
 
 __all__ = [
