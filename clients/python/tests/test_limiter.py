@@ -377,3 +377,16 @@ def test_an_async_start_up_against_a_stopped_redis_is_bounded_and_not_repeated(
         await lim.client.redis.aclose()
 
     asyncio.run(main())
+
+
+def test_a_key_of_another_type_does_not_open_the_breaker_for_every_key(
+    server: Server, r: redis.Redis
+) -> None:
+    # WRONGTYPE is about one key, not Redis away (as the Rust kit's breaker,
+    # which counts timeouts and connection failures): one identity whose key
+    # collides with another value opened the breaker for every other one.
+    r.set("rl:wt:bad", "not a limiter")
+    lim = Limiter(server.client(), [Rule(Sliding(10, 60_000), "wt")], breaker_failures=2)
+    assert [lim.check("bad").path for _ in range(3)] == ["fallback"] * 3
+    assert lim.stats.redis_errors == 3 and not lim.breaker_open
+    assert lim.check("good").path == "redis"

@@ -445,7 +445,10 @@ class _Limiting:
             self.stats.redis_errors += 1
             log.warning("redis-ratelimit: Redis failed (%s); the fallback decides", e)
             lost = answer_lost(e)
-        self._failures += 1
+        # A key of another type is about that key, not Redis away: it does
+        # not count towards the breaker (one identity would open it for all).
+        if not isinstance(e, WrongType):
+            self._failures += 1
         if self._failures >= self.breaker_failures and not self._open:
             self._open = True
             self.stats.breaker_opened += 1
