@@ -104,7 +104,8 @@ type Outcome = { kind: 'redis'; d: Decision } | { kind: 'lost' } | { kind: 'notA
  * fallback:
  *
  * 1. the deny cache: a key Redis denied is denied in process until its
- *    wait ends (at most `denyCacheMaxMs`), without a round trip;
+ *    wait ends (at most `denyCacheMaxMs`), without a round trip (several
+ *    rules: the set RL.ALL denied, its wait being the largest of the set's);
  * 2. the local level: a global rule's share of its limit is taken in
  *    process first (the core's algorithms, src/algorithms.ts); what the
  *    share denies never reaches Redis;
@@ -274,6 +275,9 @@ export class Limiter {
     const rules = set.rules;
     const keys = rules.map((r) => r.keyFor(identity));
     const cacheKey = (i: number) => `${(rules[i] as CheckedRule).signature}\0${keys[i]}`;
+    // An RL.ALL denial's wait is the largest of the set's, not that of the
+    // rule it names (the first that denied): it is cached for the set.
+    const setKey = () => rules.map((_, i) => cacheKey(i)).join('\x01');
 
     if (this.denyCache !== null) {
       for (let i = 0; i < rules.length; i++) {
@@ -281,6 +285,13 @@ export class Limiter {
         if (d !== undefined) {
           this.counters.add('deny_cache_hits');
           return withFields(d, { deniedBy: i });
+        }
+      }
+      if (rules.length > 1) {
+        const d = this.denyCache.get(setKey());
+        if (d !== undefined) {
+          this.counters.add('deny_cache_hits');
+          return d;
         }
       }
     }
@@ -350,7 +361,7 @@ export class Limiter {
         this.local.refundAll(localLimits, units);
         const i = d.deniedBy ?? 0;
         d = withFields(d, { deniedBy: i });
-        this.denyCache?.put(cacheKey(i), d);
+        this.denyCache?.put(rules.length === 1 ? cacheKey(0) : setKey(), d);
       }
       return d;
     }

@@ -111,6 +111,25 @@ describe('Redis answers', () => {
     assert.equal((await client.fixedWindow(`rl:wide:${who}`, fixed(10), Request.cost(0))).remaining, 9);
   });
 
+  test("an RL.ALL denial is cached for its set only: its wait is the largest of the set's, not the rule's that denied first", async () => {
+    const limiter = new Limiter(client, { denyCacheMaxMs: 3_600_000 });
+    const who = id('allwait');
+    // `quick` refills in 50 ms, `slow` in STILL_MS; in this order, RL.ALL's
+    // denial names quick (the first that denied) with slow's wait.
+    const quick = { spec: { algorithm: 'tokenbucket', capacity: 1, refillCount: 1, refillMs: 50 }, key: `rl:quick:${who}` };
+    const slow = { spec: { algorithm: 'tokenbucket', capacity: 1, refillCount: 1, refillMs: STILL_MS }, key: `rl:slow:${who}` };
+    const both = await limiter.ruleSet([quick, slow]);
+    assert.equal((await limiter.check(both, who)).allowed, true);
+    const no = await limiter.check(both, who);
+    assert.deepEqual([no.allowed, no.deniedBy, no.path], [false, 0, 'redis']);
+    assert.ok(no.waitMs > 3_600_000, `${no.waitMs}`);
+    assert.equal((await limiter.check(both, who)).path, 'denyCache', 'the same set: denied in process');
+    await until(async () => (await client.tokenBucket(quick.key, quick.spec, Request.cost(0))).remaining === 1, 'quick refills');
+    // quick alone passes in Redis now: its key is not held for slow's wait.
+    const alone = await limiter.check(await limiter.ruleSet([quick]), who);
+    assert.deepEqual([alone.allowed, alone.path], [true, 'redis']);
+  });
+
   test('a policy rule goes through RL.HIT; an unknown policy is refused naming policy', async () => {
     const name = `lim:${id('p')}`;
     await client.policySet(name, { algorithm: 'tokenbucket', capacity: 2, refillCount: 1, refillMs: 60_000 });
