@@ -14,6 +14,7 @@ with `aio.py`; the names this module exported before they moved there (the
 from __future__ import annotations
 
 import contextlib
+import inspect
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any, Callable
@@ -111,11 +112,23 @@ def connect_once(conn: Any) -> None:
     (since redis-py 6, 10 times with backoff by default): against a stopped
     server one call then took some 11 socket timeouts plus seconds of
     backoff, far beyond the limiter's deadline."""
-    once = getattr(conn, "connect_check_health", None)
-    if once is None:  # redis-py before 6: connect() tries once
-        conn.connect()
+    if _connects_once(type(conn)):
+        conn.connect_check_health(check_health=True, retry_socket_connect=False)
     else:
-        once(check_health=True, retry_socket_connect=False)
+        conn.connect()  # an older redis-py: connect() retries only as the client says
+
+
+def _connects_once(cls: type) -> bool:
+    """Whether `cls` can connect without the client's retry (redis-py 6+)."""
+    known = _CONNECTS_ONCE.get(cls)
+    if known is None:
+        once = getattr(cls, "connect_check_health", None)
+        known = once is not None and "retry_socket_connect" in inspect.signature(once).parameters
+        _CONNECTS_ONCE[cls] = known
+    return known
+
+
+_CONNECTS_ONCE: dict[type, bool] = {}
 
 
 def send_many_once(client: redis.Redis, commands: Sequence[Sequence[Arg]]) -> list[Any]:

@@ -923,7 +923,8 @@ def _connecting_once(client: redis.Redis) -> redis.Redis:
     and seconds of backoff, not the one timeout that is the deadline."""
     pool = client.connection_pool
     retry = pool.connection_kwargs.get("retry")
-    if type(pool) is not redis.ConnectionPool or retry is None or retry.get_retries() == 0:
+    retries = getattr(retry, "get_retries", lambda: getattr(retry, "_retries", 0))()
+    if type(pool) is not redis.ConnectionPool or not retries:
         return client
     kwargs = {**pool.connection_kwargs, "retry": Retry(NoBackoff(), 0)}
     own = redis.ConnectionPool(
