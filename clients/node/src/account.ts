@@ -103,6 +103,60 @@ export class LocalAccount {
 }
 
 /**
+ * Units the fallback admitted without a call (the breaker open, an error
+ * reply): Redis never counted them. The adapters send them as `COST n
+ * FORCE` before the key's next call, as the `Limiter` sends its owed
+ * units, so that when Redis answers again within the window it counts
+ * them and one instance still admits at most max(limit, share). Units owed
+ * a window ago or more no longer count there: they are dropped, and keys
+ * are swept at most once a window, so memory is bounded by the keys owing
+ * within the last window. What one call sends is at most `cap` (the share:
+ * the fallback admits no more within a window).
+ */
+export class Owed {
+  readonly windowMs: number;
+  readonly cap: number;
+  /** key -> [units, ms of the last unit owed]. */
+  private readonly keys = new Map<string, [number, number]>();
+  private lastSweep = 0;
+
+  constructor(windowMs: number, cap: number) {
+    this.windowMs = checkInteger('windowMs', windowMs, 1);
+    this.cap = Math.min(checkInteger('cap', cap, 1, Number.MAX_SAFE_INTEGER), 2 ** 40);
+  }
+
+  /** `units` admitted for `key` without a call. */
+  add(key: string, units: number, now = Date.now()): void {
+    if (units <= 0) return;
+    this.sweep(now);
+    const e = this.keys.get(key);
+    if (e) {
+      e[0] += units;
+      e[1] = now;
+    } else this.keys.set(key, [units, now]);
+  }
+
+  /** What `key` owes (0: nothing, or only units a window old), now cleared: the caller sends it. */
+  take(key: string, now = Date.now()): number {
+    if (this.keys.size === 0) return 0;
+    const e = this.keys.get(key);
+    if (!e) return 0;
+    this.keys.delete(key);
+    return e[1] + this.windowMs > now ? Math.min(e[0], this.cap) : 0;
+  }
+
+  get size(): number {
+    return this.keys.size;
+  }
+
+  private sweep(now: number): void {
+    if (now - this.lastSweep < this.windowMs) return;
+    this.lastSweep = now;
+    for (const [k, e] of this.keys) if (e[1] + this.windowMs <= now) this.keys.delete(k);
+  }
+}
+
+/**
  * Rejects `TimeoutError` when `op` has not settled within `ms`. `op` goes
  * on: Redis may still count it, which is why the fallback charges it.
  */

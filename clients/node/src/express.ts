@@ -1,4 +1,4 @@
-import { answerLost, beforeDeadline, isOutage, LocalAccount, shareOf } from './account.js';
+import { answerLost, beforeDeadline, isOutage, LocalAccount, Owed, shareOf } from './account.js';
 import { Breaker, startProbe, type BreakerOptions } from './fallback.js';
 import { Client } from './client.js';
 import type { Decision } from './decision.js';
@@ -109,6 +109,8 @@ export class RLStore {
   private readonly deadlineMs: number;
   /** With `passOnStoreError`: what Redis may have counted for this instance. */
   private account: LocalAccount | undefined;
+  /** What the fallback admitted without a call, sent before the key's next call. */
+  private owed: Owed | undefined;
   private readonly breakerOptions: BreakerOptions | false;
   /** With `passOnStoreError` (and `breaker` not false): spares a dead Redis a deadline per request. */
   breaker: Breaker | undefined;
@@ -189,6 +191,7 @@ export class RLStore {
   init(options: ExpressRateLimitOptions): void {
     this.configure(options);
     this.account = options.passOnStoreError === true && this.limit > 0 ? new LocalAccount(shareOf(this.limit, this.instances), this.windowMs) : undefined;
+    this.owed = this.account !== undefined ? new Owed(this.windowMs, this.account.share) : undefined;
     this.breaker = this.account !== undefined && this.breakerOptions !== false ? new Breaker(this.breakerOptions) : undefined;
     this.ready = this.checkModule()
       .then(() => this.checkLimits())
@@ -286,6 +289,7 @@ export class RLStore {
         if (gate === 'probe') void startProbe(this.breaker as Breaker, () => this.rl.send(undefined, ['PING']), this.deadlineMs);
         return this.fallback(key, now, false);
       }
+      await this.settle(key);
       try {
         d = await beforeDeadline(this.call(key), this.deadlineMs);
       } catch (err) {
@@ -318,11 +322,26 @@ export class RLStore {
   private fallback(key: string, now: number, lost: boolean): ClientRateLimitInfo {
     const account = this.account as LocalAccount;
     if (account.take(key, 1, lost, now)) {
+      // Not sent (the breaker open, an error reply): owed to Redis.
+      if (!lost) this.owed?.add(key, 1, now);
       return { totalHits: Math.max(this.limit - account.remaining(key, now), 1), resetTime: new Date(now + this.windowMs) };
     }
     const resetTime = now + account.msUntilRoom(key, 1, now);
     if (this.trackDenials) this.rememberDenial(key, resetTime, now);
     return { totalHits: this.limit + 1, resetTime: new Date(resetTime) };
+  }
+
+  /**
+   * Sends the units the fallback admitted for `key` without a call, as
+   * `COST n FORCE`, before its next call. Sent once, never retried: a lost
+   * one may have been applied.
+   */
+  private async settle(key: string): Promise<void> {
+    const units = this.owed?.take(key) ?? 0;
+    if (units === 0) return;
+    await beforeDeadline(this.call(key, Request.force(units)), this.deadlineMs).catch(() => {
+      // not settled: Redis is failing again, and the request's own call will say so
+    });
   }
 
   /** Gives back a unit, unless this is the decrement of a 429 this store answered. */

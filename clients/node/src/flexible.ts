@@ -1,7 +1,7 @@
 import { Client } from './client.js';
 import type { Decision } from './decision.js';
 import { toInt } from './decision.js';
-import { answerLost, beforeDeadline, isOutage as isFailure, LocalAccount, shareOf } from './account.js';
+import { answerLost, beforeDeadline, isOutage as isFailure, LocalAccount, Owed, shareOf } from './account.js';
 import { Breaker, startProbe, type BreakerOptions } from './fallback.js';
 import { checkInteger, describe, InvalidArgumentError, RLError } from './errors.js';
 import { flexiblePeer } from './peer.js';
@@ -157,6 +157,8 @@ export class RateLimiterRL {
   private blocksWritten = false;
   /** With an insurance limiter: what Redis may have counted for this instance. */
   private readonly account: LocalAccount | undefined;
+  /** What the fallback admitted without a call, sent before the key's next consume. */
+  private readonly owed: Owed | undefined;
   /** With an insurance limiter (and `breaker` not false): spares a dead Redis a deadline per consume. */
   readonly breaker: Breaker | undefined;
 
@@ -203,6 +205,7 @@ export class RateLimiterRL {
       }
       opts.insuranceLimiter.blockDuration = this.blockDuration;
       this.account = new LocalAccount(shareOf(this.points, this.instances), this.msDuration);
+      this.owed = new Owed(this.msDuration, this.account.share);
     }
     if (opts.breaker !== undefined && opts.breaker !== false && (opts.breaker === null || typeof opts.breaker !== 'object')) {
       throw new InvalidArgumentError('breaker', `breaker must be { failures, openForMs } or false, got ${describe(opts.breaker)}`);
@@ -253,6 +256,7 @@ export class RateLimiterRL {
       if (gate === 'probe') void startProbe(this.breaker as Breaker, () => this.rl.send(undefined, ['PING']), this.deadlineMs);
       return this.fallbackConsume(key, cost, pointsToConsume, options, false);
     }
+    await this.settle(key);
     let res: RateLimiterRes;
     try {
       res = await beforeDeadline(this.doConsume(key, cost), this.deadlineMs);
@@ -405,7 +409,23 @@ export class RateLimiterRL {
       throw new RateLimiterRes(0, account.msUntilRoom(rlKey, cost), account.held(rlKey), false);
     }
     const ins = this.insuranceLimiter as InsuranceLimiter;
-    return ins.consume(key, pointsToConsume as number, options) as Promise<RateLimiterRes>;
+    const res = await (ins.consume(key, pointsToConsume as number, options) as Promise<RateLimiterRes>);
+    // Not sent (the breaker open, an error reply): owed to Redis.
+    if (!lost) this.owed?.add(rlKey, cost);
+    return res;
+  }
+
+  /**
+   * Sends the points the fallback admitted for `key` without a call, as
+   * `COST n FORCE`, before its next consume. Sent once, never retried: a
+   * lost one may have been applied.
+   */
+  private async settle(key: Key): Promise<void> {
+    const units = this.owed?.take(this.getKey(key)) ?? 0;
+    if (units === 0) return;
+    await beforeDeadline(this.limiter(key, Request.force(units)), this.deadlineMs).catch(() => {
+      // not settled: Redis is failing again, and the consume's own call will say so
+    });
   }
 
   private resFrom(d: Decision, changed: number, consumed: number): RateLimiterRes {

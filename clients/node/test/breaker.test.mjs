@@ -68,6 +68,39 @@ describe('RLStore with passOnStoreError', () => {
     assert.equal(sent.length, n + 1, 'calls go to Redis again');
   });
 
+  test('what the account admitted while the breaker was open reaches Redis as COST n FORCE: at most max(limit, share) in the window', async () => {
+    const store = new RLStore({
+      sendCommand: (...args) => c.call(...args),
+      prefix: `owed:${process.pid}:`,
+      deadlineMs: 50,
+      breaker: { failures: 1, openForMs: 200 },
+    });
+    store.init({ windowMs: 3_600_000, limit: 5, passOnStoreError: true });
+    await store.ready;
+    let admitted = 0;
+    const count = async () => {
+      if ((await store.increment('u')).totalHits <= 5) admitted++;
+    };
+    server.proc.kill('SIGSTOP');
+    try {
+      // Lost (Redis holds the call, and will count it): the breaker opens.
+      await count();
+      assert.equal(store.breaker.isOpen, true);
+      // Open: the account admits the rest of its share (6) without a call.
+      for (let i = 0; i < 8; i++) await count();
+      assert.equal(admitted, 6);
+    } finally {
+      server.proc.kill('SIGCONT');
+    }
+    await until(async () => {
+      await store.increment('v');
+      return !store.breaker.isOpen;
+    }, 'the probe closes the breaker');
+    // Redis counts the 5 admitted without a call before the next call: no more in this window.
+    for (let i = 0; i < 8; i++) await count();
+    assert.equal(admitted, 6, 'max(limit, share)');
+  });
+
   test('breaker: false turns it off; a bad breaker is refused naming its option', () => {
     const store = new RLStore({ sendCommand: (...a) => c.call(...a), breaker: false });
     store.init({ windowMs: 1000, limit: 1, passOnStoreError: true });
@@ -124,5 +157,41 @@ describe('RateLimiterRL with an insurance limiter', () => {
     } finally {
       counting.disconnect();
     }
+  });
+
+  test('what the insurance admitted while the breaker was open reaches Redis as COST n FORCE: at most max(limit, share) in the window', async () => {
+    const limiter = new RateLimiterRL({
+      storeClient: c,
+      points: 5,
+      duration: 3600,
+      keyPrefix: `owed:${process.pid}:flex`,
+      deadlineMs: 50,
+      breaker: { failures: 1, openForMs: 200 },
+      insuranceLimiter: new RateLimiterMemory({ points: 100, duration: 3600 }),
+    });
+    let admitted = 0;
+    // A denial (a RateLimiterRes) is not an Error.
+    const limited = (e) => {
+      if (e instanceof Error) throw e;
+    };
+    const count = () => limiter.consume('u').then(() => admitted++, limited);
+    server.proc.kill('SIGSTOP');
+    try {
+      // Lost (Redis holds the call, and will count it): the breaker opens.
+      await count();
+      assert.equal(limiter.breaker.isOpen, true);
+      // Open: the account admits the rest of its share (6) without a call.
+      for (let i = 0; i < 8; i++) await count();
+      assert.equal(admitted, 6);
+    } finally {
+      server.proc.kill('SIGCONT');
+    }
+    await until(async () => {
+      await limiter.consume('v').catch(limited);
+      return !limiter.breaker.isOpen;
+    }, 'the probe closes the breaker');
+    // Redis counts the 5 admitted without a call before the next call: no more in this window.
+    for (let i = 0; i < 8; i++) await count();
+    assert.equal(admitted, 6, 'max(limit, share)');
   });
 });
