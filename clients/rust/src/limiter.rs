@@ -301,11 +301,27 @@ impl Limiter {
         let inner = &*self.inner;
         let keys: Vec<String> = set.rules.iter().map(|r| r.rule.key_for(identity)).collect();
         let cache_key = |i: usize| format!("{}\0{}", set.rules[i].signature, keys[i]);
+        // An `RL.ALL` denial waits for the slowest limiter that denied, which
+        // need not be the one it names: it is cached for this very set of
+        // rules and keys, never for one rule alone (another set with that
+        // rule would be denied past the rule's own wait).
+        let set_key = || {
+            (0..set.rules.len())
+                .map(cache_key)
+                .collect::<Vec<_>>()
+                .join("\u{1}")
+        };
 
         if let Some(cache) = &inner.deny_cache {
             for i in 0..set.rules.len() {
                 if let Some(mut d) = cache.get(&cache_key(i)) {
                     d.denied_by = Some(i);
+                    Stats::add(&inner.stats.deny_cache_hits);
+                    return d;
+                }
+            }
+            if set.rules.len() > 1 {
+                if let Some(d) = cache.get(&set_key()) {
                     Stats::add(&inner.stats.deny_cache_hits);
                     return d;
                 }
@@ -408,7 +424,12 @@ impl Limiter {
                         d.denied_by = Some(0);
                     }
                     if let Some(cache) = &inner.deny_cache {
-                        cache.put(cache_key(i), &d);
+                        let key = if set.rules.len() == 1 {
+                            cache_key(i)
+                        } else {
+                            set_key()
+                        };
+                        cache.put(key, &d);
                     }
                 }
                 d

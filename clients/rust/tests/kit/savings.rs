@@ -86,3 +86,50 @@ async fn the_deny_cache_answers_an_abusive_key_without_a_round_trip() {
     // at most (min(wait, 1 s)): the run is far shorter than 60 s.
     assert!((106..106 + 60).contains(&calls_with), "{calls_with}");
 }
+
+/// An `RL.ALL` denial waits for the slowest limiter that denied, not for
+/// the one it names first: it is cached for its own set of rules only, so a
+/// set with the fast rule alone passes once that rule admits again.
+#[tokio::test]
+async fn an_rl_all_denial_is_cached_for_its_set_only() {
+    let server = Server::start(Kind::Redis);
+    let client = Client::standalone(&server.url()).await.unwrap();
+    let lim = Limiter::builder(client)
+        .deadline(Duration::from_secs(5))
+        .deny_cache_max(Duration::from_secs(60))
+        .build();
+    let fast = || Rule::sliding(1, 300).name("fast").fixed_key("f");
+    let slow = Rule::sliding(1, 60_000).name("slow").fixed_key("s");
+    let both = lim.rule_set(vec![fast(), slow]).await.unwrap();
+    let alone = lim.rule_set(vec![fast()]).await.unwrap();
+    assert!(lim.check(&both, "-", 1).await.allowed);
+    let denied = lim.check(&both, "-", 1).await;
+    assert_eq!(
+        (denied.allowed, denied.denied_by),
+        (false, Some(0)),
+        "{denied:?}"
+    );
+    assert!(denied.retry_after > Duration::from_secs(50), "{denied:?}");
+    // Until the fast rule admits again, on the server itself.
+    let mut con = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    loop {
+        let peek: Vec<i64> = redis::cmd("RL.SLIDING")
+            .arg(&["f", "1", "300", "COST", "0"])
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        if peek[2] == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let d = lim.check(&alone, "-", 1).await;
+    assert!(d.allowed && d.path == Path::Redis, "{d:?}");
+    // The set itself is still answered from the cache.
+    let d = lim.check(&both, "-", 1).await;
+    assert!(!d.allowed && d.path == Path::DenyCache, "{d:?}");
+}
