@@ -390,3 +390,20 @@ def test_a_key_of_another_type_does_not_open_the_breaker_for_every_key(
     assert [lim.check("bad").path for _ in range(3)] == ["fallback"] * 3
     assert lim.stats.redis_errors == 3 and not lim.breaker_open
     assert lim.check("good").path == "redis"
+
+
+def test_an_rl_all_denial_is_cached_for_its_set_only(server: Server, r: redis.Redis) -> None:
+    """An RL.ALL denial waits for the slowest limiter that denied, not for
+    the one it names first: cached for its set of rules and keys only, so
+    another identity, which shares the fast rule's key, passes once that
+    rule admits again."""
+    fast = Rule(Sliding(1, 300), "fast", fixed_key="dc:f")
+    slow = Rule(Sliding(1, 60_000), "slow", key_prefix="dc:s:")
+    lim = Limiter(server.client(), [fast, slow], deny_cache_max=60.0)
+    assert lim.check("a").allowed
+    denied = lim.check("a")
+    assert not denied.allowed and denied.path == "redis" and denied.decision.wait_ms > 50_000
+    assert lim.check("a").path == "deny_cache"
+    wait_until(lambda: remaining(r, "dc:f", 1, 300) == 1)
+    b = lim.check("b")
+    assert b.allowed and b.path == "redis", b

@@ -144,6 +144,9 @@ class _Plan:
     taken: dict[int, Decision] = dataclasses.field(default_factory=dict)
     sent: list[int] = dataclasses.field(default_factory=list)
     held: list[Held] = dataclasses.field(default_factory=list)
+    # The rate rules of an RL.ALL that denied: its denial is cached for
+    # them together (see `_Limiting._set_key`).
+    denied_set: list[int] = dataclasses.field(default_factory=list)
 
 
 class _Limiting:
@@ -290,6 +293,12 @@ class _Limiting:
             if cached is not None:
                 self.stats.deny_cache_hits += 1
                 return Admission(cached, i, "deny_cache")
+        rated = self._rated()
+        if len(rated) > 1:
+            cached = self.deny_cache.get(*self._set_key(rated, keys), now)
+            if cached is not None:
+                self.stats.deny_cache_hits += 1
+                return Admission(cached, rated[cached.denied_by or 0], "deny_cache")
         plan = _Plan(keys, req)
         if not self._ready:  # Redis away before its first answer: the fallback
             return self._decided_locally(plan, lost=False)
@@ -399,6 +408,8 @@ class _Limiting:
             else:
                 d = yield None, [(keys[i], self.rules[i].spec) for i in rated], req
                 index = rated[d.denied_by or 0] if not d.allowed else self._rated_rule_of(d, rated)
+                if not d.allowed:
+                    plan.denied_set[:] = rated
             plan.sent.clear()
             if not d.allowed:
                 return d, index
@@ -409,6 +420,21 @@ class _Limiting:
                     self.local.charge(self.rules[i].name, keys[i], a, self.share(a), now, req.units)
             decisions.append((d, index))
         return min(decisions, key=lambda di: di[0].remaining)
+
+    def _rated(self) -> list[int]:
+        """The rate rules (not concurrency), which go to Redis in one call."""
+        algos = self._algorithms or [r.spec for r in self.rules]  # type: ignore[misc]
+        return [i for i, a in enumerate(algos) if not isinstance(a, Concurrency)]
+
+    def _set_key(self, rated: list[int], keys: list[str]) -> tuple[str, str]:
+        """The deny cache's entry for an RL.ALL denial: its rules and keys
+        together. Its wait is the slowest denier's, which need not be the
+        rule it names: cached under that rule alone, another set with it
+        would be denied past the rule's own wait."""
+        return (
+            "\x01".join(self.rules[i].name for i in rated),
+            "\x01".join(keys[i] for i in rated),
+        )
 
     def _rated_rule_of(self, d: Decision, rated: list[int]) -> int:
         """The rule an admitted RL.ALL reported (the most restrictive one)."""
@@ -429,7 +455,9 @@ class _Limiting:
             self.stats.redis_admitted += 1
             return Admission(d, index, "redis", plan.held)
         self.stats.redis_denied += 1
-        if not isinstance(self._algorithm(index), Concurrency):
+        if len(plan.denied_set) > 1:
+            self.deny_cache.put(*self._set_key(plan.denied_set, plan.keys), d, time.monotonic())
+        elif not isinstance(self._algorithm(index), Concurrency):
             self.deny_cache.put(self.rules[index].name, plan.keys[index], d, time.monotonic())
         self._give_back(plan, Micros.now())
         return Admission(d, index, "redis")
