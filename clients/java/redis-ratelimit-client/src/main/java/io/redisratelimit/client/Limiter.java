@@ -280,6 +280,13 @@ public final class Limiter implements AutoCloseable {
                     return CompletableFuture.completedFuture(d.withDeniedBy(i));
                 }
             }
+            if (rules.size() > 1) {
+                Decision d = denyCache.get(setKey(rules, keys));
+                if (d != null) {
+                    stats.denyCacheHits.increment();
+                    return CompletableFuture.completedFuture(d);
+                }
+            }
         }
         List<LocalLimiters.Take> takes = new ArrayList<>();
         List<Integer> positions = new ArrayList<>();
@@ -344,7 +351,9 @@ public final class Limiter implements AutoCloseable {
                 }
                 if (!d.allowed() && cacheable) {
                     int i = d.deniedBy().orElse(0);
-                    if (i < rules.size()) {
+                    if (rules.size() > 1) {
+                        denyCache.put(setKey(rules, keys), d);
+                    } else if (i < rules.size()) {
                         denyCache.put(cacheKey(rules.get(i), keys.get(i)), d);
                     }
                 }
@@ -535,6 +544,19 @@ public final class Limiter implements AutoCloseable {
 
     private static String cacheKey(RuleSet.Checked c, String key) {
         return c.signature() + '\0' + key;
+    }
+
+    /**
+     * The deny cache's entry for an RL.ALL denial: its rules and keys together. Its wait is the
+     * slowest denier's, which need not be the rule it names: cached under that rule alone, another
+     * identity sharing the rule's key would be denied past the rule's own wait.
+     */
+    private static String setKey(List<RuleSet.Checked> rules, List<String> keys) {
+        StringBuilder out = new StringBuilder();
+        for (int i = 0; i < rules.size(); i++) {
+            out.append(cacheKey(rules.get(i), keys.get(i))).append('\u0001');
+        }
+        return out.toString();
     }
 
     /** Unused by the kit: Resilience4j's own exception, named here so callers can catch it if they wrap calls. */

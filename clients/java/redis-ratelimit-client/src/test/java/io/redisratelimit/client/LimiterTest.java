@@ -135,6 +135,31 @@ class LimiterTest {
                 () -> limiter.check(rules, "u1").path() == Path.REDIS);
     }
 
+    /**
+     * An RL.ALL denial waits for the slowest limiter that denied, not for the one it names first:
+     * it is cached for its rules and keys together, so another identity, which shares the fast
+     * rule's key, passes once that rule admits again.
+     */
+    @Test
+    void anRlAllDenialIsCachedForItsSetOnly() throws Exception {
+        Client c = client(Drivers.LETTUCE);
+        Limiter limiter = Limiter.builder(c).denyCacheMax(Duration.ofSeconds(60)).build();
+        RuleSet rules = limiter.rules(
+                Rule.of("fast", Spec.sliding(1, 300)).fixedKey("dc:f"),
+                Rule.of("slow", Spec.sliding(1, 60_000)).keyPrefix("dc:s:"));
+        assertTrue(limiter.check(rules, "a").allowed());
+        Decision denied = limiter.check(rules, "a");
+        assertFalse(denied.allowed());
+        assertEquals(Path.REDIS, denied.path());
+        assertTrue(denied.waitMs() > 50_000, "the slow rule's wait");
+        assertEquals(Path.DENY_CACHE, limiter.check(rules, "a").path());
+        poll("the fast rule admits again", Duration.ofSeconds(10),
+                () -> c.limit("dc:f", Spec.sliding(1, 300), Request.cost(0)).remaining() == 1);
+        Decision b = limiter.check(rules, "b");
+        assertTrue(b.allowed(), "another identity: " + b);
+        assertEquals(Path.REDIS, b.path());
+    }
+
     @ParameterizedTest
     @EnumSource(value = Drivers.class, names = {"LETTUCE", "JEDIS"})
     void redisKilledMidRunOpensTheBreakerThenOnlyProbesReachItAndItRecovers(Drivers driver) throws Exception {
