@@ -27,6 +27,22 @@ pub struct Options {
 }
 
 impl Options {
+    /// Refuses `AT`, then `END`: the pinned time and period end that only
+    /// the replication link and the AOF send (a client's call, and the calls
+    /// never propagated as such, `RL.HIT` and `RL.ALL`, whose limiter calls
+    /// go out instead).
+    pub fn refuse_pinned(&self) -> Result<(), Error> {
+        if self.at.is_some() {
+            return Err(Error::ReservedForReplication("AT"));
+        }
+        if self.end.is_some() {
+            return Err(Error::ReservedForReplication("END"));
+        }
+        Ok(())
+    }
+}
+
+impl Options {
     /// Units the call would take (0 for a refund).
     pub fn cost(&self) -> u64 {
         self.request.cost()

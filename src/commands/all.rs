@@ -147,13 +147,8 @@ pub(crate) fn parse<'a>(all: &'a [&'a [u8]]) -> Result<Call<'a>, Error> {
         }
     }
     let options = parse_options(&all[cursor..])?;
-    if options.at.is_some() {
-        // RL.ALL is never propagated as such: each limiter goes out on its own.
-        return Err(Error::ReservedForReplication("AT"));
-    }
-    if options.end.is_some() {
-        return Err(Error::ReservedForReplication("END"));
-    }
+    // RL.ALL is never propagated as such: each limiter goes out on its own.
+    options.refuse_pinned()?;
     if options.zone.is_some() {
         return Err(Error::Syntax(
             "TZ is not an option of RL.ALL: a quota's spec names its zone (QUOTA 10 DAY TZ zone)"

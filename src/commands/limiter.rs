@@ -25,8 +25,7 @@ pub fn step<L: Listed, H: Host>(host: &H) -> Result<(), Error> {
     // Asked only of a call that pins a time: where a call comes from costs
     // a module API call.
     if (options.at.is_some() || options.end.is_some()) && host.origin() == Origin::Client {
-        let word = if options.at.is_some() { "AT" } else { "END" };
-        return Err(Error::ReservedForReplication(word));
+        options.refuse_pinned()?;
     }
     super::step::run(
         host,

@@ -208,13 +208,8 @@ pub fn hit<H: Host>(host: &H) -> Result<(), Error> {
     }
     let (name, key) = (args[1], args[2]);
     let options = parse_options(&args[3..])?;
-    if options.at.is_some() {
-        // RL.HIT is never propagated as such: the limiter call goes out.
-        return Err(Error::ReservedForReplication("AT"));
-    }
-    if options.end.is_some() {
-        return Err(Error::ReservedForReplication("END"));
-    }
+    // RL.HIT is never propagated as such: the limiter call goes out.
+    options.refuse_pinned()?;
     if options.zone.is_some() {
         // A policy's zone is part of its rule.
         return Err(Error::Syntax(
