@@ -54,6 +54,8 @@ self::algorithms! { $
             COST_OR_REFUND,
             BLOCK,
         ],
+        // The capacity and the count refilled (leaked) per period.
+        scaled: &[0, 1],
         ..Row::LIMITER
     },
     FixedWindow: CounterRepr => Row {
@@ -83,6 +85,8 @@ self::algorithms! { $
             COST_OR_REFUND,
             BLOCK,
         ],
+        // The capacity and the count refilled (leaked) per period.
+        scaled: &[0, 1],
         ..Row::LIMITER
     },
     SlidingLog: ThinRepr => Row {
@@ -193,6 +197,9 @@ pub struct Row<L: Algorithm> {
     /// The bound a module config puts on client calls (never on replicated
     /// ones: the master accepted them), if any.
     pub bound: Option<Bound<L>>,
+    /// The positions of its size and rate parameters: what a policy's
+    /// scale (the protection loop's `ADAPT`, `RL.POLICY SCALE`) scales.
+    pub scaled: &'static [usize],
     /// The reply of its command and of `RL.HIT`.
     pub reply: ReplyShape,
     /// Commands that come with it, registered with it.
@@ -294,6 +301,8 @@ impl<L: Algorithm> Row<L> {
             all: true,
         },
         bound: None,
+        // The limit (a capacity, or requests per window) comes first.
+        scaled: &[0],
         reply: ReplyShape::Decision,
         companions: &[],
         resolve: resolve_nothing::<L::Params>,
@@ -502,6 +511,27 @@ impl Spec {
     /// The limit a caller is told about: the capacity, or requests per window.
     pub fn limit(&self) -> u64 {
         self.params().as_slice()[0]
+    }
+
+    /// The spec under a policy's scale (percent): each size and rate
+    /// parameter its row lists becomes `max(1, floor(p x scale / 100))`.
+    /// Parameters the rules would refuse scaled (a span beyond its bound)
+    /// stay as they are.
+    pub fn scaled(&self, scale: u64) -> Spec {
+        if scale >= 100 {
+            return *self;
+        }
+        with_algorithm!(*self, L, p => {
+            let mut values = p.values();
+            let values = values.as_mut_slice();
+            for &i in L::ROW.scaled {
+                values[i] = crate::limiter::protection::scaled(values[i], scale);
+            }
+            match <<L as Algorithm>::Params as Parameters>::from_integers(values) {
+                Ok(scaled) => L::spec(scaled),
+                Err(_) => *self,
+            }
+        })
     }
 
     /// Whether its calls count in a time zone (a calendar quota: its

@@ -288,6 +288,10 @@ impl ParamList {
     pub fn as_slice(&self) -> &[u64] {
         &self.values[..self.len]
     }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u64] {
+        &mut self.values[..self.len]
+    }
 }
 
 /// A limiter call after its key: parameters, then options.
