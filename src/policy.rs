@@ -24,6 +24,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use crate::algorithms::{Site, Spec};
 use crate::calendar::{self, Zone};
 use crate::error::Error;
+use crate::limiter::protection::{Adapt, Loop, Stages, DEFAULT_WINDOW_MS};
 use crate::stats::{Counter, Outcomes};
 
 /// How a policy acts on what its limiter decides.
@@ -61,6 +62,11 @@ pub struct Rule {
     pub rollout: u8,
     /// The time zone of a calendar quota (`TZ zone`; UTC by default).
     pub zone: Zone,
+    /// The protection loop: `ADAPT`, `STAGES`, `WINDOW` (off by default).
+    pub protect: Loop,
+    /// `ADAPT OFF`: the loop stops adapting and keeps the scale it has
+    /// (without it, a rule set anew starts at full scale).
+    pub keep_scale: bool,
 }
 
 impl Rule {
@@ -131,6 +137,9 @@ pub fn parse_rule(args: &[&[u8]]) -> Result<Rule, Error> {
     let mut mode = None;
     let mut rollout = None;
     let mut zone = None;
+    let mut adapt: Option<Option<Adapt>> = None;
+    let mut stages = None;
+    let mut window = None;
     let mut rest = &args[words..];
     while let [option, tail @ ..] = rest {
         let value = tail.first().copied();
@@ -156,6 +165,41 @@ pub fn parse_rule(args: &[&[u8]]) -> Result<Rule, Error> {
                 return Err(Error::DuplicateOption("ROLLOUT"));
             }
             rollout = Some(crate::args::parse_int(value, "ROLLOUT", 0, 100)? as u8);
+        } else if option.eq_ignore_ascii_case(b"ADAPT") {
+            if adapt.is_some() {
+                return Err(Error::DuplicateOption("ADAPT"));
+            }
+            let (parsed, used, own_window) = parse_adapt(tail)?;
+            adapt = Some(parsed);
+            if let Some(ms) = own_window {
+                if window.replace(ms).is_some() {
+                    return Err(Error::DuplicateOption("WINDOW"));
+                }
+            }
+            rest = &tail[used..];
+            continue;
+        } else if option.eq_ignore_ascii_case(b"STAGES") {
+            if stages.is_some() {
+                return Err(Error::DuplicateOption("STAGES"));
+            }
+            let degrade = tail.first().ok_or(Error::MissingValue("STAGES"))?;
+            let brk = tail.get(1).ok_or(Error::MissingValue("STAGES"))?;
+            let degrade = crate::args::parse_int(degrade, "degrade_pct", 0, 100)?;
+            let brk = crate::args::parse_int(brk, "break_pct", 0, 100)?;
+            stages = Some(Stages::new(degrade, brk)?);
+            rest = &tail[2..];
+            continue;
+        } else if option.eq_ignore_ascii_case(b"WINDOW") {
+            let value = value.ok_or(Error::MissingValue("WINDOW"))?;
+            if window.is_some() {
+                return Err(Error::DuplicateOption("WINDOW"));
+            }
+            window = Some(crate::args::parse_int(
+                value,
+                "WINDOW",
+                1,
+                crate::limiter::protection::MAX_WINDOW_MS,
+            )?);
         } else if option.eq_ignore_ascii_case(b"TZ") && spec.has_zone() {
             let value = value.ok_or(Error::MissingValue("TZ"))?;
             if zone.is_some() {
@@ -164,19 +208,79 @@ pub fn parse_rule(args: &[&[u8]]) -> Result<Rule, Error> {
             zone = Some(calendar::zone(value).map_err(|bad| Error::Syntax(bad.message(value)))?);
         } else {
             return Err(Error::Syntax(format!(
-                "unknown option '{}' (expected MODE or ROLLOUT{})",
+                "unknown option '{}' (expected MODE, ROLLOUT, ADAPT, STAGES or WINDOW{})",
                 Error::quote(option),
                 if spec.has_zone() { " or TZ" } else { "" }
             )));
         }
         rest = &tail[1..];
     }
+    let protect = Loop::new(adapt.flatten(), stages, window.unwrap_or(DEFAULT_WINDOW_MS))?;
     Ok(Rule {
         spec,
         mode: mode.unwrap_or(Mode::Enforce),
         rollout: rollout.unwrap_or(100),
         zone: zone.unwrap_or(calendar::UTC),
+        protect,
+        keep_scale: matches!(adapt, Some(None)),
     })
+}
+
+/// Parses what follows `ADAPT`: `OFF`, or `ERRORS pct [FACTOR f] [MIN m]
+/// [RECOVER r] [WINDOW ms] [MINCALLS n]` in any order after `ERRORS pct`;
+/// the rule (`None` for `OFF`), the words taken and the window if given.
+fn parse_adapt(words: &[&[u8]]) -> Result<(Option<Adapt>, usize, Option<u64>), Error> {
+    let first = words.first().ok_or(Error::MissingValue("ADAPT"))?;
+    if first.eq_ignore_ascii_case(b"OFF") {
+        return Ok((None, 1, None));
+    }
+    if !first.eq_ignore_ascii_case(b"ERRORS") {
+        return Err(Error::Syntax(format!(
+            "ADAPT must be followed by ERRORS <pct> or OFF, got '{}'",
+            Error::quote(first)
+        )));
+    }
+    let pct = words.get(1).ok_or(Error::MissingValue("ERRORS"))?;
+    let errors = crate::args::parse_int(pct, "ERRORS", 0, 100)?;
+    let mut factor = None;
+    let mut min = None;
+    let mut recover = None;
+    let mut min_calls = None;
+    let mut window = None;
+    let mut used = 2;
+    while let Some(word) = words.get(used) {
+        let (slot, name, max) = if word.eq_ignore_ascii_case(b"FACTOR") {
+            (&mut factor, "FACTOR", 100)
+        } else if word.eq_ignore_ascii_case(b"MIN") {
+            (&mut min, "MIN", 100)
+        } else if word.eq_ignore_ascii_case(b"RECOVER") {
+            (&mut recover, "RECOVER", 100)
+        } else if word.eq_ignore_ascii_case(b"MINCALLS") {
+            (&mut min_calls, "MINCALLS", crate::limiter::MAX_PARAM)
+        } else if word.eq_ignore_ascii_case(b"WINDOW") {
+            (
+                &mut window,
+                "WINDOW",
+                crate::limiter::protection::MAX_WINDOW_MS,
+            )
+        } else {
+            break;
+        };
+        let value = words.get(used + 1).ok_or(Error::MissingValue(name))?;
+        if slot.is_some() {
+            return Err(Error::DuplicateOption(name));
+        }
+        *slot = Some(crate::args::parse_int(value, name, 0, max)?);
+        used += 2;
+    }
+    let adapt = Adapt::new(
+        errors,
+        factor.unwrap_or(Adapt::DEFAULT_FACTOR),
+        min.unwrap_or(Adapt::DEFAULT_MIN),
+        recover.unwrap_or(Adapt::DEFAULT_RECOVER),
+        min_calls.unwrap_or(Adapt::DEFAULT_MIN_CALLS),
+    )?;
+    Ok((Some(adapt), used, window))
 }
 
 /// Most policies a node holds.
@@ -364,6 +468,10 @@ pub fn decode(
                 mode,
                 rollout: rollout as u8,
                 zone,
+                // TODO(issue 25): aux version 4 carries the loop, the scale
+                // and the stage.
+                protect: Loop::default(),
+                keep_scale: false,
             },
         ));
     }
@@ -483,6 +591,51 @@ mod tests {
     }
 
     #[test]
+    fn the_protection_loop_parses_with_defaults_and_named_errors() {
+        let rule = |words: &[&[u8]]| parse_rule(words);
+        let r = rule(&[b"SLIDING", b"100", b"1000", b"ADAPT", b"ERRORS", b"5"]).unwrap();
+        assert_eq!(r.protect.adapt(), Adapt::errors(5).ok());
+        assert_eq!(r.protect.window_ms(), DEFAULT_WINDOW_MS);
+        assert!(!r.keep_scale);
+        let r = rule(&[
+            b"SLIDING", b"100", b"1000", b"ADAPT", b"ERRORS", b"5", b"MIN", b"20", b"WINDOW",
+            b"2000", b"FACTOR", b"50", b"STAGES", b"30", b"50", b"MODE", b"SHADOW",
+        ])
+        .unwrap();
+        assert_eq!(r.protect.adapt(), Adapt::new(5, 50, 20, 5, 100).ok());
+        assert_eq!(r.protect.stages(), Stages::new(30, 50).ok());
+        assert_eq!((r.protect.window_ms(), r.mode), (2000, Mode::Shadow));
+        let r = rule(&[
+            b"SLIDING", b"100", b"1000", b"ADAPT", b"OFF", b"STAGES", b"1", b"2",
+        ])
+        .unwrap();
+        assert!(r.keep_scale && r.protect.adapt().is_none());
+        let err = |words: &[&[u8]]| rule(words).unwrap_err().message();
+        assert_eq!(
+            err(&[b"SLIDING", b"1", b"1", b"ADAPT", b"ERRORS", b"101"]),
+            "ERR ERRORS must be an integer from 0 to 100"
+        );
+        assert_eq!(
+            err(&[b"SLIDING", b"1", b"1", b"STAGES", b"50", b"30"]),
+            "ERR break_pct must be an integer from 50 to 100"
+        );
+        assert_eq!(
+            err(&[b"SLIDING", b"1", b"1", b"ADAPT", b"ERRORS", b"5", b"FACTOR", b"0"]),
+            "ERR FACTOR must be an integer from 1 to 100"
+        );
+        assert_eq!(
+            err(&[
+                b"SLIDING", b"1", b"1", b"ADAPT", b"ERRORS", b"5", b"WINDOW", b"9", b"WINDOW", b"9"
+            ]),
+            "ERR WINDOW given more than once"
+        );
+        assert_eq!(
+            err(&[b"SLIDING", b"1", b"1", b"ADAPT", b"SOMETIMES"]),
+            "ERR ADAPT must be followed by ERRORS <pct> or OFF, got 'SOMETIMES'"
+        );
+    }
+
+    #[test]
     fn rollout_is_monotone_and_roughly_uniform() {
         let keys: Vec<String> = (0..10_000).map(|i| format!("user:{i}")).collect();
         let rule = |p| Rule {
@@ -490,6 +643,8 @@ mod tests {
             mode: Mode::Enforce,
             rollout: p,
             zone: calendar::UTC,
+            protect: Loop::default(),
+            keep_scale: false,
         };
         let mut previous: Vec<bool> = vec![false; keys.len()];
         for p in [0, 10, 30, 50, 100] {
