@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use crate::algorithms::{Site, Spec};
 use crate::calendar::{self, Zone};
 use crate::error::Error;
-use crate::limiter::protection::{Adapt, Loop, Stages, DEFAULT_WINDOW_MS};
+use crate::limiter::protection::{Adapt, Loop, LoopState, Stages, DEFAULT_WINDOW_MS};
 use crate::stats::{Counter, Outcomes};
 
 /// How a policy acts on what its limiter decides.
@@ -96,6 +96,89 @@ pub struct PolicyStats {
     pub outcomes: Outcomes,
     /// Denials a shadowed call answered as allowed.
     pub shadow_denied: Counter,
+    /// The protection loop as it runs (see [`Protection`]).
+    pub protection: Mutex<Protection>,
+}
+
+/// A policy's protection loop as it runs on this node: its scale and stage,
+/// and, once a call has met it, its windows. The scale and the stage are
+/// node state (replicated as `RL.LOOPSTATE`, saved in the RDB); the
+/// windows' counts are the master's own, and a node that starts counting
+/// (after a restart, a failover, a new rule) starts a fresh window.
+#[derive(Debug)]
+pub struct Protection {
+    scale: u64,
+    stage: u8,
+    windows: Option<LoopState>,
+}
+
+impl Default for Protection {
+    fn default() -> Self {
+        Protection {
+            scale: 100,
+            stage: 0,
+            windows: None,
+        }
+    }
+}
+
+impl Protection {
+    /// The scale (percent) and the stage.
+    pub fn current(&self) -> (u64, u8) {
+        match &self.windows {
+            Some(w) => (w.scale, w.stage),
+            None => (self.scale, self.stage),
+        }
+    }
+
+    /// Ends the windows that ended by `now_ms`: whether the scale or the
+    /// stage changed (then the caller propagates them).
+    pub fn advance(&mut self, config: &Loop, now_ms: u64) -> bool {
+        match &mut self.windows {
+            Some(w) => {
+                let changed = w.advance(config, now_ms);
+                (self.scale, self.stage) = (w.scale, w.stage);
+                changed
+            }
+            None => {
+                self.windows = Some(LoopState::with(self.scale, self.stage, config, now_ms));
+                false
+            }
+        }
+    }
+
+    /// Counts a call the policy decided, in the current window.
+    pub fn count_call(&mut self, allowed: bool) {
+        if let Some(w) = &mut self.windows {
+            w.current.calls += 1;
+            if allowed {
+                w.current.admitted += 1;
+            } else {
+                w.current.denied += 1;
+            }
+        }
+    }
+
+    /// Adds outcomes reported for the requests the policy admitted.
+    pub fn count_outcomes(&mut self, ok: u64, errors: u64) {
+        if let Some(w) = &mut self.windows {
+            w.current.ok = w.current.ok.saturating_add(ok);
+            w.current.errors = w.current.errors.saturating_add(errors);
+        }
+    }
+
+    /// Sets the scale and the stage as the master (or the operator) says;
+    /// the windows start afresh.
+    pub fn set(&mut self, scale: u64, stage: u8) {
+        self.scale = scale.clamp(1, 100);
+        self.stage = stage.min(2);
+        self.windows = None;
+    }
+
+    /// The current and the last finished window, if a call met the loop.
+    pub fn windows(&self) -> Option<&LoopState> {
+        self.windows.as_ref()
+    }
 }
 
 struct Entry {
@@ -106,6 +189,11 @@ struct Entry {
 /// Every policy of this node, by name, with everything it holds: memory is
 /// bounded by the live policies.
 static POLICIES: Mutex<BTreeMap<Vec<u8>, Entry>> = Mutex::new(BTreeMap::new());
+
+/// A lock that a panic elsewhere does not poison for good.
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 fn policies() -> MutexGuard<'static, BTreeMap<Vec<u8>, Entry>> {
     POLICIES.lock().unwrap_or_else(|p| p.into_inner())
@@ -316,11 +404,23 @@ pub fn check_room_for(name: &[u8]) -> Result<(), Error> {
     )))
 }
 
-/// Creates a policy, or changes its rule (keeping its counters).
+/// Creates a policy, or changes its rule (keeping its counters). A rule set
+/// anew starts its loop at full scale and stage 0, unless it says `ADAPT
+/// OFF`, which keeps the scale and the stage it had.
 pub fn set(name: &[u8], rule: Rule) {
     let mut all = policies();
     match all.get_mut(name) {
-        Some(entry) => entry.rule = rule,
+        Some(entry) => {
+            let mut protection = lock(&entry.stats.protection);
+            let (scale, stage) = protection.current();
+            if rule.keep_scale {
+                protection.set(scale, stage);
+            } else {
+                protection.set(100, 0);
+            }
+            drop(protection);
+            entry.rule = rule;
+        }
         None => {
             all.insert(
                 name.to_vec(),
