@@ -173,6 +173,17 @@ pub fn string_set(ctx: &Context, key: &RString, value: u64, expire_at_ms: u64) {
     ctx.replicate(c"SET", Head::Strings(&[key]), &tail[..len]);
 }
 
+/// Propagates a policy's scale and stage as `RL.LOOPSTATE name scale
+/// stage`: the result of a window the master ended, never recomputed by a
+/// replica or the AOF.
+pub fn loop_state(ctx: &Context, name: &RString, scale: u64, stage: u8) {
+    if !pinned() {
+        return count_write(ctx);
+    }
+    let tail = [Word::Int(scale as i64), Word::Int(i64::from(stage))];
+    ctx.replicate(c"RL.LOOPSTATE", Head::Strings(&[name]), &tail);
+}
+
 /// `<value> PXAT <unix_ms>`, the words of [`string_set`] after the key.
 #[inline]
 pub fn set_tail(value: u64, expire_at_ms: u64) -> ([Word; 3], usize) {

@@ -175,6 +175,11 @@ pub trait Host {
     /// Propagates the call as the client sent it (a deterministic one).
     fn propagate_verbatim(&self);
 
+    /// Propagates a policy's new scale and stage, the result of a window
+    /// the master ended: `RL.LOOPSTATE <name> <scale> <stage>`, the name
+    /// being the call's argument `name`.
+    fn propagate_loop(&self, name: usize, scale: u64, stage: u8);
+
     // Replies: one reply per call, which may be an array of the next ones.
 
     fn reply_integer(&self, value: i64);

@@ -206,6 +206,10 @@ impl Host for Live<'_> {
         self.ctx.replicate_verbatim();
     }
 
+    fn propagate_loop(&self, name: usize, scale: u64, stage: u8) {
+        replicate::loop_state(self.ctx, self.argv.string(name), scale, stage);
+    }
+
     #[inline(always)]
     fn reply_integer(&self, value: i64) {
         self.ctx.reply_integer(value);

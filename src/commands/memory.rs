@@ -431,6 +431,16 @@ impl Host for Call<'_> {
         self.propagate(command, head, request, now, end);
     }
 
+    fn propagate_loop(&self, name: usize, scale: u64, stage: u8) {
+        let words = vec![
+            b"RL.LOOPSTATE".to_vec(),
+            self.words[name].to_vec(),
+            scale.to_string().into_bytes(),
+            stage.to_string().into_bytes(),
+        ];
+        self.effects.borrow_mut().propagated.push(words);
+    }
+
     fn propagate_pinned(&self, command: &'static CStr, args: Range<usize>, now: Micros) {
         let mut words = vec![command.to_bytes().to_vec()];
         words.extend(args.map(|i| self.words[i].to_vec()));

@@ -220,7 +220,21 @@ pub fn hit<H: Host>(host: &H) -> Result<(), Error> {
         policy::get(name).ok_or_else(|| Error::UnknownPolicy(Error::quote(name)))?;
     let through = Through::of(&rule, key);
     let zone = rule.spec.has_zone().then_some(rule.zone);
-    with_algorithm!(rule.spec, L, p => super::step::run(
+    let now = host.now();
+    // The protection loop: windows that ended are evaluated on this call's
+    // instant (their result goes to replicas as it is), and the limiter
+    // runs at the policy's scale.
+    let counts = rule.protect.is_on() && through != Through::Off;
+    let mut spec = rule.spec;
+    if counts || rule.keep_scale {
+        let mut protection = policy::lock(&stats.protection);
+        if counts && protection.advance(&rule.protect, now.as_ms_floor()) {
+            let (scale, stage) = protection.current();
+            host.propagate_loop(1, scale, stage);
+        }
+        spec = spec.scaled(protection.current().0);
+    }
+    with_algorithm!(spec, L, p => super::step::run(
         host,
         &mut OneKey::<L, _> {
             key,
@@ -232,6 +246,8 @@ pub fn hit<H: Host>(host: &H) -> Result<(), Error> {
                 stats,
                 through,
                 zone,
+                now,
+                counts,
             },
         },
     ))

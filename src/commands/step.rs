@@ -197,14 +197,18 @@ pub(super) struct Policy<'a> {
     pub through: Through,
     /// A calendar quota's zone, if the policy is one.
     pub zone: Option<Zone>,
+    /// The call's instant, read once (the protection loop read it first).
+    pub now: Micros,
+    /// The policy's protection loop counts the call.
+    pub counts: bool,
 }
 
 impl Via for Policy<'_> {
     const KEY_ARG: usize = 2;
 
     #[inline(always)]
-    fn now(&self, host: &impl Host) -> Micros {
-        host.now()
+    fn now(&self, _host: &impl Host) -> Micros {
+        self.now
     }
 
     #[inline(always)]
@@ -236,6 +240,9 @@ impl Via for Policy<'_> {
         }
         L::stats().record(decision, cost);
         stats.outcomes.record(decision, cost);
+        if self.counts && cost > 0 {
+            crate::policy::lock(&stats.protection).count_call(decision.allowed);
+        }
         if !decision.allowed && cost > 0 {
             if self.through == Through::Enforce {
                 deny_log::record(
