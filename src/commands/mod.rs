@@ -111,6 +111,21 @@ pub const COMMANDS: &[Command] = &[
         acl: c"write fast",
     },
     Command {
+        name: c"RL.LOOPSTATE",
+        handler: command(live!(policy::loop_state)),
+        flags: c"write",
+        keys: KeySpec::None,
+        arity: 4,
+        summary: c"Internal: sets a policy's scale and stage as its master computed them; accepted only while loading or from the master",
+        complexity: c"O(1)",
+        args: &[
+            Arg::string(c"name"),
+            Arg::integer(c"scale"),
+            Arg::integer(c"stage"),
+        ],
+        acl: c"write",
+    },
+    Command {
         name: c"RL.SETSTATE",
         handler: command(live!(setstate::step)),
         flags: c"write",
@@ -300,6 +315,10 @@ pub fn dispatch<H: Host>(host: &H) -> Result<(), crate::error::Error> {
         b"RL.SETSTATE" => {
             arity(registered(&command))?;
             setstate::step(host)
+        }
+        b"RL.LOOPSTATE" => {
+            arity(registered(&command))?;
+            policy::loop_state(host)
         }
         b"CL.THROTTLE" => throttle::cell(host),
         b"RL.THROTTLE" => throttle::rl(host),

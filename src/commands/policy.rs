@@ -112,6 +112,29 @@ pub const SUBCOMMANDS: [Subcommand; 5] = [
     },
 ];
 
+/// `RL.LOOPSTATE name scale stage`: a policy's scale and stage as the master
+/// computed them at the end of a window (or an AOF holds them). Accepted
+/// only from the master link or while the AOF loads: a client sets the
+/// scale with `RL.POLICY SCALE`. A policy this node does not hold is
+/// skipped.
+pub(super) fn loop_state<H: Host>(host: &H) -> Result<(), Error> {
+    if host.origin() == Origin::Client {
+        return Err(Error::ReservedForReplication("RL.LOOPSTATE"));
+    }
+    let args = host.all_words();
+    if args.len() != 4 {
+        return Err(Error::Arity);
+    }
+    let scale = crate::args::parse_int(args[2], "scale", 1, 100)?;
+    let stage = crate::args::parse_int(args[3], "stage", 0, 2)? as u8;
+    if let Some((_, stats)) = policy::get(args[1]) {
+        policy::lock(&stats.protection).set(scale, stage);
+    }
+    host.propagate_verbatim();
+    host.reply_simple(c"OK");
+    Ok(())
+}
+
 /// `RL.POLICY SET name <ALGORITHM> <params...> [MODE m] [ROLLOUT p]`
 pub(super) fn set<H: Host>(host: &H) -> Result<(), Error> {
     let args = host.all_words();

@@ -118,6 +118,8 @@ pub enum KeySpec {
     /// spec, and found by the command itself when the server asks
     /// ([`Context::is_keys_position_request`]).
     AfterNumkeys,
+    /// No key: a command on node state (a policy's loop).
+    None,
 }
 
 /// One subcommand of a container (`RL.POLICY SET`), as registered.
@@ -182,7 +184,7 @@ impl Load<'_> {
     ) -> Result<(), &'static str> {
         let (first, last, step) = match command.keys {
             KeySpec::At { first, last, step } => (first, last, step),
-            KeySpec::AfterNumkeys => (0, 0, 0),
+            KeySpec::AfterNumkeys | KeySpec::None => (0, 0, 0),
         };
         // SAFETY: the load context, NUL-terminated name and flags, and a
         // handler that lives as long as the module.
