@@ -111,6 +111,21 @@ pub const COMMANDS: &[Command] = &[
         acl: c"write fast",
     },
     Command {
+        name: c"RL.OUTCOME",
+        handler: command(live!(policy::outcome)),
+        flags: c"write fast",
+        keys: KeySpec::None,
+        arity: 4,
+        summary: c"Adds outcomes (ok, errors) of requests a policy admitted to its current window: the protection loop's input",
+        complexity: c"O(1)",
+        args: &[
+            Arg::string(c"name"),
+            Arg::integer(c"ok"),
+            Arg::integer(c"errors"),
+        ],
+        acl: c"write fast",
+    },
+    Command {
         name: c"RL.LOOPSTATE",
         handler: command(live!(policy::loop_state)),
         flags: c"write",
@@ -320,6 +335,10 @@ pub fn dispatch<H: Host>(host: &H) -> Result<(), crate::error::Error> {
             arity(registered(&command))?;
             policy::loop_state(host)
         }
+        b"RL.OUTCOME" => {
+            arity(registered(&command))?;
+            policy::outcome(host)
+        }
         b"CL.THROTTLE" => throttle::cell(host),
         b"RL.THROTTLE" => throttle::rl(host),
         b"RL.POLICY" => match subcommand(&policy::SUBCOMMANDS)?.as_slice() {
@@ -327,6 +346,7 @@ pub fn dispatch<H: Host>(host: &H) -> Result<(), crate::error::Error> {
             b"GET" => policy::get(host),
             b"DEL" => policy::del(host),
             b"LIST" => policy::list(host),
+            b"STATS" => policy::stats(host),
             _ => policy::help(host),
         },
         b"RL.LOG" => match subcommand(&log::SUBCOMMANDS)?.as_slice() {

@@ -9,7 +9,7 @@ use crate::algorithms::{with_algorithm, words_allowed, Listed, Site, POLICY_KEYW
 use crate::args::parse_options;
 use crate::error::Error;
 use crate::ffi::{command, Arg, Subcommand};
-use crate::policy;
+use crate::policy::{self, Rule};
 
 /// `RL.POLICY HELP`
 pub(super) fn help<H: Host>(host: &H) -> Result<(), Error> {
@@ -39,7 +39,7 @@ pub(super) fn help<H: Host>(host: &H) -> Result<(), Error> {
 }
 
 /// The subcommands of `RL.POLICY`, with what `COMMAND DOCS` says of each.
-pub const SUBCOMMANDS: [Subcommand; 5] = [
+pub const SUBCOMMANDS: [Subcommand; 6] = [
     Subcommand {
         name: c"SET",
         handler: command(live!(set)),
@@ -102,6 +102,15 @@ pub const SUBCOMMANDS: [Subcommand; 5] = [
         args: &[Arg::string(c"name")],
     },
     Subcommand {
+        name: c"STATS",
+        handler: command(live!(stats)),
+        flags: c"readonly fast",
+        arity: 3,
+        summary: c"Returns a policy's protection loop: scale, stage, and the current and last window's counts",
+        complexity: c"O(1)",
+        args: &[Arg::string(c"name")],
+    },
+    Subcommand {
         name: c"LIST",
         handler: command(live!(list)),
         flags: c"readonly",
@@ -111,6 +120,87 @@ pub const SUBCOMMANDS: [Subcommand; 5] = [
         args: &[],
     },
 ];
+
+/// `RL.OUTCOME name ok errors`: adds outcomes of requests policy `name`
+/// admitted to its current window (kits send it about once a second, to
+/// every master). Ends the windows that ended, as a call does, and
+/// propagates only their result (`RL.LOOPSTATE`). Reply: as `RL.POLICY
+/// STATS`.
+pub(super) fn outcome<H: Host>(host: &H) -> Result<(), Error> {
+    let args = host.all_words();
+    if args.len() != 4 {
+        return Err(Error::Arity);
+    }
+    let ok = crate::args::parse_int(args[2], "ok", 0, crate::limiter::MAX_PARAM)?;
+    let errors = crate::args::parse_int(args[3], "errors", 0, crate::limiter::MAX_PARAM)?;
+    let (rule, stats) =
+        policy::get(args[1]).ok_or_else(|| Error::UnknownPolicy(Error::quote(args[1])))?;
+    let now_ms = host.now().as_ms_floor();
+    let mut protection = policy::lock(&stats.protection);
+    if rule.protect.is_on() {
+        if protection.advance(&rule.protect, now_ms) {
+            let (scale, stage) = protection.current();
+            host.propagate_loop(1, scale, stage);
+        }
+        protection.count_outcomes(ok, errors);
+    }
+    reply_stats(host, &rule, &protection, now_ms);
+    Ok(())
+}
+
+/// `RL.POLICY STATS name`: the loop as of now (windows that ended are shown
+/// ended, without changing anything): scale, stage, window, and the current
+/// and the last finished window's counts and ratios (per mille).
+pub(super) fn stats<H: Host>(host: &H) -> Result<(), Error> {
+    let args = host.all_words();
+    let (rule, stats) =
+        policy::get(args[2]).ok_or_else(|| Error::UnknownPolicy(Error::quote(args[2])))?;
+    let protection = policy::lock(&stats.protection);
+    reply_stats(host, &rule, &protection, host.now().as_ms_floor());
+    Ok(())
+}
+
+fn reply_stats<H: Host>(host: &H, rule: &Rule, protection: &policy::Protection, now_ms: u64) {
+    use crate::limiter::protection::{window_end, Counts, LoopState};
+    let config = &rule.protect;
+    let mut view = protection.windows().copied().unwrap_or_else(|| {
+        let (scale, stage) = protection.current();
+        LoopState::with(scale, stage, config, now_ms)
+    });
+    if config.is_on() {
+        view.advance(config, now_ms);
+    }
+    let counts = |c: &Counts| {
+        host.reply_array(14);
+        for (name, value) in [
+            ("calls", c.calls),
+            ("admitted", c.admitted),
+            ("denied", c.denied),
+            ("ok", c.ok),
+            ("errors", c.errors),
+            ("deny_permille", c.deny_permille()),
+            ("error_permille", c.error_permille()),
+        ] {
+            host.reply_bulk(name.as_bytes());
+            host.reply_integer(value as i64);
+        }
+    };
+    host.reply_array(14);
+    host.reply_bulk(b"scale");
+    host.reply_integer(view.scale as i64);
+    host.reply_bulk(b"stage");
+    host.reply_integer(i64::from(view.stage));
+    host.reply_bulk(b"window_ms");
+    host.reply_integer(config.window_ms() as i64);
+    host.reply_bulk(b"window_end_ms");
+    host.reply_integer(window_end(now_ms, config.window_ms()).max(view.window_end_ms) as i64);
+    host.reply_bulk(b"current");
+    counts(&view.current);
+    host.reply_bulk(b"last");
+    counts(&view.last);
+    host.reply_bulk(b"adapting");
+    host.reply_integer(i64::from(config.adapt().is_some()));
+}
 
 /// `RL.LOOPSTATE name scale stage`: a policy's scale and stage as the master
 /// computed them at the end of a window (or an AOF holds them). Accepted
