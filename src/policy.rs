@@ -98,6 +98,24 @@ pub struct PolicyStats {
     pub shadow_denied: Counter,
     /// The protection loop as it runs (see [`Protection`]).
     pub protection: Mutex<Protection>,
+    /// Whether the scale is below 100, readable without the lock: a call
+    /// through a policy without a loop and at full scale takes no lock.
+    pub scaled: std::sync::atomic::AtomicBool,
+}
+
+impl PolicyStats {
+    /// Records what `protection` now says of the scale (after a change).
+    pub fn synced(&self, protection: &Protection) {
+        self.scaled.store(
+            protection.current().0 < 100,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    /// Whether the scale is below 100.
+    pub fn is_scaled(&self) -> bool {
+        self.scaled.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 /// A policy's protection loop as it runs on this node: its scale and stage,
@@ -418,6 +436,7 @@ pub fn set(name: &[u8], rule: Rule) {
             } else {
                 protection.set(100, 0);
             }
+            entry.stats.synced(&protection);
             drop(protection);
             entry.rule = rule;
         }

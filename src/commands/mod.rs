@@ -347,6 +347,7 @@ pub fn dispatch<H: Host>(host: &H) -> Result<(), crate::error::Error> {
             b"DEL" => policy::del(host),
             b"LIST" => policy::list(host),
             b"STATS" => policy::stats(host),
+            b"SCALE" => policy::scale(host),
             _ => policy::help(host),
         },
         b"RL.LOG" => match subcommand(&log::SUBCOMMANDS)?.as_slice() {

@@ -39,7 +39,7 @@ pub(super) fn help<H: Host>(host: &H) -> Result<(), Error> {
 }
 
 /// The subcommands of `RL.POLICY`, with what `COMMAND DOCS` says of each.
-pub const SUBCOMMANDS: [Subcommand; 6] = [
+pub const SUBCOMMANDS: [Subcommand; 7] = [
     Subcommand {
         name: c"SET",
         handler: command(live!(set)),
@@ -102,6 +102,15 @@ pub const SUBCOMMANDS: [Subcommand; 6] = [
         args: &[Arg::string(c"name")],
     },
     Subcommand {
+        name: c"SCALE",
+        handler: command(live!(scale)),
+        flags: c"write fast",
+        arity: 4,
+        summary: c"Sets a policy's scale by hand (1 to 100 percent of its size and rate parameters)",
+        complexity: c"O(1)",
+        args: &[Arg::string(c"name"), Arg::integer(c"pct")],
+    },
+    Subcommand {
         name: c"STATS",
         handler: command(live!(stats)),
         flags: c"readonly fast",
@@ -141,6 +150,7 @@ pub(super) fn outcome<H: Host>(host: &H) -> Result<(), Error> {
         if protection.advance(&rule.protect, now_ms) {
             let (scale, stage) = protection.current();
             host.propagate_loop(1, scale, stage);
+            stats.synced(&protection);
         }
         protection.count_outcomes(ok, errors);
     }
@@ -202,6 +212,24 @@ fn reply_stats<H: Host>(host: &H, rule: &Rule, protection: &policy::Protection, 
     host.reply_integer(i64::from(config.adapt().is_some()));
 }
 
+/// `RL.POLICY SCALE name pct`: sets a policy's scale by hand (1 to 100),
+/// keeping its stage: the operator's switch to degrade a limit at once.
+/// Deterministic: it propagates as it is.
+pub(super) fn scale<H: Host>(host: &H) -> Result<(), Error> {
+    let args = host.all_words();
+    let pct = crate::args::parse_int(args[3], "pct", 1, 100)?;
+    let (_, stats) =
+        policy::get(args[2]).ok_or_else(|| Error::UnknownPolicy(Error::quote(args[2])))?;
+    let mut protection = policy::lock(&stats.protection);
+    let (_, stage) = protection.current();
+    protection.set(pct, stage);
+    stats.synced(&protection);
+    drop(protection);
+    host.propagate_verbatim();
+    host.reply_simple(c"OK");
+    Ok(())
+}
+
 /// `RL.LOOPSTATE name scale stage`: a policy's scale and stage as the master
 /// computed them at the end of a window (or an AOF holds them). Accepted
 /// only from the master link or while the AOF loads: a client sets the
@@ -218,7 +246,9 @@ pub(super) fn loop_state<H: Host>(host: &H) -> Result<(), Error> {
     let scale = crate::args::parse_int(args[2], "scale", 1, 100)?;
     let stage = crate::args::parse_int(args[3], "stage", 0, 2)? as u8;
     if let Some((_, stats)) = policy::get(args[1]) {
-        policy::lock(&stats.protection).set(scale, stage);
+        let mut protection = policy::lock(&stats.protection);
+        protection.set(scale, stage);
+        stats.synced(&protection);
     }
     host.propagate_verbatim();
     host.reply_simple(c"OK");
@@ -339,11 +369,12 @@ pub fn hit<H: Host>(host: &H) -> Result<(), Error> {
     // runs at the policy's scale.
     let counts = rule.protect.is_on() && through != Through::Off;
     let mut spec = rule.spec;
-    if counts || rule.keep_scale {
+    if counts || stats.is_scaled() {
         let mut protection = policy::lock(&stats.protection);
         if counts && protection.advance(&rule.protect, now.as_ms_floor()) {
             let (scale, stage) = protection.current();
             host.propagate_loop(1, scale, stage);
+            stats.synced(&protection);
         }
         spec = spec.scaled(protection.current().0);
     }
