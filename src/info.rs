@@ -40,6 +40,9 @@ pub fn section(info: &mut InfoContext) {
         info.field("denied", o.denied.get());
         info.field("shadow_denied", counts.shadow_denied.get());
         info.field("peeks", o.peeks.get());
+        let (scale, stage) = policy::lock(&counts.protection).current();
+        info.field("scale", scale);
+        info.field("stage", u64::from(stage));
         info.end_dict();
     }
     info.field("blocked_now", blocking::now_blocked());

@@ -288,7 +288,18 @@ pub(super) fn get<H: Host>(host: &H) -> Result<(), Error> {
     let params = rule.spec.params();
     // A calendar quota also says its zone.
     let zoned = rule.spec.has_zone();
-    host.reply_array(if zoned { 20 } else { 18 });
+    let protect = &rule.protect;
+    // ADAPT's five arguments, STAGES' two and the window, when on.
+    let adapt = protect.adapt().map(|a| a.values());
+    let stages = protect.stages().map(|s| s.values());
+    let looped = protect.is_on();
+    host.reply_array(
+        18 + if zoned { 2 } else { 0 }
+            + 4
+            + if adapt.is_some() { 2 } else { 0 }
+            + if stages.is_some() { 2 } else { 0 }
+            + if looped { 2 } else { 0 },
+    );
     text(b"name");
     text(name);
     text(b"algorithm");
@@ -318,6 +329,30 @@ pub(super) fn get<H: Host>(host: &H) -> Result<(), Error> {
     int(stats.outcomes.denied.get() as i64);
     text(b"shadow_denied");
     int(stats.shadow_denied.get() as i64);
+    if let Some(values) = adapt {
+        // ERRORS, FACTOR, MIN, RECOVER, MINCALLS.
+        text(b"adapt");
+        host.reply_array(values.len());
+        for v in values {
+            int(v as i64);
+        }
+    }
+    if let Some(values) = stages {
+        text(b"stages");
+        host.reply_array(values.len());
+        for v in values {
+            int(v as i64);
+        }
+    }
+    if looped {
+        text(b"window_ms");
+        int(protect.window_ms() as i64);
+    }
+    let (scale, stage) = policy::lock(&stats.protection).current();
+    text(b"scale");
+    int(scale as i64);
+    text(b"stage");
+    int(i64::from(stage));
     Ok(())
 }
 
