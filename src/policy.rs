@@ -67,6 +67,9 @@ pub struct Rule {
     /// `ADAPT OFF`: the loop stops adapting and keeps the scale it has
     /// (without it, a rule set anew starts at full scale).
     pub keep_scale: bool,
+    /// The scale and the stage a saved policy had (the RDB's, the AOF
+    /// preamble's): restored when it is set again; `None` from a command.
+    pub resume: Option<(u64, u8)>,
 }
 
 impl Rule {
@@ -329,6 +332,7 @@ pub fn parse_rule(args: &[&[u8]]) -> Result<Rule, Error> {
         zone: zone.unwrap_or(calendar::UTC),
         protect,
         keep_scale: matches!(adapt, Some(None)),
+        resume: None,
     })
 }
 
@@ -431,23 +435,23 @@ pub fn set(name: &[u8], rule: Rule) {
         Some(entry) => {
             let mut protection = lock(&entry.stats.protection);
             let (scale, stage) = protection.current();
-            if rule.keep_scale {
-                protection.set(scale, stage);
-            } else {
-                protection.set(100, 0);
+            match rule.resume {
+                Some((scale, stage)) => protection.set(scale, stage),
+                None if rule.keep_scale => protection.set(scale, stage),
+                None => protection.set(100, 0),
             }
             entry.stats.synced(&protection);
             drop(protection);
             entry.rule = rule;
         }
         None => {
-            all.insert(
-                name.to_vec(),
-                Entry {
-                    rule,
-                    stats: Arc::default(),
-                },
-            );
+            let stats = Arc::<PolicyStats>::default();
+            if let Some((scale, stage)) = rule.resume {
+                let mut protection = lock(&stats.protection);
+                protection.set(scale, stage);
+                stats.synced(&protection);
+            }
+            all.insert(name.to_vec(), Entry { rule, stats });
         }
     }
 }
@@ -477,7 +481,16 @@ pub fn clear() {
 
 /// The set of policies as unsigned fields and byte strings, for the RDB.
 pub fn encode(out: &mut impl FnMut(Field)) {
-    let rules: Vec<(Vec<u8>, Rule)> = list().into_iter().map(|(n, r, _)| (n, r)).collect();
+    let rules: Vec<(Vec<u8>, Rule)> = list()
+        .into_iter()
+        .map(|(n, mut r, stats)| {
+            let current = lock(&stats.protection).current();
+            if r.protect.is_on() || current != (100, 0) {
+                r.resume = Some(current);
+            }
+            (n, r)
+        })
+        .collect();
     encode_rules(&rules, out);
 }
 
@@ -495,14 +508,28 @@ pub fn encode(out: &mut impl FnMut(Field)) {
 /// - version 3: as version 2, with each policy's zone name after its
 ///   roll-out. Written only when a policy has a zone other than UTC, so
 ///   that a build that reads version 2 only still loads everything else.
-pub const AUX_VERSION: u64 = 3;
+/// - version 4: as version 3, with each policy's protection loop after its
+///   zone: ADAPT (a flag, then its five arguments), STAGES (a flag, then
+///   two), the window, `ADAPT OFF`'s flag, and the scale and stage it had
+///   (a flag, then both). Written only when a policy has a loop or a scale
+///   or stage other than 100 and 0.
+pub const AUX_VERSION: u64 = 4;
 /// The top bit: the first field is a version, not a version-1 count.
 const AUX_VERSIONED: u64 = 1 << 63;
 
 /// The RDB form of `all` (also used by the fuzz targets).
 pub(crate) fn encode_rules(all: &[(Vec<u8>, Rule)], out: &mut impl FnMut(Field)) {
-    let zoned = all.iter().any(|(_, rule)| rule.zone != calendar::UTC);
-    let version = if zoned { AUX_VERSION } else { 2 };
+    let looped = all
+        .iter()
+        .any(|(_, r)| r.protect.is_on() || r.resume.is_some() || r.keep_scale);
+    let zoned = looped || all.iter().any(|(_, rule)| rule.zone != calendar::UTC);
+    let version = if looped {
+        AUX_VERSION
+    } else if zoned {
+        3
+    } else {
+        2
+    };
     out(Field::Unsigned(AUX_VERSIONED | version));
     out(Field::Unsigned(all.len() as u64));
     for (name, rule) in all {
@@ -518,7 +545,67 @@ pub(crate) fn encode_rules(all: &[(Vec<u8>, Rule)], out: &mut impl FnMut(Field))
         if zoned {
             out(Field::Bytes(&calendar::name(rule.zone)));
         }
+        if looped {
+            let p = &rule.protect;
+            out(Field::Unsigned(u64::from(p.adapt().is_some())));
+            for v in p.adapt().iter().flat_map(|a| a.values()) {
+                out(Field::Unsigned(v));
+            }
+            out(Field::Unsigned(u64::from(p.stages().is_some())));
+            for v in p.stages().iter().flat_map(|s| s.values()) {
+                out(Field::Unsigned(v));
+            }
+            out(Field::Unsigned(p.window_ms()));
+            out(Field::Unsigned(u64::from(rule.keep_scale)));
+            let (has, scale, stage) = match rule.resume {
+                Some((scale, stage)) => (1, scale, u64::from(stage)),
+                None => (0, 100, 0),
+            };
+            out(Field::Unsigned(has));
+            out(Field::Unsigned(scale));
+            out(Field::Unsigned(stage));
+        }
     }
+}
+
+/// What version 4 keeps of a policy's loop: the loop, `ADAPT OFF`'s flag,
+/// and the scale and stage it had.
+type SavedLoop = (Loop, bool, Option<(u64, u8)>);
+
+/// A policy's protection loop as version 4 writes it (see
+/// [`AUX_VERSION`]); `None` if anything is off.
+fn decode_loop(unsigned: &mut impl FnMut() -> Option<u64>) -> Option<SavedLoop> {
+    let flag = |v: u64| match v {
+        0 => Some(false),
+        1 => Some(true),
+        _ => None,
+    };
+    let adapt = if flag(unsigned()?)? {
+        let [e, f, m, r, n] = [
+            unsigned()?,
+            unsigned()?,
+            unsigned()?,
+            unsigned()?,
+            unsigned()?,
+        ];
+        Some(Adapt::new(e, f, m, r, n).ok()?)
+    } else {
+        None
+    };
+    let stages = if flag(unsigned()?)? {
+        let [d, b] = [unsigned()?, unsigned()?];
+        Some(Stages::new(d, b).ok()?)
+    } else {
+        None
+    };
+    let protect = Loop::new(adapt, stages, unsigned()?).ok()?;
+    let keep_scale = flag(unsigned()?)?;
+    let has = flag(unsigned()?)?;
+    let (scale, stage) = (unsigned()?, unsigned()?);
+    if !(1..=100).contains(&scale) || stage > 2 {
+        return None;
+    }
+    Some((protect, keep_scale, has.then_some((scale, stage as u8))))
 }
 
 /// One field of the RDB form.
@@ -534,12 +621,13 @@ pub fn decode(
     bytes: &mut impl FnMut() -> Option<Vec<u8>>,
 ) -> Option<Vec<(Vec<u8>, Rule)>> {
     let first = unsigned()?;
-    let (count, zoned) = if first & AUX_VERSIONED == 0 {
-        (first, false) // version 1: no version field, the count comes first
+    let (count, zoned, looped) = if first & AUX_VERSIONED == 0 {
+        (first, false, false) // version 1: no version field, the count comes first
     } else {
         match first & !AUX_VERSIONED {
-            2 => (unsigned()?, false),
-            3 => (unsigned()?, true),
+            2 => (unsigned()?, false, false),
+            3 => (unsigned()?, true, false),
+            4 => (unsigned()?, true, true),
             _ => return None,
         }
     };
@@ -580,6 +668,11 @@ pub fn decode(
         } else {
             calendar::UTC
         };
+        let (protect, keep_scale, resume) = if looped {
+            decode_loop(unsigned)?
+        } else {
+            (Loop::default(), false, None)
+        };
         out.push((
             name,
             Rule {
@@ -587,10 +680,9 @@ pub fn decode(
                 mode,
                 rollout: rollout as u8,
                 zone,
-                // TODO(issue 25): aux version 4 carries the loop, the scale
-                // and the stage.
-                protect: Loop::default(),
-                keep_scale: false,
+                protect,
+                keep_scale,
+                resume,
             },
         ));
     }
@@ -764,6 +856,7 @@ mod tests {
             zone: calendar::UTC,
             protect: Loop::default(),
             keep_scale: false,
+            resume: None,
         };
         let mut previous: Vec<bool> = vec![false; keys.len()];
         for p in [0, 10, 30, 50, 100] {
@@ -916,6 +1009,35 @@ mod tests {
         let refs: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
         let loaded = decode_fields(&unsigned, &refs).expect("an older build's file loads");
         assert_eq!(calendar::name(loaded[0].1.zone), b"+25:00");
+    }
+
+    /// A policy with a loop, and one with a scale set by hand, are written
+    /// as version 4 and read back with their loop, scale and stage.
+    #[test]
+    fn the_loop_is_written_as_version_4_and_reads_back() {
+        let mut looped = parse_rule(&[
+            b"SLIDING", b"100", b"1000", b"ADAPT", b"ERRORS", b"5", b"STAGES", b"30", b"50",
+            b"WINDOW", b"2000",
+        ])
+        .unwrap();
+        looped.resume = Some((64, 2));
+        let mut scaled = parse_rule(&[b"FIXEDWINDOW", b"1", b"1000"]).unwrap();
+        scaled.resume = Some((50, 0));
+        let plain = parse_rule(&[b"FIXEDWINDOW", b"1", b"1000", b"ADAPT", b"OFF"]).unwrap();
+        let all = vec![
+            (b"a".to_vec(), looped),
+            (b"b".to_vec(), scaled),
+            (b"c".to_vec(), plain),
+        ];
+        let mut unsigned = Vec::new();
+        let mut bytes: Vec<Vec<u8>> = Vec::new();
+        encode_rules(&all, &mut |f: Field| match f {
+            Field::Unsigned(v) => unsigned.push(v),
+            Field::Bytes(b) => bytes.push(b.to_vec()),
+        });
+        assert_eq!(unsigned[0], AUX_VERSIONED | 4);
+        let refs: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
+        assert_eq!(decode_fields(&unsigned, &refs), Some(all));
     }
 
     #[test]
