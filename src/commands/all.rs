@@ -117,9 +117,11 @@ pub(crate) fn parse<'a>(all: &'a [&'a [u8]]) -> Result<Call<'a>, Error> {
                 spec: rule.spec,
                 source: Source::Policy {
                     name,
+                    name_arg: cursor + 1,
                     through: Through::of(&rule, key),
                     stats,
                     zone: rule.zone,
+                    protect: rule.protect,
                 },
             });
             cursor += 2;
@@ -178,6 +180,7 @@ pub fn step<H: Host>(host: &H) -> Result<(), Error> {
     let mut all = AllCall::<H> {
         call,
         replicated: host.origin() == Origin::Replicated,
+        loops: SmallVec::new(),
         made: AllMade {
             opened: SmallVec::new(),
             actual: SmallVec::new(),
@@ -194,6 +197,9 @@ pub fn step<H: Host>(host: &H) -> Result<(), Error> {
 struct AllCall<'a, 'h, H: Host + 'h> {
     call: Call<'a>,
     replicated: bool,
+    /// Policies whose loop ended a window on this call: (the name's
+    /// argument, scale, stage), propagated as `RL.LOOPSTATE`.
+    loops: SmallVec<[(usize, u64, u8); 2]>,
     made: AllMade<H::Key<'h>>,
 }
 
@@ -234,6 +240,30 @@ impl<'h, H: Host + 'h> Step<'h, H> for AllCall<'_, 'h, H> {
             }
         }
         for limit in limits.iter_mut() {
+            // A policy's protection loop: windows that ended are evaluated
+            // on this call's instant (their result is propagated by the
+            // decision stage), and the limiter runs at the policy's scale.
+            // Before the quota's period is resolved: scaling rebuilds the
+            // parameters.
+            if let Source::Policy {
+                name_arg,
+                through,
+                stats,
+                protect,
+                ..
+            } = &limit.source
+            {
+                let counts = protect.is_on() && *through != Through::Off;
+                if counts || stats.is_scaled() {
+                    let mut protection = crate::policy::lock(&stats.protection);
+                    if counts && protection.advance(protect, now.as_ms_floor()) {
+                        let (scale, stage) = protection.current();
+                        self.loops.push((*name_arg, scale, stage));
+                        stats.synced(&protection);
+                    }
+                    limit.spec = limit.spec.scaled(protection.current().0);
+                }
+            }
             // A calendar quota learns where its period ends (in its policy's
             // zone; an inline quota counts in UTC).
             let zone = match limit.source {
@@ -250,6 +280,9 @@ impl<'h, H: Host + 'h> Step<'h, H> for AllCall<'_, 'h, H> {
     }
 
     fn decide(&mut self, host: &'h H, now: Micros) -> Result<Option<()>, Error> {
+        for &(name_arg, scale, stage) in &self.loops {
+            host.propagate_loop(name_arg, scale, stage);
+        }
         let Call {
             keys,
             limits,
@@ -380,7 +413,10 @@ impl<'h, H: Host + 'h> Step<'h, H> for AllCall<'_, 'h, H> {
                 0
             };
             with_algorithm!(limit.spec, L, _p => L::stats().record(decision, outcome));
-            if let Source::Policy { stats, .. } = &limit.source {
+            if let Source::Policy { stats, protect, .. } = &limit.source {
+                if protect.is_on() && cost > 0 {
+                    crate::policy::lock(&stats.protection).count_call(decision.allowed);
+                }
                 stats.outcomes.record(decision, outcome);
                 if !decision.allowed && limit.is_shadow() {
                     stats.shadow_denied.bump();
@@ -477,11 +513,15 @@ pub(crate) enum Source<'a> {
     /// `POLICY name`.
     Policy {
         name: &'a [u8],
+        /// The argument the name is (what `RL.LOOPSTATE` propagates).
+        name_arg: usize,
         through: Through,
         /// Held for the call: the policy may go, its counters stay sound.
         stats: Arc<PolicyStats>,
         /// A calendar quota's zone.
         zone: Zone,
+        /// The policy's protection loop.
+        protect: crate::limiter::protection::Loop,
     },
 }
 
