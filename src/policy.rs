@@ -359,18 +359,21 @@ fn parse_adapt(words: &[&[u8]]) -> Result<(Option<Adapt>, usize, Option<u64>), E
     let mut window = None;
     let mut used = 2;
     while let Some(word) = words.get(used) {
-        let (slot, name, max) = if word.eq_ignore_ascii_case(b"FACTOR") {
-            (&mut factor, "FACTOR", 100)
+        // The ranges are the core's (`Adapt::new`), so that the error names
+        // the same bounds whichever check refuses the value.
+        let (slot, name, least, max) = if word.eq_ignore_ascii_case(b"FACTOR") {
+            (&mut factor, "FACTOR", 1, 100)
         } else if word.eq_ignore_ascii_case(b"MIN") {
-            (&mut min, "MIN", 100)
+            (&mut min, "MIN", 1, 100)
         } else if word.eq_ignore_ascii_case(b"RECOVER") {
-            (&mut recover, "RECOVER", 100)
+            (&mut recover, "RECOVER", 0, 100)
         } else if word.eq_ignore_ascii_case(b"MINCALLS") {
-            (&mut min_calls, "MINCALLS", crate::limiter::MAX_PARAM)
+            (&mut min_calls, "MINCALLS", 0, crate::limiter::MAX_PARAM)
         } else if word.eq_ignore_ascii_case(b"WINDOW") {
             (
                 &mut window,
                 "WINDOW",
+                1,
                 crate::limiter::protection::MAX_WINDOW_MS,
             )
         } else {
@@ -380,7 +383,7 @@ fn parse_adapt(words: &[&[u8]]) -> Result<(Option<Adapt>, usize, Option<u64>), E
         if slot.is_some() {
             return Err(Error::DuplicateOption(name));
         }
-        *slot = Some(crate::args::parse_int(value, name, 0, max)?);
+        *slot = Some(crate::args::parse_int(value, name, least, max)?);
         used += 2;
     }
     let adapt = Adapt::new(

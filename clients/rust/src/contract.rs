@@ -549,6 +549,73 @@ fn replies() -> Value {
     Value::Array(replies)
 }
 
+/// The protection loop (`RL.OUTCOME`, `RL.POLICY ... ADAPT/STAGES/WINDOW`,
+/// `RL.POLICY SCALE`, `RL.POLICY STATS`): the arguments and their ranges,
+/// the defaults, the replies' fields, what a scaled parameter becomes, and
+/// the timings every kit's protection loop keeps.
+fn protection() -> Value {
+    use redis_ratelimit_core::protection::{scaled, Adapt, DEFAULT_WINDOW_MS, MAX_WINDOW_MS};
+    let arg = |word: &str, min: u64, max: Value| json!({"name": word, "min": min, "max": max});
+    let window = [
+        "calls",
+        "admitted",
+        "denied",
+        "ok",
+        "errors",
+        "deny_permille",
+        "error_permille",
+    ];
+    let mut scaled_cases = Vec::new();
+    for p in [1u64, 2, 3, 10, 99, 100, 1000, MAX_PARAM] {
+        for scale in [1u64, 33, 50, 80, 99, 100] {
+            scaled_cases.push(json!({"param": p, "scale": scale, "scaled": scaled(p, scale)}));
+        }
+    }
+    json!({
+        "stages": [
+            {"stage": 0, "name": "normal"},
+            {"stage": 1, "name": "degrade"},
+            {"stage": 2, "name": "break"},
+        ],
+        "defaults": {
+            "window_ms": DEFAULT_WINDOW_MS,
+            "factor": Adapt::DEFAULT_FACTOR,
+            "min": Adapt::DEFAULT_MIN,
+            "recover": Adapt::DEFAULT_RECOVER,
+            "mincalls": Adapt::DEFAULT_MIN_CALLS,
+        },
+        "arguments": [
+            arg("ERRORS", 0, json!(100)),
+            arg("FACTOR", 1, json!(100)),
+            arg("MIN", 1, json!(100)),
+            arg("RECOVER", 0, json!(100)),
+            arg("MINCALLS", 0, json!(MAX_PARAM)),
+            arg("WINDOW", 1, json!(MAX_WINDOW_MS)),
+            arg("degrade_pct", 0, json!(100)),
+            arg("break_pct", 0, json!("degrade_pct to 100")),
+            arg("pct", 1, json!(100)),
+            arg("ok", 0, json!(MAX_PARAM)),
+            arg("errors", 0, json!(MAX_PARAM)),
+        ],
+        "stats_fields": ["scale", "stage", "window_ms", "window_end_ms", "current", "last", "adapting"],
+        "window_fields": window,
+        "outcome_reply": "as RL.POLICY STATS",
+        "get_fields": {
+            "always": ["name", "algorithm", "params", "mode", "rollout", "calls", "admitted", "denied", "shadow_denied"],
+            "when_set": ["adapt", "stages", "window_ms"],
+            "then": ["scale", "stage"],
+        },
+        "scaled": scaled_cases,
+        "kits": {
+            "report_interval_ms": 1000,
+            "stage_poll_ms": 1000,
+            "stage_hold_ms": 5000,
+            "error": "a 5xx answer, or an exception or a timeout of the handler (configurable)",
+            "stage_of_many_masters": "the highest",
+        },
+    })
+}
+
 /// The whole file.
 fn contract() -> Value {
     let periods: Vec<Value> = (0..4)
@@ -592,6 +659,7 @@ fn contract() -> Value {
         },
         "options": options(),
         "replies": replies(),
+        "protection": protection(),
         "algorithms": algorithms,
         "periods": periods,
         "zones": zones(),
