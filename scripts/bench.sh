@@ -198,6 +198,8 @@ throughput_table() {
       ratio_row("RL.CONCURRENCY / FLOOR.HIT", "concurrency", "floor", "0.8", "x")
       ratio_row("RL.ALL, two limiters / FLOOR.HIT", "all2", "floor", "0.5", "x")
       ratio_row("RL.HIT / RL.TOKENBUCKET (live)", "hit", "tokenbucket", "", "")
+      ratio_row("RL.HIT adaptive / RL.HIT plain", "hitadapt", "hit", "0.95", "x")
+      ratio_row("RL.OUTCOME / INCR", "outcome", "incr", "", "")
       ratio_row("denials, deny log on / off", "denied_log", "denied_nolog", "", "")
       ratio_row("RL.TOKENBUCKET / Lua, live keys", "tokenbucket", "lua", "5", "x")
       ratio_row("RL.TOKENBUCKET / Lua, churning keys", "tokenchurn", "luachurn", "5", "x")
@@ -233,6 +235,10 @@ LOG_SHA="$(cli SCRIPT LOAD "$(cat bench/lua/sliding_log.lua)")"
 HASH_SHA="$(cli SCRIPT LOAD "$(cat bench/lua/hash_window.lua)")"
 # RL.HIT's policy: the live token bucket's parameters.
 cli RL.POLICY SET bench-tb TOKENBUCKET 1000 1 1000 >/dev/null
+# The same rule with the protection loop on (ADAPT and STAGES, 10 s
+# windows): what counting calls in the policy's window and checking for its
+# end adds to RL.HIT. Outcomes arrive as RL.OUTCOME, measured on its own.
+cli RL.POLICY SET bench-adapt TOKENBUCKET 1000 1 1000 ADAPT ERRORS 5 STAGES 30 50 >/dev/null
 : >"$WORKLOADS"
 : >"$RESULTS"
 add_workload incr "INCR key:r" "$N_NATIVE" "INCR key:__rand_int__"
@@ -265,6 +271,10 @@ add_workload denied_log "RL.TOKENBUCKET denied, deny log on" "$N_NATIVE" "RL.TOK
 # The live token bucket through a policy, set before the workloads (FLUSHALL
 # keeps policies): what looking up the rule, its mode and roll-out adds.
 add_workload hit "RL.HIT bench-tb ht:r (policy 1000 1 1000)" "$N_NATIVE" "RL.HIT bench-tb ht:__rand_int__"
+add_workload hitadapt "RL.HIT bench-adapt ha:r (policy + ADAPT + STAGES)" "$N_NATIVE" "RL.HIT bench-adapt ha:__rand_int__"
+# A kit's outcome report: one call per policy per second per instance, here
+# as fast as the server takes them.
+add_workload outcome "RL.OUTCOME bench-adapt 10 0" "$N_NATIVE" "RL.OUTCOME bench-adapt 10 0"
 # Two limits in one call: a per-user token bucket and a shared window.
 add_workload all2 "RL.ALL 2 (token bucket + fixed window)" "$N_NATIVE" "RL.ALL 2 au:__rand_int__ ag:__rand_int__ TOKENBUCKET 1000 1 1000 FIXEDWINDOW 100000 60000"
 add_workload lua "Lua token bucket lua:r 1000 1 1000 (live)" "$N_LUA" "EVALSHA $LUA_SHA 1 lua:__rand_int__ 1000 1 1000"
