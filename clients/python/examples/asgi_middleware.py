@@ -1,39 +1,150 @@
-"""The kit's own ASGI middleware on a FastAPI app: per-user 5/s and a global
-15,000/s in one RL.ALL, with 429 + Retry-After + RateLimit fields + a problem body.
+"""The kit's own ASGI middleware on a FastAPI app: a per-user policy (5/s,
+adapting to the backend's errors, staged by its deny ratio) and a global
+15,000/s in one RL.ALL, with 429 + Retry-After + RateLimit fields + a
+problem body, and the protection loop around them.
 
     make run
     pip install fastapi uvicorn ./clients/python  # redis-ratelimit-client, from the repo root
     uvicorn asgi_middleware:app   # then: curl -i -H 'x-user: alice' localhost:8000/
+
+The routes:
+- `/` (core) calls the backend through the `backend` circuit breaker, which
+  the loop opens while the policy is at stage 2 (break); a backend failure
+  answers 503, which the middleware counts as an error for the policy;
+- `/recommendations` (non-core) answers its degrade handler (an empty,
+  default list) while the policy is at stage 1 or 2, without a call to
+  Redis, and in place of the 429 when it is denied;
+- `/protection` (not limited): this instance's stage, scale and breaker;
+- `POST /backend?fail_every=N` (not limited): the backend fails every Nth
+  call from now on (0: never; `FAIL_EVERY` at start-up).
+
+The policy is created when the server has none (`RL_POLICY_SPEC`); change it
+at any time with `RL.POLICY SET`, every instance follows.
 """
 
-import os
+from __future__ import annotations
 
+import os
+import shlex
+
+import redis
 import redis.asyncio as aioredis
 from fastapi import FastAPI
+from fastapi.responses import JSONResponse
 
-from redis_ratelimit_client import Sliding, TokenBucket
-from redis_ratelimit_client.asgi import FallbackMode, RateLimitMiddleware, Rule, header
-
-REDIS = os.environ.get("RL_REDIS", "127.0.0.1:6379")
-host, port = REDIS.rsplit(":", 1)
-
-app = FastAPI()
-
-
-@app.get("/")
-async def index() -> dict[str, str]:
-    return {"hello": "world"}
-
-
-app.add_middleware(
+from redis_ratelimit_client import AsyncProtection, BreakerOpen, CircuitBreaker, Policy, TokenBucket
+from redis_ratelimit_client.asgi import (
+    FallbackMode,
     RateLimitMiddleware,
-    client=aioredis.Redis(host=host, port=int(port)),
-    key=header("x-user"),  # or redis_ratelimit_client.asgi.client_ip
-    rules=[
-        Rule(Sliding(5, 1000), "per-user", key_prefix="{api}:user:"),
-        Rule(TokenBucket(15_000, 15_000, 1000), "global", fixed_key="{api}:global"),
-    ],
-    fallback=FallbackMode.LOCAL_ONLY,  # or FAIL_OPEN / FAIL_CLOSED
-    instances=int(os.environ.get("INSTANCES", "1")),
-    deadline=float(os.environ.get("RL_DEADLINE", "0.1")),  # seconds per Redis call
+    RouteOptions,
+    Rule,
+    header,
 )
+
+POLICY = "api"
+#: The policy created when the server has none: 5/s per user, a scale that
+#: drops to 80% (then 64%, down to 50%) while more than 5% of the requests
+#: fail, stage 1 above 30% denied, stage 2 above 50%.
+POLICY_SPEC = "SLIDING 5 1000 ADAPT ERRORS 5 STAGES 30 50"
+
+
+class Backend:
+    """The downstream the service calls: fails every `fail_every`th call
+    (0: never), deterministically."""
+
+    def __init__(self, fail_every: int = 0) -> None:
+        self.fail_every = fail_every
+        self.calls = 0
+
+    async def fetch(self) -> dict[str, str]:
+        self.calls += 1
+        if self.fail_every and self.calls % self.fail_every == 0:
+            raise ConnectionError("the backend failed")
+        return {"hello": "world"}
+
+
+def ensure_policy(host: str, port: int) -> None:
+    """Creates the policy when the server has none (never overwrites it)."""
+    with redis.Redis(host=host, port=port, socket_timeout=2) as r:
+        if r.execute_command("RL.POLICY", "GET", POLICY) is None:
+            spec = os.environ.get("RL_POLICY_SPEC", POLICY_SPEC)
+            r.execute_command("RL.POLICY", "SET", POLICY, *shlex.split(spec))
+
+
+def seconds(name: str, default: float) -> float:
+    return float(os.environ.get(name, str(default)))
+
+
+def create_app() -> FastAPI:
+    """One instance of the service: its own client, limiter, protection
+    loop, breaker and backend."""
+    host, port = os.environ.get("RL_REDIS", "127.0.0.1:6379").rsplit(":", 1)
+    ensure_policy(host, int(port))
+    backend = Backend(int(os.environ.get("FAIL_EVERY", "0")))
+    breaker = CircuitBreaker("backend")
+    client = aioredis.Redis(host=host, port=int(port), socket_timeout=1, socket_connect_timeout=1)
+    protection = AsyncProtection(
+        client,
+        [POLICY],
+        breakers={POLICY: breaker},
+        # The contract's defaults (1 s, 1 s, 5 s); the tests shorten them.
+        report_interval=seconds("RL_REPORT_INTERVAL", 1.0),
+        stage_poll=seconds("RL_STAGE_POLL", 1.0),
+        stage_hold=seconds("RL_STAGE_HOLD", 5.0),
+    )
+    app = FastAPI()
+    app.state.backend = backend
+    app.state.breaker = breaker
+    app.state.protection = protection
+
+    @app.get("/")
+    async def index() -> JSONResponse:
+        try:
+            data = await breaker.call_async(backend.fetch)
+        except BreakerOpen:
+            # The policy is at stage 2: the backend is spared, a default answer.
+            return JSONResponse({"hello": "world", "served": "default"})
+        except ConnectionError as e:
+            return JSONResponse({"error": str(e)}, status_code=503)
+        return JSONResponse(data)
+
+    @app.get("/recommendations")
+    async def recommendations() -> dict[str, object]:
+        return {"recommendations": ["a", "b", "c"], "degraded": False}
+
+    @app.get("/protection")
+    async def state() -> dict[str, object]:
+        return {**protection.state()[POLICY], "breaker_name": breaker.name}
+
+    @app.post("/backend")
+    async def set_backend(fail_every: int) -> dict[str, int]:
+        backend.fail_every = fail_every
+        return {"fail_every": fail_every}
+
+    app.add_middleware(
+        RateLimitMiddleware,
+        client=client,
+        key=header("x-user"),  # or redis_ratelimit_client.asgi.client_ip
+        rules=[
+            Rule(Policy(POLICY), "per-user", key_prefix="{api}:user:"),
+            Rule(TokenBucket(15_000, 15_000, 1000), "global", fixed_key="{api}:global"),
+        ],
+        fallback=FallbackMode.LOCAL_ONLY,  # or FAIL_OPEN / FAIL_CLOSED
+        instances=int(os.environ.get("INSTANCES", "1")),
+        deadline=seconds("RL_DEADLINE", 0.1),  # seconds per Redis call
+        deny_cache_max=seconds("RL_DENY_CACHE_MAX", 1.0),
+        protection=protection,
+        routes=[
+            RouteOptions(
+                "/recommendations",
+                core=False,
+                degrade=JSONResponse({"recommendations": [], "degraded": True}),
+            ),
+            RouteOptions("/protection", limited=False),
+            RouteOptions("/backend", limited=False),
+        ],
+    )
+    return app
+
+
+app = create_app()

@@ -5,6 +5,7 @@ storage schemes with `limits` when `limits` is installed.
 """
 
 from .aio import AsyncClient
+from .breaker import BreakerOpen, BreakerState, CircuitBreaker
 from .client import Client
 from .decision import Decision
 from .errors import (
@@ -20,6 +21,7 @@ from .errors import (
 )
 from .lease import AsyncLease, Lease
 from .limiter import Admission, AsyncLimiter, FallbackMode, Limiter
+from .protection import AsyncProtection, PolicyStats, Protection
 from .protocol import LogEntry
 from .request import Request, RequestKind
 from .spec import (
@@ -56,6 +58,12 @@ __all__ = [
     "Limiter",
     "Rule",
     "AsyncClient",
+    "AsyncProtection",
+    "BreakerOpen",
+    "BreakerState",
+    "CircuitBreaker",
+    "PolicyStats",
+    "Protection",
     "AsyncLease",
     "BadArgument",
     "Client",

@@ -11,15 +11,25 @@ A `Concurrency` rule caps the requests in flight per key: a lease is taken
 when the request starts and released when its response has been sent, or
 when the app fails or the request is cancelled.
 
+With an `AsyncProtection` (the protection loop, `protection.py`), the
+middleware counts the outcome of every request its policy rules admitted
+(an error: a 5xx answer, an exception or a timeout of the app; the
+`is_error` predicate decides), and each `RouteOptions` may be marked non-core:
+while a policy of the rules is at stage 1 or 2, such a route answers its
+`degrade` handler (or a 429) without a call to Redis. A denial on a route
+with a `degrade` handler answers the handler instead of the 429.
+
 Every name this module exported stays importable from here.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import math
 from collections.abc import Awaitable, MutableMapping, Sequence
-from typing import Any, Callable
+from typing import Any, Callable, Union
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -48,6 +58,7 @@ from .local import _Held as _Held
 from .local import _micros as _micros
 from .local import _quota_end as _quota_end
 from .local import share_of as share_of
+from .protection import DEGRADE, AsyncProtection
 from .protocol import spec_from_policy as spec_from_policy
 from .spec import _OFFSET as _OFFSET
 from .spec import Algorithm as Algorithm
@@ -73,6 +84,40 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
+def server_error_or_exception(status: int | None, error: BaseException | None) -> bool:
+    """The default outcome predicate: an error is a 5xx answer, or an
+    exception or a timeout of the app (`error` set; `status` None when no
+    answer started)."""
+    return error is not None or (status is not None and status >= 500)
+
+
+#: Whether a finished request is an error: `(status, exception)`.
+ErrorPredicate = Callable[[Union[int, None], Union[BaseException, None]], bool]
+
+
+@dataclasses.dataclass(frozen=True)
+class RouteOptions:
+    """What the middleware does on one path (`prefix=True`: every path
+    under it).
+
+    `core`: a core route is always limited; a non-core one, while a policy
+    of the rules is at stage 1 (degrade) or 2 (break), answers `degrade`
+    without a call to Redis, or a 429 when it has none. `degrade`: an ASGI
+    app (a Starlette `Response` is one) answering in place of the 429 of a
+    denial, with a cached or default answer. `limited=False`: the route
+    passes unlimited (health checks, status pages).
+    """
+
+    path: str
+    core: bool = True
+    degrade: ASGIApp | None = None
+    limited: bool = True
+    prefix: bool = False
+
+    def matches(self, path: str) -> bool:
+        return path.startswith(self.path) if self.prefix else path == self.path
+
+
 class RateLimitMiddleware:
     """Limits every HTTP request of `app` by `rules`, keyed by `key(scope)`.
 
@@ -81,6 +126,15 @@ class RateLimitMiddleware:
     or None, which answers 400 (or passes unlimited with
     `on_missing_key="allow"`). The other settings are the `AsyncLimiter`'s
     (`limiter`), which decides.
+
+    The protection loop: `protection` (an `AsyncProtection` watching the
+    rules' policies; started with the app, closed at its shutdown, and
+    attached to the limiter so that a global policy rule's local level runs
+    at the policy's scale), `routes` (the first that matches a path applies;
+    a path none matches is a core route without a degrade handler),
+    `is_error` (the outcome predicate, `(status, exception) -> bool`) and
+    `timeout` (seconds an admitted request may take: past it, the app is
+    cancelled, answered 504 when no answer started, and counted an error).
     """
 
     def __init__(
@@ -99,6 +153,10 @@ class RateLimitMiddleware:
         x_ratelimit_headers: bool = False,
         on_missing_key: str = "deny",
         connections: int = 16,
+        protection: AsyncProtection | None = None,
+        routes: Sequence[RouteOptions] = (),
+        is_error: ErrorPredicate = server_error_or_exception,
+        timeout: float | None = None,
     ) -> None:
         if on_missing_key not in ("deny", "allow"):
             raise InvalidArgument(
@@ -119,6 +177,29 @@ class RateLimitMiddleware:
         self.key = key
         self.x_ratelimit_headers = x_ratelimit_headers
         self.on_missing_key = on_missing_key
+        if timeout is not None and not timeout > 0:
+            raise InvalidArgument("timeout must be more than 0 s", param="timeout")
+        self.protection = protection
+        self.routes = list(routes)
+        self.is_error = is_error
+        self.timeout = timeout
+        #: The policy rules: (rule index, policy name); only they report outcomes.
+        self.policy_rules = [
+            (i, r.spec.name) for i, r in enumerate(self.rules) if isinstance(r.spec, Policy)
+        ]
+        #: Requests answered by a degrade handler (`stage`: a non-core route
+        #: at stage 1 or 2, no Redis call; `denied`: in place of a 429) and
+        #: non-core requests answered 429 at stage 1 or 2 without a handler.
+        self.degraded = {"stage": 0, "denied": 0, "stage_429": 0}
+        if protection is not None:
+            watched = set(protection.policies)
+            missing = [p for _, p in self.policy_rules if p not in watched]
+            if missing:
+                raise InvalidArgument(
+                    f"the protection does not watch the policies {missing} of the rules",
+                    param="protection",
+                )
+            protection.attach(self.limiter)
 
     # -- the limiter's state, as this class exposed it ----------------------
 
@@ -164,6 +245,8 @@ class RateLimitMiddleware:
         lifespan's startup, else by the first request (raises
         `ModuleMissing`, `InvalidArgument` for a missing policy; Redis away is
         logged, and the fallback serves until it answers)."""
+        if self.protection is not None:
+            self.protection.start()
         try:
             await self.limiter.startup()
         except (RedisError, OSError, asyncio.TimeoutError) as e:
@@ -206,6 +289,17 @@ class RateLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        route = self._route(scope)
+        if route is not None and not route.limited:
+            await self.app(scope, receive, send)
+            return
+        if self.protection is not None and not self.protection.running:
+            self.protection.start()
+        if route is not None and not route.core:
+            stage_rule = self._stage_rule()
+            if stage_rule is not None:
+                await self._degraded(route, stage_rule, scope, receive, send)
+                return
         identity = self.key(scope)
         if identity is None:
             self.stats.key_missing += 1
@@ -220,15 +314,21 @@ class RateLimitMiddleware:
         d, index, held = admission.decision, admission.index, admission.held
         extra = self.headers(d, index) if self.limiter._algorithms is not None else []
         if not d.allowed:
+            if route is not None and route.degrade is not None:
+                self.degraded["denied"] += 1
+                await route.degrade(scope, receive, send)
+                return
             name = self.rules[index].name
             await self._problem(send, 429, DENIED_TITLE, denial_detail(name, d), extra, name)
             return
 
         released = False
+        status: int | None = None
 
         async def send_with_headers(message: Message) -> None:
-            nonlocal released
+            nonlocal released, status
             if message["type"] == "http.response.start":
+                status = int(message["status"])
                 message = dict(message)
                 message["headers"] = [*message.get("headers", []), *extra]
             await send(message)
@@ -241,14 +341,77 @@ class RateLimitMiddleware:
                 released = True  # the response is done: the app may still run background work
                 await self.release(held)
 
+        error: BaseException | None = None
         try:
-            await self.app(scope, receive, send_with_headers)
+            if self.timeout is None:
+                await self.app(scope, receive, send_with_headers)
+            else:
+                await asyncio.wait_for(self.app(scope, receive, send_with_headers), self.timeout)
+        except asyncio.TimeoutError as e:
+            if self.timeout is None:
+                error = e
+                raise
+            error = e
+            if status is None:
+                await self._problem(
+                    send, 504, "Gateway Timeout", "the request took too long", [], None
+                )
+        except Exception as e:
+            error = e
+            raise
         finally:
+            self._outcome(status, error)
             if held and not released:
                 released = True
                 task = self.limiter._release_later(held)
                 if task is not None:
                     await asyncio.shield(task)
+
+    # -- the protection loop --------------------------------------------------
+
+    def _route(self, scope: Scope) -> RouteOptions | None:
+        path = scope.get("path", "")
+        for route in self.routes:
+            if route.matches(path):
+                return route
+        return None
+
+    def _stage_rule(self) -> int | None:
+        """The policy rule at the highest stage, if any is at 1 or more."""
+        if self.protection is None:
+            return None
+        best: tuple[int, int] | None = None
+        for i, name in self.policy_rules:
+            stage = self.protection.stage(name)
+            if stage >= DEGRADE and (best is None or stage > best[0]):
+                best = stage, i
+        return None if best is None else best[1]
+
+    async def _degraded(
+        self, route: RouteOptions, index: int, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        """A non-core route while a policy is at stage 1 or 2: its degrade
+        handler, or a 429 (the policy's fields, no call to Redis)."""
+        if route.degrade is not None:
+            self.degraded["stage"] += 1
+            await route.degrade(scope, receive, send)
+            return
+        self.degraded["stage_429"] += 1
+        algo = self.limiter._algorithm(index)
+        wait = math.ceil(self.protection.stage_poll * 1000) if self.protection else 1000
+        d = Decision(False, _limit_of(algo) if algo is not None else 0, 0, wait, wait)
+        extra = self.headers(d, index) if self.limiter._algorithms is not None else []
+        name = self.rules[index].name
+        detail = f"rule {name!r} is degraded: this route is not served at the moment"
+        await self._problem(send, 429, DENIED_TITLE, detail, extra, name)
+
+    def _outcome(self, status: int | None, error: BaseException | None) -> None:
+        """Counts an admitted request's outcome for every policy rule."""
+        if self.protection is None or not self.policy_rules:
+            return
+        failed = self.is_error(status, error)
+        for _, name in self.policy_rules:
+            self.protection.record(name, failed)
 
     def _startup_on(self, receive: Receive, send: Send) -> Receive:
         """The lifespan's `receive`, which runs `startup` before the app sees
@@ -258,6 +421,8 @@ class RateLimitMiddleware:
 
         async def receive_after_startup() -> Message:
             message = await receive()
+            if message.get("type") == "lifespan.shutdown" and self.protection is not None:
+                await self.protection.aclose()
             if message.get("type") == "lifespan.startup":
                 try:
                     await self.startup()

@@ -49,7 +49,7 @@ from .errors import (
 from .local import LocalLimiter, Micros, share_of
 from .protocol import Key, _takes_command_name, spec_from_policy
 from .request import ONE, Request, RequestKind
-from .spec import Algorithm, Concurrency, Policy, Quota, Rule, Spec, _limit_of
+from .spec import Algorithm, Concurrency, Policy, Quota, Rule, Spec, _limit_of, scaled_algorithm
 
 log = logging.getLogger("redis_ratelimit_client")
 
@@ -192,6 +192,10 @@ class _Limiting:
         self.owed: dict[tuple[int, str], int] = {}
         self.max_owed = 100_000
         self._algorithms: list[Algorithm] | None = None
+        #: The policies' algorithms as read, before a protection loop's scale.
+        self._read_algorithms: list[Algorithm] | None = None
+        #: Each policy's scale in percent, as a protection loop last read it.
+        self._scales: dict[str, int] = {}
         if not any(isinstance(r.spec, Policy) for r in self.rules):
             self._algorithms = [r.spec for r in self.rules]  # type: ignore[misc]
             check_zones(self.rules, self._algorithms)
@@ -237,7 +241,24 @@ class _Limiting:
                     f"rule {r.name!r}: a CONCURRENCY policy holds leases; it has no local level",
                     param="global_",
                 )
-        self._algorithms = algos
+        self._read_algorithms = list(algos)
+        self._algorithms = self._at_scale(algos)
+
+    def rescale(self, policy: str, scale: int) -> None:
+        """Runs the rules that name `policy` at `scale` percent (their size
+        and rate parameters, as the server does): a protection loop's
+        `attach` calls it with the scale it read, so the local level of a
+        global policy rule and the fallback shrink with the server's."""
+        self._scales[policy] = scale
+        if self._read_algorithms is not None:
+            self._algorithms = self._at_scale(self._read_algorithms)
+
+    def _at_scale(self, algos: list[Algorithm]) -> list[Algorithm]:
+        out = list(algos)
+        for i, r in enumerate(self.rules):
+            if isinstance(r.spec, Policy) and r.spec.name in self._scales:
+                out[i] = scaled_algorithm(algos[i], self._scales[r.spec.name])
+        return out
 
     def _policies(self) -> list[tuple[int, str]]:
         """The rules that name a policy, to read before the first decision."""
@@ -831,6 +852,11 @@ class Limiter(_Limiting):
         self._lock = threading.RLock()
         #: The monotonic time before which `check` does not try the start-up again.
         self._startup_after = 0.0
+
+    def rescale(self, policy: str, scale: int) -> None:
+        """As `_Limiting.rescale`, under the lock (a protection thread calls it)."""
+        with self._lock:
+            super().rescale(policy, scale)
 
     def _ping(self) -> None:
         """One PING, one attempt, on a connection of its own (the lock is

@@ -345,6 +345,33 @@ class PolicyMode(str, enum.Enum):
     OFF = "OFF"
 
 
+def scaled(param: int, scale: int) -> int:
+    """A size or rate parameter at `scale` percent: `max(1, floor(param x
+    scale / 100))`, as the server runs it."""
+    return max(1, param * min(max(scale, 0), 100) // 100)
+
+
+def scaled_algorithm(algo: Algorithm, scale: int) -> Algorithm:
+    """`algo` with its size and rate parameters at `scale` percent: the
+    capacity and the refill (leak) count of the buckets, the limit of the
+    others (the server's `Spec::scaled`)."""
+    if scale >= 100:
+        return algo
+    if isinstance(algo, TokenBucket):
+        return dataclasses.replace(
+            algo,
+            capacity=scaled(algo.capacity, scale),
+            refill_count=scaled(algo.refill_count, scale),
+        )
+    if isinstance(algo, LeakyBucket):
+        return dataclasses.replace(
+            algo, capacity=scaled(algo.capacity, scale), leak_count=scaled(algo.leak_count, scale)
+        )
+    if isinstance(algo, (Sliding, HashWindow, FixedWindow, Concurrency, Quota)):
+        return dataclasses.replace(algo, limit=scaled(algo.limit, scale))
+    raise InvalidArgument(f"unknown algorithm {algo!r}", param="algorithm")
+
+
 def _limit_of(spec: Algorithm) -> int:
     return spec.capacity if isinstance(spec, (TokenBucket, LeakyBucket)) else spec.limit
 

@@ -1,0 +1,625 @@
+"""The protection loop, the kit's side (SPEC "The protection loop").
+
+The server decides, once for every instance, a policy's scale (ADAPT: the
+limits shrink while its error rate is high) and its stage (STAGES: 0
+normal, 1 degrade, 2 break, from its deny ratio). A `Protection` (threads)
+or an `AsyncProtection` (an asyncio task) is what an instance runs around it:
+
+- `record(policy, error)` counts the outcome of a request the policy
+  admitted, in memory: nothing on the request's path touches the network;
+- every `report_interval` it sends `RL.OUTCOME name ok errors` to every
+  master for each policy with counts, and forgets them: a failed send loses
+  its counts (no retry, nothing grows while Redis is away);
+- every `stage_poll` it reads `RL.POLICY STATS name` on every master: the
+  highest stage wins, the lowest scale; with no successful read for
+  `stage_hold`, the stage falls back to 0 (the limiter's own fallback
+  decides while Redis is away);
+- at stage 2 it forces open the `CircuitBreaker` the policy names, and
+  releases it when the stage falls below 2;
+- the local level of a limiter's global policy rule (`attach`) runs at the
+  scale last read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Mapping, Sequence
+from typing import Any, Callable, Union
+
+import redis
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.cluster import RedisCluster
+
+from .aio import AsyncClient
+from .aio import send_once as async_send_once
+from .breaker import CircuitBreaker
+from .client import Client, send_once
+from .errors import InvalidArgument, ProtocolError
+from .protocol import decode, server_name
+from .spec import check_policy_name
+from .spec import scaled as scaled
+from .spec import scaled_algorithm as scaled_algorithm
+
+log = logging.getLogger("redis_ratelimit_client")
+
+#: The contract's `protection.kits` defaults, in milliseconds.
+REPORT_INTERVAL_MS = 1000
+STAGE_POLL_MS = 1000
+STAGE_HOLD_MS = 5000
+
+#: `RL.POLICY STATS` (and `RL.OUTCOME`): its names, in order.
+STATS_FIELDS = ("scale", "stage", "window_ms", "window_end_ms", "current", "last", "adapting")
+#: Each window's names, in order.
+WINDOW_FIELDS = ("calls", "admitted", "denied", "ok", "errors", "deny_permille", "error_permille")
+
+#: The stages: 0 normal, 1 degrade (non-core routes answer their degrade
+#: handler), 2 break (the policy's breaker is forced open).
+NORMAL, DEGRADE, BREAK = 0, 1, 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Window:
+    """One window of a policy's loop, as the master counted it."""
+
+    calls: int
+    admitted: int
+    denied: int
+    ok: int
+    errors: int
+    deny_permille: int
+    error_permille: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyStats:
+    """`RL.POLICY STATS name` (and `RL.OUTCOME`'s reply)."""
+
+    scale: int
+    stage: int
+    window_ms: int
+    window_end_ms: int
+    current: Window
+    last: Window
+    adapting: bool
+
+    @classmethod
+    def from_reply(cls, reply: object) -> PolicyStats:
+        """Parses the flat name/value list; exactly `STATS_FIELDS`, in order,
+        each window exactly `WINDOW_FIELDS`."""
+        values = _named(decode(reply), STATS_FIELDS, "RL.POLICY STATS")
+        windows = [
+            Window(*(int(v) for v in _named(values[k], WINDOW_FIELDS, f"RL.POLICY STATS {k}")))
+            for k in (4, 5)
+        ]
+        return cls(
+            int(values[0]),
+            int(values[1]),
+            int(values[2]),
+            int(values[3]),
+            windows[0],
+            windows[1],
+            int(values[6]) != 0,
+        )
+
+
+def _named(items: object, names: Sequence[str], what: str) -> list[Any]:
+    if not isinstance(items, list) or len(items) != 2 * len(names):
+        raise ProtocolError(f"{what} answered {items!r}")
+    got = [str(n) for n in items[::2]]
+    if got != list(names):
+        raise ProtocolError(f"{what} answered the fields {got}, not {list(names)}")
+    return list(items[1::2])
+
+
+def outcome_args(policy: str, ok: int, errors: int) -> list[str | int]:
+    return ["RL.OUTCOME", check_policy_name(policy), ok, errors]
+
+
+def stats_args(policy: str) -> list[str | int]:
+    return ["RL.POLICY", "STATS", check_policy_name(policy)]
+
+
+@dataclasses.dataclass
+class ProtectionStats:
+    """What the loop did: reports sent (one per policy and master) and
+    failed, the outcome counts a failed report lost, stage reads and failed
+    reads."""
+
+    reports_sent: int = 0
+    reports_failed: int = 0
+    lost_ok: int = 0
+    lost_errors: int = 0
+    polls: int = 0
+    polls_failed: int = 0
+
+
+#: What the loop reads per (policy, master): (stage, scale, when, by its clock).
+_Read = tuple[int, int, float]
+
+
+class _Loop:
+    """Everything of a Protection but its sending: the counts, the reads,
+    the breakers and the limiters it rescales."""
+
+    def __init__(
+        self,
+        policies: Sequence[str],
+        *,
+        report_interval: float,
+        stage_poll: float,
+        stage_hold: float,
+        breakers: Mapping[str, CircuitBreaker] | None,
+        clock: Callable[[], float],
+    ) -> None:
+        if isinstance(policies, str):
+            raise InvalidArgument("policies is a list of policy names", param="policies")
+        for name, value in (
+            ("report_interval", report_interval),
+            ("stage_poll", stage_poll),
+        ):
+            if not value > 0:
+                raise InvalidArgument(f"{name} must be more than 0 s", param=name)
+        if not stage_hold >= 0:
+            raise InvalidArgument("stage_hold must be 0 s or more", param="stage_hold")
+        self.policies = [check_policy_name(p) for p in policies]
+        for p in breakers or {}:
+            if p not in self.policies:
+                raise InvalidArgument(
+                    f"breaker for policy {p!r}, which this Protection does not watch",
+                    param="breakers",
+                )
+        self.report_interval = report_interval
+        self.stage_poll = stage_poll
+        self.stage_hold = stage_hold
+        self.breakers: dict[str, CircuitBreaker] = dict(breakers or {})
+        self.stats = ProtectionStats()
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._counts: dict[str, list[int]] = {}
+        self._reads: dict[tuple[str, str], _Read] = {}
+        self._scales: dict[str, int] = {}
+        self._forced: set[str] = set()
+        self._limiters: list[Any] = []
+        self._failing = False
+
+    # -- the request's side: in memory only ---------------------------------
+
+    def record(self, policy: str, error: bool) -> None:
+        """Counts one outcome of a request `policy` admitted: sent with the
+        next report, in the background."""
+        with self._lock:
+            c = self._counts.get(policy)
+            if c is None:
+                c = self._counts[policy] = [0, 0]
+            c[1 if error else 0] += 1
+
+    def record_ok(self, policy: str) -> None:
+        self.record(policy, False)
+
+    def record_error(self, policy: str) -> None:
+        self.record(policy, True)
+
+    def pending(self) -> dict[str, tuple[int, int]]:
+        """The counts not sent yet, per policy: (ok, errors)."""
+        with self._lock:
+            return {p: (c[0], c[1]) for p, c in self._counts.items()}
+
+    def _take(self) -> list[tuple[str, int, int]]:
+        with self._lock:
+            counts, self._counts = self._counts, {}
+        return [(p, ok, err) for p, (ok, err) in counts.items() if ok or err]
+
+    # -- what the server decided ---------------------------------------------
+
+    def stage(self, policy: str) -> int:
+        """The policy's stage: the highest that a master answered within
+        `stage_hold`; 0 when none did."""
+        now = self._clock()
+        with self._lock:
+            fresh = [
+                s
+                for (p, _), (s, _, at) in self._reads.items()
+                if p == policy and now - at <= self.stage_hold
+            ]
+        return max(fresh, default=NORMAL)
+
+    def scale(self, policy: str) -> int:
+        """The policy's scale in percent: the lowest that the masters
+        answered at their last reads (100 before any)."""
+        with self._lock:
+            return self._scales.get(policy, 100)
+
+    def breaker(self, policy: str) -> CircuitBreaker | None:
+        """The breaker `policy` names, if any."""
+        return self.breakers.get(policy)
+
+    def attach(self, limiter: Any) -> None:
+        """Runs the local level of `limiter`'s global rules that name one of
+        these policies at the scale last read (a `Limiter`, an
+        `AsyncLimiter`: anything with `rescale(policy, scale)`)."""
+        self._limiters.append(limiter)
+        for p in self.policies:
+            limiter.rescale(p, self.scale(p))
+
+    def _read(self, policy: str, master: str, stats: PolicyStats) -> None:
+        with self._lock:
+            self._reads[(policy, master)] = (stats.stage, stats.scale, self._clock())
+
+    def _settle(self, masters: Sequence[str]) -> None:
+        """After a round of reads: each policy's scale (the lowest of the
+        masters' last reads), the limiters rescaled, the breakers forced
+        open or released."""
+        for policy in self.policies:
+            with self._lock:
+                got = [self._reads[(policy, m)][1] for m in masters if (policy, m) in self._reads]
+                before = self._scales.get(policy, 100)
+                now_scale = min(got) if got else before
+                self._scales[policy] = now_scale
+            if now_scale != before:
+                for limiter in self._limiters:
+                    limiter.rescale(policy, now_scale)
+            self._apply_breaker(policy)
+
+    def _apply_breaker(self, policy: str) -> None:
+        b = self.breakers.get(policy)
+        if b is None:
+            return
+        if self.stage(policy) >= BREAK:
+            if policy not in self._forced:
+                self._forced.add(policy)
+                b.force_open()
+                log.warning(
+                    "redis-ratelimit: policy %r at stage 2: breaker %r open", policy, b.name
+                )
+        elif policy in self._forced:
+            self._forced.discard(policy)
+            b.release()
+            log.info("redis-ratelimit: policy %r below stage 2: breaker %r closed", policy, b.name)
+
+    def _failed(self, what: str, master: str, e: BaseException) -> None:
+        if not self._failing:
+            self._failing = True
+            log.warning("redis-ratelimit: protection %s on %s failed (%s)", what, master, e)
+        else:
+            log.debug("redis-ratelimit: protection %s on %s failed (%s)", what, master, e)
+
+    def _lost(self, ok: int, errors: int) -> None:
+        self.stats.reports_failed += 1
+        self.stats.lost_ok += ok
+        self.stats.lost_errors += errors
+
+    def state(self) -> dict[str, dict[str, object]]:
+        """Per policy: its stage, scale and breaker state (for a status page)."""
+        out: dict[str, dict[str, object]] = {}
+        for p in self.policies:
+            b = self.breakers.get(p)
+            out[p] = {
+                "stage": self.stage(p),
+                "scale": self.scale(p),
+                "breaker": None if b is None else b.state.value,
+            }
+        return out
+
+
+#: What a `Protection` is built on: the kit's client, a redis-py client
+#: (standalone or cluster), or several (several standalone masters).
+SyncTarget = Union[Client, redis.Redis, RedisCluster]
+AsyncTarget = Union[AsyncClient, aioredis.Redis, AsyncRedisCluster]
+
+
+class Protection(_Loop):
+    """The loop on the sync clients, in a background thread (`start`,
+    `close`, or `with`).
+
+    `client`: a `Client`, a `redis.Redis`, a `RedisCluster` (every master),
+    or a list of them (several masters). `policies`: the names it watches.
+    `breakers`: the `CircuitBreaker` each policy names. The intervals are
+    seconds (the contract's `protection.kits`: 1, 1 and 5). A call has the
+    redis-py client's `socket_timeout` as its deadline.
+    """
+
+    def __init__(
+        self,
+        client: SyncTarget | Sequence[SyncTarget],
+        policies: Sequence[str],
+        *,
+        report_interval: float = REPORT_INTERVAL_MS / 1000,
+        stage_poll: float = STAGE_POLL_MS / 1000,
+        stage_hold: float = STAGE_HOLD_MS / 1000,
+        breakers: Mapping[str, CircuitBreaker] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(
+            policies,
+            report_interval=report_interval,
+            stage_poll=stage_poll,
+            stage_hold=stage_hold,
+            breakers=breakers,
+            clock=clock,
+        )
+        self._targets: list[SyncTarget] = (
+            list(client) if isinstance(client, (list, tuple)) else [client]  # type: ignore[list-item]
+        )
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _masters(self) -> list[tuple[str, redis.Redis]]:
+        out: list[tuple[str, redis.Redis]] = []
+        for t in self._targets:
+            rc = t.redis if isinstance(t, Client) else t
+            if isinstance(rc, RedisCluster):
+                for n in rc.get_primaries():
+                    out.append((n.name, rc.get_redis_connection(n)))
+            else:
+                out.append((server_name(rc), rc))
+        return out
+
+    def report(self) -> None:
+        """Sends the counts (`RL.OUTCOME`) to every master, once."""
+        counts = self._take()
+        if not counts:
+            return
+        masters = self._masters()
+        for policy, ok, errors in counts:
+            for name, r in masters:
+                try:
+                    reply = send_once(r, outcome_args(policy, ok, errors))
+                    self._read(policy, name, PolicyStats.from_reply(reply))
+                    self.stats.reports_sent += 1
+                except Exception as e:
+                    self._failed("report", name, e)
+                    self._lost(ok, errors)
+        self._settle([n for n, _ in masters])
+
+    def poll(self) -> None:
+        """Reads every policy's `RL.POLICY STATS` on every master, once."""
+        masters = self._masters()
+        ok = True
+        for policy in self.policies:
+            for name, r in masters:
+                self.stats.polls += 1
+                try:
+                    self._read(
+                        policy, name, PolicyStats.from_reply(send_once(r, stats_args(policy)))
+                    )
+                except Exception as e:
+                    ok = False
+                    self.stats.polls_failed += 1
+                    self._failed("stage poll", name, e)
+        if ok:
+            self._failing = False
+        self._settle([n for n, _ in masters])
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> Protection:
+        """Starts the background thread (a stage poll at once)."""
+        if not self.running:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name="rl-protection", daemon=True)
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        next_report = self._clock() + self.report_interval
+        next_poll = self._clock()
+        while not self._stop.is_set():
+            now = self._clock()
+            if now >= next_poll:
+                next_poll = now + self.stage_poll
+                self._guarded(self.poll)
+            if now >= next_report:
+                next_report = now + self.report_interval
+                self._guarded(self.report)
+            self._stop.wait(max(0.0, min(next_poll, next_report) - self._clock()))
+
+    def _guarded(self, step: Callable[[], None]) -> None:
+        try:
+            step()
+        except Exception as e:  # pragma: no cover - the loop must survive anything
+            log.exception("redis-ratelimit: protection loop step failed: %s", e)
+        # A stage held past `stage_hold` releases its breaker even when no read succeeds.
+        for p in self.policies:
+            self._apply_breaker(p)
+
+    def close(self) -> None:
+        """Stops the thread and sends the last counts once (best effort)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+            self._thread = None
+        self._guarded(self.report)
+
+    def __enter__(self) -> Protection:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncProtection(_Loop):
+    """The loop on `redis.asyncio`, in a task of the running event loop
+    (`start`, `aclose`, or `async with`); as `Protection`. `timeout`: the
+    seconds one report or read may take (default 1)."""
+
+    def __init__(
+        self,
+        client: AsyncTarget | Sequence[AsyncTarget],
+        policies: Sequence[str],
+        *,
+        report_interval: float = REPORT_INTERVAL_MS / 1000,
+        stage_poll: float = STAGE_POLL_MS / 1000,
+        stage_hold: float = STAGE_HOLD_MS / 1000,
+        breakers: Mapping[str, CircuitBreaker] | None = None,
+        timeout: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(
+            policies,
+            report_interval=report_interval,
+            stage_poll=stage_poll,
+            stage_hold=stage_hold,
+            breakers=breakers,
+            clock=clock,
+        )
+        if not timeout > 0:
+            raise InvalidArgument("timeout must be more than 0 s", param="timeout")
+        self.timeout = timeout
+        self._targets: list[AsyncTarget] = (
+            list(client) if isinstance(client, (list, tuple)) else [client]  # type: ignore[list-item]
+        )
+        self._task: asyncio.Task[None] | None = None
+
+    async def _masters(self) -> list[tuple[str, Callable[[list[str | int]], Awaitable[Any]]]]:
+        out: list[tuple[str, Callable[[list[str | int]], Awaitable[Any]]]] = []
+        for t in self._targets:
+            rc = t.redis if isinstance(t, AsyncClient) else t
+            if isinstance(rc, AsyncRedisCluster):
+                if not rc.nodes_manager.default_node:
+                    await rc.initialize()
+                for n in rc.get_primaries():
+                    out.append((n.name, _node_sender(n)))
+            else:
+                out.append((server_name(rc), _redis_sender(rc)))
+        return out
+
+    async def _call(
+        self, send: Callable[[list[str | int]], Awaitable[Any]], args: list[str | int]
+    ) -> PolicyStats:
+        return PolicyStats.from_reply(await asyncio.wait_for(send(args), self.timeout))
+
+    async def report(self) -> None:
+        """Sends the counts (`RL.OUTCOME`) to every master, once."""
+        counts = self._take()
+        if not counts:
+            return
+        try:
+            masters = await asyncio.wait_for(self._masters(), self.timeout)
+        except Exception as e:
+            self._failed("report", "the cluster", e)
+            for _, ok, errors in counts:
+                self._lost(ok, errors)
+            return
+        for policy, ok, errors in counts:
+            for name, send in masters:
+                try:
+                    self._read(
+                        policy, name, await self._call(send, outcome_args(policy, ok, errors))
+                    )
+                    self.stats.reports_sent += 1
+                except Exception as e:
+                    self._failed("report", name, e)
+                    self._lost(ok, errors)
+        self._settle([n for n, _ in masters])
+
+    async def poll(self) -> None:
+        """Reads every policy's `RL.POLICY STATS` on every master, once."""
+        try:
+            masters = await asyncio.wait_for(self._masters(), self.timeout)
+        except Exception as e:
+            self.stats.polls_failed += 1
+            self._failed("stage poll", "the cluster", e)
+            return
+        ok = True
+        for policy in self.policies:
+            for name, send in masters:
+                self.stats.polls += 1
+                try:
+                    self._read(policy, name, await self._call(send, stats_args(policy)))
+                except Exception as e:
+                    ok = False
+                    self.stats.polls_failed += 1
+                    self._failed("stage poll", name, e)
+        if ok:
+            self._failing = False
+        self._settle([n for n, _ in masters])
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def start(self) -> AsyncProtection:
+        """Starts the task on the running event loop (a stage poll at once)."""
+        if not self.running:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+        return self
+
+    async def _run(self) -> None:
+        next_report = self._clock() + self.report_interval
+        next_poll = self._clock()
+        while True:
+            now = self._clock()
+            if now >= next_poll:
+                next_poll = now + self.stage_poll
+                await self._guarded(self.poll)
+            if now >= next_report:
+                next_report = now + self.report_interval
+                await self._guarded(self.report)
+            await asyncio.sleep(max(0.0, min(next_poll, next_report) - self._clock()))
+
+    async def _guarded(self, step: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await step()
+        except Exception as e:  # pragma: no cover - the loop must survive anything
+            log.exception("redis-ratelimit: protection loop step failed: %s", e)
+        for p in self.policies:
+            self._apply_breaker(p)
+
+    async def aclose(self) -> None:
+        """Stops the task and sends the last counts once (best effort)."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+        await self._guarded(self.report)
+
+    async def __aenter__(self) -> AsyncProtection:
+        return self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+def _redis_sender(rc: aioredis.Redis) -> Callable[[list[str | int]], Awaitable[Any]]:
+    async def send(args: list[str | int]) -> Any:
+        return await async_send_once(rc, args)
+
+    return send
+
+
+def _node_sender(node: Any) -> Callable[[list[str | int]], Awaitable[Any]]:
+    async def send(args: list[str | int]) -> Any:
+        return await node.execute_command(*args)
+
+    return send
+
+
+__all__ = [
+    "BREAK",
+    "DEGRADE",
+    "NORMAL",
+    "REPORT_INTERVAL_MS",
+    "STAGE_HOLD_MS",
+    "STAGE_POLL_MS",
+    "STATS_FIELDS",
+    "WINDOW_FIELDS",
+    "AsyncProtection",
+    "PolicyStats",
+    "Protection",
+    "ProtectionStats",
+    "Window",
+    "outcome_args",
+    "scaled",
+    "scaled_algorithm",
+    "stats_args",
+]
