@@ -401,3 +401,139 @@ def test_the_reply_parser_takes_the_fields_in_their_order(case: dict[str, Any]) 
     for wrong in (reply[:4], [*reply, *[99] * (7 - len(reply))]):
         with pytest.raises(ProtocolError):
             Decision.from_reply(wrong, all_reply=all_reply)
+
+
+# -- the protection loop (`protection`) ------------------------------------------
+
+PROTECTION: dict[str, Any] = CONTRACT["protection"]
+
+
+def test_the_loops_defaults_are_the_contracts() -> None:
+    import inspect
+
+    from redis_ratelimit_client import Adapt, AsyncProtection, Protection
+    from redis_ratelimit_client import protection as loop
+    from redis_ratelimit_client.spec import LOOP_WINDOW_MS
+
+    kits = PROTECTION["kits"]
+    assert loop.REPORT_INTERVAL_MS == kits["report_interval_ms"]
+    assert loop.STAGE_POLL_MS == kits["stage_poll_ms"]
+    assert loop.STAGE_HOLD_MS == kits["stage_hold_ms"]
+    assert kits["stage_of_many_masters"] == "the highest"
+    for cls in (Protection, AsyncProtection):
+        params = inspect.signature(cls).parameters
+        assert params["report_interval"].default * 1000 == kits["report_interval_ms"]
+        assert params["stage_poll"].default * 1000 == kits["stage_poll_ms"]
+        assert params["stage_hold"].default * 1000 == kits["stage_hold_ms"]
+    defaults = PROTECTION["defaults"]
+    a = Adapt(5)
+    assert (a.factor, a.min, a.recover, a.mincalls) == (
+        defaults["factor"],
+        defaults["min"],
+        defaults["recover"],
+        defaults["mincalls"],
+    )
+    assert LOOP_WINDOW_MS == defaults["window_ms"]
+    assert [(s["stage"], s["name"]) for s in PROTECTION["stages"]] == [
+        (loop.NORMAL, "normal"),
+        (loop.DEGRADE, "degrade"),
+        (loop.BREAK, "break"),
+    ]
+
+
+def test_the_stats_parser_takes_exactly_the_contracts_fields() -> None:
+    from redis_ratelimit_client import PolicyStats
+    from redis_ratelimit_client.protection import STATS_FIELDS, WINDOW_FIELDS
+
+    assert list(STATS_FIELDS) == PROTECTION["stats_fields"]
+    assert list(WINDOW_FIELDS) == PROTECTION["window_fields"]
+    current = [x for i, n in enumerate(PROTECTION["window_fields"]) for x in (n, i + 1)]
+    last = [x for i, n in enumerate(PROTECTION["window_fields"]) for x in (n, i + 10)]
+    values = {"current": current, "last": last, "adapting": 1}
+    reply = [
+        x for i, n in enumerate(PROTECTION["stats_fields"]) for x in (n, values.get(n, i + 100))
+    ]
+    s = PolicyStats.from_reply(reply)
+    assert (s.scale, s.stage, s.window_ms, s.window_end_ms, s.adapting) == (
+        100,
+        101,
+        102,
+        103,
+        True,
+    )
+    assert dataclasses.astuple(s.current) == (1, 2, 3, 4, 5, 6, 7)
+    assert dataclasses.astuple(s.last) == (10, 11, 12, 13, 14, 15, 16)
+    with pytest.raises(ProtocolError):
+        PolicyStats.from_reply(reply[:-2])
+    with pytest.raises(ProtocolError):
+        PolicyStats.from_reply([*reply[:8], "last", current, "current", last, *reply[12:]])
+
+
+@pytest.mark.parametrize("case", PROTECTION["scaled"], ids=lambda c: f"{c['param']}@{c['scale']}")
+def test_a_scaled_parameter_is_the_servers(case: dict[str, Any]) -> None:
+    from redis_ratelimit_client.protection import scaled, scaled_algorithm
+
+    assert scaled(case["param"], case["scale"]) == case["scaled"]
+    if case["param"] <= MAX_PARAM:
+        bucket = scaled_algorithm(TokenBucket(case["param"], case["param"], 1000), case["scale"])
+        assert (bucket.capacity, bucket.refill_count) == (case["scaled"],) * 2  # type: ignore[union-attr]
+        window = scaled_algorithm(FixedWindow(case["param"], 1000), case["scale"])
+        assert window.limit == case["scaled"]  # type: ignore[union-attr]
+
+
+def _loop_argument(name: str) -> Callable[[int], object]:
+    from redis_ratelimit_client import Adapt, Stages
+    from redis_ratelimit_client.protocol import outcome_args, policy_scale_args
+    from redis_ratelimit_client.spec import loop_args
+
+    return {
+        "ERRORS": lambda v: Adapt(v),
+        "FACTOR": lambda v: Adapt(5, factor=v),
+        "MIN": lambda v: Adapt(5, min=v),
+        "RECOVER": lambda v: Adapt(5, recover=v),
+        "MINCALLS": lambda v: Adapt(5, mincalls=v),
+        "WINDOW": lambda v: loop_args(None, None, v),
+        "degrade_pct": lambda v: Stages(v, 100),
+        "break_pct": lambda v: Stages(0, v),
+        "pct": lambda v: policy_scale_args("p", v),
+        "ok": lambda v: outcome_args("p", v, 0),
+        "errors": lambda v: outcome_args("p", 0, v),
+    }[name]
+
+
+@pytest.mark.parametrize("arg", PROTECTION["arguments"], ids=lambda a: a["name"])
+def test_the_loops_arguments_are_checked_on_the_contracts_ranges(arg: dict[str, Any]) -> None:
+    build = _loop_argument(arg["name"])
+    low = arg["min"]
+    high = 100 if arg["max"] == "degrade_pct to 100" else arg["max"]
+    build(low)
+    build(high)
+    for bad in (low - 1, high + 1):
+        with pytest.raises(InvalidArgument) as e:
+            build(bad)
+        assert e.value.param == arg["name"]
+    if arg["name"] == "break_pct":
+        from redis_ratelimit_client import Stages
+
+        Stages(30, 30)
+        with pytest.raises(InvalidArgument) as e:
+            Stages(30, 29)
+        assert e.value.param == "break_pct"
+
+
+def test_a_policy_with_the_loops_get_fields_is_read_by_name() -> None:
+    from redis_ratelimit_client.protocol import parse_policy, spec_from_policy
+
+    values: dict[str, object] = {
+        "name": "p",
+        "algorithm": "TOKENBUCKET",
+        "params": [10, 1, 1000],
+        "adapt": [5, 80, 50, 5, 100],
+        "stages": [30, 50],
+    }
+    fields = PROTECTION["get_fields"]
+    names = [*fields["always"], *fields["when_set"], *fields["then"]]
+    reply = [x for n in names for x in (n, values.get(n, 0))]
+    policy = parse_policy(reply)
+    assert policy is not None and list(policy) == names
+    assert spec_from_policy(policy) == TokenBucket(10, 1, 1000)

@@ -362,3 +362,37 @@ def test_a_global_policy_rules_local_level_runs_at_the_scale_read(
     r.execute_command("RL.POLICY", "SCALE", "api", 100)
     p.poll()
     assert limiter._algorithms == [TokenBucket(100, 10, 1000)]
+
+
+def test_the_typed_calls_set_a_policys_loop_scale_it_and_read_it(
+    server: Server, r: redis.Redis
+) -> None:
+    from redis_ratelimit_client import Adapt, AsyncClient, Client, Stages
+
+    c = Client(server.client())
+    c.policy_set(
+        "api",
+        TokenBucket(10, 1, 1000),
+        adapt=Adapt(5, mincalls=20),
+        stages=Stages(30, 50),
+        window_ms=1000,
+    )
+    got = c.policy_get("api")
+    assert got is not None
+    assert (got["adapt"], got["stages"], got["window_ms"]) == ([5, 80, 50, 5, 20], [30, 50], 1000)
+    c.policy_scale("api", 40)
+    [s] = c.outcome("api", 3, 1)
+    assert s.scale == 40 and s.adapting and s.current.ok + s.last.ok == 3
+    c.policy_set("api", TokenBucket(10, 1, 1000), adapt="OFF")
+    assert c.policy_get("api")["scale"] == 40  # type: ignore[index]
+
+    async def run() -> list[PolicyStats]:
+        ac = await AsyncClient.create(aioredis.Redis(port=server.port))
+        await ac.policy_set("api", TokenBucket(10, 1, 1000), stages=Stages(10, 20))
+        await ac.policy_scale("api", 70)
+        out = await ac.policy_stats("api")
+        await ac.redis.aclose()
+        return out
+
+    [s] = asyncio.run(run())
+    assert s.scale == 70 and not s.adapting and s.window_ms == 10_000

@@ -19,7 +19,7 @@ from typing import Any, Callable
 import httpx
 import pytest
 import redis
-from conftest import Server, ThreadServer, serve_asgi, wait_until
+from conftest import Server, ThreadServer, running, serve_asgi, wait_until
 
 from redis_ratelimit_client import PolicyStats
 
@@ -259,3 +259,117 @@ def test_reports_stay_off_the_request_path_while_redis_is_away(
         # Only what came after the restart was counted: the lost counts never came back.
         s = server_stats(r)
         assert 0 < s.current.ok + s.last.ok < 30
+
+
+# -- the middleware's outcomes, routes and predicate -----------------------------
+
+
+def outcome_app(server: Server, **options: Any) -> tuple[Any, Any]:
+    """A Starlette app behind the middleware, with a protection loop whose
+    reports never come (its counts stay pending, to read)."""
+    import asyncio
+
+    import redis.asyncio as aioredis
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    from redis_ratelimit_client import AsyncProtection, Policy, Sliding
+    from redis_ratelimit_client.asgi import RateLimitMiddleware, RouteOptions, Rule, header
+
+    async def ok(request: object) -> PlainTextResponse:
+        return PlainTextResponse("ok")
+
+    async def teapot(request: object) -> PlainTextResponse:
+        return PlainTextResponse("teapot", status_code=418)
+
+    async def broken(request: object) -> PlainTextResponse:
+        return PlainTextResponse("broken", status_code=502)
+
+    async def raises(request: object) -> PlainTextResponse:
+        raise RuntimeError("the handler failed")
+
+    async def slow(request: object) -> PlainTextResponse:
+        await asyncio.sleep(5)
+        return PlainTextResponse("late")
+
+    inner = Starlette(
+        routes=[
+            Route(p, h)
+            for p, h in [
+                ("/ok", ok),
+                ("/teapot", teapot),
+                ("/broken", broken),
+                ("/raises", raises),
+                ("/slow", slow),
+                ("/extra", ok),
+                ("/health", ok),
+            ]
+        ]
+    )
+    client = aioredis.Redis(port=server.port, socket_timeout=1)
+    protection = AsyncProtection(client, ["api"], report_interval=3600, stage_poll=0.1)
+    mw = RateLimitMiddleware(
+        inner,
+        client=client,
+        rules=[
+            Rule(Policy("api"), "api", key_prefix="{o}:"),
+            Rule(Sliding(1000, 1000), "inline", key_prefix="{o}:i:"),
+        ],
+        key=header("x-user"),
+        deadline=1.0,
+        protection=protection,
+        routes=[RouteOptions("/extra", core=False), RouteOptions("/health", limited=False)],
+        **options,
+    )
+    return mw, protection
+
+
+def test_outcomes_are_counted_for_the_policy_rules_5xx_exception_and_timeout(
+    server: Server, r: redis.Redis
+) -> None:
+    set_policy(r, "TOKENBUCKET 1000 1000 1000 STAGES 30 50")
+    mw, protection = outcome_app(server, timeout=0.3)
+    with running(serve_asgi(mw)) as web, httpx.Client(base_url=web.base) as http:
+        # A connection each: uvicorn closes one after an exception of the app.
+        get = lambda p: httpx.get(web.base + p, headers={"x-user": "u"}).status_code  # noqa: E731
+        assert [get(p) for p in ("/ok", "/teapot", "/broken", "/raises", "/slow")] == [
+            200,
+            418,
+            502,
+            500,
+            504,
+        ]
+        # Only the policy rule reports: one ok per success, one error per failure
+        # (counted once the app is done, which may be after the answer is sent).
+        wait_until(lambda: protection.pending() == {"api": (2, 3)}, 5, "the outcomes")
+        assert http.get("/health").status_code == 200  # not limited, not counted
+        assert protection.pending() == {"api": (2, 3)}
+
+
+def test_the_error_predicate_is_configurable(server: Server, r: redis.Redis) -> None:
+    set_policy(r, "TOKENBUCKET 1000 1000 1000 STAGES 30 50")
+    mw, protection = outcome_app(
+        server, is_error=lambda status, exc: exc is not None or status in (418, 502)
+    )
+    with running(serve_asgi(mw)) as web, httpx.Client(base_url=web.base) as http:
+        for p in ("/ok", "/teapot", "/broken"):
+            http.get(p, headers={"x-user": "u"})
+        wait_until(lambda: protection.pending() == {"api": (1, 2)}, 5, "the outcomes")
+
+
+def test_a_non_core_route_without_a_handler_answers_429_at_stage_1_without_redis(
+    server: Server, r: redis.Redis
+) -> None:
+    set_policy(r, "TOKENBUCKET 2 1 60000 STAGES 30 50 WINDOW 1000")
+    mw, protection = outcome_app(server)
+    with running(serve_asgi(mw)) as web, httpx.Client(base_url=web.base) as http:
+        assert http.get("/extra", headers={"x-user": "first"}).status_code == 200
+        for _ in range(10):
+            r.execute_command("RL.HIT", "api", "{o}:flooder")
+        wait_until(lambda: protection.stage("api") >= 1, 5, "stage 1 or 2")
+        res = http.get("/extra", headers={"x-user": "probe"})
+        assert res.status_code == 429 and res.headers["content-type"] == "application/problem+json"
+        assert "Retry-After" in res.headers and "q=2" in res.headers["RateLimit-Policy"]
+        assert r.exists("{o}:probe") == 0  # no call to Redis
+        assert mw.degraded["stage_429"] == 1

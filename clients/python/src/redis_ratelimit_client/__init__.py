@@ -26,6 +26,7 @@ from .protocol import LogEntry
 from .request import Request, RequestKind
 from .spec import (
     MAX_PARAM,
+    Adapt,
     Concurrency,
     FixedWindow,
     HashWindow,
@@ -37,6 +38,7 @@ from .spec import (
     Rule,
     Sliding,
     Spec,
+    Stages,
     TokenBucket,
 )
 
@@ -57,6 +59,7 @@ __all__ = [
     "FallbackMode",
     "Limiter",
     "Rule",
+    "Adapt",
     "AsyncClient",
     "AsyncProtection",
     "BreakerOpen",
@@ -88,6 +91,7 @@ __all__ = [
     "RequestKind",
     "ServerError",
     "Sliding",
+    "Stages",
     "Spec",
     "TokenBucket",
     "WrongType",

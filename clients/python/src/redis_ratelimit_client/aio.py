@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Coroutine, Sequence
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
@@ -34,6 +34,7 @@ from .protocol import (
     Arg,
     Key,
     LogEntry,
+    PolicyStats,
     _takes_command_name,
     acquire_deadline,
     all_args,
@@ -45,6 +46,7 @@ from .protocol import (
     loaded_version,
     log_get_args,
     map_error,
+    outcome_args,
     parse_live,
     parse_log_len,
     parse_logs,
@@ -53,10 +55,12 @@ from .protocol import (
     parse_policy_list,
     policy_del_args,
     policy_get_args,
+    policy_scale_args,
     policy_set_args,
     release_args,
     renew_args,
     server_name,
+    stats_args,
     waiting,
 )
 from .protocol import check_key as check_key
@@ -68,11 +72,13 @@ from .protocol import parse_log as parse_log
 from .request import Request as Request
 from .request import RequestLike, deprecated_request, to_request
 from .spec import (
+    Adapt,
     Algorithm,
     Concurrency,
     Policy,
     PolicyMode,
     Spec,
+    Stages,
 )
 from .spec import FixedWindow as FixedWindow
 from .spec import HashWindow as HashWindow
@@ -350,9 +356,34 @@ class AsyncClient(TypedCalls[Coroutine[Any, Any, Decision]]):
         return d
 
     async def policy_set(
-        self, name: str, spec: Algorithm, mode: PolicyMode = PolicyMode.ENFORCE, rollout: int = 100
+        self,
+        name: str,
+        spec: Algorithm,
+        mode: PolicyMode = PolicyMode.ENFORCE,
+        rollout: int = 100,
+        *,
+        adapt: Adapt | Literal["OFF"] | None = None,
+        stages: Stages | None = None,
+        window_ms: int | None = None,
     ) -> None:
-        await self._everywhere(policy_set_args(name, spec, mode, rollout))
+        """`RL.POLICY SET` on every master; `adapt`, `stages` and
+        `window_ms`: the policy's protection loop (`ADAPT OFF` with "OFF")."""
+        args = policy_set_args(name, spec, mode, rollout, adapt, stages, window_ms)
+        await self._everywhere(args)
+
+    async def policy_scale(self, name: str, pct: int) -> None:
+        """`RL.POLICY SCALE name pct` on every master: the policy's scale by hand."""
+        await self._everywhere(policy_scale_args(name, pct))
+
+    async def policy_stats(self, name: str) -> list[PolicyStats]:
+        """`RL.POLICY STATS name` of every master."""
+        return [PolicyStats.from_reply(x) for x in await self._everywhere(stats_args(name))]
+
+    async def outcome(self, name: str, ok: int, errors: int) -> list[PolicyStats]:
+        """`RL.OUTCOME name ok errors` on every master (a `Protection` sends
+        these in the background): each master's stats after it."""
+        args = outcome_args(name, ok, errors)
+        return [PolicyStats.from_reply(x) for x in await self._everywhere(args)]
 
     async def policy_get(self, name: str) -> dict[str, object] | None:
         return parse_policy(await self._send(None, policy_get_args(name)))

@@ -17,7 +17,7 @@ import contextlib
 import inspect
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import redis
 from redis.cluster import RedisCluster
@@ -47,6 +47,7 @@ from .protocol import (
     Arg,
     Key,
     LogEntry,
+    PolicyStats,
     acquire_deadline,
     all_args,
     block_args,
@@ -57,6 +58,7 @@ from .protocol import (
     loaded_version,
     log_get_args,
     map_error,
+    outcome_args,
     parse_live,
     parse_log_len,
     parse_logs,
@@ -65,10 +67,12 @@ from .protocol import (
     parse_policy_list,
     policy_del_args,
     policy_get_args,
+    policy_scale_args,
     policy_set_args,
     release_args,
     renew_args,
     server_name,
+    stats_args,
     waiting,
 )
 from .protocol import _takes_command_name as _takes_command_name
@@ -84,11 +88,13 @@ from .request import Request as Request
 from .request import RequestLike, deprecated_request, to_request
 from .spec import ALGORITHMS as ALGORITHMS
 from .spec import (
+    Adapt,
     Algorithm,
     Concurrency,
     Policy,
     PolicyMode,
     Spec,
+    Stages,
 )
 from .spec import FixedWindow as FixedWindow
 from .spec import HashWindow as HashWindow
@@ -378,10 +384,34 @@ class Client(TypedCalls[Decision]):
     # -- policies and the deny log ----------------------------------------
 
     def policy_set(
-        self, name: str, spec: Algorithm, mode: PolicyMode = PolicyMode.ENFORCE, rollout: int = 100
+        self,
+        name: str,
+        spec: Algorithm,
+        mode: PolicyMode = PolicyMode.ENFORCE,
+        rollout: int = 100,
+        *,
+        adapt: Adapt | Literal["OFF"] | None = None,
+        stages: Stages | None = None,
+        window_ms: int | None = None,
     ) -> None:
-        """`RL.POLICY SET` on every master."""
-        self._everywhere(policy_set_args(name, spec, mode, rollout))
+        """`RL.POLICY SET` on every master; `adapt`, `stages` and
+        `window_ms`: the policy's protection loop (`ADAPT OFF` with "OFF")."""
+        args = policy_set_args(name, spec, mode, rollout, adapt, stages, window_ms)
+        self._everywhere(args)
+
+    def policy_scale(self, name: str, pct: int) -> None:
+        """`RL.POLICY SCALE name pct` on every master: the policy's scale by hand."""
+        self._everywhere(policy_scale_args(name, pct))
+
+    def policy_stats(self, name: str) -> list[PolicyStats]:
+        """`RL.POLICY STATS name` of every master."""
+        return [PolicyStats.from_reply(x) for x in self._everywhere(stats_args(name))]
+
+    def outcome(self, name: str, ok: int, errors: int) -> list[PolicyStats]:
+        """`RL.OUTCOME name ok errors` on every master (a `Protection` sends
+        these in the background): each master's stats after it."""
+        args = outcome_args(name, ok, errors)
+        return [PolicyStats.from_reply(x) for x in self._everywhere(args)]
 
     def policy_get(self, name: str) -> dict[str, object] | None:
         return parse_policy(self._send(None, policy_get_args(name)))

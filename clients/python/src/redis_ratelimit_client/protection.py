@@ -39,8 +39,14 @@ from .aio import AsyncClient
 from .aio import send_once as async_send_once
 from .breaker import CircuitBreaker
 from .client import Client, send_once
-from .errors import InvalidArgument, ProtocolError
-from .protocol import decode, server_name
+from .errors import InvalidArgument
+from .protocol import STATS_FIELDS as STATS_FIELDS
+from .protocol import WINDOW_FIELDS as WINDOW_FIELDS
+from .protocol import PolicyStats as PolicyStats
+from .protocol import Window as Window
+from .protocol import outcome_args as outcome_args
+from .protocol import server_name
+from .protocol import stats_args as stats_args
 from .spec import check_policy_name
 from .spec import scaled as scaled
 from .spec import scaled_algorithm as scaled_algorithm
@@ -52,76 +58,9 @@ REPORT_INTERVAL_MS = 1000
 STAGE_POLL_MS = 1000
 STAGE_HOLD_MS = 5000
 
-#: `RL.POLICY STATS` (and `RL.OUTCOME`): its names, in order.
-STATS_FIELDS = ("scale", "stage", "window_ms", "window_end_ms", "current", "last", "adapting")
-#: Each window's names, in order.
-WINDOW_FIELDS = ("calls", "admitted", "denied", "ok", "errors", "deny_permille", "error_permille")
-
 #: The stages: 0 normal, 1 degrade (non-core routes answer their degrade
 #: handler), 2 break (the policy's breaker is forced open).
 NORMAL, DEGRADE, BREAK = 0, 1, 2
-
-
-@dataclasses.dataclass(frozen=True)
-class Window:
-    """One window of a policy's loop, as the master counted it."""
-
-    calls: int
-    admitted: int
-    denied: int
-    ok: int
-    errors: int
-    deny_permille: int
-    error_permille: int
-
-
-@dataclasses.dataclass(frozen=True)
-class PolicyStats:
-    """`RL.POLICY STATS name` (and `RL.OUTCOME`'s reply)."""
-
-    scale: int
-    stage: int
-    window_ms: int
-    window_end_ms: int
-    current: Window
-    last: Window
-    adapting: bool
-
-    @classmethod
-    def from_reply(cls, reply: object) -> PolicyStats:
-        """Parses the flat name/value list; exactly `STATS_FIELDS`, in order,
-        each window exactly `WINDOW_FIELDS`."""
-        values = _named(decode(reply), STATS_FIELDS, "RL.POLICY STATS")
-        windows = [
-            Window(*(int(v) for v in _named(values[k], WINDOW_FIELDS, f"RL.POLICY STATS {k}")))
-            for k in (4, 5)
-        ]
-        return cls(
-            int(values[0]),
-            int(values[1]),
-            int(values[2]),
-            int(values[3]),
-            windows[0],
-            windows[1],
-            int(values[6]) != 0,
-        )
-
-
-def _named(items: object, names: Sequence[str], what: str) -> list[Any]:
-    if not isinstance(items, list) or len(items) != 2 * len(names):
-        raise ProtocolError(f"{what} answered {items!r}")
-    got = [str(n) for n in items[::2]]
-    if got != list(names):
-        raise ProtocolError(f"{what} answered the fields {got}, not {list(names)}")
-    return list(items[1::2])
-
-
-def outcome_args(policy: str, ok: int, errors: int) -> list[str | int]:
-    return ["RL.OUTCOME", check_policy_name(policy), ok, errors]
-
-
-def stats_args(policy: str) -> list[str | int]:
-    return ["RL.POLICY", "STATS", check_policy_name(policy)]
 
 
 @dataclasses.dataclass

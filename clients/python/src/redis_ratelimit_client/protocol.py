@@ -10,7 +10,7 @@ import dataclasses
 import inspect
 import re
 from collections.abc import Sequence
-from typing import Any, Callable, Union
+from typing import Any, Callable, Literal, Union
 
 from redis.exceptions import ResponseError
 
@@ -20,6 +20,7 @@ from .request import Request, RequestKind
 from .spec import (
     ALGORITHMS,
     MAX_LEASE,
+    Adapt,
     Algorithm,
     Concurrency,
     FixedWindow,
@@ -30,9 +31,11 @@ from .spec import (
     Quota,
     Sliding,
     Spec,
+    Stages,
     TokenBucket,
     _check_int,
     check_policy_name,
+    loop_args,
 )
 
 Key = Union[str, bytes]
@@ -147,7 +150,15 @@ def lease_of(client: Any, key: Key, d: Decision, lease_ms: int | None, spec: Spe
     return cls(client, key, d, lease_ms)
 
 
-def policy_set_args(name: str, spec: Algorithm, mode: PolicyMode, rollout: int) -> list[str | int]:
+def policy_set_args(
+    name: str,
+    spec: Algorithm,
+    mode: PolicyMode,
+    rollout: int,
+    adapt: Adapt | Literal["OFF"] | None = None,
+    stages: Stages | None = None,
+    window_ms: int | None = None,
+) -> list[str | int]:
     check_policy_name(name)
     if isinstance(spec, Policy):
         raise InvalidArgument("a policy is an algorithm, not another Policy")
@@ -165,7 +176,12 @@ def policy_set_args(name: str, spec: Algorithm, mode: PolicyMode, rollout: int) 
         "ROLLOUT",
         rollout,
         *zone,
+        *loop_args(adapt, stages, window_ms),
     ]
+
+
+def policy_scale_args(name: str, pct: int) -> list[Arg]:
+    return ["RL.POLICY", "SCALE", check_policy_name(name), _check_int("pct", pct, 1, 100)]
 
 
 def all_args(
@@ -407,3 +423,78 @@ def _takes_command_name(pool: Any) -> bool:
             known = True
         _TAKES_COMMAND_NAME[cls] = known
     return known
+
+
+# -- the protection loop: RL.OUTCOME and RL.POLICY STATS --
+
+#: `RL.POLICY STATS` (and `RL.OUTCOME`): its names, in order.
+STATS_FIELDS = ("scale", "stage", "window_ms", "window_end_ms", "current", "last", "adapting")
+#: Each window's names, in order.
+WINDOW_FIELDS = ("calls", "admitted", "denied", "ok", "errors", "deny_permille", "error_permille")
+
+
+@dataclasses.dataclass(frozen=True)
+class Window:
+    """One window of a policy's loop, as the master counted it."""
+
+    calls: int
+    admitted: int
+    denied: int
+    ok: int
+    errors: int
+    deny_permille: int
+    error_permille: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyStats:
+    """`RL.POLICY STATS name` (and `RL.OUTCOME`'s reply)."""
+
+    scale: int
+    stage: int
+    window_ms: int
+    window_end_ms: int
+    current: Window
+    last: Window
+    adapting: bool
+
+    @classmethod
+    def from_reply(cls, reply: object) -> PolicyStats:
+        """Parses the flat name/value list; exactly `STATS_FIELDS`, in order,
+        each window exactly `WINDOW_FIELDS`."""
+        values = _named(decode(reply), STATS_FIELDS, "RL.POLICY STATS")
+        windows = [
+            Window(*(int(v) for v in _named(values[k], WINDOW_FIELDS, f"RL.POLICY STATS {k}")))
+            for k in (4, 5)
+        ]
+        return cls(
+            int(values[0]),
+            int(values[1]),
+            int(values[2]),
+            int(values[3]),
+            windows[0],
+            windows[1],
+            int(values[6]) != 0,
+        )
+
+
+def _named(items: object, names: Sequence[str], what: str) -> list[Any]:
+    if not isinstance(items, list) or len(items) != 2 * len(names):
+        raise ProtocolError(f"{what} answered {items!r}")
+    got = [str(n) for n in items[::2]]
+    if got != list(names):
+        raise ProtocolError(f"{what} answered the fields {got}, not {list(names)}")
+    return list(items[1::2])
+
+
+def outcome_args(policy: str, ok: int, errors: int) -> list[str | int]:
+    return [
+        "RL.OUTCOME",
+        check_policy_name(policy),
+        _check_int("ok", ok, 0),
+        _check_int("errors", errors, 0),
+    ]
+
+
+def stats_args(policy: str) -> list[str | int]:
+    return ["RL.POLICY", "STATS", check_policy_name(policy)]

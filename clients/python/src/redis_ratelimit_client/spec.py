@@ -339,6 +339,88 @@ Spec = Union[Algorithm, Policy]
 ALGORITHMS = (TokenBucket, LeakyBucket, Sliding, HashWindow, FixedWindow, Concurrency, Quota)
 
 
+#: `RL.POLICY SET ... ADAPT ERRORS pct`'s defaults (the contract's
+#: `protection.defaults`) and the policy's window when none is given.
+ADAPT_FACTOR = 80
+ADAPT_MIN = 50
+ADAPT_RECOVER = 5
+ADAPT_MINCALLS = 100
+LOOP_WINDOW_MS = 10_000
+#: The longest `WINDOW` of a policy's loop: a day.
+MAX_LOOP_WINDOW_MS = 86_400_000
+
+
+@dataclasses.dataclass(frozen=True)
+class Adapt:
+    """`ADAPT ERRORS errors [FACTOR] [MIN] [RECOVER] [MINCALLS]` of a
+    policy: when a window with at least `mincalls` outcomes has more than
+    `errors` % errors, the scale becomes max(`min`, scale x `factor` / 100);
+    at most `errors` / 2 %, it climbs by `recover` (up to 100)."""
+
+    errors: int
+    factor: int = ADAPT_FACTOR
+    min: int = ADAPT_MIN
+    recover: int = ADAPT_RECOVER
+    mincalls: int = ADAPT_MINCALLS
+
+    def __post_init__(self) -> None:
+        _check_int("ERRORS", self.errors, 0, 100)
+        _check_int("FACTOR", self.factor, 1, 100)
+        _check_int("MIN", self.min, 1, 100)
+        _check_int("RECOVER", self.recover, 0, 100)
+        _check_int("MINCALLS", self.mincalls, 0)
+
+    def args(self) -> list[str | int]:
+        return [
+            "ADAPT",
+            "ERRORS",
+            self.errors,
+            "FACTOR",
+            self.factor,
+            "MIN",
+            self.min,
+            "RECOVER",
+            self.recover,
+            "MINCALLS",
+            self.mincalls,
+        ]
+
+
+@dataclasses.dataclass(frozen=True)
+class Stages:
+    """`STAGES degrade_pct break_pct` of a policy: at a window's end its
+    stage becomes 2 (break) above `break_pct` % denied, else 1 (degrade)
+    above `degrade_pct` %, else one lower."""
+
+    degrade_pct: int
+    break_pct: int
+
+    def __post_init__(self) -> None:
+        _check_int("degrade_pct", self.degrade_pct, 0, 100)
+        _check_int("break_pct", self.break_pct, self.degrade_pct, 100)
+
+    def args(self) -> list[str | int]:
+        return ["STAGES", self.degrade_pct, self.break_pct]
+
+
+def loop_args(
+    adapt: Adapt | Literal["OFF"] | None, stages: Stages | None, window_ms: int | None
+) -> list[str | int]:
+    """A policy's loop options: `ADAPT ...` or `ADAPT OFF`, `STAGES`, `WINDOW`."""
+    out: list[str | int] = []
+    if adapt == "OFF":
+        out += ["ADAPT", "OFF"]
+    elif adapt is not None:
+        if not isinstance(adapt, Adapt):
+            raise InvalidArgument('adapt is an Adapt, "OFF" or None', param="ADAPT")
+        out += adapt.args()
+    if stages is not None:
+        out += stages.args()
+    if window_ms is not None:
+        out += ["WINDOW", _check_int("WINDOW", window_ms, 1, MAX_LOOP_WINDOW_MS)]
+    return out
+
+
 class PolicyMode(str, enum.Enum):
     ENFORCE = "ENFORCE"
     SHADOW = "SHADOW"
