@@ -95,6 +95,7 @@ bench: build bench-floor bench-kit-rust bench-kit-java bench-kit-node
 	RL_MODULE=$(CURDIR)/$(MODULE) scripts/bench.sh
 	RL_MODULE=$(CURDIR)/$(MODULE) python3 bench/limits_python.py
 	RL_MODULE=$(CURDIR)/$(MODULE) python3 bench/blocking.py
+	RL_MODULE=$(CURDIR)/$(MODULE) python3 bench/protection.py
 
 # This build against another one, side by side (bench/compare.sh):
 # make bench-compare BEFORE=/abs/path/to/other/libredis_ratelimit.so
