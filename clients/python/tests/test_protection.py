@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 import redis.asyncio as aioredis
-from conftest import Server, wait_until
+from conftest import Cluster, Server, wait_until
 
 from redis_ratelimit_client import (
     AsyncProtection,
@@ -396,3 +396,46 @@ def test_the_typed_calls_set_a_policys_loop_scale_it_and_read_it(
 
     [s] = asyncio.run(run())
     assert s.scale == 70 and not s.adapting and s.window_ms == 10_000
+
+
+def test_a_cluster_client_reports_to_and_reads_every_master(cluster: Cluster) -> None:
+    from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+    from redis.cluster import ClusterNode, RedisCluster
+
+    from redis_ratelimit_client import Client, Stages
+
+    rc = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", cluster.nodes[0].port)])
+    c = Client(rc)
+    c.policy_set("api", TokenBucket(2, 1, 60000), stages=Stages(30, 50), window_ms=86_400_000)
+    nodes = [n.client() for n in cluster.nodes]
+    # One master's own traffic puts it at stage 2 ...
+    nodes[1].execute_command(
+        "RL.POLICY", "SET", "api", *"TOKENBUCKET 2 1 60000 STAGES 30 50 WINDOW 1000".split()
+    )
+    for _ in range(10):
+        nodes[1].execute_command("RL.HIT", "api", "flooder")
+    p = Protection(c, ["api"])
+    wait_until(lambda: p.poll() or p.stage("api") == 2, 5, "stage 2 from one master of three")
+    assert p.stats.polls_failed == 0 and p.stats.polls >= 3
+    nodes[2].execute_command("RL.POLICY", "SCALE", "api", 30)
+    p.record_ok("api")
+    p.record_error("api")
+    p.report()
+    assert p.stats.reports_sent == 3
+    for n in (nodes[0], nodes[2]):
+        assert window_counts(n) == (1, 1)
+    assert p.scale("api") == 30  # RL.OUTCOME's reply is a read too
+
+    async def read_async() -> tuple[int, int, int]:
+        arc = AsyncRedisCluster(
+            startup_nodes=[AsyncClusterNode("127.0.0.1", cluster.nodes[0].port)]
+        )
+        ap = AsyncProtection(arc, ["api"])
+        await ap.poll()
+        await arc.aclose()
+        return ap.stage("api"), ap.scale("api"), ap.stats.polls
+
+    assert asyncio.run(read_async()) == (2, 30, 3)
+    for n in nodes:
+        n.execute_command("RL.POLICY", "DEL", "api")

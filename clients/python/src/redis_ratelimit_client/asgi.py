@@ -341,26 +341,29 @@ class RateLimitMiddleware:
                 released = True  # the response is done: the app may still run background work
                 await self.release(held)
 
-        error: BaseException | None = None
+        # The outcome, once the app is done: a cancellation (the client went
+        # away) is none, and is not counted.
         try:
-            if self.timeout is None:
-                await self.app(scope, receive, send_with_headers)
-            else:
-                await asyncio.wait_for(self.app(scope, receive, send_with_headers), self.timeout)
-        except asyncio.TimeoutError as e:
-            if self.timeout is None:
-                error = e
-                raise
-            error = e
-            if status is None:
+            try:
+                if self.timeout is None:
+                    await self.app(scope, receive, send_with_headers)
+                else:
+                    await asyncio.wait_for(
+                        self.app(scope, receive, send_with_headers), self.timeout
+                    )
+            except asyncio.TimeoutError as e:
+                self._outcome(status, e)
+                if self.timeout is None or status is not None:
+                    raise
                 await self._problem(
                     send, 504, "Gateway Timeout", "the request took too long", [], None
                 )
-        except Exception as e:
-            error = e
-            raise
+            except Exception as e:
+                self._outcome(status, e)
+                raise
+            else:
+                self._outcome(status, None)
         finally:
-            self._outcome(status, error)
             if held and not released:
                 released = True
                 task = self.limiter._release_later(held)
