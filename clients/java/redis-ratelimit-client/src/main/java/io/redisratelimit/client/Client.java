@@ -480,6 +480,16 @@ public sealed class Client implements AutoCloseable permits RateLimitClient {
      * {@code RL.HIT} and {@code RL.ALL ... POLICY name} then count in that zone.
      */
     public CompletionStage<Void> policySetAsync(String name, Spec spec, PolicyMode mode, int rollout) {
+        return policySetAsync(name, spec, mode, rollout, PolicyLoop.NONE);
+    }
+
+    /**
+     * {@code RL.POLICY SET name <spec> MODE m ROLLOUT p <loop>} on every
+     * master: the policy with its protection loop ({@code ADAPT},
+     * {@code STAGES}, {@code WINDOW}). A set without a loop resets the
+     * policy's scale and stage; {@link PolicyLoop#adaptOff()} keeps the scale.
+     */
+    public CompletionStage<Void> policySetAsync(String name, Spec spec, PolicyMode mode, int rollout, PolicyLoop loop) {
         if (rollout < 0 || rollout > 100) {
             throw new InvalidArgumentException("rollout", "must be a percent from 0 to 100, got " + rollout);
         }
@@ -489,11 +499,52 @@ public sealed class Client implements AutoCloseable permits RateLimitClient {
         args.add((mode == null ? PolicyMode.ENFORCE : mode).name());
         args.add("ROLLOUT");
         args.add(Integer.toString(rollout));
+        args.addAll((loop == null ? PolicyLoop.NONE : loop).words());
         return masters(new Command("RL.POLICY", args, -1, false)).thenApply(r -> null);
     }
 
     public void policySet(String name, Spec spec, PolicyMode mode, int rollout) {
         sync(policySetAsync(name, spec, mode, rollout), "RL.POLICY SET", null);
+    }
+
+    public void policySet(String name, Spec spec, PolicyMode mode, int rollout, PolicyLoop loop) {
+        sync(policySetAsync(name, spec, mode, rollout, loop), "RL.POLICY SET", null);
+    }
+
+    /**
+     * {@code RL.OUTCOME name ok errors} on every master: counts of finished
+     * requests the policy admitted, added to each master's current window.
+     * Answers each master's {@link PolicyStats}. Never retried by the kit: a
+     * lost report is a lost count.
+     */
+    public CompletionStage<List<PolicyStats>> outcomeAsync(String policy, long ok, long errors) {
+        if (ok < 0 || ok > Spec.MAX_PARAM) {
+            throw new InvalidArgumentException("ok", "must be an integer from 0 to " + Spec.MAX_PARAM + ", got " + ok);
+        }
+        if (errors < 0 || errors > Spec.MAX_PARAM) {
+            throw new InvalidArgumentException("errors", "must be an integer from 0 to " + Spec.MAX_PARAM + ", got " + errors);
+        }
+        Command c = new Command("RL.OUTCOME", List.of(Args.policyName(policy), Long.toString(ok), Long.toString(errors)), -1, true);
+        return masters(c).thenApply(rs -> rs.stream().map(r -> PolicyStats.fromReply(c.name(), r)).toList());
+    }
+
+    /** {@code RL.POLICY STATS name} on every master, each master's view (one for a standalone server). */
+    public CompletionStage<List<PolicyStats>> policyStatsAsync(String policy) {
+        Command c = new Command("RL.POLICY", List.of("STATS", Args.policyName(policy)), -1, true);
+        return masters(c).thenApply(rs -> rs.stream().map(r -> PolicyStats.fromReply("RL.POLICY STATS", r)).toList());
+    }
+
+    public List<PolicyStats> policyStats(String policy) {
+        return sync(policyStatsAsync(policy), "RL.POLICY STATS", null);
+    }
+
+    /** {@code RL.POLICY SCALE name pct} on every master: the operator's hand on the scale (1 to 100). */
+    public void policyScale(String policy, int pct) {
+        if (pct < 1 || pct > 100) {
+            throw new InvalidArgumentException("pct", "must be an integer from 1 to 100, got " + pct);
+        }
+        Command c = new Command("RL.POLICY", List.of("SCALE", Args.policyName(policy), Integer.toString(pct)), -1, false);
+        sync(masters(c), "RL.POLICY SCALE", null);
     }
 
     /** {@code RL.POLICY GET}; empty when there is none. */

@@ -139,8 +139,38 @@ public class RateLimitAutoConfiguration {
     }
 
     /**
-     * Checks every {@code @RateLimited} key expression when its bean is
-     * created: one naming no parameter of its method fails the start-up.
+     * The protection loop: the outcomes of requests the rules with a loop
+     * ({@code adapt}, {@code stages}) admitted are sent with RL.OUTCOME and
+     * their stages read in the background; at stage 2 the Resilience4j
+     * breakers those rules name are forced open (from the application's
+     * {@code CircuitBreakerRegistry}, or a registry of the starter's own when
+     * it has none).
+     */
+    @Bean(destroyMethod = "close")
+    @ConditionalOnMissingBean
+    public io.redisratelimit.client.Protection rateLimitProtection(RateLimitService service, RateLimitProperties p,
+                                                                   ObjectProvider<ErrorPredicate> predicate,
+                                                                   ObjectProvider<io.github.resilience4j.circuitbreaker.CircuitBreakerRegistry> registry) {
+        RateLimitProperties.Protection t = p.getProtection();
+        io.redisratelimit.client.Protection protection;
+        try {
+            protection = io.redisratelimit.client.Protection.builder(service.client()).reportInterval(t.getReportInterval())
+                    .stagePoll(t.getStagePoll()).stageHold(t.getStageHold()).policies(service.rules().loopPolicies()).build();
+        } catch (InvalidArgumentException e) {
+            throw new RateLimitConfigException("ratelimit.protection." + e.parameter().replace('_', '-'), e.reason(), e);
+        }
+        RateLimitBreakers breakers = new RateLimitBreakers(service, registry.getIfAvailable(
+                io.github.resilience4j.circuitbreaker.CircuitBreakerRegistry::ofDefaults));
+        protection.addListener(breakers);
+        service.protection(protection, predicate.getIfAvailable(() -> ErrorPredicate.DEFAULT));
+        return protection;
+    }
+
+    /**
+     * Checks every {@code @RateLimited} key expression and degrade handler
+     * ({@code fallback}) when its bean is created: a key naming no parameter
+     * of its method, or a fallback that is missing or does not fit, fails the
+     * start-up.
      */
     @Bean
     @Role(BeanDefinition.ROLE_INFRASTRUCTURE)
@@ -170,6 +200,10 @@ public class RateLimitAutoConfiguration {
                     }
                     if (a != null) {
                         RateLimitKeys.checkAnnotated(m, a.key(), names.getParameterNames(m));
+                        if (!a.fallback().isEmpty()) {
+                            // A missing or ill-fitting degrade handler fails the start, naming it.
+                            RateLimitFallbacks.resolve(type, m, a.fallback());
+                        }
                     }
                 }
                 return bean;
@@ -267,6 +301,9 @@ public class RateLimitAutoConfiguration {
         m.put("ratelimit.deny-cache.capacity", String.valueOf(p.getDenyCache().getCapacity()));
         m.put("ratelimit.breaker.failures", String.valueOf(p.getBreaker().getFailures()));
         m.put("ratelimit.breaker.open-for", String.valueOf(p.getBreaker().getOpenFor()));
+        m.put("ratelimit.protection.report-interval", String.valueOf(p.getProtection().getReportInterval()));
+        m.put("ratelimit.protection.stage-poll", String.valueOf(p.getProtection().getStagePoll()));
+        m.put("ratelimit.protection.stage-hold", String.valueOf(p.getProtection().getStageHold()));
         return m;
     }
 

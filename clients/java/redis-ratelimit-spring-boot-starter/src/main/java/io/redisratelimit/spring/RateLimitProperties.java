@@ -52,6 +52,7 @@ public class RateLimitProperties {
     private boolean headers = true;
     private final DenyCache denyCache = new DenyCache();
     private final Breaker breaker = new Breaker();
+    private final Protection protection = new Protection();
     /** The rules, by name. */
     private Map<String, Rule> rules = new LinkedHashMap<>();
 
@@ -111,7 +112,142 @@ public class RateLimitProperties {
         }
     }
 
+    /** The protection loop's timings (the defaults are every kit's: report 1 s, poll 1 s, hold 5 s). */
+    public static class Protection {
+        /** How often the outcome counts are sent with RL.OUTCOME (to every master). */
+        private Duration reportInterval = Duration.ofMillis(1000);
+        /** How often each policy's stage and scale are read with RL.POLICY STATS (on every master; the highest stage wins). */
+        private Duration stagePoll = Duration.ofMillis(1000);
+        /** With no successful read for this long, the stage falls back to 0 (the limiter's own fallback decides). */
+        private Duration stageHold = Duration.ofMillis(5000);
+
+        public Duration getReportInterval() {
+            return reportInterval;
+        }
+
+        public void setReportInterval(Duration reportInterval) {
+            this.reportInterval = reportInterval;
+        }
+
+        public Duration getStagePoll() {
+            return stagePoll;
+        }
+
+        public void setStagePoll(Duration stagePoll) {
+            this.stagePoll = stagePoll;
+        }
+
+        public Duration getStageHold() {
+            return stageHold;
+        }
+
+        public void setStageHold(Duration stageHold) {
+            this.stageHold = stageHold;
+        }
+    }
+
+    /** A rule's {@code ADAPT ERRORS pct [FACTOR f] [MIN m] [RECOVER r] [MINCALLS n]}. */
+    public static class Adapt {
+        /** Percent of errors among a window's outcomes above which the scale falls (0 to 100); unset: no adapting. */
+        private Integer errors;
+        /** The scale is multiplied by factor % on such a window (1 to 100). */
+        private int factor = 80;
+        /** The lowest scale, in percent (1 to 100). */
+        private int min = 50;
+        /** Points the scale climbs back per window with at most errors / 2 % errors (0 to 100). */
+        private int recover = 5;
+        /** A window with fewer outcomes changes nothing. */
+        private long mincalls = 100;
+
+        public Integer getErrors() {
+            return errors;
+        }
+
+        public void setErrors(Integer errors) {
+            this.errors = errors;
+        }
+
+        public int getFactor() {
+            return factor;
+        }
+
+        public void setFactor(int factor) {
+            this.factor = factor;
+        }
+
+        public int getMin() {
+            return min;
+        }
+
+        public void setMin(int min) {
+            this.min = min;
+        }
+
+        public int getRecover() {
+            return recover;
+        }
+
+        public void setRecover(int recover) {
+            this.recover = recover;
+        }
+
+        public long getMincalls() {
+            return mincalls;
+        }
+
+        public void setMincalls(long mincalls) {
+            this.mincalls = mincalls;
+        }
+    }
+
     public static class Rule {
+        /** The policy's error-driven scale (RL.POLICY SET ... ADAPT ERRORS pct ...). */
+        private final Adapt adapt = new Adapt();
+        /** degrade_pct,break_pct: the policy's stage from each window's deny ratio (RL.POLICY SET ... STAGES). */
+        private List<Integer> stages = new ArrayList<>();
+        /** The policy's loop window (default 10 s on the server). */
+        private Duration window;
+        /** false: a non-core route (or @RateLimited(core = false) method) degrades while the rule's stage is 1 or more. */
+        private boolean core = true;
+        /** A Resilience4j CircuitBreaker (by name, from the application's CircuitBreakerRegistry) forced open while the rule's stage is 2. */
+        private String breaker;
+
+        public Adapt getAdapt() {
+            return adapt;
+        }
+
+        public List<Integer> getStages() {
+            return stages;
+        }
+
+        public void setStages(List<Integer> stages) {
+            this.stages = stages;
+        }
+
+        public Duration getWindow() {
+            return window;
+        }
+
+        public void setWindow(Duration window) {
+            this.window = window;
+        }
+
+        public boolean isCore() {
+            return core;
+        }
+
+        public void setCore(boolean core) {
+            this.core = core;
+        }
+
+        public String getBreaker() {
+            return breaker;
+        }
+
+        public void setBreaker(String breaker) {
+            this.breaker = breaker;
+        }
+
         /** tokenbucket, leakybucket, sliding, hashwindow, fixedwindow, concurrency (at most limit requests at once), or quota (limit units per calendar period). */
         private String algorithm;
         /** The algorithm's parameters in the command's order (tokenbucket: capacity, refill_count, refill_ms; concurrency: limit, lease_ms; quota: limit). */
@@ -322,6 +458,10 @@ public class RateLimitProperties {
 
     public Breaker getBreaker() {
         return breaker;
+    }
+
+    public Protection getProtection() {
+        return protection;
     }
 
     public Map<String, Rule> getRules() {

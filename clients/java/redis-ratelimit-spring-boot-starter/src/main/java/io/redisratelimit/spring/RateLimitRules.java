@@ -2,6 +2,7 @@ package io.redisratelimit.spring;
 
 import io.redisratelimit.client.Algorithm;
 import io.redisratelimit.client.InvalidArgumentException;
+import io.redisratelimit.client.PolicyLoop;
 import io.redisratelimit.client.PolicyMode;
 import io.redisratelimit.client.Rule;
 import io.redisratelimit.client.Spec;
@@ -18,7 +19,8 @@ import java.util.Map;
  */
 public final class RateLimitRules {
     /** A checked rule with what the starter needs beside the client's {@link Rule}. */
-    public record Entry(String name, Rule rule, List<String> routes, List<String> methods, String keyExpression, long cost) {
+    public record Entry(String name, Rule rule, List<String> routes, List<String> methods, String keyExpression, long cost,
+                        PolicyLoop loop, boolean core, String breaker) {
         /** Whether a route rule applies to a request of this HTTP method (every method when none is named). */
         public boolean appliesTo(String method) {
             return methods.isEmpty() || methods.contains(method);
@@ -114,9 +116,49 @@ public final class RateLimitRules {
                 }
                 methods.add(upper);
             }
-            out.put(name, new Entry(name, rule, List.copyOf(r.getRoutes()), List.copyOf(methods), r.getKey(), r.getCost()));
+            PolicyLoop loop = loop(p, r);
+            String breaker = r.getBreaker() == null || r.getBreaker().isBlank() ? null : r.getBreaker().trim();
+            if ((breaker != null || !r.isCore()) && !loop.staged()) {
+                throw new RateLimitConfigException(p + ".stages", "missing: a rule with " + (breaker != null ? "a breaker" : "core=false")
+                        + " acts on its stage, which only a policy with stages (degrade_pct,break_pct) has", null);
+            }
+            out.put(name, new Entry(name, rule, List.copyOf(r.getRoutes()), List.copyOf(methods), r.getKey(), r.getCost(),
+                    loop, r.isCore(), breaker));
         }
         return new RateLimitRules(app, out);
+    }
+
+    /** The rule's protection loop; each argument's error names its property. */
+    private static PolicyLoop loop(String p, RateLimitProperties.Rule r) {
+        PolicyLoop loop = PolicyLoop.NONE;
+        try {
+            RateLimitProperties.Adapt a = r.getAdapt();
+            if (a.getErrors() != null) {
+                loop = PolicyLoop.adapt(a.getErrors()).factor(a.getFactor()).min(a.getMin()).recover(a.getRecover()).minCalls(a.getMincalls());
+            }
+            if (!r.getStages().isEmpty()) {
+                if (r.getStages().size() != 2) {
+                    throw new RateLimitConfigException(p + ".stages", "takes degrade_pct,break_pct, got " + r.getStages(), null);
+                }
+                loop = loop.stages(r.getStages().get(0), r.getStages().get(1));
+            }
+            if (r.getWindow() != null) {
+                loop = loop.window(r.getWindow());
+            }
+        } catch (InvalidArgumentException ex) {
+            String property = switch (ex.parameter()) {
+                case "degrade_pct", "break_pct" -> ".stages";
+                case "WINDOW" -> ".window";
+                default -> ".adapt." + ex.parameter().toLowerCase(java.util.Locale.ROOT);
+            };
+            throw new RateLimitConfigException(p + property, ex.parameter() + " " + ex.reason(), ex);
+        }
+        return loop;
+    }
+
+    /** The policies with a loop (adapt or stages): the ones whose outcomes are reported and whose stage is read. */
+    public List<String> loopPolicies() {
+        return entries.values().stream().filter(e -> e.loop().any()).map(e -> e.rule().policy()).distinct().toList();
     }
 
     /** A quota's spec; the period and zone's errors name their properties. */
@@ -161,7 +203,7 @@ public final class RateLimitRules {
         java.util.TreeMap<String, String> byPolicy = new java.util.TreeMap<>();
         for (Entry e : entries.values()) {
             Rule r = e.rule();
-            byPolicy.put(r.policy(), r.spec() + " " + r.mode() + " " + r.rollout());
+            byPolicy.put(r.policy(), r.spec() + " " + r.mode() + " " + r.rollout() + (e.loop().any() ? " " + e.loop() : ""));
         }
         try {
             java.security.MessageDigest sha = java.security.MessageDigest.getInstance("SHA-256");

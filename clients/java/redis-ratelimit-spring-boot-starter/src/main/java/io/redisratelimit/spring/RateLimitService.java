@@ -5,6 +5,7 @@ import io.redisratelimit.client.Decision;
 import io.redisratelimit.client.Lease;
 import io.redisratelimit.client.Limiter;
 import io.redisratelimit.client.PolicyInfo;
+import io.redisratelimit.client.Protection;
 import io.redisratelimit.client.RateLimitException;
 import io.redisratelimit.client.Rule;
 import io.redisratelimit.client.RuleSet;
@@ -209,7 +210,7 @@ public class RateLimitService {
         for (RateLimitRules.Entry e : mine.entries().values()) {
             Rule r = e.rule();
             if (!present.contains(r.policy())) {
-                limiter.client().policySet(r.policy(), r.spec(), r.mode(), r.rollout());
+                limiter.client().policySet(r.policy(), r.spec(), r.mode(), r.rollout(), e.loop());
                 restored.add(r.policy());
             }
         }
@@ -282,12 +283,98 @@ public class RateLimitService {
         rules = next;
         outOfDate = false;
         sets.clear();
+        Protection p = protection;
+        if (p != null) {
+            p.watch(next.loopPolicies());
+        }
+    }
+
+    // ---- the protection loop ------------------------------------------------
+
+    private volatile Protection protection;
+    private volatile ErrorPredicate errors = ErrorPredicate.DEFAULT;
+
+    /** The loop this service reports outcomes to and reads stages from (the auto-configuration sets it). */
+    public void protection(Protection p, ErrorPredicate predicate) {
+        this.protection = p;
+        this.errors = predicate == null ? ErrorPredicate.DEFAULT : predicate;
+        if (p != null) {
+            p.watch(rules.loopPolicies());
+        }
+    }
+
+    /** The protection loop, or null when there is none. */
+    public Protection protection() {
+        return protection;
+    }
+
+    /** The highest stage of these rules' policies (0 without a loop, or while no stage was read for the stage hold). */
+    public int stage(List<String> names) {
+        Protection p = protection;
+        if (p == null) {
+            return Protection.NORMAL;
+        }
+        int s = Protection.NORMAL;
+        for (String n : names) {
+            s = Math.max(s, p.stage(rules.get(n).rule().policy()));
+        }
+        return s;
+    }
+
+    /**
+     * The first of these rules that degrades now: non-core (its property
+     * {@code core=false}, or {@code nonCore} for every rule of an annotated
+     * method) with its policy at stage 1 or more; null when none does.
+     */
+    public String degrading(List<String> names, boolean nonCore) {
+        Protection p = protection;
+        if (p == null) {
+            return null;
+        }
+        for (String n : names) {
+            RateLimitRules.Entry e = rules.get(n);
+            if ((nonCore || !e.core()) && p.stage(e.rule().policy()) >= Protection.DEGRADE) {
+                return n;
+            }
+        }
+        return null;
+    }
+
+    /**
+     * The answer of a degraded rule, decided without Redis: a denial of its
+     * limit, to retry after the stage poll (when the stage may have fallen).
+     */
+    public Decision degraded(String name) {
+        RateLimitRules.Entry e = rules.get(name);
+        long limit = e.rule().spec() == null ? 0 : e.rule().spec().limit();
+        long wait = protection == null ? 1000 : protection.stagePoll().toMillis();
+        return new Decision(false, limit, 0, wait, wait, java.util.OptionalInt.empty(), io.redisratelimit.client.Path.FALLBACK);
+    }
+
+    /** Whether a finished request failed, by the application's {@link ErrorPredicate} ({@code status} -1: no HTTP status). */
+    public boolean isError(int status, Throwable failure) {
+        return errors.isError(status, failure);
+    }
+
+    /** Counts the outcome of a request these rules admitted, for their policies with a loop (no I/O here). */
+    public void recordOutcome(List<String> names, boolean error) {
+        Protection p = protection;
+        if (p == null) {
+            return;
+        }
+        RateLimitRules current = rules;
+        for (String n : names) {
+            RateLimitRules.Entry e = current.entries().get(n);
+            if (e != null) {
+                p.record(e.rule().policy(), error);
+            }
+        }
     }
 
     private void push(RateLimitRules next) {
         Client client = limiter.client();
         for (RateLimitRules.Entry e : next.entries().values()) {
-            client.policySet(e.rule().policy(), e.rule().spec(), e.rule().mode(), e.rule().rollout());
+            client.policySet(e.rule().policy(), e.rule().spec(), e.rule().mode(), e.rule().rollout(), e.loop());
         }
         List<String> keep = next.entries().values().stream().map(e -> e.rule().policy()).toList();
         for (String name : client.policyList()) {

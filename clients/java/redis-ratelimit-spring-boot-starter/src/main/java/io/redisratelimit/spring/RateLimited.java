@@ -29,4 +29,23 @@ public @interface RateLimited {
 
     /** Units one call takes. */
     long cost() default 1;
+
+    /**
+     * The degrade handler: a method of the same bean, by name, that answers
+     * instead of the denial (a cached or default answer), as Sentinel's
+     * {@code blockHandler} and Resilience4j's {@code fallbackMethod}. It takes
+     * the method's parameters, optionally followed by the
+     * {@link RateLimitExceededException} (or a supertype), and returns what
+     * the method returns. Checked at start-up: a missing method, or one whose
+     * signature does not fit, fails the application's start with its name.
+     */
+    String fallback() default "";
+
+    /**
+     * false: a non-core feature. While a rule's stage (the protection loop's,
+     * {@code ratelimit.rules.<rule>.stages}) is 1 or more, the call is not
+     * decided (no call to Redis): it answers with {@link #fallback()}, or is
+     * denied when there is none.
+     */
+    boolean core() default true;
 }

@@ -53,6 +53,12 @@ public class RateLimitedInterceptor implements MethodInterceptor {
             return invocation.proceed();
         }
         List<String> rules = List.of(a.rule());
+        String degrading = service.degrading(rules, !a.core());
+        if (degrading != null) {
+            // Not decided: a non-core feature at stage 1 or more calls no Redis.
+            Decision d = service.degraded(degrading);
+            return denied(invocation, target, specific, a, new RateLimitExceededException(rules, degrading, d));
+        }
         String identity = "-";
         if (!a.key().isEmpty()) {
             Expression e = expressions.computeIfAbsent(a.key(), parser::parseExpression);
@@ -73,20 +79,56 @@ public class RateLimitedInterceptor implements MethodInterceptor {
             h.decided(rules, d);
         }
         if (!d.allowed()) {
-            throw new RateLimitExceededException(rules, service.reported(rules, d), d);
-        }
-        if (permit.leases().isEmpty()) {
-            return invocation.proceed();
+            return denied(invocation, target, specific, a, new RateLimitExceededException(rules, service.reported(rules, d), d));
         }
         Object result;
         try {
             result = invocation.proceed();
         } catch (Throwable t) {
+            service.recordOutcome(rules, service.isError(-1, t));
             permit.close();
             throw t;
         }
-        return releasedWhenDone(result, permit);
+        return releasedWhenDone(counted(result, rules), permit);
     }
+
+    /** A denied or degraded call: its fallback's answer, or the denial thrown. */
+    private static Object denied(MethodInvocation invocation, Class<?> target, Method specific, RateLimited a,
+                                 RateLimitExceededException denial) throws Throwable {
+        if (a.fallback().isEmpty()) {
+            throw denial;
+        }
+        Method fallback = RateLimitFallbacks.resolve(target, specific, a.fallback());
+        return RateLimitFallbacks.invoke(fallback, invocation.getThis(), invocation.getArguments(), denial);
+    }
+
+    /**
+     * Counts the call's outcome for the loop when it finishes: now, or when
+     * its {@link CompletionStage} or Reactor publisher completes. A
+     * {@code ResponseEntity} gives its status.
+     */
+    private Object counted(Object result, List<String> rules) {
+        if (result instanceof CompletionStage<?> stage) {
+            return stage.whenComplete((v, e) -> service.recordOutcome(rules, service.isError(status(v), e)));
+        }
+        if (REACTOR && result != null) {
+            Object watched = Reactive.counted(result, service, rules);
+            if (watched != null) {
+                return watched;
+            }
+        }
+        service.recordOutcome(rules, service.isError(status(result), null));
+        return result;
+    }
+
+    private static int status(Object result) {
+        if (WEB && result instanceof org.springframework.http.ResponseEntity<?> r) {
+            return r.getStatusCode().value();
+        }
+        return -1;
+    }
+
+    private static final boolean WEB = ClassUtils.isPresent("org.springframework.http.ResponseEntity", RateLimitedInterceptor.class.getClassLoader());
 
     /**
      * The leases of a concurrency rule are held while the call works: until it
@@ -120,6 +162,18 @@ public class RateLimitedInterceptor implements MethodInterceptor {
             }
             if (result instanceof reactor.core.publisher.Flux<?> flux) {
                 return flux.doFinally(signal -> permit.releaseAsync());
+            }
+            return null;
+        }
+
+        static Object counted(Object result, RateLimitService service, List<String> rules) {
+            if (result instanceof reactor.core.publisher.Mono<?> mono) {
+                return mono.doOnSuccess(v -> service.recordOutcome(rules, service.isError(status(v), null)))
+                        .doOnError(e -> service.recordOutcome(rules, service.isError(-1, e)));
+            }
+            if (result instanceof reactor.core.publisher.Flux<?> flux) {
+                return flux.doOnComplete(() -> service.recordOutcome(rules, false))
+                        .doOnError(e -> service.recordOutcome(rules, service.isError(-1, e)));
             }
             return null;
         }

@@ -239,7 +239,10 @@ public final class LettuceDriver implements Driver {
     @Override
     public CompletableFuture<List<Object>> sendToMasters(Command command) {
         if (cluster == null) {
-            return send(command).thenApply(List::of);
+            CompletableFuture<Object> sent = send(command);
+            CompletableFuture<List<Object>> one = sent.thenApply(List::of);
+            cancelWhenFailed(one, List.of(sent));
+            return one;
         }
         List<CompletableFuture<Object>> all = new ArrayList<>();
         for (RedisClusterNode node : cluster.getPartitions()) {
@@ -253,8 +256,27 @@ public final class LettuceDriver implements Driver {
                 all.add(CompletableFuture.failedFuture(translate(e, command)));
             }
         }
-        return CompletableFuture.allOf(all.toArray(CompletableFuture[]::new))
+        CompletableFuture<List<Object>> every = CompletableFuture.allOf(all.toArray(CompletableFuture[]::new))
                 .thenApply(v -> all.stream().map(CompletableFuture::join).toList());
+        cancelWhenFailed(every, all);
+        return every;
+    }
+
+    /**
+     * When the caller gives up on the answer (its deadline completes it
+     * exceptionally, or it cancels it), the commands still queued are
+     * cancelled: Lettuce would otherwise write them again after a reconnect
+     * (a command sent just before the connection dropped is kept for the
+     * next one), and a replayed {@code RL.OUTCOME} counts twice.
+     */
+    private static void cancelWhenFailed(CompletableFuture<?> answer, List<CompletableFuture<Object>> commands) {
+        answer.whenComplete((v, err) -> {
+            if (err != null) {
+                for (CompletableFuture<Object> c : commands) {
+                    c.cancel(false);
+                }
+            }
+        });
     }
 
     private static CompletableFuture<Object> unwrap(CompletionStage<List<Object>> f, Command command) {

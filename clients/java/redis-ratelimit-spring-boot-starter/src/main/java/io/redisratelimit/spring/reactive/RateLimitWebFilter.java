@@ -58,6 +58,10 @@ public class RateLimitWebFilter implements WebFilter {
             return chain.filter(exchange);
         }
         List<String> names = match.names();
+        String degrading = service.degrading(names, false);
+        if (degrading != null) {
+            return deny(exchange.getResponse(), names, service.degraded(degrading), path);
+        }
         return Mono.fromCompletionStage(service.admitAsync(names, match.identities(), match.cost())).flatMap(permit -> {
             Decision d = permit.decision();
             ServerHttpResponse response = exchange.getResponse();
@@ -65,11 +69,14 @@ public class RateLimitWebFilter implements WebFilter {
                 if (headers) {
                     RateLimitHeaders.of(service, names, d).forEach(response.getHeaders()::set);
                 }
+                Mono<Void> counted = chain.filter(exchange)
+                        .doOnSuccess(v -> service.recordOutcome(names, service.isError(status(response), null)))
+                        .doOnError(e -> service.recordOutcome(names, service.isError(status(response), e)));
                 if (permit.leases().isEmpty()) {
-                    return chain.filter(exchange);
+                    return counted;
                 }
                 // Held until the response is written, or the exchange fails or is cancelled.
-                return chain.filter(exchange).doFinally(signal -> permit.releaseAsync());
+                return counted.doFinally(signal -> permit.releaseAsync());
             }
             return deny(response, names, d, path);
         });
@@ -82,6 +89,10 @@ public class RateLimitWebFilter implements WebFilter {
         byte[] body = RateLimitHeaders.problemJson(service.reported(names, d), d, path).getBytes(StandardCharsets.UTF_8);
         DataBuffer buffer = response.bufferFactory().wrap(body);
         return response.writeWith(Mono.just(buffer));
+    }
+
+    private static int status(ServerHttpResponse response) {
+        return response.getStatusCode() == null ? 200 : response.getStatusCode().value();
     }
 
     /** The client's address: the key of a rule without a key expression. */

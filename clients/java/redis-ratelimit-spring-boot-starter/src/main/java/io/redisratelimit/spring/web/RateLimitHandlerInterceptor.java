@@ -22,6 +22,10 @@ import java.util.List;
  * 429 here, before the handler runs. A rule that caps concurrency holds its
  * lease from here until the request completes ({@link #afterCompletion}, also
  * after an error; for an asynchronous request, after its last dispatch).
+ * When the request completes its outcome is counted for the rules' loop (an
+ * error by the {@link io.redisratelimit.spring.ErrorPredicate}: a 5xx, or an
+ * exception). A route of a rule with {@code core=false} answers 429 without
+ * a call to Redis while the rule's stage is 1 or more.
  */
 public class RateLimitHandlerInterceptor implements HandlerInterceptor {
     private final RateLimitService service;
@@ -36,6 +40,9 @@ public class RateLimitHandlerInterceptor implements HandlerInterceptor {
 
     /** The request's {@link Permit} while its handler works (rules that cap concurrency). */
     public static final String PERMIT = RateLimitHandlerInterceptor.class.getName() + ".permit";
+
+    /** The rules that admitted the request: its outcome is counted for their policies when it completes. */
+    static final String ADMITTED = RateLimitHandlerInterceptor.class.getName() + ".admitted";
 
     @Override
     public boolean preHandle(HttpServletRequest request, HttpServletResponse response, Object handler) throws Exception {
@@ -57,28 +64,44 @@ public class RateLimitHandlerInterceptor implements HandlerInterceptor {
             return true;
         }
         List<String> names = match.names();
+        String degrading = service.degrading(names, false);
+        if (degrading != null) {
+            // A non-core route at stage 1 or more: answered without a call to Redis.
+            deny(request, response, names, degrading, service.degraded(degrading));
+            return false;
+        }
         Permit permit = service.admit(names, match.identities(), match.cost());
         Decision d = permit.decision();
         if (d.allowed()) {
             if (!permit.leases().isEmpty()) {
                 request.setAttribute(PERMIT, permit);
             }
+            request.setAttribute(ADMITTED, names);
             if (headers) {
                 RateLimitHeaders.of(service, names, d).forEach(response::setHeader);
             }
             return true;
         }
-        String rule = service.reported(names, d);
+        deny(request, response, names, service.reported(names, d), d);
+        return false;
+    }
+
+    private void deny(HttpServletRequest request, HttpServletResponse response, List<String> names, String rule, Decision d)
+            throws java.io.IOException {
         RateLimitHeaders.of(service, names, d).forEach(response::setHeader);
         response.setStatus(429);
         response.setContentType(MediaType.APPLICATION_PROBLEM_JSON_VALUE);
         response.getOutputStream().write(RateLimitHeaders.problemJson(rule, d, request.getRequestURI()).getBytes(StandardCharsets.UTF_8));
-        return false;
     }
 
     /** The response is done (or the handler failed): the concurrency rules' leases go back. */
     @Override
     public void afterCompletion(HttpServletRequest request, HttpServletResponse response, Object handler, Exception ex) {
+        if (request.getAttribute(ADMITTED) instanceof List<?> names) {
+            request.removeAttribute(ADMITTED);
+            List<String> rules = names.stream().map(String::valueOf).toList();
+            service.recordOutcome(rules, service.isError(response.getStatus(), ex));
+        }
         if (request.getAttribute(PERMIT) instanceof Permit permit) {
             request.removeAttribute(PERMIT);
             permit.close();

@@ -1,0 +1,189 @@
+package io.redisratelimit.client;
+
+import io.redisratelimit.client.testing.RedisServer;
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.Test;
+
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.concurrent.CopyOnWriteArrayList;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.Future;
+import java.util.concurrent.atomic.AtomicLong;
+import java.util.function.BooleanSupplier;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+
+/**
+ * {@link Protection} against real servers: the counters, the reports to
+ * every master, the highest stage of several masters, the stage hold and
+ * lost reports (run by hand: {@link Protection.Builder#manual()}).
+ */
+class ProtectionTest {
+    private final List<AutoCloseable> open = new ArrayList<>();
+
+    @AfterEach
+    void stop() throws Exception {
+        for (int i = open.size() - 1; i >= 0; i--) {
+            open.get(i).close();
+        }
+    }
+
+    private RedisServer server() {
+        RedisServer s = RedisServer.start();
+        open.add(s);
+        return s;
+    }
+
+    private Client client(RedisServer s) {
+        Client c = Client.connect(Drivers.LETTUCE.standalone(s), Duration.ofMillis(500));
+        open.add(c);
+        return c;
+    }
+
+    private static void poll(String what, Duration within, BooleanSupplier done) throws InterruptedException {
+        long deadline = System.nanoTime() + within.toNanos();
+        while (!done.getAsBoolean()) {
+            if (System.nanoTime() > deadline) {
+                throw new AssertionError("not within " + within + ": " + what);
+            }
+            Thread.sleep(20);
+        }
+    }
+
+    @Test
+    void countsFromManyThreadsReachEveryMasterOnceAndAreThenForgotten() throws Exception {
+        RedisServer a = server();
+        RedisServer b = server();
+        Client ca = client(a);
+        Client cb = client(b);
+        for (Client c : List.of(ca, cb)) {
+            c.policySet("orders", Spec.tokenBucket(100, 100, 1000), PolicyMode.ENFORCE, 100,
+                    PolicyLoop.adapt(5).window(Duration.ofMinutes(10)));
+        }
+        try (Protection p = Protection.builder(List.of(ca, cb)).policies(List.of("orders")).manual().build()) {
+            ExecutorService pool = Executors.newFixedThreadPool(8);
+            List<Future<?>> done = new ArrayList<>();
+            for (int t = 0; t < 8; t++) {
+                done.add(pool.submit(() -> {
+                    for (int i = 0; i < 1000; i++) {
+                        p.record("orders", i % 10 == 9);
+                    }
+                }));
+            }
+            for (Future<?> f : done) {
+                f.get();
+            }
+            pool.shutdown();
+            p.record("not-watched", true);
+            assertArrayEquals(new long[] {7200, 800}, p.pending("orders"));
+            p.report();
+            assertArrayEquals(new long[] {0, 0}, p.pending("orders"));
+            assertEquals(2, p.reportsSent(), "one report per master");
+            for (Client c : List.of(ca, cb)) {
+                PolicyStats s = c.policyStats("orders").get(0);
+                assertEquals(7200, s.current().ok());
+                assertEquals(800, s.current().errors());
+                assertEquals(100, s.current().errorPermille());
+            }
+            p.report();
+            assertEquals(2, p.reportsSent(), "nothing counted, nothing sent");
+        }
+    }
+
+    /** Floods a policy of capacity 1 on {@code c} so that its window's deny ratio is 90 %. */
+    private static void flood(Client c, String policy) {
+        for (int i = 0; i < 10; i++) {
+            c.hit(policy, "k");
+        }
+    }
+
+    @Test
+    void theHighestStageAndTheLowestScaleOfTwoMastersWin() throws Exception {
+        RedisServer a = server();
+        RedisServer b = server();
+        Client ca = client(a);
+        Client cb = client(b);
+        for (Client c : List.of(ca, cb)) {
+            c.policySet("p", Spec.tokenBucket(1, 1, 3_600_000), PolicyMode.ENFORCE, 100,
+                    PolicyLoop.staged(30, 50).window(Duration.ofMillis(200)));
+        }
+        ca.policyScale("p", 60);
+        List<Integer> told = new CopyOnWriteArrayList<>();
+        try (Protection p = Protection.builder(List.of(ca, cb)).policies(List.of("p")).manual()
+                .listener((policy, stage) -> told.add(stage)).build()) {
+            p.poll();
+            assertEquals(0, p.stage("p"));
+            assertEquals(60, p.scale("p"), "the lowest scale");
+            flood(cb, "p");
+            poll("stage 2 read from b", Duration.ofSeconds(5), () -> {
+                p.poll();
+                return p.stage("p") == 2;
+            });
+            assertEquals(0, ca.policyStats("p").get(0).stage(), "a saw no flood");
+            assertEquals(List.of(2), told);
+        }
+    }
+
+    @Test
+    void withNoReadForTheStageHoldTheStageFallsBackToZero() throws Exception {
+        RedisServer s = server();
+        Client c = client(s);
+        c.policySet("p", Spec.tokenBucket(1, 1, 3_600_000), PolicyMode.ENFORCE, 100,
+                PolicyLoop.staged(30, 50).window(Duration.ofMillis(200)));
+        AtomicLong now = new AtomicLong(1_000_000_000L);
+        List<Integer> told = new CopyOnWriteArrayList<>();
+        try (Protection p = Protection.builder(c).policies(List.of("p")).manual().clock(now::get)
+                .listener((policy, stage) -> told.add(stage)).build()) {
+            flood(c, "p");
+            poll("stage 2", Duration.ofSeconds(5), () -> {
+                p.poll();
+                return p.stage("p") == 2;
+            });
+            s.kill9();
+            now.addAndGet(Duration.ofMillis(4900).toNanos());
+            p.poll();
+            assertEquals(2, p.stage("p"), "held: the last read is 4.9 s old");
+            now.addAndGet(Duration.ofMillis(200).toNanos());
+            p.poll();
+            assertEquals(0, p.stage("p"), "5.1 s without a read: back to 0");
+            assertEquals(List.of(2, 0), told);
+        }
+    }
+
+    @Test
+    void aFailedReportLosesItsCountsAndIsNeverRetried() throws Exception {
+        RedisServer s = server();
+        Client c = client(s);
+        try (Protection p = Protection.builder(c).policies(List.of("p")).manual().build()) {
+            s.kill9();
+            for (int i = 0; i < 100; i++) {
+                p.recordOk("p");
+            }
+            p.report();
+            assertEquals(1, p.reportsFailed());
+            assertEquals(100, p.countsLost());
+            assertArrayEquals(new long[] {0, 0}, p.pending("p"), "no backlog");
+            s.restart();
+            s.command("RL.POLICY", "SET", "p", "TOKENBUCKET", "10", "10", "1000", "ADAPT", "ERRORS", "5", "WINDOW", "600000");
+            poll("the client reconnected", Duration.ofSeconds(10), () -> {
+                try {
+                    c.policyStats("p");
+                    return true;
+                } catch (RateLimitException e) {
+                    return false;
+                }
+            });
+            for (int i = 0; i < 5; i++) {
+                p.recordError("p");
+            }
+            p.report();
+            PolicyStats stats = c.policyStats("p").get(0);
+            assertEquals(0, stats.current().ok(), "the lost 100 were not sent again");
+            assertEquals(5, stats.current().errors());
+        }
+    }
+}
