@@ -1,6 +1,7 @@
 import { Decision, toInt } from './decision.js';
 import { checkInteger, checkString, describe, fromServerError, isServerReply, InvalidArgumentError, RLConnectionError, RLDeniedError, RLError, ModuleMissingError } from './errors.js';
 import { Lease, type LeaseOptions, type LeaseRule } from './lease.js';
+import { parseStats, type PolicyStats } from './policyStats.js';
 import { ConnectionPool } from './pool.js';
 import { blockArgs, costRequest, optionArgs, ruleArgs, type AcquireOptions, type CallOptions, type ConcurrencyParams, type QuotaParams, type Request, type Spec, type SpecOrPolicy } from './rules.js';
 import { dedicatedConnector, ownConnection, toTransport, whenReady, type ConnectionFactory, type RedisLike, type Transport } from './transport.js';
@@ -30,6 +31,34 @@ export interface PolicyOptions {
   mode?: 'ENFORCE' | 'SHADOW' | 'OFF';
   /** 0 to 100: the share of keys enforced, the rest in shadow. */
   rollout?: number;
+  /**
+   * `ADAPT ERRORS pct ...`: when a window with at least `minCalls` outcomes
+   * has more than `errors` % errors, the scale becomes max(min, scale x
+   * factor / 100); at most `errors / 2` %, it climbs by `recover`. `'off'`
+   * stops adapting and keeps the scale. Unset: the server's defaults
+   * (the contract's `protection.defaults`).
+   */
+  adapt?: AdaptOptions | 'off';
+  /** `STAGES degrade break`: a window's deny % above `degrade` is stage 1, above `break` stage 2. */
+  stages?: { degrade: number; break: number };
+  /** `WINDOW ms`: the policy's window, shared by ADAPT and STAGES (default 10,000). */
+  windowMs?: number;
+}
+
+/** `ADAPT ERRORS`'s parameters (`RL.POLICY SET`). */
+export interface AdaptOptions {
+  /** 0 to 100: the error percentage above which the scale drops. */
+  errors: number;
+  /** 1 to 100 (default 80): the scale is multiplied by factor / 100. */
+  factor?: number;
+  /** 1 to 100 (default 50): the lowest scale. */
+  min?: number;
+  /** 0 to 100 (default 5): added to the scale after a healthy window. */
+  recover?: number;
+  /** The window, as `PolicyOptions.windowMs`. */
+  windowMs?: number;
+  /** Windows with fewer outcomes change nothing (default 100). */
+  minCalls?: number;
 }
 
 /** One entry of `RL.LOG GET`. */
@@ -313,7 +342,31 @@ export class Client {
       args.push('MODE', opts.mode);
     }
     if (opts.rollout !== undefined) args.push('ROLLOUT', String(checkInteger('rollout', opts.rollout, 0, 100)));
+    args.push(...loopArgs(opts));
     await this.everyMaster(args);
+  }
+
+  /** `RL.POLICY STATS name`, from any node (each master has its own window counts: see `Protection`). */
+  async policyStats(name: string): Promise<PolicyStats> {
+    checkPolicyName(name);
+    return parseStats(await this.send(undefined, ['RL.POLICY', 'STATS', name]));
+  }
+
+  /** `RL.POLICY SCALE name pct` on every master: the operator's hand on the scale (1 to 100). */
+  async policyScale(name: string, pct: number): Promise<void> {
+    checkPolicyName(name);
+    await this.everyMaster(['RL.POLICY', 'SCALE', name, String(checkInteger('pct', pct, 1, 100))]);
+  }
+
+  /**
+   * `RL.OUTCOME name ok errors` on one node (the `Protection` sends it to
+   * every master, in the background): adds finished requests the policy
+   * admitted to its current window.
+   */
+  async outcome(name: string, ok: number, errors: number): Promise<PolicyStats> {
+    checkPolicyName(name);
+    const args = ['RL.OUTCOME', name, String(checkInteger('ok', ok, 0)), String(checkInteger('errors', errors, 0))];
+    return parseStats(await this.send(undefined, args));
   }
 
   /**
@@ -456,6 +509,39 @@ function checkLeaseId(lease: unknown): number {
     throw new InvalidArgumentError('lease', `lease must be a lease id (a positive integer, decision.lease), got ${describe(lease)}`);
   }
   return lease;
+}
+
+/** `ADAPT ...`, `STAGES ...` and `WINDOW ...` of `RL.POLICY SET`, checked against the contract's ranges. */
+function loopArgs(opts: PolicyOptions): string[] {
+  const args: string[] = [];
+  const { adapt, stages } = opts;
+  if (adapt === 'off') args.push('ADAPT', 'OFF');
+  else if (adapt !== undefined) {
+    if (adapt === null || typeof adapt !== 'object') {
+      throw new InvalidArgumentError('adapt', `adapt must be { errors, factor?, min?, recover?, windowMs?, minCalls? } or 'off', got ${describe(adapt)}`);
+    }
+    args.push('ADAPT', 'ERRORS', String(checkInteger('adapt.errors', adapt.errors, 0, 100)));
+    if (adapt.factor !== undefined) args.push('FACTOR', String(checkInteger('adapt.factor', adapt.factor, 1, 100)));
+    if (adapt.min !== undefined) args.push('MIN', String(checkInteger('adapt.min', adapt.min, 1, 100)));
+    if (adapt.recover !== undefined) args.push('RECOVER', String(checkInteger('adapt.recover', adapt.recover, 0, 100)));
+    if (adapt.windowMs !== undefined) args.push('WINDOW', String(checkInteger('adapt.windowMs', adapt.windowMs, 1, 86_400_000)));
+    if (adapt.minCalls !== undefined) args.push('MINCALLS', String(checkInteger('adapt.minCalls', adapt.minCalls, 0)));
+  }
+  if (stages !== undefined) {
+    if (stages === null || typeof stages !== 'object') {
+      throw new InvalidArgumentError('stages', `stages must be { degrade, break } (percentages), got ${describe(stages)}`);
+    }
+    const degrade = checkInteger('stages.degrade', stages.degrade, 0, 100);
+    const brk = checkInteger('stages.break', stages.break, degrade, 100);
+    args.push('STAGES', String(degrade), String(brk));
+  }
+  if (opts.windowMs !== undefined) {
+    if (adapt !== undefined && adapt !== 'off' && adapt.windowMs !== undefined) {
+      throw new InvalidArgumentError('windowMs', 'give the window once: windowMs or adapt.windowMs');
+    }
+    args.push('WINDOW', String(checkInteger('windowMs', opts.windowMs, 1, 86_400_000)));
+  }
+  return args;
 }
 
 function checkPolicyName(name: unknown): string {

@@ -1,5 +1,5 @@
 export { Client } from './client.js';
-export type { ModuleInfo, PolicyOptions, LogEntry, ClientOptions } from './client.js';
+export type { ModuleInfo, PolicyOptions, AdaptOptions, LogEntry, ClientOptions } from './client.js';
 export { Decision } from './decision.js';
 export type { Path } from './decision.js';
 export { Limiter, RuleSet } from './limiter.js';
@@ -21,6 +21,12 @@ export { RateLimiterRL, RateLimiterRes } from './flexible.js';
 export type { RateLimiterRLOptions, InsuranceLimiter, RateLimiterResConstructor } from './flexible.js';
 export { concurrencyLimit } from './concurrency.js';
 export type { ConcurrencyLimitOptions } from './concurrency.js';
+export { Protection, CircuitBreaker, CircuitOpenError, PROTECTION_DEFAULTS } from './protection.js';
+export type { ProtectionOptions, ProtectionStats, CircuitBreakerOptions, CircuitState } from './protection.js';
+export { parseStats, STATS_FIELDS, WINDOW_FIELDS } from './policyStats.js';
+export type { PolicyStats, WindowCounts, Stage } from './policyStats.js';
+export { rateLimitMiddleware, outcomeErrors, defaultIsError } from './middleware.js';
+export type { RateLimitMiddlewareOptions, RequestOutcome, DegradeInfo } from './middleware.js';
 
 // The former names, kept for one release (CHANGELOG.md). Each is the same
 // class or type as its new name, so `instanceof` holds either way.

@@ -26,6 +26,27 @@ export interface Transport {
   call(key: string | undefined, args: string[], readOnly?: boolean): Promise<unknown>;
   /** Every master (a single entry when standalone), for `MODULE LIST` and `RL.POLICY SET`. */
   eachMaster(args: string[]): Promise<unknown[]>;
+  /**
+   * Every master, each reply or failure on its own (the protection loop
+   * reads the masters that answer). Optional: without it, `eachMaster`'s
+   * one outcome stands for every master.
+   */
+  eachMasterSettled?(args: string[]): Promise<Array<PromiseSettledResult<unknown>>>;
+}
+
+/** `args` on every master of `t`, each reply or failure on its own. */
+export async function eachMasterSettled(t: Transport, args: string[]): Promise<Array<PromiseSettledResult<unknown>>> {
+  if (t.eachMasterSettled) return t.eachMasterSettled(args);
+  try {
+    return (await t.eachMaster(args)).map((value) => ({ status: 'fulfilled', value }));
+  } catch (reason) {
+    return [{ status: 'rejected', reason }];
+  }
+}
+
+/** Runs one call per master, settled one by one. */
+function settled(calls: Array<() => Promise<unknown>>): Promise<Array<PromiseSettledResult<unknown>>> {
+  return Promise.allSettled(calls.map((f) => Promise.resolve().then(f)));
 }
 
 /** A node-redis, ioredis client or cluster, a `sendCommand` function, or a ready `Transport`. */
@@ -136,6 +157,9 @@ function ioredisCluster(c: Dict): Transport {
     eachMaster(args) {
       return Promise.all(nodes.call(c, 'master').map((n) => (n['call'] as AnyFn).apply(n, args)));
     },
+    eachMasterSettled(args) {
+      return settled(nodes.call(c, 'master').map((n) => () => (n['call'] as AnyFn).apply(n, args)));
+    },
   };
 }
 
@@ -151,18 +175,22 @@ function nodeRedisStandalone(c: Dict): Transport {
 
 function nodeRedisCluster(c: Dict): Transport {
   const send = c['sendCommand'] as AnyFn;
+  const perMaster = async (args: string[]): Promise<Array<Promise<unknown>>> => {
+    const masters = (isFn(c['getMasters']) ? await (c['getMasters'] as AnyFn).call(c) : c['masters']) as Dict[];
+    const nodeClient = c['nodeClient'] as ((m: Dict) => unknown) | undefined;
+    if (!Array.isArray(masters) || !nodeClient) return [send.call(c, undefined, false, args)];
+    return masters.map(async (m) => {
+      const client = (await nodeClient.call(c, m)) as Dict;
+      return (client['sendCommand'] as AnyFn).call(client, args);
+    });
+  };
   return {
     call: (key, args, readOnly = false) => send.call(c, key, readOnly, args),
     async eachMaster(args) {
-      const masters = (isFn(c['getMasters']) ? await (c['getMasters'] as AnyFn).call(c) : c['masters']) as Dict[];
-      const nodeClient = c['nodeClient'] as ((m: Dict) => unknown) | undefined;
-      if (!Array.isArray(masters) || !nodeClient) return [await send.call(c, undefined, false, args)];
-      return Promise.all(
-        masters.map(async (m) => {
-          const client = (await nodeClient.call(c, m)) as Dict;
-          return (client['sendCommand'] as AnyFn).call(client, args);
-        }),
-      );
+      return Promise.all(await perMaster(args));
+    },
+    async eachMasterSettled(args) {
+      return settled((await perMaster(args).catch((err: unknown) => [Promise.reject(err)])).map((p) => () => p));
     },
   };
 }

@@ -12,7 +12,7 @@ import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import http from 'node:http';
 import { after, describe, test } from 'node:test';
-import { Decision, InvalidArgumentError, ProtocolError, Request, concurrencyLimit } from 'redis-ratelimit';
+import { Client, Decision, InvalidArgumentError, ProtocolError, Protection, PROTECTION_DEFAULTS, Request, STATS_FIELDS, WINDOW_FIELDS, concurrencyLimit, defaultIsError, parseStats } from 'redis-ratelimit';
 import { blockArgs, checkZone, optionArgs, ruleArgs } from '../dist/esm/rules.js';
 import { BY_WORD, run } from '../dist/esm/algorithms.js';
 import { LocalLimiters, localSpec } from '../dist/esm/local.js';
@@ -355,4 +355,107 @@ describe('replies: Decision.fromReply takes exactly the fields, in order', () =>
       }
     });
   }
+});
+
+describe('protection: the loop\'s defaults, STATS fields, argument ranges and GET fields', () => {
+  const pr = contract.protection;
+  /** A Client over a fake master that records what it is sent and answers `reply(args)`. */
+  const recording = (reply = () => 'OK') => {
+    const sent = [];
+    const transport = {
+      call: async (_key, args) => (sent.push(args), reply(args)),
+      eachMaster: async (args) => (sent.push(args), [reply(args)]),
+    };
+    return { sent, client: new Client(transport), transport };
+  };
+
+  test('the kit\'s loop timings are the contract\'s kits defaults, and a Protection takes them', async () => {
+    assert.deepEqual(
+      { ...PROTECTION_DEFAULTS },
+      { reportIntervalMs: pr.kits.report_interval_ms, stagePollMs: pr.kits.stage_poll_ms, stageHoldMs: pr.kits.stage_hold_ms },
+    );
+    const { transport } = recording(() => {
+      throw new Error('no server');
+    });
+    const p = new Protection(transport, ['x']);
+    assert.deepEqual([p.reportIntervalMs, p.stagePollMs, p.stageHoldMs], [pr.kits.report_interval_ms, pr.kits.stage_poll_ms, pr.kits.stage_hold_ms]);
+    assert.equal(pr.kits.stage_of_many_masters, 'the highest');
+    await p.close();
+  });
+
+  test('the default error predicate is the contract\'s: a 5xx, an exception, a timeout', () => {
+    assert.match(pr.kits.error, /5xx/);
+    assert.equal(defaultIsError({ status: 500, error: undefined, timedOut: false }), true);
+    assert.equal(defaultIsError({ status: 599, error: undefined, timedOut: false }), true);
+    assert.equal(defaultIsError({ status: 499, error: undefined, timedOut: false }), false);
+    assert.equal(defaultIsError({ status: 200, error: new Error('x'), timedOut: false }), true);
+    assert.equal(defaultIsError({ status: 200, error: undefined, timedOut: true }), true);
+  });
+
+  test('parseStats takes exactly stats_fields and window_fields, in order', () => {
+    assert.deepEqual([...STATS_FIELDS], pr.stats_fields);
+    assert.deepEqual([...WINDOW_FIELDS], pr.window_fields);
+    const win = (base) => pr.window_fields.flatMap((f, i) => [f, base + i]);
+    const values = { scale: 80, stage: 2, window_ms: 1000, window_end_ms: 123, current: win(10), last: win(20), adapting: 1 };
+    const reply = pr.stats_fields.flatMap((f) => [f, values[f]]);
+    const s = parseStats(reply);
+    assert.deepEqual([s.scale, s.stage, s.windowMs, s.windowEndMs, s.adapting], [80, 2, 1000, 123, true]);
+    assert.deepEqual(Object.values(s.current), pr.window_fields.map((_, i) => 10 + i));
+    assert.deepEqual(Object.values(s.last), pr.window_fields.map((_, i) => 20 + i));
+    assert.throws(() => parseStats(reply.slice(0, -2)), ProtocolError, 'a field fewer');
+    assert.throws(() => parseStats([...reply, 'more', 1]), ProtocolError, 'a field more');
+    assert.throws(() => parseStats([...reply.slice(2, 4), ...reply.slice(0, 2), ...reply.slice(4)]), ProtocolError, 'out of order');
+    const shortWindow = pr.stats_fields.flatMap((f) => [f, f === 'current' ? win(10).slice(0, -2) : values[f]]);
+    assert.throws(() => parseStats(shortWindow), ProtocolError, 'a window field fewer');
+    for (const { stage } of pr.stages) assert.equal(parseStats(pr.stats_fields.flatMap((f) => [f, f === 'stage' ? stage : values[f]])).stage, stage);
+    assert.throws(() => parseStats(pr.stats_fields.flatMap((f) => [f, f === 'stage' ? pr.stages.length : values[f]])), ProtocolError);
+  });
+
+  // Each contract argument as the kit takes it: the option, the word the server gets.
+  const spec = { algorithm: 'tokenbucket', capacity: 10, refillCount: 10, refillMs: 1000 };
+  const asKit = {
+    ERRORS: { option: 'adapt.errors', send: (c, v) => c.policySet('p', spec, { adapt: { errors: v } }) },
+    FACTOR: { option: 'adapt.factor', send: (c, v) => c.policySet('p', spec, { adapt: { errors: 5, factor: v } }) },
+    MIN: { option: 'adapt.min', send: (c, v) => c.policySet('p', spec, { adapt: { errors: 5, min: v } }) },
+    RECOVER: { option: 'adapt.recover', send: (c, v) => c.policySet('p', spec, { adapt: { errors: 5, recover: v } }) },
+    MINCALLS: { option: 'adapt.minCalls', send: (c, v) => c.policySet('p', spec, { adapt: { errors: 5, minCalls: v } }) },
+    WINDOW: { option: 'windowMs', send: (c, v) => c.policySet('p', spec, { windowMs: v }) },
+    degrade_pct: { option: 'stages.degrade', send: (c, v) => c.policySet('p', spec, { stages: { degrade: v, break: 100 } }) },
+    break_pct: { option: 'stages.break', send: (c, v) => c.policySet('p', spec, { stages: { degrade: 0, break: v } }) },
+    pct: { option: 'pct', send: (c, v) => c.policyScale('p', v) },
+    ok: { option: 'ok', send: (c, v) => c.outcome('p', v, 0) },
+    errors: { option: 'errors', send: (c, v) => c.outcome('p', 0, v) },
+  };
+  test('every argument is known to the kit', () => {
+    assert.deepEqual(pr.arguments.map((a) => a.name).sort(), Object.keys(asKit).sort());
+  });
+  const statsReply = pr.stats_fields.flatMap((f) => [f, f === 'current' || f === 'last' ? pr.window_fields.flatMap((w) => [w, 0]) : f === 'scale' ? 100 : 0]);
+  for (const arg of pr.arguments) {
+    test(`${arg.name}: ${arg.min} to ${arg.max} accepted, outside refused naming ${asKit[arg.name].option}`, async () => {
+      const { option, send } = asKit[arg.name];
+      const max = typeof arg.max === 'number' ? arg.max : 100; // break_pct: degrade_pct (0 here) to 100
+      for (const v of [arg.min, max]) {
+        const { sent, client } = recording((args) => (args[0] === 'RL.OUTCOME' ? statsReply : 'OK'));
+        await send(client, v);
+        assert.ok(sent.at(-1).includes(String(v)), `${arg.name} ${v}: ${sent.at(-1).join(' ')}`);
+      }
+      for (const v of [arg.min - 1, max + 1]) {
+        const { sent, client } = recording();
+        await assert.rejects(send(client, v), (e) => e instanceof InvalidArgumentError && e.argument === option, `${arg.name} ${v}`);
+        assert.equal(sent.length, 0, 'nothing sent');
+      }
+    });
+  }
+
+  test('policyGet reads RL.POLICY GET by name: always, then when_set, then the scale and stage', async () => {
+    const names = [...pr.get_fields.always, ...pr.get_fields.when_set, ...pr.get_fields.then];
+    const values = { name: 'p', algorithm: 'TOKENBUCKET', params: [10, 10, 1000], mode: 'ENFORCE', adapt: [5, 80, 50, 5, 100], stages: [30, 50], scale: 80, stage: 1 };
+    const reply = names.flatMap((n) => [n, values[n] ?? 7]);
+    const { client } = recording(() => reply);
+    const got = await client.policyGet('p');
+    assert.deepEqual(Object.keys(got), names);
+    assert.equal(got.scale, 80);
+    assert.equal(got.stage, 1);
+    assert.deepEqual(got.adapt, [5, 80, 50, 5, 100]);
+  });
 });

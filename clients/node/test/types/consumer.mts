@@ -132,3 +132,48 @@ export async function twoLevels(): Promise<[boolean, Path, number, StatsSnapshot
   return [d.allowed, d.path, d.deniedBy ?? -1, lim.stats()];
 }
 export const breakers = [new RLStore({ client: redis, breaker: { failures: 3 } }), new RateLimiterRL({ storeClient: redis, breaker: false })];
+// The protection loop: a Protection, its breaker, the express middleware.
+import {
+  Protection,
+  PROTECTION_DEFAULTS,
+  CircuitBreaker,
+  outcomeErrors,
+  rateLimitMiddleware,
+  type CircuitState,
+  type DegradeInfo,
+  type PolicyStats,
+  type ProtectionOptions,
+  type RequestOutcome,
+  type Stage,
+} from 'redis-ratelimit';
+export async function loop(): Promise<[Stage, number, CircuitState, PolicyStats]> {
+  const rl = new Client(client);
+  await rl.policySet('api', { algorithm: 'tokenbucket', capacity: 100, refillCount: 100, refillMs: 1000 }, {
+    adapt: { errors: 5, factor: 80, min: 50, recover: 5, minCalls: 100 },
+    stages: { degrade: 30, break: 50 },
+    windowMs: 10_000,
+  });
+  const options: ProtectionOptions = { reportIntervalMs: PROTECTION_DEFAULTS.reportIntervalMs, breakers: { backend: ['api'] } };
+  const protection = new Protection([rl, redis], ['api'], options);
+  const breaker: CircuitBreaker = protection.breaker('backend');
+  const n: number = await breaker.call(async () => 1);
+  protection.record('api', n !== 1);
+  const app = express();
+  const limiter = new Limiter(rl);
+  app.get(
+    '/search',
+    rateLimitMiddleware({
+      limiter,
+      rules: [{ policy: 'api' }],
+      protection,
+      core: false,
+      breaker: 'backend',
+      degrade: (_req, res, _next, info: DegradeInfo) => void res.end(String(info.stage)),
+      isError: (o: RequestOutcome) => o.status >= 500 || o.timedOut,
+    }),
+  );
+  app.use(outcomeErrors());
+  const stats: PolicyStats = await rl.policyStats('api');
+  await protection.close();
+  return [protection.stage('api'), protection.scale('api'), breaker.state, stats];
+}

@@ -1,0 +1,447 @@
+/**
+ * The kit's side of the protection loop (SPEC "The protection loop"): the
+ * outcomes of the requests policies admitted go to every master in the
+ * background (`RL.OUTCOME`), each policy's stage and scale come back from
+ * every master (`RL.POLICY STATS`, the highest stage and the lowest scale
+ * win), and the breakers named for a policy open while it is at stage 2.
+ */
+import { Client } from './client.js';
+import { checkInteger, checkString, describe, InvalidArgumentError, RLError } from './errors.js';
+import { parseStats, type PolicyStats, type Stage } from './policyStats.js';
+import { eachMasterSettled, type RedisLike, type Transport } from './transport.js';
+
+/** The loop's timings by default: the contract's `protection.kits`. */
+export const PROTECTION_DEFAULTS = Object.freeze({
+  /** Outcome counts go to every master this often. */
+  reportIntervalMs: 1000,
+  /** Every policy's stage and scale are read from every master this often. */
+  stagePollMs: 1000,
+  /** With no successful read for this long, a policy's stage is 0 again. */
+  stageHoldMs: 5000,
+});
+
+/** `new Protection(client, policies, options)`. */
+export interface ProtectionOptions {
+  /** How often outcome counts are sent (default 1,000 ms). */
+  reportIntervalMs?: number;
+  /** How often stages and scales are read (default 1,000 ms). */
+  stagePollMs?: number;
+  /** The longest a stage read is kept without a newer one (default 5,000 ms): then stage 0. */
+  stageHoldMs?: number;
+  /** Breakers by name, each with the policies whose stage 2 opens it. */
+  breakers?: Record<string, readonly string[]>;
+  /** The breakers' own failure counting. */
+  breakerOptions?: CircuitBreakerOptions;
+}
+
+/** What the loop did so far: for an exporter, and to see that nothing piles up. */
+export interface ProtectionStats {
+  /** `RL.OUTCOME` replies received (one per master per policy per report). */
+  reportsSent: number;
+  /** `RL.OUTCOME` calls that failed (per master); their counts are not sent again. */
+  reportsFailed: number;
+  /** Outcomes no master received. */
+  outcomesLost: number;
+  /** `RL.POLICY STATS` replies received. */
+  pollsOk: number;
+  /** `RL.POLICY STATS` calls that failed. */
+  pollsFailed: number;
+  /** Report or poll rounds still waiting for Redis (at most one of each: a slow Redis gets no queue). */
+  inFlight: number;
+}
+
+interface Counts {
+  ok: number;
+  errors: number;
+}
+
+interface Reading {
+  stage: Stage;
+  scale: number;
+  /** performance.now() of the last poll at least one master answered. */
+  at: number;
+  /** Every master's reply of that poll. */
+  stats: PolicyStats[];
+}
+
+/**
+ * Counts outcomes and reads stages for the policies it watches, on every
+ * master of the clients given (a list of clients: each one's masters; two
+ * standalone servers are two masters).
+ *
+ * - `record(policy, error)` counts in memory, never does I/O; every
+ *   `reportIntervalMs` a background timer sends `RL.OUTCOME name ok errors`
+ *   to every master for each policy with counts, then forgets them. A
+ *   failed send loses its counts; a round still waiting for Redis makes the
+ *   next one wait, so a dead Redis gets no queue of reports.
+ * - every `stagePollMs`, `RL.POLICY STATS name` on every master: `stage()`
+ *   is the highest any answered, `scale()` the lowest. After `stageHoldMs`
+ *   without an answer, `stage()` is 0: the limiter's own fallback decides.
+ * - at stage 2 of one of its policies, a breaker (`breaker(name)`) is forced
+ *   open, and released when the stage falls below 2.
+ *
+ * The timers are unref'd: they do not keep the process alive. `close()`
+ * stops them and sends the last counts once.
+ */
+export class Protection {
+  readonly reportIntervalMs: number;
+  readonly stagePollMs: number;
+  readonly stageHoldMs: number;
+  private readonly transports: Transport[];
+  private readonly counts = new Map<string, Counts>();
+  private readonly readings = new Map<string, Reading>();
+  private readonly breakers = new Map<string, CircuitBreaker>();
+  /** breaker name -> the policies whose stage 2 opens it. */
+  private readonly links = new Map<string, Set<string>>();
+  private readonly breakerOptions: CircuitBreakerOptions;
+  private readonly reportTimer: ReturnType<typeof setInterval>;
+  private readonly pollTimer: ReturnType<typeof setInterval>;
+  private reporting: Promise<void> | undefined;
+  private polling: Promise<void> | undefined;
+  private closed = false;
+  private readonly tally: ProtectionStats = { reportsSent: 0, reportsFailed: 0, outcomesLost: 0, pollsOk: 0, pollsFailed: 0, inFlight: 0 };
+
+  constructor(client: Client | RedisLike | ReadonlyArray<Client | RedisLike>, policies: readonly string[] = [], options: ProtectionOptions = {}) {
+    if (options === null || typeof options !== 'object') {
+      throw new InvalidArgumentError('options', `Protection options must be an object, got ${describe(options)}`);
+    }
+    const clients = Array.isArray(client) ? client : [client];
+    if (clients.length === 0) throw new InvalidArgumentError('client', 'Protection needs a client (or a list of them)');
+    this.transports = clients.map((c) => (c instanceof Client ? c : new Client(c)).transport);
+    this.reportIntervalMs = checkInteger('reportIntervalMs', options.reportIntervalMs ?? PROTECTION_DEFAULTS.reportIntervalMs, 1);
+    this.stagePollMs = checkInteger('stagePollMs', options.stagePollMs ?? PROTECTION_DEFAULTS.stagePollMs, 1);
+    this.stageHoldMs = checkInteger('stageHoldMs', options.stageHoldMs ?? PROTECTION_DEFAULTS.stageHoldMs, 1);
+    this.breakerOptions = options.breakerOptions ?? {};
+    new CircuitBreaker('check', this.breakerOptions); // checked now, naming the bad option
+    if (!Array.isArray(policies)) throw new InvalidArgumentError('policies', `policies must be an array of policy names, got ${describe(policies)}`);
+    for (const p of policies) this.watch(p);
+    if (options.breakers !== undefined) {
+      if (options.breakers === null || typeof options.breakers !== 'object') {
+        throw new InvalidArgumentError('breakers', `breakers must be { name: [policies] }, got ${describe(options.breakers)}`);
+      }
+      for (const [name, ps] of Object.entries(options.breakers)) this.linkBreaker(name, ps);
+    }
+    this.reportTimer = setInterval(() => void this.report(), this.reportIntervalMs);
+    this.pollTimer = setInterval(() => void this.poll(), this.stagePollMs);
+    this.reportTimer.unref?.();
+    this.pollTimer.unref?.();
+    void this.poll();
+  }
+
+  /** Watches `policy` too: its stage is read, its outcomes may be recorded. */
+  watch(policy: string): void {
+    checkString('policy', policy);
+    if (!this.counts.has(policy)) this.counts.set(policy, { ok: 0, errors: 0 });
+  }
+
+  /** The policies watched. */
+  get policies(): string[] {
+    return [...this.counts.keys()];
+  }
+
+  /** Counts one finished request that `policy` admitted: in memory, sent later. */
+  record(policy: string, error: boolean): void {
+    let c = this.counts.get(policy);
+    if (c === undefined) {
+      this.watch(policy);
+      c = this.counts.get(policy) as Counts;
+    }
+    if (error) c.errors++;
+    else c.ok++;
+  }
+
+  /** Outcomes recorded and not yet sent, per policy. */
+  pending(policy: string): { ok: number; errors: number } {
+    const c = this.counts.get(policy);
+    return { ok: c?.ok ?? 0, errors: c?.errors ?? 0 };
+  }
+
+  /** The policy's stage: the highest any master said at the last poll, 0 when none answered for `stageHoldMs`. */
+  stage(policy: string, now = performance.now()): Stage {
+    const r = this.readings.get(policy);
+    if (r === undefined || now - r.at > this.stageHoldMs) return 0;
+    return r.stage;
+  }
+
+  /** The policy's scale (1 to 100): the lowest any master said at the last poll; 100 when unknown or stale. */
+  scale(policy: string, now = performance.now()): number {
+    const r = this.readings.get(policy);
+    if (r === undefined || now - r.at > this.stageHoldMs) return 100;
+    return r.scale;
+  }
+
+  /** Every master's `RL.POLICY STATS` of the last poll that one answered (empty when none did). */
+  stats(policy: string): PolicyStats[] {
+    return this.readings.get(policy)?.stats ?? [];
+  }
+
+  /** The breaker `name` (made on first use), for the application's downstream calls. */
+  breaker(name: string): CircuitBreaker {
+    checkString('breaker', name);
+    let b = this.breakers.get(name);
+    if (b === undefined) {
+      b = new CircuitBreaker(name, this.breakerOptions);
+      this.breakers.set(name, b);
+    }
+    return b;
+  }
+
+  /** Forces `breaker(name)` open while any of `policies` is at stage 2. */
+  linkBreaker(name: string, policies: readonly string[]): CircuitBreaker {
+    const b = this.breaker(name);
+    if (!Array.isArray(policies)) throw new InvalidArgumentError('breakers', `breaker ${name}: policies must be an array of names, got ${describe(policies)}`);
+    let set = this.links.get(name);
+    if (set === undefined) {
+      set = new Set();
+      this.links.set(name, set);
+    }
+    for (const p of policies) {
+      this.watch(p);
+      set.add(p);
+    }
+    this.applyBreakers();
+    return b;
+  }
+
+  /** What the loop did so far. */
+  counters(): ProtectionStats {
+    return { ...this.tally, inFlight: (this.reporting ? 1 : 0) + (this.polling ? 1 : 0) };
+  }
+
+  /** Stage, scale and breakers as plain data (for a status endpoint). */
+  snapshot(): { policies: Record<string, { stage: Stage; scale: number }>; breakers: Record<string, CircuitState> } {
+    const now = performance.now();
+    const policies: Record<string, { stage: Stage; scale: number }> = {};
+    for (const p of this.counts.keys()) policies[p] = { stage: this.stage(p, now), scale: this.scale(p, now) };
+    const breakers: Record<string, CircuitState> = {};
+    for (const [n, b] of this.breakers) breakers[n] = b.state;
+    return { policies, breakers };
+  }
+
+  /**
+   * Sends the counts recorded so far, now, to every master (what the timer
+   * does). Resolves when sent or failed; a round already under way is
+   * waited for, not doubled.
+   */
+  flush(): Promise<void> {
+    return this.report();
+  }
+
+  /** Reads every policy's stage now (what the timer does). */
+  refresh(): Promise<void> {
+    return this.poll();
+  }
+
+  /**
+   * Stops the timers and sends the last counts once (best effort, waiting
+   * at most `reportIntervalMs`). Breakers keep their state.
+   */
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    clearInterval(this.reportTimer);
+    clearInterval(this.pollTimer);
+    // Best effort, and bounded: a dead Redis does not hold the shutdown.
+    const last = (this.reporting ?? Promise.resolve()).then(() => this.sendCounts());
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const giveUp = new Promise<void>((resolve) => {
+      timer = setTimeout(resolve, this.reportIntervalMs);
+      timer.unref?.();
+    });
+    await Promise.race([last, giveUp]);
+    clearTimeout(timer);
+  }
+
+  private report(): Promise<void> {
+    if (this.reporting) return this.reporting;
+    const round = this.sendCounts().finally(() => {
+      this.reporting = undefined;
+    });
+    this.reporting = round;
+    return round;
+  }
+
+  private async sendCounts(): Promise<void> {
+    const sends: Array<Promise<void>> = [];
+    for (const [policy, c] of this.counts) {
+      if (c.ok === 0 && c.errors === 0) continue;
+      const { ok, errors } = c;
+      c.ok = 0;
+      c.errors = 0;
+      const args = ['RL.OUTCOME', policy, String(ok), String(errors)];
+      sends.push(
+        this.everyMaster(args).then((results) => {
+          let sent = 0;
+          for (const r of results) {
+            if (r.status === 'fulfilled') sent++;
+            else this.tally.reportsFailed++;
+          }
+          this.tally.reportsSent += sent;
+          if (sent === 0) this.tally.outcomesLost += ok + errors;
+        }),
+      );
+    }
+    await Promise.all(sends);
+  }
+
+  private poll(): Promise<void> {
+    // The breakers follow the hold even while a poll waits for a dead Redis.
+    this.applyBreakers();
+    if (this.polling || this.closed) return this.polling ?? Promise.resolve();
+    const round = this.readStages().finally(() => {
+      this.polling = undefined;
+      this.applyBreakers();
+    });
+    this.polling = round;
+    return round;
+  }
+
+  private async readStages(): Promise<void> {
+    await Promise.all(
+      [...this.counts.keys()].map(async (policy) => {
+        const results = await this.everyMaster(['RL.POLICY', 'STATS', policy]);
+        const stats: PolicyStats[] = [];
+        for (const r of results) {
+          if (r.status === 'rejected') {
+            this.tally.pollsFailed++;
+            continue;
+          }
+          try {
+            stats.push(parseStats(r.value));
+            this.tally.pollsOk++;
+          } catch {
+            this.tally.pollsFailed++;
+          }
+        }
+        if (stats.length === 0) return;
+        const stage = Math.max(...stats.map((s) => s.stage)) as Stage;
+        const scale = Math.min(...stats.map((s) => s.scale));
+        this.readings.set(policy, { stage, scale, at: performance.now(), stats });
+      }),
+    );
+  }
+
+  private async everyMaster(args: string[]): Promise<Array<PromiseSettledResult<unknown>>> {
+    const all = await Promise.all(this.transports.map((t) => eachMasterSettled(t, args)));
+    return all.flat();
+  }
+
+  private applyBreakers(): void {
+    const now = performance.now();
+    for (const [name, policies] of this.links) {
+      const b = this.breakers.get(name) as CircuitBreaker;
+      let top = 0;
+      for (const p of policies) top = Math.max(top, this.stage(p, now));
+      if (top >= 2) {
+        if (b.state !== 'forcedOpen') b.forceOpen();
+      } else if (b.state === 'forcedOpen') {
+        b.release();
+      }
+    }
+  }
+}
+
+/** A breaker's state: closed (calls go), open (after failures, for `openForMs`), forced open (stage 2, until released). */
+export type CircuitState = 'closed' | 'open' | 'forcedOpen';
+
+/** When a `CircuitBreaker` opens on its own. */
+export interface CircuitBreakerOptions {
+  /** Consecutive failures that open it (default 5). */
+  failures?: number;
+  /** How long it stays open before one trial call goes through (default 1,000 ms). */
+  openForMs?: number;
+}
+
+/** `CircuitBreaker.call` refused: the breaker is open. */
+export class CircuitOpenError extends RLError {
+  constructor(
+    readonly breaker: string,
+    readonly state: CircuitState,
+  ) {
+    super(`circuit breaker ${JSON.stringify(breaker)} is ${state === 'forcedOpen' ? 'forced open (the policy is at stage 2)' : 'open'}`);
+  }
+}
+
+/**
+ * The kit's breaker for the application's downstream calls: `call(fn)` (or
+ * `allow()`, then `success()`/`failure()`). It opens on its own after
+ * `failures` consecutive failures, for `openForMs`, then lets one trial call
+ * through (its success closes it, its failure opens it again); the
+ * `Protection` forces it open at stage 2 (`forceOpen()`) and `release()`s it
+ * when the stage falls.
+ */
+export class CircuitBreaker {
+  readonly failures: number;
+  readonly openForMs: number;
+  private current: CircuitState = 'closed';
+  private consecutive = 0;
+  private openUntil = 0;
+  /** A trial call is out until this instant (performance.now()). */
+  private trialUntil = 0;
+
+  constructor(
+    readonly name: string,
+    options: CircuitBreakerOptions = {},
+  ) {
+    if (options === null || typeof options !== 'object') {
+      throw new InvalidArgumentError('breakerOptions', `breaker options must be { failures, openForMs }, got ${describe(options)}`);
+    }
+    this.failures = checkInteger('failures', options.failures ?? 5, 1);
+    this.openForMs = checkInteger('openForMs', options.openForMs ?? 1000, 1);
+  }
+
+  get state(): CircuitState {
+    return this.current;
+  }
+
+  /** Whether a call may go now. Open past `openForMs`: one trial call at a time. */
+  allow(now = performance.now()): boolean {
+    if (this.current === 'closed') return true;
+    if (this.current === 'forcedOpen' || now < this.openUntil || now < this.trialUntil) return false;
+    this.trialUntil = now + this.openForMs;
+    return true;
+  }
+
+  success(): void {
+    if (this.current === 'forcedOpen') return;
+    this.current = 'closed';
+    this.consecutive = 0;
+    this.trialUntil = 0;
+  }
+
+  failure(now = performance.now()): void {
+    if (this.current === 'forcedOpen') return;
+    this.consecutive++;
+    if (this.current === 'open' || this.consecutive >= this.failures) {
+      this.current = 'open';
+      this.openUntil = now + this.openForMs;
+      this.trialUntil = 0;
+    }
+  }
+
+  /** Runs `fn` if the breaker allows it, counting its outcome; rejects with `CircuitOpenError` without running it if not. */
+  async call<T>(fn: () => T | Promise<T>): Promise<T> {
+    if (!this.allow()) throw new CircuitOpenError(this.name, this.current);
+    try {
+      const v = await fn();
+      this.success();
+      return v;
+    } catch (err) {
+      this.failure();
+      throw err;
+    }
+  }
+
+  /** Open until `release()`, whatever the calls say. */
+  forceOpen(): void {
+    this.current = 'forcedOpen';
+  }
+
+  /** Closed, its failure count reset. */
+  release(): void {
+    this.current = 'closed';
+    this.consecutive = 0;
+    this.openUntil = 0;
+    this.trialUntil = 0;
+  }
+}
