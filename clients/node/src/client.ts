@@ -373,7 +373,10 @@ export class Client {
    * `RL.POLICY GET`: the rule and its counters as an object, or null: `name`,
    * `algorithm`, `params` (a quota's `[limit, 'DAY']`), `mode`, `rollout`,
    * for a quota `zone` (`'UTC'`, `'+05:30'`, `'America/New_York'`), then
-   * `calls`, `admitted`, `denied`, `shadow_denied`.
+   * `calls`, `admitted`, `denied`, `shadow_denied`, then the protection
+   * loop's `adapt` (`[errors, factor, min, recover, minCalls]`), `stages`
+   * (`[degrade, break]`) and `window_ms` when set, and always `scale` and
+   * `stage` (read by name: the contract's `protection.get_fields`).
    */
   async policyGet(name: string): Promise<Record<string, string | number> | null> {
     checkPolicyName(name);
