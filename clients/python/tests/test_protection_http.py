@@ -74,6 +74,9 @@ def two_instances(server: Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[l
         for i in instances:
             i.http.close()
             i.web.stop()
+    # The app's shutdown stopped the loop (and uvicorn did not wait for it).
+    for i in instances:
+        assert not i.web.thread.is_alive() and not i.app.state.protection.running
 
 
 @contextlib.contextmanager

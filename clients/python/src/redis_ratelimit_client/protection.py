@@ -415,6 +415,7 @@ class AsyncProtection(_Loop):
             list(client) if isinstance(client, (list, tuple)) else [client]  # type: ignore[list-item]
         )
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
 
     async def _masters(self) -> list[tuple[str, Callable[[list[str | int]], Awaitable[Any]]]]:
         out: list[tuple[str, Callable[[list[str | int]], Awaitable[Any]]]] = []
@@ -487,13 +488,16 @@ class AsyncProtection(_Loop):
     def start(self) -> AsyncProtection:
         """Starts the task on the running event loop (a stage poll at once)."""
         if not self.running:
+            self._stopping = False
             self._task = asyncio.get_running_loop().create_task(self._run())
         return self
 
     async def _run(self) -> None:
         next_report = self._clock() + self.report_interval
         next_poll = self._clock()
-        while True:
+        # The flag as well as the cancellation: Python 3.11's wait_for may
+        # swallow a cancellation that meets its inner call's end.
+        while not self._stopping:
             now = self._clock()
             if now >= next_poll:
                 next_poll = now + self.stage_poll
@@ -514,12 +518,12 @@ class AsyncProtection(_Loop):
     async def aclose(self) -> None:
         """Stops the task and sends the last counts once (best effort)."""
         task, self._task = self._task, None
+        self._stopping = True
         if task is not None:
             task.cancel()
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
+            await asyncio.wait([task], timeout=self.timeout + self.stage_poll)
+            if task.done() and not task.cancelled():
+                task.exception()  # retrieved: logged by the loop already
         await self._guarded(self.report)
 
     async def __aenter__(self) -> AsyncProtection:
