@@ -238,6 +238,28 @@ public final class Limiter implements AutoCloseable {
         return new RuleSet(checked);
     }
 
+    private volatile java.util.function.ToIntFunction<String> scales;
+
+    /**
+     * Runs the local level of each global policy rule at the scale
+     * {@code policyScale} gives for its policy (the protection loop's
+     * {@link Protection#scale}, which is 100 until a scale is read): the
+     * share of the scaled limit, what the server itself runs at that scale.
+     * What was consumed carries over.
+     */
+    public void scaleLocalLevel(java.util.function.ToIntFunction<String> policyScale) {
+        scales = policyScale;
+    }
+
+    private Spec localSpec(RuleSet.Checked c) {
+        java.util.function.ToIntFunction<String> f = scales;
+        if (f == null || c.rule().policy() == null) {
+            return c.local();
+        }
+        int scale = f.applyAsInt(c.rule().policy());
+        return scale >= 100 || scale < 1 ? c.local() : c.rule().spec().scaled(scale).share(share);
+    }
+
     public RuleSet rules(Rule... rules) {
         return rules(List.of(rules));
     }
@@ -292,7 +314,7 @@ public final class Limiter implements AutoCloseable {
         List<Integer> positions = new ArrayList<>();
         for (int i = 0; i < rules.size(); i++) {
             if (rules.get(i).local() != null) {
-                takes.add(new LocalLimiters.Take(cacheKey(rules.get(i), keys.get(i)), rules.get(i).local()));
+                takes.add(new LocalLimiters.Take(cacheKey(rules.get(i), keys.get(i)), localSpec(rules.get(i))));
                 positions.add(i);
             }
         }

@@ -292,6 +292,23 @@ public final class Spec {
         return new Spec(algorithm, p, period, zone);
     }
 
+    /**
+     * The same algorithm at a policy's scale, as the server runs it: each size
+     * and rate parameter (the capacity or limit, and the refill or leak
+     * count) becomes {@code max(1, floor(n * scale / 100))}; the periods stay.
+     */
+    public Spec scaled(int scale) {
+        if (scale < 1 || scale > 100) {
+            throw new InvalidArgumentException("scale", "must be a percent from 1 to 100, got " + scale);
+        }
+        long[] p = params.clone();
+        p[0] = Protection.scaled(p[0], scale);
+        if (algorithm == Algorithm.TOKENBUCKET || algorithm == Algorithm.LEAKYBUCKET) {
+            p[1] = Protection.scaled(p[1], scale);
+        }
+        return new Spec(algorithm, p, period, zone);
+    }
+
     @Override
     public boolean equals(Object o) {
         return o instanceof Spec s && s.algorithm == algorithm && java.util.Arrays.equals(s.params, params)

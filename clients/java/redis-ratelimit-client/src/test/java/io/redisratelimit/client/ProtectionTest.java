@@ -155,6 +155,29 @@ class ProtectionTest {
     }
 
     @Test
+    void theLocalLevelOfAGlobalPolicyRuleRunsAtTheScaleLastRead() throws Exception {
+        RedisServer s = server();
+        Client c = client(s);
+        c.policySet("g", Spec.tokenBucket(10, 10, 3_600_000), PolicyMode.ENFORCE, 100, PolicyLoop.adapt(5));
+        c.policyScale("g", 50);
+        try (Protection p = Protection.builder(c).policies(List.of("g")).manual().build();
+             Limiter limiter = Limiter.builder(c).instances(1).denyCache(false).build()) {
+            RuleSet rules = limiter.rules(Rule.policy("g", "g", Spec.tokenBucket(10, 10, 3_600_000)).asGlobal());
+            limiter.scaleLocalLevel(p::scale);
+            p.poll();
+            assertEquals(50, p.scale("g"));
+            for (int i = 0; i < 5; i++) {
+                assertEquals(true, limiter.check(rules, "k").allowed(), "admitted " + i);
+            }
+            Decision sixth = limiter.check(rules, "k");
+            assertEquals(false, sixth.allowed());
+            assertEquals(Path.LOCAL, sixth.path(), "denied in process: 5 of 10 at 50 %");
+            assertEquals(Spec.tokenBucket(5, 5, 3_600_000), Spec.tokenBucket(10, 10, 3_600_000).scaled(50));
+            assertEquals(Spec.fixedWindow(1, 1000), Spec.fixedWindow(1, 1000).scaled(1));
+        }
+    }
+
+    @Test
     void aFailedReportLosesItsCountsAndIsNeverRetried() throws Exception {
         RedisServer s = server();
         Client c = client(s);

@@ -162,6 +162,8 @@ public class RateLimitAutoConfiguration {
         RateLimitBreakers breakers = new RateLimitBreakers(service, registry.getIfAvailable(
                 io.github.resilience4j.circuitbreaker.CircuitBreakerRegistry::ofDefaults));
         protection.addListener(breakers);
+        // The local level of a global rule runs at its policy's scale, as the server does.
+        service.limiter().scaleLocalLevel(protection::scale);
         service.protection(protection, predicate.getIfAvailable(() -> ErrorPredicate.DEFAULT));
         return protection;
     }
@@ -241,8 +243,9 @@ public class RateLimitAutoConfiguration {
     static class Metrics {
         @Bean
         @ConditionalOnMissingBean
-        RateLimitMetricsBinder rateLimitMetrics(ObjectProvider<MeterRegistry> registry, ObjectProvider<Limiter> limiter) {
-            return new RateLimitMetricsBinder(registry, limiter);
+        RateLimitMetricsBinder rateLimitMetrics(ObjectProvider<MeterRegistry> registry, ObjectProvider<Limiter> limiter,
+                                                ObjectProvider<RateLimitService> service) {
+            return new RateLimitMetricsBinder(registry, limiter, service);
         }
     }
 
@@ -250,12 +253,14 @@ public class RateLimitAutoConfiguration {
     static final class RateLimitMetricsBinder implements RateLimitService.Listener {
         private final ObjectProvider<MeterRegistry> registry;
         private final ObjectProvider<Limiter> limiter;
+        private final ObjectProvider<RateLimitService> service;
         private volatile RateLimitMetrics metrics;
         private volatile boolean resolved;
 
-        RateLimitMetricsBinder(ObjectProvider<MeterRegistry> registry, ObjectProvider<Limiter> limiter) {
+        RateLimitMetricsBinder(ObjectProvider<MeterRegistry> registry, ObjectProvider<Limiter> limiter, ObjectProvider<RateLimitService> service) {
             this.registry = registry;
             this.limiter = limiter;
+            this.service = service;
         }
 
         private RateLimitMetrics metrics() {
@@ -266,6 +271,10 @@ public class RateLimitAutoConfiguration {
                         if (r != null) {
                             RateLimitMetrics m = new RateLimitMetrics(r);
                             m.bind(limiter.getObject());
+                            RateLimitService s = service.getIfAvailable();
+                            if (s != null) {
+                                m.bindProtection(s);
+                            }
                             metrics = m;
                         }
                         resolved = true;

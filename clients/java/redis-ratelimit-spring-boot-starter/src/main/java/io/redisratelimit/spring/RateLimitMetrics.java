@@ -25,7 +25,9 @@ import java.util.function.ToDoubleFunction;
  *   <li>{@code ratelimit.redis.calls}, {@code ratelimit.redis.failures} (tag {@code reason}),
  *       {@code ratelimit.fallback} (tag {@code outcome}), {@code ratelimit.breaker.opened},
  *       {@code ratelimit.breaker.probes} function counters from the limiter's stats;</li>
- *   <li>{@code ratelimit.breaker.open} gauge (1 open or probing, 0 closed).</li>
+ *   <li>{@code ratelimit.breaker.open} gauge (1 open or probing, 0 closed);</li>
+ *   <li>{@code ratelimit.scale} and {@code ratelimit.stage} gauges, tag {@code rule}, for the
+ *       rules with a protection loop (the scale and stage this instance last read).</li>
  * </ul>
  */
 public class RateLimitMetrics implements RateLimitService.Listener {
@@ -49,6 +51,20 @@ public class RateLimitMetrics implements RateLimitService.Listener {
         fc("ratelimit.breaker.probes", limiter, s -> s.probes(), "Probes sent while the breaker was open");
         Gauge.builder("ratelimit.breaker.open", limiter, l -> l.breakerOpen() ? 1 : 0)
                 .description("1 while the circuit breaker is open or probing").register(registry);
+    }
+
+    /** The scale and stage of every rule with a loop (the rules at start-up; a rule removed later reads 100 and 0). */
+    public void bindProtection(RateLimitService service) {
+        for (RateLimitRules.Entry e : service.rules().entries().values()) {
+            if (!e.loop().any()) {
+                continue;
+            }
+            String policy = e.rule().policy();
+            Gauge.builder("ratelimit.scale", service, s -> s.protection() == null ? 100 : s.protection().scale(policy))
+                    .description("The policy's scale in percent, as this instance last read it").tag("rule", e.name()).register(registry);
+            Gauge.builder("ratelimit.stage", service, s -> s.protection() == null ? 0 : s.protection().stage(policy))
+                    .description("The policy's stage: 0 normal, 1 degrade, 2 break").tag("rule", e.name()).register(registry);
+        }
     }
 
     private void fc(String name, Limiter limiter, ToDoubleFunction<StatsSnapshot> f, String description, String... tags) {
