@@ -120,6 +120,39 @@ class ProtectionContractTest {
     }
 
     @Test
+    void policyGetIsReadByNameWhateverLoopFieldsItCarries() {
+        JsonNode get = protection().get("get_fields");
+        List<String> names = new ArrayList<>(texts(get.get("always")));
+        names.addAll(texts(get.get("when_set")));
+        names.addAll(texts(get.get("then")));
+        Map<String, Object> values = Map.ofEntries(Map.entry("name", "p"), Map.entry("algorithm", "TOKENBUCKET"),
+                Map.entry("params", List.of(100L, 100L, 1000L)), Map.entry("mode", "ENFORCE"), Map.entry("rollout", 100L),
+                Map.entry("calls", 7L), Map.entry("admitted", 5L), Map.entry("denied", 2L), Map.entry("shadow_denied", 0L),
+                Map.entry("adapt", List.of(5L, 80L, 50L, 5L, 20L)), Map.entry("stages", List.of(30L, 50L)),
+                Map.entry("window_ms", 1000L), Map.entry("scale", 80L), Map.entry("stage", 1L));
+        List<Object> reply = new ArrayList<>();
+        for (String n : names) {
+            reply.add(n);
+            reply.add(values.get(n));
+        }
+        PolicyInfo info = Client.parsePolicy("p", reply).orElseThrow();
+        assertEquals(Spec.tokenBucket(100, 100, 1000), info.spec());
+        assertEquals(PolicyMode.ENFORCE, info.mode());
+        assertEquals(100, info.rollout());
+        assertEquals(7, info.calls());
+        assertEquals(2, info.denied());
+        // Without the loop's fields (a policy that has none): the same.
+        List<Object> plain = new ArrayList<>();
+        for (String n : names) {
+            if (!texts(get.get("when_set")).contains(n)) {
+                plain.add(n);
+                plain.add(values.get(n));
+            }
+        }
+        assertEquals(info, Client.parsePolicy("p", plain).orElseThrow());
+    }
+
+    @Test
     void everyScaledCaseIsTheContracts() {
         int n = 0;
         for (JsonNode c : protection().get("scaled")) {
