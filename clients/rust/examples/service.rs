@@ -17,14 +17,37 @@
 //! `RL_BARE` (0: 1 serves without the layer, for the benchmark).
 //! The key is the `x-user` header, else the `user` query parameter, else
 //! the peer address. `GET /stats` answers the kit's counters.
+//!
+//! The protection loop, with `RL_POLICY` set to a policy's name (the policy
+//! itself is set on the server: `RL.POLICY SET name ... ADAPT ... STAGES
+//! ...`, with a `WINDOW`):
+//! - `GET /api`: a core route under the policy (key `{prefix}loop:<user>`),
+//!   whose rule names the breaker `downstream`; its backend fails (500)
+//!   every `RL_FAIL_EVERY`-th request (0: never), and answers 503 without
+//!   calling it while the breaker is open;
+//! - `GET /extra`: a non-core route under the same policy, with a degrade
+//!   handler (`200 cached`, header `x-degraded: stage-<n>` or `denied`);
+//!   its own limiter, so `extra_redis_calls` counts its calls alone;
+//! - `GET /protection`: this instance's view (JSON: `stage`, `scale`,
+//!   `breaker`, the loop's counters, `extra_redis_calls`, `fail_every`);
+//! - `GET /control?fail_every=n`: changes the failing fraction.
+//!
+//! `RL_REPORT_MS`, `RL_POLL_MS` and `RL_HOLD_MS` set the loop's timings
+//! (the kit's defaults: 1000, 1000, 5000).
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::ConnectInfo;
+use axum::http::StatusCode;
 use axum::routing::get;
 use axum::Router;
-use redis_ratelimit_client::{BreakerConfig, Client, FallbackMode, Limiter, RateLimitLayer, Rule};
+use redis_ratelimit_client::{
+    BreakerConfig, BreakerError, Client, DegradeReason, FallbackMode, Limiter, Protection,
+    RateLimitLayer, RequestParts, Rule,
+};
 
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -41,6 +64,159 @@ fn stats(limiter: &Limiter) -> String {
         fields.join(","),
         limiter.breaker_open()
     )
+}
+
+/// The request's identity: `x-user`, else `user=` in the query, else the
+/// peer address.
+fn user(req: &RequestParts<'_>) -> Option<String> {
+    if let Some(user) = req.headers.get("x-user").and_then(|v| v.to_str().ok()) {
+        return Some(user.to_string());
+    }
+    if let Some(q) = req.uri.query() {
+        if let Some(user) = q.split('&').find_map(|kv| kv.strip_prefix("user=")) {
+            return Some(user.to_string());
+        }
+    }
+    req.extensions
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ConnectInfo(addr)| addr.ip().to_string())
+}
+
+/// The routes of the protection loop (see the module's doc).
+async fn protected_routes(
+    client: Client,
+    limiter: Limiter,
+    policy: String,
+    prefix: &str,
+) -> Router {
+    let protection = Protection::builder(client.clone())
+        .policy(policy.as_str())
+        .report_interval(Duration::from_millis(env_u64("RL_REPORT_MS", 1000)))
+        .stage_poll(Duration::from_millis(env_u64("RL_POLL_MS", 1000)))
+        .stage_hold(Duration::from_millis(env_u64("RL_HOLD_MS", 5000)))
+        .start();
+    let rule = || {
+        Rule::policy(policy.as_str())
+            .name(policy.as_str())
+            .key_prefix(format!("{prefix}loop:"))
+            .breaker("downstream")
+    };
+    let fail = |what: String| {
+        eprintln!("service: {what}");
+        std::process::exit(2);
+    };
+    let api_layer = RateLimitLayer::builder(limiter)
+        .key(user)
+        .rule(rule())
+        .protection(protection.clone())
+        .build()
+        .await
+        .unwrap_or_else(|e| fail(e.to_string()));
+    // Its own limiter: its counters are the non-core route's alone.
+    let extra_limiter = Limiter::builder(client).build();
+    let extra_layer = RateLimitLayer::builder(extra_limiter.clone())
+        .key(user)
+        .rule(rule())
+        .protection(protection.clone())
+        .core(false)
+        .degrade(|_req, why| {
+            let why = match why {
+                DegradeReason::Stage(n) => format!("stage-{n}"),
+                DegradeReason::Denied => "denied".to_string(),
+            };
+            axum::http::Response::builder()
+                .header("x-degraded", why)
+                .body(bytes::Bytes::from_static(b"cached\n"))
+                .expect("a response")
+        })
+        .build()
+        .await
+        .unwrap_or_else(|e| fail(e.to_string()));
+
+    let fail_every = Arc::new(AtomicU64::new(env_u64("RL_FAIL_EVERY", 0)));
+    let served = Arc::new(AtomicU64::new(0));
+    let downstream = protection
+        .find_breaker("downstream")
+        .expect("the rule names it");
+    let api = {
+        let (fail_every, served, downstream) = (fail_every.clone(), served.clone(), downstream);
+        get(move || {
+            let (fail_every, served, downstream) =
+                (fail_every.clone(), served.clone(), downstream.clone());
+            async move {
+                // The backend: every n-th request fails.
+                let backend = async {
+                    let n = served.fetch_add(1, Ordering::Relaxed) + 1;
+                    let every = fail_every.load(Ordering::Relaxed);
+                    if every > 0 && n % every == 0 {
+                        Err("backend failed")
+                    } else {
+                        Ok("api\n")
+                    }
+                };
+                match downstream.call(backend).await {
+                    Ok(body) => (StatusCode::OK, body),
+                    Err(BreakerError::Failed(e)) => (StatusCode::INTERNAL_SERVER_ERROR, e),
+                    Err(BreakerError::Open(_)) => {
+                        (StatusCode::SERVICE_UNAVAILABLE, "downstream breaker open")
+                    }
+                }
+            }
+        })
+    };
+    let view = {
+        let (protection, fail_every) = (protection.clone(), fail_every.clone());
+        get(move || {
+            let (protection, fail_every) = (protection.clone(), fail_every.clone());
+            let extra = extra_limiter.stats().redis_calls;
+            let policy = policy.clone();
+            async move {
+                let s = protection.stats();
+                let breaker = protection
+                    .find_breaker("downstream")
+                    .map_or("none", |b| b.state().as_str());
+                format!(
+                    "{{\"stage\":{},\"scale\":{},\"breaker\":\"{breaker}\",\"reports_sent\":{},\"reports_failed\":{},\"outcomes_sent\":{},\"outcomes_lost\":{},\"outcomes_pending\":{},\"reads_ok\":{},\"reads_failed\":{},\"extra_redis_calls\":{extra},\"fail_every\":{}}}",
+                    protection.stage(&policy),
+                    protection.scale(&policy),
+                    s.reports_sent,
+                    s.reports_failed,
+                    s.outcomes_sent,
+                    s.outcomes_lost,
+                    s.outcomes_pending,
+                    s.reads_ok,
+                    s.reads_failed,
+                    fail_every.load(Ordering::Relaxed),
+                )
+            }
+        })
+    };
+    let control = get(move |uri: axum::http::Uri| {
+        let fail_every = fail_every.clone();
+        async move {
+            let n = uri
+                .query()
+                .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("fail_every=")))
+                .and_then(|v| v.parse().ok());
+            match n {
+                Some(n) => {
+                    fail_every.store(n, Ordering::Relaxed);
+                    (StatusCode::OK, format!("fail_every={n}\n"))
+                }
+                None => (StatusCode::BAD_REQUEST, "fail_every=<n>\n".to_string()),
+            }
+        }
+    });
+    Router::new()
+        .route("/api", api)
+        .layer(api_layer)
+        .merge(
+            Router::new()
+                .route("/extra", get(|| async { "extra\n" }))
+                .layer(extra_layer),
+        )
+        .route("/protection", view)
+        .route("/control", control)
 }
 
 #[tokio::main]
@@ -98,19 +274,7 @@ async fn main() {
     let prefix = std::env::var("RL_PREFIX").unwrap_or("rl:".into());
     let global = env_u64("RL_GLOBAL_LIMIT", 15_000);
     let layer = RateLimitLayer::builder(limiter.clone())
-        .key(|req| {
-            if let Some(user) = req.headers.get("x-user").and_then(|v| v.to_str().ok()) {
-                return Some(user.to_string());
-            }
-            if let Some(q) = req.uri.query() {
-                if let Some(user) = q.split('&').find_map(|kv| kv.strip_prefix("user=")) {
-                    return Some(user.to_string());
-                }
-            }
-            req.extensions
-                .get::<ConnectInfo<SocketAddr>>()
-                .map(|ConnectInfo(addr)| addr.ip().to_string())
-        })
+        .key(user)
         .rule(
             Rule::sliding(
                 env_u64("RL_USER_LIMIT", 5),
@@ -133,7 +297,12 @@ async fn main() {
             std::process::exit(2);
         });
 
-    let app = Router::new().route("/", hello).layer(layer).route(
+    let mut app = Router::new().route("/", hello).layer(layer);
+    if let Ok(policy) = std::env::var("RL_POLICY") {
+        let client = limiter.client().clone();
+        app = app.merge(protected_routes(client, limiter.clone(), policy, &prefix).await);
+    }
+    let app = app.route(
         "/stats",
         get(move || {
             let limiter = limiter.clone();

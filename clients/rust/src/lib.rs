@@ -20,6 +20,12 @@
 //!   the others (policies, `RL.ALL`, the local level, the layer, whose
 //!   `RateLimit-Policy` gives a quota `w` = the period's nominal seconds).
 //! - [`RetryPolicy`]: backoff for callers of rate-limited services.
+//! - The protection loop: [`Protection`] sends the outcomes of the requests
+//!   a policy admitted (`RL.OUTCOME`) and reads its stage and scale from
+//!   every master in the background; the layer degrades non-core routes at
+//!   stage 1 ([`RateLimitLayerBuilder::core`],
+//!   [`RateLimitLayerBuilder::degrade`]) and a policy at stage 2 forces its
+//!   [`CircuitBreaker`] open ([`Rule::breaker`]).
 //!
 //! ```no_run
 //! use redis_ratelimit_client::{Client, Limiter, Rule, RateLimitLayer};
@@ -50,22 +56,31 @@ mod layer;
 mod lease;
 mod limiter;
 mod local;
+mod protection;
 mod retry;
 mod rule;
 
 /// Deprecated: [`Request`] (kept for one release; see CHANGELOG.md).
 #[allow(deprecated)]
 pub use client::Units;
-pub use client::{Client, LogEntry, PolicyInfo, PolicyMode, DEFAULT_DEADLINE, MIN_MODULE_VERSION};
+pub use client::{
+    Client, LogEntry, PolicyInfo, PolicyMode, PolicyStats, WindowCounts, DEFAULT_DEADLINE,
+    MIN_MODULE_VERSION,
+};
 pub use decision::{Decision, Path};
 pub use error::Error;
 pub use fallback::{BreakerConfig, FallbackMode, StatsSnapshot};
 pub use layer::{
-    HeldBody, MissingKey, RateLimit, RateLimitBody, RateLimitLayer, RateLimitLayerBuilder,
-    RequestParts, QUOTA_EXCEEDED,
+    DegradeReason, Finished, HeldBody, MissingKey, RateLimit, RateLimitBody, RateLimitLayer,
+    RateLimitLayerBuilder, RequestParts, QUOTA_EXCEEDED,
 };
 pub use lease::LeaseGuard;
 pub use limiter::{CheckedRule, Limiter, LimiterBuilder, RuleSet};
+pub use protection::{
+    BreakerError, BreakerState, CircuitBreaker, CircuitBreakerConfig, Protection,
+    ProtectionBuilder, ProtectionStats, DEFAULT_REPORT_INTERVAL, DEFAULT_STAGE_HOLD,
+    DEFAULT_STAGE_POLL,
+};
 pub use redis_ratelimit_core::{Period, Request};
 pub use retry::{retry_after, Attempt, RetryPolicy};
 pub use rule::{

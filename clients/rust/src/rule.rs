@@ -473,6 +473,7 @@ pub struct Rule {
     pub(crate) kind: Result<RuleKind, Error>,
     pub(crate) key: KeyShape,
     pub(crate) global: bool,
+    pub(crate) breaker: Option<String>,
 }
 
 impl Rule {
@@ -483,6 +484,7 @@ impl Rule {
             key: KeyShape::PerIdentity(format!("rl:{name}:")),
             name,
             global: false,
+            breaker: None,
         }
     }
 
@@ -540,6 +542,7 @@ impl Rule {
             key: KeyShape::PerIdentity(format!("rl:{name}:")),
             name,
             global: false,
+            breaker: None,
         }
     }
     /// The policy `name` kept in the server (`RL.POLICY SET`), applied with
@@ -561,6 +564,7 @@ impl Rule {
             name,
             kind,
             global: false,
+            breaker: None,
         }
     }
 
@@ -590,6 +594,21 @@ impl Rule {
         self
     }
 
+    /// Names the [`crate::CircuitBreaker`] this policy's stage moves: in a
+    /// layer with a [`crate::Protection`], the breaker (taken from the
+    /// protection by name, made if new) is forced open while the policy is
+    /// at stage 2, and released when it falls below. Only policy rules have
+    /// a stage.
+    pub fn breaker(mut self, name: impl Into<String>) -> Rule {
+        self.breaker = Some(name.into());
+        self
+    }
+
+    /// The breaker this rule names.
+    pub fn breaker_name(&self) -> Option<&str> {
+        self.breaker.as_deref()
+    }
+
     /// The rule's name.
     pub fn rule_name(&self) -> &str {
         &self.name
@@ -603,6 +622,13 @@ impl Rule {
                 &self.name,
                 "global",
                 "a policy rule cannot be global: its parameters live in the server",
+            ));
+        }
+        if self.breaker.is_some() && !matches!(kind, RuleKind::Policy(_)) {
+            return Err(Error::bad(
+                &self.name,
+                "breaker",
+                "only a policy rule has a stage to move a breaker",
             ));
         }
         if let RuleKind::Inline(Spec::Quota(_, zone)) = kind {

@@ -70,6 +70,8 @@ impl Client {
             admitted: 0,
             denied: 0,
             shadow_denied: 0,
+            scale: 100,
+            stage: 0,
         };
         let mut algorithm = String::new();
         let mut params: Vec<u64> = Vec::new();
@@ -103,6 +105,9 @@ impl Client {
                 Some("admitted") => info.admitted = int as u64,
                 Some("denied") => info.denied = int as u64,
                 Some("shadow_denied") => info.shadow_denied = int as u64,
+                // A module without the protection loop sends neither.
+                Some("scale") => info.scale = int.clamp(1, 100) as u8,
+                Some("stage") => info.stage = int.clamp(0, 2) as u8,
                 _ => {}
             }
         }
@@ -225,6 +230,11 @@ pub struct PolicyInfo {
     pub denied: u64,
     /// See `calls`.
     pub shadow_denied: u64,
+    /// The percentage its size and rate parameters run at (100 unless the
+    /// protection loop or `RL.POLICY SCALE` lowered it).
+    pub scale: u8,
+    /// Its stage: 0 normal, 1 degrade, 2 break.
+    pub stage: u8,
 }
 
 /// One entry of `RL.LOG GET`.

@@ -45,6 +45,9 @@ pub(super) enum Target<'a> {
     Key(&'a str),
     /// Every master (policies are node state); the replies combined.
     AllMasters(ResponsePolicy),
+    /// Every master, each reply kept (a map of node to reply in a cluster;
+    /// the one reply of a single server).
+    EachMaster,
     /// Any node.
     Any,
 }
@@ -255,6 +258,9 @@ impl Client {
                             MultipleNodeRoutingInfo::AllMasters,
                             Some(policy),
                         )),
+                        Target::EachMaster => {
+                            RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None))
+                        }
                         Target::Any => {
                             RoutingInfo::SingleNode(SingleNodeRoutingInfo::RandomPrimary)
                         }

@@ -8,6 +8,8 @@
 //! - `calls.rs`: the typed calls of the limiter commands, `RL.HIT`,
 //!   `RL.ALL`, the blocking acquires and the leases;
 //! - `admin.rs`: `RL.POLICY` and `RL.LOG`, and their answers;
+//! - `policy_stats.rs`: the protection loop's calls (`RL.OUTCOME`,
+//!   `RL.POLICY STATS` on every master, `RL.POLICY SCALE`) and their answer;
 //! - `args.rs`: the arguments of a call, checked before sending.
 
 use std::sync::Arc;
@@ -20,10 +22,12 @@ mod admin;
 mod args;
 mod calls;
 mod connect;
+mod policy_stats;
 
 pub use admin::{LogEntry, PolicyInfo, PolicyMode};
 pub(crate) use args::{hit_cmd, limiter_cmd, utc_only};
 pub use connect::{DEFAULT_DEADLINE, MIN_MODULE_VERSION};
+pub use policy_stats::{PolicyStats, WindowCounts};
 
 /// A connection to a server (or a cluster) with the module loaded, and the
 /// typed calls of its commands. Cheap to clone: clones share the connection.

@@ -2,13 +2,19 @@
 //! the checks made once, when the layer is built.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use http::HeaderValue;
+use bytes::Bytes;
+use http::{HeaderValue, Response};
 
 use super::headers::policy_item;
-use super::{KeyFn, MissingKey, RateLimitLayer, RequestParts, Shared};
+use super::{
+    DegradeFn, DegradeReason, ErrorFn, Finished, KeyFn, MissingKey, RateLimitLayer, RequestParts,
+    Shared,
+};
 use crate::limiter::Limiter;
-use crate::rule::{Rule, Spec};
+use crate::protection::Protection;
+use crate::rule::{Rule, RuleKind, Spec};
 use crate::Error;
 
 /// Builds a [`RateLimitLayer`].
@@ -20,6 +26,11 @@ pub struct RateLimitLayerBuilder {
     x_headers: bool,
     grpc: bool,
     missing_key: MissingKey,
+    protection: Option<Protection>,
+    core: bool,
+    degrade: Option<Arc<DegradeFn>>,
+    error_when: Arc<ErrorFn>,
+    handler_timeout: Option<Duration>,
 }
 
 impl RateLimitLayerBuilder {
@@ -34,6 +45,11 @@ impl RateLimitLayerBuilder {
             x_headers: false,
             grpc: false,
             missing_key: MissingKey::Reject,
+            protection: None,
+            core: true,
+            degrade: None,
+            error_when: Arc::new(Finished::is_error),
+            handler_timeout: None,
         }
     }
 
@@ -82,6 +98,50 @@ impl RateLimitLayerBuilder {
         self
     }
 
+    /// The protection loop this route takes part in: the outcome of each
+    /// request its policy rules admitted is counted there (only rules given
+    /// by policy name report), its policies are watched, and the breakers
+    /// its rules name ([`Rule::breaker`]) follow their stage.
+    pub fn protection(mut self, protection: Protection) -> Self {
+        self.protection = Some(protection);
+        self
+    }
+    /// Whether the route is core (the default). A non-core route, while a
+    /// policy of its rules (or, without policy rules, any policy of the
+    /// protection) is at stage 1 or more, answers with its degrade handler
+    /// without a call to Redis, or 429 when it has none.
+    pub fn core(mut self, core: bool) -> Self {
+        self.core = core;
+        self
+    }
+    /// The route's degrade handler (a cached or default answer): it answers
+    /// a denial instead of the 429, and a non-core route at stage 1 or more.
+    /// Sentinel's `blockHandler`, Resilience4j's `fallbackMethod`.
+    pub fn degrade<F>(mut self, handler: F) -> Self
+    where
+        F: Fn(&RequestParts<'_>, DegradeReason) -> Response<Bytes> + Send + Sync + 'static,
+    {
+        self.degrade = Some(Arc::new(handler));
+        self
+    }
+    /// What counts as an error among the requests the policies admitted
+    /// (by default [`Finished::is_error`]: a 5xx answer, a service error,
+    /// a timeout).
+    pub fn error_when<F>(mut self, predicate: F) -> Self
+    where
+        F: Fn(&Finished) -> bool + Send + Sync + 'static,
+    {
+        self.error_when = Arc::new(predicate);
+        self
+    }
+    /// A request the service has not answered within `timeout` is answered
+    /// 504 by the layer and counted as [`Finished::TimedOut`] (none by
+    /// default: a timeout layer inside this one answers with its own status).
+    pub fn handler_timeout(mut self, timeout: Duration) -> Self {
+        self.handler_timeout = Some(timeout);
+        self
+    }
+
     /// Checks every rule (a bad parameter is an error naming it, here and
     /// not at the first request) and reads the policies from the server.
     pub async fn build(self) -> Result<RateLimitLayer, Error> {
@@ -111,6 +171,53 @@ impl RateLimitLayerBuilder {
                 &Spec::Concurrency(cap.params),
             ));
         }
+        let policy_names = |rule: &Rule| match rule.check() {
+            Ok(RuleKind::Policy(name)) => Some(name.clone()),
+            _ => None,
+        };
+        let mut policies: Vec<String> = rules
+            .iter()
+            .flat_map(|set| set.rules())
+            .filter_map(|r| policy_names(&r.rule))
+            .collect();
+        policies.extend(cap.iter().filter_map(|c| policy_names(&c.rule)));
+        policies.sort_unstable();
+        policies.dedup();
+        let breakers = rules
+            .iter()
+            .flat_map(|set| set.rules())
+            .map(|r| &r.rule)
+            .chain(cap.iter().map(|c| &c.rule))
+            .filter_map(|r| Some((r.breaker_name()?, policy_names(r)?)));
+        match &self.protection {
+            Some(protection) => {
+                for name in &policies {
+                    protection.watch(name);
+                }
+                for (breaker, policy) in breakers {
+                    match protection.find_breaker(breaker) {
+                        Some(b) => protection.bind(b, &policy),
+                        None => protection.breaker(breaker, &policy),
+                    };
+                }
+            }
+            None => {
+                if let Some((breaker, _)) = breakers.into_iter().next() {
+                    return Err(Error::bad(
+                        "-",
+                        "breaker",
+                        format!("rule breaker {breaker:?} needs the layer's protection loop (RateLimitLayerBuilder::protection)"),
+                    ));
+                }
+                if !self.core {
+                    return Err(Error::bad(
+                        "-",
+                        "core",
+                        "a non-core route degrades on a policy's stage: give the layer a protection loop (RateLimitLayerBuilder::protection)",
+                    ));
+                }
+            }
+        }
         let policy = items.join(", ");
         let policy = HeaderValue::from_str(&policy)
             .map_err(|_| Error::bad("-", "name", "rule names must be visible ASCII"))?;
@@ -124,6 +231,12 @@ impl RateLimitLayerBuilder {
                 x_headers: self.x_headers,
                 grpc: self.grpc,
                 missing_key: self.missing_key,
+                protection: self.protection,
+                policies,
+                core: self.core,
+                degrade: self.degrade,
+                error_when: self.error_when,
+                handler_timeout: self.handler_timeout,
             }),
         })
     }

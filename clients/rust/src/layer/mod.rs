@@ -3,7 +3,10 @@
 //! request's start to its response body's end), and the HTTP (or gRPC)
 //! answer: 429 with `Retry-After`, the IETF `RateLimit-Policy` and
 //! `RateLimit` fields (also on admitted responses), `X-RateLimit-*` on
-//! request, and a problem+json body.
+//! request, and a problem+json body. With a [`crate::Protection`], the
+//! protection loop per route: outcomes counted for the policies that
+//! admitted, non-core routes degraded at stage 1, a degrade handler instead
+//! of the 429.
 //!
 //! One concept per file, as tower-http's `limit/`:
 //! - this file: the layer, what the key closure sees, and what its
@@ -13,11 +16,14 @@
 //! - `headers.rs`: the header fields and the problem+json bodies.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use http::{HeaderMap, HeaderValue};
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use tower_layer::Layer;
 
 use crate::limiter::{Cap, Limiter, RuleSet};
+use crate::protection::Protection;
 
 mod builder;
 mod headers;
@@ -44,6 +50,42 @@ pub struct RequestParts<'a> {
 
 type KeyFn = dyn Fn(&RequestParts<'_>) -> Option<String> + Send + Sync;
 
+/// Why a route answers with its degrade handler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DegradeReason {
+    /// A non-core route while a policy of its rules is at this stage (1 or
+    /// more): no call to Redis was made.
+    Stage(u8),
+    /// The limiter denied the request (instead of the 429).
+    Denied,
+}
+
+/// How a request the limiter admitted finished: what the error predicate
+/// ([`RateLimitLayerBuilder::error_when`]) sees.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finished {
+    /// The service answered with this status.
+    Status(StatusCode),
+    /// The service returned an error.
+    Failed,
+    /// The service did not answer within
+    /// [`RateLimitLayerBuilder::handler_timeout`] (the layer answers 504).
+    TimedOut,
+}
+
+impl Finished {
+    /// The default predicate: a 5xx answer, a service error or a timeout.
+    pub fn is_error(&self) -> bool {
+        match self {
+            Finished::Status(s) => s.is_server_error(),
+            Finished::Failed | Finished::TimedOut => true,
+        }
+    }
+}
+
+type DegradeFn = dyn Fn(&RequestParts<'_>, DegradeReason) -> Response<Bytes> + Send + Sync;
+type ErrorFn = dyn Fn(&Finished) -> bool + Send + Sync;
+
 /// What happens to a request whose key closure answers `None`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MissingKey {
@@ -64,6 +106,13 @@ struct Shared {
     x_headers: bool,
     grpc: bool,
     missing_key: MissingKey,
+    /// The protection loop, its policy rules, and the route's options.
+    protection: Option<Protection>,
+    policies: Vec<String>,
+    core: bool,
+    degrade: Option<Arc<DegradeFn>>,
+    error_when: Arc<ErrorFn>,
+    handler_timeout: Option<Duration>,
 }
 
 /// A tower [`Layer`] that rate-limits every request of the service it wraps.
@@ -81,6 +130,11 @@ impl RateLimitLayer {
     /// The limiter (for its counters).
     pub fn limiter(&self) -> &Limiter {
         &self.shared.limiter
+    }
+
+    /// The protection loop, if the layer has one.
+    pub fn protection(&self) -> Option<&Protection> {
+        self.shared.protection.as_ref()
     }
 }
 

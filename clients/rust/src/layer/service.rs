@@ -16,7 +16,7 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::headers::problem;
-use super::{MissingKey, RequestParts, Shared};
+use super::{DegradeReason, Finished, MissingKey, RequestParts, Shared};
 use crate::decision::Decision;
 use crate::fallback::Stats;
 use crate::lease::LeaseGuard;
@@ -105,6 +105,19 @@ where
             headers: req.headers(),
             extensions: req.extensions(),
         };
+        // A non-core route at stage 1 or more: no call to Redis.
+        if let Some(stage) = shared.degraded_stage() {
+            let answer = shared
+                .degrade
+                .as_ref()
+                .map(|handler| handler(&parts, DegradeReason::Stage(stage)));
+            return Box::pin(async move {
+                Ok(match answer {
+                    Some(answer) => answer.map(|b| Either::Right(Full::new(b))),
+                    None => shared.stage_denial(stage),
+                })
+            });
+        }
         let key = catch_unwind(AssertUnwindSafe(|| (shared.key)(&parts)));
         Box::pin(async move {
             let stats = &shared.limiter;
@@ -146,6 +159,9 @@ where
                 Some(set) => {
                     let d = shared.limiter.check(set, &identity, 1).await;
                     if !d.allowed {
+                        if let Some(answer) = shared.degrade_denied(&req) {
+                            return Ok(answer);
+                        }
                         let name = shared.rule_name(&d);
                         return Ok(shared.denial(name, &d));
                     }
@@ -162,11 +178,32 @@ where
                         (Some(guard), Some(d))
                     }
                     Hold::Unheld(d) => (None, Some(d)),
-                    Hold::Denied(d) => return Ok(shared.denial(cap.rule.rule_name(), &d)),
+                    Hold::Denied(d) => {
+                        if let Some(answer) = shared.degrade_denied(&req) {
+                            return Ok(answer);
+                        }
+                        return Ok(shared.denial(cap.rule.rule_name(), &d));
+                    }
                 },
                 None => (None, None),
             };
-            let mut response = inner.call(req).await?;
+            let finished = match shared.handler_timeout {
+                Some(timeout) => tokio::time::timeout(timeout, inner.call(req)).await.ok(),
+                None => Some(inner.call(req).await),
+            };
+            shared.record(&finished);
+            let mut response = match finished {
+                Some(result) => result?,
+                None => {
+                    return Ok(problem(
+                        StatusCode::GATEWAY_TIMEOUT,
+                        "about:blank",
+                        "Handler timeout",
+                        "the service did not answer in time",
+                        None,
+                    ))
+                }
+            };
             let mut items = Vec::new();
             if let Some(d) = &rate {
                 items.push((shared.rule_name(d), d));
@@ -181,6 +218,71 @@ where
 }
 
 impl Shared {
+    /// The stage a non-core route degrades at: its policies' highest (or,
+    /// without policy rules, the protection's), when 1 or more.
+    fn degraded_stage(&self) -> Option<u8> {
+        if self.core {
+            return None;
+        }
+        let protection = self.protection.as_ref()?;
+        let stage = if self.policies.is_empty() {
+            protection.max_stage()
+        } else {
+            self.policies
+                .iter()
+                .map(|p| protection.stage(p))
+                .max()
+                .unwrap_or(0)
+        };
+        (stage >= 1).then_some(stage)
+    }
+
+    /// The degrade handler's answer to a denial, if the route has one.
+    fn degrade_denied<B, T>(&self, req: &Request<B>) -> Option<Response<RateLimitBody<T>>> {
+        let handler = self.degrade.as_ref()?;
+        let parts = RequestParts {
+            method: req.method(),
+            uri: req.uri(),
+            headers: req.headers(),
+            extensions: req.extensions(),
+        };
+        Some(handler(&parts, DegradeReason::Denied).map(|b| Either::Right(Full::new(b))))
+    }
+
+    /// A non-core route's 429 at stage 1 or more, without a degrade
+    /// handler: the usual fields, as if its first rule denied for a second.
+    fn stage_denial<T>(&self, stage: u8) -> Response<RateLimitBody<T>> {
+        let first = self.rules.as_ref().and_then(|set| set.rules().first());
+        let name = first.map_or("", |r| r.rule.rule_name());
+        let limit = first.and_then(|r| r.spec).map_or(0, |s| s.limit());
+        let d = Decision::from_fields(false, limit, 0, 1000, 1000, crate::decision::Path::Local);
+        tracing::debug!(
+            stage,
+            rule = name,
+            "redis-ratelimit: non-core route degraded"
+        );
+        self.denial(name, &d)
+    }
+
+    /// Counts the outcome of an admitted request for each policy rule.
+    fn record<T, E>(&self, finished: &Option<Result<Response<T>, E>>) {
+        let Some(protection) = &self.protection else {
+            return;
+        };
+        if self.policies.is_empty() {
+            return;
+        }
+        let finished = match finished {
+            None => Finished::TimedOut,
+            Some(Err(_)) => Finished::Failed,
+            Some(Ok(r)) => Finished::Status(r.status()),
+        };
+        let error = (self.error_when)(&finished);
+        for policy in &self.policies {
+            protection.record(policy, error);
+        }
+    }
+
     /// The rate rule the reply's fields describe: the one that denied, or
     /// for an admission the first whose limit is the reply's (the most
     /// restrictive).

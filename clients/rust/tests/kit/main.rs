@@ -11,6 +11,7 @@ mod grpc;
 mod instances;
 mod layer;
 mod leases;
+mod protection;
 mod quota;
 mod savings;
 mod sentinel;

@@ -1,0 +1,534 @@
+//! The protection loop end to end: two instances of the example service
+//! (real processes, real HTTP) share one redis-server; the policies' scale
+//! and stage move with their errors and denials, on both instances, on a
+//! replica, and back; non-core routes degrade without a Redis call; a
+//! policy at stage 2 forces the named breaker open; outcome reports never
+//! hold a request and a lost one is not retried. And the loop alone: its
+//! counters, its error predicate, and every master of a cluster read.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use axum::routing::get;
+use axum::Router;
+use redis_ratelimit_client::{
+    Client, Finished, Limiter, PolicyStats, Protection, RateLimitLayer, Rule,
+};
+
+use crate::harness::{wait_for, wait_until, Cluster, Http, Kind, Server, Service};
+
+fn cmd(server: &Server, args: &[&str]) -> redis::RedisResult<redis::Value> {
+    let mut c = redis::cmd(args[0]);
+    for a in &args[1..] {
+        c.arg(*a);
+    }
+    c.query(&mut server.conn())
+}
+
+fn set_policy(server: &Server, spec: &str) {
+    let mut args = vec!["RL.POLICY", "SET"];
+    args.extend(spec.split_whitespace());
+    cmd(server, &args).unwrap_or_else(|e| panic!("{spec}: {e}"));
+}
+
+/// `RL.POLICY STATS name` of one server.
+fn stats(server: &Server, name: &str) -> Option<(u64, u64)> {
+    let reply = cmd(server, &["RL.POLICY", "STATS", name]).ok()?;
+    let redis::Value::Array(items) = reply else {
+        return None;
+    };
+    let field = |want: &str| {
+        items.chunks(2).find_map(|p| match p {
+            [redis::Value::BulkString(k), redis::Value::Int(v)] if k == want.as_bytes() => {
+                Some(*v as u64)
+            }
+            _ => None,
+        })
+    };
+    Some((field("scale")?, field("stage")?))
+}
+
+/// The two instances of the example service with the loop on `policy`.
+fn two_services(server: &Server, policy: &str, extra: &[(&str, String)]) -> [Service; 2] {
+    let env = |_| {
+        let mut env = vec![
+            ("RL_URL", server.url()),
+            ("RL_POLICY", policy.to_string()),
+            ("RL_INSTANCES", "2".into()),
+            ("RL_DEADLINE_MS", "2000".into()),
+            ("RL_REPORT_MS", "200".into()),
+            ("RL_POLL_MS", "200".into()),
+            ("RL_HOLD_MS", "1500".into()),
+            ("RL_PREFIX", format!("{policy}:")),
+        ];
+        env.extend(extra.iter().cloned());
+        Service::start(&env)
+    };
+    [env(0), env(1)]
+}
+
+/// An instance's view of the loop (`GET /protection`).
+async fn view(http: &Http, service: &Service) -> serde_json::Value {
+    let body = http.get(&service.url("/protection"), &[]).await.body;
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{body}: {e}"))
+}
+
+/// Requests to `/api` on both instances until stopped, each from one of
+/// 50 users; the number sent.
+fn traffic(
+    http: &Http,
+    services: &[Service; 2],
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<u64> {
+    let urls = [services[0].url("/api"), services[1].url("/api")];
+    let http = http.clone();
+    tokio::spawn(async move {
+        let mut n = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            let user = format!("u{}", n % 50);
+            let r = http
+                .get(&urls[(n % 2) as usize], &[("x-user", &user)])
+                .await;
+            assert!(matches!(r.status, 200 | 500), "{} {}", r.status, r.body);
+            n += 1;
+        }
+        n
+    })
+}
+
+/// Adapt: the backend behind both instances fails 10% of requests; with
+/// `ADAPT ERRORS 5 MIN 80` the policy's scale drops to 80 (seen by both
+/// instances and on a replica), then climbs back by RECOVER per window
+/// once the failures stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_percent_errors_scale_the_policy_to_80_on_both_instances_and_the_replica() {
+    let server = Server::start(Kind::Redis);
+    let replica = Server::start_with(
+        Kind::Redis,
+        &["--replicaof", "127.0.0.1", &server.port.to_string()],
+        true,
+    );
+    wait_until("the replica in sync", || {
+        replica
+            .info("replication")
+            .get("master_link_status")
+            .is_some_and(|s| s == "up")
+    });
+    set_policy(
+        &server,
+        "adapt TOKENBUCKET 100000 100000 1000 ADAPT ERRORS 5 MIN 80 RECOVER 5 WINDOW 1000 MINCALLS 20",
+    );
+    let services = two_services(&server, "adapt", &[("RL_FAIL_EVERY", "10".into())]);
+    let http = Http::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = traffic(&http, &services, stop.clone());
+
+    for s in &services {
+        wait_for("the scale at 80 on the instance", async || {
+            view(&http, s).await["scale"] == 80
+        })
+        .await;
+    }
+    // The server's windows: about 10% errors, the scale at its MIN.
+    let (scale, _) = stats(&server, "adapt").unwrap();
+    assert_eq!(scale, 80);
+    wait_until("the replica at scale 80", || {
+        stats(&replica, "adapt").is_some_and(|(scale, _)| scale == 80)
+    });
+
+    // The failures stop: +5 per window back to 100, on both.
+    for s in &services {
+        http.get(&s.url("/control?fail_every=0"), &[]).await;
+    }
+    let mut seen = Vec::new();
+    wait_for("the scale back at 100 on both instances", async || {
+        let a = view(&http, &services[0]).await["scale"].as_u64().unwrap();
+        let b = view(&http, &services[1]).await["scale"].as_u64().unwrap();
+        if seen.last() != Some(&a) {
+            seen.push(a);
+        }
+        a == 100 && b == 100
+    })
+    .await;
+    assert!(
+        seen.windows(2).all(|w| w[0] < w[1]) && seen.iter().all(|s| *s >= 80),
+        "the scale climbs back step by step: {seen:?}"
+    );
+    assert!(seen.len() >= 3, "by RECOVER 5 per window: {seen:?}");
+    wait_until("the replica back at 100", || {
+        stats(&replica, "adapt").is_some_and(|(scale, _)| scale == 100)
+    });
+    stop.store(true, Ordering::Relaxed);
+    assert!(sent.await.unwrap() > 40);
+    for s in &services {
+        let v = view(&http, s).await;
+        assert_eq!(v["reports_failed"], 0, "{v}");
+        assert_eq!(v["breaker"], "closed", "{v}");
+    }
+}
+
+/// Stages: a flood with 40% denials moves the policy to stage 1 (the
+/// non-core route answers its degrade handler without a call to Redis),
+/// 80% to stage 2 (the breaker the rule names is forced open); when the
+/// flood stops the stage steps down one per window and the breaker closes.
+/// The deny ratio is set by the keys, not the rate: the policy admits one
+/// request per key per minute, so a used key is denied and a fresh one
+/// admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_degrades_then_breaks_and_both_step_back_one_window_at_a_time() {
+    let server = Server::start(Kind::Redis);
+    set_policy(
+        &server,
+        "stages TOKENBUCKET 1 1 60000 STAGES 30 50 WINDOW 1000",
+    );
+    let services = two_services(&server, "stages", &[("RL_DENY_CACHE", "0".into())]);
+    let http = Http::default();
+    let denied_of_ten = Arc::new(AtomicU64::new(4));
+    let stop = Arc::new(AtomicBool::new(false));
+    let flood = {
+        let (http, stop, denied_of_ten) = (http.clone(), stop.clone(), denied_of_ten.clone());
+        let urls = [services[0].url("/api"), services[1].url("/api")];
+        tokio::spawn(async move {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let denied = n % 10 < denied_of_ten.load(Ordering::Relaxed);
+                let user = if denied {
+                    "hot".to_string()
+                } else {
+                    format!("fresh{n}")
+                };
+                http.get(&urls[(n % 2) as usize], &[("x-user", &user)])
+                    .await;
+                n += 1;
+            }
+        })
+    };
+
+    for s in &services {
+        wait_for("stage 1 on the instance", async || {
+            view(&http, s).await["stage"] == 1
+        })
+        .await;
+    }
+    // Stage 1: the non-core route degrades, without a call to Redis.
+    for s in &services {
+        let before = view(&http, s).await["extra_redis_calls"].clone();
+        let r = http.get(&s.url("/extra"), &[("x-user", "someone")]).await;
+        let after = view(&http, s).await;
+        if after["stage"] == 0 {
+            continue; // a window with fewer denials passed meanwhile
+        }
+        assert_eq!((r.status, r.body.as_str()), (200, "cached\n"));
+        assert!(r.header("x-degraded").unwrap().starts_with("stage-"));
+        assert_eq!(after["extra_redis_calls"], before, "no call to Redis");
+        assert_ne!(after["breaker"], "forced_open", "{after}");
+    }
+
+    // 80% denied: stage 2, the breaker forced open on both instances.
+    denied_of_ten.store(8, Ordering::Relaxed);
+    for s in &services {
+        wait_for("stage 2 and the breaker open", async || {
+            let v = view(&http, s).await;
+            v["stage"] == 2 && v["breaker"] == "forced_open"
+        })
+        .await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    flood.await.unwrap();
+    let r = http
+        .get(&services[0].url("/api"), &[("x-user", "new-one")])
+        .await;
+    if view(&http, &services[0]).await["stage"] == 2 {
+        assert_eq!(
+            (r.status, r.body.as_str()),
+            (503, "downstream breaker open")
+        );
+    }
+
+    // No flood: one step down per window, the breaker released below 2.
+    let mut steps: Vec<u64> = vec![2];
+    wait_for("stage 0 on the first instance", async || {
+        let v = view(&http, &services[0]).await;
+        let stage = v["stage"].as_u64().unwrap();
+        if steps.last() != Some(&stage) {
+            steps.push(stage);
+        }
+        if stage < 2 {
+            assert_eq!(v["breaker"], "closed", "{v}");
+        }
+        stage == 0
+    })
+    .await;
+    assert_eq!(steps, [2, 1, 0], "one step per window");
+    wait_for("stage 0 on the second instance", async || {
+        let v = view(&http, &services[1]).await;
+        v["stage"] == 0 && v["breaker"] == "closed"
+    })
+    .await;
+    let r = http
+        .get(&services[0].url("/extra"), &[("x-user", "later")])
+        .await;
+    assert_eq!((r.status, r.body.as_str()), (200, "extra\n"));
+}
+
+/// A denial on a route with a degrade handler answers with the handler,
+/// not 429; a route without one answers 429.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denial_on_a_route_with_a_degrade_handler_gets_the_handler_answer() {
+    let server = Server::start(Kind::Redis);
+    set_policy(&server, "deny TOKENBUCKET 1 1 60000");
+    let [service, _] = two_services(&server, "deny", &[]);
+    let http = Http::default();
+    let first = http.get(&service.url("/extra"), &[("x-user", "x")]).await;
+    assert_eq!((first.status, first.body.as_str()), (200, "extra\n"));
+    for _ in 0..2 {
+        let denied = http.get(&service.url("/extra"), &[("x-user", "x")]).await;
+        assert_eq!((denied.status, denied.body.as_str()), (200, "cached\n"));
+        assert_eq!(denied.header("x-degraded"), Some("denied"));
+    }
+    http.get(&service.url("/api"), &[("x-user", "y")]).await;
+    let denied = http.get(&service.url("/api"), &[("x-user", "y")]).await;
+    assert_eq!(denied.status, 429);
+}
+
+/// Redis down: requests still answer (the limiter's fallback decides), the
+/// stage falls back to 0 after the hold (the breaker is released), the
+/// counts of failed reports are lost rather than kept; Redis back: reports
+/// and reads resume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_redis_down_requests_answer_counts_are_dropped_and_reports_resume_after() {
+    let mut server = Server::start(Kind::Redis);
+    let policy = "down TOKENBUCKET 1 1 60000 STAGES 0 0 WINDOW 3000";
+    set_policy(&server, policy);
+    let services = two_services(&server, "down", &[]);
+    let http = Http::default();
+    for n in 0..2 {
+        let s = &services[n % 2];
+        http.get(&s.url("/api"), &[("x-user", "a")]).await;
+        http.get(&s.url("/api"), &[("x-user", "a")]).await;
+    }
+    for s in &services {
+        wait_for("stage 2 on the instance", async || {
+            let v = view(&http, s).await;
+            v["stage"] == 2 && v["breaker"] == "forced_open"
+        })
+        .await;
+    }
+
+    server.kill9();
+    for s in &services {
+        wait_for("the stage held, then 0", async || {
+            let v = view(&http, s).await;
+            v["stage"] == 0 && v["breaker"] == "closed"
+        })
+        .await;
+    }
+    for n in 0..100 {
+        let s = &services[n % 2];
+        let r = http
+            .get(&s.url("/api"), &[("x-user", &format!("f{n}"))])
+            .await;
+        assert_eq!(r.status, 200, "the fallback admits a fresh key: {}", r.body);
+    }
+    for s in &services {
+        wait_for("the counts reported and lost, none kept", async || {
+            let v = view(&http, s).await;
+            v["outcomes_pending"] == 0 && v["outcomes_lost"].as_u64() >= Some(50)
+        })
+        .await;
+        let v = view(&http, s).await;
+        assert!(v["reports_failed"].as_u64().unwrap() >= 1, "{v}");
+    }
+
+    server.restart();
+    set_policy(&server, policy);
+    let before: Vec<u64> = {
+        let mut out = Vec::new();
+        for s in &services {
+            out.push(view(&http, s).await["reports_sent"].as_u64().unwrap());
+        }
+        out
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let users = Arc::new(AtomicU64::new(0));
+    let load = {
+        let (http, stop, users) = (http.clone(), stop.clone(), users.clone());
+        let urls = [services[0].url("/api"), services[1].url("/api")];
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let n = users.fetch_add(1, Ordering::Relaxed);
+                http.get(&urls[(n % 2) as usize], &[("x-user", &format!("g{n}"))])
+                    .await;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+    };
+    for (s, before) in services.iter().zip(before) {
+        wait_for("reports sent again", async || {
+            view(&http, s).await["reports_sent"].as_u64().unwrap() > before
+        })
+        .await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    load.await.unwrap();
+    let reply = Client::standalone(&server.url())
+        .await
+        .unwrap()
+        .policy_stats("down")
+        .await
+        .unwrap();
+    assert!(reply[0].current.ok + reply[0].last.ok > 0, "{reply:?}");
+}
+
+/// The loop alone, in process: counts leave once per interval and are
+/// forgotten; the layer counts an admitted request's outcome with the
+/// default predicate (a 5xx, a timeout) or the application's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_layer_counts_outcomes_by_its_predicate_and_the_loop_sends_them_once() {
+    let server = Server::start(Kind::Redis);
+    set_policy(
+        &server,
+        "plain TOKENBUCKET 1000 1000 1000 STAGES 100 100 WINDOW 60000",
+    );
+    set_policy(
+        &server,
+        "lenient TOKENBUCKET 1000 1000 1000 STAGES 100 100 WINDOW 60000",
+    );
+    let client = Client::standalone(&server.url()).await.unwrap();
+    let protection = Protection::builder(client.clone())
+        .report_interval(Duration::from_millis(100))
+        .stage_poll(Duration::from_millis(100))
+        .start();
+    let limiter = Limiter::builder(client.clone())
+        .deadline(Duration::from_secs(2))
+        .build();
+    let layer = |policy: &str| {
+        RateLimitLayer::builder(limiter.clone())
+            .key(|_| Some("k".into()))
+            .rule(Rule::policy(policy))
+            .protection(protection.clone())
+            .handler_timeout(Duration::from_millis(100))
+    };
+    let plain = layer("plain").build().await.unwrap();
+    let lenient = layer("lenient")
+        .error_when(|f| matches!(f, Finished::Status(s) if *s == StatusCode::NOT_FOUND))
+        .build()
+        .await
+        .unwrap();
+    let routes = || {
+        Router::new()
+            .route("/ok", get(|| async { "ok" }))
+            .route(
+                "/fail",
+                get(|| async { (StatusCode::INTERNAL_SERVER_ERROR, "no") }),
+            )
+            .route("/missing", get(|| async { (StatusCode::NOT_FOUND, "no") }))
+            .route(
+                "/slow",
+                get(|| async {
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    "late"
+                }),
+            )
+    };
+    let app = Router::new()
+        .nest("/plain", routes().layer(plain))
+        .nest("/lenient", routes().layer(lenient));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let http = Http::default();
+    for (path, status) in [
+        ("ok", 200),
+        ("ok", 200),
+        ("fail", 500),
+        ("missing", 404),
+        ("slow", 504),
+    ] {
+        for policy in ["plain", "lenient"] {
+            let r = http
+                .get(&format!("http://{addr}/{policy}/{path}"), &[])
+                .await;
+            assert_eq!(r.status, status, "{policy}/{path}");
+        }
+    }
+    let current = async |policy: &str| {
+        let masters: Vec<PolicyStats> = client.policy_stats(policy).await.unwrap();
+        assert_eq!(masters.len(), 1);
+        (masters[0].current.ok, masters[0].current.errors)
+    };
+    wait_for("the outcomes on the server", async || {
+        (current("plain").await, current("lenient").await) == ((3, 2), (4, 1))
+    })
+    .await;
+    let sent = protection.stats();
+    assert_eq!(
+        (sent.outcomes_sent, sent.outcomes_pending),
+        (10, 0),
+        "{sent:?}"
+    );
+    // Nothing new: nothing sent, the counts stay.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(protection.stats().reports_sent, sent.reports_sent);
+    assert_eq!(current("plain").await, (3, 2));
+
+    // record() counts in memory; close() sends what is left, once.
+    protection.record("plain", false);
+    protection.record("plain", true);
+    protection.record("plain", true);
+    protection.close().await;
+    assert_eq!(current("plain").await, (4, 4));
+    assert_eq!(protection.stats().outcomes_pending, 0);
+    protection.record("plain", false);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(current("plain").await, (4, 4), "closed: nothing more sent");
+}
+
+/// Every master of a cluster is read: the highest stage and the lowest
+/// scale win, though one master alone has them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_highest_stage_and_lowest_scale_of_every_master_win() {
+    let cluster = Cluster::start(Kind::Redis);
+    let masters = &cluster.nodes[..3];
+    for m in masters {
+        set_policy(m, "spread TOKENBUCKET 1 1 60000 STAGES 0 0 WINDOW 3000");
+    }
+    cmd(&masters[1], &["RL.POLICY", "SCALE", "spread", "60"]).unwrap();
+    let urls = cluster.urls();
+    let nodes: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let client = Client::cluster(&nodes).await.unwrap();
+    assert_eq!(client.policy_stats("spread").await.unwrap().len(), 3);
+    let protection = Protection::builder(client)
+        .policy("spread")
+        .stage_poll(Duration::from_millis(50))
+        .start();
+    wait_for("the lowest scale", async || {
+        protection.scale("spread") == 60
+    })
+    .await;
+    assert_eq!(protection.stage("spread"), 0);
+
+    // Denials on master 2 alone (a key of its slots, twice).
+    let key = (0..)
+        .map(|i| format!("k{i}"))
+        .find(|k| cmd(&masters[2], &["RL.HIT", "spread", k]).is_ok())
+        .unwrap();
+    cmd(&masters[2], &["RL.HIT", "spread", &key]).unwrap();
+    let breaker = protection.breaker("down", "spread");
+    wait_for("stage 2 from master 2", async || {
+        protection.stage("spread") == 2
+    })
+    .await;
+    let stages: Vec<u64> = masters
+        .iter()
+        .map(|m| stats(m, "spread").unwrap().1)
+        .collect();
+    assert_eq!(stages.iter().filter(|&&s| s == 0).count(), 2, "{stages:?}");
+    wait_until("the breaker forced open", || {
+        breaker.state() == redis_ratelimit_client::BreakerState::ForcedOpen
+    });
+    assert_eq!(protection.scale("spread"), 60);
+    protection.close().await;
+}
