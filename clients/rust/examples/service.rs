@@ -84,17 +84,12 @@ fn user(req: &RequestParts<'_>) -> Option<String> {
 
 /// The routes of the protection loop (see the module's doc).
 async fn protected_routes(
-    client: Client,
+    protection: Protection,
     limiter: Limiter,
     policy: String,
     prefix: &str,
 ) -> Router {
-    let protection = Protection::builder(client.clone())
-        .policy(policy.as_str())
-        .report_interval(Duration::from_millis(env_u64("RL_REPORT_MS", 1000)))
-        .stage_poll(Duration::from_millis(env_u64("RL_POLL_MS", 1000)))
-        .stage_hold(Duration::from_millis(env_u64("RL_HOLD_MS", 5000)))
-        .start();
+    let client = limiter.client().clone();
     let rule = || {
         Rule::policy(policy.as_str())
             .name(policy.as_str())
@@ -256,7 +251,22 @@ async fn main() {
         Ok("closed") => FallbackMode::FailClosed,
         _ => FallbackMode::LocalOnly,
     };
-    let limiter = Limiter::builder(client)
+    // The protection loop, when the service watches a policy: the limiter's
+    // local-only fallback follows the policy's scale.
+    let policy = std::env::var("RL_POLICY").ok();
+    let protection = policy.as_ref().map(|policy| {
+        Protection::builder(client.clone())
+            .policy(policy.as_str())
+            .report_interval(Duration::from_millis(env_u64("RL_REPORT_MS", 1000)))
+            .stage_poll(Duration::from_millis(env_u64("RL_POLL_MS", 1000)))
+            .stage_hold(Duration::from_millis(env_u64("RL_HOLD_MS", 5000)))
+            .start()
+    });
+    let mut limiter = Limiter::builder(client);
+    if let Some(protection) = &protection {
+        limiter = limiter.protection(protection.clone());
+    }
+    let limiter = limiter
         .instances(env_u64("RL_INSTANCES", 1))
         .fallback(fallback)
         .deadline(Duration::from_millis(env_u64(
@@ -298,9 +308,8 @@ async fn main() {
         });
 
     let mut app = Router::new().route("/", hello).layer(layer);
-    if let Ok(policy) = std::env::var("RL_POLICY") {
-        let client = limiter.client().clone();
-        app = app.merge(protected_routes(client, limiter.clone(), policy, &prefix).await);
+    if let (Some(policy), Some(protection)) = (policy, protection) {
+        app = app.merge(protected_routes(protection, limiter.clone(), policy, &prefix).await);
     }
     let app = app.route(
         "/stats",

@@ -868,3 +868,111 @@ fn this_kit_parses_replies_as_the_contract_says() {
         }
     }
 }
+
+/// The protection loop: this kit's loop timings are the contract's
+/// `protection.kits`, its `RL.POLICY STATS` parser takes exactly
+/// `stats_fields` and `window_fields` (a reply built from them is read
+/// field by field; one without a field is refused), and a policy's spec at
+/// a scale (what the local-only fallback runs) gives every `scaled` case.
+#[test]
+fn this_kit_runs_the_protection_loop_as_the_contract_says() {
+    use crate::client::{PolicyStats, WindowCounts};
+    use crate::protection::{DEFAULT_REPORT_INTERVAL, DEFAULT_STAGE_HOLD, DEFAULT_STAGE_POLL};
+    use redis::Value as R;
+    let contract = contract();
+    let p = &contract["protection"];
+    let ms = |d: std::time::Duration| json!(d.as_millis() as u64);
+    assert_eq!(p["kits"]["report_interval_ms"], ms(DEFAULT_REPORT_INTERVAL));
+    assert_eq!(p["kits"]["stage_poll_ms"], ms(DEFAULT_STAGE_POLL));
+    assert_eq!(p["kits"]["stage_hold_ms"], ms(DEFAULT_STAGE_HOLD));
+    assert_eq!(p["kits"]["stage_of_many_masters"], "the highest");
+
+    let names = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .expect("names")
+            .iter()
+            .map(|n| n.as_str().expect("str").to_string())
+            .collect()
+    };
+    let stats_fields = names(&p["stats_fields"]);
+    let window_fields = names(&p["window_fields"]);
+    assert_eq!(stats_fields, PolicyStats::FIELDS);
+    assert_eq!(window_fields, WindowCounts::FIELDS);
+    let text = |s: &str| R::BulkString(s.as_bytes().to_vec());
+    let window = |base: i64| {
+        R::Array(
+            window_fields
+                .iter()
+                .enumerate()
+                .flat_map(|(i, n)| [text(n), R::Int(base + i as i64)])
+                .collect(),
+        )
+    };
+    let reply = |skip: Option<&str>| {
+        R::Array(
+            stats_fields
+                .iter()
+                .filter(|n| Some(n.as_str()) != skip)
+                .flat_map(|n| {
+                    let v = match n.as_str() {
+                        "scale" => R::Int(80),
+                        "stage" => R::Int(2),
+                        "window_ms" => R::Int(1000),
+                        "window_end_ms" => R::Int(1_700_000_000_000),
+                        "current" => window(10),
+                        "last" => window(20),
+                        "adapting" => R::Int(1),
+                        other => panic!("a STATS field {other} this test does not know"),
+                    };
+                    [text(n), v]
+                })
+                .collect(),
+        )
+    };
+    let got = PolicyStats::parse("RL.POLICY STATS", &reply(None)).expect("parsed");
+    assert_eq!(
+        (
+            got.scale,
+            got.stage,
+            got.window_ms,
+            got.window_end_ms,
+            got.adapting
+        ),
+        (80, 2, 1000, 1_700_000_000_000, true)
+    );
+    let c = got.current;
+    assert_eq!(
+        [
+            c.calls,
+            c.admitted,
+            c.denied,
+            c.ok,
+            c.errors,
+            c.deny_permille,
+            c.error_permille
+        ],
+        [10, 11, 12, 13, 14, 15, 16]
+    );
+    assert_eq!(got.last.calls, 20);
+    for field in &stats_fields {
+        assert!(
+            PolicyStats::parse("RL.POLICY STATS", &reply(Some(field))).is_err(),
+            "a reply without {field} is refused"
+        );
+    }
+
+    let mut checked = 0;
+    for case in p["scaled"].as_array().expect("scaled") {
+        let (param, scale, want) = (
+            case["param"].as_u64().expect("param"),
+            case["scale"].as_u64().expect("scale") as u8,
+            case["scaled"].as_u64().expect("scaled"),
+        );
+        let window = Spec::parse("r", "FIXEDWINDOW", &[param, 1000]).expect("valid");
+        assert_eq!(window.scaled(scale).params(), [want, 1000], "{case}");
+        let bucket = Spec::parse("r", "TOKENBUCKET", &[param, param, 1000]).expect("valid");
+        assert_eq!(bucket.scaled(scale).params(), [want, want, 1000], "{case}");
+        checked += 1;
+    }
+    assert!(checked >= 40, "{checked} scaled cases");
+}

@@ -13,6 +13,7 @@ use crate::deny_cache::DenyCache;
 use crate::fallback::{Breaker, BreakerConfig, FallbackMode, Gate, Stats, StatsSnapshot};
 use crate::lease::{LeaseGuard, LeaseMs};
 use crate::local::LocalLimiters;
+use crate::protection::Protection;
 use crate::rule::{Rule, RuleKind, Share, Spec, ZoneKind};
 use crate::Error;
 
@@ -27,6 +28,7 @@ pub struct LimiterBuilder {
     local_cap: usize,
     fallback: FallbackMode,
     breaker: BreakerConfig,
+    protection: Option<Protection>,
 }
 
 impl LimiterBuilder {
@@ -78,6 +80,13 @@ impl LimiterBuilder {
         self.breaker = breaker;
         self
     }
+    /// The protection loop whose scales the local-only fallback follows:
+    /// a policy rule's account then runs at the policy's scale as last read
+    /// (the instance's share of the scaled limit), as the server runs it.
+    pub fn protection(mut self, protection: Protection) -> Self {
+        self.protection = Some(protection);
+        self
+    }
     /// The deadline of one call ([`crate::DEFAULT_DEADLINE`], 100 ms, by
     /// default). A call that misses it may still be applied: its units are
     /// charged to the instance's account, and the fallback decides the
@@ -102,6 +111,7 @@ impl LimiterBuilder {
                 fallback: self.fallback,
                 breaker: Breaker::new(self.breaker),
                 stats: Stats::default(),
+                protection: self.protection,
             }),
         }
     }
@@ -122,6 +132,7 @@ struct Inner {
     fallback: FallbackMode,
     breaker: Breaker,
     stats: Stats,
+    protection: Option<Protection>,
 }
 
 /// Rate limiting over a [`Client`]: two levels, a deny cache and a
@@ -193,6 +204,7 @@ impl Limiter {
             local_cap: 100_000,
             fallback: FallbackMode::LocalOnly,
             breaker: BreakerConfig::default(),
+            protection: None,
         }
     }
 
@@ -508,11 +520,31 @@ impl Limiter {
             .enumerate()
             .filter(|(i, _)| !locals.iter().any(|(j, _)| j == i))
             .filter_map(|(i, r)| {
-                r.fallback
+                self.scaled_fallback(r)
                     .map(|s| (i, (format!("{}\0{}", r.signature, keys[i]), s)))
             })
             .unzip();
         Accounts { rules, limits }
+    }
+
+    /// A rule's local-only account: a policy's at the scale the protection
+    /// loop last read.
+    fn scaled_fallback(&self, rule: &CheckedRule) -> Option<Spec> {
+        // A rule without an account (a quota in a named zone) has none scaled.
+        let unscaled = rule.fallback?;
+        let (Some(protection), RuleKind::Policy(name), Some(spec)) =
+            (&self.inner.protection, &rule.kind, rule.spec)
+        else {
+            return Some(unscaled);
+        };
+        match protection.scale(name) {
+            100.. => Some(unscaled),
+            scale => spec
+                .scaled(scale)
+                .local_share(&rule.rule.name, self.inner.share)
+                .ok()
+                .or(Some(unscaled)),
+        }
     }
 
     async fn call_redis(

@@ -391,6 +391,33 @@ impl Spec {
         Some(u64::try_from(ceil_div(ms, 1000)).unwrap_or(u64::MAX))
     }
 
+    /// The spec a policy runs at `scale` percent (the protection loop's
+    /// scale): its size and rate parameters (the capacity or limit, and a
+    /// bucket's refill or leak count) become max(1, floor(p x scale / 100)),
+    /// as the server runs them; the periods stay. At 100 or more, itself.
+    pub fn scaled(&self, scale: u8) -> Spec {
+        if scale >= 100 {
+            return *self;
+        }
+        let s = |p: u64| redis_ratelimit_core::protection::scaled(p, u64::from(scale));
+        let params = self.params();
+        let scaled: Vec<u64> = match self {
+            Spec::TokenBucket(_) | Spec::LeakyBucket(_) => {
+                vec![s(params[0]), s(params[1]), params[2]]
+            }
+            _ => std::iter::once(s(params[0]))
+                .chain(params[1..].iter().copied())
+                .collect(),
+        };
+        match Spec::parse("-", self.algorithm(), &scaled) {
+            Ok(Spec::Quota(p, _)) => Spec::Quota(p, self.zone().unwrap_or_default()),
+            Ok(spec) => spec,
+            // A parameter the rules would refuse scaled: unscaled, as the
+            // server does.
+            Err(_) => *self,
+        }
+    }
+
     /// The same algorithm at a share of its limit: `ceil(limit * 11 /
     /// (instances * 10))` (or `share` when given), at least 1, for the
     /// capacity or limit and for the refill or leak count alike, so the

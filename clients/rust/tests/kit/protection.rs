@@ -532,3 +532,38 @@ async fn the_highest_stage_and_lowest_scale_of_every_master_win() {
     assert_eq!(protection.scale("spread"), 60);
     protection.close().await;
 }
+
+/// The local-only fallback runs a policy at the scale the loop last read:
+/// with Redis down, a policy of 10 at scale 50 admits 5 per key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_local_only_fallback_runs_a_policy_at_its_last_scale() {
+    let mut server = Server::start(Kind::Redis);
+    set_policy(&server, "halved TOKENBUCKET 10 10 60000");
+    cmd(&server, &["RL.POLICY", "SCALE", "halved", "50"]).unwrap();
+    let client = Client::standalone(&server.url()).await.unwrap();
+    let protection = Protection::builder(client.clone())
+        .policy("halved")
+        .stage_poll(Duration::from_millis(50))
+        .start();
+    wait_for("the scale read", async || protection.scale("halved") == 50).await;
+    let scaled = Limiter::builder(client.clone())
+        .protection(protection.clone())
+        .build();
+    let plain = Limiter::builder(client).build();
+    let (rules_scaled, rules_plain) = (
+        scaled.rule_set(vec![Rule::policy("halved")]).await.unwrap(),
+        plain.rule_set(vec![Rule::policy("halved")]).await.unwrap(),
+    );
+    server.kill9();
+    let mut counts = Vec::new();
+    for (limiter, rules) in [(&scaled, &rules_scaled), (&plain, &rules_plain)] {
+        let mut n = 0;
+        for _ in 0..20 {
+            let d = limiter.check(rules, "someone", 1).await;
+            assert_eq!(d.path, redis_ratelimit_client::Path::Fallback);
+            n += u64::from(d.allowed);
+        }
+        counts.push(n);
+    }
+    assert_eq!(counts, [5, 10], "scaled, then as the rule was read");
+}
