@@ -113,11 +113,14 @@ fn register(load: &Load) -> Result<(), &'static str> {
 
 /// Server events the module follows: any of them may bring a consumer of the
 /// replication stream (see `replicate.rs`); a dataset being loaded also
-/// brings its own policies.
+/// brings its own policies; a node that becomes a master or a replica starts
+/// its policies' protection windows afresh.
 fn on_server_event(ctx: &Context, event: ServerEvent) {
     replicate::consumer_may_appear(ctx);
-    if event == (ServerEvent::Loading { starts: true }) {
-        policy::clear();
+    match event {
+        ServerEvent::Loading { starts: true } => policy::clear(),
+        ServerEvent::RoleChanged => policy::restart_windows(),
+        _ => {}
     }
 }
 

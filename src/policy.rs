@@ -294,7 +294,9 @@ pub fn parse_rule(args: &[&[u8]]) -> Result<Rule, Error> {
             let degrade = tail.first().ok_or(Error::MissingValue("STAGES"))?;
             let brk = tail.get(1).ok_or(Error::MissingValue("STAGES"))?;
             let degrade = crate::args::parse_int(degrade, "degrade_pct", 0, 100)?;
-            let brk = crate::args::parse_int(brk, "break_pct", 0, 100)?;
+            // The core's range (degrade_pct to 100), so that 101 and a value
+            // below degrade_pct get the same message.
+            let brk = crate::args::parse_int(brk, "break_pct", degrade, 100)?;
             stages = Some(Stages::new(degrade, brk)?);
             rest = &tail[2..];
             continue;
@@ -477,6 +479,19 @@ pub fn list() -> Vec<(Vec<u8>, Rule, Arc<PolicyStats>)> {
         .collect()
 }
 
+/// Starts every policy's windows afresh, keeping its scale and stage: the
+/// node became a master or a replica. A replica never advances its windows
+/// (the master's results reach it as `RL.LOOPSTATE`), so a master demoted
+/// and later promoted again would otherwise evaluate, at its first call,
+/// counts of a window that ended before the failover.
+pub fn restart_windows() {
+    for entry in policies().values() {
+        let mut protection = lock(&entry.stats.protection);
+        let (scale, stage) = protection.current();
+        protection.set(scale, stage);
+    }
+}
+
 /// Forgets every policy: a dataset is about to be loaded, with its own.
 pub fn clear() {
     policies().clear();
@@ -487,10 +502,11 @@ pub fn encode(out: &mut impl FnMut(Field)) {
     let rules: Vec<(Vec<u8>, Rule)> = list()
         .into_iter()
         .map(|(n, mut r, stats)| {
+            // The scale and stage as they are now: never the ones the rule
+            // was loaded with (`resume` of a loaded rule), which an
+            // operator's RL.POLICY SCALE may have undone since.
             let current = lock(&stats.protection).current();
-            if r.protect.is_on() || current != (100, 0) {
-                r.resume = Some(current);
-            }
+            r.resume = (r.protect.is_on() || current != (100, 0)).then_some(current);
             (n, r)
         })
         .collect();
@@ -833,6 +849,11 @@ mod tests {
             err(&[b"SLIDING", b"1", b"1", b"STAGES", b"50", b"30"]),
             "ERR break_pct must be an integer from 50 to 100"
         );
+        // Above 100: the same range in the message (it said 0 to 100).
+        assert_eq!(
+            err(&[b"SLIDING", b"1", b"1", b"STAGES", b"50", b"101"]),
+            "ERR break_pct must be an integer from 50 to 100"
+        );
         assert_eq!(
             err(&[b"SLIDING", b"1", b"1", b"ADAPT", b"ERRORS", b"5", b"FACTOR", b"0"]),
             "ERR FACTOR must be an integer from 1 to 100"
@@ -1012,6 +1033,36 @@ mod tests {
         let refs: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
         let loaded = decode_fields(&unsigned, &refs).expect("an older build's file loads");
         assert_eq!(calendar::name(loaded[0].1.zone), b"+25:00");
+    }
+
+    /// The scale a policy has when it is saved, not the one it was loaded
+    /// with. Failed before: a policy loaded at scale 50 (no loop), set back
+    /// to 100 by hand, was saved again at 50 (the loaded rule's `resume`),
+    /// so the next restart brought back the scale the operator had undone.
+    #[test]
+    fn a_saved_policy_carries_its_scale_now_not_the_one_it_was_loaded_with() {
+        let saved = |name: &[u8]| {
+            let mut unsigned = Vec::new();
+            let mut bytes: Vec<Vec<u8>> = Vec::new();
+            encode(&mut |f: Field| match f {
+                Field::Unsigned(v) => unsigned.push(v),
+                Field::Bytes(b) => bytes.push(b.to_vec()),
+            });
+            let refs: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
+            let all = decode_fields(&unsigned, &refs).expect("what encode writes loads");
+            all.into_iter().find(|(n, _)| n == name).map(|(_, r)| r)
+        };
+        let name = b"unit:resume-stale";
+        let mut loaded = parse_rule(&[b"FIXEDWINDOW", b"10", b"1000"]).unwrap();
+        loaded.resume = Some((50, 0));
+        set(name, loaded);
+        let (_, stats) = get(name).unwrap();
+        assert_eq!(lock(&stats.protection).current(), (50, 0));
+        assert_eq!(saved(name).unwrap().resume, Some((50, 0)));
+        // The operator's RL.POLICY SCALE 100.
+        lock(&stats.protection).set(100, 0);
+        assert_eq!(saved(name).unwrap().resume, None);
+        assert!(delete(name));
     }
 
     /// A policy with a loop, and one with a scale set by hand, are written

@@ -24,6 +24,8 @@ pub(super) fn help<H: Host>(host: &H) -> Result<(), Error> {
         host,
         &[
             "RL.POLICY SET <name> <ALGORITHM> <params...> [MODE ENFORCE|SHADOW|OFF] [ROLLOUT <percent>] [TZ <zone>]",
+            "    [ADAPT ERRORS <pct> [FACTOR <f>] [MIN <m>] [RECOVER <r>] [WINDOW <ms>] [MINCALLS <n>] | ADAPT OFF]",
+            "    [STAGES <degrade_pct> <break_pct>] [WINDOW <ms>]",
             &set,
             "RL.POLICY GET <name>",
             "    The policy's rule and counters, or nil.",
@@ -31,6 +33,12 @@ pub(super) fn help<H: Host>(host: &H) -> Result<(), Error> {
             "    Delete a policy (its limiter keys stay and expire by themselves).",
             "RL.POLICY LIST",
             "    The names of all policies.",
+            "RL.POLICY SCALE <name> <pct>",
+            "    Set a policy's scale by hand (1 to 100 percent of its size and rate parameters).",
+            "RL.POLICY STATS <name>",
+            "    A policy's protection loop: scale, stage, and the current and last window's counts.",
+            "RL.OUTCOME <name> <ok> <errors>",
+            "    Add outcomes of requests a policy admitted to its current window.",
             "RL.HIT <name> <key> [COST <n> [FORCE] | REFUND <n>]",
             "    Apply a policy to a limiter key.",
         ],
@@ -72,6 +80,58 @@ pub const SUBCOMMANDS: [Subcommand; 7] = [
                 .token(c"TZ")
                 .optional()
                 .summary(c"a calendar quota's time zone (default UTC)"),
+            Arg::one_of(
+                c"adapt",
+                &[
+                    Arg::block(
+                        c"errors",
+                        &[
+                            Arg::integer(c"pct").token(c"ERRORS").summary(
+                                c"the error percentage of a window's outcomes above which the scale drops (0 to 100)",
+                            ),
+                            Arg::integer(c"factor")
+                                .token(c"FACTOR")
+                                .optional()
+                                .summary(c"the scale is multiplied by factor / 100 (1 to 100, default 80)"),
+                            Arg::integer(c"min")
+                                .token(c"MIN")
+                                .optional()
+                                .summary(c"the lowest scale (1 to 100, default 50)"),
+                            Arg::integer(c"recover")
+                                .token(c"RECOVER")
+                                .optional()
+                                .summary(c"added to the scale after a window at half the error percentage or less (0 to 100, default 5)"),
+                            Arg::integer(c"window_ms")
+                                .token(c"WINDOW")
+                                .optional()
+                                .summary(c"the loop's window, as WINDOW below"),
+                            Arg::integer(c"mincalls")
+                                .token(c"MINCALLS")
+                                .optional()
+                                .summary(c"the fewest outcomes a window needs to change the scale (default 100)"),
+                        ],
+                    ),
+                    Arg::keyword(c"off", c"OFF")
+                        .summary(c"stop adapting and keep the scale the policy has"),
+                ],
+            )
+            .token(c"ADAPT")
+            .optional(),
+            Arg::block(
+                c"stages",
+                &[
+                    Arg::integer(c"degrade_pct")
+                        .summary(c"stage 1 (degrade) after a window denying more than this percentage of calls"),
+                    Arg::integer(c"break_pct")
+                        .summary(c"stage 2 (break) above this percentage (degrade_pct to 100)"),
+                ],
+            )
+            .token(c"STAGES")
+            .optional(),
+            Arg::integer(c"window_ms")
+                .token(c"WINDOW")
+                .optional()
+                .summary(c"the protection loop's window in milliseconds (1 to 86400000, default 10000)"),
         ],
     },
     Subcommand {

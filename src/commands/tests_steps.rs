@@ -667,3 +667,288 @@ fn a_busy_key_keeps_its_expiry_within_the_slack() {
     }
     assert_eq!(replica.expiry(b"seam:slack"), m.expiry(b"seam:slack"));
 }
+
+// ---------------------------------------------------------------------------
+// The protection loop
+
+/// A `STATS` (or `RL.OUTCOME`) reply's value of `name` at the top level, or
+/// in `current` / `last` (`within`).
+fn stat(reply: &[Reply], within: Option<&str>, name: &str) -> i64 {
+    let start = match within {
+        Some(list) => {
+            reply
+                .iter()
+                .position(|r| *r == Reply::Bulk(list.as_bytes().to_vec()))
+                .expect("the window's list")
+                + 1
+        }
+        None => 0,
+    };
+    let at = reply[start..]
+        .iter()
+        .position(|r| *r == Reply::Bulk(name.as_bytes().to_vec()))
+        .unwrap_or_else(|| panic!("{name} in {reply:?}"));
+    match reply[start + at + 1] {
+        Reply::Integer(v) => v,
+        ref other => panic!("{name}: {other:?}"),
+    }
+}
+
+fn propagated(called: &super::memory::Called) -> Vec<String> {
+    called.effects.propagated.iter().map(|c| words(c)).collect()
+}
+
+/// The scale and the stage `RL.POLICY STATS` shows.
+fn scale_stage(m: &Memory, name: &str) -> (i64, i64) {
+    let s = m.run(Client, &format!("RL.POLICY STATS {name}"));
+    assert_eq!(s.result, Ok(()));
+    (
+        stat(&s.effects.reply, None, "scale"),
+        stat(&s.effects.reply, None, "stage"),
+    )
+}
+
+#[test]
+fn rl_hit_propagates_the_loop_state_exactly_when_a_window_changes_it() {
+    let m = space();
+    let ms = |n: u64| Micros::from_us(T0_US + n * 1000);
+    let set = m.run(
+        Client,
+        "RL.POLICY SET seam-loop TOKENBUCKET 100 100 1000000 ADAPT ERRORS 5 MINCALLS 10 STAGES 30 50 WINDOW 1000",
+    );
+    assert_eq!(set.result, Ok(()));
+    // The first window: 123 ms in, it ends 877 ms from now.
+    let first = m.run(Client, "RL.HIT seam-loop seam:loop");
+    assert_eq!(
+        propagated(&first),
+        [format!(
+            "RL.TOKENBUCKET seam:loop 100 100 1000000 COST 1 AT {T0_US}"
+        )]
+    );
+    // 10% errors reported: counted, nothing propagated.
+    let out = m.run(Client, "RL.OUTCOME seam-loop 90 10");
+    assert_eq!(out.result, Ok(()));
+    assert!(out.effects.propagated.is_empty());
+    assert_eq!(stat(&out.effects.reply, Some("current"), "ok"), 90);
+    assert_eq!(stat(&out.effects.reply, Some("current"), "errors"), 10);
+    assert_eq!(stat(&out.effects.reply, Some("current"), "calls"), 1);
+    // Still in the window: no evaluation.
+    m.set_now(ms(876));
+    let still = m.run(Client, "RL.HIT seam-loop seam:loop");
+    assert_eq!(propagated(&still).len(), 1, "{:?}", propagated(&still));
+    // The first call after its end: the window's result, then the call at
+    // the new scale.
+    m.set_now(ms(877));
+    let next = m.run(Client, "RL.HIT seam-loop seam:loop");
+    let at = T0_US + 877_000;
+    assert_eq!(
+        propagated(&next),
+        [
+            "RL.LOOPSTATE seam-loop 80 0".to_string(),
+            format!("RL.TOKENBUCKET seam:loop 80 80 1000000 COST 1 AT {at}"),
+        ]
+    );
+    assert_eq!(next.integers().unwrap()[1], 80);
+    assert_eq!(scale_stage(&m, "seam-loop"), (80, 0));
+    // A window that changes nothing (no outcomes, no denials): no state.
+    m.set_now(ms(1877));
+    let same = m.run(Client, "RL.HIT seam-loop seam:loop");
+    assert_eq!(propagated(&same).len(), 1, "{:?}", propagated(&same));
+    // Denials above 50% of the window's calls: stage 2, propagated by the
+    // call that meets the end, be it an RL.OUTCOME.
+    for _ in 0..3 {
+        let denied = m.run(Client, "RL.HIT seam-loop seam:loop COST 1000");
+        assert_eq!(denied.integers().unwrap()[0], 0);
+        assert!(denied.effects.propagated.is_empty());
+    }
+    m.set_now(ms(2877));
+    let ended = m.run(Client, "RL.OUTCOME seam-loop 0 0");
+    assert_eq!(propagated(&ended), ["RL.LOOPSTATE seam-loop 80 2"]);
+    assert_eq!(stat(&ended.effects.reply, Some("last"), "denied"), 3);
+    assert_eq!(
+        stat(&ended.effects.reply, Some("last"), "deny_permille"),
+        750
+    );
+    // Three empty windows at once: the stage steps down twice (to 0), once
+    // propagated; the scale stays (no outcomes).
+    m.set_now(ms(5877));
+    let down = m.run(Client, "RL.HIT seam-loop seam:loop COST 0");
+    assert_eq!(propagated(&down), ["RL.LOOPSTATE seam-loop 80 0"]);
+    // What was propagated sets a replica (here the same policy) as it is.
+    let replayed = m.run(Replicated, "RL.LOOPSTATE seam-loop 64 1");
+    assert_eq!(replayed.result, Ok(()));
+    assert_eq!(propagated(&replayed), ["RL.LOOPSTATE seam-loop 64 1"]);
+    assert_eq!(scale_stage(&m, "seam-loop"), (64, 1));
+    // A policy the node does not hold is skipped.
+    assert_eq!(
+        m.run(Replicated, "RL.LOOPSTATE seam-none 64 1").result,
+        Ok(())
+    );
+    assert_eq!(m.run(Client, "RL.POLICY DEL seam-loop").result, Ok(()));
+}
+
+#[test]
+fn rl_outcome_counts_into_the_current_window_only_for_a_policy_with_a_loop() {
+    let m = space();
+    m.run(
+        Client,
+        "RL.POLICY SET seam-out FIXEDWINDOW 10 1000 ADAPT ERRORS 50 WINDOW 1000",
+    );
+    m.run(Client, "RL.POLICY SET seam-plain FIXEDWINDOW 10 1000");
+    for (ok, errors, total_ok, total_errors) in [(3, 1, 3, 1), (0, 0, 3, 1), (7, 2, 10, 3)] {
+        let out = m.run(Client, &format!("RL.OUTCOME seam-out {ok} {errors}"));
+        assert_eq!(out.result, Ok(()));
+        assert!(out.effects.propagated.is_empty());
+        assert_eq!(stat(&out.effects.reply, Some("current"), "ok"), total_ok);
+        assert_eq!(
+            stat(&out.effects.reply, Some("current"), "errors"),
+            total_errors
+        );
+    }
+    let out = m.run(Client, "RL.OUTCOME seam-out 0 0");
+    assert_eq!(
+        stat(&out.effects.reply, Some("current"), "error_permille"),
+        230
+    );
+    assert_eq!(stat(&out.effects.reply, None, "adapting"), 1);
+    // A policy without a loop takes the report and counts nothing.
+    let plain = m.run(Client, "RL.OUTCOME seam-plain 5 5");
+    assert_eq!(plain.result, Ok(()));
+    assert!(plain.effects.propagated.is_empty());
+    assert_eq!(stat(&plain.effects.reply, Some("current"), "ok"), 0);
+    assert_eq!(stat(&plain.effects.reply, None, "adapting"), 0);
+    // Reports at the largest count add up.
+    let max = crate::limiter::MAX_PARAM;
+    for _ in 0..3 {
+        m.run(Client, &format!("RL.OUTCOME seam-out {max} 0"));
+    }
+    let big = m.run(Client, "RL.OUTCOME seam-out 0 0");
+    assert_eq!(
+        stat(&big.effects.reply, Some("current"), "ok"),
+        (3 * max + 10) as i64
+    );
+    for name in ["seam-out", "seam-plain"] {
+        m.run(Client, &format!("RL.POLICY DEL {name}"));
+    }
+}
+
+#[test]
+fn policy_scale_propagates_verbatim_and_keeps_the_stage() {
+    let m = space();
+    m.run(Client, "RL.POLICY SET seam-scale TOKENBUCKET 10 4 1000");
+    m.run(Replicated, "RL.LOOPSTATE seam-scale 100 1");
+    let scaled = m.run(Client, "RL.POLICY SCALE seam-scale 50");
+    assert_eq!(scaled.result, Ok(()));
+    assert_eq!(scaled.effects.reply, [Reply::Simple("OK")]);
+    assert_eq!(propagated(&scaled), ["RL.POLICY SCALE seam-scale 50"]);
+    assert_eq!(scale_stage(&m, "seam-scale"), (50, 1));
+    // Size and rate at half: capacity 5, refill 2 per period.
+    let hit = m.run(Client, "RL.HIT seam-scale seam:scale");
+    assert_eq!(
+        propagated(&hit),
+        [format!(
+            "RL.TOKENBUCKET seam:scale 5 2 1000 COST 1 AT {T0_US}"
+        )]
+    );
+    // The replica (or the AOF) replays it as it is.
+    assert_eq!(
+        m.replay(&scaled.effects.propagated),
+        scaled.effects.propagated
+    );
+    m.run(Client, "RL.POLICY DEL seam-scale");
+}
+
+#[test]
+fn bad_loop_input_is_refused_and_writes_nothing() {
+    let m = space();
+    m.run(
+        Client,
+        "RL.POLICY SET seam-bad TOKENBUCKET 10 10 1000 ADAPT ERRORS 5 STAGES 30 50 WINDOW 1000",
+    );
+    m.run(Client, "RL.HIT seam-bad seam:bad");
+    m.run(Client, "RL.OUTCOME seam-bad 4 1");
+    let state = |m: &Memory| {
+        let get = m.run(Client, "RL.POLICY GET seam-bad").effects.reply;
+        let stats = m.run(Client, "RL.POLICY STATS seam-bad").effects.reply;
+        (get, stats, m.snapshot())
+    };
+    let before = state(&m);
+    let max = crate::limiter::MAX_PARAM;
+    for (call, error) in [
+        (
+            "RL.POLICY SET seam-bad TOKENBUCKET 10 10 1000 ADAPT ERRORS 101".to_string(),
+            "ERR ERRORS must be an integer from 0 to 100",
+        ),
+        (
+            "RL.POLICY SET seam-bad TOKENBUCKET 10 10 1000 ADAPT ERRORS 5 MIN 0".into(),
+            "ERR MIN must be an integer from 1 to 100",
+        ),
+        (
+            "RL.POLICY SET seam-bad TOKENBUCKET 10 10 1000 ADAPT ERRORS 5 MIN 101".into(),
+            "ERR MIN must be an integer from 1 to 100",
+        ),
+        (
+            "RL.POLICY SET seam-bad TOKENBUCKET 10 10 1000 ADAPT ERRORS 5 FACTOR 0".into(),
+            "ERR FACTOR must be an integer from 1 to 100",
+        ),
+        (
+            "RL.POLICY SET seam-bad TOKENBUCKET 10 10 1000 WINDOW 0".into(),
+            "ERR WINDOW must be an integer from 1 to 86400000",
+        ),
+        (
+            "RL.POLICY SET seam-bad TOKENBUCKET 10 10 1000 STAGES 50 30".into(),
+            "ERR break_pct must be an integer from 50 to 100",
+        ),
+        (
+            "RL.POLICY SET seam-bad TOKENBUCKET 10 10 1000 ADAPT ERRORS 5 ADAPT OFF".into(),
+            "ERR ADAPT given more than once",
+        ),
+        (
+            "RL.POLICY SCALE seam-bad 0".into(),
+            "ERR pct must be an integer from 1 to 100",
+        ),
+        (
+            "RL.POLICY SCALE seam-bad 101".into(),
+            "ERR pct must be an integer from 1 to 100",
+        ),
+        (
+            "RL.POLICY SCALE seam-missing 50".into(),
+            "ERR unknown policy 'seam-missing'",
+        ),
+        (
+            "RL.OUTCOME seam-missing 1 1".into(),
+            "ERR unknown policy 'seam-missing'",
+        ),
+        (
+            "RL.OUTCOME seam-bad -1 0".into(),
+            &*format!("ERR ok must be an integer from 0 to {max}").leak(),
+        ),
+        (
+            "RL.OUTCOME seam-bad 0 -1".into(),
+            &*format!("ERR errors must be an integer from 0 to {max}").leak(),
+        ),
+        (
+            format!("RL.OUTCOME seam-bad 0 {}", max + 1),
+            &*format!("ERR errors must be an integer from 0 to {max}").leak(),
+        ),
+        (
+            "RL.LOOPSTATE seam-bad 50 1".into(),
+            "ERR RL.LOOPSTATE is reserved for replication and AOF loading",
+        ),
+    ] {
+        let called = m.run(Client, &call);
+        let got = called.result.clone().map_err(|e| e.message());
+        assert_eq!(got, Err(error.to_string()), "{call}");
+        assert!(called.effects.propagated.is_empty(), "{call}");
+        assert!(called.effects.reply.is_empty(), "{call}");
+        assert_eq!(state(&m), before, "{call}");
+    }
+    // From the master, a state out of range is refused too.
+    for call in ["RL.LOOPSTATE seam-bad 0 1", "RL.LOOPSTATE seam-bad 50 3"] {
+        let called = m.run(Replicated, call);
+        assert!(called.result.is_err(), "{call}");
+        assert!(called.effects.propagated.is_empty(), "{call}");
+        assert_eq!(state(&m), before, "{call}");
+    }
+    m.run(Client, "RL.POLICY DEL seam-bad");
+}
