@@ -47,7 +47,7 @@ use bytes::{Compact, Fields, Replay, ReplayCompact};
 /// the AOF, where `AT` and `RL.SETSTATE` are allowed): first the command of
 /// every row of the table of algorithms, in order (0 to [`COUNT`] - 1), then
 /// these, from [`COUNT`] on.
-pub const OTHER_COMMANDS: [&str; 14] = [
+pub const OTHER_COMMANDS: [&str; 18] = [
     "RL.ALL",
     "RL.HIT",
     "RL.POLICY SET",
@@ -62,6 +62,10 @@ pub const OTHER_COMMANDS: [&str; 14] = [
     "RL.RELEASE",
     "RL.RENEW",
     "CL.THROTTLE",
+    "RL.OUTCOME",
+    "RL.POLICY SCALE",
+    "RL.POLICY STATS",
+    "RL.LOOPSTATE",
 ];
 
 /// Bit of the selector byte that extends its low four bits (the pick) to
@@ -143,6 +147,10 @@ pub fn command(data: &[u8]) {
         11 => &[b"RL.RELEASE"],
         12 => &[b"RL.RENEW"],
         13 => &[b"CL.THROTTLE"],
+        14 => &[b"RL.OUTCOME"],
+        15 => &[b"RL.POLICY", b"SCALE"],
+        16 => &[b"RL.POLICY", b"STATS"],
+        17 => &[b"RL.LOOPSTATE"],
         _ => return load_arguments(&words),
     };
     let mut argv = name.to_vec();
@@ -173,8 +181,9 @@ pub fn command(data: &[u8]) {
                 run_spec(&rule.spec, &steps);
             }
         }
-        // CL.THROTTLE again at each step's instant, on what it stored.
-        13 => {
+        // CL.THROTTLE and RL.OUTCOME again at each step's instant (the
+        // protection loop's windows end as the clock moves).
+        13 | 14 => {
             for &(now, _) in steps.iter().skip(1) {
                 master.set_now(now);
                 call_checked(&master, &replica, Origin::Client, &argv);
@@ -201,8 +210,9 @@ pub fn command(data: &[u8]) {
         }
         _ => {}
     }
-    // What RL.POLICY SET and DEL changed, back to the fixed policies.
-    if matches!(pick - COUNT, 2 | 4) {
+    // What RL.POLICY SET and DEL changed, and the scale, stage and windows
+    // the calls left, back to the fixed policies.
+    if matches!(pick - COUNT, 0 | 1 | 2 | 4 | 14 | 15 | 17) {
         reinstall_policies(&argv);
     }
 }
@@ -299,13 +309,19 @@ fn assert_one_line(message: &str) {
 /// The policies `RL.ALL ... POLICY name` and `RL.HIT name` can name: one per
 /// algorithm and mode. The fuzzed `RL.POLICY SET` and `DEL` may change
 /// them; each input starts from these again.
-pub const POLICIES: [(&str, &str); 6] = [
+pub const POLICIES: [(&str, &str); 8] = [
     ("tb", "TOKENBUCKET 5 5 1000"),
     ("fw", "FIXEDWINDOW 3 1000 MODE SHADOW"),
     ("lb", "LEAKYBUCKET 4 1 250 ROLLOUT 50"),
     ("sl", "SLIDING 10 1000 MODE OFF"),
     ("hw", "HASHWINDOW 10 6000 1000"),
     ("cc", "CONCURRENCY 3 1000"),
+    // The protection loop, on short windows the steps cross.
+    (
+        "ad",
+        "TOKENBUCKET 5 5 1000 ADAPT ERRORS 5 MINCALLS 1 RECOVER 20 STAGES 30 50 WINDOW 100",
+    ),
+    ("st", "FIXEDWINDOW 3 1000 MODE SHADOW STAGES 0 0 WINDOW 50"),
 ];
 
 fn install_policies() {

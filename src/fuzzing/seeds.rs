@@ -426,6 +426,49 @@ fn write_fuzz_seeds() {
     ] {
         command_seeds.push(cmd(selector(COUNT + 13), text, &traffic));
     }
+    // The protection loop: its arguments on RL.POLICY SET, RL.OUTCOME
+    // (again at each step), RL.POLICY SCALE and STATS, RL.LOOPSTATE.
+    for text in [
+        "p TOKENBUCKET 5 5 1000 ADAPT ERRORS 5",
+        "p SLIDING 10 1000 ADAPT ERRORS 5 FACTOR 50 MIN 20 RECOVER 10 WINDOW 100 MINCALLS 1 STAGES 30 50",
+        "p FIXEDWINDOW 3 1000 STAGES 30 50 WINDOW 200 ADAPT OFF",
+        "p FIXEDWINDOW 3 1000 ADAPT ERRORS 101",
+        "p FIXEDWINDOW 3 1000 ADAPT ERRORS 5 MIN 0",
+        "p FIXEDWINDOW 3 1000 ADAPT ERRORS 5 FACTOR 0",
+        "p FIXEDWINDOW 3 1000 ADAPT ERRORS 5 WINDOW 5 WINDOW 5",
+        "p FIXEDWINDOW 3 1000 WINDOW 0",
+        "p FIXEDWINDOW 3 1000 STAGES 50 30",
+        "p FIXEDWINDOW 3 1000 STAGES 30",
+        "p FIXEDWINDOW 3 1000 ADAPT",
+        "p FIXEDWINDOW 3 1000 ADAPT SOMETIMES",
+    ] {
+        command_seeds.push(cmd(selector(COUNT + 2), text, &traffic));
+    }
+    for text in [
+        "ad 90 10",
+        "ad 0 0",
+        "st 5 5",
+        "nope 1 1",
+        "ad -1 0",
+        "ad 1099511627777 0",
+        "ad 1",
+    ] {
+        command_seeds.push(cmd(selector(COUNT + 14), text, &traffic));
+    }
+    for text in ["ad 50", "tb 1", "tb 100", "tb 0", "tb 101", "nope 50"] {
+        command_seeds.push(cmd(selector(COUNT + 15), text, &[]));
+    }
+    for text in ["ad", "st", "tb", "nope"] {
+        command_seeds.push(cmd(selector(COUNT + 16), text, &[]));
+    }
+    for text in ["ad 64 2", "ad 0 1", "ad 50 3", "nope 50 1"] {
+        command_seeds.push(cmd(selector(COUNT + 17) | REPLICATED, text, &[]));
+        command_seeds.push(cmd(selector(COUNT + 17), text, &[]));
+    }
+    for text in ["ad k", "ad k COST 10", "st k"] {
+        command_seeds.push(cmd(selector(COUNT + 1), text, &traffic));
+    }
+    command_seeds.push(cmd(selector(COUNT), "2 a b POLICY ad POLICY st", &traffic));
     rdb_seeds.push(policy_rdb(&[]));
     rdb_seeds.push(policy_rdb(&POLICIES));
     rdb_seeds.push(policy_rdb(&[("a", "TOKENBUCKET 1 1 1 MODE OFF ROLLOUT 0")]));
