@@ -233,3 +233,170 @@ fn json_with_period(params: &Json, period: u64) -> Json {
     params[1] = Json::from(period);
     params
 }
+
+/// The names of a flat list of names and values.
+fn names(reply: &Value) -> Vec<String> {
+    let Value::Array(items) = reply else {
+        panic!("not a list: {reply:?}");
+    };
+    items
+        .iter()
+        .step_by(2)
+        .map(|n| match n {
+            Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+            other => panic!("a name: {other:?}"),
+        })
+        .collect()
+}
+
+/// The value after `name` in a flat list.
+fn value_of<'a>(reply: &'a Value, name: &str) -> &'a Value {
+    let Value::Array(items) = reply else {
+        panic!("not a list: {reply:?}");
+    };
+    let at = items
+        .iter()
+        .step_by(2)
+        .position(|n| *n == Value::BulkString(name.as_bytes().to_vec()))
+        .unwrap_or_else(|| panic!("{name} in {reply:?}"));
+    &items[2 * at + 1]
+}
+
+/// The contract's `protection` section on real servers: each argument's
+/// range, refused at min - 1 and max + 1 with the message the contract
+/// gives and taken at min and max; the fields of `RL.POLICY STATS`,
+/// `RL.OUTCOME` and `RL.POLICY GET`, in order; the defaults GET shows.
+#[test]
+fn the_contract_files_protection_section_holds_on_every_server() {
+    let contract = contract();
+    let protection = &contract["protection"];
+    let stats_fields = strings(&protection["stats_fields"]);
+    let window_fields = strings(&protection["window_fields"]);
+    let get = &protection["get_fields"];
+    let defaults = &protection["defaults"];
+    for_each_server(|kind| {
+        let server = Server::start(kind, &[]);
+        let mut con = flushed(&server);
+        let set = |tail: &[String]| -> Vec<String> {
+            let mut call: Vec<String> =
+                ["RL.POLICY", "SET", "p", "TOKENBUCKET", "10", "10", "1000"]
+                    .map(String::from)
+                    .to_vec();
+            call.extend(tail.iter().cloned());
+            call
+        };
+        let ok = |con: &mut Connection, call: &[String]| {
+            send(con, call).unwrap_or_else(|e| panic!("{kind}: {call:?}: {e}"));
+        };
+        ok(&mut con, &set(&[]));
+        let mut checked = 0;
+        for arg in protection["arguments"].as_array().expect("arguments") {
+            let name = arg["name"].as_str().expect("name");
+            let min = arg["min"].as_u64().expect("min");
+            // break_pct's top is 100, its bottom degrade_pct.
+            let (max, message) = match arg["max"].as_u64() {
+                Some(max) => (
+                    max,
+                    format!("ERR {name} must be an integer from {min} to {max}"),
+                ),
+                None => (100, format!("ERR {name} must be an integer from 30 to 100")),
+            };
+            let call = |v: &str| -> Vec<String> {
+                let v = v.to_string();
+                let words = |w: &[&str]| w.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+                match name {
+                    "ERRORS" => set(&[words(&["ADAPT", "ERRORS"]), vec![v]].concat()),
+                    "FACTOR" | "MIN" | "RECOVER" | "MINCALLS" => {
+                        set(&[words(&["ADAPT", "ERRORS", "5", name]), vec![v]].concat())
+                    }
+                    "WINDOW" => set(&[words(&["WINDOW"]), vec![v]].concat()),
+                    "degrade_pct" => set(&[words(&["STAGES"]), vec![v], words(&["100"])].concat()),
+                    "break_pct" => set(&[words(&["STAGES", "30"]), vec![v]].concat()),
+                    "pct" => [words(&["RL.POLICY", "SCALE", "p"]), vec![v]].concat(),
+                    "ok" => [words(&["RL.OUTCOME", "p"]), vec![v], words(&["0"])].concat(),
+                    "errors" => [words(&["RL.OUTCOME", "p", "0"]), vec![v]].concat(),
+                    other => {
+                        panic!("the contract names an argument this test does not know: {other}")
+                    }
+                }
+            };
+            let low = if name == "break_pct" { 30 } else { min };
+            let below = if low == 0 {
+                "-1".to_string()
+            } else {
+                (low - 1).to_string()
+            };
+            for bad in [below, (max + 1).to_string()] {
+                let call = call(&bad);
+                assert_eq!(
+                    send(&mut con, &call).expect_err("refused"),
+                    message,
+                    "{kind}: {call:?}"
+                );
+                checked += 1;
+            }
+            for good in [low, max] {
+                ok(&mut con, &call(&good.to_string()));
+                checked += 1;
+            }
+            // Back to a plain policy at full scale.
+            ok(&mut con, &set(&[]));
+        }
+        assert_eq!(
+            checked,
+            4 * protection["arguments"].as_array().unwrap().len()
+        );
+        // A policy with every part of the loop: GET's fields in order, and
+        // the defaults ADAPT ERRORS alone takes.
+        ok(
+            &mut con,
+            &set(&["ADAPT", "ERRORS", "5", "STAGES", "30", "50"].map(String::from)),
+        );
+        let reply = send(&mut con, &["RL.POLICY", "GET", "p"].map(String::from)).expect("GET");
+        let mut expected = strings(&get["always"]);
+        expected.extend(strings(&get["when_set"]));
+        expected.extend(strings(&get["then"]));
+        assert_eq!(names(&reply), expected, "{kind}: GET");
+        let adapt: Vec<i64> = match value_of(&reply, "adapt") {
+            Value::Array(v) => v
+                .iter()
+                .map(|i| if let Value::Int(i) = i { *i } else { panic!() })
+                .collect(),
+            other => panic!("adapt: {other:?}"),
+        };
+        let d = |f: &str| defaults[f].as_i64().expect("a default");
+        assert_eq!(
+            adapt,
+            [5, d("factor"), d("min"), d("recover"), d("mincalls")],
+            "{kind}"
+        );
+        assert_eq!(
+            value_of(&reply, "window_ms"),
+            &Value::Int(d("window_ms")),
+            "{kind}"
+        );
+        // Without the loop: the fields always there, then scale and stage.
+        ok(&mut con, &set(&[]));
+        let reply = send(&mut con, &["RL.POLICY", "GET", "p"].map(String::from)).expect("GET");
+        let mut expected = strings(&get["always"]);
+        expected.extend(strings(&get["then"]));
+        assert_eq!(names(&reply), expected, "{kind}: GET of a plain policy");
+        // STATS and RL.OUTCOME: the same fields, current and last alike.
+        for call in [
+            ["RL.POLICY", "STATS", "p", ""].map(String::from),
+            ["RL.OUTCOME", "p", "1", "0"].map(String::from),
+        ] {
+            let call: Vec<String> = call.into_iter().filter(|w| !w.is_empty()).collect();
+            let reply = send(&mut con, &call).expect("a reply");
+            assert_eq!(names(&reply), stats_fields, "{kind}: {call:?}");
+            for window in ["current", "last"] {
+                assert_eq!(
+                    names(value_of(&reply, window)),
+                    window_fields,
+                    "{kind}: {call:?} {window}"
+                );
+            }
+        }
+        assert_eq!(dbsize(&mut con), 0, "{kind}: the loop wrote a key");
+    });
+}

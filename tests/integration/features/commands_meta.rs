@@ -397,7 +397,9 @@ fn every_command() -> Vec<Documented> {
             "RL.POLICY SET",
             "O(1)",
             "name TOKENBUCKET|FIXEDWINDOW|LEAKYBUCKET|SLIDING|HASHWINDOW|CONCURRENCY|QUOTA params [params ...] \
-             [MODE ENFORCE|SHADOW|OFF] [ROLLOUT percent] [TZ zone]",
+             [MODE ENFORCE|SHADOW|OFF] [ROLLOUT percent] [TZ zone] \
+             [ADAPT ERRORS pct [FACTOR factor] [MIN min] [RECOVER recover] [WINDOW window_ms] [MINCALLS mincalls]|OFF] \
+             [STAGES degrade_pct break_pct] [WINDOW window_ms]",
             &[
                 "name:string",
                 "algorithm:oneof",
@@ -415,8 +417,41 @@ fn every_command() -> Vec<Documented> {
                 "off:pure-token",
                 "percent:integer",
                 "zone:string",
+                "adapt:oneof",
+                "errors:block",
+                "pct:integer",
+                "factor:integer",
+                "min:integer",
+                "recover:integer",
+                "window_ms:integer",
+                "mincalls:integer",
+                "off:pure-token",
+                "stages:block",
+                "degrade_pct:integer",
+                "break_pct:integer",
+                "window_ms:integer",
             ],
         ),
+        documented(
+            "RL.OUTCOME",
+            "O(1)",
+            "name ok errors",
+            &["name:string", "ok:integer", "errors:integer"],
+        ),
+        // Internal, as RL.SETSTATE: documented all the same.
+        documented(
+            "RL.LOOPSTATE",
+            "O(1)",
+            "name scale stage",
+            &["name:string", "scale:integer", "stage:integer"],
+        ),
+        documented(
+            "RL.POLICY SCALE",
+            "O(1)",
+            "name pct",
+            &["name:string", "pct:integer"],
+        ),
+        documented("RL.POLICY STATS", "O(1)", "name", &["name:string"]),
         documented(
             "CL.THROTTLE",
             "O(1)",
@@ -508,7 +543,7 @@ fn command_docs_nest_every_subcommand_in_its_container() {
         for (container, subs) in [
             (
                 "RL.POLICY",
-                ["SET", "GET", "DEL", "LIST", "HELP"].as_slice(),
+                ["SET", "GET", "DEL", "LIST", "HELP", "SCALE", "STATS"].as_slice(),
             ),
             ("RL.LOG", ["GET", "LEN", "RESET", "HELP"].as_slice()),
         ] {

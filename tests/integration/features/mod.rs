@@ -13,6 +13,7 @@ mod notifications;
 mod observability;
 mod out_of_memory;
 mod policies;
+mod protection;
 mod refund_force;
 mod rl_all;
 mod throttle;

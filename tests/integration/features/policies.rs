@@ -70,9 +70,11 @@ fn policy_get(con: &mut Connection, name: &str) -> Option<(Rule, Counts)> {
             "calls",
             "admitted",
             "denied",
-            "shadow_denied"
+            "shadow_denied",
+            "scale",
+            "stage"
         ],
-        "RL.POLICY GET {name}: fields"
+        "RL.POLICY GET {name}: fields (a policy without the protection loop)"
     );
     assert_eq!(text(&items[1]), name, "RL.POLICY GET {name}: name");
     let params = match &items[5] {
@@ -434,11 +436,11 @@ fn a_bad_rule_is_refused_naming_the_argument_and_leaves_the_policy_unchanged() {
             ),
             (
                 &["p", "FIXEDWINDOW", "10", "1000", "COST", "2"],
-                "ERR unknown option 'COST' (expected MODE or ROLLOUT)",
+                "ERR unknown option 'COST' (expected MODE, ROLLOUT, ADAPT, STAGES or WINDOW)",
             ),
             (
                 &["p", "FIXEDWINDOW", "10", "1000", "60"],
-                "ERR unknown option '60' (expected MODE or ROLLOUT)",
+                "ERR unknown option '60' (expected MODE, ROLLOUT, ADAPT, STAGES or WINDOW)",
             ),
         ];
         for (words, expected) in cases {
@@ -1454,7 +1456,7 @@ fn policies_survive_save_and_restart() {
 
 /// Waits for a `BGREWRITEAOF` to finish: a new base file whose name holds
 /// `.{seq}.base.`.
-fn wait_for_rewrite(server: &Server, seq: u32) {
+pub(super) fn wait_for_rewrite(server: &Server, seq: u32) {
     let marker = format!(".{seq}.base.");
     poll_until("the AOF rewrite to finish", Duration::from_secs(30), || {
         let info = server.info("persistence");
