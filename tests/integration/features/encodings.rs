@@ -152,6 +152,9 @@ fn an_rdb_of_redis_7_0_with_policies_loads() {
             assert_eq!(field("params"), Value::Array(ints), "{name}");
             assert_eq!(field("mode"), Value::BulkString(mode.into()), "{name}");
             assert_eq!(field("rollout"), Value::Int(rollout), "{name}");
+            // No protection loop then: full scale, stage 0.
+            assert_eq!(field("scale"), Value::Int(100), "{name}");
+            assert_eq!(field("stage"), Value::Int(0), "{name}");
         }
         for (alg, ..) in KEYS {
             assert_fixture_state(&mut con, &format!("fixture:{alg}"), alg, "RDB");

@@ -573,15 +573,28 @@ fn scale_and_stage_survive_an_aof_restart_with_and_without_the_rdb_preamble() {
             let when = format!("preamble {preamble}: after an AOF restart");
             assert_eq!(get_scale_stage(&mut con, "ad"), (80, 0), "{when}");
             assert_eq!(get_scale_stage(&mut con, "st"), (70, 2), "{when}");
+            let _: Value = query(&mut con, &["BGREWRITEAOF"]);
+            super::policies::wait_for_rewrite(&server, 2);
+            server.restart();
+            let mut con = server.conn();
             if preamble == "yes" {
                 // The rewrite's base is an RDB: the policies' aux data.
-                let _: Value = query(&mut con, &["BGREWRITEAOF"]);
-                super::policies::wait_for_rewrite(&server, 2);
-                server.restart();
-                let mut con = server.conn();
                 let when = "after a rewrite with the preamble and a restart";
                 assert_eq!(get_scale_stage(&mut con, "ad"), (80, 0), "{when}");
                 assert_eq!(get_scale_stage(&mut con, "st"), (70, 2), "{when}");
+            } else {
+                // The known limitation (docs/operations.md): a rewrite
+                // without the preamble has no policy lines, so the policies
+                // set before it are gone (and nothing fails on the way).
+                let names: Vec<String> = query(&mut con, &["RL.POLICY", "LIST"]);
+                assert!(names.is_empty(), "{names:?}");
+                // Set again after the rewrite, their lines and the loop's
+                // (RL.LOOPSTATE after each RL.POLICY SET) are in the new
+                // incremental file and bring scale and stage back.
+                degrade(&mut con);
+                server.restart();
+                let mut con = server.conn();
+                assert_degraded(&mut con, "set again after a rewrite without the preamble");
             }
         }
     });
