@@ -29,7 +29,8 @@ pub fn section(info: &mut InfoContext) {
     // One line per policy, as the server writes a dict field:
     // `ratelimit_policy_<escaped>:calls=N,admitted=N,...`.
     let mut dict = String::new();
-    for (name, _, counts) in &policies {
+    let now_ms = crate::clock::now().as_ms_floor();
+    for (name, rule, counts) in &policies {
         dict.clear();
         dict.push_str("policy_");
         policy::info_escaped(name, &mut dict);
@@ -40,7 +41,9 @@ pub fn section(info: &mut InfoContext) {
         info.field("denied", o.denied.get());
         info.field("shadow_denied", counts.shadow_denied.get());
         info.field("peeks", o.peeks.get());
-        let (scale, stage) = policy::lock(&counts.protection).current();
+        // As RL.POLICY STATS shows them: windows that ended are ended.
+        let view = policy::lock(&counts.protection).view(&rule.protect, now_ms);
+        let (scale, stage) = (view.scale, view.stage);
         info.field("scale", scale);
         info.field("stage", u64::from(stage));
         info.end_dict();

@@ -180,12 +180,31 @@ impl Protection {
         }
     }
 
-    /// Adds outcomes reported for the requests the policy admitted.
-    pub fn count_outcomes(&mut self, ok: u64, errors: u64) {
+    /// Adds outcomes reported for the requests the policy admitted, and the
+    /// calls a kit denied without asking the server (its deny cache, its
+    /// local level): they count as calls and denials, so a deny cache does
+    /// not hide a flood from the stages.
+    pub fn count_outcomes(&mut self, ok: u64, errors: u64, denied: u64) {
         if let Some(w) = &mut self.windows {
             w.current.ok = w.current.ok.saturating_add(ok);
             w.current.errors = w.current.errors.saturating_add(errors);
+            w.current.calls = w.current.calls.saturating_add(denied);
+            w.current.denied = w.current.denied.saturating_add(denied);
         }
+    }
+
+    /// The loop as of `now_ms`, without changing it: windows that ended
+    /// are shown ended, as the next call will find them. A node that never
+    /// counted (a replica: it follows the master's `RL.LOOPSTATE`) shows
+    /// the scale and stage it holds.
+    pub fn view(&self, config: &Loop, now_ms: u64) -> LoopState {
+        let mut view = self
+            .windows
+            .unwrap_or_else(|| LoopState::with(self.scale, self.stage, config, now_ms));
+        if config.is_on() {
+            view.advance(config, now_ms);
+        }
+        view
     }
 
     /// Sets the scale and the stage as the master (or the operator) says;
@@ -194,11 +213,6 @@ impl Protection {
         self.scale = scale.clamp(1, 100);
         self.stage = stage.min(2);
         self.windows = None;
-    }
-
-    /// The current and the last finished window, if a call met the loop.
-    pub fn windows(&self) -> Option<&LoopState> {
-        self.windows.as_ref()
     }
 }
 

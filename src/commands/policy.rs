@@ -190,16 +190,28 @@ pub const SUBCOMMANDS: [Subcommand; 7] = [
     },
 ];
 
-/// `RL.OUTCOME name ok errors`: adds outcomes of requests policy `name`
-/// admitted to its current window (kits send it about once a second, to
+/// `RL.OUTCOME name ok errors [DENIED n]`: adds outcomes of requests policy
+/// `name` admitted, and `n` calls a kit denied without asking the server
+/// (deny cache, local level), to its current window (kits send it about once a second, to
 /// every master). Ends the windows that ended, as a call does, and
 /// propagates only their result (`RL.LOOPSTATE`). Reply: as `RL.POLICY
 /// STATS`.
 pub(super) fn outcome<H: Host>(host: &H) -> Result<(), Error> {
     let args = host.all_words();
-    if args.len() != 4 {
-        return Err(Error::Arity);
-    }
+    let denied = match args.len() {
+        4 => 0,
+        6 if args[4].eq_ignore_ascii_case(b"DENIED") => {
+            crate::args::parse_int(args[5], "DENIED", 0, crate::limiter::MAX_PARAM)?
+        }
+        6 => {
+            return Err(Error::Syntax(format!(
+                "unknown option '{}' (expected DENIED)",
+                Error::quote(args[4])
+            )))
+        }
+        5 if args[4].eq_ignore_ascii_case(b"DENIED") => return Err(Error::MissingValue("DENIED")),
+        _ => return Err(Error::Arity),
+    };
     let ok = crate::args::parse_int(args[2], "ok", 0, crate::limiter::MAX_PARAM)?;
     let errors = crate::args::parse_int(args[3], "errors", 0, crate::limiter::MAX_PARAM)?;
     let (rule, stats) =
@@ -212,7 +224,7 @@ pub(super) fn outcome<H: Host>(host: &H) -> Result<(), Error> {
             host.propagate_loop(1, scale, stage);
             stats.synced(&protection);
         }
-        protection.count_outcomes(ok, errors);
+        protection.count_outcomes(ok, errors, denied);
     }
     reply_stats(host, &rule, &protection, now_ms);
     Ok(())
@@ -231,15 +243,9 @@ pub(super) fn stats<H: Host>(host: &H) -> Result<(), Error> {
 }
 
 fn reply_stats<H: Host>(host: &H, rule: &Rule, protection: &policy::Protection, now_ms: u64) {
-    use crate::limiter::protection::{window_end, Counts, LoopState};
+    use crate::limiter::protection::{window_end, Counts};
     let config = &rule.protect;
-    let mut view = protection.windows().copied().unwrap_or_else(|| {
-        let (scale, stage) = protection.current();
-        LoopState::with(scale, stage, config, now_ms)
-    });
-    if config.is_on() {
-        view.advance(config, now_ms);
-    }
+    let view = protection.view(config, now_ms);
     let counts = |c: &Counts| {
         host.reply_array(14);
         for (name, value) in [
@@ -408,7 +414,9 @@ pub(super) fn get<H: Host>(host: &H) -> Result<(), Error> {
         text(b"window_ms");
         int(protect.window_ms() as i64);
     }
-    let (scale, stage) = policy::lock(&stats.protection).current();
+    // As STATS shows them: windows that ended are ended.
+    let view = policy::lock(&stats.protection).view(protect, host.now().as_ms_floor());
+    let (scale, stage) = (view.scale, view.stage);
     text(b"scale");
     int(scale as i64);
     text(b"stage");
