@@ -7,7 +7,9 @@
 #      and global rules in one RL.ALL) against the same axum app without it,
 #      interleaved in rounds;
 #   2. Redis calls per 1,000 requests with and without the local level and
-#      the deny cache, under a skewed load (one abusive user sends most).
+#      the deny cache, under a skewed load (one abusive user sends most);
+#   3. the protection loop's server calls per instance (RL.OUTCOME reports,
+#      RL.POLICY STATS reads) per second, at two request rates.
 # A benchmark reports; it exits 0 whatever the figures are.
 #
 # Knobs: KIT_BENCH_N (requests per run, 20000), KIT_BENCH_C (connections, 32),
@@ -25,8 +27,8 @@ rl_module
 rl_require redis-server redis-cli awk
 rl_workdir
 cargo build --release -q -p redis-ratelimit-client --examples
-SERVICE=target/release/examples/service
-LOADGEN=target/release/examples/loadgen
+SERVICE="${CARGO_TARGET_DIR:-target}/release/examples/service"
+LOADGEN="${CARGO_TARGET_DIR:-target}/release/examples/loadgen"
 
 rl_start "$RL_WORK/redis"
 PORT="$RL_PORT"
@@ -97,4 +99,30 @@ for cfg in "0 0" "1 0" "0 1" "1 1"; do
       -v t="$(echo "$line" | field seconds)" \
       'BEGIN { printf "| %s | %s | %.0f | %d | %d | %s |\n", (l == 1 ? "on" : "off"), (d == 1 ? "on" : "off"), c * 1000 / n, ok, no, t }'
 done
+
+echo "bench-kit: the protection loop's server calls per instance ($N requests, 1 and $C connections)" >&2
+# A policy that never denies, with the loop on; the service reports and reads
+# it every second (the kit's defaults) whatever the request rate.
+cli FLUSHALL >/dev/null
+cli RL.POLICY SET bench-loop TOKENBUCKET 1000000000 1000000000 1000 ADAPT ERRORS 5 STAGES 30 50 WINDOW 1000 >/dev/null
+start_service loop RL_POLICY=bench-loop RL_DEADLINE_MS=100
+calls_of() { cli INFO commandstats | tr -d '\r' | awk -F'[:,=]' -v k="cmdstat_$1" 'tolower($1) == tolower(k) { print $3 }' | tail -1; }
+now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
+echo
+echo "| connections | requests/s | RL.OUTCOME calls/s | RL.POLICY STATS calls/s | outcome calls per 1,000 requests |"
+echo "|---|---|---|---|---|"
+for c in 1 "$C"; do
+  # Load for at least 5 s (several report intervals), at the rate $c connections give.
+  o0="$(calls_of RL.OUTCOME)"; p0="$(calls_of 'RL.POLICY|STATS')"; t0="$(now_ms)"; n=0
+  while [ $(( $(now_ms) - t0 )) -lt 5000 ]; do
+    line="$("$LOADGEN" "http://127.0.0.1:$SVC_PORT/api" "$N" "$c" 1000 0)"
+    n=$(( n + $(echo "$line" | field requests) ))
+  done
+  t1="$(now_ms)"; o1="$(calls_of RL.OUTCOME)"; p1="$(calls_of 'RL.POLICY|STATS')"
+  o=$(( ${o1:-0} - ${o0:-0} )); p=$(( ${p1:-0} - ${p0:-0} ))
+  echo "bench-kit: loop, $c connections: $n requests in $(( t1 - t0 )) ms, RL.OUTCOME $o, RL.POLICY STATS $p" >&2
+  awk -v c="$c" -v n="$n" -v o="$o" -v p="$p" -v ms=$(( t1 - t0 )) \
+      'BEGIN { printf "| %d | %d | %.2f | %.2f | %.3f |\n", c, n * 1000 / ms, o * 1000 / ms, p * 1000 / ms, o * 1000 / n }'
+done
+stop_service "$SVC_PID"
 exit 0
