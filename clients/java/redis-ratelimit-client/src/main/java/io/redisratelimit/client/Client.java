@@ -518,13 +518,29 @@ public sealed class Client implements AutoCloseable permits RateLimitClient {
      * lost report is a lost count.
      */
     public CompletionStage<List<PolicyStats>> outcomeAsync(String policy, long ok, long errors) {
+        return outcomeAsync(policy, ok, errors, 0);
+    }
+
+    /**
+     * {@code RL.OUTCOME name ok errors DENIED n}: also {@code denied} calls the
+     * kit denied without asking the server (deny cache, local level), counted
+     * as calls and denials of the current window. {@code DENIED} is sent only
+     * when {@code denied} is above 0 (0 is the plain three-argument form).
+     */
+    public CompletionStage<List<PolicyStats>> outcomeAsync(String policy, long ok, long errors, long denied) {
+        if (denied < 0 || denied > Spec.MAX_PARAM) {
+            throw new InvalidArgumentException("denied", "must be an integer from 0 to " + Spec.MAX_PARAM + ", got " + denied);
+        }
         if (ok < 0 || ok > Spec.MAX_PARAM) {
             throw new InvalidArgumentException("ok", "must be an integer from 0 to " + Spec.MAX_PARAM + ", got " + ok);
         }
         if (errors < 0 || errors > Spec.MAX_PARAM) {
             throw new InvalidArgumentException("errors", "must be an integer from 0 to " + Spec.MAX_PARAM + ", got " + errors);
         }
-        Command c = new Command("RL.OUTCOME", List.of(Args.policyName(policy), Long.toString(ok), Long.toString(errors)), -1, true);
+        List<String> args = denied == 0
+                ? List.of(Args.policyName(policy), Long.toString(ok), Long.toString(errors))
+                : List.of(Args.policyName(policy), Long.toString(ok), Long.toString(errors), "DENIED", Long.toString(denied));
+        Command c = new Command("RL.OUTCOME", args, -1, true);
         return masters(c).thenApply(rs -> rs.stream().map(r -> PolicyStats.fromReply(c.name(), r)).toList());
     }
 

@@ -5,7 +5,6 @@ import com.github.benmanes.caffeine.cache.Caffeine;
 import com.github.benmanes.caffeine.cache.Expiry;
 
 import java.time.Duration;
-import java.util.OptionalInt;
 
 /**
  * After a denial with {@code wait_ms} w, the same rule and key deny in
@@ -54,9 +53,10 @@ final class DenyCache {
         }
         long elapsedMs = elapsed / 1_000_000;
         Decision d = e.decision();
+        // The rule that denied stays named (an RL.ALL denial cached for its rules together).
         // Never below 1 ms while the entry denies: a denial always says to wait.
         return new Decision(false, d.limit(), d.remaining(), Math.max(1, d.waitMs() - elapsedMs),
-                Math.max(0, d.resetMs() - elapsedMs), OptionalInt.empty(), Path.DENY_CACHE);
+                Math.max(0, d.resetMs() - elapsedMs), d.deniedBy(), Path.DENY_CACHE);
     }
 
     /** Remembers a denial; one that can never pass, or has no wait, is not cached. */

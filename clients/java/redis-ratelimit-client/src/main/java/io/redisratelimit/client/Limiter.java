@@ -239,6 +239,25 @@ public final class Limiter implements AutoCloseable {
     }
 
     private volatile java.util.function.ToIntFunction<String> scales;
+    private volatile Protection denials;
+
+    /**
+     * Tells {@code protection} of each call of a policy rule this limiter
+     * denies without asking the server (a deny cache hit, a local-level
+     * denial): {@link Protection#recordDenied}, reported as {@code DENIED n}
+     * with the policy's outcomes, so that the server's stages see the whole
+     * flood and not only the denials that reached it. Null stops it.
+     */
+    public void reportLocalDenials(Protection protection) {
+        denials = protection;
+    }
+
+    private void deniedLocally(RuleSet.Checked c) {
+        Protection p = denials;
+        if (p != null && c.rule().policy() != null) {
+            p.recordDenied(c.rule().policy());
+        }
+    }
 
     /**
      * Runs the local level of each global policy rule at the scale
@@ -299,6 +318,7 @@ public final class Limiter implements AutoCloseable {
                 Decision d = denyCache.get(cacheKey(rules.get(i), keys.get(i)));
                 if (d != null) {
                     stats.denyCacheHits.increment();
+                    deniedLocally(rules.get(i));
                     return CompletableFuture.completedFuture(d.withDeniedBy(i));
                 }
             }
@@ -306,6 +326,8 @@ public final class Limiter implements AutoCloseable {
                 Decision d = denyCache.get(setKey(rules, keys));
                 if (d != null) {
                     stats.denyCacheHits.increment();
+                    int by = d.deniedBy().orElse(0);
+                    deniedLocally(rules.get(by < rules.size() ? by : 0));
                     return CompletableFuture.completedFuture(d);
                 }
             }
@@ -325,6 +347,7 @@ public final class Limiter implements AutoCloseable {
             if (!o.allowed()) {
                 int i = positions.get(o.index());
                 stats.localDenied.increment();
+                deniedLocally(rules.get(i));
                 Decision d = o.decision();
                 return CompletableFuture.completedFuture(new Decision(false, rules.get(i).rule().spec().limit(), 0,
                         d.waitMs(), d.resetMs(), OptionalInt.of(i), Path.LOCAL));

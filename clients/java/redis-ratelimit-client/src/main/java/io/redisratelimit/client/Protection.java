@@ -23,10 +23,14 @@ import java.util.function.LongSupplier;
  * <ul>
  * <li>{@link #record} counts the outcome of each request a policy admitted,
  * in memory (two {@link LongAdder}s per policy: no lock, no I/O on the
- * request's path);</li>
+ * request's path), and {@link #recordDenied} the calls of a policy rule the
+ * kit's {@link Limiter} denied without asking the server (a deny cache hit, a
+ * local-level denial), so that a deny cache does not hide a flood from the
+ * policy's stages;</li>
  * <li>every report interval a background thread sends the counts with
- * {@code RL.OUTCOME name ok errors} to every master, for each policy with a
- * count, and forgets them: a failed send loses its counts (never retried, so
+ * {@code RL.OUTCOME name ok errors [DENIED n]} to every master, for each
+ * policy with a count ({@code DENIED} only when some were denied locally), and
+ * forgets them: a failed send loses its counts (never retried, so
  * nothing piles up while Redis is away);</li>
  * <li>every stage poll it reads {@code RL.POLICY STATS name} on every master:
  * the highest stage and the lowest scale win ({@link #stage}, {@link #scale});
@@ -36,8 +40,10 @@ import java.util.function.LongSupplier;
  * starter opens and closes the Resilience4j breakers a rule names).</li>
  * </ul>
  * The defaults are the contract's ({@code protection.kits}): report every
- * 1 s, poll every 1 s, hold a stage 5 s. {@link #close()} stops the thread
- * and sends the last counts once, best effort.
+ * 1 s, poll every 1 s, hold a stage 5 s (the hold must be longer than the
+ * poll). {@link #close()} stops the thread, sends the last counts once (best
+ * effort) and tells the listeners stage 0 for every policy they last heard
+ * above 0 (a breaker the loop forced open does not stay open).
  *
  * <pre>{@code
  * Protection p = Protection.builder(client).policies(List.of("orders")).build();
@@ -72,6 +78,7 @@ public final class Protection implements AutoCloseable {
     private static final class Watch {
         final LongAdder ok = new LongAdder();
         final LongAdder errors = new LongAdder();
+        final LongAdder denied = new LongAdder();
         volatile int stage;
         volatile int scale = 100;
         /** When the last successful read was made (the clock's nanos), or none yet. */
@@ -188,6 +195,11 @@ public final class Protection implements AutoCloseable {
         }
 
         public Protection build() {
+            if (stageHold.compareTo(stagePoll) <= 0) {
+                // A hold no longer than the poll drops the stage to 0 between two good reads.
+                throw new InvalidArgumentException("stage_hold", "must be above stage_poll (" + stagePoll.toMillis()
+                        + " ms), got " + stageHold.toMillis() + " ms");
+            }
             return new Protection(this);
         }
 
@@ -216,12 +228,29 @@ public final class Protection implements AutoCloseable {
         return Set.copyOf(watches.keySet());
     }
 
-    /** Watches these policies from now on, and only them (a refreshed rule set). */
+    /**
+     * Watches these policies from now on, and only them (a refreshed rule
+     * set). A policy no longer watched whose listeners last heard a stage
+     * above 0 is told 0 (nothing reads it any more, so a breaker it forced
+     * open must not stay open).
+     */
     public void watch(Collection<String> names) {
         for (String n : names) {
             watches.computeIfAbsent(Args.policyName(n), k -> new Watch());
         }
-        watches.keySet().retainAll(Set.copyOf(names));
+        Set<String> keep = Set.copyOf(names);
+        synchronized (this) {
+            for (java.util.Iterator<Map.Entry<String, Watch>> it = watches.entrySet().iterator(); it.hasNext(); ) {
+                Map.Entry<String, Watch> e = it.next();
+                if (!keep.contains(e.getKey())) {
+                    it.remove();
+                    if (e.getValue().told != NORMAL && !closed) {
+                        e.getValue().told = NORMAL;
+                        tellOne(e.getKey(), NORMAL);
+                    }
+                }
+            }
+        }
     }
 
     public void addListener(Listener l) {
@@ -244,15 +273,34 @@ public final class Protection implements AutoCloseable {
         record(policy, true);
     }
 
-    /** The counts not reported yet: {@code [ok, errors]} (never more than one report interval's). */
+    /**
+     * Counts {@code n} calls of {@code policy}'s rule that the kit denied
+     * without asking the server (answered from its deny cache, or denied by
+     * the local level of a global rule); sent as {@code DENIED n} with the
+     * next report, where the server counts them as calls and denials of the
+     * policy's current window. A policy not watched is ignored.
+     */
+    public void recordDenied(String policy, long n) {
+        Watch w = watches.get(policy);
+        if (w != null && n > 0) {
+            w.denied.add(n);
+        }
+    }
+
+    public void recordDenied(String policy) {
+        recordDenied(policy, 1);
+    }
+
+    /** The counts not reported yet: {@code [ok, errors, denied]} (never more than one report interval's). */
     public long[] pending(String policy) {
         Watch w = watches.get(policy);
-        return w == null ? new long[] {0, 0} : new long[] {w.ok.sum(), w.errors.sum()};
+        return w == null ? new long[] {0, 0, 0} : new long[] {w.ok.sum(), w.errors.sum(), w.denied.sum()};
     }
 
     /**
      * The policy's stage: the highest any master gave at the last poll, or 0
-     * when no read succeeded for the stage hold (or the policy is not watched).
+     * when no read succeeded for the stage hold (or the policy is not
+     * watched, or the loop is closed).
      */
     public int stage(String policy) {
         Watch w = watches.get(policy);
@@ -286,7 +334,7 @@ public final class Protection implements AutoCloseable {
     }
 
     private int effective(Watch w, long now) {
-        if (!w.read || now - w.readAt > stageHold.toNanos()) {
+        if (closed || !w.read || now - w.readAt > stageHold.toNanos()) {
             return NORMAL;
         }
         return w.stage;
@@ -320,13 +368,14 @@ public final class Protection implements AutoCloseable {
             Watch w = e.getValue();
             long ok = w.ok.sumThenReset();
             long errors = w.errors.sumThenReset();
-            if (ok == 0 && errors == 0) {
+            long denied = w.denied.sumThenReset();
+            if (ok == 0 && errors == 0 && denied == 0) {
                 continue;
             }
             for (Client c : clients) {
                 CompletableFuture<?> f;
                 try {
-                    f = c.outcomeAsync(e.getKey(), ok, errors).toCompletableFuture();
+                    f = c.outcomeAsync(e.getKey(), ok, errors, denied).toCompletableFuture();
                 } catch (RuntimeException ex) {
                     f = CompletableFuture.failedFuture(ex);
                 }
@@ -335,7 +384,7 @@ public final class Protection implements AutoCloseable {
                         reportsSent.incrementAndGet();
                     } else {
                         reportsFailed.incrementAndGet();
-                        countsLost.addAndGet(ok + errors);
+                        countsLost.addAndGet(ok + errors + denied);
                     }
                 }));
             }
@@ -392,19 +441,27 @@ public final class Protection implements AutoCloseable {
         tell(now);
     }
 
-    private void tell(long now) {
+    private synchronized void tell(long now) {
+        if (closed) {
+            // A poll still running when close() gave up waiting for it: close() told the last word.
+            return;
+        }
         for (Map.Entry<String, Watch> e : watches.entrySet()) {
             Watch w = e.getValue();
             int s = effective(w, now);
             if (s != w.told) {
                 w.told = s;
-                for (Listener l : listeners) {
-                    try {
-                        l.stageChanged(e.getKey(), s);
-                    } catch (RuntimeException ex) {
-                        LOG.log(Level.WARNING, "redis-ratelimit: a protection listener failed on " + e.getKey() + ": " + ex);
-                    }
-                }
+                tellOne(e.getKey(), s);
+            }
+        }
+    }
+
+    private void tellOne(String policy, int stage) {
+        for (Listener l : listeners) {
+            try {
+                l.stageChanged(policy, stage);
+            } catch (RuntimeException ex) {
+                LOG.log(Level.WARNING, "redis-ratelimit: a protection listener failed on " + policy + ": " + ex);
             }
         }
     }
@@ -435,7 +492,11 @@ public final class Protection implements AutoCloseable {
         }
     }
 
-    /** Stops the background thread, then sends the last counts once (best effort). */
+    /**
+     * Stops the background thread, sends the last counts once (best effort),
+     * then tells the listeners stage 0 for each policy they last heard above
+     * 0: the loop no longer reads stages, so nothing it forced may stay.
+     */
     @Override
     public void close() {
         if (closed) {
@@ -454,6 +515,15 @@ public final class Protection implements AutoCloseable {
             report();
         } catch (RuntimeException e) {
             LOG.log(Level.DEBUG, "redis-ratelimit: the last outcome report failed: " + e);
+        }
+        synchronized (this) {
+            for (Map.Entry<String, Watch> e : watches.entrySet()) {
+                Watch w = e.getValue();
+                if (w.told != NORMAL) {
+                    w.told = NORMAL;
+                    tellOne(e.getKey(), NORMAL);
+                }
+            }
         }
     }
 }

@@ -164,6 +164,8 @@ public class RateLimitAutoConfiguration {
         protection.addListener(breakers);
         // The local level of a global rule runs at its policy's scale, as the server does.
         service.limiter().scaleLocalLevel(protection::scale);
+        // Its denials without a server call (deny cache, local level) reach the stages as DENIED n.
+        service.limiter().reportLocalDenials(protection);
         service.protection(protection, predicate.getIfAvailable(() -> ErrorPredicate.DEFAULT));
         return protection;
     }

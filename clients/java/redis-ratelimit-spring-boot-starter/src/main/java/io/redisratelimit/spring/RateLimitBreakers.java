@@ -13,7 +13,8 @@ import java.util.concurrent.ConcurrentHashMap;
  * Opens the Resilience4j breakers the rules name ({@code ratelimit.rules.<rule>.breaker})
  * while one of their policies is at stage 2: {@code transitionToForcedOpenState()},
  * and {@code transitionToClosedState()} once every policy naming it falls below 2
- * (only a breaker this class forced open is closed by it). The breakers come by
+ * (only a breaker this class forced open is closed by it; also when a refresh
+ * removed the rules naming it, or the loop closed). The breakers come by
  * name from the application's {@link CircuitBreakerRegistry}, so the
  * application's own calls through them see the same state.
  */
@@ -42,6 +43,10 @@ public final class RateLimitBreakers implements Protection.Listener {
             if (e.breaker() != null) {
                 byBreaker.merge(e.breaker(), p == null ? 0 : p.stage(e.rule().policy()), Math::max);
             }
+        }
+        for (String name : forced) {
+            // A breaker it forced open that no rule names any more (a refresh removed the rule): closed.
+            byBreaker.putIfAbsent(name, Protection.NORMAL);
         }
         for (Map.Entry<String, Integer> b : byBreaker.entrySet()) {
             CircuitBreaker cb = registry.circuitBreaker(b.getKey());

@@ -43,9 +43,20 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
         "ratelimit.rules.order-total.fixed-key={order}:refresh-total",
         "ratelimit.rules.quote.algorithm=sliding",
         "ratelimit.rules.quote.params=2,60000",
+        "ratelimit.protection.report-interval=100ms",
+        "ratelimit.protection.stage-poll=100ms",
 })
 @ContextConfiguration(initializers = RefreshTest.ConfigCentre.class)
+@org.springframework.context.annotation.Import(RefreshTest.Breakers.class)
 class RefreshTest {
+    /** The application's breakers. */
+    static class Breakers {
+        @org.springframework.context.annotation.Bean
+        io.github.resilience4j.circuitbreaker.CircuitBreakerRegistry circuitBreakerRegistry() {
+            return io.github.resilience4j.circuitbreaker.CircuitBreakerRegistry.ofDefaults();
+        }
+    }
+
     /** Stands for the config centre: a mutable property source above the application's. */
     static class ConfigCentre implements ApplicationContextInitializer<ConfigurableApplicationContext> {
         @Override
@@ -73,6 +84,38 @@ class RefreshTest {
     ConfigurableApplicationContext context;
     @Autowired
     RateLimitService service;
+    @Autowired
+    io.github.resilience4j.circuitbreaker.CircuitBreakerRegistry breakers;
+
+    private static void poll(String what, java.time.Duration within, java.util.function.BooleanSupplier done) throws InterruptedException {
+        long deadline = System.nanoTime() + within.toNanos();
+        while (!done.getAsBoolean()) {
+            if (System.nanoTime() > deadline) {
+                throw new AssertionError("not within " + within + ": " + what);
+            }
+            Thread.sleep(20);
+        }
+    }
+
+    @Test
+    void aBreakerForcedOpenByARuleTheRefreshRemovedIsClosed() throws Exception {
+        String policy = "refresh-it:staged";
+        change(Map.of("ratelimit.rules.staged.algorithm", "fixedwindow", "ratelimit.rules.staged.params", "1,3600000",
+                "ratelimit.rules.staged.stages", "30,50", "ratelimit.rules.staged.window", "1s",
+                "ratelimit.rules.staged.breaker", "dropped"));
+        poll("stage 2", java.time.Duration.ofSeconds(10), () -> {
+            for (int i = 0; i < 10; i++) {
+                service.client().hit(policy, "k");
+            }
+            return service.protection().stage(policy) == 2;
+        });
+        poll("the breaker forced open", java.time.Duration.ofSeconds(2), () ->
+                breakers.circuitBreaker("dropped").getState() == io.github.resilience4j.circuitbreaker.CircuitBreaker.State.FORCED_OPEN);
+        centre().keySet().removeIf(k -> k.startsWith("ratelimit.rules.staged"));
+        context.publishEvent(new EnvironmentChangeEvent(context, java.util.Set.of("ratelimit.rules.staged.algorithm")));
+        poll("the breaker closed once no rule names it", java.time.Duration.ofSeconds(2), () ->
+                breakers.circuitBreaker("dropped").getState() == io.github.resilience4j.circuitbreaker.CircuitBreaker.State.CLOSED);
+    }
 
     @SuppressWarnings("unchecked")
     private Map<String, Object> centre() {
