@@ -10,7 +10,9 @@ public interface ErrorPredicate {
     /**
      * @param status  the HTTP status of the answer, or -1 when there is none
      *                (a bean's method, or a handler that threw before answering)
-     * @param failure what the handler threw, or null
+     * @param failure what the handler threw (the cause of the
+     *                {@code CompletionException} an asynchronous handler's
+     *                stage failed with), or null
      */
     boolean isError(int status, Throwable failure);
 
@@ -23,10 +25,26 @@ public interface ErrorPredicate {
         if (status >= 500) {
             return true;
         }
+        failure = cause(failure);
         if (failure == null || failure instanceof RateLimitExceededException) {
             return false;
         }
         int answered = ErrorResponses.status(failure);
         return answered < 0 || answered >= 500;
     };
+
+    /**
+     * What a handler threw, without the wrappers of asynchronous completion
+     * ({@code CompletionException}, {@code ExecutionException}) that a
+     * {@code CompletionStage} adds around it; the wrapper itself when it has
+     * no cause.
+     */
+    static Throwable cause(Throwable failure) {
+        Throwable t = failure;
+        while ((t instanceof java.util.concurrent.CompletionException || t instanceof java.util.concurrent.ExecutionException)
+                && t.getCause() != null) {
+            t = t.getCause();
+        }
+        return t;
+    }
 }

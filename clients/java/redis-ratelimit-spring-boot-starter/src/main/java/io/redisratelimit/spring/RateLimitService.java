@@ -353,7 +353,7 @@ public class RateLimitService {
 
     /** Whether a finished request failed, by the application's {@link ErrorPredicate} ({@code status} -1: no HTTP status). */
     public boolean isError(int status, Throwable failure) {
-        return errors.isError(status, failure);
+        return errors.isError(status, ErrorPredicate.cause(failure));
     }
 
     /** Counts the outcome of a request these rules admitted, for their policies with a loop (no I/O here). */
