@@ -596,9 +596,11 @@ fn protection() -> Value {
             arg("pct", 1, json!(100)),
             arg("ok", 0, json!(MAX_PARAM)),
             arg("errors", 0, json!(MAX_PARAM)),
+            arg("DENIED", 0, json!(MAX_PARAM)),
         ],
         "stats_fields": ["scale", "stage", "window_ms", "window_end_ms", "current", "last", "adapting"],
         "window_fields": window,
+        "outcome": "RL.OUTCOME name ok errors [DENIED n]: n calls the kit denied without asking the server (its deny cache, its local level); sent only when n > 0",
         "outcome_reply": "as RL.POLICY STATS",
         "get_fields": {
             "always": ["name", "algorithm", "params", "mode", "rollout", "calls", "admitted", "denied", "shadow_denied"],

@@ -315,6 +315,7 @@ fn the_contract_files_protection_section_holds_on_every_server() {
                     "pct" => [words(&["RL.POLICY", "SCALE", "p"]), vec![v]].concat(),
                     "ok" => [words(&["RL.OUTCOME", "p"]), vec![v], words(&["0"])].concat(),
                     "errors" => [words(&["RL.OUTCOME", "p", "0"]), vec![v]].concat(),
+                    "DENIED" => [words(&["RL.OUTCOME", "p", "0", "0", "DENIED"]), vec![v]].concat(),
                     other => {
                         panic!("the contract names an argument this test does not know: {other}")
                     }
