@@ -132,6 +132,8 @@ def create_app() -> FastAPI:
         fallback=FallbackMode.LOCAL_ONLY,  # or FAIL_OPEN / FAIL_CLOSED
         instances=int(os.environ.get("INSTANCES", "1")),
         deadline=seconds("RL_DEADLINE", 0.1),  # seconds per Redis call
+        # A denial from the deny cache is reported to the server (DENIED n):
+        # the stages see a flood the deny cache answers.
         deny_cache_max=seconds("RL_DENY_CACHE_MAX", 1.0),
         protection=protection,
         routes=[

@@ -96,8 +96,8 @@ def test_outcomes_are_counted_in_memory_and_taken_once() -> None:
         p.record("api", error=i % 5 == 0)
     p.record_ok("other")
     p.record_error("other")
-    assert p.pending() == {"api": (8, 2), "other": (1, 1)}
-    assert sorted(p._take()) == [("api", 8, 2), ("other", 1, 1)]
+    assert p.pending() == {"api": (8, 2, 0), "other": (1, 1, 0)}
+    assert sorted(p._take()) == [("api", 8, 2, 0), ("other", 1, 1, 0)]
     assert p.pending() == {} and p._take() == []
 
 
@@ -113,7 +113,7 @@ def test_counts_from_many_threads_add_up() -> None:
         t.start()
     for t in threads:
         t.join()
-    assert p.pending() == {"api": (18000, 2000)}
+    assert p.pending() == {"api": (18000, 2000, 0)}
 
 
 def test_the_options_are_checked() -> None:
@@ -439,3 +439,230 @@ def test_a_cluster_client_reports_to_and_reads_every_master(cluster: Cluster) ->
     assert asyncio.run(read_async()) == (2, 30, 3)
     for n in nodes:
         n.execute_command("RL.POLICY", "DEL", "api")
+
+
+# -- DENIED: the denials a limiter answered without the server -----------------
+
+
+def test_outcome_args_add_denied_only_when_there_are_some() -> None:
+    from redis_ratelimit_client.protection import outcome_args
+
+    assert outcome_args("api", 1, 2) == ["RL.OUTCOME", "api", 1, 2]
+    assert outcome_args("api", 1, 2, 0) == ["RL.OUTCOME", "api", 1, 2]
+    assert outcome_args("api", 0, 0, 7) == ["RL.OUTCOME", "api", 0, 0, "DENIED", 7]
+    for bad in (-1, 1099511627777, True, 1.5):
+        with pytest.raises(InvalidArgument) as e:
+            outcome_args("api", 0, 0, bad)  # type: ignore[arg-type]
+        assert e.value.param == "DENIED"
+
+
+def test_local_denials_are_counted_beside_the_outcomes_and_taken_once() -> None:
+    p = Protection([], ["api"])
+    p.record_ok("api")
+    p.record_denied("api")
+    p.record_denied("api", 4)
+    p.record_denied("other")
+    assert p.pending() == {"api": (1, 0, 5), "other": (0, 0, 1)}
+    assert sorted(p._take()) == [("api", 1, 0, 5), ("other", 0, 0, 1)]
+    assert p.pending() == {} and p._take() == []
+
+
+def server_window(r: redis.Redis) -> tuple[int, int]:
+    """calls and denied of the current and the last window together."""
+    s = PolicyStats.from_reply(r.execute_command("RL.POLICY", "STATS", "api"))
+    return s.current.calls + s.last.calls, s.current.denied + s.last.denied
+
+
+def test_a_limiters_deny_cache_hits_on_a_policy_rule_are_reported_as_denied(
+    server: Server, r: redis.Redis
+) -> None:
+    from redis_ratelimit_client import Sliding
+
+    policy(r, "TOKENBUCKET 2 1 60000 STAGES 30 50 WINDOW 86400000")
+    # The policy and an inline rule go in one RL.ALL: its denial is cached for both.
+    limiter = Limiter(
+        server.client(),
+        [Rule(Policy("api"), "api"), Rule(Sliding(1000, 1000), "inline", key_prefix="i:")],
+    )
+    p = Protection(server.client(), ["api"])
+    p.attach(limiter)
+    paths = [limiter.check("alice").path for _ in range(10)]
+    assert paths == ["redis"] * 3 + ["deny_cache"] * 7
+    assert p.pending() == {"api": (0, 0, 7)}
+    assert server_window(r) == (3, 1)
+    p.report()
+    assert server_window(r) == (10, 8) and p.pending() == {}
+    assert p.stats.denied_sent == 7
+    # A report without local denials is the plain form.
+    p.record_ok("api")
+    p.report()
+    assert server_window(r) == (10, 8) and window_counts(r) == (1, 0)
+
+
+def test_an_inline_rules_denials_are_not_a_policys(server: Server, r: redis.Redis) -> None:
+    from redis_ratelimit_client import Sliding
+
+    policy(r, "TOKENBUCKET 1000 1000 1000 STAGES 30 50 WINDOW 86400000")
+    limiter = Limiter(
+        server.client(),
+        [Rule(Policy("api"), "api"), Rule(Sliding(1, 60000), "inline", key_prefix="i:")],
+    )
+    p = Protection(server.client(), ["api"])
+    p.attach(limiter)
+    paths = [limiter.check("alice").path for _ in range(5)]
+    assert paths == ["redis"] * 2 + ["deny_cache"] * 3
+    assert p.pending() == {}
+
+
+def test_a_global_policy_rules_local_denials_are_reported_as_denied(
+    server: Server, r: redis.Redis
+) -> None:
+    policy(r, "TOKENBUCKET 10 1 60000 STAGES 30 50 WINDOW 86400000")
+    limiter = Limiter(server.client(), [Rule(Policy("api"), "api", global_=True)], instances=2)
+    p = Protection(server.client(), ["api"])
+    p.attach(limiter)
+    # The share of 2 instances: ceil(10 / 2 * 1.1) = 6, then the local level denies.
+    paths = [limiter.check("alice").path for _ in range(9)]
+    assert paths == ["redis"] * 6 + ["local"] * 3
+    assert p.pending() == {"api": (0, 0, 3)}
+    p.report()
+    assert server_window(r) == (9, 3)
+
+
+def test_the_async_limiter_reports_its_deny_cache_hits(server: Server, r: redis.Redis) -> None:
+    from redis_ratelimit_client import AsyncLimiter
+
+    policy(r, "TOKENBUCKET 1 1 60000 STAGES 30 50 WINDOW 86400000")
+
+    async def run() -> list[str]:
+        client = aioredis.Redis(port=server.port)
+        limiter = AsyncLimiter(client, [Rule(Policy("api"), "api")])
+        p = AsyncProtection(client, ["api"])
+        p.attach(limiter)
+        paths = [(await limiter.check("bob")).path for _ in range(6)]
+        assert p.pending() == {"api": (0, 0, 4)}
+        await p.report()
+        await client.aclose()
+        return paths
+
+    assert asyncio.run(run()) == ["redis"] * 2 + ["deny_cache"] * 4
+    assert server_window(r) == (6, 5)
+
+
+def test_a_lost_report_loses_its_denied_counts_too(masters: tuple[Server, Server]) -> None:
+    a_server, b_server = masters
+    a = a_server.client()
+    policy(a, "TOKENBUCKET 100 100 1000 STAGES 30 50 WINDOW 86400000")
+    p = Protection(redis.Redis(port=b_server.port, socket_timeout=0.5), ["api"])
+    b_server.kill()
+    p.record_denied("api", 5)
+    p.record_ok("api")
+    p.report()
+    assert (p.stats.reports_failed, p.stats.lost_ok, p.stats.lost_denied) == (1, 1, 5)
+    assert p.pending() == {} and p.stats.denied_sent == 0
+    b_server.start()
+    b = b_server.client()
+    policy(b, "TOKENBUCKET 100 100 1000 STAGES 30 50 WINDOW 86400000")
+    p.record_denied("api")
+    p.report()
+    assert server_window(b) == (1, 1)  # the lost 5 were not sent again
+
+
+# -- review: defects of the loop ---------------------------------------------------
+
+
+def test_closing_the_loop_releases_the_breakers_it_forced_open() -> None:
+    breaker = CircuitBreaker("downstream")
+    p = Protection([], ["api"], breakers={"api": breaker})
+    p._read("api", "a:1", stats(stage=2))
+    p._settle(["a:1"])
+    assert breaker.state is BreakerState.FORCED_OPEN
+    p.close()  # nothing keeps it up to date any more: forced open for good otherwise
+    assert breaker.state is BreakerState.CLOSED
+
+    async def run() -> BreakerState:
+        b = CircuitBreaker("downstream")
+        ap = AsyncProtection([], ["api"], breakers={"api": b})
+        ap._read("api", "a:1", stats(stage=2))
+        ap._settle(["a:1"])
+        assert b.state is BreakerState.FORCED_OPEN
+        await ap.aclose()
+        return b.state
+
+    assert asyncio.run(run()) is BreakerState.CLOSED
+
+
+def test_a_cancelled_trial_call_gives_its_trial_back() -> None:
+    clock = Clock()
+    b = CircuitBreaker("db", failures=1, open_for=1.0, clock=clock)
+    with pytest.raises(ConnectionError):
+        b.call(lambda: (_ for _ in ()).throw(ConnectionError("down")))
+    clock.now += 1.0
+
+    async def run() -> None:
+        started = asyncio.Event()
+
+        async def slow() -> int:
+            started.set()
+            await asyncio.sleep(10)
+            return 1
+
+        task = asyncio.ensure_future(b.call_async(slow))
+        await started.wait()
+        task.cancel()  # the request went away, or a timeout cut it short
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(run())
+    # Neither a success nor a failure: the next call is the trial (it waited for ever).
+    assert b.state is BreakerState.OPEN
+    assert b.call(lambda: 5) == 5 and b.state is BreakerState.CLOSED
+
+
+def test_stage_hold_must_outlive_the_time_between_two_polls() -> None:
+    # A hold of 0 (or shorter than the poll) dropped every stage read before use.
+    for hold, poll in ((0, 1.0), (0.5, 1.0), (1.0, 1.0)):
+        with pytest.raises(InvalidArgument) as e:
+            Protection([], ["api"], stage_hold=hold, stage_poll=poll)
+        assert e.value.param == "stage_hold"
+    Protection([], ["api"], stage_hold=1.5, stage_poll=1.0)
+
+
+def test_a_hung_server_does_not_keep_the_breaker_forced_open_nor_close_waiting(
+    own_server: Server,
+) -> None:
+    import os
+    import signal
+
+    r = own_server.client()
+    policy(r, "TOKENBUCKET 2 1 60000 STAGES 30 50 WINDOW 1000")
+    breaker = CircuitBreaker("downstream")
+    # A redis-py client without a socket timeout (redis-py < 8's default).
+    p = Protection(
+        redis.Redis(port=own_server.port, socket_timeout=None),
+        ["api"],
+        stage_poll=0.1,
+        stage_hold=1.0,
+        report_interval=0.1,
+        breakers={"api": breaker},
+    )
+
+    def flooded() -> bool:
+        for _ in range(10):
+            r.execute_command("RL.HIT", "api", "flooder")
+        p.poll()
+        return p.stage("api") == 2
+
+    wait_until(flooded, 5, "stage 2")
+    p.start()
+    assert own_server.proc is not None
+    os.kill(own_server.proc.pid, signal.SIGSTOP)  # connections stay open, nothing answers
+    try:
+        p.record_ok("api")
+        wait_until(lambda: breaker.state is BreakerState.CLOSED, 3, "the breaker released")
+        closing = threading.Thread(target=p.close, daemon=True)
+        closing.start()
+        closing.join(5)
+        assert not closing.is_alive() and not p.running
+    finally:
+        os.kill(own_server.proc.pid, signal.SIGCONT)

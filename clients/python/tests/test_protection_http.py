@@ -22,6 +22,7 @@ import redis
 from conftest import Server, ThreadServer, running, serve_asgi, wait_until
 
 from redis_ratelimit_client import PolicyStats
+from redis_ratelimit_client.asgi import RateLimitMiddleware
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "asgi_middleware.py"
 
@@ -32,7 +33,6 @@ def load_example(server: Server, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
         "RL_REPORT_INTERVAL": "0.2",
         "RL_STAGE_POLL": "0.1",
         "RL_STAGE_HOLD": "2",
-        "RL_DENY_CACHE_MAX": "0",  # every denial reaches the server's counts
         "RL_DEADLINE": "0.5",
         "INSTANCES": "2",
     }.items():
@@ -59,6 +59,14 @@ class Instance:
 
     def fail_every(self, n: int) -> None:
         assert self.http.post(f"/backend?fail_every={n}").status_code == 200
+
+    @property
+    def middleware(self) -> RateLimitMiddleware:
+        """The app's rate-limit middleware (built with its first request)."""
+        m = self.app.middleware_stack
+        while not isinstance(m, RateLimitMiddleware):
+            m = m.app
+        return m
 
 
 @contextlib.contextmanager
@@ -161,7 +169,9 @@ def test_errors_of_the_backend_lower_the_scale_on_both_instances_and_the_replica
 def test_a_flood_moves_the_stage_to_1_then_2_and_back_one_step_per_window(
     server: Server, r: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # 10 per user, then one a minute: a user past 10 is denied at every call.
+    # 10 per user, then one a minute: a user past 10 is denied at every call,
+    # mostly from each instance's deny cache (the default, 1 s at most), whose
+    # denials go to the server with the reports (DENIED n).
     set_policy(r, "TOKENBUCKET 10 1 60000 STAGES 30 50 WINDOW 1000")
     with two_instances(server, monkeypatch) as (a, b):
         for _ in range(10):
@@ -196,6 +206,11 @@ def test_a_flood_moves_the_stage_to_1_then_2_and_back_one_step_per_window(
             # The breaker spares the backend: a core route admitted answers its default.
             assert a.get("/", "someone").json() == {"hello": "world", "served": "default"}
             assert b.get("/recommendations", "probe").json()["degraded"] is True
+        # The flood was answered mostly without the server, and still counted there.
+        for i in (a, b):
+            stats = i.middleware.stats
+            assert stats.deny_cache_hits > 2 * stats.redis_denied, stats
+            assert i.app.state.protection.stats.denied_sent > 0
 
         # The flood stops: one step down per window; the breaker closes below 2.
         seen: list[tuple[int, str]] = []
@@ -345,9 +360,9 @@ def test_outcomes_are_counted_for_the_policy_rules_5xx_exception_and_timeout(
         ]
         # Only the policy rule reports: one ok per success, one error per failure
         # (counted once the app is done, which may be after the answer is sent).
-        wait_until(lambda: protection.pending() == {"api": (2, 3)}, 5, "the outcomes")
+        wait_until(lambda: protection.pending() == {"api": (2, 3, 0)}, 5, "the outcomes")
         assert http.get("/health").status_code == 200  # not limited, not counted
-        assert protection.pending() == {"api": (2, 3)}
+        assert protection.pending() == {"api": (2, 3, 0)}
 
 
 def test_the_error_predicate_is_configurable(server: Server, r: redis.Redis) -> None:
@@ -358,7 +373,7 @@ def test_the_error_predicate_is_configurable(server: Server, r: redis.Redis) -> 
     with running(serve_asgi(mw)) as web, httpx.Client(base_url=web.base) as http:
         for p in ("/ok", "/teapot", "/broken"):
             http.get(p, headers={"x-user": "u"})
-        wait_until(lambda: protection.pending() == {"api": (1, 2)}, 5, "the outcomes")
+        wait_until(lambda: protection.pending() == {"api": (1, 2, 0)}, 5, "the outcomes")
 
 
 def test_a_non_core_route_without_a_handler_answers_429_at_stage_1_without_redis(
@@ -376,3 +391,50 @@ def test_a_non_core_route_without_a_handler_answers_429_at_stage_1_without_redis
         assert "Retry-After" in res.headers and "q=2" in res.headers["RateLimit-Policy"]
         assert r.exists("{o}:probe") == 0  # no call to Redis
         assert mw.degraded["stage_429"] == 1
+
+
+def test_a_closed_protection_is_not_started_again_by_a_late_request(
+    server: Server, r: redis.Redis
+) -> None:
+    import asyncio
+
+    set_policy(r, "TOKENBUCKET 1000 1000 1000 STAGES 30 50")
+    mw, protection = outcome_app(server)
+
+    async def run() -> None:
+        events = iter([{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}])
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            return next(events)
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        async def lifespan_app(scope: Any, receive: Any, send: Any) -> None:
+            await receive()
+            await send({"type": "lifespan.startup.complete"})
+            await receive()
+            await send({"type": "lifespan.shutdown.complete"})
+
+        mw.app, inner = lifespan_app, mw.app
+        await mw({"type": "lifespan"}, receive, send)
+        assert not protection.running
+        mw.app = inner
+        # A request that arrives while the server shuts down.
+        scope = {
+            "type": "http",
+            "method": "GET",
+            "path": "/ok",
+            "headers": [(b"x-user", b"late")],
+        }
+
+        async def no_body() -> dict[str, Any]:
+            return {"type": "http.request", "body": b""}
+
+        await mw(scope, no_body, send)
+        restarted = protection.running  # its task would run (and poll) with nobody to stop it
+        await protection.aclose()
+        assert not restarted
+
+    asyncio.run(run())

@@ -379,10 +379,11 @@ class AsyncClient(TypedCalls[Coroutine[Any, Any, Decision]]):
         """`RL.POLICY STATS name` of every master."""
         return [PolicyStats.from_reply(x) for x in await self._everywhere(stats_args(name))]
 
-    async def outcome(self, name: str, ok: int, errors: int) -> list[PolicyStats]:
-        """`RL.OUTCOME name ok errors` on every master (a `Protection` sends
-        these in the background): each master's stats after it."""
-        args = outcome_args(name, ok, errors)
+    async def outcome(self, name: str, ok: int, errors: int, denied: int = 0) -> list[PolicyStats]:
+        """`RL.OUTCOME name ok errors [DENIED n]` on every master (a
+        `Protection` sends these in the background): each master's stats
+        after it. `denied`: calls denied without the server (sent when > 0)."""
+        args = outcome_args(name, ok, errors, denied)
         return [PolicyStats.from_reply(x) for x in await self._everywhere(args)]
 
     async def policy_get(self, name: str) -> dict[str, object] | None:

@@ -293,8 +293,11 @@ class RateLimitMiddleware:
         if route is not None and not route.limited:
             await self.app(scope, receive, send)
             return
-        if self.protection is not None and not self.protection.running:
-            self.protection.start()
+        # Started by the first request when no lifespan started it; never
+        # again once the app's shutdown closed it (nothing would stop it).
+        p = self.protection
+        if p is not None and not p.running and not p.closed:
+            p.start()
         if route is not None and not route.core:
             stage_rule = self._stage_rule()
             if stage_rule is not None:

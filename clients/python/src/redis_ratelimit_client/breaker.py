@@ -109,6 +109,13 @@ class CircuitBreaker:
                 self._open_until = self._clock() + self.open_for
             self._trial = False
 
+    def _abandoned(self) -> None:
+        """A call cut short (a cancellation, an interrupt) is neither a
+        success nor a failure; a trial's turn goes to the next call (it
+        would refuse every call for ever otherwise)."""
+        with self._lock:
+            self._trial = False
+
     def force_open(self) -> None:
         """Open until `release()`, whatever the calls do."""
         with self._lock:
@@ -133,6 +140,9 @@ class CircuitBreaker:
         except Exception:
             self.record_failure()
             raise
+        except BaseException:
+            self._abandoned()
+            raise
         self.record_success()
         return out
 
@@ -146,6 +156,9 @@ class CircuitBreaker:
             out = await fn(*args, **kwargs)
         except Exception:
             self.record_failure()
+            raise
+        except BaseException:
+            self._abandoned()
             raise
         self.record_success()
         return out

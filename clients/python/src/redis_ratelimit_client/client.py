@@ -407,10 +407,11 @@ class Client(TypedCalls[Decision]):
         """`RL.POLICY STATS name` of every master."""
         return [PolicyStats.from_reply(x) for x in self._everywhere(stats_args(name))]
 
-    def outcome(self, name: str, ok: int, errors: int) -> list[PolicyStats]:
-        """`RL.OUTCOME name ok errors` on every master (a `Protection` sends
-        these in the background): each master's stats after it."""
-        args = outcome_args(name, ok, errors)
+    def outcome(self, name: str, ok: int, errors: int, denied: int = 0) -> list[PolicyStats]:
+        """`RL.OUTCOME name ok errors [DENIED n]` on every master (a
+        `Protection` sends these in the background): each master's stats
+        after it. `denied`: calls denied without the server (sent when > 0)."""
+        args = outcome_args(name, ok, errors, denied)
         return [PolicyStats.from_reply(x) for x in self._everywhere(args)]
 
     def policy_get(self, name: str) -> dict[str, object] | None:

@@ -196,6 +196,8 @@ class _Limiting:
         self._read_algorithms: list[Algorithm] | None = None
         #: Each policy's scale in percent, as a protection loop last read it.
         self._scales: dict[str, int] = {}
+        #: The protection loops told of the policy denials answered here.
+        self._watchers: list[Any] = []
         if not any(isinstance(r.spec, Policy) for r in self.rules):
             self._algorithms = [r.spec for r in self.rules]  # type: ignore[misc]
             check_zones(self.rules, self._algorithms)
@@ -252,6 +254,23 @@ class _Limiting:
         self._scales[policy] = scale
         if self._read_algorithms is not None:
             self._algorithms = self._at_scale(self._read_algorithms)
+
+    def watch(self, protection: Any) -> None:
+        """Tells `protection` (a protection loop's `attach` calls it) of
+        every call of a policy rule this limiter denies without asking the
+        server, from its deny cache or the local level of a global rule:
+        it reports them as `DENIED n`, so the server's stages count them."""
+        if protection not in self._watchers:
+            self._watchers.append(protection)
+
+    def _denied_here(self, index: int) -> None:
+        """Rule `index` denied a call without the server: a policy rule's
+        denial is counted by the loops watching its policy."""
+        spec = self.rules[index].spec
+        if isinstance(spec, Policy):
+            for p in self._watchers:
+                if spec.name in p.policies:
+                    p.record_denied(spec.name)
 
     def _at_scale(self, algos: list[Algorithm]) -> list[Algorithm]:
         out = list(algos)
@@ -313,13 +332,16 @@ class _Limiting:
             cached = self.deny_cache.get(r.name, k, now)
             if cached is not None:
                 self.stats.deny_cache_hits += 1
+                self._denied_here(i)
                 return Admission(cached, i, "deny_cache")
         rated = self._rated()
         if len(rated) > 1:
             cached = self.deny_cache.get(*self._set_key(rated, keys), now)
             if cached is not None:
                 self.stats.deny_cache_hits += 1
-                return Admission(cached, rated[cached.denied_by or 0], "deny_cache")
+                index = rated[cached.denied_by or 0]
+                self._denied_here(index)
+                return Admission(cached, index, "deny_cache")
         plan = _Plan(keys, req)
         if not self._ready:  # Redis away before its first answer: the fallback
             return self._decided_locally(plan, lost=False)
@@ -333,6 +355,7 @@ class _Limiting:
             if not d.allowed:
                 self._give_back(plan, at)
                 self.stats.local_denied += 1
+                self._denied_here(i)
                 return Admission(dataclasses.replace(d, remaining=0), i, "local")
             plan.taken[i] = d
         if self._open:

@@ -7,15 +7,18 @@ or an `AsyncProtection` (an asyncio task) is what an instance runs around it:
 
 - `record(policy, error)` counts the outcome of a request the policy
   admitted, in memory: nothing on the request's path touches the network;
-- every `report_interval` it sends `RL.OUTCOME name ok errors` to every
-  master for each policy with counts, and forgets them: a failed send loses
-  its counts (no retry, nothing grows while Redis is away);
+  `record_denied(policy)` counts a call of the policy that a limiter denied
+  without asking the server (its deny cache, the local level of a global
+  rule: an attached limiter counts these itself);
+- every `report_interval` it sends `RL.OUTCOME name ok errors [DENIED n]`
+  to every master for each policy with counts, and forgets them: a failed
+  send loses its counts (no retry, nothing grows while Redis is away);
 - every `stage_poll` it reads `RL.POLICY STATS name` on every master: the
   highest stage wins, the lowest scale; with no successful read for
   `stage_hold`, the stage falls back to 0 (the limiter's own fallback
   decides while Redis is away);
 - at stage 2 it forces open the `CircuitBreaker` the policy names, and
-  releases it when the stage falls below 2;
+  releases it when the stage falls below 2 (or the loop is closed);
 - the local level of a limiter's global policy rule (`attach`) runs at the
   scale last read.
 """
@@ -33,12 +36,15 @@ from typing import Any, Callable, Union
 import redis
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
+from redis.exceptions import ResponseError
+from redis.retry import Retry
 
 from .aio import AsyncClient
 from .aio import send_once as async_send_once
 from .breaker import CircuitBreaker
-from .client import Client, send_once
+from .client import Client, connect_once
 from .errors import InvalidArgument
 from .protocol import STATS_FIELDS as STATS_FIELDS
 from .protocol import WINDOW_FIELDS as WINDOW_FIELDS
@@ -66,13 +72,15 @@ NORMAL, DEGRADE, BREAK = 0, 1, 2
 @dataclasses.dataclass
 class ProtectionStats:
     """What the loop did: reports sent (one per policy and master) and
-    failed, the outcome counts a failed report lost, stage reads and failed
-    reads."""
+    failed, the local denials sent (`DENIED`), the counts a failed report
+    lost, stage reads and failed reads."""
 
     reports_sent: int = 0
     reports_failed: int = 0
+    denied_sent: int = 0
     lost_ok: int = 0
     lost_errors: int = 0
+    lost_denied: int = 0
     polls: int = 0
     polls_failed: int = 0
 
@@ -103,8 +111,12 @@ class _Loop:
         ):
             if not value > 0:
                 raise InvalidArgument(f"{name} must be more than 0 s", param=name)
-        if not stage_hold >= 0:
-            raise InvalidArgument("stage_hold must be 0 s or more", param="stage_hold")
+        # A read older than stage_hold is dropped: a hold not longer than
+        # the time between two polls drops every stage before the next read.
+        if not stage_hold > stage_poll:
+            raise InvalidArgument(
+                f"stage_hold must be more than stage_poll ({stage_poll} s)", param="stage_hold"
+            )
         self.policies = [check_policy_name(p) for p in policies]
         for p in breakers or {}:
             if p not in self.policies:
@@ -125,6 +137,8 @@ class _Loop:
         self._forced: set[str] = set()
         self._limiters: list[Any] = []
         self._failing = False
+        #: Closed (`close`/`aclose`): the middleware does not start it again.
+        self.closed = False
 
     # -- the request's side: in memory only ---------------------------------
 
@@ -134,8 +148,19 @@ class _Loop:
         with self._lock:
             c = self._counts.get(policy)
             if c is None:
-                c = self._counts[policy] = [0, 0]
+                c = self._counts[policy] = [0, 0, 0]
             c[1 if error else 0] += 1
+
+    def record_denied(self, policy: str, n: int = 1) -> None:
+        """Counts `n` calls of `policy` denied without asking the server (a
+        deny cache hit, a local level's denial): sent as `DENIED n` with the
+        next report, so the server's stages see them. A limiter `attach`ed
+        to this loop counts its own."""
+        with self._lock:
+            c = self._counts.get(policy)
+            if c is None:
+                c = self._counts[policy] = [0, 0, 0]
+            c[2] += n
 
     def record_ok(self, policy: str) -> None:
         self.record(policy, False)
@@ -143,15 +168,15 @@ class _Loop:
     def record_error(self, policy: str) -> None:
         self.record(policy, True)
 
-    def pending(self) -> dict[str, tuple[int, int]]:
-        """The counts not sent yet, per policy: (ok, errors)."""
+    def pending(self) -> dict[str, tuple[int, int, int]]:
+        """The counts not sent yet, per policy: (ok, errors, denied)."""
         with self._lock:
-            return {p: (c[0], c[1]) for p, c in self._counts.items()}
+            return {p: (c[0], c[1], c[2]) for p, c in self._counts.items()}
 
-    def _take(self) -> list[tuple[str, int, int]]:
+    def _take(self) -> list[tuple[str, int, int, int]]:
         with self._lock:
             counts, self._counts = self._counts, {}
-        return [(p, ok, err) for p, (ok, err) in counts.items() if ok or err]
+        return [(p, ok, err, den) for p, (ok, err, den) in counts.items() if ok or err or den]
 
     # -- what the server decided ---------------------------------------------
 
@@ -180,10 +205,15 @@ class _Loop:
     def attach(self, limiter: Any) -> None:
         """Runs the local level of `limiter`'s global rules that name one of
         these policies at the scale last read (a `Limiter`, an
-        `AsyncLimiter`: anything with `rescale(policy, scale)`)."""
+        `AsyncLimiter`: anything with `rescale(policy, scale)`), and has it
+        count the calls of these policies it denies without the server
+        (`record_denied`)."""
         self._limiters.append(limiter)
         for p in self.policies:
             limiter.rescale(p, self.scale(p))
+        watch = getattr(limiter, "watch", None)
+        if watch is not None:
+            watch(self)
 
     def _read(self, policy: str, master: str, stats: PolicyStats) -> None:
         with self._lock:
@@ -227,10 +257,24 @@ class _Loop:
         else:
             log.debug("redis-ratelimit: protection %s on %s failed (%s)", what, master, e)
 
-    def _lost(self, ok: int, errors: int) -> None:
+    def _lost(self, ok: int, errors: int, denied: int) -> None:
         self.stats.reports_failed += 1
         self.stats.lost_ok += ok
         self.stats.lost_errors += errors
+        self.stats.lost_denied += denied
+
+    def _sent(self, denied: int) -> None:
+        self.stats.reports_sent += 1
+        self.stats.denied_sent += denied
+
+    def _release_all(self) -> None:
+        """At close: the breakers this loop forced open are released (no
+        loop keeps them up to date any more)."""
+        for policy in list(self._forced):
+            self._forced.discard(policy)
+            b = self.breakers[policy]
+            b.release()
+            log.info("redis-ratelimit: protection closed: breaker %r released", b.name)
 
     def state(self) -> dict[str, dict[str, object]]:
         """Per policy: its stage, scale and breaker state (for a status page)."""
@@ -258,8 +302,11 @@ class Protection(_Loop):
     `client`: a `Client`, a `redis.Redis`, a `RedisCluster` (every master),
     or a list of them (several masters). `policies`: the names it watches.
     `breakers`: the `CircuitBreaker` each policy names. The intervals are
-    seconds (the contract's `protection.kits`: 1, 1 and 5). A call has the
-    redis-py client's `socket_timeout` as its deadline.
+    seconds (the contract's `protection.kits`: 1, 1 and 5). `timeout`: the
+    seconds one report or read may take (default 1): the loop sends on a
+    connection of its own per master with that socket timeout and no
+    retries, whatever the client's settings, so a server that hangs holds
+    neither a stage nor a breaker past `stage_hold + timeout`.
     """
 
     def __init__(
@@ -271,6 +318,7 @@ class Protection(_Loop):
         stage_poll: float = STAGE_POLL_MS / 1000,
         stage_hold: float = STAGE_HOLD_MS / 1000,
         breakers: Mapping[str, CircuitBreaker] | None = None,
+        timeout: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(
@@ -281,11 +329,17 @@ class Protection(_Loop):
             breakers=breakers,
             clock=clock,
         )
+        if not timeout > 0:
+            raise InvalidArgument("timeout must be more than 0 s", param="timeout")
+        self.timeout = timeout
         self._targets: list[SyncTarget] = (
             list(client) if isinstance(client, (list, tuple)) else [client]  # type: ignore[list-item]
         )
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        #: The loop's own connection per master, and the lock of their use.
+        self._conns: dict[str, Any] = {}
+        self._io = threading.Lock()
 
     def _masters(self) -> list[tuple[str, redis.Redis]]:
         out: list[tuple[str, redis.Redis]] = []
@@ -298,21 +352,53 @@ class Protection(_Loop):
                 out.append((server_name(rc), rc))
         return out
 
+    def _send(self, name: str, rc: redis.Redis, args: list[str | int]) -> PolicyStats:
+        """One command on the loop's own connection to master `name`: one
+        attempt, `timeout` to connect and to answer."""
+        with self._io:
+            conn = self._conns.get(name)
+            if conn is None:
+                pool = rc.connection_pool
+                kwargs = {
+                    **pool.connection_kwargs,
+                    "socket_timeout": self.timeout,
+                    "socket_connect_timeout": self.timeout,
+                    "retry": Retry(NoBackoff(), 0),
+                }
+                conn = self._conns[name] = pool.connection_class(**kwargs)
+            try:
+                connect_once(conn)
+                conn.send_command(*args)
+                reply = conn.read_response()
+            except ResponseError:
+                raise
+            except BaseException:
+                conn.disconnect()
+                raise
+        return PolicyStats.from_reply(reply)
+
     def report(self) -> None:
         """Sends the counts (`RL.OUTCOME`) to every master, once."""
         counts = self._take()
         if not counts:
             return
-        masters = self._masters()
-        for policy, ok, errors in counts:
+        try:
+            masters = self._masters()
+        except Exception as e:
+            self._failed("report", "the cluster", e)
+            for _, ok, errors, denied in counts:
+                self._lost(ok, errors, denied)
+            return
+        for policy, ok, errors, denied in counts:
             for name, r in masters:
                 try:
-                    reply = send_once(r, outcome_args(policy, ok, errors))
-                    self._read(policy, name, PolicyStats.from_reply(reply))
-                    self.stats.reports_sent += 1
+                    self._read(
+                        policy, name, self._send(name, r, outcome_args(policy, ok, errors, denied))
+                    )
+                    self._sent(denied)
                 except Exception as e:
                     self._failed("report", name, e)
-                    self._lost(ok, errors)
+                    self._lost(ok, errors, denied)
         self._settle([n for n, _ in masters])
 
     def poll(self) -> None:
@@ -323,9 +409,7 @@ class Protection(_Loop):
             for name, r in masters:
                 self.stats.polls += 1
                 try:
-                    self._read(
-                        policy, name, PolicyStats.from_reply(send_once(r, stats_args(policy)))
-                    )
+                    self._read(policy, name, self._send(name, r, stats_args(policy)))
                 except Exception as e:
                     ok = False
                     self.stats.polls_failed += 1
@@ -341,6 +425,7 @@ class Protection(_Loop):
     def start(self) -> Protection:
         """Starts the background thread (a stage poll at once)."""
         if not self.running:
+            self.closed = False
             self._stop.clear()
             self._thread = threading.Thread(target=self._run, name="rl-protection", daemon=True)
             self._thread.start()
@@ -369,12 +454,19 @@ class Protection(_Loop):
             self._apply_breaker(p)
 
     def close(self) -> None:
-        """Stops the thread and sends the last counts once (best effort)."""
+        """Stops the thread, sends the last counts once (best effort) and
+        releases the breakers it forced open."""
+        self.closed = True
         self._stop.set()
         if self._thread is not None:
             self._thread.join(10)
             self._thread = None
         self._guarded(self.report)
+        self._release_all()
+        with self._io:
+            conns, self._conns = list(self._conns.values()), {}
+        for conn in conns:
+            conn.disconnect()
 
     def __enter__(self) -> Protection:
         return self.start()
@@ -444,19 +536,18 @@ class AsyncProtection(_Loop):
             masters = await asyncio.wait_for(self._masters(), self.timeout)
         except Exception as e:
             self._failed("report", "the cluster", e)
-            for _, ok, errors in counts:
-                self._lost(ok, errors)
+            for _, ok, errors, denied in counts:
+                self._lost(ok, errors, denied)
             return
-        for policy, ok, errors in counts:
+        for policy, ok, errors, denied in counts:
             for name, send in masters:
                 try:
-                    self._read(
-                        policy, name, await self._call(send, outcome_args(policy, ok, errors))
-                    )
-                    self.stats.reports_sent += 1
+                    args = outcome_args(policy, ok, errors, denied)
+                    self._read(policy, name, await self._call(send, args))
+                    self._sent(denied)
                 except Exception as e:
                     self._failed("report", name, e)
-                    self._lost(ok, errors)
+                    self._lost(ok, errors, denied)
         self._settle([n for n, _ in masters])
 
     async def poll(self) -> None:
@@ -488,6 +579,7 @@ class AsyncProtection(_Loop):
     def start(self) -> AsyncProtection:
         """Starts the task on the running event loop (a stage poll at once)."""
         if not self.running:
+            self.closed = False
             self._stopping = False
             self._task = asyncio.get_running_loop().create_task(self._run())
         return self
@@ -516,8 +608,10 @@ class AsyncProtection(_Loop):
             self._apply_breaker(p)
 
     async def aclose(self) -> None:
-        """Stops the task and sends the last counts once (best effort)."""
+        """Stops the task, sends the last counts once (best effort) and
+        releases the breakers it forced open."""
         task, self._task = self._task, None
+        self.closed = True
         self._stopping = True
         if task is not None:
             task.cancel()
@@ -525,6 +619,7 @@ class AsyncProtection(_Loop):
             if task.done() and not task.cancelled():
                 task.exception()  # retrieved: logged by the loop already
         await self._guarded(self.report)
+        self._release_all()
 
     async def __aenter__(self) -> AsyncProtection:
         return self.start()

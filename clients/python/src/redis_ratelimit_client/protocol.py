@@ -487,13 +487,19 @@ def _named(items: object, names: Sequence[str], what: str) -> list[Any]:
     return list(items[1::2])
 
 
-def outcome_args(policy: str, ok: int, errors: int) -> list[str | int]:
-    return [
+def outcome_args(policy: str, ok: int, errors: int, denied: int = 0) -> list[str | int]:
+    """`RL.OUTCOME name ok errors [DENIED n]`: `denied`, the calls of the
+    policy a kit denied without asking the server (its deny cache, the
+    local level of a global rule), sent only when there are some."""
+    args: list[str | int] = [
         "RL.OUTCOME",
         check_policy_name(policy),
         _check_int("ok", ok, 0),
         _check_int("errors", errors, 0),
     ]
+    if _check_int("DENIED", denied, 0):
+        args += ["DENIED", denied]
+    return args
 
 
 def stats_args(policy: str) -> list[str | int]:
