@@ -416,6 +416,109 @@ fn stages_move_up_with_the_deny_ratio_and_down_one_step_per_window() {
     });
 }
 
+/// `RL.OUTCOME ... DENIED n`: calls a kit denied without asking the server
+/// (its deny cache, its local level) count as calls and denials of the
+/// window, so a flood answered mostly by a deny cache still moves the
+/// stage. Without DENIED the report is as before; a bad DENIED is refused
+/// naming it, with nothing counted.
+#[test]
+fn denied_reported_by_a_kit_counts_as_calls_and_denials() {
+    for_each_server(|kind| {
+        let server = Server::start(kind, &[]);
+        let mut con = server.conn();
+        set_policy(
+            &mut con,
+            &[
+                "dc",
+                "FIXEDWINDOW",
+                "1000",
+                LONG,
+                "STAGES",
+                "30",
+                "50",
+                "WINDOW",
+                "1000",
+            ],
+        );
+        // The server saw 3 admitted calls; the kit denied 7 more itself.
+        calls(&mut con, "dc", 1000, 3, 0);
+        let before = stats(&mut con, "dc").current;
+        for bad in [
+            &["RL.OUTCOME", "dc", "3", "0", "DENIED"][..],
+            &["RL.OUTCOME", "dc", "3", "0", "DENIED", "-1"][..],
+            &["RL.OUTCOME", "dc", "3", "0", "DENIED", "1099511627777"][..],
+            &["RL.OUTCOME", "dc", "3", "0", "DENY", "7"][..],
+            &["RL.OUTCOME", "dc", "3", "0", "DENIED", "7", "x"][..],
+        ] {
+            let err = query_err(&mut con, bad);
+            assert!(
+                err.contains("DENIED") || err.contains("wrong number of arguments"),
+                "{kind:?}: {bad:?}: {err}"
+            );
+        }
+        assert_eq!(stats(&mut con, "dc").current, before, "nothing counted");
+        let s = parse_stats(&query::<Value>(
+            &mut con,
+            &["RL.OUTCOME", "dc", "3", "0", "DENIED", "7"],
+        ));
+        assert_eq!(
+            (
+                s.current.calls,
+                s.current.admitted,
+                s.current.denied,
+                s.current.ok
+            ),
+            (10, 3, 7, 3),
+            "{kind:?}: {s:?}"
+        );
+        assert_eq!(s.current.deny_permille, 700);
+        // 70% denied: stage 2 at the window's end.
+        let s = end_window(&mut con, "dc");
+        assert_eq!((s.stage, s.last.calls, s.last.denied), (2, 10, 7), "{s:?}");
+    });
+}
+
+/// `RL.POLICY GET` and INFO's line show the scale and stage as `STATS`
+/// does: windows that ended without a call are shown ended (the stage one
+/// step lower each), not the state as of the last call.
+#[test]
+fn get_and_info_show_the_stage_as_stats_does_after_idle_windows() {
+    for_each_server(|kind| {
+        let server = Server::start(kind, &[]);
+        let mut con = server.conn();
+        set_policy(
+            &mut con,
+            &[
+                "idle",
+                "FIXEDWINDOW",
+                "1",
+                LONG,
+                "STAGES",
+                "30",
+                "50",
+                "WINDOW",
+                "500",
+            ],
+        );
+        calls(&mut con, "idle", 500, 1, 9);
+        let s = end_window(&mut con, "idle");
+        assert_eq!(s.stage, 2, "{s:?}");
+        // No call from here on: STATS, GET and INFO agree on every read, and
+        // all of them reach stage 0 once two windows have ended.
+        poll_until("stage 0 everywhere", Duration::from_secs(30), || {
+            let stats_stage = stats(&mut con, "idle").stage;
+            let (_, get_stage) = get_scale_stage(&mut con, "idle");
+            let (_, info_stage) = info_scale_stage(&mut con, "idle");
+            // A window may end between two reads: never more than a step.
+            assert!(
+                (stats_stage - get_stage).abs() <= 1 && (get_stage - info_stage).abs() <= 1,
+                "{kind:?}: STATS {stats_stage}, GET {get_stage}, INFO {info_stage}"
+            );
+            stats_stage == 0 && get_stage == 0 && info_stage == 0
+        });
+    });
+}
+
 #[test]
 fn shadow_denials_count_in_the_deny_ratio() {
     for_each_server(|kind| {
