@@ -498,6 +498,7 @@ def _loop_argument(name: str) -> Callable[[int], object]:
         "pct": lambda v: policy_scale_args("p", v),
         "ok": lambda v: outcome_args("p", v, 0),
         "errors": lambda v: outcome_args("p", 0, v),
+        "DENIED": lambda v: outcome_args("p", 0, 0, v),
     }[name]
 
 
