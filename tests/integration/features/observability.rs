@@ -1356,6 +1356,8 @@ fn the_textfile_collector_of_the_operations_guide_writes_prometheus_text() {
             r#"ratelimit_policy_calls_total{policy="50%"} 0"#,
             r#"ratelimit_calls_total{algorithm="fixedwindow"} 3"#,
             r#"ratelimit_denied_total{algorithm="fixedwindow"} 1"#,
+            r#"ratelimit_policy_scale{policy="api:login"} 100"#,
+            r#"ratelimit_policy_stage{policy="api:login"} 0"#,
             "ratelimit_policies 4",
             "ratelimit_deny_log_len 1",
         ] {
@@ -1365,9 +1367,13 @@ fn the_textfile_collector_of_the_operations_guide_writes_prometheus_text() {
         // are the protection loop's levels, not counters).
         let policy_samples = lines.iter().filter(|l| {
             l.starts_with("ratelimit_policy_")
-                && !l.starts_with("ratelimit_policy_scale")
-                && !l.starts_with("ratelimit_policy_stage")
+                && !l.starts_with("ratelimit_policy_scale{")
+                && !l.starts_with("ratelimit_policy_stage{")
         });
         assert_eq!(policy_samples.count(), 4 * 5, "5 per policy: {text}");
+        assert!(
+            !text.contains("_scale_total") && !text.contains("_stage_total"),
+            "levels are gauges: {text}"
+        );
     });
 }
