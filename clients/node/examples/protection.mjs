@@ -42,10 +42,11 @@ export async function start({ client, port = 0, failEvery = 0, protection: timin
       if ((await rl.policyGet(policy)) === null) await rl.policySet(policy, spec, options);
     }
   }
-  // No deny cache: the stages are computed from the denials the server sees,
-  // and a denial answered from the cache is one it does not see.
-  const limiter = new Limiter(rl, { instances: 2, denyCache: false });
   const protection = new Protection(rl, ['api', 'report'], timings);
+  // The deny cache answers repeated denials in process; given the
+  // protection, the limiter counts them and they reach the server with the
+  // outcome reports (RL.OUTCOME ... DENIED n), so the stages see the flood.
+  const limiter = new Limiter(rl, { instances: 2, protection });
   const backend = protection.breaker('backend');
   let calls = 0;
   const fetchItems = async () => {

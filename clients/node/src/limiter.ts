@@ -13,6 +13,7 @@ import { checkInteger, checkString, describe, InvalidArgumentError, isServerRepl
 import { Breaker, checkFallbackMode, startProbe, Stats, type BreakerOptions, type FallbackMode, type StatName, type StatsSnapshot } from './fallback.js';
 import { checkShare, localSpec, LocalLimiters, scaled, type LocalSpec, type Share } from './local.js';
 import { Request, ruleArgs, type Period, type Spec, type SpecOrPolicy } from './rules.js';
+import type { Protection } from './protection.js';
 import type { RedisLike } from './transport.js';
 
 /**
@@ -67,6 +68,13 @@ export interface LimiterOptions {
    * the fallback decides the request.
    */
   deadlineMs?: number;
+  /**
+   * The protection loop: the denials of policy rules this limiter answers
+   * without asking the server (deny cache hits) are counted
+   * there (`recordDenied`) and reach the server with the outcome reports,
+   * so that a policy's stages see the whole flood.
+   */
+  protection?: Protection;
 }
 
 /** One checked rule of a `RuleSet`. */
@@ -106,6 +114,8 @@ type Outcome = { kind: 'redis'; d: Decision } | { kind: 'lost' } | { kind: 'notA
  * 1. the deny cache: a key Redis denied is denied in process until its
  *    wait ends (at most `denyCacheMaxMs`), without a round trip (several
  *    rules: the set RL.ALL denied, its wait being the largest of the set's);
+ *    with the `protection` option, a policy rule's denials answered there
+ *    are counted for the loop's stages (`RL.OUTCOME ... DENIED n`);
  * 2. the local level: a global rule's share of its limit is taken in
  *    process first (the core's algorithms, src/algorithms.ts); what the
  *    share denies never reaches Redis;
@@ -126,6 +136,8 @@ export class Limiter {
   readonly client: Client;
   readonly fallbackMode: FallbackMode;
   readonly deadlineMs: number;
+  /** Where the denials of policy rules answered in process are counted (the `protection` option). */
+  readonly protection: Protection | undefined;
   private readonly localLevel: boolean;
   private readonly share: Share;
   private readonly denyCache: DenyCache | null;
@@ -166,6 +178,11 @@ export class Limiter {
     this.fallbackMode = checkFallbackMode(options.fallback ?? 'localOnly');
     this.breaker = new Breaker(options.breaker ?? {});
     this.deadlineMs = checkInteger('deadlineMs', options.deadlineMs ?? 100, 1);
+    const protection = options.protection;
+    if (protection !== undefined && (protection === null || typeof protection !== 'object' || typeof (protection as Protection).recordDenied !== 'function')) {
+      throw new InvalidArgumentError('protection', `protection must be a Protection, got ${describe(protection)}`);
+    }
+    this.protection = protection;
   }
 
   /** A reading of the counters of every path, under the Rust kit's names (`redis_calls`, `deny_cache_hits`...). */
@@ -284,6 +301,7 @@ export class Limiter {
         const d = this.denyCache.get(cacheKey(i));
         if (d !== undefined) {
           this.counters.add('deny_cache_hits');
+          this.deniedLocally(rules[i] as CheckedRule);
           return withFields(d, { deniedBy: i });
         }
       }
@@ -291,6 +309,7 @@ export class Limiter {
         const d = this.denyCache.get(setKey());
         if (d !== undefined) {
           this.counters.add('deny_cache_hits');
+          this.deniedLocally(rules[d.deniedBy ?? 0] as CheckedRule);
           return d;
         }
       }
@@ -311,6 +330,7 @@ export class Limiter {
       if (!t.ok) {
         const i = localIdx[t.pos] as number;
         this.counters.add('local_denied');
+        this.deniedLocally(rules[i] as CheckedRule);
         return fromAnswer(t.answer, 'local', limitOf(rules[i] as CheckedRule, t.answer), { remaining: 0, deniedBy: i });
       }
       taken = t.answers.map((a, n) => [localIdx[n] as number, a]);
@@ -375,6 +395,11 @@ export class Limiter {
       if (!lost) this.local.refundAll(localLimits, units);
     }
     return d;
+  }
+
+  /** A denial of `rule` answered without asking the server: a policy's is counted by the protection loop. */
+  private deniedLocally(rule: CheckedRule): void {
+    if (this.protection !== undefined && 'policy' in rule.kind) this.protection.recordDenied(rule.kind.policy);
   }
 
   /**

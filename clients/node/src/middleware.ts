@@ -35,7 +35,12 @@ export interface RateLimitMiddlewareOptions<Req extends IncomingMessage = Incomi
   rules: RuleSet | readonly LimiterRule[];
   /** The request's identity (default: the client's address, `req.ip` under Express). */
   keyGenerator?: (req: Req, res: Res) => string | undefined | Promise<string | undefined>;
-  /** The protection loop: outcomes of the requests the rules' policies admitted, and their stages. */
+  /**
+   * The protection loop: outcomes of the requests the rules' policies
+   * admitted, and their stages; also the denials of a policy rule answered
+   * from the deny cache (`DENIED`), when the limiter has no protection of
+   * its own to count them.
+   */
   protection?: Protection;
   /**
    * A core route (default true) is always decided by the limiter. A
@@ -129,9 +134,12 @@ export function rateLimitMiddleware<Req extends IncomingMessage = IncomingMessag
   if (options.breaker !== undefined) {
     checkString('breaker', options.breaker);
     if (protection === undefined) throw new InvalidArgumentError('breaker', 'a breaker is opened by the protection loop: give protection too');
+    if (policies.length === 0) throw new InvalidArgumentError('breaker', 'a breaker opens at a policy\'s stage 2: the rules name no policy ({ policy })');
     protection.linkBreaker(options.breaker, policies);
   }
   if (!core && protection === undefined) throw new InvalidArgumentError('core', 'a non-core route degrades on the protection loop\'s stage: give protection too');
+  // Only policies have a stage: with inline rules only, the route would never degrade.
+  if (!core && policies.length === 0) throw new InvalidArgumentError('core', 'a non-core route degrades at a policy\'s stage: the rules name no policy ({ policy })');
 
   let ruleSet: RuleSet | undefined = given instanceof RuleSet ? given : undefined;
   let building: Promise<RuleSet> | undefined;
@@ -178,6 +186,12 @@ export function rateLimitMiddleware<Req extends IncomingMessage = IncomingMessag
       const rule = set.rules[d.deniedBy ?? 0] as CheckedRule;
       setFields(res, rule, d);
       if (!d.allowed) {
+        // A denial the limiter answered from its deny cache is one the
+        // server did not see: counted for the loop's stages (by the
+        // limiter itself when it has a protection, else here).
+        if (protection && limiter.protection === undefined && (d.path === 'denyCache' || d.path === 'local') && 'policy' in rule.kind) {
+          protection.recordDenied(rule.kind.policy);
+        }
         if (degrade) return degrade(req, res, next, { reason: 'denied', decision: d, stage: stageNow() });
         return deny(res, rule.name, d);
       }

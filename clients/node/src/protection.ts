@@ -42,17 +42,46 @@ export interface ProtectionStats {
   reportsFailed: number;
   /** Outcomes no master received. */
   outcomesLost: number;
+  /** Local denials (`recordDenied`) no master received. */
+  deniedLost: number;
   /** `RL.POLICY STATS` replies received. */
   pollsOk: number;
   /** `RL.POLICY STATS` calls that failed. */
   pollsFailed: number;
-  /** Report or poll rounds still waiting for Redis (at most one of each: a slow Redis gets no queue). */
+  /** Report or poll rounds still waiting for Redis (at most one of each per client given: a slow Redis gets no queue). */
   inFlight: number;
 }
 
 interface Counts {
   ok: number;
   errors: number;
+  /** Calls the kit denied without asking the server (deny cache, local level): sent as `DENIED n`. */
+  denied: number;
+}
+
+/** One counted report of a policy, on its way to every master. */
+interface Entry {
+  policy: string;
+  ok: number;
+  errors: number;
+  denied: number;
+  /** Clients whose masters have not answered yet. */
+  waiting: number;
+  /** Masters that took it. */
+  received: number;
+}
+
+/**
+ * One client given to the Protection (its masters): at most one report and
+ * one stage read wait on it at a time, so that a client that hangs gets no
+ * queue, and does not hold the reports and reads of the others.
+ */
+interface Lane {
+  transport: Transport;
+  reporting: Promise<void> | undefined;
+  polling: Promise<void> | undefined;
+  /** policy -> this client's masters' replies of its last poll one answered. */
+  readings: Map<string, Reading>;
 }
 
 interface Reading {
@@ -71,12 +100,16 @@ interface Reading {
  *
  * - `record(policy, error)` counts in memory, never does I/O; every
  *   `reportIntervalMs` a background timer sends `RL.OUTCOME name ok errors`
- *   to every master for each policy with counts, then forgets them. A
- *   failed send loses its counts; a round still waiting for Redis makes the
- *   next one wait, so a dead Redis gets no queue of reports.
+ *   to every master for each policy with counts (`DENIED n` added for
+ *   the calls the kit denied without asking, `recordDenied`), then forgets
+ *   them. A failed send loses its counts; a client whose previous round
+ *   still waits for Redis gets nothing that time (those counts are lost to
+ *   it), so a dead Redis gets no queue of reports and a hung client does not
+ *   hold the others.
  * - every `stagePollMs`, `RL.POLICY STATS name` on every master: `stage()`
- *   is the highest any answered, `scale()` the lowest. After `stageHoldMs`
- *   without an answer, `stage()` is 0: the limiter's own fallback decides.
+ *   is the highest any answered, `scale()` the lowest. A client whose
+ *   masters did not answer for `stageHoldMs` counts for nothing: with none,
+ *   `stage()` is 0 and the limiter's own fallback decides.
  * - at stage 2 of one of its policies, a breaker (`breaker(name)`) is forced
  *   open, and released when the stage falls below 2.
  *
@@ -87,19 +120,16 @@ export class Protection {
   readonly reportIntervalMs: number;
   readonly stagePollMs: number;
   readonly stageHoldMs: number;
-  private readonly transports: Transport[];
+  private readonly lanes: Lane[];
   private readonly counts = new Map<string, Counts>();
-  private readonly readings = new Map<string, Reading>();
   private readonly breakers = new Map<string, CircuitBreaker>();
   /** breaker name -> the policies whose stage 2 opens it. */
   private readonly links = new Map<string, Set<string>>();
   private readonly breakerOptions: CircuitBreakerOptions;
   private readonly reportTimer: ReturnType<typeof setInterval>;
   private readonly pollTimer: ReturnType<typeof setInterval>;
-  private reporting: Promise<void> | undefined;
-  private polling: Promise<void> | undefined;
   private closed = false;
-  private readonly tally: ProtectionStats = { reportsSent: 0, reportsFailed: 0, outcomesLost: 0, pollsOk: 0, pollsFailed: 0, inFlight: 0 };
+  private readonly tally: ProtectionStats = { reportsSent: 0, reportsFailed: 0, outcomesLost: 0, deniedLost: 0, pollsOk: 0, pollsFailed: 0, inFlight: 0 };
 
   constructor(client: Client | RedisLike | ReadonlyArray<Client | RedisLike>, policies: readonly string[] = [], options: ProtectionOptions = {}) {
     if (options === null || typeof options !== 'object') {
@@ -107,7 +137,7 @@ export class Protection {
     }
     const clients = Array.isArray(client) ? client : [client];
     if (clients.length === 0) throw new InvalidArgumentError('client', 'Protection needs a client (or a list of them)');
-    this.transports = clients.map((c) => (c instanceof Client ? c : new Client(c)).transport);
+    this.lanes = clients.map((c) => ({ transport: (c instanceof Client ? c : new Client(c)).transport, reporting: undefined, polling: undefined, readings: new Map() }));
     this.reportIntervalMs = checkInteger('reportIntervalMs', options.reportIntervalMs ?? PROTECTION_DEFAULTS.reportIntervalMs, 1);
     this.stagePollMs = checkInteger('stagePollMs', options.stagePollMs ?? PROTECTION_DEFAULTS.stagePollMs, 1);
     this.stageHoldMs = checkInteger('stageHoldMs', options.stageHoldMs ?? PROTECTION_DEFAULTS.stageHoldMs, 1);
@@ -131,7 +161,7 @@ export class Protection {
   /** Watches `policy` too: its stage is read, its outcomes may be recorded. */
   watch(policy: string): void {
     checkString('policy', policy);
-    if (!this.counts.has(policy)) this.counts.set(policy, { ok: 0, errors: 0 });
+    if (!this.counts.has(policy)) this.counts.set(policy, { ok: 0, errors: 0, denied: 0 });
   }
 
   /** The policies watched. */
@@ -150,29 +180,54 @@ export class Protection {
     else c.ok++;
   }
 
-  /** Outcomes recorded and not yet sent, per policy. */
-  pending(policy: string): { ok: number; errors: number } {
+  /**
+   * Counts `n` calls of `policy` that the kit denied without asking the
+   * server (a deny cache hit, a local level's denial): in memory, sent with
+   * the next report as `RL.OUTCOME name ok errors DENIED n`, so that the
+   * server's window counts them as calls and denials (the stages see a
+   * flood the deny cache answers). The `Limiter` given this `Protection`
+   * (or the middleware) calls it; the non-core routes' degrade at stage 1+
+   * is no limiter decision and is not counted.
+   */
+  recordDenied(policy: string, n = 1): void {
+    checkInteger('n', n, 0);
+    let c = this.counts.get(policy);
+    if (c === undefined) {
+      this.watch(policy);
+      c = this.counts.get(policy) as Counts;
+    }
+    c.denied += n;
+  }
+
+  /** Outcomes and local denials recorded and not yet sent, per policy. */
+  pending(policy: string): { ok: number; errors: number; denied: number } {
     const c = this.counts.get(policy);
-    return { ok: c?.ok ?? 0, errors: c?.errors ?? 0 };
+    return { ok: c?.ok ?? 0, errors: c?.errors ?? 0, denied: c?.denied ?? 0 };
   }
 
-  /** The policy's stage: the highest any master said at the last poll, 0 when none answered for `stageHoldMs`. */
+  /** The policy's stage: the highest any master said at its last poll; a client whose masters did not answer for `stageHoldMs` says 0. */
   stage(policy: string, now = performance.now()): Stage {
-    const r = this.readings.get(policy);
-    if (r === undefined || now - r.at > this.stageHoldMs) return 0;
-    return r.stage;
+    let top: Stage = 0;
+    for (const lane of this.lanes) {
+      const r = lane.readings.get(policy);
+      if (r !== undefined && now - r.at <= this.stageHoldMs && r.stage > top) top = r.stage;
+    }
+    return top;
   }
 
-  /** The policy's scale (1 to 100): the lowest any master said at the last poll; 100 when unknown or stale. */
+  /** The policy's scale (1 to 100): the lowest any master said at its last poll; 100 when unknown or stale. */
   scale(policy: string, now = performance.now()): number {
-    const r = this.readings.get(policy);
-    if (r === undefined || now - r.at > this.stageHoldMs) return 100;
-    return r.scale;
+    let low = 100;
+    for (const lane of this.lanes) {
+      const r = lane.readings.get(policy);
+      if (r !== undefined && now - r.at <= this.stageHoldMs && r.scale < low) low = r.scale;
+    }
+    return low;
   }
 
-  /** Every master's `RL.POLICY STATS` of the last poll that one answered (empty when none did). */
+  /** Every master's `RL.POLICY STATS` of the last poll that one of its client's masters answered (empty when none did). */
   stats(policy: string): PolicyStats[] {
-    return this.readings.get(policy)?.stats ?? [];
+    return this.lanes.flatMap((lane) => lane.readings.get(policy)?.stats ?? []);
   }
 
   /** The breaker `name` (made on first use), for the application's downstream calls. */
@@ -199,13 +254,15 @@ export class Protection {
       this.watch(p);
       set.add(p);
     }
-    this.applyBreakers();
+    if (!this.closed) this.applyBreakers();
     return b;
   }
 
   /** What the loop did so far. */
   counters(): ProtectionStats {
-    return { ...this.tally, inFlight: (this.reporting ? 1 : 0) + (this.polling ? 1 : 0) };
+    let inFlight = 0;
+    for (const lane of this.lanes) inFlight += (lane.reporting ? 1 : 0) + (lane.polling ? 1 : 0);
+    return { ...this.tally, inFlight };
   }
 
   /** Stage, scale and breakers as plain data (for a status endpoint). */
@@ -221,9 +278,10 @@ export class Protection {
   /**
    * Sends the counts recorded so far, now, to every master (what the timer
    * does). Resolves when sent or failed; a round already under way is
-   * waited for, not doubled.
+   * waited for first, not doubled.
    */
-  flush(): Promise<void> {
+  async flush(): Promise<void> {
+    await Promise.all(this.lanes.map((lane) => lane.reporting));
     return this.report();
   }
 
@@ -234,72 +292,107 @@ export class Protection {
 
   /**
    * Stops the timers and sends the last counts once (best effort, waiting
-   * at most `reportIntervalMs`). Breakers keep their state.
+   * at most `reportIntervalMs`). The breakers the loop forced open are
+   * released (no poll would release them any more); the others keep their
+   * state.
    */
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
     clearInterval(this.reportTimer);
     clearInterval(this.pollTimer);
-    // Best effort, and bounded: a dead Redis does not hold the shutdown.
-    const last = (this.reporting ?? Promise.resolve()).then(() => this.sendCounts());
-    let timer: ReturnType<typeof setTimeout> | undefined;
-    const giveUp = new Promise<void>((resolve) => {
-      timer = setTimeout(resolve, this.reportIntervalMs);
-      timer.unref?.();
-    });
-    await Promise.race([last, giveUp]);
-    clearTimeout(timer);
+    for (const name of this.links.keys()) {
+      const b = this.breakers.get(name) as CircuitBreaker;
+      if (b.state === 'forcedOpen') b.release();
+    }
+    // Best effort, and bounded: a dead Redis does not hold the shutdown,
+    // and a client still waiting for one does not keep the others from the
+    // last counts (they are sent when its round settles or half the time is
+    // up).
+    const deadline = performance.now() + this.reportIntervalMs;
+    await within(Promise.all(this.lanes.map((lane) => lane.reporting)), this.reportIntervalMs / 2);
+    await within(this.report(), deadline - performance.now());
   }
 
+  /**
+   * Takes the counts and sends them to every client's masters. A client
+   * whose previous report still waits for Redis (its connection queues
+   * commands while it reconnects) gets nothing this time: a failed or late
+   * send loses its counts, so a dead Redis gets no queue and an outage's
+   * counts never land together in one later window.
+   */
   private report(): Promise<void> {
-    if (this.reporting) return this.reporting;
-    const round = this.sendCounts().finally(() => {
-      this.reporting = undefined;
-    });
-    this.reporting = round;
-    return round;
-  }
-
-  private async sendCounts(): Promise<void> {
-    const sends: Array<Promise<void>> = [];
+    const entries: Entry[] = [];
     for (const [policy, c] of this.counts) {
-      if (c.ok === 0 && c.errors === 0) continue;
-      const { ok, errors } = c;
+      if (c.ok === 0 && c.errors === 0 && c.denied === 0) continue;
+      entries.push({ policy, ok: c.ok, errors: c.errors, denied: c.denied, waiting: 0, received: 0 });
       c.ok = 0;
       c.errors = 0;
-      const args = ['RL.OUTCOME', policy, String(ok), String(errors)];
-      sends.push(
-        this.everyMaster(args).then((results) => {
-          let sent = 0;
-          for (const r of results) {
-            if (r.status === 'fulfilled') sent++;
-            else this.tally.reportsFailed++;
-          }
-          this.tally.reportsSent += sent;
-          if (sent === 0) this.tally.outcomesLost += ok + errors;
-        }),
-      );
+      c.denied = 0;
     }
-    await Promise.all(sends);
+    if (entries.length === 0) return Promise.resolve();
+    const idle = this.lanes.filter((lane) => lane.reporting === undefined);
+    this.tally.reportsFailed += entries.length * (this.lanes.length - idle.length);
+    for (const e of entries) {
+      e.waiting = idle.length;
+      if (idle.length === 0) this.lost(e);
+    }
+    return Promise.all(
+      idle.map((lane) => {
+        const round = this.sendCounts(lane, entries).finally(() => {
+          lane.reporting = undefined;
+        });
+        lane.reporting = round;
+        return round;
+      }),
+    ).then(() => undefined);
+  }
+
+  private async sendCounts(lane: Lane, entries: Entry[]): Promise<void> {
+    await Promise.all(
+      entries.map(async (e) => {
+        const args = ['RL.OUTCOME', e.policy, String(e.ok), String(e.errors)];
+        // Without local denials, the plain three-argument form.
+        if (e.denied > 0) args.push('DENIED', String(e.denied));
+        const results = await eachMasterSettled(lane.transport, args);
+        for (const r of results) {
+          if (r.status === 'fulfilled') {
+            e.received++;
+            this.tally.reportsSent++;
+          } else this.tally.reportsFailed++;
+        }
+        e.waiting--;
+        if (e.waiting === 0 && e.received === 0) this.lost(e);
+      }),
+    );
+  }
+
+  private lost(e: Entry): void {
+    this.tally.outcomesLost += e.ok + e.errors;
+    this.tally.deniedLost += e.denied;
   }
 
   private poll(): Promise<void> {
+    if (this.closed) return Promise.resolve();
     // The breakers follow the hold even while a poll waits for a dead Redis.
     this.applyBreakers();
-    if (this.polling || this.closed) return this.polling ?? Promise.resolve();
-    const round = this.readStages().finally(() => {
-      this.polling = undefined;
-      this.applyBreakers();
-    });
-    this.polling = round;
-    return round;
+    return Promise.all(
+      this.lanes.map((lane) => {
+        if (lane.polling) return lane.polling;
+        const round = this.readStages(lane).finally(() => {
+          lane.polling = undefined;
+          if (!this.closed) this.applyBreakers();
+        });
+        lane.polling = round;
+        return round;
+      }),
+    ).then(() => undefined);
   }
 
-  private async readStages(): Promise<void> {
+  private async readStages(lane: Lane): Promise<void> {
     await Promise.all(
       [...this.counts.keys()].map(async (policy) => {
-        const results = await this.everyMaster(['RL.POLICY', 'STATS', policy]);
+        const results = await eachMasterSettled(lane.transport, ['RL.POLICY', 'STATS', policy]);
         const stats: PolicyStats[] = [];
         for (const r of results) {
           if (r.status === 'rejected') {
@@ -316,14 +409,9 @@ export class Protection {
         if (stats.length === 0) return;
         const stage = Math.max(...stats.map((s) => s.stage)) as Stage;
         const scale = Math.min(...stats.map((s) => s.scale));
-        this.readings.set(policy, { stage, scale, at: performance.now(), stats });
+        lane.readings.set(policy, { stage, scale, at: performance.now(), stats });
       }),
     );
-  }
-
-  private async everyMaster(args: string[]): Promise<Array<PromiseSettledResult<unknown>>> {
-    const all = await Promise.all(this.transports.map((t) => eachMasterSettled(t, args)));
-    return all.flat();
   }
 
   private applyBreakers(): void {
@@ -339,6 +427,17 @@ export class Protection {
       }
     }
   }
+}
+
+/** Waits for `p`, at most `ms` (an unref'd timer). */
+async function within(p: Promise<unknown>, ms: number): Promise<void> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const giveUp = new Promise<void>((resolve) => {
+    timer = setTimeout(resolve, Math.max(0, ms));
+    timer.unref?.();
+  });
+  await Promise.race([p, giveUp]);
+  clearTimeout(timer);
 }
 
 /** A breaker's state: closed (calls go), open (after failures, for `openForMs`), forced open (stage 2, until released). */
@@ -402,8 +501,10 @@ export class CircuitBreaker {
     return true;
   }
 
+  /** A call's success: closes the breaker, unless it is open and this is no trial (a call from before it opened). */
   success(): void {
     if (this.current === 'forcedOpen') return;
+    if (this.current === 'open' && this.trialUntil === 0) return;
     this.current = 'closed';
     this.consecutive = 0;
     this.trialUntil = 0;

@@ -76,7 +76,7 @@ describe('rateLimitMiddleware', () => {
         codes.push(r.status);
       }
       assert.deepEqual(codes, [200, 200, 404, 503, 422, 422, 200]);
-      assert.deepEqual(protection.pending('mw'), { ok: 3, errors: 4 });
+      assert.deepEqual(protection.pending('mw'), { ok: 3, errors: 4, denied: 0 });
       assert.deepEqual(protection.policies, ['mw'], 'the inline rule reports nothing');
       await protection.flush();
       const st = await rl.policyStats('mw');
@@ -102,7 +102,7 @@ describe('rateLimitMiddleware', () => {
     const s = await listen(app);
     try {
       for (const path of ['/teapot', '/ok', '/teapot']) await (await fetch(s.url + path)).text();
-      assert.deepEqual(protection.pending('mw'), { ok: 1, errors: 2 });
+      assert.deepEqual(protection.pending('mw'), { ok: 1, errors: 2, denied: 0 });
     } finally {
       await s.close();
       await protection.close();
@@ -136,10 +136,44 @@ describe('rateLimitMiddleware', () => {
       const degraded = await fetch(`${s.url}/degrade`);
       assert.equal(degraded.status, 200);
       assert.deepEqual(await degraded.json(), { reason: 'denied', allowed: false });
-      assert.deepEqual(protection.pending('tight'), { ok: 2, errors: 0 }, 'the two admitted requests only');
+      assert.deepEqual(protection.pending('tight'), { ok: 2, errors: 0, denied: 0 }, 'the two admitted requests only: Redis answered the denials');
     } finally {
       await s.close();
       await protection.close();
+    }
+  });
+
+  test('deny cache hits of a policy rule are counted as DENIED once: by the limiter given the protection, else by the middleware; inline rules and Redis denials not', async () => {
+    const inline = { name: 'inline', spec: { algorithm: 'fixedwindow', limit: 1, windowMs: STILL_MS } };
+    for (const byLimiter of [true, false]) {
+      const policy = byLimiter ? 'dc1' : 'dc2';
+      await rl.policySet(policy, { algorithm: 'fixedwindow', limit: 1, windowMs: STILL_MS }, { stages: { degrade: 30, break: 50 }, windowMs: 60_000 });
+      const protection = new Protection(rl, [], { reportIntervalMs: 3_600_000, stagePollMs: 3_600_000 });
+      // A deadline no loaded host misses: every decision here is Redis's or the deny cache's.
+      const limiter = new Limiter(rl, { deadlineMs: 5000, ...(byLimiter ? { protection } : {}) });
+      const app = express();
+      app.get('/p', rateLimitMiddleware({ limiter, rules: [{ policy }], protection, keyGenerator: () => 'k' }), (_req, res) => res.send('ok'));
+      app.get('/i', rateLimitMiddleware({ limiter, rules: [inline], protection, keyGenerator: () => `k${byLimiter}` }), (_req, res) => res.send('ok'));
+      const s = await listen(app);
+      try {
+        const codes = [];
+        for (let i = 0; i < 5; i++) codes.push((await fetch(`${s.url}/p`)).status);
+        for (let i = 0; i < 3; i++) codes.push((await fetch(`${s.url}/i`)).status);
+        assert.deepEqual(codes, [200, 429, 429, 429, 429, 200, 429, 429]);
+        const st = limiter.stats();
+        assert.equal(st.redis_denied, 2, 'the first denial of each rule came from Redis');
+        assert.equal(st.deny_cache_hits, 4);
+        assert.deepEqual(protection.pending(policy), { ok: 1, errors: 0, denied: 3 }, `three deny cache hits counted once each (${byLimiter ? 'limiter' : 'middleware'})`);
+        assert.deepEqual(protection.policies.sort(), [policy], 'the inline rule reports nothing');
+        await protection.flush();
+        const stats = await rl.policyStats(policy);
+        assert.equal(stats.current.calls, 5, 'the server counts the 2 calls it saw and the 3 it did not');
+        assert.equal(stats.current.denied, 4);
+        assert.equal(stats.current.ok, 1);
+      } finally {
+        await s.close();
+        await protection.close();
+      }
     }
   });
 
@@ -156,6 +190,9 @@ describe('rateLimitMiddleware', () => {
       [{ limiter, rules, degrade: 'cached' }, 'degrade'],
       [{ limiter, rules, isError: true }, 'isError'],
       [{ limiter, rules, timeoutMs: 0 }, 'timeoutMs'],
+      // Inline rules only: no policy has a stage to open the breaker or degrade the route.
+      [{ limiter, rules: [{ spec: { algorithm: 'fixedwindow', limit: 5, windowMs: 1000 } }], protection, breaker: 'b' }, 'breaker'],
+      [{ limiter, rules: [{ spec: { algorithm: 'fixedwindow', limit: 5, windowMs: 1000 } }], protection, core: false }, 'core'],
     ];
     for (const [options, argument] of bad) {
       assert.throws(() => rateLimitMiddleware(options), (e) => e instanceof InvalidArgumentError && e.argument === argument, argument);

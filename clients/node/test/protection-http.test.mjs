@@ -154,12 +154,16 @@ describe('the protection loop over HTTP: two instances sharing one Redis', () =>
     }
   });
 
-  test('stages: a flood moves the stage to 1 (non-core routes degrade without Redis), then 2 (the breaker opens); both recover one step a window', async () => {
+  test('stages: a flood answered mostly from the deny cache moves the stage to 1 (non-core routes degrade without Redis), then 2 (the breaker opens); both recover one step a window', async () => {
     await admin.policySet('api', { algorithm: 'fixedwindow', limit: 10, windowMs: 1000 }, { adapt: 'off', stages: { degrade: 30, break: 50 }, windowMs: 1000 });
-    // 16 a window, 10 admitted: 37.5% denied -> stage 1.
+    // 16 a window, 10 admitted: 37.5% denied -> stage 1. Of the 6 denials,
+    // Redis answers one, a's deny cache the other 5 (reported as DENIED 5):
+    // without them, the server would see 1 of 11 denied and no stage.
     const flood = burstPerWindow(a, '/api/items', 16);
     try {
       await until(async () => (await status(b)).policies.api.stage === 1, 'stage 1 on b', 15_000);
+      const cached = (await status(a)).limiter;
+      assert.ok(cached.deny_cache_hits > 2 * cached.redis_denied, `the denials mostly from a's deny cache: ${JSON.stringify(cached)}`);
       const before = (await status(b)).limiter.redis_calls;
       const degraded = await fetch(`${b.url}/api/recommendations`);
       assert.equal(degraded.status, 200);
@@ -179,6 +183,9 @@ describe('the protection loop over HTTP: two instances sharing one Redis', () =>
         const [sa, sb] = await Promise.all([status(a), status(b)]);
         return sa.breakers.backend === 'forcedOpen' && sb.breakers.backend === 'forcedOpen' && sb.policies.api.stage === 2;
       }, 'stage 2 and the breaker open on both', 15_000);
+      const { limiter: la, loop } = await status(a);
+      assert.ok(la.deny_cache_hits > 2 * la.redis_denied, `the denials mostly from a's deny cache: ${JSON.stringify(la)}`);
+      assert.equal(loop.deniedLost, 0, 'every local denial reached the server');
       const items = await fetch(`${b.url}/api/items`);
       if (items.status === 200) assert.equal((await items.json()).cached, true, 'the backend spared: the cached answer');
       assert.equal(items.headers.get('x-protection-breaker'), 'forcedOpen');

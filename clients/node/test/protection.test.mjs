@@ -50,7 +50,7 @@ describe('Protection, unit', () => {
     p.record('a', true);
     p.record('b', true);
     p.record('new', false); // watched on first use
-    assert.deepEqual(p.pending('a'), { ok: 7, errors: 1 });
+    assert.deepEqual(p.pending('a'), { ok: 7, errors: 1, denied: 0 });
     assert.equal(m.sent.filter((a) => a[0] === 'RL.OUTCOME').length, 0, 'nothing is sent on record');
     await p.flush();
     const outcomes = m.sent.filter((a) => a[0] === 'RL.OUTCOME').sort();
@@ -59,7 +59,7 @@ describe('Protection, unit', () => {
       ['RL.OUTCOME', 'b', '0', '1'],
       ['RL.OUTCOME', 'new', '1', '0'],
     ]);
-    assert.deepEqual(p.pending('a'), { ok: 0, errors: 0 });
+    assert.deepEqual(p.pending('a'), { ok: 0, errors: 0, denied: 0 });
     await p.flush();
     assert.equal(m.sent.filter((a) => a[0] === 'RL.OUTCOME').length, 3, 'no counts, no report');
     assert.equal(p.counters().reportsSent, 3);
@@ -86,7 +86,7 @@ describe('Protection, unit', () => {
     await p.close();
   });
 
-  test('a report waiting for Redis makes the next wait: one round in flight at most, counts kept as numbers', async () => {
+  test('a report waiting for Redis makes the next wait: one round in flight at most; what a skipped tick held is lost, not sent late in one lump', async () => {
     let release;
     const hang = new Promise((r) => (release = r));
     const m = fakeMaster(async (args) => {
@@ -98,15 +98,71 @@ describe('Protection, unit', () => {
     await until(() => m.sent.some((a) => a[0] === 'RL.OUTCOME'), 'the first report');
     for (let i = 0; i < 50; i++) {
       p.record('a', true);
+      p.recordDenied('a');
       await sleep(2);
     }
     await sleep(50);
     assert.equal(m.sent.filter((a) => a[0] === 'RL.OUTCOME').length, 1, 'no second send while the first waits');
-    assert.deepEqual(p.pending('a'), { ok: 0, errors: 50 });
+    // Each tick the round was still waiting dropped what it held: no count
+    // piles up over an outage to land in one later window.
+    assert.deepEqual(p.pending('a'), { ok: 0, errors: 0, denied: 0 }, 'nothing recorded before the last tick is held');
+    assert.equal(p.counters().outcomesLost, 50);
+    assert.equal(p.counters().deniedLost, 50);
     release();
+    await until(() => p.counters().reportsSent === 1, 'the first round settled');
+    p.record('a', true);
+    p.recordDenied('a', 2);
     await until(() => m.sent.filter((a) => a[0] === 'RL.OUTCOME').length === 2, 'the next report once the first settled');
-    assert.deepEqual(m.sent.filter((a) => a[0] === 'RL.OUTCOME')[1], ['RL.OUTCOME', 'a', '0', '50']);
+    assert.deepEqual(m.sent.filter((a) => a[0] === 'RL.OUTCOME')[1], ['RL.OUTCOME', 'a', '0', '1', 'DENIED', '2'], 'only what came after the last skipped tick');
     await p.close();
+  });
+
+  test('recordDenied: sent as DENIED n with the outcomes, the plain form without, and lost with a failed send', async () => {
+    let up = true;
+    const m = fakeMaster((args) => {
+      if (!up) throw new Error('connection refused');
+      return statsReply();
+    });
+    const p = new Protection(m.transport, ['a', 'b', 'c'], { reportIntervalMs: 60_000, stagePollMs: 60_000 });
+    p.record('a', false);
+    p.recordDenied('b', 3);
+    p.recordDenied('b');
+    p.record('c', true);
+    p.recordDenied('c', 0);
+    p.recordDenied('new'); // watched on first use
+    assert.deepEqual(p.pending('b'), { ok: 0, errors: 0, denied: 4 });
+    assert.equal(m.sent.filter((a) => a[0] === 'RL.OUTCOME').length, 0, 'nothing is sent on recordDenied');
+    await p.flush();
+    assert.deepEqual(m.sent.filter((a) => a[0] === 'RL.OUTCOME').sort(), [
+      ['RL.OUTCOME', 'a', '1', '0'],
+      ['RL.OUTCOME', 'b', '0', '0', 'DENIED', '4'],
+      ['RL.OUTCOME', 'c', '0', '1'],
+      ['RL.OUTCOME', 'new', '0', '0', 'DENIED', '1'],
+    ]);
+    assert.deepEqual(p.pending('b'), { ok: 0, errors: 0, denied: 0 });
+    up = false;
+    p.recordDenied('b', 5);
+    p.record('b', false);
+    await p.flush();
+    assert.equal(p.counters().deniedLost, 5);
+    assert.equal(p.counters().outcomesLost, 1);
+    up = true;
+    p.recordDenied('b');
+    await p.flush();
+    assert.deepEqual(m.sent.filter((a) => a[0] === 'RL.OUTCOME').at(-1), ['RL.OUTCOME', 'b', '0', '0', 'DENIED', '1'], 'the lost counts are not sent again');
+    assert.throws(() => p.recordDenied('b', -1), (e) => e instanceof InvalidArgumentError && e.argument === 'n');
+    assert.throws(() => p.recordDenied('b', 1.5), (e) => e instanceof InvalidArgumentError && e.argument === 'n');
+    await p.close();
+  });
+
+  test('close releases the breakers it forced open: the loop that would release them stops', async () => {
+    const m = fakeMaster(() => statsReply({ stage: 2 }));
+    const p = new Protection(m.transport, ['a'], { stagePollMs: 20, breakers: { downstream: ['a'] } });
+    await until(() => p.breaker('downstream').state === 'forcedOpen', 'stage 2 opens the breaker');
+    await p.close();
+    assert.equal(p.breaker('downstream').state, 'closed', 'no poll will ever release it after close');
+    await sleep(60);
+    assert.equal(p.breaker('downstream').state, 'closed', 'a poll settling after close does not force it open again');
   });
 
   test('stage hold: the last stage read is kept for stageHoldMs without an answer, then 0; the breaker follows', async () => {
@@ -148,6 +204,36 @@ describe('Protection, unit', () => {
     await p.close();
   });
 
+  test('a master that hangs does not hide the others: their stages are read, their reports sent, and the hung one gets no queue', async () => {
+    const live = fakeMaster(() => statsReply({ stage: 2, scale: 70 }));
+    const hung = fakeMaster(() => new Promise(() => {}));
+    const p = new Protection([live.transport, hung.transport], ['a'], { reportIntervalMs: 20, stagePollMs: 20, stageHoldMs: 200, breakers: { downstream: ['a'] } });
+    try {
+      await until(() => p.stage('a') === 2, 'stage 2 from the live master');
+      assert.equal(p.scale('a'), 70);
+      for (let i = 0; i < 5; i++) {
+        p.record('a', false);
+        p.recordDenied('a');
+        await until(() => live.sent.filter((x) => x[0] === 'RL.OUTCOME').length > i, `report ${i + 1} on the live master`);
+      }
+      await sleep(300); // past the hold: the live master keeps answering
+      assert.equal(p.stage('a'), 2, 'the live master\'s stage, read every poll');
+      assert.equal(p.breaker('downstream').state, 'forcedOpen');
+      assert.equal(hung.sent.filter((x) => x[0] === 'RL.OUTCOME').length, 1, 'one report waits on the hung master, no more');
+      assert.equal(hung.sent.filter((x) => x[0] === 'RL.POLICY').length, 1, 'one stage read waits on the hung master, no more');
+      assert.ok(p.counters().inFlight <= 2, `in flight: ${p.counters().inFlight}`);
+      p.record('a', true);
+      const reports = live.sent.filter((x) => x[0] === 'RL.OUTCOME').length;
+      // close's timers are unref'd and the hung master holds no socket: keep the test's loop alive meanwhile.
+      const alive = setInterval(() => {}, 1000);
+      await p.close();
+      clearInterval(alive);
+      assert.deepEqual(live.sent.filter((x) => x[0] === 'RL.OUTCOME').slice(reports).at(-1), ['RL.OUTCOME', 'a', '0', '1'], 'close sends the last counts to the live master');
+    } finally {
+      await p.close();
+    }
+  });
+
   test('options are checked, naming the option', () => {
     const m = fakeMaster(() => statsReply());
     assert.throws(() => new Protection(m.transport, ['a'], { stagePollMs: 0 }), (e) => e instanceof InvalidArgumentError && e.argument === 'stagePollMs');
@@ -181,6 +267,19 @@ describe('CircuitBreaker', () => {
     await sleep(120);
     assert.equal(await b.call(() => 42), 42);
     assert.equal(b.state, 'closed');
+  });
+
+  test('a call that started before the breaker opened does not close it when it succeeds late', async () => {
+    const b = new CircuitBreaker('db', { failures: 2, openForMs: 60_000 });
+    let finish;
+    const slow = b.call(() => new Promise((r) => (finish = r)));
+    b.failure();
+    b.failure();
+    assert.equal(b.state, 'open');
+    finish('late');
+    assert.equal(await slow, 'late');
+    assert.equal(b.state, 'open', 'only the trial call closes an open breaker');
+    assert.equal(b.allow(), false);
   });
 
   test('forced open refuses every call until released, whatever the calls say', async () => {

@@ -158,8 +158,11 @@ export async function loop(): Promise<[Stage, number, CircuitState, PolicyStats]
   const breaker: CircuitBreaker = protection.breaker('backend');
   const n: number = await breaker.call(async () => 1);
   protection.record('api', n !== 1);
+  protection.recordDenied('api', 2);
+  const pending: { ok: number; errors: number; denied: number } = protection.pending('api');
+  const lost: number = protection.counters().deniedLost + pending.denied;
   const app = express();
-  const limiter = new Limiter(rl);
+  const limiter = new Limiter(rl, { protection, denyCache: lost >= 0 });
   app.get(
     '/search',
     rateLimitMiddleware({
