@@ -359,13 +359,16 @@ export class Client {
   }
 
   /**
-   * `RL.OUTCOME name ok errors` on one node (the `Protection` sends it to
-   * every master, in the background): adds finished requests the policy
-   * admitted to its current window.
+   * `RL.OUTCOME name ok errors [DENIED denied]` on one node (the
+   * `Protection` sends it to every master, in the background): adds
+   * finished requests the policy admitted to its current window, and
+   * `denied` calls the kit denied without asking the server (its deny
+   * cache) as calls and denials of it (`DENIED` sent only when above 0).
    */
-  async outcome(name: string, ok: number, errors: number): Promise<PolicyStats> {
+  async outcome(name: string, ok: number, errors: number, denied = 0): Promise<PolicyStats> {
     checkPolicyName(name);
     const args = ['RL.OUTCOME', name, String(checkInteger('ok', ok, 0)), String(checkInteger('errors', errors, 0))];
+    if (checkInteger('denied', denied, 0) > 0) args.push('DENIED', String(denied));
     return parseStats(await this.send(undefined, args));
   }
 

@@ -425,11 +425,22 @@ describe('protection: the loop\'s defaults, STATS fields, argument ranges and GE
     pct: { option: 'pct', send: (c, v) => c.policyScale('p', v) },
     ok: { option: 'ok', send: (c, v) => c.outcome('p', v, 0) },
     errors: { option: 'errors', send: (c, v) => c.outcome('p', 0, v) },
+    DENIED: { option: 'denied', send: (c, v) => c.outcome('p', 0, 0, v) },
   };
   test('every argument is known to the kit', () => {
     assert.deepEqual(pr.arguments.map((a) => a.name).sort(), Object.keys(asKit).sort());
   });
   const statsReply = pr.stats_fields.flatMap((f) => [f, f === 'current' || f === 'last' ? pr.window_fields.flatMap((w) => [w, 0]) : f === 'scale' ? 100 : 0]);
+  test('RL.OUTCOME: DENIED n only when n > 0, as the contract\'s outcome says', async () => {
+    assert.match(pr.outcome, /^RL\.OUTCOME name ok errors \[DENIED n\]/);
+    const { sent, client } = recording(() => statsReply);
+    await client.outcome('p', 2, 1, 0);
+    await client.outcome('p', 2, 1, 3);
+    assert.deepEqual(sent, [
+      ['RL.OUTCOME', 'p', '2', '1'],
+      ['RL.OUTCOME', 'p', '2', '1', 'DENIED', '3'],
+    ]);
+  });
   for (const arg of pr.arguments) {
     test(`${arg.name}: ${arg.min} to ${arg.max} accepted, outside refused naming ${asKit[arg.name].option}`, async () => {
       const { option, send } = asKit[arg.name];
