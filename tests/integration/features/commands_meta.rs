@@ -435,8 +435,8 @@ fn every_command() -> Vec<Documented> {
         documented(
             "RL.OUTCOME",
             "O(1)",
-            "name ok errors",
-            &["name:string", "ok:integer", "errors:integer"],
+            "name ok errors [DENIED denied]",
+            &["name:string", "ok:integer", "errors:integer", "denied:integer"],
         ),
         // Internal, as RL.SETSTATE: documented all the same.
         documented(
