@@ -141,6 +141,11 @@ export class Protection {
     this.reportIntervalMs = checkInteger('reportIntervalMs', options.reportIntervalMs ?? PROTECTION_DEFAULTS.reportIntervalMs, 1);
     this.stagePollMs = checkInteger('stagePollMs', options.stagePollMs ?? PROTECTION_DEFAULTS.stagePollMs, 1);
     this.stageHoldMs = checkInteger('stageHoldMs', options.stageHoldMs ?? PROTECTION_DEFAULTS.stageHoldMs, 1);
+    // As in every kit: a hold no longer than the poll would drop each stage
+    // read before the next one comes, and the loop would never act.
+    if (this.stageHoldMs <= this.stagePollMs) {
+      throw new InvalidArgumentError('stageHoldMs', `stageHoldMs (${this.stageHoldMs}) must be longer than stagePollMs (${this.stagePollMs})`);
+    }
     this.breakerOptions = options.breakerOptions ?? {};
     new CircuitBreaker('check', this.breakerOptions); // checked now, naming the bad option
     if (!Array.isArray(policies)) throw new InvalidArgumentError('policies', `policies must be an array of policy names, got ${describe(policies)}`);

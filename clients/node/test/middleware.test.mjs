@@ -42,7 +42,7 @@ async function listen(app) {
 describe('rateLimitMiddleware', () => {
   test('outcomes: ok, 5xx, thrown (sync and async), timeout, each counted once, for the policy rule only', async () => {
     const limiter = new Limiter(rl);
-    const protection = new Protection(rl, [], { reportIntervalMs: 3_600_000, stagePollMs: 3_600_000 });
+    const protection = new Protection(rl, [], { reportIntervalMs: 3_600_000, stagePollMs: 3_600_000, stageHoldMs: 7_200_000 });
     const limited = rateLimitMiddleware({
       limiter,
       rules: [{ policy: 'mw', key: 'rl:mw:all' }, { name: 'inline', spec: { algorithm: 'fixedwindow', limit: 1000, windowMs: STILL_MS } }],
@@ -89,7 +89,7 @@ describe('rateLimitMiddleware', () => {
 
   test('a predicate of the application decides what an error is', async () => {
     const limiter = new Limiter(rl);
-    const protection = new Protection(rl, [], { reportIntervalMs: 3_600_000, stagePollMs: 3_600_000 });
+    const protection = new Protection(rl, [], { reportIntervalMs: 3_600_000, stagePollMs: 3_600_000, stageHoldMs: 7_200_000 });
     const limited = rateLimitMiddleware({
       limiter,
       rules: [{ policy: 'mw', key: 'rl:mw:pred' }],
@@ -111,7 +111,7 @@ describe('rateLimitMiddleware', () => {
 
   test('the answer: IETF fields when admitted; a denial is a 429 problem with Retry-After, or the degrade handler, and counts no outcome', async () => {
     const limiter = new Limiter(rl, { denyCache: false });
-    const protection = new Protection(rl, [], { reportIntervalMs: 3_600_000, stagePollMs: 3_600_000 });
+    const protection = new Protection(rl, [], { reportIntervalMs: 3_600_000, stagePollMs: 3_600_000, stageHoldMs: 7_200_000 });
     const app = express();
     const rules = [{ policy: 'tight', name: 'tight' }];
     app.get('/plain', rateLimitMiddleware({ limiter, rules, protection, keyGenerator: () => 'plain' }), (_req, res) => res.send('ok'));
@@ -148,7 +148,7 @@ describe('rateLimitMiddleware', () => {
     for (const byLimiter of [true, false]) {
       const policy = byLimiter ? 'dc1' : 'dc2';
       await rl.policySet(policy, { algorithm: 'fixedwindow', limit: 1, windowMs: STILL_MS }, { stages: { degrade: 30, break: 50 }, windowMs: 60_000 });
-      const protection = new Protection(rl, [], { reportIntervalMs: 3_600_000, stagePollMs: 3_600_000 });
+      const protection = new Protection(rl, [], { reportIntervalMs: 3_600_000, stagePollMs: 3_600_000, stageHoldMs: 7_200_000 });
       // A deadline no loaded host misses: every decision here is Redis's or the deny cache's.
       const limiter = new Limiter(rl, { deadlineMs: 5000, ...(byLimiter ? { protection } : {}) });
       const app = express();
@@ -179,7 +179,7 @@ describe('rateLimitMiddleware', () => {
 
   test('options are checked, naming the option', () => {
     const limiter = new Limiter(rl);
-    const protection = new Protection(rl, [], { reportIntervalMs: 3_600_000, stagePollMs: 3_600_000 });
+    const protection = new Protection(rl, [], { reportIntervalMs: 3_600_000, stagePollMs: 3_600_000, stageHoldMs: 7_200_000 });
     const rules = [{ policy: 'mw' }];
     const bad = [
       [{ rules }, 'limiter'],

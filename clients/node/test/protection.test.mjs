@@ -45,7 +45,7 @@ describe('Protection, unit', () => {
 
   test('record counts in memory; a report sends RL.OUTCOME once per policy with counts, then forgets them', async () => {
     const m = fakeMaster((args) => (args[0] === 'RL.OUTCOME' ? statsReply() : statsReply()));
-    const p = new Protection(m.transport, ['a', 'b', 'idle'], { reportIntervalMs: 60_000, stagePollMs: 60_000 });
+    const p = new Protection(m.transport, ['a', 'b', 'idle'], { reportIntervalMs: 60_000, stagePollMs: 60_000, stageHoldMs: 120_000 });
     for (let i = 0; i < 7; i++) p.record('a', false);
     p.record('a', true);
     p.record('b', true);
@@ -72,7 +72,7 @@ describe('Protection, unit', () => {
       if (!up) throw new Error('connection refused');
       return statsReply();
     });
-    const p = new Protection(m.transport, ['a'], { reportIntervalMs: 60_000, stagePollMs: 60_000 });
+    const p = new Protection(m.transport, ['a'], { reportIntervalMs: 60_000, stagePollMs: 60_000, stageHoldMs: 120_000 });
     p.record('a', true);
     p.record('a', false);
     await p.flush();
@@ -93,7 +93,7 @@ describe('Protection, unit', () => {
       if (args[0] === 'RL.OUTCOME') await hang;
       return statsReply();
     });
-    const p = new Protection(m.transport, ['a'], { reportIntervalMs: 10, stagePollMs: 60_000 });
+    const p = new Protection(m.transport, ['a'], { reportIntervalMs: 10, stagePollMs: 60_000, stageHoldMs: 120_000 });
     p.record('a', false);
     await until(() => m.sent.some((a) => a[0] === 'RL.OUTCOME'), 'the first report');
     for (let i = 0; i < 50; i++) {
@@ -123,7 +123,7 @@ describe('Protection, unit', () => {
       if (!up) throw new Error('connection refused');
       return statsReply();
     });
-    const p = new Protection(m.transport, ['a', 'b', 'c'], { reportIntervalMs: 60_000, stagePollMs: 60_000 });
+    const p = new Protection(m.transport, ['a', 'b', 'c'], { reportIntervalMs: 60_000, stagePollMs: 60_000, stageHoldMs: 120_000 });
     p.record('a', false);
     p.recordDenied('b', 3);
     p.recordDenied('b');
@@ -237,6 +237,8 @@ describe('Protection, unit', () => {
   test('options are checked, naming the option', () => {
     const m = fakeMaster(() => statsReply());
     assert.throws(() => new Protection(m.transport, ['a'], { stagePollMs: 0 }), (e) => e instanceof InvalidArgumentError && e.argument === 'stagePollMs');
+    assert.throws(() => new Protection(m.transport, ['a'], { stagePollMs: 5000 }), (e) => e instanceof InvalidArgumentError && e.argument === 'stageHoldMs');
+    assert.throws(() => new Protection(m.transport, ['a'], { stagePollMs: 100, stageHoldMs: 100 }), (e) => e instanceof InvalidArgumentError && e.argument === 'stageHoldMs');
     assert.throws(() => new Protection(m.transport, ['a'], { reportIntervalMs: 'x' }), (e) => e instanceof InvalidArgumentError && e.argument === 'reportIntervalMs');
     assert.throws(() => new Protection(m.transport, [''], {}), (e) => e instanceof InvalidArgumentError && e.argument === 'policy');
     assert.throws(() => new Protection([], ['a']), (e) => e instanceof InvalidArgumentError && e.argument === 'client');
