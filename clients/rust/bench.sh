@@ -35,15 +35,29 @@ PORT="$RL_PORT"
 cli() { redis-cli -h 127.0.0.1 -p "$PORT" "$@"; }
 
 # start_service NAME VAR=VALUE...: the service on a free port; sets SVC_PORT, SVC_PID.
+# rl_free_port only checks that nothing listens: the port may still be the
+# local port of a connection (its range overlaps the ephemeral ports that
+# loadgen's and the services' connections take), and then the service's bind
+# fails and it exits. So: ready only when its log says it listens on that
+# port (a connect alone may reach another process), and a service that exited
+# is started again on another port.
 start_service() {
-  local name="$1"; shift
-  SVC_PORT="$(rl_free_port)"
-  env PORT="$SVC_PORT" RL_URL="redis://127.0.0.1:$PORT/" "$@" "$SERVICE" >"$RL_WORK/$name.log" 2>&1 &
-  SVC_PID=$!
-  RL_PIDS+=("$SVC_PID")
-  for _ in $(seq 200); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$SVC_PORT") 2>/dev/null && return 0
-    sleep 0.05
+  local name="$1" attempt; shift
+  for attempt in 1 2 3 4 5; do
+    SVC_PORT="$(rl_free_port)"
+    env PORT="$SVC_PORT" RL_URL="redis://127.0.0.1:$PORT/" "$@" "$SERVICE" >"$RL_WORK/$name.log" 2>&1 &
+    SVC_PID=$!
+    RL_PIDS+=("$SVC_PID")
+    for _ in $(seq 200); do
+      if grep -q "listening on 127.0.0.1:$SVC_PORT" "$RL_WORK/$name.log" &&
+        (exec 3<>"/dev/tcp/127.0.0.1/$SVC_PORT") 2>/dev/null; then
+        return 0
+      fi
+      kill -0 "$SVC_PID" 2>/dev/null || break
+      sleep 0.05
+    done
+    echo "bench-kit: service $name did not start on port $SVC_PORT (attempt $attempt): $(tail -1 "$RL_WORK/$name.log")" >&2
+    kill "$SVC_PID" 2>/dev/null || true; wait "$SVC_PID" 2>/dev/null || true
   done
   rl_die "service $name did not start: $(tail -3 "$RL_WORK/$name.log")"
 }

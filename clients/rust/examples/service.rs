@@ -100,6 +100,7 @@ async fn protected_routes(
         eprintln!("service: {what}");
         std::process::exit(2);
     };
+    let api_limiter = limiter.clone();
     let api_layer = RateLimitLayer::builder(limiter)
         .key(user)
         .rule(rule())
@@ -108,7 +109,11 @@ async fn protected_routes(
         .await
         .unwrap_or_else(|e| fail(e.to_string()));
     // Its own limiter: its counters are the non-core route's alone.
-    let extra_limiter = Limiter::builder(client).build();
+    // Given the loop too: its deny cache's answers count as the policy's
+    // denials (RL.OUTCOME ... DENIED n).
+    let extra_limiter = Limiter::builder(client)
+        .protection(protection.clone())
+        .build();
     let extra_layer = RateLimitLayer::builder(extra_limiter.clone())
         .key(user)
         .rule(rule())
@@ -164,6 +169,8 @@ async fn protected_routes(
         get(move || {
             let (protection, fail_every) = (protection.clone(), fail_every.clone());
             let extra = extra_limiter.stats().redis_calls;
+            let cache_hits = api_limiter.stats().deny_cache_hits;
+            let redis_denied = api_limiter.stats().redis_denied;
             let policy = policy.clone();
             async move {
                 let s = protection.stats();
@@ -171,7 +178,7 @@ async fn protected_routes(
                     .find_breaker("downstream")
                     .map_or("none", |b| b.state().as_str());
                 format!(
-                    "{{\"stage\":{},\"scale\":{},\"breaker\":\"{breaker}\",\"reports_sent\":{},\"reports_failed\":{},\"outcomes_sent\":{},\"outcomes_lost\":{},\"outcomes_pending\":{},\"reads_ok\":{},\"reads_failed\":{},\"extra_redis_calls\":{extra},\"fail_every\":{}}}",
+                    "{{\"stage\":{},\"scale\":{},\"breaker\":\"{breaker}\",\"reports_sent\":{},\"reports_failed\":{},\"outcomes_sent\":{},\"outcomes_lost\":{},\"outcomes_pending\":{},\"reads_ok\":{},\"reads_failed\":{},\"denied_sent\":{},\"denied_lost\":{},\"denied_pending\":{},\"deny_cache_hits\":{cache_hits},\"redis_denied\":{redis_denied},\"extra_redis_calls\":{extra},\"fail_every\":{}}}",
                     protection.stage(&policy),
                     protection.scale(&policy),
                     s.reports_sent,
@@ -181,6 +188,9 @@ async fn protected_routes(
                     s.outcomes_pending,
                     s.reads_ok,
                     s.reads_failed,
+                    s.denied_sent,
+                    s.denied_lost,
+                    s.denied_pending,
                     fail_every.load(Ordering::Relaxed),
                 )
             }

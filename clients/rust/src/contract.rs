@@ -978,3 +978,94 @@ fn this_kit_runs_the_protection_loop_as_the_contract_says() {
     }
     assert!(checked >= 40, "{checked} scaled cases");
 }
+
+/// The typed loop options ([`crate::PolicyProtection`]) check exactly the
+/// contract's `protection.arguments` ranges of `RL.POLICY SET`, by name.
+#[test]
+fn this_kit_checks_the_loop_options_with_the_contract_ranges() {
+    use crate::{Adapt, PolicyProtection};
+    let contract = contract();
+    let args = contract["protection"]["arguments"]
+        .as_array()
+        .expect("arguments");
+    for (name, min, max) in PolicyProtection::RANGES {
+        let entry = args
+            .iter()
+            .find(|a| a["name"] == name)
+            .unwrap_or_else(|| panic!("{name} in the contract"));
+        assert_eq!(entry["min"], json!(min), "{name}");
+        if name == "break_pct" {
+            assert_eq!(entry["max"], "degrade_pct to 100");
+        } else {
+            assert_eq!(entry["max"], json!(max), "{name}");
+        }
+    }
+    // Each bound: the value in range passes, one past it is refused, named.
+    let adapt = |f: &dyn Fn(&mut Adapt)| {
+        let mut a = Adapt {
+            errors: 5,
+            ..Adapt::default()
+        };
+        f(&mut a);
+        PolicyProtection {
+            adapt: Some(Some(a)),
+            ..PolicyProtection::default()
+        }
+    };
+    let refused = |p: PolicyProtection| match p.check("p") {
+        Err(crate::Error::BadArgument { arg, .. }) => arg,
+        other => panic!("{p:?}: {other:?}"),
+    };
+    assert_eq!(refused(adapt(&|a| a.errors = 101)), "ERRORS");
+    assert_eq!(refused(adapt(&|a| a.factor = Some(0))), "FACTOR");
+    assert_eq!(refused(adapt(&|a| a.min = Some(0))), "MIN");
+    assert_eq!(refused(adapt(&|a| a.recover = Some(101))), "RECOVER");
+    assert_eq!(refused(adapt(&|a| a.window_ms = Some(0))), "WINDOW");
+    assert_eq!(
+        refused(adapt(&|a| a.mincalls = Some((1 << 40) + 1))),
+        "MINCALLS"
+    );
+    let stages = |d, b| PolicyProtection {
+        stages: Some((d, b)),
+        ..PolicyProtection::default()
+    };
+    assert_eq!(refused(stages(101, 101)), "degrade_pct");
+    assert_eq!(refused(stages(50, 30)), "break_pct");
+    assert!(stages(30, 30).check("p").is_ok());
+    let window = |w| PolicyProtection {
+        window_ms: Some(w),
+        ..PolicyProtection::default()
+    };
+    assert_eq!(refused(window(86_400_001)), "WINDOW");
+    assert!(adapt(&|a| {
+        a.factor = Some(80);
+        a.min = Some(1);
+        a.recover = Some(0);
+        a.window_ms = Some(86_400_000);
+        a.mincalls = Some(1 << 40);
+    })
+    .check("p")
+    .is_ok());
+    // The words, in the server's grammar.
+    let full = PolicyProtection {
+        adapt: Some(Some(Adapt {
+            errors: 5,
+            factor: Some(80),
+            min: None,
+            recover: Some(10),
+            window_ms: Some(1000),
+            mincalls: Some(20),
+        })),
+        stages: Some((30, 50)),
+        window_ms: Some(1000),
+    };
+    assert_eq!(
+        full.args().join(" "),
+        "ADAPT ERRORS 5 FACTOR 80 RECOVER 10 WINDOW 1000 MINCALLS 20 STAGES 30 50 WINDOW 1000"
+    );
+    let off = PolicyProtection {
+        adapt: Some(None),
+        ..PolicyProtection::default()
+    };
+    assert_eq!(off.args().join(" "), "ADAPT OFF");
+}

@@ -64,8 +64,8 @@ mod rule;
 #[allow(deprecated)]
 pub use client::Units;
 pub use client::{
-    Client, LogEntry, PolicyInfo, PolicyMode, PolicyStats, WindowCounts, DEFAULT_DEADLINE,
-    MIN_MODULE_VERSION,
+    Adapt, Client, LogEntry, PolicyInfo, PolicyMode, PolicyProtection, PolicyStats, WindowCounts,
+    DEFAULT_DEADLINE, MIN_MODULE_VERSION,
 };
 pub use decision::{Decision, Path};
 pub use error::Error;

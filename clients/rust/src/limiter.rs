@@ -329,12 +329,14 @@ impl Limiter {
                 if let Some(mut d) = cache.get(&cache_key(i)) {
                     d.denied_by = Some(i);
                     Stats::add(&inner.stats.deny_cache_hits);
+                    self.denied_locally(set, Some(i));
                     return d;
                 }
             }
             if set.rules.len() > 1 {
                 if let Some(d) = cache.get(&set_key()) {
                     Stats::add(&inner.stats.deny_cache_hits);
+                    self.denied_locally(set, d.denied_by);
                     return d;
                 }
             }
@@ -365,6 +367,7 @@ impl Limiter {
                     out.limit = total;
                     out.remaining = 0;
                     out.denied_by = Some(i);
+                    self.denied_locally(set, Some(i));
                     return out;
                 }
             }
@@ -461,6 +464,23 @@ impl Limiter {
                 }
                 d
             }
+        }
+    }
+
+    /// Whether this limiter counts its local denials for a protection loop.
+    pub(crate) fn counts_local_denials(&self) -> bool {
+        self.inner.protection.is_some()
+    }
+
+    /// A denial answered without a call to the server (deny cache, local
+    /// level): counted for the protection loop when the rule that denied
+    /// is a policy's, so that its stages see the calls the server did not.
+    fn denied_locally(&self, set: &RuleSet, denied_by: Option<usize>) {
+        let (Some(protection), Some(i)) = (&self.inner.protection, denied_by) else {
+            return;
+        };
+        if let Some(RuleKind::Policy(name)) = set.rules.get(i).map(|r| &r.kind) {
+            protection.record_denied(name);
         }
     }
 

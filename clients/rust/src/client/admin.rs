@@ -15,6 +15,146 @@ use crate::Error;
 const SUM_OF_MASTERS: Target<'static> =
     Target::AllMasters(ResponsePolicy::Aggregate(AggregateOp::Sum));
 
+/// `ADAPT ERRORS pct [FACTOR f] [MIN m] [RECOVER r] [WINDOW ms]
+/// [MINCALLS n]`: the scale drops by `factor` % (down to `min`) after a
+/// window with more than `errors` % errors, and climbs by `recover` after a
+/// window with less than half that. `None`: the server's default.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Adapt {
+    /// ERRORS: the error percentage that scales down (0 to 100).
+    pub errors: u8,
+    /// FACTOR (1 to 100).
+    pub factor: Option<u8>,
+    /// MIN (1 to 100).
+    pub min: Option<u8>,
+    /// RECOVER (0 to 100).
+    pub recover: Option<u8>,
+    /// ADAPT's WINDOW in ms (1 to 86,400,000).
+    pub window_ms: Option<u64>,
+    /// MINCALLS (0 to 2^40).
+    pub mincalls: Option<u64>,
+}
+
+/// The protection loop's options of `RL.POLICY SET`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PolicyProtection {
+    /// `Some(Some(a))`: ADAPT ERRORS ...; `Some(None)`: ADAPT OFF;
+    /// `None`: not sent.
+    pub adapt: Option<Option<Adapt>>,
+    /// STAGES degrade_pct break_pct (0 to 100, break_pct at least
+    /// degrade_pct).
+    pub stages: Option<(u8, u8)>,
+    /// WINDOW ms, the policy's window (1 to 86,400,000).
+    pub window_ms: Option<u64>,
+}
+
+impl PolicyProtection {
+    /// The ranges the kit checks, as the contract's `protection.arguments`
+    /// (name, min, max; break_pct's lower bound is degrade_pct).
+    pub const RANGES: [(&'static str, u64, u64); 8] = [
+        ("ERRORS", 0, 100),
+        ("FACTOR", 1, 100),
+        ("MIN", 1, 100),
+        ("RECOVER", 0, 100),
+        ("MINCALLS", 0, 1 << 40),
+        ("WINDOW", 1, 86_400_000),
+        ("degrade_pct", 0, 100),
+        ("break_pct", 0, 100),
+    ];
+
+    fn range(name: &str) -> (u64, u64) {
+        let (_, min, max) = Self::RANGES
+            .iter()
+            .find(|(n, _, _)| *n == name)
+            .expect("a known argument");
+        (*min, *max)
+    }
+
+    /// The first argument out of its range, named.
+    pub fn check(&self, policy: &str) -> Result<(), Error> {
+        let within = |name: &str, v: u64| {
+            let (min, max) = Self::range(name);
+            if (min..=max).contains(&v) {
+                Ok(())
+            } else {
+                Err(Error::bad(
+                    policy,
+                    name,
+                    format!("must be an integer from {min} to {max}"),
+                ))
+            }
+        };
+        if let Some(Some(a)) = &self.adapt {
+            within("ERRORS", a.errors.into())?;
+            if let Some(v) = a.factor {
+                within("FACTOR", v.into())?;
+            }
+            if let Some(v) = a.min {
+                within("MIN", v.into())?;
+            }
+            if let Some(v) = a.recover {
+                within("RECOVER", v.into())?;
+            }
+            if let Some(v) = a.window_ms {
+                within("WINDOW", v)?;
+            }
+            if let Some(v) = a.mincalls {
+                within("MINCALLS", v)?;
+            }
+        }
+        if let Some((degrade, brk)) = self.stages {
+            within("degrade_pct", degrade.into())?;
+            within("break_pct", brk.into())?;
+            if brk < degrade {
+                return Err(Error::bad(
+                    policy,
+                    "break_pct",
+                    format!("must be an integer from {degrade} (degrade_pct) to 100"),
+                ));
+            }
+        }
+        if let Some(v) = self.window_ms {
+            within("WINDOW", v)?;
+        }
+        Ok(())
+    }
+
+    /// The words sent after the policy's parameters.
+    pub fn args(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        match &self.adapt {
+            Some(Some(a)) => {
+                out.push("ADAPT".into());
+                out.push("ERRORS".into());
+                out.push(a.errors.to_string());
+                let mut push = |w: &str, v: Option<u64>| {
+                    if let Some(v) = v {
+                        out.push(w.to_string());
+                        out.push(v.to_string());
+                    }
+                };
+                push("FACTOR", a.factor.map(u64::from));
+                push("MIN", a.min.map(u64::from));
+                push("RECOVER", a.recover.map(u64::from));
+                push("WINDOW", a.window_ms);
+                push("MINCALLS", a.mincalls);
+            }
+            Some(None) => {
+                out.push("ADAPT".into());
+                out.push("OFF".into());
+            }
+            None => {}
+        }
+        if let Some((degrade, brk)) = self.stages {
+            out.extend(["STAGES".into(), degrade.to_string(), brk.to_string()]);
+        }
+        if let Some(v) = self.window_ms {
+            out.extend(["WINDOW".into(), v.to_string()]);
+        }
+        out
+    }
+}
+
 impl Client {
     /// `RL.POLICY SET name <spec> MODE mode ROLLOUT percent [TZ zone]`, on
     /// every master (`TZ` for a quota in a zone other than UTC: `RL.HIT` and
@@ -26,6 +166,17 @@ impl Client {
         spec: &Spec,
         mode: PolicyMode,
         rollout: u8,
+    ) -> Result<(), Error> {
+        self.policy_set_with(name, spec, mode, rollout, None).await
+    }
+
+    async fn policy_set_with(
+        &self,
+        name: &str,
+        spec: &Spec,
+        mode: PolicyMode,
+        rollout: u8,
+        protection: Option<&PolicyProtection>,
     ) -> Result<(), Error> {
         crate::Rule::policy(name).check()?;
         if rollout > 100 {
@@ -45,9 +196,28 @@ impl Client {
         if let Some(zone) = spec.zone().filter(|z| !z.is_utc()) {
             cmd.arg("TZ").arg(zone.as_str());
         }
+        if let Some(protection) = protection {
+            protection.check(name)?;
+            cmd.arg(protection.args());
+        }
         self.send(cmd, Target::AllMasters(ResponsePolicy::AllSucceeded))
             .await
             .map(drop)
+    }
+
+    /// [`Client::policy_set`] with the protection loop's options (`ADAPT
+    /// ... | ADAPT OFF`, `STAGES`, `WINDOW`), each checked against the
+    /// contract's ranges before sending.
+    pub async fn policy_set_protected(
+        &self,
+        name: &str,
+        spec: &Spec,
+        mode: PolicyMode,
+        rollout: u8,
+        protection: &PolicyProtection,
+    ) -> Result<(), Error> {
+        self.policy_set_with(name, spec, mode, rollout, Some(protection))
+            .await
     }
 
     /// `RL.POLICY GET name`: the rule and its counters, or `None`.

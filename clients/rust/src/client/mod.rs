@@ -24,7 +24,7 @@ mod calls;
 mod connect;
 mod policy_stats;
 
-pub use admin::{LogEntry, PolicyInfo, PolicyMode};
+pub use admin::{Adapt, LogEntry, PolicyInfo, PolicyMode, PolicyProtection};
 pub(crate) use args::{hit_cmd, limiter_cmd, utc_only};
 pub use connect::{DEFAULT_DEADLINE, MIN_MODULE_VERSION};
 pub use policy_stats::{PolicyStats, WindowCounts};

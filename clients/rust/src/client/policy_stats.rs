@@ -180,8 +180,26 @@ impl Client {
         ok: u64,
         errors: u64,
     ) -> Result<Vec<PolicyStats>, Error> {
+        self.outcome_denied(name, ok, errors, 0).await
+    }
+
+    /// `RL.OUTCOME name ok errors DENIED n`: also `denied` calls of the
+    /// policy that this kit denied without asking the server (its deny
+    /// cache, its local level), counted by the server as calls and denials
+    /// of the policy's current window. `DENIED` is left out when 0 (the
+    /// plain form). Never retried.
+    pub async fn outcome_denied(
+        &self,
+        name: &str,
+        ok: u64,
+        errors: u64,
+        denied: u64,
+    ) -> Result<Vec<PolicyStats>, Error> {
         let mut cmd = redis::cmd("RL.OUTCOME");
         cmd.arg(name).arg(ok).arg(errors);
+        if denied > 0 {
+            cmd.arg("DENIED").arg(denied);
+        }
         self.each_master(cmd, "RL.OUTCOME").await
     }
 

@@ -159,6 +159,7 @@ where
                 Some(set) => {
                     let d = shared.limiter.check(set, &identity, 1).await;
                     if !d.allowed {
+                        shared.record_local_denial(&d);
                         if let Some(answer) = shared.degrade_denied(&req) {
                             return Ok(answer);
                         }
@@ -187,10 +188,14 @@ where
                 },
                 None => (None, None),
             };
+            // Dropped before the handler finishes (an outer timeout, the
+            // connection gone): the admitted request counts as timed out.
+            let mut unfinished = Unfinished(Some(shared.clone()));
             let finished = match shared.handler_timeout {
                 Some(timeout) => tokio::time::timeout(timeout, inner.call(req)).await.ok(),
                 None => Some(inner.call(req).await),
             };
+            unfinished.0 = None;
             shared.record(&finished);
             let mut response = match finished {
                 Some(result) => result?,
@@ -214,6 +219,18 @@ where
             shared.add_headers(response.headers_mut(), &items);
             Ok(response.map(|b| Either::Left(HeldBody::new(b, lease))))
         })
+    }
+}
+
+/// Counts an admitted request as timed out if its future is dropped
+/// before the handler finished.
+struct Unfinished(Option<Arc<Shared>>);
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        if let Some(shared) = self.0.take() {
+            shared.record_finished(&Finished::TimedOut);
+        }
     }
 }
 
@@ -264,12 +281,30 @@ impl Shared {
         self.denial(name, &d)
     }
 
-    /// Counts the outcome of an admitted request for each policy rule.
-    fn record<T, E>(&self, finished: &Option<Result<Response<T>, E>>) {
-        let Some(protection) = &self.protection else {
+    /// A policy rule's denial answered without a call to the server (deny
+    /// cache, local level), counted for the layer's protection loop when
+    /// its limiter does not count it already (one given the loop with
+    /// [`crate::LimiterBuilder::protection`] does).
+    fn record_local_denial(&self, d: &Decision) {
+        if !matches!(
+            d.path,
+            crate::decision::Path::DenyCache | crate::decision::Path::Local
+        ) || self.limiter.counts_local_denials()
+        {
+            return;
+        }
+        let (Some(protection), Some(set), Some(i)) = (&self.protection, &self.rules, d.denied_by)
+        else {
             return;
         };
-        if self.policies.is_empty() {
+        if let Some(crate::rule::RuleKind::Policy(name)) = set.rules().get(i).map(|r| &r.kind) {
+            protection.record_denied(name);
+        }
+    }
+
+    /// Counts the outcome of an admitted request for each policy rule.
+    fn record<T, E>(&self, finished: &Option<Result<Response<T>, E>>) {
+        if self.protection.is_none() || self.policies.is_empty() {
             return;
         }
         let finished = match finished {
@@ -277,7 +312,15 @@ impl Shared {
             Some(Err(_)) => Finished::Failed,
             Some(Ok(r)) => Finished::Status(r.status()),
         };
-        let error = (self.error_when)(&finished);
+        self.record_finished(&finished);
+    }
+
+    /// Counts one admitted request's outcome for each policy rule.
+    fn record_finished(&self, finished: &Finished) {
+        let Some(protection) = &self.protection else {
+            return;
+        };
+        let error = (self.error_when)(finished);
         for policy in &self.policies {
             protection.record(policy, error);
         }

@@ -37,6 +37,9 @@ pub const DEFAULT_STAGE_HOLD: Duration = Duration::from_millis(5000);
 struct PolicyState {
     ok: AtomicU64,
     errors: AtomicU64,
+    /// Calls the kit denied without asking the server (deny cache, local
+    /// level), sent as `DENIED n`.
+    denied: AtomicU64,
     /// The highest stage of the last successful read (of every master).
     stage: AtomicU8,
     /// The lowest scale of the last successful read; 100 before any.
@@ -50,6 +53,7 @@ impl PolicyState {
         PolicyState {
             ok: AtomicU64::new(0),
             errors: AtomicU64::new(0),
+            denied: AtomicU64::new(0),
             stage: AtomicU8::new(0),
             scale: AtomicU8::new(100),
             read_at: AtomicU64::new(0),
@@ -72,6 +76,8 @@ struct Counters {
     reports_failed: AtomicU64,
     outcomes_sent: AtomicU64,
     outcomes_lost: AtomicU64,
+    denied_sent: AtomicU64,
+    denied_lost: AtomicU64,
     reads_ok: AtomicU64,
     reads_failed: AtomicU64,
 }
@@ -89,6 +95,13 @@ pub struct ProtectionStats {
     pub outcomes_lost: u64,
     /// Outcomes counted and not sent yet (at most one interval's worth).
     pub outcomes_pending: u64,
+    /// Local denials (deny cache, local level) that answered reports
+    /// carried as `DENIED n`.
+    pub denied_sent: u64,
+    /// Local denials lost with failed reports.
+    pub denied_lost: u64,
+    /// Local denials counted and not sent yet.
+    pub denied_pending: u64,
     /// Successful reads of a policy's stage.
     pub reads_ok: u64,
     /// Failed reads.
@@ -108,6 +121,7 @@ struct Shared {
 
 /// Stops the tasks when the last [`Protection`] clone goes.
 struct Tasks {
+    shared: Arc<Shared>,
     stop: watch::Sender<bool>,
     handles: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -122,6 +136,8 @@ impl Drop for Tasks {
         {
             handle.abort();
         }
+        // The application may keep a breaker longer than the loop.
+        self.shared.release_forced();
     }
 }
 
@@ -194,8 +210,9 @@ impl ProtectionBuilder {
         let report = tokio::spawn(report_loop(shared.clone(), stopped.clone()));
         let poll = tokio::spawn(poll_loop(shared.clone(), stopped));
         Protection {
-            shared,
+            shared: shared.clone(),
             tasks: Arc::new(Tasks {
+                shared: shared.clone(),
                 stop,
                 handles: Mutex::new(vec![report, poll]),
             }),
@@ -222,6 +239,19 @@ impl Protection {
         let state = self.shared.state(policy);
         let counter = if error { &state.errors } else { &state.ok };
         counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts one call of `policy` that the kit denied without asking the
+    /// server (answered from its deny cache, or by the local level of a
+    /// global rule): it leaves with the next report as `DENIED n`, so that
+    /// the server's stages see the flood the deny cache hides. The
+    /// [`crate::Limiter`] given this loop ([`crate::LimiterBuilder::protection`])
+    /// calls it; a non-core route's degrade at stage >= 1 is no denial.
+    pub fn record_denied(&self, policy: &str) {
+        self.shared
+            .state(policy)
+            .denied
+            .fetch_add(1, Ordering::Relaxed);
     }
 
     /// Watches `policy` (its stage is read from the next poll on).
@@ -309,11 +339,14 @@ impl Protection {
     /// A reading of the loop's counters.
     pub fn stats(&self) -> ProtectionStats {
         let c = &self.shared.counters;
-        let pending = self
-            .shared
-            .read_policies()
+        let policies = self.shared.read_policies();
+        let pending = policies
             .values()
             .map(|s| s.ok.load(Ordering::Relaxed) + s.errors.load(Ordering::Relaxed))
+            .sum();
+        let denied_pending = policies
+            .values()
+            .map(|s| s.denied.load(Ordering::Relaxed))
             .sum();
         ProtectionStats {
             reports_sent: c.reports_sent.load(Ordering::Relaxed),
@@ -321,6 +354,9 @@ impl Protection {
             outcomes_sent: c.outcomes_sent.load(Ordering::Relaxed),
             outcomes_lost: c.outcomes_lost.load(Ordering::Relaxed),
             outcomes_pending: pending,
+            denied_sent: c.denied_sent.load(Ordering::Relaxed),
+            denied_lost: c.denied_lost.load(Ordering::Relaxed),
+            denied_pending,
             reads_ok: c.reads_ok.load(Ordering::Relaxed),
             reads_failed: c.reads_failed.load(Ordering::Relaxed),
         }
@@ -340,6 +376,9 @@ impl Protection {
         for handle in handles {
             let _ = handle.await;
         }
+        // No poll will release them now: the breakers this loop forced
+        // open close with it.
+        self.shared.release_forced();
     }
 }
 
@@ -396,18 +435,21 @@ impl Shared {
         for (name, state) in policies {
             let ok = state.ok.swap(0, Ordering::Relaxed);
             let errors = state.errors.swap(0, Ordering::Relaxed);
-            if ok == 0 && errors == 0 {
+            let denied = state.denied.swap(0, Ordering::Relaxed);
+            if ok == 0 && errors == 0 && denied == 0 {
                 continue;
             }
-            match self.client.outcome(&name, ok, errors).await {
+            match self.client.outcome_denied(&name, ok, errors, denied).await {
                 Ok(masters) => {
                     c.reports_sent.fetch_add(1, Ordering::Relaxed);
                     c.outcomes_sent.fetch_add(ok + errors, Ordering::Relaxed);
+                    c.denied_sent.fetch_add(denied, Ordering::Relaxed);
                     self.keep(&state, &masters);
                 }
                 Err(e) => {
                     c.reports_failed.fetch_add(1, Ordering::Relaxed);
                     c.outcomes_lost.fetch_add(ok + errors, Ordering::Relaxed);
+                    c.denied_lost.fetch_add(denied, Ordering::Relaxed);
                     tracing::debug!(policy = %name, error = %e, "redis-ratelimit: outcome report lost");
                 }
             }
@@ -435,6 +477,16 @@ impl Shared {
             }
         }
         self.move_breakers();
+    }
+
+    /// Releases every breaker this loop forced open.
+    fn release_forced(&self) {
+        let breakers = self.breakers.read().unwrap_or_else(|e| e.into_inner());
+        for bound in breakers.values() {
+            if bound.forced.swap(false, Ordering::Relaxed) {
+                bound.breaker.release();
+            }
+        }
     }
 
     fn move_breakers(&self) {

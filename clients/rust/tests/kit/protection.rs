@@ -14,7 +14,8 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use axum::Router;
 use redis_ratelimit_client::{
-    Client, Finished, Limiter, PolicyStats, Protection, RateLimitLayer, Rule,
+    Client, Finished, Limiter, PolicyMode, PolicyProtection, PolicyStats, Protection,
+    RateLimitLayer, Rule, Spec,
 };
 
 use crate::harness::{wait_for, wait_until, Cluster, Http, Kind, Server, Service};
@@ -179,11 +180,26 @@ async fn ten_percent_errors_scale_the_policy_to_80_on_both_instances_and_the_rep
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_degrades_then_breaks_and_both_step_back_one_window_at_a_time() {
     let server = Server::start(Kind::Redis);
-    set_policy(
-        &server,
-        "stages TOKENBUCKET 1 1 60000 STAGES 30 50 WINDOW 1000",
-    );
-    let services = two_services(&server, "stages", &[("RL_DENY_CACHE", "0".into())]);
+    // The typed call: STAGES 30 50 WINDOW 1000, checked before sending.
+    Client::standalone(&server.url())
+        .await
+        .unwrap()
+        .policy_set_protected(
+            "stages",
+            &Spec::parse("stages", "TOKENBUCKET", &[1, 1, 60000]).unwrap(),
+            PolicyMode::Enforce,
+            100,
+            &PolicyProtection {
+                stages: Some((30, 50)),
+                window_ms: Some(1000),
+                ..PolicyProtection::default()
+            },
+        )
+        .await
+        .unwrap();
+    // The deny cache on (the default): the hot key's denials are answered
+    // mostly in process, and reach the server as RL.OUTCOME ... DENIED n.
+    let services = two_services(&server, "stages", &[]);
     let http = Http::default();
     let denied_of_ten = Arc::new(AtomicU64::new(4));
     let stop = Arc::new(AtomicBool::new(false));
@@ -237,6 +253,17 @@ async fn a_flood_degrades_then_breaks_and_both_step_back_one_window_at_a_time() 
     }
     stop.store(true, Ordering::Relaxed);
     flood.await.unwrap();
+    // The flood's denials were answered mostly from the deny cache: the
+    // stages saw them through DENIED.
+    for s in &services {
+        let v = view(&http, s).await;
+        let (hits, redis) = (
+            v["deny_cache_hits"].as_u64().unwrap(),
+            v["redis_denied"].as_u64().unwrap(),
+        );
+        assert!(hits > redis, "mostly from the deny cache: {v}");
+        assert!(v["denied_sent"].as_u64().unwrap() > 0, "{v}");
+    }
     let r = http
         .get(&services[0].url("/api"), &[("x-user", "new-one")])
         .await;
@@ -566,4 +593,234 @@ async fn the_local_only_fallback_runs_a_policy_at_its_last_scale() {
         counts.push(n);
     }
     assert_eq!(counts, [5, 10], "scaled, then as the rule was read");
+}
+
+/// `RL.OUTCOME ... DENIED n`: the calls a policy's limiter denied without
+/// asking the server (its deny cache) leave with the next report and the
+/// server counts them as calls and denials of the window; a report without
+/// local denials is the plain form; a failed send loses them (not retried).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_denials_leave_with_the_report_as_denied_and_a_failed_send_loses_them() {
+    let mut server = Server::start(Kind::Redis);
+    let policy = "cached TOKENBUCKET 1 1 60000 STAGES 100 100 WINDOW 60000";
+    set_policy(&server, policy);
+    let client = Client::standalone(&server.url()).await.unwrap();
+    let protection = Protection::builder(client.clone())
+        .report_interval(Duration::from_millis(50))
+        .stage_poll(Duration::from_millis(50))
+        .start();
+    let limiter = Limiter::builder(client.clone())
+        .protection(protection.clone())
+        .deadline(Duration::from_secs(2))
+        .deny_cache_max(Duration::from_secs(60))
+        .build();
+    let rules = limiter
+        .rule_set(vec![Rule::policy("cached")])
+        .await
+        .unwrap();
+    // 1 admitted, 1 denied by Redis (cached), 8 denied from the cache.
+    let paths: Vec<_> = {
+        let mut out = Vec::new();
+        for _ in 0..10 {
+            out.push(limiter.check(&rules, "u", 1).await.path);
+        }
+        out
+    };
+    use redis_ratelimit_client::Path;
+    assert_eq!(paths.iter().filter(|p| **p == Path::DenyCache).count(), 8);
+    protection.record("cached", false);
+    wait_for("the local denials sent", async || {
+        protection.stats().denied_sent == 8
+    })
+    .await;
+    // The minute's window may have turned meanwhile: current plus last.
+    let s = client.policy_stats("cached").await.unwrap()[0];
+    let (c, l) = (s.current, s.last);
+    assert_eq!(
+        (
+            c.calls + l.calls,
+            c.admitted + l.admitted,
+            c.denied + l.denied,
+            c.ok + l.ok
+        ),
+        (10, 1, 9, 1),
+        "{s:?}"
+    );
+    assert_eq!(protection.stats().denied_pending, 0);
+
+    // A plain report (no local denials) is still answered.
+    protection.record("cached", true);
+    wait_for("the plain report", async || {
+        protection.stats().outcomes_sent == 2
+    })
+    .await;
+    assert_eq!(protection.stats().denied_sent, 8);
+
+    // Redis down: the local denials of a failed send are lost, not kept.
+    server.kill9();
+    for _ in 0..5 {
+        protection.record_denied("cached");
+    }
+    wait_for("the failed send's denials lost", async || {
+        let s = protection.stats();
+        s.denied_lost == 5 && s.denied_pending == 0
+    })
+    .await;
+    server.restart();
+    set_policy(&server, policy);
+    // (The first send after the restart may still fail, and lose its own.)
+    wait_for("sent again, without the lost ones", async || {
+        protection.record_denied("cached");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        protection.stats().denied_sent > 8
+    })
+    .await;
+    // The server counts exactly what answered reports carried.
+    let fresh = Client::standalone(&server.url()).await.unwrap();
+    wait_for("the server's counts are the sent ones", async || {
+        let s = fresh.policy_stats("cached").await.unwrap()[0];
+        let again = protection.stats().denied_sent - 8;
+        (
+            s.current.calls + s.last.calls,
+            s.current.denied + s.last.denied,
+        ) == (again, again)
+    })
+    .await;
+    protection.close().await;
+}
+
+/// A layer whose limiter was not given the loop still counts its policy
+/// rule's deny cache answers (once: not twice when the limiter does).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_layer_counts_local_denials_once_whichever_holds_the_loop() {
+    let server = Server::start(Kind::Redis);
+    set_policy(
+        &server,
+        "once TOKENBUCKET 1 1 60000 STAGES 100 100 WINDOW 60000",
+    );
+    let client = Client::standalone(&server.url()).await.unwrap();
+    let protection = Protection::builder(client.clone())
+        .report_interval(Duration::from_secs(3600))
+        .start();
+    let mut counted = Vec::new();
+    for with_loop in [false, true] {
+        let mut limiter = Limiter::builder(client.clone())
+            .deadline(Duration::from_secs(2))
+            .deny_cache_max(Duration::from_secs(60));
+        if with_loop {
+            limiter = limiter.protection(protection.clone());
+        }
+        let layer = RateLimitLayer::builder(limiter.build())
+            .key(move |_| Some(format!("k{with_loop}")))
+            .rule(Rule::policy("once"))
+            .protection(protection.clone())
+            .build()
+            .await
+            .unwrap();
+        let app = Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(layer);
+        let before = protection.stats().denied_pending;
+        for _ in 0..6 {
+            let req = axum::http::Request::new(axum::body::Body::empty());
+            tower::ServiceExt::oneshot(app.clone(), req).await.unwrap();
+        }
+        counted.push(protection.stats().denied_pending - before);
+    }
+    assert_eq!(counted, [4, 4], "1 admitted, 1 denied by Redis, 4 cached");
+}
+
+/// close() releases the breakers the loop forced open: nothing would
+/// release them after (no more polls).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_releases_the_breakers_the_loop_forced_open() {
+    let server = Server::start(Kind::Redis);
+    let client = Client::standalone(&server.url()).await.unwrap();
+    let spec = Spec::parse("brk", "TOKENBUCKET", &[1, 1, 60000]).unwrap();
+    let options = PolicyProtection {
+        adapt: Some(None),
+        stages: Some((30, 50)),
+        window_ms: Some(200),
+    };
+    client
+        .policy_set_protected("brk", &spec, PolicyMode::Enforce, 100, &options)
+        .await
+        .unwrap();
+    // A bad option is refused before sending, named.
+    let bad = PolicyProtection {
+        stages: Some((50, 30)),
+        ..options
+    };
+    let refused = client
+        .policy_set_protected("brk", &spec, PolicyMode::Enforce, 100, &bad)
+        .await
+        .unwrap_err();
+    assert!(refused.to_string().contains("break_pct"), "{refused}");
+    let protection = Protection::builder(client.clone())
+        .report_interval(Duration::from_millis(50))
+        .stage_poll(Duration::from_millis(50))
+        .start();
+    let breaker = protection.breaker("down", "brk");
+    // Denials the server did not see: the kit's, reported.
+    for _ in 0..100 {
+        protection.record_denied("brk");
+    }
+    wait_until("the breaker forced open", || {
+        breaker.state() == redis_ratelimit_client::BreakerState::ForcedOpen
+    });
+    protection.close().await;
+    assert_eq!(
+        breaker.state(),
+        redis_ratelimit_client::BreakerState::Closed,
+        "released on close"
+    );
+}
+
+/// An admitted request whose future is dropped before it finishes (an
+/// outer timeout, e.g. tower's TimeoutLayer around the layer) counts as an
+/// error: it is a timeout the handler did not survive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admitted_request_dropped_unfinished_counts_as_an_error() {
+    let server = Server::start(Kind::Redis);
+    set_policy(
+        &server,
+        "dropped TOKENBUCKET 100 100 1000 STAGES 100 100 WINDOW 60000",
+    );
+    let client = Client::standalone(&server.url()).await.unwrap();
+    let protection = Protection::builder(client.clone())
+        .report_interval(Duration::from_millis(50))
+        .start();
+    let layer = RateLimitLayer::builder(
+        Limiter::builder(client.clone())
+            .deadline(Duration::from_secs(2))
+            .build(),
+    )
+    .key(|_| Some("k".into()))
+    .rule(Rule::policy("dropped"))
+    .protection(protection.clone())
+    .build()
+    .await
+    .unwrap();
+    let app = Router::new()
+        .route(
+            "/",
+            get(|| async {
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                "late"
+            }),
+        )
+        .layer(layer);
+    let req = axum::http::Request::new(axum::body::Body::empty());
+    let outer = tokio::time::timeout(
+        Duration::from_millis(300),
+        tower::ServiceExt::oneshot(app, req),
+    )
+    .await;
+    assert!(outer.is_err(), "the outer timeout fired");
+    wait_for("the error on the server", async || {
+        let s = client.policy_stats("dropped").await.unwrap()[0];
+        (s.current.ok + s.last.ok, s.current.errors + s.last.errors) == (0, 1)
+    })
+    .await;
+    protection.close().await;
 }
