@@ -271,6 +271,7 @@ async fn main() {
             .stage_poll(Duration::from_millis(env_u64("RL_POLL_MS", 1000)))
             .stage_hold(Duration::from_millis(env_u64("RL_HOLD_MS", 5000)))
             .start()
+            .expect("RL_HOLD_MS must be longer than RL_POLL_MS")
     });
     let mut limiter = Limiter::builder(client);
     if let Some(protection) = &protection {

@@ -18,6 +18,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::client::{Client, PolicyStats};
+use crate::Error;
 
 mod breaker;
 
@@ -192,7 +193,21 @@ impl ProtectionBuilder {
     }
 
     /// The loop, its two tasks started (on the current tokio runtime).
-    pub fn start(self) -> Protection {
+    ///
+    /// Refuses a `stage_hold` no longer than `stage_poll` (naming
+    /// `stage_hold`, as every kit does): each stage read would be dropped
+    /// before the next came, and the loop would never act on a stage.
+    pub fn start(self) -> Result<Protection, Error> {
+        if self.stage_hold <= self.stage_poll {
+            return Err(Error::BadArgument {
+                rule: "Protection".to_string(),
+                arg: "stage_hold".to_string(),
+                reason: format!(
+                    "{:?} must be longer than stage_poll ({:?})",
+                    self.stage_hold, self.stage_poll
+                ),
+            });
+        }
         let (stop, stopped) = watch::channel(false);
         let shared = Arc::new(Shared {
             client: self.client,
@@ -209,14 +224,14 @@ impl ProtectionBuilder {
         }
         let report = tokio::spawn(report_loop(shared.clone(), stopped.clone()));
         let poll = tokio::spawn(poll_loop(shared.clone(), stopped));
-        Protection {
+        Ok(Protection {
             shared: shared.clone(),
             tasks: Arc::new(Tasks {
                 shared: shared.clone(),
                 stop,
                 handles: Mutex::new(vec![report, poll]),
             }),
-        }
+        })
     }
 }
 

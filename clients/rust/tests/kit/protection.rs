@@ -412,6 +412,29 @@ async fn with_redis_down_requests_answer_counts_are_dropped_and_reports_resume_a
 /// The loop alone, in process: counts leave once per interval and are
 /// forgotten; the layer counts an admitted request's outcome with the
 /// default predicate (a 5xx, a timeout) or the application's.
+/// A stage hold no longer than the poll would drop every read before the
+/// next: refused naming `stage_hold`, as in every kit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stage_hold_no_longer_than_the_poll_is_refused_naming_it() {
+    let server = Server::start(Kind::Redis);
+    let client = Client::standalone(&server.url()).await.unwrap();
+    for (poll, hold) in [(5000, 5000), (1000, 500)] {
+        let refused = Protection::builder(client.clone())
+            .stage_poll(Duration::from_millis(poll))
+            .stage_hold(Duration::from_millis(hold))
+            .start()
+            .err()
+            .expect("refused");
+        assert!(
+            matches!(&refused, redis_ratelimit_client::Error::BadArgument { arg, .. } if arg == "stage_hold"),
+            "{refused:?}"
+        );
+    }
+    // The defaults (1 s poll, 5 s hold) start.
+    let loop_ = Protection::builder(client).start().expect("the defaults");
+    loop_.close().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_layer_counts_outcomes_by_its_predicate_and_the_loop_sends_them_once() {
     let server = Server::start(Kind::Redis);
@@ -427,7 +450,8 @@ async fn the_layer_counts_outcomes_by_its_predicate_and_the_loop_sends_them_once
     let protection = Protection::builder(client.clone())
         .report_interval(Duration::from_millis(100))
         .stage_poll(Duration::from_millis(100))
-        .start();
+        .start()
+        .expect("the loop's options");
     let limiter = Limiter::builder(client.clone())
         .deadline(Duration::from_secs(2))
         .build();
@@ -530,7 +554,8 @@ async fn the_highest_stage_and_lowest_scale_of_every_master_win() {
     let protection = Protection::builder(client)
         .policy("spread")
         .stage_poll(Duration::from_millis(50))
-        .start();
+        .start()
+        .expect("the loop's options");
     wait_for("the lowest scale", async || {
         protection.scale("spread") == 60
     })
@@ -571,7 +596,8 @@ async fn the_local_only_fallback_runs_a_policy_at_its_last_scale() {
     let protection = Protection::builder(client.clone())
         .policy("halved")
         .stage_poll(Duration::from_millis(50))
-        .start();
+        .start()
+        .expect("the loop's options");
     wait_for("the scale read", async || protection.scale("halved") == 50).await;
     let scaled = Limiter::builder(client.clone())
         .protection(protection.clone())
@@ -608,7 +634,8 @@ async fn local_denials_leave_with_the_report_as_denied_and_a_failed_send_loses_t
     let protection = Protection::builder(client.clone())
         .report_interval(Duration::from_millis(50))
         .stage_poll(Duration::from_millis(50))
-        .start();
+        .start()
+        .expect("the loop's options");
     let limiter = Limiter::builder(client.clone())
         .protection(protection.clone())
         .deadline(Duration::from_secs(2))
@@ -701,7 +728,8 @@ async fn the_layer_counts_local_denials_once_whichever_holds_the_loop() {
     let client = Client::standalone(&server.url()).await.unwrap();
     let protection = Protection::builder(client.clone())
         .report_interval(Duration::from_secs(3600))
-        .start();
+        .start()
+        .expect("the loop's options");
     let mut counted = Vec::new();
     for with_loop in [false, true] {
         let mut limiter = Limiter::builder(client.clone())
@@ -759,7 +787,8 @@ async fn close_releases_the_breakers_the_loop_forced_open() {
     let protection = Protection::builder(client.clone())
         .report_interval(Duration::from_millis(50))
         .stage_poll(Duration::from_millis(50))
-        .start();
+        .start()
+        .expect("the loop's options");
     let breaker = protection.breaker("down", "brk");
     // Denials the server did not see: the kit's, reported.
     for _ in 0..100 {
@@ -789,7 +818,8 @@ async fn an_admitted_request_dropped_unfinished_counts_as_an_error() {
     let client = Client::standalone(&server.url()).await.unwrap();
     let protection = Protection::builder(client.clone())
         .report_interval(Duration::from_millis(50))
-        .start();
+        .start()
+        .expect("the loop's options");
     let layer = RateLimitLayer::builder(
         Limiter::builder(client.clone())
             .deadline(Duration::from_secs(2))
