@@ -842,8 +842,9 @@ fn build_sliding_logs(con: &mut Connection, key: &str) -> Vec<Built> {
     ]
 }
 
-/// Spread over a few milliseconds, so that the fine window fills several
-/// buckets.
+/// Spread over a few bucket widths, so that the fine window (3,600 buckets of
+/// 20 ms: a minute and more, so that it outlives a slow full sync on a loaded
+/// machine) fills several buckets.
 fn build_hash_windows(con: &mut Connection, key: &str) -> Vec<Built> {
     let (fine, ring) = (format!("{key}:fine"), format!("{key}:ring"));
     for cost in COSTS.iter().chain(&["1", "1"]) {
@@ -854,13 +855,13 @@ fn build_hash_windows(con: &mut Connection, key: &str) -> Vec<Built> {
         );
         rl(
             con,
-            &["RL.HASHWINDOW", &fine, "1000", "7200", "2", "COST", cost],
+            &["RL.HASHWINDOW", &fine, "1000", "72000", "20", "COST", cost],
         );
         rl(
             con,
             &["RL.HASHWINDOW", &ring, "100", "40000", "4000", "COST", cost],
         );
-        until_server_time(con, start + 2000);
+        until_server_time(con, start + 20_000);
     }
     rl(
         con,
@@ -868,8 +869,8 @@ fn build_hash_windows(con: &mut Connection, key: &str) -> Vec<Built> {
             "RL.HASHWINDOW",
             &fine,
             "1000",
-            "7200",
-            "2",
+            "72000",
+            "20",
             "COST",
             "1500",
             "FORCE",
@@ -877,7 +878,7 @@ fn build_hash_windows(con: &mut Connection, key: &str) -> Vec<Built> {
     );
     rl(
         con,
-        &["RL.HASHWINDOW", &fine, "1000", "7200", "2", "REFUND", "3"],
+        &["RL.HASHWINDOW", &fine, "1000", "72000", "20", "REFUND", "3"],
     );
     // A parameter change.
     rl(
@@ -886,7 +887,7 @@ fn build_hash_windows(con: &mut Connection, key: &str) -> Vec<Built> {
     );
     vec![
         Built::new(key.to_string(), &["10", SLOW, "100000"], false),
-        Built::new(fine, &["1000", "7200", "2"], false),
+        Built::new(fine, &["1000", "72000", "20"], false),
         Built::new(ring, &["90", "80000", "4000"], true),
     ]
 }
