@@ -35,21 +35,6 @@ struct Counts {
     shadow_denied: i64,
 }
 
-fn text(value: &Value) -> String {
-    match value {
-        Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
-        Value::SimpleString(s) => s.clone(),
-        other => panic!("expected a string, got {other:?}"),
-    }
-}
-
-fn int(value: &Value) -> i64 {
-    match value {
-        Value::Int(i) => *i,
-        other => panic!("expected an integer, got {other:?}"),
-    }
-}
-
 /// `RL.POLICY GET name`, checked for its exact shape: `None` for nil.
 fn policy_get(con: &mut Connection, name: &str) -> Option<(Rule, Counts)> {
     let value: Value = query(con, &["RL.POLICY", "GET", name]);

@@ -44,21 +44,6 @@ struct Stats {
     adapting: i64,
 }
 
-fn text(value: &Value) -> String {
-    match value {
-        Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
-        Value::SimpleString(s) => s.clone(),
-        other => panic!("expected a string, got {other:?}"),
-    }
-}
-
-fn int(value: &Value) -> i64 {
-    match value {
-        Value::Int(i) => *i,
-        other => panic!("expected an integer, got {other:?}"),
-    }
-}
-
 fn pairs(value: &Value) -> Vec<(String, Value)> {
     let Value::Array(items) = value else {
         panic!("expected a flat list of names and values, got {value:?}");

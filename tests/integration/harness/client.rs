@@ -242,3 +242,20 @@ pub fn save(con: &mut Connection) {
     );
     let _: () = query(con, &["SAVE"]);
 }
+
+/// A string reply (bulk or simple), or a panic naming what came instead.
+pub fn text(value: &Value) -> String {
+    match value {
+        Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+        Value::SimpleString(s) => s.clone(),
+        other => panic!("expected a string, got {other:?}"),
+    }
+}
+
+/// An integer reply, or a panic naming what came instead.
+pub fn int(value: &Value) -> i64 {
+    match value {
+        Value::Int(i) => *i,
+        other => panic!("expected an integer, got {other:?}"),
+    }
+}
