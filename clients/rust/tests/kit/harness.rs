@@ -122,6 +122,23 @@ impl Server {
         Server::start_with(kind, &[], false)
     }
 
+    /// A replica of `master` (same kind, with the module), returned once its
+    /// link to the master is up.
+    pub fn replica_of(master: &Server, kind: Kind) -> Server {
+        let replica = Server::start_with(
+            kind,
+            &["--replicaof", "127.0.0.1", &master.port.to_string()],
+            true,
+        );
+        wait_until("the replica in sync", || {
+            replica
+                .info("replication")
+                .get("master_link_status")
+                .is_some_and(|s| s == "up")
+        });
+        replica
+    }
+
     pub fn start_with(kind: Kind, extra: &[&str], with_module: bool) -> Server {
         let port = free_port();
         let dir = temp_dir(&port.to_string());

@@ -106,17 +106,7 @@ fn traffic(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_percent_errors_scale_the_policy_to_80_on_both_instances_and_the_replica() {
     let server = Server::start(Kind::Redis);
-    let replica = Server::start_with(
-        Kind::Redis,
-        &["--replicaof", "127.0.0.1", &server.port.to_string()],
-        true,
-    );
-    wait_until("the replica in sync", || {
-        replica
-            .info("replication")
-            .get("master_link_status")
-            .is_some_and(|s| s == "up")
-    });
+    let replica = Server::replica_of(&server, Kind::Redis);
     set_policy(
         &server,
         "adapt TOKENBUCKET 100000 100000 1000 ADAPT ERRORS 5 MIN 80 RECOVER 5 WINDOW 1000 MINCALLS 20",

@@ -10,17 +10,7 @@ use crate::harness::{wait_for, wait_until, Kind, Sentinel, Server};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_client_follows_the_master_through_a_failover() {
     let master = Server::start(Kind::Redis);
-    let replica = Server::start_with(
-        Kind::Redis,
-        &["--replicaof", "127.0.0.1", &master.port.to_string()],
-        true,
-    );
-    wait_until("the replica in sync", || {
-        replica
-            .info("replication")
-            .get("master_link_status")
-            .is_some_and(|s| s == "up")
-    });
+    let replica = Server::replica_of(&master, Kind::Redis);
     let sentinel = Sentinel::start(&master);
     let client = Client::sentinel(&[sentinel.url().as_str()], "mymaster")
         .await
