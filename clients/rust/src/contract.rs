@@ -618,6 +618,66 @@ fn protection() -> Value {
     })
 }
 
+/// Observability (SPEC "Observability in every kit"): the metrics every kit
+/// serves, by the names a Prometheus scrape shows, their labels and the
+/// values a label takes; the deny events' fields and their shipping.
+fn observability() -> Value {
+    let metric = |name: &str, kind: &str, labels: &[&str], help: &str| json!({"name": name, "type": kind, "labels": labels, "help": help});
+    json!({
+        "metrics": [
+            metric("ratelimit_decisions_total", "counter", &["rule", "level", "outcome"],
+                "Decisions taken, by rule, by the level that took them and by outcome"),
+            metric("ratelimit_redis_seconds", "histogram", &[],
+                "Round trips of limiter commands to Redis, in seconds"),
+            metric("ratelimit_remaining_ratio", "gauge", &["rule"],
+                "remaining / limit of the rule's last decision taken by Redis or the local level (0: at the limit)"),
+            metric("ratelimit_breaker_open", "gauge", &["breaker"],
+                "1 while the breaker is open (Redis skipped, or a protected stage broken), else 0"),
+            metric("ratelimit_scale", "gauge", &["rule"],
+                "The protection loop's scale of the rule's policy, in percent"),
+            metric("ratelimit_stage", "gauge", &["rule"],
+                "The protection loop's stage of the rule's policy: 0 normal, 1 degrade, 2 break"),
+            metric("ratelimit_deny_events_dropped_total", "counter", &[],
+                "Deny events lost: the oldest dropped from a full buffer, and every event of a batch its sink refused"),
+            metric("ratelimit_deny_events_shipped_total", "counter", &[],
+                "Deny events a sink accepted"),
+            metric("ratelimit_deny_events_sink_errors_total", "counter", &[],
+                "Flushes a sink refused or failed (an error, a timeout, an HTTP status other than 2xx, a _bulk reply with errors)"),
+        ],
+        "levels": [
+            {"level": "local", "means": "the in-process level of a global rule"},
+            {"level": "redis", "means": "the server's answer"},
+            {"level": "deny_cache", "means": "a denial repeated from the deny cache, without a round trip"},
+            {"level": "grant", "means": "units held from an UPTO grant, without a round trip"},
+            {"level": "fallback", "means": "the fallback's answer while Redis is away (fail open, fail closed, local only)"},
+        ],
+        "outcomes": ["admitted", "denied", "shadow_denied"],
+        "rule_label": "the rule's name as the kit's user gave it (a policy rule: the policy's name); never a key, so the series stay few",
+        "redis_seconds_buckets": [0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0],
+        "deny_events": {
+            "fields": ["timestamp", "key", "rule", "level", "outcome", "limit", "remaining", "retry_after_ms", "client_ip", "user_agent"],
+            "optional": ["client_ip", "user_agent"],
+            "timestamp": "RFC 3339 in UTC with milliseconds, as 2026-12-02T10:00:00.123Z",
+            "retry_after_ms": "the decision's wait_ms: -1 when the request can never pass",
+            "outcome": "denied, or shadow_denied (a shadow policy would have denied; the request went on)",
+            "format": "one JSON object per line, the fields in this order, an optional field left out when unknown",
+            "buffer_events": 10000,
+            "flush_interval_ms": 5000,
+            "flush_events": 1000,
+            "full": "the oldest events are dropped and counted in ratelimit_deny_events_dropped_total",
+            "sinks": {
+                "file": "the batch appended to the file as JSON lines",
+                "bulk": "POST <url>/_bulk, Content-Type application/x-ndjson: per event an action line {\"index\":{\"_index\":\"<index>\"}} then the event's line; accepted on a 2xx whose JSON body has errors false",
+                "callback": "the user's function, given the batch of events, on the flusher (never on a request)",
+            },
+            "bulk_index": "ratelimit-deny",
+            "sink_timeout_ms": 2000,
+            "failed_batch": "dropped and counted (dropped and sink_errors); never retried, never held",
+            "request_path": "a denial appends to the buffer under a short lock and wakes the flusher; a request never waits for a sink",
+        },
+    })
+}
+
 /// The whole file.
 fn contract() -> Value {
     let periods: Vec<Value> = (0..4)
@@ -662,6 +722,7 @@ fn contract() -> Value {
         "options": options(),
         "replies": replies(),
         "protection": protection(),
+        "observability": observability(),
         "algorithms": algorithms,
         "periods": periods,
         "zones": zones(),
