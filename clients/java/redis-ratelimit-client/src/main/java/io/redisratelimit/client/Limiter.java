@@ -43,6 +43,8 @@ public final class Limiter implements AutoCloseable {
         private int breakerFailures = 5;
         private Duration breakerOpenFor = Duration.ofSeconds(1);
         private Duration deadline;
+        private RateLimitMeters meters;
+        private DenyEvents denyEvents;
 
         private Builder(Client client) {
             this.client = client;
@@ -110,8 +112,31 @@ public final class Limiter implements AutoCloseable {
             return this;
         }
 
+        /**
+         * Metrics on ({@code RateLimitMeters.on(registry)}): every decision
+         * counted in {@code ratelimit_decisions_total}, every round trip timed
+         * in {@code ratelimit_redis_seconds}. Off by default (null).
+         */
+        public Builder metrics(RateLimitMeters m) {
+            meters = m;
+            return this;
+        }
+
+        /**
+         * Deny events on: every denial, at every level, recorded into
+         * {@code events} (which {@link Limiter#close} closes). Off by default (null).
+         */
+        public Builder denyEvents(DenyEvents events) {
+            denyEvents = events;
+            return this;
+        }
+
         public Limiter build() {
-            return new Limiter(this);
+            Limiter l = new Limiter(this);
+            if (meters != null) {
+                meters.bind(l);
+            }
+            return l;
         }
     }
 
@@ -133,6 +158,8 @@ public final class Limiter implements AutoCloseable {
     private final CircuitBreaker breaker;
     private final Duration openFor;
     private final Stats stats = new Stats();
+    private volatile Observer observer;
+    private final DenyEvents events;
     private final List<java.util.function.Consumer<ServerErrorException>> serverErrorListeners = new java.util.concurrent.CopyOnWriteArrayList<>();
 
     private Limiter(Builder b) {
@@ -144,6 +171,7 @@ public final class Limiter implements AutoCloseable {
         this.accounts = new LocalLimiters(b.localCapacity);
         this.fallback = b.fallback;
         this.openFor = b.breakerOpenFor;
+        this.events = b.denyEvents;
         // Opens after `failures` consecutive unavailable or late calls; one probe when half open.
         this.breaker = CircuitBreaker.of("redis-ratelimit", CircuitBreakerConfig.custom()
                 .slidingWindowType(CircuitBreakerConfig.SlidingWindowType.COUNT_BASED)
@@ -176,6 +204,16 @@ public final class Limiter implements AutoCloseable {
 
     public StatsSnapshot stats() {
         return stats.snapshot();
+    }
+
+    /** Where its denials go, or null (deny events off). */
+    public DenyEvents denyEvents() {
+        return events;
+    }
+
+    /** Metrics on from now on ({@link RateLimitMeters#bind(Limiter)} calls it). */
+    void observe(Observer o) {
+        observer = o;
     }
 
     /** The Resilience4j breaker, for its metrics (resilience4j-micrometer binds it). */
@@ -299,9 +337,24 @@ public final class Limiter implements AutoCloseable {
 
     /** One identity per rule, in order (rules keyed by different things: a user, an IP). */
     public CompletionStage<Decision> checkAsync(RuleSet set, List<String> identities, long cost) {
+        return checkAsync(set, identities, cost, Origin.UNKNOWN);
+    }
+
+    /** The blocking form of {@link #checkAsync(RuleSet, List, long, Origin)}. */
+    public Decision check(RuleSet set, List<String> identities, long cost, Origin origin) {
+        return checkAsync(set, identities, cost, origin).toCompletableFuture().join();
+    }
+
+    /**
+     * With where the request came from: a denial's deny event carries its
+     * {@code client_ip} and {@code user_agent} (the starter's HTTP interceptor
+     * and filter pass them).
+     */
+    public CompletionStage<Decision> checkAsync(RuleSet set, List<String> identities, long cost, Origin origin) {
         List<RuleSet.Checked> rules = set.checked();
-        if (identities.size() != rules.size()) {
-            throw new InvalidArgumentException("identities", "one per rule: " + rules.size() + " rules, " + identities.size() + " identities");
+        if (identities == null || identities.size() != rules.size()) {
+            throw new InvalidArgumentException("identities", "one per rule: " + rules.size() + " rules, "
+                    + (identities == null ? "none" : identities.size()) + " identities");
         }
         List<String> keys = new ArrayList<>(rules.size());
         for (int i = 0; i < rules.size(); i++) {
@@ -310,6 +363,63 @@ public final class Limiter implements AutoCloseable {
         if (cost < 0 || cost > Spec.MAX_PARAM) {
             throw new InvalidArgumentException("cost", "must be an integer from 0 to " + Spec.MAX_PARAM + ", got " + cost);
         }
+        CompletionStage<Decision> decided = decide(set, keys, cost);
+        Observer o = observer;
+        DenyEvents ev = events;
+        if (o == null && ev == null) {
+            return decided;
+        }
+        Origin from = origin == null ? Origin.UNKNOWN : origin;
+        return decided.thenApply(d -> {
+            observed(rules, keys, d, o, ev, from);
+            return d;
+        });
+    }
+
+    /** Counts a decision (once per rule admitted, once for the rule that denied) and records a denial's event. */
+    private static void observed(List<RuleSet.Checked> rules, List<String> keys, Decision d, Observer o, DenyEvents ev, Origin origin) {
+        int at = reported(rules, d);
+        if (o != null) {
+            if (d.allowed()) {
+                for (RuleSet.Checked c : rules) {
+                    o.decided(c.label(), d.path(), true);
+                }
+            } else {
+                o.decided(rules.get(at).label(), d.path(), false);
+            }
+            if (at >= 0 && (d.path() == Path.REDIS || d.path() == Path.LOCAL)) {
+                o.remaining(rules.get(at).label(), d.limit(), d.remaining());
+            }
+        }
+        if (ev != null && !d.allowed()) {
+            ev.record(new DenyEvent(java.time.Instant.now(), keys.get(at), rules.get(at).label(), d.path().level(), "denied",
+                    d.limit(), d.remaining(), d.waitMs(), origin.clientIp(), origin.userAgent()));
+        }
+    }
+
+    /**
+     * The rule a decision's fields describe: the one that denied; for an
+     * admission, the only rule, or the first whose limit is the reply's
+     * (-1 when none is: its remaining ratio is not set).
+     */
+    private static int reported(List<RuleSet.Checked> rules, Decision d) {
+        if (d.deniedBy().isPresent() && d.deniedBy().getAsInt() < rules.size()) {
+            return d.deniedBy().getAsInt();
+        }
+        if (rules.size() == 1 || !d.allowed()) {
+            return 0;
+        }
+        for (int i = 0; i < rules.size(); i++) {
+            Spec s = rules.get(i).rule().spec();
+            if (s != null && s.limit() == d.limit()) {
+                return i;
+            }
+        }
+        return -1;
+    }
+
+    private CompletionStage<Decision> decide(RuleSet set, List<String> keys, long cost) {
+        List<RuleSet.Checked> rules = set.checked();
         // A concurrency denial's wait is only the time until leases expire: a release frees room
         // earlier, so it is never cached.
         boolean cacheable = denyCache != null && !rules.get(0).rule().concurrency();
@@ -380,6 +490,10 @@ public final class Limiter implements AutoCloseable {
         }
         return call.handle((d, err) -> {
             long took = System.nanoTime() - start;
+            Observer timed = observer;
+            if (timed != null) {
+                timed.redisRoundTrip(took);
+            }
             if (err == null) {
                 breaker.onSuccess(took, TimeUnit.NANOSECONDS);
                 (d.allowed() ? stats.redisAdmitted : stats.redisDenied).increment();
@@ -609,8 +723,15 @@ public final class Limiter implements AutoCloseable {
         return CallNotPermittedException.class;
     }
 
+    /** Closes the client, and the deny events given to the builder (what they hold is shipped, within their timeout). */
     @Override
     public void close() {
-        client.close();
+        try {
+            if (events != null) {
+                events.close();
+            }
+        } finally {
+            client.close();
+        }
     }
 }

@@ -9,5 +9,15 @@ public enum Path {
     /** The local deny cache, without a round trip. */
     DENY_CACHE,
     /** The fallback: Redis unreachable, late, or the breaker open. */
-    FALLBACK
+    FALLBACK;
+
+    /** The level as metrics and deny events name it: {@code redis}, {@code local}, {@code deny_cache}, {@code fallback}. */
+    public String level() {
+        return switch (this) {
+            case REDIS -> "redis";
+            case LOCAL -> "local";
+            case DENY_CACHE -> "deny_cache";
+            case FALLBACK -> "fallback";
+        };
+    }
 }

@@ -8,7 +8,11 @@ import java.util.List;
  * {@link Limiter#rules(List)}, which checks every rule before anything is sent.
  */
 public final class RuleSet {
-    record Checked(Rule rule, Spec local, Spec fallback, String signature) {
+    record Checked(Rule rule, Spec local, Spec fallback, String signature, String label) {
+        Checked(Rule rule, Spec local, Spec fallback, String signature) {
+            // Metrics' and deny events' rule: a policy rule's policy name, else the rule's name (never a key).
+            this(rule, local, fallback, signature, rule.policy() != null ? rule.policy() : rule.name());
+        }
     }
 
     private final List<Checked> rules;
