@@ -3,7 +3,7 @@ export type { ModuleInfo, PolicyOptions, AdaptOptions, LogEntry, ClientOptions }
 export { Decision } from './decision.js';
 export type { Path } from './decision.js';
 export { Limiter, RuleSet } from './limiter.js';
-export type { LimiterRule, LimiterOptions, CheckedRule } from './limiter.js';
+export type { LimiterRule, LimiterOptions, CheckedRule, RequestContext } from './limiter.js';
 export type { FallbackMode, BreakerOptions, StatName, StatsSnapshot } from './fallback.js';
 export { STAT_NAMES } from './fallback.js';
 export type { Share } from './local.js';
@@ -27,6 +27,10 @@ export { parseStats, STATS_FIELDS, WINDOW_FIELDS } from './policyStats.js';
 export type { PolicyStats, WindowCounts, Stage } from './policyStats.js';
 export { rateLimitMiddleware, outcomeErrors, defaultIsError } from './middleware.js';
 export type { RateLimitMiddlewareOptions, RequestOutcome, DegradeInfo } from './middleware.js';
+export { RateLimitMetrics, METRICS, LEVELS, OUTCOMES, REDIS_SECONDS_BUCKETS, REDIS_BREAKER } from './metrics.js';
+export type { Level, Outcome, PromRegistry, MetricsOption } from './metrics.js';
+export { DenyEvents, DENY_EVENT_FIELDS, DENY_EVENT_DEFAULTS } from './denyEvents.js';
+export type { DenyEvent, DenyEventInput, DenyEventsOptions, DenyEventsStats } from './denyEvents.js';
 
 // The former names, kept for one release (CHANGELOG.md). Each is the same
 // class or type as its new name, so `instanceof` holds either way.

@@ -14,6 +14,8 @@ import { Breaker, checkFallbackMode, startProbe, Stats, type BreakerOptions, typ
 import { checkShare, localSpec, LocalLimiters, scaled, type LocalSpec, type Share } from './local.js';
 import { Request, ruleArgs, type Period, type Spec, type SpecOrPolicy } from './rules.js';
 import type { Protection } from './protection.js';
+import { DenyEvents } from './denyEvents.js';
+import { REDIS_BREAKER, resolveMetrics, type Level, type MetricsOption, type RateLimitMetrics } from './metrics.js';
 import type { RedisLike } from './transport.js';
 
 /**
@@ -75,7 +77,25 @@ export interface LimiterOptions {
    * so that a policy's stages see the whole flood.
    */
   protection?: Protection;
+  /**
+   * Prometheus metrics (prom-client, an optional peer): `true` for
+   * prom-client's global `register`, or a `Registry`. Counts every decision
+   * by rule, level and outcome, times every limiter round trip, and keeps
+   * each rule's remaining ratio and the breaker's state (README, "Metrics
+   * and deny events"). Off by default.
+   */
+  metrics?: MetricsOption;
+  /** Every denial, at every level, recorded as a deny event (`new DenyEvents({ ... })`). */
+  denyEvents?: DenyEvents;
 }
+
+/** What the HTTP layer knows of a request, for its deny event. */
+export interface RequestContext {
+  clientIp?: string | undefined;
+  userAgent?: string | undefined;
+}
+
+const LEVEL_OF: Record<Path, Level> = { redis: 'redis', local: 'local', denyCache: 'deny_cache', fallback: 'fallback' };
 
 /** One checked rule of a `RuleSet`. */
 export interface CheckedRule {
@@ -152,6 +172,10 @@ export class Limiter {
   private readonly accounts: LocalLimiters;
   private readonly breaker: Breaker;
   private readonly counters = new Stats();
+  /** The metrics, when on. */
+  readonly metrics: RateLimitMetrics | undefined;
+  /** The deny events' shipper, when given. */
+  readonly denyEvents: DenyEvents | undefined;
 
   constructor(client: Client | RedisLike, options: LimiterOptions = {}) {
     if (options === null || typeof options !== 'object') {
@@ -183,6 +207,12 @@ export class Limiter {
       throw new InvalidArgumentError('protection', `protection must be a Protection, got ${describe(protection)}`);
     }
     this.protection = protection;
+    this.metrics = resolveMetrics(options.metrics);
+    if (options.denyEvents !== undefined && !(options.denyEvents instanceof DenyEvents)) {
+      throw new InvalidArgumentError('denyEvents', `denyEvents must be a DenyEvents, got ${describe(options.denyEvents)}`);
+    }
+    this.denyEvents = options.denyEvents;
+    this.metrics?.breakerOpen(REDIS_BREAKER, false);
   }
 
   /** A reading of the counters of every path, under the Rust kit's names (`redis_calls`, `deny_cache_hits`...). */
@@ -285,7 +315,50 @@ export class Limiter {
    * answer, the fallback decides, and `decision.path` says which path did.
    * Rejects only on bad arguments.
    */
-  async check(set: RuleSet, identity: string, cost = 1): Promise<Decision> {
+  async check(set: RuleSet, identity: string, cost = 1, context?: RequestContext): Promise<Decision> {
+    if (context !== undefined && (context === null || typeof context !== 'object')) {
+      throw new InvalidArgumentError('context', `context must be { clientIp, userAgent }, got ${describe(context)}`);
+    }
+    const d = await this.decide(set, identity, cost);
+    if (this.metrics !== undefined || this.denyEvents !== undefined) this.observe(set.rules, identity, d, context);
+    return d;
+  }
+
+  /**
+   * Counts the decision in the metrics (`ratelimit_decisions_total`: an
+   * admission once per rule of the set, a denial once, for the rule that
+   * denied; `ratelimit_remaining_ratio` of a rule whose numbers the
+   * decision carries) and records a denial as a deny event.
+   */
+  private observe(rules: readonly CheckedRule[], identity: string, d: Decision, context: RequestContext | undefined): void {
+    const level = LEVEL_OF[d.path];
+    const m = this.metrics;
+    if (d.allowed) {
+      if (m === undefined) return;
+      for (const r of rules) m.decision(r.name, level, 'admitted');
+      // RL.ALL's admission carries the most restrictive rule's numbers, not saying which: only a single rule's ratio is known.
+      if (rules.length === 1 && (level === 'redis' || level === 'local')) m.remainingRatio((rules[0] as CheckedRule).name, d.remaining, d.limit);
+      return;
+    }
+    const rule = rules[d.deniedBy ?? 0] as CheckedRule;
+    if (m !== undefined) {
+      m.decision(rule.name, level, 'denied');
+      if (level === 'redis' || level === 'local') m.remainingRatio(rule.name, d.remaining, d.limit);
+    }
+    this.denyEvents?.record({
+      key: rule.keyFor(identity),
+      rule: rule.name,
+      level,
+      outcome: 'denied',
+      limit: d.limit,
+      remaining: d.remaining,
+      retryAfterMs: d.waitMs,
+      clientIp: context?.clientIp,
+      userAgent: context?.userAgent,
+    });
+  }
+
+  private async decide(set: RuleSet, identity: string, cost: number): Promise<Decision> {
     if (!(set instanceof RuleSet)) throw new InvalidArgumentError('set', `set must be a RuleSet (limiter.ruleSet(rules)), got ${describe(set)}`);
     checkString('identity', identity);
     const units = BigInt(checkInteger('cost', cost, 0));
@@ -353,7 +426,7 @@ export class Limiter {
       await this.settle(rules, keys, localIdx, localLimits, accountIdx, accountLimits);
       this.counters.add('redis_calls');
       try {
-        const d = await beforeDeadline(this.callRedis(rules, keys, cost), this.deadlineMs);
+        const d = await this.timed(beforeDeadline(this.callRedis(rules, keys, cost), this.deadlineMs));
         this.breaker.success();
         outcome = { kind: 'redis', d };
       } catch (err) {
@@ -361,6 +434,7 @@ export class Limiter {
         this.counters.add(failure === 'timeout' ? 'redis_timeouts' : failure === 'unavailable' ? 'redis_unavailable' : 'redis_errors');
         if (failure !== 'error' && this.breaker.failure()) {
           this.counters.add('breaker_opened');
+          this.metrics?.breakerOpen(REDIS_BREAKER, true);
           process.emitWarning(`redis-ratelimit: circuit breaker open, fallback ${this.fallbackMode} decides (${(err as Error)?.message})`, { code: 'RL_BREAKER_OPEN' });
         }
         outcome = failure === 'error' ? { kind: 'notApplied' } : { kind: 'lost' };
@@ -422,10 +496,32 @@ export class Limiter {
       const request = Request.force(Number(units < MAX_COST ? units : MAX_COST));
       const key = keys[i] as string;
       const sent = 'policy' in rule.kind ? this.client.hit(rule.kind.policy, key, request) : this.client.limit(key, rule.kind, request);
-      await beforeDeadline(sent, this.deadlineMs).catch(() => {
+      await this.timed(beforeDeadline(sent, this.deadlineMs)).catch(() => {
         // not settled: Redis is failing again, and the request's own call will say so
       });
     }
+  }
+
+  /**
+   * `call`, its round trip observed in `ratelimit_redis_seconds` when
+   * metrics are on: answered (admitted, denied, an error reply) or past the
+   * deadline; a call that failed on the connection had no round trip.
+   */
+  private timed<T>(call: Promise<T>): Promise<T> {
+    const m = this.metrics;
+    if (m === undefined) return call;
+    const t0 = performance.now();
+    const seen = () => m.redisSeconds((performance.now() - t0) / 1000);
+    return call.then(
+      (v) => {
+        seen();
+        return v;
+      },
+      (err: unknown) => {
+        if (classify(err) !== 'unavailable') seen();
+        throw err;
+      },
+    );
   }
 
   private callRedis(rules: readonly CheckedRule[], keys: string[], cost: number): Promise<Decision> {
@@ -445,7 +541,10 @@ export class Limiter {
   private probe(): void {
     this.counters.add('probes');
     void startProbe(this.breaker, () => this.client.send(undefined, ['PING']), this.deadlineMs).then((closed) => {
-      if (closed) this.counters.add('probes_ok');
+      if (closed) {
+        this.counters.add('probes_ok');
+        this.metrics?.breakerOpen(REDIS_BREAKER, false);
+      }
     });
   }
 

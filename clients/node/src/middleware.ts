@@ -182,7 +182,9 @@ export function rateLimitMiddleware<Req extends IncomingMessage = IncomingMessag
         return problem(res, 400, 'Bad Request', 'the rate-limit key of this request could not be computed');
       }
       const set = await rules();
-      const d = await limiter.check(set, key, cost);
+      // The deny event's client_ip and user_agent (only read when events are shipped).
+      const context = limiter.denyEvents === undefined ? undefined : { clientIp: (req as { ip?: string }).ip ?? req.socket.remoteAddress, userAgent: req.headers['user-agent'] };
+      const d = await limiter.check(set, key, cost, context);
       const rule = set.rules[d.deniedBy ?? 0] as CheckedRule;
       setFields(res, rule, d);
       if (!d.allowed) {

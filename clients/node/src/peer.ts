@@ -50,5 +50,21 @@ function load(): FlexiblePeer | undefined {
   }
 }
 
+/**
+ * Another optional peer (prom-client), loaded when first asked for, from
+ * this package's location: undefined when the application does not have it.
+ */
+export function requirePeer(name: string): unknown {
+  const file = ownFile();
+  if (file === undefined) return undefined;
+  try {
+    return createRequire(file)(name) as unknown;
+  } catch (err) {
+    const e = err as NodeJS.ErrnoException;
+    if (e.code === 'MODULE_NOT_FOUND' && e.message.includes(`'${name}'`)) return undefined;
+    throw err;
+  }
+}
+
 /** rate-limiter-flexible's exports, or undefined when the application does not have it. */
 export const flexiblePeer: FlexiblePeer | undefined = load();

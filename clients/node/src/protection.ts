@@ -9,6 +9,7 @@ import { Client } from './client.js';
 import { checkInteger, checkString, describe, InvalidArgumentError, RLError } from './errors.js';
 import { parseStats, type PolicyStats, type Stage } from './policyStats.js';
 import { eachMasterSettled, type RedisLike, type Transport } from './transport.js';
+import { resolveMetrics, type MetricsOption, type RateLimitMetrics } from './metrics.js';
 
 /** The loop's timings by default: the contract's `protection.kits`. */
 export const PROTECTION_DEFAULTS = Object.freeze({
@@ -32,6 +33,13 @@ export interface ProtectionOptions {
   breakers?: Record<string, readonly string[]>;
   /** The breakers' own failure counting. */
   breakerOptions?: CircuitBreakerOptions;
+  /**
+   * Prometheus metrics (prom-client): `true` for its global `register`, or
+   * a `Registry`. `ratelimit_scale{rule}` and `ratelimit_stage{rule}` of
+   * every policy watched (after every stage read), and
+   * `ratelimit_breaker_open{breaker}` of its breakers.
+   */
+  metrics?: MetricsOption;
 }
 
 /** What the loop did so far: for an exporter, and to see that nothing piles up. */
@@ -129,6 +137,8 @@ export class Protection {
   private readonly reportTimer: ReturnType<typeof setInterval>;
   private readonly pollTimer: ReturnType<typeof setInterval>;
   private closed = false;
+  /** The metrics, when on. */
+  readonly metrics: RateLimitMetrics | undefined;
   private readonly tally: ProtectionStats = { reportsSent: 0, reportsFailed: 0, outcomesLost: 0, deniedLost: 0, pollsOk: 0, pollsFailed: 0, inFlight: 0 };
 
   constructor(client: Client | RedisLike | ReadonlyArray<Client | RedisLike>, policies: readonly string[] = [], options: ProtectionOptions = {}) {
@@ -146,6 +156,7 @@ export class Protection {
     if (this.stageHoldMs <= this.stagePollMs) {
       throw new InvalidArgumentError('stageHoldMs', `stageHoldMs (${this.stageHoldMs}) must be longer than stagePollMs (${this.stagePollMs})`);
     }
+    this.metrics = resolveMetrics(options.metrics);
     this.breakerOptions = options.breakerOptions ?? {};
     new CircuitBreaker('check', this.breakerOptions); // checked now, naming the bad option
     if (!Array.isArray(policies)) throw new InvalidArgumentError('policies', `policies must be an array of policy names, got ${describe(policies)}`);
@@ -166,7 +177,13 @@ export class Protection {
   /** Watches `policy` too: its stage is read, its outcomes may be recorded. */
   watch(policy: string): void {
     checkString('policy', policy);
-    if (!this.counts.has(policy)) this.counts.set(policy, { ok: 0, errors: 0, denied: 0 });
+    if (!this.counts.has(policy)) {
+      this.counts.set(policy, { ok: 0, errors: 0, denied: 0 });
+      if (this.metrics !== undefined) {
+        this.metrics.scale(policy, this.scale(policy));
+        this.metrics.stage(policy, this.stage(policy));
+      }
+    }
   }
 
   /** The policies watched. */
@@ -241,6 +258,11 @@ export class Protection {
     let b = this.breakers.get(name);
     if (b === undefined) {
       b = new CircuitBreaker(name, this.breakerOptions);
+      const m = this.metrics;
+      if (m !== undefined) {
+        m.breakerOpen(name, false);
+        b.onChange = (state) => m.breakerOpen(name, state !== 'closed');
+      }
       this.breakers.set(name, b);
     }
     return b;
@@ -421,6 +443,12 @@ export class Protection {
 
   private applyBreakers(): void {
     const now = performance.now();
+    if (this.metrics !== undefined) {
+      for (const p of this.counts.keys()) {
+        this.metrics.scale(p, this.scale(p, now));
+        this.metrics.stage(p, this.stage(p, now));
+      }
+    }
     for (const [name, policies] of this.links) {
       const b = this.breakers.get(name) as CircuitBreaker;
       let top = 0;
@@ -477,7 +505,19 @@ export class CircuitOpenError extends RLError {
 export class CircuitBreaker {
   readonly failures: number;
   readonly openForMs: number;
-  private current: CircuitState = 'closed';
+  private state_: CircuitState = 'closed';
+  /** Called with the new state on every change (the `Protection`'s metrics). */
+  onChange: ((state: CircuitState) => void) | undefined;
+
+  private get current(): CircuitState {
+    return this.state_;
+  }
+
+  private set current(state: CircuitState) {
+    if (state === this.state_) return;
+    this.state_ = state;
+    this.onChange?.(state);
+  }
   private consecutive = 0;
   private openUntil = 0;
   /** A trial call is out until this instant (performance.now()). */

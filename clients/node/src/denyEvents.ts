@@ -1,0 +1,389 @@
+/**
+ * Deny events (SPEC "Observability in every kit", the contract's
+ * `observability.deny_events`): every denial as one JSON line with seed
+ * 000's fields, through a bounded ring buffer that a background flusher
+ * ships in batches to a file, an Elasticsearch `_bulk` endpoint or a
+ * callback. A request only appends to the buffer; it never waits for a sink.
+ */
+import { appendFile } from 'node:fs/promises';
+import { request as httpRequest } from 'node:http';
+import { request as httpsRequest } from 'node:https';
+import { checkInteger, checkString, describe, InvalidArgumentError } from './errors.js';
+import { resolveMetrics, type Level, type MetricsOption, type Outcome, type RateLimitMetrics } from './metrics.js';
+
+/** One denial as shipped: the fields in the contract's order; `client_ip` and `user_agent` only when known. */
+export interface DenyEvent {
+  /** RFC 3339 in UTC with milliseconds: `2026-12-02T10:00:00.123Z`. */
+  timestamp: string;
+  /** The limiter key. */
+  key: string;
+  /** The rule's name (a policy rule: the policy's name). */
+  rule: string;
+  level: Level;
+  outcome: Outcome;
+  limit: number;
+  remaining: number;
+  /** The decision's `waitMs`: -1 when the request can never pass. */
+  retry_after_ms: number;
+  client_ip?: string;
+  user_agent?: string;
+}
+
+/** The fields, in order (the contract's `deny_events.fields`). */
+export const DENY_EVENT_FIELDS = Object.freeze(['timestamp', 'key', 'rule', 'level', 'outcome', 'limit', 'remaining', 'retry_after_ms', 'client_ip', 'user_agent'] as const);
+
+/** The defaults (the contract's `deny_events`). */
+export const DENY_EVENT_DEFAULTS = Object.freeze({
+  /** Events the buffer holds; beyond, the oldest are dropped (counted). */
+  capacity: 10_000,
+  /** A flush starts as soon as this many events wait, and ships at most this many per batch. */
+  flushEvents: 1000,
+  /** And at least this often. */
+  flushIntervalMs: 5000,
+  /** A sink that has not accepted a batch within this is failed: the batch is dropped (counted), never retried. */
+  timeoutMs: 2000,
+  /** The `_bulk` action's index. */
+  bulkIndex: 'ratelimit-deny',
+});
+
+/** `new DenyEvents(options)`: exactly one sink (`file`, `bulkUrl` or `callback`). */
+export interface DenyEventsOptions {
+  /** Append each batch to this file as JSON lines. */
+  file?: string;
+  /** POST each batch to `<bulkUrl>/_bulk` (Elasticsearch, OpenSearch): an action line then the event's line per event. */
+  bulkUrl?: string | URL;
+  /** The `_index` of the `_bulk` action lines (default `ratelimit-deny`). */
+  bulkIndex?: string;
+  /** Give each batch to this function, on the flusher (never on a request). A rejection (or a throw) fails the batch. */
+  callback?: (batch: DenyEvent[]) => void | Promise<void>;
+  /** Buffer size (default 10,000). */
+  capacity?: number;
+  /** Flush when this many wait, at most this many per batch (default 1,000). */
+  flushEvents?: number;
+  /** Flush at least this often (default 5,000 ms). */
+  flushIntervalMs?: number;
+  /** Sink timeout per batch (default 2,000 ms). */
+  timeoutMs?: number;
+  /** `ratelimit_deny_events_{dropped,shipped,sink_errors}_total` in this registry (`true`: prom-client's global one). */
+  metrics?: MetricsOption;
+  /**
+   * The background flusher (default true). Without it, events wait in the
+   * buffer for `flush()` or `close()`.
+   */
+  background?: boolean;
+}
+
+/** What the shipper did so far. */
+export interface DenyEventsStats {
+  /** Events waiting in the buffer. */
+  pending: number;
+  /** Events a sink accepted. */
+  shipped: number;
+  /** Events lost: dropped from a full buffer, in a failed batch, or recorded after `close()`. */
+  dropped: number;
+  /** Batches a sink refused or failed. */
+  sinkErrors: number;
+  /** Batches a sink accepted. */
+  batches: number;
+}
+
+/** A denial as the limiter records it; the timestamp is taken at `record`. */
+export interface DenyEventInput {
+  key: string;
+  rule: string;
+  level: Level;
+  outcome?: Outcome;
+  limit: number;
+  remaining: number;
+  retryAfterMs: number;
+  clientIp?: string | undefined;
+  userAgent?: string | undefined;
+}
+
+interface Slot {
+  at: number;
+  e: DenyEventInput;
+}
+
+type Sink = (batch: DenyEvent[], timeoutMs: number) => Promise<void>;
+
+/**
+ * The deny-event shipper: give it to a `Limiter` (`denyEvents` option) and
+ * every denial it answers, at every level, is recorded; the middleware adds
+ * the request's `client_ip` and `user_agent`.
+ *
+ * - `record` appends to a ring buffer of `capacity` events (a full one
+ *   drops its oldest, counted in `dropped`) and never does I/O.
+ * - A background flusher (timers unref'd: it does not keep the process
+ *   alive) ships every `flushIntervalMs`, or as soon as `flushEvents` wait,
+ *   in batches of at most `flushEvents`, one batch at a time.
+ * - A batch the sink fails (an error, no answer within `timeoutMs`, a
+ *   non-2xx status, a `_bulk` reply with `errors`) is dropped and counted
+ *   (`dropped` += its events, `sinkErrors` += 1), never retried: a dead sink
+ *   costs counts, not memory or latency.
+ * - `close()` stops the flusher and ships what is left, within `timeoutMs`.
+ *
+ * ```ts
+ * const events = new DenyEvents({ bulkUrl: 'http://127.0.0.1:9200', metrics: true })
+ * const limiter = new Limiter(client, { metrics: true, denyEvents: events })
+ * process.on('SIGTERM', () => events.close())
+ * ```
+ */
+export class DenyEvents {
+  readonly capacity: number;
+  readonly flushEvents: number;
+  readonly flushIntervalMs: number;
+  readonly timeoutMs: number;
+  readonly bulkIndex: string;
+  private readonly sink: Sink;
+  private readonly metrics: RateLimitMetrics | undefined;
+  private readonly ring: Array<Slot | undefined>;
+  private head = 0;
+  private count = 0;
+  private readonly timer: ReturnType<typeof setInterval> | undefined;
+  private woken = false;
+  private flushing: Promise<void> | undefined;
+  private closed = false;
+  private readonly tally = { shipped: 0, dropped: 0, sinkErrors: 0, batches: 0 };
+
+  constructor(options: DenyEventsOptions) {
+    if (options === null || typeof options !== 'object') {
+      throw new InvalidArgumentError('options', `DenyEvents options must be an object with file, bulkUrl or callback, got ${describe(options)}`);
+    }
+    this.capacity = checkInteger('capacity', options.capacity ?? DENY_EVENT_DEFAULTS.capacity, 1);
+    this.flushEvents = checkInteger('flushEvents', options.flushEvents ?? Math.min(DENY_EVENT_DEFAULTS.flushEvents, this.capacity), 1, this.capacity);
+    this.flushIntervalMs = checkInteger('flushIntervalMs', options.flushIntervalMs ?? DENY_EVENT_DEFAULTS.flushIntervalMs, 1, 2 ** 31 - 1);
+    this.timeoutMs = checkInteger('timeoutMs', options.timeoutMs ?? DENY_EVENT_DEFAULTS.timeoutMs, 1, 2 ** 31 - 1);
+    this.bulkIndex = checkString('bulkIndex', options.bulkIndex ?? DENY_EVENT_DEFAULTS.bulkIndex);
+    const background = options.background ?? true;
+    if (typeof background !== 'boolean') throw new InvalidArgumentError('background', `background must be true or false, got ${describe(background)}`);
+    const given = (['file', 'bulkUrl', 'callback'] as const).filter((k) => options[k] !== undefined);
+    if (given.length !== 1) {
+      throw new InvalidArgumentError(given[1] ?? 'sink', `DenyEvents needs exactly one sink: file, bulkUrl or callback${given.length > 1 ? ` (got ${given.join(' and ')})` : ''}`);
+    }
+    if (options.file !== undefined) this.sink = fileSink(checkString('file', options.file));
+    else if (options.bulkUrl !== undefined) this.sink = bulkSink(checkUrl(options.bulkUrl), this.bulkIndex);
+    else {
+      const cb = options.callback;
+      if (typeof cb !== 'function') throw new InvalidArgumentError('callback', `callback must be a function, got ${describe(cb)}`);
+      this.sink = async (batch) => {
+        await cb(batch);
+      };
+    }
+    this.metrics = resolveMetrics(options.metrics);
+    this.ring = new Array<Slot | undefined>(this.capacity);
+    if (background) {
+      this.timer = setInterval(() => this.wake(true), this.flushIntervalMs);
+      this.timer.unref?.();
+    }
+  }
+
+  /**
+   * Appends one denial (never blocks, never does I/O): a full buffer drops
+   * its oldest event; after `close()` the event is dropped. Wakes the
+   * flusher once `flushEvents` wait.
+   */
+  record(e: DenyEventInput): void {
+    if (this.closed) {
+      this.drop(1);
+      return;
+    }
+    const slot: Slot = { at: Date.now(), e };
+    if (this.count === this.capacity) {
+      this.ring[this.head] = slot;
+      this.head = (this.head + 1) % this.capacity;
+      this.drop(1);
+    } else {
+      this.ring[(this.head + this.count) % this.capacity] = slot;
+      this.count++;
+    }
+    if (this.count >= this.flushEvents && this.timer !== undefined && !this.woken && this.flushing === undefined) {
+      this.woken = true;
+      // On the flusher, never on the request.
+      setImmediate(() => {
+        this.woken = false;
+        this.wake(false);
+      });
+    }
+  }
+
+  /** What the shipper did so far. */
+  stats(): DenyEventsStats {
+    return { pending: this.count, ...this.tally };
+  }
+
+  /** Ships everything waiting now, batch by batch (what the timer does); resolves when done (failed batches counted). */
+  async flush(): Promise<void> {
+    while (this.flushing !== undefined) await this.flushing;
+    await this.run(true, undefined);
+  }
+
+  /**
+   * Stops the flusher and ships what is left, within `timeoutMs` in all:
+   * what is still waiting then is dropped (counted). Events recorded after
+   * are dropped.
+   */
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    if (this.timer !== undefined) clearInterval(this.timer);
+    const deadline = performance.now() + this.timeoutMs;
+    if (this.flushing !== undefined) await this.flushing;
+    await this.run(true, deadline);
+    if (this.count > 0) {
+      const n = this.count;
+      this.take(n);
+      this.drop(n);
+    }
+  }
+
+  private wake(all: boolean): void {
+    if (this.flushing !== undefined) return;
+    void this.run(all, undefined);
+  }
+
+  /** Ships batches: all that wait (`all`), or while a full batch waits; one run at a time. */
+  private run(all: boolean, deadline: number | undefined): Promise<void> {
+    const p = (async () => {
+      while (this.count > 0 && (all || this.count >= this.flushEvents)) {
+        let timeout = this.timeoutMs;
+        if (deadline !== undefined) {
+          timeout = Math.min(timeout, Math.floor(deadline - performance.now()));
+          if (timeout <= 0) return;
+        }
+        const slots = this.take(Math.min(this.count, this.flushEvents));
+        const batch = slots.map(toEvent);
+        try {
+          await withTimeout(this.sink(batch, timeout), timeout);
+          this.tally.shipped += batch.length;
+          this.tally.batches++;
+          this.metrics?.eventsShipped(batch.length);
+        } catch {
+          this.tally.sinkErrors++;
+          this.metrics?.sinkError();
+          this.drop(batch.length);
+        }
+      }
+    })().finally(() => {
+      if (this.flushing === p) this.flushing = undefined;
+    });
+    this.flushing = p;
+    return p;
+  }
+
+  /** The `n` oldest slots, out of the buffer. */
+  private take(n: number): Slot[] {
+    const out: Slot[] = new Array<Slot>(n);
+    for (let i = 0; i < n; i++) {
+      out[i] = this.ring[this.head] as Slot;
+      this.ring[this.head] = undefined;
+      this.head = (this.head + 1) % this.capacity;
+    }
+    this.count -= n;
+    return out;
+  }
+
+  private drop(n: number): void {
+    this.tally.dropped += n;
+    this.metrics?.eventsDropped(n);
+  }
+}
+
+/** The event's JSON object: the fields in the contract's order, the optional ones only when known. */
+function toEvent(slot: Slot): DenyEvent {
+  const e = slot.e;
+  const out: DenyEvent = {
+    timestamp: new Date(slot.at).toISOString(),
+    key: e.key,
+    rule: e.rule,
+    level: e.level,
+    outcome: e.outcome ?? 'denied',
+    limit: e.limit,
+    remaining: e.remaining,
+    retry_after_ms: e.retryAfterMs,
+  };
+  if (e.clientIp !== undefined && e.clientIp !== '') out.client_ip = e.clientIp;
+  if (e.userAgent !== undefined && e.userAgent !== '') out.user_agent = e.userAgent;
+  return out;
+}
+
+function jsonLines(batch: DenyEvent[]): string {
+  let s = '';
+  for (const e of batch) s += JSON.stringify(e) + '\n';
+  return s;
+}
+
+function fileSink(path: string): Sink {
+  return (batch) => appendFile(path, jsonLines(batch));
+}
+
+function checkUrl(url: unknown): URL {
+  let u: URL;
+  try {
+    u = new URL(String(url));
+  } catch {
+    throw new InvalidArgumentError('bulkUrl', `bulkUrl must be an http(s) URL, got ${describe(url)}`);
+  }
+  if (u.protocol !== 'http:' && u.protocol !== 'https:') throw new InvalidArgumentError('bulkUrl', `bulkUrl must be an http(s) URL, got ${describe(String(url))}`);
+  return u;
+}
+
+/** POST `<url>/_bulk`: per event the action line, then the event; accepted on a 2xx whose JSON body has `errors: false`. */
+function bulkSink(base: URL, index: string): Sink {
+  const target = new URL(base.href.replace(/\/*$/, '') + '/_bulk');
+  const action = JSON.stringify({ index: { _index: index } }) + '\n';
+  const send = target.protocol === 'https:' ? httpsRequest : httpRequest;
+  return (batch, timeoutMs) =>
+    new Promise<void>((resolve, reject) => {
+      let body = '';
+      for (const e of batch) body += action + JSON.stringify(e) + '\n';
+      const payload = Buffer.from(body);
+      const req = send(target, {
+        method: 'POST',
+        headers: { 'Content-Type': 'application/x-ndjson', 'Content-Length': payload.length },
+        // No pooled socket: a dead or slow endpoint holds nothing after the timeout.
+        agent: false,
+      });
+      const timer = setTimeout(() => req.destroy(new Error(`_bulk: no answer within ${timeoutMs} ms`)), timeoutMs);
+      timer.unref?.();
+      req.on('error', (err) => {
+        clearTimeout(timer);
+        reject(err);
+      });
+      req.on('response', (res) => {
+        const chunks: Buffer[] = [];
+        res.on('data', (c: Buffer) => chunks.push(c));
+        res.on('error', (err) => {
+          clearTimeout(timer);
+          reject(err);
+        });
+        res.on('end', () => {
+          clearTimeout(timer);
+          const status = res.statusCode ?? 0;
+          if (status < 200 || status >= 300) return reject(new Error(`_bulk: HTTP ${status}`));
+          let reply: unknown;
+          try {
+            reply = JSON.parse(Buffer.concat(chunks).toString('utf8'));
+          } catch {
+            return reject(new Error('_bulk: the reply is not JSON'));
+          }
+          if (reply === null || typeof reply !== 'object' || (reply as { errors?: unknown }).errors !== false) {
+            return reject(new Error('_bulk: the reply says errors'));
+          }
+          resolve();
+        });
+      });
+      req.end(payload);
+    });
+}
+
+/** `p`, or a rejection after `ms` (an unref'd timer). */
+function withTimeout(p: Promise<void>, ms: number): Promise<void> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const late = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`the sink did not answer within ${ms} ms`)), ms);
+    timer.unref?.();
+  });
+  p.catch(() => {});
+  return Promise.race([p, late]).finally(() => clearTimeout(timer));
+}

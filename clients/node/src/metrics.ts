@@ -1,0 +1,185 @@
+/**
+ * The kit's Prometheus metrics (SPEC "Observability in every kit", the
+ * contract's `observability.metrics`), in prom-client, an optional peer
+ * loaded only when metrics are asked for: the same names, types, labels and
+ * buckets as every kit.
+ */
+import { describe, InvalidArgumentError } from './errors.js';
+import { requirePeer } from './peer.js';
+
+/** The level that took a decision (the contract's `observability.levels`). */
+export type Level = 'local' | 'redis' | 'deny_cache' | 'grant' | 'fallback';
+/** A decision's outcome (the contract's `observability.outcomes`). */
+export type Outcome = 'admitted' | 'denied' | 'shadow_denied';
+
+export const LEVELS: readonly Level[] = Object.freeze(['local', 'redis', 'deny_cache', 'grant', 'fallback']);
+export const OUTCOMES: readonly Outcome[] = Object.freeze(['admitted', 'denied', 'shadow_denied']);
+
+/** `ratelimit_redis_seconds`'s buckets (the contract's `redis_seconds_buckets`). */
+export const REDIS_SECONDS_BUCKETS: readonly number[] = Object.freeze([0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0]);
+
+/** Each metric as a scrape shows it: name, type, labels and help (the contract's `observability.metrics`). */
+export const METRICS = Object.freeze([
+  { name: 'ratelimit_decisions_total', type: 'counter', labels: ['rule', 'level', 'outcome'], help: 'Decisions taken, by rule, by the level that took them and by outcome' },
+  { name: 'ratelimit_redis_seconds', type: 'histogram', labels: [], help: 'Round trips of limiter commands to Redis, in seconds' },
+  { name: 'ratelimit_remaining_ratio', type: 'gauge', labels: ['rule'], help: "remaining / limit of the rule's last decision taken by Redis or the local level (0: at the limit)" },
+  { name: 'ratelimit_breaker_open', type: 'gauge', labels: ['breaker'], help: '1 while the breaker is open (Redis skipped, or a protected stage broken), else 0' },
+  { name: 'ratelimit_scale', type: 'gauge', labels: ['rule'], help: "The protection loop's scale of the rule's policy, in percent" },
+  { name: 'ratelimit_stage', type: 'gauge', labels: ['rule'], help: "The protection loop's stage of the rule's policy: 0 normal, 1 degrade, 2 break" },
+  { name: 'ratelimit_deny_events_dropped_total', type: 'counter', labels: [], help: 'Deny events lost: the oldest dropped from a full buffer, and every event of a batch its sink refused' },
+  { name: 'ratelimit_deny_events_shipped_total', type: 'counter', labels: [], help: 'Deny events a sink accepted' },
+  { name: 'ratelimit_deny_events_sink_errors_total', type: 'counter', labels: [], help: 'Flushes a sink refused or failed (an error, a timeout, an HTTP status other than 2xx, a _bulk reply with errors)' },
+] as const);
+
+/** The `breaker` label of a `Limiter`'s own breaker (the one that skips Redis). */
+export const REDIS_BREAKER = 'redis';
+
+/**
+ * What this kit needs of a prom-client `Registry` (any version from 13 on):
+ * written structurally, so that the kit's types do not need prom-client.
+ */
+export interface PromRegistry {
+  registerMetric(metric: never): void;
+  getSingleMetric(name: string): unknown;
+  metrics(): Promise<string> | string;
+  readonly contentType: string;
+}
+
+/** Where the `metrics` option of a `Limiter`, a `Protection`, `DenyEvents` or the middleware sends its metrics. */
+export type MetricsOption = boolean | PromRegistry | RateLimitMetrics;
+
+interface Counter {
+  inc(labels: Record<string, string>, value?: number): void;
+  inc(value?: number): void;
+}
+interface Gauge {
+  set(labels: Record<string, string>, value: number): void;
+}
+interface Histogram {
+  observe(value: number): void;
+}
+interface PromClient {
+  register: PromRegistry;
+  Counter: new (config: object) => Counter;
+  Gauge: new (config: object) => Gauge;
+  Histogram: new (config: object) => Histogram;
+}
+
+let prom: PromClient | undefined;
+
+function promClient(): PromClient {
+  if (prom === undefined) {
+    const m = requirePeer('prom-client') as Partial<PromClient> | undefined;
+    if (m === undefined || typeof m.Counter !== 'function' || typeof m.Gauge !== 'function' || typeof m.Histogram !== 'function' || m.register === undefined) {
+      throw new InvalidArgumentError('metrics', 'metrics need prom-client (an optional peer dependency of redis-ratelimit): npm install prom-client');
+    }
+    prom = m as PromClient;
+  }
+  return prom;
+}
+
+const byRegistry = new WeakMap<object, RateLimitMetrics>();
+
+/**
+ * The metrics of one prom-client registry: one set per registry, shared by
+ * every `Limiter`, `Protection` and `DenyEvents` given it (a metric the
+ * registry already has under the same name is reused). Get it with
+ * `RateLimitMetrics.of(registry)` (prom-client's global `register` by
+ * default), or pass `metrics: registry` (or `true`) to the kit's classes.
+ */
+export class RateLimitMetrics {
+  readonly registry: PromRegistry;
+  private readonly decisions: Counter;
+  private readonly redis: Histogram;
+  private readonly remaining: Gauge;
+  private readonly breakers: Gauge;
+  private readonly scales: Gauge;
+  private readonly stages: Gauge;
+  private readonly dropped: Counter;
+  private readonly shipped: Counter;
+  private readonly sinkErrors: Counter;
+
+  /** The one set of metrics of `registry` (default: prom-client's global `register`). */
+  static of(registry?: PromRegistry): RateLimitMetrics {
+    const reg = registry ?? promClient().register;
+    if (reg === null || typeof reg !== 'object' || typeof reg.registerMetric !== 'function' || typeof reg.getSingleMetric !== 'function') {
+      throw new InvalidArgumentError('metrics', `metrics must be true, a prom-client Registry or RateLimitMetrics, got ${describe(registry)}`);
+    }
+    let m = byRegistry.get(reg);
+    if (m === undefined) {
+      m = new RateLimitMetrics(reg);
+      byRegistry.set(reg, m);
+    }
+    return m;
+  }
+
+  private constructor(registry: PromRegistry) {
+    this.registry = registry;
+    const p = promClient();
+    const make = <T>(i: number, Kind: new (config: object) => T, extra: object = {}): T => {
+      const spec = METRICS[i] as (typeof METRICS)[number];
+      const existing = registry.getSingleMetric(spec.name);
+      if (existing !== undefined) return existing as T;
+      return new Kind({ name: spec.name, help: spec.help, labelNames: [...spec.labels], registers: [registry], ...extra });
+    };
+    this.decisions = make(0, p.Counter);
+    this.redis = make(1, p.Histogram, { buckets: [...REDIS_SECONDS_BUCKETS] });
+    this.remaining = make(2, p.Gauge);
+    this.breakers = make(3, p.Gauge);
+    this.scales = make(4, p.Gauge);
+    this.stages = make(5, p.Gauge);
+    this.dropped = make(6, p.Counter);
+    this.shipped = make(7, p.Counter);
+    this.sinkErrors = make(8, p.Counter);
+  }
+
+  /** One decision of `rule` taken at `level`. */
+  decision(rule: string, level: Level, outcome: Outcome): void {
+    this.decisions.inc({ rule, level, outcome });
+  }
+
+  /** One round trip of a limiter command, in seconds. */
+  redisSeconds(seconds: number): void {
+    this.redis.observe(seconds);
+  }
+
+  /** `remaining / limit` of `rule`'s last decision by Redis or the local level. */
+  remainingRatio(rule: string, remaining: number, limit: number): void {
+    if (limit > 0) this.remaining.set({ rule }, Math.min(Math.max(remaining / limit, 0), 1));
+  }
+
+  breakerOpen(breaker: string, open: boolean): void {
+    this.breakers.set({ breaker }, open ? 1 : 0);
+  }
+
+  scale(rule: string, percent: number): void {
+    this.scales.set({ rule }, percent);
+  }
+
+  stage(rule: string, stage: number): void {
+    this.stages.set({ rule }, stage);
+  }
+
+  eventsDropped(n: number): void {
+    if (n > 0) this.dropped.inc(n);
+  }
+
+  eventsShipped(n: number): void {
+    if (n > 0) this.shipped.inc(n);
+  }
+
+  sinkError(): void {
+    this.sinkErrors.inc();
+  }
+}
+
+/** The `metrics` option: undefined when off (false or not given). */
+export function resolveMetrics(option: unknown): RateLimitMetrics | undefined {
+  if (option === undefined || option === false) return undefined;
+  if (option instanceof RateLimitMetrics) return option;
+  if (option === true) return RateLimitMetrics.of();
+  if (option === null || typeof option !== 'object') {
+    throw new InvalidArgumentError('metrics', `metrics must be true, a prom-client Registry or RateLimitMetrics, got ${describe(option)}`);
+  }
+  return RateLimitMetrics.of(option as PromRegistry);
+}
