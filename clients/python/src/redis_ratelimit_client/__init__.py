@@ -19,8 +19,10 @@ from .errors import (
     ServerError,
     WrongType,
 )
+from .events import BulkSink, DenyEvent, DenyEvents, FileSink, SinkError
 from .lease import AsyncLease, Lease
 from .limiter import Admission, AsyncLimiter, FallbackMode, Limiter
+from .metrics import Metrics, MetricsMissing
 from .protection import AsyncProtection, PolicyStats, Protection
 from .protocol import LogEntry
 from .request import Request, RequestKind
@@ -69,6 +71,13 @@ __all__ = [
     "Protection",
     "AsyncLease",
     "BadArgument",
+    "BulkSink",
+    "DenyEvent",
+    "DenyEvents",
+    "FileSink",
+    "Metrics",
+    "MetricsMissing",
+    "SinkError",
     "Client",
     "Concurrency",
     "Decision",

@@ -39,6 +39,7 @@ from .aio import AsyncClient
 from .decision import Decision
 from .deny_cache import DenyCache as DenyCache
 from .errors import InvalidArgument
+from .events import DenyEvents
 from .headers import DENIED_TITLE as DENIED_TITLE
 from .headers import QUOTA_EXCEEDED as QUOTA_EXCEEDED
 from .headers import denial_detail as denial_detail
@@ -135,6 +136,13 @@ class RateLimitMiddleware:
     `is_error` (the outcome predicate, `(status, exception) -> bool`) and
     `timeout` (seconds an admitted request may take: past it, the app is
     cancelled, answered 504 when no answer started, and counted an error).
+
+    Observability: `metrics` (a prometheus_client `CollectorRegistry`, `True`
+    for its default `REGISTRY`, or a `Metrics`) counts every decision (the
+    app serves the registry on a route of its own, say `/metrics`, marked
+    `limited=False`); `deny_events` (a `DenyEvents`) records every denial
+    with the request's `client_ip` (the peer address) and `user_agent`, and
+    is closed (its rest shipped) at the app's shutdown.
     """
 
     def __init__(
@@ -157,6 +165,8 @@ class RateLimitMiddleware:
         routes: Sequence[RouteOptions] = (),
         is_error: ErrorPredicate = server_error_or_exception,
         timeout: float | None = None,
+        metrics: object = None,
+        deny_events: DenyEvents | None = None,
     ) -> None:
         if on_missing_key not in ("deny", "allow"):
             raise InvalidArgument(
@@ -173,6 +183,8 @@ class RateLimitMiddleware:
             breaker_failures=breaker_failures,
             breaker_open_for=breaker_open_for,
             connections=connections,
+            metrics=metrics,
+            deny_events=deny_events,
         )
         self.key = key
         self.x_ratelimit_headers = x_ratelimit_headers
@@ -313,7 +325,12 @@ class RateLimitMiddleware:
                 send, 400, "Bad Request", "the rate-limit key of this request is missing", [], None
             )
             return
-        admission: Admission = await self.limiter.check(identity)
+        if self.limiter.deny_events is None:
+            admission: Admission = await self.limiter.check(identity)
+        else:
+            admission = await self.limiter.check(
+                identity, client_ip=client_ip(scope), user_agent=_user_agent(scope)
+            )
         d, index, held = admission.decision, admission.index, admission.held
         extra = self.headers(d, index) if self.limiter._algorithms is not None else []
         if not d.allowed:
@@ -429,6 +446,10 @@ class RateLimitMiddleware:
             message = await receive()
             if message.get("type") == "lifespan.shutdown" and self.protection is not None:
                 await self.protection.aclose()
+            events = self.limiter.deny_events
+            if message.get("type") == "lifespan.shutdown" and events is not None:
+                # Its rest shipped (at most its timeout), off the event loop.
+                await asyncio.get_running_loop().run_in_executor(None, events.close)
             if message.get("type") == "lifespan.startup":
                 try:
                     await self.startup()
@@ -457,3 +478,6 @@ def header(name: str) -> Callable[[Scope], str | None]:
         return None
 
     return key
+
+
+_user_agent = header("user-agent")

@@ -46,7 +46,9 @@ from .errors import (
     WrongType,
     answer_lost,
 )
+from .events import DenyEvents
 from .local import LocalLimiter, Micros, share_of
+from .metrics import Metrics, metrics_of
 from .protocol import Key, _takes_command_name, spec_from_policy
 from .request import ONE, Request, RequestKind
 from .spec import Algorithm, Concurrency, Policy, Quota, Rule, Spec, _limit_of, scaled_algorithm
@@ -163,6 +165,8 @@ class _Limiting:
         instances: int = 1,
         breaker_failures: int = 5,
         breaker_open_for: float = 1.0,
+        metrics: object = None,
+        deny_events: DenyEvents | None = None,
     ) -> None:
         if not rules:
             raise InvalidArgument("at least one rule", param="rules")
@@ -205,6 +209,22 @@ class _Limiting:
         self._failures = 0
         self._open = False
         self._open_until = 0.0
+        if deny_events is not None and not isinstance(deny_events, DenyEvents):
+            raise InvalidArgument(
+                f"deny_events must be a DenyEvents, not {type(deny_events).__name__}",
+                param="deny_events",
+            )
+        #: The metrics this limiter feeds (`metrics.py`), None when off.
+        self.metrics: Metrics | None = metrics_of(metrics)
+        #: The shipper of this limiter's denials (`events.py`), None when off.
+        self.deny_events = deny_events
+        if deny_events is not None and deny_events.metrics is None:
+            deny_events.metrics = self.metrics
+        self._observing = self.metrics is not None or deny_events is not None
+        #: Each rule's `rule` label: a policy rule's policy name, else its name.
+        self.labels = [r.spec.name if isinstance(r.spec, Policy) else r.name for r in self.rules]
+        if self.metrics is not None:
+            self.metrics.watch_breaker("redis", self, _breaker_open)
 
     @property
     def ready(self) -> bool:
@@ -271,6 +291,30 @@ class _Limiting:
             for p in self._watchers:
                 if spec.name in p.policies:
                     p.record_denied(spec.name)
+
+    def _observed(
+        self, a: Admission, identity: str, client_ip: str | None, user_agent: str | None
+    ) -> Admission:
+        """The metrics and deny event of a decision taken (when either is on)."""
+        d, rule = a.decision, self.labels[a.index]
+        m = self.metrics
+        if m is not None:
+            m.decision(rule, a.path, "admitted" if d.allowed else "denied")
+            if a.path == "redis" or a.path == "local":
+                m.remaining(rule, d.remaining, d.limit)
+        events = self.deny_events
+        if events is not None and not d.allowed:
+            events.deny(
+                key=self.rules[a.index].key_for(identity),
+                rule=rule,
+                level=a.path,
+                limit=d.limit,
+                remaining=d.remaining,
+                retry_after_ms=d.wait_ms,
+                client_ip=client_ip,
+                user_agent=user_agent,
+            )
+        return a
 
     def _at_scale(self, algos: list[Algorithm]) -> list[Algorithm]:
         out = list(algos)
@@ -670,6 +714,11 @@ class AsyncLimiter(_Limiting):
     answer closes it. Until Redis first answered, a check awaits the
     start-up at most `max(deadline * 10, 1 s)`, and after a failure tries
     it again at most once per `breaker_open_for`.
+
+    `metrics`: a prometheus_client `CollectorRegistry` (or `True`: its
+    default `REGISTRY`, or a `Metrics`) the decisions are counted in
+    (`metrics.py`; needs the `metrics` extra); `deny_events`: a
+    `DenyEvents` every denial is recorded to (`events.py`).
     """
 
     def __init__(
@@ -684,6 +733,8 @@ class AsyncLimiter(_Limiting):
         breaker_failures: int = 5,
         breaker_open_for: float = 1.0,
         connections: int = 16,
+        metrics: object = None,
+        deny_events: DenyEvents | None = None,
     ) -> None:
         super().__init__(
             rules=rules,
@@ -693,6 +744,8 @@ class AsyncLimiter(_Limiting):
             instances=instances,
             breaker_failures=breaker_failures,
             breaker_open_for=breaker_open_for,
+            metrics=metrics,
+            deny_events=deny_events,
         )
         self.client = client if isinstance(client, AsyncClient) else AsyncClient(client)
         self.connections = connections
@@ -739,15 +792,25 @@ class AsyncLimiter(_Limiting):
         for conn in opened:
             await pool.release(conn)
 
-    async def check(self, identity: str, request: Request | None = None) -> Admission:
+    async def check(
+        self,
+        identity: str,
+        request: Request | None = None,
+        *,
+        client_ip: str | None = None,
+        user_agent: str | None = None,
+    ) -> Admission:
         """Decides one request (`Request.cost(n)`, default one unit) of
         `identity` under every rule. Never fails for Redis: where it cannot
         answer, the fallback decides, and `Admission.path` says which path
-        did. Give `Admission.held` to `release` when the work is done."""
+        did. Give `Admission.held` to `release` when the work is done.
+        `client_ip` and `user_agent`: the HTTP request's, for a deny event."""
         if not self._ready and time.monotonic() >= self._startup_after:
             await self._started()
         plan = self._begin(identity, request)
         if isinstance(plan, Admission):
+            if self._observing:
+                self._observed(plan, identity, client_ip, user_agent)
             return plan
         outcome: tuple[Decision, int] | BaseException | None
         try:
@@ -761,6 +824,8 @@ class AsyncLimiter(_Limiting):
             raise
         admission, back = self._outcome(plan, outcome)
         self._release_later(back)
+        if self._observing:
+            self._observed(admission, identity, client_ip, user_agent)
         return admission
 
     async def _started(self) -> None:
@@ -787,9 +852,18 @@ class AsyncLimiter(_Limiting):
 
     async def _send(self, call: Call) -> Decision:
         key, spec, req = call
-        if key is None:
-            return await self.client.all(spec, req)
-        return await self.client.limit(key, spec, req)
+        if self.metrics is None:
+            if key is None:
+                return await self.client.all(spec, req)
+            return await self.client.limit(key, spec, req)
+        # Every round trip: its answer, its error, or its deadline.
+        t = time.perf_counter()
+        try:
+            if key is None:
+                return await self.client.all(spec, req)
+            return await self.client.limit(key, spec, req)
+        finally:
+            self.metrics.redis_seconds(time.perf_counter() - t)
 
     async def release(self, held: list[Held]) -> None:
         """Gives back what an admission held; a failure is logged (the lease
@@ -860,6 +934,8 @@ class Limiter(_Limiting):
         instances: int = 1,
         breaker_failures: int = 5,
         breaker_open_for: float = 1.0,
+        metrics: object = None,
+        deny_events: DenyEvents | None = None,
     ) -> None:
         super().__init__(
             rules=rules,
@@ -868,6 +944,8 @@ class Limiter(_Limiting):
             instances=instances,
             breaker_failures=breaker_failures,
             breaker_open_for=breaker_open_for,
+            metrics=metrics,
+            deny_events=deny_events,
         )
         if isinstance(client, redis.Redis):
             client = _connecting_once(client)
@@ -910,7 +988,14 @@ class Limiter(_Limiting):
                 self._resolved({i: self.client.policy_get(n) for i, n in self._policies()})
             self._ready = True
 
-    def check(self, identity: str, request: Request | None = None) -> Admission:
+    def check(
+        self,
+        identity: str,
+        request: Request | None = None,
+        *,
+        client_ip: str | None = None,
+        user_agent: str | None = None,
+    ) -> Admission:
         """As `AsyncLimiter.check`."""
         if not self._ready and time.monotonic() >= self._startup_after:
             with self._lock:
@@ -923,6 +1008,8 @@ class Limiter(_Limiting):
         with self._lock:
             plan = self._begin(identity, request)
         if isinstance(plan, Admission):
+            if self._observing:
+                self._observed(plan, identity, client_ip, user_agent)
             return plan
         outcome: tuple[Decision, int] | BaseException | None
         try:
@@ -939,6 +1026,8 @@ class Limiter(_Limiting):
         with self._lock:
             admission, back = self._outcome(plan, outcome)
         self.release(back)
+        if self._observing:
+            self._observed(admission, identity, client_ip, user_agent)
         return admission
 
     def _drive(self, plan: _Plan) -> tuple[Decision, int]:
@@ -956,9 +1045,17 @@ class Limiter(_Limiting):
 
     def _send(self, call: Call) -> Decision:
         key, spec, req = call
-        if key is None:
-            return self.client.all(spec, req)
-        return self.client.limit(key, spec, req)
+        if self.metrics is None:
+            if key is None:
+                return self.client.all(spec, req)
+            return self.client.limit(key, spec, req)
+        t = time.perf_counter()
+        try:
+            if key is None:
+                return self.client.all(spec, req)
+            return self.client.limit(key, spec, req)
+        finally:
+            self.metrics.redis_seconds(time.perf_counter() - t)
 
     def _due_probe(self) -> bool:
         """After `breaker_open_for`, this decision probes with one PING;
@@ -984,6 +1081,10 @@ class Limiter(_Limiting):
                 error = e
             with self._lock:
                 self._released(key, lease, error)
+
+
+def _breaker_open(limiter: _Limiting) -> bool:
+    return limiter.breaker_open
 
 
 def _retrieved(task: asyncio.Future[None]) -> None:

@@ -43,9 +43,10 @@ from redis.retry import Retry
 
 from .aio import AsyncClient
 from .aio import send_once as async_send_once
-from .breaker import CircuitBreaker
+from .breaker import BreakerState, CircuitBreaker
 from .client import Client, connect_once
 from .errors import InvalidArgument
+from .metrics import Metrics, metrics_of
 from .protocol import STATS_FIELDS as STATS_FIELDS
 from .protocol import WINDOW_FIELDS as WINDOW_FIELDS
 from .protocol import PolicyStats as PolicyStats
@@ -102,6 +103,7 @@ class _Loop:
         stage_hold: float,
         breakers: Mapping[str, CircuitBreaker] | None,
         clock: Callable[[], float],
+        metrics: object = None,
     ) -> None:
         if isinstance(policies, str):
             raise InvalidArgument("policies is a list of policy names", param="policies")
@@ -139,6 +141,25 @@ class _Loop:
         self._failing = False
         #: Closed (`close`/`aclose`): the middleware does not start it again.
         self.closed = False
+        self._metrics: list[Metrics] = []
+        m = metrics_of(metrics)
+        if m is not None:
+            self.bind_metrics(m)
+
+    def bind_metrics(self, metrics: Metrics) -> None:
+        """Exposes this loop in `metrics`: `ratelimit_scale{rule}` and
+        `ratelimit_stage{rule}` of each policy (the `rule` label of a policy
+        rule is its policy's name), and `ratelimit_breaker_open{breaker}` of
+        each breaker it forces, read at each scrape. An attached limiter
+        with metrics binds its own."""
+        if any(m is metrics for m in self._metrics):
+            return
+        self._metrics.append(metrics)
+        for p in self.policies:
+            metrics.watch_scale(p, self, _reader(_Loop.scale, p))
+            metrics.watch_stage(p, self, _reader(_Loop.stage, p))
+        for b in self.breakers.values():
+            metrics.watch_breaker(b.name, b, _breaker_open)
 
     # -- the request's side: in memory only ---------------------------------
 
@@ -214,6 +235,9 @@ class _Loop:
         watch = getattr(limiter, "watch", None)
         if watch is not None:
             watch(self)
+        m = getattr(limiter, "metrics", None)
+        if isinstance(m, Metrics):
+            self.bind_metrics(m)
 
     def _read(self, policy: str, master: str, stats: PolicyStats) -> None:
         with self._lock:
@@ -306,7 +330,9 @@ class Protection(_Loop):
     seconds one report or read may take (default 1): the loop sends on a
     connection of its own per master with that socket timeout and no
     retries, whatever the client's settings, so a server that hangs holds
-    neither a stage nor a breaker past `stage_hold + timeout`.
+    neither a stage nor a breaker past `stage_hold + timeout`. `metrics`: a
+    prometheus_client registry (or `True`, or a `Metrics`) showing the
+    policies' scale and stage and the breakers' state (`bind_metrics`).
     """
 
     def __init__(
@@ -320,6 +346,7 @@ class Protection(_Loop):
         breakers: Mapping[str, CircuitBreaker] | None = None,
         timeout: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        metrics: object = None,
     ) -> None:
         super().__init__(
             policies,
@@ -328,6 +355,7 @@ class Protection(_Loop):
             stage_hold=stage_hold,
             breakers=breakers,
             clock=clock,
+            metrics=metrics,
         )
         if not timeout > 0:
             raise InvalidArgument("timeout must be more than 0 s", param="timeout")
@@ -491,6 +519,7 @@ class AsyncProtection(_Loop):
         breakers: Mapping[str, CircuitBreaker] | None = None,
         timeout: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        metrics: object = None,
     ) -> None:
         super().__init__(
             policies,
@@ -499,6 +528,7 @@ class AsyncProtection(_Loop):
             stage_hold=stage_hold,
             breakers=breakers,
             clock=clock,
+            metrics=metrics,
         )
         if not timeout > 0:
             raise InvalidArgument("timeout must be more than 0 s", param="timeout")
@@ -626,6 +656,15 @@ class AsyncProtection(_Loop):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+def _reader(read: Callable[[_Loop, str], int], policy: str) -> Callable[[_Loop], float]:
+    """A gauge's read of `policy` on the loop it is given."""
+    return lambda loop: float(read(loop, policy))
+
+
+def _breaker_open(b: CircuitBreaker) -> bool:
+    return b.state is not BreakerState.CLOSED
 
 
 def _redis_sender(rc: aioredis.Redis) -> Callable[[list[str | int]], Awaitable[Any]]:

@@ -1,0 +1,469 @@
+"""Deny events: every denial a limiter answers, shipped in batches to a sink
+the user picks (the contract's `observability.deny_events`).
+
+A denial is appended to a bounded ring buffer under a short lock (nothing
+else happens on the request's path, sync or asyncio); a daemon thread, the
+flusher, ships the buffer every `flush_interval` seconds, or as soon as
+`flush_events` events wait, in batches of at most `flush_events`, to:
+
+- `FileSink(path)`: the batch appended to the file as JSON lines;
+- `BulkSink(url)`: `POST <url>/_bulk` in Elasticsearch's format (per event an
+  action line `{"index":{"_index":"ratelimit-deny"}}` then the event's
+  line), accepted on a 2xx whose JSON body has `"errors": false`;
+- any callable: given the batch (a list of `DenyEvent`), on the flusher.
+
+A full buffer drops its oldest events (`dropped`). A flush that fails,
+is refused or takes longer than `timeout` loses its batch: `dropped += n`,
+`sink_errors += 1`, never retried, never held. The sink is called on a
+thread of its own that the flusher waits for at most `timeout`: a sink that
+hangs costs counts, not a request's time; while such a call has not
+returned, the next batches are refused at once (counted) rather than piling
+up threads. `close()` (and the interpreter's exit) ships what is left,
+bounded by `timeout` in all.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import dataclasses
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+import weakref
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import Any, Callable, Union
+
+from .errors import InvalidArgument
+from .metrics import Metrics, metrics_of
+
+#: The contract's `observability.deny_events` defaults.
+BUFFER_EVENTS = 10_000
+FLUSH_EVENTS = 1000
+FLUSH_INTERVAL_MS = 5000
+SINK_TIMEOUT_MS = 2000
+BULK_INDEX = "ratelimit-deny"
+#: An event's fields, in the order of its JSON line; the last two are left
+#: out when unknown.
+FIELDS = (
+    "timestamp",
+    "key",
+    "rule",
+    "level",
+    "outcome",
+    "limit",
+    "remaining",
+    "retry_after_ms",
+    "client_ip",
+    "user_agent",
+)
+OPTIONAL = ("client_ip", "user_agent")
+
+
+@dataclasses.dataclass(frozen=True)
+class DenyEvent:
+    """One denial. `at`: Unix time in seconds; `retry_after_ms`: the
+    decision's `wait_ms` (-1: the request can never pass); `client_ip` and
+    `user_agent` from HTTP, None when unknown."""
+
+    at: float
+    key: str
+    rule: str
+    level: str
+    outcome: str
+    limit: int
+    remaining: int
+    retry_after_ms: int
+    client_ip: str | None = None
+    user_agent: str | None = None
+
+    @property
+    def timestamp(self) -> str:
+        """RFC 3339 in UTC with milliseconds: `2026-12-02T10:00:00.123Z`."""
+        ms = int(self.at * 1000)
+        t = datetime.fromtimestamp(ms // 1000, tz=timezone.utc)
+        return f"{t:%Y-%m-%dT%H:%M:%S}.{ms % 1000:03d}Z"
+
+    def as_dict(self) -> dict[str, object]:
+        """The event's fields in the contract's order, the unknown optional
+        ones left out."""
+        out: dict[str, object] = {
+            "timestamp": self.timestamp,
+            "key": self.key,
+            "rule": self.rule,
+            "level": self.level,
+            "outcome": self.outcome,
+            "limit": self.limit,
+            "remaining": self.remaining,
+            "retry_after_ms": self.retry_after_ms,
+        }
+        if self.client_ip is not None:
+            out["client_ip"] = self.client_ip
+        if self.user_agent is not None:
+            out["user_agent"] = self.user_agent
+        return out
+
+    def to_json(self) -> str:
+        """The event's JSON line (without the newline)."""
+        return json.dumps(self.as_dict(), ensure_ascii=False, separators=(",", ":"))
+
+
+#: A sink: called with a batch; an exception (or a return of False) refuses it.
+Sink = Callable[[list[DenyEvent]], Any]
+
+
+class SinkError(Exception):
+    """A sink refused a batch."""
+
+
+class FileSink:
+    """Appends each batch to `path` as JSON lines (UTF-8)."""
+
+    def __init__(self, path: str) -> None:
+        if not isinstance(path, str) or not path:
+            raise InvalidArgument("path must be a non-empty str", param="path")
+        self.path = path
+
+    def __call__(self, batch: list[DenyEvent]) -> None:
+        text = "".join(e.to_json() + "\n" for e in batch)
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(text)
+
+    def __repr__(self) -> str:
+        return f"FileSink({self.path!r})"
+
+
+class BulkSink:
+    """`POST <url>/_bulk` in Elasticsearch's format (`Content-Type:
+    application/x-ndjson`), on the standard library's urllib: per event an
+    action line `{"index":{"_index":<index>}}` then the event's line.
+    Accepted on a 2xx whose JSON body has `"errors": false`; anything else
+    raises `SinkError`. `timeout`: seconds to connect and for each read."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        index: str = BULK_INDEX,
+        timeout: float = SINK_TIMEOUT_MS / 1000,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise InvalidArgument("url must be an http:// or https:// URL", param="url")
+        if not isinstance(index, str) or not index:
+            raise InvalidArgument("index must be a non-empty str", param="index")
+        if not timeout > 0:
+            raise InvalidArgument("timeout must be more than 0 s", param="timeout")
+        self.url = url.rstrip("/") + "/_bulk"
+        self.index = index
+        self.timeout = timeout
+        self.headers = dict(headers or {})
+        self._action = json.dumps({"index": {"_index": index}}, separators=(",", ":"))
+
+    def body(self, batch: list[DenyEvent]) -> bytes:
+        """The batch as `_bulk`'s NDJSON (each line ends with a newline)."""
+        return "".join(f"{self._action}\n{e.to_json()}\n" for e in batch).encode("utf-8")
+
+    def __call__(self, batch: list[DenyEvent]) -> None:
+        req = urllib.request.Request(
+            self.url,
+            data=self.body(batch),
+            method="POST",
+            headers={**self.headers, "Content-Type": "application/x-ndjson"},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                status, raw = resp.status, resp.read()
+        except urllib.error.HTTPError as e:
+            raise SinkError(f"{self.url} answered {e.code}") from e
+        if not 200 <= status < 300:  # pragma: no cover - urllib raises for these
+            raise SinkError(f"{self.url} answered {status}")
+        try:
+            reply = json.loads(raw)
+        except ValueError as e:
+            raise SinkError(f"{self.url} answered no JSON") from e
+        if not isinstance(reply, dict) or reply.get("errors") is not False:
+            raise SinkError(f"{self.url} answered errors (or no 'errors': false)")
+
+    def __repr__(self) -> str:
+        return f"BulkSink({self.url!r}, index={self.index!r})"
+
+
+def _seconds(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise InvalidArgument(f"{name} must be a number of seconds above 0", param=name)
+    return float(value)
+
+
+def _count(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidArgument(f"{name} must be an integer of at least 1", param=name)
+    return value
+
+
+_LIVE: weakref.WeakSet[DenyEvents] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:  # pragma: no cover - at the interpreter's exit
+    for events in list(_LIVE):
+        events.close()
+
+
+class DenyEvents:
+    """The deny events' shipper: give it to a `Limiter`, `AsyncLimiter` or
+    `RateLimitMiddleware` (`deny_events=`), which records every denial.
+
+    `sink`: a `FileSink`, a `BulkSink`, or a callable given each batch.
+    `capacity` (10,000): the ring buffer's size; a full buffer drops the
+    oldest. `flush_interval` (5 s) and `flush_events` (1,000): the flusher
+    ships the buffer at that interval, or as soon as that many wait, in
+    batches of at most `flush_events`. `timeout` (2 s): the longest a
+    batch's sink call is waited for. `metrics`: the registry (or `True`, or
+    a `Metrics`) of `ratelimit_deny_events_*`; a limiter with metrics gives
+    it its own when this has none. `start=False`: no flusher until
+    `start()` (`flush()` ships by hand).
+    """
+
+    def __init__(
+        self,
+        sink: Sink,
+        *,
+        capacity: int = BUFFER_EVENTS,
+        flush_interval: float = FLUSH_INTERVAL_MS / 1000,
+        flush_events: int = FLUSH_EVENTS,
+        timeout: float = SINK_TIMEOUT_MS / 1000,
+        metrics: object = None,
+        start: bool = True,
+    ) -> None:
+        if not callable(sink):
+            raise InvalidArgument(
+                "sink must be a FileSink, a BulkSink or a callable taking a batch", param="sink"
+            )
+        self.sink = sink
+        self.capacity = _count("capacity", capacity)
+        self.flush_interval = _seconds("flush_interval", flush_interval)
+        self.flush_events = _count("flush_events", flush_events)
+        self.timeout = _seconds("timeout", timeout)
+        self.metrics: Metrics | None = metrics_of(metrics)
+        #: Events lost (the oldest of a full buffer, a refused batch's),
+        #: events a sink accepted, and flushes a sink refused or failed.
+        self.dropped = 0
+        self.shipped = 0
+        self.sink_errors = 0
+        self._buf: collections.deque[DenyEvent] = collections.deque()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._shipping = threading.Lock()
+        self._stuck: threading.Thread | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self.closed = False
+        _LIVE.add(self)
+        if start:
+            self.start()
+
+    # -- the request's side: a short lock, nothing else -----------------------
+
+    def record(self, event: DenyEvent) -> None:
+        """Appends `event` (dropping the oldest when the buffer is full) and
+        wakes the flusher when `flush_events` wait."""
+        with self._lock:
+            if self.closed:
+                self.dropped += 1
+                dropped, waiting = 1, 0
+            else:
+                dropped = 0
+                if len(self._buf) >= self.capacity:
+                    self._buf.popleft()
+                    self.dropped += 1
+                    dropped = 1
+                self._buf.append(event)
+                waiting = len(self._buf)
+        if dropped and self.metrics is not None:
+            self.metrics.events(dropped=1)
+        if waiting >= self.flush_events:
+            self._wake.set()
+
+    def deny(
+        self,
+        *,
+        key: str,
+        rule: str,
+        level: str,
+        limit: int,
+        remaining: int,
+        retry_after_ms: int,
+        outcome: str = "denied",
+        client_ip: str | None = None,
+        user_agent: str | None = None,
+    ) -> None:
+        """Records a denial taken now."""
+        self.record(
+            DenyEvent(
+                time.time(),
+                key,
+                rule,
+                level,
+                outcome,
+                limit,
+                remaining,
+                retry_after_ms,
+                client_ip,
+                user_agent,
+            )
+        )
+
+    @property
+    def pending(self) -> int:
+        """The events waiting in the buffer."""
+        with self._lock:
+            return len(self._buf)
+
+    def buffered(self) -> list[DenyEvent]:
+        """A copy of the events waiting, oldest first."""
+        with self._lock:
+            return list(self._buf)
+
+    # -- the flusher ------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> DenyEvents:
+        """Starts the flusher (a daemon thread)."""
+        if self.closed:
+            raise InvalidArgument("this DenyEvents is closed", param="start")
+        if not self.running:
+            self._stopping = False
+            self._thread = threading.Thread(target=self._run, name="rl-deny-events", daemon=True)
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        due = time.monotonic() + self.flush_interval
+        while not self._stopping:
+            self._wake.wait(max(0.0, due - time.monotonic()))
+            self._wake.clear()
+            if self._stopping:
+                return
+            if time.monotonic() >= due or self.pending >= self.flush_events:
+                self._flush(None)
+                due = time.monotonic() + self.flush_interval
+
+    def flush(self) -> int:
+        """Ships what waits now, on this thread, in batches of at most
+        `flush_events` (each waited for at most `timeout`): the events a
+        sink accepted."""
+        return self._flush(None)
+
+    def _flush(self, deadline: float | None) -> int:
+        shipped = 0
+        with self._shipping:
+            # What waits now, not what comes meanwhile: a flood never keeps
+            # a flush (or a close) going.
+            left = self.pending
+            while left > 0:
+                with self._lock:
+                    n = min(len(self._buf), self.flush_events, left)
+                    batch = [self._buf.popleft() for _ in range(n)]
+                if not batch:
+                    break
+                left -= len(batch)
+                wait = self.timeout
+                if deadline is not None:
+                    wait = min(wait, deadline - time.monotonic())
+                shipped += self._ship(batch, wait)
+        return shipped
+
+    def _ship(self, batch: list[DenyEvent], wait: float) -> int:
+        """One batch to the sink, waited for at most `wait` seconds."""
+        if wait <= 0:
+            return self._lost(batch, error=False)
+        if self._stuck is not None:
+            if self._stuck.is_alive():
+                return self._lost(batch, error=True)  # the sink still hangs
+            self._stuck = None
+        outcome: list[object] = []
+
+        def call() -> None:
+            try:
+                outcome.append(self.sink(batch) is not False)
+            except BaseException as e:
+                outcome.append(e)
+
+        t = threading.Thread(target=call, name="rl-deny-sink", daemon=True)
+        t.start()
+        t.join(wait)
+        if t.is_alive():
+            self._stuck = t
+            return self._lost(batch, error=True)
+        if outcome != [True]:
+            return self._lost(batch, error=True)
+        with self._lock:
+            self.shipped += len(batch)
+        if self.metrics is not None:
+            self.metrics.events(shipped=len(batch))
+        return len(batch)
+
+    def _lost(self, batch: Sequence[DenyEvent], error: bool) -> int:
+        with self._lock:
+            self.dropped += len(batch)
+            self.sink_errors += int(error)
+        if self.metrics is not None:
+            self.metrics.events(dropped=len(batch), sink_errors=int(error))
+        return 0
+
+    def close(self) -> None:
+        """Stops the flusher and ships what is left, `timeout` in all; what
+        does not fit is dropped and counted. Later events are dropped."""
+        if self.closed:
+            return
+        deadline = time.monotonic() + self.timeout
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(self.timeout + 1)
+            self._thread = None
+        with self._lock:
+            self.closed = True
+        self._flush(deadline)
+        _LIVE.discard(self)
+
+    def __enter__(self) -> DenyEvents:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"DenyEvents({self.sink!r}, pending={self.pending}, shipped={self.shipped}, "
+            f"dropped={self.dropped}, sink_errors={self.sink_errors})"
+        )
+
+
+#: What a `deny_events=` argument is: a shipper, or None for none.
+DenyEventsArg = Union[DenyEvents, None]
+
+
+__all__ = [
+    "BULK_INDEX",
+    "BUFFER_EVENTS",
+    "FIELDS",
+    "FLUSH_EVENTS",
+    "FLUSH_INTERVAL_MS",
+    "OPTIONAL",
+    "SINK_TIMEOUT_MS",
+    "BulkSink",
+    "DenyEvent",
+    "DenyEvents",
+    "DenyEventsArg",
+    "FileSink",
+    "Sink",
+    "SinkError",
+]
