@@ -15,10 +15,16 @@
 // - GET  /api/report           core, on the policy `report`: a denial answers the cached report, not a 429
 // - POST /admin/fail?every=n   the backend fails every n-th call from now on (0: never)
 // - GET  /protection           this instance's stage, scale and breakers (also X-Protection-* headers)
+// - GET  /metrics              Prometheus: decisions by rule, level and outcome, Redis round trips,
+//                              remaining ratio, scale, stage, breakers, deny events (README, "Metrics and deny events")
+//
+// Deny events: DENY_EVENTS_FILE=/path/deny.jsonl, or DENY_EVENTS_URL=http://127.0.0.1:9200
+// (an Elasticsearch _bulk endpoint), ships every denial in batches.
 import express from 'express';
 import { createClient } from 'redis';
 import { pathToFileURL } from 'node:url';
-import { Client, Limiter, Protection, outcomeErrors, rateLimitMiddleware } from 'redis-ratelimit';
+import { Registry } from 'prom-client';
+import { Client, DenyEvents, Limiter, Protection, outcomeErrors, rateLimitMiddleware } from 'redis-ratelimit';
 
 /** The policies this service needs, set when missing (an operator may have tuned them). */
 export const POLICIES = {
@@ -31,10 +37,12 @@ export const POLICIES = {
 
 /**
  * Starts one instance on `client` (node-redis or ioredis); resolves
- * { url, app, protection, limiter, setFailEvery, close }. `protection`
- * passes the loop's timings (tests shorten them).
+ * { url, app, protection, limiter, registry, setFailEvery, close }.
+ * `protection` passes the loop's timings (tests shorten them); `registry`
+ * is the prom-client Registry /metrics serves (a new one by default);
+ * `denyEvents`, a DenyEvents shipping every denial (closed by close()).
  */
-export async function start({ client, port = 0, failEvery = 0, protection: timings = {}, setPolicies = true, name = 'instance' } = {}) {
+export async function start({ client, port = 0, failEvery = 0, protection: timings = {}, setPolicies = true, name = 'instance', registry = new Registry(), denyEvents } = {}) {
   const rl = new Client(client);
   await rl.checkModule();
   if (setPolicies) {
@@ -42,11 +50,11 @@ export async function start({ client, port = 0, failEvery = 0, protection: timin
       if ((await rl.policyGet(policy)) === null) await rl.policySet(policy, spec, options);
     }
   }
-  const protection = new Protection(rl, ['api', 'report'], timings);
+  const protection = new Protection(rl, ['api', 'report'], { ...timings, metrics: registry });
   // The deny cache answers repeated denials in process; given the
   // protection, the limiter counts them and they reach the server with the
   // outcome reports (RL.OUTCOME ... DENIED n), so the stages see the flood.
-  const limiter = new Limiter(rl, { instances: 2, protection });
+  const limiter = new Limiter(rl, { instances: 2, protection, metrics: registry, denyEvents });
   const backend = protection.breaker('backend');
   let calls = 0;
   const fetchItems = async () => {
@@ -110,6 +118,10 @@ export async function start({ client, port = 0, failEvery = 0, protection: timin
     res.json({ failEvery });
   });
   app.get('/protection', (_req, res) => res.json({ name, ...protection.snapshot(), loop: protection.counters(), limiter: limiter.stats() }));
+  app.get('/metrics', async (_req, res) => {
+    res.set('Content-Type', registry.contentType);
+    res.send(await registry.metrics());
+  });
   app.use(outcomeErrors());
   app.use((err, _req, res, _next) => res.status(500).json({ error: err.message }));
 
@@ -121,6 +133,7 @@ export async function start({ client, port = 0, failEvery = 0, protection: timin
     app,
     protection,
     limiter,
+    registry,
     setFailEvery: (n) => {
       failEvery = n;
       calls = 0;
@@ -130,6 +143,7 @@ export async function start({ client, port = 0, failEvery = 0, protection: timin
       server.closeAllConnections?.();
       await closed;
       await protection.close();
+      await denyEvents?.close();
       rl.close();
     },
   };
@@ -137,6 +151,10 @@ export async function start({ client, port = 0, failEvery = 0, protection: timin
 
 if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) {
   const client = await createClient({ url: process.env.REDIS_URL ?? 'redis://127.0.0.1:6379' }).connect();
-  const s = await start({ client, port: Number(process.env.PORT ?? 3003), failEvery: Number(process.env.FAIL_EVERY ?? 0) });
+  const sink = process.env.DENY_EVENTS_FILE ? { file: process.env.DENY_EVENTS_FILE } : process.env.DENY_EVENTS_URL ? { bulkUrl: process.env.DENY_EVENTS_URL } : undefined;
+  const denyEvents = sink === undefined ? undefined : new DenyEvents({ ...sink, metrics: true });
+  const { register } = await import('prom-client');
+  const s = await start({ client, port: Number(process.env.PORT ?? 3003), failEvery: Number(process.env.FAIL_EVERY ?? 0), registry: register, denyEvents });
+  process.once('SIGTERM', () => s.close().then(() => process.exit(0)));
   console.log(`listening on ${s.url}`);
 }

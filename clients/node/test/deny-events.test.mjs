@@ -1,0 +1,314 @@
+// Deny events (README "Metrics and deny events", the contract's
+// observability.deny_events): a real _bulk HTTP endpoint written here (it
+// parses the NDJSON and checks every action/event pair), a real file, a
+// callback; dead sinks (a refused connection, a server that never answers,
+// a 500, a reply with errors) cost counts, not requests; a full buffer with
+// its flusher stopped drops exactly the oldest. Denials come from a Limiter
+// against redis-server with the module.
+import assert from 'node:assert/strict';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import http from 'node:http';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import { Redis } from 'ioredis';
+import { Registry } from 'prom-client';
+import { Client, DenyEvents, DENY_EVENT_DEFAULTS, DENY_EVENT_FIELDS, InvalidArgumentError, Limiter } from 'redis-ratelimit';
+import { sleep, startServer } from './servers.mjs';
+
+const ACTION = '{"index":{"_index":"ratelimit-deny"}}';
+
+/** Polls `cond` every 10 ms until it holds; fails after 20 s. */
+async function until(cond, what) {
+  const deadline = Date.now() + 20_000;
+  while (!(await cond())) {
+    if (Date.now() > deadline) assert.fail(`timed out waiting for ${what}`);
+    await sleep(10);
+  }
+}
+
+/** The field names of an event line, in order: the contract's, the optional ones only when present. */
+function checkOrder(event) {
+  const keys = Object.keys(event);
+  const want = DENY_EVENT_FIELDS.filter((f) => f in event);
+  assert.deepEqual(keys, want);
+  for (const f of DENY_EVENT_FIELDS.slice(0, 8)) assert.ok(f in event, `${f} missing from ${JSON.stringify(event)}`);
+  assert.match(event.timestamp, /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/);
+}
+
+/**
+ * A _bulk endpoint: POST /_bulk with application/x-ndjson, an action line
+ * then an event line per event; answers { errors: false, items }. `mode`:
+ * 'ok', 'hang' (reads the body, never answers), 500, or 'errors'.
+ */
+async function bulkServer(mode = 'ok') {
+  const batches = [];
+  const problems = [];
+  const hung = [];
+  const server = http.createServer((req, res) => {
+    let body = '';
+    req.setEncoding('utf8');
+    req.on('data', (c) => (body += c));
+    req.on('end', () => {
+      if (req.method !== 'POST' || req.url !== '/_bulk') problems.push(`${req.method} ${req.url}`);
+      if (req.headers['content-type'] !== 'application/x-ndjson') problems.push(`content-type ${req.headers['content-type']}`);
+      if (!body.endsWith('\n')) problems.push('no final newline');
+      const lines = body.split('\n').slice(0, -1);
+      if (lines.length % 2 !== 0) problems.push(`odd line count ${lines.length}`);
+      const events = [];
+      for (let i = 0; i < lines.length; i += 2) {
+        if (lines[i] !== ACTION) problems.push(`action line ${lines[i]}`);
+        events.push(JSON.parse(lines[i + 1]));
+      }
+      if (mode === 'hang') {
+        hung.push({ req, res, events });
+        return;
+      }
+      batches.push(events);
+      if (mode === 500) return res.writeHead(500).end('{"error":"down"}');
+      res.writeHead(200, { 'Content-Type': 'application/json' });
+      res.end(JSON.stringify({ took: 1, errors: mode === 'errors', items: events.map(() => ({ index: { status: 201 } })) }));
+    });
+  });
+  await new Promise((r) => server.listen(0, '127.0.0.1', r));
+  return {
+    url: `http://127.0.0.1:${server.address().port}`,
+    batches,
+    problems,
+    hung,
+    events: () => batches.flat(),
+    close: () => {
+      for (const h of hung) h.res.destroy();
+      server.closeAllConnections?.();
+      return new Promise((r) => server.close(r));
+    },
+  };
+}
+
+/** A loopback port nothing listens on. */
+function closedPort() {
+  return new Promise((resolve) => {
+    const s = net.createServer();
+    s.listen(0, '127.0.0.1', () => {
+      const { port } = s.address();
+      s.close(() => resolve(port));
+    });
+  });
+}
+
+let server;
+let redis;
+let rl;
+before(async () => {
+  server = await startServer();
+  redis = new Redis({ port: server.port, host: '127.0.0.1' });
+  rl = new Client(redis);
+});
+after(async () => {
+  redis.disconnect();
+  await server.stop();
+});
+
+/** A limiter admitting 1 per minute per identity, every later request denied (by Redis, then its deny cache). */
+async function denyingLimiter(denyEvents, options = {}) {
+  const limiter = new Limiter(rl, { denyEvents, ...options });
+  const set = await limiter.ruleSet([{ name: 'login', spec: { algorithm: 'fixedwindow', limit: 1, windowMs: 2 ** 40 }, keyPrefix: `rl:ev:${Math.random()}:` }]);
+  return { limiter, set };
+}
+
+describe('deny events', () => {
+  test('defaults are the contract\'s', () => {
+    assert.deepEqual({ ...DENY_EVENT_DEFAULTS }, { capacity: 10_000, flushEvents: 1000, flushIntervalMs: 5000, timeoutMs: 2000, bulkIndex: 'ratelimit-deny' });
+    const events = new DenyEvents({ callback: () => {} });
+    assert.equal(events.capacity, 10_000);
+    assert.equal(events.flushEvents, 1000);
+    assert.equal(events.flushIntervalMs, 5000);
+    assert.equal(events.timeoutMs, 2000);
+    assert.equal(events.bulkIndex, 'ratelimit-deny');
+    return events.close();
+  });
+
+  test('bad options are refused, naming the option', () => {
+    const bad = [
+      [{}, 'sink'],
+      [{ file: '/tmp/x', callback: () => {} }, 'callback'],
+      [{ file: '' }, 'file'],
+      [{ bulkUrl: 'ftp://x' }, 'bulkUrl'],
+      [{ bulkUrl: 'not a url' }, 'bulkUrl'],
+      [{ callback: 3 }, 'callback'],
+      [{ callback: () => {}, capacity: 0 }, 'capacity'],
+      [{ callback: () => {}, capacity: 10, flushEvents: 11 }, 'flushEvents'],
+      [{ callback: () => {}, flushIntervalMs: 0 }, 'flushIntervalMs'],
+      [{ callback: () => {}, timeoutMs: 1.5 }, 'timeoutMs'],
+      [{ callback: () => {}, bulkIndex: '' }, 'bulkIndex'],
+      [{ callback: () => {}, background: 'no' }, 'background'],
+      [{ callback: () => {}, metrics: 'yes' }, 'metrics'],
+    ];
+    for (const [options, name] of bad) {
+      assert.throws(() => new DenyEvents(options), (e) => e instanceof InvalidArgumentError && e.argument === name, JSON.stringify(options));
+    }
+    assert.throws(() => new DenyEvents(null), (e) => e instanceof InvalidArgumentError && e.argument === 'options');
+    assert.throws(() => new Limiter(rl, { denyEvents: {} }), (e) => e instanceof InvalidArgumentError && e.argument === 'denyEvents');
+  });
+
+  test('a flood to a real _bulk endpoint: every denial arrives, in batches of at most 1,000, shipped as soon as 1,000 wait', async () => {
+    const bulk = await bulkServer();
+    const registry = new Registry();
+    const events = new DenyEvents({ bulkUrl: bulk.url, metrics: registry });
+    const { limiter, set } = await denyingLimiter(events);
+    const N = 5000;
+    let denied = 0;
+    for (let i = 0; i < N; i++) {
+      const d = await limiter.check(set, `u${i % 10}`);
+      if (!d.allowed) denied++;
+    }
+    assert.equal(denied, N - 10);
+    // The flush interval is 5 s; full batches leave as soon as 1,000 wait.
+    await until(() => bulk.events().length >= 4000, 'four full batches before the interval');
+    await events.close();
+    assert.deepEqual(bulk.problems, []);
+    const got = bulk.events();
+    assert.equal(got.length, denied);
+    assert.ok(bulk.batches.every((b) => b.length >= 1 && b.length <= 1000), bulk.batches.map((b) => b.length).join(','));
+    for (const e of got) {
+      checkOrder(e);
+      assert.equal(e.rule, 'login');
+      assert.equal(e.outcome, 'denied');
+      assert.ok(e.level === 'redis' || e.level === 'deny_cache', e.level);
+      assert.equal(e.limit, 1);
+      assert.equal(e.remaining, 0);
+      assert.ok(e.retry_after_ms > 0);
+      assert.ok(!('client_ip' in e) && !('user_agent' in e), 'no HTTP here: the optional fields are left out');
+    }
+    // Every identity's denials, and the first of each from Redis.
+    assert.equal(new Set(got.map((e) => e.key)).size, 10);
+    assert.equal(got.filter((e) => e.level === 'redis').length >= 10, true);
+    assert.deepEqual(events.stats(), { pending: 0, shipped: denied, dropped: 0, sinkErrors: 0, batches: bulk.batches.length });
+    const text = await registry.metrics();
+    assert.match(text, new RegExp(`^ratelimit_deny_events_shipped_total ${denied}$`, 'm'));
+    assert.match(text, /^ratelimit_deny_events_dropped_total 0$/m);
+    assert.match(text, /^ratelimit_deny_events_sink_errors_total 0$/m);
+    await bulk.close();
+  });
+
+  test('a file sink appends JSON lines, in order; close() ships what is left', async () => {
+    const dir = mkdtempSync(path.join(os.tmpdir(), 'rl-events-'));
+    try {
+      const file = path.join(dir, 'deny.jsonl');
+      const events = new DenyEvents({ file });
+      const { limiter, set } = await denyingLimiter(events);
+      await limiter.check(set, 'alice');
+      for (let i = 0; i < 3; i++) await limiter.check(set, 'alice', 1, { clientIp: '10.0.0.7', userAgent: 'curl/8.0' });
+      await limiter.check(set, 'alice', 1, { clientIp: '10.0.0.8' });
+      assert.equal(events.stats().pending, 4);
+      await events.close();
+      const lines = readFileSync(file, 'utf8').split('\n');
+      assert.equal(lines.pop(), '');
+      const got = lines.map((l) => JSON.parse(l));
+      assert.equal(got.length, 4);
+      got.forEach(checkOrder);
+      assert.deepEqual(
+        got.map((e) => [e.level, e.client_ip, e.user_agent]),
+        [
+          ['redis', '10.0.0.7', 'curl/8.0'],
+          ['deny_cache', '10.0.0.7', 'curl/8.0'],
+          ['deny_cache', '10.0.0.7', 'curl/8.0'],
+          ['deny_cache', '10.0.0.8', undefined],
+        ],
+      );
+      assert.ok(got.every((e) => e.key.endsWith('alice')));
+      // Recorded after close: dropped, counted.
+      await limiter.check(set, 'alice');
+      assert.equal(events.stats().dropped, 1);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  test('a callback gets each batch on the flusher, never on the request', async () => {
+    const batches = [];
+    const events = new DenyEvents({ callback: (b) => void batches.push(b), flushEvents: 10, capacity: 100 });
+    const { limiter, set } = await denyingLimiter(events, { denyCache: false });
+    await limiter.check(set, 'bob');
+    for (let i = 0; i < 10; i++) await limiter.check(set, 'bob');
+    // The 10th denial woke the flusher: it runs after this turn of the event loop.
+    assert.equal(batches.length, 0);
+    await until(() => batches.length === 1, 'the first batch');
+    assert.equal(batches[0].length, 10);
+    assert.ok(batches[0].every((e) => e.level === 'redis' && e.rule === 'login'));
+    await limiter.check(set, 'bob');
+    await events.flush();
+    assert.deepEqual(batches.map((b) => b.length), [10, 1]);
+    await events.close();
+  });
+
+  test('a refused connection, a 500 and a reply with errors: each batch dropped and counted, never retried', async () => {
+    for (const make of [async () => ({ url: `http://127.0.0.1:${await closedPort()}`, close: async () => {}, batches: [] }), () => bulkServer(500), () => bulkServer('errors')]) {
+      const sink = await make();
+      const registry = new Registry();
+      const events = new DenyEvents({ bulkUrl: sink.url, metrics: registry, flushEvents: 5, capacity: 50 });
+      const { limiter, set } = await denyingLimiter(events);
+      for (let i = 0; i < 6; i++) await limiter.check(set, 'carol');
+      await until(() => events.stats().sinkErrors === 1, `a sink error (${sink.url})`);
+      await events.close();
+      assert.deepEqual(events.stats(), { pending: 0, shipped: 0, dropped: 5, sinkErrors: 1, batches: 0 });
+      // Never retried: the endpoint saw the batch once.
+      assert.ok(sink.batches.length <= 1);
+      const text = await registry.metrics();
+      assert.match(text, /^ratelimit_deny_events_dropped_total 5$/m);
+      assert.match(text, /^ratelimit_deny_events_sink_errors_total 1$/m);
+      await sink.close();
+    }
+  });
+
+  test('a sink that never answers: requests complete while it hangs; its batch is dropped at the timeout', async () => {
+    const bulk = await bulkServer('hang');
+    const events = new DenyEvents({ bulkUrl: bulk.url, flushEvents: 5, capacity: 1000, timeoutMs: 60_000 });
+    const { limiter, set } = await denyingLimiter(events);
+    for (let i = 0; i < 6; i++) await limiter.check(set, 'dave');
+    await until(() => bulk.hung.length === 1, 'the sink to hold a batch');
+    // The sink holds the flusher: requests go on, their denials wait in the buffer.
+    const ds = await Promise.all(Array.from({ length: 200 }, () => limiter.check(set, 'dave')));
+    assert.ok(ds.every((d) => !d.allowed));
+    assert.equal(bulk.hung[0].res.writableEnded, false, 'the sink is still hanging');
+    assert.equal(events.stats().pending, 200);
+    assert.equal(events.stats().sinkErrors, 0);
+    // The endpoint goes away: the held batch fails (counted), close() tries the rest once.
+    await bulk.close();
+    await events.close();
+    assert.equal(events.stats().sinkErrors >= 1, true);
+    assert.equal(events.stats().dropped, 205);
+    assert.equal(events.stats().shipped, 0);
+
+    // The timeout: a batch the sink does not answer within it is dropped and counted.
+    const slow = await bulkServer('hang');
+    const timed = new DenyEvents({ bulkUrl: slow.url, flushEvents: 5, capacity: 1000, timeoutMs: 100 });
+    const l2 = await denyingLimiter(timed);
+    for (let i = 0; i < 6; i++) await l2.limiter.check(l2.set, 'erin');
+    await until(() => timed.stats().sinkErrors === 1, 'the timed-out batch');
+    assert.equal(timed.stats().dropped, 5);
+    assert.equal(timed.stats().shipped, 0);
+    await timed.close();
+    await slow.close();
+  });
+
+  test('a full buffer with the flusher stopped drops exactly the oldest', async () => {
+    const registry = new Registry();
+    const batches = [];
+    const events = new DenyEvents({ callback: (b) => void batches.push(b), capacity: 100, flushEvents: 100, background: false, metrics: registry });
+    const sent = 250;
+    for (let i = 0; i < sent; i++) events.record({ key: `k${i}`, rule: 'r', level: 'redis', limit: 1, remaining: 0, retryAfterMs: 5 });
+    assert.deepEqual(events.stats(), { pending: 100, shipped: 0, dropped: sent - 100, sinkErrors: 0, batches: 0 });
+    assert.equal(batches.length, 0, 'no flusher: nothing shipped');
+    await events.flush();
+    assert.equal(batches.length, 1);
+    assert.deepEqual(
+      batches[0].map((e) => e.key),
+      Array.from({ length: 100 }, (_, i) => `k${i + 150}`),
+    );
+    assert.match(await registry.metrics(), /^ratelimit_deny_events_dropped_total 150$/m);
+    assert.match(await registry.metrics(), /^ratelimit_deny_events_shipped_total 100$/m);
+    await events.close();
+  });
+});
