@@ -4,7 +4,7 @@ adapting to the backend's errors, staged by its deny ratio) and a global
 problem body, and the protection loop around them.
 
     make run
-    pip install fastapi uvicorn ./clients/python  # redis-ratelimit-client, from the repo root
+    pip install fastapi uvicorn './clients/python[metrics]'  # from the repo root
     uvicorn asgi_middleware:app   # then: curl -i -H 'x-user: alice' localhost:8000/
 
 The routes:
@@ -16,7 +16,15 @@ The routes:
   Redis, and in place of the 429 when it is denied;
 - `/protection` (not limited): this instance's stage, scale and breaker;
 - `POST /backend?fail_every=N` (not limited): the backend fails every Nth
-  call from now on (0: never; `FAIL_EVERY` at start-up).
+  call from now on (0: never; `FAIL_EVERY` at start-up);
+- `/metrics` (not limited): the instance's Prometheus metrics (every
+  decision by rule, level and outcome, Redis round trips, the policy's
+  scale and stage, the breakers, the deny events' counts).
+
+Deny events: every denial, with the client's IP and User-Agent, shipped in
+batches to Elasticsearch's `_bulk` at `RL_DENY_BULK` (say
+`http://127.0.0.1:9200`), or appended to the file `RL_DENY_FILE` as JSON
+lines; neither set: none.
 
 The policy is created when the server has none (`RL_POLICY_SPEC`); change it
 at any time with `RL.POLICY SET`, every instance follows.
@@ -30,9 +38,19 @@ import shlex
 import redis
 import redis.asyncio as aioredis
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from redis_ratelimit_client import AsyncProtection, BreakerOpen, CircuitBreaker, Policy, TokenBucket
+from redis_ratelimit_client import (
+    AsyncProtection,
+    BreakerOpen,
+    BulkSink,
+    CircuitBreaker,
+    DenyEvents,
+    FileSink,
+    Policy,
+    TokenBucket,
+)
 from redis_ratelimit_client.asgi import (
     FallbackMode,
     RateLimitMiddleware,
@@ -75,6 +93,18 @@ def seconds(name: str, default: float) -> float:
     return float(os.environ.get(name, str(default)))
 
 
+def deny_events() -> DenyEvents | None:
+    """The deny events' shipper the environment asks for, if any (the
+    contract's defaults: 10,000 buffered, a flush every 5 s or 1,000 events,
+    2 s per flush; the tests shorten the interval)."""
+    interval = seconds("RL_DENY_FLUSH_INTERVAL", 5.0)
+    if os.environ.get("RL_DENY_BULK"):
+        return DenyEvents(BulkSink(os.environ["RL_DENY_BULK"]), flush_interval=interval)
+    if os.environ.get("RL_DENY_FILE"):
+        return DenyEvents(FileSink(os.environ["RL_DENY_FILE"]), flush_interval=interval)
+    return None
+
+
 def create_app() -> FastAPI:
     """One instance of the service: its own client, limiter, protection
     loop, breaker and backend."""
@@ -83,6 +113,9 @@ def create_app() -> FastAPI:
     backend = Backend(int(os.environ.get("FAIL_EVERY", "0")))
     breaker = CircuitBreaker("backend")
     client = aioredis.Redis(host=host, port=int(port), socket_timeout=1, socket_connect_timeout=1)
+    # The instance's own registry (prometheus_client's REGISTRY would do too).
+    registry = CollectorRegistry()
+    events = deny_events()
     protection = AsyncProtection(
         client,
         [POLICY],
@@ -91,11 +124,14 @@ def create_app() -> FastAPI:
         report_interval=seconds("RL_REPORT_INTERVAL", 1.0),
         stage_poll=seconds("RL_STAGE_POLL", 1.0),
         stage_hold=seconds("RL_STAGE_HOLD", 5.0),
+        metrics=registry,  # its scale, stage and breaker
     )
     app = FastAPI()
     app.state.backend = backend
     app.state.breaker = breaker
     app.state.protection = protection
+    app.state.registry = registry
+    app.state.deny_events = events
 
     @app.get("/")
     async def index() -> JSONResponse:
@@ -115,6 +151,10 @@ def create_app() -> FastAPI:
     @app.get("/protection")
     async def state() -> dict[str, object]:
         return {**protection.state()[POLICY], "breaker_name": breaker.name}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/backend")
     async def set_backend(fail_every: int) -> dict[str, int]:
@@ -136,6 +176,8 @@ def create_app() -> FastAPI:
         # the stages see a flood the deny cache answers.
         deny_cache_max=seconds("RL_DENY_CACHE_MAX", 1.0),
         protection=protection,
+        metrics=registry,  # every decision, by rule, level and outcome
+        deny_events=events,  # every denial, with client_ip and user_agent
         routes=[
             RouteOptions(
                 "/recommendations",
@@ -144,6 +186,7 @@ def create_app() -> FastAPI:
             ),
             RouteOptions("/protection", limited=False),
             RouteOptions("/backend", limited=False),
+            RouteOptions("/metrics", limited=False),
         ],
     )
     return app
