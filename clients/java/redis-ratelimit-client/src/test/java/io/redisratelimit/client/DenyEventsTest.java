@@ -1,0 +1,270 @@
+package io.redisratelimit.client;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import io.redisratelimit.client.testing.BulkServer;
+import io.redisratelimit.client.testing.RedisServer;
+import io.redisratelimit.client.testing.Windows;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.io.TempDir;
+
+import java.net.URI;
+import java.nio.file.Files;
+import java.time.Duration;
+import java.time.Instant;
+import java.util.ArrayList;
+import java.util.Collections;
+import java.util.List;
+import java.util.UUID;
+import java.util.concurrent.CopyOnWriteArrayList;
+import java.util.function.BooleanSupplier;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+/** Deny events through real sinks: a real _bulk HTTP server, a real file, a callback; dead sinks; a full buffer. */
+class DenyEventsTest {
+    private static final ObjectMapper JSON = new ObjectMapper();
+
+    private static void poll(String what, Duration within, BooleanSupplier done) throws InterruptedException {
+        long deadline = System.nanoTime() + within.toNanos();
+        while (!done.getAsBoolean()) {
+            if (System.nanoTime() > deadline) {
+                throw new AssertionError("not within " + within + ": " + what);
+            }
+            Thread.sleep(10);
+        }
+    }
+
+    private static DenyEvent event(int i) {
+        return new DenyEvent(Instant.now(), "rl:user:" + i, "orders:user", "redis", "denied", 5, 0, 100 + i, "127.0.0.1", "test/1");
+    }
+
+    @Test
+    void aFloodReachesTheBulkEndpointWholeInBatchesOfAtMostOneThousand() throws Exception {
+        int n = 7_500;
+        try (BulkServer bulk = BulkServer.start();
+             DenyEvents events = DenyEvents.builder(DenyEventSink.bulk(bulk.url())).build()) {
+            Thread[] writers = new Thread[3];
+            for (int w = 0; w < writers.length; w++) {
+                int from = w * (n / writers.length);
+                writers[w] = new Thread(() -> {
+                    for (int i = from; i < from + n / writers.length; i++) {
+                        events.record(event(i));
+                    }
+                });
+                writers[w].start();
+            }
+            for (Thread t : writers) {
+                t.join();
+            }
+            poll("all " + n + " events at the _bulk server", Duration.ofSeconds(30), () -> bulk.events().size() >= n);
+            assertEquals(List.of(), bulk.malformed());
+            assertEquals(n, bulk.events().size());
+            assertTrue(bulk.batches().stream().allMatch(b -> b >= 1 && b <= 1_000), "batch sizes " + bulk.batches());
+            assertTrue(bulk.batches().size() >= n / 1_000, "batches " + bulk.batches());
+            assertTrue(bulk.indexes().stream().allMatch("ratelimit-deny"::equals));
+            assertTrue(bulk.contentTypes().stream().allMatch(c -> c.startsWith("application/x-ndjson")), bulk.contentTypes().toString());
+            List<String> keys = new ArrayList<>();
+            for (JsonNode e : bulk.events()) {
+                keys.add(e.get("key").asText());
+            }
+            List<String> want = new ArrayList<>();
+            for (int i = 0; i < n; i++) {
+                want.add("rl:user:" + i);
+            }
+            Collections.sort(keys);
+            Collections.sort(want);
+            assertEquals(want, keys, "every event, once");
+            assertEquals(n, events.shipped());
+            assertEquals(0, events.dropped());
+            assertEquals(0, events.sinkErrors());
+        }
+    }
+
+    @Test
+    void theFlushIntervalShipsASmallBatchToACallback() throws Exception {
+        List<List<DenyEvent>> got = new CopyOnWriteArrayList<>();
+        List<String> threads = new CopyOnWriteArrayList<>();
+        try (DenyEvents events = DenyEvents.builder(DenyEventSink.callback(b -> {
+            got.add(List.copyOf(b));
+            threads.add(Thread.currentThread().getName());
+        })).flushInterval(Duration.ofMillis(100)).build()) {
+            for (int i = 0; i < 5; i++) {
+                events.record(event(i));
+            }
+            poll("the callback's batch", Duration.ofSeconds(10), () -> got.stream().mapToInt(List::size).sum() == 5);
+            assertEquals("rl:user:0", got.get(0).get(0).key(), "oldest first");
+            assertTrue(threads.stream().noneMatch(t -> t.equals(Thread.currentThread().getName())), "never on the recording thread");
+            assertEquals(5, events.shipped());
+        }
+    }
+
+    @Test
+    void closeAppendsWhatIsLeftToAFileAsJsonLines(@TempDir java.nio.file.Path dir) throws Exception {
+        java.nio.file.Path file = dir.resolve("logs/deny.jsonl");
+        DenyEvents events = DenyEvents.builder(DenyEventSink.file(file)).build();
+        events.record(event(1));
+        events.record(new DenyEvent(Instant.now(), "rl:x", "x", "local", "denied", 3, 0, -1, null, null));
+        events.close();
+        List<String> lines = Files.readAllLines(file);
+        assertEquals(2, lines.size());
+        assertEquals("rl:user:1", JSON.readTree(lines.get(0)).get("key").asText());
+        assertFalse(JSON.readTree(lines.get(1)).has("client_ip"), "unknown: left out");
+        assertEquals(-1, JSON.readTree(lines.get(1)).get("retry_after_ms").asLong());
+        try (DenyEvents again = DenyEvents.builder(DenyEventSink.file(file)).build()) {
+            again.record(event(2));
+        }
+        assertEquals(3, Files.readAllLines(file).size(), "appended, not overwritten");
+        assertEquals(2, events.shipped());
+    }
+
+    @Test
+    void aFullBufferWithAStoppedFlusherDropsExactlyTheOldest() {
+        List<DenyEvent> got = new ArrayList<>();
+        try (DenyEvents events = DenyEvents.builder(DenyEventSink.callback(got::addAll)).capacity(100).backgroundFlusher(false).build()) {
+            for (int i = 0; i < 250; i++) {
+                events.record(event(i));
+            }
+            assertEquals(150, events.dropped(), "sent - capacity");
+            assertEquals(100, events.pending());
+            assertEquals(100, events.flush());
+            List<String> keys = got.stream().map(DenyEvent::key).toList();
+            List<String> newest = new ArrayList<>();
+            for (int i = 150; i < 250; i++) {
+                newest.add("rl:user:" + i);
+            }
+            assertEquals(newest, keys, "the survivors are the newest, in order");
+            assertEquals(150, events.dropped());
+        }
+    }
+
+    @Test
+    void aRefusedConnectionCostsASinkErrorAndTheBatchNothingElse() throws Exception {
+        int port = RedisServer.freePort();
+        try (DenyEvents events = DenyEvents.builder(DenyEventSink.bulk(URI.create("http://127.0.0.1:" + port)))
+                .flushInterval(Duration.ofMillis(50)).build()) {
+            for (int i = 0; i < 10; i++) {
+                events.record(event(i));
+            }
+            poll("the refused batch counted", Duration.ofSeconds(10), () -> events.dropped() == 10);
+            assertTrue(events.sinkErrors() >= 1);
+            assertEquals(0, events.shipped());
+            assertEquals(0, events.pending(), "never held, never retried");
+        }
+    }
+
+    @Test
+    void aBulkReplyWithErrorsOrABadStatusIsRefused() throws Exception {
+        com.sun.net.httpserver.HttpServer http = com.sun.net.httpserver.HttpServer.create(
+                new java.net.InetSocketAddress(java.net.InetAddress.getLoopbackAddress(), 0), 0);
+        http.createContext("/errors/_bulk", ex -> {
+            ex.getRequestBody().readAllBytes();
+            byte[] b = "{\"errors\":true,\"items\":[]}".getBytes();
+            ex.sendResponseHeaders(200, b.length);
+            ex.getResponseBody().write(b);
+            ex.close();
+        });
+        http.createContext("/status/_bulk", ex -> {
+            ex.getRequestBody().readAllBytes();
+            byte[] b = "{\"errors\":false}".getBytes();
+            ex.sendResponseHeaders(503, b.length);
+            ex.getResponseBody().write(b);
+            ex.close();
+        });
+        http.start();
+        try {
+            for (String path : List.of("/errors", "/status/")) {
+                URI url = URI.create("http://127.0.0.1:" + http.getAddress().getPort() + path);
+                try (DenyEvents events = DenyEvents.builder(DenyEventSink.bulk(url)).backgroundFlusher(false).build()) {
+                    events.record(event(1));
+                    events.record(event(2));
+                    assertEquals(0, events.flush(), path);
+                    assertEquals(2, events.dropped(), path);
+                    assertEquals(1, events.sinkErrors(), path);
+                }
+            }
+        } finally {
+            http.stop(0);
+        }
+    }
+
+    @Test
+    void aSinkThatNeverAnswersCostsCountsNotRequestLatency() throws Exception {
+        try (RedisServer server = RedisServer.start(); BulkServer bulk = BulkServer.start().hang()) {
+            DenyEvents events = DenyEvents.builder(DenyEventSink.bulk(bulk.url(), DenyEvents.DEFAULT_INDEX, Duration.ofMillis(300)))
+                    .timeout(Duration.ofMillis(300)).flushEvents(10).flushInterval(Duration.ofMillis(50)).build();
+            try (Limiter limiter = Limiter.builder(Client.connect(Drivers.LETTUCE.standalone(server), Duration.ofSeconds(2)))
+                    .denyCache(false).denyEvents(events).build()) {
+                RuleSet rules = limiter.rules(Rule.of("user", Spec.fixedWindow(1, Windows.FIXED_MS)).keyPrefix("dead:" + UUID.randomUUID() + ":"));
+                int denied = 0;
+                for (int i = 0; i < 200; i++) {
+                    denied += limiter.check(rules, "ann").allowed() ? 0 : 1;
+                }
+                // Every request above was decided while the sink hung: none waited for it.
+                assertEquals(199, denied);
+                poll("batches given up after the timeout", Duration.ofSeconds(30), () -> events.sinkErrors() >= 2);
+                assertEquals(0, events.shipped());
+                assertTrue(events.dropped() >= 20, "each timed-out batch is dropped: " + events.dropped());
+                assertEquals(199, events.recorded());
+            }
+            assertEquals(199, events.dropped() + events.shipped(), "closed: every event shipped or counted lost");
+        }
+    }
+
+    @Test
+    void badSettingsAreRefusedNamingTheSetting() {
+        DenyEventSink none = b -> { };
+        assertEquals("sink", assertThrows(InvalidArgumentException.class, () -> DenyEvents.builder(null)).parameter());
+        assertEquals("capacity", assertThrows(InvalidArgumentException.class, () -> DenyEvents.builder(none).capacity(0)).parameter());
+        assertEquals("flush-events", assertThrows(InvalidArgumentException.class, () -> DenyEvents.builder(none).flushEvents(0)).parameter());
+        assertEquals("flush-interval", assertThrows(InvalidArgumentException.class,
+                () -> DenyEvents.builder(none).flushInterval(Duration.ZERO)).parameter());
+        assertEquals("timeout", assertThrows(InvalidArgumentException.class,
+                () -> DenyEvents.builder(none).timeout(Duration.ofMillis(-1))).parameter());
+        assertEquals("url", assertThrows(InvalidArgumentException.class, () -> DenyEventSink.bulk(URI.create("ftp://x"))).parameter());
+        assertEquals("index", assertThrows(InvalidArgumentException.class,
+                () -> DenyEventSink.bulk(URI.create("http://x"), "", Duration.ofSeconds(1))).parameter());
+        assertEquals("file", assertThrows(InvalidArgumentException.class, () -> DenyEventSink.file(null)).parameter());
+        assertEquals("key", assertThrows(InvalidArgumentException.class,
+                () -> new DenyEvent(Instant.now(), null, "r", "redis", "denied", 1, 0, 0, null, null)).parameter());
+    }
+
+    @Test
+    void theLimiterRecordsEveryDenialAtEveryLevelWithItsFields() throws Exception {
+        List<DenyEvent> got = new CopyOnWriteArrayList<>();
+        try (RedisServer server = RedisServer.start()) {
+            DenyEvents events = DenyEvents.builder(DenyEventSink.callback(got::addAll)).backgroundFlusher(false).build();
+            String run = UUID.randomUUID().toString();
+            try (Limiter limiter = Limiter.builder(Client.connect(Drivers.LETTUCE.standalone(server), Duration.ofSeconds(2)))
+                    .denyEvents(events).fallback(FallbackMode.FAIL_CLOSED).breaker(1, Duration.ofMinutes(5)).build()) {
+                RuleSet user = limiter.rules(Rule.of("user", Spec.fixedWindow(1, Windows.FIXED_MS)).keyPrefix("ev:" + run + ":"));
+                assertTrue(limiter.check(user, "ann").allowed());
+                limiter.checkAsync(user, List.of("ann"), 1, Origin.of("192.0.2.7", "agent/2")).toCompletableFuture().join();
+                limiter.check(user, "ann");
+                RuleSet total = limiter.rules(Rule.of("total", Spec.fixedWindow(1, Windows.FIXED_MS)).fixedKey("ev:" + run + ":t").asGlobal());
+                limiter.check(total, "x");
+                limiter.check(total, "x");
+                server.kill9();
+                RuleSet other = limiter.rules(Rule.of("other", Spec.fixedWindow(9, Windows.FIXED_MS)).keyPrefix("ev:" + run + ":o:"));
+                limiter.check(other, "bob");
+                events.flush();
+                List<String> levels = got.stream().map(DenyEvent::level).toList();
+                assertEquals(List.of("redis", "deny_cache", "local", "fallback"), levels);
+                DenyEvent first = got.get(0);
+                assertEquals("ev:" + run + ":ann", first.key());
+                assertEquals("user", first.rule());
+                assertEquals("denied", first.outcome());
+                assertEquals(1, first.limit());
+                assertTrue(first.retryAfterMs() > 0);
+                assertEquals("192.0.2.7", first.clientIp());
+                assertEquals("agent/2", first.userAgent());
+                assertEquals(null, got.get(1).clientIp(), "a call without an origin");
+                assertEquals("total", got.get(2).rule());
+                assertEquals("other", got.get(3).rule());
+            }
+        }
+    }
+}
