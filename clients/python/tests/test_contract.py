@@ -538,3 +538,91 @@ def test_a_policy_with_the_loops_get_fields_is_read_by_name() -> None:
     policy = parse_policy(reply)
     assert policy is not None and list(policy) == names
     assert spec_from_policy(policy) == TokenBucket(10, 1, 1000)
+
+
+# -- observability (issue 26) -------------------------------------------------------
+
+OBSERVABILITY: dict[str, Any] = CONTRACT["observability"]
+
+
+def test_the_kits_metrics_are_the_contracts() -> None:
+    from redis_ratelimit_client.metrics import LEVELS, METRICS, OUTCOMES, REDIS_SECONDS_BUCKETS
+
+    assert [
+        {"name": n, "type": t, "help": h, "labels": list(labels)} for n, t, h, labels in METRICS
+    ] == [{k: m[k] for k in ("name", "type", "help", "labels")} for m in OBSERVABILITY["metrics"]]
+    assert list(REDIS_SECONDS_BUCKETS) == OBSERVABILITY["redis_seconds_buckets"]
+    assert list(LEVELS) == [lv["level"] for lv in OBSERVABILITY["levels"]]
+    assert list(OUTCOMES) == OBSERVABILITY["outcomes"]
+
+
+def test_a_scrape_shows_exactly_the_contracts_names_types_labels_and_buckets() -> None:
+    """What Prometheus sees: a registry fed one decision at every level and
+    outcome, parsed back by prometheus_client's parser."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from redis_ratelimit_client import CircuitBreaker, Metrics, Protection
+    from redis_ratelimit_client.metrics import LEVELS, OUTCOMES
+
+    reg = CollectorRegistry()
+    m = Metrics.of(reg)
+    for level in LEVELS:
+        for outcome in OUTCOMES:
+            m.decision("rule-a", level, outcome)
+    m.redis_seconds(0.003)
+    m.remaining("rule-a", 1, 4)
+    m.events(dropped=1, shipped=2, sink_errors=3)
+    loop = Protection([], ["api"], breakers={"api": CircuitBreaker("backend")}, metrics=reg)
+    families = {f.name: f for f in text_string_to_metric_families(generate_latest(reg).decode())}
+    for spec in OBSERVABILITY["metrics"]:
+        name, kind, labels = spec["name"], spec["type"], set(spec["labels"])
+        base = name[: -len("_total")] if kind == "counter" else name
+        assert base in families, f"{name} missing from the scrape"
+        f = families.pop(base)
+        assert f.type == kind and f.documentation == spec["help"]
+        assert f.samples, f"{name} has no sample"
+        for s in f.samples:
+            if kind == "histogram":
+                assert s.name in {f"{name}_bucket", f"{name}_count", f"{name}_sum"}
+                assert set(s.labels) == ({"le"} if s.name.endswith("_bucket") else set())
+            else:
+                assert s.name == name and set(s.labels) == labels
+    assert families == {}, f"series the contract has not: {sorted(families)}"
+    text = generate_latest(reg).decode()
+    les = [
+        s.labels["le"]
+        for f in text_string_to_metric_families(text)
+        if f.name == "ratelimit_redis_seconds"
+        for s in f.samples
+        if s.name.endswith("_bucket")
+    ]
+    assert les == [*(str(float(b)) for b in OBSERVABILITY["redis_seconds_buckets"]), "+Inf"]
+    assert loop.policies == ["api"]
+
+
+def test_the_deny_events_are_the_contracts() -> None:
+    from redis_ratelimit_client import BulkSink, DenyEvent, DenyEvents
+    from redis_ratelimit_client import events as ev
+
+    spec = OBSERVABILITY["deny_events"]
+    assert list(ev.FIELDS) == spec["fields"] and list(ev.OPTIONAL) == spec["optional"]
+    shipper = DenyEvents(list.append, start=False)
+    assert shipper.capacity == spec["buffer_events"] == ev.BUFFER_EVENTS
+    assert shipper.flush_events == spec["flush_events"]
+    assert shipper.flush_interval * 1000 == spec["flush_interval_ms"]
+    assert shipper.timeout * 1000 == spec["sink_timeout_ms"]
+    sink = BulkSink("http://127.0.0.1:9200")
+    assert sink.index == spec["bulk_index"] and sink.timeout * 1000 == spec["sink_timeout_ms"]
+    assert sink.url == "http://127.0.0.1:9200/_bulk"
+    # The contract's timestamp example, and the fields in order.
+    example = spec["timestamp"].split("as ")[-1]
+    e = DenyEvent(1_796_205_600.123, "k", "r", "redis", "denied", 5, 0, -1, "::1", "ua")
+    assert e.timestamp == example == "2026-12-02T10:00:00.123Z"
+    assert list(json.loads(e.to_json())) == spec["fields"]
+    assert sink.body([e]).decode().splitlines() == [
+        json.dumps({"index": {"_index": spec["bulk_index"]}}, separators=(",", ":")),
+        e.to_json(),
+    ]
+    bare = DenyEvent(0.0, "k", "r", "local", "denied", 5, 0, 10)
+    assert list(bare.as_dict()) == [f for f in spec["fields"] if f not in spec["optional"]]
