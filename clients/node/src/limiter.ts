@@ -95,7 +95,8 @@ export interface RequestContext {
   userAgent?: string | undefined;
 }
 
-const LEVEL_OF: Record<Path, Level> = { redis: 'redis', local: 'local', denyCache: 'deny_cache', fallback: 'fallback' };
+/** The metrics' and deny events' level of each path a decision takes. */
+export const LEVEL_OF: Record<Path, Level> = { redis: 'redis', local: 'local', denyCache: 'deny_cache', fallback: 'fallback' };
 
 /** One checked rule of a `RuleSet`. */
 export interface CheckedRule {

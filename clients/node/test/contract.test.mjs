@@ -4,7 +4,10 @@
 // cases against the kit's own rule check (accepted or refused, naming the
 // same parameter), the zones against its zone check, and the header vectors
 // against its RateLimit-Policy, RateLimit, Retry-After and problem+json body,
-// byte for byte. No server: nothing here is sent anywhere.
+// byte for byte; and the observability section: the metrics' names, types,
+// help, labels and buckets as a prom-client scrape shows them, the levels and
+// outcomes, the deny events' fields, order and defaults. No server: nothing
+// here is sent anywhere.
 //
 // The golden decision sequences are not run: the Node kit has no in-process
 // algorithms (no local level, no local-only fallback at a share) to run them on.
@@ -468,5 +471,79 @@ describe('protection: the loop\'s defaults, STATS fields, argument ranges and GE
     assert.equal(got.scale, 80);
     assert.equal(got.stage, 1);
     assert.deepEqual(got.adapt, [5, 80, 50, 5, 100]);
+  });
+});
+
+describe('observability: metric names, types, labels and buckets; levels and outcomes; deny events\' fields and defaults', async () => {
+  const ob = contract.observability;
+  const { Registry } = await import('prom-client');
+  const { RateLimitMetrics, METRICS, LEVELS, OUTCOMES, REDIS_SECONDS_BUCKETS, DenyEvents, DENY_EVENT_FIELDS, DENY_EVENT_DEFAULTS } = await import('redis-ratelimit');
+  const { LEVEL_OF } = await import('../dist/esm/limiter.js');
+
+  test('the kit\'s table of metrics is the contract\'s (name, type, labels, help)', () => {
+    assert.deepEqual(
+      METRICS.map((m) => ({ name: m.name, type: m.type, labels: [...m.labels], help: m.help })),
+      ob.metrics.map((m) => ({ name: m.name, type: m.type, labels: m.labels, help: m.help })),
+    );
+  });
+
+  test('a scrape shows each metric under its name, type, help and labels; the histogram\'s buckets are the contract\'s', async () => {
+    const reg = new Registry();
+    const m = RateLimitMetrics.of(reg);
+    m.decision('r', 'redis', 'admitted');
+    m.redisSeconds(0.001);
+    m.remainingRatio('r', 1, 2);
+    m.breakerOpen('b', true);
+    m.scale('r', 80);
+    m.stage('r', 1);
+    m.eventsDropped(1);
+    m.eventsShipped(1);
+    m.sinkError();
+    const text = await reg.metrics();
+    const labelsOf = new Map();
+    for (const line of text.split('\n')) {
+      const s = /^([a-z_]+)(?:\{(.*)\})? /.exec(line);
+      if (!s) continue;
+      const names = s[2] ? [...s[2].matchAll(/([a-z_]+)="/g)].map((x) => x[1]).filter((n) => n !== 'le') : [];
+      labelsOf.set(s[1], names);
+    }
+    for (const want of ob.metrics) {
+      assert.ok(text.includes(`# HELP ${want.name} ${want.help}\n`), `HELP of ${want.name}`);
+      assert.ok(text.includes(`# TYPE ${want.name} ${want.type}\n`), `TYPE of ${want.name}`);
+      const sample = want.type === 'histogram' ? `${want.name}_count` : want.name;
+      assert.deepEqual(labelsOf.get(sample), want.labels, `labels of ${want.name}`);
+    }
+    const les = [...text.matchAll(/^ratelimit_redis_seconds_bucket\{le="([^"]+)"\}/gm)].map((x) => x[1]);
+    assert.deepEqual(les, [...ob.redis_seconds_buckets.map(String), '+Inf']);
+    assert.deepEqual([...REDIS_SECONDS_BUCKETS], ob.redis_seconds_buckets);
+  });
+
+  test('levels and outcomes are the contract\'s; every path a Limiter decision takes has its level', () => {
+    assert.deepEqual([...LEVELS], ob.levels.map((l) => l.level));
+    assert.deepEqual([...OUTCOMES], ob.outcomes);
+    for (const path of ['redis', 'local', 'denyCache', 'fallback']) assert.ok(LEVELS.includes(LEVEL_OF[path]), path);
+    assert.deepEqual(Object.values(LEVEL_OF).sort(), ['deny_cache', 'fallback', 'local', 'redis']);
+  });
+
+  test('deny events: the defaults, the bulk index, the fields in order (the optional ones left out when unknown), the timestamp\'s form', async () => {
+    const d = ob.deny_events;
+    assert.deepEqual(
+      { capacity: DENY_EVENT_DEFAULTS.capacity, flushEvents: DENY_EVENT_DEFAULTS.flushEvents, flushIntervalMs: DENY_EVENT_DEFAULTS.flushIntervalMs, timeoutMs: DENY_EVENT_DEFAULTS.timeoutMs, bulkIndex: DENY_EVENT_DEFAULTS.bulkIndex },
+      { capacity: d.buffer_events, flushEvents: d.flush_events, flushIntervalMs: d.flush_interval_ms, timeoutMs: d.sink_timeout_ms, bulkIndex: d.bulk_index },
+    );
+    assert.deepEqual([...DENY_EVENT_FIELDS], d.fields);
+    const batches = [];
+    const events = new DenyEvents({ callback: (b) => void batches.push(b), background: false });
+    assert.equal(events.capacity, d.buffer_events);
+    events.record({ key: 'k', rule: 'r', level: 'redis', limit: 5, remaining: 0, retryAfterMs: 1200, clientIp: '10.1.2.3', userAgent: 'ua' });
+    events.record({ key: 'k', rule: 'r', level: 'deny_cache', limit: 5, remaining: 0, retryAfterMs: -1 });
+    await events.flush();
+    const [full, bare] = batches[0];
+    assert.deepEqual(Object.keys(full), d.fields);
+    assert.deepEqual(Object.keys(bare), d.fields.filter((f) => !d.optional.includes(f)));
+    assert.equal(bare.retry_after_ms, -1, 'wait_ms -1: can never pass');
+    assert.ok(ob.outcomes.includes(full.outcome));
+    assert.match(full.timestamp, /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/);
+    await events.close();
   });
 });
