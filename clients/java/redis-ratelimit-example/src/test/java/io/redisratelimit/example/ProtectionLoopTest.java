@@ -227,7 +227,7 @@ class ProtectionLoopTest {
                             && protection(ports.get(1)).get("catalog").get("scale").asInt() == 80);
             poll("scale 80 on the replica", Duration.ofSeconds(5), () -> "80".equals(replicaScale()));
             io.micrometer.core.instrument.Gauge gauge = apps.get(0).getBean(io.micrometer.core.instrument.MeterRegistry.class)
-                    .find("ratelimit.scale").tag("rule", "catalog").gauge();
+                    .find("ratelimit.scale").tag("rule", "order-api:catalog").gauge();
             assertTrue(gauge != null && gauge.value() <= 80, "the ratelimit.scale gauge: " + (gauge == null ? null : gauge.value()));
             for (int port : ports) {
                 send("POST", port, "/admin/failures?every=0", null);

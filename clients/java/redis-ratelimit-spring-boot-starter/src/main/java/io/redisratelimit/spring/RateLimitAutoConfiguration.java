@@ -2,6 +2,8 @@ package io.redisratelimit.spring;
 
 import io.micrometer.core.instrument.MeterRegistry;
 import io.redisratelimit.client.Client;
+import io.redisratelimit.client.DenyEventSink;
+import io.redisratelimit.client.DenyEvents;
 import io.redisratelimit.client.FallbackMode;
 import io.redisratelimit.client.InvalidArgumentException;
 import io.redisratelimit.client.Limiter;
@@ -102,9 +104,51 @@ public class RateLimitAutoConfiguration {
         return Client.connect(driver, p.getDeadline());
     }
 
+    /**
+     * Deny events, when {@code ratelimit.deny-events.sink} is {@code file} or
+     * {@code bulk}, or the application has a {@link DenyEventSink} bean (a
+     * callback); none otherwise (a null bean). Closed with the context: what
+     * is buffered is shipped, within the timeout.
+     */
+    @Bean(destroyMethod = "close")
+    @ConditionalOnMissingBean
+    public DenyEvents rateLimitDenyEvents(RateLimitProperties p, ObjectProvider<DenyEventSink> sinks) {
+        RateLimitProperties.DenyEvents d = p.getDenyEvents();
+        String kind = d.getSink() == null ? "none" : d.getSink().trim().toLowerCase(java.util.Locale.ROOT);
+        DenyEventSink sink;
+        try {
+            sink = switch (kind) {
+                case "none" -> sinks.getIfAvailable();
+                case "file" -> {
+                    if (d.getFile() == null || d.getFile().isBlank()) {
+                        throw new RateLimitConfigException("ratelimit.deny-events.file", "the file sink needs a path", null);
+                    }
+                    yield DenyEventSink.file(java.nio.file.Path.of(d.getFile()));
+                }
+                case "bulk" -> {
+                    if (d.getUrl() == null || d.getUrl().isBlank()) {
+                        throw new RateLimitConfigException("ratelimit.deny-events.url", "the bulk sink needs a URL, as http://host:9200", null);
+                    }
+                    yield DenyEventSink.bulk(java.net.URI.create(d.getUrl().trim()), d.getIndex(), d.getTimeout());
+                }
+                default -> throw new RateLimitConfigException("ratelimit.deny-events.sink", "must be none, file or bulk, got '"
+                        + d.getSink() + "'", null);
+            };
+            if (sink == null) {
+                return null;
+            }
+            return DenyEvents.builder(sink).capacity(d.getCapacity()).flushEvents(d.getFlushEvents())
+                    .flushInterval(d.getFlushInterval()).timeout(d.getTimeout()).build();
+        } catch (InvalidArgumentException e) {
+            throw new RateLimitConfigException("ratelimit.deny-events." + e.parameter(), e.reason(), e);
+        } catch (IllegalArgumentException e) {
+            throw new RateLimitConfigException("ratelimit.deny-events.url", e.getMessage(), e);
+        }
+    }
+
     @Bean(destroyMethod = "")
     @ConditionalOnMissingBean
-    public Limiter rateLimitLimiter(Client client, RateLimitProperties p) {
+    public Limiter rateLimitLimiter(Client client, RateLimitProperties p, ObjectProvider<DenyEvents> denyEvents) {
         FallbackMode fallback;
         try {
             fallback = FallbackMode.parse(p.getFallback());
@@ -120,7 +164,8 @@ public class RateLimitAutoConfiguration {
         return Limiter.builder(client).instances(p.getInstances()).localLevel(p.isLocalLevel())
                 .denyCache(p.getDenyCache().isEnabled()).denyCacheMax(p.getDenyCache().getMax())
                 .denyCacheCapacity(p.getDenyCache().getCapacity()).fallback(fallback)
-                .breaker(p.getBreaker().getFailures(), p.getBreaker().getOpenFor()).build();
+                .breaker(p.getBreaker().getFailures(), p.getBreaker().getOpenFor())
+                .denyEvents(denyEvents.getIfAvailable()).build();
     }
 
     @Bean
@@ -251,8 +296,13 @@ public class RateLimitAutoConfiguration {
         }
     }
 
-    /** Creates the meters once both the registry and the limiter exist; a listener only when there is a registry. */
-    static final class RateLimitMetricsBinder implements RateLimitService.Listener {
+    /**
+     * Creates the meters once both the registry and the limiter exist (when
+     * every singleton is, or at the first decision if that comes first); none
+     * without a registry.
+     */
+    static final class RateLimitMetricsBinder implements RateLimitService.Listener,
+            org.springframework.beans.factory.SmartInitializingSingleton {
         private final ObjectProvider<MeterRegistry> registry;
         private final ObjectProvider<Limiter> limiter;
         private final ObjectProvider<RateLimitService> service;
@@ -287,10 +337,14 @@ public class RateLimitAutoConfiguration {
         }
 
         @Override
+        public void afterSingletonsInstantiated() {
+            metrics();
+        }
+
+        @Override
         public void onDecision(java.util.List<String> rules, io.redisratelimit.client.Decision decision, long nanos) {
-            RateLimitMetrics m = metrics();
-            if (m != null) {
-                m.onDecision(rules, decision, nanos);
+            if (!resolved) {
+                metrics();
             }
         }
     }

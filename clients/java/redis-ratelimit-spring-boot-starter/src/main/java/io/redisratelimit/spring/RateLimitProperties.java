@@ -53,6 +53,7 @@ public class RateLimitProperties {
     private final DenyCache denyCache = new DenyCache();
     private final Breaker breaker = new Breaker();
     private final Protection protection = new Protection();
+    private final DenyEvents denyEvents = new DenyEvents();
     /** The rules, by name. */
     private Map<String, Rule> rules = new LinkedHashMap<>();
 
@@ -86,6 +87,96 @@ public class RateLimitProperties {
 
         public void setCapacity(long capacity) {
             this.capacity = capacity;
+        }
+    }
+
+    /**
+     * Deny events ({@code ratelimit.deny-events.*}): every denial shipped as a
+     * JSON line, in batches, off the request path, to {@code sink}: {@code none}
+     * (the default; or a {@code DenyEventSink} bean of the application, a
+     * callback), {@code file} ({@code file}) or {@code bulk} (Elasticsearch's
+     * {@code _bulk} at {@code url}, index {@code index}).
+     */
+    public static class DenyEvents {
+        /** none, file or bulk; a DenyEventSink bean of the application takes precedence over none. */
+        private String sink = "none";
+        /** The file sink's path (JSON lines appended). */
+        private String file;
+        /** The bulk sink's base URL, as http://elasticsearch:9200 (the sink posts to <url>/_bulk). */
+        private String url;
+        /** The bulk sink's index. */
+        private String index = io.redisratelimit.client.DenyEvents.DEFAULT_INDEX;
+        /** Events the ring buffer holds; past it the oldest are dropped and counted. */
+        private int capacity = io.redisratelimit.client.DenyEvents.DEFAULT_CAPACITY;
+        /** The most events in one batch, and the count that flushes at once. */
+        private int flushEvents = io.redisratelimit.client.DenyEvents.DEFAULT_FLUSH_EVENTS;
+        /** The longest an event waits for its flush. */
+        private Duration flushInterval = io.redisratelimit.client.DenyEvents.DEFAULT_FLUSH_INTERVAL;
+        /** The longest one batch may take in the sink; past it the batch is dropped and counted. */
+        private Duration timeout = io.redisratelimit.client.DenyEvents.DEFAULT_TIMEOUT;
+
+        public String getSink() {
+            return sink;
+        }
+
+        public void setSink(String sink) {
+            this.sink = sink;
+        }
+
+        public String getFile() {
+            return file;
+        }
+
+        public void setFile(String file) {
+            this.file = file;
+        }
+
+        public String getUrl() {
+            return url;
+        }
+
+        public void setUrl(String url) {
+            this.url = url;
+        }
+
+        public String getIndex() {
+            return index;
+        }
+
+        public void setIndex(String index) {
+            this.index = index;
+        }
+
+        public int getCapacity() {
+            return capacity;
+        }
+
+        public void setCapacity(int capacity) {
+            this.capacity = capacity;
+        }
+
+        public int getFlushEvents() {
+            return flushEvents;
+        }
+
+        public void setFlushEvents(int flushEvents) {
+            this.flushEvents = flushEvents;
+        }
+
+        public Duration getFlushInterval() {
+            return flushInterval;
+        }
+
+        public void setFlushInterval(Duration flushInterval) {
+            this.flushInterval = flushInterval;
+        }
+
+        public Duration getTimeout() {
+            return timeout;
+        }
+
+        public void setTimeout(Duration timeout) {
+            this.timeout = timeout;
         }
     }
 
@@ -458,6 +549,10 @@ public class RateLimitProperties {
 
     public Breaker getBreaker() {
         return breaker;
+    }
+
+    public DenyEvents getDenyEvents() {
+        return denyEvents;
     }
 
     public Protection getProtection() {

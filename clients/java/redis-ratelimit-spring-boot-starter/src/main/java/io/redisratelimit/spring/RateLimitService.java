@@ -4,6 +4,7 @@ import io.redisratelimit.client.Client;
 import io.redisratelimit.client.Decision;
 import io.redisratelimit.client.Lease;
 import io.redisratelimit.client.Limiter;
+import io.redisratelimit.client.Origin;
 import io.redisratelimit.client.PolicyInfo;
 import io.redisratelimit.client.Protection;
 import io.redisratelimit.client.RateLimitException;
@@ -426,7 +427,7 @@ public class RateLimitService {
     /** The non-blocking form, for WebFlux: the stage never fails for Redis. */
     public java.util.concurrent.CompletionStage<Decision> checkAsync(List<String> names, List<String> identities, long cost) {
         refuseCaps(names);
-        return decide(names, identities, cost);
+        return decide(names, identities, cost, Origin.UNKNOWN);
     }
 
     private void refuseCaps(List<String> names) {
@@ -446,21 +447,26 @@ public class RateLimitService {
      * spent, as for any request that got that far). Never fails for Redis.
      */
     public CompletionStage<Permit> admitAsync(List<String> names, List<String> identities, long cost) {
+        return admitAsync(names, identities, cost, Origin.UNKNOWN);
+    }
+
+    /** With where the request came from: its deny events carry the client's IP and user agent. */
+    public CompletionStage<Permit> admitAsync(List<String> names, List<String> identities, long cost, Origin origin) {
         List<Integer> rate = new ArrayList<>();
         List<Integer> caps = new ArrayList<>();
         for (int i = 0; i < names.size(); i++) {
             (rules.get(names.get(i)).rule().concurrency() ? caps : rate).add(i);
         }
         if (caps.isEmpty()) {
-            return decide(names, identities, cost).thenApply(d -> new Permit(d, List.of()));
+            return decide(names, identities, cost, origin).thenApply(d -> new Permit(d, List.of()));
         }
         CompletionStage<Decision> first = rate.isEmpty() ? CompletableFuture.completedFuture(null)
-                : decide(pick(names, rate), pick(identities, rate), cost).thenApply(d ->
+                : decide(pick(names, rate), pick(identities, rate), cost, origin).thenApply(d ->
                         d.deniedBy().isPresent() ? d.withDeniedBy(rate.get(d.deniedBy().getAsInt())) : d);
         RateLimitRules current = rules;
         return first.thenCompose(d -> d != null && !d.allowed()
                 ? CompletableFuture.completedFuture(new Permit(d, List.of()))
-                : takeLeases(current, names, identities, cost, caps, 0, d, new ArrayList<>()));
+                : takeLeases(current, names, identities, cost, caps, 0, d, new ArrayList<>(), origin));
     }
 
     /** The blocking form of {@link #admitAsync}. */
@@ -468,12 +474,17 @@ public class RateLimitService {
         return admitAsync(names, identities, cost).toCompletableFuture().join();
     }
 
+    /** The blocking form of {@link #admitAsync(List, List, long, Origin)}. */
+    public Permit admit(List<String> names, List<String> identities, long cost, Origin origin) {
+        return admitAsync(names, identities, cost, origin).toCompletableFuture().join();
+    }
+
     public Permit admit(List<String> names, String identity, long cost) {
         return admit(names, java.util.Collections.nCopies(names.size(), identity), cost);
     }
 
     private CompletionStage<Permit> takeLeases(RateLimitRules current, List<String> names, List<String> identities, long cost,
-                                               List<Integer> caps, int next, Decision reported, List<Lease> taken) {
+                                               List<Integer> caps, int next, Decision reported, List<Lease> taken, Origin origin) {
         if (next == caps.size()) {
             return CompletableFuture.completedFuture(new Permit(reported, taken));
         }
@@ -481,7 +492,7 @@ public class RateLimitService {
         String name = names.get(i);
         Rule rule = current.get(name).rule();
         String key = rule.keyFor(identities.get(i));
-        return decide(List.of(name), List.of(identities.get(i)), cost).thenCompose(c -> {
+        return decide(List.of(name), List.of(identities.get(i)), cost, origin).thenCompose(c -> {
             if (!c.allowed()) {
                 for (Lease l : taken) {
                     l.releaseAsync();
@@ -491,7 +502,7 @@ public class RateLimitService {
             if (c.lease() > 0) {
                 taken.add(Lease.of(limiter.client(), key, c, Duration.ofMillis(rule.spec().params().get(1))));
             }
-            return takeLeases(current, names, identities, cost, caps, next + 1, reported == null ? c : reported, taken);
+            return takeLeases(current, names, identities, cost, caps, next + 1, reported == null ? c : reported, taken, origin);
         });
     }
 
@@ -503,9 +514,9 @@ public class RateLimitService {
         return out;
     }
 
-    private CompletionStage<Decision> decide(List<String> names, List<String> identities, long cost) {
+    private CompletionStage<Decision> decide(List<String> names, List<String> identities, long cost, Origin origin) {
         long start = System.nanoTime();
-        return limiter.checkAsync(ruleSet(names), identities, cost).thenApply(d -> {
+        return limiter.checkAsync(ruleSet(names), identities, cost, origin).thenApply(d -> {
             long took = System.nanoTime() - start;
             for (Listener l : listeners) {
                 l.onDecision(names, d, took);

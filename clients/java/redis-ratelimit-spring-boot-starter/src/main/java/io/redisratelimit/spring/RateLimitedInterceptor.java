@@ -73,7 +73,7 @@ public class RateLimitedInterceptor implements MethodInterceptor {
             }
             identity = v.toString();
         }
-        Permit permit = service.admit(rules, identity, a.cost());
+        Permit permit = service.admit(rules, java.util.Collections.nCopies(rules.size(), identity), a.cost(), origin());
         Decision d = permit.decision();
         for (DecisionHook h : hooks) {
             h.decided(rules, d);
@@ -177,5 +177,16 @@ public class RateLimitedInterceptor implements MethodInterceptor {
             }
             return null;
         }
+    }
+
+    /** Servlet classes on the class path: an {@code @RateLimited} call on a request's thread takes its origin. */
+    private static final boolean SERVLET = org.springframework.util.ClassUtils.isPresent(
+            "org.springframework.web.context.request.ServletRequestAttributes", RateLimitedInterceptor.class.getClassLoader())
+            && org.springframework.util.ClassUtils.isPresent("jakarta.servlet.http.HttpServletRequest",
+            RateLimitedInterceptor.class.getClassLoader());
+
+    /** The client's IP and user agent of the servlet request on this thread, for its deny events; unknown elsewhere. */
+    private static io.redisratelimit.client.Origin origin() {
+        return SERVLET ? io.redisratelimit.spring.web.ServletOrigin.current() : io.redisratelimit.client.Origin.UNKNOWN;
     }
 }

@@ -62,7 +62,7 @@ public class RateLimitWebFilter implements WebFilter {
         if (degrading != null) {
             return deny(exchange.getResponse(), names, service.degraded(degrading), path);
         }
-        return Mono.fromCompletionStage(service.admitAsync(names, match.identities(), match.cost())).flatMap(permit -> {
+        return Mono.fromCompletionStage(service.admitAsync(names, match.identities(), match.cost(), origin(exchange))).flatMap(permit -> {
             Decision d = permit.decision();
             ServerHttpResponse response = exchange.getResponse();
             if (d.allowed()) {
@@ -93,6 +93,14 @@ public class RateLimitWebFilter implements WebFilter {
 
     private static int status(ServerHttpResponse response) {
         return response.getStatusCode() == null ? 200 : response.getStatusCode().value();
+    }
+
+    /** The client's address and user agent, for the request's deny events. */
+    private static io.redisratelimit.client.Origin origin(ServerWebExchange exchange) {
+        ServerHttpRequest request = exchange.getRequest();
+        InetSocketAddress remote = request.getRemoteAddress();
+        String ip = remote == null ? null : remote.getAddress() == null ? remote.getHostString() : remote.getAddress().getHostAddress();
+        return io.redisratelimit.client.Origin.of(ip, request.getHeaders().getFirst("User-Agent"));
     }
 
     /** The client's address: the key of a rule without a key expression. */

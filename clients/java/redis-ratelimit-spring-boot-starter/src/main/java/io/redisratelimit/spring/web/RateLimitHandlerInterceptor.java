@@ -70,7 +70,8 @@ public class RateLimitHandlerInterceptor implements HandlerInterceptor {
             deny(request, response, names, degrading, service.degraded(degrading));
             return false;
         }
-        Permit permit = service.admit(names, match.identities(), match.cost());
+        Permit permit = service.admit(names, match.identities(), match.cost(),
+                io.redisratelimit.client.Origin.of(request.getRemoteAddr(), request.getHeader("User-Agent")));
         Decision d = permit.decision();
         if (d.allowed()) {
             if (!permit.leases().isEmpty()) {

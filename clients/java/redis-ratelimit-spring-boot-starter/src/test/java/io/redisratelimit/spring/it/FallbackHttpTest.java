@@ -47,6 +47,7 @@ class FallbackHttpTest extends OwnRedis {
             assertTrue(r.body().contains("quota-exceeded"), r.body());
         }
         assertEquals(1.0, meter("ratelimit.breaker.open"));
+        assertEquals("redis", meters.find("ratelimit.breaker.open").gauge().getId().getTag("breaker"));
         double calls = meter("ratelimit.redis.calls");
         long start = System.nanoTime();
         while (System.nanoTime() - start < 1_200_000_000L) {
@@ -64,7 +65,7 @@ class FallbackHttpTest extends OwnRedis {
         }
         assertEquals(200, code, "the app recovers when Redis returns");
         assertEquals(0.0, meter("ratelimit.breaker.open"));
-        double denied = meters.find("ratelimit.requests").tag("path", "fallback").tag("outcome", "denied").counters().stream()
+        double denied = meters.find("ratelimit.decisions").tag("level", "fallback").tag("outcome", "denied").counters().stream()
                 .mapToDouble(c -> c.count()).sum();
         assertTrue(denied >= 3, "the fallback's denials are counted: " + denied);
     }

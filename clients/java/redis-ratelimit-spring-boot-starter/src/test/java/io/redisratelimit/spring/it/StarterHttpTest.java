@@ -172,10 +172,10 @@ class StarterHttpTest {
         String list = SharedRedis.get().command("RL.POLICY", "LIST");
         assertTrue(list.contains("orders-it:order-create") && list.contains("orders-it:search"), list);
         Http.send("POST", port, "/api/order/create", "m-" + UUID.randomUUID());
-        double admitted = meters.find("ratelimit.requests").tag("outcome", "admitted").counters().stream()
-                .mapToDouble(c -> c.count()).sum();
-        assertTrue(admitted >= 1, "ratelimit.requests counts decisions");
-        assertTrue(meters.find("ratelimit.redis.latency").timer().count() >= 1);
+        double admitted = meters.find("ratelimit.decisions").tag("rule", "orders-it:order-create").tag("level", "redis")
+                .tag("outcome", "admitted").counters().stream().mapToDouble(c -> c.count()).sum();
+        assertTrue(admitted >= 1, "ratelimit.decisions counts decisions, by the rule's policy");
+        assertTrue(meters.find("ratelimit.redis").timer().count() >= 1);
         assertTrue(meters.find("ratelimit.redis.calls").functionCounter().count() >= 1);
     }
 }
