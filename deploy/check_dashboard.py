@@ -50,8 +50,20 @@ SAMPLE_VALUE = "x"
 
 KEYWORDS = {"and", "or", "unless", "bool", "offset", "inf", "nan", "start", "end"}
 LABEL_LIST_KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right"}
-AGGREGATIONS = {"sum", "min", "max", "avg", "group", "stddev", "stdvar", "count", "count_values",
-                "bottomk", "topk", "quantile"}
+AGGREGATIONS = {
+    "sum",
+    "min",
+    "max",
+    "avg",
+    "group",
+    "stddev",
+    "stdvar",
+    "count",
+    "count_values",
+    "bottomk",
+    "topk",
+    "quantile",
+}
 IDENT = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
 LABEL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -62,6 +74,7 @@ class Finding(Exception):
 
 # --- known series ---------------------------------------------------------
 
+
 def kit_series(contract_path):
     """{series name: label set} the kits serve, from the contract."""
     with open(contract_path, encoding="utf-8") as f:
@@ -69,7 +82,7 @@ def kit_series(contract_path):
     try:
         metrics = contract["observability"]["metrics"]
     except (KeyError, TypeError):
-        raise Finding(f"{contract_path}: no observability.metrics")
+        raise Finding(f"{contract_path}: no observability.metrics") from None
     series = {}
     for m in metrics:
         name, labels, kind = m["name"], set(m.get("labels", [])) | TARGET_LABELS, m["type"]
@@ -94,7 +107,11 @@ def exporter_series(path):
             if not body or body.startswith("#"):
                 continue
             words = body.split("#", 1)[0].split()
-            if len(words) < 2 or not IDENT.fullmatch(words[0]) or words[1] not in ("counter", "gauge", "histogram", "summary", "untyped"):
+            if (
+                len(words) < 2
+                or not IDENT.fullmatch(words[0])
+                or words[1] not in ("counter", "gauge", "histogram", "summary", "untyped")
+            ):
                 raise Finding(f"{path}:{lineno}: expected 'name type labels... # help', got {body!r}")
             labels = set(words[2:]) | TARGET_LABELS
             if words[1] == "histogram":
@@ -109,6 +126,7 @@ def exporter_series(path):
 
 
 # --- PromQL scanning ------------------------------------------------------
+
 
 def _skip_string(s, i):
     quote = s[i]
@@ -144,7 +162,7 @@ def _matchers(s, i):
     """Parse `{a="x", b=~"y"}` at s[i] == '{': (label names, {label: value
     of an = matcher}, index after '}')."""
     end = _skip_group(s, i, "{", "}")
-    body = s[i + 1:end - 1]
+    body = s[i + 1 : end - 1]
     names, equal = [], {}
     j = 0
     while j < len(body):
@@ -168,7 +186,7 @@ def _matchers(s, i):
             raise Finding(f"bad label matcher in {{{body}}}")
         k = _skip_string(body, j)
         if op.group(0) == "=":
-            equal[name] = body[j + 1:k - 1]
+            equal[name] = body[j + 1 : k - 1]
         names.append(name)
         j = k
     return names, equal, end
@@ -225,13 +243,16 @@ def selectors(expr):
 
 def substitute(expr):
     """Grafana's variables replaced by values PromQL accepts."""
+
     def var(m):
         name = m.group(1) or m.group(2) or m.group(3)
         return INTERVALS.get(name, SAMPLE_VALUE)
+
     return re.sub(r"\$\{(\w+)(?::[^}]*)?\}|\[\[(\w+)(?::[^\]]*)?\]\]|\$(\w+)", var, expr)
 
 
 # --- checks ---------------------------------------------------------------
+
 
 def dashboard_queries(dashboard):
     """[(where, expr)] of every panel target and template variable query."""
@@ -259,6 +280,7 @@ def dashboard_queries(dashboard):
                     problems.append(f'panel "{title}" target {ref}: no expr')
                     continue
                 queries.append((f'panel "{title}" target {ref}', expr))
+
     walk(dashboard.get("panels", []))
     if not queries:
         problems.append("dashboard: no panel queries")
@@ -291,8 +313,9 @@ def promtool_parse(promtool, queries):
         path = os.path.join(tmp, "queries.yml")
         with open(path, "w", encoding="utf-8") as f:
             json.dump({"groups": [{"name": "dashboard-queries", "rules": rules}]}, f)  # JSON is YAML
-        proc = subprocess.run([promtool, "check", "rules", path], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.run(
+            [promtool, "check", "rules", path], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
     if proc.returncode == 0:
         return []
     problems = []
@@ -318,9 +341,15 @@ def series_problems(queries, raw, recorded):
             if name in raw:
                 unknown = sorted(set(labels) - raw[name])
                 if unknown:
-                    problems.append(f"{where}: series {name} has no label {', '.join(unknown)} (it has {', '.join(sorted(raw[name]))})")
+                    problems.append(
+                        f"{where}: series {name} has no label {', '.join(unknown)}"
+                        f" (it has {', '.join(sorted(raw[name]))})"
+                    )
             elif name not in recorded:
-                problems.append(f"{where}: series {name} is served by no kit (contract.json), not by the exporter (exporter/metrics.txt), and recorded by no rule of rules.yml")
+                problems.append(
+                    f"{where}: series {name} is served by no kit (contract.json), not by the exporter"
+                    " (exporter/metrics.txt), and recorded by no rule of rules.yml"
+                )
     return problems
 
 
@@ -331,8 +360,9 @@ def check(dashboard_path, rules_path, contract_path, exporter_path, promtool):
         if name in raw:
             raise Finding(f"series {name} is in both contract.json and {exporter_path}")
         raw[name] = labels
-    proc = subprocess.run([promtool, "check", "rules", rules_path], stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.run(
+        [promtool, "check", "rules", rules_path], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     if proc.returncode != 0:
         return [f"{rules_path}: promtool check rules failed:\n{proc.stdout}"]
     rules = read_rules(rules_path)
@@ -340,8 +370,9 @@ def check(dashboard_path, rules_path, contract_path, exporter_path, promtool):
     clash = sorted(recorded & set(raw))
     if clash:
         return [f"{rules_path}: records {', '.join(clash)}, a name the kits or the exporter already serve"]
-    problems = series_problems([(f'{rules_path}: {r["kind"]} {r["name"]} (line {r["line"]})', r["expr"]) for r in rules],
-                               raw, recorded)
+    problems = series_problems(
+        [(f"{rules_path}: {r['kind']} {r['name']} (line {r['line']})", r["expr"]) for r in rules], raw, recorded
+    )
     with open(dashboard_path, encoding="utf-8") as f:
         try:
             dashboard = json.load(f)
@@ -368,7 +399,12 @@ def self_test(args):
         base = json.load(f)
     cases = [
         ("Broken parse", 'sum(rate(ratelimit_decisions_total{job=~"$job"}[$__rate_interval])', None, "cannot parse"),
-        ("Unknown series", 'sum(rate(ratelimit_decision_total{job=~"$job"}[$__rate_interval]))', None, "series ratelimit_decision_total is served by no kit"),
+        (
+            "Unknown series",
+            'sum(rate(ratelimit_decision_total{job=~"$job"}[$__rate_interval]))',
+            None,
+            "series ratelimit_decision_total is served by no kit",
+        ),
         ("Unknown label", 'sum(rate(ratelimit_decisions_total{route="x"}[5m]))', None, "has no label route"),
         ("Unknown series behind __name__", '{__name__="ratelimit_hits_total"}', None, "series ratelimit_hits_total"),
         ("Foreign datasource", "ratelimit_stage", {"type": "prometheus", "uid": "prod-prom"}, "datasource is not"),
@@ -376,26 +412,40 @@ def self_test(args):
     with tempfile.TemporaryDirectory(prefix="check-dashboard-self-") as tmp:
         for title, expr, ds, expect in cases:
             bad = json.loads(json.dumps(base))
-            panel = {"datasource": ds or {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}, "id": 999,
-                     "title": title, "type": "timeseries",
-                     "targets": [{"datasource": ds or {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}, "expr": expr, "refId": "A"}]}
+            panel = {
+                "datasource": ds or {"type": "prometheus", "uid": "${DS_PROMETHEUS}"},
+                "id": 999,
+                "title": title,
+                "type": "timeseries",
+                "targets": [
+                    {"datasource": ds or {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}, "expr": expr, "refId": "A"}
+                ],
+            }
             bad["panels"].append(panel)
             path = os.path.join(tmp, "bad.json")
             with open(path, "w", encoding="utf-8") as f:
                 json.dump(bad, f)
             got = check(path, args.rules, args.contract, args.exporter_metrics, args.promtool)
             if not any(f'panel "{title}"' in g and expect in g for g in got):
-                failures.append(f"a dashboard with panel {title!r} ({expr}) should be refused with {expect!r}, got: {got}")
+                failures.append(
+                    f"a dashboard with panel {title!r} ({expr}) should be refused with {expect!r}, got: {got}"
+                )
             else:
                 print(f"  refused as expected: panel {title!r}")
         with open(args.rules, encoding="utf-8") as f:
             rules_text = f.read()
         bad_rules = os.path.join(tmp, "rules.yml")
         with open(bad_rules, "w", encoding="utf-8") as f:
-            f.write(rules_text.replace("rate(ratelimit_deny_events_dropped_total[5m])",
-                                       "rate(ratelimit_deny_events_lost_total[5m])"))
+            f.write(
+                rules_text.replace(
+                    "rate(ratelimit_deny_events_dropped_total[5m])", "rate(ratelimit_deny_events_lost_total[5m])"
+                )
+            )
         got = check(args.dashboard, bad_rules, args.contract, args.exporter_metrics, args.promtool)
-        if not any("record job:ratelimit_deny_events_dropped:rate5m" in g and "ratelimit_deny_events_lost_total" in g for g in got):
+        if not any(
+            "record job:ratelimit_deny_events_dropped:rate5m" in g and "ratelimit_deny_events_lost_total" in g
+            for g in got
+        ):
             failures.append(f"rules naming an unknown series should be refused, got: {got}")
         else:
             print("  refused as expected: a rule naming ratelimit_deny_events_lost_total")
@@ -430,7 +480,10 @@ def main():
         print(f"check_dashboard: FAIL {p}")
     if problems:
         return 1
-    print(f"check_dashboard: {os.path.relpath(args.dashboard)} and {os.path.relpath(args.rules)}: every query parses and names known series")
+    print(
+        f"check_dashboard: {os.path.relpath(args.dashboard)} and {os.path.relpath(args.rules)}:"
+        " every query parses and names known series"
+    )
     return 0
 
 

@@ -31,7 +31,9 @@ def _unquote(value, path, lineno):
         if value[0] == "'":
             return inner.replace("''", "'")
         if "\\" in inner:
-            raise RulesFileError(f"{path}:{lineno}: escapes in a double-quoted expr are not supported; use a block scalar (expr: |)")
+            raise RulesFileError(
+                f"{path}:{lineno}: escapes in a double-quoted expr are not supported; use a block scalar (expr: |)"
+            )
         return inner
     if value[:1] in "\"'":
         raise RulesFileError(f"{path}:{lineno}: an expr in quotes must close on the same line")

@@ -75,15 +75,15 @@ def mutants(text, rules):
     for rule in rules:
         if rule["kind"] != "alert":
             continue
-        segment = text[rule["start"]:rule["end"]]
+        segment = text[rule["start"] : rule["end"]]
         masked = _mask(segment)
         found = False
         for m in _OP.finditer(masked):
             found = True
             op, gap, number = m.group(1), m.group(2), m.group(3)
             at = rule["start"] + m.start()
-            before, after = text[:at], text[at + len(m.group(0)):]
-            real_number = segment[m.start(3):m.end(3)] if number else None
+            before, after = text[:at], text[at + len(m.group(0)) :]
+            real_number = segment[m.start(3) : m.end(3)] if number else None
             tail = gap + (real_number or "")
             shown = f" {real_number}" if number else " (a series)"
             yield rule["name"], f"{op}{shown} -> {FLIP[op]}{shown}", before + FLIP[op] + tail + after
@@ -96,8 +96,9 @@ def mutants(text, rules):
 
 def run_tests(promtool, workdir):
     tests = sorted(glob.glob(os.path.join(workdir, "tests", "*.yml")))
-    proc = subprocess.run([promtool, "test", "rules", *tests], cwd=workdir,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.run(
+        [promtool, "test", "rules", *tests], cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     return proc.returncode, proc.stdout
 
 
@@ -132,6 +133,7 @@ def main():
             failures.append(f"{name}: no test expects it to fire")
 
     with tempfile.TemporaryDirectory(prefix="deploy-mutate-") as tmp:
+
         def prepare(index, content):
             work = os.path.join(tmp, str(index))
             os.makedirs(os.path.join(work, "tests"))
