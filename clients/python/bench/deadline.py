@@ -107,35 +107,59 @@ def pct(xs: list[float], p: float) -> float:
 def latency(port: int, env: dict[str, str]) -> None:
     out = subprocess.run(
         [sys.executable, "-c", LATENCY, str(port), str(CALLS)],
-        env=env, capture_output=True, text=True, check=True,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     took = sorted(json.loads(out.stdout))
     above = {ms: sum(t > ms for t in took) / len(took) for ms in (5, 10, 100)}
-    print(f"| {len(took)} calls | p50 {pct(took, 0.5):.2f} ms | p99 {pct(took, 0.99):.2f} ms "
-          f"| p99.9 {pct(took, 0.999):.2f} ms | max {took[-1]:.1f} ms "
-          f"| >5 ms {above[5]:.3%} | >10 ms {above[10]:.3%} | >100 ms {above[100]:.3%} |")
+    print(
+        f"| {len(took)} calls | p50 {pct(took, 0.5):.2f} ms | p99 {pct(took, 0.99):.2f} ms "
+        f"| p99.9 {pct(took, 0.999):.2f} ms | max {took[-1]:.1f} ms "
+        f"| >5 ms {above[5]:.3%} | >10 ms {above[10]:.3%} | >100 ms {above[100]:.3%} |"
+    )
 
 
 def repro(redis_port: int, env: dict[str, str], limit: int, total: int, at_once: int) -> None:
     import httpx
 
-    subprocess.run(["redis-cli", "-p", str(redis_port), "FLUSHALL"], check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["redis-cli", "-p", str(redis_port), "FLUSHALL"], check=True, capture_output=True
+    )
     work = tempfile.mkdtemp(prefix="rl-deadline-")
     Path(work, "deadline_app.py").write_text(APP)
     web = free_port()
-    env = {**env, "RL_PORT": str(redis_port), "RL_LIMIT": str(limit),
-           "PYTHONPATH": f"{KIT_SRC}:{work}"}
+    env = {
+        **env,
+        "RL_PORT": str(redis_port),
+        "RL_LIMIT": str(limit),
+        "PYTHONPATH": f"{KIT_SRC}:{work}",
+    }
     if DEADLINE:
         env["DEADLINE"] = DEADLINE
     proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "deadline_app:app", "--port", str(web),
-         "--log-level", "error"], env=env, cwd=work)
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "deadline_app:app",
+            "--port",
+            str(web),
+            "--log-level",
+            "error",
+        ],
+        env=env,
+        cwd=work,
+    )
     try:
         wait_port(web)
         codes: list[int] = []
-        with httpx.Client(base_url=f"http://127.0.0.1:{web}", timeout=30,
-                          limits=httpx.Limits(max_connections=at_once)) as http:
+        with httpx.Client(
+            base_url=f"http://127.0.0.1:{web}",
+            timeout=30,
+            limits=httpx.Limits(max_connections=at_once),
+        ) as http:
             from concurrent.futures import ThreadPoolExecutor
 
             def get(_: int) -> int:
@@ -144,8 +168,10 @@ def repro(redis_port: int, env: dict[str, str], limit: int, total: int, at_once:
             with ThreadPoolExecutor(at_once) as pool:
                 codes = list(pool.map(get, range(total)))
             stats = http.get("/stats", headers={"x-user": "stats"}).text
-        print(f"| {total} against {limit}/min, {at_once} at once | admitted {codes.count(200)} "
-              f"| {stats} |")
+        print(
+            f"| {total} against {limit}/min, {at_once} at once | admitted {codes.count(200)} "
+            f"| {stats} |"
+        )
     finally:
         proc.terminate()
         proc.wait()
@@ -156,15 +182,32 @@ def main() -> None:
     port = free_port()
     work = tempfile.mkdtemp(prefix="rl-deadline-redis-")
     server = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", work,
-         "--save", "", "--appendonly", "no", "--loadmodule", MODULE],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            work,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--loadmodule",
+            MODULE,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     burners = [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL) for _ in range(BURN)]
     env = {**os.environ, "PYTHONPATH": KIT_SRC}
     try:
         wait_port(port)
-        print(f"kit: {KIT_SRC}; burners: {BURN}; cores: {os.cpu_count()}; "
-              f"deadline: {DEADLINE or 'the default'}")
+        print(
+            f"kit: {KIT_SRC}; burners: {BURN}; cores: {os.cpu_count()}; "
+            f"deadline: {DEADLINE or 'the default'}"
+        )
         latency(port, env)
         repro(port, env, 5, 40, 40)
         repro(port, env, 100, 200, 20)

@@ -448,6 +448,12 @@ def test_an_event_line_is_the_contracts() -> None:
     bare = DenyEvent(1_796_205_600.0, "k", "r", "local", "denied", 1, 0, -1)
     assert list(bare.as_dict()) == list(FIELDS[:8])
     assert bare.timestamp == "2026-12-02T10:00:00.000Z"
+    # Any text a key, a rule or a header may hold: JSON's own escaping.
+    odd = 'q"uo\\te\n\t\x00é☃\U0001f600'
+    tricky = DenyEvent(1_796_205_601.999, odd, odd, "redis", "denied", 1, 0, 5, odd, odd)
+    line = tricky.to_json()
+    assert line == json.dumps(tricky.as_dict(), ensure_ascii=False, separators=(",", ":"))
+    assert json.loads(line)["key"] == odd and tricky.timestamp == "2026-12-02T10:00:01.999Z"
 
 
 @pytest.mark.parametrize(

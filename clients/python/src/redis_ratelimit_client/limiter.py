@@ -46,7 +46,7 @@ from .errors import (
     WrongType,
     answer_lost,
 )
-from .events import DenyEvents
+from .events import DenyEvent, DenyEvents
 from .local import LocalLimiter, Micros, share_of
 from .metrics import Metrics, metrics_of
 from .protocol import Key, _takes_command_name, spec_from_policy
@@ -304,15 +304,20 @@ class _Limiting:
                 m.remaining(rule, d.remaining, d.limit)
         events = self.deny_events
         if events is not None and not d.allowed:
-            events.deny(
-                key=self.rules[a.index].key_for(identity),
-                rule=rule,
-                level=a.path,
-                limit=d.limit,
-                remaining=d.remaining,
-                retry_after_ms=d.wait_ms,
-                client_ip=client_ip,
-                user_agent=user_agent,
+            key = self.rules[a.index].key_for(identity)
+            events.record(
+                DenyEvent(
+                    time.time(),
+                    key,
+                    rule,
+                    a.path,
+                    "denied",
+                    d.limit,
+                    d.remaining,
+                    d.wait_ms,
+                    client_ip,
+                    user_agent,
+                )
             )
         return a
 
