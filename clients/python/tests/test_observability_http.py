@@ -1,4 +1,4 @@
-"""The example service (examples/asgi_middleware.py) over real HTTP, against a
+"""The example services (examples/asgi_middleware.py, flask_app.py) over real HTTP, against a
 real redis-server with the module: its `/metrics`, scraped over HTTP, passes
 `promtool check metrics` and counts exactly the requests the test drove, by
 level and outcome; its denials reach the deny events' file with the client's
@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 import redis
-from conftest import Server, running, serve_asgi, wait_until
+from conftest import Server, running, serve_asgi, serve_wsgi, wait_until
 from observability import HangingServer, decisions, promtool_check, value
 from test_examples import load
 
@@ -113,3 +113,37 @@ def test_a_hanging_bulk_sink_costs_counts_not_requests(
             assert wait_until(lost, 20, "31 events dropped") >= 1
     finally:
         hang.release()
+
+
+def test_the_flask_example_serves_the_sync_limiters_metrics(
+    server: Server, r: redis.Redis, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    deny_file = tmp_path / "deny.jsonl"
+    monkeypatch.setenv("RL_DENY_FILE", str(deny_file))
+    monkeypatch.setenv("RL_DENY_FLUSH_INTERVAL", "0.2")
+    module = load("flask_app", server, monkeypatch)
+    with running(serve_wsgi(module.app)) as web, httpx.Client(base_url=web.base) as http:
+        codes = [http.get("/checkout", headers={"user-agent": UA}).status_code for _ in range(5)]
+        assert codes == [200] * 3 + [429] * 2
+        assert http.get("/").status_code == 200  # flask-limiter's routes unchanged
+        text = http.get("/metrics").text
+    promtool_check(text)
+    counts = decisions(text)
+    assert counts.pop(("checkout", "redis", "admitted")) == 3
+    # The second denial is Redis's or the deny cache's (it remembers 1 s).
+    assert set(counts) <= {("checkout", "redis", "denied"), ("checkout", "deny_cache", "denied")}
+    assert sum(counts.values()) == 2
+    assert value(text, "ratelimit_redis_seconds_count") == 3 + counts.get(
+        ("checkout", "redis", "denied"), 0
+    )
+
+    def lines() -> list[dict[str, Any]]:
+        if not deny_file.exists():
+            return []
+        return [json.loads(x) for x in deny_file.read_text().splitlines()]
+
+    wait_until(lambda: len(lines()) == 2, 10, "2 deny events in the file")
+    assert {(e["key"], e["rule"], e["client_ip"], e["user_agent"]) for e in lines()} == {
+        ("rl:checkout:127.0.0.1", "checkout", "127.0.0.1", UA)
+    }
+    module.events.close()

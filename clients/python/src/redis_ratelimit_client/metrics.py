@@ -191,7 +191,8 @@ class Metrics:
     def remaining(self, rule: str, remaining: int, limit: int) -> None:
         """The rule's last decision taken by Redis or the local level."""
         ratio = min(max(remaining, 0) / limit, 1.0) if limit > 0 else 0.0
-        self._ratios[rule] = ratio  # one store: atomic
+        with self._lock:
+            self._ratios[rule] = ratio
 
     def events(self, dropped: int = 0, shipped: int = 0, sink_errors: int = 0) -> None:
         """The deny events' shipper's counts."""
@@ -281,6 +282,7 @@ class Metrics:
                 buckets = list(self._buckets)
                 total_s = self._redis_sum
                 events = list(self._events)
+                ratios = sorted(self._ratios.items())
             for (rule, level, outcome), n in counts:
                 decisions.add_metric([rule, level, outcome], n)
             cumulative, acc = [], 0
@@ -288,7 +290,7 @@ class Metrics:
                 acc += n
                 cumulative.append((bound, acc))
             redis_s.add_metric([], cumulative, total_s)
-            for rule, value in sorted(self._ratios.items()):
+            for rule, value in ratios:
                 ratio.add_metric([rule], value)
             for name, value in sorted(self._read(self._breakers, max)):
                 breaker.add_metric([name], value)
