@@ -84,6 +84,23 @@ public final class Prometheus {
         return total;
     }
 
+    /**
+     * The families whose name starts with {@code prefix} (their HELP, TYPE
+     * and samples), as a scrape of their own: the kit's series apart from an
+     * application's others (the JVM's, Tomcat's), whose style promtool's
+     * lint may report.
+     */
+    public String only(String prefix) {
+        StringBuilder out = new StringBuilder();
+        for (String line : text.split("\n")) {
+            String name = line.startsWith("# HELP ") || line.startsWith("# TYPE ") ? line.substring(7) : line;
+            if (name.startsWith(prefix)) {
+                out.append(line).append('\n');
+            }
+        }
+        return out.toString();
+    }
+
     /** {@code /usr/bin/promtool}, or null when it is not installed. */
     public static java.nio.file.Path promtool() {
         java.nio.file.Path p = java.nio.file.Path.of(System.getenv().getOrDefault("PROMTOOL", "/usr/bin/promtool"));
@@ -92,8 +109,9 @@ public final class Prometheus {
 
     /**
      * {@code promtool check metrics} on the scrape: its exit code and what it
-     * printed. (Its lint also reports style only: a counter without
-     * {@code _total}, a unit missing; those lines are returned too.)
+     * printed. 0: it parses and its lint is clean; 1: it does not parse;
+     * 3: it parses, and the lint reports style (a family without help text,
+     * an abbreviated unit), one line per family.
      */
     public static Map.Entry<Integer, String> check(String scrape) throws IOException, InterruptedException {
         java.nio.file.Path tool = promtool();
