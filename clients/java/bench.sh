@@ -5,7 +5,9 @@
 # over real HTTP by KitBench, which prints two tables:
 #   1. @RateLimited's cost per request against the same endpoint without it;
 #   2. Redis calls per 1,000 requests with and without the local level and
-#      the deny cache, under a skewed load (90% of requests from one user).
+#      the deny cache, under a skewed load (90% of requests from one user);
+#   3. the Limiter's decisions per second in process with metrics (Micrometer,
+#      a Prometheus registry) and deny events on vs off, as a ratio.
 # A benchmark reports; it exits 0 whatever the figures are.
 #
 # Knobs: KIT_BENCH_N (requests per run, 20000), KIT_BENCH_C (connections, 16),

@@ -1,6 +1,17 @@
 package io.redisratelimit.example;
 
+import io.micrometer.prometheusmetrics.PrometheusConfig;
+import io.micrometer.prometheusmetrics.PrometheusMeterRegistry;
+import io.redisratelimit.client.Client;
+import io.redisratelimit.client.DenyEventSink;
+import io.redisratelimit.client.DenyEvents;
+import io.redisratelimit.client.Limiter;
+import io.redisratelimit.client.RateLimitMeters;
+import io.redisratelimit.client.Rule;
+import io.redisratelimit.client.RuleSet;
+import io.redisratelimit.client.Spec;
 import io.redisratelimit.client.StatsSnapshot;
+import io.redisratelimit.client.driver.LettuceDriver;
 import io.redisratelimit.spring.RateLimitService;
 import org.springframework.boot.WebApplicationType;
 import org.springframework.boot.builder.SpringApplicationBuilder;
@@ -29,7 +40,11 @@ import java.util.concurrent.atomic.AtomicLong;
  *   <li>Redis calls per 1,000 requests with and without the local level and
  *       the deny cache, under a skewed load (90% from one user; a global
  *       limit of 500/s that the load exceeds); with 4 instances, this one's
- *       local share is ceil(500 / 4 * 1.1) = 138/s.</li>
+ *       local share is ceil(500 / 4 * 1.1) = 138/s;</li>
+ *   <li>the cost of metrics and deny events: decisions per second of the
+ *       {@link Limiter} in process on the same skewed load, with Micrometer
+ *       metrics (a Prometheus registry) and deny events (a ring buffer
+ *       flushed to a callback) on against off, interleaved, as a ratio.</li>
  * </ol>
  * Args: redis port. Env: KIT_BENCH_N (20000), KIT_BENCH_C (16), KIT_BENCH_ROUNDS (3).
  */
@@ -98,7 +113,79 @@ public final class KitBench {
                         calls * 1000.0 / r.requests(), r.ok(), r.limited(), r.seconds());
             }
         }
+        observability(redisPort, n, c, rounds);
         System.exit(0);
+    }
+
+    /** Table 3: the Limiter's decisions per second with metrics + deny events on vs off, side by side. */
+    private static void observability(int redisPort, int n, int c, int rounds) throws InterruptedException {
+        log("metrics + deny events on vs off: the Limiter in process (" + n + " decisions, " + c + " threads, 90% from one user)");
+        Client client = Client.connect(LettuceDriver.connect(io.lettuce.core.RedisURI.create("redis://127.0.0.1:" + redisPort)),
+                Duration.ofMillis(100));
+        List<Double> off = new ArrayList<>();
+        List<Double> on = new ArrayList<>();
+        long[] deniedOn = new long[1];
+        long[] shipped = new long[1];
+        long[] dropped = new long[1];
+        decisions(client, n / 2, c, false, null);
+        decisions(client, n / 2, c, true, null);
+        for (int r = 1; r <= rounds; r++) {
+            off.add(decisions(client, n, c, false, null));
+            long[] events = new long[3];
+            on.add(decisions(client, n, c, true, events));
+            deniedOn[0] += events[0];
+            shipped[0] += events[1];
+            dropped[0] += events[2];
+            log(String.format(Locale.ROOT, "round %d: off %.0f decisions/s, on %.0f decisions/s", r, off.get(off.size() - 1),
+                    on.get(on.size() - 1)));
+        }
+        client.close();
+        double offRate = median(off.stream().mapToDouble(Double::doubleValue).toArray());
+        double onRate = median(on.stream().mapToDouble(Double::doubleValue).toArray());
+        System.out.println();
+        System.out.println("| Limiter in process | decisions/s | µs per decision | ratio on / off |");
+        System.out.println("|---|---|---|---|");
+        System.out.printf(Locale.ROOT, "| metrics + deny events off | %.0f | %.2f | |%n", offRate, 1e6 / offRate);
+        System.out.printf(Locale.ROOT, "| metrics + deny events on | %.0f | %.2f | %.2fx (%+.2f µs per decision) |%n", onRate, 1e6 / onRate,
+                onRate / offRate, 1e6 / onRate - 1e6 / offRate);
+        System.out.println("(deny events recorded in the runs with them on: " + deniedOn[0] + ", shipped " + shipped[0]
+                + ", dropped " + dropped[0] + ")");
+    }
+
+    /** One run on a fresh Limiter (its own keys): decisions per second; {@code events} gets recorded, shipped, dropped. */
+    private static double decisions(Client client, int n, int c, boolean observed, long[] events) throws InterruptedException {
+        DenyEvents deny = observed ? DenyEvents.builder(DenyEventSink.callback(batch -> { })).build() : null;
+        Limiter.Builder b = Limiter.builder(client).denyEvents(deny);
+        if (observed) {
+            b.metrics(RateLimitMeters.on(new PrometheusMeterRegistry(PrometheusConfig.DEFAULT)));
+        }
+        Limiter limiter = b.build();
+        RuleSet rules = limiter.rules(Rule.of("user", Spec.fixedWindow(100, 1000)).keyPrefix("kit-bench:" + System.nanoTime() + ":"));
+        AtomicLong next = new AtomicLong();
+        Thread[] threads = new Thread[c];
+        long start = System.nanoTime();
+        for (int t = 0; t < c; t++) {
+            threads[t] = new Thread(() -> {
+                while (next.getAndIncrement() < n) {
+                    ThreadLocalRandom rnd = ThreadLocalRandom.current();
+                    limiter.check(rules, rnd.nextDouble() < 0.9 ? "evil" : "user" + rnd.nextInt(1000));
+                }
+            });
+            threads[t].start();
+        }
+        for (Thread t : threads) {
+            t.join();
+        }
+        double rate = n / ((System.nanoTime() - start) / 1e9);
+        if (deny != null) {
+            deny.close();
+            if (events != null) {
+                events[0] = deny.recorded();
+                events[1] = deny.shipped();
+                events[2] = deny.dropped();
+            }
+        }
+        return rate;
     }
 
     private static String on(String b) {
