@@ -437,6 +437,21 @@ def test_close_ships_what_is_left_and_later_events_are_dropped(tmp_path: Path) -
     assert events.dropped == 1 and events.pending == 0
 
 
+def test_close_with_a_hung_sink_returns_and_counts_what_it_could_not_ship() -> None:
+    gate = threading.Event()
+    events = DenyEvents(lambda batch: gate.wait(30), flush_interval=3600, timeout=0.2)
+    try:
+        for i in range(3):
+            events.deny(
+                key=f"k{i}", rule="r", level="redis", limit=1, remaining=0, retry_after_ms=1
+            )
+        events.close()  # bounded by the timeout: returns though the sink hangs
+        assert events.closed and events.pending == 0
+        assert (events.shipped, events.dropped, events.sink_errors) == (0, 3, 1)
+    finally:
+        gate.set()
+
+
 def test_an_event_line_is_the_contracts() -> None:
     e = DenyEvent(1_796_205_600.123, "rl:u:a", "api", "redis", "denied", 5, 0, 1200, "::1", "ua")
     assert e.timestamp == "2026-12-02T10:00:00.123Z"
