@@ -118,6 +118,9 @@ def test_one_registry_one_collector_shared_by_every_user() -> None:
     reg = CollectorRegistry()
     assert Metrics.of(reg) is Metrics.of(reg)
     assert Metrics.of(CollectorRegistry()) is not Metrics.of(reg)
+    made = CollectorRegistry()
+    direct = Metrics(made)
+    assert Metrics.of(made) is direct
 
 
 # -- the limiters' decisions ---------------------------------------------------------

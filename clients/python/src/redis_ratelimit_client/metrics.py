@@ -161,6 +161,9 @@ class Metrics:
         self._stages: dict[str, list[_Source]] = {}
         self._events = [0, 0, 0]  # dropped, shipped, sink errors
         self.registry.register(self)
+        # Made directly: the registry's one all the same (a second one
+        # there would be refused as duplicated series).
+        self._by_registry.setdefault(self.registry, self)
 
     @classmethod
     def of(cls, registry: CollectorRegistry | None = None) -> Metrics:
