@@ -100,11 +100,6 @@ export interface DenyEventInput {
   userAgent?: string | undefined;
 }
 
-interface Slot {
-  at: number;
-  e: DenyEventInput;
-}
-
 type Sink = (batch: DenyEvent[], timeoutMs: number) => Promise<void>;
 
 /**
@@ -137,7 +132,20 @@ export class DenyEvents {
   readonly bulkIndex: string;
   private readonly sink: Sink;
   private readonly metrics: RateLimitMetrics | undefined;
-  private readonly ring: Array<Slot | undefined>;
+  /**
+   * The ring, in columns (no object per event kept: a flood's events would
+   * outlive the young generation and tax the GC): slot i's fields.
+   */
+  private readonly at: Float64Array;
+  private readonly keys: Array<string | undefined>;
+  private readonly rules: Array<string | undefined>;
+  private readonly levels: Array<Level | undefined>;
+  private readonly outcomes: Array<Outcome | undefined>;
+  private readonly limits: Float64Array;
+  private readonly remainings: Float64Array;
+  private readonly waits: Float64Array;
+  private readonly ips: Array<string | undefined>;
+  private readonly agents: Array<string | undefined>;
   private head = 0;
   private count = 0;
   private readonly timer: ReturnType<typeof setInterval> | undefined;
@@ -171,7 +179,17 @@ export class DenyEvents {
       };
     }
     this.metrics = resolveMetrics(options.metrics);
-    this.ring = new Array<Slot | undefined>(this.capacity);
+    const n = this.capacity;
+    this.at = new Float64Array(n);
+    this.keys = new Array<string | undefined>(n).fill(undefined);
+    this.rules = new Array<string | undefined>(n).fill(undefined);
+    this.levels = new Array<Level | undefined>(n).fill(undefined);
+    this.outcomes = new Array<Outcome | undefined>(n).fill(undefined);
+    this.limits = new Float64Array(n);
+    this.remainings = new Float64Array(n);
+    this.waits = new Float64Array(n);
+    this.ips = new Array<string | undefined>(n).fill(undefined);
+    this.agents = new Array<string | undefined>(n).fill(undefined);
     if (background) {
       this.timer = setInterval(() => this.wake(true), this.flushIntervalMs);
       this.timer.unref?.();
@@ -188,15 +206,26 @@ export class DenyEvents {
       this.drop(1);
       return;
     }
-    const slot: Slot = { at: Date.now(), e };
+    let i: number;
     if (this.count === this.capacity) {
-      this.ring[this.head] = slot;
+      // Full: the oldest goes.
+      i = this.head;
       this.head = (this.head + 1) % this.capacity;
       this.drop(1);
     } else {
-      this.ring[(this.head + this.count) % this.capacity] = slot;
+      i = (this.head + this.count) % this.capacity;
       this.count++;
     }
+    this.at[i] = Date.now();
+    this.keys[i] = e.key;
+    this.rules[i] = e.rule;
+    this.levels[i] = e.level;
+    this.outcomes[i] = e.outcome ?? 'denied';
+    this.limits[i] = e.limit;
+    this.remainings[i] = e.remaining;
+    this.waits[i] = e.retryAfterMs;
+    this.ips[i] = e.clientIp;
+    this.agents[i] = e.userAgent;
     if (this.count >= this.flushEvents && this.timer !== undefined && !this.woken && this.flushing === undefined) {
       this.woken = true;
       // On the flusher, never on the request.
@@ -251,8 +280,7 @@ export class DenyEvents {
           timeout = Math.min(timeout, Math.floor(deadline - performance.now()));
           if (timeout <= 0) return;
         }
-        const slots = this.take(Math.min(this.count, this.flushEvents));
-        const batch = slots.map(toEvent);
+        const batch = this.take(Math.min(this.count, this.flushEvents));
         try {
           await withTimeout(this.sink(batch, timeout), timeout);
           this.tally.shipped += batch.length;
@@ -271,12 +299,27 @@ export class DenyEvents {
     return p;
   }
 
-  /** The `n` oldest slots, out of the buffer. */
-  private take(n: number): Slot[] {
-    const out: Slot[] = new Array<Slot>(n);
-    for (let i = 0; i < n; i++) {
-      out[i] = this.ring[this.head] as Slot;
-      this.ring[this.head] = undefined;
+  /** The `n` oldest events, out of the buffer: each as its JSON object, the fields in the contract's order, the optional ones only when known. */
+  private take(n: number): DenyEvent[] {
+    const out: DenyEvent[] = new Array<DenyEvent>(n);
+    for (let k = 0; k < n; k++) {
+      const i = this.head;
+      const e: DenyEvent = {
+        timestamp: new Date(this.at[i] as number).toISOString(),
+        key: this.keys[i] as string,
+        rule: this.rules[i] as string,
+        level: this.levels[i] as Level,
+        outcome: this.outcomes[i] as Outcome,
+        limit: this.limits[i] as number,
+        remaining: this.remainings[i] as number,
+        retry_after_ms: this.waits[i] as number,
+      };
+      const ip = this.ips[i];
+      const ua = this.agents[i];
+      if (ip !== undefined && ip !== '') e.client_ip = ip;
+      if (ua !== undefined && ua !== '') e.user_agent = ua;
+      out[k] = e;
+      this.keys[i] = this.rules[i] = this.ips[i] = this.agents[i] = undefined;
       this.head = (this.head + 1) % this.capacity;
     }
     this.count -= n;
@@ -287,24 +330,6 @@ export class DenyEvents {
     this.tally.dropped += n;
     this.metrics?.eventsDropped(n);
   }
-}
-
-/** The event's JSON object: the fields in the contract's order, the optional ones only when known. */
-function toEvent(slot: Slot): DenyEvent {
-  const e = slot.e;
-  const out: DenyEvent = {
-    timestamp: new Date(slot.at).toISOString(),
-    key: e.key,
-    rule: e.rule,
-    level: e.level,
-    outcome: e.outcome ?? 'denied',
-    limit: e.limit,
-    remaining: e.remaining,
-    retry_after_ms: e.retryAfterMs,
-  };
-  if (e.clientIp !== undefined && e.clientIp !== '') out.client_ip = e.clientIp;
-  if (e.userAgent !== undefined && e.userAgent !== '') out.user_agent = e.userAgent;
-  return out;
 }
 
 function jsonLines(batch: DenyEvent[]): string {

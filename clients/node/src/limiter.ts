@@ -316,13 +316,11 @@ export class Limiter {
    * answer, the fallback decides, and `decision.path` says which path did.
    * Rejects only on bad arguments.
    */
-  async check(set: RuleSet, identity: string, cost = 1, context?: RequestContext): Promise<Decision> {
+  check(set: RuleSet, identity: string, cost = 1, context?: RequestContext): Promise<Decision> {
     if (context !== undefined && (context === null || typeof context !== 'object')) {
-      throw new InvalidArgumentError('context', `context must be { clientIp, userAgent }, got ${describe(context)}`);
+      return Promise.reject(new InvalidArgumentError('context', `context must be { clientIp, userAgent }, got ${describe(context)}`));
     }
-    const d = await this.decide(set, identity, cost);
-    if (this.metrics !== undefined || this.denyEvents !== undefined) this.observe(set.rules, identity, d, context);
-    return d;
+    return this.decide(set, identity, cost, context);
   }
 
   /**
@@ -331,7 +329,13 @@ export class Limiter {
    * denied; `ratelimit_remaining_ratio` of a rule whose numbers the
    * decision carries) and records a denial as a deny event.
    */
-  private observe(rules: readonly CheckedRule[], identity: string, d: Decision, context: RequestContext | undefined): void {
+  private done(rules: readonly CheckedRule[], keys: string[], d: Decision, context: RequestContext | undefined): Decision {
+    // Without metrics or deny events, nothing is added to the decision's path.
+    if (this.metrics !== undefined || this.denyEvents !== undefined) this.observe(rules, keys, d, context);
+    return d;
+  }
+
+  private observe(rules: readonly CheckedRule[], keys: string[], d: Decision, context: RequestContext | undefined): void {
     const level = LEVEL_OF[d.path];
     const m = this.metrics;
     if (d.allowed) {
@@ -341,13 +345,14 @@ export class Limiter {
       if (rules.length === 1 && (level === 'redis' || level === 'local')) m.remainingRatio((rules[0] as CheckedRule).name, d.remaining, d.limit);
       return;
     }
-    const rule = rules[d.deniedBy ?? 0] as CheckedRule;
+    const at = d.deniedBy ?? 0;
+    const rule = rules[at] as CheckedRule;
     if (m !== undefined) {
       m.decision(rule.name, level, 'denied');
       if (level === 'redis' || level === 'local') m.remainingRatio(rule.name, d.remaining, d.limit);
     }
     this.denyEvents?.record({
-      key: rule.keyFor(identity),
+      key: keys[at] as string,
       rule: rule.name,
       level,
       outcome: 'denied',
@@ -359,7 +364,7 @@ export class Limiter {
     });
   }
 
-  private async decide(set: RuleSet, identity: string, cost: number): Promise<Decision> {
+  private async decide(set: RuleSet, identity: string, cost: number, context: RequestContext | undefined): Promise<Decision> {
     if (!(set instanceof RuleSet)) throw new InvalidArgumentError('set', `set must be a RuleSet (limiter.ruleSet(rules)), got ${describe(set)}`);
     checkString('identity', identity);
     const units = BigInt(checkInteger('cost', cost, 0));
@@ -376,7 +381,7 @@ export class Limiter {
         if (d !== undefined) {
           this.counters.add('deny_cache_hits');
           this.deniedLocally(rules[i] as CheckedRule);
-          return withFields(d, { deniedBy: i });
+          return this.done(rules, keys, withFields(d, { deniedBy: i }), context);
         }
       }
       if (rules.length > 1) {
@@ -384,7 +389,7 @@ export class Limiter {
         if (d !== undefined) {
           this.counters.add('deny_cache_hits');
           this.deniedLocally(rules[d.deniedBy ?? 0] as CheckedRule);
-          return d;
+          return this.done(rules, keys, d, context);
         }
       }
     }
@@ -405,7 +410,7 @@ export class Limiter {
         const i = localIdx[t.pos] as number;
         this.counters.add('local_denied');
         this.deniedLocally(rules[i] as CheckedRule);
-        return fromAnswer(t.answer, 'local', limitOf(rules[i] as CheckedRule, t.answer), { remaining: 0, deniedBy: i });
+        return this.done(rules, keys, fromAnswer(t.answer, 'local', limitOf(rules[i] as CheckedRule, t.answer), { remaining: 0, deniedBy: i }), context);
       }
       taken = t.answers.map((a, n) => [localIdx[n] as number, a]);
     }
@@ -426,12 +431,17 @@ export class Limiter {
     if (gate === 'call') {
       await this.settle(rules, keys, localIdx, localLimits, accountIdx, accountLimits);
       this.counters.add('redis_calls');
+      // The round trip, timed when metrics are on: answered, or past the deadline.
+      const t0 = this.metrics === undefined ? 0 : performance.now();
       try {
-        const d = await this.timed(beforeDeadline(this.callRedis(rules, keys, cost), this.deadlineMs));
+        const d = await beforeDeadline(this.callRedis(rules, keys, cost), this.deadlineMs);
+        this.metrics?.redisSeconds((performance.now() - t0) / 1000);
         this.breaker.success();
         outcome = { kind: 'redis', d };
       } catch (err) {
         const failure = classify(err);
+        // A call that failed on the connection had no round trip.
+        if (failure !== 'unavailable') this.metrics?.redisSeconds((performance.now() - t0) / 1000);
         this.counters.add(failure === 'timeout' ? 'redis_timeouts' : failure === 'unavailable' ? 'redis_unavailable' : 'redis_errors');
         if (failure !== 'error' && this.breaker.failure()) {
           this.counters.add('breaker_opened');
@@ -458,7 +468,7 @@ export class Limiter {
         d = withFields(d, { deniedBy: i });
         this.denyCache?.put(rules.length === 1 ? cacheKey(0) : setKey(), d);
       }
-      return d;
+      return this.done(rules, keys, d, context);
     }
     const lost = outcome.kind === 'lost';
     const d = this.fallback(rules, units, localLimits, accountIdx, accountLimits, taken, lost);
@@ -469,7 +479,7 @@ export class Limiter {
       // level: Redis may have counted them.
       if (!lost) this.local.refundAll(localLimits, units);
     }
-    return d;
+    return this.done(rules, keys, d, context);
   }
 
   /** A denial of `rule` answered without asking the server: a policy's is counted by the protection loop. */

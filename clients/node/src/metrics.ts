@@ -80,6 +80,10 @@ function promClient(): PromClient {
 
 const byRegistry = new WeakMap<object, RateLimitMetrics>();
 
+const LEVEL_INDEX: Record<Level, number> = { local: 0, redis: 1, deny_cache: 2, grant: 3, fallback: 4 };
+const OUTCOME_INDEX: Record<Outcome, number> = { admitted: 0, denied: 1, shadow_denied: 2 };
+const CELLS = LEVELS.length * OUTCOMES.length;
+
 /**
  * The metrics of one prom-client registry: one set per registry, shared by
  * every `Limiter`, `Protection` and `DenyEvents` given it (a metric the
@@ -98,6 +102,15 @@ export class RateLimitMetrics {
   private readonly dropped: Counter;
   private readonly shipped: Counter;
   private readonly sinkErrors: Counter;
+  /**
+   * The hot path's counts, per rule: [level x outcome] (a Map lookup and an
+   * increment per decision, no label hashing), handed to prom-client at
+   * each scrape (its metrics' collect()).
+   */
+  private readonly counts = new Map<string, number[]>();
+  private readonly published = new Map<string, number[]>();
+  /** Each rule's last remaining ratio, set at each scrape. */
+  private readonly ratios = new Map<string, number>();
 
   /** The one set of metrics of `registry` (default: prom-client's global `register`). */
   static of(registry?: PromRegistry): RateLimitMetrics {
@@ -118,24 +131,49 @@ export class RateLimitMetrics {
     const p = promClient();
     const make = <T>(i: number, Kind: new (config: object) => T, extra: object = {}): T => {
       const spec = METRICS[i] as (typeof METRICS)[number];
-      const existing = registry.getSingleMetric(spec.name);
-      if (existing !== undefined) return existing as T;
+      if (registry.getSingleMetric(spec.name) !== undefined) {
+        throw new InvalidArgumentError('metrics', `the registry has a metric ${spec.name} already (registered by another copy of redis-ratelimit?): give each its own Registry`);
+      }
       return new Kind({ name: spec.name, help: spec.help, labelNames: [...spec.labels], registers: [registry], ...extra });
     };
-    this.decisions = make(0, p.Counter);
+    this.decisions = make(0, p.Counter, { collect: () => this.publishDecisions() });
     this.redis = make(1, p.Histogram, { buckets: [...REDIS_SECONDS_BUCKETS] });
-    this.remaining = make(2, p.Gauge);
+    this.remaining = make(2, p.Gauge, { collect: () => this.publishRatios() });
     this.breakers = make(3, p.Gauge);
     this.scales = make(4, p.Gauge);
     this.stages = make(5, p.Gauge);
-    this.dropped = make(6, p.Counter);
+    this.dropped = make(6, p.Counter, { collect: () => this.publishDropped() });
     this.shipped = make(7, p.Counter);
     this.sinkErrors = make(8, p.Counter);
   }
 
   /** One decision of `rule` taken at `level`. */
   decision(rule: string, level: Level, outcome: Outcome): void {
-    this.decisions.inc({ rule, level, outcome });
+    let c = this.counts.get(rule);
+    if (c === undefined) {
+      c = new Array<number>(CELLS).fill(0);
+      this.counts.set(rule, c);
+      this.published.set(rule, new Array<number>(CELLS).fill(0));
+    }
+    (c[LEVEL_INDEX[level] * OUTCOMES.length + OUTCOME_INDEX[outcome]] as number)++;
+  }
+
+  /** What was counted since the last scrape, into the counter. */
+  private publishDecisions(): void {
+    for (const [rule, c] of this.counts) {
+      const pub = this.published.get(rule) as number[];
+      for (let i = 0; i < CELLS; i++) {
+        const delta = (c[i] as number) - (pub[i] as number);
+        if (delta > 0) {
+          this.decisions.inc({ rule, level: LEVELS[Math.floor(i / OUTCOMES.length)] as string, outcome: OUTCOMES[i % OUTCOMES.length] as string }, delta);
+          pub[i] = c[i] as number;
+        }
+      }
+    }
+  }
+
+  private publishRatios(): void {
+    for (const [rule, r] of this.ratios) this.remaining.set({ rule }, r);
   }
 
   /** One round trip of a limiter command, in seconds. */
@@ -145,7 +183,7 @@ export class RateLimitMetrics {
 
   /** `remaining / limit` of `rule`'s last decision by Redis or the local level. */
   remainingRatio(rule: string, remaining: number, limit: number): void {
-    if (limit > 0) this.remaining.set({ rule }, Math.min(Math.max(remaining / limit, 0), 1));
+    if (limit > 0) this.ratios.set(rule, Math.min(Math.max(remaining / limit, 0), 1));
   }
 
   breakerOpen(breaker: string, open: boolean): void {
@@ -161,7 +199,15 @@ export class RateLimitMetrics {
   }
 
   eventsDropped(n: number): void {
-    if (n > 0) this.dropped.inc(n);
+    // A flood drops one per denial: counted here, handed over at the scrape.
+    this.droppedSince += n;
+  }
+
+  private droppedSince = 0;
+
+  private publishDropped(): void {
+    if (this.droppedSince > 0) this.dropped.inc(this.droppedSince);
+    this.droppedSince = 0;
   }
 
   eventsShipped(n: number): void {
