@@ -20,8 +20,9 @@ run: build
 # Everything: the install checks of scripts/setup.sh, unit and property
 # tests, integration tests against real redis-server (7.0 and 8.2) and
 # valkey-server, the redis-cli example scripts, the Rust, Java, Python and
-# Node client kits, fmt and clippy, ruff and mypy.
-test: build test-setup test-unit test-integration test-cli test-kit-rust test-kit-java test-kit-python test-kit-node lint lint-python
+# Node client kits, the INFO exporter, the alert rules and the dashboard
+# (promtool), fmt and clippy, ruff and mypy.
+test: build test-setup test-unit test-integration test-cli test-kit-rust test-kit-java test-kit-python test-kit-node test-exporter test-deploy lint lint-python
 
 # scripts/setup.sh's package detection, against fake package managers; the
 # benchmark targets build what they measure (make -n).
@@ -81,6 +82,17 @@ lint-python:
 test-kit-node: setup
 	cd clients/node && npm run --silent typecheck && npm run --silent build && npm run --silent typecheck:consumer
 	cd clients/node && RL_MODULE=$(abspath $(MODULE)) VALKEY_SERVER=$$($(CURDIR)/scripts/valkey-path.sh) node --test --test-concurrency=1 test/*.test.mjs
+
+# The INFO exporter (exporter/): its parsing, and scrapes of real
+# redis-server and valkey-server nodes checked by promtool (docs/operations.md).
+test-exporter: build
+	RL_MODULE=$(CURDIR)/$(MODULE) VALKEY_SERVER=$$(scripts/valkey-path.sh) cargo test --profile test-release -p redis-ratelimit-exporter
+
+# The alert and recording rules (promtool check and test rules, each alert's
+# threshold flipped must fail its test) and the Grafana dashboard's queries
+# (deploy/test.sh; docs/monitoring.md).
+test-deploy:
+	deploy/test.sh
 
 lint:
 	cargo fmt --all -- --check
