@@ -13,8 +13,10 @@ label_values() selector) and every expr of deploy/prometheus/rules.yml must:
 - filter a kit's or the exporter's series only on labels it has (its own,
   plus job and instance that Prometheus adds, and le on a _bucket).
 The dashboard must also take its data source from the DS_PROMETHEUS input,
-in every panel and target. A failure names the panel (or rule) and the
-query.
+in every panel and target, define the variables job, instance and rule (and
+every other one a query uses), and keep its panels inside the 24-column
+grid, without overlaps, with unique ids. A failure names the panel (or
+rule) and the query.
 
 Usage: check_dashboard.py [--dashboard F] [--rules F] [--contract F]
                           [--exporter-metrics F] [--promtool P]
@@ -254,6 +256,52 @@ def substitute(expr):
 # --- checks ---------------------------------------------------------------
 
 
+def layout_problems(dashboard):
+    """The dashboard's frame: schemaVersion, unique panel ids, panels inside
+    the 24-column grid without overlaps, the variables job, instance and
+    rule, and every $variable a query uses defined (or Grafana's own)."""
+    problems = []
+    if not isinstance(dashboard.get("schemaVersion"), int):
+        problems.append("dashboard: no schemaVersion")
+    names = {v.get("name") for v in dashboard.get("templating", {}).get("list", [])}
+    for needed in ("job", "instance", "rule"):
+        if needed not in names:
+            problems.append(f"dashboard: no template variable {needed!r}")
+    panels, ids, cells = [], set(), {}
+
+    def walk(items):
+        for p in items:
+            panels.append(p)
+            walk(p.get("panels", []))
+
+    walk(dashboard.get("panels", []))
+    for p in panels:
+        title = p.get("title") or f"id {p.get('id')}"
+        if p.get("id") in ids:
+            problems.append(f'panel "{title}": id {p.get("id")} used twice')
+        ids.add(p.get("id"))
+        gp = p.get("gridPos", {})
+        x, y, w, h = (gp.get(k) for k in ("x", "y", "w", "h"))
+        if not all(isinstance(v, int) and v >= 0 for v in (x, y, w, h)) or w == 0 or h == 0 or x + w > 24:
+            problems.append(f'panel "{title}": gridPos {gp} is not inside the 24-column grid')
+            continue
+        for cx in range(x, x + w):
+            for cy in range(y, y + h):
+                if (cx, cy) in cells:
+                    problems.append(f'panel "{title}": overlaps panel "{cells[(cx, cy)]}"')
+                    break
+                cells[(cx, cy)] = title
+            else:
+                continue
+            break
+        for t in p.get("targets", []):
+            for m in re.finditer(r"\$\{(\w+)|\[\[(\w+)|\$(\w+)", t.get("expr") or ""):
+                var = m.group(1) or m.group(2) or m.group(3)
+                if var not in names and var not in INTERVALS:
+                    problems.append(f'panel "{title}" target {t.get("refId", "?")}: variable ${var} is not defined')
+    return problems
+
+
 def dashboard_queries(dashboard):
     """[(where, expr)] of every panel target and template variable query."""
     queries, problems = [], []
@@ -379,7 +427,7 @@ def check(dashboard_path, rules_path, contract_path, exporter_path, promtool):
         except json.JSONDecodeError as e:
             return [f"{dashboard_path}: not JSON: {e}"]
     queries, found = dashboard_queries(dashboard)
-    problems += found
+    problems += found + layout_problems(dashboard)
     queries = [(where, substitute(expr)) for where, expr in queries]
     problems += promtool_parse(promtool, queries)
     problems += series_problems(queries, raw, recorded)
@@ -408,6 +456,7 @@ def self_test(args):
         ("Unknown label", 'sum(rate(ratelimit_decisions_total{route="x"}[5m]))', None, "has no label route"),
         ("Unknown series behind __name__", '{__name__="ratelimit_hits_total"}', None, "series ratelimit_hits_total"),
         ("Foreign datasource", "ratelimit_stage", {"type": "prometheus", "uid": "prod-prom"}, "datasource is not"),
+        ("Undefined variable", 'ratelimit_stage{rule=~"$route"}', None, "variable $route is not defined"),
     ]
     with tempfile.TemporaryDirectory(prefix="check-dashboard-self-") as tmp:
         for title, expr, ds, expect in cases:
@@ -415,6 +464,7 @@ def self_test(args):
             panel = {
                 "datasource": ds or {"type": "prometheus", "uid": "${DS_PROMETHEUS}"},
                 "id": 999,
+                "gridPos": {"x": 0, "y": 500, "w": 12, "h": 8},
                 "title": title,
                 "type": "timeseries",
                 "targets": [
@@ -432,6 +482,18 @@ def self_test(args):
                 )
             else:
                 print(f"  refused as expected: panel {title!r}")
+        # A copy of a panel at the same place, with the same id.
+        bad = json.loads(json.dumps(base))
+        twin = next(p for p in bad["panels"] if p.get("type") != "row")
+        bad["panels"].append(dict(twin, title="Twin"))
+        path = os.path.join(tmp, "twin.json")
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(bad, f)
+        got = check(path, args.rules, args.contract, args.exporter_metrics, args.promtool)
+        if not (any('panel "Twin": overlaps' in g for g in got) and any("used twice" in g for g in got)):
+            failures.append(f"a dashboard with two panels at one place and one id should be refused, got: {got}")
+        else:
+            print("  refused as expected: two panels at one place, with one id")
         with open(args.rules, encoding="utf-8") as f:
             rules_text = f.read()
         bad_rules = os.path.join(tmp, "rules.yml")
@@ -451,7 +513,7 @@ def self_test(args):
             print("  refused as expected: a rule naming ratelimit_deny_events_lost_total")
     for f in failures:
         print(f"check_dashboard self-test: FAIL {f}")
-    print(f"check_dashboard self-test: {'FAILED' if failures else 'passed'} ({len(cases) + 2} cases)")
+    print(f"check_dashboard self-test: {'FAILED' if failures else 'passed'} ({len(cases) + 3} cases)")
     return 1 if failures else 0
 
 
