@@ -153,11 +153,7 @@ pub fn parse(
             Some(v) => match v.trim().to_ascii_lowercase().as_str() {
                 "1" | "true" | "yes" | "on" => true,
                 "0" | "false" | "no" | "off" => false,
-                _ => {
-                    return Err(format!(
-                        "RL_EXPORTER_POLICY_INFO {v:?}: not true or false"
-                    ))
-                }
+                _ => return Err(format!("RL_EXPORTER_POLICY_INFO {v:?}: not true or false")),
             },
         },
     };
@@ -287,7 +283,10 @@ mod tests {
             "10.0.0.1:6380"
         );
         assert_eq!(node_label("redis://h").unwrap(), "h:6379");
-        assert_eq!(node_label("unix:///run/redis.sock").unwrap(), "/run/redis.sock");
+        assert_eq!(
+            node_label("unix:///run/redis.sock").unwrap(),
+            "/run/redis.sock"
+        );
     }
 
     #[test]
@@ -295,10 +294,22 @@ mod tests {
         let err = |args: &[&str], env: &[(&str, &str)]| run(args, env).unwrap_err();
         assert!(err(&["--redis-url"], &[]).contains("--redis-url needs a value"));
         assert!(err(&["--redis-url", "http://x"], &[]).starts_with("--redis-url"));
-        assert!(err(&[], &[("RL_EXPORTER_REDIS_URLS", "nope")]).starts_with("RL_EXPORTER_REDIS_URLS"));
-        assert!(err(&[], &[("RL_EXPORTER_REDIS_URLS", " , ")]).starts_with("RL_EXPORTER_REDIS_URLS"));
-        assert!(err(&["--redis-url", "redis://a:1/0", "--redis-url", "redis://a:1/1"], &[])
-            .contains("same node a:1"));
+        assert!(
+            err(&[], &[("RL_EXPORTER_REDIS_URLS", "nope")]).starts_with("RL_EXPORTER_REDIS_URLS")
+        );
+        assert!(
+            err(&[], &[("RL_EXPORTER_REDIS_URLS", " , ")]).starts_with("RL_EXPORTER_REDIS_URLS")
+        );
+        assert!(err(
+            &[
+                "--redis-url",
+                "redis://a:1/0",
+                "--redis-url",
+                "redis://a:1/1"
+            ],
+            &[]
+        )
+        .contains("same node a:1"));
         assert!(err(&["--listen", "9122"], &[]).starts_with("--listen"));
         assert!(err(&[], &[("RL_EXPORTER_LISTEN", "x")]).starts_with("RL_EXPORTER_LISTEN"));
         assert!(err(&["--connect-timeout", "0"], &[]).starts_with("--connect-timeout"));
@@ -325,7 +336,18 @@ mod tests {
         assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
         assert_eq!(parse_duration(" 2s ").unwrap(), Duration::from_secs(2));
         assert_eq!(parse_duration("0.25").unwrap(), Duration::from_millis(250));
-        for bad in ["", "s", "ms", "0", "0ms", "-3", "inf", "1e9", "2 minutes", "1h"] {
+        for bad in [
+            "",
+            "s",
+            "ms",
+            "0",
+            "0ms",
+            "-3",
+            "inf",
+            "1e9",
+            "2 minutes",
+            "1h",
+        ] {
             assert!(parse_duration(bad).is_err(), "{bad:?}");
         }
     }

@@ -151,7 +151,9 @@ mod tests {
         let b = of_reply(&reply("10", 12345, 40)).unwrap().unwrap();
         assert_eq!(a, b);
         assert_eq!(a.len(), 16);
-        assert!(a.bytes().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
+        assert!(a
+            .bytes()
+            .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
     }
 
     #[test]

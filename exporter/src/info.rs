@@ -102,17 +102,20 @@ fn parse_line(info: &mut Info, line: &str) -> Option<()> {
         "bucket_rates" => &mut info.bucket_rates,
         "propagation_pinned" => &mut info.propagation_pinned,
         _ => match field.rsplit_once('_') {
-            Some((algorithm, counter)) if is_algorithm(algorithm) => {
+            Some((algorithm, counter))
+                if is_algorithm(algorithm)
+                    && matches!(counter, "calls" | "admitted" | "denied" | "peeks") =>
+            {
                 let o = info.algorithms.entry(algorithm.to_string()).or_default();
                 match counter {
                     "calls" => &mut o.calls,
                     "admitted" => &mut o.admitted,
                     "denied" => &mut o.denied,
-                    "peeks" => &mut o.peeks,
-                    // A well-formed field of a newer module: not ours to export.
-                    _ => return Some(()),
+                    _ => &mut o.peeks,
                 }
             }
+            // A well-formed field of a newer module (or module_allocations,
+            // a diagnostic): not exported.
             _ => return Some(()),
         },
     };
@@ -348,7 +351,10 @@ ratelimit_newalg_calls:8\n";
             }
         }
         for b in 0..=255u8 {
-            let s = format!("ratelimit_policy_a:calls={}\nratelimit_x_calls:{}\n%{}", b as char, b as char, b as char);
+            let s = format!(
+                "ratelimit_policy_a:calls={}\nratelimit_x_calls:{}\n%{}",
+                b as char, b as char, b as char
+            );
             let _ = parse(&s);
         }
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;

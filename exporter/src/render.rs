@@ -155,7 +155,13 @@ impl Collector for Snapshot {
             for node in &self.0 {
                 for (values, value) in samples(family.name, node) {
                     let mut labels: Vec<(&str, &str)> = vec![("node", node.label.as_str())];
-                    labels.extend(family.labels.iter().copied().zip(values.iter().map(String::as_str)));
+                    labels.extend(
+                        family
+                            .labels
+                            .iter()
+                            .copied()
+                            .zip(values.iter().map(String::as_str)),
+                    );
                     let sample = metric.encode_family(&labels)?;
                     match (family.counter, value) {
                         (true, Value::Int(v)) => ConstCounter::new(v).encode(sample)?,
@@ -208,7 +214,7 @@ mod tests {
             scrape("h:2", None),
         ]);
         for line in [
-            "# HELP redis_ratelimit_policy_calls_total Calls of the policy (RL.HIT, RL.ALL ... POLICY), including those answered while OFF.",
+            "# HELP redis_ratelimit_policy_calls_total Calls of the policy (RL.HIT, RL.ALL ... POLICY), including those answered while OFF",
             "# TYPE redis_ratelimit_policy_calls_total counter",
             "redis_ratelimit_policy_calls_total{node=\"h:1\",policy=\"a\\\"b\\\\\\nc\"} 5",
             "redis_ratelimit_policy_scale{node=\"h:1\",policy=\"a\\\"b\\\\\\nc\"} 60",
