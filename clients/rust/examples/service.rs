@@ -18,6 +18,14 @@
 //! The key is the `x-user` header, else the `user` query parameter, else
 //! the peer address. `GET /stats` answers the kit's counters.
 //!
+//! Observability: `GET /metrics` serves the kit's metrics (`ratelimit_*`;
+//! OpenMetrics to a scraper whose `Accept` asks for it, else the Prometheus
+//! text format), unless `RL_METRICS=0`. Deny events are shipped when
+//! `RL_DENY_EVENTS_FILE` (a file of JSON lines) or `RL_DENY_EVENTS_BULK` (an
+//! Elasticsearch URL, `http://host:port`) is set; `RL_DENY_EVENTS_FLUSH_MS`
+//! (5000) and `RL_DENY_EVENTS_TIMEOUT_MS` (2000) change the flush interval
+//! and the sink's timeout. `GET /deny-events` answers the shipper's counters.
+//!
 //! The protection loop, with `RL_POLICY` set to a policy's name (the policy
 //! itself is set on the server: `RL.POLICY SET name ... ADAPT ... STAGES
 //! ...`, with a `WINDOW`):
@@ -45,8 +53,8 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use axum::Router;
 use redis_ratelimit_client::{
-    BreakerConfig, BreakerError, Client, DegradeReason, FallbackMode, Limiter, Protection,
-    RateLimitLayer, RequestParts, Rule,
+    BreakerConfig, BreakerError, Client, DegradeReason, DenyEvents, FallbackMode, Limiter, Metrics,
+    Protection, RateLimitLayer, RequestParts, Rule, Sink,
 };
 
 fn env_u64(name: &str, default: u64) -> u64 {
@@ -82,10 +90,48 @@ fn user(req: &RequestParts<'_>) -> Option<String> {
         .map(|ConnectInfo(addr)| addr.ip().to_string())
 }
 
+/// The client's address, for the deny events.
+fn peer(req: &RequestParts<'_>) -> Option<String> {
+    req.extensions
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ConnectInfo(addr)| addr.ip().to_string())
+}
+
+/// The deny events' shipper the environment asks for, if any.
+fn deny_events() -> Option<DenyEvents> {
+    let sink = match (
+        std::env::var("RL_DENY_EVENTS_FILE"),
+        std::env::var("RL_DENY_EVENTS_BULK"),
+    ) {
+        (Ok(path), _) => Sink::file(path),
+        (_, Ok(url)) => Sink::bulk(&url).unwrap_or_else(|e| {
+            eprintln!("service: RL_DENY_EVENTS_BULK: {e}");
+            std::process::exit(2);
+        }),
+        _ => return None,
+    };
+    let events = DenyEvents::builder(sink)
+        .flush_interval(Duration::from_millis(env_u64(
+            "RL_DENY_EVENTS_FLUSH_MS",
+            5000,
+        )))
+        .timeout(Duration::from_millis(env_u64(
+            "RL_DENY_EVENTS_TIMEOUT_MS",
+            2000,
+        )))
+        .start()
+        .unwrap_or_else(|e| {
+            eprintln!("service: {e}");
+            std::process::exit(2);
+        });
+    Some(events)
+}
+
 /// The routes of the protection loop (see the module's doc).
 async fn protected_routes(
     protection: Protection,
     limiter: Limiter,
+    observe: Observe,
     policy: String,
     prefix: &str,
 ) -> Router {
@@ -103,6 +149,7 @@ async fn protected_routes(
     let api_limiter = limiter.clone();
     let api_layer = RateLimitLayer::builder(limiter)
         .key(user)
+        .client_ip(peer)
         .rule(rule())
         .protection(protection.clone())
         .build()
@@ -111,11 +158,12 @@ async fn protected_routes(
     // Its own limiter: its counters are the non-core route's alone.
     // Given the loop too: its deny cache's answers count as the policy's
     // denials (RL.OUTCOME ... DENIED n).
-    let extra_limiter = Limiter::builder(client)
-        .protection(protection.clone())
+    let extra_limiter = observe
+        .on(Limiter::builder(client).protection(protection.clone()))
         .build();
     let extra_layer = RateLimitLayer::builder(extra_limiter.clone())
         .key(user)
+        .client_ip(peer)
         .rule(rule())
         .protection(protection.clone())
         .core(false)
@@ -224,6 +272,28 @@ async fn protected_routes(
         .route("/control", control)
 }
 
+/// The metrics and deny events every limiter of the service reports to.
+#[derive(Clone)]
+struct Observe {
+    metrics: Option<Metrics>,
+    events: Option<DenyEvents>,
+}
+
+impl Observe {
+    fn on(
+        &self,
+        mut builder: redis_ratelimit_client::LimiterBuilder,
+    ) -> redis_ratelimit_client::LimiterBuilder {
+        if let Some(m) = &self.metrics {
+            builder = builder.metrics(m.clone());
+        }
+        if let Some(e) = &self.events {
+            builder = builder.deny_events(e.clone());
+        }
+        builder
+    }
+}
+
 #[tokio::main]
 async fn main() {
     let port = env_u64("PORT", 3000) as u16;
@@ -273,7 +343,11 @@ async fn main() {
             .start()
             .expect("RL_HOLD_MS must be longer than RL_POLL_MS")
     });
-    let mut limiter = Limiter::builder(client);
+    let observe = Observe {
+        metrics: (env_u64("RL_METRICS", 1) == 1).then(Metrics::new),
+        events: deny_events(),
+    };
+    let mut limiter = observe.on(Limiter::builder(client));
     if let Some(protection) = &protection {
         limiter = limiter.protection(protection.clone());
     }
@@ -296,6 +370,7 @@ async fn main() {
     let global = env_u64("RL_GLOBAL_LIMIT", 15_000);
     let layer = RateLimitLayer::builder(limiter.clone())
         .key(user)
+        .client_ip(peer)
         .rule(
             Rule::sliding(
                 env_u64("RL_USER_LIMIT", 5),
@@ -320,7 +395,45 @@ async fn main() {
 
     let mut app = Router::new().route("/", hello).layer(layer);
     if let (Some(policy), Some(protection)) = (policy, protection) {
-        app = app.merge(protected_routes(protection, limiter.clone(), policy, &prefix).await);
+        app = app.merge(
+            protected_routes(
+                protection,
+                limiter.clone(),
+                observe.clone(),
+                policy,
+                &prefix,
+            )
+            .await,
+        );
+    }
+    if let Some(metrics) = observe.metrics.clone() {
+        app = app.route(
+            "/metrics",
+            get(move |headers: axum::http::HeaderMap| {
+                let metrics = metrics.clone();
+                async move {
+                    let accept = headers
+                        .get(axum::http::header::ACCEPT)
+                        .and_then(|v| v.to_str().ok());
+                    let (content_type, body) = metrics.render(accept).expect("its own registry");
+                    ([(axum::http::header::CONTENT_TYPE, content_type)], body)
+                }
+            }),
+        );
+    }
+    if let Some(events) = observe.events.clone() {
+        app = app.route(
+            "/deny-events",
+            get(move || {
+                let s = events.stats();
+                async move {
+                    format!(
+                        "{{\"recorded\":{},\"shipped\":{},\"dropped\":{},\"sink_errors\":{},\"batches\":{},\"pending\":{}}}",
+                        s.recorded, s.shipped, s.dropped, s.sink_errors, s.batches, s.pending
+                    )
+                }
+            }),
+        );
     }
     let app = app.route(
         "/stats",
@@ -334,6 +447,13 @@ async fn main() {
         listener,
         app.into_make_service_with_connect_info::<SocketAddr>(),
     )
+    .with_graceful_shutdown(async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
     .await
     .expect("serve");
+    // What is left of the deny events, within the sink's timeout.
+    if let Some(events) = observe.events {
+        events.close().await;
+    }
 }

@@ -26,6 +26,11 @@
 //!   stage 1 ([`RateLimitLayerBuilder::core`],
 //!   [`RateLimitLayerBuilder::degrade`]) and a policy at stage 2 forces its
 //!   [`CircuitBreaker`] open ([`Rule::breaker`]).
+//! - Observability: [`Metrics`] (`ratelimit_*` in a `prometheus-client`
+//!   registry, served by [`Metrics::render`]) and [`DenyEvents`] (every
+//!   denial as a JSON line, shipped in batches to a [`Sink`]: a file, an
+//!   Elasticsearch `_bulk` endpoint, a callback), both given to
+//!   [`LimiterBuilder::metrics`] and [`LimiterBuilder::deny_events`].
 //!
 //! ```no_run
 //! use redis_ratelimit_client::{Client, Limiter, Rule, RateLimitLayer};
@@ -56,6 +61,9 @@ mod layer;
 mod lease;
 mod limiter;
 mod local;
+mod observability;
+#[cfg(test)]
+mod observability_contract;
 mod protection;
 mod retry;
 mod rule;
@@ -76,6 +84,16 @@ pub use layer::{
 };
 pub use lease::LeaseGuard;
 pub use limiter::{CheckedRule, Limiter, LimiterBuilder, RuleSet};
+/// The deny events' defaults (the contract's): `CAPACITY`, `FLUSH_EVENTS`,
+/// `FLUSH_INTERVAL`, `SINK_TIMEOUT`, `BULK_INDEX`.
+pub use observability::events_defaults as deny_events_defaults;
+pub use observability::{
+    render as render_metrics, DenyEvent, DenyEvents, DenyEventsBuilder, DenyEventsStats, Metrics,
+    Outcome, Sink, LEVELS, METRICS, OPENMETRICS_CONTENT_TYPE, OUTCOMES, REDIS_SECONDS_BUCKETS,
+    TEXT_CONTENT_TYPE,
+};
+/// The registry type [`Metrics::register`] takes: `prometheus-client`'s.
+pub use prometheus_client::registry::Registry;
 pub use protection::{
     BreakerError, BreakerState, CircuitBreaker, CircuitBreakerConfig, Protection,
     ProtectionBuilder, ProtectionStats, DEFAULT_REPORT_INTERVAL, DEFAULT_STAGE_HOLD,

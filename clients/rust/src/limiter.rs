@@ -2,8 +2,9 @@
 //! then one round trip to Redis within a deadline, and the fallback with
 //! its circuit breaker when Redis cannot answer.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::future::Future;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant, SystemTime};
 
 use redis_ratelimit_core::{ConcurrencyParams, Decision as CoreDecision, Request, Wait};
 
@@ -13,6 +14,9 @@ use crate::deny_cache::DenyCache;
 use crate::fallback::{Breaker, BreakerConfig, FallbackMode, Gate, Stats, StatsSnapshot};
 use crate::lease::{LeaseGuard, LeaseMs};
 use crate::local::LocalLimiters;
+use crate::observability::{
+    level_of, DenyEvent, DenyEvents, Metrics, Origin, Outcome, RuleMetrics, LEVELS,
+};
 use crate::protection::Protection;
 use crate::rule::{Rule, RuleKind, Share, Spec, ZoneKind};
 use crate::Error;
@@ -29,6 +33,8 @@ pub struct LimiterBuilder {
     fallback: FallbackMode,
     breaker: BreakerConfig,
     protection: Option<Protection>,
+    metrics: Option<Metrics>,
+    events: Option<DenyEvents>,
 }
 
 impl LimiterBuilder {
@@ -87,6 +93,20 @@ impl LimiterBuilder {
         self.protection = Some(protection);
         self
     }
+    /// Reports to `metrics` (off by default): `ratelimit_decisions_total`
+    /// of every rule, level and outcome, `ratelimit_redis_seconds` of every
+    /// limiter round trip, `ratelimit_remaining_ratio`, and, read at each
+    /// scrape, `ratelimit_breaker_open{breaker="redis"}`, the protection
+    /// loop's scales, stages and breakers, and the deny events' counters.
+    pub fn metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+    /// Records every denial, at every level, in `events` (off by default).
+    pub fn deny_events(mut self, events: DenyEvents) -> Self {
+        self.events = Some(events);
+        self
+    }
     /// The deadline of one call ([`crate::DEFAULT_DEADLINE`], 100 ms, by
     /// default). A call that misses it may still be applied: its units are
     /// charged to the instance's account, and the fallback decides the
@@ -98,6 +118,21 @@ impl LimiterBuilder {
 
     /// The limiter.
     pub fn build(self) -> Limiter {
+        let breaker = Arc::new(Breaker::new(self.breaker));
+        let breaker_open: Option<Arc<dyn Fn() -> bool + Send + Sync>> =
+            self.metrics.as_ref().map(|metrics| {
+                let breaker = breaker.clone();
+                let open: Arc<dyn Fn() -> bool + Send + Sync> = Arc::new(move || breaker.is_open());
+                metrics
+                    .watch_limiter(Arc::downgrade(&open) as Weak<dyn Fn() -> bool + Send + Sync>);
+                if let Some(protection) = &self.protection {
+                    metrics.watch_protection(protection);
+                }
+                if let Some(events) = &self.events {
+                    metrics.watch_deny_events(events);
+                }
+                open
+            });
         Limiter {
             inner: Arc::new(Inner {
                 client: self.client,
@@ -109,9 +144,13 @@ impl LimiterBuilder {
                 local: LocalLimiters::new(self.local_cap),
                 accounts: LocalLimiters::new(self.local_cap),
                 fallback: self.fallback,
-                breaker: Breaker::new(self.breaker),
+                breaker,
                 stats: Stats::default(),
                 protection: self.protection,
+                observed: self.metrics.is_some() || self.events.is_some(),
+                metrics: self.metrics,
+                events: self.events,
+                _breaker_open: breaker_open,
             }),
         }
     }
@@ -130,9 +169,15 @@ struct Inner {
     /// only what Redis cannot already have counted for this instance.
     accounts: LocalLimiters,
     fallback: FallbackMode,
-    breaker: Breaker,
+    breaker: Arc<Breaker>,
     stats: Stats,
     protection: Option<Protection>,
+    /// Metrics or deny events are on.
+    observed: bool,
+    metrics: Option<Metrics>,
+    events: Option<DenyEvents>,
+    /// What the metrics' collector reads of the breaker (it holds it weakly).
+    _breaker_open: Option<Arc<dyn Fn() -> bool + Send + Sync>>,
 }
 
 /// Rate limiting over a [`Client`]: two levels, a deny cache and a
@@ -158,6 +203,11 @@ pub struct CheckedRule {
     fallback: Option<Spec>,
     /// Identifies the rule in the deny cache and the local maps.
     signature: String,
+    /// The `rule` of its metrics and deny events: a policy rule's policy
+    /// name, else the rule's name.
+    label: Arc<str>,
+    /// Its series, when the limiter has metrics.
+    metrics: Option<Arc<RuleMetrics>>,
 }
 
 /// Rules checked together, all or nothing (several go through `RL.ALL`).
@@ -179,6 +229,8 @@ pub(crate) struct Cap {
     pub(crate) rule: Rule,
     pub(crate) kind: RuleKind,
     pub(crate) params: ConcurrencyParams,
+    label: Arc<str>,
+    metrics: Option<Arc<RuleMetrics>>,
 }
 
 /// What [`Limiter::hold`] answers.
@@ -205,6 +257,8 @@ impl Limiter {
             fallback: FallbackMode::LocalOnly,
             breaker: BreakerConfig::default(),
             protection: None,
+            metrics: None,
+            events: None,
         }
     }
 
@@ -294,6 +348,8 @@ impl Limiter {
                 Some(s) => Some(s.local_share(&rule.name, self.inner.share)?),
                 None => None,
             };
+            let label = label_of(&rule, &kind);
+            let metrics = self.rule_metrics(&label);
             checked.push(CheckedRule {
                 rule,
                 kind,
@@ -301,6 +357,8 @@ impl Limiter {
                 local,
                 fallback,
                 signature,
+                label,
+                metrics,
             });
         }
         Ok(RuleSet { rules: checked })
@@ -310,8 +368,132 @@ impl Limiter {
     /// of `set`. Never fails: where Redis cannot answer, the fallback
     /// decides, and [`Decision::path`] says which path did.
     pub async fn check(&self, set: &RuleSet, identity: &str, cost: u64) -> Decision {
-        let inner = &*self.inner;
+        self.check_from(set, identity, cost, None).await
+    }
+
+    /// [`Limiter::check`] for a request from `origin` (its deny events carry
+    /// the client's address and `User-Agent`).
+    pub(crate) async fn check_from(
+        &self,
+        set: &RuleSet,
+        identity: &str,
+        cost: u64,
+        origin: Option<&Origin>,
+    ) -> Decision {
         let keys: Vec<String> = set.rules.iter().map(|r| r.rule.key_for(identity)).collect();
+        let d = self.decide(set, &keys, cost).await;
+        if self.inner.observed {
+            self.observe(set, &keys, &d, origin);
+        }
+        d
+    }
+
+    /// Whether denials are recorded as deny events (the layer then finds
+    /// the request's origin).
+    pub(crate) fn ships_events(&self) -> bool {
+        self.inner.events.is_some()
+    }
+
+    /// The metrics the limiter reports to, if any.
+    pub(crate) fn metrics(&self) -> Option<&Metrics> {
+        self.inner.metrics.as_ref()
+    }
+
+    fn rule_metrics(&self, label: &str) -> Option<Arc<RuleMetrics>> {
+        self.inner.metrics.as_ref().map(|m| Arc::new(m.rule(label)))
+    }
+
+    /// Counts a set's decision: admitted for every rule of the set, or
+    /// denied for the rule that denied (and its deny event); the remaining
+    /// ratio of the rule the fields describe, when Redis or the local level
+    /// decided.
+    fn observe(&self, set: &RuleSet, keys: &[String], d: &Decision, origin: Option<&Origin>) {
+        let level = level_of(d.path);
+        let rules = &set.rules;
+        let described = d
+            .denied_by
+            .filter(|&i| i < rules.len())
+            .or_else(|| {
+                rules
+                    .iter()
+                    .position(|r| r.spec.map(|s| s.limit()) == Some(d.limit))
+            })
+            .unwrap_or(0);
+        if d.allowed {
+            for m in rules.iter().filter_map(|r| r.metrics.as_ref()) {
+                m.decided(level, 0);
+            }
+        } else {
+            let r = &rules[described];
+            if let Some(m) = &r.metrics {
+                m.decided(level, 1);
+            }
+            self.deny_event(&r.label, &keys[described], level, d, origin);
+        }
+        if matches!(d.path, Path::Redis | Path::Local) {
+            if let Some(m) = &rules[described].metrics {
+                m.remaining(d.remaining, d.limit);
+            }
+        }
+    }
+
+    /// Counts a concurrency cap's decision, as [`Limiter::observe`] does.
+    fn observe_cap(&self, cap: &Cap, identity: &str, d: &Decision, origin: Option<&Origin>) {
+        let level = level_of(d.path);
+        if let Some(m) = &cap.metrics {
+            m.decided(level, usize::from(!d.allowed));
+            if d.path == Path::Redis {
+                m.remaining(d.remaining, d.limit);
+            }
+        }
+        if !d.allowed {
+            let key = cap.rule.key_for(identity);
+            self.deny_event(&cap.label, &key, level, d, origin);
+        }
+    }
+
+    fn deny_event(
+        &self,
+        rule: &Arc<str>,
+        key: &str,
+        level: usize,
+        d: &Decision,
+        origin: Option<&Origin>,
+    ) {
+        let Some(events) = &self.inner.events else {
+            return;
+        };
+        events.record(DenyEvent {
+            timestamp: SystemTime::now(),
+            key: key.to_string(),
+            rule: rule.clone(),
+            level: LEVELS[level],
+            outcome: Outcome::Denied,
+            limit: d.limit,
+            remaining: d.remaining,
+            retry_after_ms: d.wait_ms,
+            client_ip: origin.and_then(|o| o.client_ip.clone()),
+            user_agent: origin.and_then(|o| o.user_agent.clone()),
+        });
+    }
+
+    /// A limiter command's round trip, timed for `ratelimit_redis_seconds`
+    /// when the limiter has metrics (a call that never reached the server,
+    /// its connection refused, is no round trip).
+    async fn timed<T>(&self, call: impl Future<Output = Result<T, Error>>) -> Result<T, Error> {
+        let Some(metrics) = &self.inner.metrics else {
+            return call.await;
+        };
+        let started = Instant::now();
+        let result = call.await;
+        if !matches!(result, Err(Error::Connection(_))) {
+            metrics.observe_redis(started.elapsed().as_secs_f64());
+        }
+        result
+    }
+
+    async fn decide(&self, set: &RuleSet, keys: &[String], cost: u64) -> Decision {
+        let inner = &*self.inner;
         let cache_key = |i: usize| format!("{}\0{}", set.rules[i].signature, keys[i]);
         // An `RL.ALL` denial waits for the slowest limiter that denied, which
         // need not be the one it names: it is cached for this very set of
@@ -376,7 +558,7 @@ impl Limiter {
         // The other rules' accounts, keyed once per decision: only the
         // local-only fallback keeps them.
         let accounts = if inner.fallback == FallbackMode::LocalOnly {
-            self.accounts(set, &keys, &locals)
+            self.accounts(set, keys, &locals)
         } else {
             Accounts::default()
         };
@@ -384,10 +566,10 @@ impl Limiter {
         let gate = inner.breaker.gate();
         let answer = match gate {
             Gate::Call => {
-                self.settle(set, &keys, &locals, &local_limits, &accounts)
+                self.settle(set, keys, &locals, &local_limits, &accounts)
                     .await;
                 Stats::add(&inner.stats.redis_calls);
-                let result = self.call_redis(set, &keys, cost).await;
+                let result = self.timed(self.call_redis(set, keys, cost)).await;
                 match result {
                     Ok(d) => {
                         inner.breaker.success();
@@ -517,8 +699,10 @@ impl Limiter {
             let units = Request::Force(units);
             Stats::add(&inner.stats.owed_sent);
             let sent = match &set.rules[i].kind {
-                RuleKind::Inline(spec) => inner.client.apply(&keys[i], spec, units).await,
-                RuleKind::Policy(name) => inner.client.hit(name, &keys[i], units).await,
+                RuleKind::Inline(spec) => {
+                    self.timed(inner.client.apply(&keys[i], spec, units)).await
+                }
+                RuleKind::Policy(name) => self.timed(inner.client.hit(name, &keys[i], units)).await,
             };
             if let Err(e) = sent {
                 tracing::debug!(error = %e, key = %keys[i], "redis-ratelimit: units owed not settled");
@@ -622,14 +806,34 @@ impl Limiter {
                 "a concurrency cap is held in Redis alone: it has no local level",
             ));
         }
-        Ok(Cap { rule, kind, params })
+        let label = label_of(&rule, &kind);
+        let metrics = self.rule_metrics(&label);
+        Ok(Cap {
+            rule,
+            kind,
+            params,
+            label,
+            metrics,
+        })
     }
 
     /// Takes a lease of one unit of `cap` for `identity`, within the
     /// deadline, through the breaker. When Redis cannot answer, the
     /// fallback decides without a lease (fail closed denies; the others
     /// admit, since a lease cannot be shared between instances).
-    pub(crate) async fn hold(&self, cap: &Cap, identity: &str) -> Hold {
+    pub(crate) async fn hold(&self, cap: &Cap, identity: &str, origin: Option<&Origin>) -> Hold {
+        let hold = self.hold_unobserved(cap, identity).await;
+        if self.inner.observed {
+            let d = match &hold {
+                Hold::Held(guard) => guard.decision(),
+                Hold::Unheld(d) | Hold::Denied(d) => d,
+            };
+            self.observe_cap(cap, identity, d, origin);
+        }
+        hold
+    }
+
+    async fn hold_unobserved(&self, cap: &Cap, identity: &str) -> Hold {
         let inner = &*self.inner;
         let key = cap.rule.key_for(identity);
         let lease_ms = LeaseMs::Known(cap.params.lease_ms());
@@ -642,7 +846,10 @@ impl Limiter {
                     RuleKind::Policy(name) => hit_cmd(name, &key, Request::Cost(1)),
                 };
                 let result = match cmd {
-                    Ok(cmd) => inner.client.hold(cmd, &key, lease_ms, None).await,
+                    Ok(cmd) => {
+                        self.timed(inner.client.hold(cmd, &key, lease_ms, None))
+                            .await
+                    }
                     Err(e) => Err(e),
                 };
                 match result {
@@ -813,6 +1020,15 @@ enum Answer {
     Lost,
     /// Nothing was applied: the breaker is open, or an error reply.
     NotApplied,
+}
+
+/// The `rule` label of a rule: a policy rule's policy name, else the
+/// rule's name.
+fn label_of(rule: &Rule, kind: &RuleKind) -> Arc<str> {
+    match kind {
+        RuleKind::Policy(name) => Arc::from(name.as_str()),
+        RuleKind::Inline(_) => Arc::from(rule.rule_name()),
+    }
 }
 
 fn core_decision(d: redis_ratelimit_core::Decision, path: Path) -> Decision {

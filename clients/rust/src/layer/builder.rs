@@ -23,6 +23,7 @@ pub struct RateLimitLayerBuilder {
     rules: Vec<Rule>,
     concurrency: Option<Rule>,
     key: Option<Arc<KeyFn>>,
+    client_ip: Arc<KeyFn>,
     x_headers: bool,
     grpc: bool,
     missing_key: MissingKey,
@@ -42,6 +43,7 @@ impl RateLimitLayerBuilder {
             rules: Vec::new(),
             concurrency: None,
             key: None,
+            client_ip: Arc::new(super::peer_ip),
             x_headers: false,
             grpc: false,
             missing_key: MissingKey::Reject,
@@ -61,6 +63,17 @@ impl RateLimitLayerBuilder {
         F: Fn(&RequestParts<'_>) -> Option<String> + Send + Sync + 'static,
     {
         self.key = Some(Arc::new(key));
+        self
+    }
+    /// The client's address in the deny events of this layer's denials
+    /// (with the request's `User-Agent`). By default, a `SocketAddr` or
+    /// `IpAddr` in the request's extensions; give axum's `ConnectInfo`, or
+    /// a trusted proxy's `X-Forwarded-For`, here.
+    pub fn client_ip<F>(mut self, client_ip: F) -> Self
+    where
+        F: Fn(&RequestParts<'_>) -> Option<String> + Send + Sync + 'static,
+    {
+        self.client_ip = Arc::new(client_ip);
         self
     }
     /// Adds a rule; several are checked together in one `RL.ALL`.
@@ -191,6 +204,9 @@ impl RateLimitLayerBuilder {
             .filter_map(|r| Some((r.breaker_name()?, policy_names(r)?)));
         match &self.protection {
             Some(protection) => {
+                if let Some(metrics) = self.limiter.metrics() {
+                    metrics.watch_protection(protection);
+                }
                 for name in &policies {
                     protection.watch(name);
                 }
@@ -227,6 +243,7 @@ impl RateLimitLayerBuilder {
                 rules,
                 cap,
                 key,
+                client_ip: self.client_ip,
                 policy,
                 x_headers: self.x_headers,
                 grpc: self.grpc,

@@ -50,6 +50,18 @@ pub struct RequestParts<'a> {
 
 type KeyFn = dyn Fn(&RequestParts<'_>) -> Option<String> + Send + Sync;
 
+/// The default client address of a deny event: a `SocketAddr` or an
+/// `IpAddr` the server put in the request's extensions (axum's
+/// `ConnectInfo` needs [`RateLimitLayerBuilder::client_ip`]).
+pub(crate) fn peer_ip(req: &RequestParts<'_>) -> Option<String> {
+    if let Some(addr) = req.extensions.get::<std::net::SocketAddr>() {
+        return Some(addr.ip().to_string());
+    }
+    req.extensions
+        .get::<std::net::IpAddr>()
+        .map(|ip| ip.to_string())
+}
+
 /// Why a route answers with its degrade handler.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DegradeReason {
@@ -102,6 +114,8 @@ struct Shared {
     rules: Option<RuleSet>,
     cap: Option<Cap>,
     key: Arc<KeyFn>,
+    /// The client's address for the deny events.
+    client_ip: Arc<KeyFn>,
     policy: HeaderValue,
     x_headers: bool,
     grpc: bool,

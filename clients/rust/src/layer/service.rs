@@ -21,6 +21,7 @@ use crate::decision::Decision;
 use crate::fallback::Stats;
 use crate::lease::LeaseGuard;
 use crate::limiter::Hold;
+use crate::observability::Origin;
 
 /// The service [`RateLimitLayer`](super::RateLimitLayer) builds.
 #[derive(Clone)]
@@ -119,6 +120,17 @@ where
             });
         }
         let key = catch_unwind(AssertUnwindSafe(|| (shared.key)(&parts)));
+        // What the request's deny events carry, when the limiter ships them.
+        let origin = shared.limiter.ships_events().then(|| Origin {
+            client_ip: catch_unwind(AssertUnwindSafe(|| (shared.client_ip)(&parts)))
+                .ok()
+                .flatten(),
+            user_agent: parts
+                .headers
+                .get(http::header::USER_AGENT)
+                .and_then(|v| v.to_str().ok())
+                .map(String::from),
+        });
         Box::pin(async move {
             let stats = &shared.limiter;
             let identity = match key {
@@ -157,7 +169,10 @@ where
             };
             let rate = match &shared.rules {
                 Some(set) => {
-                    let d = shared.limiter.check(set, &identity, 1).await;
+                    let d = shared
+                        .limiter
+                        .check_from(set, &identity, 1, origin.as_ref())
+                        .await;
                     if !d.allowed {
                         shared.record_local_denial(&d);
                         if let Some(answer) = shared.degrade_denied(&req) {
@@ -173,7 +188,7 @@ where
             // Held by this future until the response is built, then by its
             // body: a request that fails or is dropped releases it too.
             let (lease, held) = match &shared.cap {
-                Some(cap) => match shared.limiter.hold(cap, &identity).await {
+                Some(cap) => match shared.limiter.hold(cap, &identity, origin.as_ref()).await {
                     Hold::Held(guard) => {
                         let d = guard.decision().clone();
                         (Some(guard), Some(d))

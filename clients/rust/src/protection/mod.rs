@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
@@ -109,7 +109,7 @@ pub struct ProtectionStats {
     pub reads_failed: u64,
 }
 
-struct Shared {
+pub(crate) struct Shared {
     client: Client,
     report_interval: Duration,
     stage_poll: Duration,
@@ -397,7 +397,53 @@ impl Protection {
     }
 }
 
+/// A protection loop as the metrics' collector holds it: without keeping
+/// it alive.
+pub(crate) struct WeakProtection(Weak<Shared>);
+
+impl WeakProtection {
+    pub(crate) fn alive(&self) -> bool {
+        self.0.strong_count() > 0
+    }
+    pub(crate) fn same(&self, other: &WeakProtection) -> bool {
+        Weak::ptr_eq(&self.0, &other.0)
+    }
+    pub(crate) fn upgrade(&self) -> Option<Arc<Shared>> {
+        self.0.upgrade()
+    }
+}
+
+impl Protection {
+    pub(crate) fn downgrade(&self) -> WeakProtection {
+        WeakProtection(Arc::downgrade(&self.shared))
+    }
+}
+
 impl Shared {
+    /// Each watched policy's scale and held stage, for a scrape.
+    pub(crate) fn readings(&self) -> Vec<(String, u8, u8)> {
+        self.read_policies()
+            .iter()
+            .map(|(name, s)| {
+                (
+                    name.clone(),
+                    s.scale.load(Ordering::Relaxed),
+                    self.held_stage(s),
+                )
+            })
+            .collect()
+    }
+
+    /// Each bound breaker's name and whether it refuses calls now.
+    pub(crate) fn breaker_states(&self) -> Vec<(String, bool)> {
+        self.breakers
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(name, b)| (name.clone(), b.breaker.state() != BreakerState::Closed))
+            .collect()
+    }
+
     fn read_policies(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, Arc<PolicyState>>> {
         self.policies.read().unwrap_or_else(|e| e.into_inner())
     }
