@@ -204,6 +204,31 @@ mod tests {
         }
     }
 
+    /// exporter/metrics.txt, which the dashboard and rules are written
+    /// against, lists exactly these families, types, labels and help.
+    #[test]
+    fn families_are_those_of_metrics_txt() {
+        let listed: Vec<String> = include_str!("../metrics.txt")
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+            .map(String::from)
+            .collect();
+        let ours: Vec<String> = FAMILIES
+            .iter()
+            .map(|f| {
+                let kind = if f.counter { "counter" } else { "gauge" };
+                let labels: Vec<&str> = std::iter::once("node")
+                    .chain(f.labels.iter().copied())
+                    .collect();
+                format!("{} {kind} {} # {}", f.name, labels.join(" "), f.help)
+            })
+            .collect();
+        assert_eq!(ours, listed);
+        for f in FAMILIES {
+            assert_eq!(f.counter, f.name.ends_with("_total"), "{}", f.name);
+        }
+    }
+
     #[test]
     fn samples_and_escaping() {
         let body = encode(vec![

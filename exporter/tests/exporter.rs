@@ -622,6 +622,83 @@ async fn a_node_without_the_module_is_down() {
     assert_eq!(exporter.get("/nope").await.0, 404);
 }
 
+/// A node that hangs (SIGSTOP: it accepts nothing, answers nothing) is down
+/// after the scrape timeout while the other is exported; once it runs again
+/// the next scrape reconnects. The exporter reads as a user with only the
+/// ACL permissions docs/operations.md gives it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_node_times_out_and_recovers() {
+    let hung = Server::start(Kind::Redis);
+    let fine = Server::start(Kind::Valkey);
+    for s in [&hung, &fine] {
+        s.call(&[
+            "ACL",
+            "SETUSER",
+            "exporter",
+            "on",
+            ">s3cret",
+            "+info",
+            "+rl.policy|list",
+            "+rl.policy|get",
+        ]);
+        s.call(&["RL.POLICY", "SET", "p", "FIXEDWINDOW", "1", "1000"]);
+    }
+    let url = |s: &Server| format!("redis://exporter:s3cret@127.0.0.1:{}/", s.port);
+    let exporter = Exporter::start(
+        &[
+            "--scrape-timeout".into(),
+            "300ms".into(),
+            "--redis-url".into(),
+            url(&hung),
+            "--redis-url".into(),
+            url(&fine),
+        ],
+        &[],
+    );
+    let (h, f) = (hung.node(), fine.node());
+    let scrape = scrape_matching(&exporter, &[&hung, &fine]).await;
+    assert_eq!(
+        scrape
+            .matching("redis_ratelimit_policy_info", &[("policy", "p")])
+            .len(),
+        2
+    );
+    assert_eq!(
+        scrape.get("redis_ratelimit_scrape_errors_total", &[("node", &h)]),
+        Some(0.0)
+    );
+    // The password is in no label.
+    let body = exporter.get("/metrics").await.2;
+    assert!(
+        !body.contains("s3cret") && !body.contains("exporter@"),
+        "{body}"
+    );
+
+    hung.signal("STOP");
+    let scrape = exporter.scrape().await;
+    hung.signal("CONT");
+    assert_eq!(scrape.get("redis_ratelimit_up", &[("node", &h)]), Some(0.0));
+    assert_eq!(
+        scrape.get("redis_ratelimit_scrape_errors_total", &[("node", &h)]),
+        Some(1.0)
+    );
+    assert_eq!(scrape.get("redis_ratelimit_up", &[("node", &f)]), Some(1.0));
+    assert_eq!(
+        scrape.get("redis_ratelimit_policies", &[("node", &f)]),
+        Some(1.0)
+    );
+    assert!(scrape
+        .get("redis_ratelimit_policies", &[("node", &h)])
+        .is_none());
+
+    let scrape = scrape_matching(&exporter, &[&hung, &fine]).await;
+    assert_eq!(scrape.get("redis_ratelimit_up", &[("node", &h)]), Some(1.0));
+    assert_eq!(
+        scrape.get("redis_ratelimit_scrape_errors_total", &[("node", &h)]),
+        Some(1.0)
+    );
+}
+
 /// Bad flags and variables stop the exporter at once with status 2 and an
 /// error naming them.
 #[test]

@@ -202,6 +202,17 @@ impl Server {
             .collect()
     }
 
+    /// Sends `signal` (`STOP`, `CONT`) to the process.
+    pub fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("a running server").id();
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(pid.to_string())
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill -{signal} {pid}");
+    }
+
     /// `kill -9`.
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
