@@ -4,8 +4,10 @@
 //
 //   REDIS_PORT=6379 node examples/plain-node.mjs
 //   for i in 1 2 3 4 5 6 7; do curl -s -o /dev/null -w '%{http_code} ' localhost:3001/login; done
+//   curl localhost:3001/metrics        # Prometheus (prom-client's global register)
 import http from 'node:http';
 import { Redis } from 'ioredis';
+import { register } from 'prom-client';
 import { RateLimiterMemory } from 'rate-limiter-flexible';
 import { RateLimiterRL } from 'redis-ratelimit';
 
@@ -20,12 +22,18 @@ const limiter = new RateLimiterRL({
   // beyond its share of what Redis may already have counted (instances: 3 -> 2).
   instances: 3,
   insuranceLimiter: new RateLimiterMemory({ points: 2, duration: 15 }),
+  // ratelimit_decisions_total{rule="login",...}: Redis, in-memory blocks, the insurance limiter.
+  metrics: true,
 });
 
 // Waits for the connection (the offline queue is off), then checks MODULE LIST.
 await limiter.checkModule();
 
 const server = http.createServer(async (req, res) => {
+  if (req.url === '/metrics') {
+    res.writeHead(200, { 'Content-Type': register.contentType }).end(await register.metrics());
+    return;
+  }
   try {
     const r = await limiter.consume(req.socket.remoteAddress ?? 'unknown');
     res.writeHead(200, { 'RateLimit-Remaining': String(r.remainingPoints) }).end('ok\n');

@@ -2,9 +2,11 @@ import { answerLost, beforeDeadline, isOutage, LocalAccount, Owed, shareOf } fro
 import { Breaker, startProbe, type BreakerOptions } from './fallback.js';
 import { Client } from './client.js';
 import type { Decision } from './decision.js';
-import { checkInteger, describe, InvalidArgumentError, RLError, ModuleMissingError } from './errors.js';
+import { checkInteger, checkString, describe, InvalidArgumentError, RLError, ModuleMissingError, TimeoutError } from './errors.js';
 import { checkPeriod, checkZone, PERIOD_SECONDS, Request, type Period } from './rules.js';
 import { fromSendCommand, toTransport, type RedisLike, type SendCommandClusterFn, type SendCommandFn } from './transport.js';
+import { DenyEvents } from './denyEvents.js';
+import { REDIS_BREAKER, resolveMetrics, type Level, type MetricsOption, type RateLimitMetrics } from './metrics.js';
 
 /** What express-rate-limit's `increment` and `get` return. */
 export interface ClientRateLimitInfo {
@@ -75,6 +77,18 @@ export interface RLStoreOptions {
    * 1,000), then one `PING` probes Redis and closes it. `false` turns it off.
    */
   breaker?: BreakerOptions | false;
+  /**
+   * Prometheus metrics (prom-client, an optional peer): `true` for its
+   * global `register`, or a `Registry`. Each `increment` counted in
+   * `ratelimit_decisions_total{rule=name}` (level `redis`, or `fallback`
+   * with `passOnStoreError`), its round trip timed, the remaining ratio and
+   * the breaker (`breaker="redis"`) kept (README, "Metrics and deny events").
+   */
+  metrics?: MetricsOption;
+  /** Every denial as a deny event (key, rule, level; no client_ip: a store sees only the key). */
+  denyEvents?: DenyEvents;
+  /** The `rule` label and the deny events' rule (default `express-rate-limit`). */
+  name?: string;
 }
 
 /** `ratelimit.sliding-max-limit`'s own bound: no server takes a sliding limit above it. */
@@ -119,6 +133,11 @@ export class RLStore {
   /** key -> reset times (ms) of the denials this store answered and not yet seen decremented. */
   private readonly denials = new Map<string, number[]>();
   private lastSweep = 0;
+  /** The metrics, when on. */
+  readonly metrics: RateLimitMetrics | undefined;
+  readonly denyEvents: DenyEvents | undefined;
+  /** The `rule` of its metrics and deny events. */
+  readonly name: string;
 
   constructor(options: RLStoreOptions = {}) {
     if (options === null || typeof options !== 'object') {
@@ -165,6 +184,12 @@ export class RLStore {
     this.deadlineMs = checkInteger('deadlineMs', options.deadlineMs ?? 100, 1);
     this.breakerOptions = options.breaker === false ? false : options.breaker === undefined ? {} : options.breaker;
     if (this.breakerOptions !== false) new Breaker(this.breakerOptions); // checked now, naming the bad option
+    this.metrics = resolveMetrics(options.metrics);
+    if (options.denyEvents !== undefined && !(options.denyEvents instanceof DenyEvents)) {
+      throw new InvalidArgumentError('denyEvents', `denyEvents must be a DenyEvents, got ${describe(options.denyEvents)}`);
+    }
+    this.denyEvents = options.denyEvents;
+    this.name = checkString('name', options.name ?? 'express-rate-limit');
   }
 
   /** Settles when the checks that `init` starts are done; never rejects. */
@@ -193,6 +218,7 @@ export class RLStore {
     this.account = options.passOnStoreError === true && this.limit > 0 ? new LocalAccount(shareOf(this.limit, this.instances), this.windowMs) : undefined;
     this.owed = this.account !== undefined ? new Owed(this.windowMs, this.account.share) : undefined;
     this.breaker = this.account !== undefined && this.breakerOptions !== false ? new Breaker(this.breakerOptions) : undefined;
+    if (this.breaker !== undefined) this.metrics?.breakerOpen(REDIS_BREAKER, false);
     this.ready = this.checkModule()
       .then(() => this.checkLimits())
       .catch((err: Error) => {
@@ -281,28 +307,66 @@ export class RLStore {
     if (this.configError) throw this.configError;
     const now = Date.now();
     if (this.limit === 0) return { totalHits: 1, resetTime: new Date(now + this.windowMs) };
+    const [info, level] = await this.decide(key, now);
+    if (this.metrics !== undefined || this.denyEvents !== undefined) this.observe(key, info, level, now);
+    return info;
+  }
+
+  private observe(key: string, info: ClientRateLimitInfo, level: Level, now: number): void {
+    const denied = info.totalHits > this.limit;
+    this.metrics?.decision(this.name, level, denied ? 'denied' : 'admitted');
+    if (level === 'redis') this.metrics?.remainingRatio(this.name, Math.max(this.limit - info.totalHits, 0), this.limit);
+    if (denied) {
+      this.denyEvents?.record({
+        key: this.keyFor(key),
+        rule: this.name,
+        level,
+        limit: this.limit,
+        remaining: 0,
+        retryAfterMs: Math.max((info.resetTime?.getTime() ?? now) - now, 0),
+      });
+    }
+  }
+
+  /** The decision, and the level that took it. */
+  private async decide(key: string, now: number): Promise<[ClientRateLimitInfo, Level]> {
     let d: Decision;
+    const m = this.metrics;
+    const t0 = m === undefined ? 0 : performance.now();
     if (this.account) {
       const gate = this.breaker?.gate() ?? 'call';
       if (gate !== 'call') {
         // Open: the account decides without a call (nothing sent, nothing lost).
-        if (gate === 'probe') void startProbe(this.breaker as Breaker, () => this.rl.send(undefined, ['PING']), this.deadlineMs);
-        return this.fallback(key, now, false);
+        if (gate === 'probe') {
+          void startProbe(this.breaker as Breaker, () => this.rl.send(undefined, ['PING']), this.deadlineMs).then((closed) => {
+            if (closed) m?.breakerOpen(REDIS_BREAKER, false);
+          });
+        }
+        return [this.fallback(key, now, false), 'fallback'];
       }
       await this.settle(key);
+      const t1 = m === undefined ? 0 : performance.now();
       try {
         d = await beforeDeadline(this.call(key), this.deadlineMs);
       } catch (err) {
         if (!isOutage(err)) throw err;
         const lost = answerLost(err);
-        if (lost) this.breaker?.failure();
-        return this.fallback(key, now, lost);
+        if (err instanceof TimeoutError) m?.redisSeconds((performance.now() - t1) / 1000);
+        if (lost && this.breaker?.failure()) m?.breakerOpen(REDIS_BREAKER, true);
+        return [this.fallback(key, now, lost), 'fallback'];
       }
+      m?.redisSeconds((performance.now() - t1) / 1000);
       this.breaker?.success();
       if (d.allowed) this.account.charge(key, 1);
     } else {
       d = await this.call(key);
+      m?.redisSeconds((performance.now() - t0) / 1000);
     }
+    return [this.answer(key, d, now), 'redis'];
+  }
+
+  /** What express-rate-limit gets of Redis's decision. */
+  private answer(key: string, d: Decision, now: number): ClientRateLimitInfo {
     if (d.allowed) return { totalHits: d.limit - d.remaining, resetTime: new Date(now + d.resetMs) };
     // A denial: one more than the limit, so express-rate-limit answers 429;
     // reset when the same request would pass (Retry-After and draft-8's t).

@@ -7,6 +7,13 @@ import { checkInteger, describe, InvalidArgumentError, RLError } from './errors.
 import { flexiblePeer } from './peer.js';
 import { Request } from './rules.js';
 import type { RedisLike } from './transport.js';
+import { DenyEvents } from './denyEvents.js';
+import { REDIS_BREAKER, resolveMetrics, type Level, type MetricsOption, type RateLimitMetrics } from './metrics.js';
+
+/** The level a consume's decision took (set along its path). */
+interface Track {
+  level: Level;
+}
 
 /** rate-limiter-flexible's result: its fields, getters and JSON. */
 export interface RateLimiterRes {
@@ -121,6 +128,19 @@ export interface RateLimiterRLOptions {
   window?: 'sliding' | 'fixed';
   /** Not supported (refused when true): delays belong to the caller; the leaky bucket (`RL.LEAKYBUCKET`) shapes in the server. */
   execEvenly?: boolean;
+  /**
+   * Prometheus metrics (prom-client, an optional peer): `true` for its
+   * global `register`, or a `Registry`. Each `consume` counted in
+   * `ratelimit_decisions_total{rule=name}`: level `redis`, `deny_cache` (an
+   * in-memory block, no round trip), `fallback` (the insurance limiter and
+   * its account); round trips timed, the remaining ratio and the breaker
+   * (`breaker="redis"`) kept (README, "Metrics and deny events").
+   */
+  metrics?: MetricsOption;
+  /** Every denied consume as a deny event. */
+  denyEvents?: DenyEvents;
+  /** The `rule` label and the deny events' rule (default: `keyPrefix`, or `rlflx`). */
+  name?: string;
 }
 
 type Key = string | number;
@@ -161,6 +181,10 @@ export class RateLimiterRL {
   private readonly owed: Owed | undefined;
   /** With an insurance limiter (and `breaker` not false): spares a dead Redis a deadline per consume. */
   readonly breaker: Breaker | undefined;
+  readonly metrics: RateLimitMetrics | undefined;
+  readonly denyEvents: DenyEvents | undefined;
+  /** The `rule` of its metrics and deny events. */
+  readonly name: string;
 
   constructor(opts: RateLimiterRLOptions) {
     if (opts === null || typeof opts !== 'object') {
@@ -213,6 +237,16 @@ export class RateLimiterRL {
     const breaker = opts.breaker === false ? undefined : new Breaker(opts.breaker ?? {});
     this.breaker = this.account !== undefined ? breaker : undefined;
     this.insuranceLimiter = opts.insuranceLimiter;
+    this.metrics = resolveMetrics(opts.metrics);
+    if (opts.denyEvents !== undefined && !(opts.denyEvents instanceof DenyEvents)) {
+      throw new InvalidArgumentError('denyEvents', `denyEvents must be a DenyEvents, got ${describe(opts.denyEvents)}`);
+    }
+    this.denyEvents = opts.denyEvents;
+    if (opts.name !== undefined && (typeof opts.name !== 'string' || opts.name.length === 0)) {
+      throw new InvalidArgumentError('name', `name must be a non-empty string, got ${describe(opts.name)}`);
+    }
+    this.name = opts.name ?? (this.keyPrefix.length > 0 ? this.keyPrefix : 'rlflx');
+    if (this.breaker !== undefined) this.metrics?.breakerOpen(REDIS_BREAKER, false);
     this.rl = new Client(opts.storeClient);
   }
 
@@ -248,18 +282,44 @@ export class RateLimiterRL {
 
   /** Resolves when allowed, rejects a `RateLimiterRes` when limited. */
   async consume(key: Key, pointsToConsume = 1, options: object = {}): Promise<RateLimiterRes> {
+    if (this.metrics === undefined && this.denyEvents === undefined) return this.consumeAt(key, pointsToConsume, options, undefined);
+    const track: Track = { level: 'redis' };
+    try {
+      const res = await this.consumeAt(key, pointsToConsume, options, track);
+      this.observe(key, track.level, res, false);
+      return res;
+    } catch (err) {
+      if (err instanceof RateLimiterRes) this.observe(key, track.level, err, true);
+      throw err;
+    }
+  }
+
+  private observe(key: Key, level: Level, res: RateLimiterRes, denied: boolean): void {
+    this.metrics?.decision(this.name, level, denied ? 'denied' : 'admitted');
+    if (level === 'redis') this.metrics?.remainingRatio(this.name, res.remainingPoints, this.points);
+    if (denied) {
+      this.denyEvents?.record({ key: this.getKey(key), rule: this.name, level, limit: this.points, remaining: res.remainingPoints, retryAfterMs: res.msBeforeNext });
+    }
+  }
+
+  private async consumeAt(key: Key, pointsToConsume: number, options: object, track: Track | undefined): Promise<RateLimiterRes> {
     const cost = checkPoints('pointsToConsume', pointsToConsume);
-    if (!this.account) return this.doConsume(key, cost);
+    if (!this.account) return this.doConsume(key, cost, track);
+    const m = this.metrics;
     const gate = this.breaker?.gate() ?? 'call';
     if (gate !== 'call') {
       // Open: the account and the insurance limiter decide without a call.
-      if (gate === 'probe') void startProbe(this.breaker as Breaker, () => this.rl.send(undefined, ['PING']), this.deadlineMs);
-      return this.fallbackConsume(key, cost, pointsToConsume, options, false);
+      if (gate === 'probe') {
+        void startProbe(this.breaker as Breaker, () => this.rl.send(undefined, ['PING']), this.deadlineMs).then((closed) => {
+          if (closed) m?.breakerOpen(REDIS_BREAKER, false);
+        });
+      }
+      return this.fallbackConsume(key, cost, pointsToConsume, options, false, track);
     }
     await this.settle(key);
     let res: RateLimiterRes;
     try {
-      res = await beforeDeadline(this.doConsume(key, cost), this.deadlineMs);
+      res = await beforeDeadline(this.doConsume(key, cost, track), this.deadlineMs);
     } catch (err) {
       if (!isOutage(err)) {
         // A denial is an answer.
@@ -267,8 +327,8 @@ export class RateLimiterRL {
         throw err;
       }
       const lost = answerLost(err);
-      if (lost) this.breaker?.failure();
-      return this.fallbackConsume(key, cost, pointsToConsume, options, lost);
+      if (lost && this.breaker?.failure()) m?.breakerOpen(REDIS_BREAKER, true);
+      return this.fallbackConsume(key, cost, pointsToConsume, options, lost, track);
     }
     this.breaker?.success();
     this.account.charge(this.getKey(key), cost);
@@ -361,14 +421,20 @@ export class RateLimiterRL {
     this.memoryBlocks.clear();
   }
 
-  private async doConsume(key: Key, cost: number): Promise<RateLimiterRes> {
+  private async doConsume(key: Key, cost: number, track?: Track): Promise<RateLimiterRes> {
     const rlKey = this.getKey(key);
     const inMemory = this.getInMemoryBlockMsBeforeExpire(rlKey);
-    if (inMemory > 0) throw new RateLimiterRes(0, inMemory);
+    if (inMemory > 0) {
+      if (track) track.level = 'deny_cache';
+      throw new RateLimiterRes(0, inMemory);
+    }
     // One command per decision; the block key only where blocks are in use
     // (then both in one round trip).
     const blocks = this.blockDuration > 0 || this.blocksWritten;
+    const m = this.metrics;
+    const t0 = m === undefined ? 0 : performance.now();
     const [blockMs, d] = blocks ? await Promise.all([this.blockTtl(key), this.limiter(key, Request.cost(cost))]) : [0, await this.limiter(key, Request.cost(cost))];
+    m?.redisSeconds((performance.now() - t0) / 1000);
     if (blockMs > 0 || blockMs === -1) {
       // Blocked: what the limiter just took goes back.
       if (d.allowed && cost > 0) await this.limiter(key, Request.refund(cost));
@@ -402,7 +468,8 @@ export class RateLimiterRL {
    * either way, and the insurance limiter decides only if the account had
    * room for them.
    */
-  private async fallbackConsume(key: Key, cost: number, pointsToConsume: unknown, options: object, lost: boolean): Promise<RateLimiterRes> {
+  private async fallbackConsume(key: Key, cost: number, pointsToConsume: unknown, options: object, lost: boolean, track?: Track): Promise<RateLimiterRes> {
+    if (track) track.level = 'fallback';
     const account = this.account as LocalAccount;
     const rlKey = this.getKey(key);
     if (!account.take(rlKey, cost, lost)) {
