@@ -11,6 +11,7 @@ mod grpc;
 mod instances;
 mod layer;
 mod leases;
+mod observability;
 mod protection;
 mod quota;
 mod savings;
