@@ -440,6 +440,21 @@ def test_close_ships_what_is_left_and_later_events_are_dropped(tmp_path: Path) -
     assert events.dropped == 1 and events.pending == 0
 
 
+def test_the_flusher_ships_as_soon_as_flush_events_wait_not_at_the_interval() -> None:
+    batches: list[list[DenyEvent]] = []
+    events = DenyEvents(batches.append, flush_interval=3600, flush_events=10)
+    for i in range(25):
+        events.deny(key=f"k{i}", rule="r", level="redis", limit=1, remaining=0, retry_after_ms=1)
+    # An hour's interval: only the count can have woken the flusher.
+    wait_until(lambda: events.shipped >= 10 and events.pending < 10, 10, "a flush by count")
+    assert events.shipped + events.pending == 25 and events.dropped == 0
+    assert all(1 <= len(b) <= 10 for b in batches)
+    shipped = [e.key for b in batches for e in b]
+    assert shipped == [f"k{i}" for i in range(len(shipped))]  # oldest first
+    events.close()
+    assert events.shipped == 25
+
+
 def test_close_with_a_hung_sink_returns_and_counts_what_it_could_not_ship() -> None:
     gate = threading.Event()
     events = DenyEvents(lambda batch: gate.wait(30), flush_interval=3600, timeout=0.2)

@@ -309,7 +309,9 @@ class DenyEvents:
                 waiting = len(self._buf)
         if dropped and self.metrics is not None:
             self.metrics.events(dropped=1)
-        if waiting >= self.flush_events:
+        # Once, as the count reaches it (the flusher checks the count after
+        # each flush itself): setting an Event costs more than the rest.
+        if waiting == self.flush_events:
             self._wake.set()
 
     def deny(
@@ -371,7 +373,8 @@ class DenyEvents:
     def _run(self) -> None:
         due = time.monotonic() + self.flush_interval
         while not self._stopping:
-            self._wake.wait(max(0.0, due - time.monotonic()))
+            if self.pending < self.flush_events:
+                self._wake.wait(max(0.0, due - time.monotonic()))
             self._wake.clear()
             if self._stopping:
                 return
