@@ -470,6 +470,22 @@ def test_close_with_a_hung_sink_returns_and_counts_what_it_could_not_ship() -> N
         gate.set()
 
 
+def test_the_interpreters_exit_ships_what_is_left(tmp_path: Path) -> None:
+    path = tmp_path / "deny.jsonl"
+    code = f"""
+from redis_ratelimit_client import DenyEvents, FileSink
+events = DenyEvents(FileSink({str(path)!r}), flush_interval=3600)
+for i in range(3):
+    events.deny(key=f"k{{i}}", rule="r", level="redis", limit=1, remaining=0, retry_after_ms=1)
+"""  # never closed: an hour's interval, three events waiting at the exit
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert [json.loads(x)["key"] for x in path.read_text().splitlines()] == ["k0", "k1", "k2"]
+
+
 def test_an_event_line_is_the_contracts() -> None:
     e = DenyEvent(1_796_205_600.123, "rl:u:a", "api", "redis", "denied", 5, 0, 1200, "::1", "ua")
     assert e.timestamp == "2026-12-02T10:00:00.123Z"

@@ -424,8 +424,12 @@ class DenyEvents:
                 outcome.append(e)
 
         t = threading.Thread(target=call, name="rl-deny-sink", daemon=True)
-        t.start()
-        t.join(wait)
+        try:
+            t.start()
+        except RuntimeError:  # no new thread at the interpreter's exit: call it here
+            call()
+        else:
+            t.join(wait)
         if t.is_alive():
             self._stuck = t
             return self._lost(batch, error=True)
