@@ -9,7 +9,10 @@
 #   2. Redis calls per 1,000 requests with and without the local level and
 #      the deny cache, under a skewed load (one abusive user sends most);
 #   3. the protection loop's server calls per instance (RL.OUTCOME reports,
-#      RL.POLICY STATS reads) per second, at two request rates.
+#      RL.POLICY STATS reads) per second, at two request rates;
+#   4. metrics and deny events: decisions per second of one Limiter with them
+#      off and on, side by side in one run (examples/observe.rs), on the
+#      Redis path and on the deny cache's (every decision a deny event).
 # A benchmark reports; it exits 0 whatever the figures are.
 #
 # Knobs: KIT_BENCH_N (requests per run, 20000), KIT_BENCH_C (connections, 32),
@@ -29,6 +32,7 @@ rl_workdir
 cargo build --release -q -p redis-ratelimit-client --examples
 SERVICE="${CARGO_TARGET_DIR:-target}/release/examples/service"
 LOADGEN="${CARGO_TARGET_DIR:-target}/release/examples/loadgen"
+OBSERVE="${CARGO_TARGET_DIR:-target}/release/examples/observe"
 
 rl_start "$RL_WORK/redis"
 PORT="$RL_PORT"
@@ -139,4 +143,15 @@ for c in 1 "$C"; do
       'BEGIN { printf "| %d | %d | %.2f | %.2f | %.3f |\n", c, n * 1000 / ms, o * 1000 / ms, p * 1000 / ms, o * 1000 / n }'
 done
 stop_service "$SVC_PID"
+
+echo "bench-kit: metrics and deny events, off and on ($N decisions per run, $C tasks, $ROUNDS rounds)" >&2
+cli FLUSHALL >/dev/null
+echo
+echo "| path | decisions/s, metrics and deny events off | on | ratio on / off |"
+echo "|---|---|---|---|"
+"$OBSERVE" "redis://127.0.0.1:$PORT/" "$N" "$C" "$ROUNDS" "$RL_WORK/deny-events.jsonl" | while read -r line; do
+  echo "bench-kit: observe: $line" >&2
+  awk -v p="$(echo "$line" | field path)" -v a="$(echo "$line" | field off)" -v b="$(echo "$line" | field on)" -v r="$(echo "$line" | field ratio)" \
+      'BEGIN { printf "| %s | %d | %d | %.2fx |\n", (p == "redis" ? "Redis round trip (admitted)" : "deny cache (every decision a deny event)"), a, b, r }'
+done
 exit 0

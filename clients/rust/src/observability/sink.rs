@@ -29,19 +29,21 @@ pub struct Sink {
 #[derive(Clone)]
 enum Kind {
     File(PathBuf),
-    Bulk {
-        url: http::Uri,
-        index: String,
-        client: HttpClient<HttpConnector, Full<Bytes>>,
-    },
+    Bulk(Arc<Bulk>),
     Callback(Arc<Callback>),
+}
+
+struct Bulk {
+    url: http::Uri,
+    index: String,
+    client: HttpClient<HttpConnector, Full<Bytes>>,
 }
 
 impl std::fmt::Debug for Sink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.kind {
             Kind::File(path) => write!(f, "Sink::file({path:?})"),
-            Kind::Bulk { url, index, .. } => write!(f, "Sink::bulk({url}, index {index})"),
+            Kind::Bulk(b) => write!(f, "Sink::bulk({}, index {})", b.url, b.index),
             Kind::Callback(_) => write!(f, "Sink::callback"),
         }
     }
@@ -90,11 +92,11 @@ impl Sink {
             ));
         }
         Ok(Sink {
-            kind: Kind::Bulk {
+            kind: Kind::Bulk(Arc::new(Bulk {
                 url: uri,
                 index: index.to_string(),
                 client: HttpClient::builder(TokioExecutor::new()).build_http(),
-            },
+            })),
         })
     }
 
@@ -138,7 +140,8 @@ impl Sink {
                     .await
                     .map_err(|e| format!("callback sink: {e}"))?
             }
-            Kind::Bulk { url, index, client } => {
+            Kind::Bulk(bulk) => {
+                let Bulk { url, index, client } = &**bulk;
                 let action = format!("{{\"index\":{{\"_index\":\"{index}\"}}}}\n");
                 let mut body = String::with_capacity(batch.len() * (action.len() + 200));
                 for e in &batch {
