@@ -73,7 +73,7 @@ test-kit-python:
 	cd clients/python && RL_MODULE=$(CURDIR)/$(MODULE) VALKEY_SERVER=$$($(CURDIR)/scripts/valkey-path.sh) python3 -m pytest -q -p no:cacheprovider
 
 lint-python:
-	cd clients/python && ruff check src tests examples && ruff format --check src tests examples && mypy
+	cd clients/python && ruff check src tests examples bench && ruff format --check src tests examples bench && mypy
 
 # The Node kit (clients/node): tsc's strict check, the ESM+CJS build, a
 # user's TypeScript against the built .d.ts (test/types), then
@@ -108,6 +108,7 @@ bench: build bench-floor bench-kit-rust bench-kit-java bench-kit-node
 	RL_MODULE=$(CURDIR)/$(MODULE) python3 bench/limits_python.py
 	RL_MODULE=$(CURDIR)/$(MODULE) python3 bench/blocking.py
 	RL_MODULE=$(CURDIR)/$(MODULE) python3 bench/protection.py
+	RL_MODULE=$(CURDIR)/$(MODULE) python3 clients/python/bench/metrics.py
 
 # This build against another one, side by side (bench/compare.sh):
 # make bench-compare BEFORE=/abs/path/to/other/libredis_ratelimit.so
