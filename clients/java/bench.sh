@@ -11,7 +11,7 @@
 # A benchmark reports; it exits 0 whatever the figures are.
 #
 # Knobs: KIT_BENCH_N (requests per run, 20000), KIT_BENCH_C (connections, 16),
-# KIT_BENCH_ROUNDS (3).
+# KIT_BENCH_ROUNDS (3), KIT_BENCH_ONLY=observability (table 3 alone).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 

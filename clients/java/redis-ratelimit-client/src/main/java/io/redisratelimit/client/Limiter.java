@@ -370,6 +370,12 @@ public final class Limiter implements AutoCloseable {
             return decided;
         }
         Origin from = origin == null ? Origin.UNKNOWN : origin;
+        CompletableFuture<Decision> now = decided.toCompletableFuture();
+        if (now.isDone() && !now.isCompletedExceptionally()) {
+            // Decided without a round trip (deny cache, local level, fallback): no stage to chain.
+            observed(rules, keys, now.join(), o, ev, from);
+            return now;
+        }
         return decided.thenApply(d -> {
             observed(rules, keys, d, o, ev, from);
             return d;

@@ -145,6 +145,17 @@ class ObservabilityContractTest {
     }
 
     @Test
+    void theProtectionLoopsScaleAndStageAreGaugesOfItsPolicies() {
+        try (Protection p = Protection.builder(client).policies(List.of("obs-loop")).manual().build()) {
+            RateLimitMeters.on(registry).bind(p);
+            Prometheus s = new Prometheus(registry.scrape());
+            assertEquals(100, s.sum("ratelimit_scale", "rule", "obs-loop"), "100 until a scale is read");
+            assertEquals(0, s.sum("ratelimit_stage", "rule", "obs-loop"));
+            assertEquals(1, s.samples("ratelimit_stage").stream().filter(x -> "obs-loop".equals(x.labels().get("rule"))).count());
+        }
+    }
+
+    @Test
     void promtoolChecksTheScrape() throws Exception {
         Prometheus scrape = drive();
         Assumptions.assumeTrue(Prometheus.promtool() != null, "promtool is not installed (apt-get install prometheus): skipped");

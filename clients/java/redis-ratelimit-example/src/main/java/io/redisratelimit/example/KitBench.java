@@ -46,7 +46,8 @@ import java.util.concurrent.atomic.AtomicLong;
  *       metrics (a Prometheus registry) and deny events (a ring buffer
  *       flushed to a callback) on against off, interleaved, as a ratio.</li>
  * </ol>
- * Args: redis port. Env: KIT_BENCH_N (20000), KIT_BENCH_C (16), KIT_BENCH_ROUNDS (3).
+ * Args: redis port. Env: KIT_BENCH_N (20000), KIT_BENCH_C (16), KIT_BENCH_ROUNDS (3),
+ * KIT_BENCH_ONLY=observability (table 3 alone).
  */
 public final class KitBench {
     private static final HttpClient HTTP = HttpClient.newBuilder().version(HttpClient.Version.HTTP_1_1)
@@ -67,6 +68,10 @@ public final class KitBench {
         int c = Integer.parseInt(System.getenv().getOrDefault("KIT_BENCH_C", "16"));
         int rounds = Integer.parseInt(System.getenv().getOrDefault("KIT_BENCH_ROUNDS", "3"));
 
+        if ("observability".equals(System.getenv("KIT_BENCH_ONLY"))) {
+            observability(redisPort, n, c, rounds);
+            System.exit(0);
+        }
         log("the annotation's cost per request (" + n + " requests, " + c + " connections, " + rounds + " rounds, 1000 users)");
         List<Run> bare = new ArrayList<>();
         List<Run> limited = new ArrayList<>();
