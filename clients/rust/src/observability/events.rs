@@ -267,7 +267,8 @@ pub struct DenyEventsBuilder {
     sink: Sink,
     capacity: usize,
     flush_interval: Duration,
-    flush_events: usize,
+    /// `None`: the default, at most the capacity.
+    flush_events: Option<usize>,
     timeout: Duration,
     background: bool,
 }
@@ -285,9 +286,10 @@ impl DenyEventsBuilder {
         self
     }
     /// How many waiting events start a flush at once, and the largest batch
-    /// a sink is given (1,000 by default).
+    /// a sink is given (1,000 by default, or the capacity if smaller); at
+    /// most the capacity.
     pub fn flush_events(mut self, events: usize) -> Self {
-        self.flush_events = events;
+        self.flush_events = Some(events);
         self
     }
     /// How long the sink may take with one batch (2 s by default); a batch
@@ -308,7 +310,7 @@ impl DenyEventsBuilder {
         (
             self.capacity,
             self.flush_interval,
-            self.flush_events,
+            self.flush_events.unwrap_or(DEFAULT_FLUSH_EVENTS),
             self.timeout,
         )
     }
@@ -325,10 +327,13 @@ impl DenyEventsBuilder {
         if self.capacity == 0 {
             return Err(bad("capacity", "must be at least 1 event"));
         }
-        if self.flush_events == 0 {
+        let flush_events = self
+            .flush_events
+            .unwrap_or(DEFAULT_FLUSH_EVENTS.min(self.capacity));
+        if flush_events == 0 {
             return Err(bad("flush_events", "must be at least 1 event"));
         }
-        if self.flush_events > self.capacity {
+        if flush_events > self.capacity {
             return Err(bad(
                 "flush_events",
                 "must not be above capacity (the buffer would never hold a batch)",
@@ -343,7 +348,7 @@ impl DenyEventsBuilder {
         let shipper = Arc::new(Shipper {
             buffer: Mutex::new(VecDeque::with_capacity(self.capacity.min(DEFAULT_CAPACITY))),
             capacity: self.capacity,
-            flush_events: self.flush_events,
+            flush_events,
             flush_interval: self.flush_interval,
             timeout: self.timeout,
             sink: self.sink,
@@ -413,7 +418,7 @@ impl DenyEvents {
             sink,
             capacity: DEFAULT_CAPACITY,
             flush_interval: DEFAULT_FLUSH_INTERVAL,
-            flush_events: DEFAULT_FLUSH_EVENTS,
+            flush_events: None,
             timeout: DEFAULT_SINK_TIMEOUT,
             background: true,
         }

@@ -627,7 +627,6 @@ async fn a_full_buffer_with_its_flusher_stopped_drops_exactly_the_oldest() {
         Ok(())
     }))
     .capacity(100)
-    .flush_events(100)
     .background(false)
     .start()
     .unwrap();
