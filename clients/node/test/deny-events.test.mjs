@@ -112,7 +112,7 @@ after(async () => {
 
 /** A limiter admitting 1 per minute per identity, every later request denied (by Redis, then its deny cache). */
 async function denyingLimiter(denyEvents, options = {}) {
-  const limiter = new Limiter(rl, { denyEvents, ...options });
+  const limiter = new Limiter(rl, { denyEvents, deadlineMs: 5000, ...options });
   const set = await limiter.ruleSet([{ name: 'login', spec: { algorithm: 'fixedwindow', limit: 1, windowMs: 2 ** 40 }, keyPrefix: `rl:ev:${Math.random()}:` }]);
   return { limiter, set };
 }

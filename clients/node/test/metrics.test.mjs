@@ -13,7 +13,8 @@ import { after, before, describe, test } from 'node:test';
 import { Redis } from 'ioredis';
 import { createClient } from 'redis';
 import { Registry, register } from 'prom-client';
-import { Client, DenyEvents, InvalidArgumentError, Limiter, Protection, RateLimitMetrics, REDIS_BREAKER } from 'redis-ratelimit';
+import { RateLimiterMemory } from 'rate-limiter-flexible';
+import { Client, DenyEvents, InvalidArgumentError, Limiter, Protection, RateLimiterRL, RateLimitMetrics, RLStore, REDIS_BREAKER } from 'redis-ratelimit';
 import { start } from '../examples/protection.mjs';
 import { sleep, startServer, STILL_MS } from './servers.mjs';
 
@@ -94,7 +95,7 @@ describe('metrics', () => {
 
   test('every level and outcome of the Limiter, under the rule\'s name; Redis round trips timed; remaining ratio', async () => {
     const reg = new Registry();
-    const limiter = new Limiter(rl, { metrics: reg, instances: 10 });
+    const limiter = new Limiter(rl, { metrics: reg, instances: 10, deadlineMs: 5000 }); // a loaded machine's slow answer is still Redis's
     const user = await limiter.ruleSet([{ name: 'user', spec: { algorithm: 'fixedwindow', limit: 2, windowMs: STILL_MS } }]);
     // Global: each of 10 instances takes ceil(2 / 10 x 1.1) = 1 in process.
     const global = await limiter.ruleSet([{ name: 'site', key: 'rl:site', global: true, spec: { algorithm: 'fixedwindow', limit: 2, windowMs: STILL_MS } }]);
@@ -245,14 +246,23 @@ describe('metrics', () => {
       ]) {
         assert.equal(m.types.get(name), type, name);
       }
+      // Per outcome, what the test saw; per level, what the limiter's own
+      // counters say (on a loaded machine a call may miss its 100 ms
+      // deadline, and the fallback decide).
       const s = svc.limiter.stats();
-      assert.equal(m.get(dec('report', 'redis', 'admitted')) + m.get(dec('report', 'fallback', 'admitted')), reportAdmitted);
-      assert.equal(m.get(dec('report', 'redis', 'denied')) + m.get(dec('report', 'deny_cache', 'denied')), reportDenied);
+      const total = (rule, outcome) => ['redis', 'deny_cache', 'local', 'fallback'].reduce((n, level) => n + m.get(dec(rule, level, outcome)), 0);
+      assert.equal(total('report', 'admitted'), reportAdmitted);
+      assert.equal(total('report', 'denied'), reportDenied);
+      assert.equal(total('api', 'admitted'), 5);
+      assert.equal(total('api', 'denied'), 0);
       assert.equal(m.get(dec('report', 'redis', 'denied')), s.redis_denied);
       assert.equal(m.get(dec('report', 'deny_cache', 'denied')), s.deny_cache_hits);
       assert.equal(m.get(dec('report', 'redis', 'admitted')) + m.get(dec('api', 'redis', 'admitted')), s.redis_admitted);
-      assert.equal(m.get(dec('api', 'redis', 'admitted')), 5);
-      assert.equal(m.get('ratelimit_redis_seconds_count'), s.redis_calls);
+      assert.equal(m.get(dec('report', 'fallback', 'admitted')) + m.get(dec('api', 'fallback', 'admitted')), s.fallback_admitted);
+      assert.equal(m.get(dec('report', 'fallback', 'denied')), s.fallback_denied);
+      assert.ok(s.redis_admitted >= 1 && s.redis_denied >= 1, JSON.stringify(s));
+      // Every call answered or past its deadline is a round trip.
+      assert.equal(m.get('ratelimit_redis_seconds_count'), s.redis_admitted + s.redis_denied + s.redis_errors + s.redis_timeouts);
       assert.equal(m.get('ratelimit_stage{rule="api"}'), 0);
       assert.equal(m.get('ratelimit_scale{rule="api"}'), 100);
       assert.equal(m.get('ratelimit_breaker_open{breaker="backend"}'), 0);
@@ -270,6 +280,77 @@ describe('metrics', () => {
       await svc.close();
       await client.quit();
     }
+  });
+
+  test('RateLimiterRL: Redis, an in-memory block (deny_cache, no round trip) and the insurance limiter (fallback), under its name; its denials as events', async () => {
+    const reg = new Registry();
+    const batches = [];
+    const events = new DenyEvents({ callback: (b) => void batches.push(...b), background: false });
+    const l = new RateLimiterRL({ storeClient: redis, keyPrefix: `otp${Date.now()}`, points: 2, duration: 60, inMemoryBlockOnConsumed: 2, metrics: reg, denyEvents: events });
+    const outcomes = [];
+    for (let i = 0; i < 4; i++) outcomes.push(await l.consume('u').then(() => 'ok', () => 'no'));
+    assert.deepEqual(outcomes, ['ok', 'ok', 'no', 'no']);
+    let m = parse(await reg.metrics());
+    assert.equal(m.get(dec(l.name, 'redis', 'admitted')), 2);
+    assert.equal(m.get(dec(l.name, 'deny_cache', 'denied')), 2);
+    assert.equal(m.get('ratelimit_redis_seconds_count'), 2, 'an in-memory block makes no round trip');
+    await events.flush();
+    assert.deepEqual(batches.map((e) => [e.rule, e.level, e.key]), [[l.name, 'deny_cache', `${l.keyPrefix}:u`], [l.name, 'deny_cache', `${l.keyPrefix}:u`]]);
+    await events.close();
+    // Redis away: the insurance limiter decides (level fallback), the breaker opens.
+    const dead = await startServer();
+    const c = new Redis({ port: dead.port, host: '127.0.0.1', enableOfflineQueue: false, maxRetriesPerRequest: 0, lazyConnect: true });
+    c.on('error', () => {});
+    await c.connect();
+    await dead.stop();
+    await until(() => c.status !== 'ready', 'ioredis to see the server gone');
+    const reg2 = new Registry();
+    const insured = new RateLimiterRL({ storeClient: c, name: 'insured', points: 2, duration: 60, breaker: { failures: 1 }, insuranceLimiter: new RateLimiterMemory({ points: 1, duration: 60 }), metrics: reg2 });
+    const got = [];
+    for (let i = 0; i < 3; i++) got.push(await insured.consume('v').then(() => 'ok', () => 'no'));
+    assert.deepEqual(got, ['ok', 'no', 'no']);
+    m = parse(await reg2.metrics());
+    assert.equal(m.get(dec('insured', 'fallback', 'admitted')), 1);
+    assert.equal(m.get(dec('insured', 'fallback', 'denied')), 2);
+    assert.equal(m.get('ratelimit_breaker_open{breaker="redis"}'), 1);
+    c.disconnect();
+  });
+
+  test('RLStore: Redis\'s decisions, and with passOnStoreError the account\'s (fallback), under its name', async () => {
+    const reg = new Registry();
+    const store = new RLStore({ client: redis, prefix: `st${Date.now()}:`, name: 'web', metrics: reg });
+    store.init({ windowMs: 60_000, limit: 2 });
+    await store.ready;
+    const hits = [];
+    for (let i = 0; i < 3; i++) hits.push((await store.increment('ip')).totalHits);
+    assert.deepEqual(hits, [1, 2, 3]);
+    let m = parse(await reg.metrics());
+    assert.equal(m.get(dec('web', 'redis', 'admitted')), 2);
+    assert.equal(m.get(dec('web', 'redis', 'denied')), 1);
+    assert.equal(m.get('ratelimit_redis_seconds_count'), 3);
+    assert.equal(m.get('ratelimit_remaining_ratio{rule="web"}'), 0);
+    assert.throws(() => new RLStore({ client: redis, name: '' }), (e) => e instanceof InvalidArgumentError && e.argument === 'name');
+    assert.throws(() => new RLStore({ client: redis, metrics: 'x' }), (e) => e instanceof InvalidArgumentError && e.argument === 'metrics');
+    assert.throws(() => new RateLimiterRL({ storeClient: redis, denyEvents: [] }), (e) => e instanceof InvalidArgumentError && e.argument === 'denyEvents');
+
+    const dead = await startServer();
+    const c = new Redis({ port: dead.port, host: '127.0.0.1', enableOfflineQueue: false, maxRetriesPerRequest: 0, lazyConnect: true });
+    c.on('error', () => {});
+    await c.connect();
+    await dead.stop();
+    await until(() => c.status !== 'ready', 'ioredis to see the server gone');
+    const reg2 = new Registry();
+    const fallback = new RLStore({ client: c, name: 'web', metrics: reg2 });
+    fallback.init({ windowMs: 60_000, limit: 1, passOnStoreError: true });
+    await fallback.ready;
+    const got = [];
+    for (let i = 0; i < 3; i++) got.push((await fallback.increment('ip')).totalHits);
+    // The account holds ceil(1 x 1.1) = 2: two admitted, then a 429 (totalHits above the limit).
+    assert.deepEqual(got.map((h) => h > 1), [false, false, true]);
+    m = parse(await reg2.metrics());
+    assert.equal(m.get(dec('web', 'fallback', 'admitted')), 2);
+    assert.equal(m.get(dec('web', 'fallback', 'denied')), 1);
+    c.disconnect();
   });
 
   test('promtool check metrics also passes on a scrape with every metric present', async (t) => {
