@@ -57,3 +57,28 @@ test('with rate-limiter-flexible installed both builds answer its RateLimiterRes
     rmSync(dir, { recursive: true, force: true });
   }
 });
+
+test('without prom-client (an optional peer) the package loads and runs; asking for metrics says to install it, naming metrics', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'rl-no-prom-'));
+  try {
+    const pkg = join(dir, 'node_modules', 'redis-ratelimit');
+    mkdirSync(pkg, { recursive: true });
+    cpSync(new URL('../dist', import.meta.url), join(pkg, 'dist'), { recursive: true });
+    copyFileSync(new URL('../package.json', import.meta.url), join(pkg, 'package.json'));
+    const check = `
+      const events = new DenyEvents({ callback: () => {}, background: false });
+      events.record({ key: 'k', rule: 'r', level: 'redis', limit: 1, remaining: 0, retryAfterMs: 1 });
+      if (events.stats().pending !== 1) throw new Error('not recorded');
+      for (const ask of [() => RateLimitMetrics.of(), () => new DenyEvents({ callback: () => {}, metrics: true })]) {
+        try { ask(); throw new Error('no error'); } catch (e) {
+          if (!(e instanceof InvalidArgumentError) || e.argument !== 'metrics' || !e.message.includes('npm install prom-client')) throw e;
+        }
+      }
+      console.log('ok');`;
+    const esmOut = execFileSync(process.execPath, ['--input-type=module', '-e', `import { DenyEvents, InvalidArgumentError, RateLimitMetrics } from 'redis-ratelimit';${check}`], { cwd: dir });
+    const cjsOut = execFileSync(process.execPath, ['-e', `const { DenyEvents, InvalidArgumentError, RateLimitMetrics } = require('redis-ratelimit');${check}`], { cwd: dir });
+    assert.equal(`${esmOut}${cjsOut}`, 'ok\nok\n');
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});

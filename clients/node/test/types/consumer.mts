@@ -180,3 +180,49 @@ export async function loop(): Promise<[Stage, number, CircuitState, PolicyStats]
   await protection.close();
   return [protection.stage('api'), protection.scale('api'), breaker.state, stats];
 }
+// Metrics and deny events: a prom-client Registry (or true) where the kit takes `metrics`.
+import { Registry, register as promRegister } from 'prom-client';
+import {
+  DenyEvents,
+  DENY_EVENT_DEFAULTS,
+  DENY_EVENT_FIELDS,
+  LEVELS,
+  METRICS,
+  OUTCOMES,
+  RateLimitMetrics,
+  REDIS_SECONDS_BUCKETS,
+  type DenyEvent,
+  type DenyEventsOptions,
+  type DenyEventsStats,
+  type Level,
+  type MetricsOption,
+  type Outcome,
+  type PromRegistry,
+  type RequestContext,
+} from 'redis-ratelimit';
+export async function observability(): Promise<DenyEventsStats> {
+  const registry = new Registry();
+  const asKit: PromRegistry = registry;
+  const option: MetricsOption = asKit;
+  const metrics: RateLimitMetrics = RateLimitMetrics.of(promRegister);
+  const seen: DenyEvent[] = [];
+  const options: DenyEventsOptions = { callback: (batch: DenyEvent[]) => void seen.push(...batch), capacity: DENY_EVENT_DEFAULTS.capacity, metrics: registry };
+  const events = new DenyEvents(options);
+  new DenyEvents({ bulkUrl: new URL('http://127.0.0.1:9200'), bulkIndex: 'ratelimit-deny' });
+  new DenyEvents({ file: '/tmp/deny.jsonl', metrics: true });
+  const limiter = new Limiter(new Client(client), { metrics: option, denyEvents: events });
+  const set = await limiter.ruleSet([{ name: 'api', spec: { algorithm: 'sliding', limit: 10, windowMs: 1000 } }]);
+  const context: RequestContext = { clientIp: '10.0.0.1', userAgent: 'curl' };
+  await limiter.check(set, 'alice', 1, context);
+  const level: Level = LEVELS[0] ?? 'redis';
+  const outcome: Outcome = OUTCOMES[0] ?? 'admitted';
+  metrics.decision('api', level, outcome);
+  void [METRICS[0].name, REDIS_SECONDS_BUCKETS[0], DENY_EVENT_FIELDS[0], limiter.metrics, limiter.denyEvents];
+  void new Protection(redis, ['api'], { metrics: registry });
+  void new RLStore({ client, metrics: true, denyEvents: events, name: 'web' });
+  void new RateLimiterRL({ storeClient: redis, metrics: registry, denyEvents: events, name: 'login' });
+  const text: string = await registry.metrics();
+  void text;
+  await events.close();
+  return events.stats();
+}
