@@ -21,6 +21,19 @@ public class OrderApp {
         return new SimpleMeterRegistry();
     }
 
+    /** The deny events of the tests that use this app: a callback sink keeping the last 1,000. */
+    static final java.util.Deque<io.redisratelimit.client.DenyEvent> EVENTS = new java.util.concurrent.ConcurrentLinkedDeque<>();
+
+    @Bean
+    io.redisratelimit.client.DenyEventSink denyEvents() {
+        return batch -> {
+            EVENTS.addAll(batch);
+            while (EVENTS.size() > 1_000) {
+                EVENTS.pollFirst();
+            }
+        };
+    }
+
     @RestController
     static class Orders {
         private final Quotes quotes;

@@ -43,6 +43,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
         "ratelimit.rules.both-post.key=#request.getHeader('X-User')",
         "ratelimit.rules.quote.algorithm=sliding",
         "ratelimit.rules.quote.params=2,60000",
+        "ratelimit.deny-events.flush-interval=50ms",
 })
 class StarterHttpTest {
     @DynamicPropertySource
@@ -155,6 +156,20 @@ class StarterHttpTest {
         assertTrue(denied.body().contains("\"instance\":\"/search\""), "as the annotation's 429: " + denied.body());
         assertTrue(denied.headers().firstValue("Retry-After").isPresent());
         assertEquals(200, Http.send("GET", port, "/bare", user).statusCode(), "other routes are not limited");
+        // The interceptor's denial, shipped as a deny event with the client's address and user agent.
+        long deadline = System.nanoTime() + 10_000_000_000L;
+        while (OrderApp.EVENTS.stream().noneMatch(e -> e.key().endsWith(user)) && System.nanoTime() < deadline) {
+            try {
+                Thread.sleep(10);
+            } catch (InterruptedException ie) {
+                throw new IllegalStateException(ie);
+            }
+        }
+        io.redisratelimit.client.DenyEvent e = OrderApp.EVENTS.stream().filter(x -> x.key().endsWith(user)).findFirst()
+                .orElseThrow(() -> new AssertionError("no deny event for " + user));
+        assertEquals("orders-it:search", e.rule());
+        assertEquals("127.0.0.1", e.clientIp());
+        assertTrue(e.userAgent() != null && e.userAgent().startsWith("Java-http-client"), e.userAgent());
     }
 
     @Test

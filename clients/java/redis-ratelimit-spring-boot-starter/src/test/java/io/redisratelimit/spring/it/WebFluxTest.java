@@ -22,6 +22,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
         "ratelimit.rules.items.params=3,60000",
         "ratelimit.rules.items.routes=/items/**",
         "ratelimit.rules.items.key=#request.headers.getFirst('X-User')",
+        "ratelimit.deny-events.flush-interval=50ms",
 })
 class WebFluxTest extends OnSharedRedis {
     @SpringBootApplication
@@ -48,5 +49,19 @@ class WebFluxTest extends OnSharedRedis {
         assertTrue(denied.headers().firstValue("Retry-After").isPresent());
         assertTrue(denied.body().contains("\"violated-policies\":[\"items\"]"), denied.body());
         assertEquals(200, Http.send("GET", port, "/items/list", "other-" + UUID.randomUUID()).statusCode());
+        // Deny events go to OrderApp's callback sink (this app's scan finds OrderApp's beans too).
+        long deadline = System.nanoTime() + 10_000_000_000L;
+        while (OrderApp.EVENTS.stream().noneMatch(e -> e.key().endsWith(user)) && System.nanoTime() < deadline) {
+            try {
+                Thread.sleep(10);
+            } catch (InterruptedException ie) {
+                throw new IllegalStateException(ie);
+            }
+        }
+        io.redisratelimit.client.DenyEvent e = OrderApp.EVENTS.stream().filter(x -> x.key().endsWith(user)).findFirst()
+                .orElseThrow(() -> new AssertionError("no deny event for " + user + ": " + OrderApp.EVENTS));
+        assertEquals("reactive-it:items", e.rule());
+        assertEquals("127.0.0.1", e.clientIp());
+        assertTrue(e.userAgent() != null && e.userAgent().startsWith("Java-http-client"), e.userAgent());
     }
 }
