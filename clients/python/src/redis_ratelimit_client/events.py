@@ -1,10 +1,12 @@
 """Deny events: every denial a limiter answers, shipped in batches to a sink
 the user picks (the contract's `observability.deny_events`).
 
-A denial is appended to a bounded ring buffer under a short lock (nothing
-else happens on the request's path, sync or asyncio); a daemon thread, the
-flusher, ships the buffer every `flush_interval` seconds, or as soon as
-`flush_events` events wait, in batches of at most `flush_events`, to:
+A denial is appended to a bounded ring buffer under a short lock, as a plain
+tuple of what the decision gave (its time a float: nothing else happens on
+the request's path, sync or asyncio); a daemon thread, the flusher, ships
+the buffer every `flush_interval` seconds, or as soon as `flush_events`
+events wait (or the buffer is full), in batches of at most `flush_events`,
+to:
 
 - `FileSink(path)`: the batch appended to the file as JSON lines;
 - `BulkSink(url)`: `POST <url>/_bulk` in Elasticsearch's format (per event an
@@ -19,7 +21,11 @@ thread of its own that the flusher waits for at most `timeout`: a sink that
 hangs costs counts, not a request's time; while such a call has not
 returned, the next batches are refused at once (counted) rather than piling
 up threads. `close()` (and the interpreter's exit) ships what is left,
-bounded by `timeout` in all.
+bounded by `timeout` in all, a flush under way included.
+
+After `os.fork()` (a pre-forking server's workers), the child's shipper
+starts empty (what waited is the parent's to ship) with fresh locks and, if
+the parent's flusher ran, a flusher of its own.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from __future__ import annotations
 import atexit
 import collections
 import json
+import os
 import threading
 import time
 import urllib.error
@@ -60,6 +67,8 @@ FIELDS = (
     "user_agent",
 )
 OPTIONAL = ("client_ip", "user_agent")
+#: The outcomes a deny event has.
+OUTCOMES_DENIED = ("denied", "shadow_denied")
 
 
 class DenyEvent(NamedTuple):
@@ -179,8 +188,12 @@ class BulkSink:
             raise InvalidArgument("url must be an http:// or https:// URL", param="url")
         if not isinstance(index, str) or not index:
             raise InvalidArgument("index must be a non-empty str", param="index")
-        if not timeout > 0:
-            raise InvalidArgument("timeout must be more than 0 s", param="timeout")
+        timeout = _seconds("timeout", timeout)
+        if headers is not None and (
+            not isinstance(headers, dict)
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items())
+        ):
+            raise InvalidArgument("headers must be a dict of str to str", param="headers")
         self.url = url.rstrip("/") + "/_bulk"
         self.index = index
         self.timeout = timeout
@@ -216,6 +229,25 @@ class BulkSink:
         return f"BulkSink({self.url!r}, index={self.index!r})"
 
 
+def _text(name: str, value: object, optional: bool = False) -> None:
+    if isinstance(value, str) or (optional and value is None):
+        return
+    what = "a str or None" if optional else "a str"
+    raise InvalidArgument(f"{name} must be {what}, not {type(value).__name__}", param=name)
+
+
+def _integer(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"{name} must be an integer, not {type(value).__name__}", param=name)
+
+
+def check_http(client_ip: object, user_agent: object) -> None:
+    """A decision's `client_ip` and `user_agent`: each a str or None (any
+    other value would cost its whole batch on the flusher)."""
+    _text("client_ip", client_ip, optional=True)
+    _text("user_agent", user_agent, optional=True)
+
+
 def _seconds(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise InvalidArgument(f"{name} must be a number of seconds above 0", param=name)
@@ -235,6 +267,22 @@ _LIVE: weakref.WeakSet[DenyEvents] = weakref.WeakSet()
 def _close_all() -> None:  # pragma: no cover - at the interpreter's exit
     for events in list(_LIVE):
         events.close()
+
+
+def _after_fork() -> None:
+    """In a forked child: each shipper's locks may have been held by a
+    thread the child does not have, and its flusher is gone."""
+    for events in list(_LIVE):
+        events._forked()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+
+#: What the buffer holds: `DenyEvent`'s fields as a plain tuple (made on
+#: the request's path: a plain tuple of strings and numbers costs the least,
+#: and the garbage collector stops tracking it).
+_Row = tuple[Any, ...]
 
 
 class DenyEvents:
@@ -273,18 +321,23 @@ class DenyEvents:
         self.flush_events = _count("flush_events", flush_events)
         self.timeout = _seconds("timeout", timeout)
         self.metrics: Metrics | None = metrics_of(metrics)
+        #: The flusher is woken as this many wait: `flush_events`, or a full
+        #: buffer when it is smaller (else it would drop until the interval).
+        self._wake_at = min(self.flush_events, self.capacity)
         #: Events lost (the oldest of a full buffer, a refused batch's),
         #: events a sink accepted, and flushes a sink refused or failed.
         self.dropped = 0
         self.shipped = 0
         self.sink_errors = 0
-        self._buf: collections.deque[DenyEvent] = collections.deque()
+        self._buf: collections.deque[_Row] = collections.deque()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._shipping = threading.Lock()
         self._stuck: threading.Thread | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
+        #: close()'s deadline (monotonic): a flush under way stops there.
+        self._close_by: float | None = None
         self.closed = False
         _LIVE.add(self)
         if start:
@@ -295,23 +348,32 @@ class DenyEvents:
     def record(self, event: DenyEvent) -> None:
         """Appends `event` (dropping the oldest when the buffer is full) and
         wakes the flusher when `flush_events` wait."""
+        if not isinstance(event, DenyEvent):
+            raise InvalidArgument(
+                f"event must be a DenyEvent, not {type(event).__name__}", param="event"
+            )
+        self._push(tuple(event))
+
+    def _push(self, row: _Row) -> None:
+        """`record` of a `DenyEvent`'s fields as a plain tuple (a limiter's
+        path: no named tuple made there)."""
         with self._lock:
-            if self.closed:
+            buf = self._buf  # under the lock: a flush may swap it for a new one
+            if self.closed or len(buf) >= self.capacity:
                 self.dropped += 1
-                dropped, waiting = 1, 0
+                if not self.closed:
+                    buf.popleft()
+                    buf.append(row)
+                waiting = -1
             else:
-                dropped = 0
-                if len(self._buf) >= self.capacity:
-                    self._buf.popleft()
-                    self.dropped += 1
-                    dropped = 1
-                self._buf.append(event)
-                waiting = len(self._buf)
-        if dropped and self.metrics is not None:
-            self.metrics.events(dropped=1)
+                buf.append(row)
+                waiting = len(buf)
+        if waiting < 0:
+            if self.metrics is not None:
+                self.metrics.events(dropped=1)
         # Once, as the count reaches it (the flusher checks the count after
         # each flush itself): setting an Event costs more than the rest.
-        if waiting == self.flush_events:
+        elif waiting == self._wake_at:
             self._wake.set()
 
     def deny(
@@ -327,9 +389,21 @@ class DenyEvents:
         client_ip: str | None = None,
         user_agent: str | None = None,
     ) -> None:
-        """Records a denial taken now."""
-        self.record(
-            DenyEvent(
+        """Records a denial taken now. Each field is checked (an error names
+        it): one the flusher could not write would cost its whole batch."""
+        for name, text in (("key", key), ("rule", rule), ("level", level)):
+            _text(name, text)
+        if outcome not in OUTCOMES_DENIED:
+            raise InvalidArgument(
+                f"outcome must be one of {', '.join(OUTCOMES_DENIED)}, not {outcome!r}",
+                param="outcome",
+            )
+        for name, n in (("limit", limit), ("remaining", remaining)):
+            _integer(name, n)
+        _integer("retry_after_ms", retry_after_ms)
+        check_http(client_ip, user_agent)
+        self._push(
+            (
                 time.time(),
                 key,
                 rule,
@@ -352,7 +426,8 @@ class DenyEvents:
     def buffered(self) -> list[DenyEvent]:
         """A copy of the events waiting, oldest first."""
         with self._lock:
-            return list(self._buf)
+            rows = list(self._buf)
+        return [DenyEvent._make(r) for r in rows]
 
     # -- the flusher ------------------------------------------------------------
 
@@ -373,12 +448,12 @@ class DenyEvents:
     def _run(self) -> None:
         due = time.monotonic() + self.flush_interval
         while not self._stopping:
-            if self.pending < self.flush_events:
+            if self.pending < self._wake_at:
                 self._wake.wait(max(0.0, due - time.monotonic()))
             self._wake.clear()
             if self._stopping:
                 return
-            if time.monotonic() >= due or self.pending >= self.flush_events:
+            if time.monotonic() >= due or self.pending >= self._wake_at:
                 self._flush(None)
                 due = time.monotonic() + self.flush_interval
 
@@ -396,14 +471,23 @@ class DenyEvents:
             left = self.pending
             while left > 0:
                 with self._lock:
-                    n = min(len(self._buf), self.flush_events, left)
-                    batch = [self._buf.popleft() for _ in range(n)]
-                if not batch:
+                    buf = self._buf
+                    n = min(len(buf), self.flush_events, left)
+                    if n == len(buf):  # all of it: the deque itself, no loop under the lock
+                        rows: Sequence[_Row] = buf
+                        self._buf = collections.deque()
+                    else:
+                        rows = [buf.popleft() for _ in range(n)]
+                if not rows:
                     break
-                left -= len(batch)
+                left -= len(rows)
+                # Named tuples, their timestamps and JSON: made here, off the request's path.
+                batch = [DenyEvent._make(r) for r in rows]
                 wait = self.timeout
-                if deadline is not None:
-                    wait = min(wait, deadline - time.monotonic())
+                # close()'s deadline bounds a flush under way on the flusher too.
+                for by in (deadline, self._close_by):
+                    if by is not None:
+                        wait = min(wait, by - time.monotonic())
                 shipped += self._ship(batch, wait)
         return shipped
 
@@ -455,6 +539,7 @@ class DenyEvents:
         if self.closed:
             return
         deadline = time.monotonic() + self.timeout
+        self._close_by = deadline
         self._stopping = True
         self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
@@ -464,6 +549,20 @@ class DenyEvents:
             self.closed = True
         self._flush(deadline)
         _LIVE.discard(self)
+
+    def _forked(self) -> None:
+        """In a forked child (`_after_fork`): fresh locks; the buffer's
+        events are the parent's to ship (shipped twice otherwise); a flusher
+        of its own if the parent's ran."""
+        ran = self._thread is not None and not self._stopping and not self.closed
+        self._lock = threading.Lock()
+        self._shipping = threading.Lock()
+        self._wake = threading.Event()
+        self._buf = collections.deque()
+        self._stuck = None
+        self._thread = None
+        if ran:
+            self.start()
 
     def __enter__(self) -> DenyEvents:
         return self

@@ -26,7 +26,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any, Union
 
 import redis
@@ -46,7 +46,7 @@ from .errors import (
     WrongType,
     answer_lost,
 )
-from .events import DenyEvent, DenyEvents
+from .events import DenyEvents, check_http
 from .local import LocalLimiter, Micros, share_of
 from .metrics import Metrics, metrics_of
 from .protocol import Key, _takes_command_name, spec_from_policy
@@ -221,6 +221,8 @@ class _Limiting:
         if deny_events is not None and deny_events.metrics is None:
             deny_events.metrics = self.metrics
         self._observing = self.metrics is not None or deny_events is not None
+        #: Each (rule index, level, allowed)'s counter in `metrics`.
+        self._counts: dict[tuple[int, str, bool], Callable[[], int]] = {}
         #: Each rule's `rule` label: a policy rule's policy name, else its name.
         self.labels = [r.spec.name if isinstance(r.spec, Policy) else r.name for r in self.rules]
         if self.metrics is not None:
@@ -296,21 +298,28 @@ class _Limiting:
         self, a: Admission, identity: str, client_ip: str | None, user_agent: str | None
     ) -> Admission:
         """The metrics and deny event of a decision taken (when either is on)."""
-        d, rule = a.decision, self.labels[a.index]
+        d, index, path = a.decision, a.index, a.path
         m = self.metrics
         if m is not None:
-            m.decision(rule, a.path, "admitted" if d.allowed else "denied")
-            if a.path == "redis" or a.path == "local":
-                m.remaining(rule, d.remaining, d.limit)
+            # The counter of (rule, level, outcome), kept: one call counts.
+            k = (index, path, d.allowed)
+            count = self._counts.get(k)
+            if count is None:
+                outcome = "admitted" if d.allowed else "denied"
+                count = self._counts[k] = m.counter(self.labels[index], path, outcome)
+            count()
+            if path == "redis" or path == "local":
+                m.remaining(self.labels[index], d.remaining, d.limit)
         events = self.deny_events
         if events is not None and not d.allowed:
-            key = self.rules[a.index].key_for(identity)
-            events.record(
-                DenyEvent(
+            # A plain tuple of what the decision gave: its timestamp and
+            # JSON are made on the flusher.
+            events._push(
+                (
                     time.time(),
-                    key,
-                    rule,
-                    a.path,
+                    self.rules[index].key_for(identity),
+                    self.labels[index],
+                    path,
                     "denied",
                     d.limit,
                     d.remaining,
@@ -810,6 +819,8 @@ class AsyncLimiter(_Limiting):
         answer, the fallback decides, and `Admission.path` says which path
         did. Give `Admission.held` to `release` when the work is done.
         `client_ip` and `user_agent`: the HTTP request's, for a deny event."""
+        if client_ip is not None or user_agent is not None:
+            check_http(client_ip, user_agent)
         if not self._ready and time.monotonic() >= self._startup_after:
             await self._started()
         plan = self._begin(identity, request)
@@ -1002,6 +1013,8 @@ class Limiter(_Limiting):
         user_agent: str | None = None,
     ) -> Admission:
         """As `AsyncLimiter.check`."""
+        if client_ip is not None or user_agent is not None:
+            check_http(client_ip, user_agent)
         if not self._ready and time.monotonic() >= self._startup_after:
             with self._lock:
                 try:

@@ -25,13 +25,19 @@ The series, as a scrape shows them:
 One `Metrics` per registry (`Metrics.of(registry)`; default
 prometheus_client's `REGISTRY`): it is one collector there, which every
 limiter, loop and shipper given that registry feeds. It counts in memory
-under a short lock and builds the families when the registry is scraped,
-so a scrape shows exactly the contract's series (no `_created` samples).
+without a lock on the request's path (a decision's counter is an
+`itertools.count`, whose `next` the GIL makes atomic; a ratio a dict's
+item) and builds the families when the registry is scraped, so a scrape
+shows exactly the contract's series (no `_created` samples). After
+`os.fork()` a child's `Metrics` has fresh locks (its parent's threads may
+have held them).
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
+import os
 import threading
 import weakref
 from collections.abc import Iterator
@@ -137,6 +143,25 @@ def _prometheus() -> Any:
 #: A gauge's source: (the object it reads, weakly held; how it reads it).
 _Source = tuple["weakref.ref[Any]", Callable[[Any], float]]
 
+_ALL: weakref.WeakSet[Metrics] = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    """In a forked child: a lock its parent's threads held stays held."""
+    Metrics._made = threading.Lock()
+    for m in list(_ALL):
+        m._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+
+
+def _value(counter: itertools.count[int]) -> int:
+    """How many times `next` was called on a count started at 0 (its
+    repr is `count(n)`; no other way to read one without a `next`)."""
+    return int(repr(counter)[6:-1])
+
 
 class Metrics:
     """The kit's metrics in one `prometheus_client.CollectorRegistry`: get it
@@ -152,7 +177,7 @@ class Metrics:
         prometheus = _prometheus()
         self.registry = prometheus.REGISTRY if registry is None else registry
         self._lock = threading.Lock()
-        self._decisions: dict[tuple[str, str, str], int] = {}
+        self._decisions: dict[tuple[str, str, str], itertools.count[int]] = {}
         self._buckets = [0] * (len(REDIS_SECONDS_BUCKETS) + 1)
         self._redis_sum = 0.0
         self._ratios: dict[str, float] = {}
@@ -161,6 +186,7 @@ class Metrics:
         self._stages: dict[str, list[_Source]] = {}
         self._events = [0, 0, 0]  # dropped, shipped, sink errors
         self.registry.register(self)
+        _ALL.add(self)
         # Made directly: the registry's one all the same (a second one
         # there would be refused as duplicated series).
         self._by_registry.setdefault(self.registry, self)
@@ -180,9 +206,25 @@ class Metrics:
 
     def decision(self, rule: str, level: str, outcome: str) -> None:
         """One decision of `rule` at `level` with `outcome`."""
-        k = (rule, level, outcome)
+        c = self._decisions.get((rule, level, outcome))
+        if c is None:
+            c = self._counter(rule, level, outcome)
+        next(c)
+
+    def counter(self, rule: str, level: str, outcome: str) -> Callable[[], int]:
+        """A function that counts one decision of `rule` at `level` with
+        `outcome` each call (a limiter keeps it: no lookup per decision)."""
+        return self._counter(rule, level, outcome).__next__
+
+    def _counter(self, rule: str, level: str, outcome: str) -> itertools.count[int]:
+        if level not in LEVELS:
+            raise InvalidArgument(f"level must be one of {', '.join(LEVELS)}", param="level")
+        if outcome not in OUTCOMES:
+            raise InvalidArgument(f"outcome must be one of {', '.join(OUTCOMES)}", param="outcome")
+        if not isinstance(rule, str):
+            raise InvalidArgument("rule must be a str", param="rule")
         with self._lock:
-            self._decisions[k] = self._decisions.get(k, 0) + 1
+            return self._decisions.setdefault((rule, level, outcome), itertools.count())
 
     def redis_seconds(self, seconds: float) -> None:
         """One round trip of a limiter command."""
@@ -193,9 +235,8 @@ class Metrics:
 
     def remaining(self, rule: str, remaining: int, limit: int) -> None:
         """The rule's last decision taken by Redis or the local level."""
-        ratio = min(max(remaining, 0) / limit, 1.0) if limit > 0 else 0.0
-        with self._lock:
-            self._ratios[rule] = ratio
+        # One item set: atomic under the GIL, no lock.
+        self._ratios[rule] = min(max(remaining, 0) / limit, 1.0) if limit > 0 else 0.0
 
     def events(self, dropped: int = 0, shipped: int = 0, sink_errors: int = 0) -> None:
         """The deny events' shipper's counts."""
@@ -231,7 +272,8 @@ class Metrics:
     def decisions(self) -> dict[tuple[str, str, str], int]:
         """The decisions counted so far, by (rule, level, outcome)."""
         with self._lock:
-            return dict(self._decisions)
+            counts = list(self._decisions.items())
+        return {k: _value(c) for k, c in counts}
 
     def describe(self) -> list[Metric]:
         """The families, without samples (the registry's check of names)."""
@@ -281,13 +323,12 @@ class Metrics:
         errors = family("ratelimit_deny_events_sink_errors_total")
         if not empty:
             with self._lock:
-                counts = sorted(self._decisions.items())
                 buckets = list(self._buckets)
                 total_s = self._redis_sum
                 events = list(self._events)
-                ratios = sorted(self._ratios.items())
-            for (rule, level, outcome), n in counts:
+            for (rule, level, outcome), n in sorted(self.decisions().items()):
                 decisions.add_metric([rule, level, outcome], n)
+            ratios = sorted(self._ratios.copy().items())
             cumulative, acc = [], 0
             for bound, n in zip([*map(_bound, REDIS_SECONDS_BUCKETS), "+Inf"], buckets):
                 acc += n
