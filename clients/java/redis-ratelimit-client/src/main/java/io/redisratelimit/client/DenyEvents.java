@@ -67,7 +67,10 @@ public final class DenyEvents implements AutoCloseable {
             return this;
         }
 
-        /** The most events in one batch, and the count that wakes the flusher at once (1,000). */
+        /**
+         * The most events in one batch, and the count that wakes the flusher at
+         * once (1,000; a buffer smaller than it is flushed when full).
+         */
         public Builder flushEvents(int events) {
             if (events < 1) {
                 throw new InvalidArgumentException("flush-events", "must be at least 1, got " + events);
@@ -114,6 +117,8 @@ public final class DenyEvents implements AutoCloseable {
 
     private final DenyEventSink sink;
     private final int flushEvents;
+    /** The count that wakes the flusher: flushEvents, or the capacity when the buffer is smaller (it flushes when full). */
+    private final int trigger;
     private final long intervalNanos;
     private final Duration timeout;
     private final Object lock = new Object();
@@ -132,6 +137,7 @@ public final class DenyEvents implements AutoCloseable {
     private DenyEvents(Builder b) {
         this.sink = b.sink;
         this.flushEvents = b.flushEvents;
+        this.trigger = Math.min(b.flushEvents, b.capacity);
         this.intervalNanos = b.flushInterval.toNanos();
         this.timeout = b.timeout;
         this.ring = new DenyEvent[b.capacity];
@@ -173,7 +179,7 @@ public final class DenyEvents implements AutoCloseable {
                 ring[tail >= ring.length ? tail - ring.length : tail] = e;
                 size++;
             }
-            if (size == flushEvents) {
+            if (size == trigger) {
                 lock.notifyAll();
             }
         }
@@ -198,7 +204,7 @@ public final class DenyEvents implements AutoCloseable {
             synchronized (lock) {
                 long due = System.nanoTime() + intervalNanos;
                 try {
-                    while (!closed && size < flushEvents) {
+                    while (!closed && size < trigger) {
                         long left = due - System.nanoTime();
                         if (left <= 0) {
                             break;

@@ -103,6 +103,19 @@ class DenyEventsTest {
     }
 
     @Test
+    void aBufferSmallerThanFlushEventsIsFlushedWhenFull() throws Exception {
+        List<DenyEvent> got = new CopyOnWriteArrayList<>();
+        try (DenyEvents events = DenyEvents.builder(DenyEventSink.callback(got::addAll)).capacity(5)
+                .flushInterval(Duration.ofMinutes(10)).build()) {
+            for (int i = 0; i < 5; i++) {
+                events.record(event(i));
+            }
+            poll("the full buffer flushed, long before the interval", Duration.ofSeconds(30), () -> got.size() == 5);
+            assertEquals(0, events.dropped());
+        }
+    }
+
+    @Test
     void closeAppendsWhatIsLeftToAFileAsJsonLines(@TempDir java.nio.file.Path dir) throws Exception {
         java.nio.file.Path file = dir.resolve("logs/deny.jsonl");
         DenyEvents events = DenyEvents.builder(DenyEventSink.file(file)).build();
