@@ -223,7 +223,7 @@ async fn a_scrape_shows_every_contract_metric_with_its_type_labels_help_and_buck
         theirs.render(None).is_none(),
         "served with the application's registry"
     );
-    let (_, text) = render(&registry, None);
+    let (_, text) = render(&registry, None).expect("encodes");
     assert!(
         text.contains(r#"ratelimit_decisions_total{rule="r",level="redis",outcome="admitted"} 1"#),
         "{text}"

@@ -236,7 +236,10 @@ impl Metrics {
     /// header is `accept`: its `Content-Type` and body ([`render`]); `None`
     /// when the metrics live in the application's registry.
     pub fn render(&self, accept: Option<&str>) -> Option<(&'static str, String)> {
-        self.inner.registry.as_ref().map(|r| render(r, accept))
+        self.inner.registry.as_ref().map(|r| {
+            // Only the kit's own families are in it: each encodes in both formats.
+            render(r, accept).expect("the kit's metrics encode")
+        })
     }
 
     /// Watches a protection loop: `ratelimit_scale` and `ratelimit_stage`
@@ -327,18 +330,21 @@ impl RuleMetrics {
 /// The scrape of `registry` for a request whose `Accept` header is
 /// `accept`: OpenMetrics when the scraper asks for it (Prometheus does),
 /// else the Prometheus text format 0.0.4, which every other reader takes
-/// (`promtool check metrics`, curl); its `Content-Type` and body.
-pub fn render(registry: &Registry, accept: Option<&str>) -> (&'static str, String) {
+/// (`promtool check metrics`, curl); its `Content-Type` and body. An
+/// error when a metric of `registry` cannot be written in that format (a
+/// native-only histogram in the text format).
+pub fn render(
+    registry: &Registry,
+    accept: Option<&str>,
+) -> Result<(&'static str, String), std::fmt::Error> {
     let mut body = String::new();
     let openmetrics = accept.is_some_and(|a| a.contains("application/openmetrics-text"));
     if openmetrics {
-        prometheus_client::encoding::text::encode(&mut body, registry)
-            .expect("encoding into a String");
-        (OPENMETRICS_CONTENT_TYPE, body)
+        prometheus_client::encoding::text::encode(&mut body, registry)?;
+        Ok((OPENMETRICS_CONTENT_TYPE, body))
     } else {
-        prometheus_client::encoding::prometheus_text::encode(&mut body, registry)
-            .expect("encoding into a String");
-        (TEXT_CONTENT_TYPE, body)
+        prometheus_client::encoding::prometheus_text::encode(&mut body, registry)?;
+        Ok((TEXT_CONTENT_TYPE, body))
     }
 }
 
