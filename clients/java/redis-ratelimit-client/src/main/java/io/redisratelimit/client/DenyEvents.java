@@ -227,6 +227,11 @@ public final class DenyEvents implements AutoCloseable {
 
     /** Ships one batch on the sink's thread, waiting at most the timeout; counts the outcome. */
     private boolean ship(List<DenyEvent> batch) {
+        return ship(batch, timeout.toNanos());
+    }
+
+    /** Ships one batch, waiting at most {@code waitNanos} (the timeout, or what is left of close's). */
+    private boolean ship(List<DenyEvent> batch, long waitNanos) {
         Future<?> f;
         try {
             f = sinkThread.submit(() -> {
@@ -238,7 +243,7 @@ public final class DenyEvents implements AutoCloseable {
             return false;
         }
         try {
-            f.get(timeout.toNanos(), TimeUnit.NANOSECONDS);
+            f.get(Math.max(0, waitNanos), TimeUnit.NANOSECONDS);
             shipped.add(batch.size());
             return true;
         } catch (TimeoutException e) {
@@ -330,10 +335,12 @@ public final class DenyEvents implements AutoCloseable {
 
     /**
      * Stops the flusher and ships what is left, in batches, giving the whole
-     * at most the timeout: what is still buffered then is dropped and counted.
+     * at most the timeout (a batch the flusher is shipping keeps its own
+     * timeout): what is not shipped by then is dropped and counted.
      */
     @Override
     public void close() {
+        long end = System.nanoTime() + timeout.toNanos();
         List<DenyEvent> left;
         synchronized (lock) {
             if (closed) {
@@ -346,19 +353,19 @@ public final class DenyEvents implements AutoCloseable {
         if (flusher != null) {
             try {
                 // The flusher may be in the middle of a batch: it gives up on it within the timeout.
-                flusher.join(timeout.toMillis() + 1_000);
+                flusher.join(timeout.toMillis() + 100);
             } catch (InterruptedException e) {
                 Thread.currentThread().interrupt();
             }
         }
-        long end = System.nanoTime() + timeout.toNanos();
         for (int i = 0; i < left.size(); i += flushEvents) {
             List<DenyEvent> batch = left.subList(i, Math.min(left.size(), i + flushEvents));
-            if (System.nanoTime() >= end) {
+            long remaining = end - System.nanoTime();
+            if (remaining <= 0) {
                 failed(left.subList(i, left.size()), new TimeoutException("closing"));
                 break;
             }
-            ship(batch);
+            ship(batch, remaining);
         }
         sinkThread.shutdownNow();
     }
