@@ -33,6 +33,7 @@ from __future__ import annotations
 import atexit
 import collections
 import json
+import logging
 import os
 import threading
 import time
@@ -45,6 +46,8 @@ from typing import Any, Callable, NamedTuple, Union
 
 from .errors import InvalidArgument
 from .metrics import Metrics, metrics_of
+
+log = logging.getLogger("redis_ratelimit_client")
 
 #: The contract's `observability.deny_events` defaults.
 BUFFER_EVENTS = 10_000
@@ -356,25 +359,31 @@ class DenyEvents:
 
     def _push(self, row: _Row) -> None:
         """`record` of a `DenyEvent`'s fields as a plain tuple (a limiter's
-        path: no named tuple made there)."""
+        path: no named tuple made there). Below the capacity, one append
+        (atomic under the GIL: no lock; threads racing at the brim may hold
+        a few more than `capacity` for a moment); a full buffer or a closed
+        shipper takes the lock to drop and count exactly."""
+        buf = self._buf
+        if len(buf) < self.capacity and not self.closed:
+            buf.append(row)
+            # The flusher is woken as the count reaches `_wake_at` (it checks
+            # the count after each flush itself): `>=`, as racing threads may
+            # pass it together; an Event already set is not set again.
+            if len(buf) >= self._wake_at and not self._wake.is_set():
+                self._wake.set()
+            return
         with self._lock:
-            buf = self._buf  # under the lock: a flush may swap it for a new one
-            if self.closed or len(buf) >= self.capacity:
-                self.dropped += 1
-                if not self.closed:
-                    buf.popleft()
-                    buf.append(row)
-                waiting = -1
+            if self.closed:
+                dropped = 1
             else:
+                dropped = 0
+                if len(buf) >= self.capacity:  # still full (the flusher may have taken some)
+                    buf.popleft()
+                    dropped = 1
                 buf.append(row)
-                waiting = len(buf)
-        if waiting < 0:
-            if self.metrics is not None:
-                self.metrics.events(dropped=1)
-        # Once, as the count reaches it (the flusher checks the count after
-        # each flush itself): setting an Event costs more than the rest.
-        elif waiting == self._wake_at:
-            self._wake.set()
+            self.dropped += dropped
+        if dropped and self.metrics is not None:
+            self.metrics.events(dropped=1)
 
     def deny(
         self,
@@ -454,7 +463,10 @@ class DenyEvents:
             if self._stopping:
                 return
             if time.monotonic() >= due or self.pending >= self._wake_at:
-                self._flush(None)
+                try:
+                    self._flush(None)
+                except Exception:  # pragma: no cover - a flusher that died would drop all
+                    log.exception("redis-ratelimit: a flush of deny events failed")
                 due = time.monotonic() + self.flush_interval
 
     def flush(self) -> int:
@@ -470,14 +482,13 @@ class DenyEvents:
             # a flush (or a close) going.
             left = self.pending
             while left > 0:
+                # Under the lock: a full buffer drops its oldest under it. A
+                # request's append takes no lock (a deque's append and popleft
+                # are atomic), so the deque is never swapped for another.
                 with self._lock:
                     buf = self._buf
                     n = min(len(buf), self.flush_events, left)
-                    if n == len(buf):  # all of it: the deque itself, no loop under the lock
-                        rows: Sequence[_Row] = buf
-                        self._buf = collections.deque()
-                    else:
-                        rows = [buf.popleft() for _ in range(n)]
+                    rows = [buf.popleft() for _ in range(n)]
                 if not rows:
                     break
                 left -= len(rows)
@@ -548,6 +559,13 @@ class DenyEvents:
         with self._lock:
             self.closed = True
         self._flush(deadline)
+        # An append that raced with `closed` (it takes no lock): dropped, counted.
+        with self._lock:
+            late = len(self._buf)
+            self._buf.clear()
+            self.dropped += late
+        if late and self.metrics is not None:
+            self.metrics.events(dropped=late)
         _LIVE.discard(self)
 
     def _forked(self) -> None:
