@@ -412,3 +412,11 @@ function withTimeout(p: Promise<void>, ms: number): Promise<void> {
   p.catch(() => {});
   return Promise.race([p, late]).finally(() => clearTimeout(timer));
 }
+
+/**
+ * A `DenyEvents` (by its methods: the ESM and CommonJS builds of this
+ * package, loaded side by side, each have their own class).
+ */
+export function isDenyEvents(v: unknown): v is DenyEvents {
+  return v instanceof DenyEvents || (v !== null && typeof v === 'object' && typeof (v as DenyEvents).record === 'function' && typeof (v as DenyEvents).close === 'function');
+}

@@ -5,7 +5,7 @@ import type { Decision } from './decision.js';
 import { checkInteger, checkString, describe, InvalidArgumentError, RLError, ModuleMissingError, TimeoutError } from './errors.js';
 import { checkPeriod, checkZone, PERIOD_SECONDS, Request, type Period } from './rules.js';
 import { fromSendCommand, toTransport, type RedisLike, type SendCommandClusterFn, type SendCommandFn } from './transport.js';
-import { DenyEvents } from './denyEvents.js';
+import { isDenyEvents, type DenyEvents } from './denyEvents.js';
 import { REDIS_BREAKER, resolveMetrics, type Level, type MetricsOption, type RateLimitMetrics } from './metrics.js';
 
 /** What express-rate-limit's `increment` and `get` return. */
@@ -185,7 +185,7 @@ export class RLStore {
     this.breakerOptions = options.breaker === false ? false : options.breaker === undefined ? {} : options.breaker;
     if (this.breakerOptions !== false) new Breaker(this.breakerOptions); // checked now, naming the bad option
     this.metrics = resolveMetrics(options.metrics);
-    if (options.denyEvents !== undefined && !(options.denyEvents instanceof DenyEvents)) {
+    if (options.denyEvents !== undefined && !isDenyEvents(options.denyEvents)) {
       throw new InvalidArgumentError('denyEvents', `denyEvents must be a DenyEvents, got ${describe(options.denyEvents)}`);
     }
     this.denyEvents = options.denyEvents;

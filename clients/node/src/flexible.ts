@@ -7,7 +7,7 @@ import { checkInteger, describe, InvalidArgumentError, RLError } from './errors.
 import { flexiblePeer } from './peer.js';
 import { Request } from './rules.js';
 import type { RedisLike } from './transport.js';
-import { DenyEvents } from './denyEvents.js';
+import { isDenyEvents, type DenyEvents } from './denyEvents.js';
 import { REDIS_BREAKER, resolveMetrics, type Level, type MetricsOption, type RateLimitMetrics } from './metrics.js';
 
 /** The level a consume's decision took (set along its path). */
@@ -238,7 +238,7 @@ export class RateLimiterRL {
     this.breaker = this.account !== undefined ? breaker : undefined;
     this.insuranceLimiter = opts.insuranceLimiter;
     this.metrics = resolveMetrics(opts.metrics);
-    if (opts.denyEvents !== undefined && !(opts.denyEvents instanceof DenyEvents)) {
+    if (opts.denyEvents !== undefined && !isDenyEvents(opts.denyEvents)) {
       throw new InvalidArgumentError('denyEvents', `denyEvents must be a DenyEvents, got ${describe(opts.denyEvents)}`);
     }
     this.denyEvents = opts.denyEvents;

@@ -14,7 +14,7 @@ import { Breaker, checkFallbackMode, startProbe, Stats, type BreakerOptions, typ
 import { checkShare, localSpec, LocalLimiters, scaled, type LocalSpec, type Share } from './local.js';
 import { Request, ruleArgs, type Period, type Spec, type SpecOrPolicy } from './rules.js';
 import type { Protection } from './protection.js';
-import { DenyEvents } from './denyEvents.js';
+import { isDenyEvents, type DenyEvents } from './denyEvents.js';
 import { REDIS_BREAKER, resolveMetrics, type Level, type MetricsOption, type RateLimitMetrics } from './metrics.js';
 import type { RedisLike } from './transport.js';
 
@@ -209,7 +209,7 @@ export class Limiter {
     }
     this.protection = protection;
     this.metrics = resolveMetrics(options.metrics);
-    if (options.denyEvents !== undefined && !(options.denyEvents instanceof DenyEvents)) {
+    if (options.denyEvents !== undefined && !isDenyEvents(options.denyEvents)) {
       throw new InvalidArgumentError('denyEvents', `denyEvents must be a DenyEvents, got ${describe(options.denyEvents)}`);
     }
     this.denyEvents = options.denyEvents;

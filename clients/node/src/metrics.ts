@@ -223,6 +223,9 @@ export class RateLimitMetrics {
 export function resolveMetrics(option: unknown): RateLimitMetrics | undefined {
   if (option === undefined || option === false) return undefined;
   if (option instanceof RateLimitMetrics) return option;
+  // The other build's (ESM and CommonJS loaded side by side): its registry's set.
+  const other = option as { decision?: unknown; registry?: unknown };
+  if (option !== null && typeof option === 'object' && typeof other.decision === 'function' && other.registry !== undefined) return option as RateLimitMetrics;
   if (option === true) return RateLimitMetrics.of();
   if (option === null || typeof option !== 'object') {
     throw new InvalidArgumentError('metrics', `metrics must be true, a prom-client Registry or RateLimitMetrics, got ${describe(option)}`);

@@ -82,3 +82,17 @@ test('without prom-client (an optional peer) the package loads and runs; asking 
     rmSync(dir, { recursive: true, force: true });
   }
 });
+
+test('the ESM and CommonJS builds side by side: one build\'s DenyEvents and metrics are taken by the other\'s classes', async () => {
+  const cjs = require('redis-ratelimit');
+  const { Registry } = await import('prom-client');
+  const events = new esm.DenyEvents({ callback: () => {}, background: false });
+  const metrics = esm.RateLimitMetrics.of(new Registry());
+  const store = new cjs.RLStore({ sendCommand: async () => 1, denyEvents: events, metrics });
+  assert.equal(store.denyEvents, events);
+  assert.equal(store.metrics, metrics);
+  const limiter = new cjs.Limiter({ sendCommand: async () => 1 }, { denyEvents: events, metrics });
+  assert.equal(limiter.denyEvents, events);
+  assert.throws(() => new cjs.Limiter({ sendCommand: async () => 1 }, { denyEvents: { record: 1 } }), (e) => e instanceof cjs.InvalidArgumentError && e.argument === 'denyEvents');
+  await events.close();
+});
