@@ -129,7 +129,8 @@ bench-kit-java: build
 # The Node kit's side: RateLimiterRL (one RL.SLIDING per consume) against
 # rate-limiter-flexible's RateLimiterRedis, side by side at 64 callers.
 bench-kit-node: build
-	cd clients/node && npm run --silent build && RL_MODULE=$(abspath $(MODULE)) node bench/flexible.mjs
+	cd clients/node && npm run --silent build && RL_MODULE=$(abspath $(MODULE)) node bench/flexible.mjs && \
+		RL_MODULE=$(abspath $(MODULE)) node bench/metrics.mjs
 
 # The pictures of docs/algorithms.md, from a real run against the module.
 trace: build
