@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import itertools
 import json
 import logging
 import os
@@ -286,6 +287,9 @@ if hasattr(os, "register_at_fork"):
 #: the request's path: a plain tuple of strings and numbers costs the least,
 #: and the garbage collector stops tracking it).
 _Row = tuple[Any, ...]
+#: A row as its `DenyEvent` (`tuple.__new__`: `_make` without its Python
+#: frame; every row has the ten fields, as `_push`'s callers build them).
+_event: Callable[[type[DenyEvent], _Row], DenyEvent] = tuple.__new__
 
 
 class DenyEvents:
@@ -436,7 +440,7 @@ class DenyEvents:
         """A copy of the events waiting, oldest first."""
         with self._lock:
             rows = list(self._buf)
-        return [DenyEvent._make(r) for r in rows]
+        return [_event(DenyEvent, r) for r in rows]
 
     # -- the flusher ------------------------------------------------------------
 
@@ -488,12 +492,12 @@ class DenyEvents:
                 with self._lock:
                     buf = self._buf
                     n = min(len(buf), self.flush_events, left)
-                    rows = [buf.popleft() for _ in range(n)]
+                    rows = list(itertools.starmap(buf.popleft, itertools.repeat((), n)))
                 if not rows:
                     break
                 left -= len(rows)
                 # Named tuples, their timestamps and JSON: made here, off the request's path.
-                batch = [DenyEvent._make(r) for r in rows]
+                batch = [_event(DenyEvent, r) for r in rows]
                 wait = self.timeout
                 # close()'s deadline bounds a flush under way on the flusher too.
                 for by in (deadline, self._close_by):
