@@ -32,6 +32,7 @@ from redis_ratelimit_client import (
     Rule,
     Sliding,
 )
+from redis_ratelimit_client.events import MAX_SECONDS
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -338,3 +339,40 @@ def test_every_event_is_shipped_or_counted_dropped_under_threads() -> None:
     for t in range(threads):
         mine = [int(k.split("-")[1]) for k in got if k.startswith(f"t{t}-")]
         assert mine == sorted(mine)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [
+        ({"flush_interval": float("inf")}, "flush_interval"),
+        ({"flush_interval": 1e12}, "flush_interval"),
+        ({"timeout": float("inf")}, "timeout"),
+        ({"timeout": 1e12}, "timeout"),
+    ],
+)
+def test_a_wait_too_long_for_the_platform_is_refused_not_fatal_to_the_flusher(
+    kwargs: dict[str, Any], param: str
+) -> None:
+    """`threading`'s waits refuse more than `threading.TIMEOUT_MAX` (and
+    infinity): the flusher died at its first wait (nothing ever shipped) or
+    at its first batch; refused at the call instead, naming the argument."""
+    with pytest.raises(InvalidArgument) as e:
+        DenyEvents(list, **kwargs)
+    assert e.value.param == param
+    with pytest.raises(InvalidArgument) as e:
+        BulkSink("http://127.0.0.1:9", timeout=float("inf"))
+    assert e.value.param == "timeout"
+
+
+def test_the_longest_wait_the_platform_takes_still_ships_by_count() -> None:
+    batches: list[list[DenyEvent]] = []
+    events = DenyEvents(
+        batches.append, flush_interval=MAX_SECONDS, flush_events=2, timeout=MAX_SECONDS
+    )
+    try:
+        deny(events, "a")
+        deny(events, "b")
+        wait_until(lambda: events.shipped == 2, 10, "a flush by count")
+        assert events.running
+    finally:
+        events.close()

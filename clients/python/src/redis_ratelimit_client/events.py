@@ -252,9 +252,21 @@ def check_http(client_ip: object, user_agent: object) -> None:
     _text("user_agent", user_agent, optional=True)
 
 
+#: The longest `flush_interval` and `timeout`: a year (threading's waits
+#: refuse more than `threading.TIMEOUT_MAX`, and infinity: the flusher died).
+MAX_SECONDS = 365 * 86400
+
+
 def _seconds(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise InvalidArgument(f"{name} must be a number of seconds above 0", param=name)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not 0 < value <= MAX_SECONDS
+    ):
+        raise InvalidArgument(
+            f"{name} must be a number of seconds above 0, at most {MAX_SECONDS} (a year)",
+            param=name,
+        )
     return float(value)
 
 
@@ -609,6 +621,7 @@ __all__ = [
     "FIELDS",
     "FLUSH_EVENTS",
     "FLUSH_INTERVAL_MS",
+    "MAX_SECONDS",
     "OPTIONAL",
     "SINK_TIMEOUT_MS",
     "BulkSink",
