@@ -17,7 +17,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 from conftest import Server, wait_until
-from observability import scrape, value
+from observability import BulkServer, scrape, value
 from prometheus_client import CollectorRegistry
 
 from redis_ratelimit_client import (
@@ -376,3 +376,24 @@ def test_the_longest_wait_the_platform_takes_still_ships_by_count() -> None:
         assert events.running
     finally:
         events.close()
+
+
+def test_a_lone_surrogate_costs_no_batch_at_file_or_bulk(tmp_path: Path) -> None:
+    """A str may hold a lone surrogate (an identity from `os.fsdecode`, say):
+    UTF-8 cannot encode it, and the whole batch was lost with it. It is
+    written as JSON's own escape instead, and reads back the same."""
+    odd = "user-\udc80"
+    path = tmp_path / "deny.jsonl"
+    bulk = BulkServer()
+    try:
+        for sink in (FileSink(str(path)), BulkSink(bulk.url)):
+            events = DenyEvents(sink, start=False)
+            deny(events, "before")
+            deny(events, odd)
+            deny(events, "after")
+            assert events.flush() == 3 and events.sink_errors == 0
+        lines = [json.loads(x)["key"] for x in path.read_text().splitlines()]
+        assert lines == ["before", odd, "after"]
+        assert [e["key"] for e in bulk.events()] == ["before", odd, "after"]
+    finally:
+        bulk.stop()

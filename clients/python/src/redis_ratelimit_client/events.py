@@ -166,7 +166,9 @@ class FileSink:
 
     def __call__(self, batch: list[DenyEvent]) -> None:
         text = "".join(e.to_json() + "\n" for e in batch)
-        with open(self.path, "a", encoding="utf-8") as f:
+        # A lone surrogate (only ever inside a JSON string) as JSON's own
+        # escape `\udc80`: UTF-8 cannot encode it, and it cost the batch.
+        with open(self.path, "a", encoding="utf-8", errors="backslashreplace") as f:
             f.write(text)
 
     def __repr__(self) -> str:
@@ -206,7 +208,8 @@ class BulkSink:
 
     def body(self, batch: list[DenyEvent]) -> bytes:
         """The batch as `_bulk`'s NDJSON (each line ends with a newline)."""
-        return "".join(f"{self._action}\n{e.to_json()}\n" for e in batch).encode("utf-8")
+        text = "".join(f"{self._action}\n{e.to_json()}\n" for e in batch)
+        return text.encode("utf-8", "backslashreplace")  # a lone surrogate: as FileSink
 
     def __call__(self, batch: list[DenyEvent]) -> None:
         req = urllib.request.Request(
