@@ -21,7 +21,9 @@ pub struct Node {
     /// The `node` label: `host:port`.
     pub label: String,
     client: redis::Client,
-    /// The connection, kept between scrapes; dropped after any error.
+    /// The connection, kept between scrapes; dropped when a command was cut
+    /// off (the scrape timeout) or the connection broke, kept after an error
+    /// reply.
     conn: Mutex<Option<MultiplexedConnection>>,
     /// Scrapes that failed, since the exporter started.
     pub scrape_errors: AtomicU64,
@@ -123,14 +125,16 @@ async fn scrape_node(
         read_node(node, connect_timeout, scrape_timeout, policy_info),
     )
     .await;
+    let timed_out = read.is_err();
     let result = match read {
         Ok(r) => r,
         Err(_) => Err(Failure::Down(format!(
             "no answer within the scrape timeout ({scrape_timeout:?})"
         ))),
     };
-    if result.is_err() {
-        // Whatever state the connection is in, start afresh next time.
+    if timed_out {
+        // Cut off mid-command: start afresh next time. (An error reply in
+        // time leaves the connection fine: read_node keeps it.)
         if let Ok(mut conn) = node.conn.try_lock() {
             *conn = None;
         }
@@ -205,7 +209,9 @@ async fn read_node(
     {
         Ok(t) => t,
         Err(e) => {
-            *guard = None;
+            if broken(&e) {
+                *guard = None;
+            }
             return Err(Failure::Down(format!("INFO ratelimit: {e}")));
         }
     };
@@ -220,20 +226,34 @@ async fn read_node(
     }
     match fingerprints(&mut conn).await {
         Ok(f) => Ok((info, f)),
-        Err(why) => {
-            *guard = None;
+        Err((why, is_broken)) => {
+            if is_broken {
+                *guard = None;
+            }
             Err(Failure::Partial(Box::new(info), why))
         }
     }
 }
 
+/// Whether `e` leaves the connection unusable (an I/O error, a response
+/// timeout, a dropped connection), as opposed to an error reply (NOPERM,
+/// an unknown command, a reply of another type), after which the
+/// connection is in step and is kept: reconnecting at every scrape of a
+/// node that keeps refusing a command would only add connections and AUTHs.
+fn broken(e: &redis::RedisError) -> bool {
+    e.is_io_error() || e.is_unrecoverable_error()
+}
+
 /// `RL.POLICY LIST`, then every policy's `RL.POLICY GET` in one pipeline.
-async fn fingerprints(conn: &mut MultiplexedConnection) -> Result<Vec<(String, String)>, String> {
+/// An error says what failed and whether the connection is [`broken`].
+async fn fingerprints(
+    conn: &mut MultiplexedConnection,
+) -> Result<Vec<(String, String)>, (String, bool)> {
     let names: Vec<Vec<u8>> = redis::cmd("RL.POLICY")
         .arg("LIST")
         .query_async(conn)
         .await
-        .map_err(|e| format!("RL.POLICY LIST: {e}"))?;
+        .map_err(|e| (format!("RL.POLICY LIST: {e}"), broken(&e)))?;
     if names.is_empty() {
         return Ok(Vec::new());
     }
@@ -244,14 +264,16 @@ async fn fingerprints(conn: &mut MultiplexedConnection) -> Result<Vec<(String, S
     let replies: Vec<redis::Value> = pipe
         .query_async(conn)
         .await
-        .map_err(|e| format!("RL.POLICY GET: {e}"))?;
+        .map_err(|e| (format!("RL.POLICY GET: {e}"), broken(&e)))?;
     let mut out = Vec::with_capacity(names.len());
     for (name, reply) in names.iter().zip(&replies) {
         let Ok(name) = String::from_utf8(name.clone()) else {
             continue;
         };
         // A policy deleted since LIST answers nil: it has no definition.
-        if let Some(fp) = fingerprint::of_reply(reply).map_err(|e| format!("{name}: {e}"))? {
+        if let Some(fp) =
+            fingerprint::of_reply(reply).map_err(|e| (format!("{name}: {e}"), false))?
+        {
             out.push((name, fp));
         }
     }

@@ -735,3 +735,65 @@ fn bad_configuration_is_refused() {
     assert_eq!(code, Some(1));
     assert!(err.contains(&format!("--listen {addr}")), "{err}");
 }
+
+/// `total_connections_received` of a server, read over `admin` (one
+/// connection kept for it, so reading does not count itself).
+fn connections_received(admin: &mut redis::Connection) -> u64 {
+    let stats: String = redis::cmd("INFO").arg("stats").query(admin).unwrap();
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix("total_connections_received:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("total_connections_received in INFO stats")
+}
+
+/// An error reply (a node without the module, a user the ACL does not let
+/// run RL.POLICY) is a failed scrape, but the connection it came on is fine:
+/// the exporter keeps it instead of reconnecting (and authenticating) at
+/// every scrape.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn error_replies_keep_the_connection() {
+    let bare = Server::start_bare(Kind::Redis);
+    let limited = Server::start(Kind::Valkey);
+    limited.call(&["ACL", "SETUSER", "infoonly", "on", ">pw", "+info"]);
+    limited.call(&["RL.POLICY", "SET", "p", "FIXEDWINDOW", "1", "1000"]);
+    let exporter = Exporter::start(
+        &[
+            "--redis-url".into(),
+            bare.url(),
+            "--redis-url".into(),
+            format!("redis://infoonly:pw@127.0.0.1:{}/", limited.port),
+        ],
+        &[],
+    );
+    let (b, l) = (bare.node(), limited.node());
+    let mut admins = [bare.conn(), limited.conn()];
+    let first = exporter.scrape().await;
+    assert_eq!(first.get("redis_ratelimit_up", &[("node", &b)]), Some(0.0));
+    // INFO answered; RL.POLICY refused: up, no fingerprints, an error.
+    assert_eq!(first.get("redis_ratelimit_up", &[("node", &l)]), Some(1.0));
+    assert_eq!(
+        first.get("redis_ratelimit_policies", &[("node", &l)]),
+        Some(1.0)
+    );
+    assert!(first
+        .matching("redis_ratelimit_policy_info", &[])
+        .is_empty());
+    let before: Vec<u64> = admins.iter_mut().map(connections_received).collect();
+    for _ in 0..3 {
+        exporter.scrape().await;
+    }
+    let after: Vec<u64> = admins.iter_mut().map(connections_received).collect();
+    assert_eq!(
+        after, before,
+        "connections opened by 3 scrapes (bare, limited)"
+    );
+    let last = exporter.scrape().await;
+    for node in [&b, &l] {
+        assert_eq!(
+            last.get("redis_ratelimit_scrape_errors_total", &[("node", node)]),
+            Some(5.0),
+            "{node}"
+        );
+    }
+}
