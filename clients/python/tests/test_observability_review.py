@@ -397,3 +397,55 @@ def test_a_lone_surrogate_costs_no_batch_at_file_or_bulk(tmp_path: Path) -> None
         assert [e["key"] for e in bulk.events()] == ["before", odd, "after"]
     finally:
         bulk.stop()
+
+
+def _python312() -> str | None:
+    """A CPython 3.12 (its atexit refuses new threads), if this host has one."""
+    import glob
+    import shutil
+
+    pyenv = glob.glob(os.path.expanduser("~/.pyenv/versions/3.12*/bin/python3.12"))
+    for found in [*sorted(pyenv), shutil.which("python3.12")]:
+        if found:
+            done = subprocess.run(
+                [found, "-c", "import sys; print(sys.version_info[:2] == (3, 12))"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            if done.stdout.strip() == "True":
+                return found
+    return None
+
+
+HUNG_AT_EXIT = """
+import sys, threading
+from redis_ratelimit_client import DenyEvents, FileSink
+gate = threading.Event()
+hung = DenyEvents(lambda batch: gate.wait(), flush_interval=3600, timeout=0.5)
+shipped = DenyEvents(FileSink(sys.argv[1]), flush_interval=3600, timeout=5)
+for e in (hung, shipped):
+    e.deny(key="k", rule="r", level="redis", limit=1, remaining=0, retry_after_ms=1)
+"""  # never closed: at the exit, one sink hangs, the other ships
+
+
+@pytest.mark.parametrize("python", ["this", "3.12"])
+def test_the_exit_with_a_hung_callback_is_bounded_and_ships_the_rest(
+    tmp_path: Path, python: str
+) -> None:
+    """CPython 3.12's atexit refuses new threads: the sink was then called
+    on the exiting thread, and a callback that hangs hung the exit forever.
+    The sink runs on a thread of the shipper's own, started with it."""
+    import sysconfig
+
+    exe = sys.executable if python == "this" else _python312()
+    if exe is None:
+        pytest.skip("no CPython 3.12 on this host")
+    path = tmp_path / "deny.jsonl"
+    # redis and prometheus_client are pure Python: this interpreter's serve.
+    env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{sysconfig.get_paths()['purelib']}"}
+    out = subprocess.run(
+        [exe, "-c", HUNG_AT_EXIT, str(path)], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert [json.loads(x)["key"] for x in path.read_text().splitlines()] == ["k"]

@@ -17,10 +17,11 @@ to:
 A full buffer drops its oldest events (`dropped`). A flush that fails,
 is refused or takes longer than `timeout` loses its batch: `dropped += n`,
 `sink_errors += 1`, never retried, never held. The sink is called on a
-thread of its own that the flusher waits for at most `timeout`: a sink that
-hangs costs counts, not a request's time; while such a call has not
-returned, the next batches are refused at once (counted) rather than piling
-up threads. `close()` (and the interpreter's exit) ships what is left,
+thread of the shipper's own (one for its life, started with the flusher:
+CPython 3.12 starts no thread at the interpreter's exit), which the flusher
+waits for at most `timeout`: a sink that hangs costs counts, not a
+request's time; while such a call has not returned, the next batches are
+refused at once (counted) rather than queued. `close()` (and the interpreter's exit) ships what is left,
 bounded by `timeout` in all, a flush under way included.
 
 After `os.fork()` (a pre-forking server's workers), the child's shipper
@@ -36,6 +37,7 @@ import itertools
 import json
 import logging
 import os
+import queue
 import threading
 import time
 import urllib.error
@@ -150,6 +152,39 @@ def _second(s: int) -> str:
 
 #: A sink: called with a batch; an exception (or a return of False) refuses it.
 Sink = Callable[[list[DenyEvent]], Any]
+
+
+class _Job:
+    """One batch for the sink's thread: `ok` once `done` is set (True:
+    accepted; False or the exception: refused)."""
+
+    __slots__ = ("sink", "batch", "done", "ok")
+
+    def __init__(self, sink: Sink, batch: list[DenyEvent]) -> None:
+        self.sink = sink
+        self.batch = batch
+        self.done = threading.Event()
+        self.ok: object = None
+
+    def run(self) -> None:
+        try:
+            self.ok = self.sink(self.batch) is not False
+        except BaseException as e:
+            self.ok = e
+        self.done.set()
+
+    def is_alive(self) -> bool:
+        """Whether the sink is still on this batch."""
+        return not self.done.is_set()
+
+
+def _serve(jobs: queue.SimpleQueue[_Job | None]) -> None:
+    """The sink's thread: each job in turn, until a None."""
+    while True:
+        job = jobs.get()
+        if job is None:
+            return
+        job.run()
 
 
 class SinkError(Exception):
@@ -355,7 +390,10 @@ class DenyEvents:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._shipping = threading.Lock()
-        self._stuck: threading.Thread | None = None
+        #: The sink's thread and its jobs; the job a sink hangs on.
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._worker: threading.Thread | None = None
+        self._stuck: _Job | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
         #: close()'s deadline (monotonic): a flush under way stops there.
@@ -471,6 +509,7 @@ class DenyEvents:
             self._stopping = False
             self._thread = threading.Thread(target=self._run, name="rl-deny-events", daemon=True)
             self._thread.start()
+            self._sink_worker()
         return self
 
     def _run(self) -> None:
@@ -529,31 +568,37 @@ class DenyEvents:
             if self._stuck.is_alive():
                 return self._lost(batch, error=True)  # the sink still hangs
             self._stuck = None
-        outcome: list[object] = []
-
-        def call() -> None:
-            try:
-                outcome.append(self.sink(batch) is not False)
-            except BaseException as e:
-                outcome.append(e)
-
-        t = threading.Thread(target=call, name="rl-deny-sink", daemon=True)
-        try:
-            t.start()
-        except RuntimeError:  # no new thread at the interpreter's exit: call it here
-            call()
-        else:
-            t.join(wait)
-        if t.is_alive():
-            self._stuck = t
-            return self._lost(batch, error=True)
-        if outcome != [True]:
+        job = _Job(self.sink, batch)
+        if self._sink_worker():
+            self._jobs.put(job)
+            if not job.done.wait(wait):
+                self._stuck = job
+                return self._lost(batch, error=True)
+        else:  # pragma: no cover - no thread could be started: call it here
+            job.run()
+        if job.ok is not True:
             return self._lost(batch, error=True)
         with self._lock:
             self.shipped += len(batch)
         if self.metrics is not None:
             self.metrics.events(shipped=len(batch))
         return len(batch)
+
+    def _sink_worker(self) -> bool:
+        """The thread the sink is called on, one for the shipper's life
+        (started with the flusher, so that it is there at the interpreter's
+        exit, where CPython 3.12 starts no new thread): whether it runs."""
+        w = self._worker
+        if w is not None and w.is_alive():
+            return True
+        jobs = self._jobs
+        w = threading.Thread(target=_serve, args=(jobs,), name="rl-deny-sink", daemon=True)
+        try:
+            w.start()
+        except RuntimeError:  # pragma: no cover - at the interpreter's exit
+            return False
+        self._worker = w
+        return True
 
     def _lost(self, batch: Sequence[DenyEvent], error: bool) -> int:
         with self._lock:
@@ -585,6 +630,7 @@ class DenyEvents:
             self.dropped += late
         if late and self.metrics is not None:
             self.metrics.events(dropped=late)
+        self._jobs.put(None)  # the sink's thread ends (after a hung call returns)
         _LIVE.discard(self)
 
     def _forked(self) -> None:
@@ -596,6 +642,8 @@ class DenyEvents:
         self._shipping = threading.Lock()
         self._wake = threading.Event()
         self._buf = collections.deque()
+        self._jobs = queue.SimpleQueue()
+        self._worker = None
         self._stuck = None
         self._thread = None
         if ran:
