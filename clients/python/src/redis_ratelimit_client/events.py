@@ -21,8 +21,9 @@ thread of the shipper's own (one for its life, started with the flusher:
 CPython 3.12 starts no thread at the interpreter's exit), which the flusher
 waits for at most `timeout`: a sink that hangs costs counts, not a
 request's time; while such a call has not returned, the next batches are
-refused at once (counted) rather than queued. `close()` (and the interpreter's exit) ships what is left,
-bounded by `timeout` in all, a flush under way included.
+refused at once (counted) rather than queued. `close()` (and the
+interpreter's exit) ships what is left, bounded by `timeout` in all, a
+flush under way included.
 
 After `os.fork()` (a pre-forking server's workers), the child's shipper
 starts empty (what waited is the parent's to ship) with fresh locks and, if
