@@ -38,6 +38,9 @@ public interface DenyEventSink {
         if (file == null) {
             throw new InvalidArgumentException("file", "a file sink needs a path");
         }
+        if (Files.isDirectory(file)) {
+            throw new InvalidArgumentException("file", "the file sink appends to a file, and " + file + " is a folder");
+        }
         return batch -> {
             StringBuilder b = new StringBuilder(batch.size() * 192);
             for (DenyEvent e : batch) {
@@ -72,7 +75,10 @@ public interface DenyEventSink {
 
     /** The {@code _bulk} sink: {@link java.net.http.HttpClient}, so no dependency. */
     final class Bulk implements DenyEventSink {
-        private static final Pattern NO_ERRORS = Pattern.compile("\"errors\"\\s*:\\s*false");
+        /** The first "errors" field: Elasticsearch and OpenSearch put it at the top, before the items. */
+        private static final Pattern ERRORS = Pattern.compile("\"errors\"\\s*:\\s*(true|false)");
+        /** How much of a reply is read to find it. */
+        private static final int HEAD_BYTES = 64 * 1024;
         private final URI endpoint;
         private final String action;
         private final Duration timeout;
@@ -83,8 +89,13 @@ public interface DenyEventSink {
                     || url.getHost() == null) {
                 throw new InvalidArgumentException("url", "the _bulk sink needs an http(s) URL with a host, got " + url);
             }
-            if (index == null || index.isEmpty()) {
-                throw new InvalidArgumentException("index", "the _bulk sink needs an index name");
+            if (url.getRawQuery() != null || url.getRawFragment() != null) {
+                throw new InvalidArgumentException("url", "the _bulk sink posts to <url>/_bulk: give the base URL without a query or a"
+                        + " fragment, got " + url);
+            }
+            String bad = badIndex(index);
+            if (bad != null) {
+                throw new InvalidArgumentException("index", bad);
             }
             if (timeout == null || timeout.isZero() || timeout.isNegative()) {
                 throw new InvalidArgumentException("timeout", "must be above 0, got " + timeout);
@@ -96,6 +107,41 @@ public interface DenyEventSink {
             this.action = a.append("}}\n").toString();
             this.timeout = timeout;
             this.http = HttpClient.newBuilder().connectTimeout(timeout).version(HttpClient.Version.HTTP_1_1).build();
+        }
+
+        /**
+         * Why Elasticsearch would refuse {@code index} on every batch, or null:
+         * lowercase only, none of {@code \\ / * ? " < > | , # :} nor a space,
+         * not starting with {@code - _ +}, not {@code .} or {@code ..}, at most
+         * 255 bytes. A date-math name ({@code <ratelimit-deny-{now/d}>}) is
+         * left to the server.
+         */
+        static String badIndex(String index) {
+            if (index == null || index.isEmpty()) {
+                return "the _bulk sink needs an index name";
+            }
+            if (index.length() > 2 && index.startsWith("<") && index.endsWith(">")) {
+                return null;
+            }
+            if (index.getBytes(StandardCharsets.UTF_8).length > 255) {
+                return "an index name is at most 255 bytes, got " + index.getBytes(StandardCharsets.UTF_8).length;
+            }
+            if (index.equals(".") || index.equals("..")) {
+                return "an index cannot be named '" + index + "'";
+            }
+            if ("-_+".indexOf(index.charAt(0)) >= 0) {
+                return "an index name cannot start with '" + index.charAt(0) + "', got '" + index + "'";
+            }
+            for (int i = 0; i < index.length(); i++) {
+                char c = index.charAt(i);
+                if (Character.isUpperCase(c)) {
+                    return "an index name is lowercase, got '" + index + "'";
+                }
+                if ("\\/*?\"<>|,#: ".indexOf(c) >= 0 || Character.isWhitespace(c) || c < 0x20) {
+                    return "an index name cannot hold '" + c + "', got '" + index + "'";
+                }
+            }
+            return null;
         }
 
         public URI endpoint() {
@@ -111,13 +157,39 @@ public interface DenyEventSink {
             HttpRequest request = HttpRequest.newBuilder(endpoint).timeout(timeout)
                     .header("Content-Type", "application/x-ndjson")
                     .POST(HttpRequest.BodyPublishers.ofString(body.toString(), StandardCharsets.UTF_8)).build();
-            HttpResponse<String> response = http.send(request, HttpResponse.BodyHandlers.ofString(StandardCharsets.UTF_8));
-            if (response.statusCode() / 100 != 2) {
-                throw new IOException(endpoint + " answered HTTP " + response.statusCode());
+            // The reply as a stream: only its head is read. Elasticsearch puts "errors" before the items,
+            // which can be megabytes; the rest is never held (closing the stream drops the connection).
+            HttpResponse<java.io.InputStream> response = http.send(request, HttpResponse.BodyHandlers.ofInputStream());
+            try (java.io.InputStream in = response.body()) {
+                if (response.statusCode() / 100 != 2) {
+                    throw new IOException(endpoint + " answered HTTP " + response.statusCode());
+                }
+                String head = head(in);
+                java.util.regex.Matcher m = ERRORS.matcher(head);
+                if (!m.find()) {
+                    throw new IOException(endpoint + " answered without \"errors\" in the first " + HEAD_BYTES + " bytes");
+                }
+                if (!m.group(1).equals("false")) {
+                    throw new IOException(endpoint + " answered \"errors\": true");
+                }
             }
-            if (!NO_ERRORS.matcher(response.body()).find()) {
-                throw new IOException(endpoint + " answered without \"errors\": false");
+        }
+
+        /** The reply's first bytes, up to where its top-level "errors" field is known (at most HEAD_BYTES). */
+        private static String head(java.io.InputStream in) throws IOException {
+            byte[] buf = new byte[HEAD_BYTES];
+            int n = 0;
+            while (n < buf.length) {
+                int r = in.read(buf, n, buf.length - n);
+                if (r < 0) {
+                    break;
+                }
+                n += r;
+                if (ERRORS.matcher(new String(buf, 0, n, StandardCharsets.UTF_8)).find()) {
+                    break;
+                }
             }
+            return new String(buf, 0, n, StandardCharsets.UTF_8);
         }
     }
 }

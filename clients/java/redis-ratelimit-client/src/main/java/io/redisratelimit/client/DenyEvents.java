@@ -220,8 +220,22 @@ public final class DenyEvents implements AutoCloseable {
                 batch = take(flushEvents);
             }
             if (!batch.isEmpty()) {
-                ship(batch);
+                try {
+                    ship(batch);
+                } catch (RuntimeException | Error e) {
+                    // ship counts every failure it knows; nothing may stop the flusher, or nothing ships again.
+                    LOG.log(Level.ERROR, "redis-ratelimit: the deny-event flusher goes on after " + describe(e));
+                }
             }
+        }
+    }
+
+    /** A failure as text, even one whose toString throws (a sink's exception is anyone's code). */
+    private static String describe(Throwable why) {
+        try {
+            return String.valueOf(why);
+        } catch (RuntimeException | Error e) {
+            return why.getClass().getName();
         }
     }
 
@@ -254,6 +268,11 @@ public final class DenyEvents implements AutoCloseable {
             failed(batch, e);
         } catch (ExecutionException e) {
             failed(batch, e.getCause());
+        } catch (RuntimeException | Error e) {
+            // Future.get itself failed: a CancellationException, or an ExecutionException that could not be
+            // made (its constructor calls the sink's exception's toString, which may throw).
+            f.cancel(true);
+            failed(batch, e);
         } catch (InterruptedException e) {
             f.cancel(true);
             failed(batch, e);
@@ -266,7 +285,7 @@ public final class DenyEvents implements AutoCloseable {
         dropped.add(batch.size());
         sinkErrors.increment();
         LOG.log(Level.WARNING, "redis-ratelimit: the deny-event sink refused a batch of " + batch.size()
-                + " events (dropped, not retried): " + (why instanceof TimeoutException ? "no answer within " + timeout : why));
+                + " events (dropped, not retried): " + (why instanceof TimeoutException ? "no answer within " + timeout : describe(why)));
     }
 
     /**

@@ -247,6 +247,97 @@ class DenyEventsTest {
     }
 
     @Test
+    void aBulkReplyIsJudgedByItsHeadNotReadToItsEnd() throws Exception {
+        // Elasticsearch puts "errors" first; the items after it can be megabytes. A reply whose head says
+        // errors false is accepted without reading (or holding in memory) the rest, even one that never ends.
+        com.sun.net.httpserver.HttpServer http = com.sun.net.httpserver.HttpServer.create(
+                new java.net.InetSocketAddress(java.net.InetAddress.getLoopbackAddress(), 0), 0);
+        java.util.concurrent.CountDownLatch done = new java.util.concurrent.CountDownLatch(1);
+        http.setExecutor(java.util.concurrent.Executors.newCachedThreadPool(r -> {
+            Thread t = new Thread(r, "endless-bulk");
+            t.setDaemon(true);
+            return t;
+        }));
+        http.createContext("/_bulk", ex -> {
+            ex.getRequestBody().readAllBytes();
+            ex.sendResponseHeaders(200, 0);
+            byte[] item = ",{\"index\":{\"status\":201}}".repeat(100).getBytes(java.nio.charset.StandardCharsets.UTF_8);
+            try (java.io.OutputStream out = ex.getResponseBody()) {
+                out.write("{\"took\":1,\"errors\":false,\"items\":[{}".getBytes(java.nio.charset.StandardCharsets.UTF_8));
+                while (done.getCount() > 0) {
+                    out.write(item);
+                    out.flush();
+                }
+            } catch (java.io.IOException gone) {
+                // the client stopped reading: what the sink should do
+            }
+        });
+        http.start();
+        try (DenyEvents events = DenyEvents.builder(DenyEventSink.bulk(URI.create("http://127.0.0.1:" + http.getAddress().getPort())))
+                .backgroundFlusher(false).timeout(Duration.ofSeconds(5)).build()) {
+            events.record(event(1));
+            events.record(event(2));
+            assertEquals(2, events.flush(), "errors false in the head: accepted");
+            assertEquals(0, events.sinkErrors());
+            assertEquals(0, events.dropped());
+        } finally {
+            done.countDown();
+            http.stop(0);
+            ((java.util.concurrent.ExecutorService) http.getExecutor()).shutdownNow();
+        }
+    }
+
+    @Test
+    void aSinkFailureThatCannotEvenBePrintedLeavesTheFlusherRunning() throws Exception {
+        List<Integer> shipped = new CopyOnWriteArrayList<>();
+        java.util.concurrent.atomic.AtomicInteger calls = new java.util.concurrent.atomic.AtomicInteger();
+        DenyEventSink odd = batch -> {
+            if (calls.incrementAndGet() == 1) {
+                throw new IllegalStateException() {
+                    @Override
+                    public String toString() {
+                        throw new UnsupportedOperationException("a toString that throws");
+                    }
+
+                    @Override
+                    public String getMessage() {
+                        throw new UnsupportedOperationException("a getMessage that throws");
+                    }
+                };
+            }
+            shipped.add(batch.size());
+        };
+        try (DenyEvents events = DenyEvents.builder(odd).flushInterval(Duration.ofMillis(20)).build()) {
+            events.record(event(1));
+            poll("the first batch refused", Duration.ofSeconds(10), () -> events.sinkErrors() == 1);
+            events.record(event(2));
+            poll("the flusher still ships after it", Duration.ofSeconds(10), () -> events.shipped() == 1);
+            assertEquals(List.of(1), shipped);
+            assertEquals(1, events.dropped());
+        }
+    }
+
+    @Test
+    void sinkSettingsThatCannotWorkAreRefusedNamingTheSetting(@TempDir java.nio.file.Path dir) {
+        Duration t = Duration.ofSeconds(1);
+        URI es = URI.create("http://127.0.0.1:9200");
+        // Elasticsearch refuses these index names on every batch: refused here, before any event is lost.
+        for (String index : List.of("RateLimit", "rate limit", "a/b", "a,b", "a*", "_deny", "-deny", "+deny", ".", "..", "a#b", "a\\b",
+                "a:b", "x".repeat(256))) {
+            InvalidArgumentException e = assertThrows(InvalidArgumentException.class, () -> DenyEventSink.bulk(es, index, t), index);
+            assertEquals("index", e.parameter(), index);
+        }
+        DenyEventSink.bulk(es, "ratelimit-deny-2026.12", t);
+        DenyEventSink.bulk(es, "<ratelimit-deny-{now/d}>", t);
+        // <url>/_bulk after a query or a fragment is another URL.
+        for (String url : List.of("http://127.0.0.1:9200/?pretty", "http://127.0.0.1:9200#x")) {
+            assertEquals("url", assertThrows(InvalidArgumentException.class, () -> DenyEventSink.bulk(URI.create(url), "i", t)).parameter(), url);
+        }
+        assertEquals("file", assertThrows(InvalidArgumentException.class, () -> DenyEventSink.file(dir)).parameter(),
+                "a folder is no file to append to");
+    }
+
+    @Test
     void theLimiterRecordsEveryDenialAtEveryLevelWithItsFields() throws Exception {
         List<DenyEvent> got = new CopyOnWriteArrayList<>();
         try (RedisServer server = RedisServer.start()) {

@@ -76,6 +76,42 @@ class ObservabilityContractTest {
     }
 
     @Test
+    void twoLimitersOnOneRegistryAreBothCounted() {
+        // Two limiters (two Redis deployments, or two configurations) in one application, one registry:
+        // the registry's series are the sum of both, not the first limiter's alone.
+        PrometheusMeterRegistry shared = new PrometheusMeterRegistry(PrometheusConfig.DEFAULT);
+        DenyEvents firstEvents = DenyEvents.builder(batch -> { }).capacity(1).backgroundFlusher(false).build();
+        DenyEvents secondEvents = DenyEvents.builder(batch -> { }).capacity(1).backgroundFlusher(false).build();
+        try (Limiter first = Limiter.builder(Client.connect(Drivers.LETTUCE.standalone(server), Duration.ofSeconds(2))).instances(1).denyCache(false).denyEvents(firstEvents)
+                .metrics(RateLimitMeters.on(shared)).build();
+             Limiter second = Limiter.builder(Client.connect(Drivers.LETTUCE.standalone(server), Duration.ofSeconds(2))).instances(1).denyCache(false).denyEvents(secondEvents)
+                     .metrics(RateLimitMeters.on(shared)).build()) {
+            String run = UUID.randomUUID().toString();
+            RuleSet wide = first.rules(Rule.of("user", Spec.fixedWindow(4, Windows.FIXED_MS)).keyPrefix("two:" + run + ":w:"));
+            RuleSet x = first.rules(Rule.of("x", Spec.fixedWindow(1, Windows.FIXED_MS)).keyPrefix("two:" + run + ":x:"));
+            RuleSet narrow = second.rules(Rule.of("user", Spec.fixedWindow(1, Windows.FIXED_MS)).keyPrefix("two:" + run + ":n:"));
+            first.check(wide, "ann");
+            for (int i = 0; i < 3; i++) {
+                first.check(x, "ann");
+            }
+            for (int i = 0; i < 5; i++) {
+                second.check(narrow, "ann");
+            }
+            Prometheus scrape = new Prometheus(shared.scrape());
+            assertEquals(9.0, scrape.sum("ratelimit_redis_calls_total"), scrape.text());
+            assertEquals(1 + 3, firstEvents.dropped() + secondEvents.dropped(), "each buffer of 1 keeps its newest");
+            assertEquals(4.0, scrape.sum("ratelimit_deny_events_dropped_total"), scrape.text());
+            assertEquals(3.0, scrape.sum("ratelimit_decisions_total", "outcome", "admitted"), scrape.text());
+            assertEquals(6.0, scrape.sum("ratelimit_decisions_total", "outcome", "denied"), scrape.text());
+            List<Prometheus.Sample> ratio = scrape.samples("ratelimit_remaining_ratio").stream()
+                    .filter(r -> "user".equals(r.labels().get("rule"))).toList();
+            assertEquals(1, ratio.size(), scrape.text());
+            assertEquals(0.0, ratio.get(0).value(), "the rule's last decision (the second limiter's, at its limit)\n" + scrape.text());
+            assertEquals(1, scrape.samples("ratelimit_breaker_open").size(), scrape.text());
+        }
+    }
+
+    @Test
     void theScrapeHasEveryMetricOfTheContractWithItsTypeAndLabels() {
         Prometheus scrape = drive();
         for (JsonNode m : obs().get("metrics")) {
