@@ -123,13 +123,25 @@ public class RateLimitAutoConfiguration {
                     if (d.getFile() == null || d.getFile().isBlank()) {
                         throw new RateLimitConfigException("ratelimit.deny-events.file", "the file sink needs a path", null);
                     }
-                    yield DenyEventSink.file(java.nio.file.Path.of(d.getFile()));
+                    java.nio.file.Path file;
+                    try {
+                        file = java.nio.file.Path.of(d.getFile());
+                    } catch (java.nio.file.InvalidPathException e) {
+                        throw new RateLimitConfigException("ratelimit.deny-events.file", "not a path: " + e.getMessage(), e);
+                    }
+                    yield DenyEventSink.file(file);
                 }
                 case "bulk" -> {
                     if (d.getUrl() == null || d.getUrl().isBlank()) {
                         throw new RateLimitConfigException("ratelimit.deny-events.url", "the bulk sink needs a URL, as http://host:9200", null);
                     }
-                    yield DenyEventSink.bulk(java.net.URI.create(d.getUrl().trim()), d.getIndex(), d.getTimeout());
+                    java.net.URI url;
+                    try {
+                        url = java.net.URI.create(d.getUrl().trim());
+                    } catch (IllegalArgumentException e) {
+                        throw new RateLimitConfigException("ratelimit.deny-events.url", "not a URL: " + e.getMessage(), e);
+                    }
+                    yield DenyEventSink.bulk(url, d.getIndex(), d.getTimeout());
                 }
                 default -> throw new RateLimitConfigException("ratelimit.deny-events.sink", "must be none, file or bulk, got '"
                         + d.getSink() + "'", null);
@@ -141,8 +153,6 @@ public class RateLimitAutoConfiguration {
                     .flushInterval(d.getFlushInterval()).timeout(d.getTimeout()).build();
         } catch (InvalidArgumentException e) {
             throw new RateLimitConfigException("ratelimit.deny-events." + e.parameter(), e.reason(), e);
-        } catch (IllegalArgumentException e) {
-            throw new RateLimitConfigException("ratelimit.deny-events.url", e.getMessage(), e);
         }
     }
 

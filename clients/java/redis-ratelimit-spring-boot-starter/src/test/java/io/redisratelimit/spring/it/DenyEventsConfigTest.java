@@ -99,7 +99,14 @@ class DenyEventsConfigTest {
                 new String[] {"ratelimit.deny-events.capacity", "ratelimit.deny-events.sink=file", "ratelimit.deny-events.file=/tmp/x",
                         "ratelimit.deny-events.capacity=0"},
                 new String[] {"ratelimit.deny-events.timeout", "ratelimit.deny-events.sink=file", "ratelimit.deny-events.file=/tmp/x",
-                        "ratelimit.deny-events.timeout=0s"})) {
+                        "ratelimit.deny-events.timeout=0s"},
+                // A path the OS cannot name, a folder, an index Elasticsearch refuses on every batch, a URL with a query.
+                new String[] {"ratelimit.deny-events.file", "ratelimit.deny-events.sink=file", "ratelimit.deny-events.file=/tmp/a\u0000b"},
+                new String[] {"ratelimit.deny-events.file", "ratelimit.deny-events.sink=file",
+                        "ratelimit.deny-events.file=" + System.getProperty("java.io.tmpdir")},
+                new String[] {"ratelimit.deny-events.index", "ratelimit.deny-events.sink=bulk", "ratelimit.deny-events.url=http://127.0.0.1:9200",
+                        "ratelimit.deny-events.index=RateLimit-Deny"},
+                new String[] {"ratelimit.deny-events.url", "ratelimit.deny-events.sink=bulk", "ratelimit.deny-events.url=http://127.0.0.1:9200/?pretty"})) {
             runner.withPropertyValues(java.util.Arrays.copyOfRange(bad, 1, bad.length)).run(ctx -> {
                 Throwable t = root(ctx.getStartupFailure());
                 assertInstanceOf(RateLimitConfigException.class, t, String.join(" ", bad));
