@@ -50,11 +50,11 @@ pub const FAMILIES: &[Family] = &[
     f("redis_ratelimit_scrape_duration_seconds", G, &[], "Seconds the last scrape of the node took"),
     f("redis_ratelimit_info_garbled_lines_total", C, &[], "Lines of INFO ratelimit the exporter could not parse and skipped, since the exporter started"),
     f("redis_ratelimit_policies", G, &[], "Policies defined on the node (ratelimit_policies)"),
-    f("redis_ratelimit_policy_calls_total", C, P, "Calls of the policy (RL.HIT, RL.ALL ... POLICY), including those answered while OFF"),
+    f("redis_ratelimit_policy_calls_total", C, P, "Calls of the policy (RL.HIT, RL.ALL ... POLICY), including peeks (COST 0, REFUND) and those answered while OFF"),
     f("redis_ratelimit_policy_admitted_total", C, P, "Calls of the policy admitted"),
     f("redis_ratelimit_policy_denied_total", C, P, "Calls of the policy denied, shadow denials included"),
     f("redis_ratelimit_policy_shadow_denied_total", C, P, "Denials answered as allowed (MODE SHADOW, or keys outside the ROLLOUT)"),
-    f("redis_ratelimit_policy_peeks_total", C, P, "COST 0 calls of the policy"),
+    f("redis_ratelimit_policy_peeks_total", C, P, "COST 0 and REFUND calls of the policy (they admit or deny nothing)"),
     f("redis_ratelimit_policy_scale", G, P, "Scale of the policy's protection loop, percent (100 = full limits)"),
     f("redis_ratelimit_policy_stage", G, P, "Stage of the policy's protection loop: 0 normal, 1 degrade, 2 break"),
     f("redis_ratelimit_policy_info", G, &["policy", "fingerprint"], "Always 1; fingerprint is a hash of the policy's definition (algorithm, params, mode, rollout, zone, adapt, stages, window): several per policy = nodes differ"),
@@ -239,7 +239,7 @@ mod tests {
             scrape("h:2", None),
         ]);
         for line in [
-            "# HELP redis_ratelimit_policy_calls_total Calls of the policy (RL.HIT, RL.ALL ... POLICY), including those answered while OFF",
+            "# HELP redis_ratelimit_policy_calls_total Calls of the policy (RL.HIT, RL.ALL ... POLICY), including peeks (COST 0, REFUND) and those answered while OFF",
             "# TYPE redis_ratelimit_policy_calls_total counter",
             "redis_ratelimit_policy_calls_total{node=\"h:1\",policy=\"a\\\"b\\\\\\nc\"} 5",
             "redis_ratelimit_policy_scale{node=\"h:1\",policy=\"a\\\"b\\\\\\nc\"} 60",
