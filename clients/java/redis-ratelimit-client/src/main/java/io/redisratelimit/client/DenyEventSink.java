@@ -97,8 +97,8 @@ public interface DenyEventSink {
             if (bad != null) {
                 throw new InvalidArgumentException("index", bad);
             }
-            if (timeout == null || timeout.isZero() || timeout.isNegative()) {
-                throw new InvalidArgumentException("timeout", "must be above 0, got " + timeout);
+            if (timeout == null || timeout.isZero() || timeout.isNegative() || timeout.compareTo(DenyEvents.MAX_DURATION) > 0) {
+                throw new InvalidArgumentException("timeout", "must be above 0 and at most " + DenyEvents.MAX_DURATION + ", got " + timeout);
             }
             String base = url.toString();
             this.endpoint = URI.create((base.endsWith("/") ? base.substring(0, base.length() - 1) : base) + "/_bulk");

@@ -41,6 +41,10 @@ public final class DenyEvents implements AutoCloseable {
     public static final Duration DEFAULT_FLUSH_INTERVAL = Duration.ofMillis(5_000);
     public static final Duration DEFAULT_TIMEOUT = Duration.ofMillis(2_000);
     public static final String DEFAULT_INDEX = "ratelimit-deny";
+    /** The most events a buffer or a batch may hold (100 times the default buffer): past it, a setting is refused. */
+    public static final int MAX_EVENTS = 1_000_000;
+    /** The longest flush interval or timeout (a day): past it, a setting is refused (nanoseconds would overflow past 292 years). */
+    public static final Duration MAX_DURATION = Duration.ofDays(1);
 
     /** Builds {@link DenyEvents}: the sink is required, every other setting has the contract's default. */
     public static final class Builder {
@@ -60,8 +64,8 @@ public final class DenyEvents implements AutoCloseable {
 
         /** Events the buffer holds (10,000); past it the oldest are dropped. */
         public Builder capacity(int events) {
-            if (events < 1) {
-                throw new InvalidArgumentException("capacity", "must be at least 1, got " + events);
+            if (events < 1 || events > MAX_EVENTS) {
+                throw new InvalidArgumentException("capacity", "must be from 1 to " + MAX_EVENTS + ", got " + events);
             }
             capacity = events;
             return this;
@@ -72,8 +76,8 @@ public final class DenyEvents implements AutoCloseable {
          * once (1,000; a buffer smaller than it is flushed when full).
          */
         public Builder flushEvents(int events) {
-            if (events < 1) {
-                throw new InvalidArgumentException("flush-events", "must be at least 1, got " + events);
+            if (events < 1 || events > MAX_EVENTS) {
+                throw new InvalidArgumentException("flush-events", "must be from 1 to " + MAX_EVENTS + ", got " + events);
             }
             flushEvents = events;
             return this;
@@ -81,8 +85,8 @@ public final class DenyEvents implements AutoCloseable {
 
         /** The longest an event waits for its flush (5 s). */
         public Builder flushInterval(Duration d) {
-            if (d == null || d.isZero() || d.isNegative()) {
-                throw new InvalidArgumentException("flush-interval", "must be above 0, got " + d);
+            if (d == null || d.isZero() || d.isNegative() || d.compareTo(MAX_DURATION) > 0) {
+                throw new InvalidArgumentException("flush-interval", "must be above 0 and at most " + MAX_DURATION + ", got " + d);
             }
             flushInterval = d;
             return this;
@@ -90,8 +94,8 @@ public final class DenyEvents implements AutoCloseable {
 
         /** The longest one batch may take in the sink (2 s); past it the batch is dropped. */
         public Builder timeout(Duration d) {
-            if (d == null || d.isZero() || d.isNegative()) {
-                throw new InvalidArgumentException("timeout", "must be above 0, got " + d);
+            if (d == null || d.isZero() || d.isNegative() || d.compareTo(MAX_DURATION) > 0) {
+                throw new InvalidArgumentException("timeout", "must be above 0 and at most " + MAX_DURATION + ", got " + d);
             }
             timeout = d;
             return this;

@@ -338,6 +338,24 @@ class DenyEventsTest {
     }
 
     @Test
+    void settingsTooLargeToWorkAreRefusedNamingTheSetting() {
+        // A buffer the heap cannot allocate, durations whose nanoseconds overflow a long (the flusher and close count in them).
+        DenyEventSink none = b -> { };
+        assertEquals("capacity", assertThrows(InvalidArgumentException.class,
+                () -> DenyEvents.builder(none).capacity(Integer.MAX_VALUE).build()).parameter());
+        assertEquals("flush-events", assertThrows(InvalidArgumentException.class,
+                () -> DenyEvents.builder(none).flushEvents(Integer.MAX_VALUE).build()).parameter());
+        assertEquals("flush-interval", assertThrows(InvalidArgumentException.class,
+                () -> DenyEvents.builder(none).flushInterval(Duration.ofDays(400 * 365)).build()).parameter());
+        assertEquals("timeout", assertThrows(InvalidArgumentException.class,
+                () -> DenyEvents.builder(none).timeout(Duration.ofDays(400 * 365)).build()).parameter());
+        assertEquals("timeout", assertThrows(InvalidArgumentException.class,
+                () -> DenyEventSink.bulk(URI.create("http://127.0.0.1:9200"), "i", Duration.ofDays(400 * 365))).parameter());
+        DenyEvents.builder(none).capacity(DenyEvents.MAX_EVENTS).flushEvents(DenyEvents.MAX_EVENTS).flushInterval(DenyEvents.MAX_DURATION)
+                .timeout(DenyEvents.MAX_DURATION).backgroundFlusher(false).build().close();
+    }
+
+    @Test
     void theLimiterRecordsEveryDenialAtEveryLevelWithItsFields() throws Exception {
         List<DenyEvent> got = new CopyOnWriteArrayList<>();
         try (RedisServer server = RedisServer.start()) {
