@@ -27,7 +27,9 @@ import java.util.concurrent.atomic.LongAdder;
  *       refuses, or does not take within the timeout (2 s), is dropped
  *       ({@link #dropped()} += its size, {@link #sinkErrors()} += 1), never
  *       retried and never held;</li>
- *   <li>{@link #close} ships what is left, within the timeout.</li>
+ *   <li>{@link #close} ships what is left, within the timeout; so does the
+ *       JVM's exit (a shutdown hook, removed by {@link #close}), when the
+ *       application never closes them.</li>
  * </ul>
  * Wire it into a {@link Limiter} ({@link Limiter.Builder#denyEvents}): every
  * denial at every level is recorded; the starter's HTTP interceptor and
@@ -137,6 +139,12 @@ public final class DenyEvents implements AutoCloseable {
     private final Thread flusher;
     /** The sink runs here, so that the flusher can give up on it after the timeout. */
     private final ThreadPoolExecutor sinkThread;
+    /**
+     * Closes them when the JVM exits without {@link #close}: the flusher is a
+     * daemon (it never keeps a JVM alive), so the buffered events would
+     * vanish uncounted.
+     */
+    private final Thread exitHook;
 
     private DenyEvents(Builder b) {
         this.sink = b.sink;
@@ -157,6 +165,13 @@ public final class DenyEvents implements AutoCloseable {
         } else {
             flusher = null;
         }
+        Thread hook = new Thread(this::close, "redis-ratelimit-deny-exit");
+        try {
+            Runtime.getRuntime().addShutdownHook(hook);
+        } catch (IllegalStateException shuttingDown) {
+            hook = null;
+        }
+        exitHook = hook;
     }
 
     /**
@@ -372,6 +387,13 @@ public final class DenyEvents implements AutoCloseable {
             closed = true;
             lock.notifyAll();
             left = take(size);
+        }
+        if (exitHook != null && Thread.currentThread() != exitHook) {
+            try {
+                Runtime.getRuntime().removeShutdownHook(exitHook);
+            } catch (IllegalStateException shuttingDown) {
+                // The JVM is exiting: the hook runs, finds them closed, returns.
+            }
         }
         if (flusher != null) {
             try {

@@ -338,6 +338,24 @@ class DenyEventsTest {
     }
 
     @Test
+    void eventsStillBufferedWhenTheJvmExitsAreShipped(@TempDir java.nio.file.Path dir) throws Exception {
+        // A plain-Java service stopped (main returns, or SIGTERM) without closing its DenyEvents: the flusher is a
+        // daemon, so without a shutdown hook up to flushInterval of denials vanished, not even counted.
+        java.nio.file.Path file = dir.resolve("exit.jsonl");
+        String jvm = java.nio.file.Path.of(System.getProperty("java.home"), "bin", "java").toString();
+        Process p = new ProcessBuilder(jvm, "-cp", System.getProperty("java.class.path"), DenyEventsExitMain.class.getName(), file.toString())
+                .redirectErrorStream(true).start();
+        String out = new String(p.getInputStream().readAllBytes(), java.nio.charset.StandardCharsets.UTF_8);
+        assertTrue(p.waitFor(60, java.util.concurrent.TimeUnit.SECONDS), out);
+        assertEquals(0, p.exitValue(), out);
+        assertTrue(out.contains("recorded 3"), out);
+        assertTrue(Files.exists(file), "nothing shipped at exit\n" + out);
+        List<String> lines = Files.readAllLines(file);
+        assertEquals(3, lines.size(), out);
+        assertTrue(lines.get(0).contains("\"key\":\"rl:exit:0\""), lines.get(0));
+    }
+
+    @Test
     void settingsTooLargeToWorkAreRefusedNamingTheSetting() {
         // A buffer the heap cannot allocate, durations whose nanoseconds overflow a long (the flusher and close count in them).
         DenyEventSink none = b -> { };
