@@ -124,12 +124,13 @@ where
         let origin = shared.limiter.ships_events().then(|| Origin {
             client_ip: catch_unwind(AssertUnwindSafe(|| (shared.client_ip)(&parts)))
                 .ok()
-                .flatten(),
+                .flatten()
+                .map(Origin::cut),
             user_agent: parts
                 .headers
                 .get(http::header::USER_AGENT)
                 .and_then(|v| v.to_str().ok())
-                .map(String::from),
+                .map(|ua| Origin::cut(ua.to_string())),
         });
         Box::pin(async move {
             let stats = &shared.limiter;

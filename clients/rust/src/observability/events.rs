@@ -137,6 +137,24 @@ pub(crate) struct Origin {
     pub(crate) user_agent: Option<String>,
 }
 
+/// The most bytes of a request's `client_ip` or `user_agent` an event
+/// keeps: a full buffer of events with huge headers would hold gigabytes.
+pub const MAX_ORIGIN_BYTES: usize = 512;
+
+impl Origin {
+    /// `s` cut to [`MAX_ORIGIN_BYTES`], at a character boundary.
+    pub(crate) fn cut(mut s: String) -> String {
+        if s.len() > MAX_ORIGIN_BYTES {
+            let mut end = MAX_ORIGIN_BYTES;
+            while !s.is_char_boundary(end) {
+                end -= 1;
+            }
+            s.truncate(end);
+        }
+        s
+    }
+}
+
 /// A reading of a shipper's counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DenyEventsStats {
@@ -170,9 +188,26 @@ pub(crate) struct Shipper {
     dropped: AtomicU64,
     sink_errors: AtomicU64,
     batches: AtomicU64,
-    /// The events of the batch being shipped (counted as dropped if a
-    /// close stops the flusher in the middle of it).
-    in_flight: AtomicU64,
+}
+
+/// A batch on its way to the sink: counted as dropped, with a sink error,
+/// unless it was settled; so a ship abandoned midway (a flush future
+/// dropped, the flusher aborted by close()) loses no event from the
+/// counters and counts none twice.
+struct InFlight<'a> {
+    shipper: &'a Shipper,
+    events: u64,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if self.events > 0 {
+            self.shipper
+                .dropped
+                .fetch_add(self.events, Ordering::Relaxed);
+            self.shipper.sink_errors.fetch_add(1, Ordering::Relaxed);
+        }
+    }
 }
 
 impl Shipper {
@@ -218,9 +253,12 @@ impl Shipper {
     /// Ships one batch within the timeout, and counts what became of it.
     async fn ship(&self, batch: Vec<DenyEvent>) {
         let n = batch.len() as u64;
-        self.in_flight.store(n, Ordering::Relaxed);
+        let mut in_flight = InFlight {
+            shipper: self,
+            events: n,
+        };
         let outcome = tokio::time::timeout(self.timeout, self.sink.send(batch)).await;
-        self.in_flight.store(0, Ordering::Relaxed);
+        in_flight.events = 0;
         let failure = match outcome {
             Ok(Ok(())) => None,
             Ok(Err(e)) => Some(e),
@@ -358,12 +396,20 @@ impl DenyEventsBuilder {
             dropped: AtomicU64::new(0),
             sink_errors: AtomicU64::new(0),
             batches: AtomicU64::new(0),
-            in_flight: AtomicU64::new(0),
         });
         let (stop, stopped) = watch::channel(false);
-        let handle = self
-            .background
-            .then(|| tokio::spawn(flusher(shipper.clone(), stopped)));
+        let handle = if self.background {
+            let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+                bad(
+                    "background",
+                    "the flusher needs a tokio runtime: start() inside one, or \
+                     background(false) and flush() by hand",
+                )
+            })?;
+            Some(runtime.spawn(flusher(shipper.clone(), stopped)))
+        } else {
+            None
+        };
         Ok(DenyEvents {
             shipper: shipper.clone(),
             task: Arc::new(Task {
@@ -458,25 +504,16 @@ impl DenyEvents {
                 .await
                 .is_err()
             {
+                // The batch it was shipping is counted dropped as the
+                // aborted task drops it.
                 handle.abort();
                 let _ = handle.await;
-                // The batch it was shipping is lost with it.
-                let lost = shipper.in_flight.swap(0, Ordering::Relaxed);
-                shipper.dropped.fetch_add(lost, Ordering::Relaxed);
-                shipper
-                    .sink_errors
-                    .fetch_add(u64::from(lost > 0), Ordering::Relaxed);
             }
         }
         if tokio::time::timeout_at(deadline, shipper.flush())
             .await
             .is_err()
         {
-            let lost = shipper.in_flight.swap(0, Ordering::Relaxed);
-            shipper.dropped.fetch_add(lost, Ordering::Relaxed);
-            shipper
-                .sink_errors
-                .fetch_add(u64::from(lost > 0), Ordering::Relaxed);
             shipper.abandon();
         }
     }

@@ -4,6 +4,7 @@
 
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -18,6 +19,10 @@ use crate::Error;
 /// The `_bulk` sink's index by default (the contract's `bulk_index`).
 pub const DEFAULT_BULK_INDEX: &str = "ratelimit-deny";
 
+/// The largest `_bulk` reply read (a reply to 1,000 events is well under a
+/// megabyte): past it, the batch is refused without holding the rest.
+pub const MAX_BULK_REPLY: usize = 16 << 20;
+
 type Callback = dyn Fn(&[DenyEvent]) -> Result<(), String> + Send + Sync;
 
 /// Where [`crate::DenyEvents`] ships its batches.
@@ -28,9 +33,48 @@ pub struct Sink {
 
 #[derive(Clone)]
 enum Kind {
-    File(PathBuf),
+    File(PathBuf, Blocking),
     Bulk(Arc<Bulk>),
-    Callback(Arc<Callback>),
+    Callback(Arc<Callback>, Blocking),
+}
+
+/// A sink that runs on tokio's blocking pool: at most one batch in it at a
+/// time. A batch that times out leaves its thread running (a blocking call
+/// cannot be cancelled); the batches that come while it still runs are
+/// refused at once instead of taking one more thread each.
+#[derive(Clone, Default)]
+struct Blocking {
+    busy: Arc<AtomicBool>,
+}
+
+/// Clears [`Blocking::busy`] when the blocking call ends, or panics, or is
+/// never run.
+struct Idle(Arc<AtomicBool>);
+
+impl Drop for Idle {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+impl Blocking {
+    async fn run<F>(&self, what: &str, f: F) -> Result<(), String>
+    where
+        F: FnOnce() -> Result<(), String> + Send + 'static,
+    {
+        if self.busy.swap(true, Ordering::AcqRel) {
+            return Err(format!(
+                "{what}: the previous batch is still running (it timed out)"
+            ));
+        }
+        let idle = Idle(self.busy.clone());
+        tokio::task::spawn_blocking(move || {
+            let _idle = idle;
+            f()
+        })
+        .await
+        .map_err(|e| format!("{what}: {e}"))?
+    }
 }
 
 struct Bulk {
@@ -42,9 +86,9 @@ struct Bulk {
 impl std::fmt::Debug for Sink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.kind {
-            Kind::File(path) => write!(f, "Sink::file({path:?})"),
+            Kind::File(path, _) => write!(f, "Sink::file({path:?})"),
             Kind::Bulk(b) => write!(f, "Sink::bulk({}, index {})", b.url, b.index),
-            Kind::Callback(_) => write!(f, "Sink::callback"),
+            Kind::Callback(..) => write!(f, "Sink::callback"),
         }
     }
 }
@@ -54,7 +98,7 @@ impl Sink {
     /// missing).
     pub fn file(path: impl Into<PathBuf>) -> Sink {
         Sink {
-            kind: Kind::File(path.into()),
+            kind: Kind::File(path.into(), Blocking::default()),
         }
     }
 
@@ -85,6 +129,15 @@ impl Sink {
                 format!("{url:?} must be http://host[:port][/path] (no TLS)"),
             ));
         }
+        if base.contains(['?', '#']) || uri.authority().is_some_and(|a| a.as_str().contains('@')) {
+            return Err(bad(
+                "url",
+                format!(
+                    "{url:?} must be http://host[:port][/path]: no query, fragment or \
+                     credentials (they would not be sent)"
+                ),
+            ));
+        }
         if index.is_empty() || index.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20) {
             return Err(bad(
                 "index",
@@ -107,38 +160,36 @@ impl Sink {
         F: Fn(&[DenyEvent]) -> Result<(), String> + Send + Sync + 'static,
     {
         Sink {
-            kind: Kind::Callback(Arc::new(f)),
+            kind: Kind::Callback(Arc::new(f), Blocking::default()),
         }
     }
 
     /// Sends one batch; the caller bounds it with the timeout.
     pub(crate) async fn send(&self, batch: Vec<DenyEvent>) -> Result<(), String> {
         match &self.kind {
-            Kind::File(path) => {
+            Kind::File(path, blocking) => {
                 let path = path.clone();
                 let mut lines = String::with_capacity(batch.len() * 200);
                 for e in &batch {
                     lines.push_str(&e.to_json());
                     lines.push('\n');
                 }
-                tokio::task::spawn_blocking(move || {
-                    let mut file = std::fs::OpenOptions::new()
-                        .create(true)
-                        .append(true)
-                        .open(&path)
-                        .map_err(|e| format!("{}: {e}", path.display()))?;
-                    // One write of the whole batch: lines of two batches never interleave.
-                    file.write_all(lines.as_bytes())
-                        .map_err(|e| format!("{}: {e}", path.display()))
-                })
-                .await
-                .map_err(|e| format!("file sink: {e}"))?
-            }
-            Kind::Callback(f) => {
-                let f = f.clone();
-                tokio::task::spawn_blocking(move || f(&batch))
+                blocking
+                    .run("file sink", move || {
+                        let mut file = std::fs::OpenOptions::new()
+                            .create(true)
+                            .append(true)
+                            .open(&path)
+                            .map_err(|e| format!("{}: {e}", path.display()))?;
+                        // One write of the whole batch: lines of two batches never interleave.
+                        file.write_all(lines.as_bytes())
+                            .map_err(|e| format!("{}: {e}", path.display()))
+                    })
                     .await
-                    .map_err(|e| format!("callback sink: {e}"))?
+            }
+            Kind::Callback(f, blocking) => {
+                let f = f.clone();
+                blocking.run("callback sink", move || f(&batch)).await
             }
             Kind::Bulk(bulk) => {
                 let Bulk { url, index, client } = &**bulk;
@@ -158,11 +209,10 @@ impl Sink {
                     .await
                     .map_err(|e| format!("POST {url}: {e}"))?;
                 let status = response.status();
-                let body = response
-                    .into_body()
+                let body = http_body_util::Limited::new(response.into_body(), MAX_BULK_REPLY)
                     .collect()
                     .await
-                    .map_err(|e| format!("POST {url}: {e}"))?
+                    .map_err(|e| format!("POST {url}: status {status}, reading the reply: {e}"))?
                     .to_bytes();
                 if !status.is_success() {
                     return Err(format!("POST {url}: status {status}"));

@@ -797,10 +797,297 @@ async fn bad_settings_are_refused_naming_them() {
         arg_of(DenyEvents::builder(sink()).timeout(Duration::ZERO).start()),
         "timeout"
     );
-    for url in ["", "https://es:9200", "es:9200", "http://"] {
+    for url in [
+        "",
+        "https://es:9200",
+        "es:9200",
+        "http://",
+        "http://es:9200/?pretty",
+        "http://es:9200#x",
+        "http://elastic:secret@es:9200",
+    ] {
         match Sink::bulk(url) {
             Err(redis_ratelimit_client::Error::BadArgument { arg, .. }) => assert_eq!(arg, "url"),
             other => panic!("{url:?}: {other:?}"),
         }
     }
+}
+
+// ---- Review: cancellation, hung sinks, replies, runtime, huge headers ----
+
+/// A TCP server that accepts, reads, and never answers (its URL).
+async fn never_answering_server() -> String {
+    let hung = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", hung.local_addr().unwrap());
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        loop {
+            let (socket, _) = hung.accept().await.unwrap();
+            held.push(socket);
+        }
+    });
+    url
+}
+
+/// A flush the application gives up on (its future dropped) counts the
+/// batch it had taken as dropped: every recorded event is shipped, dropped
+/// or pending, never lost from the counters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flush_given_up_midway_counts_its_batch_as_dropped() {
+    let url = never_answering_server().await;
+    let events = DenyEvents::builder(Sink::bulk(&url).unwrap())
+        .timeout(Duration::from_secs(60))
+        .background(false)
+        .start()
+        .unwrap();
+    for i in 0..10 {
+        events.record(event(i));
+    }
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), events.flush())
+            .await
+            .is_err(),
+        "the sink never answers"
+    );
+    let s = events.stats();
+    assert_eq!(
+        (s.recorded, s.shipped, s.dropped, s.pending, s.sink_errors),
+        (10, 0, 10, 0, 1),
+        "{s:?}"
+    );
+    events.close().await;
+    let s = events.stats();
+    assert_eq!(
+        (s.dropped, s.sink_errors),
+        (10, 1),
+        "not counted twice: {s:?}"
+    );
+}
+
+/// A callback that hangs holds one blocking thread: the batches that come
+/// while it hangs are refused at once (dropped, counted), not each given
+/// another thread of tokio's blocking pool (which the application's
+/// `spawn_blocking`, file I/O and DNS share).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_callback_holds_one_blocking_thread_not_one_per_flush() {
+    let gate = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+    let (active, most) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let (g, a, m) = (gate.clone(), active.clone(), most.clone());
+    let events = DenyEvents::builder(Sink::callback(move |_| {
+        let now = a.fetch_add(1, Ordering::SeqCst) + 1;
+        m.fetch_max(now, Ordering::SeqCst);
+        let (open, cv) = &*g;
+        let mut open = open.lock().unwrap();
+        while !*open {
+            open = cv.wait(open).unwrap();
+        }
+        a.fetch_sub(1, Ordering::SeqCst);
+        Ok(())
+    }))
+    .capacity(100)
+    .flush_events(1)
+    .flush_interval(Duration::from_millis(10))
+    .timeout(Duration::from_millis(20))
+    .start()
+    .unwrap();
+    let mut i = 0;
+    wait_for("five failed flushes", async || {
+        i += 1;
+        events.record(event(i));
+        events.stats().sink_errors >= 5
+    })
+    .await;
+    let most = most.load(Ordering::SeqCst);
+    // Let the hung callback go (the runtime waits for its thread at the end).
+    *gate.0.lock().unwrap() = true;
+    gate.1.notify_all();
+    assert_eq!(most, 1, "callbacks running at once");
+    events.close().await;
+    let s = events.stats();
+    assert_eq!(s.recorded, s.shipped + s.dropped + s.pending, "{s:?}");
+}
+
+/// Starting a flusher outside a tokio runtime is an error naming it, not a
+/// panic; without a flusher no runtime is needed.
+#[test]
+fn starting_a_flusher_outside_a_runtime_is_an_error_naming_it() {
+    let sink = || Sink::callback(|_| Ok(()));
+    match DenyEvents::builder(sink()).start() {
+        Err(redis_ratelimit_client::Error::BadArgument { arg, .. }) => {
+            assert_eq!(arg, "background")
+        }
+        other => panic!("{other:?}"),
+    }
+    let events = DenyEvents::builder(sink())
+        .background(false)
+        .start()
+        .unwrap();
+    events.record(event(1));
+    assert_eq!(events.stats().pending, 1);
+}
+
+/// A raw HTTP/1.1 `_bulk` endpoint answering each request with `reply`'s
+/// chunks in a chunked body (its URL), and how many requests it read.
+async fn chunked_bulk_server(reply: Vec<Vec<u8>>) -> (String, Arc<AtomicU64>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let served = Arc::new(AtomicU64::new(0));
+    let count = served.clone();
+    let reply = Arc::new(reply);
+    tokio::spawn(async move {
+        loop {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let (reply, count) = (reply.clone(), count.clone());
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    // The head, then content-length bytes of body.
+                    let mut chunk = [0u8; 65536];
+                    let n = match socket.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => n,
+                    };
+                    buf.extend_from_slice(&chunk[..n]);
+                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                    let length: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .map_or(0, |v| v.trim().parse().unwrap());
+                    if buf.len() < end + 4 + length {
+                        continue;
+                    }
+                    buf.drain(..end + 4 + length);
+                    count.fetch_add(1, Ordering::SeqCst);
+                    let mut out = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+                    socket.write_all(&out).await.unwrap();
+                    for part in reply.iter() {
+                        out = format!("{:x}\r\n", part.len()).into_bytes();
+                        out.extend_from_slice(part);
+                        out.extend_from_slice(b"\r\n");
+                        if socket.write_all(&out).await.is_err() {
+                            return;
+                        }
+                    }
+                    if socket.write_all(b"0\r\n\r\n").await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (url, served)
+}
+
+/// The `_bulk` reply read as a chunked body: `errors: false` split across
+/// chunks ships; `errors: true` does not; a reply past the size bound (a
+/// _bulk reply of 1,000 events is well under a megabyte) is refused
+/// without holding it all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_replies_chunked_with_errors_or_too_large_are_judged_whole() {
+    let ship = |url: String| async move {
+        let events = DenyEvents::builder(Sink::bulk(&url).unwrap())
+            .timeout(Duration::from_secs(30))
+            .background(false)
+            .start()
+            .unwrap();
+        for i in 0..3 {
+            events.record(event(i));
+        }
+        events.flush().await;
+        events.stats()
+    };
+    let split = |s: &str| {
+        s.as_bytes()
+            .chunks(3)
+            .map(<[u8]>::to_vec)
+            .collect::<Vec<_>>()
+    };
+    let (ok, n) = chunked_bulk_server(split(r#"{"took":1,"errors":false,"items":[]}"#)).await;
+    let s = ship(ok).await;
+    assert_eq!(
+        (s.shipped, s.sink_errors, n.load(Ordering::SeqCst)),
+        (3, 0, 1),
+        "{s:?}"
+    );
+    let (bad, _) = chunked_bulk_server(split(r#"{"took":1,"errors":true,"items":[]}"#)).await;
+    let s = ship(bad).await;
+    assert_eq!((s.shipped, s.dropped, s.sink_errors), (0, 3, 1), "{s:?}");
+    // 40 MiB of JSON whitespace after a reply that says it took everything.
+    let mut huge = vec![br#"{"took":1,"errors":false}"#.to_vec()];
+    huge.extend(std::iter::repeat_n(vec![b' '; 1 << 20], 40));
+    let (big, _) = chunked_bulk_server(huge).await;
+    let s = ship(big).await;
+    assert_eq!((s.shipped, s.dropped, s.sink_errors), (0, 3, 1), "{s:?}");
+}
+
+/// A request's huge `User-Agent` (or a client-address closure answering a
+/// whole `X-Forwarded-For`) is cut to 512 bytes in its deny event: the
+/// buffer's 10,000 events cannot hold gigabytes of headers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn huge_request_headers_are_cut_in_deny_events() {
+    let server = Server::start(Kind::Redis);
+    let got: Arc<Mutex<Vec<DenyEvent>>> = Arc::default();
+    let seen = got.clone();
+    let events = DenyEvents::builder(Sink::callback(move |b| {
+        seen.lock().unwrap().extend_from_slice(b);
+        Ok(())
+    }))
+    .background(false)
+    .start()
+    .unwrap();
+    let client = Client::standalone(&server.url()).await.unwrap();
+    let limiter = Limiter::builder(client)
+        .deadline(Duration::from_secs(5))
+        .deny_events(events.clone())
+        .build();
+    let layer = RateLimitLayer::builder(limiter)
+        .key(|_| Some("zed".to_string()))
+        .client_ip(|req| {
+            req.headers
+                .get("x-forwarded-for")
+                .and_then(|v| v.to_str().ok())
+                .map(String::from)
+        })
+        .rule(
+            Rule::fixed_window(1, 60_000)
+                .name("huge")
+                .key_prefix("obs:huge:"),
+        )
+        .build()
+        .await
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let http = Http::default();
+    let url = format!("http://{addr}/");
+    let ua = "Mozilla/5.0 (X11) ".repeat(2_000); // 36,000 bytes
+    let xff = "10.0.0.1, ".repeat(4_000);
+    let headers = [
+        ("user-agent", ua.as_str()),
+        ("x-forwarded-for", xff.as_str()),
+    ];
+    assert_eq!(http.get(&url, &headers).await.status, 200);
+    assert_eq!(http.get(&url, &headers).await.status, 429);
+    events.flush().await;
+    let got = got.lock().unwrap();
+    assert_eq!(got.len(), 1);
+    let e = &got[0];
+    let (agent, ip) = (
+        e.user_agent.as_deref().unwrap(),
+        e.client_ip.as_deref().unwrap(),
+    );
+    assert!(
+        agent.len() == 512 && ua.starts_with(agent),
+        "{}",
+        agent.len()
+    );
+    assert!(ip.len() <= 512 && xff.starts_with(ip), "{}", ip.len());
 }
