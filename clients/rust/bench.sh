@@ -149,9 +149,17 @@ cli FLUSHALL >/dev/null
 echo
 echo "| path | decisions/s, metrics and deny events off | on | ratio on / off |"
 echo "|---|---|---|---|"
-"$OBSERVE" "redis://127.0.0.1:$PORT/" "$N" "$C" "$ROUNDS" "$RL_WORK/deny-events.jsonl" | while read -r line; do
+"$OBSERVE" "redis://127.0.0.1:$PORT/" "$N" "$C" "$ROUNDS" "$RL_WORK/deny-events.jsonl" >"$RL_WORK/observe.out"
+MICRO=""
+while read -r line; do
   echo "bench-kit: observe: $line" >&2
+  case "$line" in
+    micro*) MICRO="$line"; continue ;;
+  esac
   awk -v p="$(echo "$line" | field path)" -v a="$(echo "$line" | field off)" -v b="$(echo "$line" | field on)" -v r="$(echo "$line" | field ratio)" \
       'BEGIN { printf "| %s | %d | %d | %.2fx |\n", (p == "redis" ? "Redis round trip (admitted)" : "deny cache (every decision a deny event)"), a, b, r }'
-done
+done <"$RL_WORK/observe.out"
+if [ -n "$MICRO" ]; then
+  echo "(one deny event on one thread: $(echo "$MICRO" | field record_ns) ns to build and record on the request path, $(echo "$MICRO" | field json_ns) ns to format, $(echo "$MICRO" | field ship_ns) ns to format and append to a file on the flusher)"
+fi
 exit 0

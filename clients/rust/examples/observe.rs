@@ -11,11 +11,19 @@
 //! observe <redis-url> <decisions per run> <tasks> <rounds> <events file>
 //! ```
 //! Prints one line per path: `path=... off=<rate> on=<rate> ratio=<on/off>`
-//! (the medians of the rounds).
+//! (the medians of the rounds), then one `micro` line: what one deny event
+//! costs on one thread, the medians of 5 rounds: `record_ns` (building it
+//! as the limiter does and appending it to a full ring buffer, the request
+//! path's part), `json_ns` (formatting it, the flusher's), `ship_ns` (per
+//! event of a 1,000-event batch formatted and appended to a file by the
+//! flusher's path).
 
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
 
-use redis_ratelimit_client::{Client, DenyEvents, Limiter, Metrics, Rule, RuleSet, Sink};
+use redis_ratelimit_client::{
+    Client, DenyEvent, DenyEvents, Limiter, Metrics, Outcome, Rule, RuleSet, Sink,
+};
 
 fn arg(i: usize, default: &str) -> String {
     std::env::args()
@@ -40,6 +48,62 @@ async fn run(limiter: &Limiter, set: &RuleSet, n: u64, tasks: u64, spread: u64) 
         h.await.expect("a task");
     }
     (n / tasks * tasks) as f64 / started.elapsed().as_secs_f64()
+}
+
+/// One deny event as the limiter builds it on a denial.
+fn denial(rule: &Arc<str>, key: &str) -> DenyEvent {
+    DenyEvent {
+        timestamp: SystemTime::now(),
+        key: key.to_string(),
+        rule: rule.clone(),
+        level: "deny_cache",
+        outcome: Outcome::Denied,
+        limit: 1,
+        remaining: 0,
+        retry_after_ms: 3_599_000,
+        client_ip: Some("10.1.2.3".to_string()),
+        user_agent: Some("Mozilla/5.0 (X11; Linux x86_64) bench".to_string()),
+    }
+}
+
+/// The `micro` line: ns per deny event recorded, formatted, shipped.
+async fn micro(file: &str) -> (f64, f64, f64) {
+    const N: u32 = 200_000;
+    let rule: Arc<str> = Arc::from("deny_cache");
+    let key = "bench-observe:deny:u0";
+    let (mut record, mut json, mut ship) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..5 {
+        let events = DenyEvents::builder(Sink::callback(|_| Ok(())))
+            .background(false)
+            .start()
+            .expect("the defaults");
+        for _ in 0..10_000 {
+            events.record(denial(&rule, key));
+        }
+        let t = Instant::now();
+        for _ in 0..N {
+            events.record(denial(&rule, key));
+        }
+        record.push(t.elapsed().as_nanos() as f64 / f64::from(N));
+        let e = denial(&rule, key);
+        let t = Instant::now();
+        for _ in 0..N {
+            std::hint::black_box(std::hint::black_box(&e).to_json());
+        }
+        json.push(t.elapsed().as_nanos() as f64 / f64::from(N));
+        let events = DenyEvents::builder(Sink::file(file))
+            .background(false)
+            .start()
+            .expect("the defaults");
+        for _ in 0..10_000 {
+            events.record(denial(&rule, key));
+        }
+        let t = Instant::now();
+        events.flush().await;
+        ship.push(t.elapsed().as_nanos() as f64 / 10_000.0);
+        assert_eq!(events.stats().shipped, 10_000, "the file sink took them");
+    }
+    (median(record), median(json), median(ship))
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -100,6 +164,8 @@ async fn main() {
         println!("path={path} off={a:.0} on={b:.0} ratio={:.3}", b / a);
     }
     events.close().await;
+    let (record, json, ship) = micro(&file).await;
+    println!("micro record_ns={record:.0} json_ns={json:.0} ship_ns={ship:.0}");
     let s = events.stats();
     eprintln!(
         "observe: deny events recorded {} shipped {} dropped {} sink errors {}",
