@@ -1,7 +1,6 @@
 package io.redisratelimit.client;
 
 import java.io.IOException;
-import java.io.OutputStream;
 import java.net.URI;
 import java.net.http.HttpClient;
 import java.net.http.HttpRequest;
@@ -50,11 +49,44 @@ public interface DenyEventSink {
             if (parent != null) {
                 Files.createDirectories(parent);
             }
-            try (OutputStream out = Files.newOutputStream(file, StandardOpenOption.CREATE, StandardOpenOption.APPEND,
-                    StandardOpenOption.WRITE)) {
-                out.write(b.toString().getBytes(StandardCharsets.UTF_8));
-            }
+            appendWhole(file, b.toString().getBytes(StandardCharsets.UTF_8));
         };
+    }
+
+    /**
+     * Appends {@code bytes} to {@code file}, all or nothing: a write that
+     * fails part way (a full disk, a file size limit, the flusher's timeout
+     * interrupting it) is cut off again, so that the file holds whole lines
+     * only and the next batch starts on a line of its own. (One writer per
+     * file: another process appending to it meanwhile would be cut too.)
+     */
+    private static void appendWhole(java.nio.file.Path file, byte[] bytes) throws IOException {
+        long before = -1;
+        try (java.nio.channels.FileChannel ch = java.nio.channels.FileChannel.open(file, StandardOpenOption.CREATE,
+                StandardOpenOption.APPEND, StandardOpenOption.WRITE)) {
+            before = ch.size();
+            java.nio.ByteBuffer buf = java.nio.ByteBuffer.wrap(bytes);
+            while (buf.hasRemaining()) {
+                ch.write(buf);
+            }
+        } catch (IOException e) {
+            if (before >= 0) {
+                // The channel may be closed (an interrupt closes it): cut the part written on a new one, not interrupted.
+                boolean interrupted = Thread.interrupted();
+                try (java.nio.channels.FileChannel cut = java.nio.channels.FileChannel.open(file, StandardOpenOption.WRITE)) {
+                    if (cut.size() > before) {
+                        cut.truncate(before);
+                    }
+                } catch (IOException again) {
+                    e.addSuppressed(again);
+                } finally {
+                    if (interrupted) {
+                        Thread.currentThread().interrupt();
+                    }
+                }
+            }
+            throw e;
+        }
     }
 
     /** Elasticsearch's {@code _bulk} at {@code url} (as {@code http://host:9200}), index {@code ratelimit-deny}, 2 s per request. */

@@ -356,6 +356,29 @@ class DenyEventsTest {
     }
 
     @Test
+    void aBatchTheDiskCannotHoldLeavesNoBrokenLine(@TempDir java.nio.file.Path dir) throws Exception {
+        // A full disk (here: the file size limit, ulimit -f 2, 2048 bytes) takes part of a batch and fails the rest:
+        // the part written must go, or the next batch's first line is glued onto a broken one.
+        java.nio.file.Path file = dir.resolve("disk.jsonl");
+        String jvm = java.nio.file.Path.of(System.getProperty("java.home"), "bin", "java").toString();
+        Process p = new ProcessBuilder("bash", "-c", "ulimit -f 2; exec \"$0\" \"$@\"", jvm, "-XX:-UsePerfData", "-cp",
+                System.getProperty("java.class.path"), DenyEventsFullDiskMain.class.getName(), file.toString())
+                .redirectErrorStream(true).start();
+        String out = new String(p.getInputStream().readAllBytes(), java.nio.charset.StandardCharsets.UTF_8);
+        assertTrue(p.waitFor(60, java.util.concurrent.TimeUnit.SECONDS), out);
+        assertEquals(0, p.exitValue(), out);
+        assertTrue(out.contains("shipped 5 of 5") && out.contains("shipped 0 of 10") && out.contains("shipped 1 of 1"), out);
+        assertTrue(out.contains("dropped 10 errors 1"), out);
+        String text = Files.readString(file);
+        assertTrue(text.endsWith("\n"), "the file ends with a whole line\n" + text);
+        List<String> keys = new ArrayList<>();
+        for (String line : text.split("\n")) {
+            keys.add(JSON.readTree(line).get("key").asText());
+        }
+        assertEquals(List.of("rl:disk:0", "rl:disk:1", "rl:disk:2", "rl:disk:3", "rl:disk:4", "rl:disk:15"), keys, text);
+    }
+
+    @Test
     void settingsTooLargeToWorkAreRefusedNamingTheSetting() {
         // A buffer the heap cannot allocate, durations whose nanoseconds overflow a long (the flusher and close count in them).
         DenyEventSink none = b -> { };
