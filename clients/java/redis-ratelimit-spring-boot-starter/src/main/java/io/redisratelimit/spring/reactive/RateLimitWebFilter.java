@@ -95,7 +95,11 @@ public class RateLimitWebFilter implements WebFilter {
         return response.getStatusCode() == null ? 200 : response.getStatusCode().value();
     }
 
-    /** The client's address and user agent, for the request's deny events. */
+    /**
+     * The client's address and user agent, for the request's deny events: the peer address, never a raw
+     * {@code X-Forwarded-For} (anyone can write it); behind a proxy, {@code server.forward-headers-strategy}
+     * makes it the forwarded client of trusted proxies ({@code ForwardedHeaderTransformer}).
+     */
     private static io.redisratelimit.client.Origin origin(ServerWebExchange exchange) {
         ServerHttpRequest request = exchange.getRequest();
         InetSocketAddress remote = request.getRemoteAddress();
