@@ -134,7 +134,7 @@ class Layout:
         self.next_id += 1
 
 
-def variable(name, label, query, description):
+def variable(name, label, query, description, regex=""):
     return {
         "allValue": ".*",
         "current": {},
@@ -149,7 +149,7 @@ def variable(name, label, query, description):
         "options": [],
         "query": {"query": query, "refId": "PrometheusVariableQueryEditor-VariableQuery"},
         "refresh": 2,
-        "regex": "",
+        "regex": regex,
         "skipUrlSync": False,
         "sort": 1,
         "type": "query",
@@ -499,11 +499,18 @@ def dashboard():
                     'label_values(ratelimit_decisions_total{job=~"$job"}, instance)',
                     "Instances of the selected jobs",
                 ),
+                # The kits' rules and the nodes' policies: a policy no kit
+                # counts (kits without metrics, other clients) is still a
+                # choice for the server panels. query_result lines read
+                # {rule="x"} 1 <time> or {policy="x"} 1 <time>.
                 variable(
                     "rule",
                     "Rule",
-                    'label_values(ratelimit_decisions_total{job=~"$job"}, rule)',
-                    "Rules of the selected jobs (a policy rule is the policy's name, also on the server panels)",
+                    'query_result(group by (rule) (ratelimit_decisions_total{job=~"$job"})'
+                    " or group by (policy) (redis_ratelimit_policy_calls_total))",
+                    "Rules of the selected jobs and the nodes' policies (a policy rule is the"
+                    " policy's name, on the kits' and the server's panels alike)",
+                    regex='/^\\{(?:rule|policy)="(.*)"\\}/',
                 ),
                 variable("node", "Node", "label_values(redis_ratelimit_up, node)", "Redis nodes the exporter scrapes"),
             ]
