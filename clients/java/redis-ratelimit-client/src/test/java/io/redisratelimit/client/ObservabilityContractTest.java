@@ -76,6 +76,25 @@ class ObservabilityContractTest {
     }
 
     @Test
+    void aRegistryThatRefusesTheMetersNeverFailsADecision() {
+        // The application's registry already has ratelimit.decisions with other tags (its own older meter): Prometheus
+        // refuses the kit's. Metrics are a side line: the decision is still answered, denial and event included.
+        PrometheusMeterRegistry taken = new PrometheusMeterRegistry(PrometheusConfig.DEFAULT);
+        io.micrometer.core.instrument.Counter.builder("ratelimit.decisions").tag("route", "/orders").register(taken);
+        List<DenyEvent> got = new java.util.concurrent.CopyOnWriteArrayList<>();
+        DenyEvents events = DenyEvents.builder(DenyEventSink.callback(got::addAll)).backgroundFlusher(false).build();
+        try (Limiter own = Limiter.builder(Client.connect(Drivers.LETTUCE.standalone(server), Duration.ofSeconds(2))).instances(1)
+                .denyCache(false).denyEvents(events).metrics(RateLimitMeters.on(taken)).build()) {
+            RuleSet rules = own.rules(Rule.of("user", Spec.fixedWindow(1, Windows.FIXED_MS)).keyPrefix("refused:" + UUID.randomUUID() + ":"));
+            assertTrue(own.check(rules, "ann").allowed());
+            assertTrue(!own.check(rules, "ann").allowed());
+            assertTrue(!own.checkAsync(rules, "ann", 1).toCompletableFuture().join().allowed());
+            events.flush();
+            assertEquals(2, got.size(), "the denials' events are recorded all the same");
+        }
+    }
+
+    @Test
     void twoLimitersOnOneRegistryAreBothCounted() {
         // Two limiters (two Redis deployments, or two configurations) in one application, one registry:
         // the registry's series are the sum of both, not the first limiter's alone.
