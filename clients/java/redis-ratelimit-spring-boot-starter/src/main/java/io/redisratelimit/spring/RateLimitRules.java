@@ -118,6 +118,10 @@ public final class RateLimitRules {
             }
             PolicyLoop loop = loop(p, r);
             String breaker = r.getBreaker() == null || r.getBreaker().isBlank() ? null : r.getBreaker().trim();
+            if (io.redisratelimit.client.RateLimitMeters.REDIS_BREAKER.equals(breaker)) {
+                throw new RateLimitConfigException(p + ".breaker", "'" + breaker + "' is the limiter's own breaker in"
+                        + " ratelimit_breaker_open{breaker}: name the rule's breaker otherwise", null);
+            }
             if ((breaker != null || !r.isCore()) && !loop.staged()) {
                 throw new RateLimitConfigException(p + ".stages", "missing: a rule with " + (breaker != null ? "a breaker" : "core=false")
                         + " acts on its stage, which only a policy with stages (degrade_pct,break_pct) has", null);

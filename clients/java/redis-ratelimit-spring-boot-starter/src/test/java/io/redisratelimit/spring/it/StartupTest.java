@@ -44,6 +44,18 @@ class StartupTest {
                 });
     }
 
+    @Test
+    void aRuleBreakerNamedAsTheLimitersOwnFailsAtStartUp() {
+        // ratelimit_breaker_open{breaker="redis"} is the limiter's own breaker: a rule's breaker of that name would
+        // never show on it (the first gauge registered wins), so its break would be invisible on the dashboard.
+        runner.withPropertyValues("ratelimit.rules.pay.algorithm=fixedwindow", "ratelimit.rules.pay.params=10,1000",
+                "ratelimit.rules.pay.stages=30,50", "ratelimit.rules.pay.breaker=redis").run(ctx -> {
+                    Throwable t = root(ctx.getStartupFailure());
+                    assertInstanceOf(RateLimitConfigException.class, t, String.valueOf(t));
+                    assertEquals("ratelimit.rules.pay.breaker", ((RateLimitConfigException) t).property());
+                });
+    }
+
     /** A key naming a parameter the method does not have (#user on userId). */
     static class MisnamedKey {
         @io.redisratelimit.spring.RateLimited(rule = "order-create", key = "#user")
