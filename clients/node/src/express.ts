@@ -218,7 +218,7 @@ export class RLStore {
     this.account = options.passOnStoreError === true && this.limit > 0 ? new LocalAccount(shareOf(this.limit, this.instances), this.windowMs) : undefined;
     this.owed = this.account !== undefined ? new Owed(this.windowMs, this.account.share) : undefined;
     this.breaker = this.account !== undefined && this.breakerOptions !== false ? new Breaker(this.breakerOptions) : undefined;
-    if (this.breaker !== undefined) this.metrics?.breakerOpen(REDIS_BREAKER, false);
+    if (this.breaker !== undefined) this.metrics?.watchBreaker(REDIS_BREAKER, this.breaker, (b) => b.isOpen);
     this.ready = this.checkModule()
       .then(() => this.checkLimits())
       .catch((err: Error) => {
@@ -338,9 +338,7 @@ export class RLStore {
       if (gate !== 'call') {
         // Open: the account decides without a call (nothing sent, nothing lost).
         if (gate === 'probe') {
-          void startProbe(this.breaker as Breaker, () => this.rl.send(undefined, ['PING']), this.deadlineMs).then((closed) => {
-            if (closed) m?.breakerOpen(REDIS_BREAKER, false);
-          });
+          void startProbe(this.breaker as Breaker, () => this.rl.send(undefined, ['PING']), this.deadlineMs);
         }
         return [this.fallback(key, now, false), 'fallback'];
       }
@@ -352,7 +350,7 @@ export class RLStore {
         if (!isOutage(err)) throw err;
         const lost = answerLost(err);
         if (err instanceof TimeoutError) m?.redisSeconds((performance.now() - t1) / 1000);
-        if (lost && this.breaker?.failure()) m?.breakerOpen(REDIS_BREAKER, true);
+        if (lost) this.breaker?.failure();
         return [this.fallback(key, now, lost), 'fallback'];
       }
       m?.redisSeconds((performance.now() - t1) / 1000);

@@ -246,7 +246,7 @@ export class RateLimiterRL {
       throw new InvalidArgumentError('name', `name must be a non-empty string, got ${describe(opts.name)}`);
     }
     this.name = opts.name ?? (this.keyPrefix.length > 0 ? this.keyPrefix : 'rlflx');
-    if (this.breaker !== undefined) this.metrics?.breakerOpen(REDIS_BREAKER, false);
+    if (this.breaker !== undefined) this.metrics?.watchBreaker(REDIS_BREAKER, this.breaker, (b) => b.isOpen);
     this.rl = new Client(opts.storeClient);
   }
 
@@ -310,9 +310,7 @@ export class RateLimiterRL {
     if (gate !== 'call') {
       // Open: the account and the insurance limiter decide without a call.
       if (gate === 'probe') {
-        void startProbe(this.breaker as Breaker, () => this.rl.send(undefined, ['PING']), this.deadlineMs).then((closed) => {
-          if (closed) m?.breakerOpen(REDIS_BREAKER, false);
-        });
+        void startProbe(this.breaker as Breaker, () => this.rl.send(undefined, ['PING']), this.deadlineMs);
       }
       return this.fallbackConsume(key, cost, pointsToConsume, options, false, track);
     }
@@ -327,7 +325,7 @@ export class RateLimiterRL {
         throw err;
       }
       const lost = answerLost(err);
-      if (lost && this.breaker?.failure()) m?.breakerOpen(REDIS_BREAKER, true);
+      if (lost) this.breaker?.failure();
       return this.fallbackConsume(key, cost, pointsToConsume, options, lost, track);
     }
     this.breaker?.success();

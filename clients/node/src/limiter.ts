@@ -213,7 +213,7 @@ export class Limiter {
       throw new InvalidArgumentError('denyEvents', `denyEvents must be a DenyEvents, got ${describe(options.denyEvents)}`);
     }
     this.denyEvents = options.denyEvents;
-    this.metrics?.breakerOpen(REDIS_BREAKER, false);
+    this.metrics?.watchBreaker(REDIS_BREAKER, this.breaker, (b) => b.isOpen);
   }
 
   /** A reading of the counters of every path, under the Rust kit's names (`redis_calls`, `deny_cache_hits`...). */
@@ -445,7 +445,6 @@ export class Limiter {
         this.counters.add(failure === 'timeout' ? 'redis_timeouts' : failure === 'unavailable' ? 'redis_unavailable' : 'redis_errors');
         if (failure !== 'error' && this.breaker.failure()) {
           this.counters.add('breaker_opened');
-          this.metrics?.breakerOpen(REDIS_BREAKER, true);
           process.emitWarning(`redis-ratelimit: circuit breaker open, fallback ${this.fallbackMode} decides (${(err as Error)?.message})`, { code: 'RL_BREAKER_OPEN' });
         }
         outcome = failure === 'error' ? { kind: 'notApplied' } : { kind: 'lost' };
@@ -554,7 +553,6 @@ export class Limiter {
     void startProbe(this.breaker, () => this.client.send(undefined, ['PING']), this.deadlineMs).then((closed) => {
       if (closed) {
         this.counters.add('probes_ok');
-        this.metrics?.breakerOpen(REDIS_BREAKER, false);
       }
     });
   }

@@ -78,7 +78,19 @@ function promClient(): PromClient {
   return prom;
 }
 
-const byRegistry = new WeakMap<object, RateLimitMetrics>();
+/**
+ * Where a registry keeps its set: a property under a global symbol, so that
+ * the ESM and CommonJS builds of this package, loaded side by side (each its
+ * own class), find the one set of a registry instead of registering the
+ * metrics twice. Versioned by the set's methods: bump on a change to them.
+ */
+const SET_KEY = Symbol.for('redis-ratelimit.metrics.v1');
+
+/** A breaker the scrape reads: weakly held, gone with its owner. */
+interface WatchedBreaker {
+  readonly ref: WeakRef<object>;
+  readonly isOpen: (owner: object) => boolean;
+}
 
 const LEVEL_INDEX: Record<Level, number> = { local: 0, redis: 1, deny_cache: 2, grant: 3, fallback: 4 };
 const OUTCOME_INDEX: Record<Outcome, number> = { admitted: 0, denied: 1, shadow_denied: 2 };
@@ -118,11 +130,10 @@ export class RateLimitMetrics {
     if (reg === null || typeof reg !== 'object' || typeof reg.registerMetric !== 'function' || typeof reg.getSingleMetric !== 'function') {
       throw new InvalidArgumentError('metrics', `metrics must be true, a prom-client Registry or RateLimitMetrics, got ${describe(registry)}`);
     }
-    let m = byRegistry.get(reg);
-    if (m === undefined) {
-      m = new RateLimitMetrics(reg);
-      byRegistry.set(reg, m);
-    }
+    const held = (reg as unknown as Record<symbol, RateLimitMetrics | undefined>)[SET_KEY];
+    if (held !== undefined) return held;
+    const m = new RateLimitMetrics(reg);
+    Object.defineProperty(reg, SET_KEY, { value: m, enumerable: false, configurable: true, writable: false });
     return m;
   }
 
@@ -139,7 +150,7 @@ export class RateLimitMetrics {
     this.decisions = make(0, p.Counter, { collect: () => this.publishDecisions() });
     this.redis = make(1, p.Histogram, { buckets: [...REDIS_SECONDS_BUCKETS] });
     this.remaining = make(2, p.Gauge, { collect: () => this.publishRatios() });
-    this.breakers = make(3, p.Gauge);
+    this.breakers = make(3, p.Gauge, { collect: () => this.publishBreakers() });
     this.scales = make(4, p.Gauge);
     this.stages = make(5, p.Gauge);
     this.dropped = make(6, p.Counter, { collect: () => this.publishDropped() });
@@ -186,8 +197,57 @@ export class RateLimitMetrics {
     if (limit > 0) this.ratios.set(rule, Math.min(Math.max(remaining / limit, 0), 1));
   }
 
+  /**
+   * `ratelimit_breaker_open{breaker}`: 1 while any breaker of that name is
+   * open, read at each scrape. Each `Limiter`, store and `Protection`
+   * breaker is watched here (`watchBreaker`), held weakly; several of one
+   * name on one registry (two limiters' `redis`) do not overwrite each other.
+   */
+  private readonly watched = new Map<string, WatchedBreaker[]>();
+  /** States set with `breakerOpen`, per name (a breaker the kit does not hold). */
+  private readonly pushed = new Map<string, boolean>();
+
+  /** Reports `breaker` open or closed (OR'd with the breakers of that name watched). */
   breakerOpen(breaker: string, open: boolean): void {
-    this.breakers.set({ breaker }, open ? 1 : 0);
+    this.pushed.set(breaker, open);
+  }
+
+  /**
+   * Reads `isOpen(owner)` at each scrape, as long as `owner` lives: the
+   * gauge of `breaker` is 1 while any of its breakers is open.
+   */
+  watchBreaker<T extends object>(breaker: string, owner: T, isOpen: (owner: T) => boolean): void {
+    let list = this.watched.get(breaker);
+    if (list === undefined) {
+      list = [];
+      this.watched.set(breaker, list);
+    }
+    if (list.some((w) => w.ref.deref() === owner)) return;
+    list.push({ ref: new WeakRef(owner), isOpen: isOpen as (owner: object) => boolean });
+  }
+
+  private publishBreakers(): void {
+    const names = new Set([...this.watched.keys(), ...this.pushed.keys()]);
+    for (const breaker of names) {
+      let open = this.pushed.get(breaker) === true;
+      const list = this.watched.get(breaker);
+      if (list !== undefined) {
+        let live = 0;
+        for (const w of list) {
+          const owner = w.ref.deref();
+          if (owner === undefined) continue;
+          list[live++] = w;
+          // A throwing reader would fail the application's whole scrape.
+          try {
+            if (!open && w.isOpen(owner)) open = true;
+          } catch {
+            // counted as closed
+          }
+        }
+        list.length = live;
+      }
+      this.breakers.set({ breaker }, open ? 1 : 0);
+    }
   }
 
   scale(rule: string, percent: number): void {

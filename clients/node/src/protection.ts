@@ -259,10 +259,8 @@ export class Protection {
     if (b === undefined) {
       b = new CircuitBreaker(name, this.breakerOptions);
       const m = this.metrics;
-      if (m !== undefined) {
-        m.breakerOpen(name, false);
-        b.onChange = (state) => m.breakerOpen(name, state !== 'closed');
-      }
+      // Read at each scrape: open while any breaker of that name on the registry is.
+      m?.watchBreaker(name, b, (x) => x.state !== 'closed');
       this.breakers.set(name, b);
     }
     return b;

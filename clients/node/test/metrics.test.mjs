@@ -9,6 +9,7 @@
 import assert from 'node:assert/strict';
 import { execFileSync, spawnSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
+import { createRequire } from 'node:module';
 import { after, before, describe, test } from 'node:test';
 import { Redis } from 'ioredis';
 import { createClient } from 'redis';
@@ -369,5 +370,62 @@ describe('metrics', () => {
     }
     promtool(t, text);
     if (existsSync(PROMTOOL)) assert.equal(execFileSync(PROMTOOL, ['check', 'metrics'], { input: text }).toString(), '');
+  });
+});
+
+describe('metrics: one registry shared', () => {
+  test('two limiters on one registry: ratelimit_breaker_open{breaker="redis"} is 1 while any breaker is open (a limiter made later, or a healthy one, does not hide it)', async (t) => {
+    const dead = await startServer();
+    const c = new Redis({ port: dead.port, host: '127.0.0.1', enableOfflineQueue: false, maxRetriesPerRequest: 0, lazyConnect: true });
+    c.on('error', () => {});
+    await c.connect();
+    await dead.stop();
+    await until(() => c.status !== 'ready', 'ioredis to see the server gone');
+    const reg = new Registry();
+    t.after(() => c.disconnect());
+    const rule = [{ name: 'pay', spec: { algorithm: 'fixedwindow', limit: 1, windowMs: STILL_MS } }];
+    const broken = new Limiter(c, { metrics: reg, fallback: 'failOpen', breaker: { failures: 1, openForMs: 60_000 } });
+    await broken.check(await broken.ruleSet(rule), 'e');
+    assert.equal(broken.breakerOpen, true);
+    assert.equal(parse(await reg.metrics()).get('ratelimit_breaker_open{breaker="redis"}'), 1);
+    // Another limiter on the same registry, to a healthy server: made, then answering.
+    const healthy = new Limiter(rl, { metrics: reg });
+    assert.equal(parse(await reg.metrics()).get('ratelimit_breaker_open{breaker="redis"}'), 1, 'a limiter made later hid the open breaker');
+    await healthy.check(await healthy.ruleSet(rule), 'f');
+    assert.equal(healthy.breakerOpen, false);
+    assert.equal(parse(await reg.metrics()).get('ratelimit_breaker_open{breaker="redis"}'), 1, 'a healthy limiter hid the open breaker');
+    // Two Protections' breakers of one name: open while either is.
+    const p1 = new Protection(rl, [], { metrics: reg });
+    const p2 = new Protection(rl, [], { metrics: reg });
+    try {
+      const b1 = p1.breaker('db');
+      for (let i = 0; i < b1.failures; i++) b1.failure();
+      p2.breaker('db');
+      assert.equal(parse(await reg.metrics()).get('ratelimit_breaker_open{breaker="db"}'), 1);
+      b1.release();
+      assert.equal(parse(await reg.metrics()).get('ratelimit_breaker_open{breaker="db"}'), 0);
+    } finally {
+      await p1.close();
+      await p2.close();
+    }
+  });
+
+  test('the ESM and CommonJS builds side by side on one registry (and on prom-client\'s global one): one set of metrics, both builds counted', async () => {
+    const cjs = createRequire(import.meta.url)('redis-ratelimit');
+    const esm = await import('redis-ratelimit');
+    assert.notEqual(cjs.Limiter, esm.Limiter);
+    const reg = new Registry();
+    const rule = [{ name: 'both', spec: { algorithm: 'fixedwindow', limit: 100, windowMs: STILL_MS } }];
+    const a = new esm.Limiter(rl, { metrics: reg });
+    const b = new cjs.Limiter(new cjs.Client(redis), { metrics: reg });
+    assert.equal(a.metrics, b.metrics);
+    assert.equal(cjs.RateLimitMetrics.of(reg), esm.RateLimitMetrics.of(reg));
+    await a.check(await a.ruleSet(rule), 'x');
+    await b.check(await b.ruleSet(rule), 'x');
+    const events = new cjs.DenyEvents({ callback: () => {}, metrics: reg });
+    await events.close();
+    assert.equal(parse(await reg.metrics()).get(dec('both', 'redis', 'admitted')), 2);
+    // metrics: true in both builds: prom-client's global register, one set.
+    assert.equal(new cjs.Limiter(new cjs.Client(redis), { metrics: true }).metrics, new esm.Limiter(rl, { metrics: true }).metrics);
   });
 });
