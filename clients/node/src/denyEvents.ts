@@ -9,7 +9,7 @@ import { appendFile } from 'node:fs/promises';
 import { request as httpRequest } from 'node:http';
 import { request as httpsRequest } from 'node:https';
 import { checkInteger, checkString, describe, InvalidArgumentError } from './errors.js';
-import { resolveMetrics, type Level, type MetricsOption, type Outcome, type RateLimitMetrics } from './metrics.js';
+import { LEVELS, OUTCOMES, resolveMetrics, type Level, type MetricsOption, type Outcome, type RateLimitMetrics } from './metrics.js';
 
 /** One denial as shipped: the fields in the contract's order; `client_ip` and `user_agent` only when known. */
 export interface DenyEvent {
@@ -152,6 +152,14 @@ export class DenyEvents {
   private woken = false;
   private flushing: Promise<void> | undefined;
   private closed = false;
+  /** close()'s promise: a second call waits for the first. */
+  private closing: Promise<void> | undefined;
+  /** close()'s one deadline (performance.now()), which a run under way keeps too. */
+  private closeDeadline: number | undefined;
+  /** The timeout of the batch under way: close() holds the process for it. */
+  private sinkTimer: ReturnType<typeof setTimeout> | undefined;
+  /** flush() calls waiting for a background run: its timeouts keep the process alive meanwhile. */
+  private waiting = 0;
   private readonly tally = { shipped: 0, dropped: 0, sinkErrors: 0, batches: 0 };
 
   constructor(options: DenyEventsOptions) {
@@ -202,6 +210,8 @@ export class DenyEvents {
    * flusher once `flushEvents` wait.
    */
   record(e: DenyEventInput): void {
+    // Checked here, on the caller: a field JSON cannot hold would cost the whole batch on the flusher.
+    checkEvent(e);
     if (this.closed) {
       this.drop(1);
       return;
@@ -243,8 +253,16 @@ export class DenyEvents {
 
   /** Ships everything waiting now, batch by batch (what the timer does); resolves when done (failed batches counted). */
   async flush(): Promise<void> {
-    while (this.flushing !== undefined) await this.flushing;
-    await this.run(true, undefined);
+    if (this.flushing !== undefined) {
+      this.waiting++;
+      this.sinkTimer?.ref?.();
+      try {
+        while (this.flushing !== undefined) await this.flushing;
+      } finally {
+        this.waiting--;
+      }
+    }
+    await this.run(true, true);
   }
 
   /**
@@ -252,13 +270,20 @@ export class DenyEvents {
    * what is still waiting then is dropped (counted). Events recorded after
    * are dropped.
    */
-  async close(): Promise<void> {
-    if (this.closed) return;
+  close(): Promise<void> {
+    this.closing ??= this.shut();
+    return this.closing;
+  }
+
+  private async shut(): Promise<void> {
     this.closed = true;
     if (this.timer !== undefined) clearInterval(this.timer);
-    const deadline = performance.now() + this.timeoutMs;
-    if (this.flushing !== undefined) await this.flushing;
-    await this.run(true, deadline);
+    // One deadline for all that is left, the batch under way included.
+    this.closeDeadline = performance.now() + this.timeoutMs;
+    // A background batch under way: its timeout now keeps the process alive until close() resolves.
+    this.sinkTimer?.ref?.();
+    while (this.flushing !== undefined) await this.flushing;
+    await this.run(true, true);
     if (this.count > 0) {
       const n = this.count;
       this.take(n);
@@ -268,21 +293,29 @@ export class DenyEvents {
 
   private wake(all: boolean): void {
     if (this.flushing !== undefined) return;
-    void this.run(all, undefined);
+    this.run(all, false).catch((err: unknown) => {
+      process.emitWarning(`redis-ratelimit: the deny events' flusher failed: ${(err as Error)?.message ?? String(err)}`, { code: 'RL_DENY_EVENTS' });
+    });
   }
 
-  /** Ships batches: all that wait (`all`), or while a full batch waits; one run at a time. */
-  private run(all: boolean, deadline: number | undefined): Promise<void> {
+  /**
+   * Ships batches: all that wait (`all`), or while a full batch waits; one
+   * run at a time, within close()'s deadline once it is called. `held`: an
+   * explicit flush() or close(), whose timers keep the process alive until
+   * it resolves (the background flusher's do not).
+   */
+  private run(all: boolean, held: boolean): Promise<void> {
     const p = (async () => {
       while (this.count > 0 && (all || this.count >= this.flushEvents)) {
         let timeout = this.timeoutMs;
+        const deadline = this.closeDeadline;
         if (deadline !== undefined) {
           timeout = Math.min(timeout, Math.floor(deadline - performance.now()));
           if (timeout <= 0) return;
         }
         const batch = this.take(Math.min(this.count, this.flushEvents));
         try {
-          await withTimeout(this.sink(batch, timeout), timeout);
+          await withTimeout(this.sink(batch, timeout), timeout, held || this.closed || this.waiting > 0, (t) => (this.sinkTimer = t));
           this.tally.shipped += batch.length;
           this.tally.batches++;
           this.metrics?.eventsShipped(batch.length);
@@ -353,6 +386,12 @@ function checkUrl(url: unknown): URL {
   return u;
 }
 
+/**
+ * The longest `_bulk` reply read (Elasticsearch's for a batch of 1,000
+ * failed items is well under 1 MiB): beyond, the batch fails.
+ */
+const MAX_BULK_REPLY = 32 * 1024 * 1024;
+
 /** POST `<url>/_bulk`: per event the action line, then the event; accepted on a 2xx whose JSON body has `errors: false`. */
 function bulkSink(base: URL, index: string): Sink {
   const target = new URL(base.href.replace(/\/*$/, '') + '/_bulk');
@@ -377,7 +416,18 @@ function bulkSink(base: URL, index: string): Sink {
       });
       req.on('response', (res) => {
         const chunks: Buffer[] = [];
-        res.on('data', (c: Buffer) => chunks.push(c));
+        let size = 0;
+        res.on('data', (c: Buffer) => {
+          size += c.length;
+          // A reply past the bound is no _bulk answer to this batch: not held in memory.
+          if (size > MAX_BULK_REPLY) {
+            clearTimeout(timer);
+            req.destroy();
+            reject(new Error(`_bulk: the reply is longer than ${MAX_BULK_REPLY} bytes`));
+            return;
+          }
+          chunks.push(c);
+        });
         res.on('error', (err) => {
           clearTimeout(timer);
           reject(err);
@@ -402,15 +452,38 @@ function bulkSink(base: URL, index: string): Sink {
     });
 }
 
-/** `p`, or a rejection after `ms` (an unref'd timer). */
-function withTimeout(p: Promise<void>, ms: number): Promise<void> {
+/**
+ * `p`, or a rejection after `ms`. The timer is unref'd on the background
+ * flusher (it does not keep the process alive); `held` by an explicit
+ * flush() or close(), it is not: a process awaiting close() with nothing
+ * else to do would exit under it, its events neither shipped nor counted.
+ */
+function withTimeout(p: Promise<void>, ms: number, held: boolean, started: (timer: ReturnType<typeof setTimeout>) => void): Promise<void> {
   let timer: ReturnType<typeof setTimeout> | undefined;
   const late = new Promise<never>((_, reject) => {
     timer = setTimeout(() => reject(new Error(`the sink did not answer within ${ms} ms`)), ms);
-    timer.unref?.();
+    if (!held) timer.unref?.();
+    started(timer);
   });
   p.catch(() => {});
   return Promise.race([p, late]).finally(() => clearTimeout(timer));
+}
+
+const LEVEL_SET: ReadonlySet<unknown> = new Set(LEVELS);
+const OUTCOME_SET: ReadonlySet<unknown> = new Set(OUTCOMES);
+
+/** A `record`ed event's fields, each refused naming it. */
+function checkEvent(e: DenyEventInput): void {
+  if (e === null || typeof e !== 'object') throw new InvalidArgumentError('event', `a deny event must be an object, got ${describe(e)}`);
+  if (typeof e.key !== 'string') throw new InvalidArgumentError('key', `key must be a string, got ${describe(e.key)}`);
+  if (typeof e.rule !== 'string') throw new InvalidArgumentError('rule', `rule must be a string, got ${describe(e.rule)}`);
+  if (!LEVEL_SET.has(e.level)) throw new InvalidArgumentError('level', `level must be one of ${LEVELS.join(', ')}, got ${describe(e.level)}`);
+  if (e.outcome !== undefined && !OUTCOME_SET.has(e.outcome)) throw new InvalidArgumentError('outcome', `outcome must be one of ${OUTCOMES.join(', ')}, got ${describe(e.outcome)}`);
+  if (!Number.isFinite(e.limit)) throw new InvalidArgumentError('limit', `limit must be a finite number, got ${describe(e.limit)}`);
+  if (!Number.isFinite(e.remaining)) throw new InvalidArgumentError('remaining', `remaining must be a finite number, got ${describe(e.remaining)}`);
+  if (!Number.isFinite(e.retryAfterMs)) throw new InvalidArgumentError('retryAfterMs', `retryAfterMs must be a finite number, got ${describe(e.retryAfterMs)}`);
+  if (e.clientIp !== undefined && typeof e.clientIp !== 'string') throw new InvalidArgumentError('clientIp', `clientIp must be a string, got ${describe(e.clientIp)}`);
+  if (e.userAgent !== undefined && typeof e.userAgent !== 'string') throw new InvalidArgumentError('userAgent', `userAgent must be a string, got ${describe(e.userAgent)}`);
 }
 
 /**

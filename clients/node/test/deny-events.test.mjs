@@ -6,6 +6,7 @@
 // its flusher stopped drops exactly the oldest. Denials come from a Limiter
 // against redis-server with the module.
 import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import http from 'node:http';
 import net from 'node:net';
@@ -310,5 +311,123 @@ describe('deny events', () => {
     assert.match(await registry.metrics(), /^ratelimit_deny_events_dropped_total 150$/m);
     assert.match(await registry.metrics(), /^ratelimit_deny_events_shipped_total 100$/m);
     await events.close();
+  });
+});
+
+describe('deny events: closing, bad events, bad replies', () => {
+  const ev = (key) => ({ key, rule: 'r', level: 'redis', limit: 1, remaining: 0, retryAfterMs: 5 });
+
+  test('close() twice: the second resolves when the first is done, not before', async () => {
+    let release;
+    const gate = new Promise((r) => (release = r));
+    const shipped = [];
+    const events = new DenyEvents({ background: false, callback: async (b) => {
+      await gate;
+      shipped.push(...b);
+    } });
+    for (let i = 0; i < 3; i++) events.record(ev(`k${i}`));
+    const first = events.close();
+    const second = events.close();
+    setImmediate(release);
+    await second;
+    assert.equal(shipped.length, 3, 'the second close() resolved before the events were shipped');
+    assert.deepEqual(events.stats(), { pending: 0, shipped: 3, dropped: 0, sinkErrors: 0, batches: 1 });
+    await first;
+  });
+
+  test('close() bounds a flush already under way by its one deadline: a hanging sink is not given every batch, one timeout each', async () => {
+    let calls = 0;
+    const events = new DenyEvents({ background: false, flushEvents: 1, capacity: 100, timeoutMs: 200, callback: () => {
+      calls++;
+      return new Promise(() => {});
+    } });
+    for (let i = 0; i < 10; i++) events.record(ev(`k${i}`));
+    const flushing = events.flush();
+    assert.equal(calls, 1, 'the flush is under way');
+    await events.close();
+    assert.ok(calls <= 2, `close() waited for ${calls} batches of the flush under way, ${calls} x timeoutMs`);
+    assert.deepEqual(events.stats(), { pending: 0, shipped: 0, dropped: 10, sinkErrors: calls, batches: 0 });
+    await flushing;
+  });
+
+  test('await close() in a process with nothing else to do: it finishes (a hanging sink dropped at the timeout), the process does not exit under it', () => {
+    const script = `
+      import { DenyEvents } from 'redis-ratelimit';
+      const events = new DenyEvents({ timeoutMs: 100, callback: () => new Promise(() => {}) });
+      events.record({ key: 'k', rule: 'r', level: 'redis', limit: 1, remaining: 0, retryAfterMs: 5 });
+      await events.close();
+      console.log(JSON.stringify(events.stats()));
+      const flushed = new DenyEvents({ timeoutMs: 100, background: false, callback: () => new Promise(() => {}) });
+      flushed.record({ key: 'k', rule: 'r', level: 'redis', limit: 1, remaining: 0, retryAfterMs: 5 });
+      await flushed.flush();
+      console.log(JSON.stringify(flushed.stats()));
+    `;
+    const r = spawnSync(process.execPath, ['--input-type=module', '-e', script], { cwd: path.dirname(path.dirname(new URL(import.meta.url).pathname)), encoding: 'utf8' });
+    assert.equal(r.status, 0, `exit ${r.status}: ${r.stderr}`);
+    assert.deepEqual(r.stdout.trim().split('\n').map((l) => JSON.parse(l)), [
+      { pending: 0, shipped: 0, dropped: 1, sinkErrors: 1, batches: 0 },
+      { pending: 0, shipped: 0, dropped: 1, sinkErrors: 1, batches: 0 },
+    ]);
+  });
+
+  test('record() refuses a bad event naming the field (it would have cost its whole batch on the flusher)', async () => {
+    const batches = [];
+    const events = new DenyEvents({ background: false, callback: (b) => void batches.push(b) });
+    const bad = [
+      [null, 'event'],
+      ['x', 'event'],
+      [{ ...ev('k'), key: 5n }, 'key'],
+      [{ ...ev('k'), key: undefined }, 'key'],
+      [{ ...ev('k'), rule: {} }, 'rule'],
+      [{ ...ev('k'), level: 'disk' }, 'level'],
+      [{ ...ev('k'), outcome: 'maybe' }, 'outcome'],
+      [{ ...ev('k'), limit: 1n }, 'limit'],
+      [{ ...ev('k'), remaining: '0' }, 'remaining'],
+      [{ ...ev('k'), retryAfterMs: Number.NaN }, 'retryAfterMs'],
+      [{ ...ev('k'), clientIp: 7 }, 'clientIp'],
+      [{ ...ev('k'), userAgent: ['a'] }, 'userAgent'],
+    ];
+    events.record(ev('good1'));
+    for (const [e, arg] of bad) {
+      assert.throws(() => events.record(e), (err) => err instanceof InvalidArgumentError && err.argument === arg, `${arg}: ${String(e)}`);
+    }
+    events.record(ev('good2'));
+    await events.close();
+    assert.deepEqual(batches.flat().map((e) => e.key), ['good1', 'good2']);
+    assert.deepEqual(events.stats(), { pending: 0, shipped: 2, dropped: 0, sinkErrors: 0, batches: 1 });
+  });
+
+  test('a _bulk reply without end: the reply is read up to a bound, then the batch fails (the kit does not buffer it all)', async () => {
+    let written = 0;
+    let closed;
+    const gone = new Promise((r) => (closed = r));
+    const chunk = Buffer.alloc(1 << 20, 0x20);
+    const limit = 256 << 20;
+    const server = http.createServer((req, res) => {
+      req.resume();
+      req.on('end', () => {
+        res.writeHead(200, { 'Content-Type': 'application/json' });
+        res.write('{"errors":false,"items":[');
+        res.on('close', () => closed());
+        const pump = () => {
+          while (written < limit && !res.destroyed) {
+            written += chunk.length;
+            if (!res.write(chunk)) return res.once('drain', pump);
+          }
+          if (!res.destroyed) res.end(']}');
+        };
+        pump();
+      });
+    });
+    await new Promise((r) => server.listen(0, '127.0.0.1', r));
+    const events = new DenyEvents({ bulkUrl: `http://127.0.0.1:${server.address().port}`, background: false, timeoutMs: 60_000 });
+    events.record(ev('k'));
+    await events.flush();
+    await gone;
+    assert.deepEqual(events.stats(), { pending: 0, shipped: 0, dropped: 1, sinkErrors: 1, batches: 0 });
+    assert.ok(written < 128 << 20, `the kit read ${written >> 20} MiB of the reply`);
+    await events.close();
+    server.closeAllConnections();
+    await new Promise((r) => server.close(r));
   });
 });
