@@ -383,7 +383,7 @@ impl Limiter {
         let keys: Vec<String> = set.rules.iter().map(|r| r.rule.key_for(identity)).collect();
         let d = self.decide(set, &keys, cost).await;
         if self.inner.observed {
-            self.observe(set, &keys, &d, origin);
+            self.observe(set, keys, &d, origin);
         }
         d
     }
@@ -407,7 +407,7 @@ impl Limiter {
     /// denied for the rule that denied (and its deny event); the remaining
     /// ratio of the rule the fields describe, when Redis or the local level
     /// decided.
-    fn observe(&self, set: &RuleSet, keys: &[String], d: &Decision, origin: Option<&Origin>) {
+    fn observe(&self, set: &RuleSet, mut keys: Vec<String>, d: &Decision, origin: Option<&Origin>) {
         let level = level_of(d.path);
         let rules = &set.rules;
         let described = d
@@ -428,7 +428,9 @@ impl Limiter {
             if let Some(m) = &r.metrics {
                 m.decided(level, 1);
             }
-            self.deny_event(&r.label, &keys[described], level, d, origin);
+            // The key moves into the event: no copy on a denial.
+            let key = std::mem::take(&mut keys[described]);
+            self.deny_event(&r.label, key, level, d, origin);
         }
         if matches!(d.path, Path::Redis | Path::Local) {
             if let Some(m) = &rules[described].metrics {
@@ -448,14 +450,14 @@ impl Limiter {
         }
         if !d.allowed {
             let key = cap.rule.key_for(identity);
-            self.deny_event(&cap.label, &key, level, d, origin);
+            self.deny_event(&cap.label, key, level, d, origin);
         }
     }
 
     fn deny_event(
         &self,
         rule: &Arc<str>,
-        key: &str,
+        key: String,
         level: usize,
         d: &Decision,
         origin: Option<&Origin>,
@@ -465,7 +467,7 @@ impl Limiter {
         };
         events.record(DenyEvent {
             timestamp: SystemTime::now(),
-            key: key.to_string(),
+            key,
             rule: rule.clone(),
             level: LEVELS[level],
             outcome: Outcome::Denied,
@@ -473,7 +475,7 @@ impl Limiter {
             remaining: d.remaining,
             retry_after_ms: d.wait_ms,
             client_ip: origin.and_then(|o| o.client_ip.clone()),
-            user_agent: origin.and_then(|o| o.user_agent.clone()),
+            user_agent: origin.and_then(Origin::user_agent),
         });
     }
 

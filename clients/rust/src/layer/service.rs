@@ -125,12 +125,9 @@ where
             client_ip: catch_unwind(AssertUnwindSafe(|| (shared.client_ip)(&parts)))
                 .ok()
                 .flatten()
-                .map(Origin::cut),
-            user_agent: parts
-                .headers
-                .get(http::header::USER_AGENT)
-                .and_then(|v| v.to_str().ok())
-                .map(|ua| Origin::cut(ua.to_string())),
+                .map(|ip| Origin::cut(&ip)),
+            // The header's bytes are shared, not copied: a string only on a denial.
+            user_agent: parts.headers.get(http::header::USER_AGENT).cloned(),
         });
         Box::pin(async move {
             let stats = &shared.limiter;

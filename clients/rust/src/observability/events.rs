@@ -79,33 +79,84 @@ impl DenyEvent {
     /// The event as one JSON object, its fields in the contract's order,
     /// an unknown optional field left out (no line end).
     pub fn to_json(&self) -> String {
-        let q = |s: &str| serde_json::Value::from(s).to_string();
-        let mut line = format!(
-            "{{\"timestamp\":\"{}\",\"key\":{},\"rule\":{},\"level\":\"{}\",\"outcome\":\"{}\",\"limit\":{},\"remaining\":{},\"retry_after_ms\":{}",
-            rfc3339_millis(self.timestamp),
-            q(&self.key),
-            q(&self.rule),
-            self.level,
-            self.outcome.as_str(),
-            self.limit,
-            self.remaining,
-            self.retry_after_ms,
-        );
+        let mut line = Vec::with_capacity(256);
+        self.write_json(&mut line);
+        String::from_utf8(line).expect("JSON of UTF-8 strings is UTF-8")
+    }
+
+    /// [`DenyEvent::to_json`] appended to `out` (how the sinks write a
+    /// batch: one buffer, no string per field or per event).
+    pub fn write_json(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(b"{\"timestamp\":\"");
+        write_rfc3339_millis(out, self.timestamp);
+        out.extend_from_slice(b"\",\"key\":");
+        json_string(out, &self.key);
+        out.extend_from_slice(b",\"rule\":");
+        json_string(out, &self.rule);
+        out.extend_from_slice(b",\"level\":\"");
+        out.extend_from_slice(self.level.as_bytes());
+        out.extend_from_slice(b"\",\"outcome\":\"");
+        out.extend_from_slice(self.outcome.as_str().as_bytes());
+        out.extend_from_slice(b"\",\"limit\":");
+        digits(out, self.limit, 1);
+        out.extend_from_slice(b",\"remaining\":");
+        digits(out, self.remaining, 1);
+        out.extend_from_slice(b",\"retry_after_ms\":");
+        if self.retry_after_ms < 0 {
+            out.push(b'-');
+        }
+        digits(out, self.retry_after_ms.unsigned_abs(), 1);
         if let Some(ip) = &self.client_ip {
-            line.push_str(",\"client_ip\":");
-            line.push_str(&q(ip));
+            out.extend_from_slice(b",\"client_ip\":");
+            json_string(out, ip);
         }
         if let Some(ua) = &self.user_agent {
-            line.push_str(",\"user_agent\":");
-            line.push_str(&q(ua));
+            out.extend_from_slice(b",\"user_agent\":");
+            json_string(out, ua);
         }
-        line.push('}');
-        line
+        out.push(b'}');
     }
 }
 
+/// `s` as a JSON string, as serde_json writes it: copied as is when no
+/// byte needs escaping (the usual key, rule, address and user agent).
+fn json_string(out: &mut Vec<u8>, s: &str) {
+    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        out.push(b'"');
+        out.extend_from_slice(s.as_bytes());
+        out.push(b'"');
+    } else {
+        // Writing into a Vec never fails.
+        let _ = serde_json::to_writer(&mut *out, s);
+    }
+}
+
+/// `n` in decimal, zero-padded to at least `width` digits.
+fn digits(out: &mut Vec<u8>, mut n: u64, width: usize) {
+    let mut buf = [b'0'; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    let start = i.min(buf.len() - width.min(buf.len()));
+    out.extend_from_slice(&buf[start..]);
+}
+
 /// RFC 3339 in UTC with milliseconds: `2026-12-02T10:00:00.123Z`.
+#[cfg(test)]
 pub(crate) fn rfc3339_millis(t: SystemTime) -> String {
+    let mut out = Vec::new();
+    write_rfc3339_millis(&mut out, t);
+    String::from_utf8(out).expect("ASCII")
+}
+
+/// [`rfc3339_millis`] appended to `out`.
+fn write_rfc3339_millis(out: &mut Vec<u8>, t: SystemTime) {
     let ms = t
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64);
@@ -120,21 +171,29 @@ pub(crate) fn rfc3339_millis(t: SystemTime) -> String {
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + i64::from(month <= 2);
-    let s = ms_of_day / 1000;
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        s / 3600,
-        s / 60 % 60,
-        s % 60,
-        ms_of_day % 1000
-    )
+    let s = (ms_of_day / 1000) as u64;
+    let part = |out: &mut Vec<u8>, n: i64, width: usize, then: u8| {
+        digits(out, n.max(0) as u64, width);
+        out.push(then);
+    };
+    part(out, year, 4, b'-');
+    part(out, month, 2, b'-');
+    part(out, day, 2, b'T');
+    digits(out, s / 3600, 2);
+    out.push(b':');
+    digits(out, s / 60 % 60, 2);
+    out.push(b':');
+    digits(out, s % 60, 2);
+    out.push(b'.');
+    digits(out, (ms_of_day % 1000) as u64, 3);
+    out.push(b'Z');
 }
 
 /// What an HTTP request adds to its denials.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Origin {
     pub(crate) client_ip: Option<String>,
-    pub(crate) user_agent: Option<String>,
+    pub(crate) user_agent: Option<http::HeaderValue>,
 }
 
 /// The most bytes of a request's `client_ip` or `user_agent` an event
@@ -143,15 +202,18 @@ pub const MAX_ORIGIN_BYTES: usize = 512;
 
 impl Origin {
     /// `s` cut to [`MAX_ORIGIN_BYTES`], at a character boundary.
-    pub(crate) fn cut(mut s: String) -> String {
-        if s.len() > MAX_ORIGIN_BYTES {
-            let mut end = MAX_ORIGIN_BYTES;
-            while !s.is_char_boundary(end) {
-                end -= 1;
-            }
-            s.truncate(end);
+    pub(crate) fn cut(s: &str) -> String {
+        let mut end = s.len().min(MAX_ORIGIN_BYTES);
+        while !s.is_char_boundary(end) {
+            end -= 1;
         }
-        s
+        s[..end].to_string()
+    }
+
+    /// The `User-Agent`, cut (none if it is not visible ASCII).
+    pub(crate) fn user_agent(&self) -> Option<String> {
+        let ua = self.user_agent.as_ref()?.to_str().ok()?;
+        Some(Origin::cut(ua))
     }
 }
 
@@ -229,15 +291,18 @@ impl Shipper {
 
     fn push(&self, event: DenyEvent) {
         self.recorded.fetch_add(1, Ordering::Relaxed);
-        let waiting = {
+        let (waiting, _oldest) = {
             let mut buffer = self.lock();
-            if buffer.len() >= self.capacity {
-                buffer.pop_front();
+            let oldest = if buffer.len() >= self.capacity {
                 self.dropped.fetch_add(1, Ordering::Relaxed);
-            }
+                buffer.pop_front()
+            } else {
+                None
+            };
             buffer.push_back(event);
-            buffer.len()
+            (buffer.len(), oldest)
         };
+        // (the oldest, if dropped, is freed here, after the lock is let go)
         if waiting == self.flush_events {
             self.wake.notify_one();
         }
@@ -587,5 +652,25 @@ mod tests {
         e.client_ip = Some("10.0.0.1".into());
         let v: serde_json::Value = serde_json::from_str(&e.to_json()).unwrap();
         assert_eq!(v["client_ip"], "10.0.0.1");
+        // Every string as serde_json writes it; the integers' extremes.
+        for key in [
+            "",
+            "plain",
+            "tab\there",
+            "nl\n\u{1}\u{7f}",
+            "é \\ \"q\"",
+            "\u{1F600}",
+        ] {
+            e.key = key.to_string();
+            e.limit = u64::MAX;
+            e.remaining = 0;
+            e.retry_after_ms = i64::MIN;
+            let line = e.to_json();
+            let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+            assert_eq!(v["key"], key);
+            assert!(line.contains(&format!("\"key\":{}", serde_json::Value::from(key))));
+            assert_eq!(v["limit"], u64::MAX);
+            assert_eq!(v["retry_after_ms"], i64::MIN);
+        }
     }
 }

@@ -169,10 +169,10 @@ impl Sink {
         match &self.kind {
             Kind::File(path, blocking) => {
                 let path = path.clone();
-                let mut lines = String::with_capacity(batch.len() * 200);
+                let mut lines = Vec::with_capacity(batch.len() * 256);
                 for e in &batch {
-                    lines.push_str(&e.to_json());
-                    lines.push('\n');
+                    e.write_json(&mut lines);
+                    lines.push(b'\n');
                 }
                 blocking
                     .run("file sink", move || {
@@ -182,7 +182,7 @@ impl Sink {
                             .open(&path)
                             .map_err(|e| format!("{}: {e}", path.display()))?;
                         // One write of the whole batch: lines of two batches never interleave.
-                        file.write_all(lines.as_bytes())
+                        file.write_all(&lines)
                             .map_err(|e| format!("{}: {e}", path.display()))
                     })
                     .await
@@ -194,11 +194,11 @@ impl Sink {
             Kind::Bulk(bulk) => {
                 let Bulk { url, index, client } = &**bulk;
                 let action = format!("{{\"index\":{{\"_index\":\"{index}\"}}}}\n");
-                let mut body = String::with_capacity(batch.len() * (action.len() + 200));
+                let mut body = Vec::with_capacity(batch.len() * (action.len() + 256));
                 for e in &batch {
-                    body.push_str(&action);
-                    body.push_str(&e.to_json());
-                    body.push('\n');
+                    body.extend_from_slice(action.as_bytes());
+                    e.write_json(&mut body);
+                    body.push(b'\n');
                 }
                 let request = http::Request::post(url.clone())
                     .header(http::header::CONTENT_TYPE, "application/x-ndjson")
