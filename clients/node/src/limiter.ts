@@ -320,6 +320,13 @@ export class Limiter {
     if (context !== undefined && (context === null || typeof context !== 'object')) {
       return Promise.reject(new InvalidArgumentError('context', `context must be { clientIp, userAgent }, got ${describe(context)}`));
     }
+    if (context !== undefined) {
+      // Checked before the decision: a deny event refusing them afterwards would reject a request already counted.
+      for (const f of ['clientIp', 'userAgent'] as const) {
+        const v = context[f];
+        if (v !== undefined && typeof v !== 'string') return Promise.reject(new InvalidArgumentError(f, `${f} must be a string, got ${describe(v)}`));
+      }
+    }
     return this.decide(set, identity, cost, context);
   }
 

@@ -392,6 +392,12 @@ describe('deny events: closing, bad events, bad replies', () => {
       assert.throws(() => events.record(e), (err) => err instanceof InvalidArgumentError && err.argument === arg, `${arg}: ${String(e)}`);
     }
     events.record(ev('good2'));
+    // The limiter checks a request's context before deciding (nothing counted for a refused request).
+    const { limiter, set } = await denyingLimiter(events);
+    for (const [ctx, arg] of [[{ clientIp: 7 }, 'clientIp'], [{ userAgent: ['a'] }, 'userAgent']]) {
+      await assert.rejects(limiter.check(set, 'gil', 1, ctx), (err) => err instanceof InvalidArgumentError && err.argument === arg);
+    }
+    assert.equal(limiter.stats().redis_calls, 0);
     await events.close();
     assert.deepEqual(batches.flat().map((e) => e.key), ['good1', 'good2']);
     assert.deepEqual(events.stats(), { pending: 0, shipped: 2, dropped: 0, sinkErrors: 0, batches: 1 });
