@@ -403,6 +403,32 @@ describe('deny events: closing, bad events, bad replies', () => {
     assert.deepEqual(events.stats(), { pending: 0, shipped: 2, dropped: 0, sinkErrors: 0, batches: 1 });
   });
 
+  test('_bulk replies that are no acceptance: 200 with a body that is not JSON, JSON without errors:false, a redirect: each batch failed and counted', async () => {
+    const replies = [
+      [200, 'not json'],
+      [200, '{"took":1}'],
+      [200, 'null'],
+      [201, '{"errors":"false"}'],
+      [302, '{"errors":false}'],
+    ];
+    let n = 0;
+    const server = http.createServer((req, res) => {
+      req.resume();
+      req.on('end', () => {
+        const [status, body] = replies[n++];
+        res.writeHead(status, { 'Content-Type': 'application/json', Location: '/elsewhere' }).end(body);
+      });
+    });
+    await new Promise((r) => server.listen(0, '127.0.0.1', r));
+    const events = new DenyEvents({ bulkUrl: `http://127.0.0.1:${server.address().port}`, background: false, flushEvents: 1, capacity: 10 });
+    for (let i = 0; i < replies.length; i++) events.record(ev(`k${i}`));
+    await events.flush();
+    assert.equal(n, replies.length);
+    assert.deepEqual(events.stats(), { pending: 0, shipped: 0, dropped: replies.length, sinkErrors: replies.length, batches: 0 });
+    await events.close();
+    await new Promise((r) => server.close(r));
+  });
+
   test('a _bulk reply without end: the reply is read up to a bound, then the batch fails (the kit does not buffer it all)', async () => {
     let written = 0;
     let closed;
