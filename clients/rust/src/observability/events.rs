@@ -9,7 +9,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::{watch, Notify};
@@ -246,10 +246,18 @@ pub(crate) struct Shipper {
     sink: Sink,
     wake: Notify,
     recorded: AtomicU64,
-    shipped: AtomicU64,
-    dropped: AtomicU64,
-    sink_errors: AtomicU64,
+    /// What the metrics read at each scrape: held by them too, so a
+    /// counter never goes back when its shipper is dropped.
+    totals: Arc<Totals>,
     batches: AtomicU64,
+}
+
+/// A shipper's counters that the metrics serve.
+#[derive(Default)]
+pub(crate) struct Totals {
+    pub(crate) shipped: AtomicU64,
+    pub(crate) dropped: AtomicU64,
+    pub(crate) sink_errors: AtomicU64,
 }
 
 /// A batch on its way to the sink: counted as dropped, with a sink error,
@@ -265,9 +273,13 @@ impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         if self.events > 0 {
             self.shipper
+                .totals
                 .dropped
                 .fetch_add(self.events, Ordering::Relaxed);
-            self.shipper.sink_errors.fetch_add(1, Ordering::Relaxed);
+            self.shipper
+                .totals
+                .sink_errors
+                .fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -277,9 +289,9 @@ impl Shipper {
         let pending = self.lock().len() as u64;
         DenyEventsStats {
             recorded: self.recorded.load(Ordering::Relaxed),
-            shipped: self.shipped.load(Ordering::Relaxed),
-            dropped: self.dropped.load(Ordering::Relaxed),
-            sink_errors: self.sink_errors.load(Ordering::Relaxed),
+            shipped: self.totals.shipped.load(Ordering::Relaxed),
+            dropped: self.totals.dropped.load(Ordering::Relaxed),
+            sink_errors: self.totals.sink_errors.load(Ordering::Relaxed),
             batches: self.batches.load(Ordering::Relaxed),
             pending,
         }
@@ -294,7 +306,7 @@ impl Shipper {
         let (waiting, _oldest) = {
             let mut buffer = self.lock();
             let oldest = if buffer.len() >= self.capacity {
-                self.dropped.fetch_add(1, Ordering::Relaxed);
+                self.totals.dropped.fetch_add(1, Ordering::Relaxed);
                 buffer.pop_front()
             } else {
                 None
@@ -331,12 +343,12 @@ impl Shipper {
         };
         match failure {
             None => {
-                self.shipped.fetch_add(n, Ordering::Relaxed);
+                self.totals.shipped.fetch_add(n, Ordering::Relaxed);
                 self.batches.fetch_add(1, Ordering::Relaxed);
             }
             Some(e) => {
-                self.dropped.fetch_add(n, Ordering::Relaxed);
-                self.sink_errors.fetch_add(1, Ordering::Relaxed);
+                self.totals.dropped.fetch_add(n, Ordering::Relaxed);
+                self.totals.sink_errors.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(events = n, error = %e, "redis-ratelimit: deny events dropped, the sink failed");
             }
         }
@@ -361,7 +373,7 @@ impl Shipper {
             buffer.clear();
             n
         };
-        self.dropped.fetch_add(n as u64, Ordering::Relaxed);
+        self.totals.dropped.fetch_add(n as u64, Ordering::Relaxed);
     }
 }
 
@@ -457,9 +469,7 @@ impl DenyEventsBuilder {
             sink: self.sink,
             wake: Notify::new(),
             recorded: AtomicU64::new(0),
-            shipped: AtomicU64::new(0),
-            dropped: AtomicU64::new(0),
-            sink_errors: AtomicU64::new(0),
+            totals: Arc::default(),
             batches: AtomicU64::new(0),
         });
         let (stop, stopped) = watch::channel(false);
@@ -583,8 +593,8 @@ impl DenyEvents {
         }
     }
 
-    pub(crate) fn downgrade(&self) -> Weak<Shipper> {
-        Arc::downgrade(&self.shipper)
+    pub(crate) fn totals(&self) -> Arc<Totals> {
+        self.shipper.totals.clone()
     }
 }
 

@@ -15,7 +15,7 @@
 //! the deny events' counters) is read at scrape time by a collector, never
 //! on a request.
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use prometheus_client::collector::Collector;
@@ -32,8 +32,9 @@ use crate::decision::Path;
 mod events;
 mod sink;
 
+pub(crate) use events::Origin;
+use events::Totals;
 pub use events::{DenyEvent, DenyEvents, DenyEventsBuilder, DenyEventsStats, Outcome};
-pub(crate) use events::{Origin, Shipper};
 pub use sink::Sink;
 
 /// The deny events' defaults: the contract's.
@@ -254,7 +255,7 @@ impl Metrics {
     /// Adds a deny-event shipper's counters (`ratelimit_deny_events_*`),
     /// read at each scrape. (A limiter given both does it.)
     pub fn watch_deny_events(&self, events: &DenyEvents) {
-        self.inner.live.add(Source::Shipper(events.downgrade()));
+        self.inner.live.add(Source::Shipper(events.totals()));
     }
 
     pub(crate) fn watch_limiter(&self, breaker: Weak<dyn Fn() -> bool + Send + Sync>) {
@@ -353,7 +354,9 @@ enum Source {
     /// A limiter's breaker in front of Redis (`breaker="redis"`).
     Limiter(Weak<dyn Fn() -> bool + Send + Sync>),
     Protection(crate::protection::WeakProtection),
-    Shipper(Weak<Shipper>),
+    /// Held, not watched: a dropped shipper's counts stay in the sums, so
+    /// the counters never go back.
+    Shipper(Arc<Totals>),
 }
 
 impl Source {
@@ -361,7 +364,7 @@ impl Source {
         match (self, other) {
             (Source::Limiter(a), Source::Limiter(b)) => Weak::ptr_eq(a, b),
             (Source::Protection(a), Source::Protection(b)) => a.same(b),
-            (Source::Shipper(a), Source::Shipper(b)) => Weak::ptr_eq(a, b),
+            (Source::Shipper(a), Source::Shipper(b)) => Arc::ptr_eq(a, b),
             _ => false,
         }
     }
@@ -408,7 +411,7 @@ impl Collector for Live {
             sources.retain(|s| match s {
                 Source::Limiter(w) => w.strong_count() > 0,
                 Source::Protection(w) => w.alive(),
-                Source::Shipper(w) => w.strong_count() > 0,
+                Source::Shipper(_) => true,
             });
             for source in sources.iter() {
                 match source {
@@ -428,13 +431,10 @@ impl Collector for Live {
                             }
                         }
                     }
-                    Source::Shipper(w) => {
-                        if let Some(s) = w.upgrade() {
-                            let st = s.stats();
-                            dropped += st.dropped;
-                            shipped += st.shipped;
-                            sink_errors += st.sink_errors;
-                        }
+                    Source::Shipper(t) => {
+                        dropped += t.dropped.load(Ordering::Relaxed);
+                        shipped += t.shipped.load(Ordering::Relaxed);
+                        sink_errors += t.sink_errors.load(Ordering::Relaxed);
                     }
                 }
             }

@@ -1091,3 +1091,34 @@ async fn huge_request_headers_are_cut_in_deny_events() {
     );
     assert!(ip.len() <= 512 && xff.starts_with(ip), "{}", ip.len());
 }
+
+/// The deny events' counters in the metrics never go back: a shipper
+/// dropped (an application rebuilding its limiter) keeps its counts in the
+/// sums, where a scrape read them falling to zero, a false counter reset.
+#[tokio::test]
+async fn deny_event_counters_never_go_back_when_their_shipper_is_dropped() {
+    let metrics = Metrics::new();
+    let scrape = |name: &str| sample(&metrics.render(None).unwrap().1, name, &[]);
+    let events = DenyEvents::builder(Sink::callback(|_| Ok(())))
+        .capacity(2)
+        .background(false)
+        .start()
+        .unwrap();
+    metrics.watch_deny_events(&events);
+    for i in 0..5 {
+        events.record(event(i));
+    }
+    events.flush().await;
+    assert_eq!(scrape("ratelimit_deny_events_shipped_total"), Some(2.0));
+    assert_eq!(scrape("ratelimit_deny_events_dropped_total"), Some(3.0));
+    drop(events);
+    let again = DenyEvents::builder(Sink::callback(|_| Ok(())))
+        .background(false)
+        .start()
+        .unwrap();
+    metrics.watch_deny_events(&again);
+    again.record(event(9));
+    again.flush().await;
+    assert_eq!(scrape("ratelimit_deny_events_shipped_total"), Some(3.0));
+    assert_eq!(scrape("ratelimit_deny_events_dropped_total"), Some(3.0));
+}
