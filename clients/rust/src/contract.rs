@@ -674,6 +674,8 @@ fn observability() -> Value {
             "sink_timeout_ms": 2000,
             "failed_batch": "dropped and counted (dropped and sink_errors); never retried, never held",
             "request_path": "a denial appends to the buffer under a short lock and wakes the flusher; a request never waits for a sink",
+            "max_header_bytes": 512,
+            "headers_cut": "client_ip and user_agent longer than max_header_bytes (in UTF-8) are cut to at most that many bytes at a character boundary, so a flood of huge headers cannot fill memory",
         },
     })
 }
