@@ -626,3 +626,21 @@ def test_the_deny_events_are_the_contracts() -> None:
     ]
     bare = DenyEvent(0.0, "k", "r", "local", "denied", 5, 0, 10)
     assert list(bare.as_dict()) == [f for f in spec["fields"] if f not in spec["optional"]]
+    # headers_cut: client_ip and user_agent cut to max_header_bytes of UTF-8,
+    # never inside a character, on each path an event is made by.
+    assert ev.MAX_HEADER_BYTES == spec["max_header_bytes"] == 512
+    m = spec["max_header_bytes"]
+    long_ua, long_ip = "ab€" * m, "x" * (m + 1)  # € is 3 bytes: 512 falls inside one
+    shipper.deny(
+        key="k", rule="r", level="redis", limit=5, remaining=0, retry_after_ms=1,
+        client_ip=long_ip, user_agent=long_ua,
+    )  # fmt: skip
+    shipper.record(e._replace(client_ip=long_ip, user_agent=long_ua))
+    shipper.record(e)
+    cut, recorded, short = shipper.buffered()
+    for got in (cut, recorded):
+        assert got.client_ip == "x" * m
+        ua = got.user_agent
+        assert ua is not None and long_ua.startswith(ua)
+        assert m - 3 < len(ua.encode("utf-8")) <= m
+    assert (short.client_ip, short.user_agent) == ("::1", "ua")

@@ -88,6 +88,42 @@ def test_the_example_serves_metrics_that_count_what_was_driven(
     ]
 
 
+def test_a_huge_user_agent_is_cut_to_max_header_bytes_at_a_character_boundary(
+    server: Server, r: redis.Redis, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A 20,000-byte User-Agent of 2-byte characters, sent as UTF-8 over real
+    HTTP: the shipped event's user_agent is a prefix of it, valid UTF-8, at
+    most MAX_HEADER_BYTES (the contract's max_header_bytes) long."""
+    from redis_ratelimit_client.events import MAX_HEADER_BYTES
+
+    ua = "é" * 10_000
+    raw = ua.encode("utf-8")
+    assert len(raw) == 20_000
+    deny_file = tmp_path / "deny.jsonl"
+    app = example(server, monkeypatch, RL_DENY_FILE=str(deny_file))
+    with running(serve_asgi(app, lifespan="on")) as web, httpx.Client(base_url=web.base) as http:
+        codes = [
+            http.get("/", headers={"x-user": "carol", "user-agent": raw}).status_code
+            for _ in range(6)
+        ]
+        assert codes == [200] * 5 + [429]
+        wait_until(
+            lambda: deny_file.exists() and deny_file.read_bytes().endswith(b"\n"),
+            10,
+            "the deny event in the file",
+        )
+    lines = deny_file.read_bytes().splitlines()
+    assert len(lines) == 1
+    lines[0].decode("utf-8")  # the whole line is valid UTF-8
+    event = json.loads(lines[0])
+    shipped = event["user_agent"]
+    shipped_bytes = shipped.encode("utf-8")  # no lone surrogate: valid UTF-8
+    assert 0 < len(shipped_bytes) <= MAX_HEADER_BYTES
+    assert raw.startswith(shipped_bytes) and ua.startswith(shipped)
+    assert shipped == "é" * (MAX_HEADER_BYTES // 2)  # the longest cut: nothing lost needlessly
+    assert (event["key"], event["client_ip"]) == ("{api}:user:carol", "127.0.0.1")
+
+
 def test_a_hanging_bulk_sink_costs_counts_not_requests(
     server: Server, r: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -480,4 +480,15 @@ def header(name: str) -> Callable[[Scope], str | None]:
     return key
 
 
-_user_agent = header("user-agent")
+def _user_agent(scope: Scope) -> str | None:
+    """The User-Agent for a deny event: UTF-8 (what a client sends for a
+    non-ASCII value), else latin-1 (every byte a character); the event cuts
+    it to `MAX_HEADER_BYTES`."""
+    for k, v in scope.get("headers", []):
+        if k.lower() == b"user-agent":
+            raw = bytes(v)
+            try:
+                return raw.decode("utf-8")
+            except UnicodeDecodeError:
+                return raw.decode("latin-1")
+    return None

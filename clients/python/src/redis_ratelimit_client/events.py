@@ -74,6 +74,10 @@ FIELDS = (
     "user_agent",
 )
 OPTIONAL = ("client_ip", "user_agent")
+#: The most UTF-8 bytes of an event's `client_ip` and `user_agent`: a longer
+#: one is cut at a character boundary (`cut_header`), so a flood of requests
+#: with huge headers cannot fill the buffer's memory.
+MAX_HEADER_BYTES = 512
 #: The outcomes a deny event has.
 OUTCOMES_DENIED = ("denied", "shadow_denied")
 
@@ -284,6 +288,23 @@ def _integer(name: str, value: object) -> None:
         raise InvalidArgument(f"{name} must be an integer, not {type(value).__name__}", param=name)
 
 
+def cut_header(value: str | None) -> str | None:
+    """`value` cut to at most `MAX_HEADER_BYTES` in UTF-8, at a character
+    boundary (a character is never split); None stays None."""
+    # A code point is at most 4 bytes: a short value costs one len().
+    if value is None or len(value) <= MAX_HEADER_BYTES // 4:
+        return value
+    # surrogatepass: a lone surrogate (a str from surrogateescape) is cut,
+    # not an error on the request's path.
+    b = value.encode("utf-8", "surrogatepass")
+    if len(b) <= MAX_HEADER_BYTES:
+        return value
+    end = MAX_HEADER_BYTES
+    while end > 0 and b[end] & 0xC0 == 0x80:  # a continuation byte: inside a character
+        end -= 1
+    return b[:end].decode("utf-8", "surrogatepass")
+
+
 def check_http(client_ip: object, user_agent: object) -> None:
     """A decision's `client_ip` and `user_agent`: each a str or None (any
     other value would cost its whole batch on the flusher)."""
@@ -413,7 +434,7 @@ class DenyEvents:
             raise InvalidArgument(
                 f"event must be a DenyEvent, not {type(event).__name__}", param="event"
             )
-        self._push(tuple(event))
+        self._push((*event[:8], cut_header(event.client_ip), cut_header(event.user_agent)))
 
     def _push(self, row: _Row) -> None:
         """`record` of a `DenyEvent`'s fields as a plain tuple (a limiter's
@@ -479,8 +500,8 @@ class DenyEvents:
                 limit,
                 remaining,
                 retry_after_ms,
-                client_ip,
-                user_agent,
+                cut_header(client_ip),
+                cut_header(user_agent),
             )
         )
 

@@ -46,7 +46,7 @@ from .errors import (
     WrongType,
     answer_lost,
 )
-from .events import DenyEvents, check_http
+from .events import DenyEvents, check_http, cut_header
 from .local import LocalLimiter, Micros, share_of
 from .metrics import Metrics, metrics_of
 from .protocol import Key, _takes_command_name, spec_from_policy
@@ -324,8 +324,8 @@ class _Limiting:
                     d.limit,
                     d.remaining,
                     d.wait_ms,
-                    client_ip,
-                    user_agent,
+                    cut_header(client_ip),
+                    cut_header(user_agent),
                 )
             )
         return a
