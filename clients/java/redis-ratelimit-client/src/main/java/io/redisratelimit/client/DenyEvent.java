@@ -16,14 +16,21 @@ import java.time.format.DateTimeFormatter;
  * @param limit        the limiter's capacity or requests per window
  * @param remaining    units left
  * @param retryAfterMs the decision's {@code wait_ms}: -1 when the request can never pass
- * @param clientIp     from HTTP, null when unknown (left out of the line)
- * @param userAgent    from HTTP, null when unknown (left out of the line)
+ * @param clientIp     from HTTP, null when unknown (left out of the line); cut to {@link #MAX_HEADER_BYTES}
+ * @param userAgent    from HTTP, null when unknown (left out of the line); cut to {@link #MAX_HEADER_BYTES}
  */
 public record DenyEvent(Instant timestamp, String key, String rule, String level, String outcome, long limit, long remaining,
                         long retryAfterMs, String clientIp, String userAgent) {
 
     private static final DateTimeFormatter RFC3339_MILLIS =
             DateTimeFormatter.ofPattern("uuuu-MM-dd'T'HH:mm:ss.SSS'Z'").withZone(ZoneOffset.UTC);
+
+    /**
+     * The most UTF-8 bytes of {@code clientIp} or {@code userAgent} an event
+     * keeps (the contract's {@code max_header_bytes}): a full buffer of
+     * events with huge headers would otherwise hold gigabytes.
+     */
+    public static final int MAX_HEADER_BYTES = 512;
 
     public DenyEvent {
         if (timestamp == null) {
@@ -41,6 +48,31 @@ public record DenyEvent(Instant timestamp, String key, String rule, String level
         if (outcome == null) {
             throw new InvalidArgumentException("outcome", "a deny event has an outcome");
         }
+        clientIp = cut(clientIp);
+        userAgent = cut(userAgent);
+    }
+
+    /**
+     * {@code s} cut to at most {@link #MAX_HEADER_BYTES} bytes of UTF-8, at a
+     * character boundary (a surrogate pair is never split); null stays null.
+     */
+    static String cut(String s) {
+        if (s == null || s.length() <= MAX_HEADER_BYTES / 3) {
+            return s; // at most 3 bytes per char: short enough without counting
+        }
+        int bytes = 0;
+        int i = 0;
+        while (i < s.length()) {
+            int cp = s.codePointAt(i);
+            // A lone surrogate is counted as 3 bytes, more than the '?' it is encoded as.
+            int n = cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
+            if (bytes + n > MAX_HEADER_BYTES) {
+                return s.substring(0, i);
+            }
+            bytes += n;
+            i += Character.charCount(cp);
+        }
+        return s;
     }
 
     /** The contract's timestamp: RFC 3339 in UTC with milliseconds, as {@code 2026-12-02T10:00:00.123Z}. */

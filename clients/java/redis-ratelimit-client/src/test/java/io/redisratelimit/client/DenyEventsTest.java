@@ -431,4 +431,30 @@ class DenyEventsTest {
             }
         }
     }
+
+    @Test
+    void aUsersHugeOriginIsCutAtACharacterBoundary() throws Exception {
+        List<DenyEvent> got = new CopyOnWriteArrayList<>();
+        // 1 + 4 * 5,000 bytes: the 512-byte mark falls inside a 4-byte character (one surrogate pair).
+        String agent = "a" + "\uD83D\uDE00".repeat(5_000);
+        String ip = "9".repeat(20_000);
+        try (RedisServer server = RedisServer.start()) {
+            DenyEvents events = DenyEvents.builder(DenyEventSink.callback(got::addAll)).backgroundFlusher(false).build();
+            try (Limiter limiter = Limiter.builder(Client.connect(Drivers.LETTUCE.standalone(server), Duration.ofSeconds(2)))
+                    .denyEvents(events).build()) {
+                RuleSet user = limiter.rules(Rule.of("user", Spec.fixedWindow(1, Windows.FIXED_MS))
+                        .keyPrefix("cut:" + UUID.randomUUID() + ":"));
+                assertTrue(limiter.check(user, "ann").allowed());
+                limiter.checkAsync(user, List.of("ann"), 1, Origin.of(ip, agent)).toCompletableFuture().join();
+                events.flush();
+            }
+        }
+        assertEquals(1, got.size(), got.toString());
+        DenyEvent e = got.get(0);
+        assertEquals("9".repeat(DenyEvent.MAX_HEADER_BYTES), e.clientIp());
+        // 1 + 127 * 4 = 509 bytes: a 128th character would pass 512.
+        assertEquals(agent.substring(0, 1 + 127 * 2), e.userAgent());
+        assertEquals(509, e.userAgent().getBytes(java.nio.charset.StandardCharsets.UTF_8).length);
+        assertTrue(e.toJson().length() < 2 * DenyEvent.MAX_HEADER_BYTES + 300, e.toJson());
+    }
 }

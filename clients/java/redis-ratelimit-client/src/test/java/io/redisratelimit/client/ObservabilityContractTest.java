@@ -255,6 +255,7 @@ class ObservabilityContractTest {
         assertEquals(ev.get("flush_interval_ms").asLong(), DenyEvents.DEFAULT_FLUSH_INTERVAL.toMillis());
         assertEquals(ev.get("sink_timeout_ms").asLong(), DenyEvents.DEFAULT_TIMEOUT.toMillis());
         assertEquals(ev.get("bulk_index").asText(), DenyEvents.DEFAULT_INDEX);
+        assertEquals(ev.get("max_header_bytes").asInt(), DenyEvent.MAX_HEADER_BYTES);
         try (DenyEvents d = DenyEvents.builder(b -> { }).build()) {
             assertEquals(DenyEvents.DEFAULT_CAPACITY, d.capacity());
             assertEquals(DenyEvents.DEFAULT_FLUSH_EVENTS, d.flushEvents());

@@ -25,4 +25,29 @@ final class Http {
             throw new IllegalStateException(e);
         }
     }
+
+    /**
+     * A GET over a plain socket with these raw User-Agent bytes (Java's HTTP
+     * client would send each non-ASCII char as '?'); returns the status code.
+     */
+    static int getWithRawUserAgent(int port, String path, String user, byte[] userAgent) {
+        try (java.net.Socket s = new java.net.Socket("127.0.0.1", port)) {
+            s.setSoTimeout(10_000);
+            java.io.ByteArrayOutputStream req = new java.io.ByteArrayOutputStream();
+            req.writeBytes(("GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1:" + port + "\r\nX-User: " + user
+                    + "\r\nConnection: close\r\nUser-Agent: ").getBytes(java.nio.charset.StandardCharsets.US_ASCII));
+            req.writeBytes(userAgent);
+            req.writeBytes("\r\n\r\n".getBytes(java.nio.charset.StandardCharsets.US_ASCII));
+            s.getOutputStream().write(req.toByteArray());
+            s.getOutputStream().flush();
+            String head = new String(s.getInputStream().readAllBytes(), java.nio.charset.StandardCharsets.ISO_8859_1);
+            String[] status = head.split("\r\n", 2)[0].split(" ");
+            if (status.length < 2 || !status[0].startsWith("HTTP/1.")) {
+                throw new IllegalStateException("not an HTTP response: " + head);
+            }
+            return Integer.parseInt(status[1]);
+        } catch (java.io.IOException e) {
+            throw new java.io.UncheckedIOException(e);
+        }
+    }
 }

@@ -44,6 +44,8 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
         "ratelimit.rules.quote.algorithm=sliding",
         "ratelimit.rules.quote.params=2,60000",
         "ratelimit.deny-events.flush-interval=50ms",
+        // Room for the 20,000-byte User-Agent of aHugeUserAgentIsCutInTheDenyEvent (Tomcat's default is 8 KB).
+        "server.max-http-request-header-size=64KB",
 })
 class StarterHttpTest {
     @DynamicPropertySource
@@ -170,6 +172,40 @@ class StarterHttpTest {
         assertEquals("orders-it:search", e.rule());
         assertEquals("127.0.0.1", e.clientIp());
         assertTrue(e.userAgent() != null && e.userAgent().startsWith("Java-http-client"), e.userAgent());
+    }
+
+    @Test
+    void aHugeUserAgentIsCutInTheDenyEvent() throws Exception {
+        String user = "ua-" + UUID.randomUUID();
+        // 1 + 2 * 9,999 + 1 = 20,000 bytes of UTF-8 on the wire. Tomcat reads a header's bytes as ISO-8859-1 (one char
+        // each, 2 bytes of UTF-8 for the non-ASCII ones): the 512-byte mark falls inside a character either way.
+        byte[] wire = ("a" + "\u00e9".repeat(9_999) + "z").getBytes(java.nio.charset.StandardCharsets.UTF_8);
+        assertEquals(20_000, wire.length);
+        String agent = new String(wire, java.nio.charset.StandardCharsets.ISO_8859_1);
+        for (int i = 0; i < 3; i++) {
+            assertEquals(200, Http.getWithRawUserAgent(port, "/search", user, wire));
+        }
+        assertEquals(429, Http.getWithRawUserAgent(port, "/search", user, wire));
+        long deadline = System.nanoTime() + 10_000_000_000L;
+        while (OrderApp.EVENTS.stream().noneMatch(e -> e.key().endsWith(user)) && System.nanoTime() < deadline) {
+            Thread.sleep(10);
+        }
+        io.redisratelimit.client.DenyEvent e = OrderApp.EVENTS.stream().filter(x -> x.key().endsWith(user)).findFirst()
+                .orElseThrow(() -> new AssertionError("no deny event for " + user));
+        String got = e.userAgent();
+        assertTrue(got != null && agent.startsWith(got), "a prefix of the original: " + got);
+        // Valid UTF-8: encodes without a lone surrogate, and decodes back to itself.
+        java.nio.ByteBuffer utf8 = java.nio.charset.StandardCharsets.UTF_8.newEncoder()
+                .onMalformedInput(java.nio.charset.CodingErrorAction.REPORT)
+                .onUnmappableCharacter(java.nio.charset.CodingErrorAction.REPORT)
+                .encode(java.nio.CharBuffer.wrap(got));
+        int n = utf8.remaining();
+        assertTrue(n <= io.redisratelimit.client.DenyEvent.MAX_HEADER_BYTES, n + " bytes");
+        assertEquals(got, java.nio.charset.StandardCharsets.UTF_8.newDecoder()
+                .onMalformedInput(java.nio.charset.CodingErrorAction.REPORT)
+                .decode(utf8).toString());
+        assertEquals(511, n, "cut before the character that would pass 512, no further");
+        assertEquals("127.0.0.1", e.clientIp());
     }
 
     @Test
