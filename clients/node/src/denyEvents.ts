@@ -25,7 +25,9 @@ export interface DenyEvent {
   remaining: number;
   /** The decision's `waitMs`: -1 when the request can never pass. */
   retry_after_ms: number;
+  /** At most `MAX_HEADER_BYTES` (512) bytes in UTF-8, cut at a character boundary. */
   client_ip?: string;
+  /** At most `MAX_HEADER_BYTES` (512) bytes in UTF-8, cut at a character boundary. */
   user_agent?: string;
 }
 
@@ -45,6 +47,44 @@ export const DENY_EVENT_DEFAULTS = Object.freeze({
   /** The `_bulk` action's index. */
   bulkIndex: 'ratelimit-deny',
 });
+
+/**
+ * The most UTF-8 bytes of an event's `client_ip` and `user_agent` (the
+ * contract's `deny_events.max_header_bytes`): a longer one is cut at a
+ * character boundary, so a flood of requests with huge headers cannot fill
+ * the buffer.
+ */
+export const MAX_HEADER_BYTES = 512;
+
+/**
+ * `s` cut to at most `MAX_HEADER_BYTES` bytes in UTF-8, never splitting a
+ * character (a surrogate pair is one 4-byte character; a lone surrogate
+ * counts as the 3 bytes of its replacement). Walks at most 512 code units.
+ */
+export function cutHeader(s: string): string {
+  // Every UTF-16 code unit is at most 3 bytes in UTF-8.
+  if (s.length * 3 <= MAX_HEADER_BYTES) return s;
+  let bytes = 0;
+  let i = 0;
+  while (i < s.length) {
+    const c = s.charCodeAt(i);
+    let n = 3;
+    let w = 1;
+    if (c < 0x80) n = 1;
+    else if (c < 0x800) n = 2;
+    else if (c >= 0xd800 && c <= 0xdbff && i + 1 < s.length) {
+      const d = s.charCodeAt(i + 1);
+      if (d >= 0xdc00 && d <= 0xdfff) {
+        n = 4;
+        w = 2;
+      }
+    }
+    if (bytes + n > MAX_HEADER_BYTES) return s.slice(0, i);
+    bytes += n;
+    i += w;
+  }
+  return s;
+}
 
 /** `new DenyEvents(options)`: exactly one sink (`file`, `bulkUrl` or `callback`). */
 export interface DenyEventsOptions {
@@ -234,8 +274,9 @@ export class DenyEvents {
     this.limits[i] = e.limit;
     this.remainings[i] = e.remaining;
     this.waits[i] = e.retryAfterMs;
-    this.ips[i] = e.clientIp;
-    this.agents[i] = e.userAgent;
+    // Cut here, for every path (the middleware's and a caller's own context).
+    this.ips[i] = e.clientIp === undefined ? undefined : cutHeader(e.clientIp);
+    this.agents[i] = e.userAgent === undefined ? undefined : cutHeader(e.userAgent);
     if (this.count >= this.flushEvents && this.timer !== undefined && !this.woken && this.flushing === undefined) {
       this.woken = true;
       // On the flusher, never on the request.

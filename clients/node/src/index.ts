@@ -29,7 +29,7 @@ export { rateLimitMiddleware, outcomeErrors, defaultIsError } from './middleware
 export type { RateLimitMiddlewareOptions, RequestOutcome, DegradeInfo } from './middleware.js';
 export { RateLimitMetrics, METRICS, LEVELS, OUTCOMES, REDIS_SECONDS_BUCKETS, REDIS_BREAKER } from './metrics.js';
 export type { Level, Outcome, PromRegistry, MetricsOption } from './metrics.js';
-export { DenyEvents, DENY_EVENT_FIELDS, DENY_EVENT_DEFAULTS } from './denyEvents.js';
+export { DenyEvents, DENY_EVENT_FIELDS, DENY_EVENT_DEFAULTS, MAX_HEADER_BYTES } from './denyEvents.js';
 export type { DenyEvent, DenyEventInput, DenyEventsOptions, DenyEventsStats } from './denyEvents.js';
 
 // The former names, kept for one release (CHANGELOG.md). Each is the same

@@ -477,7 +477,7 @@ describe('protection: the loop\'s defaults, STATS fields, argument ranges and GE
 describe('observability: metric names, types, labels and buckets; levels and outcomes; deny events\' fields and defaults', async () => {
   const ob = contract.observability;
   const { Registry } = await import('prom-client');
-  const { RateLimitMetrics, METRICS, LEVELS, OUTCOMES, REDIS_SECONDS_BUCKETS, DenyEvents, DENY_EVENT_FIELDS, DENY_EVENT_DEFAULTS } = await import('redis-ratelimit');
+  const { RateLimitMetrics, METRICS, LEVELS, OUTCOMES, REDIS_SECONDS_BUCKETS, DenyEvents, DENY_EVENT_FIELDS, DENY_EVENT_DEFAULTS, MAX_HEADER_BYTES } = await import('redis-ratelimit');
   const { LEVEL_OF } = await import('../dist/esm/limiter.js');
 
   test('the kit\'s table of metrics is the contract\'s (name, type, labels, help)', () => {
@@ -532,6 +532,7 @@ describe('observability: metric names, types, labels and buckets; levels and out
       { capacity: d.buffer_events, flushEvents: d.flush_events, flushIntervalMs: d.flush_interval_ms, timeoutMs: d.sink_timeout_ms, bulkIndex: d.bulk_index },
     );
     assert.deepEqual([...DENY_EVENT_FIELDS], d.fields);
+    assert.equal(MAX_HEADER_BYTES, d.max_header_bytes, 'client_ip and user_agent cut to the contract\'s max_header_bytes');
     const batches = [];
     const events = new DenyEvents({ callback: (b) => void batches.push(b), background: false });
     assert.equal(events.capacity, d.buffer_events);

@@ -15,7 +15,7 @@ import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { Redis } from 'ioredis';
 import { Registry } from 'prom-client';
-import { Client, DenyEvents, DENY_EVENT_DEFAULTS, DENY_EVENT_FIELDS, InvalidArgumentError, Limiter } from 'redis-ratelimit';
+import { Client, DenyEvents, DENY_EVENT_DEFAULTS, DENY_EVENT_FIELDS, InvalidArgumentError, Limiter, MAX_HEADER_BYTES, rateLimitMiddleware } from 'redis-ratelimit';
 import { sleep, startServer } from './servers.mjs';
 
 const ACTION = '{"index":{"_index":"ratelimit-deny"}}';
@@ -225,6 +225,59 @@ describe('deny events', () => {
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }
+  });
+
+  test('huge headers over real HTTP: user_agent cut to at most 512 UTF-8 bytes at a character boundary, a prefix of the original', async () => {
+    const batches = [];
+    const shipped = new DenyEvents({ callback: (b) => void batches.push(...b), background: false });
+    const { limiter, set } = await denyingLimiter(shipped);
+    const limit = rateLimitMiddleware({ limiter, rules: set, keyGenerator: () => 'huge' });
+    // Node's default header bound is 16 KiB: raised so the 20,000 bytes reach the middleware.
+    const app = http.createServer({ maxHeaderSize: 64 * 1024 }, (req, res) => limit(req, res, () => res.end('ok')));
+    await new Promise((r) => app.listen(0, '127.0.0.1', r));
+    // 10,000 "é": 20,000 bytes in UTF-8 (Node's HTTP client sends each as one Latin-1 byte; its server reads them back as "é").
+    const ua = 'é'.repeat(10_000);
+    assert.equal(Buffer.byteLength(ua, 'utf8'), 20_000);
+    try {
+      const get = () =>
+        new Promise((resolve, reject) => {
+          const req = http.request({ host: '127.0.0.1', port: app.address().port, path: '/', headers: { 'User-Agent': ua }, agent: false }, (res) => {
+            res.resume();
+            res.on('end', () => resolve(res.statusCode));
+          });
+          req.on('error', reject);
+          req.end();
+        });
+      assert.deepEqual([await get(), await get()], [200, 429]);
+      await shipped.flush();
+      assert.equal(batches.length, 1);
+      const e = batches[0];
+      assert.match(e.client_ip, /127\.0\.0\.1/);
+      const bytes = Buffer.from(e.user_agent, 'utf8');
+      assert.ok(bytes.length <= MAX_HEADER_BYTES && bytes.length > MAX_HEADER_BYTES - 2, `${bytes.length} bytes`);
+      assert.ok(ua.startsWith(e.user_agent), 'a prefix of the original');
+      assert.equal(new TextDecoder('utf-8', { fatal: true }).decode(bytes), e.user_agent, 'valid UTF-8');
+    } finally {
+      await shipped.close();
+      await new Promise((r) => app.close(r));
+    }
+  });
+
+  test('a caller\'s own context is cut too: 4-byte characters never split, a short value kept whole', async () => {
+    const batches = [];
+    const events = new DenyEvents({ callback: (b) => void batches.push(...b), background: false });
+    const { limiter, set } = await denyingLimiter(events);
+    await limiter.check(set, 'bob');
+    // 😀 is 4 bytes: 128 fit in 512. 'ab' + 😀: 2 + 4k bytes, so 127 fit (510 bytes), the 128th would pass 512.
+    await limiter.check(set, 'bob', 1, { clientIp: '😀'.repeat(1000), userAgent: 'ab' + '😀'.repeat(1000) });
+    await limiter.check(set, 'bob', 1, { clientIp: 'x'.repeat(512), userAgent: 'y'.repeat(513) });
+    await events.flush();
+    const [a, b] = batches;
+    assert.equal(a.client_ip, '😀'.repeat(128));
+    assert.equal(a.user_agent, 'ab' + '😀'.repeat(127));
+    assert.equal(b.client_ip, 'x'.repeat(512));
+    assert.equal(b.user_agent, 'y'.repeat(512));
+    await events.close();
   });
 
   test('a callback gets each batch on the flusher, never on the request', async () => {
