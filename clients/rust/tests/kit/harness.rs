@@ -563,3 +563,26 @@ impl Http {
             .collect()
     }
 }
+
+/// Serves `GET /` behind `layer` on a free port; its URL.
+pub async fn serve(layer: redis_ratelimit_client::RateLimitLayer) -> String {
+    let app = axum::Router::new()
+        .route("/", axum::routing::get(|| async { "ok" }))
+        .layer(layer);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("http://{addr}/")
+}
+
+/// A layer keyed by the `x-user` header.
+pub fn by_user(
+    limiter: redis_ratelimit_client::Limiter,
+) -> redis_ratelimit_client::RateLimitLayerBuilder {
+    redis_ratelimit_client::RateLimitLayer::builder(limiter).key(|req| {
+        req.headers
+            .get("x-user")
+            .and_then(|v| v.to_str().ok())
+            .map(String::from)
+    })
+}

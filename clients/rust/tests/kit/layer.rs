@@ -5,40 +5,18 @@
 
 use std::time::Duration;
 
-use axum::routing::get;
-use axum::Router;
 use redis_ratelimit_client::{
     retry_after, Attempt, Client, Error, Limiter, MissingKey, PolicyMode, RateLimitLayer,
-    RateLimitLayerBuilder, RetryPolicy, Rule, Spec, QUOTA_EXCEEDED,
+    RetryPolicy, Rule, Spec, QUOTA_EXCEEDED,
 };
 
-use crate::harness::{Http, Kind, Server};
+use crate::harness::{by_user, serve, Http, Kind, Server};
 
 async fn limiter(server: &Server) -> Limiter {
     let client = Client::standalone(&server.url()).await.unwrap();
     Limiter::builder(client)
         .deadline(Duration::from_secs(5))
         .build()
-}
-
-fn by_user(limiter: Limiter) -> RateLimitLayerBuilder {
-    RateLimitLayer::builder(limiter).key(|req| {
-        req.headers
-            .get("x-user")
-            .and_then(|v| v.to_str().ok())
-            .map(String::from)
-    })
-}
-
-/// Serves `GET /` behind `layer` on a free port; its URL.
-async fn serve(layer: RateLimitLayer) -> String {
-    let app = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .layer(layer);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    format!("http://{addr}/")
 }
 
 /// `t` or `r` of a `RateLimit` item.

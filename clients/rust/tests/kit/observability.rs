@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use axum::routing::{get, post};
+use axum::routing::post;
 use axum::Router;
 use redis_ratelimit_client::{
     Client, DenyEvent, DenyEvents, FallbackMode, Limiter, Metrics, Outcome, RateLimitLayer, Rule,
@@ -733,14 +733,8 @@ async fn a_sink_that_never_answers_costs_counters_not_requests() {
         .build()
         .await
         .unwrap();
-    let app = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .layer(layer);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let url = crate::harness::serve(layer).await;
     let http = Http::default();
-    let url = format!("http://{addr}/");
     let user = [("x-user", "frank")];
     // 100 denials: a batch, which the flusher sends to the hung sink.
     assert_eq!(http.get(&url, &user).await.status, 200);
@@ -1060,14 +1054,8 @@ async fn huge_request_headers_are_cut_in_deny_events() {
         .build()
         .await
         .unwrap();
-    let app = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .layer(layer);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let url = crate::harness::serve(layer).await;
     let http = Http::default();
-    let url = format!("http://{addr}/");
     let ua = "Mozilla/5.0 (X11) ".repeat(2_000); // 36,000 bytes
     let xff = "10.0.0.1, ".repeat(4_000);
     let headers = [

@@ -9,14 +9,11 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use axum::routing::get;
-use axum::Router;
 use redis_ratelimit_client::{
-    Client, Error, Limiter, Path, Period, PolicyMode, RateLimitLayer, Request, Rule, RuleKind,
-    Spec, Zone,
+    Client, Error, Limiter, Path, Period, PolicyMode, Request, Rule, RuleKind, Spec, Zone,
 };
 
-use crate::harness::{Http, Kind, Server};
+use crate::harness::{by_user, serve, Http, Kind, Server};
 
 fn now_s() -> i64 {
     SystemTime::now()
@@ -311,25 +308,6 @@ async fn quota_policies_go_through_rl_hit_and_quotas_through_rl_all() {
         Err(Error::BadArgument { arg, .. }) => assert_eq!(arg, "zone"),
         other => panic!("{other:?}"),
     }
-}
-
-async fn serve(layer: RateLimitLayer) -> String {
-    let app = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .layer(layer);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    format!("http://{addr}/")
-}
-
-fn by_user(limiter: Limiter) -> redis_ratelimit_client::RateLimitLayerBuilder {
-    RateLimitLayer::builder(limiter).key(|req| {
-        req.headers
-            .get("x-user")
-            .and_then(|v| v.to_str().ok())
-            .map(String::from)
-    })
 }
 
 #[tokio::test]
