@@ -3,7 +3,7 @@ import { checkInteger, checkString, describe, fromServerError, isServerReply, In
 import { Lease, type LeaseOptions, type LeaseRule } from './lease.js';
 import { parseStats, type PolicyStats } from './policyStats.js';
 import { ConnectionPool } from './pool.js';
-import { blockArgs, costRequest, optionArgs, ruleArgs, type AcquireOptions, type CallOptions, type ConcurrencyParams, type QuotaParams, type Request, type Spec, type SpecOrPolicy } from './rules.js';
+import { blockArgs, checkUptoAlgorithm, costRequest, isUpto, optionArgs, Request as Req, ruleArgs, type AcquireOptions, type CallOptions, type ConcurrencyParams, type QuotaParams, type Request, type Spec, type SpecOrPolicy } from './rules.js';
 import { dedicatedConnector, ownConnection, toTransport, whenReady, type ConnectionFactory, type RedisLike, type Transport } from './transport.js';
 
 interface Events {
@@ -164,12 +164,18 @@ export class Client {
     return found as ModuleInfo;
   }
 
-  /** Any limiter rule on `key`. */
+  /**
+   * Any limiter rule on `key`. With `Request.upto(n)` the decision's
+   * `granted` is the units taken (not on a leaky bucket nor a concurrency
+   * rule: refused naming `UPTO` before anything is sent).
+   */
   async limit(key: string, rule: Spec, opts?: Request | CallOptions): Promise<Decision> {
     checkString('key', key);
     const [name, params] = ruleArgs(rule);
+    const upto = isUpto(opts);
+    if (upto) checkUptoAlgorithm(name);
     const args = [`RL.${name}`, key, ...params, ...optionArgs(opts)];
-    return this.decide(key, args, name === 'CONCURRENCY' ? 'lease' : 'none');
+    return this.decide(key, args, name === 'CONCURRENCY' ? 'lease' : 'none', upto);
   }
 
   tokenBucket(key: string, p: { capacity: number; refillCount: number; refillMs: number }, opts?: Request | CallOptions) {
@@ -204,11 +210,15 @@ export class Client {
   quota(key: string, p: QuotaParams, opts?: Request | CallOptions) {
     return this.limit(key, { algorithm: 'quota', ...p }, opts);
   }
-  /** `RL.HIT name key`: the policy `name` applied to the limiter in `key`. */
+  /**
+   * `RL.HIT name key`: the policy `name` applied to the limiter in `key`.
+   * `Request.upto(n)` on a leaky bucket or concurrency policy is the
+   * server's error naming `UPTO`.
+   */
   async hit(policy: string, key: string, opts?: Request | CallOptions): Promise<Decision> {
     checkPolicyName(policy);
     checkString('key', key);
-    return this.decide(key, ['RL.HIT', policy, key, ...optionArgs(opts)], 'lease');
+    return this.decide(key, ['RL.HIT', policy, key, ...optionArgs(opts)], 'lease', isUpto(opts));
   }
 
   /** `RL.RELEASE`: ends the lease; false when it had already ended (released, or expired). */
@@ -240,20 +250,24 @@ export class Client {
   async acquire(key: string, rule: SpecOrPolicy, opts: AcquireOptions): Promise<Decision> {
     checkString('key', key);
     const timeoutMs = acquireTimeout(opts);
-    const cost = optionArgs(costRequest(opts.cost));
+    const request = amountRequest(opts);
+    const upto = isUpto(request);
+    const cost = optionArgs(request);
     if (rule && typeof rule === 'object' && 'policy' in rule) {
-      return this.held(key, ['RL.HIT', checkPolicyName(rule.policy), key, ...cost, ...blockArgs(timeoutMs)], 'lease', timeoutMs, opts.signal);
+      return this.held(key, ['RL.HIT', checkPolicyName(rule.policy), key, ...cost, ...blockArgs(timeoutMs)], 'lease', timeoutMs, opts.signal, upto);
     }
     const [name, params] = ruleArgs(rule);
+    if (upto) checkUptoAlgorithm(name);
     const args = [`RL.${name}`, key, ...params, ...cost, ...blockArgs(timeoutMs)];
-    return this.held(key, args, name === 'CONCURRENCY' ? 'lease' : 'none', timeoutMs, opts.signal);
+    return this.held(key, args, name === 'CONCURRENCY' ? 'lease' : 'none', timeoutMs, opts.signal, upto);
   }
 
   /** `RL.ALL ... BLOCK`: `acquire` for several limiters, admitted when all of them admit at once. */
   async acquireAll(limits: ReadonlyArray<{ key: string; rule: SpecOrPolicy }>, opts: AcquireOptions): Promise<Decision> {
     const timeoutMs = acquireTimeout(opts);
-    const args = [...allArgs(limits), ...optionArgs(costRequest(opts.cost)), ...blockArgs(timeoutMs)];
-    return this.held(args[2] as string, args, 'deniedBy', timeoutMs, opts.signal);
+    const request = amountRequest(opts);
+    const args = [...allArgs(limits, isUpto(request)), ...optionArgs(request), ...blockArgs(timeoutMs)];
+    return this.held(args[2] as string, args, 'deniedBy', timeoutMs, opts.signal, isUpto(request));
   }
 
   /**
@@ -322,9 +336,14 @@ export class Client {
    * is the 0-based index of the first that denied. In a cluster the keys
    * must share a slot (a hash tag such as `{order:create}`).
    */
-  async all(limits: ReadonlyArray<{ key: string; rule: SpecOrPolicy }>, opts?: { cost?: number }): Promise<Decision> {
-    const args = [...allArgs(limits), ...optionArgs(costRequest(opts?.cost))];
-    return this.decide(args[2] as string, args, 'deniedBy');
+  async all(limits: ReadonlyArray<{ key: string; rule: SpecOrPolicy }>, opts?: { cost?: number; upto?: number }): Promise<Decision> {
+    if (opts !== undefined && (opts === null || typeof opts !== 'object')) {
+      throw new InvalidArgumentError('options', `RL.ALL's options are { cost } or { upto }, got ${describe(opts)}`);
+    }
+    const request = amountRequest(opts ?? {});
+    const upto = isUpto(request);
+    const args = [...allArgs(limits, upto), ...optionArgs(request)];
+    return this.decide(args[2] as string, args, 'deniedBy', upto);
   }
 
   /**
@@ -418,9 +437,9 @@ export class Client {
     await this.send(undefined, ['RL.LOG', 'RESET']);
   }
 
-  /** Sends a limiter command and parses its decision. */
-  async decide(key: string, args: string[], sixth: 'deniedBy' | 'lease' | 'none'): Promise<Decision> {
-    return Decision.fromReply(await this.send(key, args), sixth);
+  /** Sends a limiter command and parses its decision (`upto`: the command has `UPTO n`, its reply `granted`). */
+  async decide(key: string, args: string[], sixth: 'deniedBy' | 'lease' | 'none', upto = false): Promise<Decision> {
+    return Decision.fromReply(await this.send(key, args), sixth, upto);
   }
 
   /** Sends one command to the owner of `key`, mapping server errors. */
@@ -433,7 +452,7 @@ export class Client {
   }
 
   /** Sends a command the server may hold on a connection of its own, within its timeout plus a margin. */
-  private async held(key: string, args: string[], sixth: 'deniedBy' | 'lease' | 'none', timeoutMs: number, signal: AbortSignal | undefined): Promise<Decision> {
+  private async held(key: string, args: string[], sixth: 'deniedBy' | 'lease' | 'none', timeoutMs: number, signal: AbortSignal | undefined, upto = false): Promise<Decision> {
     const command = args[0] as string;
     const deadlineMs = timeoutMs === 0 ? null : timeoutMs + Math.max(1000, Math.ceil(timeoutMs / 10));
     let reply: unknown;
@@ -443,7 +462,7 @@ export class Client {
       if (err instanceof RLError || (signal?.aborted && err === signal.reason)) throw err;
       throw fromServerError(err, command);
     }
-    const d = Decision.fromReply(reply, sixth);
+    const d = Decision.fromReply(reply, sixth, upto);
     // An admitted leaky bucket's units leave evenly spaced: act after waitMs.
     if (d.allowed && d.waitMs > 0) await new Promise((r) => setTimeout(r, d.waitMs));
     return d;
@@ -473,8 +492,18 @@ export class Client {
   }
 }
 
-/** `RL.ALL numkeys key... spec...`, checked; a concurrency rule is refused (leases do not combine). */
-function allArgs(limits: ReadonlyArray<{ key: string; rule: SpecOrPolicy }>): string[] {
+/** `{ cost }` or `{ upto }` (not both, naming `UPTO`) as a request; none when neither is given. */
+function amountRequest(opts: { cost?: number | undefined; upto?: number | undefined }): Request | undefined {
+  if (opts.upto === undefined) return costRequest(opts.cost);
+  if (opts.cost !== undefined) throw new InvalidArgumentError('UPTO', 'UPTO cannot be given with COST: give upto or cost');
+  return Req.upto(opts.upto);
+}
+
+/**
+ * `RL.ALL numkeys key... spec...`, checked; a concurrency rule is refused
+ * (leases do not combine), and with `upto` a leaky bucket (naming `UPTO`).
+ */
+function allArgs(limits: ReadonlyArray<{ key: string; rule: SpecOrPolicy }>, upto = false): string[] {
   if (!Array.isArray(limits) || limits.length === 0) {
     throw new InvalidArgumentError('limits', 'RL.ALL needs at least one { key, rule }');
   }
@@ -487,6 +516,7 @@ function allArgs(limits: ReadonlyArray<{ key: string; rule: SpecOrPolicy }>): st
       if (name === 'CONCURRENCY') {
         throw new InvalidArgumentError(`limits[${n}].rule`, `limits[${n}].rule: RL.ALL cannot take a concurrency rule (a lease is released on its own key)`);
       }
+      if (upto) checkUptoAlgorithm(name);
       if (params.includes('TZ')) {
         throw new InvalidArgumentError(
           `limits[${n}].rule.zone`,

@@ -4,9 +4,11 @@ import { ProtocolError } from './errors.js';
  * Which path decided (the `Limiter`'s): Redis, the local level (a global
  * rule's share, in process), the deny cache, or the fallback (Redis failed,
  * missed its deadline, or the breaker is open). A typed call's decision is
- * always `'redis'`. As the Rust kit's `Path`.
+ * always `'redis'`. `'grant'`: a batched rule's decision from the units
+ * the instance holds (or its local denial until it may ask again), without
+ * a round trip of its own. As the Rust kit's `Path`.
  */
-export type Path = 'redis' | 'local' | 'denyCache' | 'fallback';
+export type Path = 'redis' | 'local' | 'denyCache' | 'grant' | 'fallback';
 
 /**
  * What a limiter answered: the five integers of every limiter reply
@@ -38,6 +40,12 @@ export class Decision {
     readonly lease: number | null = null,
     /** Which path decided: `'redis'` for a typed call; the `Limiter` says which of its paths. */
     readonly path: Path = 'redis',
+    /**
+     * A call with `Request.upto(n)` (`UPTO n`): the units taken, from 1 to
+     * `n`, or 0 on a denial (the reply's sixth field, `RL.ALL`'s seventh).
+     * `null` for a call without `UPTO`, whose units are its cost.
+     */
+    readonly granted: number | null = null,
   ) {}
 
   /** A denial that no wait can turn into an admission (cost above the limit). */
@@ -59,9 +67,12 @@ export class Decision {
    * Parses a limiter reply: 5 integers (`sixth` 'none': the rate limiters),
    * 6 (`'deniedBy'`: `RL.ALL`), or 5 or 6 (`'lease'`: `RL.CONCURRENCY`, and
    * `RL.HIT`, which answers as its policy's algorithm). Any other width is
-   * a `ProtocolError` (the contract's `replies`).
+   * a `ProtocolError` (the contract's `replies`). `upto`: the call had
+   * `UPTO n`, whose reply has one more field, `granted` (6 integers, `RL.ALL`
+   * 7).
    */
-  static fromReply(reply: unknown, sixth: 'deniedBy' | 'lease' | 'none' = 'none'): Decision {
+  static fromReply(reply: unknown, sixth: 'deniedBy' | 'lease' | 'none' = 'none', upto = false): Decision {
+    if (upto) return Decision.fromUptoReply(reply, sixth === 'deniedBy');
     const widths = sixth === 'none' ? [5] : sixth === 'deniedBy' ? [6] : [5, 6];
     if (!Array.isArray(reply) || !widths.includes(reply.length)) {
       throw new ProtocolError(`expected a limiter reply of ${widths.join(' or ')} integers, got ${JSON.stringify(reply)}`);
@@ -81,6 +92,19 @@ export class Decision {
       }
     }
     return new Decision(allowed === 1, limit, remaining, waitMs, resetMs, deniedBy, lease);
+  }
+
+  private static fromUptoReply(reply: unknown, all: boolean): Decision {
+    const width = all ? 7 : 6;
+    if (!Array.isArray(reply) || reply.length !== width) {
+      throw new ProtocolError(`expected a limiter reply to UPTO of ${width} integers, got ${JSON.stringify(reply)}`);
+    }
+    const n = reply.map((v) => toInt(v));
+    const [allowed, limit, remaining, waitMs, resetMs] = n as [number, number, number, number, number];
+    const deniedBy = all && (n[5] as number) > 0 ? (n[5] as number) - 1 : null;
+    const granted = n[width - 1] as number;
+    if (granted < 0) throw new ProtocolError(`granted ${granted} is below 0`);
+    return new Decision(allowed === 1, limit, remaining, waitMs, resetMs, deniedBy, null, 'redis', granted);
   }
 }
 

@@ -96,7 +96,7 @@ export interface RequestContext {
 }
 
 /** The metrics' and deny events' level of each path a decision takes. */
-export const LEVEL_OF: Record<Path, Level> = { redis: 'redis', local: 'local', denyCache: 'deny_cache', fallback: 'fallback' };
+export const LEVEL_OF: Record<Path, Level> = { redis: 'redis', local: 'local', denyCache: 'deny_cache', grant: 'grant', fallback: 'fallback' };
 
 /** One checked rule of a `RuleSet`. */
 export interface CheckedRule {

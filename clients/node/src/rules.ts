@@ -91,7 +91,8 @@ export type Rule = Spec;
 export type Request =
   | { readonly kind: 'cost'; readonly n: number }
   | { readonly kind: 'force'; readonly n: number }
-  | { readonly kind: 'refund'; readonly n: number };
+  | { readonly kind: 'refund'; readonly n: number }
+  | { readonly kind: 'upto'; readonly n: number };
 
 export const Request = Object.freeze({
   /** `COST n`: take `n` units if the limiter admits them (0 inspects). */
@@ -100,7 +101,26 @@ export const Request = Object.freeze({
   force: (n: number): Request => Object.freeze({ kind: 'force' as const, n: checkInteger('cost', n, 0) }),
   /** `REFUND n`: give back up to `n` units. */
   refund: (n: number): Request => Object.freeze({ kind: 'refund' as const, n: checkInteger('refund', n, 0) }),
+  /**
+   * `UPTO n` (1 to 2^40): take as many units as the limiter admits now, at
+   * most `n`, at least 1; the decision's `granted` says how many (0 on a
+   * denial, which is the denial `COST 1` gets). Not an option of the leaky
+   * bucket nor of the concurrency limiter (refused naming `UPTO`).
+   */
+  upto: (n: number): Request => Object.freeze({ kind: 'upto' as const, n: checkInteger('UPTO', n, 1, MAX_PARAM) }),
 });
+
+/** Whether `opts` is `Request.upto(n)`: its reply carries `granted`. */
+export function isUpto(opts: unknown): boolean {
+  return opts !== null && typeof opts === 'object' && (opts as { kind?: unknown }).kind === 'upto';
+}
+
+/** The algorithms that take no `UPTO`, refused before anything is sent with the server's words. */
+export function checkUptoAlgorithm(word: string): void {
+  if (word === 'LEAKYBUCKET' || word === 'CONCURRENCY') {
+    throw new InvalidArgumentError('UPTO', `UPTO is not an option of RL.${word}`);
+  }
+}
 
 /**
  * @deprecated pass a `Request` (`Request.cost(n)`, `Request.force(n)`,
@@ -209,8 +229,10 @@ export function optionArgs(opts: Request | CallOptions = {}): string[] {
         return ['COST', String(checkInteger('cost', opts.n, 0)), 'FORCE'];
       case 'refund':
         return ['REFUND', String(checkInteger('refund', opts.n, 0))];
+      case 'upto':
+        return ['UPTO', String(checkInteger('UPTO', opts.n, 1, MAX_PARAM))];
       default:
-        throw new InvalidArgumentError('request', `a request is Request.cost(n), Request.force(n) or Request.refund(n), got kind ${describe((opts as { kind: unknown }).kind)}`);
+        throw new InvalidArgumentError('request', `a request is Request.cost(n), Request.force(n), Request.refund(n) or Request.upto(n), got kind ${describe((opts as { kind: unknown }).kind)}`);
     }
   }
   if (opts === null || typeof opts !== 'object') {
@@ -236,6 +258,11 @@ export interface AcquireOptions {
   timeoutMs: number;
   /** Units this request takes (default 1). */
   cost?: number;
+  /**
+   * Instead of `cost`: `UPTO n`, as many units as admitted at most `n`,
+   * waiting for the first one; the decision's `granted` says how many.
+   */
+  upto?: number;
   /**
    * Calls the wait off: its connection is closed, so the server forgets the
    * request and nothing is consumed, and the promise rejects with the
