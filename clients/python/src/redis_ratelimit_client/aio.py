@@ -40,6 +40,7 @@ from .protocol import (
     all_args,
     block_args,
     is_moved,
+    is_upto,
     lease_ms_of,
     lease_of,
     limit_args,
@@ -260,8 +261,9 @@ class AsyncClient(TypedCalls[Coroutine[Any, Any, Decision]]):
         **deprecated: Any,
     ) -> Decision:
         """One limiter call: `RL.<ALGORITHM> key ...`, or `RL.HIT` for a Policy."""
-        args = limit_args(key, spec, deprecated_request(request, deprecated))
-        return Decision.from_reply(await self._send(key, args))
+        req = deprecated_request(request, deprecated)
+        args = limit_args(key, spec, req)
+        return Decision.from_reply(await self._send(key, args), upto=is_upto(req))
 
     async def all(
         self,
@@ -272,8 +274,10 @@ class AsyncClient(TypedCalls[Coroutine[Any, Any, Decision]]):
         force: bool | None = None,
     ) -> Decision:
         """`RL.ALL`: all or nothing; in a cluster the keys share one slot."""
-        args = all_args(limits, to_request(request, cost, force, refundable=False))
-        return Decision.from_reply(await self._send(limits[0][0], args), all_reply=True)
+        req = to_request(request, cost, force, refundable=False)
+        args = all_args(limits, req)
+        reply = await self._send(limits[0][0], args)
+        return Decision.from_reply(reply, all_reply=True, upto=is_upto(req))
 
     async def release(self, key: Key, lease: int) -> bool:
         return parse_live(await self._send(key, release_args(key, lease)))
@@ -325,7 +329,8 @@ class AsyncClient(TypedCalls[Coroutine[Any, Any, Decision]]):
         admitted leaky bucket resolves after its `wait_ms`."""
         req = waiting(to_request(request, cost))
         args = [*limit_args(key, spec, req), *block_args(timeout_ms)]
-        d = Decision.from_reply(await self._send_blocking(key, args, timeout_ms))
+        reply = await self._send_blocking(key, args, timeout_ms)
+        d = Decision.from_reply(reply, upto=is_upto(req))
         return await self._after_wait(d)
 
     async def acquire_all(
@@ -339,7 +344,8 @@ class AsyncClient(TypedCalls[Coroutine[Any, Any, Decision]]):
         req = waiting(to_request(request, cost))
         args = [*all_args(limits, req), *block_args(timeout_ms)]
         reply = await self._send_blocking(limits[0][0], args, timeout_ms)
-        return await self._after_wait(Decision.from_reply(reply, all_reply=True))
+        d = Decision.from_reply(reply, all_reply=True, upto=is_upto(req))
+        return await self._after_wait(d)
 
     async def _send_blocking(self, key: Key, args: Sequence[Arg], timeout_ms: int) -> Any:
         deadline = acquire_deadline(timeout_ms)

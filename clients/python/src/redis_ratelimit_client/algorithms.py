@@ -42,6 +42,8 @@ MAX_SLIDING_LIMIT = (1 << 24) - 1
 COST = "cost"
 FORCE = "force"
 REFUND = "refund"
+#: `UPTO n`: the server's (issue 27); the in-process algorithms decide costs.
+UPTO = "upto"
 
 
 class Answer(NamedTuple):

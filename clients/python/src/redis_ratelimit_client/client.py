@@ -52,6 +52,7 @@ from .protocol import (
     all_args,
     block_args,
     is_moved,
+    is_upto,
     lease_ms_of,
     lease_of,
     limit_args,
@@ -272,8 +273,9 @@ class Client(TypedCalls[Decision]):
         **deprecated: Any,
     ) -> Decision:
         """One limiter call: `RL.<ALGORITHM> key ...`, or `RL.HIT` for a Policy."""
-        args = limit_args(key, spec, deprecated_request(request, deprecated))
-        return Decision.from_reply(self._send(key, args))
+        req = deprecated_request(request, deprecated)
+        args = limit_args(key, spec, req)
+        return Decision.from_reply(self._send(key, args), upto=is_upto(req))
 
     def all(
         self,
@@ -284,8 +286,10 @@ class Client(TypedCalls[Decision]):
         force: bool | None = None,
     ) -> Decision:
         """`RL.ALL`: all or nothing; in a cluster the keys share one slot."""
-        args = all_args(limits, to_request(request, cost, force, refundable=False))
-        return Decision.from_reply(self._send(limits[0][0], args), all_reply=True)
+        req = to_request(request, cost, force, refundable=False)
+        args = all_args(limits, req)
+        reply = self._send(limits[0][0], args)
+        return Decision.from_reply(reply, all_reply=True, upto=is_upto(req))
 
     def release(self, key: Key, lease: int) -> bool:
         """`RL.RELEASE key lease`: True if the lease was live (it is now ended)."""
@@ -354,7 +358,8 @@ class Client(TypedCalls[Decision]):
         sent once, never retried."""
         req = waiting(to_request(request, cost))
         args = [*limit_args(key, spec, req), *block_args(timeout_ms)]
-        d = Decision.from_reply(self._send_blocking(key, args, timeout_ms))
+        reply = self._send_blocking(key, args, timeout_ms)
+        d = Decision.from_reply(reply, upto=is_upto(req))
         return self._after_wait(d)
 
     def acquire_all(
@@ -368,7 +373,8 @@ class Client(TypedCalls[Decision]):
         """`RL.ALL ... BLOCK timeout_ms`: waits until every limiter admits at once."""
         req = waiting(to_request(request, cost))
         args = [*all_args(limits, req), *block_args(timeout_ms)]
-        d = Decision.from_reply(self._send_blocking(limits[0][0], args, timeout_ms), all_reply=True)
+        reply = self._send_blocking(limits[0][0], args, timeout_ms)
+        d = Decision.from_reply(reply, all_reply=True, upto=is_upto(req))
         return self._after_wait(d)
 
     def _send_blocking(self, key: Key, args: Sequence[Arg], timeout_ms: int) -> Any:

@@ -27,6 +27,9 @@ class Decision:
     #: `RL.CONCURRENCY` (or `RL.HIT` on a concurrency policy): the id of the
     #: lease granted; None when none was (a denial, `COST 0`, a refund).
     lease: int | None = None
+    #: A call with `UPTO n`: the units taken (0 on a denial). None for a
+    #: call without `UPTO` (its cost was taken when `allowed`, else nothing).
+    granted: int | None = None
 
     @property
     def retry_after(self) -> float:
@@ -47,14 +50,21 @@ class Decision:
         return None if self.wait_ms < 0 else -(-self.wait_ms // 1000)
 
     @classmethod
-    def from_reply(cls, reply: object, *, all_reply: bool = False) -> Decision:
+    def from_reply(cls, reply: object, *, all_reply: bool = False, upto: bool = False) -> Decision:
         """Five integers; a sixth is `denied_by` for `RL.ALL` (`all_reply`),
-        else the lease id of `RL.CONCURRENCY`."""
-        if not isinstance(reply, (list, tuple)) or len(reply) not in (5, 6):
-            raise ProtocolError(f"a limiter reply is 5 or 6 integers, not {reply!r}")
+        else the lease id of `RL.CONCURRENCY`. With `upto` (a call with
+        `UPTO n`), `granted` follows: the sixth field, `RL.ALL`'s seventh."""
+        sizes = ((6, 7) if all_reply else (6,)) if upto else (5, 6)
+        if not isinstance(reply, (list, tuple)) or len(reply) not in sizes:
+            n = " or ".join(str(s) for s in sizes)
+            raise ProtocolError(f"this limiter reply is {n} integers, not {reply!r}")
         ints = [int(x) for x in reply]
+        granted = ints.pop() if upto else None
         sixth = ints[5] if len(ints) == 6 and ints[5] > 0 else None
         if all_reply:
             denied_by = None if sixth is None else sixth - 1
-            return cls(bool(ints[0]), ints[1], ints[2], ints[3], ints[4], denied_by)
-        return cls(bool(ints[0]), ints[1], ints[2], ints[3], ints[4], lease=sixth)
+            return cls(
+                bool(ints[0]), ints[1], ints[2], ints[3], ints[4], denied_by, granted=granted
+            )
+        lease = None if upto else sixth
+        return cls(bool(ints[0]), ints[1], ints[2], ints[3], ints[4], lease=lease, granted=granted)

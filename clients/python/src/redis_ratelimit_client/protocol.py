@@ -66,8 +66,9 @@ def block_args(timeout_ms: object) -> list[str | int]:
 
 
 def waiting(request: Request) -> Request:
-    """A blocking call's request: a cost (it waits until the units are taken)."""
-    if request.kind is not RequestKind.COST:
+    """A blocking call's request: a cost (it waits until the units are
+    taken), or an upto (it waits for the first unit)."""
+    if request.kind not in (RequestKind.COST, RequestKind.UPTO):
         raise InvalidArgument(
             "a blocking call waits for Request.cost(n), not a forced cost or a refund",
             param=request.option if request.kind is RequestKind.REFUND else "FORCE",
@@ -115,8 +116,20 @@ def request_args(
     return (Request.force(cost) if force else Request.cost(cost)).args()
 
 
+def is_upto(request: Request) -> bool:
+    """Whether the reply to `request` carries `granted`."""
+    return request.kind is RequestKind.UPTO
+
+
+def check_upto(spec: Spec, request: Request) -> None:
+    """`UPTO` is refused on the leaky bucket and concurrency, in the server's words."""
+    if request.kind is RequestKind.UPTO and isinstance(spec, (LeakyBucket, Concurrency)):
+        raise InvalidArgument(f"UPTO is not an option of RL.{spec.ALGORITHM}", param="UPTO")
+
+
 def limit_args(key: Key, spec: Spec, request: Request) -> list[Arg]:
     check_key(key)
+    check_upto(spec, request)
     req = request.args()
     if isinstance(spec, Policy):
         return ["RL.HIT", spec.name, key, *req]
@@ -200,6 +213,7 @@ def all_args(
                 "(a lease must be released on its own key)"
             )
         utc_only(spec, f"RL.ALL (spec {i + 1})")
+        check_upto(spec, request)
         args += spec_args(spec)
     if request.kind is RequestKind.REFUND:
         raise InvalidArgument(

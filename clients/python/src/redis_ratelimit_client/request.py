@@ -2,8 +2,11 @@
 
 `Request.cost(n)` is `COST n` (take n units if the limiter admits them;
 `COST 0` peeks), `Request.force(n)` is `COST n FORCE` (take them even if
-denied) and `Request.refund(n)` is `REFUND n` (give back up to n units).
-A request has one kind, so FORCE with REFUND cannot be built.
+denied), `Request.refund(n)` is `REFUND n` (give back up to n units) and
+`Request.upto(n)` is `UPTO n` (take as many units as the limiter admits
+now, at most n, at least 1; the decision's `granted` says how many). A
+request has one kind, so FORCE with REFUND, or UPTO with COST, cannot be
+built.
 
 The typed calls' former keyword arguments (`cost=`, `force=`, `refund=`, and
 a bare int for the cost) are still taken for one release, with a
@@ -23,17 +26,19 @@ from .spec import _check_int
 
 
 class RequestKind(str, enum.Enum):
-    """The three kinds of request (the values are the core's words)."""
+    """The four kinds of request (the values are the core's words)."""
 
     COST = algorithms.COST
     FORCE = algorithms.FORCE
     REFUND = algorithms.REFUND
+    UPTO = algorithms.UPTO
 
 
 @dataclasses.dataclass(frozen=True)
 class Request:
-    """`kind` and its `units` (0 to 2^40, as the server takes them); checked
-    when built, naming the option as the server does (`COST`, `REFUND`)."""
+    """`kind` and its `units` (0 to 2^40, as the server takes them; `UPTO`
+    from 1); checked when built, naming the option as the server does
+    (`COST`, `REFUND`, `UPTO`)."""
 
     kind: RequestKind
     units: int = 1
@@ -43,11 +48,11 @@ class Request:
             kind = RequestKind(self.kind)
         except ValueError:
             raise InvalidArgument(
-                f"a request is a cost, a forced cost or a refund, not {self.kind!r}",
+                f"a request is a cost, a forced cost, a refund or an upto, not {self.kind!r}",
                 param="request",
             ) from None
         object.__setattr__(self, "kind", kind)
-        _check_int(self.option, self.units, 0)
+        _check_int(self.option, self.units, 1 if kind is RequestKind.UPTO else 0)
 
     @classmethod
     def cost(cls, units: int = 1) -> Request:
@@ -65,10 +70,20 @@ class Request:
         """`REFUND units`: gives back up to `units` held."""
         return cls(RequestKind.REFUND, units)
 
+    @classmethod
+    def upto(cls, units: int) -> Request:
+        """`UPTO units` (1 to 2^40): takes as many units as the limiter admits
+        now, at most `units`, at least 1 (else the denial `COST 1` gets); the
+        decision's `granted` is the units taken. Not an option of the leaky
+        bucket or concurrency."""
+        return cls(RequestKind.UPTO, units)
+
     @property
     def option(self) -> str:
-        """The option word that carries the units: `COST` or `REFUND`."""
-        return "REFUND" if self.kind is RequestKind.REFUND else "COST"
+        """The option word that carries the units: `COST`, `REFUND` or `UPTO`."""
+        if self.kind is RequestKind.REFUND:
+            return "REFUND"
+        return "UPTO" if self.kind is RequestKind.UPTO else "COST"
 
     def args(self) -> list[str | int]:
         """The command's options: nothing for the default `COST 1`."""
@@ -76,6 +91,8 @@ class Request:
             return ["REFUND", self.units]
         if self.kind is RequestKind.FORCE:
             return ["COST", self.units, "FORCE"]
+        if self.kind is RequestKind.UPTO:
+            return ["UPTO", self.units]
         return [] if self.units == 1 else ["COST", self.units]
 
     def core(self) -> algorithms.Request:

@@ -468,6 +468,20 @@ class Rule:
     `global_`: a limit shared by every instance (a hot key): a `Limiter`
     admits from this instance's share of it in process first (the local
     level), and asks Redis only for what the share admitted.
+
+    A global inline rule of a token bucket, fixed window, sliding log, hash
+    window or quota may also be (`grants.py`, the README's "One limit larger
+    than one node"):
+
+    - `batched`: the limiter takes units with `UPTO b` and spends them in
+      process (never over the limit; at most `instances x b` units unused,
+      each for `hold_ms`); units held longer than `hold_ms` (1 to 60000,
+      default 50) go back with `REFUND`, and all of them at close. `b` is
+      about `hold_ms` of the instance's rate, at most `max_share_pct` % (1
+      to 100, default 10) of the limit.
+    - `striped` = N (2 to 64; 1: not striped): the limit kept in N keys on
+      different masters, each with `limit / N` of every size and rate
+      parameter; an instance uses its own stripe, and on a denial the next.
     """
 
     spec: Spec
@@ -475,6 +489,10 @@ class Rule:
     key_prefix: str | None = None
     fixed_key: str | None = None
     global_: bool = False
+    batched: bool = False
+    hold_ms: int = 50
+    max_share_pct: int = 10
+    striped: int = 1
 
     def __post_init__(self) -> None:
         if self.global_ and isinstance(self.spec, Concurrency):
@@ -482,6 +500,23 @@ class Rule:
                 f"rule {self.name!r}: a CONCURRENCY rule holds leases; it has no local level",
                 param="global_",
             )
+        from .grants import check_options  # grants.py builds on this module
+
+        check_options(
+            self.name,
+            self.spec,
+            self.global_,
+            self.batched,
+            self.hold_ms,
+            self.max_share_pct,
+            self.striped,
+        )
+
+    @property
+    def granted(self) -> bool:
+        """Whether the rule is batched or striped: decided by grants, apart
+        from the other rules' call."""
+        return self.batched or self.striped > 1
 
     def key_for(self, identity: str) -> str:
         if self.fixed_key is not None:
