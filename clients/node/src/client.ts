@@ -117,6 +117,11 @@ export class Client {
     if (!connect) this.events = client as Events;
   }
 
+  /** The node-redis or ioredis client (or function, or transport) this was made with. */
+  get redisClient(): RedisLike {
+    return this.client;
+  }
+
   /** Closes the connections of `acquire`; acquires still waiting reject. The client given stays open. */
   close(): void {
     this.connections?.close();

@@ -29,6 +29,8 @@ export { rateLimitMiddleware, outcomeErrors, defaultIsError } from './middleware
 export type { RateLimitMiddlewareOptions, RequestOutcome, DegradeInfo } from './middleware.js';
 export { RateLimitMetrics, METRICS, LEVELS, OUTCOMES, REDIS_SECONDS_BUCKETS, REDIS_BREAKER } from './metrics.js';
 export type { Level, Outcome, PromRegistry, MetricsOption } from './metrics.js';
+export { batchSize, pickTags, stripeSpecs, shareOfStripe, SlotMap, Stripes, GRANT_DEFAULTS, MAX_STRIPES } from './grants.js';
+export type { GrantConfig } from './grants.js';
 export { DenyEvents, DENY_EVENT_FIELDS, DENY_EVENT_DEFAULTS, MAX_HEADER_BYTES } from './denyEvents.js';
 export type { DenyEvent, DenyEventInput, DenyEventsOptions, DenyEventsStats } from './denyEvents.js';
 

@@ -17,6 +17,7 @@ import type { Protection } from './protection.js';
 import { isDenyEvents, type DenyEvents } from './denyEvents.js';
 import { REDIS_BREAKER, resolveMetrics, type Level, type MetricsOption, type RateLimitMetrics } from './metrics.js';
 import type { RedisLike } from './transport.js';
+import { batchSize, checkShareable, checkStriped, grantConfig, GrantState, limitOfSpec, SlotMap, Stripes, stripeSpecs, type GrantConfig } from './grants.js';
 
 /**
  * One limit of a `Limiter`: what the server applies (an inline `spec`, or a
@@ -42,6 +43,26 @@ export interface LimiterRule {
    * rules only (not a quota in a named zone).
    */
   global?: boolean;
+  /**
+   * A global inline rule (token bucket, fixed window, sliding, hash window,
+   * quota) whose units the instance takes from the server in batches
+   * (`UPTO b`, b about `holdMs` worth of the instance's rate) and spends in
+   * process: never above the limit; at most `instances x b` units held
+   * unused, each for at most `holdMs` (then given back with `REFUND`, and
+   * at `close()`). Decides one unit at a time (cost 1); alone in its set.
+   */
+  batched?: boolean;
+  /** A batched rule's longest hold of unused units, in ms (1 to 60,000; default 50). */
+  holdMs?: number;
+  /** A batched rule's largest batch, in percent of its limit (1 to 100; default 10). */
+  maxSharePct?: number;
+  /**
+   * A global inline rule kept in N keys (2 to 64; 1 is not striped) whose
+   * hash tags fall on different masters, each with `limit / N` (the
+   * remainder to the first ones); the instance uses its own stripe and, on a
+   * denial, the next one. Alone in its set; may be batched too.
+   */
+  striped?: number;
 }
 
 /** `new Limiter(client, options)`; every option has a default. */
@@ -114,6 +135,10 @@ export interface CheckedRule {
   readonly fallback: LocalSpec | null;
   /** Identifies the rule in the deny cache and the local maps. */
   readonly signature: string;
+  /** A batched rule's options (`batched: true`), else null. */
+  readonly grants?: GrantConfig | null;
+  /** A striped rule's stripes (`striped: N`), else null. */
+  readonly stripes?: Stripes | null;
 }
 
 /** Rules checked together, all or nothing (several go through `RL.ALL`). Built by `Limiter.ruleSet`. */
@@ -127,6 +152,13 @@ const MAX_COST = 1n << 40n;
 
 /** What became of the call to Redis. */
 type Outcome = { kind: 'redis'; d: Decision } | { kind: 'lost' } | { kind: 'notApplied' };
+
+/** Where a batched or striped rule's decision goes on the server: a key (a stripe's), its spec, and its grant state's name. */
+interface Target {
+  readonly key: string;
+  readonly spec: Spec;
+  readonly stateKey: string;
+}
 
 /**
  * Rate limiting over a `Client`, in two levels, with a deny cache and a
@@ -177,6 +209,15 @@ export class Limiter {
   readonly metrics: RateLimitMetrics | undefined;
   /** The deny events' shipper, when given. */
   readonly denyEvents: DenyEvents | undefined;
+  /** Batched rules' held units and rate, per (rule, key). */
+  private readonly grantStates = new Map<string, GrantState>();
+  private readonly grantCap: number;
+  /** Every striped rule built, for a re-pick of their tags when the slot map changes. */
+  private readonly stripeSets = new Set<Stripes>();
+  /** This instance's stripe of every striped rule: this number mod N, drawn once. */
+  private readonly stripeSeed = Math.floor(Math.random() * 2 ** 31);
+  private refreshing: Promise<boolean> | null = null;
+  private unwatch: (() => void) | undefined;
 
   constructor(client: Client | RedisLike, options: LimiterOptions = {}) {
     if (options === null || typeof options !== 'object') {
@@ -200,6 +241,7 @@ export class Limiter {
     const cap = checkInteger('localCapacity', options.localCapacity ?? 100_000, 1);
     this.local = new LocalLimiters(cap);
     this.accounts = new LocalLimiters(cap);
+    this.grantCap = cap;
     this.fallbackMode = checkFallbackMode(options.fallback ?? 'localOnly');
     this.breaker = new Breaker(options.breaker ?? {});
     this.deadlineMs = checkInteger('deadlineMs', options.deadlineMs ?? 100, 1);
@@ -244,6 +286,12 @@ export class Limiter {
     const several = rules.length > 1;
     const checked: CheckedRule[] = [];
     for (const rule of rules) checked.push(await this.checkRule(rule, several));
+    if (several) {
+      const shared = checked.find((r) => r.grants || r.stripes);
+      if (shared !== undefined) {
+        throw new InvalidArgumentError(shared.grants ? 'batched' : 'striped', `a ${shared.grants ? 'batched' : 'striped'} rule (${shared.name}) goes alone in its rule set: check it with its own set`);
+      }
+    }
     return new RuleSet(checked);
   }
 
@@ -298,6 +346,7 @@ export class Limiter {
       throw new InvalidArgumentError('global', 'a quota in a named time zone cannot be global: the local level reads no time-zone database (use UTC or a fixed offset)');
     }
     const share = inProcess === null ? null : scaled(inProcess, this.share);
+    const { grants, stripes } = await this.sharedOptions(rule, spec !== null && hasSpec ? spec : null, global);
     return {
       name,
       kind,
@@ -307,7 +356,102 @@ export class Limiter {
       local: global && this.localLevel ? share : null,
       fallback: share,
       signature,
+      grants,
+      stripes,
     };
+  }
+
+  /** `batched`, `holdMs`, `maxSharePct` and `striped`, checked; a striped rule's tags read from the slot map. */
+  private async sharedOptions(rule: LimiterRule, spec: Spec | null, global: boolean): Promise<{ grants: GrantConfig | null; stripes: Stripes | null }> {
+    const batched = rule.batched ?? false;
+    if (typeof batched !== 'boolean') throw new InvalidArgumentError('batched', `batched must be true or false, got ${describe(batched)}`);
+    const n = checkStriped(rule.striped ?? 1);
+    if (!batched) {
+      if (rule.holdMs !== undefined) throw new InvalidArgumentError('holdMs', 'holdMs is an option of a batched rule (batched: true)');
+      if (rule.maxSharePct !== undefined) throw new InvalidArgumentError('maxSharePct', 'maxSharePct is an option of a batched rule (batched: true)');
+    }
+    const grants = batched ? grantConfig(rule.holdMs, rule.maxSharePct) : null;
+    if (!batched && n === 1) return { grants, stripes: null };
+    const option = batched ? 'batched' : 'striped';
+    if (spec === null) throw new InvalidArgumentError(option, `${option} is an option of an inline rule ({ spec }), not of a policy`);
+    if (!global) throw new InvalidArgumentError(option, `${option} is an option of a global rule (global: true): one limit shared by every instance`);
+    if (batched) checkShareable('batched', spec);
+    if (n === 1) return { grants, stripes: null };
+    const specs = stripeSpecs(spec, n);
+    const stripes = new Stripes(specs, await this.readSlotMap());
+    this.stripeSets.add(stripes);
+    this.watchTopology();
+    return { grants, stripes };
+  }
+
+  /** The slot map, from `CLUSTER SLOTS` on any node; a standalone server (cluster support disabled) is one master. */
+  private async readSlotMap(): Promise<SlotMap> {
+    let reply: unknown;
+    try {
+      reply = await this.client.send(undefined, ['CLUSTER', 'SLOTS']);
+    } catch (err) {
+      if (/cluster support disabled|unknown command|only.*cluster mode|not.*cluster/i.test((err as Error)?.message ?? '')) return SlotMap.standalone();
+      throw err;
+    }
+    return SlotMap.fromClusterSlots(reply);
+  }
+
+  /** An ioredis cluster says when it refreshed its slot map: the stripes are re-picked then. */
+  private watchTopology(): void {
+    if (this.unwatch !== undefined) return;
+    const c = this.client.redisClient as { isCluster?: unknown; on?: unknown; off?: unknown } | null;
+    if (c === null || typeof c !== 'object' || c.isCluster !== true || typeof c.on !== 'function' || typeof c.off !== 'function') {
+      this.unwatch = () => {};
+      return;
+    }
+    const on = c.on as (e: string, f: () => void) => void;
+    const off = c.off as (e: string, f: () => void) => void;
+    const listener = () => void this.refreshStripes().catch(() => {});
+    on.call(c, 'refresh', listener);
+    this.unwatch = () => off.call(c, 'refresh', listener);
+  }
+
+  /**
+   * Reads the slot map again and re-picks the tags of every striped rule
+   * whose masters changed (only the stripes whose master no longer holds
+   * them beside its share move). The kit does it by itself on a MOVED reply
+   * and on an ioredis cluster's topology refresh; call it after a
+   * resharding a node-redis cluster followed by itself. Whether a tag moved.
+   * Units consumed under the old keys are not seen by the new ones: a
+   * re-pick can over-admit once by what the moved stripes had consumed.
+   */
+  refreshStripes(): Promise<boolean> {
+    if (this.refreshing !== null) return this.refreshing;
+    const p = this.readSlotMap()
+      .then((map) => {
+        let moved = false;
+        for (const s of this.stripeSets) moved = s.repick(map) || moved;
+        return moved;
+      })
+      .finally(() => {
+        this.refreshing = null;
+      });
+    this.refreshing = p;
+    return p;
+  }
+
+  /**
+   * Gives back, with `REFUND`, every unit the batched rules hold (within
+   * the deadline), and stops watching the cluster's topology. The limiter
+   * still decides afterwards (a batched rule takes new batches); call it at
+   * shutdown.
+   */
+  async close(): Promise<void> {
+    this.unwatch?.();
+    this.unwatch = undefined;
+    const refunds: Array<Promise<unknown>> = [];
+    for (const st of this.grantStates.values()) {
+      if (st.held > 0) refunds.push(beforeDeadline(this.refundHeld(st), this.deadlineMs).catch(() => {}));
+      clearTimeout(st.timer);
+      st.timer = undefined;
+      st.nextAskAt = 0;
+    }
+    await Promise.all(refunds);
   }
 
   /**
@@ -378,6 +522,8 @@ export class Limiter {
     const rules = set.rules;
     const keys = rules.map((r) => r.keyFor(identity));
     const cacheKey = (i: number) => `${(rules[i] as CheckedRule).signature}\0${keys[i]}`;
+    const only = rules[0] as CheckedRule;
+    if (rules.length === 1 && (only.grants || only.stripes)) return this.decideShared(only, keys[0] as string, units, cost, context);
     // An RL.ALL denial's wait is the largest of the set's, not that of the
     // rule it names (the first that denied): it is cached for the set.
     const setKey = () => rules.map((_, i) => cacheKey(i)).join('\x01');
@@ -486,6 +632,246 @@ export class Limiter {
       if (!lost) this.local.refundAll(localLimits, units);
     }
     return this.done(rules, keys, d, context);
+  }
+
+  /**
+   * A batched or striped rule's decision: the local level, then (batched)
+   * the units held or the local denial until the next ask, or the round
+   * trips to the own stripe and on a denial the next one; the fallback as
+   * any rule's when Redis cannot answer (held units still spent first).
+   */
+  private async decideShared(rule: CheckedRule, key: string, units: bigint, cost: number, context: RequestContext | undefined): Promise<Decision> {
+    const rules = [rule];
+    const keys = [key];
+    const cacheKey = `${rule.signature}\0${key}`;
+    const grants = rule.grants ?? null;
+    if (grants !== null && units !== 1n) {
+      throw new InvalidArgumentError('cost', `a batched rule decides one unit at a time: cost must be 1, got ${cost}`);
+    }
+    // A batched rule's own local denial (until its next ask) stands for the deny cache.
+    if (grants === null && this.denyCache !== null) {
+      const d = this.denyCache.get(cacheKey);
+      if (d !== undefined) {
+        this.counters.add('deny_cache_hits');
+        return this.done(rules, keys, withFields(d, { deniedBy: 0 }), context);
+      }
+    }
+    const localLimits: Limits = rule.local !== null ? [[cacheKey, rule.local]] : [];
+    let taken: Array<[number, Answer]> = [];
+    if (localLimits.length > 0) {
+      const t = this.local.takeAll(localLimits, units);
+      if (!t.ok) {
+        this.counters.add('local_denied');
+        return this.done(rules, keys, fromAnswer(t.answer, 'local', limitOf(rule, t.answer), { remaining: 0, deniedBy: 0 }), context);
+      }
+      taken = [[0, t.answers[0] as Answer]];
+    }
+    const accountIdx: number[] = [];
+    const accountLimits: Limits = [];
+    if (this.fallbackMode === 'localOnly' && rule.local === null && rule.fallback !== null) {
+      accountIdx.push(0);
+      accountLimits.push([cacheKey, rule.fallback]);
+    }
+    const targets = this.targetsOf(rule, key);
+
+    let outcome: Outcome;
+    const gate = this.breaker.gate();
+    if (gate === 'call') {
+      await this.settleShared(targets[0] as Target, localLimits, accountLimits);
+      try {
+        const d = await beforeDeadline(this.sharedCall(grants, targets, cost), this.deadlineMs);
+        this.breaker.success();
+        outcome = { kind: 'redis', d };
+      } catch (err) {
+        const failure = classify(err);
+        this.counters.add(failure === 'timeout' ? 'redis_timeouts' : failure === 'unavailable' ? 'redis_unavailable' : 'redis_errors');
+        if (failure !== 'error' && this.breaker.failure()) {
+          this.counters.add('breaker_opened');
+          process.emitWarning(`redis-ratelimit: circuit breaker open, fallback ${this.fallbackMode} decides (${(err as Error)?.message})`, { code: 'RL_BREAKER_OPEN' });
+        }
+        outcome = failure === 'error' ? { kind: 'notApplied' } : { kind: 'lost' };
+      }
+    } else {
+      this.counters.add('breaker_skipped');
+      if (gate === 'probe') this.probe();
+      // Units already taken from the server are spent first.
+      const d = grants === null ? null : this.fromHeld(targets);
+      outcome = d === null ? { kind: 'notApplied' } : { kind: 'redis', d };
+    }
+
+    if (outcome.kind === 'redis') {
+      let d = outcome.d;
+      if (d.allowed) {
+        if (d.path === 'redis') this.counters.add('redis_admitted');
+        if (this.fallbackMode === 'localOnly') this.accounts.chargeAll(accountLimits, units);
+      } else {
+        if (d.path === 'redis') this.counters.add('redis_denied');
+        this.local.refundAll(localLimits, units);
+        d = withFields(d, { deniedBy: 0 });
+        if (grants === null) this.denyCache?.put(cacheKey, d);
+      }
+      return this.done(rules, keys, d, context);
+    }
+    const lost = outcome.kind === 'lost';
+    const d = this.fallback(rules, units, localLimits, accountIdx, accountLimits, taken, lost);
+    if (d.allowed) this.counters.add('fallback_admitted');
+    else {
+      this.counters.add('fallback_denied');
+      if (!lost) this.local.refundAll(localLimits, units);
+    }
+    return this.done(rules, keys, d, context);
+  }
+
+  /** Where a batched or striped rule decides: its key, or its own stripe then the next one. */
+  private targetsOf(rule: CheckedRule, key: string): Target[] {
+    const spec = rule.spec as Spec;
+    const stripes = rule.stripes ?? null;
+    if (stripes === null) return [{ key, spec, stateKey: `${rule.signature}\0${key}` }];
+    const own = this.stripeSeed % stripes.n;
+    return [own, (own + 1) % stripes.n].map((i) => {
+      const k = stripes.key(i, key);
+      return { key: k, spec: stripes.specs[i] as Spec, stateKey: `${rule.signature}\0${k}` };
+    });
+  }
+
+  /** The owed units of the local-only fallback, sent to the own stripe (or the key) as `COST n FORCE`. */
+  private async settleShared(target: Target, localLimits: Limits, accountLimits: Limits): Promise<void> {
+    if (this.fallbackMode !== 'localOnly') return;
+    const owed = [...this.local.takeOwed(localLimits), ...this.accounts.takeOwed(accountLimits)].reduce((a, b) => a + b, 0n);
+    if (owed === 0n) return;
+    this.counters.add('owed_sent');
+    const request = Request.force(Number(owed < MAX_COST ? owed : MAX_COST));
+    await this.timed(beforeDeadline(this.client.limit(target.key, target.spec, request), this.deadlineMs)).catch(() => {
+      // not settled: Redis is failing again, and the request's own call will say so
+    });
+  }
+
+  /** The own target, then on a denial the next stripe; denied when both deny (the own stripe's fields, the shorter wait). */
+  private async sharedCall(grants: GrantConfig | null, targets: Target[], cost: number): Promise<Decision> {
+    const first = await this.onTarget(grants, targets[0] as Target, cost);
+    if (first.allowed || targets.length === 1) return first;
+    const second = await this.onTarget(grants, targets[1] as Target, cost);
+    if (second.allowed) return second;
+    const a = first.waitMs;
+    const b = second.waitMs;
+    const wait = a < 0 ? b : b < 0 ? a : Math.min(a, b);
+    const path = first.path === 'grant' && second.path === 'grant' ? 'grant' : 'redis';
+    return new Decision(false, first.limit, first.remaining, wait, first.resetMs, 0, null, path);
+  }
+
+  private onTarget(grants: GrantConfig | null, t: Target, cost: number): Promise<Decision> {
+    if (grants !== null) return this.grantDecide(grants, t);
+    this.counters.add('redis_calls');
+    return this.sent(this.client.limit(t.key, t.spec, Request.cost(cost)));
+  }
+
+  /** A call to a batched or striped key, timed; a MOVED reply re-picks the stripes (in the background). */
+  private sent(call: Promise<Decision>): Promise<Decision> {
+    return this.timed(call).catch((err: unknown) => {
+      if (/^MOVED\b|\bMOVED \d+/.test((err as Error)?.message ?? '')) void this.refreshStripes().catch(() => {});
+      throw err;
+    });
+  }
+
+  private grantState(t: Target): GrantState {
+    let st = this.grantStates.get(t.stateKey);
+    if (st === undefined) {
+      if (this.grantStates.size >= this.grantCap) {
+        const now = performance.now();
+        for (const [k, v] of this.grantStates) if (v.idle(now)) this.grantStates.delete(k);
+      }
+      st = new GrantState(t.key, t.spec);
+      this.grantStates.set(t.stateKey, st);
+    }
+    return st;
+  }
+
+  /** A batched key's decision: from the units held, a local denial until the next ask, the ask in flight shared, or a new ask of `UPTO b`. */
+  private async grantDecide(g: GrantConfig, t: Target): Promise<Decision> {
+    const st = this.grantState(t);
+    const now = performance.now();
+    const rate = st.count(now);
+    if (st.held > 0 && now - st.grantedAt >= g.holdMs) void this.refundHeld(st);
+    if (st.held > 0) return this.takeHeld(st);
+    if (now < st.nextAskAt) return this.grantDenial(st, now);
+    if (st.inflight !== null) {
+      // One call in flight per (rule, key): wait for its grant and share it, in arrival order.
+      await st.inflight;
+      if (st.held > 0) return this.takeHeld(st);
+      return this.grantDenial(st, performance.now());
+    }
+    const b = batchSize(rate, g.holdMs, limitOfSpec(st.spec), g.maxSharePct);
+    this.counters.add('redis_calls');
+    const ask = this.sent(this.client.limit(st.key, st.spec, Request.upto(b))).then((d) => {
+      const granted = d.granted ?? 0;
+      st.last = d;
+      if (granted >= 1) {
+        // This request takes one; the rest is held for the next ones.
+        st.held += granted - 1;
+        st.grantedAt = performance.now();
+        if (granted < b) st.nextAskAt = now + g.holdMs;
+        if (st.held > 0) this.armRefund(st, g);
+      } else {
+        st.nextAskAt = d.waitMs < 0 ? Number.POSITIVE_INFINITY : now + Math.max(d.waitMs, b > 1 ? g.holdMs : 0);
+      }
+      return d;
+    });
+    st.inflight = ask;
+    const clear = () => {
+      if (st.inflight === ask) st.inflight = null;
+    };
+    ask.then(clear, clear);
+    const d = await ask;
+    return new Decision(d.allowed, d.limit, d.remaining, d.waitMs, d.resetMs, null, null, 'redis');
+  }
+
+  /** Held units of the batched rules' targets, spent while Redis is away; null when none is held. */
+  private fromHeld(targets: Target[]): Decision | null {
+    for (const t of targets) {
+      const st = this.grantStates.get(t.stateKey);
+      if (st !== undefined && st.held > 0) {
+        st.count(performance.now());
+        return this.takeHeld(st);
+      }
+    }
+    return null;
+  }
+
+  private takeHeld(st: GrantState): Decision {
+    st.held -= 1;
+    if (st.held === 0) {
+      clearTimeout(st.timer);
+      st.timer = undefined;
+    }
+    return new Decision(true, limitOfSpec(st.spec), st.held, 0, st.last?.resetMs ?? 0, null, null, 'grant');
+  }
+
+  /** Denied without a call: the instance may not ask again yet (or the grant it waited for ran out). */
+  private grantDenial(st: GrantState, now: number): Decision {
+    const last = st.last;
+    const never = last !== null && !last.allowed && last.waitMs < 0;
+    const wait = never ? -1 : Math.max(1, Math.ceil(st.nextAskAt - now));
+    return new Decision(false, limitOfSpec(st.spec), 0, wait, last?.resetMs ?? 0, null, null, 'grant');
+  }
+
+  /** Units held past holdMs go back: the timer of the last grant. */
+  private armRefund(st: GrantState, g: GrantConfig): void {
+    clearTimeout(st.timer);
+    st.timer = setTimeout(() => {
+      st.timer = undefined;
+      if (st.held > 0) void this.refundHeld(st);
+    }, g.holdMs);
+    st.timer.unref?.();
+  }
+
+  /** `REFUND held`: one call, never retried (a lost one only under-admits). */
+  private refundHeld(st: GrantState): Promise<unknown> {
+    const n = st.held;
+    st.held = 0;
+    clearTimeout(st.timer);
+    st.timer = undefined;
+    if (n === 0) return Promise.resolve();
+    return this.client.limit(st.key, st.spec, Request.refund(n)).catch(() => {});
   }
 
   /** A denial of `rule` answered without asking the server: a policy's is counted by the protection loop. */
