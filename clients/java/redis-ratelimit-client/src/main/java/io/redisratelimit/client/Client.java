@@ -141,8 +141,15 @@ public sealed class Client implements AutoCloseable permits RateLimitClient {
 
     // ---- limiters ----------------------------------------------------------
 
-    /** {@code RL.<ALGORITHM> key <params> [COST n [FORCE] | REFUND n]}. */
+    /**
+     * {@code RL.<ALGORITHM> key <params> [COST n [FORCE] | REFUND n | UPTO n]}.
+     * {@code UPTO} on a leaky bucket or a concurrency cap is refused here, in
+     * the server's words, naming {@code UPTO}.
+     */
     public CompletionStage<Decision> limitAsync(String key, Spec spec, Request units) {
+        if (units.upto() && (spec.algorithm() == Algorithm.LEAKYBUCKET || spec.algorithm() == Algorithm.CONCURRENCY)) {
+            throw new InvalidArgumentException("UPTO", "UPTO is not an option of " + spec.algorithm().command());
+        }
         List<String> args = new ArrayList<>();
         args.add(Args.key(key));
         args.addAll(spec.words().subList(1, spec.words().size()));
@@ -244,7 +251,14 @@ public sealed class Client implements AutoCloseable permits RateLimitClient {
             throw new InvalidArgumentException("numkeys", "RL.ALL takes at least one limit");
         }
         if (units.refund() || units.force()) {
-            throw new InvalidArgumentException("cost", "RL.ALL takes COST n only");
+            throw new InvalidArgumentException("cost", "RL.ALL takes COST n or UPTO n only");
+        }
+        if (units.upto()) {
+            for (Limit l : limits) {
+                if (l.spec() != null && (l.spec().algorithm() == Algorithm.LEAKYBUCKET || l.spec().algorithm() == Algorithm.CONCURRENCY)) {
+                    throw new InvalidArgumentException("UPTO", "UPTO is not an option of " + l.spec().algorithm().command());
+                }
+            }
         }
         List<String> args = new ArrayList<>();
         args.add(Integer.toString(limits.size()));
@@ -359,6 +373,9 @@ public sealed class Client implements AutoCloseable permits RateLimitClient {
      * passed.
      */
     public CompletionStage<Decision> acquireAsync(String key, Spec spec, Request units, Duration timeout) {
+        if (units.upto() && (spec.algorithm() == Algorithm.LEAKYBUCKET || spec.algorithm() == Algorithm.CONCURRENCY)) {
+            throw new InvalidArgumentException("UPTO", "UPTO is not an option of " + spec.algorithm().command());
+        }
         List<String> args = new ArrayList<>();
         args.add(Args.key(key));
         args.addAll(spec.words().subList(1, spec.words().size()));
@@ -444,7 +461,7 @@ public sealed class Client implements AutoCloseable permits RateLimitClient {
         Command command = new Command(base.name(), args, base.keyIndex(), true);
         CompletableFuture<Object> sent = driver.sendBlocking(command);
         CompletableFuture<Object> bounded = bound(sent, command, acquireDeadline(timeout));
-        return bounded.thenApply(reply -> Decision.fromReply(command.name(), reply)).thenCompose(d -> {
+        return bounded.thenApply(reply -> Decision.fromReply(command.name(), reply, units)).thenCompose(d -> {
             if (!d.allowed() || d.waitMs() <= 0 || !mayQueue) {
                 return CompletableFuture.completedFuture(d);
             }
@@ -638,7 +655,7 @@ public sealed class Client implements AutoCloseable permits RateLimitClient {
     // ---- plumbing ----------------------------------------------------------
 
     private CompletionStage<Decision> decision(Command command, Request units) {
-        return timed(command, units).thenApply(reply -> Decision.fromReply(command.name(), reply));
+        return timed(command, units).thenApply(reply -> Decision.fromReply(command.name(), reply, units));
     }
 
 

@@ -24,13 +24,22 @@ import java.util.OptionalLong;
  * @param lease     {@code RL.CONCURRENCY} (or {@code RL.HIT} on a concurrency
  *                  policy): the id of the lease granted, 0 when none was (a
  *                  denial, another limiter, or the fallback admitting)
+ * @param granted   the units taken: an {@code UPTO n} call's {@code granted}
+ *                  field (0 on a denial); for the other calls the cost when
+ *                  admitted (a {@code FORCE} call's cost always), else 0 (a
+ *                  {@code REFUND} takes nothing); a batched rule's admission 1
  */
 public record Decision(boolean allowed, long limit, long remaining, long waitMs, long resetMs,
-                       OptionalInt deniedBy, Path path, long lease) {
+                       OptionalInt deniedBy, Path path, long lease, long granted) {
 
-    /** A decision that holds no lease. */
+    /** A decision that holds no lease, of one unit (granted 1 when admitted, else 0). */
     public Decision(boolean allowed, long limit, long remaining, long waitMs, long resetMs, OptionalInt deniedBy, Path path) {
         this(allowed, limit, remaining, waitMs, resetMs, deniedBy, path, 0);
+    }
+
+    /** A decision of one unit (granted 1 when admitted, else 0). */
+    public Decision(boolean allowed, long limit, long remaining, long waitMs, long resetMs, OptionalInt deniedBy, Path path, long lease) {
+        this(allowed, limit, remaining, waitMs, resetMs, deniedBy, path, lease, allowed ? 1 : 0);
     }
 
     public Decision {
@@ -68,11 +77,16 @@ public record Decision(boolean allowed, long limit, long remaining, long waitMs,
     }
 
     public Decision withPath(Path newPath) {
-        return new Decision(allowed, limit, remaining, waitMs, resetMs, deniedBy, newPath, lease);
+        return new Decision(allowed, limit, remaining, waitMs, resetMs, deniedBy, newPath, lease, granted);
     }
 
     public Decision withDeniedBy(int index) {
-        return new Decision(allowed, limit, remaining, waitMs, resetMs, OptionalInt.of(index), path, lease);
+        return new Decision(allowed, limit, remaining, waitMs, resetMs, OptionalInt.of(index), path, lease, granted);
+    }
+
+    /** The same decision with {@code units} granted. */
+    public Decision withGranted(long units) {
+        return new Decision(allowed, limit, remaining, waitMs, resetMs, deniedBy, path, lease, units);
     }
 
     static long ceilDiv(long a, long b) {
@@ -86,6 +100,20 @@ public record Decision(boolean allowed, long limit, long remaining, long waitMs,
      * {@code RL.HIT} (as its policy's algorithm), five for the others.
      */
     static Decision fromReply(String command, Object reply) {
+        return fromReply(command, reply, null);
+    }
+
+    /**
+     * With the request sent: after {@code UPTO} the reply has one field more
+     * ({@code granted}: the sixth, the seventh of {@code RL.ALL}), read into
+     * {@link #granted()}; otherwise {@code granted} is the request's cost
+     * when admitted.
+     */
+    static Decision fromReply(String command, Object reply, Request units) {
+        boolean upto = units != null && units.upto();
+        if (upto) {
+            return fromUptoReply(command, reply);
+        }
         if (!(reply instanceof List<?> items) || !replyWidth(command, items.size())) {
             throw new ProtocolException(command, reply);
         }
@@ -99,7 +127,28 @@ public record Decision(boolean allowed, long limit, long remaining, long waitMs,
         boolean all = "RL.ALL".equals(command);
         OptionalInt deniedBy = all && f.length == 6 && f[5] > 0 ? OptionalInt.of((int) f[5] - 1) : OptionalInt.empty();
         long lease = !all && f.length == 6 ? Math.max(0, f[5]) : 0;
-        return new Decision(f[0] == 1, Math.max(0, f[1]), Math.max(0, f[2]), f[3], Math.max(0, f[4]), deniedBy, Path.REDIS, lease);
+        boolean allowed = f[0] == 1;
+        long granted = units == null ? (allowed ? 1 : 0)
+                : units.refund() ? 0 : units.force() || allowed ? units.n() : 0;
+        return new Decision(allowed, Math.max(0, f[1]), Math.max(0, f[2]), f[3], Math.max(0, f[4]), deniedBy, Path.REDIS, lease, granted);
+    }
+
+    private static Decision fromUptoReply(String command, Object reply) {
+        boolean all = "RL.ALL".equals(command);
+        int width = all ? 7 : 6;
+        if (!(reply instanceof List<?> items) || items.size() != width) {
+            throw new ProtocolException(command, reply);
+        }
+        long[] f = new long[width];
+        for (int i = 0; i < width; i++) {
+            if (!(items.get(i) instanceof Long n)) {
+                throw new ProtocolException(command, reply);
+            }
+            f[i] = n;
+        }
+        OptionalInt deniedBy = all && f[5] > 0 ? OptionalInt.of((int) f[5] - 1) : OptionalInt.empty();
+        return new Decision(f[0] == 1, Math.max(0, f[1]), Math.max(0, f[2]), f[3], Math.max(0, f[4]), deniedBy, Path.REDIS, 0,
+                Math.max(0, f[width - 1]));
     }
 
     private static boolean replyWidth(String command, int size) {

@@ -158,6 +158,18 @@ public final class Limiter implements AutoCloseable {
     private final CircuitBreaker breaker;
     private final Duration openFor;
     private final Stats stats = new Stats();
+    /** A batched rule's units held per (rule, key): at most {@link #heldCapacity} keys, idle ones swept. */
+    private final java.util.concurrent.ConcurrentHashMap<String, Held> heldStates = new java.util.concurrent.ConcurrentHashMap<>();
+    private final long heldCapacity;
+    /** The instance's own stripe of each striped rule: this modulo its stripes, chosen at random once. */
+    private final int stripeSeed = java.util.concurrent.ThreadLocalRandom.current().nextInt(Integer.MAX_VALUE);
+    /** The slot map the stripes are placed on; null until read (a cluster) or first needed. */
+    private volatile Stripes topology;
+    private final java.util.concurrent.atomic.AtomicReference<CompletableFuture<Stripes>> loading = new java.util.concurrent.atomic.AtomicReference<>();
+    private final java.util.concurrent.ConcurrentHashMap<String, List<Spec>> stripeSpecs = new java.util.concurrent.ConcurrentHashMap<>();
+    /** Refunds held units after hold_ms, sweeps idle keys and re-reads the slot map; started with the first grant or stripe. */
+    private volatile java.util.concurrent.ScheduledExecutorService timer;
+    private final long origin = System.nanoTime();
     private volatile Observer observer;
     private final DenyEvents events;
     private final List<java.util.function.Consumer<ServerErrorException>> serverErrorListeners = new java.util.concurrent.CopyOnWriteArrayList<>();
@@ -169,6 +181,7 @@ public final class Limiter implements AutoCloseable {
         this.denyCache = b.denyCache ? new DenyCache(b.denyCacheMax, b.denyCacheCapacity) : null;
         this.local = new LocalLimiters(b.localCapacity);
         this.accounts = new LocalLimiters(b.localCapacity);
+        this.heldCapacity = b.localCapacity;
         this.fallback = b.fallback;
         this.openFor = b.breakerOpenFor;
         this.events = b.denyEvents;
@@ -264,16 +277,54 @@ public final class Limiter implements AutoCloseable {
                         + " (or a policy rule, Rule.policy, which RL.ALL ... POLICY counts in its zone)");
             }
         }
+        for (Rule r : rules) {
+            checkGrants(r, rules.size());
+        }
         List<RuleSet.Checked> checked = new ArrayList<>();
         for (Rule r : rules) {
-            // A concurrency cap has no local level: leases are counted in the server only.
+            // A concurrency cap has no local level: leases are counted in the server only. A batched
+            // rule's held units are its level in process; a striped rule's stripes are each exact.
             boolean rate = r.spec() != null && !r.concurrency();
-            Spec localSpec = rate && r.global() && localLevel && r.enforced() ? r.spec().share(share) : null;
+            Spec localSpec = rate && r.global() && localLevel && r.enforced() && !r.grants().any() ? r.spec().share(share) : null;
             Spec fallbackSpec = rate ? r.spec().share(share) : null;
             String signature = r.policy() != null ? "POLICY " + r.policy() : r.spec().toString();
             checked.add(new RuleSet.Checked(r, localSpec, fallbackSpec, signature));
         }
         return new RuleSet(checked);
+    }
+
+    /**
+     * A batched or striped rule: global, of a token bucket, a window or a
+     * quota, a set of its own; striped inline only (each stripe's share is a
+     * spec of its own), batched inline or a policy whose spec is known.
+     */
+    private static void checkGrants(Rule r, int setSize) {
+        Grants g = r.grants();
+        if (!g.any()) {
+            return;
+        }
+        String option = g.striped() ? "striped" : "batched";
+        if (!r.global()) {
+            throw new InvalidArgumentException(option, "rule '" + r.name() + "' is not global: only a limit shared by every"
+                    + " instance (Rule.asGlobal) is " + option);
+        }
+        if (r.spec() == null) {
+            throw new InvalidArgumentException(option, "rule '" + r.name() + "' has no known spec: a " + option
+                    + " rule needs its limit (Rule.policy(name, policy, spec))");
+        }
+        Algorithm a = r.spec().algorithm();
+        if (a == Algorithm.LEAKYBUCKET || a == Algorithm.CONCURRENCY) {
+            throw new InvalidArgumentException(option, "rule '" + r.name() + "' is a " + a.name().toLowerCase(java.util.Locale.ROOT)
+                    + ", which UPTO cannot take: only a token bucket, a window or a quota is " + option);
+        }
+        if (g.striped() && r.policy() != null) {
+            throw new InvalidArgumentException("striped", "rule '" + r.name() + "' is policy " + r.policy()
+                    + ": a striped rule is inline (each stripe has its own share of the spec)");
+        }
+        if (setSize > 1) {
+            throw new InvalidArgumentException(option, "rule '" + r.name() + "' is " + option + ": it is a set of its own"
+                    + " (RL.ALL cannot take its grants or its stripes)");
+        }
     }
 
     private volatile java.util.function.ToIntFunction<String> scales;
@@ -426,6 +477,9 @@ public final class Limiter implements AutoCloseable {
 
     private CompletionStage<Decision> decide(RuleSet set, List<String> keys, long cost) {
         List<RuleSet.Checked> rules = set.checked();
+        if (rules.size() == 1 && cost == 1 && rules.get(0).rule().grants().batched() && heldStates.size() < heldCapacity) {
+            return decideBatched(set, rules.get(0), keys.get(0));
+        }
         // A concurrency denial's wait is only the time until leases expire: a release frees room
         // earlier, so it is never cached.
         boolean cacheable = denyCache != null && !rules.get(0).rule().concurrency();
@@ -527,27 +581,39 @@ public final class Limiter implements AutoCloseable {
                 }
                 return d;
             }
-            Throwable e = err instanceof CompletionException && err.getCause() != null ? err.getCause() : err;
-            breaker.onError(took, TimeUnit.NANOSECONDS, e);
-            // A timeout or a lost connection leaves the call's fate unknown: Redis may have
-            // admitted it. An error reply means Redis counted nothing.
-            boolean lost = e instanceof RateLimitTimeoutException
-                    || e instanceof RedisUnavailableException && !(e instanceof NotConnectedException);
-            if (e instanceof RateLimitTimeoutException) {
-                stats.redisTimeouts.increment();
-            } else if (e instanceof RedisUnavailableException) {
-                stats.redisUnavailable.increment();
-            } else {
-                stats.redisErrors.increment();
-                if (e instanceof ServerErrorException se) {
-                    for (java.util.function.Consumer<ServerErrorException> l : serverErrorListeners) {
-                        l.accept(se);
-                    }
-                }
-            }
-            LOG.log(Level.DEBUG, "redis-ratelimit: Redis failed, fallback " + fallback + " decides: " + e);
+            boolean lost = failed(err, took);
             return fallback(set, keys, cost, localTaken, lost);
         });
+    }
+
+    /**
+     * Counts a failed limiter call (the breaker, the counters, the server
+     * error listeners; a {@code MOVED} re-reads the slot map) and answers
+     * whether its fate is unknown: a timeout or a lost connection may have
+     * been admitted; an error reply counted nothing.
+     */
+    private boolean failed(Throwable err, long took) {
+        Throwable e = err instanceof CompletionException && err.getCause() != null ? err.getCause() : err;
+        breaker.onError(took, TimeUnit.NANOSECONDS, e);
+        boolean lost = e instanceof RateLimitTimeoutException
+                || e instanceof RedisUnavailableException && !(e instanceof NotConnectedException);
+        if (e instanceof RateLimitTimeoutException) {
+            stats.redisTimeouts.increment();
+        } else if (e instanceof RedisUnavailableException) {
+            stats.redisUnavailable.increment();
+        } else {
+            stats.redisErrors.increment();
+            if (e instanceof ServerErrorException se) {
+                if (String.valueOf(se.getMessage()).contains("MOVED") && client.driver().cluster()) {
+                    refreshTopology();
+                }
+                for (java.util.function.Consumer<ServerErrorException> l : serverErrorListeners) {
+                    l.accept(se);
+                }
+            }
+        }
+        LOG.log(Level.DEBUG, "redis-ratelimit: Redis failed, fallback " + fallback + " decides: " + e);
+        return lost;
     }
 
     private void probe() {
@@ -570,6 +636,20 @@ public final class Limiter implements AutoCloseable {
     private CompletionStage<Decision> send(RuleSet set, List<String> keys, long cost) {
         List<RuleSet.Checked> rules = set.checked();
         Request units = Request.cost(cost);
+        if (rules.size() == 1 && rules.get(0).rule().grants().striped()) {
+            // The own stripe, then (on a denial) the next one: denied only when both deny.
+            RuleSet.Checked c = rules.get(0);
+            return topology().thenCompose(topo -> {
+                List<Target> t = targets(c, keys.get(0), topo);
+                return call(t.get(0), units).thenCompose(d0 -> {
+                    if (d0.allowed() || cost == 0) {
+                        return CompletableFuture.completedFuture(d0);
+                    }
+                    stats.redisCalls.increment();
+                    return call(t.get(1), units).thenApply(d1 -> d1.allowed() ? d1 : bothDenied(d0, d1));
+                });
+            });
+        }
         if (rules.size() == 1) {
             Rule r = rules.get(0).rule();
             return r.policy() != null ? client.hitAsync(r.policy(), keys.get(0), units) : client.limitAsync(keys.get(0), r.spec(), units);
@@ -595,16 +675,21 @@ public final class Limiter implements AutoCloseable {
             if (c.fallback() == null) {
                 continue;
             }
+            Stripes topo = topology;
+            if (c.rule().grants().striped() && topo == null) {
+                // The stripes' keys are not known yet: settled once they are.
+                continue;
+            }
             long units = (c.local() != null ? local : accounts).settle(cacheKey(c, keys.get(i)));
             if (units == 0) {
                 continue;
             }
             owed.addAndGet(-units);
-            Rule r = c.rule();
+            // A striped rule's units go to this instance's own stripe.
+            Target target = targets(c, keys.get(i), topo).get(0);
             CompletionStage<Decision> sent;
             try {
-                sent = r.policy() != null ? client.hitAsync(r.policy(), keys.get(i), Request.force(units))
-                        : client.limitAsync(keys.get(i), r.spec(), Request.force(units));
+                sent = call(target, Request.force(units));
             } catch (RuntimeException e) {
                 sent = CompletableFuture.failedFuture(e);
             }
@@ -724,6 +809,465 @@ public final class Limiter implements AutoCloseable {
         return out.toString();
     }
 
+    // ---- stripes ---------------------------------------------------------
+
+    /** One key a call goes to: the rule's, or a stripe's with its share of the spec. */
+    private record Target(String key, Spec spec, String policy) {
+    }
+
+    private CompletionStage<Decision> call(Target t, Request units) {
+        return t.policy() != null ? client.hitAsync(t.policy(), t.key(), units) : client.limitAsync(t.key(), t.spec(), units);
+    }
+
+    /** The rule's own key; for a striped rule, its own stripe then the next one ({@code (own + 1) mod N}). */
+    private List<Target> targets(RuleSet.Checked c, String key, Stripes topo) {
+        Rule r = c.rule();
+        if (!r.grants().striped()) {
+            return List.of(new Target(key, r.spec(), r.policy()));
+        }
+        int n = r.grants().stripes();
+        List<String> tags = topo.tags(n);
+        List<Spec> specs = stripeSpecs.computeIfAbsent(n + " " + r.spec(), k -> Stripes.shares(r.spec(), n));
+        int own = stripeSeed % n;
+        int other = (own + 1) % n;
+        return List.of(new Target(Stripes.key(tags.get(own), key), specs.get(own), null),
+                new Target(Stripes.key(tags.get(other), key), specs.get(other), null));
+    }
+
+    /** The stripe this instance tries first for a rule of {@code stripes} stripes (0-based). */
+    public int ownStripe(int stripes) {
+        return stripes <= 1 ? 0 : stripeSeed % stripes;
+    }
+
+    /**
+     * The keys of a striped rule's stripes for {@code identity}, in stripe
+     * order, on the slot map known now (read when first needed).
+     */
+    public List<String> stripeKeys(Rule rule, String identity) {
+        Stripes topo = topology().toCompletableFuture().join();
+        List<String> tags = topo.tags(rule.grants().stripes());
+        String key = rule.keyFor(identity);
+        return tags.stream().map(t -> Stripes.key(t, key)).toList();
+    }
+
+    /** The slot map: a standalone server's at once; a cluster's from {@code CLUSTER SLOTS} when first needed. */
+    private CompletionStage<Stripes> topology() {
+        Stripes t = topology;
+        if (t != null) {
+            return CompletableFuture.completedFuture(t);
+        }
+        if (!client.driver().cluster()) {
+            t = Stripes.standalone();
+            topology = t;
+            return CompletableFuture.completedFuture(t);
+        }
+        return refreshTopology();
+    }
+
+    /**
+     * Reads {@code CLUSTER SLOTS} (one read at a time); a changed map re-picks
+     * the stripes' tags: only stripes whose master no longer holds them beside
+     * its due move, and what they had consumed under the old keys is not seen
+     * under the new ones.
+     */
+    private CompletableFuture<Stripes> refreshTopology() {
+        CompletableFuture<Stripes> mine = new CompletableFuture<>();
+        CompletableFuture<Stripes> running = loading.compareAndExchange(null, mine);
+        if (running != null) {
+            return running;
+        }
+        CompletableFuture<List<Object>> read;
+        try {
+            read = client.driver().sendToMasters(new io.redisratelimit.client.driver.Command("CLUSTER", List.of("SLOTS"), -1, true))
+                    .orTimeout(Math.max(1000, client.deadline().toMillis()), TimeUnit.MILLISECONDS);
+        } catch (RuntimeException e) {
+            read = CompletableFuture.failedFuture(e);
+        }
+        read.whenComplete((replies, err) -> {
+            try {
+                if (err != null || replies == null || replies.isEmpty()) {
+                    Throwable e = err instanceof CompletionException && err.getCause() != null ? err.getCause() : err;
+                    mine.completeExceptionally(e instanceof RateLimitException ? e
+                            : new RedisUnavailableException("CLUSTER SLOTS: " + (e == null ? "no master answered" : e.toString()), e));
+                    return;
+                }
+                Stripes fresh = Stripes.fromClusterSlots(replies.get(0));
+                Stripes before = topology;
+                Stripes now = before == null ? fresh : before.sameMap(fresh) ? before : fresh.repick(before);
+                if (before != null && now != before) {
+                    LOG.log(Level.INFO, "redis-ratelimit: the cluster's slot map changed, stripes re-picked");
+                }
+                topology = now;
+                if (before == null) {
+                    // From now on the slot map is re-read once a second (Lettuce follows a MOVED itself).
+                    timer();
+                }
+                mine.complete(now);
+            } catch (RuntimeException e) {
+                mine.completeExceptionally(e);
+            } finally {
+                loading.compareAndSet(mine, null);
+            }
+        });
+        return mine;
+    }
+
+    /** Both stripes denied: the own stripe's fields with the shorter wait of the two (-1 only when both never pass). */
+    private static Decision bothDenied(Decision own, Decision other) {
+        long w0 = own.waitMs();
+        long w1 = other.waitMs();
+        long w = w0 < 0 ? w1 : w1 < 0 ? w0 : Math.min(w0, w1);
+        return new Decision(false, own.limit(), own.remaining(), w, own.resetMs(), own.deniedBy(), own.path(), 0, 0);
+    }
+
+    // ---- batched rules -----------------------------------------------------
+
+    /** One (rule, key)'s grant: units held, when they were granted, the rate, the next ask, the ask in flight. */
+    private static final class Held {
+        final Target target;
+        long held;
+        long grantedAt;
+        long stamp;
+        long nextAskAt = Long.MIN_VALUE;
+        long second = Long.MIN_VALUE;
+        long thisSecond;
+        long lastSecond;
+        long lastUsed;
+        boolean asking;
+        boolean dead;
+        Decision last;
+        final java.util.ArrayDeque<CompletableFuture<Decision>> waiters = new java.util.ArrayDeque<>();
+
+        Held(Target target) {
+            this.target = target;
+        }
+
+        /** Counts a decision in the instance's own seconds. */
+        void count(long sinceOrigin, long now) {
+            long s = sinceOrigin / 1_000_000_000L;
+            if (s == second) {
+                thisSecond++;
+            } else {
+                lastSecond = s == second + 1 ? thisSecond : 0;
+                thisSecond = 1;
+                second = s;
+            }
+            lastUsed = now;
+        }
+
+        /** Decisions per second: the previous whole second's, or this one's so far when more. */
+        long rate() {
+            return Math.max(lastSecond, thisSecond);
+        }
+
+        long resetMs() {
+            return last == null ? 0 : last.resetMs();
+        }
+
+        /** An admission from the held units (one just taken). */
+        Decision fromHeld() {
+            return new Decision(true, target.spec().limit(), held, 0, resetMs(), OptionalInt.empty(), Path.GRANT, 0, 1);
+        }
+
+        /** A denial without a round trip: wait until the next ask (-1: never). */
+        Decision deniedHere(long now) {
+            long wait = nextAskAt == Long.MAX_VALUE ? -1 : Math.max(0, Decision.ceilDiv(nextAskAt - now, 1_000_000L));
+            return new Decision(false, target.spec().limit(), 0, wait, resetMs(), OptionalInt.of(0), Path.GRANT, 0, 0);
+        }
+    }
+
+    /** A batched rule's decision of one unit: its own stripe's grant, then (striped) the next stripe's. */
+    private CompletionStage<Decision> decideBatched(RuleSet set, RuleSet.Checked c, String key) {
+        CompletionStage<List<Target>> targets = c.rule().grants().striped()
+                ? topology().thenApply(topo -> targets(c, key, topo))
+                : CompletableFuture.completedFuture(targets(c, key, null));
+        return targets.handle((t, err) -> {
+            if (err != null) {
+                failed(err, 0);
+                return CompletableFuture.completedFuture(fallback(set, List.of(key), 1, null, false));
+            }
+            CompletionStage<Decision> first = take(set, c, key, t.get(0));
+            if (t.size() == 1) {
+                return first;
+            }
+            return first.thenCompose(d0 -> d0.allowed() || d0.path() == Path.FALLBACK ? CompletableFuture.completedFuture(d0)
+                    : take(set, c, key, t.get(1)).thenApply(d1 -> d1.allowed() || d1.path() == Path.FALLBACK ? d1 : bothDenied(d0, d1)));
+        }).thenCompose(x -> x).thenApply(d -> !d.allowed() && d.deniedBy().isEmpty() ? d.withDeniedBy(0) : d);
+    }
+
+    /** One unit from a key's grant: held units, a local denial until the next ask, the ask in flight, or a new ask. */
+    private CompletionStage<Decision> take(RuleSet set, RuleSet.Checked c, String ruleKey, Target t) {
+        Grants g = c.rule().grants();
+        long hold = g.holdMs() * 1_000_000L;
+        String stateKey = c.signature() + '\0' + t.key();
+        for (;;) {
+            Held h = heldStates.computeIfAbsent(stateKey, k -> new Held(t));
+            long now = System.nanoTime();
+            long expired = 0;
+            Decision ready = null;
+            CompletableFuture<Decision> waiting = null;
+            long batch = 0;
+            synchronized (h) {
+                if (h.dead) {
+                    continue;
+                }
+                h.count(now - origin, now);
+                if (h.held > 0 && now - h.grantedAt >= hold) {
+                    expired = h.held;
+                    h.held = 0;
+                }
+                if (h.held > 0) {
+                    h.held--;
+                    ready = h.fromHeld();
+                } else if (now < h.nextAskAt) {
+                    ready = h.deniedHere(now);
+                } else if (h.asking) {
+                    waiting = new CompletableFuture<>();
+                    h.waiters.add(waiting);
+                } else {
+                    h.asking = true;
+                    batch = g.batchSize(h.rate(), t.spec().limit());
+                }
+            }
+            if (expired > 0) {
+                giveBack(t, expired);
+            }
+            if (ready != null) {
+                (ready.allowed() ? stats.grantAdmitted : stats.grantDenied).increment();
+                if (!ready.allowed()) {
+                    deniedLocally(c);
+                }
+                return CompletableFuture.completedFuture(ready);
+            }
+            if (waiting != null) {
+                return waiting;
+            }
+            return ask(set, c, ruleKey, h, batch, now, hold);
+        }
+    }
+
+    /** {@code UPTO b} for a key: the one call in flight for it; its answer serves the asker, then the waiters in arrival order. */
+    private CompletionStage<Decision> ask(RuleSet set, RuleSet.Checked c, String ruleKey, Held h, long batch, long askAt, long hold) {
+        if (!breaker.tryAcquirePermission()) {
+            stats.breakerSkipped.increment();
+            return CompletableFuture.completedFuture(askFailed(set, ruleKey, h, false));
+        }
+        if (breaker.getState() == CircuitBreaker.State.HALF_OPEN) {
+            stats.breakerSkipped.increment();
+            probe();
+            return CompletableFuture.completedFuture(askFailed(set, ruleKey, h, false));
+        }
+        if (owed.get() > 0) {
+            settle(set, List.of(ruleKey));
+        }
+        stats.redisCalls.increment();
+        stats.grantAsks.increment();
+        long start = System.nanoTime();
+        CompletionStage<Decision> sent;
+        try {
+            sent = call(h.target, Request.upto(batch));
+        } catch (RuntimeException e) {
+            sent = CompletableFuture.failedFuture(e);
+        }
+        return sent.handle((d, err) -> {
+            long took = System.nanoTime() - start;
+            Observer timed = observer;
+            if (timed != null) {
+                timed.redisRoundTrip(took);
+            }
+            if (err != null) {
+                return askFailed(set, ruleKey, h, failed(err, took));
+            }
+            breaker.onSuccess(took, TimeUnit.NANOSECONDS);
+            return granted(set, c, ruleKey, h, batch, askAt, hold, d);
+        });
+    }
+
+    /** Redis did not answer the ask: the asker and every waiter go through the fallback, as any rule. */
+    private Decision askFailed(RuleSet set, String ruleKey, Held h, boolean lost) {
+        List<CompletableFuture<Decision>> waiters;
+        synchronized (h) {
+            h.asking = false;
+            waiters = new ArrayList<>(h.waiters);
+            h.waiters.clear();
+        }
+        Decision mine = fallback(set, List.of(ruleKey), 1, null, lost);
+        for (CompletableFuture<Decision> w : waiters) {
+            w.complete(fallback(set, List.of(ruleKey), 1, null, false));
+        }
+        return mine;
+    }
+
+    /** The grant's answer: the asker takes one unit, the waiters take from the rest in arrival order. */
+    private Decision granted(RuleSet set, RuleSet.Checked c, String ruleKey, Held h, long batch, long askAt, long hold, Decision d) {
+        long g = d.granted();
+        long now = System.nanoTime();
+        List<CompletableFuture<Decision>> waiters;
+        List<Decision> answers = new ArrayList<>();
+        long stamp = 0;
+        boolean expire = false;
+        synchronized (h) {
+            h.asking = false;
+            h.last = d;
+            waiters = new ArrayList<>(h.waiters);
+            h.waiters.clear();
+            if (g >= 1) {
+                h.held = g - 1;
+                h.grantedAt = now;
+                stamp = ++h.stamp;
+                if (g < batch) {
+                    // The limiter is drained while this instance is busy: ask again after hold_ms.
+                    h.nextAskAt = askAt + hold;
+                }
+                for (int i = 0; i < waiters.size(); i++) {
+                    if (h.held > 0) {
+                        h.held--;
+                        answers.add(h.fromHeld());
+                    } else {
+                        answers.add(h.deniedHere(now));
+                    }
+                }
+                expire = h.held > 0;
+            } else if (d.allowed()) {
+                // A policy in shadow or off: admitted, nothing taken.
+                for (int i = 0; i < waiters.size(); i++) {
+                    answers.add(d.withPath(Path.GRANT).withGranted(0));
+                }
+            } else {
+                long wait = d.waitMs();
+                h.nextAskAt = wait < 0 ? Long.MAX_VALUE : askAt + Math.max(wait * 1_000_000L, batch > 1 ? hold : 0);
+                for (int i = 0; i < waiters.size(); i++) {
+                    answers.add(h.deniedHere(now));
+                }
+            }
+        }
+        (d.allowed() ? stats.redisAdmitted : stats.redisDenied).increment();
+        if (g >= 1 && fallback == FallbackMode.LOCAL_ONLY) {
+            List<LocalLimiters.Take> charged = accountTakes(set, List.of(ruleKey), null);
+            if (!charged.isEmpty()) {
+                accounts.charge(charged, g);
+            }
+        }
+        if (expire) {
+            long at = stamp;
+            try {
+                timer().schedule(() -> expire(h, at), hold, TimeUnit.NANOSECONDS);
+            } catch (java.util.concurrent.RejectedExecutionException closing) {
+                expire(h, at);
+            }
+        }
+        for (int i = 0; i < waiters.size(); i++) {
+            Decision a = answers.get(i);
+            (a.allowed() ? stats.grantAdmitted : stats.grantDenied).increment();
+            if (!a.allowed()) {
+                deniedLocally(c);
+            }
+            waiters.get(i).complete(a);
+        }
+        return g >= 1 ? d.withGranted(1) : d.withGranted(0);
+    }
+
+    /** Units of grant {@code stamp} still held after hold_ms go back. */
+    private void expire(Held h, long stamp) {
+        long units = 0;
+        synchronized (h) {
+            if (h.stamp == stamp && h.held > 0) {
+                units = h.held;
+                h.held = 0;
+            }
+        }
+        if (units > 0) {
+            giveBack(h.target, units);
+        }
+    }
+
+    /** {@code REFUND n}: fire and forget, never retried (a lost refund only under-admits). */
+    private CompletableFuture<Decision> giveBack(Target t, long units) {
+        stats.grantRefunds.increment();
+        CompletableFuture<Decision> sent;
+        try {
+            sent = call(t, Request.refund(units)).toCompletableFuture();
+        } catch (RuntimeException e) {
+            sent = CompletableFuture.failedFuture(e);
+        }
+        sent.whenComplete((v, e) -> {
+            if (e != null) {
+                LOG.log(Level.DEBUG, "redis-ratelimit: could not give back " + units + " units of " + t.key() + ": " + e);
+            }
+        });
+        return sent;
+    }
+
+    /** The timer of grants and stripes: one daemon thread, started when first needed. */
+    private java.util.concurrent.ScheduledExecutorService timer() {
+        java.util.concurrent.ScheduledExecutorService t = timer;
+        if (t != null) {
+            return t;
+        }
+        synchronized (heldStates) {
+            if (timer == null) {
+                java.util.concurrent.ScheduledThreadPoolExecutor e = new java.util.concurrent.ScheduledThreadPoolExecutor(1, r -> {
+                    Thread th = new Thread(r, "redis-ratelimit-grants");
+                    th.setDaemon(true);
+                    return th;
+                });
+                e.setRemoveOnCancelPolicy(true);
+                e.scheduleWithFixedDelay(this::tick, 1, 1, TimeUnit.SECONDS);
+                timer = e;
+            }
+            return timer;
+        }
+    }
+
+    /** Once a second: forget idle keys holding nothing; in a cluster, re-read the slot map of the stripes. */
+    private void tick() {
+        long now = System.nanoTime();
+        for (java.util.Map.Entry<String, Held> e : heldStates.entrySet()) {
+            Held h = e.getValue();
+            synchronized (h) {
+                if (!h.asking && h.held == 0 && h.waiters.isEmpty() && now >= h.nextAskAt && now - h.lastUsed > 2_000_000_000L) {
+                    h.dead = true;
+                    heldStates.remove(e.getKey(), h);
+                }
+            }
+        }
+        if (topology != null && client.driver().cluster()) {
+            refreshTopology();
+        }
+    }
+
+    /** At close: every held unit goes back, awaited up to the client's deadline. */
+    private void giveBackHeld() {
+        java.util.concurrent.ScheduledExecutorService t = timer;
+        if (t != null) {
+            t.shutdownNow();
+        }
+        List<CompletableFuture<Decision>> sent = new ArrayList<>();
+        for (Held h : heldStates.values()) {
+            long units;
+            synchronized (h) {
+                units = h.held;
+                h.held = 0;
+                h.dead = true;
+            }
+            if (units > 0) {
+                sent.add(giveBack(h.target, units));
+            }
+        }
+        heldStates.clear();
+        if (sent.isEmpty()) {
+            return;
+        }
+        try {
+            CompletableFuture.allOf(sent.toArray(CompletableFuture[]::new)).get(client.deadline().toMillis() + 1000, TimeUnit.MILLISECONDS);
+        } catch (Exception e) {
+            if (e instanceof InterruptedException) {
+                Thread.currentThread().interrupt();
+            }
+            LOG.log(Level.DEBUG, "redis-ratelimit: held units not all given back at close: " + e);
+        }
+    }
+
     /** Unused by the kit: Resilience4j's own exception, named here so callers can catch it if they wrap calls. */
     static Class<CallNotPermittedException> notPermitted() {
         return CallNotPermittedException.class;
@@ -733,6 +1277,7 @@ public final class Limiter implements AutoCloseable {
     @Override
     public void close() {
         try {
+            giveBackHeld();
             if (events != null) {
                 events.close();
             }

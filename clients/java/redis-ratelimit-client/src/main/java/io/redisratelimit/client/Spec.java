@@ -293,6 +293,25 @@ public final class Spec {
     }
 
     /**
+     * Stripe {@code i} of {@code n}: every size and rate parameter (the
+     * capacity and the refill count of a token bucket, a window's or a
+     * quota's limit) becomes {@code p / n}, plus 1 when {@code i < p % n};
+     * the periods stay. Checked as any spec (a share of 0 is refused by
+     * {@link Stripes#shares}, naming {@code striped}, before this is called).
+     */
+    Spec stripe(int i, int n) {
+        long[] p = params.clone();
+        p[0] = p[0] / n + (i < p[0] % n ? 1 : 0);
+        if (algorithm == Algorithm.TOKENBUCKET || algorithm == Algorithm.LEAKYBUCKET) {
+            p[1] = p[1] / n + (i < p[1] % n ? 1 : 0);
+        }
+        if (algorithm == Algorithm.QUOTA) {
+            return new Spec(algorithm, p, period, zone);
+        }
+        return of(algorithm, p);
+    }
+
+    /**
      * The same algorithm at a policy's scale, as the server runs it: each size
      * and rate parameter (the capacity or limit, and the refill or leak
      * count) becomes {@code max(1, floor(n * scale / 100))}; the periods stay.

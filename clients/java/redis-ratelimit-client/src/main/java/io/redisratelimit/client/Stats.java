@@ -18,11 +18,15 @@ final class Stats {
     final LongAdder breakerOpened = new LongAdder();
     final LongAdder probes = new LongAdder();
     final LongAdder probesOk = new LongAdder();
+    final LongAdder grantAsks = new LongAdder();
+    final LongAdder grantAdmitted = new LongAdder();
+    final LongAdder grantDenied = new LongAdder();
+    final LongAdder grantRefunds = new LongAdder();
 
     StatsSnapshot snapshot() {
         return new StatsSnapshot(redisCalls.sum(), redisAdmitted.sum(), redisDenied.sum(), redisErrors.sum(),
                 redisTimeouts.sum(), redisUnavailable.sum(), localDenied.sum(), denyCacheHits.sum(),
                 fallbackAdmitted.sum(), fallbackDenied.sum(), breakerSkipped.sum(), breakerOpened.sum(),
-                probes.sum(), probesOk.sum());
+                probes.sum(), probesOk.sum(), grantAsks.sum(), grantAdmitted.sum(), grantDenied.sum(), grantRefunds.sum());
     }
 }

@@ -20,10 +20,15 @@ import java.util.Map;
  * @param breakerOpened    times the breaker opened
  * @param probes           probes sent while it was open
  * @param probesOk         probes answered (the breaker closed)
+ * @param grantAsks        batched rules' {@code UPTO} calls (counted in {@code redisCalls} too)
+ * @param grantAdmitted    admitted from units held, without a round trip
+ * @param grantDenied      denied by a batched rule until its next ask, without a round trip
+ * @param grantRefunds     {@code REFUND} calls giving held units back
  */
 public record StatsSnapshot(long redisCalls, long redisAdmitted, long redisDenied, long redisErrors, long redisTimeouts,
                             long redisUnavailable, long localDenied, long denyCacheHits, long fallbackAdmitted,
-                            long fallbackDenied, long breakerSkipped, long breakerOpened, long probes, long probesOk) {
+                            long fallbackDenied, long breakerSkipped, long breakerOpened, long probes, long probesOk,
+                            long grantAsks, long grantAdmitted, long grantDenied, long grantRefunds) {
 
     /** {@code name value} pairs in snake_case, as the Rust kit names them (for an exporter). */
     public Map<String, Long> pairs() {
@@ -42,6 +47,10 @@ public record StatsSnapshot(long redisCalls, long redisAdmitted, long redisDenie
         m.put("breaker_opened", breakerOpened);
         m.put("probes", probes);
         m.put("probes_ok", probesOk);
+        m.put("grant_asks", grantAsks);
+        m.put("grant_admitted", grantAdmitted);
+        m.put("grant_denied", grantDenied);
+        m.put("grant_refunds", grantRefunds);
         return m;
     }
 }
