@@ -24,6 +24,7 @@ import dataclasses
 import enum
 import logging
 import math
+import random
 import threading
 import time
 from collections.abc import Callable, Generator, Sequence
@@ -47,6 +48,17 @@ from .errors import (
     answer_lost,
 )
 from .events import DenyEvents, check_http, cut_header
+from .grants import (
+    HOLD_MS,
+    ONE_MASTER,
+    Batch,
+    Flight,
+    repick_tags,
+    slot_owners,
+    stripe_denial,
+    stripe_key,
+    stripe_specs,
+)
 from .local import LocalLimiter, Micros, share_of
 from .metrics import Metrics, metrics_of
 from .protocol import Key, _takes_command_name, spec_from_policy
@@ -111,6 +123,14 @@ class Stats:
     release_errors: int = 0
     #: `COST n FORCE` calls sent for units the fallback admitted without Redis.
     owed_sent: int = 0
+    #: Batched and striped rules: the calls they sent (`UPTO b`, a stripe's
+    #: `COST n`, owed units), the decisions taken from held units, the
+    #: denials without a call (before `next_ask_at`, or a waiter that found
+    #: nothing left), and the `REFUND`s of held units sent.
+    grant_calls: int = 0
+    grant_held: int = 0
+    grant_denied: int = 0
+    grant_refunds: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +169,64 @@ class _Plan:
     # The rate rules of an RL.ALL that denied: its denial is cached for
     # them together (see `_Limiting._set_key`).
     denied_set: list[int] = dataclasses.field(default_factory=list)
+
+
+class _GrantRule:
+    """A batched or striped rule: its stripes' specs (one, unstriped), the
+    instance's own stripe (chosen at random once), the stripes' tags (read
+    from the slot map when first needed, re-picked when it changes) and
+    the batches of its keys."""
+
+    def __init__(self, rule: Rule) -> None:
+        self.rule = rule
+        n = rule.striped
+        spec: Algorithm = rule.spec  # type: ignore[assignment]  # inline: Rule checked it
+        self.specs = stripe_specs(spec, n) if n > 1 else [spec]
+        self.own = random.randrange(n)
+        self.tags: list[str] | None = None
+        #: The slot map the tags were picked from.
+        self.seen: object = None
+        self.batches: dict[str, Batch] = {}
+
+    def targets(self, key: str) -> list[tuple[str, Algorithm]]:
+        """The keys a decision tries, with their specs: the rule's key, or
+        the own stripe's and then the next one's."""
+        if self.tags is None:
+            return [(key, self.specs[0])]
+        n = len(self.specs)
+        return [
+            (stripe_key(self.tags[i], key), self.specs[i]) for i in (self.own, (self.own + 1) % n)
+        ]
+
+
+@dataclasses.dataclass
+class _Granted:
+    """A grant rule's answer: the decision, its path, and how to give its
+    units back if another rule denies: ("held", batch, units) back to
+    what is held, ("refund", key, spec, units) with a REFUND, ("local",
+    rule index, identity key, key called, units) to the fallback's account."""
+
+    decision: Decision
+    path: str
+    back: tuple[Any, ...] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Failure:
+    """A call of a grant rule that failed (`error`; None: the deadline)."""
+
+    error: BaseException | None
+
+
+#: What a grant rule's steps ask of their driver: a call to send, or the
+#: flight of another decider to wait for.
+GrantStep = Union["Call", Flight]
+#: A REFUND to send: (key, spec, units).
+Refund = tuple[str, Algorithm, int]
+
+
+def _ms() -> float:
+    return time.monotonic() * 1000.0
 
 
 class _Limiting:
@@ -227,6 +305,17 @@ class _Limiting:
         self.labels = [r.spec.name if isinstance(r.spec, Policy) else r.name for r in self.rules]
         if self.metrics is not None:
             self.metrics.watch_breaker("redis", self, _breaker_open)
+        #: The batched and striped rules (by index), decided by grants apart
+        #: from the other rules' call (`_skip`: their indexes; `_plain`: the others).
+        self._grants = {i: _GrantRule(r) for i, r in enumerate(self.rules) if r.granted}
+        self._skip = frozenset(self._grants)
+        self._plain = [i for i in range(len(self.rules)) if i not in self._skip]
+        #: Units the fallback admitted for a grant rule, per (rule index,
+        #: key called): sent as `COST n FORCE` before that key's next call.
+        self._grant_owed: dict[tuple[int, str], int] = {}
+        ticks = [r.hold_ms for r in self.rules if r.batched]
+        #: The refund timer's period: half the shortest `hold_ms`.
+        self._tick_s = max(min(ticks, default=HOLD_MS) / 2000.0, 0.005)
 
     @property
     def ready(self) -> bool:
@@ -382,24 +471,10 @@ class _Limiting:
         """The deny cache, then the local level: an answer without a round
         trip, or the plan of the call."""
         req = self._checked(request)
-        if not isinstance(identity, str):
-            raise InvalidArgument(f"identity must be a str, not {identity!r}", param="identity")
-        keys = [r.key_for(identity) for r in self.rules]
-        now = time.monotonic()
-        for i, (r, k) in enumerate(zip(self.rules, keys)):
-            cached = self.deny_cache.get(r.name, k, now)
-            if cached is not None:
-                self.stats.deny_cache_hits += 1
-                self._denied_here(i)
-                return Admission(cached, i, "deny_cache")
-        rated = self._rated()
-        if len(rated) > 1:
-            cached = self.deny_cache.get(*self._set_key(rated, keys), now)
-            if cached is not None:
-                self.stats.deny_cache_hits += 1
-                index = rated[cached.denied_by or 0]
-                self._denied_here(index)
-                return Admission(cached, index, "deny_cache")
+        keys = self._keys(identity)
+        cached = self._cached(keys)
+        if cached is not None:
+            return cached
         plan = _Plan(keys, req)
         if not self._ready:  # Redis away before its first answer: the fallback
             return self._decided_locally(plan, lost=False)
@@ -407,7 +482,7 @@ class _Limiting:
         # this instance's share; all or nothing.
         at = Micros.now()
         for i, (r, a) in enumerate(zip(self.rules, self._algorithms or [])):
-            if not r.global_ or isinstance(a, Concurrency):
+            if not r.global_ or isinstance(a, Concurrency) or i in self._skip:
                 continue
             d = self.local.run(r.name, keys[i], a, self.share(a), req.core(), at)
             if not d.allowed:
@@ -423,6 +498,30 @@ class _Limiting:
                 return self._decided_locally(plan, lost=False)
         self.stats.redis_calls += 1
         return plan
+
+    def _keys(self, identity: str) -> list[str]:
+        if not isinstance(identity, str):
+            raise InvalidArgument(f"identity must be a str, not {identity!r}", param="identity")
+        return [r.key_for(identity) for r in self.rules]
+
+    def _cached(self, keys: list[str]) -> Admission | None:
+        """A denial of the deny cache for these keys, if any."""
+        now = time.monotonic()
+        for i, (r, k) in enumerate(zip(self.rules, keys)):
+            cached = self.deny_cache.get(r.name, k, now)
+            if cached is not None:
+                self.stats.deny_cache_hits += 1
+                self._denied_here(i)
+                return Admission(cached, i, "deny_cache")
+        rated = self._rated()
+        if len(rated) > 1:
+            cached = self.deny_cache.get(*self._set_key(rated, keys), now)
+            if cached is not None:
+                self.stats.deny_cache_hits += 1
+                index = rated[cached.denied_by or 0]
+                self._denied_here(index)
+                return Admission(cached, index, "deny_cache")
+        return None
 
     def _due_probe(self) -> bool:
         """The breaker's time is up: probe Redis; whether this decision may call it."""
@@ -488,7 +587,7 @@ class _Limiting:
                 yield keys[i], r.spec, Request.force(units)
         algos = self._algorithms or [r.spec for r in self.rules]  # type: ignore[misc]
         leased = [i for i, a in enumerate(algos) if isinstance(a, Concurrency)]
-        rated = [i for i in range(len(self.rules)) if i not in leased]
+        rated = [i for i in range(len(self.rules)) if i not in leased and i not in self._skip]
         decisions: list[tuple[Decision, int]] = []
         for i in leased:
             plan.sent[:] = [i]
@@ -526,7 +625,9 @@ class _Limiting:
     def _rated(self) -> list[int]:
         """The rate rules (not concurrency), which go to Redis in one call."""
         algos = self._algorithms or [r.spec for r in self.rules]  # type: ignore[misc]
-        return [i for i, a in enumerate(algos) if not isinstance(a, Concurrency)]
+        return [
+            i for i, a in enumerate(algos) if not isinstance(a, Concurrency) and i not in self._skip
+        ]
 
     def _set_key(self, rated: list[int], keys: list[str]) -> tuple[str, str]:
         """The deny cache's entry for an RL.ALL denial: its rules and keys
@@ -568,6 +669,11 @@ class _Limiting:
         """Redis failed (`e`; None: the deadline passed): the breaker counts
         it and the fallback decides. A lost answer is charged; an error
         reply charges nothing: Redis applied nothing."""
+        return self._decided_locally(plan, self._count_failure(e))
+
+    def _count_failure(self, e: BaseException | None) -> bool:
+        """A failed call (`e`; None: the deadline passed) counts towards the
+        breaker; whether its answer may have been lost (Redis counted it)."""
         if e is None:
             self.stats.redis_timeouts += 1
             lost = True
@@ -584,7 +690,7 @@ class _Limiting:
             self.stats.breaker_opened += 1
             log.warning("redis-ratelimit: breaker open for %.1f s", self.breaker_open_for)
             self._open_until = time.monotonic() + self.breaker_open_for
-        return self._decided_locally(plan, lost)
+        return lost
 
     def _probed(self, ok: bool) -> None:
         if not ok:
@@ -594,6 +700,242 @@ class _Limiting:
         self._failures = 0
         self._open = False
         log.info("redis-ratelimit: Redis answers again; breaker closed")
+
+    # -- batched and striped rules (grants.py) --------------------------------------
+
+    def _new_signal(self) -> Any:
+        """What deciders waiting for a flight wait on (an event, a future)."""
+        raise NotImplementedError
+
+    def _signal(self, flight: Flight) -> None:
+        raise NotImplementedError
+
+    def _hold_started(self) -> None:
+        """Units are held: the refund timer must run."""
+        raise NotImplementedError
+
+    def _may_call(self) -> bool:
+        """Whether a grant rule may call Redis now (else the fallback decides)."""
+        if not self._ready:
+            return False
+        if self._open:
+            self.stats.breaker_skipped += 1
+            return time.monotonic() >= self._open_until and self._due_probe()
+        return True
+
+    def _tags_known(self, g: _GrantRule) -> bool:
+        """A striped rule's tags, picked (again when the slot map changed);
+        False while no slot map is known (the fallback decides)."""
+        n = g.rule.striped
+        if n == 1:
+            return True
+        client: Any = getattr(self, "client", None)
+        if not getattr(client, "is_cluster", False):
+            if g.tags is None:
+                g.tags = repick_tags(ONE_MASTER, [None] * n)
+            return True
+        rc = client.redis
+        cache = rc.nodes_manager.slots_cache
+        if cache is not g.seen:
+            _, owners = slot_owners(rc)
+            if not owners:
+                return g.tags is not None
+            g.tags = repick_tags(owners, g.tags or [None] * n)
+            g.seen = cache
+        return True
+
+    def _grant_steps(self, index: int, key: str, units: int) -> Generator[GrantStep, Any, _Granted]:
+        """One grant rule's decision: its own stripe (or its key), then on a
+        denial the next stripe; a failure goes to the fallback."""
+        g = self._grants[index]
+        if not self._tags_known(g):
+            return self._grant_fallback(index, key, key, units)
+        denials: list[_Granted] = []
+        for called, spec in g.targets(key):
+            if g.rule.batched:
+                out = yield from self._batched_steps(index, g, called, spec, units)
+            else:
+                out = yield from self._stripe_steps(index, called, spec, units)
+            if out is None:
+                return self._grant_fallback(index, key, called, units)
+            if out.decision.allowed:
+                return out
+            denials.append(out)
+        if len(denials) == 2:
+            own, other = denials
+            return _Granted(stripe_denial(own.decision, other.decision), own.path)
+        return denials[0]
+
+    def _owed_steps(
+        self, index: int, called: str, spec: Algorithm
+    ) -> Generator[GrantStep, Any, bool]:
+        """Sends the units the fallback admitted for this key (`COST n
+        FORCE`); whether it reached Redis."""
+        owed = self._grant_owed.pop((index, called), 0)
+        if not owed:
+            return True
+        self.stats.owed_sent += 1
+        self.stats.grant_calls += 1
+        answer = yield called, spec, Request.force(owed)
+        if isinstance(answer, _Failure):
+            self._grant_owed[(index, called)] = owed
+            self._count_failure(answer.error)
+            return False
+        return True
+
+    def _stripe_steps(
+        self, index: int, called: str, spec: Algorithm, units: int
+    ) -> Generator[GrantStep, Any, _Granted | None]:
+        """An unbatched stripe: `COST units` on its key (None: failed)."""
+        if not self._may_call():
+            return None
+        if not (yield from self._owed_steps(index, called, spec)):
+            return None
+        self.stats.grant_calls += 1
+        d = yield called, spec, Request.cost(units)
+        if isinstance(d, _Failure):
+            self._count_failure(d.error)
+            return None
+        self._failures = 0
+        return _Granted(d, "redis", ("refund", called, spec, units) if d.allowed else None)
+
+    def _batched_steps(
+        self, index: int, g: _GrantRule, called: str, spec: Algorithm, units: int
+    ) -> Generator[GrantStep, Any, _Granted | None]:
+        """A batched key: held units, else a denial before `next_ask_at`,
+        else the `UPTO b` call in flight (waited for), else one of its own
+        (None: failed, the fallback decides)."""
+        now = _ms()
+        b = g.batches.get(called)
+        if b is None:
+            b = g.batches[called] = Batch(spec, g.rule.hold_ms, g.rule.max_share_pct)
+        b.used_at = now
+        b.rate.note(now)
+        d = b.from_held(units)
+        if d is not None:
+            self.stats.grant_held += 1
+            return _Granted(d, "grant", ("held", b, units))
+        flight = b.flight
+        if flight is not None:
+            ok = yield flight
+            d = b.from_held(units)
+            if d is None and (flight.failed or not ok):
+                return None
+            d = d or b.after_wait(_ms(), units)
+            if d is None:
+                return None
+            if d.allowed:
+                self.stats.grant_held += 1
+                return _Granted(d, "grant", ("held", b, units))
+            self.stats.grant_denied += 1
+            return _Granted(d, "grant")
+        d = b.denied_here(now)
+        if d is not None:
+            self.stats.grant_denied += 1
+            return _Granted(d, "grant")
+        if not self._may_call():
+            return None
+        size = b.size(now, units)
+        flight = b.flight = Flight(self._new_signal())
+        try:
+            if not (yield from self._owed_steps(index, called, spec)):
+                flight.failed = True
+                return None
+            self.stats.grant_calls += 1
+            answer = yield called, spec, Request.upto(size)
+            if isinstance(answer, _Failure):
+                flight.failed = True
+                self._count_failure(answer.error)
+                return None
+            self._failures = 0
+            d = b.granted(answer, now, size, units)
+        finally:
+            b.flight = None
+            self._signal(flight)
+        if b.held:
+            self._hold_started()
+        return _Granted(d, "redis", ("held", b, units) if d.allowed else None)
+
+    def _grant_fallback(self, index: int, key: str, called: str, units: int) -> _Granted:
+        """A grant rule while Redis is away, as the fallback decides any
+        rule: the local-only account of the whole rule (what it admits is
+        owed to `called`, sent as `COST n FORCE` before its next call),
+        fail open or fail closed."""
+        r = self.rules[index]
+        algo: Algorithm = r.spec  # type: ignore[assignment]
+        share = self.share(algo)
+        now = Micros.now()
+        if self.fallback is FallbackMode.FAIL_CLOSED:
+            self.stats.fallback_denied += 1
+            wait = math.ceil(self.breaker_open_for * 1000)
+            return _Granted(Decision(False, _limit_of(algo), 0, wait, wait), "fallback")
+        if self.fallback is FallbackMode.FAIL_OPEN:
+            self.stats.fallback_admitted += 1
+            d = self.local.charge(r.name, key, algo, share, now, units)
+            return _Granted(dataclasses.replace(d, allowed=True, wait_ms=0), "fallback")
+        peek = self.local.peek(r.name, key, algo, share, Request.cost(units).core(), now)
+        if not peek.allowed:
+            self.stats.fallback_denied += 1
+            return _Granted(dataclasses.replace(peek, allowed=False), "fallback")
+        self.stats.fallback_admitted += 1
+        d = self.local.charge(r.name, key, algo, share, now, units)
+        if len(self._grant_owed) >= self.max_owed:
+            self._grant_owed.clear()
+        self._grant_owed[(index, called)] = self._grant_owed.get((index, called), 0) + units
+        back = ("local", index, key, called, units)
+        return _Granted(dataclasses.replace(d, allowed=True, wait_ms=0), "fallback", back)
+
+    def _grants_back(self, granted: list[_Granted]) -> list[Refund]:
+        """Another rule denied: the grant rules' units go back (to what is
+        held, to the fallback's account); the REFUNDs to send."""
+        refunds: list[Refund] = []
+        for out in granted:
+            back = out.back
+            if back is None:
+                continue
+            if back[0] == "held":
+                back[1].held += back[2]
+            elif back[0] == "refund":
+                refunds.append((back[1], back[2], back[3]))
+            else:
+                _, index, key, called, units = back
+                r = self.rules[index]
+                algo: Algorithm = r.spec
+                self.local.refund(r.name, key, algo, self.share(algo), Micros.now(), units)
+                left = self._grant_owed.get((index, called), 0) - units
+                if left > 0:
+                    self._grant_owed[(index, called)] = left
+                else:
+                    self._grant_owed.pop((index, called), None)
+        return refunds
+
+    def _stale_grants(self, drain: bool = False) -> tuple[list[Refund], bool]:
+        """The units held longer than `hold_ms` (every unit held, `drain`),
+        taken out to refund, and whether any are still held. Batches idle
+        for a while are dropped."""
+        now = _ms()
+        refunds: list[Refund] = []
+        still = False
+        for g in self._grants.values():
+            idle_ms = 10 * g.rule.hold_ms + 1000
+            for called, b in list(g.batches.items()):
+                units = b.drain() if drain else b.stale(now)
+                if units:
+                    refunds.append((called, b.spec, units))
+                if b.held:
+                    still = True
+                elif b.flight is None and now - b.used_at > idle_ms and now >= b.next_ask_at:
+                    del g.batches[called]
+        self.stats.grant_refunds += len(refunds)
+        return refunds, still
+
+    def _combined(self, granted: list[tuple[int, _Granted]], plain: Admission | None) -> Admission:
+        """An admission of every rule: the fields of the one with the least left."""
+        options = [(out.decision, i, out.path) for i, out in granted]
+        if plain is not None:
+            options.append((plain.decision, plain.index, plain.path))
+        d, index, path = min(options, key=lambda o: o[0].remaining)
+        return Admission(d, index, path, plain.held if plain is not None else [])
 
     # -- the fallback ------------------------------------------------------------
 
@@ -618,7 +960,7 @@ class _Limiting:
         if len(self.owed) >= self.max_owed:
             self.owed.clear()
         for i, a in enumerate(self._algorithms or []):
-            if i not in lost and not isinstance(a, Concurrency):
+            if i not in lost and not isinstance(a, Concurrency) and i not in self._skip:
                 k = (i, plan.keys[i])
                 self.owed[k] = self.owed.get(k, 0) + plan.request.units
 
@@ -641,9 +983,12 @@ class _Limiting:
                     self._charge_lost(i, keys[i], algos[i], shares[i], units, now, mono)
             if self.fallback is FallbackMode.FAIL_CLOSED:
                 wait = math.ceil(self.breaker_open_for * 1000)
-                return Decision(False, _limit_of(algos[0]), 0, wait, wait), 0, []
+                first = self._plain[0]
+                return Decision(False, _limit_of(algos[first]), 0, wait, wait), first, []
             # Fail open: charged too (forced), so the fields count down.
             for i, (a, r, k) in enumerate(zip(algos, self.rules, keys)):
+                if i in self._skip:
+                    continue
                 if i not in lost and i not in plan.taken and not isinstance(a, Concurrency):
                     self.local.charge(r.name, k, a, shares[i], now, units)
             d, index = self._account_fields(keys, algos, shares, now)
@@ -651,6 +996,8 @@ class _Limiting:
         # Local only: admitted if every account has the units, all or nothing.
         denied: tuple[Decision, int] | None = None
         for i, (a, r, k) in enumerate(zip(algos, self.rules, keys)):
+            if i in self._skip:
+                continue
             if i in plan.taken:
                 continue
             if isinstance(a, Concurrency):
@@ -666,6 +1013,8 @@ class _Limiting:
         held: list[Held] = []
         best: tuple[Decision, int] | None = None
         for i, (a, r, k) in enumerate(zip(algos, self.rules, keys)):
+            if i in self._skip:
+                continue
             if i in plan.taken:
                 d = plan.taken[i]
             elif i in lost:
@@ -704,6 +1053,8 @@ class _Limiting:
         best: tuple[Decision, int] | None = None
         mono = time.monotonic()
         for i, (a, r, k) in enumerate(zip(algos, self.rules, keys)):
+            if i in self._skip:
+                continue
             if isinstance(a, Concurrency):
                 held = self.local._held(r.name, k, mono)
                 d = Decision(True, _limit_of(a), max(shares[i] - held, 0), 0, 0)
@@ -769,7 +1120,9 @@ class AsyncLimiter(_Limiting):
         self._starting: asyncio.Future[None] | None = None
         self._startup_after = 0.0
         self._probe: asyncio.Task[None] | None = None
-        self._releasing: set[asyncio.Task[None]] = set()
+        self._releasing: set[asyncio.Future[None]] = set()
+        #: The refund timer of the batched rules, while units are held.
+        self._timer: asyncio.Future[None] | None = None
 
     async def startup(self) -> None:
         """Checks the server (`PING`, `MODULE LIST`) and reads the rules'
@@ -823,10 +1176,19 @@ class AsyncLimiter(_Limiting):
             check_http(client_ip, user_agent)
         if not self._ready and time.monotonic() >= self._startup_after:
             await self._started()
+        if self._grants:
+            admission = await self._decide_granted(identity, request)
+        else:
+            admission = await self._decide(identity, request)
+        if self._observing:
+            self._observed(admission, identity, client_ip, user_agent)
+        return admission
+
+    async def _decide(self, identity: str, request: Request | None) -> Admission:
+        """The rules but the grant rules: the deny cache, the local level,
+        one call, the fallback."""
         plan = self._begin(identity, request)
         if isinstance(plan, Admission):
-            if self._observing:
-                self._observed(plan, identity, client_ip, user_agent)
             return plan
         outcome: tuple[Decision, int] | BaseException | None
         try:
@@ -840,9 +1202,121 @@ class AsyncLimiter(_Limiting):
             raise
         admission, back = self._outcome(plan, outcome)
         self._release_later(back)
-        if self._observing:
-            self._observed(admission, identity, client_ip, user_agent)
         return admission
+
+    async def _decide_granted(self, identity: str, request: Request | None) -> Admission:
+        """As `Limiter._decide_granted`."""
+        req = self._checked(request)
+        keys = self._keys(identity)
+        cached = self._cached(keys) if self._plain else None
+        if cached is not None:
+            return cached
+        granted: list[tuple[int, _Granted]] = []
+        try:
+            for i in self._grants:
+                out = await self._drive_grant(i, keys[i], req.units)
+                if not out.decision.allowed:
+                    self._give_grants_back(granted)
+                    return Admission(out.decision, i, out.path)
+                granted.append((i, out))
+            plain = await self._decide(identity, req) if self._plain else None
+        except BaseException:
+            self._give_grants_back(granted)
+            raise
+        if plain is not None and not plain.allowed:
+            self._give_grants_back(granted)
+            return plain
+        return self._combined(granted, plain)
+
+    def _give_grants_back(self, granted: list[tuple[int, _Granted]]) -> None:
+        refunds = self._grants_back([out for _, out in granted])
+        if refunds:
+            self._background(self._send_refunds(refunds))
+
+    def _background(self, coro: Any) -> None:
+        """Runs `coro` in a task a cancellation of the caller cannot stop."""
+        task = asyncio.ensure_future(coro)
+        self._releasing.add(task)
+        task.add_done_callback(self._releasing.discard)
+
+    async def _drive_grant(self, index: int, key: str, units: int) -> _Granted:
+        """A grant rule's steps: each call within the deadline, a wait for
+        another decider's call within ten."""
+        steps = self._grant_steps(index, key, units)
+        try:
+            step = next(steps)
+            while True:
+                if isinstance(step, Flight):
+                    try:
+                        wait = max(self.deadline * 10, 1.0)
+                        await asyncio.wait_for(asyncio.shield(step.signal), wait)
+                        ok = True
+                    except asyncio.TimeoutError:
+                        ok = False
+                    step = steps.send(ok)
+                    continue
+                answer: Decision | _Failure
+                try:
+                    answer = await asyncio.wait_for(self._send(step), self.deadline)
+                except asyncio.TimeoutError:
+                    answer = _Failure(None)
+                except REDIS_FAILURES as e:
+                    answer = _Failure(e)
+                step = steps.send(answer)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        finally:
+            steps.close()
+
+    def _new_signal(self) -> asyncio.Future[None]:
+        return asyncio.get_running_loop().create_future()
+
+    def _signal(self, flight: Flight) -> None:
+        if not flight.signal.done():
+            flight.signal.set_result(None)
+
+    def _hold_started(self) -> None:
+        if self._timer is None or self._timer.done():
+            self._timer = asyncio.ensure_future(self._refunding())
+
+    async def _refunding(self) -> None:
+        """As `Limiter._refunding`, a task."""
+        while True:
+            await asyncio.sleep(self._tick_s)
+            refunds, still = self._stale_grants()
+            if refunds:
+                self._background(self._send_refunds(refunds))
+            if not still:
+                self._timer = None
+                return
+
+    async def _send_refunds(self, refunds: list[Refund]) -> None:
+        """As `Limiter._send_refunds`."""
+        for key, spec, units in refunds:
+            try:
+                await asyncio.wait_for(
+                    self.client.limit(key, spec, Request.refund(units)),
+                    max(self.deadline * 10, 0.1),
+                )
+            except (RedisError, OSError, asyncio.TimeoutError, *REDIS_FAILURES) as e:
+                log.warning("redis-ratelimit: refunding %d units of %r failed (%s)", units, key, e)
+
+    async def aclose(self) -> None:
+        """As `Limiter.close`: every held unit back, the refund timer stopped;
+        awaits the refunds and releases still on their way."""
+        timer, self._timer = self._timer, None
+        if timer is not None and not timer.done():
+            timer.cancel()
+        refunds, _ = self._stale_grants(drain=True)
+        await self._send_refunds(refunds)
+        if self._releasing:
+            await asyncio.gather(*self._releasing, return_exceptions=True)
+
+    async def __aenter__(self) -> AsyncLimiter:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     async def _started(self) -> None:
         """The start-up, awaited at most `max(deadline * 10, 1 s)` (it goes
@@ -969,6 +1443,8 @@ class Limiter(_Limiting):
         self._lock = threading.RLock()
         #: The monotonic time before which `check` does not try the start-up again.
         self._startup_after = 0.0
+        #: The refund timer of the batched rules (thread, stop), while units are held.
+        self._timer: tuple[threading.Thread, threading.Event] | None = None
 
     def rescale(self, policy: str, scale: int) -> None:
         """As `_Limiting.rescale`, under the lock (a protection thread calls it)."""
@@ -1023,11 +1499,128 @@ class Limiter(_Limiting):
                 except (RedisError, OSError) as e:
                     self._startup_after = time.monotonic() + self.breaker_open_for
                     log.warning("redis-ratelimit: cannot read the rules yet (%s)", e)
+        if self._grants:
+            admission = self._decide_granted(identity, request)
+        else:
+            admission = self._decide(identity, request)
+        if self._observing:
+            self._observed(admission, identity, client_ip, user_agent)
+        return admission
+
+    def _decide_granted(self, identity: str, request: Request | None) -> Admission:
+        """The grant rules first (each its own calls), then the others' call;
+        a denial of the others gives the grant rules' units back."""
+        req = self._checked(request)
+        with self._lock:
+            keys = self._keys(identity)
+            cached = self._cached(keys) if self._plain else None
+        if cached is not None:
+            return cached
+        granted: list[tuple[int, _Granted]] = []
+        for i in self._grants:
+            out = self._drive_grant(i, keys[i], req.units)
+            if not out.decision.allowed:
+                self._give_grants_back(granted)
+                return Admission(out.decision, i, out.path)
+            granted.append((i, out))
+        plain = self._decide(identity, req) if self._plain else None
+        if plain is not None and not plain.allowed:
+            self._give_grants_back(granted)
+            return plain
+        return self._combined(granted, plain)
+
+    def _give_grants_back(self, granted: list[tuple[int, _Granted]]) -> None:
+        with self._lock:
+            refunds = self._grants_back([out for _, out in granted])
+        self._send_refunds(refunds)
+
+    def _drive_grant(self, index: int, key: str, units: int) -> _Granted:
+        """A grant rule's steps: each under the lock, the calls and the
+        waits for another decider's call without it."""
+        steps = self._grant_steps(index, key, units)
+        try:
+            with self._lock:
+                step = next(steps)
+            while True:
+                if isinstance(step, Flight):
+                    ok = step.signal.wait(max(self.deadline * 10, 1.0))
+                    with self._lock:
+                        step = steps.send(ok)
+                    continue
+                answer: Decision | _Failure
+                try:
+                    answer = self._send(step)
+                except RedisTimeoutError:
+                    answer = _Failure(None)
+                except REDIS_FAILURES as e:
+                    answer = _Failure(e)
+                with self._lock:
+                    step = steps.send(answer)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        finally:
+            with self._lock:
+                steps.close()
+
+    def _new_signal(self) -> threading.Event:
+        return threading.Event()
+
+    def _signal(self, flight: Flight) -> None:
+        flight.signal.set()
+
+    def _hold_started(self) -> None:
+        """Starts the refund timer (under the lock) unless it runs."""
+        if self._timer is None:
+            stop = threading.Event()
+            thread = threading.Thread(target=self._refunding, args=(stop,), daemon=True)
+            self._timer = (thread, stop)
+            thread.start()
+
+    def _refunding(self, stop: threading.Event) -> None:
+        """The refund timer: every half `hold_ms`, the units held longer
+        than `hold_ms` go back; it ends when nothing is held."""
+        while not stop.wait(self._tick_s):
+            with self._lock:
+                refunds, still = self._stale_grants()
+                if not still and self._timer is not None and self._timer[1] is stop:
+                    self._timer = None
+            self._send_refunds(refunds)
+            if not still:
+                return
+
+    def _send_refunds(self, refunds: list[Refund]) -> None:
+        """`REFUND units` on each key, once, never retried: a failure is logged."""
+        for key, spec, units in refunds:
+            try:
+                self.client.limit(key, spec, Request.refund(units))
+            except (RedisError, OSError, ServerError, ModuleMissing, WrongType) as e:
+                log.warning("redis-ratelimit: refunding %d units of %r failed (%s)", units, key, e)
+
+    def close(self) -> None:
+        """Gives back every unit the batched rules hold (`REFUND`, once) and
+        stops the refund timer. The limiter may still decide afterwards (it
+        then holds units again: close it again when done)."""
+        with self._lock:
+            timer, self._timer = self._timer, None
+            refunds, _ = self._stale_grants(drain=True)
+        if timer is not None:
+            timer[1].set()
+            if timer[0] is not threading.current_thread():
+                timer[0].join(10)
+        self._send_refunds(refunds)
+
+    def __enter__(self) -> Limiter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _decide(self, identity: str, request: Request | None) -> Admission:
+        """The rules but the grant rules: the deny cache, the local level,
+        one call, the fallback."""
         with self._lock:
             plan = self._begin(identity, request)
         if isinstance(plan, Admission):
-            if self._observing:
-                self._observed(plan, identity, client_ip, user_agent)
             return plan
         outcome: tuple[Decision, int] | BaseException | None
         try:
@@ -1044,8 +1637,6 @@ class Limiter(_Limiting):
         with self._lock:
             admission, back = self._outcome(plan, outcome)
         self.release(back)
-        if self._observing:
-            self._observed(admission, identity, client_ip, user_agent)
         return admission
 
     def _drive(self, plan: _Plan) -> tuple[Decision, int]:
