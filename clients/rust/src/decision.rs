@@ -18,6 +18,9 @@ pub enum Path {
     DenyCache,
     /// The fallback, Redis being unreachable or late.
     Fallback,
+    /// A batched rule, in process: a unit held from an `UPTO` grant, or a
+    /// denial before the rule's next ask (metrics level `grant`).
+    Grant,
 }
 
 /// The five fields of a limiter's reply (`[allowed, limit, remaining,
@@ -45,6 +48,11 @@ pub struct Decision {
     /// and for the other limiters). Give it back with
     /// [`crate::Client::release`], or hold it in a [`crate::LeaseGuard`].
     pub lease: Option<u64>,
+    /// `UPTO n`: the units taken (0 on a denial). `None` for a call without
+    /// `UPTO` (it takes its `COST` when admitted, nothing when denied). A
+    /// [`crate::Limiter`] decision of a batched rule has `Some(1)` when
+    /// admitted (one unit of its grant), `Some(0)` when denied.
+    pub granted: Option<u64>,
     /// Which path decided.
     pub path: Path,
 }
@@ -56,6 +64,10 @@ pub(crate) enum Sixth {
     DeniedBy,
     /// `RL.CONCURRENCY`, `RL.HIT`: the lease granted, 0 if none.
     Lease,
+    /// A call with `UPTO`: the sixth is `granted`.
+    Granted,
+    /// `RL.ALL ... UPTO`: `denied_by`, then `granted` (seven fields).
+    DeniedByGranted,
 }
 
 impl Decision {
@@ -76,6 +88,7 @@ impl Decision {
             reset_after: Duration::from_millis(reset_ms),
             denied_by: None,
             lease: None,
+            granted: None,
             path,
         }
     }
@@ -111,7 +124,12 @@ impl Decision {
                 other => Err(Error::Protocol(format!("{other:?}"))),
             })
             .collect::<Result<_, _>>()?;
-        if ints.len() != 5 && ints.len() != 6 {
+        let expected: &[usize] = match sixth {
+            Sixth::DeniedBy | Sixth::Lease => &[5, 6],
+            Sixth::Granted => &[6],
+            Sixth::DeniedByGranted => &[7],
+        };
+        if !expected.contains(&ints.len()) {
             return Err(Error::Protocol(format!("{} fields", ints.len())));
         }
         let u = |i: i64| i.max(0) as u64;
@@ -123,11 +141,17 @@ impl Decision {
             u(ints[4]),
             Path::Redis,
         );
-        if ints.len() == 6 && ints[5] > 0 {
-            match sixth {
-                Sixth::DeniedBy => d.denied_by = Some(ints[5] as usize - 1),
-                Sixth::Lease => d.lease = Some(ints[5] as u64),
+        match sixth {
+            Sixth::DeniedBy | Sixth::DeniedByGranted if ints.len() >= 6 && ints[5] > 0 => {
+                d.denied_by = Some(ints[5] as usize - 1)
             }
+            Sixth::Lease if ints.len() == 6 && ints[5] > 0 => d.lease = Some(ints[5] as u64),
+            _ => {}
+        }
+        match sixth {
+            Sixth::Granted => d.granted = Some(u(ints[5])),
+            Sixth::DeniedByGranted => d.granted = Some(u(ints[6])),
+            _ => {}
         }
         Ok(d)
     }

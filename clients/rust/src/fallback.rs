@@ -200,6 +200,24 @@ stats! {
     probes,
     /// Probes answered (the breaker closed).
     probes_ok,
+    /// Batched rules: requests admitted from units held in process, without
+    /// a round trip.
+    grant_admitted,
+    /// Batched rules: requests denied in process (before the rule's next
+    /// ask, or a shared grant ran out), without a round trip.
+    grant_denied,
+    /// Batched rules: `UPTO` calls sent (also counted in `redis_calls`).
+    grant_asks,
+    /// Batched rules: units the server granted.
+    grant_units,
+    /// Batched rules: `REFUND` calls sent for units held too long or at
+    /// close (fire-and-forget; not in `redis_calls`).
+    grant_refunds,
+    /// Batched rules: units given back by those calls.
+    grant_refunded_units,
+    /// Striped rules: requests that the own stripe denied and the next one
+    /// was asked.
+    stripe_spills,
     /// Requests without a key (the closure answered `None`).
     key_missing,
     /// Requests whose key closure panicked.

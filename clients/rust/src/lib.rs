@@ -57,6 +57,7 @@ mod decision;
 mod deny_cache;
 mod error;
 mod fallback;
+mod grants;
 mod layer;
 mod lease;
 mod limiter;
@@ -73,7 +74,7 @@ mod rule;
 pub use client::Units;
 pub use client::{
     Adapt, Client, LogEntry, PolicyInfo, PolicyMode, PolicyProtection, PolicyStats, WindowCounts,
-    DEFAULT_DEADLINE, MIN_MODULE_VERSION,
+    DEFAULT_DEADLINE, MAX_UPTO, MIN_MODULE_VERSION,
 };
 pub use decision::{Decision, Path};
 pub use error::Error;
@@ -102,5 +103,6 @@ pub use protection::{
 pub use redis_ratelimit_core::{Period, Request};
 pub use retry::{retry_after, Attempt, RetryPolicy};
 pub use rule::{
-    parse_period, period_nominal_s, period_word, KeyShape, Rule, RuleKind, Share, Spec, Zone,
+    parse_period, period_nominal_s, period_word, Batch, KeyShape, Rule, RuleKind, Share, Spec,
+    Zone, MAX_STRIPES,
 };

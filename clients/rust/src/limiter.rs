@@ -12,13 +12,14 @@ use crate::client::{hit_cmd, limiter_cmd, Client};
 use crate::decision::{Decision, Path};
 use crate::deny_cache::DenyCache;
 use crate::fallback::{Breaker, BreakerConfig, FallbackMode, Gate, Stats, StatsSnapshot};
+use crate::grants::{pick_tags, GrantKey, GrantKeys, Step, Stripes};
 use crate::lease::{LeaseGuard, LeaseMs};
 use crate::local::LocalLimiters;
 use crate::observability::{
     level_of, DenyEvent, DenyEvents, Metrics, Origin, Outcome, RuleMetrics, LEVELS,
 };
 use crate::protection::Protection;
-use crate::rule::{Rule, RuleKind, Share, Spec, ZoneKind};
+use crate::rule::{Batch, Rule, RuleKind, Share, Spec, ZoneKind};
 use crate::Error;
 
 /// Builds a [`Limiter`]; every setting has a default.
@@ -151,6 +152,10 @@ impl LimiterBuilder {
                 metrics: self.metrics,
                 events: self.events,
                 _breaker_open: breaker_open,
+                grants: GrantKeys::default(),
+                epoch: Instant::now(),
+                refunder: std::sync::atomic::AtomicBool::new(false),
+                tick_ms: std::sync::atomic::AtomicU64::new(u64::MAX),
             }),
         }
     }
@@ -178,6 +183,44 @@ struct Inner {
     events: Option<DenyEvents>,
     /// What the metrics' collector reads of the breaker (it holds it weakly).
     _breaker_open: Option<Arc<dyn Fn() -> bool + Send + Sync>>,
+    /// The batched keys' grants.
+    grants: GrantKeys,
+    /// The origin of the instance's clock (the batches' rate counters).
+    epoch: Instant,
+    /// Whether the task that refunds units held too long runs.
+    refunder: std::sync::atomic::AtomicBool,
+    /// How often it looks: a quarter of the smallest `hold_ms`.
+    tick_ms: std::sync::atomic::AtomicU64,
+}
+
+impl Drop for Inner {
+    /// Held units go back when the last clone of the limiter goes (in the
+    /// background, when a runtime is there to send them);
+    /// [`Limiter::close`] sends them and waits.
+    fn drop(&mut self) {
+        let held: Vec<(Arc<GrantKey>, u64)> = self
+            .grants
+            .all()
+            .into_iter()
+            .map(|k| {
+                let n = k.take_for_refund(Instant::now(), true);
+                (k, n)
+            })
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        if held.is_empty() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let client = self.client.clone();
+        runtime.spawn(async move {
+            for (k, n) in held {
+                let _ = client.apply(&k.key, &k.spec, Request::Refund(n)).await;
+            }
+        });
+    }
 }
 
 /// Rate limiting over a [`Client`]: two levels, a deny cache and a
@@ -208,12 +251,84 @@ pub struct CheckedRule {
     label: Arc<str>,
     /// Its series, when the limiter has metrics.
     metrics: Option<Arc<RuleMetrics>>,
+    /// A batched or striped rule's grants.
+    grant: Option<Arc<GrantRule>>,
+}
+
+/// What a batched or striped rule decides with.
+pub(crate) struct GrantRule {
+    /// The rule's whole spec.
+    spec: Spec,
+    batch: Option<Batch>,
+    stripes: Option<Stripes>,
+}
+
+impl std::fmt::Debug for GrantRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrantRule")
+            .field("spec", &self.spec)
+            .field("batch", &self.batch)
+            .field("stripes", &self.stripes.as_ref().map(|s| s.specs.len()))
+            .finish()
+    }
+}
+
+impl CheckedRule {
+    /// The keys a decision of this rule may touch for `key`: the key
+    /// itself, or its stripes' keys (own first).
+    pub fn keys_for(&self, key: &str) -> Vec<String> {
+        match self.grant.as_ref().and_then(|g| g.stripes.as_ref()) {
+            Some(st) => (0..st.specs.len())
+                .map(|i| st.key((st.own + i) % st.specs.len(), key))
+                .collect(),
+            None => vec![key.to_string()],
+        }
+    }
+
+    /// This instance's own stripe of a striped rule.
+    pub fn own_stripe(&self) -> Option<usize> {
+        self.grant
+            .as_ref()
+            .and_then(|g| g.stripes.as_ref())
+            .map(|st| st.own)
+    }
+
+    /// The stripes' specs of a striped rule, in stripe order.
+    pub fn stripe_specs(&self) -> Vec<Spec> {
+        self.grant
+            .as_ref()
+            .and_then(|g| g.stripes.as_ref())
+            .map(|st| st.specs.clone())
+            .unwrap_or_default()
+    }
+
+    /// The stripes' tags of a striped rule, in stripe order.
+    pub fn stripe_tags(&self) -> Vec<String> {
+        self.grant
+            .as_ref()
+            .and_then(|g| g.stripes.as_ref())
+            .map(|st| st.tags.read().unwrap_or_else(|e| e.into_inner()).clone())
+            .unwrap_or_default()
+    }
+}
+
+/// What undoes a grant rule's admission when another rule of the set
+/// denies the request.
+enum Undo {
+    Nothing,
+    /// Units taken from a batch: back to it.
+    Held(Arc<GrantKey>),
+    /// Units a stripe's own call took: a `REFUND`.
+    Refund(String, Spec),
 }
 
 /// Rules checked together, all or nothing (several go through `RL.ALL`).
 #[derive(Clone, Debug)]
 pub struct RuleSet {
     rules: Vec<CheckedRule>,
+    /// With batched or striped rules: the other rules, decided together
+    /// after them, and their positions in `rules`.
+    rest: Option<(Box<RuleSet>, Vec<usize>)>,
 }
 
 impl RuleSet {
@@ -289,9 +404,13 @@ impl Limiter {
         if rules.is_empty() {
             return Err(Error::bad("-", "rules", "at least one rule"));
         }
-        if rules.len() > 1 && self.inner.client.is_cluster() {
-            let first = rules[0].hash_tag();
-            if let Some(r) = rules
+        let plain: Vec<&Rule> = rules
+            .iter()
+            .filter(|r| r.batch.is_none() && r.stripes == 1)
+            .collect();
+        if plain.len() > 1 && self.inner.client.is_cluster() {
+            let first = plain[0].hash_tag();
+            if let Some(r) = plain
                 .iter()
                 .find(|r| r.hash_tag().is_none() || r.hash_tag() != first)
             {
@@ -335,7 +454,9 @@ impl Limiter {
                      RateLimitLayerBuilder::concurrency, or use Client::lease",
                 ));
             }
+            let grant = self.grant_rule(&rule, spec).await?;
             let local = match spec {
+                _ if grant.is_some() => None,
                 Some(s) if rule.global && self.inner.local_level => {
                     Some(s.local_share(&rule.name, self.inner.share)?)
                 }
@@ -359,9 +480,162 @@ impl Limiter {
                 signature,
                 label,
                 metrics,
+                grant,
             });
         }
-        Ok(RuleSet { rules: checked })
+        let rest = if checked.iter().any(|r| r.grant.is_some()) {
+            let (idx, rules): (Vec<usize>, Vec<CheckedRule>) = checked
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| r.grant.is_none())
+                .map(|(i, r)| (i, r.clone()))
+                .unzip();
+            (!rules.is_empty()).then(|| (Box::new(RuleSet { rules, rest: None }), idx))
+        } else {
+            None
+        };
+        Ok(RuleSet {
+            rules: checked,
+            rest,
+        })
+    }
+
+    /// A batched or striped rule's grants: the stripes' specs and tags
+    /// (from the slot map), this instance's own stripe; the refunder.
+    async fn grant_rule(
+        &self,
+        rule: &Rule,
+        spec: Option<Spec>,
+    ) -> Result<Option<Arc<GrantRule>>, Error> {
+        let Some(spec) = spec.filter(|_| rule.batch.is_some() || rule.stripes > 1) else {
+            return Ok(None);
+        };
+        let stripes = if rule.stripes > 1 {
+            let n = rule.stripes;
+            let specs = (0..n)
+                .map(|i| spec.stripe(&rule.name, n, i))
+                .collect::<Result<Vec<_>, _>>()?;
+            let masters = self.inner.client.masters().await?;
+            let tags = pick_tags(&masters, n as usize);
+            let own = (random_u64() % n) as usize;
+            Some(Stripes {
+                specs,
+                own,
+                tags: std::sync::RwLock::new(tags),
+                masters: std::sync::Mutex::new(masters),
+            })
+        } else {
+            None
+        };
+        if let Some(batch) = rule.batch {
+            self.start_refunder(batch.hold_ms);
+        }
+        Ok(Some(Arc::new(GrantRule {
+            spec,
+            batch: rule.batch,
+            stripes,
+        })))
+    }
+
+    /// The task that gives back units held longer than their `hold_ms`,
+    /// looking every quarter of the smallest `hold_ms` (at least 1 ms); it
+    /// ends with the limiter.
+    fn start_refunder(&self, hold_ms: u64) {
+        use std::sync::atomic::Ordering;
+        let inner = &self.inner;
+        inner
+            .tick_ms
+            .fetch_min((hold_ms / 4).max(1), Ordering::Relaxed);
+        if inner.refunder.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let weak = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            loop {
+                let tick = match weak.upgrade() {
+                    Some(inner) => inner.tick_ms.load(Ordering::Relaxed),
+                    None => return,
+                };
+                tokio::time::sleep(Duration::from_millis(tick)).await;
+                let Some(inner) = weak.upgrade() else {
+                    return;
+                };
+                let limiter = Limiter { inner };
+                let now = Instant::now();
+                for k in limiter.inner.grants.all() {
+                    let n = k.take_for_refund(now, false);
+                    if n > 0 {
+                        limiter.refund(k, n);
+                    }
+                }
+            }
+        });
+    }
+
+    /// Gives `n` units of `k` back to the server: one `REFUND`, in the
+    /// background, never retried.
+    fn refund(&self, k: Arc<GrantKey>, n: u64) {
+        let limiter = self.clone();
+        Stats::add(&self.inner.stats.grant_refunds);
+        self.inner
+            .stats
+            .grant_refunded_units
+            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        tokio::spawn(async move {
+            let sent = limiter
+                .inner
+                .client
+                .apply(&k.key, &k.spec, Request::Refund(n))
+                .await;
+            if let Err(e) = sent {
+                tracing::debug!(error = %e, key = %k.key, units = n, "redis-ratelimit: held units not refunded");
+            }
+        });
+    }
+
+    /// Gives every unit the batched rules hold back to the server, and
+    /// waits for the `REFUND`s (each within the client's deadline). Call it
+    /// at shutdown; the limiter stays usable (it takes new grants).
+    pub async fn close(&self) {
+        let now = Instant::now();
+        for k in self.inner.grants.all() {
+            let n = k.take_for_refund(now, true);
+            if n == 0 {
+                continue;
+            }
+            Stats::add(&self.inner.stats.grant_refunds);
+            self.inner
+                .stats
+                .grant_refunded_units
+                .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+            if let Err(e) = self
+                .inner
+                .client
+                .apply(&k.key, &k.spec, Request::Refund(n))
+                .await
+            {
+                tracing::debug!(error = %e, key = %k.key, units = n, "redis-ratelimit: held units not refunded at close");
+            }
+        }
+    }
+
+    /// The units the batched rules hold now, in every key.
+    pub fn held_units(&self) -> u64 {
+        self.inner.grants.all().iter().map(|k| k.held()).sum()
+    }
+
+    /// Re-reads the slot map and re-picks the tags of `set`'s striped rules
+    /// when it changed (the kit does it when a stripe's call meets a
+    /// `MOVED`); whether any tag moved.
+    pub async fn repick_stripes(&self, set: &RuleSet) -> Result<bool, Error> {
+        let masters = self.inner.client.masters().await?;
+        let mut moved = false;
+        for r in &set.rules {
+            if let Some(st) = r.grant.as_ref().and_then(|g| g.stripes.as_ref()) {
+                moved |= st.repick(masters.clone());
+            }
+        }
+        Ok(moved)
     }
 
     /// Decides one request of `cost` units for `identity` under every rule
@@ -495,6 +769,272 @@ impl Limiter {
     }
 
     async fn decide(&self, set: &RuleSet, keys: &[String], cost: u64) -> Decision {
+        if !set.rules.iter().any(|r| r.grant.is_some()) {
+            return self.decide_plain(set, keys, cost).await;
+        }
+        // The grant rules first (mostly in process), then the others in
+        // one call; a later denial gives back what the earlier ones took.
+        let mut undo = Vec::new();
+        let mut last = None;
+        for (i, r) in set.rules.iter().enumerate() {
+            let Some(g) = &r.grant else { continue };
+            let (mut d, u) = self.decide_grant(r, g, &keys[i], cost).await;
+            if !d.allowed {
+                self.undo(undo, cost);
+                d.denied_by = Some(i);
+                return d;
+            }
+            undo.push(u);
+            last = Some(d);
+        }
+        if let Some((rest, idx)) = &set.rest {
+            let rest_keys: Vec<String> = idx.iter().map(|&i| keys[i].clone()).collect();
+            let mut d = Box::pin(self.decide_plain(rest, &rest_keys, cost)).await;
+            if !d.allowed {
+                self.undo(undo, cost);
+                d.denied_by = d.denied_by.and_then(|j| idx.get(j).copied());
+            }
+            return d;
+        }
+        last.unwrap_or_else(|| Decision::from_fields(true, 0, 0, 0, 0, Path::Grant))
+    }
+
+    fn undo(&self, undo: Vec<Undo>, cost: u64) {
+        for u in undo {
+            match u {
+                Undo::Nothing => {}
+                Undo::Held(k) => k.put_back(cost),
+                Undo::Refund(key, spec) => {
+                    let client = self.inner.client.clone();
+                    tokio::spawn(async move {
+                        let _ = client.apply(&key, &spec, Request::Refund(cost)).await;
+                    });
+                }
+            }
+        }
+    }
+
+    /// A batched or striped rule's decision: its own stripe, then the next
+    /// one on a denial (a striped rule); each by its batch, or by a call.
+    async fn decide_grant(
+        &self,
+        r: &CheckedRule,
+        g: &GrantRule,
+        key: &str,
+        cost: u64,
+    ) -> (Decision, Undo) {
+        let Some(st) = &g.stripes else {
+            return self
+                .decide_key(r, g, key, key.to_string(), g.spec, cost)
+                .await;
+        };
+        let [own, next] = st.order();
+        let (mut first, u) = self
+            .decide_key(r, g, key, st.key(own, key), st.specs[own], cost)
+            .await;
+        first.limit = g.spec.limit();
+        if first.allowed || first.path == Path::Fallback {
+            return (first, u);
+        }
+        Stats::add(&self.inner.stats.stripe_spills);
+        let (mut second, u) = self
+            .decide_key(r, g, key, st.key(next, key), st.specs[next], cost)
+            .await;
+        second.limit = g.spec.limit();
+        if second.allowed || second.path == Path::Fallback {
+            return (second, u);
+        }
+        // Both denied: the own stripe's fields, with the shorter wait.
+        let wait = match (first.wait_ms, second.wait_ms) {
+            (a, b) if a < 0 => b,
+            (a, b) if b < 0 => a,
+            (a, b) => a.min(b),
+        };
+        let mut d = Decision::from_fields(
+            false,
+            first.limit,
+            first.remaining,
+            wait,
+            first.reset_ms(),
+            first.path,
+        );
+        d.granted = first.granted;
+        (d, Undo::Nothing)
+    }
+
+    /// One key of a grant rule (the rule's, or a stripe's): from its batch,
+    /// or by one `COST` call; the fallback when Redis cannot answer.
+    async fn decide_key(
+        &self,
+        r: &CheckedRule,
+        g: &GrantRule,
+        rule_key: &str,
+        key: String,
+        spec: Spec,
+        cost: u64,
+    ) -> (Decision, Undo) {
+        let inner = &*self.inner;
+        let Some(batch) = g.batch else {
+            let result = self
+                .gated(inner.client.apply(&key, &spec, Request::Cost(cost)))
+                .await;
+            return match result {
+                Ok(d) => {
+                    if d.allowed {
+                        Stats::add(&inner.stats.redis_admitted);
+                        (d, Undo::Refund(key, spec))
+                    } else {
+                        Stats::add(&inner.stats.redis_denied);
+                        (d, Undo::Nothing)
+                    }
+                }
+                Err(lost) => (self.fallback_one(r, g, rule_key, cost, lost), Undo::Nothing),
+            };
+        };
+        let k = inner
+            .grants
+            .get(&r.signature, &key, spec, batch, inner.epoch);
+        let (step, stale) = k.first_look(inner.epoch, Instant::now(), cost);
+        if stale > 0 {
+            self.refund(k.clone(), stale);
+        }
+        let seen = match step {
+            Step::Done(d) => return self.in_process(d, k),
+            Step::Ask { seen, .. } => seen,
+        };
+        let flight = k.clone();
+        let _flight = flight.flight.lock().await;
+        let n = match k.after_wait(Instant::now(), cost, seen) {
+            Step::Done(d) => return self.in_process(d, k),
+            Step::Ask { n, .. } => n,
+        };
+        let asked_at = Instant::now();
+        Stats::add(&inner.stats.grant_asks);
+        match self
+            .gated(inner.client.apply(&key, &spec, Request::UpTo(n)))
+            .await
+        {
+            Ok(reply) => {
+                let units = reply.granted.unwrap_or(0);
+                inner
+                    .stats
+                    .grant_units
+                    .fetch_add(units, std::sync::atomic::Ordering::Relaxed);
+                let (d, back) = k.granted(asked_at, Instant::now(), n, cost, &reply);
+                if back > 0 {
+                    self.refund(k.clone(), back);
+                }
+                if d.allowed {
+                    Stats::add(&inner.stats.redis_admitted);
+                    (d, Undo::Held(k))
+                } else {
+                    Stats::add(&inner.stats.redis_denied);
+                    (d, Undo::Nothing)
+                }
+            }
+            Err(lost) => (self.fallback_one(r, g, rule_key, cost, lost), Undo::Nothing),
+        }
+    }
+
+    /// A batched decision made in process (level `grant`).
+    fn in_process(&self, d: Decision, k: Arc<GrantKey>) -> (Decision, Undo) {
+        if d.allowed {
+            Stats::add(&self.inner.stats.grant_admitted);
+            (d, Undo::Held(k))
+        } else {
+            Stats::add(&self.inner.stats.grant_denied);
+            (d, Undo::Nothing)
+        }
+    }
+
+    /// One limiter call through the breaker, timed and counted: the reply,
+    /// or whether the call may have been applied.
+    async fn gated(
+        &self,
+        call: impl Future<Output = Result<Decision, Error>>,
+    ) -> Result<Decision, bool> {
+        let inner = &*self.inner;
+        match inner.breaker.gate() {
+            Gate::Call => {
+                Stats::add(&inner.stats.redis_calls);
+                match self.timed(call).await {
+                    Ok(d) => {
+                        inner.breaker.success();
+                        Ok(d)
+                    }
+                    Err(e) => {
+                        match &e {
+                            Error::Timeout(_) => Stats::add(&inner.stats.redis_timeouts),
+                            Error::Connection(_) => Stats::add(&inner.stats.redis_unavailable),
+                            _ => Stats::add(&inner.stats.redis_errors),
+                        }
+                        if e.is_unavailable() && inner.breaker.failure() {
+                            Stats::add(&inner.stats.breaker_opened);
+                        }
+                        tracing::warn!(error = %e, "redis-ratelimit: Redis failed on a grant, fallback {:?} decides", inner.fallback);
+                        Err(e.may_have_applied())
+                    }
+                }
+            }
+            Gate::Skip => {
+                Stats::add(&inner.stats.breaker_skipped);
+                Err(false)
+            }
+            Gate::Probe => {
+                Stats::add(&inner.stats.breaker_skipped);
+                self.probe();
+                Err(false)
+            }
+        }
+    }
+
+    /// The fallback's decision for one grant rule (its instance's share,
+    /// for the local-only fallback).
+    fn fallback_one(
+        &self,
+        r: &CheckedRule,
+        g: &GrantRule,
+        key: &str,
+        cost: u64,
+        lost: bool,
+    ) -> Decision {
+        let inner = &*self.inner;
+        let limit = g.spec.limit();
+        let d = match (inner.fallback, r.fallback) {
+            (FallbackMode::FailClosed, _) => {
+                let wait = inner.breaker.open_for().as_millis().max(1) as i64;
+                Decision::from_fields(false, limit, 0, wait, wait as u64, Path::Fallback)
+            }
+            (FallbackMode::LocalOnly, Some(share)) => {
+                let account = [(format!("{}\0{key}", r.signature), share)];
+                match inner.accounts.take_all(&account, cost) {
+                    Ok(mut ds) => {
+                        let mut out = core_decision(ds.remove(0), Path::Fallback);
+                        out.limit = limit;
+                        out
+                    }
+                    Err((_, d)) => {
+                        if lost {
+                            inner.accounts.charge_all(&account, cost);
+                        }
+                        let mut out = core_decision(d, Path::Fallback);
+                        out.limit = limit;
+                        out.remaining = 0;
+                        out
+                    }
+                }
+            }
+            _ => Decision::from_fields(true, limit, limit, 0, 0, Path::Fallback),
+        };
+        if d.allowed {
+            Stats::add(&inner.stats.fallback_admitted);
+        } else {
+            Stats::add(&inner.stats.fallback_denied);
+        }
+        d
+    }
+
+    async fn decide_plain(&self, set: &RuleSet, keys: &[String], cost: u64) -> Decision {
         let inner = &*self.inner;
         let cache_key = |i: usize| format!("{}\0{}", set.rules[i].signature, keys[i]);
         // An `RL.ALL` denial waits for the slowest limiter that denied, which
@@ -1039,4 +1579,17 @@ fn core_decision(d: redis_ratelimit_core::Decision, path: Path) -> Decision {
         Wait::Never => -1,
     };
     Decision::from_fields(d.allowed, d.limit, d.remaining, wait, d.reset_ms, path)
+}
+
+/// A random number, without a dependency: the standard library's randomly
+/// seeded hasher.
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
 }

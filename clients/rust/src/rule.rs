@@ -418,6 +418,43 @@ impl Spec {
         }
     }
 
+    /// Stripe `i` of `n`: every size and rate parameter (a bucket's
+    /// capacity and refill count, a window's or a quota's limit) split as
+    /// `p / n`, plus 1 for the first `p % n` stripes; periods unchanged. An
+    /// error naming `striped` when a share would be 0.
+    pub fn stripe(&self, rule: &str, n: u64, i: u64) -> Result<Spec, Error> {
+        let share = |p: u64| p / n + u64::from(i < p % n);
+        let params = self.params();
+        let split: Vec<u64> = match self {
+            Spec::TokenBucket(_) | Spec::LeakyBucket(_) => {
+                vec![share(params[0]), share(params[1]), params[2]]
+            }
+            _ => std::iter::once(share(params[0]))
+                .chain(params[1..].iter().copied())
+                .collect(),
+        };
+        let smallest = match self {
+            Spec::TokenBucket(_) | Spec::LeakyBucket(_) => params[0].min(params[1]),
+            _ => params[0],
+        };
+        if n > smallest {
+            return Err(Error::bad(
+                rule,
+                "striped",
+                format!(
+                    "{n} stripes leave a stripe without a unit: every share of the limit (and \
+                     of a bucket's refill count) must be at least 1, so at most {smallest}"
+                ),
+            ));
+        }
+        match Spec::parse(rule, self.algorithm(), &split) {
+            Ok(Spec::Quota(p, _)) => Ok(Spec::Quota(p, self.zone().unwrap_or_default())),
+            Ok(spec) => Ok(spec),
+            Err(Error::BadArgument { reason, .. }) => Err(Error::bad(rule, "striped", reason)),
+            Err(e) => Err(e),
+        }
+    }
+
     /// The same algorithm at a share of its limit: `ceil(limit * 11 /
     /// (instances * 10))` (or `share` when given), at least 1, for the
     /// capacity or limit and for the refill or leak count alike, so the
@@ -501,7 +538,33 @@ pub struct Rule {
     pub(crate) key: KeyShape,
     pub(crate) global: bool,
     pub(crate) breaker: Option<String>,
+    pub(crate) batch: Option<Batch>,
+    pub(crate) stripes: u64,
 }
+
+/// How a batched rule takes its grants ([`Rule::batched_with`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Batch {
+    /// How long units may stay held in process before they go back with
+    /// `REFUND` (1 to 60,000 ms; 50 by default); a batch is about this
+    /// long's worth of the instance's observed rate.
+    pub hold_ms: u64,
+    /// The largest batch, in percent of the rule's limit (1 to 100; 10 by
+    /// default): what one instance may hold at once.
+    pub max_share_pct: u64,
+}
+
+impl Default for Batch {
+    fn default() -> Batch {
+        Batch {
+            hold_ms: 50,
+            max_share_pct: 10,
+        }
+    }
+}
+
+/// The most stripes a rule may have ([`Rule::striped`]).
+pub const MAX_STRIPES: u64 = 64;
 
 impl Rule {
     fn inline(algorithm: &str, params: &[u64]) -> Rule {
@@ -512,6 +575,8 @@ impl Rule {
             name,
             global: false,
             breaker: None,
+            batch: None,
+            stripes: 1,
         }
     }
 
@@ -570,6 +635,8 @@ impl Rule {
             name,
             global: false,
             breaker: None,
+            batch: None,
+            stripes: 1,
         }
     }
     /// The policy `name` kept in the server (`RL.POLICY SET`), applied with
@@ -592,6 +659,8 @@ impl Rule {
             kind,
             global: false,
             breaker: None,
+            batch: None,
+            stripes: 1,
         }
     }
 
@@ -619,6 +688,49 @@ impl Rule {
     pub fn global(mut self) -> Rule {
         self.global = true;
         self
+    }
+
+    /// Batches the rule (and marks it global): a [`crate::Limiter`] takes
+    /// units from the server with `UPTO b` and spends them in process, about
+    /// `hold_ms` worth of the instance's own rate per call, so that most
+    /// decisions need no round trip. Every unit admitted was taken from the
+    /// server first: the limit is never exceeded, whatever the number of
+    /// instances; units held longer than `hold_ms`, and all of them at
+    /// [`crate::Limiter::close`], go back with `REFUND`. For an inline
+    /// `TOKENBUCKET`, `FIXEDWINDOW`, `SLIDING`, `HASHWINDOW` or `QUOTA` rule
+    /// with a fixed key. [`Batch::default`]: `hold_ms` 50, `max_share_pct` 10.
+    pub fn batched(self) -> Rule {
+        self.batched_with(Batch::default())
+    }
+
+    /// [`Rule::batched`] with its settings.
+    pub fn batched_with(mut self, batch: Batch) -> Rule {
+        self.batch = Some(batch);
+        self.global = true;
+        self
+    }
+
+    /// Stripes the rule over `n` keys (2 to 64; 1: not striped), and marks
+    /// it global: stripe `i` has `limit / n` of every size and rate
+    /// parameter (plus 1 for the first `limit % n`), and its key is the
+    /// rule's key behind a hash tag that puts stripe `i` on master `i mod
+    /// M` of the cluster. An instance takes from its own stripe (chosen at
+    /// random) and, on a denial, from the next one before it denies: the
+    /// sum never exceeds the limit. Combines with [`Rule::batched`].
+    pub fn striped(mut self, n: u64) -> Rule {
+        self.stripes = n;
+        self.global = true;
+        self
+    }
+
+    /// The batch settings, when the rule is batched.
+    pub fn batch(&self) -> Option<Batch> {
+        self.batch
+    }
+
+    /// The number of stripes (1: not striped).
+    pub fn stripes(&self) -> u64 {
+        self.stripes
     }
 
     /// Names the [`crate::CircuitBreaker`] this policy's stage moves: in a
@@ -651,6 +763,7 @@ impl Rule {
                 "a policy rule cannot be global: its parameters live in the server",
             ));
         }
+        self.check_grants(kind)?;
         if self.breaker.is_some() && !matches!(kind, RuleKind::Policy(_)) {
             return Err(Error::bad(
                 &self.name,
@@ -676,6 +789,74 @@ impl Rule {
             ));
         }
         Ok(kind)
+    }
+
+    /// Checks the batch and stripe options against the rule.
+    fn check_grants(&self, kind: &RuleKind) -> Result<(), Error> {
+        let grants_of = |what: &str| -> Result<&Spec, Error> {
+            let algorithms =
+                "an inline TOKENBUCKET, FIXEDWINDOW, SLIDING, HASHWINDOW or QUOTA rule";
+            match kind {
+                RuleKind::Inline(
+                    spec @ (Spec::TokenBucket(_)
+                    | Spec::FixedWindow(_)
+                    | Spec::Sliding(_)
+                    | Spec::HashWindow(_)
+                    | Spec::Quota(..)),
+                ) => Ok(spec),
+                RuleKind::Inline(spec) => Err(Error::bad(
+                    &self.name,
+                    what,
+                    format!("{what} needs {algorithms}, not {}", spec.algorithm()),
+                )),
+                RuleKind::Policy(_) => Err(Error::bad(
+                    &self.name,
+                    what,
+                    format!("{what} needs {algorithms}: a policy's parameters live in the server"),
+                )),
+            }
+        };
+        if let Some(batch) = self.batch {
+            grants_of("batched")?;
+            if !(1..=60_000).contains(&batch.hold_ms) {
+                return Err(Error::bad(
+                    &self.name,
+                    "hold_ms",
+                    "must be an integer from 1 to 60000",
+                ));
+            }
+            if !(1..=100).contains(&batch.max_share_pct) {
+                return Err(Error::bad(
+                    &self.name,
+                    "max_share_pct",
+                    "must be an integer from 1 to 100",
+                ));
+            }
+        }
+        if self.stripes != 1 {
+            let spec = grants_of("striped")?;
+            if !(2..=MAX_STRIPES).contains(&self.stripes) {
+                return Err(Error::bad(
+                    &self.name,
+                    "striped",
+                    format!("must be an integer from 2 to {MAX_STRIPES} (1: not striped)"),
+                ));
+            }
+            spec.stripe(&self.name, self.stripes, 0)?;
+        }
+        if (self.batch.is_some() || self.stripes != 1) && !matches!(self.key, KeyShape::Fixed(_)) {
+            let what = if self.batch.is_some() {
+                "batched"
+            } else {
+                "striped"
+            };
+            return Err(Error::bad(
+                &self.name,
+                what,
+                format!("{what} needs one key for everybody: give it a fixed_key"),
+            ));
+        }
+        Ok(())
     }
 
     /// The limiter key for `identity`.

@@ -8,10 +8,23 @@ use redis_ratelimit_core::{Request, MAX_PARAM};
 use crate::rule::{RuleKind, Spec};
 use crate::Error;
 
+/// The largest `UPTO n` the server takes: 2^40.
+pub const MAX_UPTO: u64 = 1 << 40;
+
 pub(super) fn check_units(command: &str, units: Request) -> Result<(), Error> {
     let (arg, n) = match units {
         Request::Cost(n) | Request::Force(n) => ("COST", n),
         Request::Refund(n) => ("REFUND", n),
+        Request::UpTo(n) => {
+            if n == 0 || n > MAX_UPTO {
+                return Err(Error::bad(
+                    command,
+                    "UPTO",
+                    format!("UPTO must be an integer from 1 to {MAX_UPTO}"),
+                ));
+            }
+            return Ok(());
+        }
     };
     if n > MAX_PARAM {
         return Err(Error::bad(
@@ -43,6 +56,15 @@ pub(super) fn lease_units(command: &str, cost: u64) -> Result<Request, Error> {
 
 pub(crate) fn limiter_cmd(key: &str, spec: &Spec, units: Request) -> Result<Cmd, Error> {
     check_units(spec.algorithm(), units)?;
+    if matches!(units, Request::UpTo(_))
+        && matches!(spec, Spec::LeakyBucket(_) | Spec::Concurrency(_))
+    {
+        return Err(Error::bad(
+            spec.algorithm(),
+            "UPTO",
+            format!("UPTO is not an option of RL.{}", spec.algorithm()),
+        ));
+    }
     let mut cmd = redis::cmd(&format!("RL.{}", spec.algorithm()));
     cmd.arg(key).arg(spec.args());
     units_args(&mut cmd, units);
@@ -60,9 +82,16 @@ pub(crate) fn hit_cmd(policy: &str, key: &str, units: Request) -> Result<Cmd, Er
 
 pub(super) fn all_cmd<'a>(
     limits: &[(&'a str, &RuleKind)],
-    cost: u64,
+    units: Request,
 ) -> Result<(Cmd, &'a str), Error> {
-    check_units("RL.ALL", Request::Cost(cost))?;
+    if matches!(units, Request::Force(_) | Request::Refund(_)) {
+        return Err(Error::bad(
+            "RL.ALL",
+            "COST",
+            "RL.ALL takes COST n or UPTO n, not FORCE or REFUND",
+        ));
+    }
+    check_units("RL.ALL", units)?;
     let Some((first, _)) = limits.first() else {
         return Err(Error::bad("RL.ALL", "numkeys", "at least one limiter"));
     };
@@ -87,9 +116,7 @@ pub(super) fn all_cmd<'a>(
             RuleKind::Policy(name) => cmd.arg("POLICY").arg(name.as_str()),
         };
     }
-    if cost != 1 {
-        cmd.arg("COST").arg(cost);
-    }
+    units_args(&mut cmd, units);
     Ok((cmd, first))
 }
 
@@ -121,6 +148,9 @@ fn units_args(cmd: &mut Cmd, units: Request) {
         }
         Request::Refund(n) => {
             cmd.arg("REFUND").arg(n);
+        }
+        Request::UpTo(n) => {
+            cmd.arg("UPTO").arg(n);
         }
     }
 }

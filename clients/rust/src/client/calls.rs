@@ -28,8 +28,11 @@ impl Client {
     }
 
     /// Any limiter command, on `key`, with a checked spec.
+    /// `units` may be [`Request::UpTo`] (not on `LEAKYBUCKET` or
+    /// `CONCURRENCY`: an error naming `UPTO`): the decision's
+    /// [`Decision::granted`] is then the units taken.
     pub async fn apply(&self, key: &str, spec: &Spec, units: Request) -> Result<Decision, Error> {
-        self.decision(limiter_cmd(key, spec, units)?, key, Sixth::Lease)
+        self.decision(limiter_cmd(key, spec, units)?, key, sixth_of(units))
             .await
     }
 
@@ -179,8 +182,11 @@ impl Client {
     /// `RL.HIT policy key [...]`, sent to the owner of `key` (its second
     /// argument), not of the policy name. On a `CONCURRENCY` policy, an
     /// admission carries its [`Decision::lease`].
+    /// With [`Request::UpTo`], [`Decision::granted`] is the units taken
+    /// (the server refuses `UPTO` on a `LEAKYBUCKET` or `CONCURRENCY`
+    /// policy, naming `UPTO`).
     pub async fn hit(&self, policy: &str, key: &str, units: Request) -> Result<Decision, Error> {
-        self.decision(hit_cmd(policy, key, units)?, key, Sixth::Lease)
+        self.decision(hit_cmd(policy, key, units)?, key, sixth_of(units))
             .await
     }
 
@@ -189,8 +195,16 @@ impl Client {
     /// hash tag). `denied_by` is the 0-based position of the rule that
     /// denied.
     pub async fn all(&self, limits: &[(&str, &RuleKind)], cost: u64) -> Result<Decision, Error> {
-        let (cmd, first) = all_cmd(limits, cost)?;
+        let (cmd, first) = all_cmd(limits, Request::Cost(cost))?;
         self.decision(cmd, first, Sixth::DeniedBy).await
+    }
+
+    /// `RL.ALL numkeys key... spec... UPTO n`: the largest number of units,
+    /// at most `n`, that every limiter admits at once, in
+    /// [`Decision::granted`] (0 on a denial, which is `COST 1`'s).
+    pub async fn all_upto(&self, limits: &[(&str, &RuleKind)], n: u64) -> Result<Decision, Error> {
+        let (cmd, first) = all_cmd(limits, Request::UpTo(n))?;
+        self.decision(cmd, first, Sixth::DeniedByGranted).await
     }
 
     /// A blocking acquire: the limiter command with `BLOCK`, which the
@@ -213,8 +227,13 @@ impl Client {
         units: Request,
         timeout: Duration,
     ) -> Result<Decision, Error> {
-        self.blocking(limiter_cmd(key, spec, units)?, key, Sixth::Lease, timeout)
-            .await
+        self.blocking(
+            limiter_cmd(key, spec, units)?,
+            key,
+            sixth_of(units),
+            timeout,
+        )
+        .await
     }
 
     /// [`Client::acquire`] on a policy: `RL.HIT policy key ... BLOCK`.
@@ -225,7 +244,7 @@ impl Client {
         units: Request,
         timeout: Duration,
     ) -> Result<Decision, Error> {
-        self.blocking(hit_cmd(policy, key, units)?, key, Sixth::Lease, timeout)
+        self.blocking(hit_cmd(policy, key, units)?, key, sixth_of(units), timeout)
             .await
     }
 
@@ -237,7 +256,7 @@ impl Client {
         cost: u64,
         timeout: Duration,
     ) -> Result<Decision, Error> {
-        let (cmd, first) = all_cmd(limits, cost)?;
+        let (cmd, first) = all_cmd(limits, Request::Cost(cost))?;
         self.blocking(cmd, first, Sixth::DeniedBy, timeout).await
     }
 
@@ -319,5 +338,13 @@ impl Client {
             return Err(Error::Denied(Box::new(d)));
         }
         Ok(LeaseGuard::start(self.clone(), key, d, lease_ms))
+    }
+}
+
+/// What a reply's sixth field is for a call with `units`.
+fn sixth_of(units: Request) -> Sixth {
+    match units {
+        Request::UpTo(_) => Sixth::Granted,
+        _ => Sixth::Lease,
     }
 }

@@ -151,6 +151,21 @@ impl Client {
         matches!(self.conn(), Conn::Cluster(_))
     }
 
+    /// The masters and the slot ranges each owns, ordered by the lowest
+    /// slot each owns (`CLUSTER SLOTS`); standalone or Sentinel: one master
+    /// owning every slot.
+    pub(crate) async fn masters(&self) -> Result<crate::grants::Masters, Error> {
+        if !self.is_cluster() {
+            return Ok(vec![vec![(0, 16383)]]);
+        }
+        let mut cmd = redis::cmd("CLUSTER");
+        cmd.arg("SLOTS");
+        let reply = self
+            .send_within(cmd, Target::Any, Duration::from_secs(1))
+            .await?;
+        parse_masters(&reply)
+    }
+
     /// The deadline of one call.
     pub fn deadline(&self) -> Duration {
         self.deadline
@@ -287,4 +302,44 @@ async fn sentinel_master(sentinel: &mut SentinelClient) -> Result<(Conn, redis::
         .await
         .map_err(Error::from)?;
     Ok((Conn::Single(manager), client))
+}
+
+/// `CLUSTER SLOTS` as the masters' slot ranges, ordered by each one's lowest
+/// slot.
+fn parse_masters(reply: &Value) -> Result<crate::grants::Masters, Error> {
+    let bad = || Error::Protocol(format!("CLUSTER SLOTS: {reply:?}"));
+    let Value::Array(ranges) = reply else {
+        return Err(bad());
+    };
+    let mut by_node: Vec<(String, Vec<(u16, u16)>)> = Vec::new();
+    for range in ranges {
+        let Value::Array(fields) = range else {
+            return Err(bad());
+        };
+        let (Some(Value::Int(lo)), Some(Value::Int(hi)), Some(Value::Array(node))) =
+            (fields.first(), fields.get(1), fields.get(2))
+        else {
+            return Err(bad());
+        };
+        let host = node.first().and_then(text).unwrap_or_default();
+        let port = match node.get(1) {
+            Some(Value::Int(p)) => *p,
+            _ => return Err(bad()),
+        };
+        let id = format!("{host}:{port}");
+        let slots = (
+            u16::try_from(*lo).map_err(|_| bad())?,
+            u16::try_from(*hi).map_err(|_| bad())?,
+        );
+        match by_node.iter_mut().find(|(n, _)| *n == id) {
+            Some((_, owned)) => owned.push(slots),
+            None => by_node.push((id, vec![slots])),
+        }
+    }
+    let mut masters: Vec<Vec<(u16, u16)>> = by_node.into_iter().map(|(_, r)| r).collect();
+    for owned in &mut masters {
+        owned.sort_unstable();
+    }
+    masters.sort_by_key(|owned| owned.first().map_or(u16::MAX, |r| r.0));
+    Ok(masters)
 }

@@ -25,6 +25,7 @@ mod connect;
 mod policy_stats;
 
 pub use admin::{Adapt, LogEntry, PolicyInfo, PolicyMode, PolicyProtection};
+pub use args::MAX_UPTO;
 pub(crate) use args::{hit_cmd, limiter_cmd, utc_only};
 pub use connect::{DEFAULT_DEADLINE, MIN_MODULE_VERSION};
 pub use policy_stats::{PolicyStats, WindowCounts};

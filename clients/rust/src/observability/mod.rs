@@ -144,6 +144,7 @@ pub(crate) fn level_of(path: Path) -> usize {
         Path::Local => 0,
         Path::Redis => 1,
         Path::DenyCache => 2,
+        Path::Grant => 3,
         Path::Fallback => 4,
     }
 }
