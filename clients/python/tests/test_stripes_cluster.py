@@ -1,0 +1,117 @@
+"""Striped rules on a real 3-master cluster (issue 27): the tags from the
+slot map, each stripe on its own master, CRC16 as the server hashes, the
+sum of admissions never above the limit, batched and striped together."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from conftest import FIXED_MS, Cluster
+from redis.cluster import RedisCluster
+
+from redis_ratelimit_client import FixedWindow, Rule, TokenBucket
+from redis_ratelimit_client.grants import slot_of, stripe_key, stripe_tags
+from redis_ratelimit_client.limiter import Limiter
+
+
+@pytest.fixture
+def rc(cluster: Cluster) -> Iterator[RedisCluster]:
+    c = RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port, socket_timeout=5)
+    for n in cluster.nodes:
+        n.client().flushall()
+    yield c
+    c.close()
+
+
+def masters(cluster: Cluster) -> list[tuple[list[tuple[int, int]], int]]:
+    """Each master's slot ranges and its port, from CLUSTER SLOTS."""
+    by_port: dict[int, list[tuple[int, int]]] = {}
+    for lo, hi, primary, *_ in cluster.nodes[0].client().execute_command("CLUSTER", "SLOTS"):
+        by_port.setdefault(int(primary[1]), []).append((int(lo), int(hi)))
+    return [(ranges, port) for port, ranges in by_port.items()]
+
+
+def port_of(cluster: Cluster, key: str) -> int:
+    slot = int(cluster.nodes[0].client().execute_command("CLUSTER", "KEYSLOT", key))
+    for ranges, port in masters(cluster):
+        if any(lo <= slot <= hi for lo, hi in ranges):
+            return port
+    raise AssertionError(f"no master owns slot {slot}")
+
+
+def fw_remaining(rc: RedisCluster, key: str, limit: int) -> int:
+    return int(rc.execute_command("RL.FIXEDWINDOW", key, limit, FIXED_MS, "COST", 0)[2])
+
+
+def test_crc16_matches_cluster_keyslot(cluster: Cluster) -> None:
+    node = cluster.nodes[0].client()
+    for c in range(300):
+        tag = f"rl{c}"
+        assert slot_of(tag) == int(node.execute_command("CLUSTER", "KEYSLOT", tag)), tag
+
+
+def test_three_stripes_fall_on_three_masters(cluster: Cluster, rc: RedisCluster) -> None:
+    rule = Rule(FixedWindow(30, FIXED_MS), "s", fixed_key="api", global_=True, striped=3)
+    lim = Limiter(rc, [rule])
+    assert lim.check("x").allowed
+    tags = lim._grants[0].tags
+    assert tags is not None
+    # The reference: from CLUSTER SLOTS, as the contract picks them.
+    assert tags == stripe_tags([ranges for ranges, _ in masters(cluster)], 3)
+    keys = [stripe_key(t, "api") for t in tags]
+    assert len({port_of(cluster, k) for k in keys}) == 3
+    # The first master (lowest slot) holds stripe 0.
+    first = min(masters(cluster), key=lambda m: m[0][0][0])[1]
+    assert port_of(cluster, keys[0]) == first
+
+
+def test_striped_sum_never_exceeds_the_limit(cluster: Cluster, rc: RedisCluster) -> None:
+    limit = 30
+    rule = Rule(FixedWindow(limit, FIXED_MS), "sum", fixed_key="sum", global_=True, striped=3)
+    lims = [Limiter(rc, [rule]) for _ in range(3)]
+    for i, lim in enumerate(lims):
+        lim._grants[0].own = i  # one instance per stripe: every master in use
+    admitted = sum(lims[i % 3].check("x").allowed for i in range(2 * limit))
+    assert admitted == limit
+    tags = lims[0]._grants[0].tags
+    assert tags is not None
+    assert [fw_remaining(rc, stripe_key(t, "sum"), 10) for t in tags] == [0, 0, 0]
+    assert [n.client().dbsize() for n in cluster.nodes] == [1, 1, 1]
+    # Spill-over: an instance whose stripe is drained takes from the next one.
+    fresh = Rule(FixedWindow(30, FIXED_MS), "spill", fixed_key="spill", global_=True, striped=3)
+    one = Limiter(rc, [fresh])
+    one._grants[0].own = 2
+    assert sum(one.check("x").allowed for _ in range(25)) == 20
+    assert fw_remaining(rc, stripe_key(tags[0], "spill"), 10) == 0
+    assert fw_remaining(rc, stripe_key(tags[2], "spill"), 10) == 0
+    assert fw_remaining(rc, stripe_key(tags[1], "spill"), 10) == 10
+
+
+def test_batched_striped_on_the_cluster_stays_within_the_limit(
+    cluster: Cluster, rc: RedisCluster
+) -> None:
+    capacity = 90
+    rule = Rule(
+        TokenBucket(capacity, 3, 3_600_000),
+        "bs",
+        fixed_key="bsc",
+        global_=True,
+        batched=True,
+        striped=3,
+        max_share_pct=50,
+    )
+    lims = [Limiter(rc, [rule]) for _ in range(3)]
+    for i, lim in enumerate(lims):
+        lim._grants[0].own = i
+    for n in cluster.nodes:
+        n.client().config_resetstat()
+    admitted = sum(lims[i % 3].check("x").allowed for i in range(2 * capacity))
+    for lim in lims:
+        lim.close()
+    assert 0.9 * capacity <= admitted <= capacity
+    per_master = [
+        int(n.client().info("commandstats").get("cmdstat_RL.TOKENBUCKET", {}).get("calls", 0))
+        for n in cluster.nodes
+    ]
+    assert all(c > 0 for c in per_master) and sum(per_master) < 2 * capacity
