@@ -295,8 +295,10 @@ public final class Limiter implements AutoCloseable {
 
     /**
      * A batched or striped rule: global, of a token bucket, a window or a
-     * quota, a set of its own; striped inline only (each stripe's share is a
-     * spec of its own), batched inline or a policy whose spec is known.
+     * quota, a set of its own, its spec known. A striped rule's stripes are
+     * inline calls of its spec's shares (each stripe's share is a spec of its
+     * own): a policy rule striped is enforced (its policy is not consulted);
+     * a batched policy rule asks {@code RL.HIT ... UPTO b}.
      */
     private static void checkGrants(Rule r, int setSize) {
         Grants g = r.grants();
@@ -317,9 +319,10 @@ public final class Limiter implements AutoCloseable {
             throw new InvalidArgumentException(option, "rule '" + r.name() + "' is a " + a.name().toLowerCase(java.util.Locale.ROOT)
                     + ", which UPTO cannot take: only a token bucket, a window or a quota is " + option);
         }
-        if (g.striped() && r.policy() != null) {
-            throw new InvalidArgumentException("striped", "rule '" + r.name() + "' is policy " + r.policy()
-                    + ": a striped rule is inline (each stripe has its own share of the spec)");
+        if (g.striped() && r.policy() != null && !r.enforced()) {
+            throw new InvalidArgumentException("striped", "rule '" + r.name() + "' is policy " + r.policy() + " in "
+                    + r.mode() + " at " + r.rollout() + "%: a striped rule's stripes are inline calls of its spec's"
+                    + " shares, which only an enforced rule (roll-out 100) can be");
         }
         if (setSize > 1) {
             throw new InvalidArgumentException(option, "rule '" + r.name() + "' is " + option + ": it is a set of its own"

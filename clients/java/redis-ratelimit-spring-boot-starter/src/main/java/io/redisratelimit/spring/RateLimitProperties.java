@@ -54,7 +54,13 @@ public class RateLimitProperties {
     private final Breaker breaker = new Breaker();
     private final Protection protection = new Protection();
     private final DenyEvents denyEvents = new DenyEvents();
-    /** The rules, by name. */
+    /**
+     * The rules, by name: ratelimit.rules.<name>.algorithm, params, period, zone, mode, rollout, key-prefix, fixed-key,
+     * global, routes, methods, key, cost, adapt.*, stages, window, core, breaker; and for a global rule (token bucket,
+     * window or quota) batched (units taken in batches with UPTO and spent in process, never over the limit), hold-ms
+     * (default 50: unspent units go back after it), max-share-pct (default 10: the largest batch in percent of the
+     * limit) and striped (2 to 64 keys on different masters, each with limit / striped; 1: not striped).
+     */
     private Map<String, Rule> rules = new LinkedHashMap<>();
 
     public static class DenyCache {
@@ -365,6 +371,46 @@ public class RateLimitProperties {
         private String key;
         /** Units each request takes. */
         private long cost = 1;
+        /** A global rule (token bucket, window or quota) taken from the server in batches (RL.HIT ... UPTO b) and spent in process: never over the limit, under-admission at most instances x batch for hold-ms. */
+        private boolean batched;
+        /** A batched rule: how long units are held unspent before they go back (REFUND), 1 to 60000 ms. */
+        private long holdMs = 50;
+        /** A batched rule: the largest batch, in percent of the limit (1 to 100). */
+        private int maxSharePct = 10;
+        /** A global rule kept in this many keys (2 to 64; 1: not striped), each on its own master where the cluster has enough, each with limit / striped. An instance uses its own stripe, then one other before it denies. Enforced rules without adapt or stages only. */
+        private int striped = 1;
+
+        public boolean isBatched() {
+            return batched;
+        }
+
+        public void setBatched(boolean batched) {
+            this.batched = batched;
+        }
+
+        public long getHoldMs() {
+            return holdMs;
+        }
+
+        public void setHoldMs(long holdMs) {
+            this.holdMs = holdMs;
+        }
+
+        public int getMaxSharePct() {
+            return maxSharePct;
+        }
+
+        public void setMaxSharePct(int maxSharePct) {
+            this.maxSharePct = maxSharePct;
+        }
+
+        public int getStriped() {
+            return striped;
+        }
+
+        public void setStriped(int striped) {
+            this.striped = striped;
+        }
 
         public String getAlgorithm() {
             return algorithm;

@@ -108,6 +108,7 @@ public final class RateLimitRules {
             } catch (InvalidArgumentException ex) {
                 throw new RateLimitConfigException(p, ex.getMessage(), ex);
             }
+            rule = grants(p, r, rule);
             List<String> methods = new java.util.ArrayList<>();
             for (String m : r.getMethods()) {
                 String upper = m.trim().toUpperCase(java.util.Locale.ROOT);
@@ -122,6 +123,10 @@ public final class RateLimitRules {
                 throw new RateLimitConfigException(p + ".breaker", "'" + breaker + "' is the limiter's own breaker in"
                         + " ratelimit_breaker_open{breaker}: name the rule's breaker otherwise", null);
             }
+            if (rule.grants().striped() && loop.any()) {
+                throw new RateLimitConfigException(p + ".striped", "a striped rule's stripes are inline calls, which its"
+                        + " policy's adapt and stages never see: a striped rule has neither", null);
+            }
             if ((breaker != null || !r.isCore()) && !loop.staged()) {
                 throw new RateLimitConfigException(p + ".stages", "missing: a rule with " + (breaker != null ? "a breaker" : "core=false")
                         + " acts on its stage, which only a policy with stages (degrade_pct,break_pct) has", null);
@@ -130,6 +135,49 @@ public final class RateLimitRules {
                     loop, r.isCore(), breaker));
         }
         return new RateLimitRules(app, out);
+    }
+
+    /**
+     * The rule's grant options ({@code batched}, {@code hold-ms},
+     * {@code max-share-pct}, {@code striped}): on a global rule of a token
+     * bucket, a window or a quota; a striped one enforced at roll-out 100.
+     * Each error names its property.
+     */
+    private static Rule grants(String p, RateLimitProperties.Rule r, Rule rule) {
+        boolean defaults = !r.isBatched() && r.getHoldMs() == 50 && r.getMaxSharePct() == 10 && r.getStriped() == 1;
+        if (defaults) {
+            return rule;
+        }
+        String option = r.getStriped() != 1 ? ".striped" : r.isBatched() ? ".batched" : r.getHoldMs() != 50 ? ".hold-ms" : ".max-share-pct";
+        Rule out;
+        try {
+            out = rule.batched(r.isBatched()).holdMs(r.getHoldMs()).maxSharePct(r.getMaxSharePct()).striped(r.getStriped());
+        } catch (InvalidArgumentException ex) {
+            String property = switch (ex.parameter()) {
+                case "hold_ms" -> ".hold-ms";
+                case "max_share_pct" -> ".max-share-pct";
+                default -> ".striped";
+            };
+            throw new RateLimitConfigException(p + property, ex.reason(), ex);
+        }
+        if (!out.grants().any()) {
+            throw new RateLimitConfigException(p + option, "hold-ms and max-share-pct are options of a batched rule: set batched=true", null);
+        }
+        String what = out.grants().striped() ? ".striped" : ".batched";
+        if (!r.isGlobal()) {
+            throw new RateLimitConfigException(p + what, "only a global rule (global=true, a limit shared by every instance)"
+                    + " is batched or striped", null);
+        }
+        Algorithm a = out.spec().algorithm();
+        if (a == Algorithm.LEAKYBUCKET || a == Algorithm.CONCURRENCY) {
+            throw new RateLimitConfigException(p + what, "a " + a.name().toLowerCase(java.util.Locale.ROOT)
+                    + " takes no UPTO: only a token bucket, a window or a quota is batched or striped", null);
+        }
+        if (out.grants().striped() && !out.enforced()) {
+            throw new RateLimitConfigException(p + ".striped", "a striped rule's stripes are inline calls, which only an"
+                    + " enforced rule at roll-out 100 can be (mode " + out.mode() + ", rollout " + out.rollout() + ")", null);
+        }
+        return out;
     }
 
     /** The rule's protection loop; each argument's error names its property. */
