@@ -16,8 +16,8 @@ use crate::decision::{Decision, Path};
 use crate::rule::{Batch, Spec};
 
 /// The cluster's key hash slot of `key` (its hash tag's when it has one):
-/// CRC16-XMODEM mod 16384.
-pub(crate) fn key_slot(key: &str) -> u16 {
+/// CRC16-XMODEM mod 16384, as `CLUSTER KEYSLOT` answers.
+pub fn key_slot(key: &str) -> u16 {
     let b = key.as_bytes();
     let hashed = match b.iter().position(|&c| c == b'{') {
         Some(open) => match b[open + 1..].iter().position(|&c| c == b'}') {

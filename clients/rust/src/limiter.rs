@@ -819,7 +819,7 @@ impl Limiter {
     async fn decide_grant(
         &self,
         r: &CheckedRule,
-        g: &GrantRule,
+        g: &Arc<GrantRule>,
         key: &str,
         cost: u64,
     ) -> (Decision, Undo) {
@@ -867,7 +867,7 @@ impl Limiter {
     async fn decide_key(
         &self,
         r: &CheckedRule,
-        g: &GrantRule,
+        g: &Arc<GrantRule>,
         rule_key: &str,
         key: String,
         spec: Spec,
@@ -888,7 +888,12 @@ impl Limiter {
                         (d, Undo::Nothing)
                     }
                 }
-                Err(lost) => (self.fallback_one(r, g, rule_key, cost, lost), Undo::Nothing),
+                Err((lost, moved)) => {
+                    if moved {
+                        self.repick_later(g);
+                    }
+                    (self.fallback_one(r, g, rule_key, cost, lost), Undo::Nothing)
+                }
             };
         };
         let k = inner
@@ -932,8 +937,29 @@ impl Limiter {
                     (d, Undo::Nothing)
                 }
             }
-            Err(lost) => (self.fallback_one(r, g, rule_key, cost, lost), Undo::Nothing),
+            Err((lost, moved)) => {
+                if moved {
+                    self.repick_later(g);
+                }
+                (self.fallback_one(r, g, rule_key, cost, lost), Undo::Nothing)
+            }
         }
+    }
+
+    /// Re-reads the slot map in the background and re-picks a striped
+    /// rule's tags when it changed (after a `MOVED` on one of its stripes).
+    fn repick_later(&self, g: &Arc<GrantRule>) {
+        if g.stripes.is_none() {
+            return;
+        }
+        let (limiter, g) = (self.clone(), g.clone());
+        tokio::spawn(async move {
+            if let (Ok(masters), Some(st)) = (limiter.inner.client.masters().await, &g.stripes) {
+                if st.repick(masters) {
+                    tracing::info!("redis-ratelimit: the slot map changed, stripes re-picked");
+                }
+            }
+        });
     }
 
     /// A batched decision made in process (level `grant`).
@@ -952,7 +978,7 @@ impl Limiter {
     async fn gated(
         &self,
         call: impl Future<Output = Result<Decision, Error>>,
-    ) -> Result<Decision, bool> {
+    ) -> Result<Decision, (bool, bool)> {
         let inner = &*self.inner;
         match inner.breaker.gate() {
             Gate::Call => {
@@ -972,18 +998,20 @@ impl Limiter {
                             Stats::add(&inner.stats.breaker_opened);
                         }
                         tracing::warn!(error = %e, "redis-ratelimit: Redis failed on a grant, fallback {:?} decides", inner.fallback);
-                        Err(e.may_have_applied())
+                        let moved = matches!(&e, Error::Connection(m)
+                            if m.starts_with("MOVED") || m.starts_with("ASK") || m.starts_with("CLUSTERDOWN"));
+                        Err((e.may_have_applied(), moved))
                     }
                 }
             }
             Gate::Skip => {
                 Stats::add(&inner.stats.breaker_skipped);
-                Err(false)
+                Err((false, false))
             }
             Gate::Probe => {
                 Stats::add(&inner.stats.breaker_skipped);
                 self.probe();
-                Err(false)
+                Err((false, false))
             }
         }
     }

@@ -756,6 +756,7 @@ impl Rule {
     /// The checked rule: the first bad parameter, named.
     pub fn check(&self) -> Result<&RuleKind, Error> {
         let kind = self.kind.as_ref().map_err(Clone::clone)?;
+        self.check_grants(kind)?;
         if self.global && matches!(kind, RuleKind::Policy(_)) {
             return Err(Error::bad(
                 &self.name,
@@ -763,7 +764,6 @@ impl Rule {
                 "a policy rule cannot be global: its parameters live in the server",
             ));
         }
-        self.check_grants(kind)?;
         if self.breaker.is_some() && !matches!(kind, RuleKind::Policy(_)) {
             return Err(Error::bad(
                 &self.name,

@@ -7,6 +7,7 @@ mod acquire;
 mod calls;
 mod cluster;
 mod fallback;
+mod grants;
 mod grpc;
 mod instances;
 mod layer;
