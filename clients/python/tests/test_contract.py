@@ -381,7 +381,7 @@ def test_words_the_server_refuses_cannot_be_built(case: dict[str, Any]) -> None:
                 continue
             built = [str(a) for a in req.args()] or DEFAULT_COST
             assert built != case["args"]
-    assert set(RequestKind) == {RequestKind(k) for k in ("cost", "force", "refund")}
+    assert set(RequestKind) == {RequestKind(k) for k in ("cost", "force", "refund", "upto")}
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c["command"]) for c in CONTRACT["replies"]])

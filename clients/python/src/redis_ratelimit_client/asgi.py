@@ -446,6 +446,8 @@ class RateLimitMiddleware:
             message = await receive()
             if message.get("type") == "lifespan.shutdown" and self.protection is not None:
                 await self.protection.aclose()
+            if message.get("type") == "lifespan.shutdown" and self.limiter._grants:
+                await self.limiter.aclose()  # the batched rules' held units back
             events = self.limiter.deny_events
             if message.get("type") == "lifespan.shutdown" and events is not None:
                 # Its rest shipped (at most its timeout), off the event loop.
