@@ -4,7 +4,7 @@ batched and striped rules admit per second, and what they cost in Redis
 calls (issue 27).
 
     RL_MODULE=/abs/libredis_ratelimit.so python3 clients/python/bench/grants.py
-    LIMIT=2000 INSTANCES=4 SECONDS=5 ...
+    LIMIT=2000 INSTANCES=4 SECONDS=5 HOLD_MS=50 ...
 
 INSTANCES `AsyncLimiter`s (one process, one event loop: each its own
 connections and grants, as separate instances would be) share one token
@@ -45,6 +45,7 @@ REDIS_SERVER = os.environ.get("REDIS_SERVER", shutil.which("redis-server") or "r
 LIMIT = int(os.environ.get("LIMIT", "2000"))
 INSTANCES = int(os.environ.get("INSTANCES", "4"))
 SECONDS = int(os.environ.get("SECONDS", "5"))
+HOLD_MS = int(os.environ.get("HOLD_MS", "50"))
 TICK_S = 0.01
 
 
@@ -181,13 +182,27 @@ async def main() -> None:
         spec = TokenBucket(LIMIT, LIMIT, 1000)
         modes = [
             ("plain global", Rule(spec, "plain", fixed_key="b:plain", global_=True)),
-            ("batched", Rule(spec, "batched", fixed_key="b:batched", global_=True, batched=True)),
+            (
+                "batched",
+                Rule(spec, "b", fixed_key="b:b", global_=True, batched=True, hold_ms=HOLD_MS),
+            ),
             (
                 "batched+striped 3",
-                Rule(spec, "bs", fixed_key="b:bs", global_=True, batched=True, striped=3),
+                Rule(
+                    spec,
+                    "bs",
+                    fixed_key="b:bs",
+                    global_=True,
+                    batched=True,
+                    hold_ms=HOLD_MS,
+                    striped=3,
+                ),
             ),
         ]
-        print(f"limit {LIMIT}/s, {INSTANCES} instances offering {2 * LIMIT}/s for {SECONDS} s")
+        print(
+            f"limit {LIMIT}/s, {INSTANCES} instances offering {2 * LIMIT}/s for {SECONDS} s, "
+            f"hold_ms {HOLD_MS}"
+        )
         for name, rule in modes:
             r = await run_mode(ports, name, rule)
             print(r)
