@@ -247,7 +247,7 @@ describe('batched rules', () => {
     assert.ok(admitted >= 50 - 5, `admitted ${admitted}: at most a batch (5) under the capacity`);
     const sent = calls(server.port, 'rl.tokenbucket') - calls0;
     assert.ok(sent * 5 <= decisions, `${sent} calls for ${decisions} decisions`);
-    const counts = reg.getSingleMetric('ratelimit_decisions_total').get().values;
+    const counts = (await reg.getSingleMetric('ratelimit_decisions_total').get()).values;
     const at = (level, outcome) => counts.filter((v) => v.labels.level === level && v.labels.outcome === outcome).reduce((a, v) => a + v.value, 0);
     assert.ok(at('grant', 'admitted') > 0, 'admissions from held units count at level grant');
     assert.ok(at('grant', 'denied') > 0, 'local grant denials count at level grant');
