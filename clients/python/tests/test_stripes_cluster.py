@@ -115,3 +115,35 @@ def test_batched_striped_on_the_cluster_stays_within_the_limit(
         for n in cluster.nodes
     ]
     assert all(c > 0 for c in per_master) and sum(per_master) < 2 * capacity
+
+
+def test_a_slot_map_change_re_picks_only_the_stripe_that_collides() -> None:
+    own = Cluster()  # its slots move: not the session's cluster
+    try:
+        rc = RedisCluster(host="127.0.0.1", port=own.nodes[0].port, socket_timeout=5)
+        rule = Rule(FixedWindow(30, FIXED_MS), "mv", fixed_key="mv", global_=True, striped=3)
+        lim = Limiter(rc, [rule])
+        g = lim._grants[0]
+        g.own = 1
+        assert lim.check("x").allowed
+        assert g.tags == ["rl0", "rl1", "rl2"]
+        first = min(masters(own), key=lambda m: m[0][0][0])[1]
+        second = port_of(own, stripe_key("rl1", "mv"))
+        assert second != first
+        # rl1's slot moves to the first master, which holds rl0 (its key
+        # dropped first: a slot moves without keys here).
+        rc.delete(stripe_key("rl1", "mv"))
+        target = own.nodes[[n.port for n in own.nodes].index(first)].client()
+        node_id = target.execute_command("CLUSTER", "MYID")
+        for n in own.nodes:
+            n.client().execute_command("CLUSTER", "SETSLOT", slot_of("rl1"), "NODE", node_id)
+        moved = own.moved_errors()
+        assert lim.check("x").allowed  # MOVED: the client refreshes its slot map
+        assert own.moved_errors() > moved
+        assert lim.check("x").allowed  # the next decision sees the new map
+        assert g.tags is not None and g.tags[0] == "rl0" and g.tags[2] == "rl2"
+        assert g.tags[1] != "rl1" and port_of(own, stripe_key(g.tags[1], "mv")) == second
+        assert fw_remaining(rc, stripe_key(g.tags[1], "mv"), 10) == 9
+        rc.close()
+    finally:
+        own.stop()
