@@ -1084,6 +1084,12 @@ class AsyncLimiter(_Limiting):
     default `REGISTRY`, or a `Metrics`) the decisions are counted in
     (`metrics.py`; needs the `metrics` extra); `deny_events`: a
     `DenyEvents` every denial is recorded to (`events.py`).
+
+    A rule with `batched=True` or `striped=N` (`Rule`, `grants.py`) is
+    decided first, by its own calls (`UPTO b` for a batched one, the own
+    stripe then the next for a striped one), and the other rules after it;
+    a denial of theirs gives its units back. `await aclose()` (or `async
+    with`) gives back every unit the batched rules hold.
     """
 
     def __init__(
@@ -1412,6 +1418,10 @@ class Limiter(_Limiting):
     Redis holds (but the start-up and the breaker's one probe, each one
     attempt without redis-py's retries). While Redis has not answered yet,
     the start-up is tried again at most once per `breaker_open_for`.
+
+    Batched and striped rules as `AsyncLimiter`'s; the refund timer is a
+    daemon thread while units are held; `close()` (or `with`) gives every
+    held unit back.
     """
 
     def __init__(
