@@ -31,7 +31,7 @@ function callsPerMaster() {
   return cluster.ports.map((p) => {
     const out = execFileSync('redis-cli', ['-p', String(p), 'INFO', 'commandstats']).toString();
     let n = 0;
-    for (const m of out.matchAll(/cmdstat_rl\.[a-z]+:calls=(\d+)/g)) n += Number(m[1]);
+    for (const m of out.matchAll(/cmdstat_rl\.[a-z]+:calls=(\d+)/gi)) n += Number(m[1]);
     return n;
   });
 }
