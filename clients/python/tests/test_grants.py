@@ -484,3 +484,52 @@ def test_batched_and_striped_batch_per_stripe_key(server: Server, r: redis.Redis
         g = lim._grants[0]
         assert set(g.batches) == {stripe_key(f"rl{i}", "bs") for i in (g.own, (g.own + 1) % 3)}
     assert sum(a.allowed for a in out) == 40
+
+
+def one_call_rule(key: str) -> Rule:
+    """A batch of 60 at the first decision: a minute (hold_ms) of a rate of 1/s."""
+    return Rule(
+        FixedWindow(1000, FIXED_MS),
+        "flight",
+        fixed_key=key,
+        global_=True,
+        batched=True,
+        hold_ms=60_000,
+        max_share_pct=100,
+    )
+
+
+def test_concurrent_threads_share_one_call_in_flight(server: Server, r: redis.Redis) -> None:
+    with Limiter(server.client(), [one_call_rule("flight-t")]) as lim:
+        lim.startup()
+        r.config_resetstat()
+        start = threading.Barrier(20)
+
+        def one(_: int) -> bool:
+            start.wait()
+            return lim.check("x").allowed
+
+        with ThreadPoolExecutor(20) as pool:
+            assert all(pool.map(one, range(20)))
+        assert calls(r, "RL.FIXEDWINDOW") == 1 and lim.stats.grant_calls == 1
+        assert fw_remaining(r, "flight-t", 1000) == 1000 - 60
+
+
+def test_concurrent_tasks_share_one_call_in_flight(server: Server, r: redis.Redis) -> None:
+    async def main() -> list[str]:
+        ar = aioredis.Redis(host="127.0.0.1", port=server.port)
+        try:
+            async with AsyncLimiter(ar, [one_call_rule("flight-a")], deadline=1.0) as lim:
+                await lim.startup()
+                r.config_resetstat()
+                out = await asyncio.gather(*(lim.check("x") for _ in range(50)))
+                assert all(a.allowed for a in out)
+                return [a.path for a in out]
+        finally:
+            await ar.aclose()
+
+    paths = asyncio.run(main())
+    assert paths.count("redis") == 1 and paths.count("grant") == 49
+    # One UPTO, then the REFUND of the 10 left at aclose.
+    assert calls(r, "RL.FIXEDWINDOW") == 2
+    assert fw_remaining(r, "flight-a", 1000) == 1000 - 50
