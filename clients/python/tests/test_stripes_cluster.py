@@ -4,6 +4,7 @@ sum of admissions never above the limit, batched and striped together."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import pytest
@@ -147,3 +148,28 @@ def test_a_slot_map_change_re_picks_only_the_stripe_that_collides() -> None:
         rc.close()
     finally:
         own.stop()
+
+
+def test_async_striped_on_the_cluster(cluster: Cluster, rc: RedisCluster) -> None:
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+
+    from redis_ratelimit_client.limiter import AsyncLimiter
+
+    rule = Rule(FixedWindow(30, FIXED_MS), "as", fixed_key="as", global_=True, striped=3)
+
+    async def main() -> tuple[int, list[str] | None, int]:
+        arc = AsyncRedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
+        try:
+            async with AsyncLimiter(arc, [rule], deadline=1.0) as lim:
+                g = lim._grants[0]
+                out = [await lim.check("x") for _ in range(25)]
+                return sum(a.allowed for a in out), g.tags, g.own
+        finally:
+            await arc.aclose()
+
+    admitted, tags, own = asyncio.run(main())
+    assert admitted == 20
+    assert tags == stripe_tags([ranges for ranges, _ in masters(cluster)], 3)
+    assert fw_remaining(rc, stripe_key(tags[own], "as"), 10) == 0
+    assert fw_remaining(rc, stripe_key(tags[(own + 1) % 3], "as"), 10) == 0
+    assert sum(n.client().dbsize() for n in cluster.nodes) == 2
