@@ -135,3 +135,27 @@ def test_async_upto(server: Server, r: redis.Redis) -> None:
     one, two, three = asyncio.run(main())
     assert (one.granted, one.remaining, two.granted, two.remaining) == (7, 3, 3, 0)
     assert three.allowed and three.granted == 2
+
+
+@pytest.mark.parametrize(
+    "word, params",
+    [
+        ("TOKENBUCKET", (10, 1, 3_600_000)),
+        ("FIXEDWINDOW", (10, 3_600_000)),
+        ("SLIDING", (10, 3_600_000)),
+        ("HASHWINDOW", (10, 3_600_000, 60_000)),
+        ("QUOTA", (10, 3, 0)),
+    ],
+)
+def test_in_process_upto_is_the_servers_fits(word: str, params: tuple[int, ...]) -> None:
+    from redis_ratelimit_client import algorithms as core
+
+    algo, now = core.BY_WORD[word], 1_700_000_000_000_000
+    state = algo.idle(params, now)
+    first, changed = core.run(algo, state, params, Request.upto(4).core(), now)
+    assert first.allowed and changed and first.remaining == 6
+    assert core.upto_cost(algo, state, params, 100, now) == 6
+    second, _ = core.run(algo, state, params, Request.upto(100).core(), now)
+    assert second.allowed and second.remaining == 0
+    third, changed = core.run(algo, state, params, Request.upto(3).core(), now)
+    assert not third.allowed and not changed and third.wait_ms > 0

@@ -42,7 +42,7 @@ MAX_SLIDING_LIMIT = (1 << 24) - 1
 COST = "cost"
 FORCE = "force"
 REFUND = "refund"
-#: `UPTO n`: the server's (issue 27); the in-process algorithms decide costs.
+#: `UPTO n` (issue 27): the units that fit, at most n, at least 1.
 UPTO = "upto"
 
 
@@ -83,7 +83,18 @@ def run(
     if kind == REFUND:
         changed = algo.refund(state, params, n, now_us)
         return decide(algo, state, params, Request(COST, 0), now_us)[0], changed
+    if kind == UPTO:
+        d = algo.apply(state, params, upto_cost(algo, state, params, n, now_us), now_us)
+        return d, d.allowed
     raise ValueError(f"request kind {kind!r}")
+
+
+def upto_cost(algo: Any, state: Any, params: tuple[int, ...], most: int, now_us: int) -> int:
+    """The cost `UPTO most` runs as (the core's `fits`): the units that fit
+    now, at most `most`, or 1 when none do (the denial `COST 1` gets). An
+    admission's `granted` is that cost; a denial's is 0."""
+    fits = min(most, decide(algo, state, params, Request(COST, 0), now_us)[0].remaining)
+    return max(fits, 1)
 
 
 def decide(
