@@ -226,3 +226,24 @@ export async function observability(): Promise<DenyEventsStats> {
   await events.close();
   return events.stats();
 }
+
+// Issue 27: UPTO, batched and striped rules.
+import { SlotMap, pickTags, batchSize, GRANT_DEFAULTS, type GrantConfig } from 'redis-ratelimit';
+export async function grants(): Promise<[number | null, Path, boolean]> {
+  const rl = new Client(client);
+  const d = await rl.fixedWindow('k', { limit: 5, windowMs: 1000 }, RLRequest.upto(3));
+  const all = await rl.all([{ key: 'k', rule: { algorithm: 'sliding', limit: 5, windowMs: 1000 } }], { upto: 2 });
+  await rl.acquire('k', { policy: 'p' }, { timeoutMs: 10, upto: 2 });
+  const lim = new Limiter(rl);
+  const set = await lim.ruleSet([
+    { key: 'rl:api', global: true, batched: true, holdMs: 50, maxSharePct: 10, striped: 3, spec: { algorithm: 'tokenbucket', capacity: 1000, refillCount: 1000, refillMs: 1000 } },
+  ]);
+  const g: Decision = await lim.check(set, 'x');
+  const grant: Path = 'grant';
+  const config: GrantConfig = GRANT_DEFAULTS;
+  const tags: string[] = pickTags(SlotMap.standalone(), 3);
+  void [config, tags, batchSize(1, 50, 100, 10), grant];
+  const moved: boolean = await lim.refreshStripes();
+  await lim.close();
+  return [d.granted ?? all.granted, g.path, moved];
+}
