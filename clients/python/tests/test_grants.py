@@ -24,6 +24,7 @@ from redis_ratelimit_client import (
     LeakyBucket,
     Policy,
     Quota,
+    Request,
     Rule,
     Sliding,
     TokenBucket,
@@ -533,3 +534,16 @@ def test_concurrent_tasks_share_one_call_in_flight(server: Server, r: redis.Redi
     # One UPTO, then the REFUND of the 10 left at aclose.
     assert calls(r, "RL.FIXEDWINDOW") == 2
     assert fw_remaining(r, "flight-a", 1000) == 1000 - 50
+
+
+def test_a_grant_too_small_for_the_cost_goes_back_at_once(server: Server, r: redis.Redis) -> None:
+    r.execute_command("RL.FIXEDWINDOW", "small", 10, FIXED_MS, "COST", 8)
+    rule = Rule(FixedWindow(10, FIXED_MS), "small", fixed_key="small", global_=True, batched=True)
+    with Limiter(server.client(), [rule]) as lim:
+        a = lim.check("x", Request.cost(5))
+        assert not a.allowed and a.path == "redis"
+        # The 2 units UPTO 5 took came back with the denial, not after hold_ms.
+        assert fw_remaining(r, "small", 10) == 2 and lim.stats.grant_refunds == 1
+        # Drained: the next ask waits hold_ms (denied here meanwhile), then takes both.
+        wait_until(lambda: lim.check("x", Request.cost(2)).allowed, what="the next ask")
+        assert fw_remaining(r, "small", 10) == 0

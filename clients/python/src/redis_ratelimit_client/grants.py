@@ -207,9 +207,9 @@ def stripe_tags(owners: Owners, n: int) -> list[str]:
 def repick_tags(owners: Owners, old: Sequence[str | None]) -> list[str]:
     """The tags after the slot map changed: a stripe keeps its tag while the
     master now owning it holds no more stripes than the placement `i mod M`
-    gives it; the others (and None) move, in order, to the masters short of
-    stripes (first tag free on each). Units consumed under a moved stripe's
-    old key are not seen by its new one."""
+    gives it; the others (and None) move, in order, each to its placement's
+    master or the next one short of stripes (its first free tag). Units
+    consumed under a moved stripe's old key are not seen by its new one."""
     masters = ordered(owners)
     if not masters:
         raise InvalidArgument("the slot map has no master", param="striped")
@@ -227,8 +227,8 @@ def repick_tags(owners: Owners, old: Sequence[str | None]) -> list[str]:
     for i in range(n):
         if tags[i] is not None:
             continue
-        # The placement's own master when it has room, else the first with room.
-        m = i % m_count if room[i % m_count] > 0 else next(j for j in range(m_count) if room[j])
+        # The placement's own master when it has room, else the next with room.
+        m = next((i + j) % m_count for j in range(m_count) if room[(i + j) % m_count])
         room[m] -= 1
         tags[i] = tag = _first_tag(masters[m], used)
         used.add(tag)

@@ -849,6 +849,10 @@ class _Limiting:
                 return None
             self._failures = 0
             d = b.granted(answer, now, size, units)
+            if not d.allowed and b.held:
+                # A grant too small for the cost: back at once.
+                self.stats.grant_refunds += 1
+                yield called, spec, Request.refund(b.drain())
         finally:
             b.flight = None
             self._signal(flight)
