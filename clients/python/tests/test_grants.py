@@ -288,7 +288,8 @@ def test_batched_threads_never_exceed_the_bound_with_few_calls(
     elapsed = server_ms(r) - start
     lim.close()
     bound = capacity + refill_count * (elapsed // refill_ms + 1)
-    assert capacity <= admitted <= bound
+    # Never above the bound; below it by at most what one instance holds (b <= 20 % of 50).
+    assert capacity - capacity * 20 // 100 <= admitted <= bound
     sent = calls(r, "RL.TOKENBUCKET")
     assert 0 < sent * 10 < 8 * 300, (sent, lim.stats)
     assert lim.stats.grant_held > 0 and lim.stats.grant_denied > 0
