@@ -7,11 +7,14 @@
 #   2. Redis calls per 1,000 requests with and without the local level and
 #      the deny cache, under a skewed load (90% of requests from one user);
 #   3. the Limiter's decisions per second in process with metrics (Micrometer,
-#      a Prometheus registry) and deny events on vs off, as a ratio.
+#      a Prometheus registry) and deny events on vs off, as a ratio;
+#   4. one global limit offered twice over by 4 instances, plain then batched:
+#      admitted per second against the bucket's bound, Redis calls per 1,000.
 # A benchmark reports; it exits 0 whatever the figures are.
 #
 # Knobs: KIT_BENCH_N (requests per run, 20000), KIT_BENCH_C (connections, 16),
-# KIT_BENCH_ROUNDS (3), KIT_BENCH_ONLY=observability (table 3 alone).
+# KIT_BENCH_ROUNDS (3), KIT_BENCH_ONLY=observability (table 3 alone),
+# KIT_BENCH_ONLY=grants (table 4 alone).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 

@@ -169,6 +169,7 @@ public final class Limiter implements AutoCloseable {
     private final java.util.concurrent.ConcurrentHashMap<String, List<Spec>> stripeSpecs = new java.util.concurrent.ConcurrentHashMap<>();
     /** Refunds held units after hold_ms, sweeps idle keys and re-reads the slot map; started with the first grant or stripe. */
     private volatile java.util.concurrent.ScheduledExecutorService timer;
+    private volatile boolean closed;
     private final long origin = System.nanoTime();
     private volatile Observer observer;
     private final DenyEvents events;
@@ -901,9 +902,13 @@ public final class Limiter implements AutoCloseable {
                     LOG.log(Level.INFO, "redis-ratelimit: the cluster's slot map changed, stripes re-picked");
                 }
                 topology = now;
-                if (before == null) {
+                if (before == null && !closed) {
                     // From now on the slot map is re-read once a second (Lettuce follows a MOVED itself).
-                    timer();
+                    try {
+                        timer();
+                    } catch (java.util.concurrent.RejectedExecutionException closing) {
+                        LOG.log(Level.DEBUG, "redis-ratelimit: closed while reading the slot map");
+                    }
                 }
                 mine.complete(now);
             } catch (RuntimeException e) {
@@ -1109,6 +1114,7 @@ public final class Limiter implements AutoCloseable {
         List<Decision> answers = new ArrayList<>();
         long stamp = 0;
         boolean expire = false;
+        long gone = 0;
         synchronized (h) {
             h.asking = false;
             h.last = d;
@@ -1131,6 +1137,13 @@ public final class Limiter implements AutoCloseable {
                     }
                 }
                 expire = h.held > 0;
+                if (expire && h.dead) {
+                    // Granted after close (or after the key was swept): back at once.
+                    stamp = 0;
+                    expire = false;
+                    gone = h.held;
+                    h.held = 0;
+                }
             } else if (d.allowed()) {
                 // A policy in shadow or off: admitted, nothing taken.
                 for (int i = 0; i < waiters.size(); i++) {
@@ -1150,6 +1163,9 @@ public final class Limiter implements AutoCloseable {
             if (!charged.isEmpty()) {
                 accounts.charge(charged, g);
             }
+        }
+        if (gone > 0) {
+            giveBack(h.target, gone);
         }
         if (expire) {
             long at = stamp;
@@ -1208,6 +1224,9 @@ public final class Limiter implements AutoCloseable {
             return t;
         }
         synchronized (heldStates) {
+            if (closed) {
+                throw new java.util.concurrent.RejectedExecutionException("the limiter is closed");
+            }
             if (timer == null) {
                 java.util.concurrent.ScheduledThreadPoolExecutor e = new java.util.concurrent.ScheduledThreadPoolExecutor(1, r -> {
                     Thread th = new Thread(r, "redis-ratelimit-grants");
@@ -1241,7 +1260,11 @@ public final class Limiter implements AutoCloseable {
 
     /** At close: every held unit goes back, awaited up to the client's deadline. */
     private void giveBackHeld() {
-        java.util.concurrent.ScheduledExecutorService t = timer;
+        java.util.concurrent.ScheduledExecutorService t;
+        synchronized (heldStates) {
+            closed = true;
+            t = timer;
+        }
         if (t != null) {
             t.shutdownNow();
         }

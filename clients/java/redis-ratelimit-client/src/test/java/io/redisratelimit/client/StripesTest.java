@@ -148,6 +148,43 @@ class StripesTest extends EveryDriver {
     }
 
     @ParameterizedTest
+    @EnumSource(value = Drivers.class, names = {"LETTUCE_CLUSTER", "JEDIS_CLUSTER"})
+    void batchedAndStripedBatchesPerStripeAndNeverExceedsTheLimit(Drivers d) throws Exception {
+        String key = "t:bs:" + UUID.randomUUID();
+        Rule r = Rule.of("bs", Spec.fixedWindow(300, WINDOW)).fixedKey(key).asGlobal().striped(3).batched().holdMs(60_000);
+        List<Limiter> instances = new ArrayList<>();
+        long admitted = 0;
+        long calls = 0;
+        List<String> keys;
+        try {
+            for (int i = 0; i < 4; i++) {
+                instances.add(limiter(d));
+            }
+            keys = instances.get(0).stripeKeys(r, "any");
+            for (int i = 0; i < 600; i++) {
+                Limiter l = instances.get(i % 4);
+                admitted += l.check(l.rules(r), "any").allowed() ? 1 : 0;
+            }
+            for (Limiter l : instances) {
+                calls += l.stats().redisCalls();
+            }
+        } finally {
+            instances.forEach(Limiter::close);
+        }
+        assertTrue(admitted <= 300, admitted + " admitted");
+        assertTrue(admitted >= 200, admitted + " admitted");
+        assertTrue(calls * 5 < 600, calls + " round trips for 600 decisions");
+        List<Spec> shares = Stripes.shares(r.spec(), 3);
+        try (Client c = Client.connect(d.cluster(cluster), Duration.ofSeconds(2))) {
+            long onServer = 0;
+            for (int i = 0; i < 3; i++) {
+                onServer += consumed(c, keys.get(i), shares.get(i));
+            }
+            assertEquals(admitted, onServer, "held units went back at close: the stripes count what was admitted");
+        }
+    }
+
+    @ParameterizedTest
     @EnumSource(value = Drivers.class, names = {"LETTUCE"})
     void aBatchedOrStripedRuleIsGlobalOfAnUptoAlgorithmAndASetOfItsOwn(Drivers d) {
         try (Limiter l = limiter(d)) {

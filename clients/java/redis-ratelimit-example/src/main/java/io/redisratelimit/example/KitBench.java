@@ -47,7 +47,7 @@ import java.util.concurrent.atomic.AtomicLong;
  *       flushed to a callback) on against off, interleaved, as a ratio.</li>
  * </ol>
  * Args: redis port. Env: KIT_BENCH_N (20000), KIT_BENCH_C (16), KIT_BENCH_ROUNDS (3),
- * KIT_BENCH_ONLY=observability (table 3 alone).
+ * KIT_BENCH_ONLY=observability (table 3 alone), KIT_BENCH_ONLY=grants (table 4 alone: {@link GrantsBench}).
  */
 public final class KitBench {
     private static final HttpClient HTTP = HttpClient.newBuilder().version(HttpClient.Version.HTTP_1_1)
@@ -70,6 +70,10 @@ public final class KitBench {
 
         if ("observability".equals(System.getenv("KIT_BENCH_ONLY"))) {
             observability(redisPort, n, c, rounds);
+            System.exit(0);
+        }
+        if ("grants".equals(System.getenv("KIT_BENCH_ONLY"))) {
+            GrantsBench.run(redisPort);
             System.exit(0);
         }
         log("the annotation's cost per request (" + n + " requests, " + c + " connections, " + rounds + " rounds, 1000 users)");
@@ -119,6 +123,7 @@ public final class KitBench {
             }
         }
         observability(redisPort, n, c, rounds);
+        GrantsBench.run(redisPort);
         System.exit(0);
     }
 
