@@ -427,6 +427,35 @@ describe('striped rules on a 3-master cluster', () => {
   });
 });
 
+describe('re-pick when the slot map changes (last on the cluster: it moves a slot)', () => {
+  test('ioredis: a MOVED refreshes the slot map, and only the stripe whose master now holds two moves', async () => {
+    const c = new Cluster(cluster.ports.map((p) => ({ host: '127.0.0.1', port: p })));
+    c.on('error', () => {});
+    await new Promise((resolve) => c.once('ready', resolve));
+    const limiter = new Limiter(new Client(c), { localLevel: false });
+    const key = fresh('repick');
+    const set = await limiter.ruleSet([{ spec: { algorithm: 'fixedwindow', limit: 30, windowMs: STILL_MS }, global: true, striped: 3, key }]);
+    const stripes = set.rules[0].stripes;
+    const before = [...stripes.tags];
+    // Stripe 1's slot (no key in it yet) goes from the second master to the first.
+    const slot = keySlot(before[1]);
+    const ids = cluster.ports.map((p) => cli(p, 'CLUSTER', 'MYID'));
+    for (const p of cluster.ports) assert.equal(cli(p, 'CLUSTER', 'SETSLOT', String(slot), 'NODE', ids[0]), 'OK');
+    await until(async () => (await serverSlotMap(cluster.ports[1])).ownerOf(slot) === 0, 'every node sees the slot moved');
+    // A command to the old owner is answered MOVED; ioredis refreshes its map and says so.
+    await c.get(`{${before[1]}}probe`).catch(() => {});
+    await until(() => stripes.tags[1] !== before[1], 'the stripes re-picked');
+    assert.equal(stripes.tags[0], before[0]);
+    assert.equal(stripes.tags[2], before[2]);
+    const map = await serverSlotMap(cluster.ports[0]);
+    assert.deepEqual(stripes.tags.map((t) => map.ownerOf(Number(cli(cluster.ports[0], 'CLUSTER', 'KEYSLOT', t)))), [0, 1, 2], 'one stripe per master again');
+    assert.equal((await limiter.check(set, 'x')).allowed, true);
+    assert.equal(await limiter.refreshStripes(), false, 'nothing more to move');
+    await limiter.close();
+    c.disconnect();
+  });
+});
+
 test('standalone stripes are rl0, rl1, rl2 on the one server', async () => {
   const c = new Redis({ port: server.port, host: '127.0.0.1' });
   const limiter = new Limiter(new Client(c), { localLevel: false });
