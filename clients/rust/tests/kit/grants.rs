@@ -603,7 +603,17 @@ async fn stripes_on_three_masters_sum_to_at_most_the_limit() {
 
 #[test]
 fn the_kits_crc16_is_the_servers_keyslot() {
-    let server = Server::start(Kind::Redis);
+    // CLUSTER KEYSLOT needs cluster support; one node, no slots, is enough.
+    let server = Server::start_with(
+        Kind::Redis,
+        &[
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+        ],
+        true,
+    );
     let mut conn = server.conn();
     for k in (0..300)
         .map(|i| format!("rl{i}"))
