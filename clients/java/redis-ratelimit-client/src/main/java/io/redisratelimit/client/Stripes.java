@@ -116,7 +116,8 @@ final class Stripes {
      * with the first free {@code rlK} of that master. With {@code old} tags,
      * each keeps its tag while the master now owning it holds fewer stripes
      * than its due (the number of {@code i} with {@code i mod M} its index);
-     * the others move to the masters short of their due.
+     * the others move, in order, each to its placement's master or the next
+     * one short of its due (as the other kits).
      */
     private List<String> pick(List<String> old, int n) {
         int[] due = new int[masters];
@@ -141,14 +142,10 @@ final class Stripes {
             if (out[i] != null) {
                 continue;
             }
+            // The placement's own master when it has room, else the next one with room.
             int m = i % masters;
-            if (held[m] >= due[m]) {
-                for (int j = 0; j < masters; j++) {
-                    if (held[j] < due[j]) {
-                        m = j;
-                        break;
-                    }
-                }
+            for (int j = 0; j < masters && held[m] >= due[m]; j++) {
+                m = (i + j + 1) % masters;
             }
             out[i] = firstTag(m, used);
             used.add(out[i]);
