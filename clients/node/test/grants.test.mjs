@@ -230,7 +230,8 @@ describe('batched rules', () => {
     const key = fresh('burst');
     const spec = { algorithm: 'tokenbucket', capacity: 50, refillCount: 10, refillMs: 1000 };
     const reg = new Registry();
-    const limiter = new Limiter(rl, { metrics: reg, localLevel: false });
+    // failClosed and a long deadline: a slow shared machine must not turn a late reply into a fallback admission
+    const limiter = new Limiter(rl, { metrics: reg, localLevel: false, fallback: 'failClosed', deadlineMs: 10_000 });
     const set = await limiter.ruleSet([{ spec, global: true, batched: true, key, name: 'burst' }]);
     const calls0 = calls(server.port, 'rl.tokenbucket');
     const t0 = serverUs(server.port);
@@ -265,7 +266,7 @@ describe('batched rules', () => {
       [200, 'idle'],
     ]) {
       const key = fresh(`hold-${how}`);
-      const limiter = new Limiter(rl, { localLevel: false });
+      const limiter = new Limiter(rl, { localLevel: false, fallback: 'failClosed', deadlineMs: 10_000 });
       const set = await limiter.ruleSet([{ spec, global: true, batched: true, key, holdMs }]);
       let admitted = 0;
       // until the instance holds units beyond what it admitted (the batch grows with the rate)
@@ -285,7 +286,7 @@ describe('batched rules', () => {
   test('a denial is answered locally until the next ask', async () => {
     const key = fresh('deny');
     const spec = { algorithm: 'fixedwindow', limit: 3, windowMs: STILL_MS };
-    const limiter = new Limiter(rl, { localLevel: false });
+    const limiter = new Limiter(rl, { localLevel: false, fallback: 'failClosed', deadlineMs: 10_000 });
     const set = await limiter.ruleSet([{ spec, global: true, batched: true, key }]);
     const ds = [];
     for (let i = 0; i < 10; i++) ds.push(await limiter.check(set, 'x'));
@@ -359,7 +360,7 @@ describe('striped rules on a 3-master cluster', () => {
       const rl = new Client(c);
       const key = fresh(`stripes-${kind.name}`);
       const spec = { algorithm: 'fixedwindow', limit: 30, windowMs: STILL_MS };
-      const limiter = new Limiter(rl, { localLevel: false, denyCache: false });
+      const limiter = new Limiter(rl, { localLevel: false, denyCache: false, fallback: 'failClosed', deadlineMs: 10_000 });
       const set = await limiter.ruleSet([{ spec, global: true, striped: 3, key }]);
       const stripes = set.rules[0].stripes;
       const keys = [0, 1, 2].map((i) => stripes.key(i, key));
@@ -389,7 +390,7 @@ describe('striped rules on a 3-master cluster', () => {
       assert.equal(after[(own + 2) % 3], 10, 'never a third stripe');
 
       // More instances, 2x the limit in all: the sum stays within the limit.
-      const others = [new Limiter(rl, { localLevel: false }), new Limiter(rl, { localLevel: false }), new Limiter(rl, { localLevel: false })];
+      const others = [0, 1, 2].map(() => new Limiter(rl, { localLevel: false, fallback: 'failClosed', deadlineMs: 10_000 }));
       for (const l of others) {
         const s = await l.ruleSet([{ spec, global: true, striped: 3, key }]);
         for (let i = 0; i < 14; i++) if ((await l.check(s, 'x')).allowed) admitted++;
@@ -407,7 +408,7 @@ describe('striped rules on a 3-master cluster', () => {
     const rl = new Client(c);
     const key = fresh('both');
     const spec = { algorithm: 'tokenbucket', capacity: 300, refillCount: 3, refillMs: 2 ** 40 };
-    const limiters = [new Limiter(rl, { localLevel: false }), new Limiter(rl, { localLevel: false })];
+    const limiters = [0, 1].map(() => new Limiter(rl, { localLevel: false, fallback: 'failClosed', deadlineMs: 10_000 }));
     let admitted = 0;
     let stripes;
     for (const l of limiters) {
@@ -416,6 +417,7 @@ describe('striped rules on a 3-master cluster', () => {
       for (let round = 0; round < 20; round++) {
         const ds = await Promise.all(Array.from({ length: 20 }, () => l.check(set, 'x')));
         admitted += ds.filter((d) => d.allowed).length;
+        assert.ok(ds.every((d) => d.path !== 'fallback'));
       }
     }
     assert.ok(admitted <= 300, `admitted ${admitted}`);
@@ -432,15 +434,20 @@ describe('re-pick when the slot map changes (last on the cluster: it moves a slo
     const c = new Cluster(cluster.ports.map((p) => ({ host: '127.0.0.1', port: p })));
     c.on('error', () => {});
     await new Promise((resolve) => c.once('ready', resolve));
-    const limiter = new Limiter(new Client(c), { localLevel: false });
+    const limiter = new Limiter(new Client(c), { localLevel: false, fallback: 'failClosed', deadlineMs: 10_000 });
     const key = fresh('repick');
     const set = await limiter.ruleSet([{ spec: { algorithm: 'fixedwindow', limit: 30, windowMs: STILL_MS }, global: true, striped: 3, key }]);
     const stripes = set.rules[0].stripes;
     const before = [...stripes.tags];
     // Stripe 1's slot (no key in it yet) goes from the second master to the first.
     const slot = keySlot(before[1]);
-    const ids = cluster.ports.map((p) => cli(p, 'CLUSTER', 'MYID'));
-    for (const p of cluster.ports) assert.equal(cli(p, 'CLUSTER', 'SETSLOT', String(slot), 'NODE', ids[0]), 'OK');
+    // The tests above wrote keys there (the same tags): a slot moves empty.
+    for (const p of cluster.ports) {
+      const keys = cli(p, 'CLUSTER', 'GETKEYSINSLOT', String(slot), '1000').split('\n').filter((k) => k !== '');
+      if (keys.length > 0) cli(p, 'DEL', ...keys);
+    }
+    const first = (await serverSlotMap(cluster.ports[0])).masters[0];
+    for (const p of cluster.ports) assert.equal(cli(p, 'CLUSTER', 'SETSLOT', String(slot), 'NODE', first), 'OK');
     await until(async () => (await serverSlotMap(cluster.ports[1])).ownerOf(slot) === 0, 'every node sees the slot moved');
     // A command to the old owner is answered MOVED; ioredis refreshes its map and says so.
     await c.get(`{${before[1]}}probe`).catch(() => {});
