@@ -269,7 +269,8 @@ def test_batched_threads_never_exceed_the_bound_with_few_calls(
         batched=True,
         max_share_pct=20,
     )
-    lim = Limiter(server.client(), [rule])
+    # Fail closed: a reply late on a loaded host is not a local-only admission.
+    lim = Limiter(server.client(), [rule], fallback=FallbackMode.FAIL_CLOSED)
     lim.startup()
     r.config_resetstat()
     start = server_ms(r)
@@ -424,7 +425,7 @@ def test_async_batched_bound_calls_and_aclose(server: Server, r: redis.Redis) ->
             max_share_pct=25,
         )
         try:
-            lim = AsyncLimiter(ar, [rule], deadline=1.0)
+            lim = AsyncLimiter(ar, [rule], deadline=5.0, fallback=FallbackMode.FAIL_CLOSED)
             await lim.startup()
             r.config_resetstat()
             results = await asyncio.gather(*(lim.check("x") for _ in range(2 * limit)))
@@ -463,7 +464,8 @@ def test_striped_standalone_spills_over_to_the_next_stripe_only(
 def test_striped_instances_never_exceed_the_limit_together(server: Server, r: redis.Redis) -> None:
     limit = 30
     rule = Rule(FixedWindow(limit, FIXED_MS), "t", fixed_key="together", global_=True, striped=3)
-    lims = [Limiter(server.client(), [rule]) for _ in range(4)]
+    closed = FallbackMode.FAIL_CLOSED
+    lims = [Limiter(server.client(), [rule], fallback=closed) for _ in range(4)]
     admitted = sum(lims[i % 4].check("x").allowed for i in range(2 * limit))
     assert 20 <= admitted <= limit
     used = sum(10 - fw_remaining(r, stripe_key(f"rl{i}", "together"), 10) for i in range(3))

@@ -13,7 +13,7 @@ from redis.cluster import RedisCluster
 
 from redis_ratelimit_client import FixedWindow, Rule, TokenBucket
 from redis_ratelimit_client.grants import slot_of, stripe_key, stripe_tags
-from redis_ratelimit_client.limiter import Limiter
+from redis_ratelimit_client.limiter import FallbackMode, Limiter
 
 
 @pytest.fixture
@@ -70,7 +70,7 @@ def test_three_stripes_fall_on_three_masters(cluster: Cluster, rc: RedisCluster)
 def test_striped_sum_never_exceeds_the_limit(cluster: Cluster, rc: RedisCluster) -> None:
     limit = 30
     rule = Rule(FixedWindow(limit, FIXED_MS), "sum", fixed_key="sum", global_=True, striped=3)
-    lims = [Limiter(rc, [rule]) for _ in range(3)]
+    lims = [Limiter(rc, [rule], fallback=FallbackMode.FAIL_CLOSED) for _ in range(3)]
     for i, lim in enumerate(lims):
         lim._grants[0].own = i  # one instance per stripe: every master in use
     admitted = sum(lims[i % 3].check("x").allowed for i in range(2 * limit))
@@ -102,7 +102,7 @@ def test_batched_striped_on_the_cluster_stays_within_the_limit(
         striped=3,
         max_share_pct=50,
     )
-    lims = [Limiter(rc, [rule]) for _ in range(3)]
+    lims = [Limiter(rc, [rule], fallback=FallbackMode.FAIL_CLOSED) for _ in range(3)]
     for i, lim in enumerate(lims):
         lim._grants[0].own = i
     for n in cluster.nodes:
