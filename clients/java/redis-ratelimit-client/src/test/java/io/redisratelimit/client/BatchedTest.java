@@ -51,7 +51,11 @@ class BatchedTest {
     }
 
     private Limiter limiter(RedisServer on, SimpleMeterRegistry registry) {
-        Limiter.Builder b = Limiter.builder(Client.connect(Drivers.LETTUCE.standalone(on), Duration.ofSeconds(2)));
+        return limiter(on, registry, FallbackMode.LOCAL_ONLY);
+    }
+
+    private Limiter limiter(RedisServer on, SimpleMeterRegistry registry, FallbackMode fallback) {
+        Limiter.Builder b = Limiter.builder(Client.connect(Drivers.LETTUCE.standalone(on), Duration.ofSeconds(2))).fallback(fallback);
         if (registry != null) {
             b.metrics(RateLimitMeters.on(registry));
         }
@@ -107,7 +111,8 @@ class BatchedTest {
         long callsBefore = calls("rl.tokenbucket");
         long startMs;
         long endMs;
-        try (Limiter l = limiter(server, registry)) {
+        // Fail closed: a late reply on a loaded host is never an admission of the fallback's.
+        try (Limiter l = limiter(server, registry, FallbackMode.FAIL_CLOSED)) {
             RuleSet set = l.rules(batched(key, spec, 50));
             ExecutorService pool = Executors.newFixedThreadPool(callers);
             try {
