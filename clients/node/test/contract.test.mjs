@@ -521,8 +521,9 @@ describe('observability: metric names, types, labels and buckets; levels and out
   test('levels and outcomes are the contract\'s; every path a Limiter decision takes has its level', () => {
     assert.deepEqual([...LEVELS], ob.levels.map((l) => l.level));
     assert.deepEqual([...OUTCOMES], ob.outcomes);
-    for (const path of ['redis', 'local', 'denyCache', 'fallback']) assert.ok(LEVELS.includes(LEVEL_OF[path]), path);
-    assert.deepEqual(Object.values(LEVEL_OF).sort(), ['deny_cache', 'fallback', 'local', 'redis']);
+    for (const path of ['redis', 'local', 'denyCache', 'grant', 'fallback']) assert.ok(LEVELS.includes(LEVEL_OF[path]), path);
+    // every level of the contract is a path's (grant: a batched rule's held units and local denials)
+    assert.deepEqual(Object.values(LEVEL_OF).sort(), [...LEVELS].sort());
   });
 
   test('deny events: the defaults, the bulk index, the fields in order (the optional ones left out when unknown), the timestamp\'s form', async () => {
