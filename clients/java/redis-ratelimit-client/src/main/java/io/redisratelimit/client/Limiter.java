@@ -26,6 +26,12 @@ import java.util.concurrent.TimeUnit;
  * caller releases ({@link Lease#of}); its denials are never cached, and the
  * local-only fallback admits it without a lease (the fallback keeps no
  * count of work in flight).
+ *
+ * <p>A global rule may be {@link Rule#batched() batched} (units taken with
+ * {@code UPTO b} and spent in process, {@link Path#GRANT}; what is held
+ * {@code hold_ms} goes back with {@code REFUND}, and everything held at
+ * {@link #close}) and {@link Rule#striped(int) striped} (its limit kept in
+ * N keys on different masters: this instance's own stripe, then one other).
  */
 public final class Limiter implements AutoCloseable {
     private static final System.Logger LOG = System.getLogger(Limiter.class.getName());
