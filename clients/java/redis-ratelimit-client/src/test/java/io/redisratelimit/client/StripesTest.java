@@ -186,6 +186,27 @@ class StripesTest extends EveryDriver {
     }
 
     @ParameterizedTest
+    @EnumSource(value = Drivers.class, names = {"LETTUCE_CLUSTER", "JEDIS_CLUSTER"})
+    void aChangedSlotMapMovesOnlyTheStripeWhoseMasterNoLongerHoldsItApart(Drivers d) throws Exception {
+        try (io.redisratelimit.client.testing.RedisCluster own = io.redisratelimit.client.testing.RedisCluster.start();
+             Limiter l = Limiter.builder(Client.connect(d.cluster(own), Duration.ofSeconds(2))).build()) {
+            Rule r = striped("t:repick", 30);
+            assertEquals(List.of("{rl0}t:repick", "{rl1}t:repick", "{rl2}t:repick"), l.stripeKeys(r, "any"));
+            // rl1's slot (7773) goes to master 0, beside rl0: only stripe 1 moves, to master 1's next tag, rl5 (7897).
+            String first = own.nodes().get(0).command("CLUSTER", "MYID");
+            for (RedisServer n : own.nodes()) {
+                n.command("CLUSTER", "SETSLOT", "7773", "NODE", first);
+            }
+            long deadline = System.nanoTime() + 15_000_000_000L;
+            while (!l.stripeKeys(r, "any").get(1).equals("{rl5}t:repick") && System.nanoTime() < deadline) {
+                Thread.sleep(20);
+            }
+            assertEquals(List.of("{rl0}t:repick", "{rl5}t:repick", "{rl2}t:repick"), l.stripeKeys(r, "any"));
+            assertTrue(l.check(l.rules(r), "any").allowed(), "decides on the new stripes");
+        }
+    }
+
+    @ParameterizedTest
     @EnumSource(value = Drivers.class, names = {"LETTUCE"})
     void aBatchedOrStripedRuleIsGlobalOfAnUptoAlgorithmAndASetOfItsOwn(Drivers d) {
         try (Limiter l = limiter(d)) {
