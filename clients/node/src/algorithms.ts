@@ -49,9 +49,9 @@ export interface Answer {
   readonly resetMs: bigint;
 }
 
-/** `COST n`, `COST n FORCE` or `REFUND n`, as the core's `Request`. */
+/** `COST n`, `COST n FORCE`, `REFUND n` or `UPTO n`, as the core's `Request`. */
 export interface AlgoRequest {
-  readonly kind: 'cost' | 'force' | 'refund';
+  readonly kind: 'cost' | 'force' | 'refund' | 'upto';
   readonly n: bigint;
 }
 
@@ -106,7 +106,27 @@ export function run<S extends State>(algo: Algorithm<S>, state: S, params: reado
       const changed = algo.refund(state, params, n, nowUs);
       return [decide(algo, state, params, { kind: 'cost', n: 0n }, nowUs)[0], changed];
     }
+    case 'upto':
+      return run(algo, state, params, { kind: 'cost', n: fits(algo, state, params, n, nowUs) || 1n }, nowUs);
   }
+}
+
+/**
+ * `UPTO most`: the most units, at most `most`, that `COST` admits now (0
+ * when not even 1 does; `UPTO` then runs as `COST 1`, its denial). Admission
+ * is monotone in the cost, so a binary search over copies finds it.
+ */
+export function fits<S extends State>(algo: Algorithm<S>, state: S, params: readonly bigint[], most: bigint, nowUs: bigint): bigint {
+  const admits = (k: bigint) => algo.apply(state.clone() as S, params, k, nowUs).allowed;
+  if (most < 1n || !admits(1n)) return 0n;
+  let lo = 1n;
+  let hi = most;
+  while (lo < hi) {
+    const mid = (lo + hi + 1n) / 2n;
+    if (admits(mid)) lo = mid;
+    else hi = mid - 1n;
+  }
+  return lo;
 }
 
 /** What `run` would answer, changing nothing. */

@@ -185,6 +185,25 @@ describe('typed UPTO', () => {
     await assert.rejects(rl.hit('grants-lb', fresh('lbp'), Request.upto(2)), (e) => argError('UPTO')(e) && /LEAKYBUCKET/.test(e.message));
   });
 
+  test("the local algorithms' UPTO (src/algorithms.ts) take what the server takes", async () => {
+    const { BY_WORD, run } = await import('../dist/esm/algorithms.js');
+    const { ruleArgs } = await import('../dist/esm/rules.js');
+    for (const [name, [spec, [command]]] of Object.entries(specs)) {
+      if (name === 'quota') continue; // the local quota runs with its period's end: covered by the contract's sequences
+      const key = fresh(`local-${name}`);
+      const [word, params] = ruleArgs(spec);
+      const algo = BY_WORD[word];
+      const p = params.map(BigInt);
+      const now = BigInt(Date.now()) * 1000n;
+      const state = algo.idle(p, now);
+      for (const n of [3, 3, 1, 7]) {
+        const server = await rl.limit(key, spec, Request.upto(n));
+        const [local] = run(algo, state, p, { kind: 'upto', n: BigInt(n) }, now);
+        assert.deepEqual([local.allowed, Number(local.remaining)], [server.allowed, server.remaining], `${command} UPTO ${n}`);
+      }
+    }
+  });
+
   test('acquire with upto waits for the first unit and says what it took', async () => {
     const key = fresh('acq');
     const spec = { algorithm: 'fixedwindow', limit: 3, windowMs: STILL_MS };
