@@ -259,7 +259,7 @@ describe('golden decision sequences: every decision exactly the core\'s', () => 
 // BLOCK to the kit's names); no request of any kind builds a refused word
 // combination.
 describe('options: requests, blocking timeouts and refused words', () => {
-  const kitName = { COST: 'cost', REFUND: 'refund', BLOCK: 'timeoutMs' };
+  const kitName = { COST: 'cost', REFUND: 'refund', BLOCK: 'timeoutMs', UPTO: 'UPTO' };
   test('words: COST, FORCE, REFUND, BLOCK with the bounds the kit checks', () => {
     assert.deepEqual(contract.options.words.map((w) => w.word), ['COST', 'FORCE', 'REFUND', 'BLOCK']);
     for (const w of contract.options.words.filter((w) => !w.flag)) {
@@ -308,6 +308,7 @@ describe('options: requests, blocking timeouts and refused words', () => {
     for (const kind of ['cost', 'force', 'refund']) {
       for (const n of [0, 1, 2, 2 ** 40]) built.add(JSON.stringify(optionArgs(Request[kind](n))));
     }
+    for (const n of [1, 2, 2 ** 40]) built.add(JSON.stringify(optionArgs(Request.upto(n))));
     for (const r of contract.options.refused_words) assert.ok(!built.has(JSON.stringify(r.args)), JSON.stringify(r.args));
     // Nor the deprecated options object: REFUND with FORCE or COST is refused, naming it.
     assert.throws(() => optionArgs({ refund: 1, force: true }), (e) => e instanceof InvalidArgumentError && e.argument === 'force');
