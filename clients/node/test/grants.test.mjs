@@ -10,7 +10,7 @@ import { Redis, Cluster } from 'ioredis';
 import { createClient, createCluster } from 'redis';
 import { Registry } from 'prom-client';
 import { batchSize, Client, GRANT_DEFAULTS, InvalidArgumentError, keySlot, Limiter, pickTags, Request, SlotMap, stripeSpecs } from 'redis-ratelimit';
-import { sleep, startCluster, startServer, STILL_MS } from './servers.mjs';
+import { clientKinds, clusterKinds, sleep, startCluster, startServer, STILL_MS } from './servers.mjs';
 
 let server;
 let cluster;
@@ -183,6 +183,28 @@ describe('typed UPTO', () => {
     assert.equal(calls(server.port, 'rl.leakybucket'), before, 'refused before anything was sent');
     await rl.policySet('grants-lb', { algorithm: 'leakybucket', capacity: 5, leakCount: 1, leakMs: 100 });
     await assert.rejects(rl.hit('grants-lb', fresh('lbp'), Request.upto(2)), (e) => argError('UPTO')(e) && /LEAKYBUCKET/.test(e.message));
+  });
+
+  test('every client, standalone and cluster: UPTO through the typed calls and RL.ALL', async () => {
+    const spec = { algorithm: 'hashwindow', limit: 4, windowMs: 3_600_000, bucketMs: 60_000 };
+    for (const [kinds, where] of [
+      [await clientKinds(), server.port],
+      [await clusterKinds(), cluster.ports],
+    ]) {
+      for (const kind of kinds) {
+        const client = await kind.make(where);
+        try {
+          const each = new Client(client);
+          const key = fresh(`kind-${kind.name}`);
+          const a = await each.limit(key, spec, Request.upto(3));
+          const b = await each.all([{ key, rule: spec }], { upto: 3 });
+          const none = await each.limit(key, spec, Request.upto(3));
+          assert.deepEqual([a.granted, b.granted, b.remaining, none.allowed, none.granted], [3, 1, 0, false, 0], kind.name);
+        } finally {
+          await kind.close(client);
+        }
+      }
+    }
   });
 
   test("the local algorithms' UPTO (src/algorithms.ts) take what the server takes", async () => {
