@@ -155,14 +155,9 @@ export class SlotMap {
   }
 }
 
-/** How many of `n` stripes master `m` of `masters` holds: stripe i is on master i mod M. */
-function quotaOf(m: number, n: number, masters: number): number {
-  return Math.floor(n / masters) + (m < n % masters ? 1 : 0);
-}
-
 /** The first tag "rl0", "rl1", ... whose slot master `m` owns and that is not in `used`; null when no tag up to a bound is (a master owning no slot). */
 function nextTag(map: SlotMap, m: number, used: Set<string>): string | null {
-  for (let k = 0; k < 1_000_000; k++) {
+  for (let k = 0; k < 10_000_000; k++) {
     const tag = `rl${k}`;
     if (!used.has(tag) && map.ownerOf(keySlot(tag)) === m) return tag;
   }
@@ -172,45 +167,42 @@ function nextTag(map: SlotMap, m: number, used: Set<string>): string | null {
 /**
  * The hash tags of `n` stripes on `map`: stripe i on master i mod M, its tag
  * the first "rl<k>" in that master's slots not taken by an earlier stripe.
- * With `previous` tags (a re-pick after the slot map changed), a stripe
- * keeps its tag while the master now owning it holds fewer stripes than its
- * share (M masters: i mod M); only the others move, to the masters short of
- * stripes, in order.
+ * With `previous` tags (a re-pick after the slot map changed), as the Rust
+ * kit's: a stripe keeps its tag while the master now owning it holds fewer
+ * than its fair share (`ceil(n / M)`) of the stripes kept before it; the
+ * others move, in order, to the master with the fewest stripes (the first in
+ * slot order on a tie), with that master's first free tag.
  */
 export function pickTags(map: SlotMap, n: number, previous?: readonly string[]): string[] {
   const masters = map.masters.length;
-  const tags: Array<string | null> = new Array<string | null>(n).fill(null);
-  const held = new Array<number>(masters).fill(0);
-  if (previous !== undefined && previous.length === n) {
-    previous.forEach((tag, i) => {
-      const owner = map.ownerOf(keySlot(tag));
-      if (owner >= 0 && (held[owner] as number) < quotaOf(owner, n, masters)) {
-        tags[i] = tag;
-        held[owner] = (held[owner] as number) + 1;
-      }
-    });
-  }
-  const used = new Set(tags.filter((t): t is string => t !== null));
-  for (let i = 0; i < n; i++) {
-    if (tags[i] !== null) continue;
-    // A fresh pick places stripe i on master i mod M; a re-pick on the first master short of its share, from there.
-    let m = i % masters;
-    if (previous !== undefined) {
-      for (let j = 0; j < masters; j++) {
-        const c = (i + j) % masters;
-        if ((held[c] as number) < quotaOf(c, n, masters)) {
-          m = c;
-          break;
-        }
-      }
-    }
+  const pick = (m: number, used: Set<string>): string => {
     const tag = nextTag(map, m, used);
     if (tag === null) throw new InvalidArgumentError('striped', `no hash tag falls in the slots of master ${map.masters[m]}`);
-    tags[i] = tag;
     used.add(tag);
-    held[m] = (held[m] as number) + 1;
+    return tag;
+  };
+  if (previous === undefined || previous.length !== n) {
+    const used = new Set<string>();
+    return Array.from({ length: n }, (_, i) => pick(i % masters, used));
   }
-  return tags as string[];
+  const fair = Math.ceil(n / masters);
+  const load = new Array<number>(masters).fill(0);
+  const kept = previous.map((tag) => {
+    const owner = map.ownerOf(keySlot(tag));
+    if (owner >= 0 && (load[owner] as number) < fair) {
+      load[owner] = (load[owner] as number) + 1;
+      return tag;
+    }
+    return null;
+  });
+  const used = new Set(kept.filter((t): t is string => t !== null));
+  return kept.map((tag) => {
+    if (tag !== null) return tag;
+    let target = 0;
+    for (let m = 1; m < masters; m++) if ((load[m] as number) < (load[target] as number)) target = m;
+    load[target] = (load[target] as number) + 1;
+    return pick(target, used);
+  });
 }
 
 /** The share of stripe `i` of `n` in `total`: `total / n`, plus 1 for the first `total % n`. */

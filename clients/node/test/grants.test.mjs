@@ -81,7 +81,7 @@ describe('pure pieces', () => {
     assert.throws(() => stripeSpecs({ algorithm: 'leakybucket', capacity: 10, leakCount: 5, leakMs: 1000 }, 2), argError('striped'));
   });
 
-  test('tags: standalone rl0, rl1, rl2; three masters, each stripe on master i mod 3; a re-pick moves only what it must', () => {
+  test('tags: standalone rl0, rl1, rl2; three masters, each stripe on master i mod 3; a re-pick moves only a stripe beyond its master\'s fair share', () => {
     assert.deepEqual(pickTags(SlotMap.standalone(), 3), ['rl0', 'rl1', 'rl2']);
     const reply = [
       [0, 5460, ['127.0.0.1', 7000, 'a']],
@@ -102,18 +102,27 @@ describe('pure pieces', () => {
         if (owner(other) === owner(t)) assert.ok(tags.slice(0, i).includes(other), `${other} is on the same master and free before ${t}`);
       }
     });
-    // Master b's slots go to c: the stripes on b move, the others keep their tags.
-    const moved = SlotMap.fromClusterSlots([
+    // Master b's slots go to c: c holds 3 stripes, no more than ceil(5 / 2): nothing moves.
+    const merged = SlotMap.fromClusterSlots([
       [0, 5460, ['127.0.0.1', 7000, 'a']],
       [5461, 16383, ['127.0.0.1', 7002, 'c']],
     ]);
-    const again = pickTags(moved, 5, tags);
-    assert.equal(again[0], tags[0]);
-    assert.equal(again[3], tags[3]);
-    assert.equal(again[2], tags[2]);
-    const per = [0, 0];
-    again.forEach((t) => per[moved.ownerOf(keySlot(t))]++);
-    assert.deepEqual(per, [3, 2], 'stripe i on master i mod 2');
+    assert.deepEqual(pickTags(merged, 5, tags), tags);
+    // Stripe 1's slot goes to a, which then holds two of three: stripe 1 alone moves, to b (the least loaded).
+    const three = pickTags(map, 3);
+    const slot = keySlot(three[1]);
+    const moved = SlotMap.fromClusterSlots([
+      [0, 5460, ['127.0.0.1', 7000, 'a']],
+      [slot, slot, ['127.0.0.1', 7000, 'a']],
+      [5461, slot - 1, ['127.0.0.1', 7001, 'b']],
+      [slot + 1, 10922, ['127.0.0.1', 7001, 'b']],
+      [10923, 16383, ['127.0.0.1', 7002, 'c']],
+    ]);
+    const again = pickTags(moved, 3, three);
+    assert.equal(again[0], three[0]);
+    assert.equal(again[2], three[2]);
+    assert.notEqual(again[1], three[1]);
+    assert.deepEqual(again.map((t) => moved.ownerOf(keySlot(t))), [0, 1, 2]);
     assert.deepEqual(pickTags(map, 5, tags), tags, 'the same map keeps every tag');
   });
 });
