@@ -413,8 +413,8 @@ export class Limiter {
 
   /**
    * Reads the slot map again and re-picks the tags of every striped rule
-   * whose masters changed (only the stripes whose master no longer holds
-   * them beside its share move). The kit does it by itself on a MOVED reply
+   * whose masters changed (only a stripe whose master now holds more
+   * than `ceil(N / M)` stripes moves, to the master with the fewest). The kit does it by itself on a MOVED reply
    * and on an ioredis cluster's topology refresh; call it after a
    * resharding a node-redis cluster followed by itself. Whether a tag moved.
    * Units consumed under the old keys are not seen by the new ones: a
