@@ -153,6 +153,7 @@ impl LimiterBuilder {
                 events: self.events,
                 _breaker_open: breaker_open,
                 grants: GrantKeys::default(),
+                stripe_seed: random_u64(),
                 epoch: Instant::now(),
                 refunder: std::sync::atomic::AtomicBool::new(false),
                 tick_ms: std::sync::atomic::AtomicU64::new(u64::MAX),
@@ -185,6 +186,9 @@ struct Inner {
     _breaker_open: Option<Arc<dyn Fn() -> bool + Send + Sync>>,
     /// The batched keys' grants.
     grants: GrantKeys,
+    /// Chosen at random once per limiter: its own stripe of every striped
+    /// rule is this modulo the rule's stripes.
+    stripe_seed: u64,
     /// The origin of the instance's clock (the batches' rate counters).
     epoch: Instant,
     /// Whether the task that refunds units held too long runs.
@@ -517,7 +521,7 @@ impl Limiter {
                 .collect::<Result<Vec<_>, _>>()?;
             let masters = self.inner.client.masters().await?;
             let tags = pick_tags(&masters, n as usize);
-            let own = (random_u64() % n) as usize;
+            let own = (self.inner.stripe_seed % n) as usize;
             Some(Stripes {
                 specs,
                 own,
