@@ -52,7 +52,7 @@ RATE=$((2 * LIMIT / PROCS))
 
 calls_of() {
   redis-cli -p "$1" INFO commandstats | tr -d '\r' |
-    awk -F'[=,:]' '/^cmdstat_rl.tokenbucket:/ { print $3; found=1 } END { if (!found) print 0 }'
+    awk -F'[=,:]' 'tolower($1) == "cmdstat_rl.tokenbucket" { print $3; found=1 } END { if (!found) print 0 }'
 }
 
 echo "grants: ${#MASTERS[@]} masters, $PROCS processes offering $((RATE * PROCS))/s on a limit of $LIMIT/s"
