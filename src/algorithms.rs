@@ -26,7 +26,7 @@
 
 use std::ffi::CStr;
 
-use crate::args::{ParamList, Params, BLOCK, COST_OR_REFUND};
+use crate::args::{ParamList, Params, BLOCK, COST_OR_REFUND, COST_REFUND_OR_UPTO};
 use crate::calendar::{self, Zone};
 use crate::config;
 use crate::error::Error;
@@ -51,7 +51,7 @@ self::algorithms! { $
             Arg::integer(c"capacity"),
             Arg::integer(c"refill_count"),
             Arg::integer(c"refill_ms"),
-            COST_OR_REFUND,
+            COST_REFUND_OR_UPTO,
             BLOCK,
         ],
         // The capacity and the count refilled (leaked) per period.
@@ -67,7 +67,7 @@ self::algorithms! { $
             Arg::key(c"key"),
             Arg::integer(c"limit"),
             Arg::integer(c"window_ms"),
-            COST_OR_REFUND,
+            COST_REFUND_OR_UPTO,
             BLOCK,
         ],
         ..Row::LIMITER
@@ -87,6 +87,7 @@ self::algorithms! { $
         ],
         // The capacity and the count refilled (leaked) per period.
         scaled: &[0, 1],
+        upto: false,
         ..Row::LIMITER
     },
     SlidingLog: ThinRepr => Row {
@@ -98,7 +99,7 @@ self::algorithms! { $
             Arg::key(c"key"),
             Arg::integer(c"limit"),
             Arg::integer(c"window_ms"),
-            COST_OR_REFUND,
+            COST_REFUND_OR_UPTO,
             BLOCK,
         ],
         bound: Some(Bound {
@@ -118,7 +119,7 @@ self::algorithms! { $
             Arg::integer(c"limit"),
             Arg::integer(c"window_ms"),
             Arg::integer(c"bucket_ms"),
-            COST_OR_REFUND,
+            COST_REFUND_OR_UPTO,
             BLOCK,
         ],
         bound: Some(Bound {
@@ -145,6 +146,7 @@ self::algorithms! { $
         specs: Specs { policies: true, all: false },
         reply: ReplyShape::Lease,
         companions: &[Companion::Release, Companion::Renew],
+        upto: false,
         ..Row::LIMITER
     },
     Quota: CounterRepr => Row {
@@ -168,7 +170,7 @@ self::algorithms! { $
                 .token(c"TZ")
                 .summary(c"UTC (the default), a fixed offset such as +05:30, or a time zone name such as America/New_York")
                 .optional(),
-            COST_OR_REFUND,
+            COST_REFUND_OR_UPTO,
             BLOCK,
         ],
         resolve: resolve_quota,
@@ -211,6 +213,10 @@ pub struct Row<L: Algorithm> {
     /// The end of the call's period, which a calendar quota's pinned call
     /// carries (`END unix_us`), so that replicas never read a tz database.
     pub period_end: fn(&L::Params) -> Option<Micros>,
+    /// Whether `UPTO n` may ask it for part of a request: every limiter of
+    /// counted units; not a shaping queue (a partial place in a queue means
+    /// nothing) nor leases (a lease is granted whole).
+    pub upto: bool,
 }
 
 /// A bound an operator sets on one quantity of a call's parameters: a
@@ -307,6 +313,7 @@ impl<L: Algorithm> Row<L> {
         companions: &[],
         resolve: resolve_nothing::<L::Params>,
         period_end: |_| None,
+        upto: true,
     };
 }
 
@@ -731,6 +738,24 @@ mod tests {
         let mut table = Vec::new();
         for_each_algorithm!(L => table.push(L::WORD.to_str().expect("ASCII")));
         assert_eq!(table, core.0);
+    }
+
+    /// `COMMAND DOCS` shows `UPTO` exactly where the command takes it.
+    #[test]
+    fn documented_upto_is_where_the_row_takes_it() {
+        for_each_algorithm!(L => {
+            let documented = L::ROW
+                .args
+                .iter()
+                .any(|arg| arg.name() == crate::args::COST_REFUND_OR_UPTO.name());
+            assert_eq!(documented, L::ROW.upto, "{:?}", L::ROW.command);
+        });
+        let without: Vec<_> = {
+            let mut v = Vec::new();
+            for_each_algorithm!(L => if !L::ROW.upto { v.push(word::<L>()) });
+            v
+        };
+        assert_eq!(without, ["LEAKYBUCKET", "CONCURRENCY"]);
     }
 
     /// `COMMAND DOCS` names the parameters as the core does in errors.

@@ -138,17 +138,41 @@ pub const COST_OR_REFUND: Arg = Arg::one_of(
 )
 .optional();
 
+/// `UPTO n`: take as many units as the limiter admits now, at most `n`.
+pub const UPTO: Arg = Arg::integer(c"most").token(c"UPTO").summary(
+    c"take as many units as fit now, at most this many and at least 1; the reply adds granted",
+);
+
+/// `[COST n [FORCE] | REFUND n | UPTO n]`: the options of the limiters that
+/// grant part of a request (every one but the leaky bucket and the
+/// concurrency limiter), of `RL.HIT` and of `RL.ALL` (parsed by
+/// [`parse_options`]).
+pub const COST_REFUND_OR_UPTO: Arg = Arg::one_of(
+    c"cost-refund-or-upto",
+    &[
+        COST,
+        Arg::block(
+            c"refund",
+            &[Arg::integer(c"units").summary(c"units to give back, at most those consumed")],
+        )
+        .token(c"REFUND"),
+        UPTO,
+    ],
+)
+.optional();
+
 /// `BLOCK timeout_ms`: wait in the server until admitted.
 pub const BLOCK: Arg = Arg::integer(c"timeout_ms")
     .token(c"BLOCK")
     .summary(c"wait in the server until admitted, at most this long (0: no limit)")
     .optional();
 
-/// Parses `[COST n [FORCE] | REFUND n] [BLOCK timeout_ms]` (and the
+/// Parses `[COST n [FORCE] | REFUND n | UPTO n] [BLOCK timeout_ms]` (and the
 /// internal `[AT us]`), in any order and case, each at most once.
 pub fn parse_options(rest: &[&[u8]]) -> Result<Options, Error> {
     let mut cost = None;
     let mut refund = None;
+    let mut upto = None;
     let mut force = false;
     let mut at = None;
     let mut block = None;
@@ -178,6 +202,12 @@ pub fn parse_options(rest: &[&[u8]]) -> Result<Options, Error> {
                 return Err(Error::DuplicateOption("REFUND"));
             }
             refund = Some(parse_int(value, "REFUND", 0, MAX_PARAM)?);
+        } else if name.eq_ignore_ascii_case(b"UPTO") {
+            let value = value.ok_or(Error::MissingValue("UPTO"))?;
+            if upto.is_some() {
+                return Err(Error::DuplicateOption("UPTO"));
+            }
+            upto = Some(parse_int(value, "UPTO", 1, MAX_PARAM)?);
         } else if name.eq_ignore_ascii_case(b"BLOCK") {
             let value = value.ok_or(Error::MissingValue("BLOCK"))?;
             if block.is_some() {
@@ -206,6 +236,27 @@ pub fn parse_options(rest: &[&[u8]]) -> Result<Options, Error> {
             return Err(Error::UnknownOption(Error::quote(name)));
         }
         i += 2;
+    }
+    if let Some(most) = upto {
+        let other = if cost.is_some() {
+            Some("COST")
+        } else if force {
+            Some("FORCE")
+        } else if refund.is_some() {
+            Some("REFUND")
+        } else {
+            None
+        };
+        if let Some(other) = other {
+            return Err(Error::Exclusive("UPTO", other));
+        }
+        return Ok(Options {
+            request: Request::UpTo(most),
+            at,
+            block,
+            zone,
+            end,
+        });
     }
     let request = match (refund, force) {
         (Some(_), _) if cost.is_some() => return Err(Error::Exclusive("REFUND", "COST")),

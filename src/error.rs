@@ -102,7 +102,7 @@ impl Error {
                 format!("ERR {what} is above ratelimit.{config} ({max})")
             }
             Error::UnknownOption(text) => {
-                format!("ERR unknown option '{text}' (expected COST, FORCE, REFUND or BLOCK)")
+                format!("ERR unknown option '{text}' (expected COST, FORCE, REFUND, UPTO or BLOCK)")
             }
             Error::DuplicateOption(name) => format!("ERR {name} given more than once"),
             Error::MissingValue(name) => format!("ERR {name} needs a value"),

@@ -48,6 +48,10 @@ pub fn section(info: &mut InfoContext) {
         info.field("stage", u64::from(stage));
         info.end_dict();
     }
+    let grants = &crate::stats::UPTO;
+    info.field("upto_calls", grants.calls.get());
+    info.field("upto_granted_units", grants.units.get());
+    info.field("upto_partial", grants.partial.get());
     info.field("blocked_now", blocking::now_blocked());
     info.field("blocked_total", blocking::TOTAL.get());
     info.field("blocked_admitted", blocking::ADMITTED.get());

@@ -45,6 +45,7 @@ static AT: SharedString = SharedString::new(c"AT");
 static ONE: SharedString = SharedString::new(c"1");
 static FORCE: SharedString = SharedString::new(c"FORCE");
 static REFUND: SharedString = SharedString::new(c"REFUND");
+static UPTO: SharedString = SharedString::new(c"UPTO");
 static END: SharedString = SharedString::new(c"END");
 static PXAT: SharedString = SharedString::new(c"PXAT");
 
@@ -251,5 +252,12 @@ fn request_tail(request: Request, now: Micros) -> ([Word; 5], usize) {
         Request::Cost(n) => ([cost, Word::Int(n as i64), at_word, at, at], 4),
         Request::Force(n) => ([cost, Word::Int(n as i64), force, at_word, at], 5),
         Request::Refund(n) => ([refund, Word::Int(n as i64), at_word, at, at], 4),
+        // The steps send what `UPTO` took as `COST granted`
+        // (`Request::as_applied`); were one to come here, the same state at
+        // the same pinned instant grants the same units on a replica.
+        Request::UpTo(n) => (
+            [Word::Shared(&UPTO), Word::Int(n as i64), at_word, at, at],
+            4,
+        ),
     }
 }

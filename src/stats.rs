@@ -71,3 +71,34 @@ pub static THROTTLE: Outcomes = Outcomes::new();
 /// `RL.ALL` calls as a whole (each limiter in them also counts for its
 /// algorithm).
 pub static ALL: Outcomes = Outcomes::new();
+
+/// `UPTO n` calls, module-wide (each also counts as a call of its algorithm,
+/// its policy or `RL.ALL`): how many, the units they were granted, and how
+/// many got fewer than they asked for (the limiter was nearly drained).
+pub struct Grants {
+    pub calls: Counter,
+    pub units: Counter,
+    pub partial: Counter,
+}
+
+impl Grants {
+    /// One `UPTO most` call that took `granted` units (0: denied).
+    pub fn record(&self, most: u64, granted: u64) {
+        self.calls.bump();
+        if granted > 0 {
+            self.units
+                .0
+                .store(self.units.get().saturating_add(granted), Ordering::Relaxed);
+            if granted < most {
+                self.partial.bump();
+            }
+        }
+    }
+}
+
+/// Every `UPTO` call.
+pub static UPTO: Grants = Grants {
+    calls: Counter::new(),
+    units: Counter::new(),
+    partial: Counter::new(),
+};

@@ -52,6 +52,14 @@ pub fn run_steps<A: Guarantee>(
         let before = state.clone();
         let cost = match request {
             Request::Cost(cost) => cost,
+            Request::UpTo(most) => {
+                let cost = check_up_to::<A>(state, params, most, now);
+                // Then it is that plain call, checked as one below.
+                let as_cost = crate::run::<A>(&mut state.clone(), params, Request::Cost(cost), now);
+                let outcome = crate::decide::<A>(state, params, request, now);
+                assert_eq!(outcome, as_cost, "UPTO {most} is not COST {cost}");
+                cost
+            }
             _ => {
                 run_forced_or_refunded::<A>(state, params, request, now, on_change);
                 continue;
@@ -97,6 +105,28 @@ pub fn run_steps<A: Guarantee>(
         }
     }
     admitted
+}
+
+/// `UPTO most`: [`Algorithm::fits`] is at most `most`, what it says fits
+/// is admitted, and one unit more is not (when `most` allows one more).
+/// Returns the cost `UPTO` runs as: the units that fit, or 1 when none do.
+fn check_up_to<A: Guarantee>(state: &A::State, params: &A::Params, most: u64, now: Micros) -> u64 {
+    let fits = A::fits(state, params, most, now);
+    assert!(fits <= most, "UPTO {most} fits {fits}");
+    if fits > 0 {
+        assert!(
+            A::decide(state, params, fits, now).allowed,
+            "the {fits} units that fit are denied"
+        );
+    }
+    if fits < most {
+        assert!(
+            !A::decide(state, params, fits + 1, now).allowed,
+            "{} units fit, not {fits} (UPTO {most})",
+            fits + 1
+        );
+    }
+    fits.max(1)
 }
 
 /// One `COST n FORCE` or `REFUND n` step: `decide` predicts `run`, the call
@@ -153,7 +183,7 @@ fn run_forced_or_refunded<A: Guarantee>(
                 "a refund took room: {peek_before:?} -> {d:?}"
             );
         }
-        Request::Cost(_) => unreachable!("plain calls run in run_steps"),
+        Request::Cost(_) | Request::UpTo(_) => unreachable!("plain calls run in run_steps"),
     }
     if outcome.changed {
         on_change(state);
@@ -177,7 +207,9 @@ pub fn run_fresh<A: Guarantee>(
     };
     let admitted = run_steps::<A>(&mut A::idle(params, now), params, steps, on_change);
     // (A forced or refunded unit is outside the algorithm's guarantee.)
-    let plain = steps.iter().all(|(_, r)| matches!(r, Request::Cost(_)));
+    let plain = steps
+        .iter()
+        .all(|(_, r)| matches!(r, Request::Cost(_) | Request::UpTo(_)));
     if plain && steps.windows(2).all(|w| w[0].0 <= w[1].0) {
         A::check_admissions(params, &admitted);
     }

@@ -130,6 +130,12 @@ pub trait Sampled: Algorithm {
     /// algorithm bounds it lower) that stay consumed for at least a day
     /// after `now`.
     fn held_for_a_day(limit: u64, now: Micros) -> Self::Params;
+
+    /// Parameters built from integers, made ready to run at `now` (a
+    /// calendar quota learns where its period ends, in UTC).
+    fn ready(params: Self::Params, _now: Micros) -> Self::Params {
+        params
+    }
 }
 
 const DAY_MS: u64 = 24 * 3600 * 1000;
@@ -172,6 +178,9 @@ impl Sampled for Quota {
         QuotaParams::new(limit, Period::Year)
             .expect("valid")
             .at_end(now.saturating_add_ms(400 * DAY_MS))
+    }
+    fn ready(params: QuotaParams, now: Micros) -> QuotaParams {
+        params.at_end(quota::utc_period_end(params.period(), now))
     }
 }
 
@@ -240,14 +249,31 @@ pub enum Request {
     Force(u64),
     /// `REFUND n`: give back up to `n` of the units the limiter holds consumed.
     Refund(u64),
+    /// `UPTO n` (`n` at least 1): take as many units as the limiter admits
+    /// now, at most `n` and at least 1 ([`Algorithm::fits`]); when not even
+    /// one fits, the denial `COST 1` gets. What it took is
+    /// [`Outcome::granted`], and it is the admission `COST granted` would
+    /// have been (how the module propagates it).
+    UpTo(u64),
 }
 
 impl Request {
-    /// Units the request would take (0 for a refund).
+    /// Units the request would take (0 for a refund; 1 for `UPTO n`, the
+    /// least it is admitted with, and what it waits for).
     pub fn cost(self) -> u64 {
         match self {
             Request::Cost(n) | Request::Force(n) => n,
             Request::Refund(_) => 0,
+            Request::UpTo(_) => 1,
+        }
+    }
+
+    /// The request as it was applied, once its `outcome` is known: `UPTO n`
+    /// is `COST granted` (`COST 1` when denied); the others are themselves.
+    pub fn as_applied(self, outcome: &Outcome) -> Request {
+        match self {
+            Request::UpTo(_) => Request::Cost(outcome.granted.max(1)),
+            other => other,
         }
     }
 }
@@ -260,6 +286,9 @@ pub struct Outcome {
     pub decision: Decision,
     /// The state changed: it must be stored again.
     pub changed: bool,
+    /// The units the request took: its cost when admitted (`FORCE`: always),
+    /// the number `UPTO` took, 0 for a denial, a peek or a refund.
+    pub granted: u64,
 }
 
 /// Runs one request on a limiter: the one entry point for its callers (the
@@ -269,6 +298,8 @@ pub struct Outcome {
 /// - `Force(n)`: [`Algorithm::force`]; answers what `Cost(n)` would have
 ///   answered, with `allowed` set.
 /// - `Refund(n)`: [`Algorithm::refund`]; answers as a `COST 0` call after it.
+/// - `UpTo(n)`: `Cost(k)` for the `k` units that fit now
+///   ([`Algorithm::fits`]), `Cost(1)` when none does; `granted` says `k`.
 pub fn run<A: Algorithm>(
     state: &mut A::State,
     params: &A::Params,
@@ -278,22 +309,33 @@ pub fn run<A: Algorithm>(
     match request {
         Request::Cost(cost) => {
             let decision = A::apply(state, params, cost, now);
+            let allowed = decision.allowed && cost > 0;
             Outcome {
                 decision,
-                changed: decision.allowed && cost > 0,
+                changed: allowed,
+                granted: if allowed { cost } else { 0 },
             }
         }
         Request::Force(cost) => {
             let (mut decision, changed) = A::force(state, params, cost, now);
             decision.allowed = true;
-            Outcome { decision, changed }
+            Outcome {
+                decision,
+                changed,
+                granted: cost,
+            }
         }
         Request::Refund(units) => {
             let changed = A::refund(state, params, units, now);
             Outcome {
                 decision: A::decide(state, params, 0, now),
                 changed,
+                granted: 0,
             }
+        }
+        Request::UpTo(most) => {
+            let fits = A::fits(state, params, most, now);
+            run::<A>(state, params, Request::Cost(fits.max(1)), now)
         }
     }
 }
@@ -308,10 +350,16 @@ pub fn decide<A: Algorithm>(
     match request {
         Request::Cost(cost) => {
             let decision = A::decide(state, params, cost, now);
+            let allowed = decision.allowed && cost > 0;
             Outcome {
                 decision,
-                changed: decision.allowed && cost > 0,
+                changed: allowed,
+                granted: if allowed { cost } else { 0 },
             }
+        }
+        Request::UpTo(most) => {
+            let fits = A::fits(state, params, most, now);
+            decide::<A>(state, params, Request::Cost(fits.max(1)), now)
         }
         _ => run::<A>(&mut state.clone(), params, request, now),
     }
@@ -446,6 +494,16 @@ pub trait Algorithm {
     /// all-or-nothing calls over several limiters).
     fn decide(state: &Self::State, params: &Self::Params, cost: u64, now: Micros) -> Decision {
         Self::apply(&mut state.clone(), params, cost, now)
+    }
+
+    /// `UPTO most`: how many units, at most `most`, `apply` would admit now:
+    /// the largest `k <= most` with `apply(k)` admitted (0 if not even one
+    /// is). Every admission rule here is monotone (fewer units fit whenever
+    /// more do) and `remaining` of a peek is exactly the units that fit, so
+    /// one peek answers it; each algorithm's tests check this against a
+    /// brute-force search.
+    fn fits(state: &Self::State, params: &Self::Params, most: u64, now: Micros) -> u64 {
+        most.min(Self::decide(state, params, 0, now).remaining)
     }
 
     /// `COST n FORCE`: takes `cost` units even when `apply` would deny them,
@@ -803,6 +861,7 @@ mod refund_and_force {
                         Request::Cost(_) => held,
                         Request::Force(c) => (held + c).min(2 * limit).max(held),
                         Request::Refund(r) => held - r.min(held),
+                        Request::UpTo(_) => unreachable!("not drawn"),
                     };
                     let peek = call(Request::Cost(0)).decision;
                     assert_eq!(peek.remaining, limit.saturating_sub(held), "{name} after {request:?}");
@@ -949,5 +1008,157 @@ mod parameters {
         pin::<HashWindowParams>(&[10, 1000, 100]);
         pin::<ConcurrencyParams>(&[10, 1000]);
         assert_eq!(SlidingLogParams::INTEGERS[0].max, sliding_log::MAX_LIMIT);
+    }
+}
+
+/// `UPTO n` on every algorithm, against a brute-force model: after any
+/// history of calls at any instants, [`Algorithm::fits`] is the largest
+/// `k <= n` that `COST k` admits, found by trying every `k`; and
+/// `run(UpTo(n))` takes exactly that many, or is the denial of `COST 1`.
+#[cfg(test)]
+mod up_to {
+    use super::*;
+    use proptest::prelude::*;
+
+    const T0: u64 = 1_699_999_200_000;
+
+    /// A small deterministic generator, so one seed is one case.
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+    }
+
+    /// Small parameters of every kind: counts to 30, spans to 3 s, any
+    /// keyword; `None` when the constructor refuses them.
+    fn params<A: Sampled>(rng: &mut Rng, now: Micros) -> Option<A::Params> {
+        let mut values = [0u64; 3];
+        for (i, int) in <A::Params as Parameters>::INTEGERS.iter().enumerate() {
+            values[i] = if !int.keywords.is_empty() {
+                int.min + rng.below(int.max - int.min + 1)
+            } else if int.name == "bucket_ms" {
+                // A window of whole buckets.
+                let buckets = 1 + rng.below(8);
+                let bucket = (values[i - 1] / buckets).max(1);
+                values[i - 1] = bucket * buckets;
+                bucket
+            } else if int.name.ends_with("_ms") {
+                1 + rng.below(3_000)
+            } else {
+                1 + rng.below(30)
+            };
+        }
+        let params = A::Params::from_integers(&values[..A::Params::INTEGERS.len()]).ok()?;
+        // A calendar quota needs its period resolved: the sample's own.
+        Some(A::ready(params, now))
+    }
+
+    /// The brute-force answer: the largest `k <= most` that `COST k` admits.
+    fn brute<A: Algorithm>(state: &A::State, p: &A::Params, most: u64, now: Micros) -> u64 {
+        (1..=most)
+            .rev()
+            .find(|&k| A::decide(state, p, k, now).allowed)
+            .unwrap_or(0)
+    }
+
+    /// One case per seed; `checked` counts the algorithms whose sampled
+    /// parameters were valid.
+    struct Check(u64, usize);
+    impl EachAlgorithm for Check {
+        fn visit<A: Sampled + contract::Guarantee>(&mut self, word: &'static str) {
+            let mut rng = Rng(self.0);
+            let mut now = Micros::from_ms(T0 + rng.below(10_000));
+            let Some(p) = params::<A>(&mut rng, now) else {
+                return;
+            };
+            self.1 += 1;
+            let mut state = A::idle(&p, now);
+            for _ in 0..60 {
+                now = now.saturating_add_us(rng.below(400_000));
+                let most = 1 + rng.below(40);
+                let expected = brute::<A>(&state, &p, most, now);
+                assert_eq!(
+                    A::fits(&state, &p, most, now),
+                    expected,
+                    "{word} {p:?} {state:?} UPTO {most}"
+                );
+                let request = match rng.below(6) {
+                    0 => Request::Force(rng.below(10)),
+                    1 => Request::Refund(rng.below(10)),
+                    2 => Request::Cost(rng.below(10)),
+                    _ => Request::UpTo(most),
+                };
+                let before = state.clone();
+                let predicted = decide::<A>(&state, &p, request, now);
+                let outcome = run::<A>(&mut state, &p, request, now);
+                assert_eq!(predicted, outcome, "{word}: decide and run on {request:?}");
+                if let Request::UpTo(_) = request {
+                    let as_cost =
+                        run::<A>(&mut before.clone(), &p, request.as_applied(&outcome), now);
+                    assert_eq!(
+                        outcome.granted,
+                        if outcome.decision.allowed {
+                            expected
+                        } else {
+                            0
+                        }
+                    );
+                    assert_eq!(outcome.decision.allowed, expected > 0, "{word}");
+                    // What it did is what COST granted (COST 1 denied) does.
+                    assert_eq!(as_cost, outcome, "{word}");
+                    assert_eq!(state != before, expected > 0, "{word}");
+                }
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(400))]
+        #[test]
+        fn fits_is_the_largest_admitted_cost(seed in any::<u64>()) {
+            for_each_algorithm(&mut Check(seed, 0));
+        }
+    }
+
+    #[test]
+    fn the_samples_reach_every_algorithm() {
+        let checked: usize = (0..100)
+            .map(|seed| {
+                let mut check = Check(seed, 0);
+                for_each_algorithm(&mut check);
+                check.1
+            })
+            .sum();
+        // Most samples are valid: at least half of 100 x 7.
+        assert!(checked >= 350, "{checked}");
+    }
+
+    #[test]
+    fn up_to_takes_what_fits_or_is_the_denial_of_one_unit() {
+        let p = TokenBucketParams::new(10, 1, 1_000).expect("valid");
+        let now = Micros::from_ms(T0);
+        let mut state = TokenBucket::idle(&p, now);
+        run::<TokenBucket>(&mut state, &p, Request::Cost(7), now);
+        let part = run::<TokenBucket>(&mut state, &p, Request::UpTo(5), now);
+        assert_eq!(
+            (part.decision.allowed, part.granted, part.decision.remaining),
+            (true, 3, 0)
+        );
+        let none = run::<TokenBucket>(&mut state, &p, Request::UpTo(5), now);
+        let one = decide::<TokenBucket>(&state, &p, Request::Cost(1), now);
+        assert_eq!(none, one);
+        assert_eq!(
+            (none.decision.allowed, none.granted, none.changed),
+            (false, 0, false)
+        );
+        assert_eq!(none.decision.wait, Wait::Ms(1_000));
     }
 }

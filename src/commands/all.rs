@@ -1,4 +1,4 @@
-//! `RL.ALL numkeys key [key ...] <spec> [<spec> ...] [COST n [FORCE]] [BLOCK t]`:
+//! `RL.ALL numkeys key [key ...] <spec> [<spec> ...] [COST n [FORCE] | UPTO n] [BLOCK t]`:
 //! several limiters, all or nothing.
 //!
 //! Every limiter first decides without changing anything; only if all of them
@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use super::apply::{apply_to_key, decide_on_key};
+use super::apply::{apply_to_key, decide_on_key, fits_on_key};
 use super::host::{Host, Origin};
 use super::reply_decision_and;
 use super::step::{off_decision, shadowed, Step, Through};
@@ -181,6 +181,7 @@ pub fn step<H: Host>(host: &H) -> Result<(), Error> {
         call,
         replicated: host.origin() == Origin::Replicated,
         loops: SmallVec::new(),
+        granting: None,
         made: AllMade {
             opened: SmallVec::new(),
             actual: SmallVec::new(),
@@ -200,6 +201,9 @@ struct AllCall<'a, 'h, H: Host + 'h> {
     /// Policies whose loop ended a window on this call: (the name's
     /// argument, scale, stage), propagated as `RL.LOOPSTATE`.
     loops: SmallVec<[(usize, u64, u8); 2]>,
+    /// `UPTO n`'s `n`, once the decision stage made the call `COST k`:
+    /// the reply then adds the units granted.
+    granting: Option<u64>,
     made: AllMade<H::Key<'h>>,
 }
 
@@ -231,6 +235,18 @@ impl<'h, H: Host + 'h> Step<'h, H> for AllCall<'_, 'h, H> {
 
     fn bounds(&mut self, now: Micros) -> Result<(), Error> {
         let limits = &mut self.call.limits;
+        if let Request::UpTo(_) = self.call.options.request {
+            if let Some(i) = limits
+                .iter()
+                .position(|l| !with_algorithm!(l.spec, L, _p => L::ROW.upto))
+            {
+                return Err(Error::Syntax(format!(
+                    "UPTO is not an option of RL.ALL with a {} limiter (spec {})",
+                    limits[i].spec.name(),
+                    i + 1
+                )));
+            }
+        }
         if !self.replicated {
             for limit in limits
                 .iter()
@@ -287,9 +303,7 @@ impl<'h, H: Host + 'h> Step<'h, H> for AllCall<'_, 'h, H> {
             keys,
             limits,
             options,
-        } = &self.call;
-        let request = options.request;
-        let cost = request.cost();
+        } = &mut self.call;
         let made = &mut self.made;
         // Decide everywhere first; nothing changes yet. A limiter that is
         // off is not even looked at; a shadowed one never denies the call.
@@ -299,6 +313,25 @@ impl<'h, H: Host + 'h> Step<'h, H> for AllCall<'_, 'h, H> {
                 .enumerate()
                 .map(|(i, l)| (!l.is_off()).then(|| host.open_key(2 + i))),
         );
+        // `UPTO n`: the most units, at most n, that every enforced limiter
+        // admits now; the call is then `COST` that many (`COST 1`, denied,
+        // when one limiter has none), all or nothing, as any other.
+        let request = match options.request {
+            Request::UpTo(most) => {
+                let mut fits = most;
+                for (limit, key) in limits.iter().zip(made.opened.iter_mut()) {
+                    if let (Some(key), false) = (key, limit.is_shadow()) {
+                        let here = with_algorithm!(limit.spec, L, p => fits_on_key::<L>(key, &p, fits, now))?;
+                        fits = fits.min(here);
+                    }
+                }
+                self.granting = Some(most);
+                Request::Cost(fits.max(1))
+            }
+            request => request,
+        };
+        options.request = request;
+        let cost = request.cost();
         // A limiter with a queue of blocked requests takes nothing they wait
         // for: it denies (a dry run still admits).
         let queues = wait::takes(request) && blocking::any();
@@ -312,7 +345,7 @@ impl<'h, H: Host + 'h> Step<'h, H> for AllCall<'_, 'h, H> {
             made.actual.push(match (key, &limit.source) {
                 (Some(key), _) => with_algorithm!(limit.spec, L, p => match place {
                     Place::Behind(ahead) => wait::behind::<L>(key, &p, cost, now, &ahead).map(|decision| {
-                        (Outcome { decision, changed: false }, false)
+                        (Outcome { decision, changed: false, granted: 0 }, false)
                     }),
                     _ => decide_on_key::<L>(key, &p, request, now),
                 })?,
@@ -320,6 +353,7 @@ impl<'h, H: Host + 'h> Step<'h, H> for AllCall<'_, 'h, H> {
                     Outcome {
                         decision: off_decision(limit.spec),
                         changed: false,
+                        granted: 0,
                     },
                     false,
                 ),
@@ -428,6 +462,9 @@ impl<'h, H: Host + 'h> Step<'h, H> for AllCall<'_, 'h, H> {
             ..made.answered[0]
         };
         crate::stats::ALL.record(&overall, cost);
+        if let Some(most) = self.granting {
+            crate::stats::UPTO.record(most, if overall.allowed { cost } else { 0 });
+        }
         if let Some(i) = made.denied_by {
             let limit = &self.call.limits[i];
             let source: [&[u8]; 2] = match limit.source {
@@ -480,10 +517,17 @@ impl<'h, H: Host + 'h> Step<'h, H> for AllCall<'_, 'h, H> {
             .filter(|(l, _)| !l.is_off())
             .map(|(_, d)| *d)
             .collect();
+        let granted = self.granting.map(|most| match made.denied_by {
+            Some(_) => 0,
+            // Every limiter off: all that was asked, nothing taken.
+            None if live.is_empty() => most,
+            None => self.call.options.request.cost(),
+        });
         reply(
             host,
             if live.is_empty() { answered } else { &live },
             made.denied_by,
+            granted,
         );
     }
 }
@@ -567,7 +611,12 @@ fn propagate<H: Host>(host: &H, limit: &Limit, key: usize, request: Request, now
 /// longest queueing delay of any shaping limiter in the call. Denied: the
 /// limiter that makes the caller wait longest (never, if any can never
 /// admit).
-fn reply<H: Host>(host: &H, decisions: &[Decision], denied_by: Option<usize>) {
+fn reply<H: Host>(
+    host: &H,
+    decisions: &[Decision],
+    denied_by: Option<usize>,
+    granted: Option<u64>,
+) {
     let mut chosen = match denied_by {
         None => *decisions
             .iter()
@@ -586,5 +635,9 @@ fn reply<H: Host>(host: &H, decisions: &[Decision], denied_by: Option<usize>) {
             .max_by_key(|&w| wait_rank(w))
             .unwrap_or(Wait::Ms(0));
     }
-    reply_decision_and(host, &chosen, denied_by.map_or(0, |i| i as i64 + 1));
+    let denied_by = denied_by.map_or(0, |i| i as i64 + 1);
+    match granted {
+        None => reply_decision_and(host, &chosen, denied_by),
+        Some(granted) => super::reply_decision_and_two(host, &chosen, denied_by, granted as i64),
+    }
 }

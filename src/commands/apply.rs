@@ -23,6 +23,7 @@ impl Applied {
             outcome: Outcome {
                 decision,
                 changed: false,
+                granted: 0,
             },
             expiry_written: false,
             lease: 0,
@@ -140,4 +141,18 @@ pub(super) fn decide_on_key<L: Listed>(
             ),
         },
     )
+}
+
+/// How many units, at most `most`, the limiter in `key` admits now
+/// (`UPTO`'s answer; an empty key is an idle limiter).
+#[inline(always)]
+pub(super) fn fits_on_key<L: Listed>(
+    key: &mut impl Store,
+    params: &L::Params,
+    most: u64,
+    now: Micros,
+) -> Result<u64, Error> {
+    Ok(key
+        .with_state::<L, _>(|state| L::fits(state, params, most, now))?
+        .unwrap_or_else(|| L::fits(&L::idle(params, now), params, most, now)))
 }

@@ -26,7 +26,7 @@ pub mod throttle;
 mod wait;
 
 use crate::algorithms::{Companion, Listed, ReplyShape};
-use crate::args::{BLOCK, COST, COST_OR_REFUND};
+use crate::args::{BLOCK, COST, COST_REFUND_OR_UPTO, UPTO};
 use crate::ffi::{command, Arg, Command, KeySpec};
 use crate::limiter::Decision;
 use host::Host;
@@ -52,6 +52,12 @@ impl ReplyShape {
 pub fn reply_decision_and<H: Host>(host: &H, decision: &Decision, sixth: i64) {
     let [a, b, c, d, e] = decision_fields(decision);
     host.reply_integers(&[a, b, c, d, e, sixth]);
+}
+
+/// The five integers, then `RL.ALL`'s `denied_by` and `UPTO`'s `granted`.
+pub fn reply_decision_and_two<H: Host>(host: &H, decision: &Decision, sixth: i64, seventh: i64) {
+    let [a, b, c, d, e] = decision_fields(decision);
+    host.reply_integers(&[a, b, c, d, e, sixth, seventh]);
 }
 
 fn decision_fields(decision: &Decision) -> [i64; 5] {
@@ -90,7 +96,7 @@ pub const COMMANDS: &[Command] = &[
             Arg::string(c"spec")
                 .multiple()
                 .summary(c"an algorithm and its parameters, or POLICY name"),
-            COST.optional(),
+            Arg::one_of(c"cost-or-upto", &[COST, UPTO]).optional(),
             BLOCK,
         ],
         acl: c"write",
@@ -107,7 +113,7 @@ pub const COMMANDS: &[Command] = &[
         arity: -3,
         summary: c"Applies policy `name` to limiter key `key`: the policy's algorithm, mode and roll-out",
         complexity: c"As the policy's algorithm",
-        args: &[Arg::string(c"name"), Arg::key(c"key"), COST_OR_REFUND, BLOCK],
+        args: &[Arg::string(c"name"), Arg::key(c"key"), COST_REFUND_OR_UPTO, BLOCK],
         acl: c"write fast",
     },
     Command {

@@ -115,6 +115,9 @@ pub(super) trait Via {
         request: Request,
         now: Micros,
     ) -> &'static CStr;
+    /// The error of `UPTO` on an algorithm that never grants part of a
+    /// request.
+    fn no_upto<L: Listed>() -> Error;
 }
 
 /// The algorithm's own command: the key is argument 1, the parameters follow
@@ -187,6 +190,14 @@ impl Via for Command {
             end,
         );
         L::EVENT
+    }
+
+    #[cold]
+    fn no_upto<L: Listed>() -> Error {
+        Error::Syntax(format!(
+            "UPTO is not an option of {}",
+            L::ROW.command.to_string_lossy()
+        ))
     }
 }
 
@@ -270,6 +281,14 @@ impl Via for Policy<'_> {
         host.propagate_limiter_with(L::ROW.command, 2, || params.values(), request, now, end);
         c"rl.hit"
     }
+
+    #[cold]
+    fn no_upto<L: Listed>() -> Error {
+        Error::Syntax(format!(
+            "UPTO is not an option of RL.HIT on a {} policy",
+            crate::algorithms::word::<L>()
+        ))
+    }
 }
 
 /// One limiter's call, through its command or a policy.
@@ -298,6 +317,11 @@ impl<'h, H: Host + 'h, L: Listed, V: Via> Step<'h, H> for OneKey<'_, L, V> {
 
     #[inline(always)]
     fn bounds(&mut self, now: Micros) -> Result<(), Error> {
+        if let Request::UpTo(_) = self.request {
+            if !L::ROW.upto {
+                return Err(V::no_upto::<L>());
+            }
+        }
         self.via.bounds::<L>(&mut self.params, now)
     }
 
@@ -364,6 +388,11 @@ impl<'h, H: Host + 'h, L: Listed, V: Via> Step<'h, H> for OneKey<'_, L, V> {
         let decision = &made.applied.outcome.decision;
         self.via
             .record::<L>(self.key, decision, self.request.cost(), now);
+        if let Request::UpTo(most) = self.request {
+            if self.via.through() != Through::Off {
+                crate::stats::UPTO.record(most, made.applied.outcome.granted);
+            }
+        }
     }
 
     #[inline(always)]
@@ -375,9 +404,9 @@ impl<'h, H: Host + 'h, L: Listed, V: Via> Step<'h, H> for OneKey<'_, L, V> {
         if !applied.outcome.changed {
             return Ok(());
         }
-        let event = self
-            .via
-            .propagate::<L, H>(host, &self.params, self.request, now);
+        // `UPTO n` goes out as the admission it was: `COST granted`.
+        let request = self.request.as_applied(&applied.outcome);
+        let event = self.via.propagate::<L, H>(host, &self.params, request, now);
         key.written(event, applied.expiry_written);
         if host.turn() == Turn::Call {
             // A release, a refund or new parameters may let waiters in.
@@ -400,7 +429,19 @@ impl<'h, H: Host + 'h, L: Listed, V: Via> Step<'h, H> for OneKey<'_, L, V> {
         } else {
             decision
         };
-        L::ROW.reply.send(host, &answer, applied.lease);
+        match self.request {
+            // The units taken follow the five fields; a limiter that is off
+            // grants all that was asked, taking nothing.
+            Request::UpTo(most) => {
+                let granted = if self.via.through() == Through::Off {
+                    most
+                } else {
+                    applied.outcome.granted
+                };
+                super::reply_decision_and(host, &answer, granted as i64);
+            }
+            _ => L::ROW.reply.send(host, &answer, applied.lease),
+        }
     }
 }
 

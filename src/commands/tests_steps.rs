@@ -250,9 +250,12 @@ fn calls() -> impl Strategy<Value = Vec<(usize, u64, u64)>> {
     proptest::collection::vec((0..CALLS.len(), 0u64..1500, 0u64..4), 1..40)
 }
 
-/// Calls over a few keys, `{c}` a cost: every algorithm, several limiters,
-/// a policy, FORCE and REFUND.
-const CALLS: [&str; 10] = [
+/// Calls over a few keys, `{c}` a cost, `{u}` an `UPTO` (one more):
+/// every algorithm, several limiters, a policy, FORCE, REFUND and UPTO.
+const CALLS: [&str; 13] = [
+    "RL.TOKENBUCKET r:{k} 3 1 400 UPTO {u}",
+    "RL.ALL 2 r:sl r:g SLIDING 4 1000 FIXEDWINDOW 6 1000 UPTO {u}",
+    "RL.HIT seam-replay r:p UPTO {u}",
     "RL.TOKENBUCKET r:{k} 3 1 400 COST {c}",
     "RL.FIXEDWINDOW r:{k} 3 500 COST {c}",
     "RL.LEAKYBUCKET r:lb 3 1 300 COST {c}",
@@ -279,6 +282,7 @@ proptest! {
             master.set_now(Micros::from_us(now));
             let text = CALLS[call]
                 .replace("{c}", &cost.to_string())
+                .replace("{u}", &(cost + 1).to_string())
                 .replace("{k}", &(i % 2).to_string());
             let called = master.run(Client, &text);
             // A refund of more than was taken is fine; only a wrong-type key
@@ -624,7 +628,9 @@ mod quota {
             m.run(Client, "RL.TOKENBUCKET seam:qt 1 1 1 TZ UTC")
                 .result
                 .map_err(|e| e.message()),
-            Err("ERR unknown option 'TZ' (expected COST, FORCE, REFUND or BLOCK)".to_string())
+            Err(
+                "ERR unknown option 'TZ' (expected COST, FORCE, REFUND, UPTO or BLOCK)".to_string()
+            )
         );
     }
 }
@@ -951,4 +957,143 @@ fn bad_loop_input_is_refused_and_writes_nothing() {
         assert_eq!(state(&m), before, "{call}");
     }
     m.run(Client, "RL.POLICY DEL seam-bad");
+}
+
+#[test]
+fn upto_takes_what_fits_and_propagates_the_admission_it_was() {
+    let m = space();
+    m.run(Client, "RL.TOKENBUCKET up:tb 10 1 1000 COST 7");
+    let part = m.run(Client, "RL.TOKENBUCKET up:tb 10 1 1000 UPTO 5");
+    assert_eq!(part.integers(), Some(vec![1, 10, 0, 0, 10000, 3]));
+    assert_eq!(
+        propagated(&part),
+        [format!("RL.TOKENBUCKET up:tb 10 1 1000 COST 3 AT {T0_US}")]
+    );
+    assert_eq!(part.effects.events[0].1, "rl.tokenbucket");
+    // Nothing fits: the denial COST 1 gets, granted 0, nothing written.
+    let before = m.snapshot();
+    let none = m.run(Client, "RL.TOKENBUCKET up:tb 10 1 1000 UPTO 5");
+    let one = m.run(Client, "RL.TOKENBUCKET up:tb 10 1 1000 COST 1");
+    assert_eq!(
+        none.integers().map(|r| r[..5].to_vec()),
+        one.integers(),
+        "the denial of one unit"
+    );
+    assert_eq!(none.integers().map(|r| r[5]), Some(0));
+    assert!(none.effects.propagated.is_empty() && none.effects.events.is_empty());
+    assert_eq!(m.snapshot(), before);
+    // All of it when it fits; without UPTO the reply keeps five fields.
+    let all = m.run(Client, "RL.FIXEDWINDOW up:fw 10 60000 UPTO 4");
+    assert_eq!(
+        all.integers().map(|r| (r.len(), r[2], r[5])),
+        Some((6, 6, 4))
+    );
+    let plain = m.run(Client, "RL.FIXEDWINDOW up:fw 10 60000");
+    assert_eq!(plain.integers().map(|r| r.len()), Some(5));
+}
+
+#[test]
+fn upto_errors_name_upto_and_write_nothing() {
+    let m = space();
+    m.run(Client, "RL.POLICY SET up-leaky LEAKYBUCKET 5 1 1000");
+    let before = m.snapshot();
+    for (call, message) in [
+        (
+            "RL.TOKENBUCKET up:e 5 1 1000 UPTO 0",
+            "ERR UPTO must be an integer from 1 to 1099511627776",
+        ),
+        (
+            "RL.TOKENBUCKET up:e 5 1 1000 UPTO 2 COST 1",
+            "ERR UPTO cannot be given with COST",
+        ),
+        (
+            "RL.TOKENBUCKET up:e 5 1 1000 FORCE UPTO 2",
+            "ERR UPTO cannot be given with FORCE",
+        ),
+        (
+            "RL.TOKENBUCKET up:e 5 1 1000 REFUND 1 UPTO 2",
+            "ERR UPTO cannot be given with REFUND",
+        ),
+        (
+            "RL.TOKENBUCKET up:e 5 1 1000 UPTO 2 UPTO 2",
+            "ERR UPTO given more than once",
+        ),
+        (
+            "RL.TOKENBUCKET up:e 5 1 1000 UPTO",
+            "ERR UPTO needs a value",
+        ),
+        (
+            "RL.LEAKYBUCKET up:e 5 1 1000 UPTO 2",
+            "ERR UPTO is not an option of RL.LEAKYBUCKET",
+        ),
+        (
+            "RL.CONCURRENCY up:e 5 1000 UPTO 2",
+            "ERR UPTO is not an option of RL.CONCURRENCY",
+        ),
+        (
+            "RL.HIT up-leaky up:e UPTO 2",
+            "ERR UPTO is not an option of RL.HIT on a LEAKYBUCKET policy",
+        ),
+        (
+            "RL.ALL 2 up:a up:b FIXEDWINDOW 5 1000 LEAKYBUCKET 5 1 1000 UPTO 2",
+            "ERR UPTO is not an option of RL.ALL with a LEAKYBUCKET limiter (spec 2)",
+        ),
+    ] {
+        let called = m.run(Client, call);
+        assert_eq!(
+            called.result.map_err(|e| e.message()),
+            Err(message.to_string()),
+            "{call}"
+        );
+        assert!(called.effects.propagated.is_empty(), "{call}");
+    }
+    assert_eq!(m.snapshot(), before);
+}
+
+#[test]
+fn rl_all_upto_takes_what_every_limiter_admits_at_once() {
+    let m = space();
+    m.run(Client, "RL.SLIDING up:s 10 60000 COST 8");
+    let called = m.run(
+        Client,
+        "RL.ALL 2 up:s up:f SLIDING 10 60000 FIXEDWINDOW 5 60000 UPTO 4",
+    );
+    // The sliding log has 2 left, the window 5: both take 2.
+    assert_eq!(called.integers(), Some(vec![1, 10, 0, 0, 60000, 0, 2]));
+    assert_eq!(
+        propagated(&called),
+        [
+            format!("RL.SLIDING up:s 10 60000 COST 2 AT {T0_US}"),
+            format!("RL.FIXEDWINDOW up:f 5 60000 COST 2 AT {T0_US}"),
+        ]
+    );
+    let denied = m.run(
+        Client,
+        "RL.ALL 2 up:s up:f SLIDING 10 60000 FIXEDWINDOW 5 60000 UPTO 4",
+    );
+    assert_eq!(
+        denied.integers().map(|r| (r[0], r[5], r[6])),
+        Some((0, 1, 0))
+    );
+    assert!(denied.effects.propagated.is_empty());
+}
+
+#[test]
+fn upto_through_a_policy_that_is_off_grants_all_and_takes_nothing() {
+    let m = space();
+    m.run(Client, "RL.POLICY SET up-off FIXEDWINDOW 3 1000 MODE OFF");
+    let called = m.run(Client, "RL.HIT up-off up:off UPTO 7");
+    assert_eq!(called.integers().map(|r| (r[0], r[5])), Some((1, 7)));
+    assert!(called.effects.propagated.is_empty());
+    m.run(Client, "RL.POLICY SET up-on FIXEDWINDOW 3 1000");
+    let called = m.run(Client, "RL.HIT up-on up:on UPTO 7");
+    // (The window is aligned on the epoch: reset_ms is what is left of it.)
+    assert_eq!(
+        called.integers().map(|r| (r[0], r[1], r[2], r[5])),
+        Some((1, 3, 0, 3))
+    );
+    assert_eq!(
+        propagated(&called),
+        [format!("RL.FIXEDWINDOW up:on 3 1000 COST 3 AT {T0_US}")]
+    );
 }

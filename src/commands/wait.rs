@@ -37,7 +37,7 @@ pub(super) enum Gate {
 /// Whether a request takes units that waiters may be waiting for.
 #[inline(always)]
 pub(super) fn takes(request: Request) -> bool {
-    matches!(request, Request::Cost(n) if n > 0)
+    matches!(request, Request::Cost(n) if n > 0) || matches!(request, Request::UpTo(_))
 }
 
 /// Where a single-key call stands among the waiters of its key (the key at

@@ -384,6 +384,7 @@ fn limiter<L: Listed + Guarantee>(
             Request::Cost(n) => format!("COST {n}"),
             Request::Force(n) => format!("COST {n} FORCE"),
             Request::Refund(n) => format!("REFUND {n}"),
+            Request::UpTo(n) => format!("UPTO {n}"),
         })
         .collect();
     let head = &argv[..2 + L::Params::COUNT];
@@ -602,9 +603,11 @@ fn read_steps(input: &mut Bytes, now: Micros, first: Request) -> Vec<(Micros, Re
         }
         .min(MAX_AT_US);
         let units = (word & ((1 << 62) - 1)) % (MAX_PARAM + 1);
+        // A quarter of the plain calls ask `UPTO` (its n at least 1).
         let request = match word >> 62 {
             2 => Request::Force(units),
             3 => Request::Refund(units),
+            1 if units & 1 == 1 => Request::UpTo((units >> 1).max(1)),
             _ => Request::Cost(units),
         };
         steps.push((Micros::from_us(now), request));

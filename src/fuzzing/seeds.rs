@@ -142,6 +142,8 @@ fn limiter_seeds<L: Listed + Guarantee>(
         " COST 3",
         " cost 1099511627776",
         " COST 2 AT 0",
+        " UPTO 4",
+        " upto 1099511627776 BLOCK 10",
     ] {
         seeds.push(cmd(selector, &format!("k {params_text}{options}"), &[]));
     }
@@ -164,6 +166,9 @@ fn limiter_seeds<L: Listed + Guarantee>(
         " COST 1 COST 1",
         " LIMIT 5",
         " COST 1099511627777",
+        " UPTO 0",
+        " UPTO 2 COST 1",
+        " REFUND 1 UPTO 2",
     ] {
         seeds.push(cmd(selector, &format!("k {params_text}{bad}"), &[]));
     }
@@ -318,6 +323,8 @@ fn write_fuzz_seeds() {
     for text in [
         "2 a b TOKENBUCKET 5 5 1000 FIXEDWINDOW 3 1000",
         "1 a POLICY tb COST 2",
+        "2 a b SLIDING 3 1000 POLICY tb UPTO 5",
+        "2 a b FIXEDWINDOW 3 1000 LEAKYBUCKET 3 1 100 UPTO 2",
         "3 a b c SLIDING 3 1000 POLICY hw LEAKYBUCKET 3 1 100 COST 0",
         "5 a b c d e POLICY tb POLICY fw POLICY lb POLICY sl POLICY hw",
         "2 a b HASHWINDOW 10 60000 1000 sliding 5 100 cost 4",
@@ -357,6 +364,8 @@ fn write_fuzz_seeds() {
         "lb k COST 0",
         "sl k",
         "hw k COST 11",
+        "sl k UPTO 3",
+        "lb k UPTO 3",
         "nope k",
         "tb k AT 1",
         "tb",

@@ -142,7 +142,7 @@ fn unknown_option_is_named_and_writes_nothing() {
                 assert_eq!(
                     query_err(con, &words),
                     format!(
-                        "ERR unknown option '{option}' (expected COST, FORCE, REFUND or BLOCK)"
+                        "ERR unknown option '{option}' (expected COST, FORCE, REFUND, UPTO or BLOCK)"
                     ),
                     "{words:?}"
                 );

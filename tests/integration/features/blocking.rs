@@ -597,3 +597,33 @@ fn a_master_turned_replica_unblocks_its_waiters_like_blpop() {
         assert_eq!(info_count(&server, "ratelimit_blocked_admitted"), 0);
     });
 }
+
+#[test]
+fn a_blocked_upto_waits_for_its_first_unit_and_takes_what_fits_then() {
+    for_each_server(|kind| {
+        let server = Server::start(kind, &[]);
+        let mut con = server.conn();
+        // Two tokens, one back every 400 ms: empty it, then wait.
+        let bucket = ["RL.TOKENBUCKET", "bu", "2", "1", "400"];
+        let mut take = bucket.to_vec();
+        take.extend(["COST", "2"]);
+        assert!(rl(&mut con, &take).allowed);
+        let mut blocking = bucket.to_vec();
+        blocking.extend(["UPTO", "5", "BLOCK", "10000"]);
+        let waiter = call_in_thread(&server, &blocking);
+        until_blocked(&server, 1);
+        let (reply, _) = waiter.join().expect("the waiter");
+        assert_eq!(reply.len(), 6, "{reply:?}");
+        assert!(
+            reply[0] == 1 && reply[5] >= 1,
+            "admitted with at least one unit: {reply:?}"
+        );
+        assert_eq!(info_count(&server, "ratelimit_blocked_admitted"), 1);
+        // A timeout answers the denial of one unit, granted 0.
+        let mut short = bucket.to_vec();
+        short.extend(["UPTO", "5", "BLOCK", "1"]);
+        let r: Vec<i64> = query(&mut con, &short);
+        assert_eq!(r.len(), 6, "{r:?}");
+        assert_eq!(r[0] == 0, r[5] == 0, "granted 0 exactly on a denial: {r:?}");
+    });
+}

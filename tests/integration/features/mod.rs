@@ -18,3 +18,4 @@ mod refund_force;
 mod rl_all;
 mod throttle;
 mod transactions;
+mod upto;

@@ -254,3 +254,17 @@ fn lease_commands_notify_what_they_change() {
         let _: () = query(&mut con, &["FLUSHALL"]);
     });
 }
+
+#[test]
+fn upto_notifies_the_admission_it_was_and_a_denial_nothing() {
+    for_each_server(|kind| {
+        let server = notifying(kind);
+        let seen = events(&server, |con| {
+            let r: Vec<i64> = query(con, &["RL.FIXEDWINDOW", "nu", "3", "1000000", "UPTO", "5"]);
+            assert_eq!((r[0], r[5]), (1, 3));
+            let r: Vec<i64> = query(con, &["RL.FIXEDWINDOW", "nu", "3", "1000000", "UPTO", "5"]);
+            assert_eq!((r[0], r[5]), (0, 0));
+        });
+        assert_eq!(seen, pairs(&[("rl.fixedwindow", "nu"), ("expire", "nu")]));
+    });
+}
