@@ -45,6 +45,14 @@ pub(crate) fn crc16(bytes: &[u8]) -> u16 {
     crc
 }
 
+/// The batch of a rule: clamp(ceil(rate_per_s * hold_ms / 1000), 1,
+/// max(1, limit * max_share_pct / 100)), in integers.
+pub(crate) fn batch_size(rate_per_s: u64, hold_ms: u64, limit: u64, max_share_pct: u64) -> u64 {
+    let want = (u128::from(rate_per_s) * u128::from(hold_ms)).div_ceil(1000);
+    let cap = (u128::from(limit) * u128::from(max_share_pct) / 100).max(1);
+    want.clamp(1, cap) as u64
+}
+
 /// The masters of a slot map, each as the slot ranges it owns (inclusive),
 /// ordered by the lowest slot each owns. Standalone or Sentinel: one master
 /// owning every slot.
@@ -309,11 +317,12 @@ impl GrantKey {
     /// max_share_pct / 100)), rate the larger of the previous whole second's
     /// decisions and the current one's.
     fn batch_size(&self, s: &Held) -> u64 {
-        let rate = u128::from(s.previous.max(s.current));
-        let want = (rate * u128::from(self.batch.hold_ms)).div_ceil(1000);
-        let cap =
-            (u128::from(self.spec.limit()) * u128::from(self.batch.max_share_pct) / 100).max(1);
-        want.clamp(1, cap) as u64
+        batch_size(
+            s.previous.max(s.current),
+            self.batch.hold_ms,
+            self.spec.limit(),
+            self.batch.max_share_pct,
+        )
     }
 
     /// The server's reply `d` to `UPTO asked`, sent at `asked_at`, for a
@@ -487,6 +496,87 @@ mod tests {
         assert_eq!(re[0], tags[0]);
         assert_eq!(re[1], tags[1]);
         assert_eq!(owner(&moved, key_slot(&re[2])), Some(0));
+    }
+
+    /// The contract's `grants` section (clients/contract/contract.json):
+    /// the batch sizes, the stripes' shares and tags, the UPTO range.
+    #[test]
+    fn the_contracts_grants_vectors() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../contract/contract.json");
+        let text = std::fs::read_to_string(path).expect("contract.json");
+        let contract: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+        let grants = &contract["grants"];
+        assert!(grants.is_object(), "contract.json has a grants section");
+        let n = |v: &serde_json::Value| v.as_u64().expect("an integer");
+        let batched = &grants["batched"];
+        assert_eq!(n(&batched["hold_ms"]["default"]), Batch::default().hold_ms);
+        assert_eq!(
+            n(&batched["max_share_pct"]["default"]),
+            Batch::default().max_share_pct
+        );
+        let vectors = batched["vectors"].as_array().expect("batch vectors");
+        assert!(!vectors.is_empty());
+        for v in vectors {
+            let got = batch_size(
+                n(&v["rate_per_s"]),
+                n(&v["hold_ms"]),
+                n(&v["limit"]),
+                n(&v["max_share_pct"]),
+            );
+            assert_eq!(got, n(&v["batch"]), "{v}");
+        }
+        let stripes = &grants["stripes"];
+        assert_eq!(n(&stripes["n"]["max"]), crate::rule::MAX_STRIPES);
+        for v in stripes["share_vectors"].as_array().expect("share vectors") {
+            let (total, count) = (n(&v["total"]), n(&v["n"]));
+            let spec = Spec::parse("c", "FIXEDWINDOW", &[total, 1000]).unwrap();
+            let shares: Vec<u64> = (0..count)
+                .map(|i| spec.stripe("c", count, i).map(|s| s.limit()).unwrap_or(0))
+                .collect();
+            let want: Vec<u64> = v["shares"].as_array().unwrap().iter().map(n).collect();
+            if want.contains(&0) {
+                assert!(spec.stripe("c", count, 0).is_err(), "{v}");
+            } else {
+                assert_eq!(shares, want, "{v}");
+            }
+        }
+        for v in stripes["tag_vectors"].as_array().expect("tag vectors") {
+            let masters: Masters = v["masters"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| {
+                    m.as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|r| (n(&r[0]) as u16, n(&r[1]) as u16))
+                        .collect()
+                })
+                .collect();
+            let tags = pick_tags(&masters, n(&v["n"]) as usize);
+            let want: Vec<&str> = v["tags"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t.as_str().unwrap())
+                .collect();
+            assert_eq!(tags, want, "{v}");
+            let slots: Vec<u64> = tags.iter().map(|t| u64::from(key_slot(t))).collect();
+            let want: Vec<u64> = v["slots"].as_array().unwrap().iter().map(n).collect();
+            assert_eq!(slots, want, "{v}");
+        }
+        // The UPTO range, as the kit checks it before sending.
+        for case in grants["requests"].as_array().expect("requests") {
+            let Some(upto) = case["request"]["upto"].as_i64() else {
+                continue;
+            };
+            let ok = case["ok"].as_bool().unwrap();
+            let checked = u64::try_from(upto)
+                .ok()
+                .filter(|&u| (1..=MAX_UPTO).contains(&u))
+                .is_some();
+            assert_eq!(checked, ok, "{case}");
+        }
     }
 
     fn tb(capacity: u64) -> Spec {
