@@ -263,6 +263,7 @@ fn golden_of<R: Row>(seed: u64) -> Vec<Value> {
                 Request::Cost(n) => json!({"cost": n}),
                 Request::Force(n) => json!({"force": n}),
                 Request::Refund(n) => json!({"refund": n}),
+                Request::UpTo(n) => json!({"upto": n}),
             };
             steps.push(json!({
                 "params": current,
@@ -521,7 +522,7 @@ fn options() -> Value {
             refused(&["REFUND"], "ERR REFUND needs a value"),
             refused(&["BLOCK"], "ERR BLOCK needs a value"),
             refused(&["COST", "x"], &range_message("COST")),
-            refused(&["SOON", "1"], "ERR unknown option 'SOON' (expected COST, FORCE, REFUND or BLOCK)"),
+            refused(&["SOON", "1"], "ERR unknown option 'SOON' (expected COST, FORCE, REFUND, UPTO or BLOCK)"),
         ],
     })
 }
@@ -681,6 +682,243 @@ fn observability() -> Value {
 }
 
 /// The whole file.
+/// CRC16-XMODEM of `key` mod 16384: the cluster's key hash slot of a key
+/// with no hash tag (the tags are plain words). Written here from the
+/// cluster specification, independently of any kit, so that the vectors
+/// check each kit's own.
+fn key_slot(key: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &byte in key {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
+}
+
+/// The stripes' tags for `n` stripes over masters that each own the given
+/// slot ranges (the contract's rule: masters in the order of the lowest
+/// slot each owns; stripe i on master i mod M; tag i the first `rl<k>`
+/// whose slot that master owns and that no earlier stripe took).
+fn stripe_tags(masters: &[Vec<(u16, u16)>], n: usize) -> Vec<String> {
+    let mut order: Vec<&Vec<(u16, u16)>> = masters.iter().collect();
+    order.sort_by_key(|ranges| ranges.iter().map(|r| r.0).min());
+    let mut tags: Vec<String> = Vec::new();
+    for i in 0..n {
+        let owns = order[i % order.len()];
+        let tag = (0u64..)
+            .map(|k| format!("rl{k}"))
+            .find(|t| {
+                let slot = key_slot(t.as_bytes());
+                owns.iter().any(|&(a, b)| (a..=b).contains(&slot)) && !tags.contains(t)
+            })
+            .expect("every master owns a slot some tag hashes to");
+        tags.push(tag);
+    }
+    tags
+}
+
+/// Stripe `i` of `n`'s share of `total`: `total / n`, plus one for the
+/// first `total % n` stripes.
+fn stripe_share(total: u64, n: u64, i: u64) -> u64 {
+    total / n + u64::from(i < total % n)
+}
+
+/// The batch a batched rule asks for: about `hold_ms` of the observed
+/// rate, at least 1, at most `max_share_pct` % of the limit (at least 1).
+fn batch_size(rate_per_s: u64, hold_ms: u64, limit: u64, max_share_pct: u64) -> u64 {
+    let wanted = (rate_per_s * hold_ms).div_ceil(1000).max(1);
+    let most = (limit * max_share_pct / 100).max(1);
+    wanted.min(most)
+}
+
+/// `UPTO n` (the server's option), batched rules and stripes (the kits'):
+/// the requests and errors, the replies with `granted`, sequences the core
+/// runs, and the rules and vectors of batching and striping.
+fn grants() -> Value {
+    let max = MAX_PARAM as i128;
+    let range = "ERR UPTO must be an integer from 1 to 1099511627776";
+    let requests: Vec<Value> = [0, 1, 7, max, max + 1, -1]
+        .iter()
+        .map(|&n| {
+            let ok = (1..=max).contains(&n);
+            let mut case =
+                json!({"request": {"upto": n}, "args": ["UPTO", n.to_string()], "ok": ok});
+            if !ok {
+                case["names"] = json!("UPTO");
+                case["message"] = json!(range);
+            }
+            case
+        })
+        .collect();
+    let refused = |args: &[&str], message: &str| json!({"args": args, "message": message});
+    let five = ["allowed", "limit", "remaining", "wait_ms", "reset_ms"];
+    let takes = [
+        "TOKENBUCKET",
+        "FIXEDWINDOW",
+        "SLIDING",
+        "HASHWINDOW",
+        "QUOTA",
+    ];
+    let mut replies: Vec<Value> = takes
+        .iter()
+        .map(|w| {
+            let mut fields = five.to_vec();
+            fields.push("granted");
+            json!({"command": format!("RL.{w}"), "fields": fields})
+        })
+        .collect();
+    replies.push(json!({"command": "RL.HIT", "fields": "as the policy's algorithm, then granted"}));
+    let mut all = five.to_vec();
+    all.extend(["denied_by", "granted"]);
+    replies.push(json!({"command": "RL.ALL", "fields": all}));
+    // Sequences on one key, each step UPTO or COST, as the core runs them.
+    let golden = |word: &str, params: &[u64], steps: &[(u64, Request)]| -> Value {
+        const T0_US: u64 = 1_767_225_600_000_000; // 2026-01-01T00:00:00Z
+        fn run_all<R: Row>(params: &[u64], steps: &[(u64, Request)]) -> Vec<Value> {
+            let p = R::Params::from_integers(params).expect("valid");
+            let mut state = R::idle(&R::at(p, Micros::from_us(T0_US)), Micros::from_us(T0_US));
+            steps
+                .iter()
+                .map(|&(ms, request)| {
+                    let at = Micros::from_us(T0_US + ms * 1000);
+                    let outcome =
+                        redis_ratelimit_core::run::<R>(&mut state, &R::at(p, at), request, at);
+                    let req = match request {
+                        Request::UpTo(n) => json!({"upto": n}),
+                        Request::Cost(n) => json!({"cost": n}),
+                        other => panic!("{other:?}"),
+                    };
+                    json!({
+                        "at_us": T0_US + ms * 1000,
+                        "request": req,
+                        "decision": decision_json(&outcome.decision),
+                        "granted": outcome.granted,
+                    })
+                })
+                .collect()
+        }
+        let steps = match word {
+            "TOKENBUCKET" => run_all::<TokenBucket>(params, steps),
+            "FIXEDWINDOW" => run_all::<FixedWindow>(params, steps),
+            "SLIDING" => run_all::<SlidingLog>(params, steps),
+            "HASHWINDOW" => run_all::<HashWindow>(params, steps),
+            _ => run_all::<Quota>(params, steps),
+        };
+        json!({"word": word, "params": params, "steps": steps})
+    };
+    let up = Request::UpTo;
+    let script = [
+        (0, up(4)),
+        (0, up(9)),
+        (0, up(9)),
+        (0, Request::Cost(0)),
+        (250, up(3)),
+        (1_000, up(20)),
+        (1_000, Request::Cost(1)),
+        (61_000, up(6)),
+    ];
+    let goldens = vec![
+        golden("TOKENBUCKET", &[10, 1, 250], &script),
+        golden("FIXEDWINDOW", &[10, 60_000], &script),
+        golden("SLIDING", &[10, 60_000], &script),
+        golden("HASHWINDOW", &[10, 60_000, 1_000], &script),
+        golden("QUOTA", &[10, 0], &script),
+    ];
+    let batch_vectors: Vec<Value> = [
+        (0, 50, 1_000, 10),
+        (10, 50, 1_000, 10),
+        (19, 50, 1_000, 10),
+        (21, 50, 1_000, 10),
+        (1_000, 50, 1_000, 10),
+        (5_000, 50, 10_000, 10),
+        (100_000, 50, 10_000, 10),
+        (100_000, 50, 5, 10),
+        (7, 1, 1_000, 100),
+        (3_333, 60_000, 1_099_511_627_776, 100),
+    ]
+    .iter()
+    .map(|&(rate, hold, limit, pct)| {
+        json!({"rate_per_s": rate, "hold_ms": hold, "limit": limit, "max_share_pct": pct,
+               "batch": batch_size(rate, hold, limit, pct)})
+    })
+    .collect();
+    let share_vectors: Vec<Value> = [(10, 3), (9, 3), (1_000, 7), (2, 2), (65, 64)]
+        .iter()
+        .map(|&(total, n)| {
+            let shares: Vec<u64> = (0..n).map(|i| stripe_share(total, n, i)).collect();
+            json!({"total": total, "n": n, "shares": shares})
+        })
+        .collect();
+    let even = vec![vec![(0, 5460)], vec![(5461, 10922)], vec![(10923, 16383)]];
+    let shuffled = vec![
+        vec![(10923, 16383)],
+        vec![(0, 100), (6000, 10922)],
+        vec![(101, 5999)],
+    ];
+    let standalone = vec![vec![(0u16, 16383u16)]];
+    let tag_vectors: Vec<Value> = [(&even, 3), (&even, 5), (&shuffled, 3), (&standalone, 3)]
+        .iter()
+        .map(|&(masters, n)| {
+            let tags = stripe_tags(masters, n);
+            let slots: Vec<u16> = tags.iter().map(|t| key_slot(t.as_bytes())).collect();
+            json!({"masters": masters, "n": n, "tags": tags, "slots": slots})
+        })
+        .collect();
+    json!({
+        "upto": "UPTO n (1 to max_param), in place of COST: take as many units as the limiter admits now, at most n and at least 1; if not even 1 fits, the denial COST 1 gets. The reply adds granted (units taken; 0 on a denial); it propagates and notifies as COST granted. A policy that is off answers allowed with granted n; a shadowed denial answers allowed with granted 0.",
+        "commands": ["RL.TOKENBUCKET", "RL.FIXEDWINDOW", "RL.SLIDING", "RL.HASHWINDOW", "RL.QUOTA", "RL.HIT", "RL.ALL"],
+        "refused_commands": [
+            {"command": "RL.LEAKYBUCKET", "message": "ERR UPTO is not an option of RL.LEAKYBUCKET"},
+            {"command": "RL.CONCURRENCY", "message": "ERR UPTO is not an option of RL.CONCURRENCY"},
+            {"command": "RL.HIT", "policy": "LEAKYBUCKET", "message": "ERR UPTO is not an option of RL.HIT on a LEAKYBUCKET policy"},
+            {"command": "RL.ALL", "spec": 2, "message": "ERR UPTO is not an option of RL.ALL with a LEAKYBUCKET limiter (spec 2)"},
+        ],
+        "requests": requests,
+        "refused_words": [
+            refused(&["UPTO", "2", "COST", "1"], "ERR UPTO cannot be given with COST"),
+            refused(&["FORCE", "UPTO", "2"], "ERR UPTO cannot be given with FORCE"),
+            refused(&["REFUND", "1", "UPTO", "2"], "ERR UPTO cannot be given with REFUND"),
+            refused(&["UPTO", "2", "UPTO", "2"], "ERR UPTO given more than once"),
+            refused(&["UPTO"], "ERR UPTO needs a value"),
+        ],
+        "replies": replies,
+        "golden": goldens,
+        "batched": {
+            "algorithms": takes,
+            "rules": "a global inline rule of one of these algorithms",
+            "hold_ms": {"default": 50, "min": 1, "max": 60_000},
+            "max_share_pct": {"default": 10, "min": 1, "max": 100},
+            "batch": "clamp(ceil(rate_per_s * hold_ms / 1000), 1, max(1, floor(limit * max_share_pct / 100))); limit is the capacity of a token bucket, the limit of the others",
+            "rate_per_s": "max(decisions on the rule in the previous whole second, decisions so far in this second), seconds counted on the instance's monotonic clock",
+            "ask": "held units admit with no round trip (level grant); with none held and now >= next_ask_at, one UPTO batch call per rule and key at a time, concurrent callers share its grant in arrival order; with none held and now < next_ask_at, denied in process (level grant)",
+            "next_ask_at": "after a grant g < batch: the ask's instant + hold_ms; after a denial: the ask's instant + max(wait_ms, hold_ms if batch > 1 else 0); wait_ms -1: never again until the rule changes",
+            "refund": "units held longer than hold_ms since their grant, and every unit at close, go back in one REFUND call, never retried",
+            "fallback": "with Redis away, the kit's fallback decides (held units are spent first)",
+            "bound": "never above the limit (every unit is taken from the server first); under-admission at most the units instances hold: instances x batch, each for at most hold_ms",
+            "vectors": batch_vectors,
+        },
+        "stripes": {
+            "algorithms": takes,
+            "n": {"min": 2, "max": 64},
+            "share": "stripe i of n gets total / n, plus 1 if i < total % n, of every size and rate parameter (a token bucket's capacity and refill_count; a window's or a quota's limit); spans unchanged; a share of 0 refuses the rule, naming striped",
+            "key": "{tag}key",
+            "tags": "masters in the order of the lowest slot each owns (standalone or Sentinel: one master, all slots); stripe i on master i mod M; tag i is the first rl0, rl1, rl2, ... whose slot (CRC16-XMODEM mod 16384) that master owns and that no earlier stripe took",
+            "own": "each limiter picks its own stripe at random when it starts",
+            "spill": "a denial on the own stripe tries stripe (own + 1) mod n once; the request is denied only if both deny",
+            "repick": "the tags are picked again when the kit sees the slot map change; units consumed under an old key are not seen under a new one",
+            "bound": "each stripe is exact for its algorithm; the sum over the stripes is at most the limit",
+            "share_vectors": share_vectors,
+            "tag_vectors": tag_vectors,
+        },
+    })
+}
+
 fn contract() -> Value {
     let periods: Vec<Value> = (0..4)
         .map(|i| {
@@ -725,6 +963,7 @@ fn contract() -> Value {
         "replies": replies(),
         "protection": protection(),
         "observability": observability(),
+        "grants": grants(),
         "algorithms": algorithms,
         "periods": periods,
         "zones": zones(),
