@@ -521,7 +521,9 @@ function allArgs(limits: ReadonlyArray<{ key: string; rule: SpecOrPolicy }>, upt
       if (name === 'CONCURRENCY') {
         throw new InvalidArgumentError(`limits[${n}].rule`, `limits[${n}].rule: RL.ALL cannot take a concurrency rule (a lease is released on its own key)`);
       }
-      if (upto) checkUptoAlgorithm(name);
+      if (upto && name === 'LEAKYBUCKET') {
+        throw new InvalidArgumentError('UPTO', `UPTO is not an option of RL.ALL with a ${name} limiter (spec ${n + 1})`);
+      }
       if (params.includes('TZ')) {
         throw new InvalidArgumentError(
           `limits[${n}].rule.zone`,

@@ -17,7 +17,9 @@ import http from 'node:http';
 import { after, describe, test } from 'node:test';
 import { Client, Decision, InvalidArgumentError, ProtocolError, Protection, PROTECTION_DEFAULTS, Request, STATS_FIELDS, WINDOW_FIELDS, concurrencyLimit, defaultIsError, parseStats } from 'redis-ratelimit';
 import { blockArgs, checkZone, optionArgs, ruleArgs } from '../dist/esm/rules.js';
-import { BY_WORD, run } from '../dist/esm/algorithms.js';
+import { BY_WORD, fits, run } from '../dist/esm/algorithms.js';
+import { batchSize, checkShareable, checkStriped, grantConfig, GRANT_DEFAULTS, MAX_STRIPES, pickTags, shareOfStripe, SlotMap, stripeSpecs } from '../dist/esm/grants.js';
+import { keySlot } from '../dist/esm/transport.js';
 import { LocalLimiters, localSpec } from '../dist/esm/local.js';
 import { denialBody, policyItem, policyWindowS, rateLimitItem, retryAfterS } from '../dist/esm/headers.js';
 
@@ -548,5 +550,167 @@ describe('observability: metric names, types, labels and buckets; levels and out
     assert.ok(ob.outcomes.includes(full.outcome));
     assert.match(full.timestamp, /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/);
     await events.close();
+  });
+});
+
+// The grants section (issue 27): UPTO's requests, refusals and replies
+// through the kit's builders and parser; the golden UPTO sequences through
+// the in-process algorithms; the batched rules' options and batch vectors;
+// the stripes' shares and tags.
+describe('grants: UPTO, batched rules and stripes', () => {
+  const g = contract.grants;
+  const kitName = { UPTO: 'UPTO' };
+
+  test('requests: Request.upto accepted or refused as the contract says, naming UPTO', () => {
+    assert.ok(g.requests.length > 0);
+    const wrong = [];
+    for (const c of g.requests) {
+      const n = c.request.upto;
+      let got;
+      try {
+        got = { ok: true, args: optionArgs(Request.upto(n)) };
+      } catch (err) {
+        if (!(err instanceof InvalidArgumentError)) throw err;
+        got = { ok: false, names: err.argument };
+      }
+      if (got.ok !== c.ok) wrong.push(`${n}: want ${c.ok ? 'accepted' : 'refused'}, got ${JSON.stringify(got)}`);
+      else if (got.ok && JSON.stringify(got.args) !== JSON.stringify(c.args)) wrong.push(`${n}: sends ${JSON.stringify(got.args)}`);
+      else if (!got.ok && got.names !== kitName[c.names]) wrong.push(`${n}: refused naming ${got.names}, want ${c.names}`);
+    }
+    assert.deepEqual(wrong, []);
+  });
+
+  test('refused words: no request builds them (UPTO is one request, never beside COST, FORCE or REFUND)', () => {
+    const built = new Set();
+    for (const kind of ['cost', 'force', 'refund']) for (const n of [0, 1, 2]) built.add(JSON.stringify(optionArgs(Request[kind](n))));
+    for (const n of [1, 2, 2 ** 40]) built.add(JSON.stringify(optionArgs(Request.upto(n))));
+    assert.ok(g.refused_words.length > 0);
+    for (const r of g.refused_words) assert.ok(!built.has(JSON.stringify(r.args)), JSON.stringify(r.args));
+  });
+
+  test('refused commands: the kit refuses them before sending, in the server\'s words; the server\'s own (RL.HIT) name UPTO', async () => {
+    const sent = [];
+    // A transport that answers every command with the contract's message for RL.HIT, and records what was sent.
+    const hitMessage = g.refused_commands.find((r) => r.command === 'RL.HIT').message;
+    const transport = {
+      async call(_key, args) {
+        sent.push(args[0]);
+        const err = new Error(hitMessage);
+        throw Object.defineProperty(err, 'constructor', { value: { name: 'ReplyError' } });
+      },
+      async eachMaster() {
+        return [];
+      },
+    };
+    const rl = new Client(transport);
+    const specOf = {
+      LEAKYBUCKET: { algorithm: 'leakybucket', capacity: 5, leakCount: 1, leakMs: 1000 },
+      CONCURRENCY: { algorithm: 'concurrency', limit: 5, leaseMs: 1000 },
+    };
+    for (const r of g.refused_commands) {
+      const words = r.message.replace(/^ERR /, '');
+      const check = (e) => e instanceof InvalidArgumentError && e.argument === 'UPTO' && e.message.includes(words);
+      if (r.command === 'RL.HIT') {
+        await assert.rejects(rl.hit('p', 'k', Request.upto(2)), check, r.command);
+      } else if (r.command === 'RL.ALL') {
+        const limits = Array.from({ length: r.spec }, (_, i) => ({ key: `k${i}`, rule: { algorithm: 'fixedwindow', limit: 5, windowMs: 1000 } }));
+        limits[r.spec - 1] = { key: 'kx', rule: specOf[/with a (\w+) limiter/.exec(r.message)[1]] };
+        await assert.rejects(rl.all(limits, { upto: 2 }), check, r.command);
+      } else {
+        await assert.rejects(rl.limit('k', specOf[r.command.slice(3)], Request.upto(2)), check, r.command);
+      }
+    }
+    assert.deepEqual(sent, ['RL.HIT'], 'only RL.HIT (whose policy the kit does not know) was sent');
+    assert.deepEqual(g.commands, ['RL.TOKENBUCKET', 'RL.FIXEDWINDOW', 'RL.SLIDING', 'RL.HASHWINDOW', 'RL.QUOTA', 'RL.HIT', 'RL.ALL']);
+  });
+
+  test('replies: the five fields then granted (RL.ALL: denied_by, then granted), parsed as such', () => {
+    for (const r of g.replies) {
+      const all = r.command === 'RL.ALL';
+      const fields = Array.isArray(r.fields) ? r.fields : ['allowed', 'limit', 'remaining', 'wait_ms', 'reset_ms', 'granted'];
+      assert.equal(fields[fields.length - 1], 'granted', r.command);
+      const values = { allowed: 1, limit: 10, remaining: 3, wait_ms: 0, reset_ms: 700, denied_by: 0, granted: 7 };
+      const d = Decision.fromReply(fields.map((f) => values[f]), all ? 'deniedBy' : 'lease', true);
+      assert.deepEqual([d.allowed, d.limit, d.remaining, d.waitMs, d.resetMs, d.granted, d.deniedBy], [true, 10, 3, 0, 700, 7, null], r.command);
+      assert.throws(() => Decision.fromReply(fields.slice(0, -1).map((f) => values[f]), all ? 'deniedBy' : 'lease', true), ProtocolError, `${r.command} without granted`);
+    }
+  });
+
+  test('golden UPTO sequences: every decision and granted exactly the core\'s, in process', () => {
+    assert.ok(g.golden.length > 0);
+    const wrong = [];
+    let steps = 0;
+    for (const seq of g.golden) {
+      const algo = BY_WORD[seq.word];
+      const params = seq.params.map(BigInt);
+      if (seq.word === 'QUOTA') params.push(0n);
+      let state;
+      const local = new LocalLimiters(4);
+      seq.steps.forEach((step, i) => {
+        const now = BigInt(step.at_us);
+        state ??= algo.idle(params, now);
+        const [[kind, units]] = Object.entries(step.request);
+        const n = BigInt(units);
+        const taken = kind === 'upto' ? fits(algo, state, params, n, now) : n;
+        const [d] = run(algo, state, params, { kind, n }, now);
+        const viaLocal = local.run('golden\0k', localSpec(ruleOf(seq.word, seq.params)), { kind, n }, now);
+        const granted = d.allowed ? Number(taken) : 0;
+        for (const [path, x] of [['run', d], ['LocalLimiters', viaLocal]]) {
+          steps += 1;
+          const got = [x.allowed ? 1 : 0, Number(x.limit), Number(x.remaining), Number(x.waitMs), Number(x.resetMs)];
+          if (JSON.stringify(got) !== JSON.stringify(step.decision)) wrong.push(`${seq.word} step ${i} ${JSON.stringify(step)} through ${path}: got ${JSON.stringify(got)}`);
+        }
+        if (granted !== step.granted) wrong.push(`${seq.word} step ${i} ${JSON.stringify(step)}: granted ${granted}`);
+      });
+    }
+    assert.deepEqual(wrong.slice(0, 10), [], `${wrong.length} differ`);
+    assert.equal(steps, 2 * g.golden.reduce((a, s) => a + s.steps.length, 0));
+  });
+
+  test('batched: the algorithms, the options\' defaults and bounds, every batch vector', async () => {
+    const b = g.batched;
+    assert.deepEqual(GRANT_DEFAULTS, { holdMs: b.hold_ms.default, maxSharePct: b.max_share_pct.default });
+    for (const [name, o] of [['holdMs', b.hold_ms], ['maxSharePct', b.max_share_pct]]) {
+      const args = (v) => (name === 'holdMs' ? [v, undefined] : [undefined, v]);
+      assert.doesNotThrow(() => grantConfig(...args(o.min)));
+      assert.doesNotThrow(() => grantConfig(...args(o.max)));
+      for (const bad of [o.min - 1, o.max + 1]) assert.throws(() => grantConfig(...args(bad)), (e) => e instanceof InvalidArgumentError && e.argument === name, `${name} ${bad}`);
+    }
+    for (const v of b.vectors) assert.equal(batchSize(v.rate_per_s, v.hold_ms, v.limit, v.max_share_pct), v.batch, JSON.stringify(v));
+    const words = ['TOKENBUCKET', 'LEAKYBUCKET', 'FIXEDWINDOW', 'SLIDING', 'HASHWINDOW', 'CONCURRENCY', 'QUOTA'];
+    for (const option of ['batched', 'striped']) {
+      const takes = words.filter((w) => {
+        try {
+          checkShareable(option, ruleOf(w, algorithms.get(w).params.map((p) => (p.keywords.length > 0 ? 0 : 60_000))));
+          return true;
+        } catch (e) {
+          assert.ok(e instanceof InvalidArgumentError && e.argument === option);
+          return false;
+        }
+      });
+      assert.deepEqual(takes, g[option === 'batched' ? 'batched' : 'stripes'].algorithms, option);
+    }
+  });
+
+  test('stripes: n\'s bounds, every share vector, every tag vector (masters in any order) with its slots', () => {
+    const s = g.stripes;
+    assert.equal(MAX_STRIPES, s.n.max);
+    assert.equal(checkStriped(s.n.max), s.n.max);
+    assert.throws(() => checkStriped(s.n.max + 1), (e) => e instanceof InvalidArgumentError && e.argument === 'striped');
+    for (const v of s.share_vectors) {
+      assert.deepEqual(Array.from({ length: v.n }, (_, i) => shareOfStripe(v.total, i, v.n)), v.shares, JSON.stringify(v));
+      const specs = stripeSpecs({ algorithm: 'fixedwindow', limit: v.total, windowMs: 1000 }, v.n);
+      assert.deepEqual(specs.map((x) => x.limit), v.shares);
+    }
+    assert.throws(() => stripeSpecs({ algorithm: 'fixedwindow', limit: 2, windowMs: 1000 }, 3), (e) => e instanceof InvalidArgumentError && e.argument === 'striped');
+    for (const v of s.tag_vectors) {
+      // As CLUSTER SLOTS answers: one entry per range, each naming its master.
+      const reply = v.masters.flatMap((ranges, m) => ranges.map(([lo, hi]) => [lo, hi, ['127.0.0.1', 7000 + m, `master${m}`]]));
+      const map = v.masters.length === 1 && v.masters[0].length === 1 && v.masters[0][0][0] === 0 && v.masters[0][0][1] === 16383 ? SlotMap.standalone() : SlotMap.fromClusterSlots(reply);
+      const tags = pickTags(map, v.n);
+      assert.deepEqual(tags, v.tags, JSON.stringify(v.masters));
+      assert.deepEqual(tags.map((t) => keySlot(t)), v.slots);
+      assert.deepEqual(pickTags(SlotMap.fromClusterSlots(reply), v.n), v.tags, 'the same from the reply');
+    }
   });
 });
