@@ -182,6 +182,17 @@ describe('typed UPTO', () => {
     assert.equal(Number(raw[6]), 2);
   });
 
+  test('a policy that is off answers allowed with granted n; a shadowed denial allowed with granted 0', async () => {
+    await rl.policySet('grants-off', { algorithm: 'fixedwindow', limit: 2, windowMs: STILL_MS }, { mode: 'OFF' });
+    const off = await rl.hit('grants-off', fresh('off'), Request.upto(9));
+    assert.deepEqual([off.allowed, off.granted], [true, 9]);
+    await rl.policySet('grants-shadow', { algorithm: 'fixedwindow', limit: 2, windowMs: STILL_MS }, { mode: 'SHADOW' });
+    const key = fresh('shadow');
+    const first = await rl.hit('grants-shadow', key, Request.upto(9));
+    const second = await rl.hit('grants-shadow', key, Request.upto(9));
+    assert.deepEqual([first.allowed, first.granted, second.allowed, second.granted], [true, 2, true, 0]);
+  });
+
   test('errors name UPTO: out of range, with cost, on a leaky bucket or concurrency rule (client side), on a leaky policy (the server)', async () => {
     for (const bad of [0, -1, 2 ** 40 + 1, 1.5, '3']) assert.throws(() => Request.upto(bad), argError('UPTO'), String(bad));
     await assert.rejects(rl.all([{ key: fresh('x'), rule: { algorithm: 'fixedwindow', limit: 1, windowMs: 1000 } }], { cost: 1, upto: 1 }), argError('UPTO'));
