@@ -205,6 +205,108 @@ fn the_contract_files_cases_hold_on_every_server() {
             0,
             "{kind}: a refusal or a peek wrote a key"
         );
+        // UPTO: its requests and refused words on the same token bucket (a
+        // grant takes units: start again), its refusal elsewhere, and its
+        // replies' widths.
+        let grants = &contract["grants"];
+        let cases = grants["requests"].as_array().expect("grants.requests");
+        for case in cases {
+            let mut call = base.clone();
+            call.extend(strings(&case["args"]));
+            match (send(&mut con, &call), case["ok"].as_bool()) {
+                (Ok(reply), Some(true)) => assert_eq!(fields(&reply), 6, "{call:?}"),
+                (Err(err), Some(false)) => {
+                    assert_eq!(err, case["message"].as_str().expect("message"), "{call:?}")
+                }
+                (got, _) => panic!("{kind}: {call:?} answered {got:?}; the contract: {case}"),
+            }
+            let _: () = query(&mut con, &["FLUSHALL"]);
+            checked += 1;
+        }
+        for case in grants["refused_words"].as_array().expect("refused_words") {
+            let mut call = base.clone();
+            call.extend(strings(&case["args"]));
+            let err = send(&mut con, &call).expect_err("refused");
+            assert_eq!(
+                err,
+                case["message"].as_str().expect("message"),
+                "{kind}: {call:?}"
+            );
+            checked += 1;
+        }
+        let _: String = query(
+            &mut con,
+            &[
+                "RL.POLICY",
+                "SET",
+                "contract-leaky",
+                "LEAKYBUCKET",
+                "5",
+                "1",
+                "1000",
+            ],
+        );
+        for case in grants["refused_commands"]
+            .as_array()
+            .expect("refused_commands")
+        {
+            let call: Vec<&str> =
+                match (case["command"].as_str().expect("command"), case.get("spec")) {
+                    ("RL.LEAKYBUCKET", _) => vec!["RL.LEAKYBUCKET", "g", "5", "1", "1000"],
+                    ("RL.CONCURRENCY", _) => vec!["RL.CONCURRENCY", "g", "5", "1000"],
+                    ("RL.HIT", _) => vec!["RL.HIT", "contract-leaky", "g"],
+                    ("RL.ALL", Some(_)) => vec![
+                        "RL.ALL",
+                        "2",
+                        "g",
+                        "h",
+                        "FIXEDWINDOW",
+                        "5",
+                        "1000",
+                        "LEAKYBUCKET",
+                        "5",
+                        "1",
+                        "1000",
+                    ],
+                    (other, _) => panic!("a refused command the test does not know: {other}"),
+                };
+            let mut call: Vec<String> = call.into_iter().map(String::from).collect();
+            call.extend(["UPTO".into(), "2".into()]);
+            let err = send(&mut con, &call).expect_err("refused");
+            assert_eq!(
+                err,
+                case["message"].as_str().expect("message"),
+                "{kind}: {call:?}"
+            );
+            checked += 1;
+        }
+        let _: i64 = query(&mut con, &["RL.POLICY", "DEL", "contract-leaky"]);
+        for (command, call) in [
+            (
+                "RL.TOKENBUCKET",
+                &["RL.TOKENBUCKET", "u", "10", "1", "1000", "UPTO", "3"][..],
+            ),
+            (
+                "RL.ALL",
+                &["RL.ALL", "1", "u2", "SLIDING", "10", "1000", "UPTO", "3"][..],
+            ),
+        ] {
+            let reply = send(
+                &mut con,
+                &call.iter().map(|w| w.to_string()).collect::<Vec<_>>(),
+            )
+            .expect(command);
+            let want = grants["replies"]
+                .as_array()
+                .expect("grants.replies")
+                .iter()
+                .find(|r| r["command"] == command)
+                .and_then(|r| r["fields"].as_array())
+                .map(Vec::len)
+                .expect("a reply shape");
+            assert_eq!(fields(&reply), want, "{kind}: {command} {reply:?}");
+        }
+        let _: () = query(&mut con, &["FLUSHALL"]);
         // RL.ALL's reply: the five fields and denied_by.
         let all = send(
             &mut con,

@@ -271,6 +271,20 @@ const COST_OR_REFUND_ARGS: [&str; 7] = [
     "timeout_ms:integer",
 ];
 
+/// `[COST n [FORCE] | REFUND n | UPTO n] [BLOCK timeout_ms]`, the options of
+/// the limiters that grant part of a request and of RL.HIT.
+const COST_REFUND_OR_UPTO: &str = "[COST units [FORCE]|REFUND units|UPTO most] [BLOCK timeout_ms]";
+const COST_REFUND_OR_UPTO_ARGS: [&str; 8] = [
+    "cost-refund-or-upto:oneof",
+    "cost:block",
+    "units:integer",
+    "force:pure-token",
+    "refund:block",
+    "units:integer",
+    "most:integer",
+    "timeout_ms:integer",
+];
+
 /// What `COMMAND DOCS` must say of a command or subcommand.
 struct Documented {
     name: &'static str,
@@ -295,15 +309,22 @@ fn documented(
     }
 }
 
-/// A limiter command: the key, integer parameters, then the options.
+/// A limiter command: the key, integer parameters, then the options
+/// (`UPTO` among them unless it is a shaping queue or leases).
 fn limiter(name: &'static str, complexity: &'static str, params: &[&str]) -> Documented {
+    let upto = !matches!(name, "RL.LEAKYBUCKET" | "RL.CONCURRENCY");
     let mut args = vec!["key:key".to_string()];
     args.extend(params.iter().map(|p| format!("{p}:integer")));
-    args.extend(COST_OR_REFUND_ARGS.map(String::from));
+    let (options, options_args) = if upto {
+        (COST_REFUND_OR_UPTO, &COST_REFUND_OR_UPTO_ARGS[..])
+    } else {
+        (COST_OR_REFUND, &COST_OR_REFUND_ARGS[..])
+    };
+    args.extend(options_args.iter().map(|a| a.to_string()));
     Documented {
         name,
         complexity,
-        syntax: format!("key {} {COST_OR_REFUND}", params.join(" ")),
+        syntax: format!("key {} {options}", params.join(" ")),
         args,
     }
 }
@@ -320,7 +341,7 @@ const THROTTLE_ARGS: &[&str] = &[
 /// Every command and subcommand.
 fn every_command() -> Vec<Documented> {
     let mut hit_args = vec!["name:string", "key:key"];
-    hit_args.extend(COST_OR_REFUND_ARGS);
+    hit_args.extend(COST_REFUND_OR_UPTO_ARGS);
     vec![
         limiter(
             "RL.TOKENBUCKET",
@@ -343,11 +364,11 @@ fn every_command() -> Vec<Documented> {
         Documented {
             name: "RL.QUOTA",
             complexity: "O(1)",
-            syntax: format!("key limit DAY|WEEK|MONTH|YEAR [TZ zone] {COST_OR_REFUND}"),
+            syntax: format!("key limit DAY|WEEK|MONTH|YEAR [TZ zone] {COST_REFUND_OR_UPTO}"),
             args: ["key:key", "limit:integer", "period:oneof", "day:pure-token", "week:pure-token", "month:pure-token", "year:pure-token", "zone:string"]
                 .iter()
                 .map(|a| a.to_string())
-                .chain(COST_OR_REFUND_ARGS.map(String::from))
+                .chain(COST_REFUND_OR_UPTO_ARGS.map(String::from))
                 .collect(),
         },
         documented(
@@ -365,21 +386,23 @@ fn every_command() -> Vec<Documented> {
         documented(
             "RL.ALL",
             "O(K)",
-            "numkeys key [key ...] spec [spec ...] [COST units [FORCE]] [BLOCK timeout_ms]",
+            "numkeys key [key ...] spec [spec ...] [COST units [FORCE]|UPTO most] [BLOCK timeout_ms]",
             &[
                 "numkeys:integer",
                 "key:key",
                 "spec:string",
+                "cost-or-upto:oneof",
                 "cost:block",
                 "units:integer",
                 "force:pure-token",
+                "most:integer",
                 "timeout_ms:integer",
             ],
         ),
         documented(
             "RL.HIT",
             "As the policy's algorithm",
-            &format!("name key {COST_OR_REFUND}"),
+            &format!("name key {COST_REFUND_OR_UPTO}"),
             &hit_args,
         ),
         documented(

@@ -275,6 +275,9 @@ fn info_ratelimit_shows_every_counter_from_the_start() {
         }
         for field in [
             "policies",
+            "upto_calls",
+            "upto_granted_units",
+            "upto_partial",
             "blocked_now",
             "blocked_total",
             "blocked_admitted",
