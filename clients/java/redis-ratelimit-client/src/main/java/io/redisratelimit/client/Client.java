@@ -148,13 +148,23 @@ public sealed class Client implements AutoCloseable permits RateLimitClient {
      */
     public CompletionStage<Decision> limitAsync(String key, Spec spec, Request units) {
         if (units.upto() && (spec.algorithm() == Algorithm.LEAKYBUCKET || spec.algorithm() == Algorithm.CONCURRENCY)) {
-            throw new InvalidArgumentException("UPTO", "UPTO is not an option of " + spec.algorithm().command());
+            throw new InvalidArgumentException("UPTO", uptoRefusal(spec.algorithm(), -1));
         }
         List<String> args = new ArrayList<>();
         args.add(Args.key(key));
         args.addAll(spec.words().subList(1, spec.words().size()));
         units.appendTo(args);
         return decision(new Command(spec.algorithm().command(), args, 0, true), units);
+    }
+
+    /**
+     * The server's words refusing {@code UPTO} on a leaky bucket or a
+     * concurrency cap: of its own command, or ({@code spec} from 1) of
+     * {@code RL.ALL}'s spec at that position.
+     */
+    static String uptoRefusal(Algorithm a, int spec) {
+        return spec < 1 ? "UPTO is not an option of " + a.command()
+                : "UPTO is not an option of RL.ALL with a " + a.name() + " limiter (spec " + spec + ")";
     }
 
     public CompletionStage<Decision> limitAsync(String key, Spec spec) {
@@ -254,9 +264,10 @@ public sealed class Client implements AutoCloseable permits RateLimitClient {
             throw new InvalidArgumentException("cost", "RL.ALL takes COST n or UPTO n only");
         }
         if (units.upto()) {
-            for (Limit l : limits) {
-                if (l.spec() != null && (l.spec().algorithm() == Algorithm.LEAKYBUCKET || l.spec().algorithm() == Algorithm.CONCURRENCY)) {
-                    throw new InvalidArgumentException("UPTO", "UPTO is not an option of " + l.spec().algorithm().command());
+            for (int i = 0; i < limits.size(); i++) {
+                Spec s = limits.get(i).spec();
+                if (s != null && (s.algorithm() == Algorithm.LEAKYBUCKET || s.algorithm() == Algorithm.CONCURRENCY)) {
+                    throw new InvalidArgumentException("UPTO", uptoRefusal(s.algorithm(), i + 1));
                 }
             }
         }
@@ -374,7 +385,7 @@ public sealed class Client implements AutoCloseable permits RateLimitClient {
      */
     public CompletionStage<Decision> acquireAsync(String key, Spec spec, Request units, Duration timeout) {
         if (units.upto() && (spec.algorithm() == Algorithm.LEAKYBUCKET || spec.algorithm() == Algorithm.CONCURRENCY)) {
-            throw new InvalidArgumentException("UPTO", "UPTO is not an option of " + spec.algorithm().command());
+            throw new InvalidArgumentException("UPTO", uptoRefusal(spec.algorithm(), -1));
         }
         List<String> args = new ArrayList<>();
         args.add(Args.key(key));

@@ -31,8 +31,8 @@ final class CoreAlgorithms {
     private CoreAlgorithms() {
     }
 
-    /** {@code COST n}, {@code COST n FORCE}, {@code REFUND n}. */
-    enum Kind { COST, FORCE, REFUND }
+    /** {@code COST n}, {@code COST n FORCE}, {@code REFUND n}, {@code UPTO n}. */
+    enum Kind { COST, FORCE, REFUND, UPTO }
 
     /** One request. */
     record Request(Kind kind, long n) {
@@ -46,6 +46,10 @@ final class CoreAlgorithms {
 
         static Request refund(long n) {
             return new Request(Kind.REFUND, n);
+        }
+
+        static Request upto(long n) {
+            return new Request(Kind.UPTO, n);
         }
     }
 
@@ -68,8 +72,11 @@ final class CoreAlgorithms {
         }
     }
 
-    /** What a request did: the decision, and whether the state changed. */
-    record Outcome(Verdict decision, boolean changed) {
+    /** What a request did: the decision, whether the state changed, and ({@code UPTO}) the units granted. */
+    record Outcome(Verdict decision, boolean changed, long granted) {
+        Outcome(Verdict decision, boolean changed) {
+            this(decision, changed, 0);
+        }
     }
 
     /** One limiter's state. */
@@ -115,7 +122,35 @@ final class CoreAlgorithms {
                 boolean changed = s.refund(p, r.n(), nowUs);
                 yield new Outcome(s.decide(p, 0, nowUs), changed);
             }
+            case UPTO -> {
+                // As the server: the units that fit, at most n, run as COST fits; none fit: the denial COST 1 gets.
+                long fits = fits(s, p, r.n(), nowUs);
+                Verdict d = s.apply(p, Math.max(1, fits), nowUs);
+                yield new Outcome(d, fits > 0, fits);
+            }
         };
+    }
+
+    /**
+     * The most units, at most {@code most}, that {@code s} admits at once now
+     * (0 when not even one does): admission is monotone in the cost, so a
+     * binary search over {@link State#decide}, which changes nothing.
+     */
+    static long fits(State s, long[] p, long most, long nowUs) {
+        if (most < 1 || !s.decide(p, 1, nowUs).allowed()) {
+            return 0;
+        }
+        long lo = 1;
+        long hi = most;
+        while (lo < hi) {
+            long mid = lo + (hi - lo + 1) / 2;
+            if (s.decide(p, mid, nowUs).allowed()) {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        return lo;
     }
 
     static long ceilDiv(long a, long b) {

@@ -204,7 +204,9 @@ final class LocalLimiters {
 
     private static Decision step(State s, Spec spec, CoreAlgorithms.Request request, long nowUs) {
         refresh(s, spec, nowUs);
-        return CoreAlgorithms.run(s.core, params(spec, nowUs), request, nowUs).decision().toDecision();
+        CoreAlgorithms.Outcome o = CoreAlgorithms.run(s.core, params(spec, nowUs), request, nowUs);
+        Decision d = o.decision().toDecision();
+        return request.kind() == CoreAlgorithms.Kind.UPTO ? d.withGranted(o.granted()) : d;
     }
 
     /** A limiter of the spec's algorithm: idle at {@code now} if there was none, or one of another algorithm. */
