@@ -22,7 +22,11 @@ run: build
 # valkey-server, the redis-cli example scripts, the Rust, Java, Python and
 # Node client kits, the INFO exporter, the alert rules and the dashboard
 # (promtool), fmt and clippy, ruff and mypy.
-test: build test-setup test-unit test-integration test-cli test-kit-rust test-kit-java test-kit-python test-kit-node test-exporter test-deploy lint lint-python
+# The kits of other languages and deploy/ run beside the cargo suites
+# (scripts/test-all.sh: logs in tmp/test-logs/; TEST_SERIAL=1 for one at a
+# time).
+test: build
+	MAKE="$(MAKE)" scripts/test-all.sh
 
 # scripts/setup.sh's package detection, against fake package managers; the
 # benchmark targets build what they measure (make -n).
