@@ -213,7 +213,11 @@ def all_args(
                 "(a lease must be released on its own key)"
             )
         utc_only(spec, f"RL.ALL (spec {i + 1})")
-        check_upto(spec, request)
+        if request.kind is RequestKind.UPTO and isinstance(spec, LeakyBucket):
+            raise InvalidArgument(
+                f"UPTO is not an option of RL.ALL with a LEAKYBUCKET limiter (spec {i + 1})",
+                param="UPTO",
+            )
         args += spec_args(spec)
     if request.kind is RequestKind.REFUND:
         raise InvalidArgument(
