@@ -424,7 +424,11 @@ public final class Limiter implements AutoCloseable {
         if (cost < 0 || cost > Spec.MAX_PARAM) {
             throw new InvalidArgumentException("cost", "must be an integer from 0 to " + Spec.MAX_PARAM + ", got " + cost);
         }
-        CompletionStage<Decision> decided = decide(set, keys, cost);
+        // Every path's decision says the units it took: the cost when admitted, else 0.
+        CompletionStage<Decision> decided = decide(set, keys, cost).thenApply(d -> {
+            long granted = d.allowed() ? cost : 0;
+            return d.granted() == granted ? d : d.withGranted(granted);
+        });
         Observer o = observer;
         DenyEvents ev = events;
         if (o == null && ev == null) {

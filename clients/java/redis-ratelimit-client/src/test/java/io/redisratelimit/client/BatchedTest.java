@@ -186,7 +186,9 @@ class BatchedTest {
             RuleSet set = l.rules(batched(key, spec, 50));
             long admitted = 0;
             for (int i = 0; i < 5; i++) {
-                admitted += l.check(set, "any").allowed() ? 1 : 0;
+                Decision d = l.check(set, "any");
+                admitted += d.allowed() ? 1 : 0;
+                assertEquals(d.allowed() ? 1 : 0, d.granted(), d.toString());
             }
             Decision denied = l.check(set, "any");
             for (int i = 0; i < 5 && denied.allowed(); i++) {
@@ -222,6 +224,9 @@ class BatchedTest {
             assertTrue(paths.stream().allMatch(p -> p == Path.GRANT || p == Path.FALLBACK), paths.toString());
             assertEquals(Path.GRANT, paths.get(0), "held units first");
             assertTrue(paths.contains(Path.FALLBACK), "then the fallback");
+            Decision three = l.check(set, "any", 3);
+            assertEquals(Path.FALLBACK, three.path());
+            assertEquals(three.allowed() ? 3 : 0, three.granted(), "every path's granted: the cost when admitted");
         } finally {
             own.close();
         }
