@@ -680,7 +680,8 @@ export class Limiter {
       await this.settleShared(targets[0] as Target, localLimits, accountLimits);
       try {
         const d = await beforeDeadline(this.sharedCall(grants, targets, cost), this.deadlineMs);
-        this.breaker.success();
+        // Held units answer without Redis: only an answer from it closes the breaker's count.
+        if (d.path === 'redis') this.breaker.success();
         outcome = { kind: 'redis', d };
       } catch (err) {
         const failure = classify(err);
