@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 MODULE := target/release/libredis_ratelimit.so
 
-.PHONY: all setup build run test test-setup test-unit test-integration test-cli test-kit-rust test-kit-java test-kit-python test-kit-node lint lint-python bench bench-floor bench-compare bench-kit-rust bench-kit-java bench-kit-node example example-java trace cluster cluster-stop clean fuzz
+.PHONY: all setup build run test test-setup test-unit test-integration test-cli test-kit-rust test-kit-java test-kit-python test-kit-node lint lint-python bench bench-floor bench-compare bench-grants bench-kit-rust bench-kit-java bench-kit-node example example-java trace cluster cluster-stop clean fuzz
 
 all: build
 
@@ -107,7 +107,13 @@ lint:
 bench-floor: build
 	cargo build --release -p ratelimit-bench-floor
 
-bench: build bench-floor bench-kit-rust bench-kit-java bench-kit-node
+# One global limit larger than one node (docs/cluster.md): a 3-master
+# cluster, client processes offering twice the limit on one global token
+# bucket, one key vs batched vs striped vs both, side by side.
+bench-grants: build
+	RL_MODULE=$(CURDIR)/$(MODULE) bench/grants/run.sh
+
+bench: build bench-floor bench-kit-rust bench-kit-java bench-kit-node bench-grants
 	RL_MODULE=$(CURDIR)/$(MODULE) scripts/bench.sh
 	RL_MODULE=$(CURDIR)/$(MODULE) python3 bench/limits_python.py
 	RL_MODULE=$(CURDIR)/$(MODULE) python3 bench/blocking.py
