@@ -3,7 +3,7 @@
 // clients. Skipped when no valkey-server is given.
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
-import { Client, RLDeniedError, ModuleMissingError, RLStore, RateLimiterRL, RateLimiterRes } from 'redis-ratelimit';
+import { Client, Limiter, Request, RLDeniedError, ModuleMissingError, RLStore, RateLimiterRL, RateLimiterRes } from 'redis-ratelimit';
 import { clientKinds, startServer } from './servers.mjs';
 
 const VALKEY = process.env.VALKEY_SERVER;
@@ -33,6 +33,29 @@ describe('on Valkey', { skip: VALKEY ? false : 'VALKEY_SERVER is not set' }, () 
         const limiter = new RateLimiterRL({ storeClient: c, points: 1, duration: 5, keyPrefix: `flex:${k.name}` });
         assert.equal((await limiter.consume('u')).remainingPoints, 0);
         await assert.rejects(limiter.consume('u'), RateLimiterRes);
+      } finally {
+        k.close(c);
+      }
+    });
+
+    test(`UPTO, a batched and a striped rule (client ${kind})`, async () => {
+      const k = (await clientKinds())[kind];
+      const c = await k.make(server.port);
+      try {
+        const rl = new Client(c);
+        const spec = { algorithm: 'fixedwindow', limit: 6, windowMs: 2 ** 40 };
+        const d = await rl.limit(`${k.name}:upto`, spec, Request.upto(4));
+        assert.deepEqual([d.allowed, d.granted, d.remaining], [true, 4, 2]);
+        const limiter = new Limiter(rl, { localLevel: false, fallback: 'failClosed', deadlineMs: 10_000 });
+        for (const [name, options] of [['batched', { batched: true }], ['striped', { striped: 3 }]]) {
+          const key = `${k.name}:${name}`;
+          const set = await limiter.ruleSet([{ spec, global: true, key, ...options }]);
+          let admitted = 0;
+          for (let i = 0; i < 12; i++) if ((await limiter.check(set, 'x')).allowed) admitted++;
+          // striped: one instance uses two of the three stripes of 2
+          assert.equal(admitted, name === 'batched' ? 6 : 4, name);
+        }
+        await limiter.close();
       } finally {
         k.close(c);
       }
