@@ -159,3 +159,11 @@ def test_in_process_upto_is_the_servers_fits(word: str, params: tuple[int, ...])
     assert second.allowed and second.remaining == 0
     third, changed = core.run(algo, state, params, Request.upto(3).core(), now)
     assert not third.allowed and not changed and third.wait_ms > 0
+
+
+def test_upto_on_valkey(valkey: Server) -> None:
+    c = Client(valkey.client())
+    valkey.client().delete("vk")
+    d = c.sliding("vk", 3, 60_000, Request.upto(5))
+    assert d.allowed and d.granted == 3 and d.remaining == 0
+    assert c.sliding("vk", 3, 60_000, Request.upto(5)).granted == 0
