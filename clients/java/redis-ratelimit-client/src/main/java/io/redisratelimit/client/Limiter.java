@@ -176,6 +176,7 @@ public final class Limiter implements AutoCloseable {
     /** Refunds held units after hold_ms, sweeps idle keys and re-reads the slot map; started with the first grant or stripe. */
     private volatile java.util.concurrent.ScheduledExecutorService timer;
     private volatile boolean closed;
+    private volatile Thread exitHook;
     private final long origin = System.nanoTime();
     private volatile Observer observer;
     private final DenyEvents events;
@@ -1246,6 +1247,14 @@ public final class Limiter implements AutoCloseable {
                 e.setRemoveOnCancelPolicy(true);
                 e.scheduleWithFixedDelay(this::tick, 1, 1, TimeUnit.SECONDS);
                 timer = e;
+                // Held units go back at the JVM's exit too, when the application never closes the limiter.
+                Thread hook = new Thread(this::giveBackHeld, "redis-ratelimit-grants-exit");
+                try {
+                    Runtime.getRuntime().addShutdownHook(hook);
+                    exitHook = hook;
+                } catch (IllegalStateException shuttingDown) {
+                    exitHook = null;
+                }
             }
             return timer;
         }
@@ -1268,7 +1277,7 @@ public final class Limiter implements AutoCloseable {
         }
     }
 
-    /** At close: every held unit goes back, awaited up to the client's deadline. */
+    /** At close (or the JVM's exit): every held unit goes back, awaited up to the client's deadline. */
     private void giveBackHeld() {
         java.util.concurrent.ScheduledExecutorService t;
         synchronized (heldStates) {
@@ -1309,11 +1318,24 @@ public final class Limiter implements AutoCloseable {
         return CallNotPermittedException.class;
     }
 
-    /** Closes the client, and the deny events given to the builder (what they hold is shipped, within their timeout). */
+    /**
+     * Gives back every unit a batched rule holds ({@code REFUND}, awaited up
+     * to the deadline; a JVM exit without close does it too, from a shutdown
+     * hook), then closes the client and the deny events given to the builder
+     * (what they hold is shipped, within their timeout).
+     */
     @Override
     public void close() {
         try {
             giveBackHeld();
+            Thread hook = exitHook;
+            if (hook != null && Thread.currentThread() != hook) {
+                try {
+                    Runtime.getRuntime().removeShutdownHook(hook);
+                } catch (IllegalStateException shuttingDown) {
+                    // The JVM is exiting: the hook runs, finds nothing held, returns.
+                }
+            }
             if (events != null) {
                 events.close();
             }

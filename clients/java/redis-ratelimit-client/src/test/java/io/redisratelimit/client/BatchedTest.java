@@ -165,6 +165,20 @@ class BatchedTest {
     }
 
     @Test
+    void heldUnitsGoBackWhenTheJvmExitsWithoutClose() throws Exception {
+        String key = "t:exit:" + UUID.randomUUID();
+        String jvm = java.nio.file.Path.of(System.getProperty("java.home"), "bin", "java").toString();
+        Process p = new ProcessBuilder(jvm, "-cp", System.getProperty("java.class.path"), GrantsExitMain.class.getName(),
+                Integer.toString(server.port()), key).redirectErrorStream(true).start();
+        String out = new String(p.getInputStream().readAllBytes(), java.nio.charset.StandardCharsets.UTF_8);
+        assertTrue(p.waitFor(60, java.util.concurrent.TimeUnit.SECONDS), out);
+        assertEquals(0, p.exitValue(), out);
+        assertTrue(out.contains("admitted 150"), out);
+        // Held for 60 s: only the exit's hook gives them back this soon.
+        poll("the server's remaining back to 850 after the exit", Duration.ofSeconds(10), () -> remaining(key, SLOW) == 850);
+    }
+
+    @Test
     void anIdleInstanceHoldsNothingAfterHoldMs() throws Exception {
         String key = "t:idle:" + UUID.randomUUID();
         try (Limiter l = limiter(server, null)) {
