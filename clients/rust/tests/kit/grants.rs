@@ -360,8 +360,8 @@ fn output(child: Child) -> String {
 #[test]
 fn three_processes_at_twice_the_limit_never_over_admit() {
     let server = Server::start(Kind::Redis);
-    // 500/s: 50 every 100 ms, a bucket of 100.
-    let params = [100, 50, 100];
+    // 1500/s: 150 every 100 ms, a bucket of 300; 1000/s offered by each.
+    let params = [300, 150, 100];
     let start_at = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -381,7 +381,7 @@ fn three_processes_at_twice_the_limit_never_over_admit() {
         "--refill-ms",
         &params[2].to_string(),
         "--rate",
-        "333",
+        "1000",
         "--duration-ms",
         "3000",
         "--start-at-ms",
