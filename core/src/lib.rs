@@ -307,15 +307,7 @@ pub fn run<A: Algorithm>(
     now: Micros,
 ) -> Outcome {
     match request {
-        Request::Cost(cost) => {
-            let decision = A::apply(state, params, cost, now);
-            let allowed = decision.allowed && cost > 0;
-            Outcome {
-                decision,
-                changed: allowed,
-                granted: if allowed { cost } else { 0 },
-            }
-        }
+        Request::Cost(cost) => run_cost::<A>(state, params, cost, now),
         Request::Force(cost) => {
             let (mut decision, changed) = A::force(state, params, cost, now);
             decision.allowed = true;
@@ -335,8 +327,43 @@ pub fn run<A: Algorithm>(
         }
         Request::UpTo(most) => {
             let fits = A::fits(state, params, most, now);
-            run::<A>(state, params, Request::Cost(fits.max(1)), now)
+            run_cost::<A>(state, params, fits.max(1), now)
         }
+    }
+}
+
+/// `COST cost`: what [`run`] does for it (apart, so that `run` does not call
+/// itself for `UPTO` and stays inlined into its callers' hot paths).
+#[inline(always)]
+fn run_cost<A: Algorithm>(
+    state: &mut A::State,
+    params: &A::Params,
+    cost: u64,
+    now: Micros,
+) -> Outcome {
+    let decision = A::apply(state, params, cost, now);
+    let allowed = decision.allowed && cost > 0;
+    Outcome {
+        decision,
+        changed: allowed,
+        granted: if allowed { cost } else { 0 },
+    }
+}
+
+/// `COST cost` as [`decide`] answers it.
+#[inline(always)]
+fn decide_cost<A: Algorithm>(
+    state: &A::State,
+    params: &A::Params,
+    cost: u64,
+    now: Micros,
+) -> Outcome {
+    let decision = A::decide(state, params, cost, now);
+    let allowed = decision.allowed && cost > 0;
+    Outcome {
+        decision,
+        changed: allowed,
+        granted: if allowed { cost } else { 0 },
     }
 }
 
@@ -348,18 +375,10 @@ pub fn decide<A: Algorithm>(
     now: Micros,
 ) -> Outcome {
     match request {
-        Request::Cost(cost) => {
-            let decision = A::decide(state, params, cost, now);
-            let allowed = decision.allowed && cost > 0;
-            Outcome {
-                decision,
-                changed: allowed,
-                granted: if allowed { cost } else { 0 },
-            }
-        }
+        Request::Cost(cost) => decide_cost::<A>(state, params, cost, now),
         Request::UpTo(most) => {
             let fits = A::fits(state, params, most, now);
-            decide::<A>(state, params, Request::Cost(fits.max(1)), now)
+            decide_cost::<A>(state, params, fits.max(1), now)
         }
         _ => run::<A>(&mut state.clone(), params, request, now),
     }
