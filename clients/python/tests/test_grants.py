@@ -550,3 +550,115 @@ def test_a_grant_too_small_for_the_cost_goes_back_at_once(server: Server, r: red
         # Drained: the next ask waits hold_ms (denied here meanwhile), then takes both.
         wait_until(lambda: lim.check("x", Request.cost(2)).allowed, what="the next ask")
         assert fw_remaining(r, "small", 10) == 0
+
+
+def test_units_given_back_by_a_plain_denial_still_go_back_after_hold_ms(
+    server: Server, r: redis.Redis
+) -> None:
+    # A batch of 1 (hold_ms of a rate of 1 or 2 a second): nothing is held
+    # after each ask, so no refund timer runs; the plain rule's denial then
+    # puts the unit back in what is held, and it must still go back.
+    batched = Rule(
+        FixedWindow(1000, FIXED_MS),
+        "b",
+        fixed_key="given-back",
+        global_=True,
+        batched=True,
+        hold_ms=100,
+        max_share_pct=100,
+    )
+    plain = Rule(FixedWindow(1, FIXED_MS), "p")
+    lim = Limiter(server.client(), [batched, plain])
+    try:
+        assert lim.check("u").allowed
+        second = lim.check("u")
+        assert not second.allowed and second.index == 1
+        assert fw_remaining(r, "given-back", 1000) == 998
+        wait_until(
+            lambda: fw_remaining(r, "given-back", 1000) == 999,
+            timeout=5,
+            what="the given-back unit refunded after hold_ms",
+        )
+    finally:
+        lim.close()
+
+
+def test_async_units_given_back_by_a_plain_denial_still_go_back_after_hold_ms(
+    server: Server, r: redis.Redis
+) -> None:
+    batched = Rule(
+        FixedWindow(1000, FIXED_MS),
+        "b",
+        fixed_key="given-back-a",
+        global_=True,
+        batched=True,
+        hold_ms=100,
+        max_share_pct=100,
+    )
+    plain = Rule(FixedWindow(1, FIXED_MS), "p")
+
+    async def main() -> None:
+        ar = aioredis.Redis(host="127.0.0.1", port=server.port)
+        lim = AsyncLimiter(ar, [batched, plain], deadline=2.0)
+        try:
+            assert (await lim.check("u")).allowed
+            second = await lim.check("u")
+            assert not second.allowed and second.index == 1
+            for _ in range(500):
+                if fw_remaining(r, "given-back-a", 1000) == 999:
+                    return
+                await asyncio.sleep(0.01)
+            raise AssertionError("the given-back unit was not refunded after hold_ms")
+        finally:
+            await lim.aclose()
+            await ar.aclose()
+
+    asyncio.run(main())
+
+
+def test_close_while_a_grant_is_in_flight_gives_its_units_back(
+    server: Server, r: redis.Redis
+) -> None:
+    lim = Limiter(server.client(), [one_call_rule("flight-close")])
+    lim.startup()
+    # The server holds writes for a while: the ask (UPTO 60) is in flight when close() comes.
+    r.execute_command("CLIENT", "PAUSE", 500, "WRITE")
+    with ThreadPoolExecutor(1) as pool:
+        fut = pool.submit(lim.check, "x")
+        batches = lim._grants[0].batches
+        wait_until(
+            lambda: any(b.flight is not None for b in list(batches.values())), what="ask in flight"
+        )
+        lim.close()
+        assert fut.result().allowed
+    # The 59 units that ask brought go back at close, not a minute (hold_ms) later.
+    wait_until(
+        lambda: fw_remaining(r, "flight-close", 1000) == 999, timeout=5, what="refund at close"
+    )
+
+
+def test_aclose_while_a_grant_is_in_flight_gives_its_units_back(
+    server: Server, r: redis.Redis
+) -> None:
+    async def main() -> None:
+        ar = aioredis.Redis(host="127.0.0.1", port=server.port)
+        lim = AsyncLimiter(ar, [one_call_rule("flight-aclose")], deadline=2.0)
+        try:
+            await lim.startup()
+            r.execute_command("CLIENT", "PAUSE", 500, "WRITE")
+            task = asyncio.ensure_future(lim.check("x"))
+            batches = lim._grants[0].batches
+            while not any(b.flight is not None for b in batches.values()):
+                await asyncio.sleep(0.005)
+            await lim.aclose()
+            assert (await task).allowed
+            for _ in range(500):
+                if fw_remaining(r, "flight-aclose", 1000) == 999:
+                    return
+                await asyncio.sleep(0.01)
+            raise AssertionError("the units of the ask in flight were not refunded at aclose")
+        finally:
+            await lim.aclose()
+            await ar.aclose()
+
+    asyncio.run(main())

@@ -899,6 +899,9 @@ class _Limiting:
                 continue
             if back[0] == "held":
                 back[1].held += back[2]
+                # Held again: they go back after hold_ms as any held unit,
+                # even when nothing else was held (no refund timer running).
+                self._hold_started()
             elif back[0] == "refund":
                 refunds.append((back[1], back[2], back[3]))
             else:
@@ -912,6 +915,10 @@ class _Limiting:
                 else:
                     self._grant_owed.pop((index, called), None)
         return refunds
+
+    def _flights(self) -> list[Flight]:
+        """The `UPTO` calls in flight (close waits for their units)."""
+        return [b.flight for g in self._grants.values() for b in g.batches.values() if b.flight]
 
     def _stale_grants(self, drain: bool = False) -> tuple[list[Refund], bool]:
         """The units held longer than `hold_ms` (every unit held, `drain`),
@@ -1314,6 +1321,10 @@ class AsyncLimiter(_Limiting):
     async def aclose(self) -> None:
         """As `Limiter.close`: every held unit back, the refund timer stopped;
         awaits the refunds and releases still on their way."""
+        flights = [f.signal for f in self._flights()]
+        if flights:
+            # The units of an ask in flight go back too: wait for its answer.
+            await asyncio.wait(flights, timeout=max(self.deadline * 10, 1.0))
         timer, self._timer = self._timer, None
         if timer is not None and not timer.done():
             timer.cancel()
@@ -1614,6 +1625,11 @@ class Limiter(_Limiting):
         """Gives back every unit the batched rules hold (`REFUND`, once) and
         stops the refund timer. The limiter may still decide afterwards (it
         then holds units again: close it again when done)."""
+        with self._lock:
+            flights = self._flights()
+        # The units of an ask in flight go back too: wait for its answer.
+        for f in flights:
+            f.signal.wait(max(self.deadline * 10, 1.0))
         with self._lock:
             timer, self._timer = self._timer, None
             refunds, _ = self._stale_grants(drain=True)
