@@ -58,6 +58,21 @@ pub(crate) fn batch_size(rate_per_s: u64, hold_ms: u64, limit: u64, max_share_pc
 /// owning every slot.
 pub(crate) type Masters = Vec<Vec<(u16, u16)>>;
 
+/// The masters in the order of the lowest slot each owns (a master that
+/// owns none last).
+fn ordered(masters: &Masters) -> Masters {
+    let mut out: Masters = masters
+        .iter()
+        .map(|ranges| {
+            let mut r = ranges.clone();
+            r.sort_unstable();
+            r
+        })
+        .collect();
+    out.sort_by_key(|ranges| ranges.first().map_or(u32::MAX, |r| u32::from(r.0)));
+    out
+}
+
 /// Which master of `masters` owns `slot`.
 fn owner(masters: &Masters, slot: u16) -> Option<usize> {
     masters
@@ -84,6 +99,7 @@ fn next_tag(masters: &Masters, master: usize, taken: &[String], counter: &mut u6
 /// its tag the first `rl<k>` owned by that master and not already taken by
 /// a stripe before it.
 pub(crate) fn pick_tags(masters: &Masters, n: usize) -> Vec<String> {
+    let masters = &ordered(masters);
     let m = masters.len().max(1);
     let mut tags: Vec<String> = Vec::with_capacity(n);
     for i in 0..n {
@@ -105,6 +121,7 @@ pub(crate) fn pick_tags(masters: &Masters, n: usize) -> Vec<String> {
 /// master's first free tag. Units consumed under a moved stripe's old key
 /// are not seen by its new key.
 pub(crate) fn repick_tags(masters: &Masters, old: &[String]) -> Vec<String> {
+    let masters = &ordered(masters);
     let n = old.len();
     if masters.is_empty() {
         return old.to_vec();
