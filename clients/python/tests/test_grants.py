@@ -662,3 +662,41 @@ def test_aclose_while_a_grant_is_in_flight_gives_its_units_back(
             await ar.aclose()
 
     asyncio.run(main())
+
+
+def test_a_cancelled_ask_sends_its_waiters_to_the_fallback(server: Server, r: redis.Redis) -> None:
+    # The ask's caller is cancelled (a client gone) while its UPTO is in
+    # flight: the deciders waiting for it get no grant, and go to the
+    # fallback as after a failed call, not a denial from an older reply.
+    rule = Rule(
+        FixedWindow(1000, FIXED_MS),
+        "cancel",
+        fixed_key="cancelled",
+        global_=True,
+        batched=True,
+        hold_ms=100,
+        max_share_pct=100,
+    )
+
+    async def main() -> None:
+        ar = aioredis.Redis(host="127.0.0.1", port=server.port)
+        lim = AsyncLimiter(ar, [rule], deadline=2.0)
+        try:
+            # A batch of 1, all spent: the last reply admitted, nothing held.
+            assert (await lim.check("x")).allowed
+            r.execute_command("CLIENT", "PAUSE", 500, "WRITE")
+            owner = asyncio.ensure_future(lim.check("x"))
+            batches = lim._grants[0].batches
+            while not any(b.flight is not None for b in batches.values()):
+                await asyncio.sleep(0.005)
+            waiter = asyncio.ensure_future(lim.check("x"))
+            for _ in range(20):
+                await asyncio.sleep(0)
+            owner.cancel()
+            out = await waiter
+            assert (out.allowed, out.path) == (True, "fallback"), out
+        finally:
+            await lim.aclose()
+            await ar.aclose()
+
+    asyncio.run(main())

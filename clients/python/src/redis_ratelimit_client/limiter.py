@@ -837,18 +837,21 @@ class _Limiting:
             return None
         size = b.size(now, units)
         flight = b.flight = Flight(self._new_signal())
+        # Until the answer comes, the flight counts as failed: a caller
+        # cancelled meanwhile sends its waiters to the fallback, not to an
+        # older reply's fields.
+        flight.failed = True
         try:
             if not (yield from self._owed_steps(index, called, spec)):
-                flight.failed = True
                 return None
             self.stats.grant_calls += 1
             answer = yield called, spec, Request.upto(size)
             if isinstance(answer, _Failure):
-                flight.failed = True
                 self._count_failure(answer.error)
                 return None
             self._failures = 0
             d = b.granted(answer, now, size, units)
+            flight.failed = False
             if not d.allowed and b.held:
                 # A grant too small for the cost: back at once.
                 self.stats.grant_refunds += 1
