@@ -437,6 +437,7 @@ export class Limiter {
 
   /**
    * Gives back, with `REFUND`, every unit the batched rules hold (within
+   * the deadline; the units of an ask in flight too, once it answers within
    * the deadline), and stops watching the cluster's topology. The limiter
    * still decides afterwards (a batched rule takes new batches); call it at
    * shutdown.
@@ -444,6 +445,9 @@ export class Limiter {
   async close(): Promise<void> {
     this.unwatch?.();
     this.unwatch = undefined;
+    // The units of an ask in flight go back too: wait for its answer (within the deadline).
+    const flying = [...this.grantStates.values()].flatMap((st) => (st.inflight === null ? [] : [st.inflight]));
+    if (flying.length > 0) await beforeDeadline(Promise.allSettled(flying), this.deadlineMs).catch(() => {});
     const refunds: Array<Promise<unknown>> = [];
     for (const st of this.grantStates.values()) {
       if (st.held > 0) refunds.push(beforeDeadline(this.refundHeld(st), this.deadlineMs).catch(() => {}));

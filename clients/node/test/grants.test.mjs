@@ -536,3 +536,23 @@ test('standalone stripes are rl0, rl1, rl2 on the one server', async () => {
   assert.equal(n, 1, 'one stripe key written');
   c.disconnect();
 });
+
+test('close() while an ask is in flight gives back the units it brings', async () => {
+  const c = await nodeRedis(server.port);
+  const rl = new Client(c);
+  const key = fresh('close-flight');
+  // A bucket that does not refill within the test; holdMs a minute: the first ask takes 60 (a minute of 1/s).
+  const spec = { algorithm: 'tokenbucket', capacity: 1000, refillCount: 1, refillMs: 2 ** 40 };
+  const limiter = new Limiter(rl, { localLevel: false, fallback: 'failClosed', deadlineMs: 5_000 });
+  const set = await limiter.ruleSet([{ spec, global: true, batched: true, key, holdMs: 60_000, maxSharePct: 100 }]);
+  // The server holds writes for a while: the ask is in flight when close() comes.
+  cli(server.port, 'CLIENT', 'PAUSE', '500', 'WRITE');
+  const pending = limiter.check(set, 'x');
+  await until(() => [...limiter.grantStates.values()].some((st) => st.inflight !== null), 'the ask in flight');
+  await limiter.close();
+  assert.equal((await pending).allowed, true);
+  // The 59 units the ask brought go back at close, not holdMs (a minute) later.
+  await until(async () => (await remainingOf(rl, key, spec)) === 999, 'the units of the ask in flight back at close', 5_000);
+  await limiter.close();
+  await c.destroy();
+});
