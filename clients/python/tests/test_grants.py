@@ -700,3 +700,28 @@ def test_a_cancelled_ask_sends_its_waiters_to_the_fallback(server: Server, r: re
             await ar.aclose()
 
     asyncio.run(main())
+
+
+def test_both_stripes_denied_is_a_redis_decision_when_either_asked(
+    server: Server, r: redis.Redis
+) -> None:
+    # Two stripes of one unit each, batched. Level `grant` is for answers
+    # without a round trip: a denial where the other stripe asked Redis is
+    # at level redis, whichever stripe asked.
+    rule = Rule(
+        FixedWindow(2, FIXED_MS),
+        "both",
+        fixed_key="both",
+        global_=True,
+        striped=2,
+        batched=True,
+    )
+    with Limiter(server.client(), [rule]) as lim:
+        lim._grants[0].own = 0
+        out = [lim.check("x") for _ in range(4)]
+    assert [(a.allowed, a.path) for a in out] == [
+        (True, "redis"),  # the own stripe's unit
+        (True, "redis"),  # the own stripe denies (Redis), the other's unit
+        (False, "redis"),  # the own stripe denies here, the other asks Redis: denied
+        (False, "grant"),  # both deny here
+    ]

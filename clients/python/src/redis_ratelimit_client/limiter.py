@@ -763,7 +763,9 @@ class _Limiting:
             denials.append(out)
         if len(denials) == 2:
             own, other = denials
-            return _Granted(stripe_denial(own.decision, other.decision), own.path)
+            # Level grant only when neither stripe asked Redis (as the Node kit).
+            path = "grant" if own.path == other.path == "grant" else "redis"
+            return _Granted(stripe_denial(own.decision, other.decision), path)
         return denials[0]
 
     def _owed_steps(
