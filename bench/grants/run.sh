@@ -16,13 +16,15 @@
 #
 # Knobs: GRANTS_LIMIT (the limit per second, 4000), GRANTS_PROCS (client
 # processes, 3), GRANTS_SECONDS (per way, 10), GRANTS_PORT (first of the
-# cluster's six ports, 7450; bus ports +10000), CARGO_TARGET_DIR.
+# cluster's six ports, 7450; bus ports +10000), GRANTS_HOLD_MS (the batched
+# ways' hold_ms, 50), CARGO_TARGET_DIR.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 LIMIT="${GRANTS_LIMIT:-4000}"
 PROCS="${GRANTS_PROCS:-3}"
 SECONDS_PER_WAY="${GRANTS_SECONDS:-10}"
 PORT="${GRANTS_PORT:-7450}"
+HOLD_MS="${GRANTS_HOLD_MS:-50}"
 
 RL_NAME=bench-grants
 # shellcheck source=../../scripts/lib/server.sh
@@ -45,8 +47,10 @@ done
 NODES=""
 for p in $(seq "$PORT" $((PORT + 5))); do NODES="${NODES:+$NODES,}redis://127.0.0.1:$p/"; done
 
-# The bucket: LIMIT per second, refilled every 10 ms, holding 100 ms of it.
-CAPACITY=$((LIMIT / 10))
+# The bucket: LIMIT per second, refilled every 10 ms, holding one second of
+# it (so that the default max_share_pct, 10 % of the capacity, does not cap
+# a batch below hold_ms worth of an instance's rate).
+CAPACITY=$LIMIT
 REFILL=$((LIMIT / 100))
 RATE=$((2 * LIMIT / PROCS))
 
@@ -56,7 +60,7 @@ calls_of() {
 }
 
 echo "grants: ${#MASTERS[@]} masters, $PROCS processes offering $((RATE * PROCS))/s on a limit of $LIMIT/s"
-echo "(token bucket $CAPACITY $REFILL 10), ${SECONDS_PER_WAY} s per way"
+echo "(token bucket $CAPACITY $REFILL 10, hold_ms $HOLD_MS), ${SECONDS_PER_WAY} s per way"
 results="$RL_WORK/results"
 : >"$results"
 for mode in one batched striped batched-striped; do
@@ -67,7 +71,7 @@ for mode in one batched striped batched-striped; do
   for i in $(seq 1 "$PROCS"); do
     "$LOAD" --nodes "$NODES" --mode "$mode" --key "bench:$mode" \
       --capacity "$CAPACITY" --refill-count "$REFILL" --refill-ms 10 \
-      --rate "$RATE" --tasks 16 --duration-ms $((SECONDS_PER_WAY * 1000)) \
+      --rate "$RATE" --hold-ms "$HOLD_MS" --tasks 16 --duration-ms $((SECONDS_PER_WAY * 1000)) \
       --start-at-ms "$start_at" >"$RL_WORK/$mode.$i.json" &
     pids+=($!)
   done
