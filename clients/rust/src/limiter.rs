@@ -598,12 +598,15 @@ impl Limiter {
     }
 
     /// Gives every unit the batched rules hold back to the server, and
-    /// waits for the `REFUND`s (each within the client's deadline). Call it
+    /// waits for the `REFUND`s (each within the client's deadline); an
+    /// `UPTO` in flight is waited for first, so its units go back too. Call it
     /// at shutdown; the limiter stays usable (it takes new grants).
     pub async fn close(&self) {
-        let now = Instant::now();
         for k in self.inner.grants.all() {
-            let n = k.take_for_refund(now, true);
+            // An ask in flight ends first (within the client's deadline), so
+            // the units it brings go back too.
+            let _flight = k.flight.lock().await;
+            let n = k.take_for_refund(Instant::now(), true);
             if n == 0 {
                 continue;
             }
