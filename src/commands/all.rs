@@ -313,14 +313,28 @@ impl<'h, H: Host + 'h> Step<'h, H> for AllCall<'_, 'h, H> {
                 .enumerate()
                 .map(|(i, l)| (!l.is_off()).then(|| host.open_key(2 + i))),
         );
+        // A limiter with a queue of blocked requests takes nothing they wait
+        // for: it denies (a dry run still admits).
+        let queues = wait::takes(options.request) && blocking::any();
+        let db = if queues { host.db() } else { 0 };
         // `UPTO n`: the most units, at most n, that every enforced limiter
         // admits now; the call is then `COST` that many (`COST 1`, denied,
-        // when one limiter has none), all or nothing, as any other.
+        // when one limiter has none or a queue is ahead of the call), all
+        // or nothing, as any other.
         let request = match options.request {
             Request::UpTo(most) => {
                 let mut fits = most;
-                for (limit, key) in limits.iter().zip(made.opened.iter_mut()) {
+                for (i, (limit, key)) in limits.iter().zip(made.opened.iter_mut()).enumerate() {
                     if let (Some(key), false) = (key, limit.is_shadow()) {
+                        if queues
+                            && matches!(
+                                blocking::place(db, keys[i], host.turn().waiter()),
+                                Place::Behind(_)
+                            )
+                        {
+                            fits = 0;
+                            break;
+                        }
                         let here = with_algorithm!(limit.spec, L, p => fits_on_key::<L>(key, &p, fits, now))?;
                         fits = fits.min(here);
                     }
@@ -332,10 +346,6 @@ impl<'h, H: Host + 'h> Step<'h, H> for AllCall<'_, 'h, H> {
         };
         options.request = request;
         let cost = request.cost();
-        // A limiter with a queue of blocked requests takes nothing they wait
-        // for: it denies (a dry run still admits).
-        let queues = wait::takes(request) && blocking::any();
-        let db = if queues { host.db() } else { 0 };
         for (i, (limit, key)) in limits.iter().zip(made.opened.iter_mut()).enumerate() {
             let place = if queues && !limit.is_shadow() {
                 blocking::place(db, keys[i], host.turn().waiter())
@@ -343,6 +353,16 @@ impl<'h, H: Host + 'h> Step<'h, H> for AllCall<'_, 'h, H> {
                 Place::Free
             };
             made.actual.push(match (key, &limit.source) {
+                // A shadowed limiter under `UPTO` is asked what it would
+                // grant of the call's units, as `RL.HIT ... UPTO` asks it:
+                // it takes what fits and denies (in shadow) only when not
+                // one unit does.
+                (Some(key), _) if self.granting.is_some() && limit.is_shadow() => {
+                    with_algorithm!(limit.spec, L, p => {
+                        let own = fits_on_key::<L>(key, &p, cost, now)?;
+                        decide_on_key::<L>(key, &p, Request::Cost(own.max(1)), now)
+                    })?
+                }
                 (Some(key), _) => with_algorithm!(limit.spec, L, p => match place {
                     Place::Behind(ahead) => wait::behind::<L>(key, &p, cost, now, &ahead).map(|decision| {
                         (Outcome { decision, changed: false, granted: 0 }, false)
@@ -486,12 +506,17 @@ impl<'h, H: Host + 'h> Step<'h, H> for AllCall<'_, 'h, H> {
     /// change goes out as its own pinned call.
     fn commit(&mut self, host: &H, _: &mut (), now: Micros) -> Result<(), Error> {
         let made = &mut self.made;
-        let request = self.call.options.request;
         for (i, limit) in self.call.limits.iter().enumerate() {
             let planned = made.actual[i];
             if !made.takes(&planned) {
                 continue;
             }
+            // Under `UPTO`, each limiter takes what it admitted (a shadowed
+            // one may take fewer units than the call's).
+            let request = match self.granting {
+                Some(_) => Request::Cost(planned.0.granted),
+                None => self.call.options.request,
+            };
             let key = made.opened[i]
                 .as_mut()
                 .expect("an admitting limiter is open");

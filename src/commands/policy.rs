@@ -464,6 +464,13 @@ pub fn hit<H: Host>(host: &H) -> Result<(), Error> {
     }
     let (rule, stats) =
         policy::get(name).ok_or_else(|| Error::UnknownPolicy(Error::quote(name)))?;
+    // Refused before the protection loop below may move (an error writes
+    // nothing): `UPTO` on a policy whose algorithm never grants part.
+    if let crate::limiter::Request::UpTo(_) = options.request {
+        with_algorithm!(rule.spec, L, _p => if !L::ROW.upto {
+            return Err(<Policy as super::step::Via>::no_upto::<L>());
+        });
+    }
     let through = Through::of(&rule, key);
     let zone = rule.spec.has_zone().then_some(rule.zone);
     let now = host.now();

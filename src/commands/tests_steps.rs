@@ -1097,3 +1097,80 @@ fn upto_through_a_policy_that_is_off_grants_all_and_takes_nothing() {
         [format!("RL.FIXEDWINDOW up:on 3 1000 COST 3 AT {T0_US}")]
     );
 }
+
+#[test]
+fn upto_on_a_leaky_policy_with_a_loop_is_refused_before_the_loop_moves() {
+    let m = space();
+    m.run(
+        Client,
+        "RL.POLICY SET up-lbloop LEAKYBUCKET 10 1 1000 ADAPT ERRORS 5 MINCALLS 1 WINDOW 1000",
+    );
+    m.run(Client, "RL.HIT up-lbloop up:lbloop");
+    m.run(Client, "RL.OUTCOME up-lbloop 0 50");
+    // The window ended: the next call that counts would lower the scale.
+    m.set_now(Micros::from_us(T0_US + 2_000_000));
+    let state = |m: &Memory| {
+        let get = m.run(Client, "RL.POLICY GET up-lbloop").effects.reply;
+        let stats = m.run(Client, "RL.POLICY STATS up-lbloop").effects.reply;
+        (get, stats, m.snapshot())
+    };
+    let before = state(&m);
+    let called = m.run(Client, "RL.HIT up-lbloop up:lbloop UPTO 2");
+    assert_eq!(
+        called.result.clone().map_err(|e| e.message()),
+        Err("ERR UPTO is not an option of RL.HIT on a LEAKYBUCKET policy".to_string())
+    );
+    assert!(
+        called.effects.propagated.is_empty(),
+        "{:?}",
+        propagated(&called)
+    );
+    assert_eq!(state(&m), before);
+    // The next plain call is the one that ends the window.
+    let plain = m.run(Client, "RL.HIT up-lbloop up:lbloop");
+    assert!(propagated(&plain)[0].starts_with("RL.LOOPSTATE up-lbloop 80"));
+    m.run(Client, "RL.POLICY DEL up-lbloop");
+}
+
+#[test]
+fn rl_all_upto_asks_a_shadowed_limiter_for_what_it_would_grant() {
+    let m = space();
+    m.run(
+        Client,
+        "RL.POLICY SET up-sh FIXEDWINDOW 3 60000 MODE SHADOW",
+    );
+    m.run(Client, "RL.HIT up-sh up:sh1 COST 2");
+    m.run(Client, "RL.HIT up-sh up:sh2 COST 2");
+    // The policy's shadow denials (`shadow_denied` in RL.POLICY GET).
+    let shadow_denied = |m: &Memory| {
+        let reply = m.run(Client, "RL.POLICY GET up-sh").effects.reply;
+        let at = reply
+            .iter()
+            .position(|r| *r == Reply::Bulk(b"shadow_denied".to_vec()))
+            .expect("shadow_denied");
+        reply[at + 1].clone()
+    };
+    let none = shadow_denied(&m);
+    // Alone through RL.HIT: the one unit left is taken, no shadow denial.
+    let hit = m.run(Client, "RL.HIT up-sh up:sh1 UPTO 5");
+    assert_eq!(hit.integers().map(|r| (r[0], r[5])), Some((1, 1)));
+    // Beside an enforced limiter with room for 5: the call takes 5 there;
+    // the shadowed one would have granted its 1 unit, so it takes that
+    // 1 and denies nothing.
+    let all = m.run(
+        Client,
+        "RL.ALL 2 up:en up:sh2 FIXEDWINDOW 10 60000 POLICY up-sh UPTO 5",
+    );
+    assert_eq!(all.integers().map(|r| (r[0], r[6])), Some((1, 5)));
+    assert_eq!(
+        propagated(&all),
+        [
+            format!("RL.FIXEDWINDOW up:en 10 60000 COST 5 AT {T0_US}"),
+            format!("RL.FIXEDWINDOW up:sh2 3 60000 COST 1 AT {T0_US}"),
+        ]
+    );
+    let sh2 = m.run(Client, "RL.HIT up-sh up:sh2 COST 0");
+    assert_eq!(sh2.integers().map(|r| r[2]), Some(0));
+    assert_eq!(shadow_denied(&m), none);
+    m.run(Client, "RL.POLICY DEL up-sh");
+}
