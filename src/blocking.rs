@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use crate::ffi::{self, BlockedClient, TimerId};
-use crate::limiter::Micros;
+use crate::limiter::{Micros, Request};
 use crate::stats::Counter;
 
 /// Most requests blocked at once (`ratelimit.max-blocked`); above it a call
@@ -53,7 +53,8 @@ type KeyName = (i32, Box<[u8]>);
 #[derive(Clone, Copy, Debug)]
 struct Queued {
     waiter: u64,
-    cost: u64,
+    /// What it asks for (`UPTO n` takes what fits once its first unit does).
+    request: Request,
     deadline: Option<Micros>,
 }
 
@@ -123,9 +124,9 @@ pub enum Place {
     Head,
     /// The call is in the queue, behind others: it waits.
     Queued,
-    /// The call is not in the queue, which holds these requests (cost and
+    /// The call is not in the queue, which holds these requests (request and
     /// deadline, in order): it takes nothing they wait for.
-    Behind(Vec<(u64, Option<Micros>)>),
+    Behind(Vec<(Request, Option<Micros>)>),
 }
 
 /// Where the call of `waiter` (`None`: a new call) stands on key `key` of
@@ -149,7 +150,7 @@ pub fn place(db: i32, key: &[u8], waiter: Option<u64>) -> Place {
         if queue.is_empty() {
             return Place::Free;
         }
-        Place::Behind(queue.iter().map(|q| (q.cost, q.deadline)).collect())
+        Place::Behind(queue.iter().map(|q| (q.request, q.deadline)).collect())
     })
 }
 
@@ -176,14 +177,14 @@ pub fn expired(waiter: u64, now: Micros) -> bool {
 }
 
 /// Registers a request that blocks now on `keys` of database `db`: in the
-/// queue of its first key with `cost` when `queued`, with a deadline
+/// queue of its first key with its request when `queued`, with a deadline
 /// `timeout_ms` after `now` (0: none), and a retry at `retry_at` (unless
 /// others are ahead of it in the queue). Returns
 /// its waiter number, for the server to hand back.
 pub fn enqueue(
     db: i32,
     keys: Vec<Box<[u8]>>,
-    queued: Option<u64>,
+    queued: Option<Request>,
     timeout_ms: u64,
     retry_at: Option<Micros>,
     now: Micros,
@@ -194,7 +195,7 @@ pub fn enqueue(
         r.next += 1;
         let id = r.next;
         let mut head = false;
-        if let Some(cost) = queued {
+        if let Some(request) = queued {
             let queue = r.queues.entry((db, keys[0].clone())).or_default();
             head = queue.is_empty();
             if !head {
@@ -204,7 +205,7 @@ pub fn enqueue(
             }
             queue.push_back(Queued {
                 waiter: id,
-                cost,
+                request,
                 deadline,
             });
         }
@@ -290,9 +291,9 @@ pub fn forget(waiter: u64) {
     remove(waiter, true);
 }
 
-/// The requests ahead of `waiter` in the queue of key `key` (cost and
+/// The requests ahead of `waiter` in the queue of key `key` (request and
 /// deadline, in order).
-pub fn ahead_of(db: i32, key: &[u8], waiter: u64) -> Vec<(u64, Option<Micros>)> {
+pub fn ahead_of(db: i32, key: &[u8], waiter: u64) -> Vec<(Request, Option<Micros>)> {
     with(|r| {
         r.queues
             .get(&(db, Box::from(key)))
@@ -300,7 +301,7 @@ pub fn ahead_of(db: i32, key: &[u8], waiter: u64) -> Vec<(u64, Option<Micros>)> 
                 queue
                     .iter()
                     .take_while(|q| q.waiter != waiter)
-                    .map(|q| (q.cost, q.deadline))
+                    .map(|q| (q.request, q.deadline))
                     .collect()
             })
             .unwrap_or_default()
@@ -449,18 +450,18 @@ mod tests {
         let now = Micros::from_ms(1_000);
         let key: Box<[u8]> = Box::from(&b"blocking-test-queue"[..]);
         assert_eq!(place(77, &key, None), Place::Free);
-        let a = enqueue(77, vec![key.clone()], Some(2), 0, None, now);
-        let b = enqueue(77, vec![key.clone()], Some(3), 0, None, now);
+        let a = enqueue(77, vec![key.clone()], Some(Request::Cost(2)), 0, None, now);
+        let b = enqueue(77, vec![key.clone()], Some(Request::UpTo(3)), 0, None, now);
         assert_eq!(place(77, &key, Some(a)), Place::Head);
         assert_eq!(place(77, &key, Some(b)), Place::Queued);
         assert_eq!(
             place(77, &key, None),
-            Place::Behind(vec![(2, None), (3, None)])
+            Place::Behind(vec![(Request::Cost(2), None), (Request::UpTo(3), None)])
         );
         assert_eq!(place(78, &key, None), Place::Free, "another database");
         assert!(!expired(a, now));
         assert!(!waits_behind(a, now) && waits_behind(b, now));
-        assert_eq!(ahead_of(77, &key, b), vec![(2, None)]);
+        assert_eq!(ahead_of(77, &key, b), vec![(Request::Cost(2), None)]);
         done(a, true, true);
         assert_eq!(place(77, &key, Some(b)), Place::Head);
         assert!(!waits_behind(b, now));

@@ -80,9 +80,10 @@ pub(super) fn expired(turn: Turn, now: Micros) -> bool {
 }
 
 /// The denial of a request of `cost` behind the queue `ahead` (each
-/// waiter's cost and deadline, in order): nothing is available to it, and
-/// it would be admitted once every waiter ahead was, each as soon as the
-/// limiter admits it (a waiter whose deadline comes first is left out).
+/// waiter's request and deadline, in order): nothing is available to it,
+/// and it would be admitted once every waiter ahead was, each as soon as the
+/// limiter admits it (an `UPTO n` waiter: as soon as its first unit fits,
+/// taking what fits then; a waiter whose deadline comes first is left out).
 /// The waiters are taken to use this call's parameters, as they do when
 /// one rule guards the key.
 pub(super) fn behind<L: Listed>(
@@ -90,14 +91,14 @@ pub(super) fn behind<L: Listed>(
     params: &L::Params,
     cost: u64,
     now: Micros,
-    ahead: &[(u64, Option<Micros>)],
+    ahead: &[(Request, Option<Micros>)],
 ) -> Result<Decision, Error> {
     let current = key.with_state::<L, _>(|state| state.clone())?;
     let mut state = current.unwrap_or_else(|| L::idle(params, now));
     let seen = limiter::decide::<L>(&state, params, Request::Cost(cost), now).decision;
     let mut at = now;
-    for &(units, deadline) in ahead {
-        let d = limiter::decide::<L>(&state, params, Request::Cost(units), at).decision;
+    for &(request, deadline) in ahead {
+        let d = limiter::decide::<L>(&state, params, Request::Cost(request.cost()), at).decision;
         let admitted_at = match d.wait {
             _ if d.allowed => at,
             Wait::Ms(ms) => at.saturating_add_ms(ms),
@@ -107,7 +108,7 @@ pub(super) fn behind<L: Listed>(
             continue;
         }
         at = admitted_at;
-        limiter::run::<L>(&mut state, params, Request::Cost(units), at);
+        limiter::run::<L>(&mut state, params, request, at);
     }
     let mine = limiter::decide::<L>(&state, params, Request::Cost(cost), at).decision;
     let wait = match mine.wait {
@@ -172,7 +173,7 @@ pub(super) fn park<H: Host>(
             let waiter = blocking::enqueue(
                 host.db(),
                 names.iter().map(|&name| Box::from(name)).collect(),
-                waits.queued.then(|| request.cost()),
+                waits.queued.then_some(request),
                 timeout,
                 Some(now.saturating_add_ms(wait)),
                 now,

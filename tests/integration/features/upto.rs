@@ -225,3 +225,116 @@ fn upto_reaches_replicas_and_the_aof_as_the_admission_it_was() {
         }
     });
 }
+
+#[test]
+fn rl_all_upto_behind_a_queue_waits_for_one_unit_as_a_single_key_does() {
+    for_each_server(|kind| {
+        let server = Server::start(kind, &[]);
+        let mut con = server.conn();
+        // Ten tokens, one back every second: 3 left, and a waiter for 5
+        // ahead of any new call (it is admitted in about 2 s).
+        let bucket = ["RL.TOKENBUCKET", "uq", "10", "1", "1000"];
+        let mut take = bucket.to_vec();
+        take.extend(["COST", "7"]);
+        assert!(rl(&mut con, &take).allowed);
+        let mut waiting = bucket.to_vec();
+        waiting.extend(["COST", "5", "BLOCK", "60000"]);
+        let mut waiter_con = server.conn();
+        let waiter = std::thread::spawn(move || -> Vec<i64> { query(&mut waiter_con, &waiting) });
+        poll_until(
+            "one blocked request",
+            std::time::Duration::from_secs(20),
+            || {
+                info_field(&server.info("ratelimit"), "ratelimit_blocked_now").as_deref()
+                    == Some("1")
+            },
+        );
+        // Behind the queue, UPTO is the denial of one unit: about 2 s for
+        // the waiter, then 1 s for its own unit.
+        let mut single = bucket.to_vec();
+        single.extend(["UPTO", "3"]);
+        let one = ints(&mut con, &single);
+        let all = ints(
+            &mut con,
+            &[
+                "RL.ALL",
+                "1",
+                "uq",
+                "TOKENBUCKET",
+                "10",
+                "1",
+                "1000",
+                "UPTO",
+                "3",
+            ],
+        );
+        assert_eq!((one[0], one[5]), (0, 0), "{one:?}");
+        assert_eq!((all[0], all[5], all[6]), (0, 1, 0), "{all:?}");
+        assert!(
+            all[3] <= one[3] + 500,
+            "RL.ALL's wait {} is not the wait for one unit {}",
+            all[3],
+            one[3]
+        );
+        // The deny log holds the denial of one unit, as COST 1's.
+        let log: Vec<(i64, i64, String, String, i64, i64)> =
+            query(&mut con, &["RL.LOG", "GET", "2"]);
+        let logged: Vec<(&str, i64)> = log.iter().map(|e| (e.3.as_str(), e.4)).collect();
+        assert_eq!(
+            logged,
+            [("RL.ALL TOKENBUCKET", 1), ("RL.TOKENBUCKET", 1)],
+            "{log:?}"
+        );
+        let _: i64 = query(&mut con, &["DEL", "uq"]);
+        let admitted = waiter.join().expect("the waiter");
+        assert_eq!(admitted[0], 1, "{admitted:?}");
+    });
+}
+
+#[test]
+fn a_call_behind_a_blocked_upto_counts_what_the_upto_will_take() {
+    for_each_server(|kind| {
+        let server = Server::start(kind, &[]);
+        let mut con = server.conn();
+        // A window of 5 per 3 s, drained early in a window; a waiter for up
+        // to 5 will take all 5 of the next window the moment it opens.
+        let window = ["RL.FIXEDWINDOW", "uw", "5", "3000"];
+        let mut peek = window.to_vec();
+        peek.extend(["COST", "0"]);
+        // (A window's reset_ms is the time to its end once it holds units.)
+        let clock = ["RL.FIXEDWINDOW", "uw-clock", "1000000", "3000"];
+        poll_until(
+            "the start of a window",
+            std::time::Duration::from_secs(20),
+            || ints(&mut con, &clock)[4] >= 1500,
+        );
+        let mut take = window.to_vec();
+        take.extend(["COST", "5"]);
+        assert!(rl(&mut con, &take).allowed);
+        let mut waiting = window.to_vec();
+        waiting.extend(["UPTO", "5", "BLOCK", "20000"]);
+        let mut waiter_con = server.conn();
+        let waiter = std::thread::spawn(move || -> Vec<i64> { query(&mut waiter_con, &waiting) });
+        poll_until(
+            "one blocked request",
+            std::time::Duration::from_secs(20),
+            || {
+                info_field(&server.info("ratelimit"), "ratelimit_blocked_now").as_deref()
+                    == Some("1")
+            },
+        );
+        let to_next = ints(&mut con, &peek)[4];
+        // One unit behind it: not in the next window, which the waiter
+        // empties, but in the one after.
+        let behind = ints(&mut con, &window);
+        assert_eq!(behind[0], 0, "{behind:?}");
+        assert!(
+            behind[3] > to_next + 1000,
+            "wait {} counts the waiter as one unit (the window opens in {to_next} ms)",
+            behind[3]
+        );
+        // The waiter goes in when the window opens, with all of it.
+        let admitted = waiter.join().expect("the waiter");
+        assert_eq!((admitted[0], admitted[5]), (1, 5), "{admitted:?}");
+    });
+}
