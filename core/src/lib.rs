@@ -1139,8 +1139,48 @@ mod up_to {
         }
     }
 
+    /// The same, with the parameters changing between calls (a policy
+    /// set again, a protection loop's scale): what was consumed carries
+    /// over, and `fits` is still exactly what `COST k` admits.
+    struct Changing(u64, usize);
+    impl EachAlgorithm for Changing {
+        fn visit<A: Sampled + contract::Guarantee>(&mut self, word: &'static str) {
+            let mut rng = Rng(self.0);
+            let mut now = Micros::from_ms(T0 + rng.below(10_000));
+            let (Some(p), Some(q)) = (params::<A>(&mut rng, now), params::<A>(&mut rng, now))
+            else {
+                return;
+            };
+            self.1 += 1;
+            let mut state = A::idle(&p, now);
+            for _ in 0..60 {
+                now = now.saturating_add_us(rng.below(400_000));
+                let params = if rng.below(2) == 0 { &p } else { &q };
+                let most = 1 + rng.below(40);
+                let expected = brute::<A>(&state, params, most, now);
+                assert_eq!(
+                    A::fits(&state, params, most, now),
+                    expected,
+                    "{word} {params:?} {state:?} UPTO {most}"
+                );
+                let request = match rng.below(5) {
+                    0 => Request::Cost(rng.below(10)),
+                    1 => Request::Force(rng.below(10)),
+                    2 => Request::Refund(rng.below(10)),
+                    _ => Request::UpTo(most),
+                };
+                run::<A>(&mut state, params, request, now);
+            }
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(400))]
+        #[test]
+        fn fits_is_the_largest_admitted_cost_when_parameters_change(seed in any::<u64>()) {
+            for_each_algorithm(&mut Changing(seed, 0));
+        }
+
         #[test]
         fn fits_is_the_largest_admitted_cost(seed in any::<u64>()) {
             for_each_algorithm(&mut Check(seed, 0));
