@@ -482,8 +482,12 @@ impl<'h, H: Host + 'h> Step<'h, H> for AllCall<'_, 'h, H> {
             ..made.answered[0]
         };
         crate::stats::ALL.record(&overall, cost);
+        // (A call whose limiters are all off looked at none: not counted,
+        // as `RL.HIT` through a policy that is off.)
         if let Some(most) = self.granting {
-            crate::stats::UPTO.record(most, if overall.allowed { cost } else { 0 });
+            if self.call.limits.iter().any(|l| !l.is_off()) {
+                crate::stats::UPTO.record(most, if overall.allowed { cost } else { 0 });
+            }
         }
         if let Some(i) = made.denied_by {
             let limit = &self.call.limits[i];
