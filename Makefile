@@ -22,9 +22,8 @@ run: build
 # valkey-server, the redis-cli example scripts, the Rust, Java, Python and
 # Node client kits, the INFO exporter, the alert rules and the dashboard
 # (promtool), fmt and clippy, ruff and mypy.
-# The kits of other languages and deploy/ run beside the cargo suites
-# (scripts/test-all.sh: logs in tmp/test-logs/; TEST_SERIAL=1 for one at a
-# time).
+# scripts/test-all.sh: one suite after the other; TEST_PARALLEL=1 runs the
+# other kits and deploy/ in a lane of their own beside the cargo suites.
 test: build
 	MAKE="$(MAKE)" scripts/test-all.sh
 

@@ -1,20 +1,18 @@
 #!/usr/bin/env bash
-# `make test` after `make build`: every suite, the independent ones side by
-# side so that a fresh machine runs them in well under 20 minutes.
+# `make test` after `make build`: every suite.
 #
-# - In the foreground, the cargo chain (one target directory, so one cargo
-#   at a time): unit and property tests, the integration suite (three
-#   servers side by side), the redis-cli scripts, the Rust kit, the
-#   exporter, fmt and clippy.
-# - Beside it, each in its own process with its own log: the Java kit, the
-#   Python kit and its linters, the Node kit, and deploy/'s rules and
-#   dashboard. They need only the module `make build` made; they start
-#   their own servers on free ports (their JVM start-ups, npm builds and
-#   waits on servers overlap the cargo compiles).
+# By default one after the other: the cargo chain (unit and property tests,
+# the integration suite with its three servers side by side, the redis-cli
+# scripts, the Rust kit, the exporter, fmt and clippy), then the Java, Python
+# and Node kits and deploy/'s rules and dashboard.
 #
-# Each side suite's log is in tmp/test-logs/<suite>.log; a failed suite's
-# log is printed whole, a passed one's last lines. Exits non-zero when any
-# suite failed. TEST_SERIAL=1 runs everything one after the other instead.
+# TEST_PARALLEL=1 runs the other kits and deploy/ in a second lane, one
+# after the other, beside the cargo chain (each side suite's log in
+# tmp/test-logs/<suite>.log; a failed one printed whole, a passed one's last
+# lines). It is not the default: on a 2-core machine the protection loop's
+# HTTP tests and the Java deny-event flood, which wait on windows of 200 ms
+# and on a sink, missed their windows when all the kits ran beside the
+# cargo compiles (2026-12-02 CI run: 6 of about 1,700 tests).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,19 +23,25 @@ mkdir -p "$LOGS"
 SIDE=(test-kit-java "test-kit-python lint-python" test-kit-node test-deploy)
 MAIN=(test-setup test-unit test-integration test-cli test-kit-rust test-exporter lint)
 
-if [ "${TEST_SERIAL:-}" = 1 ]; then
+if [ "${TEST_PARALLEL:-}" != 1 ]; then
   # shellcheck disable=SC2068 # each entry is one or more targets
   exec "$MAKE" --no-print-directory ${MAIN[@]} ${SIDE[@]}
 fi
 
-declare -A pids
-for targets in "${SIDE[@]}"; do
-  name="${targets%% *}"
-  # shellcheck disable=SC2086 # one or more targets
-  "$MAKE" --no-print-directory $targets >"$LOGS/$name.log" 2>&1 &
-  pids[$name]=$!
-  echo "test: $targets started (log: $LOGS/$name.log)"
-done
+# The second lane: the side suites one after the other, each to its log;
+# their statuses in $LOGS/<suite>.status.
+lane() {
+  for targets in "${SIDE[@]}"; do
+    name="${targets%% *}"
+    echo "test: $targets started (log: $LOGS/$name.log)"
+    # shellcheck disable=SC2086 # one or more targets
+    "$MAKE" --no-print-directory $targets >"$LOGS/$name.log" 2>&1
+    echo $? >"$LOGS/$name.status"
+  done
+}
+rm -f "$LOGS"/*.status
+lane &
+lane_pid=$!
 
 failed=()
 start=$SECONDS
@@ -46,8 +50,10 @@ if ! "$MAKE" --no-print-directory "${MAIN[@]}"; then
 fi
 echo "test: the cargo chain took $((SECONDS - start)) s"
 
-for name in "${!pids[@]}"; do
-  if wait "${pids[$name]}"; then
+wait "$lane_pid"
+for targets in "${SIDE[@]}"; do
+  name="${targets%% *}"
+  if [ "$(cat "$LOGS/$name.status" 2>/dev/null)" = 0 ]; then
     echo "test: $name passed; its last lines:"
     tail -n 15 "$LOGS/$name.log"
   else
