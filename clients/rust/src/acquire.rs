@@ -282,18 +282,7 @@ pub(crate) fn key_slot(key: &[u8]) -> u16 {
                 .map(|len| &rest[..len])
         })
         .unwrap_or(key);
-    let mut crc: u16 = 0;
-    for &b in tagged {
-        crc ^= u16::from(b) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc % 16384
+    crate::grants::crc16(tagged) % 16384
 }
 
 #[cfg(test)]

@@ -681,26 +681,6 @@ fn observability() -> Value {
     })
 }
 
-/// The whole file.
-/// CRC16-XMODEM of `key` mod 16384: the cluster's key hash slot of a key
-/// with no hash tag (the tags are plain words). Written here from the
-/// cluster specification, independently of any kit, so that the vectors
-/// check each kit's own.
-fn key_slot(key: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &byte in key {
-        crc ^= u16::from(byte) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc % 16384
-}
-
 /// The stripes' tags for `n` stripes over masters that each own the given
 /// slot ranges (the contract's rule: masters in the order of the lowest
 /// slot each owns; stripe i on master i mod M; tag i the first `rl<k>`
@@ -714,7 +694,7 @@ fn stripe_tags(masters: &[Vec<(u16, u16)>], n: usize) -> Vec<String> {
         let tag = (0u64..)
             .map(|k| format!("rl{k}"))
             .find(|t| {
-                let slot = key_slot(t.as_bytes());
+                let slot = crate::key_slot(t);
                 owns.iter().any(|&(a, b)| (a..=b).contains(&slot)) && !tags.contains(t)
             })
             .expect("every master owns a slot some tag hashes to");
@@ -866,7 +846,7 @@ fn grants() -> Value {
         .iter()
         .map(|&(masters, n)| {
             let tags = stripe_tags(masters, n);
-            let slots: Vec<u16> = tags.iter().map(|t| key_slot(t.as_bytes())).collect();
+            let slots: Vec<u16> = tags.iter().map(|t| crate::key_slot(t)).collect();
             json!({"masters": masters, "n": n, "tags": tags, "slots": slots})
         })
         .collect();
@@ -919,6 +899,7 @@ fn grants() -> Value {
     })
 }
 
+/// The whole file.
 fn contract() -> Value {
     let periods: Vec<Value> = (0..4)
         .map(|i| {

@@ -18,15 +18,7 @@ use crate::rule::{Batch, Spec};
 /// The cluster's key hash slot of `key` (its hash tag's when it has one):
 /// CRC16-XMODEM mod 16384, as `CLUSTER KEYSLOT` answers.
 pub fn key_slot(key: &str) -> u16 {
-    let b = key.as_bytes();
-    let hashed = match b.iter().position(|&c| c == b'{') {
-        Some(open) => match b[open + 1..].iter().position(|&c| c == b'}') {
-            Some(len) if len > 0 => &b[open + 1..open + 1 + len],
-            _ => b,
-        },
-        None => b,
-    };
-    crc16(hashed) % 16384
+    crate::acquire::key_slot(key.as_bytes())
 }
 
 /// CRC16-XMODEM (polynomial 0x1021, initial 0), as Redis Cluster hashes keys.
