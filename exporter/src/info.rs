@@ -41,6 +41,11 @@ pub struct Info {
     pub policies: Option<u64>,
     /// Per policy, by its decoded name.
     pub policy: BTreeMap<String, PolicyLine>,
+    /// `UPTO` calls, the units they were granted, and the grants of fewer
+    /// units than asked.
+    pub upto_calls: Option<u64>,
+    pub upto_granted_units: Option<u64>,
+    pub upto_partial: Option<u64>,
     pub blocked_now: Option<u64>,
     pub blocked_total: Option<u64>,
     pub blocked_admitted: Option<u64>,
@@ -93,6 +98,9 @@ fn parse_line(info: &mut Info, line: &str) -> Option<()> {
     let n = parse_u64(value)?;
     let slot = match field {
         "policies" => &mut info.policies,
+        "upto_calls" => &mut info.upto_calls,
+        "upto_granted_units" => &mut info.upto_granted_units,
+        "upto_partial" => &mut info.upto_partial,
         "blocked_now" => &mut info.blocked_now,
         "blocked_total" => &mut info.blocked_total,
         "blocked_admitted" => &mut info.blocked_admitted,

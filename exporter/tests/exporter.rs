@@ -74,6 +74,9 @@ fn expected(info: &BTreeMap<String, String>) -> Vec<Expected> {
         let v: f64 = value.parse().unwrap();
         let plain = match field {
             "policies" => "redis_ratelimit_policies",
+            "upto_calls" => "redis_ratelimit_upto_calls_total",
+            "upto_granted_units" => "redis_ratelimit_upto_granted_units_total",
+            "upto_partial" => "redis_ratelimit_upto_partial_total",
             "blocked_now" => "redis_ratelimit_blocked",
             "blocked_total" => "redis_ratelimit_blocked_total",
             "blocked_admitted" => "redis_ratelimit_blocked_admitted_total",
