@@ -237,14 +237,20 @@ impl Server {
 
     /// `INFO section` as field -> value.
     pub fn info(&self, section: &str) -> HashMap<String, String> {
-        let text: String = redis::cmd("INFO")
-            .arg(section)
-            .query(&mut self.conn())
-            .unwrap();
-        text.lines()
+        self.try_info(section).unwrap()
+    }
+
+    /// `INFO section`, or the error: while a Sentinel turns this server into
+    /// a replica it closes client connections (`CLIENT KILL TYPE normal`), so
+    /// a poll during a failover may see its connection end.
+    pub fn try_info(&self, section: &str) -> redis::RedisResult<HashMap<String, String>> {
+        let mut conn = redis::Client::open(self.url())?.get_connection()?;
+        let text: String = redis::cmd("INFO").arg(section).query(&mut conn)?;
+        Ok(text
+            .lines()
             .filter_map(|l| l.split_once(':'))
             .map(|(k, v)| (k.to_string(), v.trim().to_string()))
-            .collect()
+            .collect())
     }
 
     /// `CLUSTER NODES` or `CLUSTER INFO`: text.
