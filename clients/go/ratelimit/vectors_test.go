@@ -1,0 +1,166 @@
+package ratelimit
+
+// Conformance of the pure parts (algorithms.go, zone.go, headers.go,
+// grantmath.go) against clients/contract/contract.json, property tests of
+// the in-process algorithms against brute-force models, a fuzz test and a
+// benchmark.
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+)
+
+// pvContract is the part of contract.json these tests read.
+type pvContract struct {
+	Headers []struct {
+		Rule            string  `json:"rule"`
+		Algorithm       string  `json:"algorithm"`
+		Params          []int64 `json:"params"`
+		Decision        []int64 `json:"decision"`
+		RateLimit       string  `json:"ratelimit"`
+		RateLimitPolicy string  `json:"ratelimit_policy"`
+		RetryAfter      *int64  `json:"retry_after"`
+		Body            *string `json:"body"`
+	} `json:"headers"`
+	PolicyWindow []struct {
+		Algorithm string  `json:"algorithm"`
+		Params    []int64 `json:"params"`
+		W         *int64  `json:"w"`
+	} `json:"policy_window"`
+}
+
+var (
+	pvOnce sync.Once
+	pvData pvContract
+	pvErr  error
+)
+
+func pvLoad(t testing.TB) *pvContract {
+	t.Helper()
+	pvOnce.Do(func() {
+		var raw []byte
+		raw, pvErr = os.ReadFile(filepath.Join("..", "..", "contract", "contract.json"))
+		if pvErr == nil {
+			pvErr = json.Unmarshal(raw, &pvData)
+		}
+	})
+	if pvErr != nil {
+		t.Fatalf("contract.json: %v", pvErr)
+	}
+	return &pvData
+}
+
+// pvSpec is the Spec of a contract algorithm word and its parameters (a
+// quota's period by its index, in UTC).
+func pvSpec(t testing.TB, word string, params []int64) Spec {
+	t.Helper()
+	s := Spec{algorithm: Algorithm(word), n: len(params)}
+	if len(params) > 3 {
+		t.Fatalf("%s: %d params", word, len(params))
+	}
+	copy(s.params[:], params)
+	return s
+}
+
+// pvDecision is a Decision from the contract's five integers.
+func pvDecision(t testing.TB, f []int64) Decision {
+	t.Helper()
+	if len(f) != 5 {
+		t.Fatalf("decision %v: want five integers", f)
+	}
+	d := Decision{Allowed: f[0] == 1, Limit: f[1], Remaining: f[2], WaitMs: f[3],
+		ResetAfter: time.Duration(f[4]) * time.Millisecond, DeniedBy: -1, Granted: -1}
+	if f[3] > 0 {
+		d.RetryAfter = time.Duration(f[3]) * time.Millisecond
+	}
+	return d
+}
+
+func TestVectorsHeaders(t *testing.T) {
+	c := pvLoad(t)
+	if len(c.Headers) == 0 {
+		t.Fatal("no header vectors")
+	}
+	for i, v := range c.Headers {
+		spec := pvSpec(t, v.Algorithm, v.Params)
+		d := pvDecision(t, v.Decision)
+		f := HeaderFields(v.Rule, spec, d)
+		if f.RateLimitPolicy != v.RateLimitPolicy {
+			t.Errorf("#%d %s: RateLimit-Policy %q, want %q", i, v.Algorithm, f.RateLimitPolicy, v.RateLimitPolicy)
+		}
+		if f.RateLimit != v.RateLimit {
+			t.Errorf("#%d %s: RateLimit %q, want %q", i, v.Algorithm, f.RateLimit, v.RateLimit)
+		}
+		want := ""
+		if v.RetryAfter != nil {
+			want = json.Number(itoa(*v.RetryAfter)).String()
+		}
+		if f.RetryAfter != want {
+			t.Errorf("#%d %s: Retry-After %q, want %q", i, v.Algorithm, f.RetryAfter, want)
+		}
+		body := ProblemBody(v.Rule, d)
+		switch {
+		case v.Body == nil && body != nil:
+			t.Errorf("#%d %s: body %s, want none", i, v.Algorithm, body)
+		case v.Body != nil && string(body) != *v.Body:
+			t.Errorf("#%d %s: body\n%s\nwant\n%s", i, v.Algorithm, body, *v.Body)
+		}
+		if v.Body != nil && !json.Valid(body) {
+			t.Errorf("#%d: body is not JSON: %s", i, body)
+		}
+	}
+}
+
+func TestVectorsHeadersPolicyWindow(t *testing.T) {
+	c := pvLoad(t)
+	if len(c.PolicyWindow) == 0 {
+		t.Fatal("no policy_window vectors")
+	}
+	for i, v := range c.PolicyWindow {
+		w, ok := PolicyWindowSeconds(pvSpec(t, v.Algorithm, v.Params))
+		switch {
+		case v.W == nil && ok:
+			t.Errorf("#%d %s %v: w %d, want none", i, v.Algorithm, v.Params, w)
+		case v.W != nil && (!ok || w != *v.W):
+			t.Errorf("#%d %s %v: w %d (%v), want %d", i, v.Algorithm, v.Params, w, ok, *v.W)
+		}
+	}
+}
+
+func TestHeadersApplyAndEscapes(t *testing.T) {
+	h := make(map[string][]string)
+	f := HeaderFields("r", TokenBucket(5, 1, 1000), Decision{Allowed: true, Limit: 5, Remaining: 4, ResetAfter: time.Second})
+	f.Apply(h)
+	if got := h["Ratelimit-Policy"]; len(got) != 1 || got[0] != `"r";q=5;w=5` {
+		t.Errorf("RateLimit-Policy %v", got)
+	}
+	if _, ok := h["Retry-After"]; ok {
+		t.Error("Retry-After set on an admission")
+	}
+	body := ProblemBody("a\\b\n\x01é<", Decision{WaitMs: 1500})
+	want := `{"detail":"rate limit \"a\\\\b\\n\\u0001é<\" exceeded; retry after 2 s","status":429,"title":"` +
+		QuotaExceededTitle + `","type":"` + QuotaExceededType + `","violated-policies":["a\\b\n\u0001é<"]}`
+	if string(body) != want {
+		t.Errorf("body\n%s\nwant\n%s", body, want)
+	}
+	var parsed struct {
+		Detail   string   `json:"detail"`
+		Violated []string `json:"violated-policies"`
+	}
+	if err := json.Unmarshal(body, &parsed); err != nil || parsed.Violated[0] != "a\\b\n\x01é<" {
+		t.Errorf("body does not parse back: %v %+v", err, parsed)
+	}
+	// A decision carrying only RetryAfter (no WaitMs) still rounds up.
+	if s, ok := RetryAfterSeconds(Decision{RetryAfter: 1001 * time.Millisecond}); !ok || s != 2 {
+		t.Errorf("RetryAfterSeconds from RetryAfter: %d %v", s, ok)
+	}
+}
+
+func itoa(n int64) string {
+	b, _ := json.Marshal(n)
+	return string(b)
+}
