@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -97,7 +98,7 @@ func TestVectorsHeaders(t *testing.T) {
 		}
 		want := ""
 		if v.RetryAfter != nil {
-			want = json.Number(itoa(*v.RetryAfter)).String()
+			want = strconv.FormatInt(*v.RetryAfter, 10)
 		}
 		if f.RetryAfter != want {
 			t.Errorf("#%d %s: Retry-After %q, want %q", i, v.Algorithm, f.RetryAfter, want)
@@ -160,7 +161,143 @@ func TestHeadersApplyAndEscapes(t *testing.T) {
 	}
 }
 
-func itoa(n int64) string {
-	b, _ := json.Marshal(n)
-	return string(b)
+// pvGolden is a golden sequence: steps on one key from idle.
+type pvStep struct {
+	AtUs     int64            `json:"at_us"`
+	Params   []int64          `json:"params"`
+	Request  map[string]int64 `json:"request"`
+	Decision []int64          `json:"decision"`
+	Granted  *int64           `json:"granted"`
+}
+
+type pvAlgorithms struct {
+	Algorithms []struct {
+		Word   string `json:"word"`
+		Golden []struct {
+			Steps []pvStep `json:"steps"`
+		} `json:"golden"`
+	} `json:"algorithms"`
+	Grants struct {
+		Golden []struct {
+			Word   string   `json:"word"`
+			Params []int64  `json:"params"`
+			Steps  []pvStep `json:"steps"`
+		} `json:"golden"`
+	} `json:"grants"`
+}
+
+func pvLoadAlgorithms(t testing.TB) *pvAlgorithms {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join("..", "..", "contract", "contract.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var a pvAlgorithms
+	if err := json.Unmarshal(raw, &a); err != nil {
+		t.Fatal(err)
+	}
+	return &a
+}
+
+// pvRequest is the Request of a contract step's tagged request.
+func pvRequest(t testing.TB, r map[string]int64) Request {
+	t.Helper()
+	if len(r) != 1 {
+		t.Fatalf("request %v: want one tag", r)
+	}
+	for k, n := range r {
+		switch k {
+		case "cost":
+			return Cost(uint64(n))
+		case "force":
+			return Force(uint64(n))
+		case "refund":
+			return Refund(uint64(n))
+		case "upto":
+			return UpTo(uint64(n))
+		}
+		t.Fatalf("request %v: unknown tag", r)
+	}
+	return Request{}
+}
+
+func pvFields(d Decision) []int64 {
+	a := int64(0)
+	if d.Allowed {
+		a = 1
+	}
+	return []int64{a, d.Limit, d.Remaining, d.WaitMs, d.ResetAfter.Milliseconds()}
+}
+
+func pvEqual(a, b []int64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func TestVectorsAlgorithmsGolden(t *testing.T) {
+	c := pvLoadAlgorithms(t)
+	steps := 0
+	for _, alg := range c.Algorithms {
+		if alg.Word == "CONCURRENCY" {
+			continue
+		}
+		if len(alg.Golden) == 0 {
+			t.Errorf("%s: no golden sequences", alg.Word)
+		}
+		for si, seq := range alg.Golden {
+			var st LocalState
+			for i, s := range seq.Steps {
+				spec := pvSpec(t, alg.Word, s.Params)
+				d := LocalApply(spec, &st, s.AtUs, pvRequest(t, s.Request))
+				steps++
+				if got := pvFields(d); !pvEqual(got, s.Decision) {
+					t.Errorf("%s seq %d step %d (%v at %d, params %v): got %v, want %v",
+						alg.Word, si, i, s.Request, s.AtUs, s.Params, got, s.Decision)
+					break
+				}
+			}
+		}
+	}
+	if steps < 1000 {
+		t.Errorf("only %d golden steps checked", steps)
+	}
+}
+
+func TestVectorsGrantsGolden(t *testing.T) {
+	c := pvLoadAlgorithms(t)
+	if len(c.Grants.Golden) == 0 {
+		t.Fatal("no grants golden")
+	}
+	for _, seq := range c.Grants.Golden {
+		var st LocalState
+		spec := pvSpec(t, seq.Word, seq.Params)
+		for i, s := range seq.Steps {
+			req := pvRequest(t, s.Request)
+			if req.IsUpTo() {
+				fits := LocalFits(spec, &st, s.AtUs, req.Units())
+				if s.Granted != nil && *s.Granted > 0 && int64(fits) != *s.Granted {
+					t.Errorf("%s step %d: LocalFits %d, want %d", seq.Word, i, fits, *s.Granted)
+				}
+			}
+			d := LocalApply(spec, &st, s.AtUs, req)
+			if got := pvFields(d); !pvEqual(got, s.Decision) {
+				t.Errorf("%s step %d (%v): got %v, want %v", seq.Word, i, s.Request, got, s.Decision)
+				break
+			}
+			wantGranted := int64(-1)
+			if s.Granted != nil && req.IsUpTo() {
+				wantGranted = *s.Granted
+			}
+			if d.Granted != wantGranted {
+				t.Errorf("%s step %d (%v): granted %d, want %d", seq.Word, i, s.Request, d.Granted, wantGranted)
+			}
+		}
+	}
 }
