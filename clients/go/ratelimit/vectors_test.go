@@ -301,3 +301,131 @@ func TestVectorsGrantsGolden(t *testing.T) {
 		}
 	}
 }
+
+type pvGrants struct {
+	Grants struct {
+		Batched struct {
+			HoldMs      struct{ Default, Min, Max int64 } `json:"hold_ms"`
+			MaxSharePct struct{ Default, Min, Max int64 } `json:"max_share_pct"`
+			Vectors     []struct {
+				Batch       int64 `json:"batch"`
+				HoldMs      int64 `json:"hold_ms"`
+				Limit       int64 `json:"limit"`
+				MaxSharePct int64 `json:"max_share_pct"`
+				RatePerS    int64 `json:"rate_per_s"`
+			} `json:"vectors"`
+		} `json:"batched"`
+		Stripes struct {
+			ShareVectors []struct {
+				N      int     `json:"n"`
+				Shares []int64 `json:"shares"`
+				Total  int64   `json:"total"`
+			} `json:"share_vectors"`
+			TagVectors []struct {
+				Masters [][][2]int `json:"masters"`
+				N       int        `json:"n"`
+				Slots   []int      `json:"slots"`
+				Tags    []string   `json:"tags"`
+			} `json:"tag_vectors"`
+		} `json:"stripes"`
+	} `json:"grants"`
+}
+
+func pvLoadGrants(t testing.TB) *pvGrants {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join("..", "..", "contract", "contract.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var g pvGrants
+	if err := json.Unmarshal(raw, &g); err != nil {
+		t.Fatal(err)
+	}
+	return &g
+}
+
+func TestVectorsGrantBatchSize(t *testing.T) {
+	g := pvLoadGrants(t).Grants.Batched
+	if len(g.Vectors) == 0 {
+		t.Fatal("no batched vectors")
+	}
+	for i, v := range g.Vectors {
+		if got := BatchSize(v.RatePerS, v.HoldMs, v.Limit, v.MaxSharePct); got != v.Batch {
+			t.Errorf("#%d %+v: batch %d, want %d", i, v, got, v.Batch)
+		}
+	}
+	// The extremes stay in range: never below 1, never above the share.
+	if got := BatchSize(1<<62, 60000, 1<<40, 100); got != 1<<40 {
+		t.Errorf("huge rate: %d", got)
+	}
+	if got := BatchSize(-5, -1, -1, -1); got != 1 {
+		t.Errorf("negative inputs: %d", got)
+	}
+}
+
+func TestGrantNextAskAfter(t *testing.T) {
+	for _, c := range []struct {
+		asked, granted, wait, hold int64
+		delay                      time.Duration
+		never                      bool
+	}{
+		{10, 10, 0, 50, 0, false},
+		{10, 4, 0, 50, 50 * time.Millisecond, false},
+		{10, 0, 20, 50, 50 * time.Millisecond, false},
+		{10, 0, 200, 50, 200 * time.Millisecond, false},
+		{1, 0, 20, 50, 20 * time.Millisecond, false},
+		{10, 0, -1, 50, 0, true},
+	} {
+		d, never := NextAskAfter(c.asked, c.granted, c.wait, c.hold)
+		if d != c.delay || never != c.never {
+			t.Errorf("%+v: got %v %v", c, d, never)
+		}
+	}
+}
+
+func TestVectorsGrantStripeShares(t *testing.T) {
+	s := pvLoadGrants(t).Grants.Stripes
+	if len(s.ShareVectors) == 0 {
+		t.Fatal("no share vectors")
+	}
+	for i, v := range s.ShareVectors {
+		got := StripeShares(v.Total, v.N)
+		if !pvEqual(got, v.Shares) {
+			t.Errorf("#%d total %d n %d: %v, want %v", i, v.Total, v.N, got, v.Shares)
+		}
+		var sum int64
+		for _, x := range got {
+			sum += x
+		}
+		if sum != v.Total {
+			t.Errorf("#%d: shares sum to %d, want %d", i, sum, v.Total)
+		}
+	}
+}
+
+func TestVectorsGrantStripeTags(t *testing.T) {
+	s := pvLoadGrants(t).Grants.Stripes
+	if len(s.TagVectors) == 0 {
+		t.Fatal("no tag vectors")
+	}
+	for i, v := range s.TagVectors {
+		got := PickStripeTags(v.Masters, v.N)
+		if len(got) != len(v.Tags) {
+			t.Fatalf("#%d: %v, want %v", i, got, v.Tags)
+		}
+		for j := range got {
+			if got[j] != v.Tags[j] {
+				t.Errorf("#%d tag %d: %q, want %q", i, j, got[j], v.Tags[j])
+			}
+			if slot := KeySlot(got[j]); slot != v.Slots[j] {
+				t.Errorf("#%d tag %q: slot %d, want %d", i, got[j], slot, v.Slots[j])
+			}
+		}
+	}
+	if got := PickStripeTags(nil, 3); len(got) != 3 || got[2] != "rl2" {
+		t.Errorf("no masters: %v", got)
+	}
+	if got := PickStripeTags([][][2]int{{}, {{0, 16383}}}, 2); len(got) != 2 || got[0] == got[1] {
+		t.Errorf("a master without slots: %v", got)
+	}
+}
