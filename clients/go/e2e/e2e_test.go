@@ -1,0 +1,424 @@
+// Package e2e runs the example service (examples/service) as real
+// processes against a real Redis with the module, and real HTTP clients
+// against them.
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis-ratelimit/redis-ratelimit/clients/go/internal/testserver"
+	"github.com/redis-ratelimit/redis-ratelimit/clients/go/ratelimit"
+)
+
+// The example's binary, built once per test process.
+var (
+	buildOnce sync.Once
+	binary    string
+	buildErr  error
+	buildDir  string
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if buildDir != "" {
+		_ = os.RemoveAll(buildDir)
+	}
+	os.Exit(code)
+}
+
+// serviceBinary builds examples/service (go build -o) once.
+func serviceBinary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		buildDir, buildErr = os.MkdirTemp("", "rl-e2e-")
+		if buildErr != nil {
+			return
+		}
+		binary = filepath.Join(buildDir, "service")
+		cmd := exec.Command("go", "build", "-o", binary, "./examples/service")
+		cmd.Dir = ".."
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build ./examples/service: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binary
+}
+
+// instance is one running process of the example service.
+type instance struct {
+	url string
+	cmd *exec.Cmd
+}
+
+// startInstance runs the service with args and waits for its "listening on"
+// line; the test's cleanup kills it.
+func startInstance(t *testing.T, args ...string) *instance {
+	t.Helper()
+	cmd := exec.Command(serviceBinary(t), append([]string{"-listen", "127.0.0.1:0"}, args...)...)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &lockedWriter{w: &stderr}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if t.Failed() && stderr.Len() > 0 {
+			t.Logf("service %d stderr:\n%s", cmd.Process.Pid, stderr.String())
+		}
+	})
+	lines := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if u, ok := strings.CutPrefix(sc.Text(), "listening on "); ok {
+				lines <- u
+			}
+		}
+		close(lines)
+	}()
+	select {
+	case u, ok := <-lines:
+		if !ok {
+			t.Fatalf("the service exited before listening: %s", stderr.String())
+		}
+		return &instance{url: u, cmd: cmd}
+	case <-time.After(testserver.Patience):
+		t.Fatalf("the service did not print its address within %v: %s", testserver.Patience, stderr.String())
+	}
+	return nil
+}
+
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+// stats reads the instance's limiter counters (/stats).
+func (in *instance) stats(t *testing.T) ratelimit.Stats {
+	t.Helper()
+	resp, err := http.Get(in.url + "/stats")
+	if err != nil {
+		t.Fatalf("GET /stats: %v", err)
+	}
+	defer resp.Body.Close()
+	var s ratelimit.Stats
+	if err := json.NewDecoder(resp.Body).Decode(&s); err != nil {
+		t.Fatalf("GET /stats: %v", err)
+	}
+	return s
+}
+
+// answer is what a client saw of one response.
+type answer struct {
+	status int
+	header http.Header
+	body   string
+	err    error
+}
+
+func get(c *http.Client, url, user string) answer {
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		return answer{err: err}
+	}
+	if user != "" {
+		req.Header.Set("X-User", user)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return answer{err: err}
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return answer{status: resp.StatusCode, header: resp.Header, body: string(b), err: err}
+}
+
+var (
+	admittedItem = regexp.MustCompile(`^"per-user";r=(\d+);t=(\d+)$`)
+	deniedItem   = regexp.MustCompile(`^"per-user";r=0;t=(\d+)$`)
+)
+
+// TestE2EExactness: three instances of the example, as processes sharing
+// one Redis; 200 concurrent clients, each with its own http.Client, send
+// 3 requests each for one user, round robin over the instances. Exactly the
+// per-user limit is admitted, and every denial carries Retry-After,
+// RateLimit, RateLimit-Policy and the problem body, consistent with each
+// other.
+func TestE2EExactness(t *testing.T) {
+	const (
+		limit     = 50
+		clients   = 200
+		perClient = 3
+		windowS   = 60
+		global    = 1_000_000
+	)
+	srv := testserver.Start(t, testserver.Redis)
+	var instances []*instance
+	for range 3 {
+		instances = append(instances, startInstance(t,
+			"-redis", srv.Addr(), "-limit", strconv.Itoa(limit), "-window", fmt.Sprintf("%ds", windowS),
+			"-global-limit", strconv.Itoa(global), "-instances", "3", "-deadline", "2s"))
+	}
+	policy := fmt.Sprintf(`"per-user";q=%d;w=%d, "global";q=%d;w=%d`, limit, windowS, global, windowS)
+
+	answers := make(chan answer, clients*perClient)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := &http.Client{Transport: &http.Transport{}, Timeout: testserver.Patience}
+			defer c.CloseIdleConnections()
+			<-start
+			for j := range perClient {
+				in := instances[(i+j)%len(instances)]
+				answers <- get(c, in.url+"/hello", "alice")
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	close(answers)
+
+	admitted, denied := 0, 0
+	remaining := map[int]int{}
+	for a := range answers {
+		if a.err != nil {
+			t.Fatalf("request failed: %v", a.err)
+		}
+		if got := a.header.Get("RateLimit-Policy"); got != policy {
+			t.Errorf("status %d: RateLimit-Policy %q, want %q", a.status, got, policy)
+		}
+		switch a.status {
+		case http.StatusOK:
+			admitted++
+			m := admittedItem.FindStringSubmatch(a.header.Get("RateLimit"))
+			if m == nil {
+				t.Errorf("admitted: RateLimit %q is not the per-user item", a.header.Get("RateLimit"))
+				continue
+			}
+			r, _ := strconv.Atoi(m[1])
+			remaining[r]++
+			if a.header.Get("Retry-After") != "" {
+				t.Errorf("admitted with Retry-After %q", a.header.Get("Retry-After"))
+			}
+		case http.StatusTooManyRequests:
+			denied++
+			checkDenial(t, a, windowS)
+		default:
+			t.Errorf("status %d: %s", a.status, a.body)
+		}
+	}
+	if admitted != limit || denied != clients*perClient-limit {
+		t.Fatalf("admitted %d and denied %d of %d requests; want exactly %d admitted", admitted, denied, clients*perClient, limit)
+	}
+	// Each admission took the next unit: remaining 49, 48, ..., 0, once each.
+	for r := range limit {
+		if remaining[r] != 1 {
+			t.Errorf("remaining %d seen %d times among the admissions, want once (all: %v)", r, remaining[r], remaining)
+		}
+	}
+	// The limit was counted in Redis, under the rule's key.
+	n, err := srv.Client().Exists(context.Background(), "{api}:user:user:alice").Result()
+	if err != nil || n != 1 {
+		t.Errorf("EXISTS {api}:user:user:alice = %d (%v), want 1", n, err)
+	}
+}
+
+// checkDenial checks a 429's fields against each other and the contract's
+// form: Retry-After in 1..window, RateLimit's t at least Retry-After, the
+// problem body byte for byte as the kit writes it for that Retry-After.
+func checkDenial(t *testing.T, a answer, windowS int) {
+	t.Helper()
+	ra, err := strconv.Atoi(a.header.Get("Retry-After"))
+	if err != nil || ra < 1 || ra > windowS {
+		t.Errorf("denied: Retry-After %q, want 1..%d", a.header.Get("Retry-After"), windowS)
+		return
+	}
+	m := deniedItem.FindStringSubmatch(a.header.Get("RateLimit"))
+	if m == nil {
+		t.Errorf("denied: RateLimit %q, want the per-user item with r=0", a.header.Get("RateLimit"))
+		return
+	}
+	if reset, _ := strconv.Atoi(m[1]); reset < ra || reset > windowS {
+		t.Errorf("denied: RateLimit t=%d with Retry-After %d (window %d s)", reset, ra, windowS)
+	}
+	if ct := a.header.Get("Content-Type"); ct != "application/problem+json" {
+		t.Errorf("denied: Content-Type %q", ct)
+	}
+	want := fmt.Sprintf(`{"detail":"rate limit \"per-user\" exceeded; retry after %d s","status":429,`+
+		`"title":"Request cannot be satisfied as assigned quota has been exceeded",`+
+		`"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","violated-policies":["per-user"]}`, ra)
+	if a.body != want {
+		t.Errorf("denied: body\n%s\nwant\n%s", a.body, want)
+	}
+}
+
+// TestE2ERedisKilled: kill -9 of Redis under load against three instances
+// of the example (LocalOnly fallback). They keep answering, 200 or 429,
+// never an error; the fallback decides (its answers are counted by the
+// level header), the breaker opens, and no call waited for its deadline
+// (the limiter counted no timeout: with a 2 s deadline, a wait for it would
+// be one). When Redis restarts, each instance's probe closes its breaker and
+// decisions come from Redis again.
+func TestE2ERedisKilled(t *testing.T) {
+	srv := testserver.Start(t, testserver.Redis)
+	var instances []*instance
+	for range 3 {
+		instances = append(instances, startInstance(t,
+			"-redis", srv.Addr(), "-limit", "1000000", "-window", "60s",
+			"-global-limit", "1000000", "-instances", "3", "-deadline", "2s", "-fallback", "local"))
+	}
+
+	var (
+		levels   sync.Map // "level" -> *atomic.Int64
+		failures atomic.Int64
+		statuses sync.Map // status -> *atomic.Int64
+		stop     = make(chan struct{})
+		wg       sync.WaitGroup
+		lastErr  atomic.Value
+	)
+	count := func(m *sync.Map, k any) {
+		v, _ := m.LoadOrStore(k, new(atomic.Int64))
+		v.(*atomic.Int64).Add(1)
+	}
+	read := func(m *sync.Map, k any) int64 {
+		if v, ok := m.Load(k); ok {
+			return v.(*atomic.Int64).Load()
+		}
+		return 0
+	}
+	// Per instance: the answers decided by a level, for the return to Redis.
+	var perInstance [3]struct{ redis, fallback atomic.Int64 }
+	for i := range 12 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := &http.Client{Transport: &http.Transport{}, Timeout: testserver.Patience}
+			defer c.CloseIdleConnections()
+			for n := 0; ; n++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				k := (i + n) % len(instances)
+				a := get(c, instances[k].url+"/hello", fmt.Sprintf("u%d", i))
+				if a.err != nil {
+					failures.Add(1)
+					lastErr.Store(a.err)
+					continue
+				}
+				count(&statuses, a.status)
+				level := a.header.Get("X-RateLimit-Level")
+				count(&levels, level)
+				switch level {
+				case "redis":
+					perInstance[k].redis.Add(1)
+				case "fallback":
+					perInstance[k].fallback.Add(1)
+				}
+			}
+		}()
+	}
+	defer func() {
+		select {
+		case <-stop:
+		default:
+			close(stop)
+		}
+		wg.Wait()
+	}()
+
+	testserver.WaitUntil(t, "200 answers decided by Redis", func() bool { return read(&levels, "redis") >= 200 })
+	srv.Kill9()
+	before := read(&levels, "fallback")
+	testserver.WaitUntil(t, "500 answers of the fallback, and every breaker open", func() bool {
+		if read(&levels, "fallback")-before < 500 {
+			return false
+		}
+		for _, in := range instances {
+			if in.stats(t).BreakerOpened == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	down := make([]ratelimit.Stats, len(instances))
+	for i, in := range instances {
+		down[i] = in.stats(t)
+		if down[i].BreakerSkipped == 0 || down[i].FallbackAdmitted == 0 {
+			t.Errorf("instance %d while Redis is down: %+v; want requests decided by the fallback without a call", i, down[i])
+		}
+	}
+	srv.Restart()
+	var mark [3]int64
+	for k := range instances {
+		mark[k] = perInstance[k].redis.Load()
+	}
+	testserver.WaitUntil(t, "every instance deciding with Redis again", func() bool {
+		for k := range instances {
+			if perInstance[k].redis.Load()-mark[k] < 50 {
+				return false
+			}
+		}
+		return true
+	})
+	close(stop)
+	wg.Wait()
+
+	if n := failures.Load(); n != 0 {
+		t.Errorf("%d requests failed (last: %v): the service must keep answering", n, lastErr.Load())
+	}
+	statuses.Range(func(k, v any) bool {
+		if s := k.(int); s != http.StatusOK && s != http.StatusTooManyRequests {
+			t.Errorf("%d answers with status %d", v.(*atomic.Int64).Load(), s)
+		}
+		return true
+	})
+	for i, in := range instances {
+		s := in.stats(t)
+		if s.RedisTimeouts != 0 {
+			t.Errorf("instance %d: %d calls waited for their deadline (2 s): %+v", i, s.RedisTimeouts, s)
+		}
+		if s.ProbesOK == 0 {
+			t.Errorf("instance %d: no probe closed the breaker: %+v", i, s)
+		}
+	}
+	t.Logf("levels: redis %d, fallback %d; per instance (redis, fallback): %d/%d %d/%d %d/%d",
+		read(&levels, "redis"), read(&levels, "fallback"),
+		perInstance[0].redis.Load(), perInstance[0].fallback.Load(),
+		perInstance[1].redis.Load(), perInstance[1].fallback.Load(),
+		perInstance[2].redis.Load(), perInstance[2].fallback.Load())
+}
