@@ -404,6 +404,10 @@ type DenyEvents struct {
 	wake chan struct{} // a batch is ready (buffered 1)
 	stop chan struct{}
 	done chan struct{}
+	// ctx is the flusher's sends' context: cancelled by a Close whose own
+	// context ends before the flusher stops.
+	ctx    context.Context
+	cancel context.CancelFunc
 
 	shipMu sync.Mutex  // one batch at a time goes to the sink
 	stuck  atomic.Bool // a send that timed out still runs
@@ -448,6 +452,7 @@ func NewDenyEvents(sink Sink, opts ...DenyEventsOption) *DenyEvents {
 		stop: make(chan struct{}),
 		done: make(chan struct{}),
 	}
+	e.ctx, e.cancel = context.WithCancel(context.Background())
 	go e.flusher()
 	return e
 }
@@ -590,7 +595,7 @@ func (e *DenyEvents) flusher() {
 		case <-e.stop:
 			return
 		case <-tick.C:
-			e.flushAll(context.Background())
+			e.flushAll(e.ctx)
 		case <-e.wake:
 			// Full batches while they wait; the rest waits for the tick.
 			for e.pending() >= e.cfg.flushEvents {
@@ -599,7 +604,7 @@ func (e *DenyEvents) flusher() {
 					return
 				default:
 				}
-				e.ship(context.Background(), e.take())
+				e.ship(e.ctx, e.take())
 			}
 		}
 	}
@@ -638,7 +643,11 @@ func (e *DenyEvents) Close(ctx context.Context) error {
 		select {
 		case <-e.done:
 		case <-ctx.Done():
+			// The batch the flusher is shipping is given up (counted).
+			e.cancel()
+			<-e.done
 		}
+		e.cancel()
 		e.flushAll(ctx)
 		e.mu.Lock()
 		e.closed = true
