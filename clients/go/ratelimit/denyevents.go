@@ -412,6 +412,8 @@ type DenyEvents struct {
 	shipMu sync.Mutex  // one batch at a time goes to the sink
 	stuck  atomic.Bool // a send that timed out still runs
 
+	metrics atomic.Pointer[Metrics]
+
 	closeOnce sync.Once
 	closeErr  error
 
@@ -453,6 +455,7 @@ func NewDenyEvents(sink Sink, opts ...DenyEventsOption) *DenyEvents {
 		done: make(chan struct{}),
 	}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
+	e.metrics.Store(cfg.metrics)
 	go e.flusher()
 	return e
 }
@@ -502,7 +505,7 @@ func (e *DenyEvents) Record(ev DenyEvent) {
 
 func (e *DenyEvents) drop(n int) {
 	e.dropped.Add(uint64(n))
-	e.cfg.metrics.DenyEventsDropped(n)
+	e.metrics.Load().DenyEventsDropped(n)
 }
 
 // take removes and returns at most flushEvents of the oldest events.
@@ -541,7 +544,7 @@ func (e *DenyEvents) ship(ctx context.Context, batch []DenyEvent) {
 	fail := func(err error) {
 		e.drop(n)
 		e.sinkErrors.Add(1)
-		e.cfg.metrics.DenyEventsSinkError()
+		e.metrics.Load().DenyEventsSinkError()
 		e.cfg.onError(fmt.Errorf("ratelimit: %d deny events dropped: %w", n, err))
 	}
 	if e.stuck.Load() {
@@ -573,7 +576,7 @@ func (e *DenyEvents) ship(ctx context.Context, batch []DenyEvent) {
 	}
 	e.shipped.Add(uint64(n))
 	e.batches.Add(1)
-	e.cfg.metrics.DenyEventsShipped(n)
+	e.metrics.Load().DenyEventsShipped(n)
 }
 
 // send calls the sink, a panic turned into an error.
@@ -661,6 +664,16 @@ func (e *DenyEvents) Close(ctx context.Context) error {
 		e.closeErr = ctx.Err()
 	})
 	return e.closeErr
+}
+
+// SetMetrics counts the events in m from now on (as WithEventsMetrics;
+// nil: in none), replacing the metrics set before: a limiter given both
+// its metrics and these deny events calls it.
+func (e *DenyEvents) SetMetrics(m *Metrics) {
+	if e == nil {
+		return
+	}
+	e.metrics.Store(m)
 }
 
 // Stats is a reading of the counters.

@@ -585,3 +585,35 @@ func TestDenyEventsSinkPanic(t *testing.T) {
 	}
 	closeEvents(t, e)
 }
+
+func TestDenyEventsSetMetrics(t *testing.T) {
+	m, err := NewMetrics(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := NewDenyEvents(CallbackSink(func(context.Context, []DenyEvent) error { return nil }),
+		WithFlushInterval(time.Hour))
+	e.Record(ev(0))
+	_ = e.Flush(context.Background())
+	e.SetMetrics(m)
+	e.Record(ev(1))
+	e.Record(ev(2))
+	_ = e.Flush(context.Background())
+	if v, _ := gathered(t, m.Gatherer(), "ratelimit_deny_events_shipped_total", nil); v != 2 {
+		t.Errorf("shipped after SetMetrics = %v, want 2 (the events from then on)", v)
+	}
+	closeEvents(t, e)
+}
+
+func BenchmarkDenyEventsRecord(b *testing.B) {
+	e := NewDenyEvents(CallbackSink(func(context.Context, []DenyEvent) error { return nil }))
+	defer func() { _ = e.Close(context.Background()) }()
+	x := ev(1)
+	x.UserAgent = "Mozilla/5.0"
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			e.Record(x)
+		}
+	})
+}

@@ -377,3 +377,27 @@ func TestMetricsShareARegistry(t *testing.T) {
 		t.Error("NewMetrics over a clashing ratelimit_scale: no error")
 	}
 }
+
+func BenchmarkMetricsDecision(b *testing.B) {
+	m, err := NewMetrics(nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			m.Decision("per-user", PathRedis, OutcomeAdmitted)
+		}
+	})
+}
+
+func BenchmarkMetricsRedisRoundTrip(b *testing.B) {
+	m, err := NewMetrics(nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		m.RedisRoundTrip(700 * time.Microsecond)
+	}
+}
