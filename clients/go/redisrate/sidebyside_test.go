@@ -94,6 +94,19 @@ func sideBySide(t *testing.T, kind testserver.Kind) {
 		t.Fatalf("redisrate's key is a %q", typ)
 	}
 
+	// Migrating mid-flight: a key redis_rate drained is a full bucket here
+	// (no WRONGTYPE, no state carried over), and redis_rate's string stays
+	// until it expires.
+	if a, err := theirs.AllowN(ctx, "mig", upstream.PerHour(3), 3); err != nil || a.Allowed != 3 {
+		t.Fatalf("redis_rate drain: %+v %v", a, err)
+	}
+	if b, err := ours.Allow(ctx, "mig", redis_rate.PerHour(3)); err != nil || b.Allowed != 1 || b.Remaining != 2 {
+		t.Fatalf("redisrate after redis_rate drained the key: %+v %v, want a full bucket", b, err)
+	}
+	if ttl := rdb.TTL(ctx, "rate:mig").Val(); ttl <= 0 {
+		t.Fatalf("redis_rate's string has TTL %v, want its reset time", ttl)
+	}
+
 	// Difference: Burst 0. redis_rate denies every call; here it is an error.
 	a, err := theirs.Allow(ctx, "burst0", upstream.Limit{Rate: 10, Period: time.Second})
 	if err != nil || a.Allowed != 0 {
