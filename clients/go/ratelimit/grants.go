@@ -428,8 +428,9 @@ func (k *grantKey) step(now time.Time, cost int64, seen uint64, seenSet bool) gr
 		return grantStep{done: true, d: k.decision(false, 0, wait)}
 	}
 	if seenSet && seen != k.asks {
-		// The grant this decision waited for ran out before its turn.
-		return grantStep{done: true, d: k.decision(false, 0, max(k.waitMs, 0))}
+		// The grant this decision waited for ran out before its turn (as
+		// every kit: waiters share one grant in arrival order).
+		return grantStep{done: true, d: k.decision(false, 0, max(k.waitMs, 1))}
 	}
 	rate := max(k.previous, k.current)
 	n := min(max(BatchSize(rate, k.batch.HoldMs, limitOf(k.spec), k.batch.MaxSharePct), cost), maxUpTo)
