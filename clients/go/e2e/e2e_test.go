@@ -297,7 +297,7 @@ func TestE2ERedisKilled(t *testing.T) {
 	var instances []*instance
 	for range 3 {
 		instances = append(instances, startInstance(t,
-			"-redis", srv.Addr(), "-limit", "1000000", "-window", "60s",
+			"-redis", srv.Addr(), "-limit", "100000", "-window", "60s",
 			"-global-limit", "1000000", "-instances", "3", "-deadline", "2s", "-fallback", "local"))
 	}
 

@@ -31,6 +31,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/redis-ratelimit/redis-ratelimit/clients/go/ratelimit"
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
 // LevelHeader is the response header naming the level that decided
@@ -81,7 +82,7 @@ func parseFlags(args []string) (config, error) {
 	fs := flag.NewFlagSet("service", flag.ContinueOnError)
 	fs.StringVar(&c.listen, "listen", env("RL_LISTEN", "127.0.0.1:8080"), "address to listen on (port 0: any free port)")
 	fs.StringVar(&c.redis, "redis", env("RL_REDIS", "127.0.0.1:6379"), "Redis address, with the redis-ratelimit module loaded")
-	fs.Int64Var(&c.limit, "limit", envInt("RL_LIMIT", 10), "requests per user per window (rule per-user)")
+	fs.Int64Var(&c.limit, "limit", envInt("RL_LIMIT", 10), "requests per user per window (rule per-user: a sliding log, at most the server's ratelimit.sliding-max-limit, 100000 by default)")
 	fs.DurationVar(&c.window, "window", envDuration("RL_WINDOW", time.Minute), "the window of both rules")
 	fs.Int64Var(&c.globalLimit, "global-limit", envInt("RL_GLOBAL_LIMIT", 1000), "requests of everybody per window (rule global)")
 	fs.IntVar(&c.instances, "instances", int(envInt("RL_INSTANCES", 1)), "instances of this service sharing the Redis (the local level's share)")
@@ -137,7 +138,12 @@ func run(ctx context.Context, c config) error {
 	if err != nil {
 		return err
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: c.redis})
+	rdb := redis.NewClient(&redis.Options{
+		Addr: c.redis,
+		// No maintenance notifications (a Redis Cloud feature): nothing to
+		// ask a self-hosted server for.
+		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
+	})
 	defer rdb.Close()
 	start, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
