@@ -4,12 +4,12 @@ package redisrate_test
 // TestAllowN_IncrementZero, TestRetryAfter, TestAllowAtMost,
 // TestAllowAtMost_IncrementZero), written again for this package, plus the
 // burst, retry and reset timings, each on Redis 7.0, Valkey, a 3-master
-// cluster, a Ring and a client without Do (the script path). redis_rate's
-// tests assert times within a delta of the wall clock; these assert exact
-// values where the state is fresh and otherwise bounds taken from the
-// server's TIME read around the calls (nothing depends on how fast the
-// machine is). Counts use periods of an hour so that no token comes back
-// during a test.
+// cluster, a Ring, a client without Do (the script path) and Redis 8.2 when
+// its binary is found. redis_rate's tests assert times within a delta of the
+// wall clock; these assert exact values where the state is fresh and
+// otherwise bounds taken from the server's TIME read around the calls
+// (nothing depends on how fast the machine is). Counts use periods of an
+// hour so that no token comes back during a test.
 
 import (
 	"context"
@@ -62,8 +62,8 @@ func (s scriptOnly) Del(ctx context.Context, keys ...string) *redis.IntCmd {
 	return s.c.Del(ctx, keys...)
 }
 
-// envs starts Redis 7.0, Valkey and a 3-master cluster and returns the
-// setups on them.
+// envs starts Redis 7.0, Valkey, a 3-master cluster (and Redis 8.2 when
+// found) and returns the setups on them.
 func envs(t *testing.T) []env {
 	t.Helper()
 	rs := testserver.Start(t, testserver.Redis)
@@ -72,7 +72,7 @@ func envs(t *testing.T) []env {
 	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"server0": rs.Addr()}})
 	t.Cleanup(func() { _ = ring.Close() })
 	rc, vc, cc := rs.Client(), vs.Client(), cl.ClusterClient()
-	return []env{
+	out := []env{
 		{name: "redis", lim: redis_rate.NewLimiter(rc), raw: rc, server: rs},
 		{name: "valkey", lim: redis_rate.NewLimiter(vc), raw: vc, server: vs},
 		{name: "cluster", lim: redis_rate.NewLimiter(cc), raw: cc, cluster: cl},
@@ -80,6 +80,14 @@ func envs(t *testing.T) []env {
 		{name: "redis-script", lim: redis_rate.NewLimiter(scriptOnly{rc}), raw: rc, server: rs, script: true},
 		{name: "valkey-script", lim: redis_rate.NewLimiter(scriptOnly{vc}), raw: vc, server: vs, script: true},
 	}
+	if testserver.Available(testserver.Redis82) {
+		r8 := testserver.Start(t, testserver.Redis82)
+		c8 := r8.Client()
+		out = append(out, env{name: "redis82", lim: redis_rate.NewLimiter(c8), raw: c8, server: r8})
+	} else {
+		t.Log("no Redis 8.2 binary (REDIS82_SERVER, scripts/redis8-path.sh): tested on Redis 7.0, Valkey and the cluster only")
+	}
+	return out
 }
 
 // serverNow is the server's TIME.
