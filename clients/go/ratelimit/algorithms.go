@@ -52,6 +52,11 @@ type LocalState struct {
 	c    countState
 	log  slidingLog
 	ring hashRing
+	// A quota's period end in its zone, kept for the calls within
+	// [zoneFrom, zoneEnd) (the calendar is read once per period).
+	zone              string
+	zonePeriod        int64
+	zoneFrom, zoneEnd uint64
 }
 
 // Idle reports whether the state is still the zero value's idle limiter
@@ -68,20 +73,21 @@ func (st *LocalState) Idle() bool { return st == nil || !st.live }
 //     Granted saying how many; when not even one fits, Cost(1)'s denial.
 //
 // st changes only when the request changed the limiter (an admission with
-// units, a Force or Refund that moved it). A quota's period is computed in
+// units, a Force or Refund that moved it), apart from a zoned quota's
+// cached period end. A quota's period is computed in
 // its zone (PeriodEnd; an unknown zone counts in UTC). A spec the server
 // would refuse (a parameter out of range, see Spec.Validate), or
 // CONCURRENCY, is a denial that can never pass (WaitMs -1). The Decision's
 // Path is PathLocal, DeniedBy -1, and Granted -1 unless the request is UpTo.
 func LocalApply(spec Spec, st *LocalState, nowUs int64, req Request) Decision {
-	p, ok := localParams(spec, nowUs)
+	if st == nil {
+		st = &LocalState{}
+	}
+	p, ok := localParams(spec, nowUs, st, true)
 	if !ok {
 		return neverDecision(spec, req)
 	}
 	now := clampTime(nowUs)
-	if st == nil {
-		st = &LocalState{}
-	}
 	var a answer
 	var granted uint64
 	if !st.live || st.algo != spec.algorithm {
@@ -90,6 +96,7 @@ func LocalApply(spec Spec, st *LocalState, nowUs int64, req Request) Decision {
 		var changed bool
 		a, changed, granted = fresh.run(p, req, now)
 		if changed {
+			fresh.zone, fresh.zonePeriod, fresh.zoneFrom, fresh.zoneEnd = st.zone, st.zonePeriod, st.zoneFrom, st.zoneEnd
 			*st = fresh
 		}
 	} else {
@@ -99,9 +106,10 @@ func LocalApply(spec Spec, st *LocalState, nowUs int64, req Request) Decision {
 }
 
 // LocalFits is how many units, at most most, a Cost would admit now on st
-// (0 when not even one fits): what UpTo(most) takes. It changes nothing.
+// (0 when not even one fits): what UpTo(most) takes. It never writes st
+// (nil is an idle limiter).
 func LocalFits(spec Spec, st *LocalState, nowUs int64, most uint64) uint64 {
-	p, ok := localParams(spec, nowUs)
+	p, ok := localParams(spec, nowUs, st, false)
 	if !ok {
 		return 0
 	}
@@ -114,23 +122,21 @@ func LocalFits(spec Spec, st *LocalState, nowUs int64, most uint64) uint64 {
 	return st.fits(p, most, now)
 }
 
-// LocalPeek is what Cost(cost) would answer now on st, changing nothing.
+// LocalPeek is what Cost(cost) would answer now on st (nil: idle). It
+// never writes st, and copies nothing (an all-or-nothing caller peeks at
+// every limit before it applies).
 func LocalPeek(spec Spec, st *LocalState, nowUs int64, cost uint64) Decision {
-	p, ok := localParams(spec, nowUs)
+	p, ok := localParams(spec, nowUs, st, false)
 	if !ok {
 		return neverDecision(spec, Cost(cost))
 	}
 	now := clampTime(nowUs)
-	var tmp LocalState
 	if st == nil || !st.live || st.algo != spec.algorithm {
-		tmp.setIdle(spec.algorithm, p, now)
-	} else {
-		tmp = *st
-		tmp.log = st.log.clone()
-		tmp.ring = st.ring.clone()
+		var fresh LocalState
+		fresh.setIdle(spec.algorithm, p, now)
+		return toDecision(fresh.evaluate(p, cost, now), Cost(cost), 0)
 	}
-	a, _, _ := tmp.run(p, Cost(cost), now)
-	return toDecision(a, Cost(cost), 0)
+	return toDecision(st.evaluate(p, cost, now), Cost(cost), 0)
 }
 
 func clampTime(nowUs int64) uint64 {
@@ -177,8 +183,9 @@ func satI64(x uint64) int64 {
 
 // localParams are the spec's parameters as unsigned integers, checked as
 // the server checks them (ok false otherwise); a quota's third is the end
-// of the period of a call at nowUs in its zone.
-func localParams(spec Spec, nowUs int64) (p [3]uint64, ok bool) {
+// of the period of a call at nowUs in its zone (kept in st, when not nil,
+// for the calls of the same period when keep).
+func localParams(spec Spec, nowUs int64, st *LocalState, keep bool) (p [3]uint64, ok bool) {
 	inRange := func(i int, hi uint64) bool {
 		return spec.params[i] >= 1 && uint64(spec.params[i]) <= hi
 	}
@@ -207,15 +214,24 @@ func localParams(spec Spec, nowUs int64) (p [3]uint64, ok bool) {
 		if !inRange(0, maxParam) || spec.params[1] < 0 || spec.params[1] > 3 {
 			return p, false
 		}
+		now := clampTime(nowUs)
+		if st != nil && st.zone == spec.zone && st.zonePeriod == spec.params[1] && st.zoneEnd != 0 &&
+			now >= st.zoneFrom && now < st.zoneEnd {
+			p[2] = st.zoneEnd
+			return p, true
+		}
 		end, _ := PeriodEnd(Period(spec.params[1]), spec.zone, nowUs)
 		p[2] = uint64(end)
+		if st != nil && keep {
+			st.zone, st.zonePeriod, st.zoneFrom, st.zoneEnd = spec.zone, spec.params[1], now, uint64(end)
+		}
 		return p, true
 	}
 	return p, false
 }
 
 func (st *LocalState) setIdle(a Algorithm, p [3]uint64, now uint64) {
-	*st = LocalState{algo: a}
+	*st = LocalState{algo: a, zone: st.zone, zonePeriod: st.zonePeriod, zoneFrom: st.zoneFrom, zoneEnd: st.zoneEnd}
 	switch a {
 	case AlgorithmTokenBucket, AlgorithmLeakyBucket:
 		st.g = gcraState{tatUs: now, rc: p[1], rms: p[2]}
@@ -291,6 +307,36 @@ func (st *LocalState) apply(p [3]uint64, cost, now uint64) answer {
 	return answer{wait: -1}
 }
 
+// evaluate is what apply answers, changing nothing.
+func (st *LocalState) evaluate(p [3]uint64, cost, now uint64) answer {
+	switch st.algo {
+	case AlgorithmTokenBucket:
+		g := st.g
+		a, _ := g.gcra(p, cost, now, false)
+		return a
+	case AlgorithmLeakyBucket:
+		g := st.g
+		a, ahead := g.gcra(p, cost, now, false)
+		return shaped(a, ahead, p)
+	case AlgorithmFixedWindow:
+		return st.c.fixedApply(p, cost, now, false)
+	case AlgorithmQuota:
+		return st.c.quotaApply(p, cost, now, false)
+	case AlgorithmSliding:
+		a, _ := st.log.evaluate(p, cost, now)
+		return a
+	case AlgorithmHashWindow:
+		if !st.ring.sameLayout(p) {
+			other := st.ring.converted(p, now)
+			a, _ := other.evaluate(p, cost, now)
+			return a
+		}
+		a, _ := st.ring.evaluate(p, cost, now)
+		return a
+	}
+	return answer{wait: -1}
+}
+
 func (st *LocalState) force(p [3]uint64, cost, now uint64) (answer, bool) {
 	switch st.algo {
 	case AlgorithmTokenBucket:
@@ -359,27 +405,16 @@ func (st *LocalState) refund(p [3]uint64, units, now uint64) bool {
 // binary search over evaluations that change nothing finds it; no cost
 // above the limit is ever admitted.
 func (st *LocalState) fits(p [3]uint64, most, now uint64) uint64 {
-	var admits func(k uint64) bool
-	switch st.algo {
-	case AlgorithmTokenBucket, AlgorithmLeakyBucket:
-		admits = func(k uint64) bool { g := st.g; a, _ := g.gcra(p, k, now, false); return a.allowed }
-	case AlgorithmFixedWindow:
-		admits = func(k uint64) bool { return st.c.fixedApply(p, k, now, false).allowed }
-	case AlgorithmQuota:
-		admits = func(k uint64) bool { return st.c.quotaApply(p, k, now, false).allowed }
-	case AlgorithmSliding:
-		admits = func(k uint64) bool { a, _ := st.log.evaluate(p, k, now); return a.allowed }
-	case AlgorithmHashWindow:
-		r := &st.ring
-		if !r.sameLayout(p) {
-			c := r.converted(p, now)
-			r = &c
-		}
-		admits = func(k uint64) bool { a, _ := r.evaluate(p, k, now); return a.allowed }
-	default:
+	if st.algo == AlgorithmConcurrency || most < 1 {
 		return 0
 	}
-	if most < 1 || !admits(1) {
+	view := st
+	if st.algo == AlgorithmHashWindow && !st.ring.sameLayout(p) {
+		// Convert once, not at every probe.
+		view = &LocalState{algo: st.algo, ring: st.ring.converted(p, now)}
+	}
+	admits := func(k uint64) bool { return view.evaluate(p, k, now).allowed }
+	if !admits(1) {
 		return 0
 	}
 	lo, hi := uint64(1), min(most, p[0])
@@ -650,11 +685,6 @@ type slidingLog struct {
 	base        uint64
 }
 
-func (l *slidingLog) clone() slidingLog {
-	return slidingLog{ms: append([]uint64(nil), l.ms[l.head:]...),
-		running: append([]uint64(nil), l.running[l.head:]...), base: l.base}
-}
-
 func (l *slidingLog) size() int { return len(l.ms) - l.head }
 
 func (l *slidingLog) held() uint64 {
@@ -841,14 +871,6 @@ type hashRing struct {
 
 func idleRing(p [3]uint64, now uint64) hashRing {
 	return hashRing{bucketMs: p[2], n: p[1]/p[2] + 1, newest: now / 1000 / p[2]}
-}
-
-func (r *hashRing) clone() hashRing {
-	c := *r
-	c.bucket = append([]uint64(nil), r.bucket[r.head:]...)
-	c.count = append([]uint64(nil), r.count[r.head:]...)
-	c.head = 0
-	return c
 }
 
 func (r *hashRing) sameLayout(p [3]uint64) bool {
