@@ -179,19 +179,32 @@ func (g *grants) masters(ctx context.Context) (slotMasters, error) {
 	g.slotReads.Add(1)
 	ctx, cancel := context.WithTimeout(ctx, max(g.l.client.Deadline(), time.Second))
 	defer cancel()
-	slots, err := cc.ClusterSlots(ctx).Result()
+	// CLUSTER SLOTS by hand (go-redis deprecates its helper for CLUSTER
+	// SHARDS, which older servers lack): [start, end, [ip, port, id, ...],
+	// replicas...] per range.
+	reply, err := cc.Do(ctx, "CLUSTER", "SLOTS").Result()
 	if err != nil {
 		return nil, fmt.Errorf("%w: CLUSTER SLOTS: %w", ErrConnection, err)
 	}
+	ranges, _ := reply.([]any)
 	byMaster := map[string]int{}
 	var out slotMasters
-	for _, s := range slots {
-		if len(s.Nodes) == 0 {
-			continue
+	for _, r := range ranges {
+		f, _ := r.([]any)
+		if len(f) < 3 {
+			return nil, fmt.Errorf("%w: CLUSTER SLOTS: a range of %d fields", ErrProtocol, len(f))
 		}
-		id := s.Nodes[0].ID
-		if id == "" {
-			id = s.Nodes[0].Addr
+		lo, ok1 := f[0].(int64)
+		hi, ok2 := f[1].(int64)
+		node, _ := f[2].([]any)
+		if !ok1 || !ok2 || len(node) < 2 {
+			return nil, fmt.Errorf("%w: CLUSTER SLOTS: a range %v", ErrProtocol, f)
+		}
+		id := fmt.Sprint(node[0], ":", node[1])
+		if len(node) > 2 {
+			if s, ok := node[2].(string); ok && s != "" {
+				id = s
+			}
 		}
 		i, seen := byMaster[id]
 		if !seen {
@@ -199,7 +212,7 @@ func (g *grants) masters(ctx context.Context) (slotMasters, error) {
 			byMaster[id] = i
 			out = append(out, nil)
 		}
-		out[i] = append(out[i], slotRange{s.Start, s.End})
+		out[i] = append(out[i], slotRange{int(lo), int(hi)})
 	}
 	return orderedMasters(out), nil
 }
