@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -294,6 +295,17 @@ func TestMetricsScrape(t *testing.T) {
 	}
 	if !strings.Contains(text, `ratelimit_redis_seconds_bucket{le="0.01"} 1`) {
 		t.Errorf("the text scrape lacks the 10 ms bucket:\n%s", text)
+	}
+	// promtool (make setup installs it) reads the scrape without a lint
+	// problem.
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Fatalf("promtool is needed (make setup installs it): %v", err)
+	}
+	check := exec.Command(promtool, "check", "metrics")
+	check.Stdin = strings.NewReader(text)
+	if out, err := check.CombinedOutput(); err != nil {
+		t.Errorf("promtool check metrics: %v\n%s", err, out)
 	}
 	ct, om := get("application/openmetrics-text; version=1.0.0")
 	if !strings.HasPrefix(ct, "application/openmetrics-text") {

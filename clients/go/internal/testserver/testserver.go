@@ -585,6 +585,8 @@ type Cluster struct {
 	t testing.TB
 	// Nodes are its masters, in slot order (node i serves the i-th range).
 	Nodes []*Server
+	// Replicas are each master's replicas (Replicas[i] are Nodes[i]'s).
+	Replicas [][]*Server
 
 	mu      sync.Mutex
 	clients []*redis.ClusterClient
@@ -595,14 +597,43 @@ type Cluster struct {
 // reports cluster_state:ok.
 func StartCluster(t testing.TB, n int) *Cluster {
 	t.Helper()
-	return StartClusterKind(t, Redis, n)
+	return StartClusterWith(t, ClusterOptions{Masters: n})
 }
 
 // StartClusterKind is StartCluster with servers of the kind.
 func StartClusterKind(t testing.TB, kind Kind, n int) *Cluster {
 	t.Helper()
-	if n < 1 {
-		t.Fatalf("testserver: a cluster of %d nodes", n)
+	return StartClusterWith(t, ClusterOptions{Kind: kind, Masters: n})
+}
+
+// ClusterOptions configure StartClusterWith.
+type ClusterOptions struct {
+	// Kind is the servers' kind (Redis by default).
+	Kind Kind
+	// Masters is the number of masters (3 by default).
+	Masters int
+	// Replicas is the number of replicas of each master (0 by default).
+	Replicas int
+	// NodeTimeout is cluster-node-timeout (15 s by default: a busy machine
+	// never fails a node over by mistake; lower it for failover tests).
+	NodeTimeout time.Duration
+}
+
+// StartClusterWith starts a cluster: the masters split the slots evenly in
+// order; each master's replicas follow it (Replicas[i] are master i's).
+// It returns once every node reports cluster_state:ok and every replica's
+// link is up.
+func StartClusterWith(t testing.TB, o ClusterOptions) *Cluster {
+	t.Helper()
+	if o.Masters == 0 {
+		o.Masters = 3
+	}
+	if o.NodeTimeout <= 0 {
+		o.NodeTimeout = 15 * time.Second
+	}
+	n := o.Masters
+	if n < 1 || o.Replicas < 0 {
+		t.Fatalf("testserver: a cluster of %d masters and %d replicas each", n, o.Replicas)
 	}
 	c := &Cluster{t: t}
 	t.Cleanup(func() {
@@ -613,15 +644,24 @@ func StartClusterKind(t testing.TB, kind Kind, n int) *Cluster {
 		}
 	})
 	ctx := context.Background()
-	for i := 0; i < n; i++ {
-		bus := FreePort()
-		c.Nodes = append(c.Nodes, StartWith(t, kind, Options{Args: []string{
+	start := func() *Server {
+		return StartWith(t, o.Kind, Options{Args: []string{
 			"--cluster-enabled", "yes",
-			"--cluster-port", strconv.Itoa(bus),
-			"--cluster-node-timeout", "15000",
+			"--cluster-port", strconv.Itoa(FreePort()),
+			"--cluster-node-timeout", strconv.FormatInt(o.NodeTimeout.Milliseconds(), 10),
 			"--cluster-config-file", "nodes.conf",
-		}}))
+		}})
 	}
+	for range n {
+		c.Nodes = append(c.Nodes, start())
+	}
+	c.Replicas = make([][]*Server, n)
+	for i := range n {
+		for range o.Replicas {
+			c.Replicas[i] = append(c.Replicas[i], start())
+		}
+	}
+	all := c.All()
 	must := func(s *Server, args ...any) any {
 		t.Helper()
 		v, err := s.Do(ctx, args...)
@@ -635,29 +675,34 @@ func StartClusterKind(t testing.TB, kind Kind, n int) *Cluster {
 		must(s, "CLUSTER", "SET-CONFIG-EPOCH", i+1)
 		must(s, "CLUSTER", "ADDSLOTSRANGE", lo, hi)
 	}
-	for _, s := range c.Nodes[1:] {
+	for _, s := range all[1:] {
 		bus, _ := must(s, "CONFIG", "GET", "cluster-port").([]any)
 		if len(bus) != 2 {
 			t.Fatalf("testserver: CONFIG GET cluster-port on %s answered %v", s.Addr(), bus)
 		}
-		busPort := fmt.Sprint(bus[1])
-		must(c.Nodes[0], "CLUSTER", "MEET", "127.0.0.1", s.Port, busPort)
+		must(c.Nodes[0], "CLUSTER", "MEET", "127.0.0.1", s.Port, fmt.Sprint(bus[1]))
 	}
 	WaitUntil(t, "every node to know the others", func() bool {
-		for _, s := range c.Nodes {
+		for _, s := range all {
 			v, err := s.Do(ctx, "CLUSTER", "NODES")
 			if err != nil {
 				return false
 			}
 			text, _ := v.(string)
-			if len(strings.Split(strings.TrimSpace(text), "\n")) != n || strings.Contains(text, "handshake") {
+			if len(strings.Split(strings.TrimSpace(text), "\n")) != len(all) || strings.Contains(text, "handshake") {
 				return false
 			}
 		}
 		return true
 	})
+	for i, m := range c.Nodes {
+		id, _ := must(m, "CLUSTER", "MYID").(string)
+		for _, r := range c.Replicas[i] {
+			must(r, "CLUSTER", "REPLICATE", id)
+		}
+	}
 	WaitUntil(t, "cluster_state:ok on every node", func() bool {
-		for _, s := range c.Nodes {
+		for _, s := range all {
 			v, err := s.Do(ctx, "CLUSTER", "INFO")
 			if err != nil {
 				return false
@@ -669,10 +714,30 @@ func StartClusterKind(t testing.TB, kind Kind, n int) *Cluster {
 		}
 		return true
 	})
+	WaitUntil(t, "every replica's link up", func() bool {
+		for _, rs := range c.Replicas {
+			for _, r := range rs {
+				info, err := r.TryInfo("replication")
+				if err != nil || info["master_link_status"] != "up" {
+					return false
+				}
+			}
+		}
+		return true
+	})
 	return c
 }
 
-// Addrs are the nodes' addresses.
+// All is every node: the masters, then the replicas.
+func (c *Cluster) All() []*Server {
+	all := append([]*Server(nil), c.Nodes...)
+	for _, rs := range c.Replicas {
+		all = append(all, rs...)
+	}
+	return all
+}
+
+// Addrs are the masters' addresses.
 func (c *Cluster) Addrs() []string {
 	out := make([]string, len(c.Nodes))
 	for i, s := range c.Nodes {
@@ -681,8 +746,8 @@ func (c *Cluster) Addrs() []string {
 	return out
 }
 
-// ClusterClient is a go-redis cluster client of every node, closed by the
-// test's cleanup.
+// ClusterClient is a go-redis cluster client seeded with the masters,
+// closed by the test's cleanup.
 func (c *Cluster) ClusterClient() *redis.ClusterClient {
 	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
 	c.mu.Lock()
@@ -702,7 +767,7 @@ func (c *Cluster) NodeForSlot(slot int) *Server {
 	return c.Nodes[n-1]
 }
 
-// Calls sums Calls(cmd) over the nodes.
+// Calls sums Calls(cmd) over the masters.
 func (c *Cluster) Calls(cmd string) int64 {
 	var total int64
 	for _, s := range c.Nodes {
@@ -715,7 +780,7 @@ func (c *Cluster) Calls(cmd string) int64 {
 // (INFO errorstats).
 func (c *Cluster) Moved() int64 {
 	var total int64
-	for _, s := range c.Nodes {
+	for _, s := range c.All() {
 		v := s.Info("errorstats")["errorstat_MOVED"]
 		if n, ok := strings.CutPrefix(v, "count="); ok {
 			k, _ := strconv.ParseInt(n, 10, 64)

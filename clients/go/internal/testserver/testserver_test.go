@@ -109,3 +109,36 @@ func TestServerCluster(t *testing.T) {
 		t.Fatalf("keys landed on %d node(s), want them spread", busy)
 	}
 }
+
+func TestServerSentinelFailover(t *testing.T) {
+	m := Start(t, Redis)
+	r := StartReplica(t, m)
+	s := StartSentinel(t, m)
+	m.Kill9()
+	WaitUntil(t, "the Sentinel to promote the replica", func() bool { return s.MasterAddr() == r.Addr() })
+	WaitUntil(t, "the replica's role master", func() bool {
+		info, err := r.TryInfo("replication")
+		return err == nil && info["role"] == "master"
+	})
+	fc := s.FailoverClient()
+	answers(t, func(ctx context.Context, args ...any) (any, error) { return fc.Do(ctx, args...).Result() }, "after")
+}
+
+func TestServerClusterReplicas(t *testing.T) {
+	c := StartClusterWith(t, ClusterOptions{Kind: Valkey, Masters: 3, Replicas: 1})
+	if len(c.All()) != 6 {
+		t.Fatalf("%d nodes, want 6", len(c.All()))
+	}
+	for i, rs := range c.Replicas {
+		if len(rs) != 1 || rs[0].Info("replication")["role"] != "slave" {
+			t.Fatalf("master %d's replicas: %v", i, rs)
+		}
+	}
+	cc := c.ClusterClient()
+	if v, err := cc.Do(context.Background(), "RL.TOKENBUCKET", "k", 10, 1, 1000).Result(); err != nil {
+		t.Fatalf("RL.TOKENBUCKET on the valkey cluster: %v (%v)", err, v)
+	}
+	if c.Calls("rl.tokenbucket") != 1 {
+		t.Fatalf("calls over the masters = %d, want 1", c.Calls("rl.tokenbucket"))
+	}
+}
