@@ -449,7 +449,7 @@ func NewDenyEvents(sink Sink, opts ...DenyEventsOption) *DenyEvents {
 	e := &DenyEvents{
 		cfg:  cfg,
 		sink: sink,
-		ring: make([]DenyEvent, cfg.capacity),
+		ring: make([]DenyEvent, min(cfg.capacity, 64)),
 		wake: make(chan struct{}, 1),
 		stop: make(chan struct{}),
 		done: make(chan struct{}),
@@ -481,6 +481,9 @@ func (e *DenyEvents) Record(ev DenyEvent) {
 		e.drop(1)
 		return
 	}
+	if e.n == len(e.ring) && len(e.ring) < e.cfg.capacity {
+		e.grow()
+	}
 	capacity := len(e.ring)
 	if e.n == capacity {
 		e.ring[e.head] = DenyEvent{}
@@ -501,6 +504,16 @@ func (e *DenyEvents) Record(ev DenyEvent) {
 		default:
 		}
 	}
+}
+
+// grow doubles the ring's storage, up to the capacity (under e.mu): a
+// buffer holds what waits, not its capacity, in memory.
+func (e *DenyEvents) grow() {
+	bigger := make([]DenyEvent, min(2*len(e.ring), e.cfg.capacity))
+	for i := range e.n {
+		bigger[i] = e.ring[(e.head+i)%len(e.ring)]
+	}
+	e.ring, e.head = bigger, 0
 }
 
 func (e *DenyEvents) drop(n int) {
@@ -655,9 +668,7 @@ func (e *DenyEvents) Close(ctx context.Context) error {
 		e.mu.Lock()
 		e.closed = true
 		left := e.n
-		for i := range e.ring {
-			e.ring[i] = DenyEvent{}
-		}
+		e.ring = make([]DenyEvent, 1)
 		e.n, e.head = 0, 0
 		e.mu.Unlock()
 		e.drop(left)

@@ -617,3 +617,32 @@ func BenchmarkDenyEventsRecord(b *testing.B) {
 		}
 	})
 }
+
+func TestDenyEventsBufferGrowsInOrder(t *testing.T) {
+	g := newGate()
+	e := NewDenyEvents(g.sink(), WithEventsCapacity(1000), WithFlushEvents(10), WithFlushInterval(time.Hour),
+		WithSinkTimeout(time.Minute))
+	defer closeEvents(t, e)
+	for i := range 10 {
+		e.Record(ev(i))
+	}
+	<-g.entered // 0..9 in the sink: the ring's head moved
+	for i := 10; i < 110; i++ {
+		e.Record(ev(i)) // the ring grows past 64, wrapped
+	}
+	if s := e.Stats(); s.Pending != 100 || s.Dropped != 0 {
+		t.Fatalf("stats %+v, want 100 pending, none dropped", s)
+	}
+	close(g.release)
+	var keys []string
+	for len(keys) < 100 {
+		for _, x := range <-g.entered {
+			keys = append(keys, x.Key)
+		}
+	}
+	for i, k := range keys {
+		if k != fmt.Sprintf("rl:user:%d", i+10) {
+			t.Fatalf("event %d shipped is %s: order lost", i, k)
+		}
+	}
+}
