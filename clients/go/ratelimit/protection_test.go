@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/redis-ratelimit/redis-ratelimit/clients/go/internal/testserver"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -228,7 +229,11 @@ func TestProtectionStagesDegradeBreakAndRecover(t *testing.T) {
 		_, _ = io.WriteString(w, "fresh")
 	})
 	degrade := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.WriteString(w, "cached at stage "+ProtectionStageFrom(r.Context()).String())
+		info, _ := DegradeInfoFrom(r.Context())
+		if info.Reason != DegradeStage {
+			t.Errorf("degrade reason %v at a stage", info.Reason)
+		}
+		_, _ = io.WriteString(w, "cached at stage "+info.Stage.String())
 	})
 	mux := http.NewServeMux()
 	mux.Handle("/search", ProtectMiddleware(p, "staged", ProtectDegrade(degrade))(route))
@@ -429,4 +434,173 @@ func TestProtectionHighestStageAndLowestScaleOfEveryMasterWin(t *testing.T) {
 	if breaker.State() != BreakerClosed {
 		t.Fatal("Close did not release the breaker it forced open")
 	}
+}
+
+// TestProtectionAroundTheRateLimit: ProtectMiddleware outside a Limiter's
+// Middleware: admitted requests are outcomes, a denial (429) is none, and
+// a route with a degrade handler answers a denial with it.
+func TestProtectionAroundTheRateLimit(t *testing.T) {
+	srv := testserver.Start(t, testserver.Redis)
+	mustDo(t, srv, "RL.POLICY", "SET", "api", "FIXEDWINDOW", 2, 600000, "STAGES", 100, 100, "WINDOW", 600000)
+	c := newTestClient(t, srv.Client())
+	p := startProtection(t, c, WithReportInterval(50*time.Millisecond), WithStagePoll(50*time.Millisecond))
+	l := newTestLimiter(t, c, WithDenyCache(false))
+	set := mustRuleSet(t, l, PolicyRule("api", "api"))
+	route := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "fresh") })
+	degrade := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		info, ok := DegradeInfoFrom(r.Context())
+		if !ok || info.Reason != DegradeDenied {
+			t.Errorf("degrade info %+v %v", info, ok)
+		}
+		_, _ = io.WriteString(w, "cached")
+	})
+	limited := Middleware(l, set, KeyByHeader("X-User"))(route)
+	mux := http.NewServeMux()
+	mux.Handle("/plain", ProtectMiddleware(p, "api")(limited))
+	mux.Handle("/soft", ProtectMiddleware(p, "api", ProtectDegrade(degrade))(limited))
+	web := httptest.NewServer(mux)
+	defer web.Close()
+	get := func(path, user string) (int, string, http.Header) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, web.URL+path, nil)
+		req.Header.Set("X-User", user)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body), resp.Header
+	}
+	for i := 0; i < 2; i++ {
+		if code, body, _ := get("/plain", "ann"); code != 200 || body != "fresh" {
+			t.Fatalf("admitted: %d %q", code, body)
+		}
+	}
+	if code, _, h := get("/plain", "ann"); code != http.StatusTooManyRequests || h.Get("Retry-After") == "" {
+		t.Fatalf("the third of a limit of 2: %d %v", code, h)
+	}
+	code, body, h := get("/soft", "ann")
+	if code != 200 || body != "cached" || h.Get("Retry-After") != "" || h.Get("Content-Type") == ProblemContentType {
+		t.Fatalf("a denial on a route with a degrade handler: %d %q %v", code, body, h)
+	}
+	testserver.WaitUntil(t, "2 outcomes in the server's window", func() bool {
+		return p.Stats().OutcomesSent == 2 && policyStatsOf(t, srv, "api")["current.ok"] == 2
+	})
+	if st := policyStatsOf(t, srv, "api"); st["current.errors"] != 0 || st["current.denied"] != 2 {
+		t.Fatalf("the server's window: %v", st)
+	}
+}
+
+// TestProtectionLimiterCountsLocalDenials: a Limiter given the loop
+// (WithProtection) counts the denials its deny cache answers; they leave
+// with the report as DENIED n and the server's window counts them.
+func TestProtectionLimiterCountsLocalDenials(t *testing.T) {
+	srv := testserver.Start(t, testserver.Redis)
+	mustDo(t, srv, "RL.POLICY", "SET", "cached", "TOKENBUCKET", 1, 1, 60000, "STAGES", 100, 100, "WINDOW", 600000)
+	c := newTestClient(t, srv.Client())
+	p := startProtection(t, c, WithReportInterval(50*time.Millisecond), WithStagePoll(50*time.Millisecond))
+	l := newTestLimiter(t, c, WithProtection(p), WithDenyCacheMax(time.Minute))
+	set := mustRuleSet(t, l, PolicyRule("cached", "cached"))
+	paths := map[Path]int{}
+	for i := 0; i < 10; i++ {
+		d := l.Check(context.Background(), set, "someone", 1)
+		paths[d.Path]++
+	}
+	if paths[PathDenyCache] != 8 || paths[PathRedis] != 2 {
+		t.Fatalf("paths %v: want 2 from Redis, 8 from the deny cache", paths)
+	}
+	testserver.WaitUntil(t, "the 8 local denials in the server's window", func() bool {
+		st := policyStatsOf(t, srv, "cached")
+		return st["current.calls"] == 10 && st["current.denied"] == 9
+	})
+	if st := p.Stats(); st.DeniedSent != 8 {
+		t.Fatalf("the loop's counters: %+v", st)
+	}
+}
+
+// TestProtectionLocalOnlyFallbackRunsAPolicyAtItsLastScale: with Redis
+// gone, a policy of 10 at scale 50 admits 5 per key through a limiter
+// given the loop, 10 through one without.
+func TestProtectionLocalOnlyFallbackRunsAPolicyAtItsLastScale(t *testing.T) {
+	srv := testserver.Start(t, testserver.Redis)
+	mustDo(t, srv, "RL.POLICY", "SET", "halved", "TOKENBUCKET", 10, 10, 60000)
+	mustDo(t, srv, "RL.POLICY", "SCALE", "halved", 50)
+	c := newTestClient(t, srv.Client())
+	p := startProtection(t, c, WithPolicies("halved"), WithStagePoll(50*time.Millisecond))
+	testserver.WaitUntil(t, "the scale read", func() bool { return p.Scale("halved") == 50 })
+	scaled := newTestLimiter(t, c, WithProtection(p), WithCallDeadline(200*time.Millisecond))
+	plain := newTestLimiter(t, c, WithCallDeadline(200*time.Millisecond))
+	setScaled := mustRuleSet(t, scaled, PolicyRule("halved", "halved"))
+	setPlain := mustRuleSet(t, plain, PolicyRule("halved", "halved"))
+	srv.Kill9()
+	var counts []int
+	for _, lc := range []struct {
+		l   *Limiter
+		set *RuleSet
+	}{{scaled, setScaled}, {plain, setPlain}} {
+		n := 0
+		for i := 0; i < 20; i++ {
+			d := lc.l.Check(context.Background(), lc.set, "someone", 1)
+			if d.Path != PathFallback {
+				t.Fatalf("with Redis gone: %+v", d)
+			}
+			if d.Allowed {
+				n++
+			}
+		}
+		counts = append(counts, n)
+	}
+	if counts[0] != 5 || counts[1] != 10 {
+		t.Fatalf("admitted %v, want [5 10] (scaled, then as read)", counts)
+	}
+	if s := p.Scale("halved"); s != 50 {
+		t.Fatalf("the scale was not kept while Redis is away: %d", s)
+	}
+}
+
+// TestProtectionMetrics: the loop exports each policy's scale and stage
+// and its breakers' state through *Metrics.
+func TestProtectionMetrics(t *testing.T) {
+	srv := testserver.Start(t, testserver.Redis)
+	mustDo(t, srv, "RL.POLICY", "SET", "watched", "TOKENBUCKET", 10, 10, 60000)
+	mustDo(t, srv, "RL.POLICY", "SCALE", "watched", 70)
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newTestClient(t, srv.Client())
+	p := startProtection(t, c, WithPolicies("watched"), WithStagePoll(50*time.Millisecond), WithProtectionMetrics(m))
+	p.Breaker("downstream", "watched")
+	value := func(name, label, want string) (float64, bool) {
+		families, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range families {
+			if f.GetName() != name {
+				continue
+			}
+			for _, metric := range f.GetMetric() {
+				for _, l := range metric.GetLabel() {
+					if l.GetName() == label && l.GetValue() == want {
+						return metric.GetGauge().GetValue(), true
+					}
+				}
+			}
+		}
+		return 0, false
+	}
+	testserver.WaitUntil(t, "ratelimit_scale{rule=\"watched\"} 70", func() bool {
+		v, ok := value("ratelimit_scale", "rule", "watched")
+		return ok && v == 70
+	})
+	if v, ok := value("ratelimit_stage", "rule", "watched"); !ok || v != 0 {
+		t.Fatalf("ratelimit_stage: %v %v", v, ok)
+	}
+	testserver.WaitUntil(t, "ratelimit_breaker_open{breaker=\"downstream\"}", func() bool {
+		v, ok := value("ratelimit_breaker_open", "breaker", "downstream")
+		return ok && v == 0
+	})
 }
