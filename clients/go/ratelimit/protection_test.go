@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis-ratelimit/redis-ratelimit/clients/go/internal/testserver"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis-ratelimit/redis-ratelimit/clients/go/internal/testserver"
 	"github.com/redis/go-redis/v9"
 )
 
