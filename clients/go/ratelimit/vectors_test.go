@@ -6,15 +6,20 @@ package ratelimit
 // benchmark.
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/redis-ratelimit/redis-ratelimit/clients/go/internal/testserver"
 )
 
 // pvContract is the part of contract.json these tests read.
@@ -867,5 +872,79 @@ func TestLocalQuotaZoned(t *testing.T) {
 		if n != 3 && end <= stop { // the last day is cut short
 			t.Errorf("the day ending %s admitted %d", time.UnixMicro(end).UTC(), n)
 		}
+	}
+}
+
+// PeriodEnd agrees with a real server's calendar (its jiff and tz
+// database) in every zone of the database and a few spelled in another
+// case: RL.QUOTA's reset_ms, read between two clock readings, brackets the
+// end PeriodEnd finds, for each period. On Redis 7.0 and Valkey.
+func TestZonePeriodEndAgainstServer(t *testing.T) {
+	zones := []string{"UTC", "z", "+05:30", "-18:00", "+17:59", "europe/paris", "AMERICA/NEW_YORK", "asia/kolkata"}
+	names := make([]string, 0, len(zoneNamesFold()))
+	for _, canon := range zoneNamesFold() {
+		names = append(names, canon)
+	}
+	slices.Sort(names)
+	for i, n := range names {
+		if strings.HasPrefix(n, "posix/") || strings.HasPrefix(n, "right/") {
+			continue // copies of the zones (right/: with leap seconds) that jiff does not name
+		}
+		if i%5 == 0 || strings.HasPrefix(n, "America/") || strings.HasPrefix(n, "Australia/") {
+			zones = append(zones, n)
+		}
+	}
+	if len(zones) < 50 {
+		t.Fatalf("only %d zones found in the system's database", len(zones))
+	}
+	for _, kind := range []testserver.Kind{testserver.Redis, testserver.Valkey} {
+		t.Run(kind.String(), func(t *testing.T) {
+			if !testserver.Available(kind) {
+				t.Skipf("%s: no server binary", kind)
+			}
+			srv := testserver.Start(t, kind)
+			rdb := srv.Client()
+			ctx := context.Background()
+			checked, skipped := 0, 0
+			for _, zone := range zones {
+				if err := ValidZone(zone); err != nil {
+					continue // a database file whose name the grammar refuses (none in practice)
+				}
+				for p := PeriodDay; p <= PeriodYear; p++ {
+					before := time.Now().UnixMicro()
+					reply, err := rdb.Do(ctx, "RL.QUOTA", "z:"+zone+":"+p.String(), 5, p.String(), "TZ", zone).Int64Slice()
+					after := time.Now().UnixMicro()
+					if err != nil {
+						if strings.Contains(err.Error(), "TZ must be") {
+							skipped++
+							continue // a file of the system's database the server's jiff does not take
+						}
+						t.Fatalf("RL.QUOTA TZ %s: %v", zone, err)
+					}
+					endBefore, ok := PeriodEnd(p, zone, before)
+					endAfter, _ := PeriodEnd(p, zone, after)
+					if !ok {
+						t.Errorf("PeriodEnd(%v, %q): zone not found, the server knows it", p, zone)
+						continue
+					}
+					if endBefore != endAfter {
+						continue // the period ended during the call
+					}
+					resetUs := reply[4] * 1000
+					if resetUs < endBefore-after || resetUs > endBefore-before+999 {
+						t.Errorf("%v in %q: the server's reset %d ms, PeriodEnd %s (%d to %d us after the call)",
+							p, zone, reply[4], time.UnixMicro(endBefore).UTC().Format(time.RFC3339), endBefore-after, endBefore-before)
+					}
+					checked++
+				}
+			}
+			if checked < 200 {
+				t.Errorf("only %d zone and period pairs checked", checked)
+			}
+			if skipped > 8 {
+				t.Errorf("the server refused %d zone and period pairs of the system's database", skipped)
+			}
+			t.Logf("%d zones, %d zone and period pairs agree with the server (%d refused by it)", len(zones), checked, skipped)
+		})
 	}
 }

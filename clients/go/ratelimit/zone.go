@@ -4,9 +4,13 @@ package ratelimit
 // where a period (day, ISO week, month, year) ends in a zone, for the
 // in-process quota. UTC and fixed offsets are pure calendar arithmetic; an
 // IANA name is read once through time.LoadLocation (the system's zoneinfo,
-// or Go's embedded copy when the program imports time/tzdata) and cached.
+// or Go's embedded copy when the program imports time/tzdata) and cached;
+// a name in another case than the database's ("europe/paris", which the
+// server takes) is found through the database's directory.
 
 import (
+	"io/fs"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -188,18 +192,53 @@ func loadZone(name string) *time.Location {
 	}
 	loc, err := time.LoadLocation(name)
 	if err != nil {
+		// The server takes a name in any case ("europe/paris"): find the
+		// database's spelling.
 		loc = nil
+		if canon, ok := zoneNamesFold()[strings.ToLower(name)]; ok && canon != name {
+			if l, err := time.LoadLocation(canon); err == nil {
+				loc = l
+			}
+		}
 	}
 	zoneCache.Store(name, loc)
 	return loc
 }
+
+// zoneNamesFold maps each zone name of the system's database, lower-cased,
+// to its spelling (read once, from $ZONEINFO's directory or the usual
+// places; empty when there is none).
+var zoneNamesFold = sync.OnceValue(func() map[string]string {
+	names := map[string]string{}
+	dirs := []string{"/usr/share/zoneinfo/", "/usr/share/lib/zoneinfo/", "/usr/lib/locale/TZ/", "/etc/zoneinfo/"}
+	if z := os.Getenv("ZONEINFO"); z != "" {
+		dirs = append([]string{z}, dirs...)
+	}
+	for _, dir := range dirs {
+		root := os.DirFS(dir)
+		_ = fs.WalkDir(root, ".", func(path string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() || len(path) > maxZoneLen {
+				return nil
+			}
+			if _, seen := names[strings.ToLower(path)]; !seen && validZoneName(path) {
+				names[strings.ToLower(path)] = path
+			}
+			return nil
+		})
+		if len(names) > 0 {
+			break
+		}
+	}
+	return names
+})
 
 // PeriodEnd is the end of the calendar period that contains the instant
 // nowUs (Unix microseconds) in zone: the first instant of the next day,
 // Monday, first of the month or first of January there (midnight, or where
 // the zone skips midnight the instant after the gap; in a repeated hour the
 // earlier), as the server computes it. "" and UTC/Z are UTC, +HH:MM a fixed
-// offset, anything else an IANA name read through time.LoadLocation (cached);
+// offset, anything else an IANA name (in any case) read through
+// time.LoadLocation (cached);
 // ok is false when that name is not valid or not known (the end is then
 // UTC's). Beyond year 9999 (and 2^62 us) a period never ends: 2^62.
 func PeriodEnd(p Period, zone string, nowUs int64) (endUs int64, ok bool) {
