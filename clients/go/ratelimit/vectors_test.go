@@ -948,3 +948,16 @@ func TestZonePeriodEndAgainstServer(t *testing.T) {
 		})
 	}
 }
+
+func TestZoneKnown(t *testing.T) {
+	for _, z := range []string{"Europe/Paris", "europe/paris", "AMERICA/NEW_YORK", "Etc/GMT+5"} {
+		if !knownZone(z) {
+			t.Errorf("knownZone(%q) = false", z)
+		}
+	}
+	for _, z := range []string{"Mars/Olympus_Mons", "", "../UTC", "+05:30"} {
+		if knownZone(z) {
+			t.Errorf("knownZone(%q) = true", z)
+		}
+	}
+}

@@ -205,6 +205,10 @@ func loadZone(name string) *time.Location {
 	return loc
 }
 
+// knownZone reports whether name (an IANA name, in any case) is in the
+// time zone database PeriodEnd reads, as the server would find it.
+func knownZone(name string) bool { return validZoneName(name) && loadZone(name) != nil }
+
 // zoneNamesFold maps each zone name of the system's database, lower-cased,
 // to its spelling (read once, from $ZONEINFO's directory or the usual
 // places; empty when there is none).
