@@ -486,3 +486,49 @@ func TestStripesRepickOnASlotMove(t *testing.T) {
 		t.Fatalf("a decision after the move: %+v", d)
 	}
 }
+
+// TestGrantsCloseWaitsForAnAskInFlight: Close during an UPTO call (the
+// server stopped) waits for its reply, so the units it brings go back too.
+func TestGrantsCloseWaitsForAnAskInFlight(t *testing.T) {
+	srv := testserver.Start(t, testserver.Redis)
+	c := newTestClient(t, srv.Client())
+	spec := TokenBucket(1000, 1, 3_600_000)
+	l := newTestLimiter(t, c, WithCallDeadline(30*time.Second))
+	set := mustRuleSet(t, l, NewRule("inflight", spec).Global("inflight").Batched(Batch{HoldMs: 60000, MaxSharePct: 10}))
+	admitted := int64(0)
+	for i := 0; i < 300; i++ {
+		if l.Check(context.Background(), set, "x", 1).Allowed {
+			admitted++
+		}
+	}
+	if err := l.Close(context.Background()); err != nil || l.HeldUnits() != 0 {
+		t.Fatalf("Close: %v, %d held", err, l.HeldUnits())
+	}
+	asks := l.Stats().GrantAsks
+	srv.Stop()
+	checked := make(chan Decision, 1)
+	go func() { checked <- l.Check(context.Background(), set, "x", 1) }()
+	testserver.WaitUntil(t, "an ask in flight", func() bool { return l.Stats().GrantAsks > asks })
+	closed := make(chan error, 1)
+	go func() { closed <- l.Close(context.Background()) }()
+	select {
+	case err := <-closed:
+		srv.Cont()
+		t.Fatalf("Close returned (%v) while an ask was in flight", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	srv.Cont()
+	if d := <-checked; !d.Allowed || d.Path != PathRedis {
+		t.Fatalf("the decision that asked: %+v", d)
+	}
+	admitted++
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+	if h := l.HeldUnits(); h != 0 {
+		t.Fatalf("%d units held after Close: the ask's grant was not given back", h)
+	}
+	if got := remainingOf(t, srv, "inflight", spec); got != 1000-admitted {
+		t.Fatalf("the server's remaining %d, want %d", got, 1000-admitted)
+	}
+}
