@@ -160,11 +160,13 @@ func isNil(v any) bool {
 func kitOptions(o *redis.Options) *redis.Options {
 	c := *o
 	c.MaxRetries = -1
+	c.DialerRetries = 1
 	c.ContextTimeoutEnabled = true
 	if o.MaintNotificationsConfig != nil {
 		m := *o.MaintNotificationsConfig
 		c.MaintNotificationsConfig = &m
 	}
+	c.PushNotificationProcessor = nil
 	c.ClientSideCacheConfig = nil
 	c.ClientSideCache = nil
 	c.ClientSideCacheRefreshOnInvalidate = false
@@ -177,7 +179,9 @@ func kitOptions(o *redis.Options) *redis.Options {
 func kitClusterOptions(o *redis.ClusterOptions) *redis.ClusterOptions {
 	c := *o
 	c.Addrs = append([]string(nil), o.Addrs...)
+	c.PushNotificationProcessor = nil
 	c.MaxRetries = -1
+	c.DialerRetries = 1
 	c.ContextTimeoutEnabled = true
 	if o.MaintNotificationsConfig != nil {
 		m := *o.MaintNotificationsConfig

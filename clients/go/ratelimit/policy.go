@@ -293,27 +293,20 @@ func parsePolicyInfo(name string, v any) (*PolicyInfo, error) {
 		info.WindowMs = &n
 	}
 	if x, present := f["adapt"]; present {
-		a := pairs(x)
-		if a == nil {
+		// ERRORS, FACTOR, MIN, RECOVER, MINCALLS, in order.
+		n, ok := intList(x, 5)
+		if !ok {
 			return nil, bad("adapt")
 		}
-		ad := &Adapt{}
-		for k, dst := range map[string]**int64{"FACTOR": &ad.Factor, "MIN": &ad.Min, "RECOVER": &ad.Recover, "MINCALLS": &ad.MinCalls} {
-			if n, ok := a[k].(int64); ok {
-				*dst = Int64(n)
-			}
-		}
-		ad.Errors, _ = a["ERRORS"].(int64)
-		info.Adapt = ad
+		info.Adapt = &Adapt{Errors: n[0], Factor: Int64(n[1]), Min: Int64(n[2]), Recover: Int64(n[3]), MinCalls: Int64(n[4])}
 	}
 	if x, present := f["stages"]; present {
-		s := pairs(x)
-		if s == nil {
+		// degrade, break.
+		n, ok := intList(x, 2)
+		if !ok {
 			return nil, bad("stages")
 		}
-		d, _ := s["degrade"].(int64)
-		b, _ := s["break"].(int64)
-		info.Stages = &Stages{DegradePct: d, BreakPct: b}
+		info.Stages = &Stages{DegradePct: n[0], BreakPct: n[1]}
 	}
 	if spec, err := specFromWire(info.Algorithm, info.Params, info.Zone); err == nil {
 		info.Spec = spec
@@ -634,4 +627,19 @@ func (c *Client) LogLen(ctx context.Context) (int64, error) {
 func (c *Client) LogReset(ctx context.Context) error {
 	_, err := c.onMasters(ctx, c.deadline, "RL.LOG", "RESET")
 	return err
+}
+
+// intList reads a list of n integers.
+func intList(v any, n int) ([]int64, bool) {
+	items, ok := v.([]any)
+	if !ok || len(items) != n {
+		return nil, false
+	}
+	out := make([]int64, n)
+	for i, it := range items {
+		if out[i], ok = it.(int64); !ok {
+			return nil, false
+		}
+	}
+	return out, true
 }
