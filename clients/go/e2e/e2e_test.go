@@ -285,69 +285,89 @@ func checkDenial(t *testing.T, a answer, windowS int) {
 	}
 }
 
-// TestE2ERedisKilled: kill -9 of Redis under load against three instances
-// of the example (LocalOnly fallback). They keep answering, 200 or 429,
-// never an error; the fallback decides (its answers are counted by the
-// level header), the breaker opens, and no call waited for its deadline
-// (the limiter counted no timeout: with a 2 s deadline, a wait for it would
-// be one). When Redis restarts, each instance's probe closes its breaker and
-// decisions come from Redis again.
+// TestE2ERedisKilled: kill -9 of Redis under load against instances of the
+// example, in each fallback mode (local: three instances; open and closed:
+// two). They keep answering, never an error or a 5xx; the fallback decides
+// (its answers counted by the level header): local and open admit, closed
+// denies with Retry-After (the breaker's 1 s) and the problem body; every
+// breaker opens, requests are then decided without a call, and no call
+// waited for its deadline (the limiters counted no timeout: with a 2 s
+// deadline, a wait for it would be one). When Redis restarts, each
+// instance's probe closes its breaker and decisions come from Redis again.
 func TestE2ERedisKilled(t *testing.T) {
+	for _, c := range []struct {
+		mode      string
+		instances int
+	}{{"local", 3}, {"open", 2}, {"closed", 2}} {
+		t.Run(c.mode, func(t *testing.T) { redisKilled(t, c.mode, c.instances) })
+	}
+}
+
+func redisKilled(t *testing.T, mode string, n int) {
 	srv := testserver.Start(t, testserver.Redis)
 	var instances []*instance
-	for range 3 {
+	for range n {
 		instances = append(instances, startInstance(t,
 			"-redis", srv.Addr(), "-limit", "100000", "-window", "60s",
-			"-global-limit", "1000000", "-instances", "3", "-deadline", "2s", "-fallback", "local"))
+			"-global-limit", "1000000", "-instances", strconv.Itoa(n), "-deadline", "2s", "-fallback", mode))
 	}
 
 	var (
-		levels   sync.Map // "level" -> *atomic.Int64
-		failures atomic.Int64
-		statuses sync.Map // status -> *atomic.Int64
-		stop     = make(chan struct{})
-		wg       sync.WaitGroup
-		lastErr  atomic.Value
+		redisAnswers, fallbackAnswers atomic.Int64
+		failures                      atomic.Int64
+		lastErr                       atomic.Value
+		mu                            sync.Mutex
+		wrong                         []string // answers that break the mode's rule
+		stop                          = make(chan struct{})
+		wg                            sync.WaitGroup
 	)
-	count := func(m *sync.Map, k any) {
-		v, _ := m.LoadOrStore(k, new(atomic.Int64))
-		v.(*atomic.Int64).Add(1)
-	}
-	read := func(m *sync.Map, k any) int64 {
-		if v, ok := m.Load(k); ok {
-			return v.(*atomic.Int64).Load()
+	bad := func(format string, a ...any) {
+		mu.Lock()
+		if len(wrong) < 10 {
+			wrong = append(wrong, fmt.Sprintf(format, a...))
 		}
-		return 0
+		mu.Unlock()
 	}
-	// Per instance: the answers decided by a level, for the return to Redis.
-	var perInstance [3]struct{ redis, fallback atomic.Int64 }
+	// Per instance: the answers decided by Redis, for the return to Redis.
+	perInstance := make([]atomic.Int64, n)
 	for i := range 12 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			c := &http.Client{Transport: &http.Transport{}, Timeout: testserver.Patience}
 			defer c.CloseIdleConnections()
-			for n := 0; ; n++ {
+			for j := 0; ; j++ {
 				select {
 				case <-stop:
 					return
 				default:
 				}
-				k := (i + n) % len(instances)
+				k := (i + j) % n
 				a := get(c, instances[k].url+"/hello", fmt.Sprintf("u%d", i))
 				if a.err != nil {
 					failures.Add(1)
 					lastErr.Store(a.err)
 					continue
 				}
-				count(&statuses, a.status)
-				level := a.header.Get("X-RateLimit-Level")
-				count(&levels, level)
-				switch level {
-				case "redis":
-					perInstance[k].redis.Add(1)
+				switch level := a.header.Get("X-RateLimit-Level"); level {
+				case "redis", "local":
+					redisAnswers.Add(1)
+					perInstance[k].Add(1)
+					if a.status != http.StatusOK {
+						bad("decided by %s: status %d (the limits are not reached)", level, a.status)
+					}
 				case "fallback":
-					perInstance[k].fallback.Add(1)
+					fallbackAnswers.Add(1)
+					if mode == "closed" {
+						if a.status != http.StatusTooManyRequests || a.header.Get("Retry-After") != "1" ||
+							a.header.Get("Content-Type") != ratelimit.ProblemContentType || !strings.Contains(a.body, `"status":429`) {
+							bad("closed fallback: status %d, Retry-After %q, %s", a.status, a.header.Get("Retry-After"), a.body)
+						}
+					} else if a.status != http.StatusOK {
+						bad("%s fallback: status %d %s", mode, a.status, a.body)
+					}
+				default:
+					bad("level %q, status %d", level, a.status)
 				}
 			}
 		}()
@@ -361,11 +381,12 @@ func TestE2ERedisKilled(t *testing.T) {
 		wg.Wait()
 	}()
 
-	testserver.WaitUntil(t, "200 answers decided by Redis", func() bool { return read(&levels, "redis") >= 200 })
+	testserver.WaitUntil(t, "200 answers decided by Redis", func() bool { return redisAnswers.Load() >= 200 })
+	t0 := time.Now()
 	srv.Kill9()
-	before := read(&levels, "fallback")
-	testserver.WaitUntil(t, "500 answers of the fallback, and every breaker open", func() bool {
-		if read(&levels, "fallback")-before < 500 {
+	before := fallbackAnswers.Load()
+	testserver.WaitUntil(t, "300 answers of the fallback, and every breaker open", func() bool {
+		if fallbackAnswers.Load()-before < 300 {
 			return false
 		}
 		for _, in := range instances {
@@ -375,38 +396,37 @@ func TestE2ERedisKilled(t *testing.T) {
 		}
 		return true
 	})
-	down := make([]ratelimit.Stats, len(instances))
 	for i, in := range instances {
-		down[i] = in.stats(t)
-		if down[i].BreakerSkipped == 0 || down[i].FallbackAdmitted == 0 {
-			t.Errorf("instance %d while Redis is down: %+v; want requests decided by the fallback without a call", i, down[i])
+		s := in.stats(t)
+		if s.BreakerSkipped == 0 || s.FallbackAdmitted+s.FallbackDenied == 0 {
+			t.Errorf("instance %d while Redis is down: %+v; want requests decided by the fallback without a call", i, s)
 		}
 	}
+	t.Logf("%s: the fallback and the breakers took %v", mode, time.Since(t0))
+	t1 := time.Now()
 	srv.Restart()
-	var mark [3]int64
+	mark := make([]int64, n)
 	for k := range instances {
-		mark[k] = perInstance[k].redis.Load()
+		mark[k] = perInstance[k].Load()
 	}
 	testserver.WaitUntil(t, "every instance deciding with Redis again", func() bool {
 		for k := range instances {
-			if perInstance[k].redis.Load()-mark[k] < 50 {
+			if perInstance[k].Load()-mark[k] < 50 {
 				return false
 			}
 		}
 		return true
 	})
+	t.Logf("%s: back to Redis in %v", mode, time.Since(t1))
 	close(stop)
 	wg.Wait()
 
 	if n := failures.Load(); n != 0 {
 		t.Errorf("%d requests failed (last: %v): the service must keep answering", n, lastErr.Load())
 	}
-	statuses.Range(func(k, v any) bool {
-		if s := k.(int); s != http.StatusOK && s != http.StatusTooManyRequests {
-			t.Errorf("%d answers with status %d", v.(*atomic.Int64).Load(), s)
-		}
-		return true
-	})
+	for _, w := range wrong {
+		t.Error(w)
+	}
 	for i, in := range instances {
 		s := in.stats(t)
 		if s.RedisTimeouts != 0 {
@@ -416,9 +436,5 @@ func TestE2ERedisKilled(t *testing.T) {
 			t.Errorf("instance %d: no probe closed the breaker: %+v", i, s)
 		}
 	}
-	t.Logf("levels: redis %d, fallback %d; per instance (redis, fallback): %d/%d %d/%d %d/%d",
-		read(&levels, "redis"), read(&levels, "fallback"),
-		perInstance[0].redis.Load(), perInstance[0].fallback.Load(),
-		perInstance[1].redis.Load(), perInstance[1].fallback.Load(),
-		perInstance[2].redis.Load(), perInstance[2].fallback.Load())
+	t.Logf("%s: %d answers decided by Redis, %d by the fallback", mode, redisAnswers.Load(), fallbackAnswers.Load())
 }

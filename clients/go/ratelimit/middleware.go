@@ -281,8 +281,9 @@ func WithDenied(h func(w http.ResponseWriter, r *http.Request, d Decision)) Midd
 // layers do: rule is a CONCURRENCY rule (NewRule(name, ConcurrencySpec(n,
 // leaseMs)), or a PolicyRule whose policy is CONCURRENCY). Each request the
 // rate rules admit takes a lease of one unit (Limiter.Lease) before its
-// handler runs and releases it when the handler returns; the lease is
-// renewed while it runs. A full cap answers 429 like a rate denial, its
+// handler runs and releases it when the handler returns (also when it
+// panics), before the response is flushed; the lease is renewed while the
+// handler runs. A full cap answers 429 like a rate denial, its
 // RateLimit-Policy item without w; an admission's RateLimit has the rate
 // rule's item, then the cap's. When Redis cannot answer, a FailClosed
 // fallback denies and the others admit without a lease.
@@ -301,12 +302,14 @@ type inFlightCap struct {
 // nothing).
 type heldLease struct{ lease *Lease }
 
-// release gives the unit back, off the request's path.
-func (h heldLease) release() {
-	if h.lease == nil || h.lease.ID() == 0 {
+// release gives the unit back (RL.RELEASE within UpkeepDeadline), before
+// the response is flushed, so the client's next request finds it free; a
+// release that fails is covered by the lease's expiry.
+func (h heldLease) release(ctx context.Context) {
+	if h.lease == nil {
 		return
 	}
-	go func() { _, _ = h.lease.Release(context.Background()) }()
+	_, _ = h.lease.Release(context.WithoutCancel(ctx))
 }
 
 // initInFlight checks the in-flight rule and adds its RateLimit-Policy item.
@@ -597,7 +600,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			return
 		}
 		capItem = &answer
-		defer held.release()
+		defer held.release(ctx)
 	}
 	m.setFields(h, rule, d, capItem)
 	next.ServeHTTP(w, r.WithContext(NewDecisionContext(ctx, d)))
