@@ -324,6 +324,32 @@ func (p *Protection) Bind(b *CircuitBreaker, policy string) *CircuitBreaker {
 	return bd.breaker
 }
 
+// WatchRules watches the policies of set's policy rules and binds the
+// breakers they name (Rule.WithBreaker) to their policy's stage, made with
+// DefaultCircuitBreaker unless one of that name is bound already (Bind
+// yours first to give it your config). It answers the breakers by name:
+// wrap the downstream calls of the rules' routes in them.
+func (p *Protection) WatchRules(set *RuleSet) map[string]*CircuitBreaker {
+	out := map[string]*CircuitBreaker{}
+	for _, r := range set.Rules() {
+		policy := r.Policy()
+		if policy == "" {
+			continue
+		}
+		p.Watch(policy)
+		if name := r.BreakerName(); name != "" {
+			b, ok := p.FindBreaker(name)
+			if ok {
+				b = p.Bind(b, policy)
+			} else {
+				b = p.Breaker(name, policy)
+			}
+			out[name] = b
+		}
+	}
+	return out
+}
+
 // FindBreaker is the breaker bound under name, if one is.
 func (p *Protection) FindBreaker(name string) (*CircuitBreaker, bool) {
 	p.bmu.Lock()

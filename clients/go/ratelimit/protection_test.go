@@ -218,9 +218,15 @@ func TestProtectionStagesDegradeBreakAndRecover(t *testing.T) {
 	mustDo(t, srv, "RL.POLICY", "SET", "staged", "TOKENBUCKET", 2, 2, 60000, "STAGES", 20, 50, "WINDOW", 1000)
 	c := newTestClient(t, srv.Client())
 	p := startProtection(t, c, WithReportInterval(50*time.Millisecond), WithStagePoll(50*time.Millisecond))
-	breaker := p.Breaker("downstream", "staged")
-	if b, ok := p.FindBreaker("downstream"); !ok || b != breaker {
-		t.Fatal("FindBreaker does not find the bound breaker")
+	l := newTestLimiter(t, c, WithProtection(p))
+	set := mustRuleSet(t, l, PolicyRule("staged", "staged").WithBreaker("downstream"))
+	breakers := p.WatchRules(set)
+	breaker := breakers["downstream"]
+	if b, ok := p.FindBreaker("downstream"); !ok || b != breaker || len(breakers) != 1 {
+		t.Fatal("FindBreaker does not find the breaker the rule names")
+	}
+	if got := p.Policies(); len(got) != 1 || got[0] != "staged" {
+		t.Fatalf("policies watched: %v", got)
 	}
 
 	var routeRuns atomic.Int64
