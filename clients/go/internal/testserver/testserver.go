@@ -274,6 +274,7 @@ func (s *Server) spawn() {
 	s.t.Helper()
 	cmd := exec.Command(s.bin, s.args...)
 	cmd.Dir = s.Dir
+	dieWithUs(cmd)
 	if err := cmd.Start(); err != nil {
 		s.t.Fatalf("testserver: start %s: %v", s.bin, err)
 	}
