@@ -2,8 +2,8 @@ package ratelimit
 
 // Conformance of the pure parts (algorithms.go, zone.go, headers.go,
 // grantmath.go) against clients/contract/contract.json, property tests of
-// the in-process algorithms against brute-force models, a fuzz test and a
-// benchmark.
+// the in-process algorithms against brute-force models, the zones' calendar
+// against real servers (Redis 7.0, Valkey), a fuzz test and a benchmark.
 
 import (
 	"context"
