@@ -169,12 +169,18 @@ var (
 )
 
 // TestE2EExactness: three instances of the example, as processes sharing
-// one Redis; 200 concurrent clients, each with its own http.Client, send
+// one Redis (and one Valkey); 200 concurrent clients, each with its own http.Client, send
 // 3 requests each for one user, round robin over the instances. Exactly the
 // per-user limit is admitted, and every denial carries Retry-After,
 // RateLimit, RateLimit-Policy and the problem body, consistent with each
 // other.
 func TestE2EExactness(t *testing.T) {
+	for _, kind := range []testserver.Kind{testserver.Redis, testserver.Valkey} {
+		t.Run(kind.String(), func(t *testing.T) { exactness(t, kind) })
+	}
+}
+
+func exactness(t *testing.T, kind testserver.Kind) {
 	const (
 		limit     = 50
 		clients   = 200
@@ -182,7 +188,7 @@ func TestE2EExactness(t *testing.T) {
 		windowS   = 60
 		global    = 1_000_000
 	)
-	srv := testserver.Start(t, testserver.Redis)
+	srv := testserver.Start(t, kind)
 	var instances []*instance
 	for range 3 {
 		instances = append(instances, startInstance(t,

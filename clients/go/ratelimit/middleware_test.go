@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -27,6 +28,7 @@ import (
 	"github.com/gorilla/mux"
 	"github.com/redis-ratelimit/redis-ratelimit/clients/go/internal/testserver"
 	"github.com/redis-ratelimit/redis-ratelimit/clients/go/ratelimit"
+	"github.com/redis/go-redis/v9"
 )
 
 // mwLimiter is a limiter on a server started for the test.
@@ -595,4 +597,30 @@ func TestMiddlewareDenyEvents(t *testing.T) {
 	if ev.ClientIP != "127.0.0.1" || ev.UserAgent != "mw-test/1.0" || ev.Rule != "per-user" || ev.Key != "mw:events:eve" || ev.Level != "redis" || ev.Limit != 1 {
 		t.Errorf("deny event %+v", ev)
 	}
+}
+
+// ExampleMiddleware limits a chi router's API per user (a header set by the
+// authenticating proxy) and globally, in one RL.ALL per request.
+func ExampleMiddleware() {
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+	client, err := ratelimit.NewClient(ctx, rdb)
+	if err != nil {
+		log.Fatal(err) // no server, or no module: ErrModuleMissing
+	}
+	limiter := ratelimit.NewLimiter(client, ratelimit.WithInstances(3))
+	set, err := limiter.RuleSet(ctx,
+		ratelimit.NewRule("per-user", ratelimit.SlidingWindow(100, 60_000)).Prefix("{api}:user:"),
+		ratelimit.NewRule("global", ratelimit.TokenBucket(5000, 500, 100)).Global("{api}:global"),
+	)
+	if err != nil {
+		log.Fatal(err) // a bad parameter, named
+	}
+	r := chi.NewRouter()
+	r.Use(ratelimit.Middleware(limiter, set, ratelimit.KeyByHeader("X-User")))
+	r.Get("/search", func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "results\n") })
+	// A costly route: 10 units a request.
+	r.With(ratelimit.Middleware(limiter, set, ratelimit.KeyByHeader("X-User"), ratelimit.WithCost(10))).
+		Get("/export", func(w http.ResponseWriter, r *http.Request) {})
+	log.Fatal(http.ListenAndServe("127.0.0.1:8080", r))
 }

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log"
 	"net"
 	"strconv"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	"github.com/redis-ratelimit/redis-ratelimit/clients/go/internal/testserver"
 	"github.com/redis-ratelimit/redis-ratelimit/clients/go/ratelimit"
 	"github.com/redis-ratelimit/redis-ratelimit/clients/go/ratelimitgrpc"
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -301,4 +303,35 @@ func TestGRPCBadInput(t *testing.T) {
 	if _, ok := ratelimitgrpc.RetryAfter(errors.New("plain"), nil); ok {
 		t.Errorf("RetryAfter of a plain error")
 	}
+}
+
+// ExampleUnaryServerInterceptor limits a gRPC server per tenant (the
+// x-tenant metadata); a denied client reads its delay with RetryAfter.
+func ExampleUnaryServerInterceptor() {
+	ctx := context.Background()
+	client, err := ratelimit.NewClient(ctx, redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"}))
+	if err != nil {
+		log.Fatal(err)
+	}
+	limiter := ratelimit.NewLimiter(client)
+	set, err := limiter.RuleSet(ctx, ratelimit.NewRule("per-tenant", ratelimit.TokenBucket(100, 10, 1000)))
+	if err != nil {
+		log.Fatal(err)
+	}
+	key := ratelimitgrpc.KeyByMetadata("x-tenant")
+	srv := grpc.NewServer(
+		grpc.ChainUnaryInterceptor(ratelimitgrpc.UnaryServerInterceptor(limiter, set, key)),
+		grpc.ChainStreamInterceptor(ratelimitgrpc.StreamServerInterceptor(limiter, set, key)),
+	)
+	healthpb.RegisterHealthServer(srv, health.NewServer())
+	ln, err := net.Listen("tcp", "127.0.0.1:50051")
+	if err != nil {
+		log.Fatal(err)
+	}
+	log.Fatal(srv.Serve(ln))
+
+	// On the client:
+	//	var trailer metadata.MD
+	//	_, err := hc.Check(ctx, req, grpc.Trailer(&trailer))
+	//	if wait, ok := ratelimitgrpc.RetryAfter(err, trailer); ok { time.Sleep(wait) }
 }
