@@ -235,8 +235,15 @@ func TestGrantsFewRedisCallsPerThousandDecisions(t *testing.T) {
 // TestGrantsHeldUnitsGoBack: units held past HoldMs go back by themselves
 // (REFUND), and every held unit goes back at Close: the server's remaining
 // is then the limit minus what was admitted.
+// On every server kind.
 func TestGrantsHeldUnitsGoBack(t *testing.T) {
-	srv := testserver.Start(t, testserver.Redis)
+	for _, kind := range testserver.Kinds {
+		t.Run(kind.String(), func(t *testing.T) { heldUnitsGoBack(t, kind) })
+	}
+}
+
+func heldUnitsGoBack(t *testing.T, kind testserver.Kind) {
+	srv := testserver.Start(t, kind)
 	c := newTestClient(t, srv.Client())
 	spec := TokenBucket(1000, 1, 3_600_000) // no refill to speak of
 	check := func(hold int64, key string, close bool) {

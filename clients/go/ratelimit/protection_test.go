@@ -310,9 +310,15 @@ func TestProtectionStagesDegradeBreakAndRecover(t *testing.T) {
 
 // TestProtectionMiddlewareReportsOutcomes: 2xx are ok; a 5xx, a panic and
 // a predicate's errors are errors; local denials leave as DENIED n; the
-// server's window counts them all.
+// server's window counts them all. On every server kind.
 func TestProtectionMiddlewareReportsOutcomes(t *testing.T) {
-	srv := testserver.Start(t, testserver.Redis)
+	for _, kind := range testserver.Kinds {
+		t.Run(kind.String(), func(t *testing.T) { middlewareReportsOutcomes(t, kind) })
+	}
+}
+
+func middlewareReportsOutcomes(t *testing.T, kind testserver.Kind) {
+	srv := testserver.Start(t, kind)
 	mustDo(t, srv, "RL.POLICY", "SET", "counted", "TOKENBUCKET", 100, 100, 1000, "STAGES", 100, 100, "WINDOW", 600000)
 	c := newTestClient(t, srv.Client())
 	p := startProtection(t, c, WithReportInterval(50*time.Millisecond), WithStagePoll(50*time.Millisecond))
