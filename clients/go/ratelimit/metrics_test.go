@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"math"
@@ -17,6 +18,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/redis-ratelimit/redis-ratelimit/clients/go/internal/testserver"
 )
 
 // obsContract is the observability section of clients/contract/contract.json.
@@ -411,5 +414,97 @@ func BenchmarkMetricsRedisRoundTrip(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		m.RedisRoundTrip(700 * time.Microsecond)
+	}
+}
+
+// A real limiter on a real server, then without it: the scrape shows the
+// decisions at each level it took, the round trips, the ratio, and the deny
+// events carry the contract's fields.
+func TestMetricsFromARealLimiter(t *testing.T) {
+	c := readObsContract(t)
+	srv := testserver.Start(t, testserver.Redis)
+	ctx := context.Background()
+	client, err := NewClient(ctx, srv.Client())
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := NewMetrics(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	col := &collector{}
+	events := NewDenyEvents(col.sink(), WithFlushInterval(time.Hour), WithEventsMetrics(m))
+	l := NewLimiter(client, WithMetrics(m), WithDenyEvents(events), WithFallback(FailOpen),
+		WithBreaker(BreakerConfig{Failures: 1, OpenFor: time.Hour}))
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	set, err := l.RuleSet(ctx, NewRule("per-user", FixedWindow(2, 60000)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var paths []Path
+	for range 4 {
+		paths = append(paths, l.Check(ctx, set, "bob", 1).Path)
+	}
+	srv.Kill9()
+	testserver.WaitUntil(t, "a fallback decision", func() bool {
+		d := l.Check(ctx, set, "carol", 1)
+		paths = append(paths, d.Path)
+		return d.Path == PathFallback
+	})
+	var levels []string
+	for _, l := range c.Levels {
+		levels = append(levels, l.Level)
+	}
+	for _, p := range paths {
+		if !slices.Contains(levels, p.String()) {
+			t.Errorf("a decision's level %q is not in the contract's %v", p.String(), levels)
+		}
+	}
+	g := m.Gatherer()
+	for _, want := range []struct {
+		level, outcome string
+		min            float64
+	}{{"redis", "admitted", 2}, {"redis", "denied", 1}, {"fallback", "admitted", 1}} {
+		v, ok := gathered(t, g, "ratelimit_decisions_total",
+			map[string]string{"rule": "per-user", "level": want.level, "outcome": want.outcome})
+		if !ok || v < want.min {
+			t.Errorf("decisions{per-user,%s,%s} = %v (%v), want at least %v", want.level, want.outcome, v, ok, want.min)
+		}
+	}
+	families, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() == "ratelimit_redis_seconds" && f.GetMetric()[0].GetHistogram().GetSampleCount() < 3 {
+			t.Errorf("ratelimit_redis_seconds counted %d round trips, want at least 3",
+				f.GetMetric()[0].GetHistogram().GetSampleCount())
+		}
+	}
+	if v, ok := gathered(t, g, "ratelimit_remaining_ratio", map[string]string{"rule": "per-user"}); !ok || v < 0 || v > 1 {
+		t.Errorf("ratelimit_remaining_ratio{per-user} = %v (%v)", v, ok)
+	}
+	if err := events.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := col.events()
+	if len(got) == 0 {
+		t.Fatal("no deny event shipped")
+	}
+	first := got[0]
+	if first.Key == "" || !strings.Contains(first.Key, "bob") || first.Rule != "per-user" || first.Limit != 2 ||
+		first.Remaining != 0 || first.RetryAfterMs <= 0 || !slices.Contains(levels, first.Level) {
+		t.Errorf("the first deny event %+v", first)
+	}
+	line, _ := json.Marshal(first)
+	keys := jsonKeys(t, line)
+	if !slices.Equal(keys, c.DenyEvents.Fields[:len(keys)]) {
+		t.Errorf("the event's keys %v, the contract's order %v", keys, c.DenyEvents.Fields)
+	}
+	if v, _ := gathered(t, g, "ratelimit_deny_events_shipped_total", nil); v != float64(len(got)) {
+		t.Errorf("ratelimit_deny_events_shipped_total = %v, %d shipped", v, len(got))
+	}
+	if err := events.Close(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
