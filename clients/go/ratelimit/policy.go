@@ -521,6 +521,15 @@ func (c *Client) Outcome(ctx context.Context, name string, ok, errs uint64) ([]P
 // cache, its local level). DENIED is sent only when n > 0. Each number is
 // 0 to 2^40 (an *InvalidArgumentError naming ok, errors or DENIED).
 func (c *Client) OutcomeDenied(ctx context.Context, name string, ok, errs, denied uint64) ([]PolicyStats, error) {
+	args, err := outcomeArgs(name, ok, errs, denied)
+	if err != nil {
+		return nil, err
+	}
+	return c.eachMasterStats(ctx, "RL.OUTCOME", args...)
+}
+
+// outcomeArgs checks and builds RL.OUTCOME name ok errors [DENIED n].
+func outcomeArgs(name string, ok, errs, denied uint64) ([]any, error) {
 	if err := checkPolicyName("RL.OUTCOME", name); err != nil {
 		return nil, err
 	}
@@ -536,7 +545,7 @@ func (c *Client) OutcomeDenied(ctx context.Context, name string, ok, errs, denie
 	if denied > 0 {
 		args = append(args, "DENIED", strconv.FormatUint(denied, 10))
 	}
-	return c.eachMasterStats(ctx, "RL.OUTCOME", args...)
+	return args, nil
 }
 
 // LogEntry is one entry of RL.LOG GET.
