@@ -624,3 +624,62 @@ func ExampleMiddleware() {
 		Get("/export", func(w http.ResponseWriter, r *http.Request) {})
 	log.Fatal(http.ListenAndServe("127.0.0.1:8080", r))
 }
+
+// TestMiddlewareCluster: on a 3-master cluster, a per-user and a global
+// rule sharing a hash tag are one RL.ALL per request, sent to the master
+// that owns the tag (no MOVED reply), and the middleware's answers are the
+// same as on one server: exactly the per-user limit admitted.
+func TestMiddlewareCluster(t *testing.T) {
+	cluster := testserver.StartCluster(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), testserver.Patience)
+	defer cancel()
+	c, err := ratelimit.NewClient(ctx, cluster.ClusterClient(), ratelimit.WithDeadline(2*time.Second))
+	if err != nil {
+		t.Fatalf("NewClient: %v", err)
+	}
+	l := ratelimit.NewLimiter(c)
+	defer func() { _ = l.Close(context.Background()) }()
+	// Without one hash tag the set is refused, naming the key.
+	_, err = l.RuleSet(ctx,
+		ratelimit.NewRule("per-user", ratelimit.FixedWindow(5, 60_000)).Prefix("user:"),
+		ratelimit.NewRule("global", ratelimit.FixedWindow(1000, 60_000)).Global("global"))
+	var ia *ratelimit.InvalidArgumentError
+	if !errors.As(err, &ia) || ia.Arg != "key" {
+		t.Errorf("rules without a shared hash tag on a cluster: %v", err)
+	}
+	set := mwSet(t, l,
+		ratelimit.NewRule("per-user", ratelimit.FixedWindow(5, 60_000)).Prefix("{mw}:user:"),
+		ratelimit.NewRule("global", ratelimit.FixedWindow(1000, 60_000)).Global("{mw}:global"))
+	ts := httptest.NewServer(ratelimit.Middleware(l, set, ratelimit.KeyByHeader("X-User"), ratelimit.WithLevelHeader("X-Level"))(
+		http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})))
+	defer ts.Close()
+	movedBefore := cluster.Moved()
+	admitted := 0
+	for range 8 {
+		a := mwGet(t, ts.URL, "X-User", "ann")
+		switch a.status {
+		case http.StatusOK:
+			admitted++
+			if a.header.Get("X-Level") != "redis" {
+				t.Errorf("admitted at level %q", a.header.Get("X-Level"))
+			}
+		case http.StatusTooManyRequests:
+			ra, _ := strconv.Atoi(a.header.Get("Retry-After"))
+			if a.body != mwDenialBody("per-user", ra) {
+				t.Errorf("denied: %s", a.body)
+			}
+		default:
+			t.Fatalf("status %d %s", a.status, a.body)
+		}
+	}
+	if admitted != 5 {
+		t.Errorf("admitted %d of 8, want 5", admitted)
+	}
+	if n := cluster.Moved() - movedBefore; n != 0 {
+		t.Errorf("%d MOVED replies", n)
+	}
+	owner := cluster.NodeForSlot(ratelimit.KeySlot("{mw}:global"))
+	if owner.Calls("rl.all") == 0 {
+		t.Errorf("the master owning {mw} saw no RL.ALL")
+	}
+}
