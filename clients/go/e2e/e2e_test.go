@@ -163,39 +163,41 @@ func get(c *http.Client, url, user string) answer {
 	return answer{status: resp.StatusCode, header: resp.Header, body: string(b), err: err}
 }
 
-var (
-	admittedItem = regexp.MustCompile(`^"per-user";r=(\d+);t=(\d+)$`)
-	deniedItem   = regexp.MustCompile(`^"per-user";r=0;t=(\d+)$`)
-)
-
 // TestE2EExactness: three instances of the example, as processes sharing
-// one Redis (and one Valkey); 200 concurrent clients, each with its own http.Client, send
-// 3 requests each for one user, round robin over the instances. Exactly the
-// per-user limit is admitted, and every denial carries Retry-After,
+// one Redis (and one Valkey); 200 concurrent clients, each with its own
+// http.Client, send 3 requests each, round robin over the instances.
+// Exactly the limit is admitted, and every denial carries Retry-After,
 // RateLimit, RateLimit-Policy and the problem body, consistent with each
-// other.
+// other:
+//   - per-user: every client is one user, limited to 50 a minute;
+//   - global: every client is its own user, everybody limited to 60 a
+//     minute (the local level takes each instance's share first).
 func TestE2EExactness(t *testing.T) {
 	for _, kind := range []testserver.Kind{testserver.Redis, testserver.Valkey} {
-		t.Run(kind.String(), func(t *testing.T) { exactness(t, kind) })
+		t.Run(kind.String()+"/per-user", func(t *testing.T) { exactness(t, kind, "per-user") })
+		t.Run(kind.String()+"/global", func(t *testing.T) { exactness(t, kind, "global") })
 	}
 }
 
-func exactness(t *testing.T, kind testserver.Kind) {
+func exactness(t *testing.T, kind testserver.Kind, rule string) {
 	const (
-		limit     = 50
 		clients   = 200
 		perClient = 3
 		windowS   = 60
-		global    = 1_000_000
 	)
+	limit, userLimit, globalLimit := 50, 50, 100_000
+	if rule == "global" {
+		limit, userLimit, globalLimit = 60, 100_000, 60
+	}
 	srv := testserver.Start(t, kind)
 	var instances []*instance
 	for range 3 {
 		instances = append(instances, startInstance(t,
-			"-redis", srv.Addr(), "-limit", strconv.Itoa(limit), "-window", fmt.Sprintf("%ds", windowS),
-			"-global-limit", strconv.Itoa(global), "-instances", "3", "-deadline", "2s"))
+			"-redis", srv.Addr(), "-limit", strconv.Itoa(userLimit), "-window", fmt.Sprintf("%ds", windowS),
+			"-global-limit", strconv.Itoa(globalLimit), "-instances", "3", "-deadline", "2s"))
 	}
-	policy := fmt.Sprintf(`"per-user";q=%d;w=%d, "global";q=%d;w=%d`, limit, windowS, global, windowS)
+	policy := fmt.Sprintf(`"per-user";q=%d;w=%d, "global";q=%d;w=%d`, userLimit, windowS, globalLimit, windowS)
+	admittedItem := regexp.MustCompile(`^"` + rule + `";r=(\d+);t=(\d+)$`)
 
 	answers := make(chan answer, clients*perClient)
 	var wg sync.WaitGroup
@@ -206,10 +208,14 @@ func exactness(t *testing.T, kind testserver.Kind) {
 			defer wg.Done()
 			c := &http.Client{Transport: &http.Transport{}, Timeout: testserver.Patience}
 			defer c.CloseIdleConnections()
+			user := "alice"
+			if rule == "global" {
+				user = fmt.Sprintf("user%d", i)
+			}
 			<-start
 			for j := range perClient {
 				in := instances[(i+j)%len(instances)]
-				answers <- get(c, in.url+"/hello", "alice")
+				answers <- get(c, in.url+"/hello", user)
 			}
 		}()
 	}
@@ -219,6 +225,7 @@ func exactness(t *testing.T, kind testserver.Kind) {
 
 	admitted, denied := 0, 0
 	remaining := map[int]int{}
+	levels := map[string]int{}
 	for a := range answers {
 		if a.err != nil {
 			t.Fatalf("request failed: %v", a.err)
@@ -226,12 +233,16 @@ func exactness(t *testing.T, kind testserver.Kind) {
 		if got := a.header.Get("RateLimit-Policy"); got != policy {
 			t.Errorf("status %d: RateLimit-Policy %q, want %q", a.status, got, policy)
 		}
+		levels[a.header.Get("X-RateLimit-Level")]++
 		switch a.status {
 		case http.StatusOK:
 			admitted++
+			if rule == "global" {
+				continue // the tightest limit of an admission may be either rule's
+			}
 			m := admittedItem.FindStringSubmatch(a.header.Get("RateLimit"))
 			if m == nil {
-				t.Errorf("admitted: RateLimit %q is not the per-user item", a.header.Get("RateLimit"))
+				t.Errorf("admitted: RateLimit %q is not the %s item", a.header.Get("RateLimit"), rule)
 				continue
 			}
 			r, _ := strconv.Atoi(m[1])
@@ -241,40 +252,48 @@ func exactness(t *testing.T, kind testserver.Kind) {
 			}
 		case http.StatusTooManyRequests:
 			denied++
-			checkDenial(t, a, windowS)
+			checkDenial(t, a, rule, windowS)
 		default:
 			t.Errorf("status %d: %s", a.status, a.body)
 		}
 	}
+	t.Logf("%s: %d admitted, %d denied; levels %v", rule, admitted, denied, levels)
 	if admitted != limit || denied != clients*perClient-limit {
 		t.Fatalf("admitted %d and denied %d of %d requests; want exactly %d admitted", admitted, denied, clients*perClient, limit)
 	}
-	// Each admission took the next unit: remaining 49, 48, ..., 0, once each.
-	for r := range limit {
-		if remaining[r] != 1 {
-			t.Errorf("remaining %d seen %d times among the admissions, want once (all: %v)", r, remaining[r], remaining)
+	if rule == "per-user" {
+		// Each admission took the next unit: remaining 49, 48, ..., 0, once each.
+		for r := range limit {
+			if remaining[r] != 1 {
+				t.Errorf("remaining %d seen %d times among the admissions, want once (all: %v)", r, remaining[r], remaining)
+			}
 		}
 	}
 	// The limit was counted in Redis, under the rule's key.
-	n, err := srv.Client().Exists(context.Background(), "{api}:user:user:alice").Result()
+	key := "{api}:global"
+	if rule == "per-user" {
+		key = "{api}:user:user:alice"
+	}
+	n, err := srv.Client().Exists(context.Background(), key).Result()
 	if err != nil || n != 1 {
-		t.Errorf("EXISTS {api}:user:user:alice = %d (%v), want 1", n, err)
+		t.Errorf("EXISTS %s = %d (%v), want 1", key, n, err)
 	}
 }
 
 // checkDenial checks a 429's fields against each other and the contract's
-// form: Retry-After in 1..window, RateLimit's t at least Retry-After, the
-// problem body byte for byte as the kit writes it for that Retry-After.
-func checkDenial(t *testing.T, a answer, windowS int) {
+// form: Retry-After in 1..window, RateLimit the rule's item with r=0 and t
+// at least Retry-After, the problem body byte for byte as the kit writes it
+// for that Retry-After.
+func checkDenial(t *testing.T, a answer, rule string, windowS int) {
 	t.Helper()
 	ra, err := strconv.Atoi(a.header.Get("Retry-After"))
 	if err != nil || ra < 1 || ra > windowS {
 		t.Errorf("denied: Retry-After %q, want 1..%d", a.header.Get("Retry-After"), windowS)
 		return
 	}
-	m := deniedItem.FindStringSubmatch(a.header.Get("RateLimit"))
+	m := regexp.MustCompile(`^"` + rule + `";r=0;t=(\d+)$`).FindStringSubmatch(a.header.Get("RateLimit"))
 	if m == nil {
-		t.Errorf("denied: RateLimit %q, want the per-user item with r=0", a.header.Get("RateLimit"))
+		t.Errorf("denied: RateLimit %q, want the %s item with r=0", a.header.Get("RateLimit"), rule)
 		return
 	}
 	if reset, _ := strconv.Atoi(m[1]); reset < ra || reset > windowS {
@@ -283,9 +302,9 @@ func checkDenial(t *testing.T, a answer, windowS int) {
 	if ct := a.header.Get("Content-Type"); ct != "application/problem+json" {
 		t.Errorf("denied: Content-Type %q", ct)
 	}
-	want := fmt.Sprintf(`{"detail":"rate limit \"per-user\" exceeded; retry after %d s","status":429,`+
+	want := fmt.Sprintf(`{"detail":"rate limit \"%s\" exceeded; retry after %d s","status":429,`+
 		`"title":"Request cannot be satisfied as assigned quota has been exceeded",`+
-		`"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","violated-policies":["per-user"]}`, ra)
+		`"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","violated-policies":["%s"]}`, rule, ra, rule)
 	if a.body != want {
 		t.Errorf("denied: body\n%s\nwant\n%s", a.body, want)
 	}
@@ -315,7 +334,7 @@ func redisKilled(t *testing.T, mode string, n int) {
 	for range n {
 		instances = append(instances, startInstance(t,
 			"-redis", srv.Addr(), "-limit", "100000", "-window", "60s",
-			"-global-limit", "1000000", "-instances", strconv.Itoa(n), "-deadline", "2s", "-fallback", mode))
+			"-global-limit", "100000", "-instances", strconv.Itoa(n), "-deadline", "2s", "-fallback", mode))
 	}
 
 	var (

@@ -84,7 +84,7 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&c.redis, "redis", env("RL_REDIS", "127.0.0.1:6379"), "Redis address, with the redis-ratelimit module loaded")
 	fs.Int64Var(&c.limit, "limit", envInt("RL_LIMIT", 10), "requests per user per window (rule per-user: a sliding log, at most the server's ratelimit.sliding-max-limit, 100000 by default)")
 	fs.DurationVar(&c.window, "window", envDuration("RL_WINDOW", time.Minute), "the window of both rules")
-	fs.Int64Var(&c.globalLimit, "global-limit", envInt("RL_GLOBAL_LIMIT", 1000), "requests of everybody per window (rule global)")
+	fs.Int64Var(&c.globalLimit, "global-limit", envInt("RL_GLOBAL_LIMIT", 1000), "requests of everybody per window (rule global: a sliding log too, at most 100000 by default)")
 	fs.IntVar(&c.instances, "instances", int(envInt("RL_INSTANCES", 1)), "instances of this service sharing the Redis (the local level's share)")
 	fs.DurationVar(&c.deadline, "deadline", envDuration("RL_DEADLINE", ratelimit.DefaultDeadline), "deadline of one call to Redis")
 	fs.StringVar(&c.fallback, "fallback", env("RL_FALLBACK", "local"), "when Redis cannot answer: local, open or closed")
@@ -161,11 +161,12 @@ func run(ctx context.Context, c config) error {
 		ratelimit.WithMetrics(metrics),
 	)
 	windowMs := c.window.Milliseconds()
-	// One hash tag for both keys: the two rules are one RL.ALL, also on a
-	// cluster.
+	// Two exact sliding logs, one per user and one for everybody, with one
+	// hash tag for both keys: the two rules are one RL.ALL per request, also
+	// on a cluster.
 	set, err := limiter.RuleSet(start,
 		ratelimit.NewRule("per-user", ratelimit.SlidingWindow(c.limit, windowMs)).Prefix("{api}:user:"),
-		ratelimit.NewRule("global", ratelimit.FixedWindow(c.globalLimit, windowMs)).Global("{api}:global"),
+		ratelimit.NewRule("global", ratelimit.SlidingWindow(c.globalLimit, windowMs)).Global("{api}:global"),
 	)
 	if err != nil {
 		return err
