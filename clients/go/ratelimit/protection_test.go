@@ -616,3 +616,42 @@ func TestProtectionMetrics(t *testing.T) {
 		return ok && v == 0
 	})
 }
+
+// TestProtectionALostReportIsNotRetried: reports sent while the server is
+// away are lost and counted as lost, never sent again; the stage read
+// before falls to normal after the stage hold; reports resume when the
+// server is back.
+func TestProtectionALostReportIsNotRetried(t *testing.T) {
+	srv := testserver.Start(t, testserver.Redis)
+	policy := []any{"RL.POLICY", "SET", "lost", "TOKENBUCKET", 10, 10, 1000, "STAGES", 0, 0, "WINDOW", 600000}
+	mustDo(t, srv, policy...)
+	c := newTestClient(t, srv.Client())
+	p := startProtection(t, c, WithPolicies("lost"), WithReportInterval(20*time.Millisecond),
+		WithStagePoll(20*time.Millisecond), WithStageHold(300*time.Millisecond))
+	testserver.WaitUntil(t, "a first read", func() bool { return p.Stats().ReadsOK > 0 })
+	srv.Kill9()
+	for i := 0; i < 5; i++ {
+		p.Record("lost", false)
+	}
+	testserver.WaitUntil(t, "the report lost", func() bool { return p.Stats().OutcomesLost == 5 })
+	testserver.WaitUntil(t, "reads failing", func() bool { return p.Stats().ReadsFailed > 0 })
+	if st := p.Stats(); st.ReportsFailed == 0 || st.OutcomesPending != 0 {
+		t.Fatalf("after a lost report: %+v", st)
+	}
+	// A stage read just now holds for the stage hold, then falls to normal
+	// while no read succeeds.
+	s := p.state("lost")
+	s.stage.Store(int64(StageBreak))
+	s.readAt.Store(p.nowNs())
+	if got := p.Stage("lost"); got != StageBreak {
+		t.Fatalf("a fresh read: stage %v", got)
+	}
+	testserver.WaitUntil(t, "the stage to fall after the hold", func() bool { return p.Stage("lost") == StageNormal })
+	srv.Restart()
+	mustDo(t, srv, policy...)
+	p.Record("lost", true)
+	testserver.WaitUntil(t, "the next report answered", func() bool { return p.Stats().OutcomesSent == 1 })
+	if st := policyStatsOf(t, srv, "lost"); st["current.ok"] != 0 || st["current.errors"] != 1 {
+		t.Fatalf("the lost outcomes were sent again: %v", st)
+	}
+}
