@@ -749,3 +749,70 @@ func TestClientSentinel(t *testing.T) {
 		t.Fatalf("the new master's limiter carries the old one's count: %+v", d)
 	}
 }
+
+// TestClientNeverRetriesCluster: on a cluster, a limiter call whose
+// connection is lost while the server holds it (a blocked acquire whose
+// client the server kills) is an error at once, never sent again: the
+// cluster client would otherwise retry it on the same node, then another.
+func TestClientNeverRetriesCluster(t *testing.T) {
+	ctx := context.Background()
+	cl := testserver.StartCluster(t, 3)
+	c := ctClient(t, cl.ClusterClient())
+	const key = "{jobs}:lease"
+	node := cl.NodeForSlot(KeySlot(key))
+	if d := ctDecide(t, "lease")(c.Concurrency(ctx, key, 1, 60000)); !d.Allowed {
+		t.Fatalf("the lease: %+v", d)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Acquire(ctx, key, ConcurrencySpec(1, 60000), Request{}, 30*time.Second)
+		done <- err
+	}()
+	var id string
+	testserver.WaitUntil(t, "the acquire to block on the key's master", func() bool {
+		v, err := node.Do(ctx, "CLIENT", "LIST")
+		if err != nil {
+			return false
+		}
+		for _, line := range strings.Split(fmt.Sprint(v), "\n") {
+			if strings.Contains(line, "flags=b") && strings.Contains(strings.ToLower(line), "cmd=rl.concurrency") {
+				for _, f := range strings.Fields(line) {
+					if v, ok := strings.CutPrefix(f, "id="); ok {
+						id = v
+					}
+				}
+			}
+		}
+		return id != ""
+	})
+	if _, err := node.Do(ctx, "CLIENT", "KILL", "ID", id); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, ErrConnection) {
+		t.Fatalf("the acquire whose connection was killed: %v", err)
+	}
+	if got := node.Info("ratelimit")["ratelimit_blocked_total"]; got != "1" {
+		t.Fatalf("blocked_total %s: the acquire was sent again", got)
+	}
+}
+
+// BenchmarkClientTokenBucket: one decision's round trip to a local Redis
+// 7.0 (what each Limiter call to Redis costs).
+func BenchmarkClientTokenBucket(b *testing.B) {
+	srv := testserver.Start(b, testserver.Redis)
+	c, err := NewClient(context.Background(), srv.Client())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := c.TokenBucket(ctx, "bench", 1_000_000_000, 1_000_000_000, 1000, Request{}); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
