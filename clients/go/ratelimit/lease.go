@@ -232,13 +232,17 @@ func (l *Limiter) lease(ctx context.Context, rule Rule, identity string, wait ti
 		l.stats.redisCalls.Add(1)
 		var err error
 		d, err = l.timed(func() (Decision, error) {
+			// The client's block 0 waits without a limit: no wait is the
+			// plain call.
 			switch {
-			case wait >= 0 && rule.inline:
+			case wait > 0 && rule.inline:
 				return l.client.Acquire(ctx, key, spec, Cost(1), wait)
-			case wait >= 0:
+			case wait > 0:
 				return l.client.AcquireHit(ctx, rule.policy, key, Cost(1), wait)
-			case rule.inline:
+			case rule.inline && concurrency:
 				return l.client.Concurrency(ctx, key, spec.params[0], spec.params[1])
+			case rule.inline:
+				return l.client.Apply(ctx, key, spec, Cost(1))
 			default:
 				return l.client.Hit(ctx, rule.policy, key, Cost(1))
 			}
