@@ -478,6 +478,11 @@ func (p *Protection) poll(ctx context.Context) {
 		p.readsOK.Add(1)
 		p.keep(ps.name, ps.state, masters)
 	}
+	// The exported stage is the held one: 0 once reads fail for longer
+	// than the stage hold.
+	for _, ps := range p.snapshot() {
+		p.config.metrics.Stage(ps.name, int(p.held(ps.state)))
+	}
 	p.moveBreakers()
 }
 
