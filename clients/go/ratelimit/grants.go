@@ -474,7 +474,7 @@ func (k *grantKey) granted(askedAt, now time.Time, asked, cost int64, d Decision
 		}
 		back := k.held
 		k.held = 0
-		short := k.decision(false, 0, 0)
+		short := k.decision(false, 0, 1)
 		short.Path = PathRedis
 		return short, back
 	}

@@ -539,3 +539,56 @@ func TestGrantsCloseWaitsForAnAskInFlight(t *testing.T) {
 		t.Fatalf("the server's remaining %d, want %d", got, 1000-admitted)
 	}
 }
+
+// TestGrantsNextAskWaits: the grant state's arithmetic, as the other kits
+// (contract grants.batched.next_ask_at): a grant below the ask waits
+// hold_ms before the next ask once it is spent; a denial of a batch waits
+// max(wait_ms, hold_ms), of one unit wait_ms; wait_ms -1 never asks again;
+// a grant too small for the cost goes back at once.
+func TestGrantsNextAskWaits(t *testing.T) {
+	t0 := time.Now()
+	newKey := func() *grantKey {
+		return &grantKey{key: "k", spec: TokenBucket(1000, 1, 1000), batch: DefaultBatch, flight: make(chan struct{}, 1), limit: 1000, second: -2}
+	}
+	reply := func(granted, waitMs int64) Decision {
+		return Decision{Allowed: granted > 0, Limit: 1000, Remaining: 10, WaitMs: waitMs, Granted: granted, DeniedBy: -1}
+	}
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	k := newKey()
+	if d, back := k.granted(t0, t0, 10, 1, reply(3, 0)); !d.Allowed || back != 0 || k.held != 2 {
+		t.Fatalf("a grant of 3 for 1: %+v, back %d, held %d", d, back, k.held)
+	}
+	for i := 0; i < 2; i++ {
+		if st := k.step(t0, 1, 0, false); !st.done || !st.d.Allowed || st.d.Path != PathGrant {
+			t.Fatalf("held unit %d: %+v", i, st)
+		}
+	}
+	if st := k.step(ms(10), 1, 0, false); !st.done || st.d.Allowed || st.d.WaitMs != 40 {
+		t.Fatalf("spent, 10 ms after a short grant: %+v", st)
+	}
+	if st := k.step(ms(50), 1, 0, false); st.done {
+		t.Fatalf("hold_ms after a short grant: %+v, want an ask", st)
+	}
+	k.granted(ms(60), ms(60), 10, 1, reply(0, 20))
+	if st := k.step(ms(109), 1, 0, false); !st.done || st.d.Allowed {
+		t.Fatalf("49 ms after a denied batch: %+v", st)
+	}
+	k.granted(ms(110), ms(110), 1, 1, reply(0, 20))
+	if st := k.step(ms(130), 1, 0, false); st.done {
+		t.Fatalf("wait_ms after a denied unit: %+v, want an ask", st)
+	}
+	k.granted(ms(130), ms(130), 1, 1, reply(0, -1))
+	if st := k.step(ms(9000), 1, 0, false); !st.done || !st.d.Never() {
+		t.Fatalf("after wait_ms -1: %+v", st)
+	}
+	k = newKey()
+	if d, back := k.granted(t0, t0, 5, 5, reply(2, 0)); d.Allowed || back != 2 || k.held != 0 {
+		t.Fatalf("a grant of 2 for 5: %+v, back %d, held %d", d, back, k.held)
+	}
+	// A waiter that shared a grant that ran out is denied in process.
+	k = newKey()
+	k.granted(t0, t0, 1, 1, reply(1, 0))
+	if st := k.step(t0, 1, 0, true); !st.done || st.d.Allowed || st.d.RetryAfter <= 0 {
+		t.Fatalf("a waiter after the grant ran out: %+v", st)
+	}
+}
