@@ -461,13 +461,15 @@ func (k *grantKey) granted(askedAt, now time.Time, asked, cost int64, d Decision
 	k.limit, k.waitMs, k.reset = d.Limit, d.WaitMs, d.ResetAfter
 	out := d
 	out.Granted, out.DeniedBy = -1, -1
+	// When the next ask may go: the contract's next_ask_at (grantmath.go).
+	delay, never := NextAskAfter(asked, got, d.WaitMs, k.batch.HoldMs)
+	k.nextAskAt = time.Time{}
+	if delay > 0 {
+		k.nextAskAt = askedAt.Add(delay)
+	}
 	if got >= 1 {
 		k.held += got
 		k.grantedAt, k.never = now, false
-		k.nextAskAt = time.Time{}
-		if got < asked {
-			k.nextAskAt = askedAt.Add(k.hold())
-		}
 		if k.held >= cost {
 			k.held -= cost
 			return out, 0
@@ -478,15 +480,7 @@ func (k *grantKey) granted(askedAt, now time.Time, asked, cost int64, d Decision
 		short.Path = PathRedis
 		return short, back
 	}
-	if d.WaitMs < 0 {
-		k.never = true
-	} else {
-		wait := time.Duration(d.WaitMs) * time.Millisecond
-		if asked > 1 {
-			wait = max(wait, k.hold())
-		}
-		k.nextAskAt = askedAt.Add(wait)
-	}
+	k.never = never
 	return out, 0
 }
 
