@@ -48,10 +48,14 @@ func ctWantBad(t *testing.T, what string, err error, arg string) {
 	}
 }
 
-// TestClientCommands runs every typed call against Redis 7.0 and Valkey.
+// TestClientCommands runs every typed call against Redis 7.0, Valkey and
+// (when its binary is found) Redis 8.2.
 func TestClientCommands(t *testing.T) {
-	for _, kind := range []testserver.Kind{testserver.Redis, testserver.Valkey} {
+	for _, kind := range testserver.Kinds {
 		t.Run(kind.String(), func(t *testing.T) {
+			if kind == testserver.Redis82 && !testserver.Available(kind) {
+				t.Skip("no Redis 8.2 binary (REDIS82_SERVER, scripts/redis8-path.sh)")
+			}
 			srv := testserver.Start(t, kind)
 			c := ctClient(t, srv.Client())
 			ctCommands(t, c, srv)
@@ -621,8 +625,14 @@ func TestClientAcquire(t *testing.T) {
 // TestClientCluster: a 3-master cluster: RL.HIT and RL.ALL (hash tags) go
 // to the key's master, no MOVED anywhere; policies are set on every master.
 func TestClientCluster(t *testing.T) {
+	for _, kind := range []testserver.Kind{testserver.Redis, testserver.Valkey} {
+		t.Run(kind.String(), func(t *testing.T) { ctCluster(t, kind) })
+	}
+}
+
+func ctCluster(t *testing.T, kind testserver.Kind) {
 	ctx := context.Background()
-	cl := testserver.StartCluster(t, 3)
+	cl := testserver.StartClusterKind(t, kind, 3)
 	c := ctClient(t, cl.ClusterClient())
 	if !c.IsCluster() {
 		t.Fatal("IsCluster")
