@@ -339,6 +339,7 @@ func redisKilled(t *testing.T, mode string, n int) {
 
 	var (
 		redisAnswers, fallbackAnswers atomic.Int64
+		fallbackDenials               atomic.Int64
 		failures                      atomic.Int64
 		lastErr                       atomic.Value
 		mu                            sync.Mutex
@@ -383,6 +384,9 @@ func redisKilled(t *testing.T, mode string, n int) {
 					}
 				case "fallback":
 					fallbackAnswers.Add(1)
+					if a.status == http.StatusTooManyRequests {
+						fallbackDenials.Add(1)
+					}
 					if mode == "closed" {
 						if a.status != http.StatusTooManyRequests || a.header.Get("Retry-After") != "1" ||
 							a.header.Get("Content-Type") != ratelimit.ProblemContentType || !strings.Contains(a.body, `"status":429`) {
@@ -461,5 +465,40 @@ func redisKilled(t *testing.T, mode string, n int) {
 			t.Errorf("instance %d: no probe closed the breaker: %+v", i, s)
 		}
 	}
-	t.Logf("%s: %d answers decided by Redis, %d by the fallback", mode, redisAnswers.Load(), fallbackAnswers.Load())
+	// The metrics counted the fallback's decisions too, exactly: an
+	// admission once for each of the two rules, a denial once.
+	var counted float64
+	for _, in := range instances {
+		counted += in.metric(t, "ratelimit_decisions_total", `level="fallback"`)
+	}
+	if want := 2*(fallbackAnswers.Load()-fallbackDenials.Load()) + fallbackDenials.Load(); counted != float64(want) {
+		t.Errorf("/metrics counted %v decisions of the fallback; its %d answers (%d denials) make %d", counted, fallbackAnswers.Load(), fallbackDenials.Load(), want)
+	}
+	t.Logf("%s: %d answers decided by Redis, %d by the fallback (%v in the metrics)", mode, redisAnswers.Load(), fallbackAnswers.Load(), counted)
+}
+
+// metric sums the samples of a family on the instance's /metrics whose
+// labels contain match.
+func (in *instance) metric(t *testing.T, family, match string) float64 {
+	t.Helper()
+	resp, err := http.Get(in.url + "/metrics")
+	if err != nil {
+		t.Fatalf("GET /metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("GET /metrics: %v", err)
+	}
+	var sum float64
+	for _, line := range strings.Split(string(b), "\n") {
+		if !strings.HasPrefix(line, family+"{") || !strings.Contains(line, match) {
+			continue
+		}
+		f := strings.Fields(line)
+		if v, err := strconv.ParseFloat(f[len(f)-1], 64); err == nil {
+			sum += v
+		}
+	}
+	return sum
 }
