@@ -61,6 +61,13 @@ func TestClientCommands(t *testing.T) {
 			ctCommands(t, c, srv)
 		})
 	}
+	// RESP2: the replies read the same (arrays where RESP3 has maps).
+	t.Run("redis-resp2", func(t *testing.T) {
+		srv := testserver.Start(t, testserver.Redis)
+		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), Protocol: 2})
+		defer rdb.Close()
+		ctCommands(t, ctClient(t, rdb), srv)
+	})
 }
 
 func ctCommands(t *testing.T, c *Client, srv *testserver.Server) {
