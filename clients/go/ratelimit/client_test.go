@@ -755,6 +755,14 @@ func TestClientSentinel(t *testing.T) {
 		v, err := replica.Do(ctx, "EXISTS", "fw")
 		return err == nil && v.(int64) == 1
 	})
+	// A replica answers READONLY: the server's reply, and unavailability
+	// (the breaker's business, not a bad request).
+	onReplica := ctClient(t, replica.Client())
+	_, err := onReplica.FixedWindow(ctx, "fw", 100, 600000, Request{})
+	var se *ServerError
+	if !errors.As(err, &se) || !strings.HasPrefix(se.Message, "READONLY") || !errors.Is(err, ErrConnection) || !IsUnavailable(err) {
+		t.Fatalf("a limiter call on a replica: %v", err)
+	}
 	sentinel.Failover(t)
 	testserver.WaitUntil(t, "the Sentinel to name the replica", func() bool { return sentinel.MasterAddr() == replica.Addr() })
 	testserver.WaitUntil(t, "a call on the new master", func() bool {
