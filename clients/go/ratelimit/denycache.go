@@ -17,7 +17,7 @@ type denyEntry struct {
 
 type denyShard struct {
 	mu sync.Mutex
-	m  map[string]denyEntry
+	m  map[mapKey]denyEntry
 }
 
 // denyCache is the local deny cache: after a denial with wait_ms w, the same
@@ -34,7 +34,7 @@ type denyCache struct {
 func newDenyCache(max time.Duration, capacity int) *denyCache {
 	c := &denyCache{max: max, capPer: max1(capacity / denyShards), seed: maphash.MakeSeed()}
 	for i := range c.shards {
-		c.shards[i].m = make(map[string]denyEntry)
+		c.shards[i].m = make(map[mapKey]denyEntry)
 	}
 	return c
 }
@@ -46,12 +46,13 @@ func max1(n int) int {
 	return n
 }
 
-func (c *denyCache) shard(key string) *denyShard {
-	return &c.shards[maphash.String(c.seed, key)%denyShards]
+func (c *denyCache) shard(key mapKey) *denyShard {
+	h := maphash.String(c.seed, key.rule) ^ maphash.String(c.seed, key.id)*0x9e3779b97f4a7c15
+	return &c.shards[h%denyShards]
 }
 
 // get is the cached denial of key, its times counted down to now.
-func (c *denyCache) get(key string, now time.Time) (Decision, bool) {
+func (c *denyCache) get(key mapKey, now time.Time) (Decision, bool) {
 	s := c.shard(key)
 	s.mu.Lock()
 	e, ok := s.m[key]
@@ -75,7 +76,7 @@ func (c *denyCache) get(key string, now time.Time) (Decision, bool) {
 
 // put remembers a denial of key for min(wait, max); a denial that can never
 // pass, or has no wait, is not cached.
-func (c *denyCache) put(key string, d Decision, now time.Time) {
+func (c *denyCache) put(key mapKey, d Decision, now time.Time) {
 	if d.Allowed || d.WaitMs <= 0 {
 		return
 	}
@@ -93,7 +94,7 @@ func (c *denyCache) put(key string, d Decision, now time.Time) {
 			}
 		}
 		if len(s.m) >= c.capPer {
-			var soonest string
+			var soonest mapKey
 			var at time.Time
 			first := true
 			for k, e := range s.m {

@@ -14,31 +14,31 @@ func denial(waitMs int64) Decision {
 func TestLimiterDenyCacheCountsDownAndExpires(t *testing.T) {
 	c := newDenyCache(time.Second, 10)
 	at := time.Unix(1000, 0)
-	c.put("k", denial(60000), at)
-	d, ok := c.get("k", at.Add(300*time.Millisecond))
+	c.put(mk("k"), denial(60000), at)
+	d, ok := c.get(mk("k"), at.Add(300*time.Millisecond))
 	if !ok || d.Path != PathDenyCache || d.WaitMs != 59700 || d.RetryAfter != 59700*time.Millisecond || d.ResetAfter != time.Minute-300*time.Millisecond {
 		t.Fatalf("hit: %v %+v", ok, d)
 	}
 	// Cached for min(wait, max): a second.
-	if _, ok := c.get("k", at.Add(time.Second)); ok {
+	if _, ok := c.get(mk("k"), at.Add(time.Second)); ok {
 		t.Fatal("still cached after max")
 	}
-	c.put("short", denial(3), at)
-	if d, ok := c.get("short", at.Add(2*time.Millisecond)); !ok || d.WaitMs != 1 {
+	c.put(mk("short"), denial(3), at)
+	if d, ok := c.get(mk("short"), at.Add(2*time.Millisecond)); !ok || d.WaitMs != 1 {
 		t.Fatalf("short: %v %+v", ok, d)
 	}
-	if _, ok := c.get("short", at.Add(3*time.Millisecond)); ok {
+	if _, ok := c.get(mk("short"), at.Add(3*time.Millisecond)); ok {
 		t.Fatal("short still cached after its wait")
 	}
 	// Admissions and denials that never pass are not cached.
 	ok1 := denial(10)
 	ok1.Allowed = true
-	c.put("ok", ok1, at)
-	c.put("never", denial(-1), at)
-	if _, ok := c.get("ok", at); ok {
+	c.put(mk("ok"), ok1, at)
+	c.put(mk("never"), denial(-1), at)
+	if _, ok := c.get(mk("ok"), at); ok {
 		t.Fatal("an admission was cached")
 	}
-	if _, ok := c.get("never", at); ok {
+	if _, ok := c.get(mk("never"), at); ok {
 		t.Fatal("a denial that never passes was cached")
 	}
 }
@@ -47,60 +47,60 @@ func TestLimiterDenyCacheIsBounded(t *testing.T) {
 	c := newDenyCache(time.Second, 160)
 	at := time.Unix(1000, 0)
 	for i := 0; i < 10000; i++ {
-		c.put(fmt.Sprint("k", i), denial(1000), at.Add(time.Duration(i)*time.Microsecond))
+		c.put(mk(fmt.Sprint("k", i)), denial(1000), at.Add(time.Duration(i)*time.Microsecond))
 	}
 	if n := c.len(); n > 160 {
 		t.Fatalf("%d entries for a cap of 160", n)
 	}
-	if _, ok := c.get("k9999", at.Add(10*time.Millisecond)); !ok {
+	if _, ok := c.get(mk("k9999"), at.Add(10*time.Millisecond)); !ok {
 		t.Fatal("the newest was evicted")
 	}
 }
 
 func TestLimiterLocalAllOrNothing(t *testing.T) {
 	l := newLocalLimiters(10)
-	a := localLimit{"a", SlidingWindow(2, 60000)}
-	b := localLimit{"b", SlidingWindow(1, 60000)}
-	if _, pos, _ := l.takeAll([]localLimit{a, b}, 1); pos != -1 {
+	a := localLimit{mk("a"), SlidingWindow(2, 60000)}
+	b := localLimit{mk("b"), SlidingWindow(1, 60000)}
+	if _, pos, _ := take(l, []localLimit{a, b}, 1); pos != -1 {
 		t.Fatal("the first should pass")
 	}
-	_, pos, d := l.takeAll([]localLimit{a, b}, 1)
+	_, pos, d := take(l, []localLimit{a, b}, 1)
 	if pos != 1 || d.Allowed {
 		t.Fatalf("b denies: %d %+v", pos, d)
 	}
 	// Nothing was taken from a by the denied call: one unit is left.
-	if _, pos, _ := l.takeAll([]localLimit{a}, 1); pos != -1 {
+	if _, pos, _ := take(l, []localLimit{a}, 1); pos != -1 {
 		t.Fatal("a kept a unit")
 	}
-	if _, pos, _ := l.takeAll([]localLimit{a}, 1); pos != 0 {
+	if _, pos, _ := take(l, []localLimit{a}, 1); pos != 0 {
 		t.Fatal("a is full")
 	}
 	l.refundAll([]localLimit{a}, 1)
-	if _, pos, _ := l.takeAll([]localLimit{a}, 1); pos != -1 {
+	if _, pos, _ := take(l, []localLimit{a}, 1); pos != -1 {
 		t.Fatal("the refund gave the unit back")
 	}
 }
 
 func TestLimiterLocalChargeOweAndBound(t *testing.T) {
 	l := newLocalLimiters(10)
-	acc := []localLimit{{"a", SlidingWindow(3, 60000)}}
-	ds, _, _ := l.takeAll(acc, 1)
+	acc := []localLimit{{mk("a"), SlidingWindow(3, 60000)}}
+	ds, _, _ := take(l, acc, 1)
 	if ds[0].Remaining != 2 {
 		t.Fatalf("%+v", ds[0])
 	}
 	// Units Redis admitted, and a lost call's: forced into debt.
 	l.chargeAll(acc, 2)
 	l.chargeAll(acc, 2)
-	if _, pos, d := l.takeAll(acc, 1); pos != 0 || d.Allowed {
+	if _, pos, d := take(l, acc, 1); pos != 0 || d.Allowed {
 		t.Fatalf("in debt: %+v", d)
 	}
-	two := []localLimit{{"x", SlidingWindow(5, 60000)}, {"y", SlidingWindow(5, 60000)}}
+	two := []localLimit{{mk("x"), SlidingWindow(5, 60000)}, {mk("y"), SlidingWindow(5, 60000)}}
 	if got := l.takeOwed(two); got[0] != 0 || got[1] != 0 {
 		t.Fatalf("nothing owed yet: %v", got)
 	}
-	l.takeAll(two, 2)
+	take(l, two, 2)
 	l.oweAll(two[:1], 2)
-	l.takeAll(two, 1)
+	take(l, two, 1)
 	l.oweAll(two, 1)
 	if got := l.takeOwed(two); got[0] != 3 || got[1] != 1 {
 		t.Fatalf("owed: %v", got)
@@ -110,7 +110,7 @@ func TestLimiterLocalChargeOweAndBound(t *testing.T) {
 	}
 	small := newLocalLimiters(50)
 	for i := 0; i < 1000; i++ {
-		small.takeAll([]localLimit{{fmt.Sprint("k", i), SlidingWindow(5, 60000)}}, 1)
+		take(small, []localLimit{{mk(fmt.Sprint("k", i)), SlidingWindow(5, 60000)}}, 1)
 	}
 	if n := small.size(); n > 50 {
 		t.Fatalf("%d limiters for a cap of 50", n)
@@ -159,4 +159,10 @@ func TestLimiterRuleKeysAndBuilders(t *testing.T) {
 	if got := scaledSpec(FixedWindow(10, 1000), 50).Params(); got[0] != 5 {
 		t.Fatalf("scaled: %v", got)
 	}
+}
+
+func mk(id string) mapKey { return mapKey{rule: "r", id: id} }
+
+func take(l *localLimiters, limits []localLimit, cost uint64) ([]Decision, int, Decision) {
+	return l.takeAll(limits, cost, nowMicros(), nil)
 }

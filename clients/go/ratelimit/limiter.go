@@ -249,8 +249,12 @@ type checkedRule struct {
 	// account is the local-only fallback's share.
 	account    Spec
 	hasAccount bool
-	// signature identifies the rule in the deny cache and the local maps.
+	// signature identifies the rule's algorithm and parameters (or policy).
 	signature string
+	// cacheRule identifies the rule and the fixed part of its key in the deny
+	// cache and the local maps, whose keys are {cacheRule, cacheID(identity)}:
+	// no key is built for a decision made in process.
+	cacheRule string
 	label     string
 	// grant is what the grants level prepared for a batched or striped rule.
 	grant   any
@@ -353,6 +357,10 @@ func (l *Limiter) RuleSet(ctx context.Context, rules ...Rule) (*RuleSet, error) 
 		if cr.hasSpec {
 			cr.account, cr.hasAccount = localShare(cr.spec, l.cfg.instances, l.cfg.ratio), true
 		}
+		cr.cacheRule = cr.signature + "\x00" + r.Key("")
+		if r.global {
+			cr.cacheRule += "\x00="
+		}
 		set.rules = append(set.rules, cr)
 	}
 	for i, r := range set.rules {
@@ -439,18 +447,32 @@ func (l *Limiter) CheckFrom(ctx context.Context, set *RuleSet, identity string, 
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	keys := make([]string, len(set.rules))
-	for i, r := range set.rules {
-		keys[i] = r.rule.Key(identity)
-	}
-	d := l.decide(ctx, set, keys, cost)
-	l.observe(set, keys, d, origin)
+	d := l.decide(ctx, set, identity, cost)
+	l.observe(set, identity, d, origin)
 	return d
+}
+
+// cacheID is the identity's part of a rule's map keys ("" for a global
+// rule: its key is fixed).
+func (r *checkedRule) cacheID(identity string) string {
+	if r.rule.global {
+		return ""
+	}
+	return identity
+}
+
+// keysOf are the set's limiter keys for identity.
+func keysOf(set *RuleSet, identity string) []string {
+	keys := make([]string, len(set.rules))
+	for i := range set.rules {
+		keys[i] = set.rules[i].rule.Key(identity)
+	}
+	return keys
 }
 
 // observe counts a set's decision: admitted for every rule of the set, or
 // denied for the rule that denied (and its deny event).
-func (l *Limiter) observe(set *RuleSet, keys []string, d Decision, origin Origin) {
+func (l *Limiter) observe(set *RuleSet, identity string, d Decision, origin Origin) {
 	m, ev := l.cfg.metrics, l.cfg.events
 	if m == nil && ev == nil {
 		return
@@ -464,7 +486,7 @@ func (l *Limiter) observe(set *RuleSet, keys []string, d Decision, origin Origin
 	} else {
 		m.Decision(r.label, d.Path, "denied")
 		ev.Record(DenyEvent{
-			Timestamp: time.Now(), Key: keys[i], Rule: r.label, Level: d.Path.String(),
+			Timestamp: time.Now(), Key: r.rule.Key(identity), Rule: r.label, Level: d.Path.String(),
 			Limit: d.Limit, Remaining: d.Remaining, RetryAfterMs: d.WaitMs,
 			ClientIP: origin.ClientIP, UserAgent: origin.UserAgent,
 		})
@@ -493,10 +515,11 @@ func (l *Limiter) named(set *RuleSet, d Decision) Decision {
 	return d
 }
 
-func (l *Limiter) decide(ctx context.Context, set *RuleSet, keys []string, cost uint64) Decision {
+func (l *Limiter) decide(ctx context.Context, set *RuleSet, identity string, cost uint64) Decision {
 	if set.rest == nil && !set.rules[0].isGrant {
-		return l.named(set, l.decidePlain(ctx, set, keys, cost))
+		return l.named(set, l.decidePlain(ctx, set, identity, cost))
 	}
+	keys := keysOf(set, identity)
 	// The grant rules first (mostly in process), then the others in one
 	// call; a later denial gives back what the earlier ones took.
 	var undo []func()
@@ -523,11 +546,7 @@ func (l *Limiter) decide(ctx context.Context, set *RuleSet, keys []string, cost 
 		last, have = d, true
 	}
 	if set.rest != nil {
-		restKeys := make([]string, len(set.restIdx))
-		for j, i := range set.restIdx {
-			restKeys[j] = keys[i]
-		}
-		d := l.decidePlain(ctx, set.rest, restKeys, cost)
+		d := l.decidePlain(ctx, set.rest, identity, cost)
 		if !d.Allowed {
 			giveBack()
 			if d.DeniedBy >= 0 && d.DeniedBy < len(set.restIdx) {
@@ -553,24 +572,28 @@ const (
 	ansNotApplied                   // nothing applied: the breaker is open, an error reply, a refused connection
 )
 
-func (l *Limiter) decidePlain(ctx context.Context, set *RuleSet, keys []string, cost uint64) Decision {
+func (l *Limiter) decidePlain(ctx context.Context, set *RuleSet, identity string, cost uint64) Decision {
 	n := len(set.rules)
-	cacheKey := func(i int) string { return set.rules[i].signature + "\x00" + keys[i] }
+	cacheKey := func(i int) mapKey {
+		r := &set.rules[i]
+		return mapKey{rule: r.cacheRule, id: r.cacheID(identity)}
+	}
 	// An RL.ALL denial waits for the slowest limiter that denied, which need
 	// not be the one it names: it is cached for this very set of rules and
 	// keys, never for one rule alone.
-	setKey := func() string {
-		var b strings.Builder
+	setKey := func() mapKey {
+		var rb, ib strings.Builder
 		for i := 0; i < n; i++ {
-			if i > 0 {
-				b.WriteByte(1)
-			}
-			b.WriteString(cacheKey(i))
+			k := cacheKey(i)
+			rb.WriteByte(1)
+			rb.WriteString(k.rule)
+			ib.WriteByte(1)
+			ib.WriteString(k.id)
 		}
-		return b.String()
+		return mapKey{rule: rb.String(), id: ib.String()}
 	}
+	now := time.Now()
 	if l.deny != nil {
-		now := time.Now()
 		for i := 0; i < n; i++ {
 			if d, ok := l.deny.get(cacheKey(i), now); ok {
 				d.DeniedBy = i
@@ -588,18 +611,21 @@ func (l *Limiter) decidePlain(ctx context.Context, set *RuleSet, keys []string, 
 		}
 	}
 
-	// The local level of the global rules, taken before the call.
-	var locals []localLimit
-	var localIdx []int
-	for i, r := range set.rules {
-		if r.hasLocal {
+	// The local level of the global rules, taken before the call (in
+	// buffers on the stack for the usual small sets).
+	var localBuf [4]localLimit
+	var localIdxBuf [4]int
+	var takenBuf [4]Decision
+	locals, localIdx := localBuf[:0], localIdxBuf[:0]
+	for i := range set.rules {
+		if r := &set.rules[i]; r.hasLocal {
 			locals = append(locals, localLimit{key: cacheKey(i), spec: r.local})
 			localIdx = append(localIdx, i)
 		}
 	}
 	var taken []Decision
 	if len(locals) > 0 {
-		ds, pos, denied := l.local.takeAll(locals, cost)
+		ds, pos, denied := l.local.takeAll(locals, cost, now.UnixMicro(), takenBuf[:0])
 		if pos >= 0 {
 			i := localIdx[pos]
 			l.stats.localDenied.Add(1)
@@ -615,14 +641,16 @@ func (l *Limiter) decidePlain(ctx context.Context, set *RuleSet, keys []string, 
 	}
 
 	// The other rules' accounts: only the local-only fallback keeps them.
-	var accounts []localLimit
-	var accountIdx []int
+	var accountBuf [4]localLimit
+	var accountIdxBuf [4]int
+	accounts, accountIdx := accountBuf[:0], accountIdxBuf[:0]
 	if l.cfg.fallback == LocalOnly {
-		for i, r := range set.rules {
+		for i := range set.rules {
+			r := &set.rules[i]
 			if r.hasLocal {
 				continue
 			}
-			if spec, ok := l.accountSpec(&r); ok {
+			if spec, ok := l.accountSpec(r); ok {
 				accounts = append(accounts, localLimit{key: cacheKey(i), spec: spec})
 				accountIdx = append(accountIdx, i)
 			}
@@ -636,6 +664,7 @@ func (l *Limiter) decidePlain(ctx context.Context, set *RuleSet, keys []string, 
 		if l.client == nil {
 			break
 		}
+		keys := keysOf(set, identity)
 		l.settle(ctx, set, keys, locals, localIdx, accounts, accountIdx)
 		l.stats.redisCalls.Add(1)
 		var err error
@@ -900,7 +929,8 @@ func (l *Limiter) fallback(set *RuleSet, cost uint64, locals []localLimit, local
 	}
 	// LocalOnly: global rules were taken by the local level already; the
 	// others are taken from their accounts here.
-	ds, pos, denied := l.accounts.takeAll(accounts, cost)
+	var buf [4]Decision
+	ds, pos, denied := l.accounts.takeAll(accounts, cost, nowMicros(), buf[:0])
 	if pos >= 0 {
 		if lost {
 			l.accounts.chargeAll(accounts, cost)
@@ -950,8 +980,8 @@ func (l *Limiter) fallbackOne(set *RuleSet, i int, key string, cost uint64, lost
 		wait := max(l.breaker.config.OpenFor.Milliseconds(), 1)
 		d = Decision{Limit: limit, WaitMs: wait, RetryAfter: time.Duration(wait) * time.Millisecond, ResetAfter: time.Duration(wait) * time.Millisecond}
 	case l.cfg.fallback == LocalOnly && r.hasAccount:
-		acc := []localLimit{{key: r.signature + "\x00" + key, spec: r.account}}
-		ds, pos, denied := l.accounts.takeAll(acc, cost)
+		acc := []localLimit{{key: mapKey{rule: r.signature + "\x00", id: key}, spec: r.account}}
+		ds, pos, denied := l.accounts.takeAll(acc, cost, nowMicros(), nil)
 		if pos >= 0 {
 			if lost {
 				l.accounts.chargeAll(acc, cost)
@@ -988,3 +1018,8 @@ func (l *Limiter) policySpec(ctx context.Context, name string) (Spec, bool, erro
 	}
 	return info.Spec, true, nil
 }
+
+// mapKey is a key of the deny cache and the local maps: a rule (with the
+// fixed part of its key) and the identity, kept apart so that a decision
+// made in process builds no string.
+type mapKey struct{ rule, id string }

@@ -9,7 +9,7 @@ import (
 // localLimit is one in-process limiter of a decision: its map key and its
 // spec (at the instance's share).
 type localLimit struct {
-	key  string
+	key  mapKey
 	spec Spec
 }
 
@@ -31,14 +31,14 @@ type localEntry struct {
 // the cap at a time.
 type localLimiters struct {
 	mu     sync.Mutex
-	m      map[string]*localEntry
+	m      map[mapKey]*localEntry
 	cap    int
 	owing  int // entries with owed > 0
 	nowFor func() int64
 }
 
 func newLocalLimiters(capacity int) *localLimiters {
-	return &localLimiters{m: make(map[string]*localEntry), cap: max1(capacity), nowFor: nowMicros}
+	return &localLimiters{m: make(map[mapKey]*localEntry), cap: max1(capacity), nowFor: nowMicros}
 }
 
 // nowMicros is the wall clock in microseconds, as the core counts it.
@@ -60,11 +60,11 @@ func (l *localLimiters) step(lim localLimit, req Request, now int64) Decision {
 	return d
 }
 
-// takeAll is all or nothing over limits: if every one admits cost, takes it
-// from each and answers their decisions, in order, with -1; otherwise takes
+// takeAll is all or nothing over limits at nowUs: if every one admits cost,
+// takes it from each and answers their decisions appended to out, in order,
+// with -1; otherwise takes
 // nothing and answers the position and decision of the first that denied.
-func (l *localLimiters) takeAll(limits []localLimit, cost uint64) ([]Decision, int, Decision) {
-	now := l.nowFor()
+func (l *localLimiters) takeAll(limits []localLimit, cost uint64, now int64, out []Decision) ([]Decision, int, Decision) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.makeRoom(len(limits), now)
@@ -74,7 +74,7 @@ func (l *localLimiters) takeAll(limits []localLimit, cost uint64) ([]Decision, i
 		if !d.Allowed {
 			return nil, 0, d
 		}
-		return []Decision{d}, -1, Decision{}
+		return append(out, d), -1, Decision{}
 	}
 	for i, lim := range limits {
 		var st *LocalState
@@ -85,9 +85,8 @@ func (l *localLimiters) takeAll(limits []localLimit, cost uint64) ([]Decision, i
 			return nil, i, d
 		}
 	}
-	out := make([]Decision, len(limits))
-	for i, lim := range limits {
-		out[i] = l.step(lim, Cost(cost), now)
+	for _, lim := range limits {
+		out = append(out, l.step(lim, Cost(cost), now))
 	}
 	return out, -1, Decision{}
 }
@@ -177,7 +176,7 @@ func (l *localLimiters) makeRoom(n int, now int64) {
 	}
 	type idle struct {
 		at  int64
-		key string
+		key mapKey
 	}
 	byIdle := make([]idle, 0, len(l.m))
 	for k, e := range l.m {
@@ -189,7 +188,7 @@ func (l *localLimiters) makeRoom(n int, now int64) {
 	}
 }
 
-func (l *localLimiters) drop(key string, e *localEntry) {
+func (l *localLimiters) drop(key mapKey, e *localEntry) {
 	if e.owed > 0 {
 		l.owing--
 	}
