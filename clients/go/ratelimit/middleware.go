@@ -318,34 +318,47 @@ func (m *middleware) initInFlight() error {
 		return nil
 	}
 	rule := *m.cfg.inFlight
-	if err := rule.Validate(); err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	spec, err := m.l.InFlightSpec(ctx, rule)
+	if err != nil {
 		return err
-	}
-	spec, ok := rule.Spec()
-	if !ok {
-		if m.l.client == nil {
-			return &InvalidArgumentError{Rule: rule.Name(), Arg: "client", Reason: "the limiter has no client (NewLimiter(nil))"}
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*m.l.client.Deadline()+time.Second)
-		defer cancel()
-		var err error
-		spec, ok, err = m.l.policySpec(ctx, rule.Policy())
-		if err != nil {
-			return fmt.Errorf("ratelimit: reading the in-flight policy %q: %w", rule.Policy(), err)
-		}
-		if !ok {
-			return rule.bad("policy", "no policy %q on the server (RL.POLICY SET it first)", rule.Policy())
-		}
-	}
-	if spec.Algorithm() != AlgorithmConcurrency {
-		return rule.bad("algorithm", "the in-flight cap needs a CONCURRENCY rule (ConcurrencySpec, or a policy set as CONCURRENCY limit lease_ms), not %s", spec.Algorithm())
-	}
-	if rule.IsGlobal() {
-		return rule.bad("global", "the in-flight cap is per identity")
 	}
 	m.policy += ", " + PolicyItem(rule.Name(), spec)
 	m.inFlight = &inFlightCap{l: m.l, rule: rule, name: rule.Name()}
 	return nil
+}
+
+// InFlightSpec checks a rule for a requests-in-flight cap (the HTTP
+// middleware's and the gRPC interceptors' WithInFlight): a per-identity
+// CONCURRENCY rule, inline or a policy the server has (read now). Its spec
+// gives the cap's RateLimit-Policy item; a bad rule is an
+// *InvalidArgumentError naming the argument.
+func (l *Limiter) InFlightSpec(ctx context.Context, rule Rule) (Spec, error) {
+	if err := rule.Validate(); err != nil {
+		return Spec{}, err
+	}
+	spec, ok := rule.Spec()
+	if !ok {
+		if l == nil || l.client == nil {
+			return Spec{}, &InvalidArgumentError{Rule: rule.Name(), Arg: "client", Reason: "the limiter has no client (NewLimiter(nil))"}
+		}
+		var err error
+		spec, ok, err = l.policySpec(ctx, rule.Policy())
+		if err != nil {
+			return Spec{}, fmt.Errorf("ratelimit: reading the in-flight policy %q: %w", rule.Policy(), err)
+		}
+		if !ok {
+			return Spec{}, rule.bad("policy", "no policy %q on the server (RL.POLICY SET it first)", rule.Policy())
+		}
+	}
+	if spec.Algorithm() != AlgorithmConcurrency {
+		return Spec{}, rule.bad("algorithm", "the in-flight cap needs a CONCURRENCY rule (ConcurrencySpec, or a policy set as CONCURRENCY limit lease_ms), not %s", spec.Algorithm())
+	}
+	if rule.IsGlobal() {
+		return Spec{}, rule.bad("global", "the in-flight cap is per identity")
+	}
+	return spec, nil
 }
 
 // hold takes the request's unit: its lease (ID 0 when the fallback admitted

@@ -20,6 +20,7 @@ package ratelimitgrpc
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -121,9 +122,21 @@ func PeerIP(ctx context.Context) (netip.Addr, bool) {
 type Option func(*config)
 
 type config struct {
-	cost    func(ctx context.Context, fullMethod string) uint64
-	skip    func(ctx context.Context, fullMethod string) bool
-	missing ratelimit.MissingKey
+	cost     func(ctx context.Context, fullMethod string) uint64
+	skip     func(ctx context.Context, fullMethod string) bool
+	missing  ratelimit.MissingKey
+	inFlight *ratelimit.Rule
+}
+
+// WithInFlight caps the calls in flight per identity (a stream counts
+// until it ends): rule is a CONCURRENCY rule (inline, or a policy the
+// server has), as the HTTP middleware's WithInFlight. Each call the rate
+// rules admit takes a lease of one unit before its handler runs and
+// releases it when the handler returns; a full cap ends the call with
+// ResourceExhausted naming the cap. The rule is checked when the
+// interceptors are made (NewInterceptors returns a bad one as an error).
+func WithInFlight(rule ratelimit.Rule) Option {
+	return func(c *config) { c.inFlight = &rule }
 }
 
 // WithCost makes every call cost n units (1 by default).
@@ -176,6 +189,16 @@ func newLimiter(l *ratelimit.Limiter, set *ratelimit.RuleSet, key KeyFunc, opts 
 		g.err = &ratelimit.InvalidArgumentError{Rule: "interceptor", Arg: "key", Reason: "nil KeyFunc (KeyByMetadata, KeyByPeer, KeyByContext)"}
 	default:
 		g.policy = set.PolicyField()
+		if g.cfg.inFlight != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			spec, err := l.InFlightSpec(ctx, *g.cfg.inFlight)
+			if err != nil {
+				g.err = err
+				break
+			}
+			g.policy += ", " + ratelimit.PolicyItem(g.cfg.inFlight.Name(), spec)
+		}
 	}
 	return g
 }
@@ -210,12 +233,13 @@ func (g *limiter) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo
 	if info != nil {
 		method = info.FullMethod
 	}
-	decided, err, _ := g.decide(ctx, method, func(md metadata.MD) error { return grpc.SetHeader(ctx, md) },
+	c := g.decide(ctx, method, func(md metadata.MD) error { return grpc.SetHeader(ctx, md) },
 		func(md metadata.MD) { _ = grpc.SetTrailer(ctx, md) })
-	if err != nil {
-		return nil, err
+	if c.err != nil {
+		return nil, c.err
 	}
-	return handler(decided, req)
+	defer c.release()
+	return handler(c.ctx, req)
 }
 
 func (g *limiter) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
@@ -223,14 +247,15 @@ func (g *limiter) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 	if info != nil {
 		method = info.FullMethod
 	}
-	ctx, err, limited := g.decide(ss.Context(), method, ss.SetHeader, ss.SetTrailer)
-	if err != nil {
-		return err
+	c := g.decide(ss.Context(), method, ss.SetHeader, ss.SetTrailer)
+	if c.err != nil {
+		return c.err
 	}
-	if !limited {
+	defer c.release()
+	if !c.limited {
 		return handler(srv, ss)
 	}
-	return handler(srv, &decidedStream{ServerStream: ss, ctx: ctx})
+	return handler(srv, &decidedStream{ServerStream: ss, ctx: c.ctx})
 }
 
 // decidedStream is a stream whose context carries its decision.
@@ -241,24 +266,40 @@ type decidedStream struct {
 
 func (s *decidedStream) Context() context.Context { return s.ctx }
 
-// decide decides one call: the error to end it with, or its context with
-// the decision (limited false when it passed unlimited).
-func (g *limiter) decide(ctx context.Context, method string, setHeader func(metadata.MD) error, setTrailer func(metadata.MD)) (context.Context, error, bool) {
+// call is what decide answers: the error to end the call with, or its
+// context carrying the decision (limited false when it passes unlimited),
+// and the in-flight lease to release when the handler returns.
+type call struct {
+	ctx     context.Context
+	err     error
+	limited bool
+	lease   *ratelimit.Lease
+}
+
+// release gives the call's in-flight unit back (none without a cap).
+func (c call) release() {
+	if c.lease != nil {
+		_, _ = c.lease.Release(context.WithoutCancel(c.ctx))
+	}
+}
+
+// decide decides one call.
+func (g *limiter) decide(ctx context.Context, method string, setHeader func(metadata.MD) error, setTrailer func(metadata.MD)) call {
 	if g.err != nil {
-		return ctx, status.Error(codes.Internal, "rate limiter misconfigured: "+g.err.Error()), false
+		return call{ctx: ctx, err: status.Error(codes.Internal, "rate limiter misconfigured: "+g.err.Error())}
 	}
 	if g.cfg.skip != nil && g.cfg.skip(ctx, method) {
-		return ctx, nil, false
+		return call{ctx: ctx}
 	}
 	id, err, panicked := g.identity(ctx, method)
 	if panicked {
-		return ctx, status.Error(codes.Internal, "the rate-limit key of this request could not be computed"), false
+		return call{ctx: ctx, err: status.Error(codes.Internal, "the rate-limit key of this request could not be computed")}
 	}
 	if err != nil || id == "" {
 		if g.cfg.missing == ratelimit.MissingKeyAllow {
-			return ctx, nil, false
+			return call{ctx: ctx}
 		}
-		return ctx, status.Error(codes.InvalidArgument, "this request carries no rate-limit key"), false
+		return call{ctx: ctx, err: status.Error(codes.InvalidArgument, "this request carries no rate-limit key")}
 	}
 	cost := uint64(1)
 	if g.cfg.cost != nil {
@@ -275,20 +316,41 @@ func (g *limiter) decide(ctx context.Context, method string, setHeader func(meta
 	}
 	d := g.l.CheckFrom(ctx, g.set, id, cost, origin)
 	rule := g.set.DecidingRule(d)
+	if !d.Allowed {
+		return call{ctx: ctx, err: g.deny(rule, d, setTrailer), limited: true}
+	}
+	item := ratelimit.RateLimitItem(rule, d)
+	var lease *ratelimit.Lease
+	if g.cfg.inFlight != nil {
+		l, err := g.l.Lease(ctx, *g.cfg.inFlight, id)
+		var de *ratelimit.DeniedError
+		switch {
+		case err == nil:
+			lease = l
+			item += ", " + ratelimit.RateLimitItem(g.cfg.inFlight.Name(), l.Decision())
+		case ctx.Err() != nil:
+			return call{ctx: ctx, err: status.FromContextError(ctx.Err()).Err(), limited: true}
+		case errors.As(err, &de):
+			return call{ctx: ctx, err: g.deny(g.cfg.inFlight.Name(), de.Decision, setTrailer), limited: true}
+		}
+		// Another error (the server's): admitted without a lease.
+	}
+	_ = setHeader(metadata.Pairs(MetadataRateLimitPolicy, g.policy, MetadataRateLimit, item))
+	return call{ctx: ratelimit.NewDecisionContext(ctx, d), limited: true, lease: lease}
+}
+
+// deny sets a denial's trailers and returns its status.
+func (g *limiter) deny(rule string, d ratelimit.Decision, setTrailer func(metadata.MD)) error {
 	md := metadata.Pairs(
 		MetadataRateLimitPolicy, g.policy,
 		MetadataRateLimit, ratelimit.RateLimitItem(rule, d),
+		MetadataViolatedPolicies, rule,
 	)
-	if d.Allowed {
-		_ = setHeader(md)
-		return ratelimit.NewDecisionContext(ctx, d), nil, true
-	}
-	md.Set(MetadataViolatedPolicies, rule)
 	if s, ok := ratelimit.RetryAfterSeconds(d); ok {
 		md.Set(MetadataRetryAfter, fmt.Sprint(s))
 	}
 	setTrailer(md)
-	return ctx, Denial(rule, d), true
+	return Denial(rule, d)
 }
 
 // identity runs the KeyFunc; panicked is true when it panicked.

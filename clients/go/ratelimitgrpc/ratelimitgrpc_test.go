@@ -305,6 +305,63 @@ func TestGRPCBadInput(t *testing.T) {
 	}
 }
 
+// TestGRPCInFlight: at most one Health.Watch stream open per tenant (a
+// CONCURRENCY rule): the first opens with the rate rule's item and the
+// cap's in its ratelimit header; the second ends with ResourceExhausted
+// naming the cap, its ratelimit-policy item without w; once the first
+// stream ends (its handler returns, its lease released) a new one opens.
+// A rule that is no CONCURRENCY rule is refused, naming the algorithm.
+func TestGRPCInFlight(t *testing.T) {
+	l := gLimiter(t)
+	set, err := l.RuleSet(context.Background(), ratelimit.NewRule("per-tenant", ratelimit.FixedWindow(100, 60_000)).Prefix("grpc:cap:rate:"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := ratelimitgrpc.KeyByMetadata("x-tenant")
+	_, _, err = ratelimitgrpc.NewInterceptors(l, set, key, ratelimitgrpc.WithInFlight(ratelimit.NewRule("inflight", ratelimit.FixedWindow(1, 1000))))
+	var ia *ratelimit.InvalidArgumentError
+	if !errors.As(err, &ia) || ia.Arg != "algorithm" {
+		t.Errorf("WithInFlight of a FIXEDWINDOW rule: %v", err)
+	}
+	capRule := ratelimitgrpc.WithInFlight(ratelimit.NewRule("inflight", ratelimit.ConcurrencySpec(1, 30_000)).Prefix("grpc:cap:"))
+	unary, stream, err := ratelimitgrpc.NewInterceptors(l, set, key, capRule)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := gServe(t, unary, stream, &gSeen{})
+	const policy = `"per-tenant";q=100;w=60, "inflight";q=1`
+
+	ctx, cancel := context.WithCancel(gCtx(t, "x-tenant", "acme"))
+	w, err := client.Watch(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if msg, err := w.Recv(); err != nil || msg.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("first stream: %v %v", msg, err)
+	}
+	header, _ := w.Header()
+	items := strings.Split(first(header, "ratelimit"), ", ")
+	if first(header, "ratelimit-policy") != policy || len(items) != 2 ||
+		!strings.HasPrefix(items[0], `"per-tenant";r=99;t=`) || !strings.HasPrefix(items[1], `"inflight";r=0;t=`) {
+		t.Errorf("first stream's header %v", header)
+	}
+	w2, err := client.Watch(gCtx(t, "x-tenant", "acme"), &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = w2.Recv()
+	gCheckDenial(t, err, w2.Trailer(), "inflight", policy, 30)
+	// Another tenant has a cap of its own.
+	if _, err := client.Check(gCtx(t, "x-tenant", "other"), &healthpb.HealthCheckRequest{}); err != nil {
+		t.Errorf("another tenant: %v", err)
+	}
+	cancel()
+	testserver.WaitUntil(t, "a new stream once the first ended", func() bool {
+		_, err := client.Check(gCtx(t, "x-tenant", "acme"), &healthpb.HealthCheckRequest{})
+		return err == nil
+	})
+}
+
 // ExampleUnaryServerInterceptor limits a gRPC server per tenant (the
 // x-tenant metadata); a denied client reads its delay with RetryAfter.
 func ExampleUnaryServerInterceptor() {
