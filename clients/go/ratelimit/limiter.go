@@ -752,6 +752,11 @@ func scaledSpec(s Spec, scale int) Spec {
 // failed counts a failed call, feeds the breaker, and says whether the call
 // may have been applied.
 func (l *Limiter) failed(err error) callAnswer {
+	if errors.Is(err, context.Canceled) {
+		// The caller gave up: not Redis's failure, and the call may have
+		// been applied.
+		return ansLost
+	}
 	switch {
 	case errors.Is(err, ErrTimeout):
 		l.stats.redisTimeouts.Add(1)

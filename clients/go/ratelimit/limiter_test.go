@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis-ratelimit/redis-ratelimit/clients/go/internal/testserver"
 	"github.com/redis/go-redis/v9"
 )
@@ -544,4 +545,156 @@ func TestLimiterSentinelFailover(t *testing.T) {
 		d := l.Check(ctx, set, "u", 1)
 		return d.Path == PathRedis && replica.Calls("rl.fixedwindow") > before
 	})
+}
+
+// metricValue is the value of one sample of family name with labels (a
+// counter or gauge), or a histogram's count; -1 when absent.
+func metricValue(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range f.GetMetric() {
+			have := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				have[lp.GetName()] = lp.GetValue()
+			}
+			for k, v := range labels {
+				if have[k] != v {
+					continue next
+				}
+			}
+			switch {
+			case m.Counter != nil:
+				return m.GetCounter().GetValue()
+			case m.Gauge != nil:
+				return m.GetGauge().GetValue()
+			case m.Histogram != nil:
+				return float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return -1
+}
+
+func TestLimiterMetricsAndDenyEvents(t *testing.T) {
+	srv := testserver.Start(t, testserver.Redis)
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var shipped []DenyEvent
+	events := NewDenyEvents(CallbackSink(func(_ context.Context, batch []DenyEvent) error {
+		mu.Lock()
+		shipped = append(shipped, batch...)
+		mu.Unlock()
+		return nil
+	}))
+	l := limiterOn(t, srv.Client(), WithMetrics(m), WithDenyEvents(events), WithDenyCacheMax(time.Minute),
+		WithBreaker(BreakerConfig{Failures: 1, OpenFor: time.Hour}), WithFallback(FailClosed))
+	ctx := context.Background()
+	set := mustSet(t, l, NewRule("api", FixedWindow(2, 60000)))
+	for i := 0; i < 4; i++ {
+		l.CheckFrom(ctx, set, "alice", 1, Origin{ClientIP: "192.0.2.7", UserAgent: "curl/8"})
+	}
+	decisions := func(level, outcome string) float64 {
+		return metricValue(t, reg, "ratelimit_decisions_total", map[string]string{"rule": "api", "level": level, "outcome": outcome})
+	}
+	if a, d, c := decisions("redis", "admitted"), decisions("redis", "denied"), decisions("deny_cache", "denied"); a != 2 || d != 1 || c != 1 {
+		t.Fatalf("decisions: redis admitted %v, redis denied %v, deny_cache denied %v", a, d, c)
+	}
+	if n := metricValue(t, reg, "ratelimit_redis_seconds", nil); n != 3 {
+		t.Fatalf("round trips timed: %v, want 3", n)
+	}
+	if r := metricValue(t, reg, "ratelimit_remaining_ratio", map[string]string{"rule": "api"}); r != 0 {
+		t.Fatalf("remaining ratio after the denial: %v", r)
+	}
+	if b := metricValue(t, reg, "ratelimit_breaker_open", map[string]string{"breaker": "redis"}); b != 0 {
+		t.Fatalf("breaker gauge: %v", b)
+	}
+	srv.Kill9()
+	if d := l.Check(ctx, set, "bob", 1); d.Allowed || d.Path != PathFallback {
+		t.Fatalf("fail closed: %+v", d)
+	}
+	if b := metricValue(t, reg, "ratelimit_breaker_open", map[string]string{"breaker": "redis"}); b != 1 {
+		t.Fatalf("breaker gauge once open: %v", b)
+	}
+	if f := decisions("fallback", "denied"); f != 1 {
+		t.Fatalf("fallback denials: %v", f)
+	}
+	if err := events.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(shipped) != 3 {
+		t.Fatalf("deny events: %+v", shipped)
+	}
+	for i, level := range []string{"redis", "deny_cache", "fallback"} {
+		ev := shipped[i]
+		if ev.Level != level || ev.Rule != "api" || ev.Limit != 2 || ev.Timestamp.IsZero() {
+			t.Fatalf("event %d: %+v", i, ev)
+		}
+	}
+	if ev := shipped[0]; ev.Key != "api:alice" || ev.ClientIP != "192.0.2.7" || ev.UserAgent != "curl/8" || ev.RetryAfterMs <= 0 {
+		t.Fatalf("the first event: %+v", ev)
+	}
+	if shipped[2].Key != "api:bob" {
+		t.Fatalf("the fallback's event: %+v", shipped[2])
+	}
+}
+
+// TestLimiterOnEveryServer: the limiter's paths on each server kind found
+// (Redis 7.0, Valkey, Redis 8.2).
+func TestLimiterOnEveryServer(t *testing.T) {
+	for _, kind := range testserver.Kinds {
+		t.Run(kind.String(), func(t *testing.T) {
+			if !testserver.Available(kind) {
+				t.Skipf("no %v server on this machine", kind)
+			}
+			srv := testserver.Start(t, kind)
+			l := limiterOn(t, srv.Client(), WithInstances(2), WithDenyCacheMax(time.Minute))
+			ctx := context.Background()
+			set := mustSet(t, l,
+				NewRule("user", SlidingWindow(2, 60000)).Prefix("{s}:user:"),
+				NewRule("all", TokenBucket(10, 1, 60000)).Global("{s}:all"),
+			)
+			var paths []Path
+			for i := 0; i < 4; i++ {
+				d := l.Check(ctx, set, "u", 1)
+				paths = append(paths, d.Path)
+				if d.Allowed != (i < 2) {
+					t.Fatalf("check %d: %+v", i, d)
+				}
+			}
+			if fmt.Sprint(paths) != "[redis redis redis deny_cache]" {
+				t.Fatalf("paths %v", paths)
+			}
+			// The global share is ceil(10 * 1.1 / 2) = 6: 2 taken, 4 left.
+			for i := 0; i < 5; i++ {
+				d := l.Check(ctx, set, fmt.Sprint("v", i), 1)
+				if (i < 4) != d.Allowed || (i == 4 && d.Path != PathLocal) {
+					t.Fatalf("global %d: %+v", i, d)
+				}
+			}
+			if got := srv.Calls("rl.all"); got != 7 {
+				t.Fatalf("RL.ALL calls: %d, want 7", got)
+			}
+			g, err := l.Lease(ctx, NewRule("jobs", ConcurrencySpec(1, 5000)), "t")
+			if err != nil || g.ID() == 0 {
+				t.Fatalf("lease: %v", err)
+			}
+			if held, err := g.Release(ctx); !held || err != nil {
+				t.Fatalf("release: %v %v", held, err)
+			}
+		})
+	}
 }
