@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/redis-ratelimit/redis-ratelimit/clients/go/internal/testserver"
+	"github.com/redis/go-redis/v9"
 )
 
 // serverTimeMs is the server's clock (TIME) in ms.
@@ -591,4 +592,27 @@ func TestGrantsNextAskWaits(t *testing.T) {
 	if st := k.step(t0, 1, 0, true); !st.done || st.d.Allowed || st.d.RetryAfter <= 0 {
 		t.Fatalf("a waiter after the grant ran out: %+v", st)
 	}
+}
+
+// A global limit larger than one node: units taken in batches with UPTO
+// and spent in process, over three stripes on three masters.
+func ExampleRule_Batched() {
+	ctx := context.Background()
+	cluster := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:7000"}})
+	client, err := NewClient(ctx, cluster)
+	if err != nil {
+		return
+	}
+	limiter := NewLimiter(client)
+	defer limiter.Close(ctx) // held units go back
+	rule := NewRule("search", TokenBucket(4000, 40, 10)).
+		Global("search:global").
+		Batched(DefaultBatch). // HoldMs 50, MaxSharePct 10
+		Striped(3)             // one stripe per master
+	set, err := limiter.RuleSet(ctx, rule)
+	if err != nil {
+		return
+	}
+	d := limiter.Check(ctx, set, "", 1)
+	fmt.Println(d.Allowed, d.Path) // PathGrant when decided from held units
 }

@@ -655,3 +655,35 @@ func TestProtectionALostReportIsNotRetried(t *testing.T) {
 		t.Fatalf("the lost outcomes were sent again: %v", st)
 	}
 }
+
+// The protection loop around a route: outcomes reported, the route
+// degraded at a stage, a breaker forced open at stage 2.
+func ExampleProtectMiddleware() {
+	ctx := context.Background()
+	client, err := NewClient(ctx, redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"}))
+	if err != nil {
+		return
+	}
+	p, err := NewProtection(client, WithPolicies("api"))
+	if err != nil {
+		return
+	}
+	defer p.Close(ctx)
+	limiter := NewLimiter(client, WithProtection(p)) // local denials reported, fallback at the policy's scale
+	set, err := limiter.RuleSet(ctx, PolicyRule("api", "api").WithBreaker("db"))
+	if err != nil {
+		return
+	}
+	db := p.WatchRules(set)["db"] // forced open while "api" is at stage 2 (break)
+	search := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := db.Call(func() error { return nil /* the query */ }); errors.Is(err, ErrBreakerOpen) {
+			http.Error(w, "try later", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = io.WriteString(w, "results")
+	})
+	cached := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "cached results") })
+	mux := http.NewServeMux()
+	mux.Handle("/search", ProtectMiddleware(p, "api", ProtectDegrade(cached))(Middleware(limiter, set, KeyByIP())(search)))
+	_ = http.ListenAndServe("127.0.0.1:8080", mux)
+}
