@@ -212,7 +212,7 @@ func (l *Limiter) lease(ctx context.Context, rule Rule, identity string, wait ti
 	spec, ok := rule.spec, rule.inline
 	if !ok {
 		var err error
-		spec, ok, err = l.policySpec(ctx, rule.policy)
+		spec, ok, err = l.leasePolicySpec(ctx, rule.policy)
 		if err != nil {
 			return nil, err
 		}
@@ -321,4 +321,29 @@ func (l *Limiter) observeOne(rule Rule, key string, d Decision) {
 	if d.Path == PathRedis && d.Limit > 0 {
 		m.RemainingRatio(label, float64(d.Remaining)/float64(d.Limit))
 	}
+}
+
+// policyTTL is how long a lease keeps a policy's spec read from the server
+// before it reads it again.
+const policyTTL = time.Second
+
+type policyRead struct {
+	spec Spec
+	at   time.Time
+}
+
+// leasePolicySpec is a policy's spec for a lease: read from the server
+// (RL.POLICY GET) at most once per policyTTL, so a lease of a policy rule is
+// one round trip.
+func (l *Limiter) leasePolicySpec(ctx context.Context, name string) (Spec, bool, error) {
+	if v, ok := l.policies.Load(name); ok {
+		if r := v.(policyRead); time.Since(r.at) < policyTTL {
+			return r.spec, true, nil
+		}
+	}
+	spec, ok, err := l.policySpec(ctx, name)
+	if err == nil && ok {
+		l.policies.Store(name, policyRead{spec: spec, at: time.Now()})
+	}
+	return spec, ok, err
 }

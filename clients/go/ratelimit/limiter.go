@@ -39,6 +39,8 @@ type Limiter struct {
 	probing atomic.Bool
 	closed  atomic.Bool
 	bg      sync.WaitGroup
+	// policies caches the policies' specs that leases read (lease.go).
+	policies sync.Map
 }
 
 // grantLevel is what grants.go implements for batched (Rule.Batched) and

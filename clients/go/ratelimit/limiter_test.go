@@ -698,3 +698,56 @@ func TestLimiterOnEveryServer(t *testing.T) {
 		})
 	}
 }
+
+func TestLimiterPolicyRules(t *testing.T) {
+	srv := testserver.Start(t, testserver.Redis)
+	ctx := context.Background()
+	c := NewClientOrFail(t, srv.Client())
+	if err := c.PolicySet(ctx, "free", FixedWindow(3, 60000), PolicyOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.PolicySet(ctx, "workers", ConcurrencySpec(1, 300), PolicyOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	l := limiterOn(t, srv.Client(), WithDenyCache(false), WithBreaker(BreakerConfig{Failures: 1, OpenFor: time.Hour}))
+	set := mustSet(t, l, PolicyRule("tier", "free"))
+	both := mustSet(t, l, PolicyRule("tier", "free").Prefix("{p}:tier:"), NewRule("api", FixedWindow(100, 60000)).Prefix("{p}:api:"))
+	for i := 0; i < 3; i++ {
+		if d := l.Check(ctx, set, "acme", 1); !d.Allowed || d.Path != PathRedis || d.Rule != "tier" {
+			t.Fatalf("check %d: %+v", i, d)
+		}
+	}
+	if d := l.Check(ctx, set, "acme", 1); d.Allowed || d.Rule != "tier" || d.Limit != 3 {
+		t.Fatalf("the fourth: %+v", d)
+	}
+	if got := srv.Calls("rl.hit"); got != 4 {
+		t.Fatalf("RL.HIT calls: %d", got)
+	}
+	if d := l.Check(ctx, both, "acme", 1); !d.Allowed || srv.Calls("rl.all") != 1 {
+		t.Fatalf("a policy in RL.ALL: %+v", d)
+	}
+	// A lease of a CONCURRENCY policy, renewed with the policy's lease_ms.
+	g, err := l.Lease(ctx, PolicyRule("w", "workers"), "t")
+	if err != nil || g.ID() == 0 {
+		t.Fatalf("policy lease: %v", err)
+	}
+	testserver.WaitUntil(t, "renewals of the policy's lease", func() bool { return srv.Calls("rl.renew") >= 3 })
+	if held, err := g.Release(ctx); !held || err != nil {
+		t.Fatalf("release: %v %v", held, err)
+	}
+	// The local-only fallback decides a policy rule on its account, from
+	// the spec read when the set was built: acme's 3 are spent.
+	srv.Kill9()
+	if d := l.Check(ctx, set, "acme", 1); d.Allowed || d.Path != PathFallback || d.Rule != "tier" {
+		t.Fatalf("acme in the fallback: %+v", d)
+	}
+	admitted := 0
+	for i := 0; i < 5; i++ {
+		if l.Check(ctx, set, "initech", 1).Allowed {
+			admitted++
+		}
+	}
+	if admitted != 3 {
+		t.Fatalf("the fallback admitted %d of initech's 5, want 3", admitted)
+	}
+}
