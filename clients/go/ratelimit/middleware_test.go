@@ -251,7 +251,7 @@ func TestMiddlewareRouters(t *testing.T) {
 	l, _ := mwLimiter(t)
 	for _, rc := range mwRouters() {
 		t.Run(rc.name, func(t *testing.T) {
-			rule := ratelimit.NewRule("per-user", ratelimit.FixedWindow(3, 60_000)).Prefix("mw:routers:" + rc.name + ":")
+			rule := ratelimit.NewRule("per-user", ratelimit.SlidingWindow(3, 60_000)).Prefix("mw:routers:" + rc.name + ":")
 			set := mwSet(t, l, rule)
 			key := ratelimit.KeyByHeader("X-User")
 			var calls atomic.Int64
@@ -327,7 +327,7 @@ func TestMiddlewareRouters(t *testing.T) {
 // NewMiddleware returns it as an *InvalidArgumentError. Nothing panics.
 func TestMiddlewareMissingKey(t *testing.T) {
 	l, _ := mwLimiter(t)
-	set := mwSet(t, l, ratelimit.NewRule("per-user", ratelimit.FixedWindow(5, 60_000)).Prefix("mw:missing:"))
+	set := mwSet(t, l, ratelimit.NewRule("per-user", ratelimit.SlidingWindow(5, 60_000)).Prefix("mw:missing:"))
 	var calls atomic.Int64
 	h := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { calls.Add(1) })
 	serve := func(mw func(http.Handler) http.Handler, header ...string) mwAnswer {
@@ -392,7 +392,7 @@ func TestMiddlewareMissingKey(t *testing.T) {
 // spoofed X-Forwarded-For does not escape the limit.
 func TestMiddlewareKeyByIP(t *testing.T) {
 	l, _ := mwLimiter(t)
-	set := mwSet(t, l, ratelimit.NewRule("per-ip", ratelimit.FixedWindow(2, 60_000)).Prefix("mw:ip:"))
+	set := mwSet(t, l, ratelimit.NewRule("per-ip", ratelimit.SlidingWindow(2, 60_000)).Prefix("mw:ip:"))
 	keys := make(chan string, 16)
 	echo := func(key ratelimit.KeyFunc) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -460,7 +460,7 @@ func TestMiddlewareKeyByIP(t *testing.T) {
 // the 429, with the fields already set.
 func TestMiddlewareSkipAndOptions(t *testing.T) {
 	l, srv := mwLimiter(t)
-	set := mwSet(t, l, ratelimit.NewRule("per-user", ratelimit.FixedWindow(1, 60_000)).Prefix("mw:opts:"))
+	set := mwSet(t, l, ratelimit.NewRule("per-user", ratelimit.SlidingWindow(1, 60_000)).Prefix("mw:opts:"))
 	var calls atomic.Int64
 	h := http.HandlerFunc(func(http.ResponseWriter, *http.Request) { calls.Add(1) })
 	mw := ratelimit.Middleware(l, set, ratelimit.KeyByHeader("X-User"),
@@ -474,16 +474,19 @@ func TestMiddlewareSkipAndOptions(t *testing.T) {
 	)
 	ts := httptest.NewServer(mw(h))
 	defer ts.Close()
-	callsBefore := srv.Calls("rl.fixedwindow")
+	callsBefore := srv.Calls("rl.sliding")
 	for range 3 {
 		if a := mwGet(t, ts.URL+"/healthz"); a.status != http.StatusOK || a.header.Get("RateLimit") != "" {
 			t.Fatalf("skipped: %d %q", a.status, a.header.Get("RateLimit"))
 		}
 	}
-	if n := srv.Calls("rl.fixedwindow") - callsBefore; n != 0 {
+	if n := srv.Calls("rl.sliding") - callsBefore; n != 0 {
 		t.Errorf("skipped requests made %d calls", n)
 	}
 	a := mwGet(t, ts.URL, "X-User", "u")
+	if n := srv.Calls("rl.sliding") - callsBefore; n != 1 {
+		t.Errorf("a limited request made %d RL.SLIDING calls, want 1", n)
+	}
 	if a.status != http.StatusOK || a.header.Get("X-RateLimit-Level") != "redis" ||
 		a.header.Get("X-RateLimit-Limit") != "1" || a.header.Get("X-RateLimit-Remaining") != "0" || a.header.Get("X-RateLimit-Reset") == "" {
 		t.Errorf("admitted: %d %v", a.status, a.header)
@@ -510,7 +513,7 @@ func TestMiddlewareSkipAndOptions(t *testing.T) {
 // rate rule's item and then the cap's.
 func TestMiddlewareInFlight(t *testing.T) {
 	l, _ := mwLimiter(t)
-	set := mwSet(t, l, ratelimit.NewRule("per-user", ratelimit.FixedWindow(100, 60_000)).Prefix("mw:inflight:rate:"))
+	set := mwSet(t, l, ratelimit.NewRule("per-user", ratelimit.SlidingWindow(100, 60_000)).Prefix("mw:inflight:rate:"))
 	release := make(chan struct{})
 	entered := make(chan struct{}, 8)
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -579,7 +582,7 @@ func TestMiddlewareDenyEvents(t *testing.T) {
 	}), ratelimit.WithFlushEvents(1))
 	defer func() { _ = events.Close(context.Background()) }()
 	l, _ := mwLimiter(t, ratelimit.WithDenyEvents(events))
-	set := mwSet(t, l, ratelimit.NewRule("per-user", ratelimit.FixedWindow(1, 60_000)).Prefix("mw:events:"))
+	set := mwSet(t, l, ratelimit.NewRule("per-user", ratelimit.SlidingWindow(1, 60_000)).Prefix("mw:events:"))
 	ts := httptest.NewServer(ratelimit.Middleware(l, set, ratelimit.KeyByHeader("X-User"))(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})))
 	defer ts.Close()
 	mwGet(t, ts.URL, "X-User", "eve", "User-Agent", "mw-test/1.0")
@@ -641,15 +644,15 @@ func TestMiddlewareCluster(t *testing.T) {
 	defer func() { _ = l.Close(context.Background()) }()
 	// Without one hash tag the set is refused, naming the key.
 	_, err = l.RuleSet(ctx,
-		ratelimit.NewRule("per-user", ratelimit.FixedWindow(5, 60_000)).Prefix("user:"),
-		ratelimit.NewRule("global", ratelimit.FixedWindow(1000, 60_000)).Global("global"))
+		ratelimit.NewRule("per-user", ratelimit.SlidingWindow(5, 60_000)).Prefix("user:"),
+		ratelimit.NewRule("global", ratelimit.SlidingWindow(1000, 60_000)).Global("global"))
 	var ia *ratelimit.InvalidArgumentError
 	if !errors.As(err, &ia) || ia.Arg != "key" {
 		t.Errorf("rules without a shared hash tag on a cluster: %v", err)
 	}
 	set := mwSet(t, l,
-		ratelimit.NewRule("per-user", ratelimit.FixedWindow(5, 60_000)).Prefix("{mw}:user:"),
-		ratelimit.NewRule("global", ratelimit.FixedWindow(1000, 60_000)).Global("{mw}:global"))
+		ratelimit.NewRule("per-user", ratelimit.SlidingWindow(5, 60_000)).Prefix("{mw}:user:"),
+		ratelimit.NewRule("global", ratelimit.SlidingWindow(1000, 60_000)).Global("{mw}:global"))
 	ts := httptest.NewServer(ratelimit.Middleware(l, set, ratelimit.KeyByHeader("X-User"), ratelimit.WithLevelHeader("X-Level"))(
 		http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})))
 	defer ts.Close()

@@ -160,7 +160,7 @@ func first(md metadata.MD, k string) string {
 // tenant is not limited by the first.
 func TestGRPCUnary(t *testing.T) {
 	l := gLimiter(t)
-	set, err := l.RuleSet(context.Background(), ratelimit.NewRule("per-tenant", ratelimit.FixedWindow(2, 60_000)).Prefix("grpc:unary:"))
+	set, err := l.RuleSet(context.Background(), ratelimit.NewRule("per-tenant", ratelimit.SlidingWindow(2, 60_000)).Prefix("grpc:unary:"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,7 +248,7 @@ func TestGRPCStream(t *testing.T) {
 // interceptors' Internal, naming it; skipped methods pass unlimited.
 func TestGRPCBadInput(t *testing.T) {
 	l := gLimiter(t)
-	set, err := l.RuleSet(context.Background(), ratelimit.NewRule("per-tenant", ratelimit.FixedWindow(1, 60_000)).Prefix("grpc:bad:"))
+	set, err := l.RuleSet(context.Background(), ratelimit.NewRule("per-tenant", ratelimit.SlidingWindow(1, 60_000)).Prefix("grpc:bad:"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -313,7 +313,7 @@ func TestGRPCBadInput(t *testing.T) {
 // A rule that is no CONCURRENCY rule is refused, naming the algorithm.
 func TestGRPCInFlight(t *testing.T) {
 	l := gLimiter(t)
-	set, err := l.RuleSet(context.Background(), ratelimit.NewRule("per-tenant", ratelimit.FixedWindow(100, 60_000)).Prefix("grpc:cap:rate:"))
+	set, err := l.RuleSet(context.Background(), ratelimit.NewRule("per-tenant", ratelimit.SlidingWindow(100, 60_000)).Prefix("grpc:cap:rate:"))
 	if err != nil {
 		t.Fatal(err)
 	}
