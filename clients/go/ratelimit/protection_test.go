@@ -169,13 +169,17 @@ func TestProtectionErrorsLowerTheScaleAndItRecovers(t *testing.T) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		for i := 0; ; i++ {
+		for {
 			select {
 			case <-stop:
 				return
 			case <-time.After(5 * time.Millisecond):
 			}
-			p.Record("adapt", failing.Load() && i%10 == 0)
+			// Ten outcomes a tick, one an error while failing: 10 %, and
+			// MINCALLS reached in every window even on a slow machine.
+			for j := 0; j < 10; j++ {
+				p.Record("adapt", failing.Load() && j == 0)
+			}
 		}
 	}()
 	defer func() { close(stop); wg.Wait() }()
