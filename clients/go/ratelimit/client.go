@@ -29,8 +29,13 @@ const MinModuleVersion = 100
 const startDeadline = 5 * time.Second
 
 // acquireIdle is the most idle connections the blocking calls keep per
-// server; more acquires at once open more, closed after their reply.
+// server; more acquires at once open more (up to acquireConns), closed
+// after their reply.
 const acquireIdle = 8
+
+// acquireConns is the most blocking calls at once per server (each holds a
+// connection while it waits), unless the given client's PoolSize is larger.
+const acquireConns = 1024
 
 // clientConfig is what the Options set.
 type clientConfig struct {
@@ -63,8 +68,9 @@ func WithDeadline(d time.Duration) Option {
 // client, which follows MOVED and ASK redirects (the server applied
 // nothing), never sends it again after a timeout or a lost connection.
 // Blocking calls (BLOCK) go through a second derived client with its own
-// pool and no read timeout, so that a waiting call holds none of the
-// connections the decisions use. Close closes both; the client given to
+// pool (up to 1,024 connections per server, 8 kept idle) and no read
+// timeout, so that a waiting call holds none of the connections the
+// decisions use. Close closes both; the client given to
 // NewClient stays the caller's (for Sentinel, it must stay open: the
 // derived clients dial through its Sentinel discovery). Hooks added to the
 // given client are not on the derived ones.
@@ -113,6 +119,8 @@ func NewClient(ctx context.Context, rdb redis.UniversalClient, opts ...Option) (
 		acq.ReadTimeout = -1
 		acq.MinIdleConns = 0
 		acq.MaxIdleConns = acquireIdle
+		acq.PoolSize = max(acq.PoolSize, acquireConns)
+		acq.MaxActiveConns = 0
 		s.acquire = redis.NewClient(acq)
 	case *redis.ClusterClient:
 		main := kitClusterOptions(r.Options())
@@ -122,6 +130,8 @@ func NewClient(ctx context.Context, rdb redis.UniversalClient, opts ...Option) (
 		acq.ReadTimeout = -1
 		acq.MinIdleConns = 0
 		acq.MaxIdleConns = acquireIdle
+		acq.PoolSize = max(acq.PoolSize, acquireConns)
+		acq.MaxActiveConns = 0
 		s.acquire = redis.NewClusterClient(acq)
 	default:
 		return nil, &InvalidArgumentError{Rule: "NewClient", Arg: "client",

@@ -570,39 +570,49 @@ func TestClientAcquire(t *testing.T) {
 	defer given.Close()
 	c := ctClient(t, given)
 
-	d := ctDecide(t, "lease")(c.Concurrency(ctx, "jobs", 1, 60000))
-	if !d.Allowed || d.Lease == 0 {
-		t.Fatalf("the lease: %+v", d)
+	// Two waits at once, beside a pool of one connection for the decisions.
+	keys := []string{"jobs:a", "jobs:b"}
+	leases := make([]uint64, len(keys))
+	for i, k := range keys {
+		d := ctDecide(t, "lease")(c.Concurrency(ctx, k, 1, 60000))
+		if !d.Allowed || d.Lease == 0 {
+			t.Fatalf("the lease: %+v", d)
+		}
+		leases[i] = d.Lease
 	}
 	type result struct {
 		d   Decision
 		err error
 	}
-	done := make(chan result, 1)
-	go func() {
-		d, err := c.Acquire(ctx, "jobs", ConcurrencySpec(1, 60000), Request{}, 0)
-		done <- result{d, err}
-	}()
-	testserver.WaitUntil(t, "the acquire to block in the server", func() bool {
+	done := make(chan result, len(keys))
+	for _, k := range keys {
+		go func() {
+			d, err := c.Acquire(ctx, k, ConcurrencySpec(1, 60000), Request{}, 0)
+			done <- result{d, err}
+		}()
+	}
+	testserver.WaitUntil(t, "both acquires to block in the server", func() bool {
 		select {
 		case r := <-done:
-			t.Fatalf("the acquire answered without waiting: %+v %v", r.d, r.err)
+			t.Fatalf("an acquire answered without waiting: %+v %v", r.d, r.err)
 		default:
 		}
-		return srv.Info("ratelimit")["ratelimit_blocked_now"] == "1"
+		return srv.Info("ratelimit")["ratelimit_blocked_now"] == "2"
 	})
 	// The decisions' single pooled connection is free: calls go on.
 	for i := 0; i < 3; i++ {
 		ctDecide(t, "a call beside the wait")(c.TokenBucket(ctx, "free", 10, 1, 1000, Request{}))
 	}
-	if ok, err := c.Release(ctx, "jobs", d.Lease); err != nil || !ok {
-		t.Fatalf("Release: %v %v", ok, err)
+	for i, k := range keys {
+		if ok, err := c.Release(ctx, k, leases[i]); err != nil || !ok {
+			t.Fatalf("Release: %v %v", ok, err)
+		}
+		r := <-done
+		if r.err != nil || !r.d.Allowed || r.d.Lease == 0 {
+			t.Fatalf("the acquire after the release: %+v %v", r.d, r.err)
+		}
 	}
-	r := <-done
-	if r.err != nil || !r.d.Allowed || r.d.Lease == 0 {
-		t.Fatalf("the acquire after the release: %+v %v", r.d, r.err)
-	}
-	if srv.Info("ratelimit")["ratelimit_blocked_admitted"] != "1" {
+	if srv.Info("ratelimit")["ratelimit_blocked_admitted"] != "2" {
 		t.Fatalf("blocked_admitted: %v", srv.Info("ratelimit")["ratelimit_blocked_admitted"])
 	}
 
