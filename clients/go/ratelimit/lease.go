@@ -78,7 +78,7 @@ func (g *Lease) Decision() Decision {
 
 // Lost is closed when a renewal finds the lease already ended.
 func (g *Lease) Lost() <-chan struct{} {
-	if g == nil {
+	if g == nil || g.lost == nil {
 		ch := make(chan struct{})
 		close(ch)
 		return ch
@@ -146,7 +146,8 @@ func (g *Lease) renew() {
 // release that fails is covered by the expiry. Safe to call more than once
 // (the later calls answer false) and on a lease that holds nothing.
 func (g *Lease) Release(ctx context.Context) (bool, error) {
-	if g == nil {
+	if g == nil || g.stop == nil {
+		// Nil, or a zero Lease (not made by the limiter): nothing held.
 		return false, nil
 	}
 	g.once.Do(func() { close(g.stop) })
@@ -197,8 +198,8 @@ func (l *Limiter) lease(ctx context.Context, rule Rule, identity string, wait ti
 	if l == nil {
 		return nil, &InvalidArgumentError{Arg: "limiter", Reason: "nil *Limiter"}
 	}
-	if l.client == nil {
-		return nil, &InvalidArgumentError{Arg: "client", Reason: "the limiter has no client (NewLimiter(nil))"}
+	if l.client == nil || l.breaker == nil {
+		return nil, &InvalidArgumentError{Arg: "client", Reason: "the limiter has no client (NewLimiter(nil), or a zero Limiter)"}
 	}
 	if err := rule.Validate(); err != nil {
 		return nil, err

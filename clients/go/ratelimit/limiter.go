@@ -212,7 +212,7 @@ func (l *Limiter) Stats() Stats {
 }
 
 // BreakerOpen reports whether the breaker is open (or half open, probing).
-func (l *Limiter) BreakerOpen() bool { return l != nil && l.breaker.isOpen() }
+func (l *Limiter) BreakerOpen() bool { return l != nil && l.breaker != nil && l.breaker.isOpen() }
 
 // Close gives back the units batched rules hold (REFUND) and waits for the
 // probes in flight, within ctx. The limiter stays usable.
@@ -296,8 +296,8 @@ func (l *Limiter) RuleSet(ctx context.Context, rules ...Rule) (*RuleSet, error) 
 	if l == nil {
 		return nil, &InvalidArgumentError{Arg: "limiter", Reason: "nil *Limiter"}
 	}
-	if l.client == nil {
-		return nil, &InvalidArgumentError{Arg: "client", Reason: "the limiter has no client (NewLimiter(nil))"}
+	if l.client == nil || l.breaker == nil {
+		return nil, &InvalidArgumentError{Arg: "client", Reason: "the limiter has no client (NewLimiter(nil), or a zero Limiter)"}
 	}
 	if len(rules) == 0 {
 		return nil, &InvalidArgumentError{Arg: "rules", Reason: "at least one rule"}
@@ -443,7 +443,8 @@ type Origin struct {
 // CheckFrom is Check for a request from origin (its deny events carry the
 // client's address and User-Agent).
 func (l *Limiter) CheckFrom(ctx context.Context, set *RuleSet, identity string, cost uint64, origin Origin) Decision {
-	if l == nil || set == nil || len(set.rules) == 0 {
+	if l == nil || l.breaker == nil || set == nil || len(set.rules) == 0 {
+		// A nil or zero Limiter (not made by NewLimiter), a nil or empty set.
 		return undecidable()
 	}
 	if ctx == nil {

@@ -224,6 +224,24 @@ func TestLimiterBadInputNeverPanics(t *testing.T) {
 	if _, err := nilLimiter.Lease(ctx, NewRule("c", ConcurrencySpec(1, 1000)), "x"); argOf(err) != "limiter" {
 		t.Fatalf("nil limiter lease: %v", err)
 	}
+	var zero Limiter
+	if d := zero.Check(ctx, &RuleSet{rules: []checkedRule{{}}}, "x", 1); d.Allowed || zero.BreakerOpen() {
+		t.Fatalf("zero limiter: %+v", d)
+	}
+	if _, err := zero.RuleSet(ctx, NewRule("a", FixedWindow(1, 1000))); argOf(err) != "client" {
+		t.Fatalf("zero limiter RuleSet: %v", err)
+	}
+	if _, err := zero.Lease(ctx, NewRule("c", ConcurrencySpec(1, 1000)), "x"); argOf(err) != "client" {
+		t.Fatalf("zero limiter lease: %v", err)
+	}
+	if err := zero.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var zeroLease Lease
+	if held, err := zeroLease.Release(ctx); held || err != nil || zeroLease.ID() != 0 {
+		t.Fatal("zero lease")
+	}
+	<-zeroLease.Lost()
 	noClient := NewLimiter(nil, nil, WithFallback(FailOpen))
 	if _, err := noClient.RuleSet(ctx, NewRule("a", FixedWindow(1, 1000))); argOf(err) != "client" {
 		t.Fatalf("no client RuleSet: %v", err)
@@ -245,6 +263,10 @@ func TestLimiterBadInputNeverPanics(t *testing.T) {
 		t.Fatalf("nil context: %+v", d)
 	}
 	set := mustSet(t, l, NewRule("api", FixedWindow(2, 60000)))
+	// A limiter without a client decides by its fallback.
+	if d := noClient.Check(ctx, set, "x", 1); !d.Allowed || d.Path != PathFallback || d.Rule != "api" {
+		t.Fatalf("no client: %+v", d)
+	}
 	// Empty identity: an identity like any other (the key is the prefix).
 	if d := l.Check(ctx, set, "", 1); !d.Allowed || d.Path != PathRedis {
 		t.Fatalf("empty identity: %+v", d)
