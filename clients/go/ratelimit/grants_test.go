@@ -616,3 +616,29 @@ func ExampleRule_Batched() {
 	d := limiter.Check(ctx, set, "", 1)
 	fmt.Println(d.Allowed, d.Path) // PathGrant when decided from held units
 }
+
+// TestStripesOnOneServer: without a cluster (standalone, Sentinel) the
+// stripes' tags are rl0, rl1, rl2 on the one master, and they still split
+// the limit: one instance admits its own share and the next one's.
+func TestStripesOnOneServer(t *testing.T) {
+	srv := testserver.Start(t, testserver.Redis)
+	c := newTestClient(t, srv.Client())
+	l := newTestLimiter(t, c)
+	set := mustRuleSet(t, l, NewRule("solo", FixedWindow(9, 600000)).Global("solo").Striped(3).Batched(DefaultBatch))
+	tags, own := set.StripeTags("solo")
+	if strings.Join(tags, ",") != "rl0,rl1,rl2" {
+		t.Fatalf("tags %v", tags)
+	}
+	var admitted int64
+	for i := 0; i < 20; i++ {
+		if l.Check(context.Background(), set, "x", 1).Allowed {
+			admitted++
+		}
+	}
+	if admitted != 6 {
+		t.Fatalf("own stripe %d: admitted %d, want 6 (two shares of 3)", own, admitted)
+	}
+	if moved, err := l.RepickStripes(context.Background(), set); err != nil || moved {
+		t.Fatalf("RepickStripes on one server: %v %v", moved, err)
+	}
+}
