@@ -788,6 +788,12 @@ func mayHaveApplied(err error) bool {
 	if !errors.Is(err, ErrConnection) {
 		return false
 	}
+	// An error reply that says the server cannot serve (LOADING, READONLY,
+	// MASTERDOWN...) is an answer: nothing was applied.
+	var se *ServerError
+	if errors.As(err, &se) {
+		return false
+	}
 	var op *net.OpError
 	if errors.As(err, &op) && op.Op == "dial" {
 		return false
