@@ -773,3 +773,65 @@ func TestLimiterPolicyRules(t *testing.T) {
 		t.Fatalf("the fallback admitted %d of initech's 5, want 3", admitted)
 	}
 }
+
+// TestFallbackBoundThroughSlowSpells: two instances, a limit of 10 on a
+// ten-minute sliding window (a share s of 6 each), the defaults (100 ms,
+// 5 failures, local only), the deny cache off. Redis pauses longer than
+// the deadline during bursts: the calls that time out may be applied, so
+// they stay charged to each instance's account, and the fallback admits
+// only what the account has left. One instance admits at most 10, both at
+// most 16 (limit + (N - 1) x s).
+func TestFallbackBoundThroughSlowSpells(t *testing.T) {
+	srv := testserver.Start(t, testserver.Redis)
+	ctx := context.Background()
+	rule := NewRule("spell", SlidingWindow(10, 600000))
+	var ls [2]*Limiter
+	var sets [2]*RuleSet
+	for i := range ls {
+		ls[i] = limiterOn(t, srv.Client(), WithInstances(2), WithDenyCache(false))
+		sets[i] = mustSet(t, ls[i], rule)
+	}
+	var admitted [2]int
+	var fallbackSeen [2]bool
+	burst := func(i, n int) {
+		for k := 0; k < n; k++ {
+			d := ls[i].Check(ctx, sets[i], "user", 1)
+			if d.Allowed {
+				admitted[i]++
+			}
+			if d.Path == PathFallback {
+				fallbackSeen[i] = true
+				if d.Allowed && (d.Limit != 10 || d.Remaining > 6) {
+					t.Errorf("a fallback admission carries the account's fields: %+v", d)
+				}
+			}
+		}
+	}
+	for i := range ls {
+		burst(i, 3)
+	}
+	for round := 0; round < 20 && !(fallbackSeen[0] && fallbackSeen[1]); round++ {
+		if err := srv.Client().Do(ctx, "CLIENT", "PAUSE", "400", "ALL").Err(); err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		for i := range ls {
+			wg.Add(1)
+			go func(i int) { defer wg.Done(); burst(i, 10) }(i)
+		}
+		wg.Wait()
+	}
+	if !fallbackSeen[0] || !fallbackSeen[1] {
+		t.Fatalf("no call missed its deadline during the pauses")
+	}
+	for i := range ls {
+		testserver.WaitUntil(t, "Redis deciding again", func() bool {
+			return ls[i].Check(ctx, sets[i], "user", 0).Path == PathRedis
+		})
+		burst(i, 10)
+	}
+	t.Logf("admitted %v (stats %+v / %+v)", admitted, ls[0].Stats(), ls[1].Stats())
+	if admitted[0] > 10 || admitted[1] > 10 || admitted[0]+admitted[1] > 16 {
+		t.Fatalf("admitted %v: at most 10 per instance and 16 in all", admitted)
+	}
+}
