@@ -91,3 +91,32 @@ func TestQuotaInAZone(t *testing.T) {
 		t.Fatalf("acme in the fallback: %+v", d)
 	}
 }
+
+// TestQuotaGlobalInANamedZone: a global quota in an IANA zone has a local
+// level (Go reads the zone database): the share is counted in process until
+// the zone's midnight.
+func TestQuotaGlobalInANamedZone(t *testing.T) {
+	srv := testserver.Start(t, testserver.Redis)
+	l := limiterOn(t, srv.Client(), WithInstances(2))
+	ctx := context.Background()
+	const zone = "America/New_York"
+	// 4 a week over 2 instances: a share of ceil(4 * 1.1 / 2) = 3.
+	set := mustSet(t, l, NewRule("weekly", QuotaSpec(4, PeriodWeek, zone)).Global("{q}:weekly"))
+	for i := 0; i < 3; i++ {
+		if d := l.Check(ctx, set, "anyone", 1); !d.Allowed || d.Path != PathRedis {
+			t.Fatalf("check %d: %+v", i, d)
+		}
+	}
+	d := l.Check(ctx, set, "anyone", 1)
+	end, err := QuotaPeriodEnd(PeriodWeek, zone, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	untilEnd := time.Until(end)
+	if d.Allowed || d.Path != PathLocal || d.Limit != 4 || d.RetryAfter > untilEnd+time.Second || d.RetryAfter < untilEnd-2*time.Second {
+		t.Fatalf("the local level's denial: %+v; the week ends in %v there", d, untilEnd)
+	}
+	if got := srv.Calls("rl.quota"); got != 3 {
+		t.Fatalf("RL.QUOTA calls: %d, want 3", got)
+	}
+}
