@@ -37,7 +37,6 @@ type Limiter struct {
 	grants   grantLevel
 
 	probing atomic.Bool
-	closed  atomic.Bool
 	bg      sync.WaitGroup
 	// policies caches the policies' specs that leases read (lease.go).
 	policies sync.Map
@@ -220,7 +219,6 @@ func (l *Limiter) Close(ctx context.Context) error {
 	if l == nil {
 		return nil
 	}
-	l.closed.Store(true)
 	var err error
 	if l.grants != nil {
 		err = l.grants.close(ctx)
