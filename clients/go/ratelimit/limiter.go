@@ -16,16 +16,9 @@ import (
 // with its breaker when Redis cannot answer. Safe for concurrent use; make
 // one per process and share it.
 //
-// Hooks for the grants level (grants.go, the "protect" helper): when a set
-// has batched or striped rules, RuleSet asks the grantLevel that
-// grantLevelFactory (set by grants.go in an init function) made for this
-// limiter to prepare each of them, and Check decides those rules first
-// through grantLevel.check, then the others in one call; a later denial
-// calls the undo function each check returned. Without a factory, batched
-// and striped rules are refused by RuleSet. The grants code reaches Redis
-// through Limiter.gated (the breaker, the stats, the round-trip metric) and
-// decides a failed call with Limiter.fallbackOne. The protection loop
-// (protection.go) plugs in with an option that sets limiterConfig.protection.
+// Batched and striped rules (Rule.Batched, Rule.Striped) are decided first,
+// mostly in process (Path PathGrant), then the set's other rules in one
+// call; WithProtection ties the limiter to a protection loop.
 type Limiter struct {
 	client   *Client
 	cfg      limiterConfig
@@ -44,6 +37,17 @@ type Limiter struct {
 
 // grantLevel is what grants.go implements for batched (Rule.Batched) and
 // striped (Rule.Striped) rules.
+//
+// The hook: when a set has batched or striped rules, RuleSet asks the
+// grantLevel that grantLevelFactory (set by grants.go in an init function)
+// made for this limiter to prepare each of them, and Check decides those
+// rules first through grantLevel.check, then the others in one call; a
+// later denial calls the undo function each check returned. Without a
+// factory, batched and striped rules are refused by RuleSet. The grants
+// code reaches Redis through Limiter.gated (the breaker, the stats, the
+// round-trip metric) and decides a failed call with Limiter.fallbackOne.
+// The protection loop (protection.go) plugs in with an option that sets
+// limiterConfig.protection (a protectionHook).
 type grantLevel interface {
 	// prepare is called once per batched or striped rule of a RuleSet, with
 	// its checked spec; what it answers is handed back to check.
