@@ -5,6 +5,7 @@
 // prints a table, one row per path:
 //
 //	go run ./bench/local --url redis://127.0.0.1:6379/ [--seconds 2] [--keys 10000]
+//	RL_MODULE=/abs/libredis_ratelimit.so bench/local/run.sh   (starts its own server)
 //
 // The server (with the module) keeps the run's keys for an hour; it only answers the calls that fill the cache
 // and the share; the measured decisions never reach it (the table's
