@@ -8,14 +8,15 @@ import (
 // Monday), month or year in a time zone. A Limiter checks the zone twice
 // before anything is sent: against the contract's grammar (ValidZone: UTC or
 // Z, a fixed offset +HH:MM / -HH:MM up to 18:00, or an IANA name) and, for a
-// name, against Go's time zone database (time.LoadLocation), so that a name
+// name, against the time zone database in any case as the server reads it
+// ("europe/paris" is Europe/Paris), so that a name
 // neither knows is an *InvalidArgumentError{Arg: "zone"} when the rule is
 // built rather than the server's error at every request. The local level and
 // the local-only fallback count a quota in its zone too (the period ends at
 // the zone's midnight, DST included: PeriodEnd).
 
 // checkZone checks a quota's zone: the contract's grammar, then, for a
-// name, Go's time zone database.
+// name, the time zone database (any case, as the server: knownZone).
 func checkZone(zone string) error {
 	if zoneIsUTC(zone) {
 		return nil
@@ -26,8 +27,8 @@ func checkZone(zone string) error {
 	if _, isOffset, _ := fixedOffset(zone); isOffset {
 		return nil
 	}
-	if _, err := time.LoadLocation(zone); err != nil {
-		return &InvalidArgumentError{Arg: "zone", Reason: zoneHelp + ", not " + quoteZone(zone) + " (not in Go's time zone database: " + err.Error() + ")"}
+	if !knownZone(zone) {
+		return &InvalidArgumentError{Arg: "zone", Reason: zoneHelp + ", not " + quoteZone(zone) + " (not in the time zone database)"}
 	}
 	return nil
 }
