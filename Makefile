@@ -86,21 +86,25 @@ test-kit-node: setup
 	cd clients/node && npm run --silent typecheck && npm run --silent build && npm run --silent typecheck:consumer
 	cd clients/node && RL_MODULE=$(abspath $(MODULE)) VALKEY_SERVER=$$($(CURDIR)/scripts/valkey-path.sh) node --test --test-concurrency=1 test/*.test.mjs
 
+# The go command of scripts/go-path.sh first on PATH (the e2e tests and the
+# benchmarks' scripts run `go` themselves).
+GO_PATH_ENV = PATH="$$(dirname "$$($(CURDIR)/scripts/go-path.sh)"):$$PATH"
+
 # The Go kit (clients/go): `go test -race` against real redis-server (7.0
 # and 8.2), valkey-server, Sentinel and a 3-master cluster, started by the
 # tests (internal/testserver); the example service as real processes. The
 # go command is one of at least 1.26 (scripts/go-path.sh; scripts/setup.sh
 # installs it from the Go module proxy when the machine has none).
 test-kit-go: setup
-	cd clients/go && RL_MODULE=$(abspath $(MODULE)) VALKEY_SERVER=$$($(CURDIR)/scripts/valkey-path.sh) \
-		REDIS82_SERVER=$$($(CURDIR)/scripts/redis8-path.sh) $$($(CURDIR)/scripts/go-path.sh) test -race -count=1 ./...
+	cd clients/go && $(GO_PATH_ENV) RL_MODULE=$(abspath $(MODULE)) VALKEY_SERVER=$$($(CURDIR)/scripts/valkey-path.sh) \
+		REDIS82_SERVER=$$($(CURDIR)/scripts/redis8-path.sh) go test -race -count=1 -timeout 15m ./...
 
 # go vet, gofmt and staticcheck (honnef.co/go/tools, pinned; the go command
 # fetches it from the Go module proxy and checks it against go.sum's database).
 lint-go: setup
-	cd clients/go && go=$$($(CURDIR)/scripts/go-path.sh) && $$go vet ./... && \
-		unformatted=$$($$(dirname $$go)/gofmt -l .) && { [ -z "$$unformatted" ] || { echo "gofmt: $$unformatted"; exit 1; }; } && \
-		$$go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
+	cd clients/go && export $(GO_PATH_ENV) && go vet ./... && \
+		unformatted=$$(gofmt -l .) && { [ -z "$$unformatted" ] || { echo "gofmt: $$unformatted"; exit 1; }; } && \
+		go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 
 # The INFO exporter (exporter/): its parsing, and scrapes of real
 # redis-server and valkey-server nodes checked by promtool (docs/operations.md).
@@ -128,7 +132,7 @@ bench-floor: build
 bench-grants: build
 	RL_MODULE=$(CURDIR)/$(MODULE) bench/grants/run.sh
 
-bench: build bench-floor bench-kit-rust bench-kit-java bench-kit-node bench-grants
+bench: build bench-floor bench-kit-rust bench-kit-java bench-kit-node bench-kit-go bench-grants
 	RL_MODULE=$(CURDIR)/$(MODULE) scripts/bench.sh
 	RL_MODULE=$(CURDIR)/$(MODULE) python3 bench/limits_python.py
 	RL_MODULE=$(CURDIR)/$(MODULE) python3 bench/blocking.py
@@ -154,6 +158,14 @@ bench-kit-java: build
 # The Node kit's side: RateLimiterRL (one RL.SLIDING per consume) against
 # rate-limiter-flexible's RateLimiterRedis, side by side at 64 callers; then
 # decisions/s with metrics and deny events on vs off (bench/metrics.mjs).
+# The Go kit: its local path (deny cache and local level, decisions per
+# second per core), redisrate against go-redis/redis_rate v10 on one server,
+# and the net/http middleware against a bare handler under load.
+bench-kit-go: build
+	$(GO_PATH_ENV) RL_MODULE=$(CURDIR)/$(MODULE) clients/go/bench/local/run.sh
+	$(GO_PATH_ENV) RL_MODULE=$(CURDIR)/$(MODULE) clients/go/bench/redisrate/run.sh
+	cd clients/go && $(GO_PATH_ENV) RL_MODULE=$(CURDIR)/$(MODULE) go run ./bench/middleware -c 32 -d 5s
+
 bench-kit-node: build
 	cd clients/node && npm run --silent build && RL_MODULE=$(abspath $(MODULE)) node bench/flexible.mjs && \
 		RL_MODULE=$(abspath $(MODULE)) node bench/metrics.mjs

@@ -33,8 +33,13 @@ rl_module
 rl_require redis-server redis-cli python3
 rl_workdir
 export RL_MODULE="$RL_MODULE_PATH"
-cargo build --release -q -p redis-ratelimit-client --example grants_load
-LOAD="${CARGO_TARGET_DIR:-target}/release/examples/grants_load"
+# GRANTS_LOAD: another kit's load process with the same options and JSON
+# line (the Go kit's: clients/go/bench/grants); the Rust kit's by default.
+LOAD="${GRANTS_LOAD:-}"
+if [ -z "$LOAD" ]; then
+  cargo build --release -q -p redis-ratelimit-client --example grants_load
+  LOAD="${CARGO_TARGET_DIR:-target}/release/examples/grants_load"
+fi
 
 export CLUSTER_PORT="$PORT" CLUSTER_DIR="$RL_WORK/cluster"
 stop_cluster() { scripts/cluster.sh stop redis >/dev/null 2>&1 || true; }
