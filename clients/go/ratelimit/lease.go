@@ -178,7 +178,15 @@ func (g *Lease) Release(ctx context.Context) (bool, error) {
 // lease (a lease cannot be shared between instances): a *Lease with ID 0
 // and Path PathFallback. A bad rule is an *InvalidArgumentError.
 func (l *Limiter) Lease(ctx context.Context, rule Rule, identity string) (*Lease, error) {
-	return l.lease(ctx, rule, identity, -1)
+	return l.lease(ctx, rule, identity, -1, Origin{})
+}
+
+// LeaseFrom is Lease for a request from origin: a denial's deny event
+// carries the client's address and User-Agent (as CheckFrom's). The HTTP
+// middleware's and the gRPC interceptors' in-flight caps take their units
+// with it.
+func (l *Limiter) LeaseFrom(ctx context.Context, rule Rule, identity string, origin Origin) (*Lease, error) {
+	return l.lease(ctx, rule, identity, -1, origin)
 }
 
 // Acquire is Lease waiting up to wait for a unit to come free (RL.* BLOCK
@@ -191,10 +199,10 @@ func (l *Limiter) Acquire(ctx context.Context, rule Rule, identity string, wait 
 	if wait < 0 {
 		wait = 0
 	}
-	return l.lease(ctx, rule, identity, wait)
+	return l.lease(ctx, rule, identity, wait, Origin{})
 }
 
-func (l *Limiter) lease(ctx context.Context, rule Rule, identity string, wait time.Duration) (*Lease, error) {
+func (l *Limiter) lease(ctx context.Context, rule Rule, identity string, wait time.Duration, origin Origin) (*Lease, error) {
 	if l == nil {
 		return nil, &InvalidArgumentError{Arg: "limiter", Reason: "nil *Limiter"}
 	}
@@ -274,11 +282,11 @@ func (l *Limiter) lease(ctx context.Context, rule Rule, identity string, wait ti
 		d.Path, d.Rule = PathRedis, name
 		if !d.Allowed {
 			l.stats.redisDenied.Add(1)
-			l.observeOne(rule, key, d)
+			l.observeOne(rule, key, d, origin)
 			return nil, &DeniedError{Decision: d}
 		}
 		l.stats.redisAdmitted.Add(1)
-		l.observeOne(rule, key, d)
+		l.observeOne(rule, key, d, origin)
 		leaseMs := int64(0)
 		if concurrency {
 			leaseMs = spec.params[1]
@@ -296,17 +304,17 @@ func (l *Limiter) lease(ctx context.Context, rule Rule, identity string, wait ti
 		l.stats.fallbackDenied.Add(1)
 		wait := max(l.breaker.config.OpenFor.Milliseconds(), 1)
 		d.WaitMs, d.RetryAfter, d.ResetAfter = wait, time.Duration(wait)*time.Millisecond, time.Duration(wait)*time.Millisecond
-		l.observeOne(rule, key, d)
+		l.observeOne(rule, key, d, origin)
 		return nil, &DeniedError{Decision: d}
 	}
 	l.stats.fallbackAdmitted.Add(1)
 	d.Allowed, d.Remaining = true, limit
-	l.observeOne(rule, key, d)
+	l.observeOne(rule, key, d, origin)
 	return startLease(nil, key, d, 0, nil), nil
 }
 
 // observeOne counts one rule's decision and its deny event.
-func (l *Limiter) observeOne(rule Rule, key string, d Decision) {
+func (l *Limiter) observeOne(rule Rule, key string, d Decision, origin Origin) {
 	m, ev := l.cfg.metrics, l.cfg.events
 	if m == nil && ev == nil {
 		return
@@ -317,7 +325,8 @@ func (l *Limiter) observeOne(rule Rule, key string, d Decision) {
 	} else {
 		m.Decision(label, d.Path, "denied")
 		ev.Record(DenyEvent{Timestamp: time.Now(), Key: key, Rule: label, Level: d.Path.String(),
-			Limit: d.Limit, Remaining: d.Remaining, RetryAfterMs: d.WaitMs})
+			Limit: d.Limit, Remaining: d.Remaining, RetryAfterMs: d.WaitMs,
+			ClientIP: origin.ClientIP, UserAgent: origin.UserAgent})
 	}
 	if d.Path == PathRedis && d.Limit > 0 {
 		m.RemainingRatio(label, float64(d.Remaining)/float64(d.Limit))

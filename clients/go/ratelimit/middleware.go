@@ -364,8 +364,8 @@ func (l *Limiter) InFlightSpec(ctx context.Context, rule Rule) (Spec, error) {
 // hold takes the request's unit: its lease (ID 0 when the fallback admitted
 // without one) and the cap's answer. Allowed false is a denial to answer;
 // an error other than a denial (a server error) admits without a lease.
-func (c *inFlightCap) hold(ctx context.Context, identity string, _ Origin) (heldLease, capAnswer) {
-	lease, err := c.l.Lease(ctx, c.rule, identity)
+func (c *inFlightCap) hold(ctx context.Context, identity string, origin Origin) (heldLease, capAnswer) {
+	lease, err := c.l.LeaseFrom(ctx, c.rule, identity, origin)
 	if err != nil {
 		if ctx.Err() != nil {
 			return heldLease{}, capAnswer{rule: c.name, gone: true}

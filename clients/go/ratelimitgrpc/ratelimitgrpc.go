@@ -322,7 +322,7 @@ func (g *limiter) decide(ctx context.Context, method string, setHeader func(meta
 	item := ratelimit.RateLimitItem(rule, d)
 	var lease *ratelimit.Lease
 	if g.cfg.inFlight != nil {
-		l, err := g.l.Lease(ctx, *g.cfg.inFlight, id)
+		l, err := g.l.LeaseFrom(ctx, *g.cfg.inFlight, id, origin)
 		var de *ratelimit.DeniedError
 		switch {
 		case err == nil:
