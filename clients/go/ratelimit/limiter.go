@@ -71,6 +71,9 @@ type protectionHook interface {
 	recordDenied(policy string)
 	// scale is the policy's scale in percent as last read (100: unscaled).
 	scale(policy string) int
+	// watchRules watches a new rule set's policies and binds the breakers
+	// its rules name.
+	watchRules(set *RuleSet)
 }
 
 type limiterConfig struct {
@@ -150,6 +153,8 @@ func WithBreaker(b BreakerConfig) LimiterOption {
 func WithMetrics(m *Metrics) LimiterOption { return func(c *limiterConfig) { c.metrics = m } }
 
 // WithDenyEvents records every denial, at every level, in e (nil: none).
+// Deny events made without metrics (WithEventsMetrics) count their
+// shipped, dropped and refused events in the limiter's (WithMetrics).
 func WithDenyEvents(e *DenyEvents) LimiterOption { return func(c *limiterConfig) { c.events = e } }
 
 // WithCallDeadline is the deadline of one call to Redis (the client's by
@@ -195,6 +200,10 @@ func NewLimiter(c *Client, opts ...LimiterOption) *Limiter {
 		l.grants = grantLevelFactory(l)
 	}
 	cfg.metrics.BreakerOpen(cfg.breakerLabel, false)
+	if cfg.metrics != nil && cfg.events != nil {
+		// Deny events made without metrics count in the limiter's.
+		cfg.events.metrics.CompareAndSwap(nil, cfg.metrics)
+	}
 	return l
 }
 
@@ -379,6 +388,11 @@ func (l *Limiter) RuleSet(ctx context.Context, rules ...Rule) (*RuleSet, error) 
 	}
 	if len(set.restIdx) == len(set.rules) {
 		set.rest, set.restIdx = nil, nil
+	}
+	if p := l.cfg.protection; p != nil {
+		// The protection loop watches the set's policies and binds the
+		// breakers its rules name (Protection.WatchRules).
+		p.watchRules(set)
 	}
 	return set, nil
 }

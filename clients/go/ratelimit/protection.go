@@ -570,7 +570,9 @@ func (p *Protection) pollLoop() {
 // WithProtection gives the limiter the protection loop p: the denials of a
 // policy rule that the limiter answers without a call (its deny cache, its
 // local level) are counted for p's reports (DENIED n), and the local-only
-// fallback runs a policy at the scale p last read.
+// fallback runs a policy at the scale p last read. Limiter.RuleSet watches
+// the set's policies and binds the breakers its rules name, as
+// p.WatchRules (call WatchRules to get the breakers by name).
 func WithProtection(p *Protection) LimiterOption {
 	return func(c *limiterConfig) {
 		if p != nil {
@@ -582,3 +584,4 @@ func WithProtection(p *Protection) LimiterOption {
 // recordDenied and scale are the Limiter's protectionHook.
 func (p *Protection) recordDenied(policy string) { p.RecordDenied(policy) }
 func (p *Protection) scale(policy string) int    { return p.Scale(policy) }
+func (p *Protection) watchRules(set *RuleSet)    { p.WatchRules(set) }
