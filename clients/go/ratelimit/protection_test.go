@@ -653,6 +653,13 @@ func TestProtectionALostReportIsNotRetried(t *testing.T) {
 	testserver.WaitUntil(t, "the stage to fall after the hold", func() bool { return p.Stage("lost") == StageNormal })
 	srv.Restart()
 	mustDo(t, srv, policy...)
+	// The client is back once one of its reads succeeds: after PoolSize
+	// failed dials go-redis fails every dial at once until its background
+	// probe (once a second) reaches the server again, and a report sent
+	// before that would be lost too (a slow machine restarts the server
+	// after that breaker opened).
+	readsBefore := p.Stats().ReadsOK
+	testserver.WaitUntil(t, "a read answered after the restart", func() bool { return p.Stats().ReadsOK > readsBefore })
 	p.Record("lost", true)
 	testserver.WaitUntil(t, "the next report answered", func() bool { return p.Stats().OutcomesSent == 1 })
 	if st := policyStatsOf(t, srv, "lost"); st["current.ok"] != 0 || st["current.errors"] != 1 {
