@@ -535,6 +535,18 @@ func (l *Limiter) named(set *RuleSet, d Decision) Decision {
 }
 
 func (l *Limiter) decide(ctx context.Context, set *RuleSet, identity string, cost uint64) Decision {
+	if cost > uint64(MaxParam) {
+		// More than any limit holds (limits are at most MaxParam): a denial
+		// that never passes, decided here. Sent, the server (or the
+		// client's checks) would refuse the argument, and the fallback,
+		// failing open, would admit it.
+		l.stats.localDenied.Add(1)
+		var limit int64
+		if set.rules[0].hasSpec {
+			limit = limitOf(set.rules[0].spec)
+		}
+		return l.named(set, Decision{Allowed: false, Limit: limit, WaitMs: -1, DeniedBy: 0, Granted: -1, Path: PathLocal})
+	}
 	if set.rest == nil && !set.rules[0].isGrant {
 		return l.named(set, l.decidePlain(ctx, set, identity, cost))
 	}
