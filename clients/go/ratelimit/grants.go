@@ -53,7 +53,7 @@ type grants struct {
 	refunding atomic.Bool
 	tickNs    atomic.Int64
 	// bg counts the refunds and slot-map reads in flight.
-	bg sync.WaitGroup
+	bg bgGroup
 	// slotReads counts CLUSTER SLOTS reads (tests).
 	slotReads atomic.Uint64
 }
@@ -608,9 +608,9 @@ func (g *grants) inProcess(d Decision, k *grantKey, cost int64) (Decision, func(
 func (g *grants) refundLater(key string, spec Spec, n int64) {
 	g.l.stats.grantRefunds.Add(1)
 	g.l.stats.grantRefundedUnits.Add(uint64(n))
-	g.bg.Add(1)
+	g.bg.add()
 	go func() {
-		defer g.bg.Done()
+		defer g.bg.done()
 		_, _ = g.l.client.Apply(context.Background(), key, spec, Refund(uint64(n)))
 	}()
 }
@@ -678,9 +678,9 @@ func (g *grants) afterCall(gr *grantRule) {
 		return
 	}
 	st.readAt.Store(now)
-	g.bg.Add(1)
+	g.bg.add()
 	go func() {
-		defer g.bg.Done()
+		defer g.bg.done()
 		defer st.reading.Store(false)
 		if m, err := g.masters(context.Background()); err == nil {
 			st.repick(m)
@@ -711,14 +711,8 @@ func (g *grants) close(ctx context.Context) error {
 		}
 		<-k.flight
 	}
-	done := make(chan struct{})
-	go func() { g.bg.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-ctx.Done():
-		if first == nil {
-			first = ctx.Err()
-		}
+	if err := g.bg.wait(ctx); err != nil && first == nil {
+		first = err
 	}
 	return first
 }

@@ -30,7 +30,7 @@ type Limiter struct {
 	grants   grantLevel
 
 	probing atomic.Bool
-	bg      sync.WaitGroup
+	bg      bgGroup
 	// policies caches the policies' specs that leases read (lease.go).
 	policies sync.Map
 }
@@ -236,16 +236,55 @@ func (l *Limiter) Close(ctx context.Context) error {
 	if l.grants != nil {
 		err = l.grants.close(ctx)
 	}
-	done := make(chan struct{})
-	go func() { l.bg.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-ctx.Done():
-		if err == nil {
-			err = ctx.Err()
-		}
+	if werr := l.bg.wait(ctx); werr != nil && err == nil {
+		err = werr
 	}
 	return err
+}
+
+// bgGroup counts background work (probes, refunds) that Close waits for.
+// Unlike a sync.WaitGroup, work may start while a Close waits (the
+// limiter stays usable): a wait covers the work in flight when it began,
+// and gives up with ctx. The zero value is ready.
+type bgGroup struct {
+	mu   sync.Mutex
+	n    int
+	idle chan struct{} // closed when n falls to 0
+}
+
+func (g *bgGroup) add() {
+	g.mu.Lock()
+	if g.n == 0 {
+		g.idle = make(chan struct{})
+	}
+	g.n++
+	g.mu.Unlock()
+}
+
+func (g *bgGroup) done() {
+	g.mu.Lock()
+	g.n--
+	if g.n == 0 {
+		close(g.idle)
+	}
+	g.mu.Unlock()
+}
+
+// wait waits until no work is in flight (or ctx ends: its error).
+func (g *bgGroup) wait(ctx context.Context) error {
+	g.mu.Lock()
+	if g.n == 0 {
+		g.mu.Unlock()
+		return nil
+	}
+	idle := g.idle
+	g.mu.Unlock()
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // checkedRule is one rule of a RuleSet, checked.
@@ -876,9 +915,9 @@ func (l *Limiter) probe() {
 		return
 	}
 	l.stats.probes.Add(1)
-	l.bg.Add(1)
+	l.bg.add()
 	go func() {
-		defer l.bg.Done()
+		defer l.bg.done()
 		defer l.probing.Store(false)
 		ctx, cancel := context.WithTimeout(context.Background(), l.client.Deadline())
 		defer cancel()
