@@ -16,6 +16,13 @@
 //		grpc.ChainUnaryInterceptor(ratelimitgrpc.UnaryServerInterceptor(limiter, set, key)),
 //		grpc.ChainStreamInterceptor(ratelimitgrpc.StreamServerInterceptor(limiter, set, key)),
 //	)
+//
+// ProtectUnaryServerInterceptor and ProtectStreamServerInterceptor put
+// the calls in a ratelimit.Protection's loop (outcomes reported, non-core
+// methods degraded at a stage), as ratelimit.ProtectMiddleware does for
+// HTTP: chain them before the rate limit. RetryUnaryClientInterceptor is
+// the client's side: RESOURCE_EXHAUSTED retried under a
+// ratelimit.RetryPolicy after the delay the denial carries.
 package ratelimitgrpc
 
 import (
