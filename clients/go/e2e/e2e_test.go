@@ -80,6 +80,7 @@ func startInstance(t *testing.T, args ...string) *instance {
 	}
 	var stderr strings.Builder
 	cmd.Stderr = &lockedWriter{w: &stderr}
+	testserver.DieWithUs(cmd) // no service outlives a -timeout panic
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

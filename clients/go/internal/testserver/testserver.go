@@ -167,6 +167,11 @@ func WaitUntil(t testing.TB, what string, cond func() bool) {
 
 var nextPort atomic.Uint32
 
+// DieWithUs has the kernel kill cmd's process (set before cmd.Start) if
+// the test process ends without its cleanups, as the servers: a -timeout
+// panic leaves no process of a test behind (Linux; elsewhere nothing).
+func DieWithUs(cmd *exec.Cmd) { dieWithUs(cmd) }
+
 // FreePort is a loopback port nobody listens on now, from a range below the
 // ephemeral one (10000-19999, a block per test process): a server killed and
 // restarted on it does not find it taken by a client connection's local
