@@ -220,7 +220,7 @@ type BulkOption func(*bulkSink)
 func BulkIndex(index string) BulkOption { return func(s *bulkSink) { s.index = index } }
 
 // BulkHTTPClient sets the HTTP client the _bulk sink posts with
-// (http.DefaultClient by default).
+// (http.DefaultClient by default, and for nil).
 func BulkHTTPClient(c *http.Client) BulkOption { return func(s *bulkSink) { s.client = c } }
 
 type bulkSink struct {
@@ -239,7 +239,12 @@ type bulkSink struct {
 func BulkSink(baseURL string, opts ...BulkOption) (Sink, error) {
 	s := &bulkSink{index: DefaultBulkIndex, client: http.DefaultClient}
 	for _, o := range opts {
-		o(s)
+		if o != nil {
+			o(s)
+		}
+	}
+	if s.client == nil {
+		s.client = http.DefaultClient
 	}
 	bad := func(arg, reason string) error {
 		return &InvalidArgumentError{Rule: "BulkSink", Arg: arg, Reason: reason}
@@ -438,7 +443,9 @@ func NewDenyEvents(sink Sink, opts ...DenyEventsOption) *DenyEvents {
 		timeout:     DefaultSinkTimeout,
 	}
 	for _, o := range opts {
-		o(&cfg)
+		if o != nil {
+			o(&cfg)
+		}
 	}
 	cfg.flushEvents = min(cfg.flushEvents, cfg.capacity)
 	if cfg.onError == nil {
