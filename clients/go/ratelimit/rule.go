@@ -3,6 +3,8 @@ package ratelimit
 import (
 	"fmt"
 	"math"
+	"math/big"
+	"strconv"
 	"strings"
 )
 
@@ -273,12 +275,7 @@ func limitOf(s Spec) int64 { return s.params[0] }
 func shareOf(total int64, instances int64, ratio float64) int64 {
 	var part int64
 	if ratio > 0 {
-		f := math.Ceil(float64(total) * ratio)
-		if f >= math.MaxInt64 {
-			part = math.MaxInt64
-		} else {
-			part = int64(f)
-		}
+		part = ceilTimes(total, ratio)
 	} else {
 		n := max(instances, 1)
 		// total * 11 may overflow for the largest limits: in float then.
@@ -301,4 +298,24 @@ func localShare(s Spec, instances int64, ratio float64) Spec {
 		out.params[1] = shareOf(s.params[1], instances, ratio)
 	}
 	return out
+}
+
+// ceilTimes is ceil(total * ratio) in integers, ratio read as the shortest
+// decimal that is that float64 (0.07, not 0.07000000000000000666): so
+// WithShare(0.07) of 100 is 7, where the float product 7.000000000000001
+// would round up to 8.
+func ceilTimes(total int64, ratio float64) int64 {
+	r, ok := new(big.Rat).SetString(strconv.FormatFloat(ratio, 'g', -1, 64))
+	if !ok {
+		return int64(math.Ceil(float64(total) * ratio))
+	}
+	r.Mul(r, new(big.Rat).SetInt64(total))
+	q, m := new(big.Int).QuoRem(r.Num(), r.Denom(), new(big.Int))
+	if m.Sign() > 0 {
+		q.Add(q, big.NewInt(1))
+	}
+	if !q.IsInt64() {
+		return math.MaxInt64
+	}
+	return q.Int64()
 }
