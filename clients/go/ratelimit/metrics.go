@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -212,7 +214,7 @@ func (m *Metrics) Decision(rule string, level Path, outcome string) {
 		c.(prometheus.Counter).Inc()
 		return
 	}
-	c := m.decisions.WithLabelValues(rule, level.String(), outcome)
+	c := m.decisions.WithLabelValues(label(rule), level.String(), label(outcome))
 	m.decided.Store(k, c)
 	c.Inc()
 }
@@ -236,7 +238,7 @@ func (m *Metrics) RemainingRatio(rule string, ratio float64) {
 		g.(prometheus.Gauge).Set(ratio)
 		return
 	}
-	g := m.remaining.WithLabelValues(rule)
+	g := m.remaining.WithLabelValues(label(rule))
 	m.ratios.Store(rule, g)
 	g.Set(ratio)
 }
@@ -250,7 +252,7 @@ func (m *Metrics) BreakerOpen(breaker string, open bool) {
 	if open {
 		v = 1
 	}
-	m.breaker.WithLabelValues(breaker).Set(v)
+	m.breaker.WithLabelValues(label(breaker)).Set(v)
 }
 
 // Scale sets the protection loop's scale of the rule's policy, in percent.
@@ -258,7 +260,7 @@ func (m *Metrics) Scale(rule string, pct int) {
 	if m == nil {
 		return
 	}
-	m.scale.WithLabelValues(rule).Set(float64(pct))
+	m.scale.WithLabelValues(label(rule)).Set(float64(pct))
 }
 
 // Stage sets the protection loop's stage of the rule's policy: 0 normal,
@@ -267,7 +269,7 @@ func (m *Metrics) Stage(rule string, stage int) {
 	if m == nil {
 		return
 	}
-	m.stage.WithLabelValues(rule).Set(float64(stage))
+	m.stage.WithLabelValues(label(rule)).Set(float64(stage))
 }
 
 // DenyEventsDropped adds n deny events lost (a full buffer's oldest, a
@@ -293,4 +295,13 @@ func (m *Metrics) DenyEventsSinkError() {
 		return
 	}
 	m.sinkErrors.Inc()
+}
+
+// label is s as a label value: client_golang panics on one that is not
+// valid UTF-8, so invalid bytes become U+FFFD.
+func label(s string) string {
+	if utf8.ValidString(s) {
+		return s
+	}
+	return strings.ToValidUTF8(s, "\uFFFD")
 }

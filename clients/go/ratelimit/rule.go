@@ -6,6 +6,7 @@ import (
 	"math/big"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // Rule is one named limit of a Limiter: an inline Spec (sent with every
@@ -180,8 +181,8 @@ func (r Rule) bad(arg, format string, a ...any) error {
 // the server would), a quota's zone, and the batch and stripe options. The
 // error is an *InvalidArgumentError naming the argument at fault.
 func (r Rule) Validate() error {
-	if r.name == "" || strings.ContainsAny(r.name, "\"\\") {
-		return r.bad("name", "must be non-empty, without quotes or backslashes")
+	if r.name == "" || strings.ContainsAny(r.name, "\"\\") || !utf8.ValidString(r.name) {
+		return r.bad("name", "must be non-empty UTF-8, without quotes or backslashes")
 	}
 	if r.inline {
 		if err := r.spec.Validate(); err != nil {
