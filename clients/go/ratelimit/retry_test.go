@@ -305,3 +305,20 @@ func TestRetryNeverRetriesANonIdempotentCallUnlessTold(t *testing.T) {
 		}
 	}
 }
+
+// ExampleRetryPolicy_Do calls a rate-limited API: a 429 is retried after
+// its Retry-After (or RateLimit field) and the backoff, within 5 s.
+func ExampleRetryPolicy_Do() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, _ := http.NewRequest(http.MethodGet, "http://127.0.0.1:8080/search?q=go", nil)
+	resp, err := ratelimit.DefaultRetryPolicy().Do(ctx, http.DefaultClient, req)
+	if err != nil {
+		return // the network, or ctx ended during a wait
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusTooManyRequests {
+		wait, _ := ratelimit.RetryAfterOf(resp)
+		_ = wait // still limited: the server asks for wait more
+	}
+}
