@@ -97,7 +97,7 @@ GO_PATH_ENV = PATH="$$(dirname "$$($(CURDIR)/scripts/go-path.sh)"):$$PATH"
 # installs it from the Go module proxy when the machine has none).
 test-kit-go: setup
 	cd clients/go && $(GO_PATH_ENV) RL_MODULE=$(abspath $(MODULE)) VALKEY_SERVER=$$($(CURDIR)/scripts/valkey-path.sh) \
-		REDIS82_SERVER=$$($(CURDIR)/scripts/redis8-path.sh) go test -race -count=1 -timeout 15m ./...
+		REDIS82_SERVER=$$($(CURDIR)/scripts/redis8-path.sh) go test -race -count=1 -p 1 -timeout 15m ./...
 
 # go vet, gofmt and staticcheck (honnef.co/go/tools, pinned; the go command
 # fetches it from the Go module proxy and checks it against go.sum's database).
