@@ -85,17 +85,17 @@ func (e *DenyEvent) appendJSON(b []byte) []byte {
 	b = append(b, `{"timestamp":"`...)
 	b = e.Timestamp.UTC().AppendFormat(b, "2006-01-02T15:04:05.000Z")
 	b = append(b, `","key":`...)
-	b = appendEventString(b, e.Key)
+	b = appendJSONString(b, e.Key)
 	b = append(b, `,"rule":`...)
-	b = appendEventString(b, e.Rule)
+	b = appendJSONString(b, e.Rule)
 	b = append(b, `,"level":`...)
-	b = appendEventString(b, e.Level)
+	b = appendJSONString(b, e.Level)
 	b = append(b, `,"outcome":`...)
 	outcome := e.Outcome
 	if outcome == "" {
 		outcome = OutcomeDenied
 	}
-	b = appendEventString(b, outcome)
+	b = appendJSONString(b, outcome)
 	b = append(b, `,"limit":`...)
 	b = strconv.AppendInt(b, e.Limit, 10)
 	b = append(b, `,"remaining":`...)
@@ -104,58 +104,13 @@ func (e *DenyEvent) appendJSON(b []byte) []byte {
 	b = strconv.AppendInt(b, e.RetryAfterMs, 10)
 	if e.ClientIP != "" {
 		b = append(b, `,"client_ip":`...)
-		b = appendEventString(b, e.ClientIP)
+		b = appendJSONString(b, e.ClientIP)
 	}
 	if e.UserAgent != "" {
 		b = append(b, `,"user_agent":`...)
-		b = appendEventString(b, e.UserAgent)
+		b = appendJSONString(b, e.UserAgent)
 	}
 	return append(b, '}')
-}
-
-const hexDigits = "0123456789abcdef"
-
-// appendEventString appends s as a JSON string: quotes, backslashes and
-// control characters escaped, invalid UTF-8 as U+FFFD.
-func appendEventString(b []byte, s string) []byte {
-	b = append(b, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' {
-				i++
-				continue
-			}
-			b = append(b, s[start:i]...)
-			switch c {
-			case '"', '\\':
-				b = append(b, '\\', c)
-			case '\n':
-				b = append(b, '\\', 'n')
-			case '\r':
-				b = append(b, '\\', 'r')
-			case '\t':
-				b = append(b, '\\', 't')
-			default:
-				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
-			}
-			i++
-			start = i
-			continue
-		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && size == 1 {
-			b = append(b, s[start:i]...)
-			b = append(b, `\ufffd`...)
-			i++
-			start = i
-			continue
-		}
-		i += size
-	}
-	b = append(b, s[start:]...)
-	return append(b, '"')
 }
 
 // cutHeader cuts s to at most MaxHeaderBytes bytes at a character boundary.
