@@ -528,7 +528,7 @@ func (g *grants) check(ctx context.Context, prepared any, key string, cost uint6
 func (g *grants) decideKey(ctx context.Context, gr *grantRule, ruleKey, key string, spec Spec, cost int64) (Decision, func()) {
 	l := g.l
 	if gr.batch == nil {
-		d, ok, lost := l.gated(func() (Decision, error) { return l.client.Apply(ctx, key, spec, Cost(uint64(cost))) })
+		d, ok, lost := l.gated(ctx, func() (Decision, error) { return l.client.Apply(ctx, key, spec, Cost(uint64(cost))) })
 		g.afterCall(gr)
 		if !ok {
 			return l.fallbackOne(gr.fb, 0, ruleKey, uint64(cost), lost), nil
@@ -568,7 +568,7 @@ func (g *grants) decideKey(ctx context.Context, gr *grantRule, ruleKey, key stri
 	}
 	askedAt := time.Now()
 	l.stats.grantAsks.Add(1)
-	reply, ok, lost := l.gated(func() (Decision, error) { return l.client.Apply(ctx, key, spec, UpTo(uint64(step.n))) })
+	reply, ok, lost := l.gated(ctx, func() (Decision, error) { return l.client.Apply(ctx, key, spec, UpTo(uint64(step.n))) })
 	g.afterCall(gr)
 	if !ok {
 		return l.fallbackOne(gr.fb, 0, ruleKey, uint64(cost), lost), nil

@@ -240,6 +240,7 @@ func (l *Limiter) lease(ctx context.Context, rule Rule, identity string, wait ti
 	case rbCall:
 		l.stats.redisCalls.Add(1)
 		var err error
+		start := time.Now()
 		d, err = l.timed(func() (Decision, error) {
 			// The client's block 0 waits without a limit: no wait is the
 			// plain call.
@@ -269,7 +270,7 @@ func (l *Limiter) lease(ctx context.Context, rule Rule, identity string, wait ti
 				l.stats.redisErrors.Add(1)
 				return nil, err
 			}
-			l.failed(err)
+			l.failed(ctx, start, err)
 		}
 	case rbSkip:
 		l.stats.breakerSkipped.Add(1)

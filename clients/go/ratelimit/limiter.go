@@ -738,12 +738,13 @@ func (l *Limiter) decidePlain(ctx context.Context, set *RuleSet, identity string
 		l.settle(ctx, set, keys, locals, localIdx, accounts, accountIdx)
 		l.stats.redisCalls.Add(1)
 		var err error
+		start := time.Now()
 		d, err = l.timed(func() (Decision, error) { return l.callRedis(ctx, set, keys, cost) })
 		if err == nil {
 			l.breaker.success()
 			ans = ansRedis
 		} else {
-			ans = l.failed(err)
+			ans = l.failed(ctx, start, err)
 		}
 	case rbSkip:
 		l.stats.breakerSkipped.Add(1)
@@ -821,9 +822,10 @@ func scaledSpec(s Spec, scale int) Spec {
 
 // failed counts a failed call, feeds the breaker, and says whether the call
 // may have been applied.
-func (l *Limiter) failed(err error) callAnswer {
-	if errors.Is(err, context.Canceled) {
-		// The caller gave up: not Redis's failure, and the call may have
+func (l *Limiter) failed(ctx context.Context, start time.Time, err error) callAnswer {
+	if errors.Is(err, context.Canceled) || l.callerCut(ctx, start, err) {
+		// The caller gave up, or its own deadline ended the call before
+		// the call's deadline: not Redis's failure, and the call may have
 		// been applied.
 		return ansLost
 	}
@@ -843,6 +845,22 @@ func (l *Limiter) failed(err error) callAnswer {
 		return ansLost
 	}
 	return ansNotApplied
+}
+
+// callerCut reports a call that the caller's own context ended before the
+// call's deadline (a request with 5 ms left). It is not counted against
+// Redis: a few callers with short deadlines must not open the breaker that
+// every request shares. Whether Redis is late is judged by the calls that
+// had their whole deadline.
+// (The socket's read deadline, set from the context's, may fire a moment
+// before the context itself reports it: the timeout and the deadline's place
+// decide, not ctx.Err.)
+func (l *Limiter) callerCut(ctx context.Context, start time.Time, err error) bool {
+	if ctx == nil || l.client == nil || !errors.Is(err, ErrTimeout) {
+		return false
+	}
+	dl, ok := ctx.Deadline()
+	return ok && dl.Before(start.Add(l.client.Deadline()))
 }
 
 // mayHaveApplied reports an error after which the call may still have been
@@ -871,19 +889,20 @@ func mayHaveApplied(err error) bool {
 // gated is one limiter call through the breaker, timed and counted, for the
 // grants level: the reply, or whether the call may have been applied
 // (lost), as the fallback needs it.
-func (l *Limiter) gated(call func() (Decision, error)) (d Decision, ok bool, lost bool) {
+func (l *Limiter) gated(ctx context.Context, call func() (Decision, error)) (d Decision, ok bool, lost bool) {
 	switch l.breaker.gate() {
 	case rbCall:
 		if l.client == nil {
 			return Decision{}, false, false
 		}
 		l.stats.redisCalls.Add(1)
+		start := time.Now()
 		d, err := l.timed(call)
 		if err == nil {
 			l.breaker.success()
 			return d, true, false
 		}
-		return Decision{}, false, l.failed(err) == ansLost
+		return Decision{}, false, l.failed(ctx, start, err) == ansLost
 	case rbProbe:
 		l.stats.breakerSkipped.Add(1)
 		l.probe()
