@@ -665,7 +665,10 @@ func (l *Limiter) decidePlain(ctx context.Context, set *RuleSet, identity string
 	now := time.Now()
 	if l.deny != nil {
 		for i := 0; i < n; i++ {
-			if d, ok := l.deny.get(cacheKey(i), now); ok {
+			// A denial answers only the requests it denies: one for fewer
+			// units than were left (a cost-1 request after a cost-10
+			// denial) goes on to Redis.
+			if d, ok := l.deny.get(cacheKey(i), now); ok && deniesCost(d, cost) {
 				d.DeniedBy = i
 				l.stats.denyCacheHits.Add(1)
 				l.deniedLocally(set, i)
@@ -673,7 +676,7 @@ func (l *Limiter) decidePlain(ctx context.Context, set *RuleSet, identity string
 			}
 		}
 		if n > 1 {
-			if d, ok := l.deny.get(setKey(), now); ok {
+			if d, ok := l.deny.get(setKey(), now); ok && deniesCost(d, cost) {
 				l.stats.denyCacheHits.Add(1)
 				l.deniedLocally(set, d.DeniedBy)
 				return d
@@ -995,6 +998,12 @@ func (l *Limiter) callRedis(ctx context.Context, set *RuleSet, keys []string, co
 		}
 	}
 	return l.client.All(ctx, limits, Cost(cost))
+}
+
+// deniesCost reports whether a cached denial also denies a request of cost
+// units: it does unless the cost is within what the denial left.
+func deniesCost(d Decision, cost uint64) bool {
+	return d.Remaining < 0 || cost > uint64(d.Remaining)
 }
 
 // deniedLocally counts a denial answered without a call (deny cache, local
