@@ -738,7 +738,11 @@ func (l *Limiter) decidePlain(ctx context.Context, set *RuleSet, identity string
 			break
 		}
 		keys := keysOf(set, identity)
-		l.settle(ctx, set, keys, locals, localIdx, accounts, accountIdx)
+		// An owed send that fails (Redis unreachable) leaves the request
+		// to the fallback: one deadline at most per request.
+		if !l.settle(ctx, set, keys, locals, localIdx, accounts, accountIdx) {
+			break
+		}
 		l.stats.redisCalls.Add(1)
 		var err error
 		start := time.Now()
@@ -957,28 +961,49 @@ func (l *Limiter) probe() {
 // no call was sent (the breaker open, an error reply), as COST n FORCE,
 // before the request's own call: so Redis counts them, and one instance
 // stays within max(limit, s) when Redis answers again in the same window.
-// Sent once, never retried.
-func (l *Limiter) settle(ctx context.Context, set *RuleSet, keys []string, locals []localLimit, localIdx []int, accounts []localLimit, accountIdx []int) {
+// Never retried: a send that fails before reaching Redis (refused) keeps
+// its units owed for the next call; one that may have been applied (a
+// timeout, a lost connection) is not sent again. The first failure ends the
+// settling, counts for the breaker like any failed call, and answers false:
+// the request is the fallback's, so it waits one deadline at most.
+func (l *Limiter) settle(ctx context.Context, set *RuleSet, keys []string, locals []localLimit, localIdx []int, accounts []localLimit, accountIdx []int) bool {
 	if l.cfg.fallback != LocalOnly {
-		return
+		return true
 	}
-	send := func(idx []int, owed []uint64) {
+	ok := true
+	send := func(table *localLimiters, lims []localLimit, idx []int, owed []uint64) {
 		for j, units := range owed {
 			if units == 0 {
+				continue
+			}
+			if !ok {
+				// Not sent: still owed, for the next call.
+				table.oweAll(lims[j:j+1], units)
 				continue
 			}
 			i := idx[j]
 			r := &set.rules[i]
 			l.stats.owedSent.Add(1)
+			start := time.Now()
+			var err error
 			if r.rule.inline {
-				_, _ = l.client.Apply(ctx, keys[i], r.spec, Force(units))
+				_, err = l.client.Apply(ctx, keys[i], r.spec, Force(units))
 			} else {
-				_, _ = l.client.Hit(ctx, r.rule.policy, keys[i], Force(units))
+				_, err = l.client.Hit(ctx, r.rule.policy, keys[i], Force(units))
 			}
+			if err == nil || !IsUnavailable(err) {
+				continue // sent, or answered with an error: nothing more to send
+			}
+			if !mayHaveApplied(err) {
+				table.oweAll(lims[j:j+1], units)
+			}
+			l.failed(ctx, start, err)
+			ok = false
 		}
 	}
-	send(localIdx, l.local.takeOwed(locals))
-	send(accountIdx, l.accounts.takeOwed(accounts))
+	send(l.local, locals, localIdx, l.local.takeOwed(locals))
+	send(l.accounts, accounts, accountIdx, l.accounts.takeOwed(accounts))
+	return ok
 }
 
 func (l *Limiter) callRedis(ctx context.Context, set *RuleSet, keys []string, cost uint64) (Decision, error) {
