@@ -205,6 +205,7 @@ func TestProtectionErrorsLowerTheScaleAndItRecovers(t *testing.T) {
 	if len(seen) < 2 {
 		t.Fatalf("scales seen %v", seen)
 	}
+	testserver.WaitUntil(t, "the loop to count a report", func() bool { return p.Stats().ReportsSent > 0 })
 	st := p.Stats()
 	if st.ReportsSent == 0 || st.OutcomesSent == 0 || st.ReadsOK == 0 {
 		t.Fatalf("the loop's counters: %+v", st)
@@ -362,6 +363,12 @@ func middlewareReportsOutcomes(t *testing.T, kind testserver.Kind) {
 		st := policyStatsOf(t, srv, "counted")
 		last = st
 		return st["current.ok"] == 3 && st["current.errors"] == 3 && st["current.denied"] == 2
+	})
+	// The server applies a report before its reply reaches the loop, which
+	// counts it then (CI saw the server's counts and the loop's zeros).
+	testserver.WaitUntil(t, "the loop to count its report", func() bool {
+		st := p.Stats()
+		return st.OutcomesSent+st.OutcomesLost >= 6 && st.DeniedSent+st.DeniedLost >= 2
 	})
 	st := p.Stats()
 	if st.OutcomesSent != 6 || st.DeniedSent != 2 || st.OutcomesPending != 0 {
@@ -529,6 +536,11 @@ func TestProtectionLimiterCountsLocalDenials(t *testing.T) {
 	testserver.WaitUntil(t, "the 8 local denials in the server's window", func() bool {
 		st := policyStatsOf(t, srv, "cached")
 		return st["current.calls"] == 10 && st["current.denied"] == 9
+	})
+	// The server applies a report before its reply reaches the loop.
+	testserver.WaitUntil(t, "the loop to count its report", func() bool {
+		st := p.Stats()
+		return st.DeniedSent+st.DeniedLost >= 8
 	})
 	if st := p.Stats(); st.DeniedSent != 8 {
 		t.Fatalf("the loop's counters: %+v", st)

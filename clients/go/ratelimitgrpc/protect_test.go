@@ -194,6 +194,11 @@ func TestGRPCProtectReportsOutcomes(t *testing.T) {
 		last = pStats(t, srv, "counted")
 		return last["current.ok"] == 3 && last["current.errors"] == 3
 	})
+	// The server applies a report before its reply reaches the loop.
+	testserver.WaitUntil(t, "the loop to count its reports", func() bool {
+		st := p.Stats()
+		return st.OutcomesSent+st.OutcomesLost >= 6
+	})
 	if st := p.Stats(); st.OutcomesSent != 6 {
 		t.Fatalf("outcomes sent %d, want 6 (no outcome for RESOURCE_EXHAUSTED); server %v", st.OutcomesSent, last)
 	}
