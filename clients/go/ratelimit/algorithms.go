@@ -589,40 +589,26 @@ func (c *countState) quotaCurrent(p [3]uint64, now uint64) (end, count uint64) {
 }
 
 func (c *countState) fixedApply(p [3]uint64, cost, now uint64, commit bool) answer {
-	limit := p[0]
 	nowEff, count := c.fixedCurrent(p, now)
-	endUs := windowEndUs(p[1], nowEff)
-	toEndMs := ceilDivU(endUs-min(now, endUs), 1000)
-	remaining := subSat(limit, count)
-	if cost > 0 && cost <= remaining {
-		if commit {
-			c.atUs = nowEff
-			c.count = count + cost
-		}
-		return answer{allowed: true, limit: limit, remaining: remaining - cost, resetMs: toEndMs}
-	}
-	a := answer{allowed: cost == 0, limit: limit, remaining: remaining}
-	switch {
-	case cost == 0:
-	case cost > limit:
-		a.wait = -1
-	default:
-		a.wait = int64(toEndMs)
-	}
-	if count != 0 {
-		a.resetMs = toEndMs
-	}
-	return a
+	return c.countApply(p[0], count, nowEff, windowEndUs(p[1], nowEff), 0, cost, now, commit)
 }
 
 func (c *countState) quotaApply(p [3]uint64, cost, now uint64, commit bool) answer {
-	limit := p[0]
 	endUs, count := c.quotaCurrent(p, now)
+	// A quota's denial always says to wait at least 1 ms.
+	return c.countApply(p[0], count, endUs, endUs, 1, cost, now, commit)
+}
+
+// countApply decides cost on a count of limit that ends at endUs, the same
+// for the fixed window and the quota: admitted, the count is stored with
+// mark (the window's start or the period's end); denied, the wait is the
+// time to endUs (at least minWaitMs), -1 when cost is above the limit.
+func (c *countState) countApply(limit, count, mark, endUs, minWaitMs, cost, now uint64, commit bool) answer {
 	toEndMs := ceilDivU(endUs-min(now, endUs), 1000)
 	remaining := subSat(limit, count)
 	if cost > 0 && cost <= remaining {
 		if commit {
-			c.atUs = endUs
+			c.atUs = mark
 			c.count = count + cost
 		}
 		return answer{allowed: true, limit: limit, remaining: remaining - cost, resetMs: toEndMs}
@@ -633,7 +619,7 @@ func (c *countState) quotaApply(p [3]uint64, cost, now uint64, commit bool) answ
 	case cost > limit:
 		a.wait = -1
 	default:
-		a.wait = int64(max(toEndMs, 1))
+		a.wait = int64(max(toEndMs, minWaitMs))
 	}
 	if count != 0 {
 		a.resetMs = toEndMs
