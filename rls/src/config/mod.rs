@@ -1,0 +1,1 @@
+//! envoyproxy/ratelimit's YAML configuration (skeleton; see /tmp/prompts/rls-design.md).
