@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 MODULE := target/release/libredis_ratelimit.so
 
-.PHONY: all setup build run test test-setup test-unit test-integration test-cli test-kit-rust test-kit-java test-kit-python test-kit-node test-kit-go lint lint-python lint-go bench bench-floor bench-compare bench-grants bench-kit-rust bench-kit-java bench-kit-node bench-kit-go example example-java trace cluster cluster-stop clean fuzz
+.PHONY: all setup build run test test-setup test-unit test-integration test-cli test-kit-rust test-kit-java test-kit-python test-kit-node test-kit-go test-rls lint lint-python lint-go bench bench-floor bench-compare bench-grants bench-kit-rust bench-kit-java bench-kit-node bench-kit-go bench-rls rls example example-java trace cluster cluster-stop clean fuzz
 
 all: build
 
@@ -117,6 +117,18 @@ test-exporter: build
 test-deploy:
 	deploy/test.sh
 
+# The gateway (rls/): its unit tests and its end-to-end tests, which start
+# redis-server, a 3-master cluster and the redis-ratelimit-rls binary, and
+# ask it over real gRPC and HTTP (docs/gateway.md).
+test-rls: build
+	RL_MODULE=$(CURDIR)/$(MODULE) VALKEY_SERVER=$$(scripts/valkey-path.sh) cargo test --profile test-release -p redis-ratelimit-rls
+
+# Envoy's rate limit service on the `make run` server (or on a server of its
+# own when nothing answers on 6379), with rls/examples/rls.yaml.
+rls: build
+	cargo build --release -p redis-ratelimit-rls
+	scripts/rls.sh
+
 lint:
 	cargo fmt --all -- --check
 	cargo clippy --release --all-targets --workspace -- -D warnings
@@ -132,7 +144,14 @@ bench-floor: build
 bench-grants: build
 	RL_MODULE=$(CURDIR)/$(MODULE) bench/grants/run.sh
 
-bench: build bench-floor bench-kit-rust bench-kit-java bench-kit-node bench-kit-go bench-grants
+# redis-ratelimit-rls against envoyproxy/ratelimit (built from the Go module
+# proxy) on one Redis: calls/s, Redis calls and CPU per request, and what
+# each admits across a window boundary (docs/benchmarks.md).
+bench-rls: build
+	cargo build --release -p redis-ratelimit-rls --bin redis-ratelimit-rls --example rls_load
+	RL_MODULE=$(CURDIR)/$(MODULE) bench/rls/run.sh
+
+bench: build bench-floor bench-kit-rust bench-kit-java bench-kit-node bench-kit-go bench-grants bench-rls
 	RL_MODULE=$(CURDIR)/$(MODULE) scripts/bench.sh
 	RL_MODULE=$(CURDIR)/$(MODULE) python3 bench/limits_python.py
 	RL_MODULE=$(CURDIR)/$(MODULE) python3 bench/blocking.py

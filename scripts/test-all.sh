@@ -21,7 +21,7 @@ LOGS=tmp/test-logs
 mkdir -p "$LOGS"
 
 SIDE=(test-kit-java "test-kit-python lint-python" test-kit-node "test-kit-go lint-go" test-deploy)
-MAIN=(test-setup test-unit test-integration test-cli test-kit-rust test-exporter lint)
+MAIN=(test-setup test-unit test-integration test-cli test-kit-rust test-exporter test-rls lint)
 
 if [ "${TEST_PARALLEL:-}" != 1 ]; then
   # shellcheck disable=SC2068 # each entry is one or more targets

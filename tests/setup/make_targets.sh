@@ -39,6 +39,14 @@ check "make bench builds the module, then the floor, then measures" bench \
 check "make bench-compare builds the module, then compares" bench-compare \
   '^cargo build --release$' \
   'bench/compare\.sh'
+check "make bench-rls builds the gateway and its load, then measures" bench-rls \
+  '^cargo build --release$' \
+  '^cargo build --release -p redis-ratelimit-rls .*--example rls_load' \
+  'bench/rls/run\.sh'
+check "make rls builds the gateway, then runs it" rls \
+  '^cargo build --release$' \
+  '^cargo build --release -p redis-ratelimit-rls' \
+  'scripts/rls\.sh'
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
