@@ -112,18 +112,7 @@ impl Decision {
     /// Parses a five-integer reply, or a six-integer one whose sixth is
     /// `sixth`.
     pub(crate) fn from_reply(value: Value, sixth: Sixth) -> Result<Decision, Error> {
-        let items = match value {
-            Value::Array(items) => items,
-            Value::ServerError(e) => return Err(crate::error::server_error(&e)),
-            other => return Err(Error::Protocol(format!("{other:?}"))),
-        };
-        let ints: Vec<i64> = items
-            .iter()
-            .map(|v| match v {
-                Value::Int(i) => Ok(*i),
-                other => Err(Error::Protocol(format!("{other:?}"))),
-            })
-            .collect::<Result<_, _>>()?;
+        let ints = reply_ints(value)?;
         let expected: &[usize] = match sixth {
             Sixth::DeniedBy | Sixth::Lease => &[5, 6],
             Sixth::Granted => &[6],
@@ -132,6 +121,33 @@ impl Decision {
         if !expected.contains(&ints.len()) {
             return Err(Error::Protocol(format!("{} fields", ints.len())));
         }
+        Ok(Decision::from_ints(&ints, sixth))
+    }
+
+    /// Parses the reply of `RL.ALL ... EACH` on `n` limiters: the call's six
+    /// integers (`denied_by` sixth), then five per limiter, in order.
+    pub(crate) fn from_each_reply(
+        value: Value,
+        n: usize,
+    ) -> Result<(Decision, Vec<Decision>), Error> {
+        let ints = reply_ints(value)?;
+        if ints.len() != 6 + 5 * n {
+            return Err(Error::Protocol(format!(
+                "{} fields, not {} (RL.ALL ... EACH on {n} limiters)",
+                ints.len(),
+                6 + 5 * n
+            )));
+        }
+        let call = Decision::from_ints(&ints[..6], Sixth::DeniedBy);
+        let each = ints[6..]
+            .chunks_exact(5)
+            .map(|f| Decision::from_ints(f, Sixth::Lease))
+            .collect();
+        Ok((call, each))
+    }
+
+    /// The decision of 5, 6 or 7 integers whose width was checked.
+    fn from_ints(ints: &[i64], sixth: Sixth) -> Decision {
         let u = |i: i64| i.max(0) as u64;
         let mut d = Decision::from_fields(
             ints[0] == 1,
@@ -153,6 +169,23 @@ impl Decision {
             Sixth::DeniedByGranted => d.granted = Some(u(ints[6])),
             _ => {}
         }
-        Ok(d)
+        d
     }
+}
+
+/// A reply's integers: a server error is the kit's error for it, anything
+/// but an array of integers a protocol error.
+fn reply_ints(value: Value) -> Result<Vec<i64>, Error> {
+    let items = match value {
+        Value::Array(items) => items,
+        Value::ServerError(e) => return Err(crate::error::server_error(&e)),
+        other => return Err(Error::Protocol(format!("{other:?}"))),
+    };
+    items
+        .iter()
+        .map(|v| match v {
+            Value::Int(i) => Ok(*i),
+            other => Err(Error::Protocol(format!("{other:?}"))),
+        })
+        .collect()
 }

@@ -53,9 +53,9 @@ enum State {
     HalfOpen,
 }
 
-/// What the breaker lets a request do.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Gate {
+/// What the breaker lets a request do ([`RedisBreaker::gate`](crate::RedisBreaker::gate)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gate {
     /// Call Redis.
     Call,
     /// Open: the fallback decides, no call.
@@ -65,20 +65,35 @@ pub(crate) enum Gate {
     Probe,
 }
 
-pub(crate) struct Breaker {
+/// The circuit breaker of the calls to Redis, exported as
+/// [`RedisBreaker`](crate::RedisBreaker) for a service that decides its
+/// own fallback (the [`crate::Limiter`] keeps one of its own).
+///
+/// Closed, it lets every call through and counts consecutive failures;
+/// [`BreakerConfig::failures`] of them open it. Open, it answers
+/// [`Gate::Skip`] (no call: Redis is spared a deadline per request) until
+/// [`BreakerConfig::open_for`] has passed; then one caller gets
+/// [`Gate::Probe`] and sends a probe (a `PING`), the others still
+/// [`Gate::Skip`] until the probe's outcome is reported with
+/// [`Breaker::probe_succeeded`] (closed) or [`Breaker::failure`] (open for
+/// another `open_for`). Safe to share between threads.
+pub struct Breaker {
     config: BreakerConfig,
     state: Mutex<State>,
 }
 
 impl Breaker {
-    pub(crate) fn new(config: BreakerConfig) -> Self {
+    /// A closed breaker.
+    pub fn new(config: BreakerConfig) -> Self {
         Breaker {
             config,
             state: Mutex::new(State::Closed { failures: 0 }),
         }
     }
 
-    pub(crate) fn gate(&self) -> Gate {
+    /// Whether to call Redis now. [`Gate::Probe`] is given once per open
+    /// period: its caller must report the probe's outcome.
+    pub fn gate(&self) -> Gate {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         match *state {
             State::Closed { .. } => Gate::Call,
@@ -93,7 +108,7 @@ impl Breaker {
     /// A call answered: the count of consecutive failures starts again. A
     /// call that was sent before the breaker opened and answers late does
     /// not close it: only the probe does.
-    pub(crate) fn success(&self) {
+    pub fn success(&self) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if let State::Closed { .. } = *state {
             *state = State::Closed { failures: 0 };
@@ -101,12 +116,14 @@ impl Breaker {
     }
 
     /// The probe answered: closed.
-    pub(crate) fn probe_succeeded(&self) {
+    pub fn probe_succeeded(&self) {
         *self.state.lock().unwrap_or_else(|e| e.into_inner()) = State::Closed { failures: 0 };
     }
 
-    /// Redis failed; true when this failure opened the breaker.
-    pub(crate) fn failure(&self) -> bool {
+    /// Redis failed (a timeout, a lost connection, a failed probe); true
+    /// when this failure opened the breaker (a failed probe reopens it and
+    /// answers false).
+    pub fn failure(&self) -> bool {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let open = State::Open {
             until: Instant::now() + self.config.open_for,
@@ -130,14 +147,16 @@ impl Breaker {
         }
     }
 
-    pub(crate) fn is_open(&self) -> bool {
+    /// Open or probing: not closed.
+    pub fn is_open(&self) -> bool {
         !matches!(
             *self.state.lock().unwrap_or_else(|e| e.into_inner()),
             State::Closed { .. }
         )
     }
 
-    pub(crate) fn open_for(&self) -> Duration {
+    /// How long it stays open before a probe.
+    pub fn open_for(&self) -> Duration {
         self.config.open_for
     }
 }

@@ -78,7 +78,7 @@ pub use client::{
 };
 pub use decision::{Decision, Path};
 pub use error::Error;
-pub use fallback::{BreakerConfig, FallbackMode, StatsSnapshot};
+pub use fallback::{Breaker as RedisBreaker, BreakerConfig, FallbackMode, Gate, StatsSnapshot};
 pub use grants::key_slot;
 pub use layer::{
     DegradeReason, Finished, HeldBody, MissingKey, RateLimit, RateLimitBody, RateLimitLayer,

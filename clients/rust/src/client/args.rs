@@ -91,6 +91,38 @@ pub(super) fn all_cmd<'a>(
             "RL.ALL takes COST n or UPTO n, not FORCE or REFUND",
         ));
     }
+    all_args(limits, units)
+}
+
+/// `RL.ALL ... <units> EACH`: `COST n` (0 included: a check) or
+/// `COST n FORCE`; `UPTO` and `REFUND` are refused, naming them.
+pub(super) fn all_each_cmd<'a>(
+    limits: &[(&'a str, &RuleKind)],
+    units: Request,
+) -> Result<(Cmd, &'a str), Error> {
+    match units {
+        Request::Cost(_) | Request::Force(_) => {}
+        Request::UpTo(_) => {
+            return Err(Error::bad(
+                "RL.ALL",
+                "UPTO",
+                "RL.ALL ... EACH takes COST n [FORCE], not UPTO",
+            ))
+        }
+        Request::Refund(_) => {
+            return Err(Error::bad(
+                "RL.ALL",
+                "REFUND",
+                "RL.ALL ... EACH takes COST n [FORCE], not REFUND",
+            ))
+        }
+    }
+    let (mut cmd, first) = all_args(limits, units)?;
+    cmd.arg("EACH");
+    Ok((cmd, first))
+}
+
+fn all_args<'a>(limits: &[(&'a str, &RuleKind)], units: Request) -> Result<(Cmd, &'a str), Error> {
     check_units("RL.ALL", units)?;
     let Some((first, _)) = limits.first() else {
         return Err(Error::bad("RL.ALL", "numkeys", "at least one limiter"));

@@ -7,7 +7,7 @@ use std::time::Duration;
 use redis::{Cmd, Value};
 use redis_ratelimit_core::{Period, Request, MAX_PARAM};
 
-use super::args::{all_cmd, check_lease, hit_cmd, lease_units, limiter_cmd};
+use super::args::{all_cmd, all_each_cmd, check_lease, hit_cmd, lease_units, limiter_cmd};
 use super::connect::Target;
 use super::Client;
 use crate::acquire::Block;
@@ -197,6 +197,27 @@ impl Client {
     pub async fn all(&self, limits: &[(&str, &RuleKind)], cost: u64) -> Result<Decision, Error> {
         let (cmd, first) = all_cmd(limits, Request::Cost(cost))?;
         self.decision(cmd, first, Sixth::DeniedBy).await
+    }
+
+    /// `RL.ALL numkeys key... spec... [COST n [FORCE]] EACH`: the call's
+    /// decision, as [`Client::all`] gives it (with `denied_by`), and every
+    /// limiter's own, in the order of `limits` (`denied_by` `None`, path
+    /// [`Path::Redis`](crate::Path::Redis)). Admitted, each limiter's is what
+    /// it answered after the take; denied, what each would have answered,
+    /// nothing taken; a policy in `SHADOW` or `OFF` mode gives its shadowed
+    /// or off answer.
+    ///
+    /// `request` is [`Request::Cost`] (`Cost(0)` checks without taking) or
+    /// [`Request::Force`]; [`Request::UpTo`] and [`Request::Refund`] are
+    /// refused before sending, naming `UPTO` or `REFUND`. Needs a server
+    /// that knows `EACH` (an older one answers an error naming it).
+    pub async fn all_each(
+        &self,
+        limits: &[(&str, &RuleKind)],
+        request: Request,
+    ) -> Result<(Decision, Vec<Decision>), Error> {
+        let (cmd, first) = all_each_cmd(limits, request)?;
+        Decision::from_each_reply(self.send(cmd, Target::Key(first)).await?, limits.len())
     }
 
     /// `RL.ALL numkeys key... spec... UPTO n`: the largest number of units,
