@@ -1,0 +1,1 @@
+//! The environment: envoyproxy/ratelimit's variables and ours.
