@@ -451,7 +451,7 @@ fn duration(d: &prost_types::Duration) -> String {
 }
 
 /// A Timestamp in RFC 3339, UTC (`2026-12-03T07:48:04.500Z`).
-fn timestamp(t: &prost_types::Timestamp) -> String {
+pub(crate) fn timestamp(t: &prost_types::Timestamp) -> String {
     let days = t.seconds.div_euclid(86_400);
     let secs = t.seconds.rem_euclid(86_400);
     let (y, m, d) = civil_from_days(days);
