@@ -1,11 +1,34 @@
-//! The HTTP port: /healthcheck, /json, /metrics, /rlconfig. (Stub with the
-//! design's signatures; the HTTP helper writes the real module.)
+//! The HTTP port (`PORT`, 8080): what the reference serves there, with
+//! the same status codes and bodies, plus its debug port's `/rlconfig` and
+//! the metrics:
+//! - `/healthcheck`: `200 OK` while healthy, else `500` with no body;
+//! - `/json`: a RateLimitRequest in proto3 JSON, answered with the
+//!   RateLimitResponse: `200` (OK), `429` (OVER_LIMIT), `500` (UNKNOWN);
+//!   `400 Bad Request` for a body that is not a request and for a call
+//!   the service refuses (the reference answers both so), the cause in
+//!   the log;
+//! - `/metrics`: Prometheus text 0.0.4, or OpenMetrics when asked;
+//! - `/rlconfig`: the configuration in use, one line per limit.
+//!
+//! Like the reference's router, every path answers any method.
+
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::any;
+use axum::Router;
+
+use crate::json;
 use crate::metrics::Metrics;
+use crate::proto::rate_limit_response::Code;
 use crate::service::RateLimiter;
+
+const TEXT_PLAIN: &str = "text/plain; charset=utf-8";
 
 /// What the HTTP handlers share.
 #[derive(Clone)]
@@ -15,13 +38,17 @@ pub struct HttpState {
     pub health: Health,
 }
 
-/// The service's health: failing while no configuration is loaded (when
-/// required) and once shutdown has begun.
-#[derive(Clone)]
+/// The service's health, as the reference's health checker keeps it:
+/// failing while no configuration is loaded (when
+/// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED` asks for one) and once
+/// shutdown has begun (SIGTERM), so load balancers stop sending before the
+/// process goes. Cheap to clone; every clone is the same switch.
+#[derive(Clone, Debug)]
 pub struct Health {
     inner: Arc<HealthInner>,
 }
 
+#[derive(Debug)]
 struct HealthInner {
     require_config: bool,
     config_loaded: AtomicBool,
@@ -45,19 +72,222 @@ impl Health {
         self.inner.config_loaded.store(true, Ordering::Release);
     }
 
-    /// Shutdown has begun: fail from now on.
+    /// Fail from now on (shutdown has begun), until [`Health::ok`].
     pub fn fail(&self) {
         self.inner.failed.store(true, Ordering::Release);
     }
 
+    /// Undo [`Health::fail`]; a missing required configuration still fails.
+    pub fn ok(&self) {
+        self.inner.failed.store(false, Ordering::Release);
+    }
+
+    /// Whether `/healthcheck` answers 200.
     pub fn is_ok(&self) -> bool {
         !self.inner.failed.load(Ordering::Acquire)
             && (!self.inner.require_config || self.inner.config_loaded.load(Ordering::Acquire))
     }
 }
 
+/// The HTTP port's routes.
+pub fn router(state: HttpState) -> Router {
+    Router::new()
+        .route("/healthcheck", any(healthcheck))
+        .route("/json", any(json_handler))
+        .route("/metrics", any(metrics_handler))
+        .route("/rlconfig", any(rlconfig))
+        .fallback(not_found)
+        .with_state(state)
+}
+
 /// Serves the HTTP port on `listener` until the task is dropped.
 pub async fn serve(listener: tokio::net::TcpListener, state: HttpState) -> io::Result<()> {
-    let _ = state;
-    axum::serve(listener, axum::Router::new()).await
+    axum::serve(listener, router(state)).await
+}
+
+/// The routes of the metrics port of `USE_PROMETHEUS` (`PROMETHEUS_ADDR`):
+/// the scrape at `path` (`PROMETHEUS_PATH`, `/metrics` by default).
+pub fn metrics_router(metrics: Metrics, path: &str) -> Router {
+    let path = if path.starts_with('/') {
+        path.to_owned()
+    } else {
+        format!("/{path}")
+    };
+    Router::new()
+        .route(&path, any(scrape))
+        .fallback(not_found)
+        .with_state(metrics)
+}
+
+/// Serves [`metrics_router`] on `listener` until the task is dropped.
+pub async fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    metrics: Metrics,
+    path: &str,
+) -> io::Result<()> {
+    axum::serve(listener, metrics_router(metrics, path)).await
+}
+
+fn text(status: StatusCode, body: impl Into<Body>) -> Response {
+    (status, [(header::CONTENT_TYPE, TEXT_PLAIN)], body.into()).into_response()
+}
+
+/// Go's `http.Error`, as the reference answers a refused `/json`.
+fn http_error(status: StatusCode) -> Response {
+    let reason = status.canonical_reason().unwrap_or("Error");
+    (
+        status,
+        [
+            (header::CONTENT_TYPE, TEXT_PLAIN),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        ],
+        format!("{reason}\n"),
+    )
+        .into_response()
+}
+
+async fn not_found() -> Response {
+    text(StatusCode::NOT_FOUND, "404 page not found\n")
+}
+
+async fn healthcheck(State(state): State<HttpState>) -> Response {
+    if state.health.is_ok() {
+        text(StatusCode::OK, "OK")
+    } else {
+        StatusCode::INTERNAL_SERVER_ERROR.into_response()
+    }
+}
+
+/// The status `/json` answers a response with: 429 over the limit, 500
+/// when the service left the overall code unknown, else 200.
+pub fn json_status(resp: &crate::proto::RateLimitResponse) -> StatusCode {
+    match Code::try_from(resp.overall_code) {
+        Ok(Code::OverLimit) => StatusCode::TOO_MANY_REQUESTS,
+        Ok(Code::Unknown) => StatusCode::INTERNAL_SERVER_ERROR,
+        _ => StatusCode::OK,
+    }
+}
+
+async fn json_handler(State(state): State<HttpState>, body: Bytes) -> Response {
+    let req = match json::parse_request(&body) {
+        Ok(req) => req,
+        Err(e) => {
+            tracing::warn!("error: /json: {e}");
+            return http_error(StatusCode::BAD_REQUEST);
+        }
+    };
+    let resp = match state.service.should_rate_limit(req).await {
+        Ok(resp) => resp,
+        Err(status) => {
+            tracing::warn!("error: /json: {}: {}", status.code(), status.message());
+            return http_error(StatusCode::BAD_REQUEST);
+        }
+    };
+    (
+        json_status(&resp),
+        [(header::CONTENT_TYPE, "application/json")],
+        json::write_response(&resp),
+    )
+        .into_response()
+}
+
+fn render(metrics: &Metrics, headers: &HeaderMap) -> Response {
+    let accept = headers
+        .get(header::ACCEPT)
+        .and_then(|v: &HeaderValue| v.to_str().ok());
+    let (content_type, body) = metrics.render(accept);
+    (StatusCode::OK, [(header::CONTENT_TYPE, content_type)], body).into_response()
+}
+
+async fn metrics_handler(State(state): State<HttpState>, headers: HeaderMap) -> Response {
+    render(&state.metrics, &headers)
+}
+
+async fn scrape(State(metrics): State<Metrics>, headers: HeaderMap) -> Response {
+    render(&metrics, &headers)
+}
+
+async fn rlconfig(State(state): State<HttpState>) -> Response {
+    text(StatusCode::OK, state.service.config_dump())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::RateLimitResponse;
+
+    #[test]
+    fn health_follows_config_and_shutdown() {
+        let h = Health::new(true);
+        assert!(!h.is_ok(), "no configuration yet");
+        h.set_config_loaded();
+        assert!(h.is_ok());
+        let clone = h.clone();
+        clone.fail();
+        assert!(!h.is_ok(), "a clone is the same switch");
+        h.ok();
+        assert!(clone.is_ok());
+
+        let h = Health::new(false);
+        assert!(h.is_ok(), "no configuration required");
+        h.fail();
+        assert!(!h.is_ok());
+    }
+
+    #[test]
+    fn json_status_codes_as_the_reference() {
+        let with = |overall_code| RateLimitResponse {
+            overall_code,
+            ..Default::default()
+        };
+        assert_eq!(json_status(&with(1)), StatusCode::OK);
+        assert_eq!(json_status(&with(2)), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(json_status(&with(0)), StatusCode::INTERNAL_SERVER_ERROR);
+        // A code the .proto does not name: the reference's `else` is 200.
+        assert_eq!(json_status(&with(7)), StatusCode::OK);
+    }
+
+    /// The metrics port of USE_PROMETHEUS over a real socket: the scrape at
+    /// its path, in the format asked for, and 404 elsewhere.
+    #[tokio::test]
+    async fn the_metrics_port_serves_its_path() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let metrics = Metrics::new();
+        metrics.descriptor("d", "d.k_v").total_hits(2);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(serve_metrics(listener, metrics, "stats"));
+        async fn get(addr: std::net::SocketAddr, path: &str, accept: &str) -> String {
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let req = format!(
+                "GET {path} HTTP/1.1\r\nHost: x\r\nAccept: {accept}\r\nConnection: close\r\n\r\n"
+            );
+            s.write_all(req.as_bytes()).await.unwrap();
+            let mut out = String::new();
+            s.read_to_string(&mut out).await.unwrap();
+            out
+        }
+        let reply = get(addr, "/stats", "*/*").await;
+        assert!(reply.starts_with("HTTP/1.1 200 OK\r\n"), "{reply}");
+        assert!(
+            reply.contains("content-type: text/plain; version=0.0.4; charset=utf-8\r\n"),
+            "{reply}"
+        );
+        assert!(
+            reply.contains(r#"ratelimit_service_rate_limit_total_hits{domain="d",key1="k_v"} 2"#),
+            "{reply}"
+        );
+        let reply = get(
+            addr,
+            "/stats",
+            "application/openmetrics-text; version=1.0.0",
+        )
+        .await;
+        assert!(reply.contains("application/openmetrics-text"), "{reply}");
+        assert!(reply.contains("# EOF"), "{reply}");
+        let reply = get(addr, "/metrics", "*/*").await;
+        assert!(reply.starts_with("HTTP/1.1 404 Not Found\r\n"), "{reply}");
+        assert!(reply.ends_with("404 page not found\n"), "{reply}");
+        server.abort();
+    }
 }

@@ -332,24 +332,24 @@ fn sanitize_stat_name(name: &str) -> String {
 
 /// The end of an IPv4-like run starting at `start`, and its dots' indices.
 fn ipv4_at(s: &[u8], start: usize) -> Option<(usize, [usize; 3])> {
-    let mut i = start;
+    // One to three digits from `i`, greedy (what the regex engine takes
+    // first; fewer would leave a digit where a dot must follow).
+    let digits = |i: usize| {
+        let n = s[i..]
+            .iter()
+            .take(3)
+            .take_while(|b| b.is_ascii_digit())
+            .count();
+        (n > 0).then_some(i + n)
+    };
+    let mut i = digits(start)?;
     let mut dots = [0; 3];
-    for part in 0..4 {
-        let digits_start = i;
-        // Greedy, at most three digits: what the regex engine prefers.
-        while i < s.len() && i - digits_start < 3 && s[i].is_ascii_digit() {
-            i += 1;
-        }
-        if i == digits_start {
+    for dot in &mut dots {
+        if s.get(i) != Some(&b'.') {
             return None;
         }
-        if part < 3 {
-            if s.get(i) != Some(&b'.') {
-                return None;
-            }
-            dots[part] = i;
-            i += 1;
-        }
+        *dot = i;
+        i = digits(i + 1)?;
     }
     Some((i, dots))
 }
