@@ -581,6 +581,28 @@ mod tests {
         assert_eq!(a.descriptors[1].hits_addend, Some(0));
     }
 
+    /// Integer spellings the reference's /json took (200) side by side.
+    #[test]
+    fn integer_spellings_the_reference_takes() {
+        for spelling in [
+            json!(1e0),
+            json!(1.0),
+            json!("1e0"),
+            json!("1.0"),
+            json!("1"),
+        ] {
+            let req = request_from_value(&json!({"hitsAddend": spelling})).unwrap();
+            assert_eq!(req.hits_addend, 1, "{spelling}");
+        }
+        let req: proto::RateLimitRequest = parse_request(br#"{"hitsAddend": -0}"#).unwrap();
+        assert_eq!(req.hits_addend, 0);
+        // And the ones it refused (400).
+        for spelling in [r#"" 1""#, "1.5", r#""0x10""#, r#""-1""#] {
+            let body = format!(r#"{{"hitsAddend": {spelling}}}"#);
+            assert!(parse_request(body.as_bytes()).is_err(), "{body}");
+        }
+    }
+
     #[test]
     fn week_and_unnamed_unit_numbers() {
         let req = request_from_value(&json!({
