@@ -9,8 +9,11 @@ pub mod proto {
 }
 
 pub mod config;
+pub mod deny_cache;
+pub mod engine;
 pub mod http;
 pub mod json;
+pub mod keys;
 pub mod logging;
 pub mod metrics;
 pub mod service;

@@ -1,1 +1,318 @@
-fn main() {}
+//! redis-ratelimit-rls: start-up, serving, reloads and shutdown.
+//!
+//! The order: settings (a bad variable stops here, named), logs, Redis
+//! (connected and checked for the module: a server without it is a clear
+//! error, exit 1), the initial configuration (refused: exit 1 with
+//! `path:line`), the watcher of the configuration folder, then the gRPC and
+//! HTTP ports. SIGTERM or SIGINT: health fails, the gRPC server stops
+//! accepting and finishes the calls in flight, then the process exits.
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use redis_ratelimit_client::{BreakerConfig, Client, Error as KitError, RedisBreaker};
+use redis_ratelimit_rls::config::runtime::{self, RuntimeDir};
+use redis_ratelimit_rls::config::Config;
+use redis_ratelimit_rls::engine::{Engine, EngineOptions};
+use redis_ratelimit_rls::http::{self, Health, HttpState};
+use redis_ratelimit_rls::logging;
+use redis_ratelimit_rls::metrics::Metrics;
+use redis_ratelimit_rls::proto::rate_limit_service_server::RateLimitServiceServer;
+use redis_ratelimit_rls::service::{Grpc, RateLimiter};
+use redis_ratelimit_rls::settings::{self, RedisTarget, Settings};
+use tonic_health::ServingStatus;
+
+const NAME: &str = "redis-ratelimit-rls";
+
+fn main() -> ExitCode {
+    let settings = match Settings::from_env() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("{NAME}: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    logging::init(&settings.log_level, &settings.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("{NAME}: cannot start the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(run(settings)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            tracing::error!("{message}");
+            eprintln!("{NAME}: {message}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn run(settings: Settings) -> Result<(), String> {
+    let ignored: Vec<&str> = settings::IGNORED
+        .iter()
+        .copied()
+        .filter(|v| std::env::var_os(v).is_some_and(|x| !x.is_empty()))
+        .collect();
+    if !ignored.is_empty() {
+        tracing::warn!(
+            "accepted and ignored (see README.md, \"Environment\"): {}",
+            ignored.join(", ")
+        );
+    }
+
+    let client = connect(&settings).await?;
+    let metrics = Metrics::new();
+
+    let dir = RuntimeDir {
+        root: settings.runtime_root.clone(),
+        subdirectory: settings.runtime_subdirectory.clone(),
+        appdirectory: settings.runtime_appdirectory.clone(),
+        ignore_dot_files: settings.runtime_ignore_dot_files,
+    };
+    let initial =
+        runtime::read(&dir).and_then(|files| Config::load(&files, settings.merge_domain_config));
+    let config = match initial {
+        Ok(c) => {
+            metrics.config_load(true);
+            tracing::info!(
+                folder = %dir.config_dir().display(),
+                domains = c.domains(),
+                "configuration loaded"
+            );
+            c
+        }
+        Err(e) => {
+            metrics.config_load(false);
+            return Err(format!("the configuration is refused: {e}"));
+        }
+    };
+
+    let health = Health::new(settings.healthy_with_at_least_one_config_loaded);
+    if !config.is_empty() {
+        health.set_config_loaded();
+    }
+    let (reporter, health_service) = tonic_health::server::health_reporter();
+    let grpc_status = move |ok: bool| {
+        if ok {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        }
+    };
+    reporter
+        .set_service_status("", grpc_status(health.is_ok()))
+        .await;
+
+    let breaker = RedisBreaker::new(BreakerConfig {
+        failures: settings.breaker_failures,
+        open_for: settings.breaker_open,
+    });
+    let engine = Engine::new(
+        client,
+        breaker,
+        metrics.clone(),
+        settings.local_cache_size_in_bytes,
+        EngineOptions {
+            cache_key_prefix: settings.cache_key_prefix.clone(),
+            hash_tag: settings.hash_tag,
+            near_limit_ratio: settings.near_limit_ratio,
+            shadow_mode: settings.shadow_mode,
+            quota_mode: settings.quota_mode,
+            headers: settings.response_headers.clone(),
+        },
+    );
+    let service = Arc::new(RateLimiter::new(engine, config));
+
+    // Reloads: a refused file keeps the configuration in use.
+    let _watcher = {
+        let service = service.clone();
+        let metrics = metrics.clone();
+        let health = health.clone();
+        let reporter = reporter.clone();
+        let handle = tokio::runtime::Handle::current();
+        runtime::watch(
+            dir.clone(),
+            settings.merge_domain_config,
+            settings.config_poll,
+            move |result| match result {
+                Ok(config) => {
+                    metrics.config_load(true);
+                    tracing::info!(domains = config.domains(), "configuration reloaded");
+                    if !config.is_empty() {
+                        health.set_config_loaded();
+                    }
+                    service.set_config(config);
+                    let reporter = reporter.clone();
+                    let status = grpc_status(health.is_ok());
+                    handle.spawn(async move { reporter.set_service_status("", status).await });
+                }
+                Err(e) => {
+                    metrics.config_load(false);
+                    tracing::error!("configuration refused, the previous one stays in use: {e}");
+                }
+            },
+        )
+    };
+
+    let grpc_listener = bind(
+        &settings.grpc_host,
+        settings.grpc_port,
+        "GRPC_HOST/GRPC_PORT",
+    )
+    .await?;
+    let http_listener = bind(&settings.host, settings.port, "HOST/PORT").await?;
+    tracing::info!(
+        grpc = %grpc_listener.local_addr().map_or_else(|_| "?".into(), |a| a.to_string()),
+        http = %http_listener.local_addr().map_or_else(|_| "?".into(), |a| a.to_string()),
+        "serving"
+    );
+
+    let http_task = tokio::spawn(http::serve(
+        http_listener,
+        HttpState {
+            service: service.clone(),
+            metrics: metrics.clone(),
+            health: health.clone(),
+        },
+    ));
+    let prometheus_task = match &settings.prometheus {
+        Some(p) => {
+            let listener = bind_addr(&p.addr, "PROMETHEUS_ADDR").await?;
+            Some(tokio::spawn(serve_prometheus(
+                listener,
+                p.path.clone(),
+                metrics.clone(),
+            )))
+        }
+        None => None,
+    };
+
+    let shutdown = {
+        let health = health.clone();
+        let reporter = reporter.clone();
+        async move {
+            wait_for_signal().await;
+            tracing::warn!("shutting down: health fails, calls in flight finish");
+            health.fail();
+            reporter
+                .set_service_status("", ServingStatus::NotServing)
+                .await;
+        }
+    };
+    let grpc = tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(RateLimitServiceServer::new(Grpc(service.clone())))
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
+            shutdown,
+        )
+        .await;
+    http_task.abort();
+    if let Some(t) = prometheus_task {
+        t.abort();
+    }
+    grpc.map_err(|e| format!("the gRPC server failed: {e}"))
+}
+
+/// Connects as REDIS_TYPE says, with REDIS_TIMEOUT as the deadline of each
+/// call; the kit checks the module on every master.
+async fn connect(settings: &Settings) -> Result<Client, String> {
+    let redis = &settings.redis;
+    let shown = format!("REDIS_URL={}", settings::mask(&redis.url));
+    let connected = match &redis.target {
+        RedisTarget::Single(url) => Client::standalone(url).await,
+        RedisTarget::Sentinel { master, sentinels } => {
+            let refs: Vec<&str> = sentinels.iter().map(String::as_str).collect();
+            Client::sentinel(&refs, master).await
+        }
+        RedisTarget::Cluster(nodes) => {
+            let refs: Vec<&str> = nodes.iter().map(String::as_str).collect();
+            Client::cluster(&refs).await
+        }
+    };
+    match connected {
+        Ok(client) => {
+            tracing::info!(redis = %shown, kind = ?redis.kind, timeout = ?redis.timeout, "connected to Redis");
+            Ok(client.with_deadline(redis.timeout))
+        }
+        Err(KitError::ModuleMissing(why)) => Err(format!(
+            "{shown} has no ratelimit module: load it with --loadmodule /path/to/libredis_ratelimit.so \
+             (or loadmodule in redis.conf) and restart the server ({why})"
+        )),
+        Err(e) => Err(format!("cannot use Redis at {shown}: {e}")),
+    }
+}
+
+async fn bind(host: &str, port: u16, what: &str) -> Result<tokio::net::TcpListener, String> {
+    let addr = if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    };
+    tokio::net::TcpListener::bind(&addr)
+        .await
+        .map_err(|e| format!("{what}: cannot listen on {addr}: {e}"))
+}
+
+/// PROMETHEUS_ADDR as Go's net.Listen takes it: `:9090` is every address.
+async fn bind_addr(addr: &str, what: &str) -> Result<tokio::net::TcpListener, String> {
+    let full = if addr.starts_with(':') {
+        format!("0.0.0.0{addr}")
+    } else {
+        addr.to_string()
+    };
+    let parsed: Result<SocketAddr, _> = full.parse();
+    let target = parsed.map_or(full.clone(), |a| a.to_string());
+    tokio::net::TcpListener::bind(&target)
+        .await
+        .map_err(|e| format!("{what}: cannot listen on {addr}: {e}"))
+}
+
+/// USE_PROMETHEUS: the metrics on a listener of their own, at PROMETHEUS_PATH.
+async fn serve_prometheus(
+    listener: tokio::net::TcpListener,
+    path: String,
+    metrics: Metrics,
+) -> std::io::Result<()> {
+    use axum::http::{header, HeaderMap};
+    let router = axum::Router::new().route(
+        &path,
+        axum::routing::get(move |headers: HeaderMap| {
+            let metrics = metrics.clone();
+            async move {
+                let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+                let (content_type, body) = metrics.render(accept);
+                ([(header::CONTENT_TYPE, content_type)], body)
+            }
+        }),
+    );
+    axum::serve(listener, router).await
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
