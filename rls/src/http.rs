@@ -179,7 +179,7 @@ async fn json_handler(State(state): State<HttpState>, body: Bytes) -> Response {
     let resp = match state.service.should_rate_limit(req).await {
         Ok(resp) => resp,
         Err(status) => {
-            tracing::warn!("error: /json: {}: {}", status.code(), status.message());
+            tracing::warn!(code = ?status.code(), "error: /json: {}", status.message());
             return http_error(StatusCode::BAD_REQUEST);
         }
     };
