@@ -850,3 +850,120 @@ fn hostile_documents_are_refused_not_panics() {
     let deep = "[".repeat(100_000);
     assert!(Config::load(&[(PathBuf::from("x.yaml"), deep)], false).is_err());
 }
+
+/// One line per request as the reference's answer was recorded (see
+/// fixtures/reference/README.md), or `ERR` for a refused configuration.
+fn describe(m: Option<Matched>) -> String {
+    let Some(m) = m else {
+        return "nil".to_string();
+    };
+    let (rpu, unit) = if m.unlimited {
+        (0, "UNLIMITED")
+    } else {
+        (m.limits[0].requests_per_unit, m.limits[0].unit.name())
+    };
+    let share = match &m.share_values {
+        None => "-".to_string(),
+        Some(values) => values
+            .iter()
+            .map(|v| v.clone().unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("|"),
+    };
+    format!(
+        "key={} rpu={rpu} unit={unit} unl={} shadow={} quota={} name={} repl={} detailed={} share={share}",
+        m.stats_key,
+        m.unlimited,
+        m.shadow_mode,
+        m.quota_mode,
+        m.name.unwrap_or_default(),
+        m.replaces.join(","),
+        m.detailed_metric,
+    )
+}
+
+struct GoldenCase {
+    merge: bool,
+    files: Vec<(PathBuf, String)>,
+    requests: Vec<(String, Vec<(String, String)>)>,
+}
+
+fn golden_cases(text: &str) -> Vec<GoldenCase> {
+    let mut cases: Vec<GoldenCase> = Vec::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("case ") {
+            cases.push(GoldenCase {
+                merge: rest.ends_with(" merge"),
+                files: Vec::new(),
+                requests: Vec::new(),
+            });
+            continue;
+        }
+        let case = cases.last_mut().expect("a case first");
+        if let Some(name) = line.strip_prefix("file ") {
+            case.files.push((PathBuf::from(name), String::new()));
+        } else if let Some(yaml) = line.strip_prefix("| ") {
+            let file = &mut case.files.last_mut().expect("a file first").1;
+            file.push_str(yaml);
+            file.push('\n');
+        } else if let Some(request) = line.strip_prefix("request ") {
+            let mut words = request.split(' ');
+            let domain = words.next().unwrap().to_string();
+            let entries = words
+                .map(|w| {
+                    let (k, v) = w.split_once('=').expect("key=value");
+                    (k.to_string(), v.to_string())
+                })
+                .collect();
+            case.requests.push((domain, entries));
+        } else {
+            panic!("unexpected line {line:?}");
+        }
+    }
+    cases
+}
+
+/// Random configurations and requests answered by the reference's own
+/// config package (Go, recorded in fixtures/reference/expected.txt): every
+/// refusal and every match, stats key included, must be the same here.
+#[test]
+fn matches_the_reference_on_recorded_random_cases() {
+    let (_, cases) = fixture("reference/cases.txt");
+    let (_, expected) = fixture("reference/expected.txt");
+    let cases = golden_cases(&cases);
+    assert_eq!(cases.len(), 50);
+    let mut ours = Vec::new();
+    for (i, case) in cases.iter().enumerate() {
+        let config = match Config::load(&case.files, case.merge) {
+            Ok(config) => config,
+            Err(_) => {
+                ours.push(format!("{i}.0 ERR"));
+                continue;
+            }
+        };
+        for (j, (domain, entries)) in case.requests.iter().enumerate() {
+            let entries: Vec<(&str, &str)> = entries
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            ours.push(format!(
+                "{i}.{j} {}",
+                describe(config.get_limit(domain, &entries))
+            ));
+        }
+    }
+    let expected: Vec<&str> = expected.lines().collect();
+    for (ours, theirs) in ours.iter().zip(&expected) {
+        assert_eq!(ours, theirs);
+    }
+    assert_eq!(ours.len(), expected.len());
+    assert!(expected.iter().filter(|l| l.contains("key=")).count() > 300);
+}
+
+#[test]
+fn config_is_shareable_between_threads() {
+    fn shareable<T: Send + Sync + 'static>() {}
+    shareable::<Config>();
+    shareable::<Matched>();
+    shareable::<ConfigError>();
+}
