@@ -46,7 +46,7 @@ fn main() -> ExitCode {
     match runtime.block_on(run(settings)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
-            tracing::error!("{message}");
+            // A plain line: what stopped the start is read by a person.
             eprintln!("{NAME}: {message}");
             ExitCode::from(1)
         }
@@ -184,11 +184,10 @@ async fn run(settings: Settings) -> Result<(), String> {
     let prometheus_task = match &settings.prometheus {
         Some(p) => {
             let listener = bind_addr(&p.addr, "PROMETHEUS_ADDR").await?;
-            Some(tokio::spawn(serve_prometheus(
-                listener,
-                p.path.clone(),
-                metrics.clone(),
-            )))
+            let (path, metrics) = (p.path.clone(), metrics.clone());
+            Some(tokio::spawn(async move {
+                http::serve_metrics(listener, metrics, &path).await
+            }))
         }
         None => None,
     };
@@ -241,9 +240,12 @@ async fn connect(settings: &Settings) -> Result<Client, String> {
             tracing::info!(redis = %shown, kind = ?redis.kind, timeout = ?redis.timeout, "connected to Redis");
             Ok(client.with_deadline(redis.timeout))
         }
-        Err(KitError::ModuleMissing(why)) => Err(format!(
+        Err(KitError::ModuleMissing(why)) if why.starts_with("MODULE LIST has no") => Err(format!(
             "{shown} has no ratelimit module: load it with --loadmodule /path/to/libredis_ratelimit.so \
-             (or loadmodule in redis.conf) and restart the server ({why})"
+             (or loadmodule in redis.conf) and restart the server"
+        )),
+        Err(KitError::ModuleMissing(why)) => Err(format!(
+            "{shown} cannot run the ratelimit module's commands: {why}"
         )),
         Err(e) => Err(format!("cannot use Redis at {shown}: {e}")),
     }
@@ -272,27 +274,6 @@ async fn bind_addr(addr: &str, what: &str) -> Result<tokio::net::TcpListener, St
     tokio::net::TcpListener::bind(&target)
         .await
         .map_err(|e| format!("{what}: cannot listen on {addr}: {e}"))
-}
-
-/// USE_PROMETHEUS: the metrics on a listener of their own, at PROMETHEUS_PATH.
-async fn serve_prometheus(
-    listener: tokio::net::TcpListener,
-    path: String,
-    metrics: Metrics,
-) -> std::io::Result<()> {
-    use axum::http::{header, HeaderMap};
-    let router = axum::Router::new().route(
-        &path,
-        axum::routing::get(move |headers: HeaderMap| {
-            let metrics = metrics.clone();
-            async move {
-                let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
-                let (content_type, body) = metrics.render(accept);
-                ([(header::CONTENT_TYPE, content_type)], body)
-            }
-        }),
-    );
-    axum::serve(listener, router).await
 }
 
 async fn wait_for_signal() {

@@ -423,7 +423,7 @@ fn redis_settings(get: &dyn Fn(&str) -> Option<String>) -> Result<RedisSettings,
         Some(v) => match parse_go_duration(&v) {
             Ok(d) if !d.is_zero() => d,
             Ok(_) => return Err(bad("REDIS_TIMEOUT", "must be more than 0")),
-            Err(e) => return Err(bad("REDIS_TIMEOUT", format!("{v:?}: {e}"))),
+            Err(e) => return Err(bad("REDIS_TIMEOUT", e)),
         },
     };
     let parts: Vec<&str> = url
