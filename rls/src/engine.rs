@@ -74,7 +74,8 @@ struct Enforced {
     /// Slots `first..first + matched.limits.len()` of the request's.
     first: usize,
     /// Denied here without Redis: by the deny cache (true) or by a limit
-    /// of 0 (false), and which of its limits denied.
+    /// that cannot hold the hits, 0 included (false), and which of its
+    /// limits denied.
     local: Option<(bool, usize)>,
 }
 
@@ -252,7 +253,9 @@ impl Engine {
                         Status::internal(format!("{}: {m}", e.matched.stats_key))
                     })?))
                 };
-                if kind.is_none() && e.hits > 0 && e.local.is_none() {
+                // A limit of 0, or hits past what the limit can ever hold
+                // (which also keeps absurd costs off the wire): denied here.
+                if e.hits > capacity(limit) && e.local.is_none() {
                     e.local = Some((false, j));
                 }
                 if let Some(cache) = &self.deny_cache {
@@ -543,7 +546,7 @@ impl Engine {
         let name = e.matched.name.clone().unwrap_or_default();
 
         if let Some((by_cache, j)) = e.local {
-            // Decided here, by the cache or a limit of 0.
+            // Decided here, by the cache or a limit too small for the hits.
             let limit = limits[j];
             stats.over_limit(e.hits);
             if by_cache {
@@ -792,6 +795,16 @@ fn header(key: &str, value: String) -> HeaderValue {
     }
 }
 
+/// The most units a limit can admit at once: its count, or a token
+/// bucket's burst (0 for a limit of 0, which admits nothing).
+pub fn capacity(limit: &Limit) -> u64 {
+    match limit.algorithm {
+        _ if limit.requests_per_unit == 0 => 0,
+        Algorithm::TokenBucket { burst } => burst,
+        _ => u64::from(limit.requests_per_unit),
+    }
+}
+
 /// The module's spec of a limit (a limit of 0 has none: nothing to ask).
 pub fn spec_of(limit: &Limit) -> Result<Spec, String> {
     let n = u64::from(limit.requests_per_unit);
@@ -949,6 +962,30 @@ mod tests {
         );
         // A check (0 hits) counts nothing but within's 0.
         assert_eq!(c(true, 0, 0, false), Counts::default());
+    }
+
+    #[test]
+    fn capacity_is_the_count_or_the_burst() {
+        assert_eq!(
+            capacity(&limit(10, Unit::Second, Algorithm::FixedWindow)),
+            10
+        );
+        assert_eq!(
+            capacity(&limit(
+                10,
+                Unit::Second,
+                Algorithm::TokenBucket { burst: 30 }
+            )),
+            30
+        );
+        assert_eq!(
+            capacity(&limit(
+                0,
+                Unit::Second,
+                Algorithm::TokenBucket { burst: 30 }
+            )),
+            0
+        );
     }
 
     #[test]
