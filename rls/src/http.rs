@@ -247,27 +247,216 @@ mod tests {
         assert_eq!(json_status(&with(7)), StatusCode::OK);
     }
 
+    /// One HTTP/1.1 exchange on a new connection: the raw reply.
+    async fn exchange(
+        addr: std::net::SocketAddr,
+        method: &str,
+        path: &str,
+        accept: &str,
+        body: &str,
+    ) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let req = format!(
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nAccept: {accept}\r\nConnection: close\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out
+    }
+
+    /// A reply's status code, lower-cased headers and body.
+    fn parse_reply(reply: &str) -> (u16, String, String) {
+        let (head, body) = reply.split_once("\r\n\r\n").unwrap();
+        let status = head[9..12].parse().unwrap();
+        (status, head.to_ascii_lowercase(), body.to_owned())
+    }
+
+    /// The module: `RL_MODULE`, else `/tmp/rl-module.so`, else the
+    /// workspace's release build (as the end-to-end tests find it).
+    fn module() -> std::path::PathBuf {
+        if let Some(m) = std::env::var_os("RL_MODULE").filter(|m| !m.is_empty()) {
+            return m.into();
+        }
+        let tmp = std::path::PathBuf::from("/tmp/rl-module.so");
+        if tmp.exists() {
+            return tmp;
+        }
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../target/release/libredis_ratelimit.so")
+    }
+
+    /// A redis-server with the module, of its own on a free loopback port,
+    /// stopped on drop.
+    struct RedisServer {
+        child: std::process::Child,
+        url: String,
+    }
+
+    impl RedisServer {
+        fn start() -> RedisServer {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            let module = module();
+            assert!(
+                module.exists(),
+                "no module at {} (set RL_MODULE or build it)",
+                module.display()
+            );
+            let child = std::process::Command::new("redis-server")
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .arg("--loadmodule")
+                .arg(&module)
+                .args(["--save", "", "--appendonly", "no"])
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .expect("redis-server on PATH");
+            RedisServer {
+                child,
+                url: format!("redis://127.0.0.1:{port}"),
+            }
+        }
+    }
+
+    impl Drop for RedisServer {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    /// The HTTP port over a real socket, with a real RateLimiter on a real
+    /// Redis. The requests here never reach Redis (an unmatched
+    /// descriptor, invalid requests): the engine's decisions are the
+    /// end-to-end tests' (rls/tests).
+    #[tokio::test]
+    async fn the_http_port_answers_as_the_reference() {
+        use crate::config::Config;
+        use crate::engine::{Engine, EngineOptions};
+        use redis_ratelimit_client::{BreakerConfig, Client, RedisBreaker};
+        use std::time::{Duration, Instant};
+
+        let redis = RedisServer::start();
+        let started = Instant::now();
+        let client = loop {
+            match Client::standalone(&redis.url).await {
+                Ok(c) => break c,
+                Err(e) if started.elapsed() < Duration::from_secs(10) => {
+                    let _ = e;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => panic!("redis-server did not start: {e}"),
+            }
+        };
+        let yaml = "domain: dom\ndescriptors:\n  - key: k1\n    rate_limit: {unit: minute, requests_per_unit: 1}\n";
+        let config = Config::load(&[("config/a.yaml".into(), yaml.to_owned())], false).unwrap();
+        let metrics = Metrics::new();
+        let engine = Engine::new(
+            client,
+            RedisBreaker::new(BreakerConfig {
+                failures: 5,
+                open_for: Duration::from_secs(1),
+            }),
+            metrics.clone(),
+            0,
+            EngineOptions {
+                cache_key_prefix: String::new(),
+                hash_tag: crate::settings::HashTag::None,
+                near_limit_ratio: 0.8,
+                shadow_mode: false,
+                quota_mode: false,
+                headers: None,
+            },
+        );
+        let health = Health::new(true);
+        let state = HttpState {
+            service: Arc::new(RateLimiter::new(engine, config)),
+            metrics,
+            health: health.clone(),
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(serve(listener, state));
+        let call = |method: &'static str, path: &'static str, body: &'static str| async move {
+            parse_reply(&exchange(addr, method, path, "*/*", body).await)
+        };
+
+        // Health: 500 without a body until a configuration is loaded.
+        let (status, _, body) = call("GET", "/healthcheck", "").await;
+        assert_eq!((status, body.as_str()), (500, ""));
+        health.set_config_loaded();
+        let (status, head, body) = call("GET", "/healthcheck", "").await;
+        assert_eq!((status, body.as_str()), (200, "OK"));
+        assert!(
+            head.contains("content-type: text/plain; charset=utf-8"),
+            "{head}"
+        );
+
+        // /json: an unmatched descriptor is OK without a limit.
+        let (status, head, body) = call(
+            "POST",
+            "/json",
+            r#"{"domain":"dom","descriptors":[{"entries":[{"key":"zz","value":"v"}]}]}"#,
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        assert!(head.contains("content-type: application/json"), "{head}");
+        assert_eq!(body, r#"{"overallCode":"OK","statuses":[{"code":"OK"}]}"#);
+        // A body that is not a request, and a request the service refuses:
+        // 400 and Go's http.Error body, as the reference.
+        for bad in ["{bad", "", r#"{"domian":"dom"}"#, r#"{"domain":""}"#] {
+            let (status, head, body) = call("POST", "/json", bad).await;
+            assert_eq!((status, body.as_str()), (400, "Bad Request\n"), "{bad}");
+            assert!(
+                head.contains("content-type: text/plain; charset=utf-8"),
+                "{head}"
+            );
+        }
+
+        let (status, _, body) = call("GET", "/rlconfig", "").await;
+        assert_eq!(status, 200);
+        assert!(
+            body.contains("dom.k1: unit=MINUTE requests_per_unit=1"),
+            "{body}"
+        );
+        let (status, head, body) = call("GET", "/metrics", "").await;
+        assert_eq!(status, 200);
+        assert!(
+            head.contains("content-type: text/plain; version=0.0.4"),
+            "{head}"
+        );
+        assert!(
+            body.contains("ratelimit_service_config_load_success"),
+            "{body}"
+        );
+        let (status, _, body) = call("GET", "/nope", "").await;
+        assert_eq!((status, body.as_str()), (404, "404 page not found\n"));
+
+        // Shutdown begins: health fails at once.
+        health.fail();
+        let (status, _, _) = call("GET", "/healthcheck", "").await;
+        assert_eq!(status, 500);
+        server.abort();
+    }
+
     /// The metrics port of USE_PROMETHEUS over a real socket: the scrape at
     /// its path, in the format asked for, and 404 elsewhere.
     #[tokio::test]
     async fn the_metrics_port_serves_its_path() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let metrics = Metrics::new();
         metrics.descriptor("d", "d.k_v").total_hits(2);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let server = tokio::spawn(serve_metrics(listener, metrics, "stats"));
-        async fn get(addr: std::net::SocketAddr, path: &str, accept: &str) -> String {
-            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-            let req = format!(
-                "GET {path} HTTP/1.1\r\nHost: x\r\nAccept: {accept}\r\nConnection: close\r\n\r\n"
-            );
-            s.write_all(req.as_bytes()).await.unwrap();
-            let mut out = String::new();
-            s.read_to_string(&mut out).await.unwrap();
-            out
-        }
-        let reply = get(addr, "/stats", "*/*").await;
+        let get =
+            |path: &'static str, accept: &'static str| exchange(addr, "GET", path, accept, "");
+        let reply = get("/stats", "*/*").await;
         assert!(reply.starts_with("HTTP/1.1 200 OK\r\n"), "{reply}");
         assert!(
             reply.contains("content-type: text/plain; version=0.0.4; charset=utf-8\r\n"),
@@ -277,15 +466,10 @@ mod tests {
             reply.contains(r#"ratelimit_service_rate_limit_total_hits{domain="d",key1="k_v"} 2"#),
             "{reply}"
         );
-        let reply = get(
-            addr,
-            "/stats",
-            "application/openmetrics-text; version=1.0.0",
-        )
-        .await;
+        let reply = get("/stats", "application/openmetrics-text; version=1.0.0").await;
         assert!(reply.contains("application/openmetrics-text"), "{reply}");
         assert!(reply.contains("# EOF"), "{reply}");
-        let reply = get(addr, "/metrics", "*/*").await;
+        let reply = get("/metrics", "*/*").await;
         assert!(reply.starts_with("HTTP/1.1 404 Not Found\r\n"), "{reply}");
         assert!(reply.ends_with("404 page not found\n"), "{reply}");
         server.abort();
