@@ -577,25 +577,24 @@ impl Engine {
 
         // The limit that decides the status: the first that denied, else
         // the one with the fewest units left.
-        let mut pick = 0;
-        let mut pick_remaining = u64::MAX;
+        let mut pick: Option<(usize, u64)> = None;
         for (j, s) in own.iter().enumerate() {
             let Some(d) = &s.decision else { continue };
             if !d.allowed {
-                pick = j;
+                pick = Some((j, 0));
                 break;
             }
             let left = remaining_of(d, s.taken, e.hits);
-            if left < pick_remaining {
-                pick = j;
-                pick_remaining = left;
+            if pick.is_none_or(|(_, fewest)| left < fewest) {
+                pick = Some((j, left));
             }
         }
+        // Some limit was sent: the all-unsent case returned above.
+        let (pick, _) = pick.unwrap_or((0, 0));
         let limit = limits[pick];
-        let d = own[pick]
-            .decision
-            .as_ref()
-            .expect("a sent limit has a decision");
+        let Some(d) = own[pick].decision.as_ref() else {
+            return self.finish(e, limit, name, 0, false, reset_local(&limit, now_s), &stats);
+        };
         let threshold = d.limit;
         let near = near_threshold(threshold, self.opts.near_limit_ratio);
         // A fixed window's reset is its window's end on the server's clock;
