@@ -5,7 +5,8 @@
 //! on `serde_json::Value`, following what the reference's `protojson`
 //! accepts and writes:
 //! - a field under its JSON name (`hitsAddend`) or its proto name
-//!   (`hits_addend`); an unknown field is an error; `null` is the default;
+//!   (`hits_addend`); an unknown field, or a key given twice, is an
+//!   error; `null` is the default;
 //! - integers as JSON numbers (an integral value such as `2.0` or `1e2`
 //!   too) or as strings holding one, within the field's range;
 //! - enums by name (`"MINUTE"`) or by number;
@@ -61,7 +62,61 @@ fn child(path: &str, name: &str) -> String {
 pub fn parse_request(body: &[u8]) -> Result<proto::RateLimitRequest, JsonError> {
     let value: Value =
         serde_json::from_slice(body).map_err(|e| err("", format!("invalid JSON: {e}")))?;
+    // serde_json keeps the last of two equal keys; protojson refuses them.
+    if let Some(key) = duplicate_key(body) {
+        return Err(err("", format!("key \"{key}\" given twice in one object")));
+    }
     request_from_value(&value)
+}
+
+/// The first key that one object of `body` (valid JSON) gives twice.
+fn duplicate_key(body: &[u8]) -> Option<String> {
+    use std::collections::HashSet;
+    // Per open container: an object's keys so far, or None for an array.
+    let mut open: Vec<Option<HashSet<String>>> = Vec::new();
+    let mut expect_key = false;
+    let mut i = 0;
+    while let Some(&b) = body.get(i) {
+        match b {
+            b'{' => {
+                open.push(Some(HashSet::new()));
+                expect_key = true;
+            }
+            b'[' => {
+                open.push(None);
+                expect_key = false;
+            }
+            b'}' | b']' => {
+                open.pop();
+                expect_key = false;
+            }
+            b',' => expect_key = matches!(open.last(), Some(Some(_))),
+            b'"' => {
+                let start = i;
+                i += 1;
+                while let Some(&c) = body.get(i) {
+                    match c {
+                        b'"' => break,
+                        b'\\' => i += 2,
+                        _ => i += 1,
+                    }
+                }
+                if expect_key {
+                    // Unescaped, so "a" and "\u0061" are the same key.
+                    let key: String = serde_json::from_slice(body.get(start..=i)?).ok()?;
+                    if let Some(Some(keys)) = open.last_mut() {
+                        if !keys.insert(key.clone()) {
+                            return Some(key);
+                        }
+                    }
+                    expect_key = false;
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    None
 }
 
 /// Reads a RateLimitRequest from its proto3 JSON value.
@@ -617,6 +672,25 @@ mod tests {
     }
 
     #[test]
+    fn keys_repeated_in_different_objects_are_not_duplicates() {
+        let body = br#"{"descriptors": [
+            {"entries": [{"key": "a", "value": "x,\"key\":"}, {"key": "b", "value": "y"}]},
+            {"entries": [{"key": "a"}], "hitsAddend": 1}
+        ], "domain": "d"}"#;
+        let req = parse_request(body).unwrap();
+        assert_eq!(req.descriptors[0].entries[0].value, "x,\"key\":");
+        assert_eq!(req.descriptors.len(), 2);
+        assert_eq!(
+            duplicate_key(br#"[{"a": 1}, {"a": 2}, [{"a": {"a": 3}}]]"#),
+            None
+        );
+        assert_eq!(
+            duplicate_key(br#"{"a": [1, {"b": 1}], "a": 2}"#),
+            Some("a".into())
+        );
+    }
+
+    #[test]
     fn null_is_the_default() {
         let req = request_from_value(&json!({
             "domain": null,
@@ -684,6 +758,14 @@ mod tests {
             (
                 br#"{"hitsAddend": 1, "hits_addend": 1}"#,
                 "hits_addend: field hits_addend given twice",
+            ),
+            (
+                br#"{"domain": "a", "descriptors": [], "domain": "b"}"#,
+                "key \"domain\" given twice in one object",
+            ),
+            (
+                br#"{"descriptors": [{"entries": [{"key": "k", "k\u0065y": "l"}]}]}"#,
+                "key \"key\" given twice in one object",
             ),
         ];
         for (body, want) in cases {
