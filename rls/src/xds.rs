@@ -202,7 +202,10 @@ impl XdsSettings {
                 Duration::from_secs(3),
             )?,
             backoff: Backoff {
-                initial: duration("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", Duration::from_secs(10))?,
+                initial: duration(
+                    "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
+                    Duration::from_secs(10),
+                )?,
                 max: duration("XDS_CLIENT_BACKOFF_MAX_INTERVAL", Duration::from_secs(60))?,
                 factor,
                 jitter: bool_var(vars, "XDS_CLIENT_BACKOFF_JITTER", true)?,
@@ -330,9 +333,21 @@ async fn run(settings: XdsSettings, on_change: impl Fn(Result<Config, ConfigErro
             }
         };
         let mut received = false;
-        match stream(&settings, channel, &mut last_taken, &mut received, &on_change).await {
-            Ok(()) => tracing::warn!(server = %settings.server_url, "xDS: the control plane ended the stream"),
-            Err(e) => tracing::warn!(server = %settings.server_url, error = %e, "xDS: the stream failed"),
+        match stream(
+            &settings,
+            channel,
+            &mut last_taken,
+            &mut received,
+            &on_change,
+        )
+        .await
+        {
+            Ok(()) => {
+                tracing::warn!(server = %settings.server_url, "xDS: the control plane ended the stream")
+            }
+            Err(e) => {
+                tracing::warn!(server = %settings.server_url, error = %e, "xDS: the stream failed")
+            }
         }
         if received {
             attempt = 0;
@@ -516,7 +531,12 @@ pub fn render(config: &RateLimitConfig) -> Rendered {
     out
 }
 
-fn render_descriptors(out: &mut Rendered, indent: usize, parent: &str, list: &[RateLimitDescriptor]) {
+fn render_descriptors(
+    out: &mut Rendered,
+    indent: usize,
+    parent: &str,
+    list: &[RateLimitDescriptor],
+) {
     if list.is_empty() {
         return;
     }
@@ -524,9 +544,17 @@ fn render_descriptors(out: &mut Rendered, indent: usize, parent: &str, list: &[R
     for (i, d) in list.iter().enumerate() {
         let at = format!("{parent}descriptors[{i}]");
         let inner = indent + 4;
-        out.line(indent + 2, &format!("- key: {}", quote(&d.key)), &format!("{at}.key"));
+        out.line(
+            indent + 2,
+            &format!("- key: {}", quote(&d.key)),
+            &format!("{at}.key"),
+        );
         if !d.value.is_empty() {
-            out.line(inner, &format!("value: {}", quote(&d.value)), &format!("{at}.value"));
+            out.line(
+                inner,
+                &format!("value: {}", quote(&d.value)),
+                &format!("{at}.value"),
+            );
         }
         if let Some(rl) = &d.rate_limit {
             let rl_at = format!("{at}.rate_limit");
@@ -537,7 +565,11 @@ fn render_descriptors(out: &mut Rendered, indent: usize, parent: &str, list: &[R
                 Err(_) => Some(rl.unit.to_string()),
             };
             if let Some(unit) = unit {
-                out.line(inner + 2, &format!("unit: {}", quote(&unit)), &format!("{rl_at}.unit"));
+                out.line(
+                    inner + 2,
+                    &format!("unit: {}", quote(&unit)),
+                    &format!("{rl_at}.unit"),
+                );
             }
             if rl.requests_per_unit != 0 || !rl.unlimited {
                 out.line(
@@ -550,7 +582,11 @@ fn render_descriptors(out: &mut Rendered, indent: usize, parent: &str, list: &[R
                 out.line(inner + 2, "unlimited: true", &format!("{rl_at}.unlimited"));
             }
             if !rl.name.is_empty() {
-                out.line(inner + 2, &format!("name: {}", quote(&rl.name)), &format!("{rl_at}.name"));
+                out.line(
+                    inner + 2,
+                    &format!("name: {}", quote(&rl.name)),
+                    &format!("{rl_at}.name"),
+                );
             }
             if !rl.replaces.is_empty() {
                 out.line(inner + 2, "replaces:", &format!("{rl_at}.replaces"));
@@ -567,7 +603,11 @@ fn render_descriptors(out: &mut Rendered, indent: usize, parent: &str, list: &[R
             out.line(inner, "shadow_mode: true", &format!("{at}.shadow_mode"));
         }
         if d.detailed_metric {
-            out.line(inner, "detailed_metric: true", &format!("{at}.detailed_metric"));
+            out.line(
+                inner,
+                "detailed_metric: true",
+                &format!("{at}.detailed_metric"),
+            );
         }
         render_descriptors(out, inner, &format!("{at}."), &d.descriptors);
     }
@@ -656,7 +696,10 @@ mod tests {
             ("CONFIG_GRPC_XDS_SERVER_URL", "envoy-gateway:18001"),
             ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"),
             ("CONFIG_GRPC_XDS_NODE_METADATA", "a=1,b=x=y,,junk"),
-            ("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "x-token:abc, x-b : d"),
+            (
+                "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+                "x-token:abc, x-b : d",
+            ),
             ("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "1000"),
         ]))
         .unwrap();
@@ -683,7 +726,10 @@ mod tests {
 
     #[test]
     fn targets() {
-        assert_eq!(endpoint_uri("dns:///cp:18000", true).unwrap(), "https://cp:18000");
+        assert_eq!(
+            endpoint_uri("dns:///cp:18000", true).unwrap(),
+            "https://cp:18000"
+        );
         assert_eq!(endpoint_uri("[::1]:9", false).unwrap(), "http://[::1]:9");
         for bad in ["cp", "http://cp:1", "unix:///tmp/s", "cp:1/x", ":1", ""] {
             assert!(endpoint_uri(bad, false).is_err(), "{bad}");
@@ -790,7 +836,10 @@ mod tests {
         assert_eq!(m.limits[0].requests_per_unit, 7);
         assert_eq!(m.limits[0].unit, crate::config::Unit::Minute);
         let sub = loaded
-            .get_limit("dom \"quoted\"", &[("k: with colon", "v\n#x"), ("sub", "any")])
+            .get_limit(
+                "dom \"quoted\"",
+                &[("k: with colon", "v\n#x"), ("sub", "any")],
+            )
             .unwrap();
         assert!(sub.unlimited && sub.shadow_mode);
         assert!(load_resources(&[], false).unwrap().is_empty());
