@@ -5,32 +5,36 @@
 # 1. Throughput: the same configuration for both (limits so high that
 #    nothing is denied), the same load (rls_load: RLS_BENCH_CONNS
 #    connections x RLS_BENCH_INFLIGHT calls in flight, RLS_BENCH_SECONDS per
-#    run), 1, 3 and 8 descriptors per request; each server alone under load
-#    (the other idles). Per run: ShouldRateLimit calls/s, Redis commands per
-#    request (INFO commandstats, INFO itself left out), Redis CPU per call
-#    (INFO cpu, user + sys), the gateway's own CPU per call (/proc), p50/p99.
+#    run, RLS_BENCH_ROUNDS interleaved rounds), 1, 3 and 8 descriptors per
+#    request; each server alone under load (the other idles). Per run:
+#    ShouldRateLimit calls/s, Redis commands per call (INFO commandstats,
+#    INFO itself left out), Redis CPU per call (INFO cpu, user + sys), the
+#    gateway's own CPU per call (/proc), p50/p99 (run_delta.py).
 # 2. The window boundary: a limit of RLS_BENCH_LIMIT per second, offered at
 #    twice that during the second that straddles a boundary of the windows
 #    aligned to seconds (from x.5 s to x+1.5 s), RLS_BENCH_CYCLES times with
 #    2 s of quiet between; the most admitted in any 1 s span (sliding over
 #    100 ms bins) relative to the limit: the reference (fixed window), ours
 #    fixed_window, ours sliding_window.
-# A benchmark reports; it exits 0 whatever the figures are.
+# The tables (report.py) go to stdout, progress to stderr. A benchmark
+# reports; it exits 0 whatever the figures are.
 #
 #   RL_MODULE=/abs/libredis_ratelimit.so bench/rls/run.sh
 #
-# Knobs: RLS_BENCH_SECONDS (5), RLS_BENCH_CONNS (4), RLS_BENCH_INFLIGHT (16),
-# RLS_BENCH_DESCRIPTORS ("1 3 8"), RLS_BENCH_VALUES (distinct values per
-# descriptor key, 1000), RLS_BENCH_LIMIT (1000), RLS_BENCH_CYCLES (4),
-# RLS_BENCH_BOUNDARY (1; 0 skips part 2), RLS_BIN and RLS_LOAD (our server
-# and the load generator; built with cargo --release when unset),
-# RLS_REF_BIN (the reference's service_cmd; built into tmp/envoyrl when
-# unset), RLS_ENV (extra VAR=value words for our server only, e.g.
-# "RLS_HASH_TAG=domain"), CARGO_TARGET_DIR.
+# Knobs: RLS_BENCH_SECONDS (5), RLS_BENCH_ROUNDS (3), RLS_BENCH_CONNS (4),
+# RLS_BENCH_INFLIGHT (16), RLS_BENCH_DESCRIPTORS ("1 3 8"), RLS_BENCH_VALUES
+# (distinct values per descriptor key, 1000), RLS_BENCH_LIMIT (1000),
+# RLS_BENCH_CYCLES (4), RLS_BENCH_BOUNDARY (1; 0 skips part 2), RLS_BIN and
+# RLS_LOAD (our server and the load generator; built with cargo --release
+# when unset), RLS_REF_BIN (the reference's service_cmd; built into
+# tmp/envoyrl when unset), RLS_ENV (extra VAR=value words for our server
+# only, e.g. "RLS_HASH_TAG=domain"), RLS_BENCH_LABEL (what the table says
+# was measured; default the tree's commit), CARGO_TARGET_DIR.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT="$PWD"
 SECONDS_PER_RUN="${RLS_BENCH_SECONDS:-5}"
+ROUNDS="${RLS_BENCH_ROUNDS:-3}"
 CONNS="${RLS_BENCH_CONNS:-4}"
 INFLIGHT="${RLS_BENCH_INFLIGHT:-16}"
 DESCRIPTOR_COUNTS="${RLS_BENCH_DESCRIPTORS:-1 3 8}"
@@ -149,9 +153,14 @@ warm_up ours "$OUR_PID" "$OUR_ADDR"
 
 LOAD_BEFORE="$(cut -d' ' -f1-3 /proc/loadavg)"
 STARTED_AT="$(date -u '+%Y-%m-%d %H:%M UTC')"
-COMMIT="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-if [ -n "$(git -C "$ROOT" status --porcelain -- rls src core clients/rust 2>/dev/null)" ]; then
-  COMMIT="$COMMIT+changes"
+# What the table says was measured: RLS_BENCH_LABEL, or the tree's commit
+# (when RLS_BIN or RL_MODULE come from elsewhere, say so with the label).
+COMMIT="${RLS_BENCH_LABEL:-}"
+if [ -z "$COMMIT" ]; then
+  COMMIT="commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  if [ -n "$(git -C "$ROOT" status --porcelain -- rls src core clients/rust 2>/dev/null)" ]; then
+    COMMIT="$COMMIT with uncommitted changes"
+  fi
 fi
 
 results="$RL_WORK/results"
@@ -165,119 +174,39 @@ snapshot() { # file pid
 }
 
 # --- 1. throughput --------------------------------------------------------------
-for d in $DESCRIPTOR_COUNTS; do
-  for server in reference ours; do
-    if [ "$server" = reference ]; then pid="$REF_PID" addr="$REF_ADDR"; else pid="$OUR_PID" addr="$OUR_ADDR"; fi
-    log "throughput: $server, $d descriptor(s) per request, ${SECONDS_PER_RUN} s"
-    snapshot "$RL_WORK/before" "$pid"
-    "$LOAD" --addr "$addr" --conns "$CONNS" --inflight "$INFLIGHT" --descriptors "$d" \
-      --values "$VALUES" --duration-ms $((SECONDS_PER_RUN * 1000)) >"$RL_WORK/run.json"
-    snapshot "$RL_WORK/after" "$pid"
-    python3 - "$server" "$RL_WORK/before" "$RL_WORK/after" "$RL_WORK/run.json" "$(getconf CLK_TCK)" >>"$results" <<'EOF'
-import json, sys
-server, before, after, run, tck = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
-def parse(path):
-    cmds, cpu, gw = {}, 0.0, 0.0
-    for line in open(path):
-        line = line.strip()
-        if line.startswith("cmdstat_"):
-            name, rest = line[len("cmdstat_"):].split(":", 1)
-            fields = dict(f.split("=", 1) for f in rest.split(","))
-            cmds[name] = int(fields["calls"])
-        elif line.startswith(("used_cpu_user:", "used_cpu_sys:")):
-            cpu += float(line.split(":", 1)[1])
-        elif line.startswith("gateway_stat:"):
-            # /proc/pid/stat: utime and stime are fields 14 and 15, counted
-            # after the command name's closing parenthesis.
-            rest = line.rsplit(")", 1)[1].split()
-            gw = (int(rest[11]) + int(rest[12])) / tck
-    return cmds, cpu, gw
-(c0, cpu0, gw0), (c1, cpu1, gw1) = parse(before), parse(after)
-r = json.load(open(run))
-calls = max(r["calls"], 1)
-delta = {k: c1.get(k, 0) - c0.get(k, 0) for k in c1 if k != "info"}
-delta = {k: v for k, v in delta.items() if v > 0}
-print(json.dumps({
-    "kind": "throughput", "server": server, "descriptors": r["descriptors"],
-    "calls_per_s": r["calls_per_s"], "calls": r["calls"], "errors": r["errors"],
-    "over_limit": r["over_limit"], "first_error": r["first_error"],
-    "cmds_per_call": round(sum(delta.values()) / calls, 2),
-    "cmds": " + ".join(f"{k.upper()} {v / calls:.2g}" for k, v in sorted(delta.items(), key=lambda kv: -kv[1])),
-    "redis_cpu_us": round((cpu1 - cpu0) * 1e6 / calls, 1),
-    "gateway_cpu_us": round((gw1 - gw0) * 1e6 / calls, 1),
-    "p50_us": r["p50_us"], "p99_us": r["p99_us"]}))
-EOF
+# ROUNDS interleaved rounds; which server goes first alternates.
+for round in $(seq 1 "$ROUNDS"); do
+  if [ $((round % 2)) = 1 ]; then order="reference ours"; else order="ours reference"; fi
+  for d in $DESCRIPTOR_COUNTS; do
+    for server in $order; do
+      if [ "$server" = reference ]; then pid="$REF_PID" addr="$REF_ADDR"; else pid="$OUR_PID" addr="$OUR_ADDR"; fi
+      log "round $round/$ROUNDS: $server, $d descriptor(s) per request, ${SECONDS_PER_RUN} s"
+      snapshot "$RL_WORK/before" "$pid"
+      "$LOAD" --addr "$addr" --conns "$CONNS" --inflight "$INFLIGHT" --descriptors "$d" \
+        --values "$VALUES" --duration-ms $((SECONDS_PER_RUN * 1000)) >"$RL_WORK/run.json"
+      snapshot "$RL_WORK/after" "$pid"
+      python3 bench/rls/run_delta.py "$server" "$RL_WORK/before" "$RL_WORK/after" \
+        "$RL_WORK/run.json" "$(getconf CLK_TCK)" >>"$results"
+    done
   done
 done
 
 # --- 2. the window boundary ------------------------------------------------------
 if [ "$BOUNDARY" != 0 ]; then
-  for run in "reference fixed" "ours fixed" "ours sliding"; do
-    read -r server key <<<"$run"
+  for run in "reference fixed_window fixed" "ours fixed_window fixed" "ours sliding_window sliding"; do
+    read -r server algorithm key <<<"$run"
     if [ "$server" = reference ]; then addr="$REF_ADDR"; else addr="$OUR_ADDR"; fi
-    log "boundary: $server, $key window, $LIMIT/s offered at $((2 * LIMIT))/s across $CYCLES boundaries"
+    log "boundary: $server, $algorithm, $LIMIT/s offered at $((2 * LIMIT))/s across $CYCLES boundaries"
     "$LOAD" --addr "$addr" --mode boundary --domain boundary --keys "$key" --values 1 \
       --conns "$CONNS" --rate $((2 * LIMIT)) --cycles "$CYCLES" --on-ms 1000 --off-ms 2000 \
       --phase-ms 500 >"$RL_WORK/run.json"
-    python3 - "$server" "$key" "$LIMIT" "$CYCLES" "$RL_WORK/run.json" >>"$results" <<'EOF'
-import json, sys
-server, key, limit, cycles, run = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-r = json.load(open(run))
-print(json.dumps({
-    "kind": "boundary", "server": server,
-    "algorithm": {"fixed": "fixed_window", "sliding": "sliding_window"}[key],
-    "offered": r["offered"], "admitted": r["ok"], "errors": r["errors"], "first_error": r["first_error"],
-    "max_1s": round(r["max_1s_admitted"] / limit, 3),
-    "per_burst": round(r["ok"] / cycles / limit, 3)}))
-EOF
+    python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); r.update(kind="boundary", server=sys.argv[2], algorithm=sys.argv[3]); print(json.dumps(r))' \
+      "$RL_WORK/run.json" "$server" "$algorithm" >>"$results"
   done
 fi
 
-# --- the tables ---------------------------------------------------------------------
-python3 - "$results" "$STARTED_AT" "$COMMIT" "$LOAD_BEFORE" "$(cut -d' ' -f1-3 /proc/loadavg)" \
-  "$(nproc)" "$REDIS_VERSION" "$CONNS" "$INFLIGHT" "$SECONDS_PER_RUN" "$VALUES" "$LIMIT" "$CYCLES" <<'EOF'
-import json, sys
-(path, when, commit, load0, load1, cores, redis, conns, inflight, secs, values, limit, cycles) = sys.argv[1:]
-rows = [json.loads(l) for l in open(path) if l.strip()]
-print()
-print(f"### Results ({when}, commit {commit}, Redis {redis}, {cores} cores, "
-      f"load average {load0} before, {load1} after)")
-print()
-print(f"Throughput: {conns} connections x {inflight} calls in flight, {secs} s per run, "
-      f"{values} values per key; nothing denied.")
-print()
-head = ("descriptors", "server", "calls/s", "vs reference", "Redis commands/call", "which",
-        "Redis CPU µs/call", "gateway CPU µs/call", "p50 µs", "p99 µs", "errors")
-print("| " + " | ".join(head) + " |")
-print("|" + "---|" * len(head))
-ref = {}
-for r in rows:
-    if r["kind"] != "throughput":
-        continue
-    if r["server"] == "reference":
-        ref[r["descriptors"]] = r["calls_per_s"]
-    base = ref.get(r["descriptors"])
-    ratio = f"{r['calls_per_s'] / base:.2f}x" if base and r["server"] != "reference" else ""
-    name = "envoyproxy/ratelimit" if r["server"] == "reference" else "redis-ratelimit-rls"
-    print("| " + " | ".join(str(x) for x in (
-        r["descriptors"], name, r["calls_per_s"], ratio, r["cmds_per_call"], r["cmds"],
-        r["redis_cpu_us"], r["gateway_cpu_us"], r["p50_us"], r["p99_us"], r["errors"])) + " |")
-bounds = [r for r in rows if r["kind"] == "boundary"]
-if bounds:
-    print()
-    print(f"Window boundary: a limit of {limit}/s, offered at {2 * int(limit)}/s from x.5 s to "
-          f"x+1.5 s, {cycles} times, 2 s of quiet between.")
-    print()
-    head = ("server", "algorithm", "offered", "admitted", "most in any 1 s / limit",
-            "admitted per burst / limit", "errors")
-    print("| " + " | ".join(head) + " |")
-    print("|" + "---|" * len(head))
-    for r in bounds:
-        name = "envoyproxy/ratelimit" if r["server"] == "reference" else "redis-ratelimit-rls"
-        print("| " + " | ".join(str(x) for x in (
-            name, r["algorithm"], r["offered"], r["admitted"], r["max_1s"], r["per_burst"],
-            r["errors"])) + " |")
-errors = [r for r in rows if r.get("first_error")]
-for r in errors:
-    print(f"\n{r['server']} ({r.get('descriptors', r.get('algorithm'))}): first error: {r['first_error']}")
-EOF
+# --- the tables -------------------------------------------------------------------
+python3 bench/rls/report.py "$results" when="$STARTED_AT" commit="$COMMIT" \
+  load_before="$LOAD_BEFORE" load_after="$(cut -d' ' -f1-3 /proc/loadavg)" cores="$(nproc)" \
+  redis="$REDIS_VERSION" conns="$CONNS" inflight="$INFLIGHT" seconds="$SECONDS_PER_RUN" \
+  rounds="$ROUNDS" values="$VALUES" limit="$LIMIT" cycles="$CYCLES"
