@@ -46,20 +46,55 @@ impl File<'_> {
 
     /// A map's pairs with string keys; refuses non-string and unknown keys
     /// (as the reference) and keys given twice (yaml.v2 keeps the last
-    /// silently; we refuse, since one of the two is a mistake).
+    /// silently; we refuse, since one of the two is a mistake). Merge keys
+    /// (`<<: *anchor`) are expanded as yaml.v2 does: in order, a later key
+    /// replacing an earlier one, earlier maps first in a merged list.
     fn pairs<'n>(
         &self,
         node: &'n Node,
         extra: &[&str],
     ) -> Result<Vec<(&'n str, &'n Node, usize)>, ConfigError> {
+        let mut out: Vec<(&str, &Node, usize, bool)> = Vec::new();
+        self.flatten(node, extra, &mut out, 0)?;
+        Ok(out.into_iter().map(|(n, v, l, _)| (n, v, l)).collect())
+    }
+
+    fn flatten<'n>(
+        &self,
+        node: &'n Node,
+        extra: &[&str],
+        out: &mut Vec<(&'n str, &'n Node, usize, bool)>,
+        depth: usize,
+    ) -> Result<(), ConfigError> {
         let Value::Map(pairs) = &node.value else {
             return Err(self.err(
                 node.line,
                 format!("expected a map, found {}", node.describe()),
             ));
         };
-        let mut out: Vec<(&str, &Node, usize)> = Vec::with_capacity(pairs.len());
+        // Merges of merges deeper than this are refused rather than
+        // followed (aliases cannot loop, but they can nest).
+        if depth > 32 {
+            return Err(self.err(node.line, "merge keys nested too deep"));
+        }
         for (k, v) in pairs {
+            if matches!(&k.value, Value::Scalar { text, plain: true } if text == "<<") {
+                let maps: Vec<&Node> = match &v.value {
+                    Value::Map(_) => vec![v],
+                    Value::Seq(items) => items.iter().rev().collect(),
+                    Value::Scalar { .. } => vec![v],
+                };
+                for m in maps {
+                    if !matches!(m.value, Value::Map(_)) {
+                        return Err(self.err(
+                            m.line,
+                            "map merge requires map or sequence of maps as the value",
+                        ));
+                    }
+                    self.flatten(m, extra, out, depth + 1)?;
+                }
+                continue;
+            }
             let name = match k.resolve() {
                 Some(Resolved::Str(s)) => s,
                 _ => {
@@ -72,12 +107,17 @@ impl File<'_> {
             if !REFERENCE_KEYS.contains(&name) && !extra.contains(&name) {
                 return Err(self.err(k.line, format!("config error, unknown key '{name}'")));
             }
-            if out.iter().any(|(n, _, _)| *n == name) {
-                return Err(self.err(k.line, format!("duplicate key '{name}'")));
+            // The node's own keys are explicit; merged ones are not.
+            let explicit = depth == 0;
+            match out.iter_mut().find(|(n, _, _, _)| *n == name) {
+                Some((_, _, _, true)) if explicit => {
+                    return Err(self.err(k.line, format!("duplicate key '{name}'")));
+                }
+                Some(slot) => *slot = (name, v, k.line, slot.3 || explicit),
+                None => out.push((name, v, k.line, explicit)),
             }
-            out.push((name, v, k.line));
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Checks a value the reference validates but does not read (a valid key

@@ -967,3 +967,75 @@ fn config_is_shareable_between_threads() {
     shareable::<Matched>();
     shareable::<ConfigError>();
 }
+
+#[test]
+fn extensions_fixture_as_documented() {
+    let c = load_fixtures(&["extensions.yaml"]);
+    let l = only(&get(&c, "api", &[("client", "a")]));
+    assert_eq!(l, fixed(Unit::Minute, 100));
+    let l = only(&get(&c, "api", &[("user", "u")]));
+    assert_eq!(
+        (l.algorithm, l.requests_per_unit, l.period_ms()),
+        (Algorithm::SlidingWindow, 1000, 3_600_000)
+    );
+    let l = only(&get(&c, "api", &[("tenant", "t")]));
+    assert_eq!(
+        (l.algorithm, l.requests_per_unit, l.period_ms()),
+        (Algorithm::TokenBucket { burst: 50 }, 10, 1000)
+    );
+    let l = only(&get(&c, "api", &[("route", "r")]));
+    assert_eq!(
+        (l.algorithm, l.requests_per_unit, l.period_ms()),
+        (Algorithm::HashWindow { buckets: 60 }, 600, 60_000)
+    );
+    let l = only(&get(&c, "api", &[("report", "r")]));
+    assert_eq!(
+        (l.algorithm, l.unit_multiplier, l.period_ms()),
+        (Algorithm::FixedWindow, 15, 900_000)
+    );
+    let m = get(&c, "api", &[("login", "l")]);
+    assert_eq!(m.stats_key, "api.login");
+    assert_eq!(m.limits.len(), 2);
+    assert_eq!(m.limits[0], fixed(Unit::Second, 5));
+    assert_eq!(m.limits[1].algorithm, Algorithm::SlidingWindow);
+}
+
+#[test]
+fn merge_keys_as_yaml_v2() {
+    let c = load_str(
+        "domain: d
+descriptors:
+  - key: a
+    rate_limit: &common
+      unit: minute
+      requests_per_unit: 10
+  - key: b
+    rate_limit:
+      <<: *common
+      requests_per_unit: 20
+  - key: c
+    rate_limit:
+      requests_per_unit: 30
+      <<: [*common, {unit: hour}]
+  - key: e
+    rate_limit:
+      <<: [{unit: hour}, *common]
+",
+    );
+    assert_eq!(only(&get(&c, "d", &[("a", "")])), fixed(Unit::Minute, 10));
+    assert_eq!(only(&get(&c, "d", &[("b", "")])), fixed(Unit::Minute, 20));
+    // A merge after a key replaces it (yaml.v2 applies pairs in order);
+    // earlier maps of a merged list win.
+    assert_eq!(only(&get(&c, "d", &[("c", "")])), fixed(Unit::Minute, 10));
+    assert_eq!(only(&get(&c, "d", &[("e", "")])), fixed(Unit::Hour, 10));
+    assert_refused(
+        "domain: d\ndescriptors:\n  - key: a\n    <<: 5\n",
+        4,
+        "map merge requires map",
+    );
+    assert_refused(
+        "domain: d\ndescriptors:\n  - key: a\n    <<: {bogus: 1}\n",
+        4,
+        "unknown key 'bogus'",
+    );
+}
