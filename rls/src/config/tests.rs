@@ -1039,3 +1039,18 @@ descriptors:
         "unknown key 'bogus'",
     );
 }
+
+#[test]
+fn alias_bombs_are_refused() {
+    let mut text = String::from("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
+    for i in 1..12 {
+        let p = i - 1;
+        text.push_str(&format!(
+            "a{i}: &a{i} [*a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}]\n"
+        ));
+    }
+    let e = Config::load(&[(PathBuf::from("bomb.yaml"), text)], false).unwrap_err();
+    assert!(e.message.contains("once aliases are expanded"), "{e}");
+    // a5 would hold about 1.1 million nodes.
+    assert_eq!(e.line, Some(6), "{e}");
+}

@@ -171,29 +171,37 @@ pub(crate) fn parse(text: &str) -> Result<Option<Node>, SyntaxError> {
     Ok(builder.root)
 }
 
+/// The most nodes a document may have once its aliases are expanded: far
+/// above any real configuration, far below what exhausts memory (aliases
+/// of aliases double the size at each level).
+const MAX_NODES: usize = 1_000_000;
+
 /// Builds the tree from events without recursion: open sequences and maps
-/// are on a stack.
+/// are on a stack, each with its anchor and the node count when it opened.
 #[derive(Default)]
 struct Builder {
-    stack: Vec<(Node, Option<usize>)>,
+    stack: Vec<(Node, usize, usize)>,
     /// For an open map: a key waiting for its value.
     pending_keys: Vec<Option<Node>>,
-    anchors: HashMap<usize, Node>,
+    /// Anchored nodes with their sizes in nodes.
+    anchors: HashMap<usize, (Node, usize)>,
+    /// Nodes so far, aliases expanded.
+    nodes: usize,
     root: Option<Node>,
     error: Option<SyntaxError>,
     last_line: usize,
 }
 
 impl Builder {
-    fn push_node(&mut self, node: Node, anchor: usize) {
+    fn push_node(&mut self, node: Node, anchor: usize, size: usize) {
         if anchor > 0 {
-            self.anchors.insert(anchor, node.clone());
+            self.anchors.insert(anchor, (node.clone(), size));
         }
         self.attach(node);
     }
 
     fn attach(&mut self, node: Node) {
-        let Some((parent, _)) = self.stack.last_mut() else {
+        let Some((parent, _, _)) = self.stack.last_mut() else {
             if self.root.is_none() {
                 self.root = Some(node);
             }
@@ -227,37 +235,40 @@ impl MarkedEventReceiver for Builder {
         }
         match event {
             Event::Scalar(text, style, anchor, tag) => {
+                self.nodes += 1;
                 let plain = style == TScalarStyle::Plain && !is_string_tag(&tag);
                 let node = Node {
                     value: Value::Scalar { text, plain },
                     line,
                 };
-                self.push_node(node, anchor);
+                self.push_node(node, anchor, 1);
             }
-            Event::SequenceStart(anchor, _) => {
-                let node = Node {
-                    value: Value::Seq(Vec::new()),
-                    line,
+            Event::SequenceStart(anchor, _) | Event::MappingStart(anchor, _) => {
+                let value = if matches!(event, Event::SequenceStart(..)) {
+                    Value::Seq(Vec::new())
+                } else {
+                    Value::Map(Vec::new())
                 };
-                self.stack.push((node, Some(anchor)));
-                self.pending_keys.push(None);
-            }
-            Event::MappingStart(anchor, _) => {
-                let node = Node {
-                    value: Value::Map(Vec::new()),
-                    line,
-                };
-                self.stack.push((node, Some(anchor)));
+                self.stack.push((Node { value, line }, anchor, self.nodes));
+                self.nodes += 1;
                 self.pending_keys.push(None);
             }
             Event::SequenceEnd | Event::MappingEnd => {
                 self.pending_keys.pop();
-                if let Some((node, anchor)) = self.stack.pop() {
-                    self.push_node(node, anchor.unwrap_or(0));
+                if let Some((node, anchor, first)) = self.stack.pop() {
+                    let size = self.nodes - first;
+                    self.push_node(node, anchor, size);
                 }
             }
             Event::Alias(id) => match self.anchors.get(&id) {
-                Some(node) => {
+                Some((_, size)) if self.nodes + size > MAX_NODES => {
+                    self.error = Some(SyntaxError {
+                        line,
+                        message: format!("more than {MAX_NODES} nodes once aliases are expanded"),
+                    })
+                }
+                Some((node, size)) => {
+                    self.nodes += size;
                     let mut node = node.clone();
                     node.line = line;
                     self.attach(node);
