@@ -429,8 +429,13 @@ pub fn fixture(name: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-pub fn rls_binary() -> &'static str {
-    env!("CARGO_BIN_EXE_redis-ratelimit-rls")
+/// The service under test: this crate's binary, or `RLS_BIN` (the
+/// reference's `service_cmd`, to check what the tests expect of it).
+pub fn rls_binary() -> PathBuf {
+    std::env::var_os("RLS_BIN")
+        .filter(|b| !b.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_redis-ratelimit-rls").into())
 }
 
 /// The environment every test's service starts with: loopback ports, the
@@ -453,6 +458,10 @@ pub fn base_env(redis_url: &str, runtime: &Runtime) -> Vec<(String, String)> {
         // A generous Redis deadline: the machine is shared and busy; the
         // fault tests set their own.
         ("REDIS_TIMEOUT", "2s".to_string()),
+        // The reference's own (ignored here), for runs with RLS_BIN.
+        ("USE_STATSD", "false".to_string()),
+        ("REDIS_SOCKET_TYPE", "tcp".to_string()),
+        ("DEBUG_PORT", free_port().to_string()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
