@@ -363,6 +363,7 @@ fn load_rule(
         full_key,
         limits: Arc::from([]),
         unlimited: false,
+        written_requests_per_unit: 0,
         shadow_mode,
         quota_mode,
         name: None,
@@ -419,6 +420,7 @@ fn load_rule(
             return Err(file.err(*line, format!("should not specify {what} when unlimited")));
         }
         rule.unlimited = true;
+        rule.written_requests_per_unit = parsed.requests_per_unit.map_or(0, |(n, _)| n as u32);
         return Ok(rule);
     }
     rule.limits = Arc::from([parsed.limit(file, node.line)?]);

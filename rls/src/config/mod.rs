@@ -212,6 +212,9 @@ struct Rule {
     full_key: String,
     limits: Arc<[Limit]>,
     unlimited: bool,
+    /// An unlimited rule's requests_per_unit as written: the reference
+    /// keeps it and prints it in /rlconfig.
+    written_requests_per_unit: u32,
     shadow_mode: bool,
     quota_mode: bool,
     name: Option<String>,
@@ -424,10 +427,11 @@ impl Config {
 
     /// One line per limit, as the reference's /rlconfig:
     /// `key: unit=MINUTE requests_per_unit=10, shadow_mode: false, quota_mode: false`
-    /// (unlimited: `unit=UNKNOWN requests_per_unit=0`). Our extensions, when
-    /// not the default, follow as `, algorithm: ...`. Domains sorted by name,
-    /// descriptors in declaration order (the reference's order is Go's map
-    /// order: random).
+    /// (unlimited: `unit=UNKNOWN` and requests_per_unit as written, 0 if
+    /// none). Our extensions, when not the default, follow as
+    /// `, unit_multiplier: 15` and `, algorithm: token_bucket, burst: 50`.
+    /// Domains sorted by name, descriptors in declaration order (the
+    /// reference's order is Go's map order: random).
     pub fn dump(&self) -> String {
         let mut names: Vec<&String> = self.domains.keys().collect();
         names.sort();
@@ -451,8 +455,11 @@ fn dump_level(level: &Level, out: &mut String) {
             if rule.unlimited {
                 let _ = writeln!(
                     out,
-                    "{}: unit=UNKNOWN requests_per_unit=0, shadow_mode: {}, quota_mode: {}",
-                    rule.full_key, rule.shadow_mode, rule.quota_mode
+                    "{}: unit=UNKNOWN requests_per_unit={}, shadow_mode: {}, quota_mode: {}",
+                    rule.full_key,
+                    rule.written_requests_per_unit,
+                    rule.shadow_mode,
+                    rule.quota_mode
                 );
             }
             for limit in rule.limits.iter() {

@@ -4,7 +4,10 @@
 //! included, whatever its name ends with; names starting with `.` skipped
 //! (files and folders) only with RUNTIME_IGNOREDOTFILES. Symbolic links to
 //! files are read; links to folders are not walked (goruntime's walk does
-//! not follow them either).
+//! not follow them either), except the app folder itself. Next to the app
+//! folder, entries named `<app>.*` (`config.yaml`, `config.d/`) are read
+//! too, as goruntime's keys for them start with `config.` like the app
+//! folder's.
 //!
 //! Reloads are polled, not notified: each poll resolves RUNTIME_ROOT's
 //! links afresh, so swapping the link (the reference's way to publish a new
@@ -60,10 +63,48 @@ pub fn read(dir: &RuntimeDir) -> Result<Vec<(PathBuf, String)>, ConfigError> {
 /// [`read`], with the folder's resolved path (what a link swap changes).
 fn read_resolved(dir: &RuntimeDir) -> Result<(PathBuf, Vec<(PathBuf, String)>), ConfigError> {
     let shown = dir.config_dir();
-    let resolved =
-        fs::canonicalize(&shown).map_err(|e| io_error(&shown, "configuration folder", &e))?;
+    let app = dir.appdirectory.trim_matches('/');
+    let (shown_parent, app) = match shown.parent() {
+        Some(parent) if !app.is_empty() && !app.contains('/') => (parent.to_path_buf(), app),
+        _ => {
+            let resolved = fs::canonicalize(&shown)
+                .map_err(|e| io_error(&shown, "configuration folder", &e))?;
+            let mut files = Vec::new();
+            walk(&resolved, &shown, dir.ignore_dot_files, &mut files)?;
+            files.sort_by(|a, b| a.0.cmp(&b.0));
+            return Ok((resolved, files));
+        }
+    };
+    // Resolve the folder above the app folder: goruntime walks it and keeps
+    // what its key (the path below it, `/` made `.`) starts `config.` with,
+    // so next to the config folder a `config.yaml` file (or a `config.d/`
+    // folder) is loaded too.
+    let resolved = fs::canonicalize(&shown_parent)
+        .map_err(|e| io_error(&shown, "configuration folder", &e))?;
     let mut files = Vec::new();
-    walk(&resolved, &shown, dir.ignore_dot_files, &mut files)?;
+    let mut found = false;
+    let entries =
+        fs::read_dir(&resolved).map_err(|e| io_error(&shown, "configuration folder", &e))?;
+    let prefix = format!("{app}.");
+    for entry in entries {
+        let entry = entry.map_err(|e| io_error(&shown, "configuration folder", &e))?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name == app {
+            let real = entry.path();
+            if fs::metadata(&real).is_ok_and(|m| m.is_dir()) {
+                found = true;
+                walk(&real, &shown, dir.ignore_dot_files, &mut files)?;
+            }
+        } else if name.starts_with(&prefix) {
+            found = true;
+            visit(&entry, &shown_parent, dir.ignore_dot_files, &mut files)?;
+        }
+    }
+    if !found {
+        let e = io::Error::from(io::ErrorKind::NotFound);
+        return Err(io_error(&shown, "configuration folder", &e));
+    }
     files.sort_by(|a, b| a.0.cmp(&b.0));
     Ok((resolved, files))
 }
@@ -86,35 +127,47 @@ fn walk(
     let entries = fs::read_dir(real).map_err(|e| io_error(shown, "configuration folder", &e))?;
     for entry in entries {
         let entry = entry.map_err(|e| io_error(shown, "configuration folder", &e))?;
-        let name = entry.file_name();
-        let shown_path = shown.join(&name);
-        if ignore_dot_files && name.to_string_lossy().starts_with('.') {
-            continue;
-        }
-        let real_path = entry.path();
-        let link = entry
-            .file_type()
-            .map_err(|e| io_error(&shown_path, "file", &e))?
-            .is_symlink();
-        // A dangling link is skipped, as goruntime skips a file it cannot
-        // read (it logs it and loads the rest).
-        let Ok(meta) = fs::metadata(&real_path) else {
-            continue;
-        };
-        if meta.is_dir() {
-            if !link {
-                walk(&real_path, &shown_path, ignore_dot_files, out)?;
-            }
-            continue;
-        }
-        let bytes = fs::read(&real_path).map_err(|e| io_error(&shown_path, "file", &e))?;
-        let text = String::from_utf8(bytes).map_err(|_| ConfigError {
-            path: shown_path.clone(),
-            line: None,
-            message: "error loading config file: not UTF-8 text".to_string(),
-        })?;
-        out.push((shown_path, text));
+        visit(&entry, shown, ignore_dot_files, out)?;
     }
+    Ok(())
+}
+
+/// Reads one entry of a folder shown as `shown`: a file, or a folder
+/// walked.
+fn visit(
+    entry: &fs::DirEntry,
+    shown: &Path,
+    ignore_dot_files: bool,
+    out: &mut Vec<(PathBuf, String)>,
+) -> Result<(), ConfigError> {
+    let name = entry.file_name();
+    let shown_path = shown.join(&name);
+    if ignore_dot_files && name.to_string_lossy().starts_with('.') {
+        return Ok(());
+    }
+    let real_path = entry.path();
+    let link = entry
+        .file_type()
+        .map_err(|e| io_error(&shown_path, "file", &e))?
+        .is_symlink();
+    // A dangling link is skipped, as goruntime skips a file it cannot read
+    // (it logs it and loads the rest).
+    let Ok(meta) = fs::metadata(&real_path) else {
+        return Ok(());
+    };
+    if meta.is_dir() {
+        if !link {
+            walk(&real_path, &shown_path, ignore_dot_files, out)?;
+        }
+        return Ok(());
+    }
+    let bytes = fs::read(&real_path).map_err(|e| io_error(&shown_path, "file", &e))?;
+    let text = String::from_utf8(bytes).map_err(|_| ConfigError {
+        path: shown_path.clone(),
+        line: None,
+        message: "error loading config file: not UTF-8 text".to_string(),
+    })?;
+    out.push((shown_path, text));
     Ok(())
 }
 
@@ -315,33 +368,56 @@ mod tests {
         .unwrap();
         symlink(tmp.0.join("elsewhere"), config.join("linked-dir")).unwrap();
         symlink(tmp.0.join("nowhere"), config.join("dangling.yaml")).unwrap();
+        // Beside the app folder: `config.*` entries are goruntime's too.
+        write(
+            &tmp.0.join("root/rl/config.extra.yaml"),
+            &limit_file("e", 7),
+        );
+        write(&tmp.0.join("root/rl/config.d/f.yaml"), &limit_file("f", 8));
+        write(&tmp.0.join("root/rl/configuration.yaml"), "not loaded");
+        write(&tmp.0.join("root/rl/other/g.yaml"), "not loaded");
 
         let names = |files: &[(PathBuf, String)]| -> Vec<String> {
             files
                 .iter()
-                .map(|(p, _)| p.strip_prefix(&config).unwrap().display().to_string())
+                .map(|(p, _)| {
+                    p.strip_prefix(config.parent().unwrap())
+                        .unwrap()
+                        .display()
+                        .to_string()
+                })
                 .collect()
         };
         let all = read(&dir(&tmp.0.join("root"), "rl", "config", false)).unwrap();
         assert_eq!(
             names(&all),
             [
-                ".git/x.yaml",
-                ".hidden.yaml",
-                "a.yml",
-                "b.yaml",
-                "linked.yaml",
-                "sub/c.conf"
+                "config/.git/x.yaml",
+                "config/.hidden.yaml",
+                "config/a.yml",
+                "config/b.yaml",
+                "config/linked.yaml",
+                "config/sub/c.conf",
+                "config.d/f.yaml",
+                "config.extra.yaml",
             ]
         );
         let visible = read(&dir(&tmp.0.join("root"), "rl", "config", true)).unwrap();
         assert_eq!(
             names(&visible),
-            ["a.yml", "b.yaml", "linked.yaml", "sub/c.conf"]
+            [
+                "config/a.yml",
+                "config/b.yaml",
+                "config/linked.yaml",
+                "config/sub/c.conf",
+                "config.d/f.yaml",
+                "config.extra.yaml",
+            ]
         );
         let loaded = Config::load(&visible, false).unwrap();
-        assert_eq!(loaded.domains(), 4);
+        assert_eq!(loaded.domains(), 6);
         assert_eq!(rpu(&loaded, "c"), 3);
+        assert_eq!(rpu(&loaded, "e"), 7);
     }
 
     #[test]
@@ -354,6 +430,9 @@ mod tests {
             e.message.contains("cannot read the configuration folder"),
             "{e}"
         );
+        // The folder above exists, the app folder does not.
+        let e = read(&dir(&tmp.0, "", "config", false)).unwrap_err();
+        assert_eq!(e.path, tmp.0.join("config"));
         write(&tmp.0.join("config/ok.yaml"), &limit_file("a", 1));
         fs::write(tmp.0.join("config/bin.yaml"), [0xff, 0xfe, 0x00]).unwrap();
         let e = read(&dir(&tmp.0, "", "config", false)).unwrap_err();

@@ -1054,3 +1054,12 @@ fn alias_bombs_are_refused() {
     // a5 would hold about 1.1 million nodes.
     assert_eq!(e.line, Some(6), "{e}");
 }
+
+#[test]
+fn dump_prints_an_unlimited_rules_requests_as_written() {
+    let c = load_str("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unlimited: true, requests_per_unit: 5}\n");
+    assert_eq!(
+        c.dump(),
+        "d.a: unit=UNKNOWN requests_per_unit=5, shadow_mode: false, quota_mode: false\n"
+    );
+}
