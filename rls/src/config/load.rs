@@ -517,7 +517,11 @@ impl LimitFields {
         };
         let requests_per_unit = requests_per_unit as u32;
         let unit_multiplier = self.unit_multiplier.map_or(1, |(n, _)| n as u32);
-        let period_ms = unit.seconds() * 1000 * u64::from(unit_multiplier);
+        let period_ms = (unit.seconds() * 1000).saturating_mul(u64::from(unit_multiplier));
+        if period_ms > i64::MAX as u64 {
+            let l = self.unit_multiplier.map_or(line, |(_, l)| l);
+            return Err(file.err(l, "unit_multiplier makes a period longer than i64::MAX ms"));
+        }
         let (name, name_line) = self
             .algorithm
             .clone()

@@ -150,7 +150,9 @@ pub struct Limit {
 impl Limit {
     /// The period in milliseconds: unit_multiplier units.
     pub fn period_ms(&self) -> u64 {
-        self.unit.seconds() * 1000 * u64::from(self.unit_multiplier)
+        // Loading refuses periods past i64::MAX ms; saturate for limits
+        // built by hand.
+        (self.unit.seconds() * 1000).saturating_mul(u64::from(self.unit_multiplier))
     }
 }
 

@@ -1063,3 +1063,69 @@ fn dump_prints_an_unlimited_rules_requests_as_written() {
         "d.a: unit=UNKNOWN requests_per_unit=5, shadow_mode: false, quota_mode: false\n"
     );
 }
+
+#[test]
+fn periods_that_overflow_are_refused() {
+    assert_refused(
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: year\n      requests_per_unit: 1\n      unit_multiplier: 4294967295\n",
+        7,
+        "longer than i64::MAX ms",
+    );
+    let c = load_str("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, unit_multiplier: 4294967295}\n");
+    assert_eq!(
+        only(&get(&c, "d", &[("a", "")])).period_ms(),
+        4_294_967_295_000
+    );
+}
+
+/// Mutated fixtures (bytes replaced, dropped, duplicated; deterministic)
+/// are loaded or refused, never a panic; a loaded one answers requests.
+#[test]
+fn mutated_files_never_panic() {
+    let sources: Vec<String> = [
+        "examples/example.yaml",
+        "readme/example10_b.yaml",
+        "extensions.yaml",
+    ]
+    .iter()
+    .map(|n| fixture(n).1)
+    .collect();
+    let alphabet = b" \n:-*&[]{}'\"#!|>?,0a_~<";
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for round in 0..2000 {
+        let mut bytes = sources[round % sources.len()].clone().into_bytes();
+        for _ in 0..1 + next() % 4 {
+            let at = (next() as usize) % bytes.len();
+            match next() % 3 {
+                0 => bytes[at] = alphabet[(next() as usize) % alphabet.len()],
+                1 => {
+                    bytes.remove(at);
+                }
+                _ => {
+                    let end = (at + 1 + (next() as usize) % 40).min(bytes.len());
+                    let piece = bytes[at..end].to_vec();
+                    bytes.splice(at..at, piece);
+                }
+            }
+        }
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        if let Ok(c) = Config::load(&[(PathBuf::from("m.yaml"), text)], round % 2 == 0) {
+            let _ = c.dump();
+            for domain in ["rl", "example10_wildcard", "api"] {
+                for entries in [
+                    &[("foo", "x"), ("bar", "y")][..],
+                    &[("user", "a"), ("action", "read1"), ("resource", "r")],
+                    &[("login", "")],
+                ] {
+                    let _ = c.get_limit(domain, entries);
+                }
+            }
+        }
+    }
+}
