@@ -18,3 +18,5 @@ pub mod logging;
 pub mod metrics;
 pub mod service;
 pub mod settings;
+pub mod tls;
+pub mod xds;
