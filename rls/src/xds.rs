@@ -50,6 +50,32 @@ pub const RATE_LIMIT_CONFIG_TYPE: &str =
 /// configuration sent is what is wrong).
 const INVALID_ARGUMENT: i32 = 3;
 
+/// `CONFIG_TYPE`: where the rate limit configuration comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConfigType {
+    /// `FILE` (the default): the YAML files of the runtime folder.
+    File,
+    /// `GRPC_XDS_SOTW`: an xDS control plane ([`spawn`]).
+    GrpcXdsSotw,
+}
+
+impl ConfigType {
+    /// Reads `CONFIG_TYPE` from the process's environment.
+    pub fn from_env() -> Result<ConfigType, String> {
+        ConfigType::from_vars(&process_env)
+    }
+
+    /// Reads `CONFIG_TYPE` (exactly as the reference compares it: upper
+    /// case) from the given variables.
+    pub fn from_vars(vars: Vars<'_>) -> Result<ConfigType, String> {
+        match var(vars, "CONFIG_TYPE").as_deref() {
+            None | Some("FILE") => Ok(ConfigType::File),
+            Some("GRPC_XDS_SOTW") => Ok(ConfigType::GrpcXdsSotw),
+            Some(other) => Err(format!("CONFIG_TYPE={other}: not FILE or GRPC_XDS_SOTW")),
+        }
+    }
+}
+
 /// How the client reaches the control plane and what it tells it.
 #[derive(Clone, Debug)]
 pub struct XdsSettings {
@@ -81,6 +107,10 @@ pub struct XdsSettings {
     /// `MERGE_DOMAIN_CONFIG`: resources of one domain merge instead of
     /// clashing, as files do.
     pub merge_domains: bool,
+    /// `FORCE_START_WITHOUT_INITIAL_CONFIG` (false): serve before the
+    /// control plane's first response. Without it the service waits for
+    /// that response (taken or refused), as the reference does.
+    pub force_start_without_initial_config: bool,
 }
 
 /// The reference's reconnection backoff (jpillora/backoff as it sets it
@@ -213,6 +243,11 @@ impl XdsSettings {
             max_recv_msg_size,
             tls,
             merge_domains: bool_var(vars, "MERGE_DOMAIN_CONFIG", false)?,
+            force_start_without_initial_config: bool_var(
+                vars,
+                "FORCE_START_WITHOUT_INITIAL_CONFIG",
+                false,
+            )?,
         })
     }
 
@@ -688,6 +723,7 @@ mod tests {
             }
         );
         assert!(s.tls.is_none() && s.max_recv_msg_size.is_none() && !s.merge_domains);
+        assert!(!s.force_start_without_initial_config);
     }
 
     #[test]
@@ -725,6 +761,16 @@ mod tests {
     }
 
     #[test]
+    fn config_types() {
+        let read = |v: &str| ConfigType::from_vars(&vars(&[("CONFIG_TYPE", v)]));
+        assert_eq!(read(""), Ok(ConfigType::File));
+        assert_eq!(read("FILE"), Ok(ConfigType::File));
+        assert_eq!(read("GRPC_XDS_SOTW"), Ok(ConfigType::GrpcXdsSotw));
+        let err = read("grpc_xds_sotw").unwrap_err();
+        assert!(err.starts_with("CONFIG_TYPE=grpc_xds_sotw: "), "{err}");
+    }
+
+    #[test]
     fn targets() {
         assert_eq!(
             endpoint_uri("dns:///cp:18000", true).unwrap(),
@@ -751,6 +797,7 @@ mod tests {
             ("CONFIG_GRPC_XDS_NODE_METADATA", "=v"),
             ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "maybe"),
             ("MERGE_DOMAIN_CONFIG", "2"),
+            ("FORCE_START_WITHOUT_INITIAL_CONFIG", "yes"),
         ] {
             let err = XdsSettings::from_vars(&vars(&[(name, value)])).unwrap_err();
             assert!(err.starts_with(name), "{name}={value}: {err}");
