@@ -3,23 +3,27 @@
 //! The order: settings (a bad variable stops here, named), logs, Redis
 //! (connected and checked for the module: a server without it is a clear
 //! error, exit 1), the initial configuration (refused: exit 1 with
-//! `path:line`), the watcher of the configuration folder, then the gRPC and
-//! HTTP ports. SIGTERM or SIGINT: health fails, the gRPC server stops
+//! `path:line`), the watcher of the configuration folder (or, with
+//! `CONFIG_TYPE=GRPC_XDS_SOTW`, the xDS client and its first answer), then
+//! the gRPC (TLS with `GRPC_SERVER_USE_TLS`) and HTTP ports. SIGTERM or SIGINT: health fails, the gRPC server stops
 //! accepting and finishes the calls in flight, then the process exits.
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use tonic_health::server::HealthReporter;
+
 use redis_ratelimit_client::{BreakerConfig, Client, Error as KitError, RedisBreaker};
 use redis_ratelimit_rls::config::runtime::{self, RuntimeDir};
-use redis_ratelimit_rls::config::Config;
+use redis_ratelimit_rls::config::{Config, ConfigError};
 use redis_ratelimit_rls::engine::{Engine, EngineOptions};
 use redis_ratelimit_rls::http::{self, Health, HttpState};
-use redis_ratelimit_rls::logging;
 use redis_ratelimit_rls::metrics::Metrics;
 use redis_ratelimit_rls::proto::rate_limit_service_server::RateLimitServiceServer;
 use redis_ratelimit_rls::service::{Grpc, RateLimiter};
 use redis_ratelimit_rls::settings::{self, RedisTarget, Settings};
+use redis_ratelimit_rls::xds::{self, ConfigType, XdsSettings};
+use redis_ratelimit_rls::{logging, tls};
 use tonic_health::ServingStatus;
 
 const NAME: &str = "redis-ratelimit-rls";
@@ -66,6 +70,15 @@ async fn run(settings: Settings) -> Result<(), String> {
         );
     }
 
+    // The variables of the other modules, checked before anything starts.
+    let config_type = ConfigType::from_env()?;
+    let xds_settings = match config_type {
+        ConfigType::GrpcXdsSotw => Some(XdsSettings::from_env()?),
+        ConfigType::File => None,
+    };
+    let server_tls = tls::server_tls_from_env()?;
+    let client_san = tls::client_san_from_env()?;
+
     let client = connect(&settings).await?;
     let metrics = Metrics::new();
 
@@ -75,21 +88,26 @@ async fn run(settings: Settings) -> Result<(), String> {
         appdirectory: settings.runtime_appdirectory.clone(),
         ignore_dot_files: settings.runtime_ignore_dot_files,
     };
-    let initial =
-        runtime::read(&dir).and_then(|files| Config::load(&files, settings.merge_domain_config));
-    let config = match initial {
-        Ok(c) => {
-            metrics.config_load(true);
-            tracing::info!(
-                folder = %dir.config_dir().display(),
-                domains = c.domains(),
-                "configuration loaded"
-            );
-            c
-        }
-        Err(e) => {
-            metrics.config_load(false);
-            return Err(format!("the configuration is refused: {e}"));
+    let config = if xds_settings.is_some() {
+        // The control plane's first answer replaces it.
+        Config::default()
+    } else {
+        let initial = runtime::read(&dir)
+            .and_then(|files| Config::load(&files, settings.merge_domain_config));
+        match initial {
+            Ok(c) => {
+                metrics.config_load(true);
+                tracing::info!(
+                    folder = %dir.config_dir().display(),
+                    domains = c.domains(),
+                    "configuration loaded"
+                );
+                c
+            }
+            Err(e) => {
+                metrics.config_load(false);
+                return Err(format!("the configuration is refused: {e}"));
+            }
         }
     };
 
@@ -98,13 +116,6 @@ async fn run(settings: Settings) -> Result<(), String> {
         health.set_config_loaded();
     }
     let (reporter, health_service) = tonic_health::server::health_reporter();
-    let grpc_status = move |ok: bool| {
-        if ok {
-            ServingStatus::Serving
-        } else {
-            ServingStatus::NotServing
-        }
-    };
     reporter
         .set_service_status("", grpc_status(health.is_ok()))
         .await;
@@ -129,36 +140,40 @@ async fn run(settings: Settings) -> Result<(), String> {
     );
     let service = Arc::new(RateLimiter::new(engine, config));
 
-    // Reloads: a refused file keeps the configuration in use.
-    let _watcher = {
-        let service = service.clone();
-        let metrics = metrics.clone();
-        let health = health.clone();
-        let reporter = reporter.clone();
-        let handle = tokio::runtime::Handle::current();
-        runtime::watch(
-            dir.clone(),
-            settings.merge_domain_config,
-            settings.config_poll,
-            move |result| match result {
-                Ok(config) => {
-                    metrics.config_load(true);
-                    tracing::info!(domains = config.domains(), "configuration reloaded");
-                    if !config.is_empty() {
-                        health.set_config_loaded();
-                    }
-                    service.set_config(config);
-                    let reporter = reporter.clone();
-                    let status = grpc_status(health.is_ok());
-                    handle.spawn(async move { reporter.set_service_status("", status).await });
-                }
-                Err(e) => {
-                    metrics.config_load(false);
-                    tracing::error!("configuration refused, the previous one stays in use: {e}");
-                }
-            },
-        )
-    };
+    // Reloads: a refused configuration keeps the one in use.
+    let (first_tx, mut first_rx) = tokio::sync::watch::channel(false);
+    let reloader = Arc::new(Reloader {
+        service: service.clone(),
+        metrics: metrics.clone(),
+        health: health.clone(),
+        reporter: reporter.clone(),
+        handle: tokio::runtime::Handle::current(),
+        first: first_tx,
+    });
+    let mut _watcher = None;
+    let mut xds_task = None;
+    match xds_settings {
+        None => {
+            let reloader = reloader.clone();
+            _watcher = Some(runtime::watch(
+                dir.clone(),
+                settings.merge_domain_config,
+                settings.config_poll,
+                move |result| reloader.apply(result, "reloaded"),
+            ));
+        }
+        Some(xds_settings) => {
+            let force_start = xds_settings.force_start_without_initial_config;
+            let r = reloader.clone();
+            xds_task = Some(xds::spawn(xds_settings, move |result| {
+                r.apply(result, "received from the control plane")
+            }));
+            if !force_start {
+                tracing::info!("waiting for the control plane's first configuration");
+                let _ = first_rx.wait_for(|seen| *seen).await;
+            }
+        }
+    }
 
     let grpc_listener = bind(
         &settings.grpc_host,
@@ -204,19 +219,79 @@ async fn run(settings: Settings) -> Result<(), String> {
                 .await;
         }
     };
-    let grpc = tonic::transport::Server::builder()
-        .add_service(health_service)
-        .add_service(RateLimitServiceServer::new(Grpc(service.clone())))
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = server_tls {
+        builder = builder
+            .tls_config(tls)
+            .map_err(|e| format!("GRPC_SERVER_USE_TLS: {e}"))?;
+    }
+    let routes = tonic::service::Routes::new(health_service);
+    let routes = match client_san {
+        Some(san) => routes.add_service(RateLimitServiceServer::with_interceptor(
+            Grpc(service.clone()),
+            tls::client_san_interceptor(Some(san)),
+        )),
+        None => routes.add_service(RateLimitServiceServer::new(Grpc(service.clone()))),
+    };
+    let grpc = builder
+        .add_routes(routes)
         .serve_with_incoming_shutdown(
             tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
             shutdown,
         )
         .await;
+    if let Some(t) = xds_task {
+        t.abort();
+    }
     http_task.abort();
     if let Some(t) = prometheus_task {
         t.abort();
     }
     grpc.map_err(|e| format!("the gRPC server failed: {e}"))
+}
+
+fn grpc_status(ok: bool) -> ServingStatus {
+    if ok {
+        ServingStatus::Serving
+    } else {
+        ServingStatus::NotServing
+    }
+}
+
+/// Puts a new configuration in use (from the folder's watcher or the xDS
+/// client), or logs and counts its refusal; either way the first one seen
+/// releases a start that waits for the control plane.
+struct Reloader {
+    service: Arc<RateLimiter>,
+    metrics: Metrics,
+    health: Health,
+    reporter: HealthReporter,
+    handle: tokio::runtime::Handle,
+    first: tokio::sync::watch::Sender<bool>,
+}
+
+impl Reloader {
+    fn apply(&self, result: Result<Config, ConfigError>, how: &str) {
+        match result {
+            Ok(config) => {
+                self.metrics.config_load(true);
+                tracing::info!(domains = config.domains(), "configuration {how}");
+                if !config.is_empty() {
+                    self.health.set_config_loaded();
+                }
+                self.service.set_config(config);
+                let reporter = self.reporter.clone();
+                let status = grpc_status(self.health.is_ok());
+                self.handle
+                    .spawn(async move { reporter.set_service_status("", status).await });
+            }
+            Err(e) => {
+                self.metrics.config_load(false);
+                tracing::error!("configuration refused, the one in use stays: {e}");
+            }
+        }
+        self.first.send_replace(true);
+    }
 }
 
 /// Connects as REDIS_TYPE says, with REDIS_TIMEOUT as the deadline of each

@@ -166,34 +166,14 @@ fn bad(variable: &'static str, message: impl Into<String>) -> SettingsError {
 
 /// The variables of the reference that this service accepts and ignores:
 /// listed for README.md and for the start-up log (one line naming those set).
+/// `CONFIG_TYPE`, the xDS client's and the gRPC TLS variables are read by
+/// [`crate::xds`] and [`crate::tls`].
 pub const IGNORED: &[&str] = &[
     "DEBUG_HOST",
     "DEBUG_PORT",
     "GRPC_UDS",
     "GRPC_MAX_CONNECTION_AGE",
     "GRPC_MAX_CONNECTION_AGE_GRACE",
-    "GRPC_SERVER_USE_TLS",
-    "GRPC_SERVER_TLS_CERT",
-    "GRPC_SERVER_TLS_KEY",
-    "GRPC_CLIENT_TLS_CACERT",
-    "GRPC_CLIENT_TLS_SAN",
-    "CONFIG_TYPE",
-    "FORCE_START_WITHOUT_INITIAL_CONFIG",
-    "CONFIG_GRPC_XDS_NODE_ID",
-    "CONFIG_GRPC_XDS_NODE_METADATA",
-    "CONFIG_GRPC_XDS_SERVER_URL",
-    "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
-    "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
-    "CONFIG_GRPC_XDS_SERVER_USE_TLS",
-    "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
-    "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
-    "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
-    "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
-    "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
-    "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
-    "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
-    "XDS_CLIENT_BACKOFF_JITTER",
-    "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
     "USE_DOG_STATSD",
     "USE_DOG_STATSD_MOGRIFIERS",
     "USE_STATSD",
