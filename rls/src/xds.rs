@@ -76,8 +76,10 @@ impl ConfigType {
     }
 }
 
-/// How the client reaches the control plane and what it tells it.
-#[derive(Clone, Debug)]
+/// How the client reaches the control plane and what it tells it. Its
+/// Debug form leaves out the additional headers' values (they may be
+/// credentials).
+#[derive(Clone)]
 pub struct XdsSettings {
     /// `CONFIG_GRPC_XDS_SERVER_URL` as given (`localhost:18000`).
     pub server_url: String,
@@ -111,6 +113,32 @@ pub struct XdsSettings {
     /// control plane's first response. Without it the service waits for
     /// that response (taken or refused), as the reference does.
     pub force_start_without_initial_config: bool,
+}
+
+impl std::fmt::Debug for XdsSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let headers: Vec<&str> = self
+            .additional_headers
+            .iter()
+            .map(|(k, _)| k.as_str())
+            .collect();
+        f.debug_struct("XdsSettings")
+            .field("server_url", &self.server_url)
+            .field("uri", &self.uri)
+            .field("node_id", &self.node_id)
+            .field("node_metadata", &self.node_metadata)
+            .field("additional_headers", &headers)
+            .field("connect_retry_interval", &self.connect_retry_interval)
+            .field("backoff", &self.backoff)
+            .field("max_recv_msg_size", &self.max_recv_msg_size)
+            .field("tls", &self.tls.is_some())
+            .field("merge_domains", &self.merge_domains)
+            .field(
+                "force_start_without_initial_config",
+                &self.force_start_without_initial_config,
+            )
+            .finish()
+    }
 }
 
 /// The reference's reconnection backoff (jpillora/backoff as it sets it
@@ -755,6 +783,11 @@ mod tests {
             vec![("x-token".into(), "abc".into()), ("x-b".into(), "d".into())]
         );
         assert_eq!(s.max_recv_msg_size, Some(1000));
+        let shown = format!("{s:?}");
+        assert!(
+            shown.contains("x-token") && !shown.contains("abc"),
+            "{shown}"
+        );
         let node = s.node();
         assert_eq!(node.id, "envoy-ratelimit");
         assert_eq!(node.metadata.unwrap().fields.len(), 2);
