@@ -78,7 +78,29 @@ pub fn server_tls_from_vars(vars: Vars<'_>) -> Result<Option<ServerTlsConfig>, S
     if let Some(ca) = ca(vars, "GRPC_CLIENT_TLS_CACERT")? {
         config = config.client_ca_root(ca);
     }
+    // tonic builds the TLS acceptor here: a key that does not fit its
+    // certificate is refused now, with the variables' names.
+    tonic::transport::Server::builder()
+        .tls_config(config.clone())
+        .map_err(|e| {
+            format!(
+                "GRPC_SERVER_TLS_CERT/GRPC_SERVER_TLS_KEY: {}",
+                error_chain(&e)
+            )
+        })?;
     Ok(Some(config))
+}
+
+/// An error with its sources, as one line.
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
 }
 
 /// GRPC_CLIENT_TLS_SAN: the name a client's certificate must carry, checked

@@ -731,6 +731,7 @@ fn tls_variables_are_checked_at_start() {
         pki.path("server.key"),
         pki.path("ca.crt"),
     );
+    let client_key = pki.path("client.key");
     let server = |vars: &[(&str, &str)]| tls::server_tls_from_vars(&lookup(vars));
     assert!(server(&[]).unwrap().is_none());
     assert!(server(&[
@@ -788,6 +789,14 @@ fn tls_variables_are_checked_at_start() {
                 ("GRPC_CLIENT_TLS_CACERT", &key),
             ],
             "GRPC_CLIENT_TLS_CACERT=",
+        ),
+        (
+            &[
+                ("GRPC_SERVER_USE_TLS", "1"),
+                ("GRPC_SERVER_TLS_CERT", &crt),
+                ("GRPC_SERVER_TLS_KEY", &client_key),
+            ],
+            "GRPC_SERVER_TLS_CERT/GRPC_SERVER_TLS_KEY: ",
         ),
     ];
     for (vars, expected) in cases {
@@ -852,6 +861,18 @@ fn tls_variables_are_checked_at_start() {
         let err = client(vars).expect_err(expected);
         assert!(err.starts_with(expected), "{vars:?}: {err}");
     }
+    // A key that is not the certificate's.
+    let (client_crt, server_key) = (pki.path("client.crt"), pki.path("server.key"));
+    let err = client(&[
+        ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", &client_crt),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", &server_key),
+    ])
+    .expect_err("a key that is not the certificate's");
+    assert!(
+        err.starts_with("CONFIG_GRPC_XDS_CLIENT_TLS_CERT/CONFIG_GRPC_XDS_CLIENT_TLS_KEY: "),
+        "{err}"
+    );
 }
 
 // ---------------------------------------------------------------------------
