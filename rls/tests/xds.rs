@@ -970,6 +970,12 @@ async fn the_binary_decides_with_what_the_control_plane_sends() {
     let ack = wait_ack(&cp, "n1").await;
     assert_ack(&ack, "v1", "n1");
     assert_eq!(ack.node.as_ref().unwrap().id, "envoy-ratelimit");
+    // The ACK follows the swap: the limit is in use.
+    let dump = rls.http("GET", "/rlconfig", "").body;
+    assert!(
+        dump.contains("d.k") && dump.contains("requests_per_unit=2"),
+        "{dump}"
+    );
 
     let mut client = rls_client(&pki, rls.grpc_port).await;
     let ask = || harness::request("d", vec![harness::desc(&[("k", "x")])]);
