@@ -35,7 +35,7 @@ use redis_ratelimit_rls::xds::proto::{
 };
 use redis_ratelimit_rls::xds::{self, XdsSettings, RATE_LIMIT_CONFIG_TYPE};
 
-use harness::wait_for;
+use harness::{wait_for, PATIENCE};
 
 // ---------------------------------------------------------------------------
 // The control plane.
@@ -123,9 +123,21 @@ impl ControlPlane {
         let lookup = lookup(vars);
         let tls = tls::server_tls_from_vars(&lookup).expect("server TLS");
         let san = tls::client_san_from_vars(&lookup).expect("client SAN");
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
-            .await
-            .expect("bind the control plane");
+        // A port just freed may stay taken a moment (a socket of the
+        // process that had it, or of another test): poll until it binds.
+        let started = std::time::Instant::now();
+        let listener = loop {
+            match tokio::net::TcpListener::bind(("127.0.0.1", port)).await {
+                Ok(l) => break l,
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::AddrInUse
+                        && started.elapsed() < PATIENCE =>
+                {
+                    tokio::time::sleep(Duration::from_millis(20)).await
+                }
+                Err(e) => panic!("bind the control plane on port {port}: {e}"),
+            }
+        };
         let port = listener.local_addr().unwrap().port();
         let (snapshot, snapshot_rx) = watch::channel(None);
         let (generation, generation_rx) = watch::channel(0);
@@ -408,7 +420,12 @@ async fn takes_good_configurations_and_refuses_bad_ones() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reconnects_and_resubscribes_with_the_version_taken() {
     // The client starts before the control plane listens: it keeps trying.
-    let port = harness::free_port();
+    // The port comes from the kernel's ephemeral range, where no test's
+    // server is started by number.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
     let seen = Seen::default();
     let client = xds::spawn(client_vars(port, "127.0.0.1", &[]), seen.callback());
     let cp = ControlPlane::start(port, &[]).await;
