@@ -811,7 +811,14 @@ async fn sliding_window_never_admits_more_than_its_limit_in_any_window() {
     let mut admitted: Vec<(Instant, Instant)> = Vec::new();
     let mut denied = 0;
     let start = Instant::now();
-    while start.elapsed() < Duration::from_millis(3500) {
+    // At least 3.5 s of offered load, and until 4 windows' worth were
+    // admitted with denials between them (a slow machine takes longer).
+    while start.elapsed() < Duration::from_millis(3500) || admitted.len() <= 4 * L || denied == 0 {
+        assert!(
+            start.elapsed() < PATIENCE,
+            "{} admitted, {denied} denied",
+            admitted.len()
+        );
         let sent = Instant::now();
         let r = ok(&mut c, request("win", vec![desc(&[("sliding", "s")])])).await;
         let recv = Instant::now();
@@ -822,8 +829,6 @@ async fn sliding_window_never_admits_more_than_its_limit_in_any_window() {
         // Offered load well above the limit, spread across boundaries.
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    assert!(denied > 0, "the limit never denied");
-    assert!(admitted.len() > 2 * L, "only {} admitted", admitted.len());
     for i in 0..admitted.len() - L {
         let gap = admitted[i + L].1 - admitted[i].0;
         assert!(
@@ -846,7 +851,16 @@ async fn fixed_window_counts_in_the_references_aligned_windows() {
     let mut fresh_checked = 0;
     let mut prev_end_s = 0;
     let start = Instant::now();
-    while start.elapsed() < Duration::from_millis(3500) {
+    // At least 3.5 s, and until both checks below have something to check
+    // (a slow machine takes longer).
+    while start.elapsed() < Duration::from_millis(3500)
+        || fresh_checked < 2
+        || !per_second.values().any(|n| *n == L)
+    {
+        assert!(
+            start.elapsed() < PATIENCE,
+            "{fresh_checked} boundaries, admitted per second: {per_second:?}"
+        );
         let t0 = s.server.time_us() / 1_000_000;
         let r = ok(&mut c, request("win", vec![desc(&[("fixed", "f")])])).await;
         let t1 = s.server.time_us() / 1_000_000;
@@ -868,14 +882,9 @@ async fn fixed_window_counts_in_the_references_aligned_windows() {
         }
         prev_end_s = t1;
     }
-    assert!(fresh_checked >= 1, "no boundary observed");
     for (second, n) in &per_second {
         assert!(*n <= L, "second {second} admitted {n} > {L}");
     }
-    assert!(
-        per_second.values().any(|n| *n == L),
-        "no second reached its limit: {per_second:?}"
-    );
 }
 
 // --------------------------------------------------------------- hot reload
