@@ -24,7 +24,7 @@ def throughput(rows: list[dict[str, Any]], info: dict[str, str]) -> None:
     if not runs:
         return
     print(
-        f"Throughput: {info['conns']} connections x {info['inflight']} calls in flight, "
+        f"Throughput: {info['conns']} connection(s) x {info['inflight']} call(s) in flight, "
         f"{info['seconds']} s per run, {info['rounds']} interleaved round(s) (calls/s and "
         f"latencies: the median run; per call: all rounds' totals over all their calls), "
         f"{info['values']} values per key, nothing denied."

@@ -115,21 +115,42 @@ write_config "$RL_WORK/ref-runtime" 0
 write_config "$RL_WORK/our-runtime" 1
 
 # --- the servers ----------------------------------------------------------------
-# start_gateway name binary runtime_root [VAR=value...]: sets GW_PID, GW_ADDR.
+# start_gateway name binary runtime_root [VAR=value...]: starts it on three
+# free ports and waits (30 s at most) until its gRPC and HTTP ports accept; another
+# three ports if it exits meanwhile saying a port was taken (by another
+# process between the choice and its bind). Sets GW_PID, GW_ADDR.
 start_gateway() {
-  local name="$1" bin="$2" runtime="$3" grpc http debug
+  local name="$1" bin="$2" runtime="$3" grpc http debug attempt tries
   shift 3
-  grpc="$(rl_free_port)"
-  http="$(rl_free_port)"
-  debug="$(rl_free_port)"
-  env RUNTIME_ROOT="$runtime" RUNTIME_SUBDIRECTORY=ratelimit RUNTIME_APPDIRECTORY=config \
-    RUNTIME_WATCH_ROOT=false REDIS_SOCKET_TYPE=tcp REDIS_TYPE=single REDIS_URL="127.0.0.1:$REDIS_PORT" \
-    USE_STATSD=false LOG_LEVEL=error HOST=127.0.0.1 GRPC_HOST=127.0.0.1 DEBUG_HOST=127.0.0.1 \
-    GRPC_PORT="$grpc" PORT="$http" DEBUG_PORT="$debug" "$@" \
-    "$bin" >"$RL_WORK/$name.log" 2>&1 &
-  GW_PID=$!
-  RL_PIDS+=("$GW_PID")
-  GW_ADDR="127.0.0.1:$grpc"
+  for attempt in 1 2 3 4 5; do
+    grpc="$(rl_free_port)"
+    http="$(rl_free_port)"
+    debug="$(rl_free_port)"
+    if [ "$grpc" = "$http" ] || [ "$grpc" = "$debug" ] || [ "$http" = "$debug" ]; then continue; fi
+    env RUNTIME_ROOT="$runtime" RUNTIME_SUBDIRECTORY=ratelimit RUNTIME_APPDIRECTORY=config \
+      RUNTIME_WATCH_ROOT=false REDIS_SOCKET_TYPE=tcp REDIS_TYPE=single REDIS_URL="127.0.0.1:$REDIS_PORT" \
+      USE_STATSD=false LOG_LEVEL=error HOST=127.0.0.1 GRPC_HOST=127.0.0.1 DEBUG_HOST=127.0.0.1 \
+      GRPC_PORT="$grpc" PORT="$http" DEBUG_PORT="$debug" "$@" \
+      "$bin" >"$RL_WORK/$name.log" 2>&1 &
+    GW_PID=$!
+    RL_PIDS+=("$GW_PID")
+    GW_ADDR="127.0.0.1:$grpc"
+    for tries in $(seq 300); do
+      # Both ports: a server that took one may still fail on the other.
+      if (: <>"/dev/tcp/127.0.0.1/$grpc") 2>/dev/null && (: <>"/dev/tcp/127.0.0.1/$http") 2>/dev/null &&
+        kill -0 "$GW_PID" 2>/dev/null; then
+        return 0
+      fi
+      kill -0 "$GW_PID" 2>/dev/null || break
+      sleep 0.1
+    done
+    rl_stop "$GW_PID"
+    grep -qi "address already in use" "$RL_WORK/$name.log" || break
+    log "$name: a port was taken (attempt $attempt, $tries x 0.1 s); three others"
+  done
+  log "$name did not start; its log:"
+  tail -n 20 "$RL_WORK/$name.log" >&2 || true
+  exit 1
 }
 
 # Warm-up (also the wait for the server to answer): a second of load.
