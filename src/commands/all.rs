@@ -1,4 +1,4 @@
-//! `RL.ALL numkeys key [key ...] <spec> [<spec> ...] [COST n [FORCE] | UPTO n] [BLOCK t]`:
+//! `RL.ALL numkeys key [key ...] <spec> [<spec> ...] [COST n [FORCE] | UPTO n] [BLOCK t] [EACH]`:
 //! several limiters, all or nothing.
 //!
 //! Every limiter first decides without changing anything; only if all of them
@@ -9,6 +9,9 @@
 //!
 //! A spec is an algorithm name and its parameters, as after the key of the
 //! single-limiter command (`TOKENBUCKET 5 5 1000`), or `POLICY name`.
+//!
+//! `EACH` appends every limiter's own five integers to the reply, so that a
+//! gateway learns each one's remaining units from the one call.
 
 use std::sync::Arc;
 
@@ -16,9 +19,9 @@ use smallvec::SmallVec;
 
 use super::apply::{apply_to_key, decide_on_key, fits_on_key};
 use super::host::{Host, Origin};
-use super::reply_decision_and;
 use super::step::{off_decision, shadowed, Step, Through};
 use super::wait;
+use super::{decision_fields, reply_decision_and};
 use crate::algorithms::{with_algorithm, Listed, Site, Spec};
 use crate::args::{parse_int, parse_options, Options};
 use crate::blocking::{self, Place};
@@ -68,6 +71,8 @@ pub(crate) struct Call<'a> {
     /// One per key, in order.
     pub limits: Limits<'a>,
     pub options: Options,
+    /// `EACH`: the reply adds every limiter's own decision.
+    pub each: bool,
 }
 
 /// Room for every limiter of a call without touching the heap.
@@ -148,7 +153,7 @@ pub(crate) fn parse<'a>(all: &'a [&'a [u8]]) -> Result<Call<'a>, Error> {
             });
         }
     }
-    let options = parse_options(&all[cursor..])?;
+    let (options, each) = parse_all_options(&all[cursor..])?;
     // RL.ALL is never propagated as such: each limiter goes out on its own.
     options.refuse_pinned()?;
     if options.zone.is_some() {
@@ -169,7 +174,41 @@ pub(crate) fn parse<'a>(all: &'a [&'a [u8]]) -> Result<Call<'a>, Error> {
         keys,
         limits,
         options,
+        each,
     })
+}
+
+/// The options of every limiter call, and `EACH`, `RL.ALL`'s own (a flag,
+/// anywhere among them, at most once): the other commands never see it, so
+/// their unknown-option error stays theirs.
+fn parse_all_options(rest: &[&[u8]]) -> Result<(Options, bool), Error> {
+    if !rest.iter().any(|w| w.eq_ignore_ascii_case(b"EACH")) {
+        return Ok((parse_options(rest)?, false));
+    }
+    let mut others: SmallVec<[&[u8]; MAX_ARGS]> = SmallVec::new();
+    let mut each = false;
+    let mut i = 0;
+    while i < rest.len() {
+        let word = rest[i];
+        if word.eq_ignore_ascii_case(b"EACH") {
+            if each {
+                return Err(Error::DuplicateOption("EACH"));
+            }
+            each = true;
+            i += 1;
+            continue;
+        }
+        // An option's value is its own, even when it reads `EACH` (`COST
+        // EACH` stays COST's error); every option but FORCE has one.
+        let width = if word.eq_ignore_ascii_case(b"FORCE") {
+            1
+        } else {
+            2
+        };
+        others.extend(rest[i..].iter().take(width).copied());
+        i += width;
+    }
+    Ok((parse_options(&others)?, each))
 }
 
 /// `RL.ALL numkeys key [key ...] <spec> [<spec> ...] [COST n [FORCE]]`:
@@ -303,6 +342,7 @@ impl<'h, H: Host + 'h> Step<'h, H> for AllCall<'_, 'h, H> {
             keys,
             limits,
             options,
+            ..
         } = &mut self.call;
         let made = &mut self.made;
         // Decide everywhere first; nothing changes yet. A limiter that is
@@ -552,11 +592,14 @@ impl<'h, H: Host + 'h> Step<'h, H> for AllCall<'_, 'h, H> {
             None if live.is_empty() => most,
             None => self.call.options.request.cost(),
         });
+        // `EACH`: every limiter's own answer, an off one's included.
+        let each = self.call.each.then_some(&answered[..]);
         reply(
             host,
             if live.is_empty() { answered } else { &live },
             made.denied_by,
             granted,
+            each,
         );
     }
 }
@@ -634,7 +677,8 @@ fn propagate<H: Host>(host: &H, limit: &Limit, key: usize, request: Request, now
     }
 }
 
-/// The five integers of the most restrictive limiter, then `denied_by`.
+/// The five integers of the most restrictive limiter, then `denied_by`
+/// (and `UPTO`'s `granted`), then with `EACH` five for each limiter.
 ///
 /// Admitted: the limiter with the fewest units left, with `wait_ms` the
 /// longest queueing delay of any shaping limiter in the call. Denied: the
@@ -645,6 +689,7 @@ fn reply<H: Host>(
     decisions: &[Decision],
     denied_by: Option<usize>,
     granted: Option<u64>,
+    each: Option<&[Decision]>,
 ) {
     let mut chosen = match denied_by {
         None => *decisions
@@ -665,8 +710,27 @@ fn reply<H: Host>(
             .unwrap_or(Wait::Ms(0));
     }
     let denied_by = denied_by.map_or(0, |i| i as i64 + 1);
-    match granted {
-        None => reply_decision_and(host, &chosen, denied_by),
-        Some(granted) => super::reply_decision_and_two(host, &chosen, denied_by, granted as i64),
+    let Some(each) = each else {
+        match granted {
+            None => reply_decision_and(host, &chosen, denied_by),
+            Some(granted) => {
+                super::reply_decision_and_two(host, &chosen, denied_by, granted as i64)
+            }
+        }
+        return;
+    };
+    // On the stack: at most 7 + 5 * MAX_KEYS integers.
+    let mut ints = [0i64; 7 + 5 * MAX_KEYS];
+    ints[..5].copy_from_slice(&decision_fields(&chosen));
+    ints[5] = denied_by;
+    let mut len = 6;
+    if let Some(granted) = granted {
+        ints[6] = granted as i64;
+        len = 7;
     }
+    for decision in each {
+        ints[len..len + 5].copy_from_slice(&decision_fields(decision));
+        len += 5;
+    }
+    host.reply_integers(&ints[..len]);
 }

@@ -60,7 +60,8 @@ pub fn reply_decision_and_two<H: Host>(host: &H, decision: &Decision, sixth: i64
     host.reply_integers(&[a, b, c, d, e, sixth, seventh]);
 }
 
-fn decision_fields(decision: &Decision) -> [i64; 5] {
+/// A decision's five integers: `allowed limit remaining wait_ms reset_ms`.
+pub(crate) fn decision_fields(decision: &Decision) -> [i64; 5] {
     [
         decision.allowed as i64,
         decision.limit as i64,
@@ -98,6 +99,9 @@ pub const COMMANDS: &[Command] = &[
                 .summary(c"an algorithm and its parameters, or POLICY name"),
             Arg::one_of(c"cost-or-upto", &[COST, UPTO]).optional(),
             BLOCK,
+            Arg::keyword(c"each", c"EACH").optional().summary(
+                c"the reply adds every limiter's own five integers, in order (allowed limit remaining wait_ms reset_ms)",
+            ),
         ],
         acl: c"write",
     },

@@ -1174,3 +1174,153 @@ fn rl_all_upto_asks_a_shadowed_limiter_for_what_it_would_grant() {
     assert_eq!(shadow_denied(&m), none);
     m.run(Client, "RL.POLICY DEL up-sh");
 }
+
+/// The reply of `RL.ALL ... EACH`: the call's `head` integers, then five
+/// per limiter.
+fn each_fields(reply: &[i64], head: usize) -> Vec<Vec<i64>> {
+    assert_eq!((reply.len() - head) % 5, 0, "{reply:?}");
+    reply[head..].chunks(5).map(<[i64]>::to_vec).collect()
+}
+
+#[test]
+fn rl_all_each_answers_what_each_limiter_alone_answers_and_changes_nothing_else() {
+    let call = "RL.ALL 2 each:u each:g TOKENBUCKET 5 1 60000 FIXEDWINDOW 3 1000";
+    // The same calls on three spaces: plain, with EACH, and each limiter
+    // alone.
+    let (plain, each, alone) = (space(), space(), space());
+    for round in 0..4 {
+        let without = plain.run(Client, call);
+        let with = each.run(Client, &format!("{call} EACH"));
+        assert_eq!(with.result, Ok(()));
+        assert_eq!(
+            propagated(&with),
+            propagated(&without),
+            "round {round}: EACH changes nothing propagated"
+        );
+        assert_eq!(each.snapshot(), plain.snapshot(), "round {round}");
+        let (without, with) = (without.integers().unwrap(), with.integers().unwrap());
+        assert_eq!(with.len(), 6 + 2 * 5, "round {round}: {with:?}");
+        assert_eq!(with[..6], without[..], "round {round}: the call's six");
+        // Each limiter's own answer: admitted (rounds 0 to 2), as it answers
+        // alone taking the unit; denied (round 3: the window is spent), as
+        // it would answer alone, nothing taken (the bucket admits, the
+        // window denies).
+        let u = alone.run(Client, "RL.TOKENBUCKET each:u 5 1 60000");
+        let g = alone.run(Client, "RL.FIXEDWINDOW each:g 3 1000");
+        let fields = each_fields(&with, 6);
+        assert_eq!(fields[0], u.integers().unwrap(), "round {round}");
+        assert_eq!(fields[1], g.integers().unwrap(), "round {round}");
+        if round == 3 {
+            assert_eq!((with[0], with[5]), (0, 2), "denied by the window");
+            assert_eq!(fields[0][..3], [1, 5, 1], "the bucket would admit");
+            assert_eq!(fields[1][..3], [0, 3, 0], "the window denies");
+            // The call took nothing from the bucket.
+            let peek = each.run(Client, "RL.TOKENBUCKET each:u 5 1 60000 COST 0");
+            assert_eq!(peek.integers().map(|r| r[2]), Some(2));
+        }
+    }
+}
+
+#[test]
+fn rl_all_each_is_a_flag_of_rl_all_only_in_any_case_and_place_at_most_once() {
+    let m = space();
+    let tb = "RL.ALL 1 each:p TOKENBUCKET 5 1 60000";
+    for call in [
+        format!("{tb} each COST 2"),
+        format!("{tb} COST 2 Each"),
+        format!("{tb} COST 2 EACH FORCE"),
+        format!("{tb} COST 2 FORCE EACH BLOCK 10"),
+    ] {
+        let called = m.run(Client, &call);
+        assert_eq!(called.result, Ok(()), "{call}");
+        assert_eq!(called.integers().map(|r| r.len()), Some(11), "{call}");
+    }
+    let before = m.snapshot();
+    for (call, error) in [
+        (format!("{tb} EACH EACH"), Error::DuplicateOption("EACH")),
+        (
+            format!("{tb} EACH COST 1 each"),
+            Error::DuplicateOption("EACH"),
+        ),
+        // A value is its option's, even when it reads EACH.
+        (
+            format!("{tb} COST EACH"),
+            Error::Range {
+                arg: "COST",
+                min: 0,
+                max: crate::limiter::MAX_PARAM,
+            },
+        ),
+        (
+            format!("{tb} EACH SOON"),
+            Error::UnknownOption("SOON".into()),
+        ),
+        (
+            format!("{tb} EACH REFUND 1"),
+            Error::Syntax(
+                "REFUND is not an option of RL.ALL: refund each limiter with its own command"
+                    .into(),
+            ),
+        ),
+        // Not an option of the other commands: their error is unchanged.
+        (
+            "RL.TOKENBUCKET each:p 5 1 60000 EACH".to_string(),
+            Error::UnknownOption("EACH".into()),
+        ),
+    ] {
+        assert_eq!(m.run(Client, &call).result, Err(error), "{call}");
+    }
+    assert_eq!(m.snapshot(), before, "errors write nothing");
+}
+
+#[test]
+fn rl_all_each_with_upto_adds_granted_before_the_limiters() {
+    let m = space();
+    m.run(Client, "RL.FIXEDWINDOW each:uf 5 60000 COST 3");
+    let called = m.run(
+        Client,
+        "RL.ALL 2 each:us each:uf SLIDING 10 60000 FIXEDWINDOW 5 60000 EACH UPTO 4",
+    );
+    let reply = called.integers().expect("integers");
+    assert_eq!(reply.len(), 7 + 2 * 5, "{reply:?}");
+    assert_eq!((reply[0], reply[6]), (1, 2), "2 fit in the window");
+    let fields = each_fields(&reply, 7);
+    assert_eq!(fields[0][..3], [1, 10, 8]);
+    assert_eq!(fields[1][..3], [1, 5, 0]);
+    assert_eq!(
+        m.run(Client, "RL.SLIDING each:us 10 60000 COST 0")
+            .integers()
+            .map(|r| r[2]),
+        Some(8)
+    );
+}
+
+#[test]
+fn rl_all_each_gives_a_shadowed_and_an_off_policy_s_own_answer() {
+    let m = space();
+    m.run(
+        Client,
+        "RL.POLICY SET each-sh FIXEDWINDOW 1 60000 MODE SHADOW",
+    );
+    m.run(
+        Client,
+        "RL.POLICY SET each-off TOKENBUCKET 7 1 1000 MODE OFF",
+    );
+    m.run(Client, "RL.HIT each-sh each:sh");
+    let called = m.run(
+        Client,
+        "RL.ALL 3 each:en each:sh each:off FIXEDWINDOW 10 60000 POLICY each-sh POLICY each-off EACH",
+    );
+    let reply = called.integers().expect("integers");
+    assert_eq!(reply.len(), 6 + 3 * 5, "{reply:?}");
+    assert_eq!((reply[0], reply[5]), (1, 0), "a shadow never denies");
+    let fields = each_fields(&reply, 6);
+    assert_eq!(fields[0][..4], [1, 10, 9, 0]);
+    // The shadowed limiter would deny: answered allowed, no wait, nothing
+    // left; the off one answers its limit, untouched.
+    assert_eq!(fields[1][..4], [1, 1, 0, 0]);
+    assert_eq!(fields[2], [1, 7, 7, 0, 0]);
+    assert!(m.snapshot().iter().all(|k| k.0 != b"each:off"));
+    m.run(Client, "RL.POLICY DEL each-sh");
+    m.run(Client, "RL.POLICY DEL each-off");
+}

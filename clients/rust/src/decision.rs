@@ -189,3 +189,42 @@ fn reply_ints(value: Value) -> Result<Vec<i64>, Error> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ints(values: &[i64]) -> Value {
+        Value::Array(values.iter().map(|&i| Value::Int(i)).collect())
+    }
+
+    #[test]
+    fn an_each_reply_gives_the_call_then_every_limiter_in_order() {
+        let reply = ints(&[0, 5, 0, 400, 900, 2, 1, 10, 6, 0, 800, 0, 5, 0, 400, 900]);
+        let (call, each) = Decision::from_each_reply(reply, 2).unwrap();
+        assert_eq!(
+            (call.allowed, call.denied_by, call.remaining),
+            (false, Some(1), 0)
+        );
+        assert_eq!(each.len(), 2);
+        assert_eq!(
+            (each[0].allowed, each[0].limit, each[0].remaining),
+            (true, 10, 6)
+        );
+        assert_eq!(each[1].retry_after, Duration::from_millis(400));
+        assert!(each
+            .iter()
+            .all(|d| d.denied_by.is_none() && d.lease.is_none()));
+    }
+
+    #[test]
+    fn an_each_reply_of_the_wrong_width_is_a_protocol_error() {
+        for width in [5, 6, 7, 10, 15, 17] {
+            let reply = ints(&vec![1; width]);
+            match Decision::from_each_reply(reply, 2) {
+                Err(Error::Protocol(_)) => {}
+                other => panic!("{width} fields: {other:?}"),
+            }
+        }
+    }
+}

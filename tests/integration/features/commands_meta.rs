@@ -386,7 +386,7 @@ fn every_command() -> Vec<Documented> {
         documented(
             "RL.ALL",
             "O(K)",
-            "numkeys key [key ...] spec [spec ...] [COST units [FORCE]|UPTO most] [BLOCK timeout_ms]",
+            "numkeys key [key ...] spec [spec ...] [COST units [FORCE]|UPTO most] [BLOCK timeout_ms] [EACH]",
             &[
                 "numkeys:integer",
                 "key:key",
@@ -397,6 +397,7 @@ fn every_command() -> Vec<Documented> {
                 "force:pure-token",
                 "most:integer",
                 "timeout_ms:integer",
+                "each:pure-token",
             ],
         ),
         documented(

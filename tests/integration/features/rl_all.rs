@@ -1102,3 +1102,334 @@ fn scenario_order_submit_user_10_per_minute_1000_per_second_globally() {
         assert_eq!(remaining(&mut con, "{order:submit}:user:3", user), 9);
     });
 }
+
+// ---------------------------------------------------------------------------
+// EACH: every limiter's own answer
+
+/// `RL.ALL ... EACH`'s reply: the call's `head` integers (6, or 7 with
+/// `UPTO`), then every limiter's five.
+fn all_each(con: &mut Connection, words: &[&str], head: usize) -> (Vec<i64>, Vec<Reply>) {
+    let ints: Vec<i64> = query(con, words);
+    assert!(
+        ints.len() >= head && (ints.len() - head).is_multiple_of(5),
+        "{words:?} replied {ints:?}"
+    );
+    let each = ints[head..].chunks(5).map(Reply::from_ints).collect();
+    (ints[..head].to_vec(), each)
+}
+
+/// `RL.<ALGORITHM> key <params> COST 0`: what one limiter answers alone,
+/// taking nothing.
+fn peek(con: &mut Connection, key: &str, spec: &[&str]) -> Reply {
+    let command = format!("RL.{}", spec[0]);
+    let mut words = vec![command.as_str(), key];
+    words.extend_from_slice(&spec[1..]);
+    words.extend(["COST", "0"]);
+    rl(con, &words)
+}
+
+/// The fields a `COST 0` look taken later shares with a limiter's answer in
+/// the call: its limit, its remaining units but for the `would_take` that
+/// a denied call's admitting limiter counts as taken, and a `reset_ms`
+/// that only counted down in between.
+fn assert_as_alone(each: &Reply, alone: &Reply, would_take: i64, what: &str) {
+    assert_eq!(
+        (each.limit, each.remaining + would_take),
+        (alone.limit, alone.remaining),
+        "{what}: {each:?} in the call, {alone:?} alone"
+    );
+    assert!(
+        alone.reset_ms <= each.reset_ms,
+        "{what}: reset_ms {} in the call, {} alone later",
+        each.reset_ms,
+        alone.reset_ms
+    );
+}
+
+#[test]
+fn each_gives_every_limiter_s_own_answer_admitted_and_denied() {
+    for_each_server(|kind| {
+        let server = Server::start(kind, &[]);
+        let mut con = server.conn();
+        away_from_the_hour(&mut con);
+        let limiters: [(&str, &[&str]); 4] = [
+            ("e:tb", TB_10),
+            ("e:fw", FW_20),
+            ("e:sl", SL_5),
+            ("e:hw", HW_7),
+        ];
+        // The same call without EACH on twin keys answers the same six.
+        let twins: Vec<(String, &[&str])> = limiters
+            .iter()
+            .map(|(key, spec)| (format!("twin:{key}"), *spec))
+            .collect();
+        let twins: Vec<(&str, &[&str])> = twins.iter().map(|(k, s)| (k.as_str(), *s)).collect();
+        let plain = all(&mut con, &all_words(&twins, Some("2")));
+        let mut words = all_words(&limiters, Some("2"));
+        words.push("EACH");
+        let (head, each) = all_each(&mut con, &words, 6);
+        assert_eq!(each.len(), 4);
+        assert_eq!(head[5], 0, "admitted");
+        let call = Reply::from_ints(&head[..5]);
+        assert_eq!(
+            (call.allowed, call.limit, call.remaining, call.wait_ms),
+            (
+                plain.limiter.allowed,
+                plain.limiter.limit,
+                plain.limiter.remaining,
+                plain.limiter.wait_ms
+            )
+        );
+        // Admitted: each answered after its take, as a look alone now
+        // answers.
+        for ((key, spec), mine) in limiters.iter().zip(&each) {
+            assert!(mine.allowed, "{key}: {mine:?}");
+            assert_as_alone(mine, &peek(&mut con, key, spec), 0, key);
+        }
+        assert_eq!(
+            each.iter().map(|r| r.remaining).collect::<Vec<_>>(),
+            [8, 18, 3, 5]
+        );
+        // Denied by the sliding log (3 left, 4 asked): nothing is taken;
+        // each answers what it would have, alone, taking the 4.
+        let before = snapshot(&mut con);
+        let mut words = all_words(&limiters, Some("4"));
+        // Before COST, in lower case.
+        words.insert(words.len() - 2, "each");
+        let (head, each) = all_each(&mut con, &words, 6);
+        assert_eq!((head[0], head[5]), (0, 3), "denied by the third");
+        assert_unchanged(&mut con, &before, "a denial with EACH");
+        for ((key, spec), (mine, taken)) in limiters.iter().zip(each.iter().zip([4, 4, 0, 4])) {
+            let alone = peek(&mut con, key, spec);
+            // An admitting limiter's remaining counts the 4 it would take.
+            assert_as_alone(mine, &alone, taken, key);
+            assert_eq!(mine.allowed, taken > 0, "{key}: {mine:?}");
+        }
+        assert!(each[2].wait_ms > 0, "the log's denial waits: {:?}", each[2]);
+    });
+}
+
+#[test]
+fn each_with_upto_and_cost_zero() {
+    for_each_server(|kind| {
+        let server = Server::start(kind, &[]);
+        let mut con = server.conn();
+        away_from_the_hour(&mut con);
+        let _ = rl(
+            &mut con,
+            &["RL.FIXEDWINDOW", "u:fw", "20", "3600000", "COST", "17"],
+        );
+        let limiters: [(&str, &[&str]); 2] = [("u:tb", TB_10), ("u:fw", FW_20)];
+        let mut words = all_words(&limiters, None);
+        words.extend(["EACH", "UPTO", "5"]);
+        let (head, each) = all_each(&mut con, &words, 7);
+        assert_eq!((head[0], head[5], head[6]), (1, 0, 3), "3 fit: {head:?}");
+        assert_eq!(
+            each.iter()
+                .map(|r| (r.allowed, r.remaining))
+                .collect::<Vec<_>>(),
+            [(true, 7), (true, 0)]
+        );
+        for ((key, spec), mine) in limiters.iter().zip(&each) {
+            assert_as_alone(mine, &peek(&mut con, key, spec), 0, key);
+        }
+        // COST 0 with EACH: every limiter looked at, nothing created.
+        let before = snapshot(&mut con);
+        let mut words = all_words(&[("u:tb", TB_10), ("u:new", SL_5)], Some("0"));
+        words.push("EACH");
+        let (head, each) = all_each(&mut con, &words, 6);
+        assert_eq!(head[5], 0);
+        assert_eq!(
+            each.iter()
+                .map(|r| (r.allowed, r.limit, r.remaining))
+                .collect::<Vec<_>>(),
+            [(true, 10, 7), (true, 5, 5)]
+        );
+        assert_unchanged(&mut con, &before, "COST 0 EACH");
+        assert!(!exists(&mut con, "u:new"));
+    });
+}
+
+#[test]
+fn each_gives_a_shadowed_and_an_off_policy_s_own_answer() {
+    for_each_server(|kind| {
+        let server = Server::start(kind, &[]);
+        let mut con = server.conn();
+        away_from_the_hour(&mut con);
+        let _: String = query(
+            &mut con,
+            &[
+                "RL.POLICY",
+                "SET",
+                "each-sh",
+                "FIXEDWINDOW",
+                "2",
+                "3600000",
+                "MODE",
+                "SHADOW",
+            ],
+        );
+        let _: String = query(
+            &mut con,
+            &[
+                "RL.POLICY",
+                "SET",
+                "each-off",
+                "TOKENBUCKET",
+                "7",
+                "1",
+                "1000",
+                "MODE",
+                "OFF",
+            ],
+        );
+        let words = [
+            "RL.ALL",
+            "3",
+            "p:en",
+            "p:sh",
+            "p:off",
+            "FIXEDWINDOW",
+            "20",
+            "3600000",
+            "POLICY",
+            "each-sh",
+            "POLICY",
+            "each-off",
+            "COST",
+            "3",
+            "EACH",
+        ];
+        let (head, each) = all_each(&mut con, &words, 6);
+        // The shadowed policy would deny 3 of its 2: it never denies the
+        // call, answers allowed without a wait, and takes nothing.
+        assert_eq!((head[0], head[5]), (1, 0));
+        assert_eq!(
+            (each[0].allowed, each[0].limit, each[0].remaining),
+            (true, 20, 17)
+        );
+        assert_eq!(
+            (
+                each[1].allowed,
+                each[1].limit,
+                each[1].remaining,
+                each[1].wait_ms
+            ),
+            (true, 2, 2, 0)
+        );
+        assert_eq!(
+            each[2],
+            Reply {
+                allowed: true,
+                limit: 7,
+                remaining: 7,
+                wait_ms: 0,
+                reset_ms: 0
+            },
+            "off: its limit, untouched"
+        );
+        assert!(!exists(&mut con, "p:off"));
+        let hit = rl(&mut con, &["RL.HIT", "each-sh", "p:sh", "COST", "0"]);
+        assert_eq!(hit.remaining, 2, "the shadow took nothing");
+    });
+}
+
+#[test]
+fn each_is_rl_all_s_option_at_most_once() {
+    for_each_server(|kind| {
+        let server = Server::start(kind, &[]);
+        let mut con = server.conn();
+        let mut twice = all_words(&[("x", TB_10)], Some("1"));
+        twice.extend(["EACH", "each"]);
+        assert_eq!(query_err(&mut con, &twice), "ERR EACH given more than once");
+        let mut value = all_words(&[("x", TB_10)], None);
+        value.extend(["COST", "EACH"]);
+        assert!(
+            query_err(&mut con, &value).starts_with("ERR COST must be an integer"),
+            "COST's value stays COST's"
+        );
+        // Not an option of a limiter command or RL.HIT: their error is the
+        // one it always was.
+        let unknown = "ERR unknown option 'EACH' (expected COST, FORCE, REFUND, UPTO or BLOCK)";
+        assert_eq!(
+            query_err(&mut con, &["RL.TOKENBUCKET", "x", "1", "1", "1", "EACH"]),
+            unknown
+        );
+        let _: String = query(
+            &mut con,
+            &["RL.POLICY", "SET", "each-p", "FIXEDWINDOW", "5", "1000"],
+        );
+        assert_eq!(
+            query_err(&mut con, &["RL.HIT", "each-p", "x", "EACH"]),
+            unknown
+        );
+        assert_eq!(dbsize(&mut con), 0, "errors write nothing");
+    });
+}
+
+#[test]
+fn each_propagates_what_the_call_without_it_does() {
+    for_each_server(|kind| {
+        let master = Server::start(kind, QUIET_MASTER);
+        let replica = replica_of(&master);
+        let (mut m, mut r) = (master.conn(), replica.conn());
+        let mut random = Xorshift64(0x00ea_c4ed);
+        let keys: Vec<String> = (0..10).map(|i| format!("k{i}")).collect();
+        let (mut admitted, mut denied) = (0, 0);
+        for round in 0..300 {
+            let count = 1 + random.below(3);
+            let mut chosen: Vec<usize> = Vec::new();
+            while chosen.len() < count {
+                let k = random.below(keys.len());
+                if !chosen.contains(&k) {
+                    chosen.push(k);
+                }
+            }
+            let specs: Vec<Vec<&str>> = chosen
+                .iter()
+                .map(|&k| traffic_spec(&mut random, k))
+                .collect();
+            let cost = ["0", "1", "1", "2", "3"][random.below(5)];
+            let numkeys = count.to_string();
+            let mut words: Vec<&str> = vec!["RL.ALL", &numkeys];
+            words.extend(chosen.iter().map(|&k| keys[k].as_str()));
+            for spec in &specs {
+                words.extend(spec.iter().copied());
+            }
+            words.extend(["EACH", "COST", cost]);
+            let reply = if round % 10 == 0 {
+                transaction(&mut m, &[words.clone()]).remove(0)
+            } else {
+                query(&mut m, &words)
+            };
+            let Value::Array(items) = &reply else {
+                panic!("{words:?}: {reply:?}")
+            };
+            assert_eq!(items.len(), 6 + 5 * count, "{words:?}: {reply:?}");
+            if items[0] == Value::Int(1) {
+                admitted += 1;
+            } else {
+                denied += 1;
+            }
+        }
+        assert!(
+            admitted > 30 && denied > 30,
+            "admitted {admitted}, denied {denied}"
+        );
+        wait_for_sync(&master, &replica);
+        assert_same_on_replica(&mut m, &mut r);
+        // A denial or a look with EACH propagates nothing, as without.
+        let global: &[&str] = &["TOKENBUCKET", "1", "1", "3600000"];
+        let mut words = all_words(&[("u", TB_10), ("g", global)], None);
+        words.push("EACH");
+        assert_eq!(all_each(&mut m, &words, 6).0[0], 1);
+        wait_for_sync(&master, &replica);
+        let offset = master_offset(&master);
+        for cost in [None, Some("0")] {
+            let mut words = all_words(&[("u", TB_10), ("g", global)], cost);
+            words.push("EACH");
+            let _ = all_each(&mut m, &words, 6);
+        }
+        assert_eq!(master_offset(&master), offset, "propagated");
+    });
+}

@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
-use redis_ratelimit_client::{Client, Error, PolicyMode, Request, Rule, RuleKind, Spec};
+use redis_ratelimit_client::{
+    Client, Decision, Error, Path, PolicyMode, Request, Rule, RuleKind, Spec,
+};
 
 use crate::harness::{Kind, Server};
 
@@ -246,4 +248,106 @@ async fn a_server_without_the_module_fails_at_start_up_with_a_clear_message() {
         Err(other) => panic!("{other}"),
         Ok(_) => panic!("connected to a server without the module"),
     }
+}
+
+/// `all_each`: the call's decision as `all` gives it, and every limiter's
+/// own, admitted and denied, through a shadowed and an off policy too.
+async fn all_each_answers_the_call_and_every_limiter(kind: Kind) {
+    let server = Server::start(kind);
+    let client = Client::standalone(&server.url())
+        .await
+        .unwrap()
+        .with_deadline(Duration::from_secs(5));
+    let user = RuleKind::Inline(Spec::parse("u", "TOKENBUCKET", &[10, 1, 3_600_000]).unwrap());
+    let endpoint = RuleKind::Inline(Spec::parse("e", "SLIDING", &[5, 3_600_000]).unwrap());
+    let shadow = Spec::parse("s", "SLIDING", &[1, 3_600_000]).unwrap();
+    client
+        .policy_set("each-shadow", &shadow, PolicyMode::Shadow, 100)
+        .await
+        .unwrap();
+    let off = Spec::parse("o", "TOKENBUCKET", &[7, 1, 1000]).unwrap();
+    client
+        .policy_set("each-off", &off, PolicyMode::Off, 100)
+        .await
+        .unwrap();
+    let (shadowed, off) = (
+        RuleKind::Policy("each-shadow".into()),
+        RuleKind::Policy("each-off".into()),
+    );
+    let limits = [
+        ("each:u", &user),
+        ("each:e", &endpoint),
+        ("each:s", &shadowed),
+        ("each:o", &off),
+    ];
+    let fields = |d: &Decision| (d.allowed, d.limit, d.remaining);
+
+    let (call, each) = client.all_each(&limits, Request::Cost(2)).await.unwrap();
+    // The call's fields are its most restrictive limiter's: the shadow's.
+    assert_eq!(
+        (call.allowed, call.denied_by, call.remaining),
+        (true, None, 1)
+    );
+    assert_eq!(
+        each.iter().map(fields).collect::<Vec<_>>(),
+        [(true, 10, 8), (true, 5, 3), (true, 1, 1), (true, 7, 7)],
+        "the shadow would deny 2 of its 1: answered allowed, nothing taken"
+    );
+    assert!(each
+        .iter()
+        .all(|d| d.path == Path::Redis && d.denied_by.is_none()));
+    // Each as it answers alone, looked at with COST 0.
+    let u = client
+        .token_bucket("each:u", 10, 1, 3_600_000, Request::Cost(0))
+        .await
+        .unwrap();
+    let e = client
+        .sliding("each:e", 5, 3_600_000, Request::Cost(0))
+        .await
+        .unwrap();
+    assert_eq!(
+        (fields(&u), fields(&e)),
+        (fields(&each[0]), fields(&each[1]))
+    );
+
+    // Denied by the endpoint (3 left, 4 asked): nothing taken; the user
+    // would have had 4 left.
+    let (call, each) = client.all_each(&limits, Request::Cost(4)).await.unwrap();
+    assert_eq!((call.allowed, call.denied_by), (false, Some(1)));
+    assert_eq!(
+        each.iter().map(fields).collect::<Vec<_>>(),
+        [(true, 10, 4), (false, 5, 3), (true, 1, 1), (true, 7, 7)]
+    );
+    assert!(each[1].retry_after > Duration::ZERO);
+    let (call, each) = client.all_each(&limits, Request::Cost(0)).await.unwrap();
+    assert!(call.allowed);
+    assert_eq!(each[0].remaining, 8, "the denial took nothing");
+    // FORCE takes even what is denied: each answers as its own command
+    // does (the sliding log, forced past its limit, as before the take).
+    let (call, each) = client.all_each(&limits, Request::Force(4)).await.unwrap();
+    assert!(call.allowed);
+    assert_eq!((each[0].remaining, each[1].remaining), (4, 3));
+    let e = client
+        .sliding("each:e", 5, 3_600_000, Request::Cost(0))
+        .await
+        .unwrap();
+    assert_eq!(e.remaining, 0, "the 4 were taken");
+
+    // UPTO and REFUND are refused before sending, naming them.
+    for (request, arg) in [(Request::UpTo(3), "UPTO"), (Request::Refund(1), "REFUND")] {
+        match client.all_each(&limits, request).await {
+            Err(Error::BadArgument { arg: got, .. }) => assert_eq!(got, arg),
+            other => panic!("expected a bad {arg}, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn all_each_answers_the_call_and_every_limiter_on_redis() {
+    all_each_answers_the_call_and_every_limiter(Kind::Redis).await;
+}
+
+#[tokio::test]
+async fn all_each_answers_the_call_and_every_limiter_on_valkey() {
+    all_each_answers_the_call_and_every_limiter(Kind::Valkey).await;
 }
