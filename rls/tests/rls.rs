@@ -1394,3 +1394,38 @@ async fn the_local_deny_cache_answers_without_redis() {
     assert_eq!(overall(&r), Code::Ok);
     assert_eq!(s.server.calls("rl.all"), before + 1);
 }
+
+/// A shadow-mode descriptor never denies, but a request another descriptor
+/// denies takes nothing from it either (its units are refunded).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denied_request_takes_nothing_from_shadow_mode_descriptors() {
+    let config = format!(
+        "{ATOMIC}  - key: shadowed\n    shadow_mode: true\n    rate_limit:\n      unit: hour\n      requests_per_unit: 10\n"
+    );
+    let s = Single::start(Kind::Redis, &[("atom.yaml", &config)], &[]);
+    settle(&s.server, 3600, 60);
+    let mut c = s.rls.client().await;
+    let both = || {
+        request(
+            "atom",
+            vec![desc(&[("shadowed", "s")]), desc(&[("narrow", "n")])],
+        )
+    };
+    let r = ok(&mut c, both()).await;
+    assert_eq!(overall(&r), Code::Ok);
+    assert_eq!(st(&r.statuses[0]), (Code::Ok, Some((10, unit::HOUR)), 9));
+    for i in 0..3 {
+        let r = ok(&mut c, both()).await;
+        assert_eq!(overall(&r), Code::OverLimit, "call {i}");
+        let r = ok(
+            &mut c,
+            request("atom", vec![desc_hits(&[("shadowed", "s")], 0)]),
+        )
+        .await;
+        assert_eq!(
+            st(&r.statuses[0]),
+            (Code::Ok, Some((10, unit::HOUR)), 9),
+            "after denial {i}, the shadow-mode descriptor kept its count"
+        );
+    }
+}
