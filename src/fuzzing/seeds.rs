@@ -322,6 +322,11 @@ fn write_fuzz_seeds() {
 
     for text in [
         "2 a b TOKENBUCKET 5 5 1000 FIXEDWINDOW 3 1000",
+        "2 a b TOKENBUCKET 5 5 1000 FIXEDWINDOW 3 1000 EACH",
+        "2 a b SLIDING 3 1000 POLICY tb each UPTO 5",
+        "3 a b c POLICY tb POLICY fw POLICY lb COST 0 EACH",
+        "1 a FIXEDWINDOW 3 1000 EACH COST 2 EACH",
+        "1 a FIXEDWINDOW 3 1000 COST EACH",
         "1 a POLICY tb COST 2",
         "2 a b SLIDING 3 1000 POLICY tb UPTO 5",
         "2 a b FIXEDWINDOW 3 1000 LEAKYBUCKET 3 1 100 UPTO 2",
