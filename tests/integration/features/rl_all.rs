@@ -1433,3 +1433,25 @@ fn each_propagates_what_the_call_without_it_does() {
         assert_eq!(master_offset(&master), offset, "propagated");
     });
 }
+
+#[test]
+fn each_answers_a_blocked_call_when_it_is_admitted() {
+    for_each_server(|kind| {
+        let server = Server::start(kind, &[]);
+        let mut con = server.conn();
+        let fast: &[&str] = &["TOKENBUCKET", "1", "1", "300"];
+        let _ = all(&mut con, &all_words(&[("b:fast", fast)], None));
+        // The bucket is empty: the call waits in the server for its token,
+        // then answers with every limiter's own fields.
+        let mut words = all_words(&[("b:fast", fast), ("b:tb", TB_10)], None);
+        words.extend(["BLOCK", "60000", "EACH"]);
+        let (head, each) = all_each(&mut con, &words, 6);
+        assert_eq!((head[0], head[5]), (1, 0), "{head:?}");
+        assert_eq!(
+            each.iter()
+                .map(|r| (r.allowed, r.limit, r.remaining))
+                .collect::<Vec<_>>(),
+            [(true, 1, 0), (true, 10, 9)]
+        );
+    });
+}
