@@ -30,6 +30,42 @@ use crate::settings::{HashTag, HeaderNames};
 /// The most keys one `RL.ALL` carries.
 pub const MAX_GROUP_KEYS: usize = 16;
 
+/// The key [`probe_each`] asks about: every key the engine writes ends
+/// with an algorithm's tag and a period (`fw60`, `fw60.1`), this one does
+/// not, so it names no limiter of any domain.
+pub fn probe_key(cache_key_prefix: &str) -> String {
+    format!("{cache_key_prefix}redis-ratelimit-rls_probe_each")
+}
+
+/// Checks at start-up that the server answers `RL.ALL ... EACH`, which every
+/// request needs: a module older than that passes `MODULE LIST`'s check,
+/// then would refuse every call. `COST 0` takes nothing and creates no key.
+pub async fn probe_each(client: &Client, cache_key_prefix: &str) -> Result<(), String> {
+    let key = probe_key(cache_key_prefix);
+    let spec = FixedWindowParams::new(1, 1000)
+        .map(Spec::FixedWindow)
+        .map_err(|e| e.to_string())?;
+    let kind = RuleKind::Inline(spec);
+    match client
+        .all_each(&[(key.as_str(), &kind)], Request::Cost(0))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(KitError::Server(msg)) => {
+            let version = match client.check_module().await {
+                Ok(v) => format!("version {v}"),
+                Err(e) => format!("of unknown version ({e})"),
+            };
+            Err(format!(
+                "the ratelimit module ({version}) does not answer RL.ALL ... EACH, which \
+                 redis-ratelimit-rls needs for every request: rebuild or upgrade the module \
+                 and restart the server (it answered: {msg})"
+            ))
+        }
+        Err(e) => Err(format!("RL.ALL ... EACH probe failed: {e}")),
+    }
+}
+
 /// The engine's settings (from [`crate::settings::Settings`]).
 #[derive(Clone, Debug)]
 pub struct EngineOptions {
@@ -824,6 +860,101 @@ pub fn spec_of(limit: &Limit) -> Result<Spec, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A redis-server of its own on a free loopback port with `module`
+    /// loaded, stopped on drop.
+    struct RedisServer {
+        child: std::process::Child,
+        url: String,
+    }
+
+    impl RedisServer {
+        fn start(module: &std::path::Path) -> RedisServer {
+            assert!(module.exists(), "no module at {}", module.display());
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            let child = std::process::Command::new("redis-server")
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .arg("--loadmodule")
+                .arg(module)
+                .args(["--save", "", "--appendonly", "no"])
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .expect("redis-server on PATH");
+            RedisServer {
+                child,
+                url: format!("redis://127.0.0.1:{port}"),
+            }
+        }
+
+        /// Connects once the server accepts (polled; it was just started).
+        async fn client(&self) -> Client {
+            let mut last = None;
+            for _ in 0..200 {
+                match Client::standalone(&self.url).await {
+                    Ok(c) => return c,
+                    Err(e) => last = Some(e),
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+            }
+            panic!("{}: {:?}", self.url, last);
+        }
+    }
+
+    impl Drop for RedisServer {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    /// The module with `RL.ALL ... EACH`: `RL_MODULE`, else
+    /// `/tmp/rl-module.so`.
+    fn module() -> std::path::PathBuf {
+        std::env::var_os("RL_MODULE")
+            .filter(|m| !m.is_empty())
+            .map_or_else(|| "/tmp/rl-module.so".into(), Into::into)
+    }
+
+    #[tokio::test]
+    async fn the_probe_passes_on_a_module_with_each_and_creates_nothing() {
+        let server = RedisServer::start(&module());
+        let client = server.client().await;
+        probe_each(&client, "pfx:").await.unwrap();
+        let raw = redis::Client::open(server.url.as_str()).unwrap();
+        let mut conn = raw.get_multiplexed_async_connection().await.unwrap();
+        let n: i64 = redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
+        assert_eq!(n, 0, "COST 0 created a key");
+    }
+
+    /// `RL_MODULE_WITHOUT_EACH`: a build of the module from before `EACH`
+    /// (the one start-up must refuse); the test says so and passes without
+    /// it, as no such build can be made from this tree.
+    #[tokio::test]
+    async fn the_probe_refuses_a_module_without_each_naming_its_version() {
+        let Some(old) = std::env::var_os("RL_MODULE_WITHOUT_EACH").filter(|m| !m.is_empty()) else {
+            eprintln!("RL_MODULE_WITHOUT_EACH unset: nothing to check");
+            return;
+        };
+        let server = RedisServer::start(std::path::Path::new(&old));
+        let client = server.client().await;
+        let err = probe_each(&client, "").await.unwrap_err();
+        assert!(err.contains("RL.ALL ... EACH"), "{err}");
+        assert!(err.contains("version "), "{err}");
+        assert!(err.contains("upgrade"), "{err}");
+    }
+
+    #[test]
+    fn the_probe_key_is_no_limiters_key() {
+        let k = probe_key("p:");
+        assert!(k.starts_with("p:"));
+        // Every limiter key ends with a tag: letters then digits (and
+        // maybe ".n"); the probe's ends with a letter.
+        assert!(k.ends_with(|c: char| c.is_ascii_alphabetic()));
+    }
 
     fn slot(key: &str) -> Slot {
         Slot {

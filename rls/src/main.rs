@@ -80,6 +80,9 @@ async fn run(settings: Settings) -> Result<(), String> {
     let client_san = tls::client_san_from_env()?;
 
     let client = connect(&settings).await?;
+    redis_ratelimit_rls::engine::probe_each(&client, &settings.cache_key_prefix)
+        .await
+        .map_err(|e| format!("REDIS_URL={}: {e}", settings::mask(&settings.redis.url)))?;
     let metrics = Metrics::new();
 
     let dir = RuntimeDir {
