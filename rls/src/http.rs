@@ -69,7 +69,16 @@ impl Health {
 
     /// A configuration with at least one domain has been loaded.
     pub fn set_config_loaded(&self) {
-        self.inner.config_loaded.store(true, Ordering::Release);
+        self.set_config(true);
+    }
+
+    /// A configuration was put in use, with domains or none: as the
+    /// reference's SetConfig, the latest one decides (an empty one after a
+    /// full one fails the check again).
+    pub fn set_config(&self, has_domains: bool) {
+        self.inner
+            .config_loaded
+            .store(has_domains, Ordering::Release);
     }
 
     /// Fail from now on (shutdown has begun), until [`Health::ok`].
@@ -228,8 +237,16 @@ mod tests {
         h.ok();
         assert!(clone.is_ok());
 
+        // The latest configuration decides, as the reference's SetConfig.
+        h.set_config(false);
+        assert!(!h.is_ok(), "an empty configuration after a full one");
+        h.set_config(true);
+        assert!(h.is_ok());
+
         let h = Health::new(false);
         assert!(h.is_ok(), "no configuration required");
+        h.set_config(false);
+        assert!(h.is_ok(), "an empty configuration, none required");
         h.fail();
         assert!(!h.is_ok());
     }

@@ -279,9 +279,7 @@ impl Reloader {
             Ok(config) => {
                 self.metrics.config_load(true);
                 tracing::info!(domains = config.domains(), "configuration {how}");
-                if !config.is_empty() {
-                    self.health.set_config_loaded();
-                }
+                self.health.set_config(!config.is_empty());
                 self.service.set_config(config);
                 let reporter = self.reporter.clone();
                 let status = grpc_status(self.health.is_ok());
