@@ -32,7 +32,7 @@ cp rls/examples/rls.yaml "$RUNTIME/ratelimit/config/config.yaml"
 
 cat <<MSG
 rls: gRPC on :${GRPC_PORT:-8081} (envoy.service.ratelimit.v3.RateLimitService), HTTP on :${PORT:-8080}.
-Configuration: $RUNTIME/ratelimit/config/config.yaml (edit it: reloaded within a second).
+Configuration: $RUNTIME/ratelimit/config/config.yaml (edit it: reloaded within two seconds).
 Try, in another terminal:
   curl -s localhost:${PORT:-8080}/json -d '{"domain":"example","descriptors":[{"entries":[{"key":"remote_address","value":"10.0.0.1"}]}]}'
   curl -s localhost:${PORT:-8080}/metrics | grep ratelimit_service
