@@ -82,7 +82,11 @@ impl DenyCache {
         if cost > self.budget || wait.is_zero() {
             return;
         }
-        let until = now + wait;
+        // A wait past what Instant can hold (a server's reply is not
+        // trusted to be sane) is not kept rather than a panic.
+        let Some(until) = now.checked_add(wait) else {
+            return;
+        };
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let seq = inner.next_seq;
         inner.next_seq += 1;
@@ -132,6 +136,13 @@ mod tests {
     use super::*;
 
     const S: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn a_wait_past_what_an_instant_holds_is_not_kept() {
+        let cache = DenyCache::new(1 << 20);
+        cache.remember("k", 0, Duration::MAX, Instant::now());
+        assert!(cache.is_empty());
+    }
 
     #[test]
     fn a_remembered_denial_denies_until_its_wait_passes() {

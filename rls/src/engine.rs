@@ -122,6 +122,20 @@ impl Enforced {
     }
 }
 
+/// Reopens the breaker when a probe is dropped before its answer.
+struct ProbeGuard<'a> {
+    breaker: &'a RedisBreaker,
+    armed: bool,
+}
+
+impl Drop for ProbeGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.breaker.failure();
+        }
+    }
+}
+
 /// One limit of one descriptor.
 struct Slot {
     key: String,
@@ -202,7 +216,7 @@ impl Engine {
         // Match every descriptor, then drop the replaced ones.
         let mut plans = Vec::with_capacity(req.descriptors.len());
         let mut replaced: Vec<String> = Vec::new();
-        let mut entries: Vec<(&str, &str)> = Vec::new();
+        let mut entries: Vec<(&str, &str)> = Vec::with_capacity(8);
         for (i, d) in req.descriptors.iter().enumerate() {
             entries.clear();
             entries.extend(d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())));
@@ -264,8 +278,16 @@ impl Engine {
 
         // Keys, specs, and what is decided here.
         let now = Instant::now();
-        let mut slots: Vec<Slot> = Vec::new();
-        let mut base = String::new();
+        let mut slots: Vec<Slot> = Vec::with_capacity(
+            plans
+                .iter()
+                .map(|p| match p {
+                    Plan::Enforced(e) => e.matched.limits.len(),
+                    _ => 0,
+                })
+                .sum(),
+        );
+        let mut base = String::with_capacity(64);
         for (i, plan) in plans.iter_mut().enumerate() {
             let Plan::Enforced(e) = plan else { continue };
             let d = &req.descriptors[i];
@@ -314,7 +336,7 @@ impl Engine {
             .iter()
             .any(|p| matches!(p, Plan::Enforced(e) if e.local.is_some() && e.denies_request()));
 
-        let mut groups: Vec<Group> = Vec::new();
+        let mut groups: Vec<Group> = Vec::with_capacity(1);
         if !denied_locally {
             for (i, plan) in plans.iter().enumerate() {
                 let Plan::Enforced(e) = plan else { continue };
@@ -419,8 +441,18 @@ impl Engine {
                 "redis-ratelimit-rls: Redis is unavailable (circuit breaker open)",
             )),
             Gate::Probe => {
+                // The breaker is half-open until the probe's answer; a call
+                // dropped while it waits (Envoy's timeout cancels the RPC)
+                // would leave it so, every later call skipped for good: the
+                // guard reopens it then, for another period.
+                let mut guard = ProbeGuard {
+                    breaker: &self.breaker,
+                    armed: true,
+                };
                 let started = Instant::now();
-                match self.client.ping().await {
+                let answer = self.client.ping().await;
+                guard.armed = false;
+                match answer {
                     Ok(()) => {
                         self.metrics
                             .redis_call(started.elapsed().as_secs_f64(), true);
@@ -458,54 +490,94 @@ impl Engine {
 
     /// Sends every group at once; each member's decision lands in its slot.
     async fn run_groups(&self, groups: &[Group], slots: &mut [Slot]) -> Result<(), Status> {
-        let calls = groups.iter().map(|g| {
-            let limits: Vec<(&str, &RuleKind)> = g
-                .members
-                .iter()
-                .filter_map(|&m| Some((slots[m].key.as_str(), slots[m].kind.as_ref()?)))
-                .collect();
-            async move {
-                let started = Instant::now();
-                let result = self.client.all_each(&limits, Request::Cost(g.hits)).await;
-                (started.elapsed(), result)
-            }
-        });
+        // One group (a single server, Sentinel, a domain's hash tag): the
+        // call is awaited as it is, without join_all's boxing and vectors.
+        if let [g] = groups {
+            let (elapsed, result) = self.call_group(g, slots).await;
+            return match self.note_call(g, elapsed, result) {
+                Ok((call, each)) => {
+                    for (&m, d) in g.members.iter().zip(each) {
+                        slots[m].decision = Some(d);
+                        slots[m].taken = call.allowed;
+                    }
+                    Ok(())
+                }
+                Err(e) => Err(self.failed(e)),
+            };
+        }
+        let slots_ref = &*slots;
+        let calls = groups.iter().map(|g| self.call_group(g, slots_ref));
         let results = futures_util::future::join_all(calls).await;
         let mut failure: Option<KitError> = None;
-        let mut decided: Vec<(usize, Decision, bool)> = Vec::new();
+        let mut decided: Vec<(usize, Decision, bool)> = Vec::with_capacity(slots.len());
         for (g, (elapsed, result)) in groups.iter().zip(results) {
-            self.metrics
-                .redis_call(elapsed.as_secs_f64(), result.is_ok());
-            match result {
-                Ok((call, each)) => {
-                    self.breaker.success();
-                    decided.extend(
-                        g.members
-                            .iter()
-                            .zip(each)
-                            .map(|(&m, d)| (m, d, call.allowed)),
-                    );
-                }
+            match self.note_call(g, elapsed, result) {
+                Ok((call, each)) => decided.extend(
+                    g.members
+                        .iter()
+                        .zip(each)
+                        .map(|(&m, d)| (m, d, call.allowed)),
+                ),
                 Err(e) => {
-                    if e.is_unavailable() && self.breaker.failure() {
-                        self.note_breaker(true);
-                    }
-                    tracing::warn!(error = %e, keys = g.members.len(), "RL.ALL failed");
                     failure.get_or_insert(e);
                 }
             }
         }
         if let Some(e) = failure {
-            self.metrics.redis_error();
-            return Err(Status::unavailable(format!(
-                "redis-ratelimit-rls: Redis call failed: {e}"
-            )));
+            return Err(self.failed(e));
         }
         for (m, d, taken) in decided {
             slots[m].decision = Some(d);
             slots[m].taken = taken;
         }
         Ok(())
+    }
+
+    /// One group's `RL.ALL ... EACH` and how long it took.
+    async fn call_group(
+        &self,
+        g: &Group,
+        slots: &[Slot],
+    ) -> (
+        std::time::Duration,
+        Result<(Decision, Vec<Decision>), KitError>,
+    ) {
+        let mut limits: Vec<(&str, &RuleKind)> = Vec::with_capacity(g.members.len());
+        limits.extend(
+            g.members
+                .iter()
+                .filter_map(|&m| Some((slots[m].key.as_str(), slots[m].kind.as_ref()?))),
+        );
+        let started = Instant::now();
+        let result = self.client.all_each(&limits, Request::Cost(g.hits)).await;
+        (started.elapsed(), result)
+    }
+
+    /// Counts one group's call and tells the breaker.
+    fn note_call(
+        &self,
+        g: &Group,
+        elapsed: std::time::Duration,
+        result: Result<(Decision, Vec<Decision>), KitError>,
+    ) -> Result<(Decision, Vec<Decision>), KitError> {
+        self.metrics
+            .redis_call(elapsed.as_secs_f64(), result.is_ok());
+        match &result {
+            Ok(_) => self.breaker.success(),
+            Err(e) => {
+                if e.is_unavailable() && self.breaker.failure() {
+                    self.note_breaker(true);
+                }
+                tracing::warn!(error = %e, keys = g.members.len(), "RL.ALL failed");
+            }
+        }
+        result
+    }
+
+    /// A request's failed call: counted once, answered UNAVAILABLE.
+    fn failed(&self, e: KitError) -> Status {
+        self.metrics.redis_error();
+        Status::unavailable(format!("redis-ratelimit-rls: Redis call failed: {e}"))
     }
 
     /// Gives back what the admitting groups took: the request was denied.
@@ -683,7 +755,9 @@ impl Engine {
         };
         if over_limit && e.shadow {
             status.code = Code::Ok as i32;
-            if matches!(e.local, Some((true, _))) {
+            // Decided here (the deny cache, or more hits than the limit
+            // holds): every hit over, as over_limit counted them.
+            if e.local.is_some() {
                 stats.shadow_mode(e.hits);
             }
         } else if over_limit && e.quota {
@@ -737,7 +811,12 @@ fn place(
             slot,
             hits,
             owner,
-            members: vec![s],
+            members: {
+                // A group fills to MAX_GROUP_KEYS at most: no regrowth.
+                let mut m = Vec::with_capacity(MAX_GROUP_KEYS);
+                m.push(s);
+                m
+            },
         }),
     }
 }
@@ -802,9 +881,11 @@ pub fn counts(
     c
 }
 
-/// The reference's near-limit threshold: floor(limit * ratio) in f32.
+/// The reference's near-limit threshold: floor(limit * ratio) in f32, at
+/// most the limit (f32 rounds 4294967295 up to 4294967296, and a threshold
+/// past the limit would make [`counts`]' near part negative).
 pub fn near_threshold(limit: u64, ratio: f32) -> u64 {
-    (limit as f32 * ratio).floor() as u64
+    ((limit as f32 * ratio).floor() as u64).min(limit)
 }
 
 /// The reference's reset: `period - now % period`, on this host's clock.
@@ -945,6 +1026,130 @@ mod tests {
         assert!(err.contains("RL.ALL ... EACH"), "{err}");
         assert!(err.contains("version "), "{err}");
         assert!(err.contains("upgrade"), "{err}");
+    }
+
+    /// An engine on `server` with `yaml` as the configuration.
+    async fn engine_on(server: &RedisServer, yaml: &str) -> (Engine, Config) {
+        let config = Config::load(&[("t.yaml".into(), yaml.to_string())], false).unwrap();
+        let engine = Engine::new(
+            server.client().await,
+            RedisBreaker::new(redis_ratelimit_client::BreakerConfig {
+                failures: 5,
+                open_for: std::time::Duration::from_secs(1),
+            }),
+            Metrics::new(),
+            0,
+            EngineOptions {
+                cache_key_prefix: String::new(),
+                hash_tag: HashTag::None,
+                near_limit_ratio: 0.8,
+                shadow_mode: false,
+                quota_mode: false,
+                headers: None,
+            },
+        );
+        (engine, config)
+    }
+
+    fn request(domain: &str, entries: &[&[(&str, &str)]], hits: u32) -> RateLimitRequest {
+        use crate::proto::{rate_limit_descriptor::Entry, RateLimitDescriptor};
+        RateLimitRequest {
+            domain: domain.into(),
+            descriptors: entries
+                .iter()
+                .map(|d| RateLimitDescriptor {
+                    entries: d
+                        .iter()
+                        .map(|(k, v)| Entry {
+                            key: (*k).into(),
+                            value: (*v).into(),
+                        })
+                        .collect(),
+                    ..Default::default()
+                })
+                .collect(),
+            hits_addend: hits,
+        }
+    }
+
+    /// The value of the first metric line that starts with `name{` and
+    /// holds `label`.
+    fn metric(engine: &Engine, name: &str, label: &str) -> Option<u64> {
+        let (_, text) = engine.metrics().render(None);
+        text.lines()
+            .find(|l| l.starts_with(&format!("{name}{{")) && l.contains(label))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .map(|v| v as u64)
+    }
+
+    #[tokio::test]
+    async fn a_shadow_limit_too_small_for_the_hits_counts_them_as_shadow() {
+        let server = RedisServer::start(&module());
+        let (engine, config) = engine_on(
+            &server,
+            "domain: d\ndescriptors:\n  - key: k\n    shadow_mode: true\n    \
+             rate_limit: {unit: minute, requests_per_unit: 2}\n",
+        )
+        .await;
+        let reply = engine
+            .decide(&config, &request("d", &[&[("k", "v")]], 5))
+            .await
+            .unwrap();
+        assert_eq!(reply.overall_code, Code::Ok as i32, "shadow never denies");
+        let over = metric(&engine, "ratelimit_service_rate_limit_over_limit", "d");
+        let shadow = metric(&engine, "ratelimit_service_rate_limit_shadow_mode", "d");
+        assert_eq!(over, Some(5));
+        assert_eq!(shadow, over, "shadow_mode counts what over_limit counts");
+    }
+
+    #[tokio::test]
+    async fn a_probe_dropped_before_its_answer_leaves_the_breaker_probing() {
+        let server = RedisServer::start(&module());
+        let (mut engine, _) = engine_on(&server, "domain: d\n").await;
+        // Open at once, probing at once; PING may wait long.
+        engine.breaker = RedisBreaker::new(redis_ratelimit_client::BreakerConfig {
+            failures: 1,
+            open_for: std::time::Duration::ZERO,
+        });
+        engine.client = engine
+            .client
+            .with_deadline(std::time::Duration::from_secs(30));
+        assert!(engine.breaker.failure(), "opened");
+        let raw = redis::Client::open(server.url.as_str()).unwrap();
+        let mut conn = raw.get_multiplexed_async_connection().await.unwrap();
+        let _: () = redis::cmd("CLIENT")
+            .arg("PAUSE")
+            .arg("3000")
+            .arg("ALL")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        // The call is cancelled while its PING waits (as Envoy's timeout
+        // cancels a gRPC call).
+        let dropped =
+            tokio::time::timeout(std::time::Duration::from_millis(50), engine.gate()).await;
+        assert!(dropped.is_err(), "the PING answered during CLIENT PAUSE");
+        assert!(
+            matches!(engine.breaker.gate(), Gate::Probe),
+            "the breaker is stuck half-open: every call would be skipped"
+        );
+    }
+
+    #[test]
+    fn near_counts_never_underflow_at_u32_max() {
+        let limit = u64::from(u32::MAX);
+        let near = near_threshold(limit, 1.0);
+        assert!(near <= limit, "{near}");
+        // Denied with 1 left and 5 hits: 4 over, nothing near (the
+        // threshold is the limit).
+        assert_eq!(
+            counts(false, limit, 1, 5, near, false),
+            Counts {
+                over: 4,
+                near: 0,
+                ..Default::default()
+            }
+        );
     }
 
     #[test]
