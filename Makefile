@@ -33,8 +33,10 @@ test-setup:
 	tests/setup/detect.sh
 	tests/setup/make_targets.sh
 
-test-unit:
-	cargo test --profile test-release --workspace --lib
+# (The gateway's unit tests start redis-server with the module for a few of
+# its parts: RL_MODULE.)
+test-unit: build
+	RL_MODULE=$(CURDIR)/$(MODULE) cargo test --profile test-release --workspace --lib
 
 # The integration suite on Redis 7.0, Valkey and Redis 8.2, one process per
 # server side by side (scripts/integration-tests.sh).

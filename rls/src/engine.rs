@@ -992,12 +992,14 @@ mod tests {
         }
     }
 
-    /// The module with `RL.ALL ... EACH`: `RL_MODULE`, else
-    /// `/tmp/rl-module.so`.
+    /// The module with `RL.ALL ... EACH`: `RL_MODULE` (`make test` sets
+    /// it), else the workspace's release build.
     fn module() -> std::path::PathBuf {
-        std::env::var_os("RL_MODULE")
-            .filter(|m| !m.is_empty())
-            .map_or_else(|| "/tmp/rl-module.so".into(), Into::into)
+        match std::env::var_os("RL_MODULE").filter(|m| !m.is_empty()) {
+            Some(m) => m.into(),
+            None => std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../target/release/libredis_ratelimit.so"),
+        }
     }
 
     #[tokio::test]

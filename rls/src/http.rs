@@ -292,18 +292,14 @@ mod tests {
         (status, head.to_ascii_lowercase(), body.to_owned())
     }
 
-    /// The module: `RL_MODULE`, else `/tmp/rl-module.so`, else the
-    /// workspace's release build (as the end-to-end tests find it).
+    /// The module: `RL_MODULE` (`make test` sets it), else the workspace's
+    /// release build (as the end-to-end tests find it).
     fn module() -> std::path::PathBuf {
-        if let Some(m) = std::env::var_os("RL_MODULE").filter(|m| !m.is_empty()) {
-            return m.into();
+        match std::env::var_os("RL_MODULE").filter(|m| !m.is_empty()) {
+            Some(m) => m.into(),
+            None => std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../target/release/libredis_ratelimit.so"),
         }
-        let tmp = std::path::PathBuf::from("/tmp/rl-module.so");
-        if tmp.exists() {
-            return tmp;
-        }
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../target/release/libredis_ratelimit.so")
     }
 
     /// A redis-server with the module, of its own on a free loopback port,

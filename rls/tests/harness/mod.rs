@@ -5,8 +5,8 @@
 //! gRPC client over TCP, a raw HTTP/1.1 client for `/healthcheck`,
 //! `/metrics` and `/json`, and waiting by polling with deadlines.
 //!
-//! - `RL_MODULE`: the module (default `/tmp/rl-module.so`, then the
-//!   workspace's target/release one).
+//! - `RL_MODULE`: the module (`make test` sets it; default the workspace's
+//!   target/release one).
 //! - `REDIS_SERVER`, `VALKEY_SERVER`: the binaries (default: `redis-server`
 //!   on `PATH`; what `scripts/valkey-path.sh` prints).
 
@@ -38,10 +38,6 @@ fn workspace() -> PathBuf {
 pub fn module() -> PathBuf {
     if let Some(m) = std::env::var_os("RL_MODULE").filter(|m| !m.is_empty()) {
         return m.into();
-    }
-    let tmp = PathBuf::from("/tmp/rl-module.so");
-    if tmp.exists() {
-        return tmp;
     }
     workspace().join("target/release/libredis_ratelimit.so")
 }
