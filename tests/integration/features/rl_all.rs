@@ -1355,6 +1355,7 @@ fn each_is_rl_all_s_option_at_most_once() {
             query_err(&mut con, &["RL.TOKENBUCKET", "x", "1", "1", "1", "EACH"]),
             unknown
         );
+        assert!(!exists(&mut con, "x"), "no refused call wrote its key");
         let _: String = query(
             &mut con,
             &["RL.POLICY", "SET", "each-p", "FIXEDWINDOW", "5", "1000"],
